@@ -1,0 +1,1 @@
+"""KV data plane: NIXL agents, the lease/transfer protocol, and engine connectors."""

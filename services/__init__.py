@@ -1,0 +1,1 @@
+"""Tandem's services: router, orchestrator, metrics collector, engine worker, and the CLI."""

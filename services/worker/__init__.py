@@ -1,0 +1,1 @@
+"""Engine worker: wraps an engine (sim or vLLM), serves it on NATS, publishes events."""

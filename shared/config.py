@@ -1,0 +1,124 @@
+"""One typed config per service.
+
+Each service's `main` builds its config once, from command-line flags (with `TANDEM_*`
+environment variables as defaults, read only in the CLI) and passes it down. Nothing
+below `main` reads the environment. `validate()` fails fast with a clear message.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.schemas.membership import WorkerRole
+from shared.subjects import Subjects, check_token
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+class BusConfig(msgspec.Struct, kw_only=True, frozen=True):
+    nats_url: str = "nats://127.0.0.1:4222"
+    namespace: str = "tandem"
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.namespace)
+
+
+class TracingConfig(msgspec.Struct, kw_only=True, frozen=True):
+    exporter: Literal["none", "otlp", "console"] = "none"
+    otlp_endpoint: str = ""
+
+
+class MembershipConfig(msgspec.Struct, kw_only=True, frozen=True):
+    heartbeat_interval_s: float = 0.5
+    ttl_s: float = 3.0  # a worker silent for this long is removed
+
+    def validate(self) -> None:
+        _require(self.heartbeat_interval_s > 0, "heartbeat interval must be positive")
+        _require(self.ttl_s > 2 * self.heartbeat_interval_s,
+                 "membership TTL must exceed two heartbeat intervals")
+
+
+class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
+    worker_id: str
+    role: WorkerRole = WorkerRole.BOTH
+    engine: Literal["sim", "vllm"] = "sim"
+    model_dir: str = ""
+    served_model_name: str = ""  # defaults to the model directory's name
+    block_size: int = 16
+    kv_blocks: int = 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    sim_profile: str = ""  # path to a timing profile; empty: the packaged default
+    sim_speedup: float = 1.0
+    sim_layers: int = 4
+    sim_kv_dim: int = 64
+    load_interval_s: float = 0.25
+    kv_event_interval_s: float = 0.02
+    drain_timeout_s: float = 30.0
+    bus: BusConfig = BusConfig()
+    membership: MembershipConfig = MembershipConfig()
+    tracing: TracingConfig = TracingConfig()
+
+    def validate(self) -> None:
+        check_token(self.worker_id, "worker id")
+        _require(self.block_size > 0, "block size must be positive")
+        _require(self.kv_blocks > 0, "kv_blocks must be positive")
+        _require(self.max_num_seqs > 0, "max_num_seqs must be positive")
+        _require(self.max_num_batched_tokens >= self.block_size,
+                 "max_num_batched_tokens must be at least one block")
+        _require(self.max_model_len > 0, "max_model_len must be positive")
+        _require(self.sim_speedup > 0, "sim speed-up must be positive")
+        self.membership.validate()
+
+
+class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_dir: str = ""  # tokenizer (and chat template) come from here
+    served_model_name: str = ""
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 16
+    accept_timeout_s: float = 2.0
+    idle_timeout_s: float = 60.0
+    worker_wait_s: float = 5.0  # how long a request waits for a worker to appear
+    bus: BusConfig = BusConfig()
+    membership: MembershipConfig = MembershipConfig()
+    tracing: TracingConfig = TracingConfig()
+
+    def validate(self) -> None:
+        _require(0 <= self.port < 65536, "port must be in [0, 65535]")
+        _require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
+        _require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
+
+
+class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):
+    sweep_interval_s: float = 0.25
+    bus: BusConfig = BusConfig()
+    membership: MembershipConfig = MembershipConfig()
+    tracing: TracingConfig = TracingConfig()
+
+    def validate(self) -> None:
+        _require(self.sweep_interval_s > 0, "sweep interval must be positive")
+        self.membership.validate()
+
+
+class MetricsConfig(msgspec.Struct, kw_only=True, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 9100
+    bus: BusConfig = BusConfig()
+    membership: MembershipConfig = MembershipConfig()
+    tracing: TracingConfig = TracingConfig()
+
+    def validate(self) -> None:
+        _require(0 <= self.port < 65536, "port must be in [0, 65535]")

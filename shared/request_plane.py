@@ -1,0 +1,155 @@
+"""Request plane over NATS: a request goes to a worker subject, and the worker streams
+numbered frames back to the caller's private inbox.
+
+Caller (`open_stream`) guarantees that every request ends in exactly one explicit way:
+a `Finished` frame, or a raised `TandemError` — `Unavailable` (nobody accepted within the
+accept timeout), `Timeout` (the worker went silent for the idle timeout), `StreamGap`
+(a frame was lost), `Disconnected` (aborted from outside, e.g. the worker left the
+cluster), or the worker's own `Failed` code. Never a silently truncated stream.
+
+Worker (`FrameSender`) numbers frames from 0 so the caller can detect gaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+from nats.aio.msg import Msg
+
+from shared.bus import Bus
+from shared.codec import Codec, encode
+from shared.errors import Disconnected, StreamGap, TandemError, Timeout, Unavailable, from_code
+from shared.schemas.generate import (
+    Accepted,
+    Failed,
+    Finished,
+    FinishReason,
+    ResponseFrame,
+    Tokens,
+)
+
+_frames: Codec[ResponseFrame] = Codec(ResponseFrame)
+
+
+class ResponseStream:
+    """The caller's side of one streamed request. Iterate to get frames."""
+
+    def __init__(self, bus: Bus, subject: str, *, accept_timeout_s: float, idle_timeout_s: float) -> None:
+        self._bus = bus
+        self.subject = subject
+        self._accept_timeout_s = accept_timeout_s
+        self._idle_timeout_s = idle_timeout_s
+        self._queue: asyncio.Queue[Msg | TandemError] = asyncio.Queue()
+        self._sub = None
+        self._next_seq = 0
+        self.accepted: Accepted | None = None
+        self.finished: Finished | None = None
+
+    async def send(self, payload: bytes, headers: dict[str, str] | None = None) -> None:
+        inbox = self._bus.client.new_inbox()
+        self._sub = await self._bus.client.subscribe(inbox, cb=self._queue.put)
+        await self._bus.client.publish(self.subject, payload, reply=inbox, headers=headers)
+
+    def abort(self, error: TandemError) -> None:
+        """End the stream from outside (worker removed, client gone)."""
+        self._queue.put_nowait(error)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:
+                pass  # connection already closed: nothing left to release
+            self._sub = None
+
+    async def _next_frame(self) -> ResponseFrame:
+        first = self.accepted is None
+        timeout = self._accept_timeout_s if first else self._idle_timeout_s
+        try:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        except asyncio.TimeoutError:
+            if first:
+                raise Unavailable(f"no worker accepted the request on {self.subject} within {timeout}s") from None
+            raise Timeout(f"worker on {self.subject} was silent for {timeout}s") from None
+        if isinstance(item, TandemError):
+            raise item
+        if item.headers and item.headers.get("Status") == "503":  # NATS "no responders"
+            raise Unavailable(f"no worker is listening on {self.subject}")
+        frame = _frames.decode_or_none(item.data, self.subject)
+        if frame is None:
+            raise StreamGap(f"malformed frame from {self.subject}")
+        if frame.seq != self._next_seq:
+            raise StreamGap(f"frame {self._next_seq} from {self.subject} was lost (got {frame.seq})")
+        self._next_seq += 1
+        return frame
+
+    async def frames(self) -> AsyncIterator[Tokens]:
+        """Yield token frames; return after `Finished` (kept in `.finished`); raise on failure."""
+        while True:
+            frame = await self._next_frame()
+            match frame:
+                case Accepted():
+                    if self.accepted is not None:
+                        raise StreamGap("duplicate Accepted frame")
+                    self.accepted = frame
+                case Tokens():
+                    if self.accepted is None:
+                        raise StreamGap("Tokens before Accepted")
+                    yield frame
+                case Finished():
+                    self.finished = frame
+                    return
+                case Failed(code=code, message=message):
+                    raise from_code(code, message)
+
+
+async def open_stream(
+    bus: Bus,
+    subject: str,
+    request: msgspec.Struct,
+    *,
+    headers: dict[str, str] | None = None,
+    accept_timeout_s: float = 2.0,
+    idle_timeout_s: float = 60.0,
+) -> ResponseStream:
+    stream = ResponseStream(bus, subject, accept_timeout_s=accept_timeout_s, idle_timeout_s=idle_timeout_s)
+    await stream.send(encode(request), headers)
+    return stream
+
+
+class FrameSender:
+    """The worker's side of one streamed request: numbers frames from 0."""
+
+    def __init__(self, bus: Bus, reply_subject: str) -> None:
+        self._bus = bus
+        self._reply = reply_subject
+        self._seq = 0
+        self.closed = False
+
+    async def _send(self, frame: msgspec.Struct) -> None:
+        if self.closed:
+            raise RuntimeError("stream already ended")
+        await self._bus.client.publish(self._reply, encode(frame))
+        self._seq += 1
+
+    async def accepted(self, worker_id: str) -> None:
+        await self._send(Accepted(seq=self._seq, worker_id=worker_id))
+
+    async def tokens(self, token_ids: list[int]) -> None:
+        await self._send(Tokens(seq=self._seq, token_ids=token_ids))
+
+    async def finished(self, finish_reason: FinishReason, *, prompt_tokens: int, cached_tokens: int,
+                       completion_tokens: int) -> None:
+        await self._send(Finished(seq=self._seq, finish_reason=finish_reason,
+                                  prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                                  completion_tokens=completion_tokens))
+        self.closed = True
+
+    async def failed(self, code: str, message: str) -> None:
+        await self._send(Failed(seq=self._seq, code=code, message=message))
+        self.closed = True
+
+
+__all__ = ["FrameSender", "ResponseStream", "open_stream", "Disconnected"]

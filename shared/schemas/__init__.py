@@ -1,0 +1,70 @@
+"""Every message on the bus, as msgspec Structs: one tagged union per stream.
+
+Streams and their unions:
+- request plane (router -> worker `generate`):  `GenerateRequest`
+- response chunks (worker -> caller's inbox):    `ResponseFrame`
+- control (anyone -> worker `ctl`):              `ControlMessage`
+- KV events (worker -> `kv.events.<w>`):         `KvEventBatch` holding `KvEvent`s
+- load (worker -> `load.<w>`):                   `LoadSnapshot`
+- membership bucket values:                      `WorkerRegistration`
+- membership changes (orchestrator):            `MembershipChange`
+- request events (router -> collector):         `RequestRecord`
+
+Schema evolution follows msgspec's rules: new fields get defaults, types never change.
+`SCHEMA_VERSION` travels in every top-level message as `v`.
+"""
+
+from shared.schemas.common import SCHEMA_VERSION
+from shared.schemas.control import Cancel, ControlMessage, Drain, KvSnapshotRequest
+from shared.schemas.generate import (
+    Accepted,
+    Failed,
+    Finished,
+    GenerateRequest,
+    ResponseFrame,
+    SamplingParams,
+    Tokens,
+)
+from shared.schemas.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    KvEventBatch,
+)
+from shared.schemas.load import LoadSnapshot
+from shared.schemas.membership import (
+    MembershipChange,
+    WorkerCapacity,
+    WorkerRegistration,
+    WorkerRole,
+    WorkerStatus,
+)
+from shared.schemas.requests import RequestRecord
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Accepted",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "Cancel",
+    "ControlMessage",
+    "Drain",
+    "Failed",
+    "Finished",
+    "GenerateRequest",
+    "KvEvent",
+    "KvEventBatch",
+    "KvSnapshotRequest",
+    "LoadSnapshot",
+    "MembershipChange",
+    "RequestRecord",
+    "ResponseFrame",
+    "SamplingParams",
+    "Tokens",
+    "WorkerCapacity",
+    "WorkerRegistration",
+    "WorkerRole",
+    "WorkerStatus",
+]

@@ -1,0 +1,20 @@
+"""Periodic load snapshot of one worker."""
+
+from __future__ import annotations
+
+from shared.schemas.common import Message
+
+
+class LoadSnapshot(Message, tag="load", kw_only=True):
+    worker_id: str
+    seq: int
+    ts: float
+    running: int  # requests in the batch (prefilling or decoding)
+    waiting: int  # requests queued, not yet admitted
+    kv_total_blocks: int
+    kv_used_blocks: int  # blocks referenced by live requests
+    kv_cached_blocks: int  # blocks holding reusable prefix content (incl. used ones)
+    prompt_tokens_total: int  # cumulative, for hit-rate over any window
+    cached_tokens_total: int  # cumulative prompt tokens served from the prefix cache
+    generated_tokens_total: int
+    pending_prefill_tokens: int  # uncached prompt tokens not yet computed

@@ -1,0 +1,48 @@
+"""Membership: what a worker registers, and the changes the orchestrator announces."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+import msgspec
+
+from shared.schemas.common import Message
+
+
+class WorkerRole(str, Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"  # serves whole requests (single-worker serving)
+
+
+class WorkerStatus(str, Enum):
+    ACTIVE = "active"
+    DRAINING = "draining"  # takes no new work
+
+
+class WorkerCapacity(msgspec.Struct, kw_only=True, frozen=True):
+    kv_blocks: int
+    max_num_seqs: int
+    max_model_len: int
+
+
+class WorkerRegistration(Message, tag="registration", kw_only=True):
+    worker_id: str
+    role: WorkerRole
+    model: str  # the served model name clients ask for
+    engine: str  # "sim" | "vllm"
+    block_size: int
+    compat_hash: str  # equal hashes can exchange KV blocks
+    capacity: WorkerCapacity
+    status: WorkerStatus = WorkerStatus.ACTIVE
+    started_at: float
+    heartbeat_at: float
+    pid: int = 0
+
+
+class MembershipChange(Message, tag="membership_change", kw_only=True):
+    kind: Literal["joined", "updated", "removed"]
+    worker_id: str
+    reason: str = ""  # "registered", "draining", "heartbeat_lost", "deregistered"
+    registration: WorkerRegistration | None = None

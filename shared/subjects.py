@@ -1,0 +1,69 @@
+"""The subject catalog: every NATS subject and bucket name Tandem uses, in one place.
+
+A `namespace` prefixes everything so that several clusters (or several tests) share one
+NATS server without seeing each other's traffic. Subjects carry the protocol version
+(`v1`); a breaking change to a stream's schema gets a new version segment.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+PROTOCOL_VERSION = "v1"
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def check_token(value: str, what: str) -> str:
+    """A subject token must not contain '.', '*', '>' or whitespace."""
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value!r} must match [A-Za-z0-9_-]+")
+    return value
+
+
+class Subjects(msgspec.Struct, frozen=True):
+    namespace: str = "tandem"
+
+    def __post_init__(self) -> None:
+        check_token(self.namespace, "namespace")
+
+    @property
+    def _root(self) -> str:
+        return f"{self.namespace}.{PROTOCOL_VERSION}"
+
+    # request plane: router -> worker; chunks come back on the caller's inbox
+    def generate(self, worker_id: str) -> str:
+        return f"{self._root}.worker.{check_token(worker_id, 'worker id')}.generate"
+
+    # control plane: cancel, drain, KV snapshot requests
+    def control(self, worker_id: str) -> str:
+        return f"{self._root}.ctl.{check_token(worker_id, 'worker id')}"
+
+    # event streams
+    def kv_events(self, worker_id: str) -> str:
+        return f"{self._root}.kv.events.{check_token(worker_id, 'worker id')}"
+
+    @property
+    def kv_events_all(self) -> str:
+        return f"{self._root}.kv.events.*"
+
+    def load(self, worker_id: str) -> str:
+        return f"{self._root}.load.{check_token(worker_id, 'worker id')}"
+
+    @property
+    def load_all(self) -> str:
+        return f"{self._root}.load.*"
+
+    @property
+    def membership_changes(self) -> str:
+        return f"{self._root}.membership.changes"
+
+    @property
+    def request_events(self) -> str:
+        return f"{self._root}.requests.events"
+
+    # JetStream key-value bucket holding one registration per worker
+    @property
+    def members_bucket(self) -> str:
+        return f"{self.namespace}_{PROTOCOL_VERSION}_members"
