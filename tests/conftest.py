@@ -1,0 +1,39 @@
+"""Shared fixtures: one real nats-server per test session, a unique namespace per test.
+
+Tests never assume a fixed port: the server picks one, services get port 0 where they
+serve HTTP. Each test gets its own subject namespace so tests never see each other.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from shared.bus import Bus, connect
+from shared.config import BusConfig
+from shared.nats_server import EmbeddedNats
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[EmbeddedNats]:
+    with EmbeddedNats() as server:
+        yield server
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def bus_config(nats_server: EmbeddedNats, namespace: str) -> BusConfig:
+    return BusConfig(nats_url=nats_server.url, namespace=namespace)
+
+
+@pytest.fixture
+async def bus(bus_config: BusConfig) -> AsyncIterator[Bus]:
+    connection = await connect(bus_config.nats_url, "test-client")
+    yield connection
+    await connection.close()

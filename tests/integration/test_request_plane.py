@@ -1,0 +1,88 @@
+"""The request plane against a real nats-server: ordered frames, gaps, silence, no responders."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared.bus import Bus
+from shared.codec import Codec, encode
+from shared.config import BusConfig
+from shared.errors import StreamGap, Timeout, Unavailable
+from shared.request_plane import FrameSender, open_stream
+from shared.schemas import GenerateRequest, Tokens
+
+requests: Codec[GenerateRequest] = Codec(GenerateRequest)
+
+
+async def serve_once(bus: Bus, subject: str, behaviour: str) -> None:
+    async def handler(msg) -> None:
+        request = requests.decode(msg.data)
+        sender = FrameSender(bus, msg.reply)
+        await sender.accepted("w1")
+        if behaviour == "silent":
+            return
+        if behaviour == "gap":
+            await bus.client.publish(msg.reply, encode(Tokens(seq=5, token_ids=[1])))
+            return
+        for token in request.token_ids:
+            await sender.tokens([token])
+        await sender.finished("length", prompt_tokens=len(request.token_ids), cached_tokens=0,
+                              completion_tokens=len(request.token_ids))
+
+    await bus.client.subscribe(subject, cb=handler)
+
+
+async def test_frames_arrive_in_order(bus: Bus, bus_config: BusConfig) -> None:
+    subject = bus_config.subjects.generate("w1")
+    await serve_once(bus, subject, "ok")
+    stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[7, 8, 9]))
+    got = [frame.token_ids[0] async for frame in stream.frames()]
+    await stream.close()
+    assert got == [7, 8, 9]
+    assert stream.finished is not None and stream.finished.finish_reason == "length"
+
+
+async def test_gap_is_an_error(bus: Bus, bus_config: BusConfig) -> None:
+    subject = bus_config.subjects.generate("w1")
+    await serve_once(bus, subject, "gap")
+    stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[1]))
+    with pytest.raises(StreamGap):
+        async for _ in stream.frames():
+            pass
+    await stream.close()
+
+
+async def test_silent_worker_is_a_timeout(bus: Bus, bus_config: BusConfig) -> None:
+    subject = bus_config.subjects.generate("w1")
+    await serve_once(bus, subject, "silent")
+    stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[1]),
+                               idle_timeout_s=0.3)
+    with pytest.raises(Timeout):
+        async for _ in stream.frames():
+            pass
+    await stream.close()
+
+
+async def test_nobody_listening_is_unavailable(bus: Bus, bus_config: BusConfig) -> None:
+    stream = await open_stream(bus, bus_config.subjects.generate("nobody"),
+                               GenerateRequest(request_id="r", model="m", token_ids=[1]),
+                               accept_timeout_s=0.3)
+    with pytest.raises(Unavailable):
+        async for _ in stream.frames():
+            pass
+    await stream.close()
+
+
+async def test_abort_from_outside_ends_the_stream(bus: Bus, bus_config: BusConfig) -> None:
+    from shared.errors import Disconnected
+
+    subject = bus_config.subjects.generate("w1")
+    await serve_once(bus, subject, "silent")
+    stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[1]))
+    asyncio.get_running_loop().call_later(0.1, stream.abort, Disconnected("worker w1 left"))
+    with pytest.raises(Disconnected):
+        async for _ in stream.frames():
+            pass
+    await stream.close()
