@@ -1,0 +1,29 @@
+# Two set-up commands that work on a fresh machine:
+#   make run    creates .venv, installs Tandem, runs the whole local stack (tandem up)
+#   make test   creates .venv, installs Tandem with test extras, runs the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+ENGINE ?= sim
+MODEL ?=
+PYTEST_ARGS ?=
+
+.PHONY: install run test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	PORT=$(PORT) ENGINE=$(ENGINE) MODEL=$(MODEL) $(VENV)/bin/tandem up
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .tandem .pytest_cache

@@ -1,0 +1,117 @@
+"""The whole local stack as one definition: NATS, orchestrator, metrics collector,
+workers and router, each a separate process started by the `LocalLauncher`.
+
+`tandem up` runs it for people; the end-to-end tests run exactly the same definition.
+Stop order matters: workers drain first (so in-flight requests finish), then the router,
+then the control services, then NATS.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+
+from services.orchestrator.launcher import LocalLauncher, ManagedProcess
+from shared.nats_server import EmbeddedNats
+from shared.schemas import WorkerRole
+
+LISTENING = r"{service} listening on (http://[\w.\-]+:(\d+))"
+
+
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    worker_id: str
+    role: WorkerRole = WorkerRole.BOTH
+    extra_args: tuple[str, ...] = ()
+
+
+class StackConfig(msgspec.Struct, frozen=True, kw_only=True):
+    model_dir: str
+    engine: str = "sim"
+    workers: tuple[WorkerSpec, ...] = (WorkerSpec(worker_id="worker-1"), WorkerSpec(worker_id="worker-2"))
+    router_host: str = "127.0.0.1"
+    router_port: int = 8000
+    metrics_port: int = 0
+    nats_url: str = ""  # empty: start an embedded nats-server
+    namespace: str = "tandem"
+    sim_speedup: float = 1.0
+    heartbeat_interval_s: float = 0.5
+    ttl_s: float = 3.0
+    log_dir: str = ".tandem/logs"
+    start_timeout_s: float = 60.0
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.launcher = LocalLauncher(config.log_dir)
+        self.nats: EmbeddedNats | None = None
+        self.nats_url = config.nats_url
+        self.router_url = ""
+        self.metrics_url = ""
+
+    def _common(self) -> list[str]:
+        return ["--nats-url", self.nats_url, "--namespace", self.config.namespace]
+
+    def _membership(self) -> list[str]:
+        return ["--heartbeat-interval", str(self.config.heartbeat_interval_s), "--ttl", str(self.config.ttl_s)]
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        if not self.nats_url:
+            self.nats = EmbeddedNats(str(Path(self.config.log_dir) / "nats")).start()
+            self.nats_url = self.nats.url
+        self.launcher.start("orchestrator", ["orchestrator", *self._common(), *self._membership()])
+        self.launcher.start("metrics", ["metrics", *self._common(), "--port", str(self.config.metrics_port)])
+        for spec in self.config.workers:
+            self.start_worker(spec)
+        self.launcher.start("router", ["router", *self._common(), *self._membership(),
+                                       "--host", self.config.router_host, "--port", str(self.config.router_port),
+                                       "--model-dir", self.config.model_dir])
+        timeout = self.config.start_timeout_s
+        self.metrics_url = self.launcher.wait_for_line(
+            "metrics", LISTENING.format(service="tandem-metrics"), timeout).group(1)
+        self.router_url = self.launcher.wait_for_line(
+            "router", LISTENING.format(service="tandem-router"), timeout).group(1)
+        for spec in self.config.workers:
+            self.wait_worker_ready(spec.worker_id)
+
+    def start_worker(self, spec: WorkerSpec) -> ManagedProcess:
+        args = ["worker", *self._common(), *self._membership(), "--worker-id", spec.worker_id,
+                "--role", spec.role.value, "--engine", self.config.engine, "--model-dir", self.config.model_dir,
+                "--sim-speedup", str(self.config.sim_speedup), *spec.extra_args]
+        return self.launcher.start(spec.worker_id, args)
+
+    def wait_worker_ready(self, worker_id: str) -> None:
+        self.launcher.wait_for_line(worker_id, rf"worker {worker_id} serving", self.config.start_timeout_s)
+
+    def worker(self, worker_id: str) -> ManagedProcess:
+        return self.launcher.processes[worker_id]
+
+    @property
+    def processes(self) -> dict[str, ManagedProcess]:
+        return self.launcher.processes
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        workers = [spec.worker_id for spec in self.config.workers]
+        extra = [name for name in self.launcher.processes
+                 if name not in {"router", "metrics", "orchestrator", *workers}]
+        self.launcher.stop_all([*workers, *extra, "router", "metrics", "orchestrator"], timeout_s)
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+
+    def wait_until(self, condition, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")

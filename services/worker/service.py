@@ -1,0 +1,265 @@
+"""The worker service: serves one engine on NATS.
+
+- request plane: `generate.<worker>` requests; frames streamed to the caller's inbox
+  (`Accepted`, `Tokens`..., then exactly one `Finished` or `Failed`).
+- control plane: `ctl.<worker>` takes `Cancel`, `Drain`, `KvSnapshotRequest`.
+- events: KV event batches and load snapshots, each stream numbered from 1.
+- membership: the registration is put in the members bucket at start and every
+  heartbeat; status DRAINING while draining; the key is deleted on graceful stop.
+
+The engine is anything that implements `services.worker.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from nats.aio.msg import Msg
+from opentelemetry import trace
+
+from services.worker.engine import Engine
+from shared.bus import Bus
+from shared.codec import Codec, MalformedCounter, encode
+from shared.config import WorkerConfig
+from shared.errors import ErrorCode, TandemError
+from shared.request_plane import FrameSender
+from shared.schemas import (
+    AllBlocksCleared,
+    Cancel,
+    ControlMessage,
+    Drain,
+    GenerateRequest,
+    KvEventBatch,
+    KvSnapshotRequest,
+    LoadSnapshot,
+    WorkerCapacity,
+    WorkerRegistration,
+    WorkerStatus,
+)
+from shared.tracing import extract_context
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("tandem.worker")
+
+
+class WorkerService:
+    def __init__(self, config: WorkerConfig, engine: Engine, bus: Bus) -> None:
+        self.config = config
+        self.engine = engine
+        self.bus = bus
+        self.subjects = config.bus.subjects
+        self.malformed = MalformedCounter()
+        self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, self.malformed)
+        self._control: Codec[ControlMessage] = Codec(ControlMessage, self.malformed)
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._status = WorkerStatus.ACTIVE
+        self._started_at = time.time()
+        self._kv_seq = 0
+        self._load_seq = 0
+        self._subscriptions: list = []
+        self._loops: list[asyncio.Task[None]] = []
+        self._members = None
+        self.stopped = asyncio.Event()
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        ttl = self.config.membership.ttl_s * 10  # a floor: the orchestrator removes sooner
+        self._members = await self.bus.key_value(self.subjects.members_bucket, ttl_s=ttl)
+        client = self.bus.client
+        self._subscriptions = [
+            await client.subscribe(self.subjects.generate(self.worker_id), cb=self._on_generate),
+            await client.subscribe(self.subjects.control(self.worker_id), cb=self._on_control),
+        ]
+        await client.flush()
+        await self._register()
+        self._loops = [
+            asyncio.create_task(self._every(self.config.membership.heartbeat_interval_s, self._register)),
+            asyncio.create_task(self._every(self.config.kv_event_interval_s, self._publish_kv_events)),
+            asyncio.create_task(self._every(self.config.load_interval_s, self._publish_load)),
+        ]
+        log.info("worker %s serving %s (%s, %s)", self.worker_id, self.engine.info.model,
+                 self.config.role.value, self.engine.info.engine)
+
+    async def drain(self, deadline_s: float | None = None) -> None:
+        """Take no new work; let in-flight requests finish within the deadline; cancel the rest."""
+        if self._status is WorkerStatus.DRAINING:
+            return
+        self._status = WorkerStatus.DRAINING
+        await self._register()
+        pending = list(self._inflight.values())
+        if pending:
+            deadline = self.config.drain_timeout_s if deadline_s is None else deadline_s
+            _, still_running = await asyncio.wait(pending, timeout=deadline)
+            for task in still_running:
+                task.cancel()
+            await asyncio.gather(*still_running, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Graceful stop: drain, deregister, flush events, stop the engine."""
+        await self.drain()
+        for task in self._loops:
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        for sub in self._subscriptions:
+            await sub.unsubscribe()
+        if self._members is not None:
+            try:
+                await self._members.delete(self.worker_id)
+            except Exception as error:  # NATS already gone: the orchestrator's TTL removes us
+                log.warning("could not deregister %s: %s", self.worker_id, error)
+        await self.engine.stop()
+        await self._publish_kv_events()
+        self.stopped.set()
+
+    async def _every(self, interval_s: float, action) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await action()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # NATS reconnecting: try again next tick
+                log.debug("%s failed: %s", getattr(action, "__name__", action), error)
+
+    # ---- membership and events -------------------------------------------------------
+
+    def registration(self) -> WorkerRegistration:
+        info = self.engine.info
+        return WorkerRegistration(
+            worker_id=self.worker_id,
+            role=self.config.role,
+            model=info.model,
+            engine=info.engine,
+            block_size=info.block_size,
+            compat_hash=info.compat_hash,
+            capacity=WorkerCapacity(kv_blocks=info.kv_blocks, max_num_seqs=info.max_num_seqs,
+                                    max_model_len=info.max_model_len),
+            status=self._status,
+            started_at=self._started_at,
+            heartbeat_at=time.time(),
+            pid=os.getpid(),
+        )
+
+    async def _register(self) -> None:
+        assert self._members is not None
+        await self._members.put(self.worker_id, encode(self.registration()))
+
+    async def _publish_kv_events(self, events=None) -> None:
+        events = self.engine.take_kv_events() if events is None else events
+        if not events:
+            return
+        self._kv_seq += 1
+        batch = KvEventBatch(worker_id=self.worker_id, seq=self._kv_seq, ts=time.time(), events=events)
+        await self.bus.client.publish(self.subjects.kv_events(self.worker_id), encode(batch))
+
+    async def _publish_load(self) -> None:
+        load = self.engine.load()
+        self._load_seq += 1
+        snapshot = LoadSnapshot(
+            worker_id=self.worker_id, seq=self._load_seq, ts=time.time(),
+            running=load.running, waiting=load.waiting,
+            kv_total_blocks=load.kv_total_blocks, kv_used_blocks=load.kv_used_blocks,
+            kv_cached_blocks=load.kv_cached_blocks,
+            prompt_tokens_total=load.prompt_tokens_total, cached_tokens_total=load.cached_tokens_total,
+            generated_tokens_total=load.generated_tokens_total,
+            pending_prefill_tokens=load.pending_prefill_tokens,
+        )
+        await self.bus.client.publish(self.subjects.load(self.worker_id), encode(snapshot))
+
+    # ---- request plane ---------------------------------------------------------------
+
+    async def _on_generate(self, msg: Msg) -> None:
+        request = self._requests.decode_or_none(msg.data, msg.subject)
+        if not msg.reply:
+            return  # nobody to answer: a request without an inbox is dropped
+        sender = FrameSender(self.bus, msg.reply)
+        if request is None:
+            await sender.failed(ErrorCode.INVALID_ARGUMENT.value, "malformed generate request")
+            return
+        if self._status is WorkerStatus.DRAINING:
+            await sender.failed(ErrorCode.UNAVAILABLE.value, f"worker {self.worker_id} is draining")
+            return
+        if request.request_id in self._inflight:
+            await sender.failed(ErrorCode.INVALID_ARGUMENT.value, f"duplicate request id {request.request_id}")
+            return
+        task = asyncio.create_task(self._serve(request, sender, dict(msg.headers or {})),
+                                   name=f"request:{request.request_id}")
+        self._inflight[request.request_id] = task
+        task.add_done_callback(lambda _: self._inflight.pop(request.request_id, None))
+
+    async def _serve(self, request: GenerateRequest, sender: FrameSender, headers: dict[str, str]) -> None:
+        with tracer.start_as_current_span("worker.generate", context=extract_context(headers)) as span:
+            span.set_attribute("tandem.worker_id", self.worker_id)
+            span.set_attribute("tandem.request_id", request.request_id)
+            span.set_attribute("tandem.prompt_tokens", len(request.token_ids))
+            outputs = None
+            try:
+                await sender.accepted(self.worker_id)
+                if request.model != self.engine.info.model:
+                    raise TandemError(f"worker {self.worker_id} serves {self.engine.info.model!r}, "
+                                      f"not {request.model!r}", code=ErrorCode.NOT_FOUND)
+                outputs = self.engine.generate(request.request_id, request.token_ids, request.sampling)
+                async for output in outputs:
+                    if output.token_ids:
+                        await sender.tokens(output.token_ids)
+                    if output.finished:
+                        span.set_attribute("tandem.cached_tokens", output.cached_tokens)
+                        await sender.finished(output.finish_reason, prompt_tokens=output.prompt_tokens,
+                                              cached_tokens=output.cached_tokens,
+                                              completion_tokens=output.completion_tokens)
+                        return
+                raise TandemError("engine ended the request without a finish reason")
+            except asyncio.CancelledError:
+                if not sender.closed:
+                    await _quietly(sender.failed(ErrorCode.CANCELLED.value, "request cancelled"))
+                raise
+            except TandemError as error:
+                span.set_attribute("tandem.error", error.code.value)
+                await _quietly(sender.failed(error.code.value, error.message))
+            except Exception as error:
+                log.exception("request %s failed", request.request_id)
+                await _quietly(sender.failed(ErrorCode.INTERNAL.value, f"internal error: {error}"))
+            finally:
+                if outputs is not None:
+                    await outputs.aclose()  # aborts the engine request if it is still running
+
+    # ---- control plane ---------------------------------------------------------------
+
+    async def _on_control(self, msg: Msg) -> None:
+        message = self._control.decode_or_none(msg.data, msg.subject)
+        match message:
+            case Cancel(request_id=request_id):
+                task = self._inflight.get(request_id)
+                if task is not None:
+                    task.cancel()
+            case Drain(deadline_s=deadline_s):
+                asyncio.create_task(self._drain_then_stop(deadline_s))
+            case KvSnapshotRequest():
+                await self._publish_kv_events()  # flush what is buffered, then re-announce all
+                await self._publish_kv_events([AllBlocksCleared(), *self.engine.kv_snapshot()])
+            case None:
+                pass
+
+    async def _drain_then_stop(self, deadline_s: float) -> None:
+        await self.drain(deadline_s)
+        await self.stop()
+
+
+async def _quietly(coro) -> None:
+    """Send a last frame; if NATS is gone the caller's own timeout reports the failure."""
+    try:
+        await coro
+    except Exception as error:
+        log.debug("could not send final frame: %s", error)

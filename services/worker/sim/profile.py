@@ -1,0 +1,78 @@
+"""The sim's timing model: how long one engine step takes.
+
+A step computes some uncached prefill tokens and one token for each decoding sequence:
+
+    step = overhead + prefill_tokens * prefill_ms_per_token
+                    + (decode_base_ms + decode_ms_per_seq * decode_seqs   if decode_seqs else 0)
+
+Profiles are JSON files (see `profiles/default.json`); the scheduler calls
+`step_duration_s`, the engine sleeps that long divided by the speed-up factor.
+`layer_weights` optionally splits a step across layers (push-mode KV transfer overlaps with
+per-layer compute); empty means an even split.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import msgspec
+
+from shared.config import ConfigError
+
+DEFAULT_PROFILE = "default.json"
+
+
+class TimingProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str = "custom"
+    prefill_ms_per_token: float
+    step_overhead_ms: float
+    decode_base_ms: float
+    decode_ms_per_seq: float
+    layer_weights: list[float] = []
+
+    def validate(self) -> None:
+        for field in ("prefill_ms_per_token", "step_overhead_ms", "decode_base_ms", "decode_ms_per_seq"):
+            if getattr(self, field) < 0:
+                raise ConfigError(f"timing profile {self.name!r}: {field} must be >= 0")
+        if any(weight < 0 for weight in self.layer_weights) or (
+                self.layer_weights and sum(self.layer_weights) <= 0):
+            raise ConfigError(f"timing profile {self.name!r}: layer_weights must be >= 0 with a positive sum")
+
+    def step_duration_s(self, *, prefill_tokens: int, decode_seqs: int) -> float:
+        """Simulated seconds for one step; 0 when the step computes nothing."""
+        if prefill_tokens == 0 and decode_seqs == 0:
+            return 0.0
+        ms = self.step_overhead_ms + prefill_tokens * self.prefill_ms_per_token
+        if decode_seqs:
+            ms += self.decode_base_ms + decode_seqs * self.decode_ms_per_seq
+        return ms / 1000.0
+
+    def layer_fractions(self, num_layers: int) -> list[float]:
+        """The share of a step each layer takes (sums to 1)."""
+        if not self.layer_weights:
+            return [1.0 / num_layers] * num_layers
+        if len(self.layer_weights) != num_layers:
+            raise ConfigError(f"timing profile {self.name!r} has {len(self.layer_weights)} layer weights, "
+                              f"the engine has {num_layers} layers")
+        total = sum(self.layer_weights)
+        return [weight / total for weight in self.layer_weights]
+
+
+def load_profile(path: str | None) -> TimingProfile:
+    """The profile at `path`, or the packaged default when `path` is empty."""
+    try:
+        if path:
+            with open(path, "rb") as file:
+                raw = file.read()
+            source = path
+        else:
+            raw = resources.files(__package__).joinpath("profiles", DEFAULT_PROFILE).read_bytes()
+            source = f"packaged {DEFAULT_PROFILE}"
+    except OSError as error:
+        raise ConfigError(f"cannot read timing profile {path!r}: {error.strerror or error}") from error
+    try:
+        profile = msgspec.json.decode(raw, type=TimingProfile)
+    except msgspec.DecodeError as error:  # ValidationError is a DecodeError
+        raise ConfigError(f"bad timing profile {source}: {error}") from error
+    profile.validate()
+    return profile
