@@ -1,0 +1,176 @@
+"""The whole stack (router, orchestrator, metrics, 2 sim workers as processes) through
+the official openai client: completions and chat, streaming and not, concurrency,
+determinism, dynamic membership and a worker killed mid-request."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from services.orchestrator.stack import LocalStack, WorkerSpec
+from shared.bus import Bus
+from shared.codec import Codec
+from shared.request_plane import open_stream
+from shared.schemas import GenerateRequest, RequestRecord, SamplingParams
+from shared.subjects import Subjects
+from shared.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.e2e
+
+
+def model_name(stack: LocalStack) -> str:
+    return Tokenizer.from_model_dir(stack.config.model_dir).model_name
+
+
+async def test_completion_and_chat_streaming_and_not(stack: LocalStack, client: openai.AsyncOpenAI, loads) -> None:
+    model = model_name(stack)
+    models = await client.models.list()
+    assert model in [m.id for m in models.data]
+
+    completion = await client.completions.create(model=model, prompt="The river runs", max_tokens=12)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 12
+    assert completion.choices[0].text
+
+    chunks = [chunk async for chunk in await client.completions.create(
+        model=model, prompt="The river runs", max_tokens=12, stream=True)]
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert streamed == completion.choices[0].text  # greedy: same tokens either way
+
+    messages = [{"role": "user", "content": "Tell me about machines."}]
+    chat = await client.chat.completions.create(model=model, messages=messages, max_tokens=10)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content
+    assert chat.usage.completion_tokens == 10
+
+    stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=10, stream=True,
+                                                  stream_options={"include_usage": True})
+    pieces, usage = [], None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(pieces) == chat.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == 10
+
+
+async def test_100_concurrent_streams_complete_with_expected_tokens(stack: LocalStack, client: openai.AsyncOpenAI,
+                                                                    loads) -> None:
+    model = model_name(stack)
+    prompts = [f"Prompt number {i} about weather and cooking" for i in range(10)]
+    expected = {}
+    for prompt in prompts:
+        reply = await client.completions.create(model=model, prompt=prompt, max_tokens=20)
+        expected[prompt] = reply.choices[0].text
+
+    async def stream_one(prompt: str) -> str:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=20, stream=True)
+        return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+
+    jobs = [prompts[i % len(prompts)] for i in range(100)]
+    results = await asyncio.wait_for(asyncio.gather(*(stream_one(p) for p in jobs)), 120)
+    mismatches = [(p, r) for p, r in zip(jobs, results) if r != expected[p]]
+    assert not mismatches, f"{len(mismatches)} of 100 streams differ, e.g. {mismatches[:2]}"
+
+
+async def test_same_request_gives_same_tokens_on_every_worker(stack: LocalStack, stack_bus: Bus, loads) -> None:
+    tokenizer = Tokenizer.from_model_dir(stack.config.model_dir)
+    subjects = Subjects(stack.config.namespace)
+    prompt = tokenizer.encode("Determinism matters for disaggregated serving. " * 5)
+    outputs = {}
+    for spec in stack.config.workers:
+        request = GenerateRequest(request_id=f"det-{spec.worker_id}", model=tokenizer.model_name,
+                                  token_ids=prompt, sampling=SamplingParams(max_tokens=24))
+        stream = await open_stream(stack_bus, subjects.generate(spec.worker_id), request)
+        outputs[spec.worker_id] = [t for frame in [f async for f in stream.frames()] for t in frame.token_ids]
+        await stream.close()
+    assert len(set(map(tuple, outputs.values()))) == 1, outputs
+    assert len(next(iter(outputs.values()))) == 24
+
+
+async def _records(bus: Bus, stack: LocalStack) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    codec: Codec[RequestRecord] = Codec(RequestRecord)
+
+    async def on_record(msg) -> None:
+        record = codec.decode_or_none(msg.data, msg.subject)
+        if record is not None:
+            records.append(record)
+
+    await bus.client.subscribe(Subjects(stack.config.namespace).request_events, cb=on_record)
+    return records
+
+
+async def test_late_worker_receives_traffic_within_2s(stack: LocalStack, client: openai.AsyncOpenAI,
+                                                      stack_bus: Bus, loads) -> None:
+    model = model_name(stack)
+    records = await _records(stack_bus, stack)
+    stack.start_worker(WorkerSpec(worker_id="w-late"))
+    await asyncio.to_thread(stack.wait_worker_ready, "w-late")
+    joined = time.monotonic()
+    served_by_late = False
+    while time.monotonic() - joined < 2.0 and not served_by_late:
+        burst = [client.completions.create(model=model, prompt=f"late {i}", max_tokens=4) for i in range(6)]
+        await asyncio.gather(*burst)
+        await asyncio.sleep(0.05)
+        served_by_late = any(r.worker_id == "w-late" for r in records)
+    assert served_by_late, f"w-late got no request within 2 s: {[r.worker_id for r in records]}"
+    await asyncio.to_thread(stack.launcher.stop, "w-late")
+
+
+async def test_sigkilled_worker_fails_inflight_explicitly_and_is_avoided(
+        stack: LocalStack, client: openai.AsyncOpenAI, stack_bus: Bus, loads) -> None:
+    model = model_name(stack)
+    records = await _records(stack_bus, stack)
+    victim = WorkerSpec(worker_id="w-victim")
+    stack.start_worker(victim)
+    await asyncio.to_thread(stack.wait_worker_ready, "w-victim")
+
+    async def long_stream(i: int) -> str:
+        stream = await client.completions.create(model=model, prompt=f"long {i}", max_tokens=1500, stream=True)
+        text = ""
+        async for chunk in stream:
+            text += chunk.choices[0].text if chunk.choices else ""
+        return text
+
+    tasks = [asyncio.create_task(long_stream(i)) for i in range(6)]
+    deadline = time.monotonic() + 10
+    while not any(r.worker_id == "w-victim" for r in records) and time.monotonic() < deadline:
+        # in-flight requests are published when they end, so watch the victim's load instead
+        snapshot = loads.latest.get("w-victim")
+        if snapshot is not None and snapshot.running > 0:
+            break
+        await asyncio.sleep(0.02)
+    assert loads.latest["w-victim"].running > 0, "the victim never got a request"
+    killed_at = time.monotonic()
+    stack.worker("w-victim").popen.send_signal(signal.SIGKILL)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert failed, "requests on the killed worker must fail explicitly"
+    assert all(isinstance(r, openai.APIError) for r in failed), failed
+    ended_after = time.monotonic() - killed_at
+    assert ended_after < stack.config.ttl_s + 3.0, f"in-flight requests took {ended_after:.1f}s to fail"
+    victim_records = [r for r in records if r.worker_id == "w-victim"]
+    assert victim_records and all(r.outcome != "ok" for r in victim_records)
+
+    # new requests avoid the dead worker and succeed
+    async with httpx.AsyncClient() as http:
+        deadline = time.monotonic() + stack.config.ttl_s + 2
+        while time.monotonic() < deadline:
+            health = (await http.get(f"{stack.router_url}/health")).json()
+            if "w-victim" not in str(health):
+                break
+            await asyncio.sleep(0.05)
+    before = len(records)
+    replies = await asyncio.gather(*(client.completions.create(model=model, prompt=f"after {i}", max_tokens=4)
+                                     for i in range(8)))
+    assert all(r.choices[0].finish_reason == "length" for r in replies)
+    await asyncio.sleep(0.2)
+    assert all(r.worker_id != "w-victim" for r in records[before:])
+    stack.launcher.processes.pop("w-victim")
