@@ -1,1 +1,8 @@
-"""worker/sim"""
+"""The simulated engine: paged KV blocks with prefix caching, continuous batching with
+chunked prefill, a timing profile, deterministic tokens and real KV bytes in DRAM.
+
+Modules: `profile` (timing model), `block_manager` (block pool, prefix cache, KV events),
+`kv_pool` (KV bytes), `tokens` (next-token function), `scheduler` (one engine step; pure),
+`engine` (`SimEngine`, the asyncio adapter implementing `services.worker.engine.Engine`).
+Only `engine` does I/O (sleeping); everything else is pure and synchronous.
+"""

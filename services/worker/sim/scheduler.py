@@ -1,0 +1,325 @@
+"""Continuous batching with chunked prefill and prefix caching (pure, synchronous).
+
+The sim engine calls `step(now)` in a loop; the scheduler never sleeps, reads a clock or
+touches a queue. One step, in the spirit of vLLM v1:
+
+1. running requests, oldest first: a decoding request computes 1 token; a prefilling one
+   computes a chunk of what the token budget (`max_num_batched_tokens`) leaves after
+   reserving 1 token for every decode. A request that cannot get a block preempts the
+   newest running request (its blocks are freed and it is requeued to be recomputed),
+   itself if it is the newest;
+2. if nothing was preempted, waiting requests are admitted first come, first served while
+   `max_num_seqs` and blocks allow. Admission reuses the longest cached prefix; cached
+   tokens cost no budget, and at least one token is always computed so the last token's
+   logits exist (a fully cached prompt recomputes its last block);
+3. the scheduled tokens are "computed": blocks that became full are committed to the prefix
+   cache (announced as KV events), KV bytes are written for every block touched, requests
+   whose tokens are all computed sample their next token, and finished ones free their
+   blocks.
+
+The step's simulated duration comes from the timing profile.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.worker.engine import EngineLoad, EngineOutput
+from services.worker.sim.block_manager import BlockManager
+from services.worker.sim.kv_pool import KvPool
+from services.worker.sim.profile import TimingProfile
+from services.worker.sim.tokens import DEFAULT_FIRST_NORMAL_TOKEN, finish_reason, fold_token, fold_tokens, next_token
+from shared.block_hash import ROOT_PARENT, block_hash_chain, hash_block
+from shared.errors import InvalidArgument
+from shared.schemas.generate import FinishReason, SamplingParams
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    request_id: str
+    token_ids: list[int]  # prompt, then generated tokens
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    history_state: int  # `tokens.fold_tokens(token_ids)`, kept up to date
+    block_hashes: list[int]  # chain hash of every full block of token_ids
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in block_ids
+    num_committed_blocks: int = 0  # leading blocks of block_ids already full and hashed
+    num_cached_tokens: int = -1  # prompt tokens reused at first admission; -1 before it
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
+
+
+@dataclass(slots=True)
+class StepResult:
+    now: float
+    duration_s: float  # simulated compute time of this step
+    outputs: dict[str, EngineOutput]  # request id -> new tokens (and finish) this step
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    preempted: list[str] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, *, blocks: BlockManager, pool: KvPool | None, profile: TimingProfile, vocab_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 first_normal_token: int = DEFAULT_FIRST_NORMAL_TOKEN) -> None:
+        assert pool is None or (pool.num_blocks == blocks.num_blocks and pool.block_size == blocks.block_size)
+        assert vocab_size > first_normal_token
+        self.blocks = blocks
+        self.pool = pool  # None: no KV bytes (scale tests that only need timing and events)
+        self.profile = profile
+        self.vocab_size = vocab_size
+        self.first_normal_token = first_normal_token
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.block_size = blocks.block_size
+        self._requests: dict[str, SimRequest] = {}
+        self._running: list[SimRequest] = []  # admission order: oldest first
+        self._waiting: deque[SimRequest] = deque()
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+        self.generated_tokens_total = 0
+        self.preemptions_total = 0
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def validate_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
+        """Raise InvalidArgument if the request can never run here; queue nothing."""
+        if request_id in self._requests:
+            raise InvalidArgument(f"duplicate request id {request_id!r}")
+        if not token_ids:
+            raise InvalidArgument("the prompt is empty")
+        if sampling.max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise InvalidArgument(f"token ids must lie in [0, {self.vocab_size})")
+        prompt_len = len(token_ids)
+        if prompt_len > self.max_model_len:
+            raise InvalidArgument(f"the prompt has {prompt_len} tokens, more than the maximum context "
+                                  f"length of {self.max_model_len}")
+        if prompt_len + sampling.max_tokens > self.max_model_len:
+            raise InvalidArgument(f"the prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) "
+                                  f"exceeds the maximum context length of {self.max_model_len}")
+        # The last generated token needs no KV slot.
+        blocks_needed = -(-(prompt_len + sampling.max_tokens - 1) // self.block_size)
+        if blocks_needed > self.blocks.num_blocks:
+            raise InvalidArgument(f"the request needs {blocks_needed} KV blocks, the whole pool has "
+                                  f"{self.blocks.num_blocks}")
+
+    def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
+        self.validate_request(request_id, token_ids, sampling)
+        request = SimRequest(request_id=request_id, token_ids=list(token_ids), num_prompt_tokens=len(token_ids),
+                             sampling=sampling, history_state=fold_tokens(token_ids),
+                             block_hashes=block_hash_chain(token_ids, self.block_size))
+        self._requests[request_id] = request
+        self._waiting.append(request)
+
+    def abort(self, request_id: str) -> EngineOutput | None:
+        """Drop a request and free its blocks now; its final output, or None if unknown."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request in self._running:
+            self._running.remove(request)
+        else:
+            self._waiting.remove(request)
+        self.blocks.free(request.block_ids)
+        request.block_ids = []
+        return self._output(request, [], "abort")
+
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """The blocks holding a live request's KV, in token order (empty while it waits)."""
+        return list(self._requests[request_id].block_ids)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def step(self, now: float) -> StepResult:
+        scheduled, preempted = self._schedule()
+        result = StepResult(now=now, duration_s=0.0, outputs={}, preempted=preempted)
+        for request, num_new in scheduled:
+            if request.is_decoding:
+                result.decode_seqs += 1
+            else:
+                result.prefill_tokens += num_new
+            start = request.num_computed_tokens
+            request.num_computed_tokens += num_new
+            self._commit_full_blocks(request)
+            self._write_kv(request, start)
+            if request.num_computed_tokens == request.num_tokens:
+                result.outputs[request.request_id] = self._sample(request)
+        result.duration_s = self.profile.step_duration_s(prefill_tokens=result.prefill_tokens,
+                                                         decode_seqs=result.decode_seqs)
+        return result
+
+    def _schedule(self) -> tuple[list[tuple[SimRequest, int]], list[str]]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[SimRequest, int]] = []
+        preempted: list[str] = []
+        # Decodes are served before prefill chunks: reserve their tokens up front.
+        decodes_left = sum(1 for request in self._running if request.num_tokens - request.num_computed_tokens == 1)
+        index = 0
+        while index < len(self._running):
+            request = self._running[index]
+            remaining = request.num_tokens - request.num_computed_tokens
+            if remaining == 1:
+                decodes_left -= 1
+                num_new = min(1, budget)
+            else:
+                num_new = min(remaining, budget - decodes_left)
+            if num_new <= 0:
+                index += 1
+                continue
+            while not self._reserve_slots(request, request.num_computed_tokens + num_new):
+                victim = self._running[-1]  # the newest; never one scheduled earlier in this loop
+                if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
+                    decodes_left -= 1
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, num_new))
+                budget -= num_new
+                index += 1
+        if preempted:
+            return scheduled, preempted  # the pool is full: admitting more would thrash
+        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
+            request = self._waiting[0]
+            num_new = self._admit(request, budget)
+            if num_new is None:
+                break
+            self._waiting.popleft()
+            self._running.append(request)
+            scheduled.append((request, num_new))
+            budget -= num_new
+        return scheduled, preempted
+
+    def _admit(self, request: SimRequest, budget: int) -> int | None:
+        """Reuse the cached prefix and allocate blocks for the first chunk; None if blocks are short."""
+        size = self.block_size
+        # At most num_tokens - 1 tokens come from the cache: the last one must be computed.
+        matched = self.blocks.match_prefix(request.block_hashes[:(request.num_tokens - 1) // size])
+        num_matched_tokens = len(matched) * size
+        num_new = min(request.num_tokens - num_matched_tokens, budget)
+        self.blocks.touch(matched)  # before allocating, so that allocation cannot evict them
+        new_blocks = self.blocks.allocate(-(-(num_matched_tokens + num_new) // size) - len(matched))
+        if new_blocks is None:
+            self.blocks.free(matched)
+            return None
+        request.block_ids = matched + new_blocks
+        request.num_computed_tokens = num_matched_tokens
+        request.num_committed_blocks = len(matched)
+        if request.num_cached_tokens < 0:  # first admission (not a resumption after preemption)
+            request.num_cached_tokens = num_matched_tokens
+            self.prompt_tokens_total += request.num_prompt_tokens
+            self.cached_tokens_total += num_matched_tokens
+        return num_new
+
+    def _reserve_slots(self, request: SimRequest, num_tokens: int) -> bool:
+        needed = -(-num_tokens // self.block_size) - len(request.block_ids)
+        if needed <= 0:
+            return True
+        new_blocks = self.blocks.allocate(needed)
+        if new_blocks is None:
+            return False
+        request.block_ids.extend(new_blocks)
+        return True
+
+    def _preempt(self, request: SimRequest) -> None:
+        """Recompute-style preemption: free everything, requeue at the head of the queue."""
+        self._running.remove(request)
+        self.blocks.free(request.block_ids)
+        request.block_ids = []
+        request.num_computed_tokens = 0
+        request.num_committed_blocks = 0
+        self._waiting.appendleft(request)
+        self.preemptions_total += 1
+
+    # ---- "computing" -----------------------------------------------------------------------
+
+    def _commit_full_blocks(self, request: SimRequest) -> None:
+        first = request.num_committed_blocks
+        full = request.num_computed_tokens // self.block_size
+        if full <= first:
+            return
+        size = self.block_size
+        self.blocks.commit(request.block_ids[first:full], request.block_hashes[first:full],
+                           request.token_ids[first * size:full * size],
+                           request.block_hashes[first - 1] if first else None)
+        request.num_committed_blocks = full
+
+    def _write_kv(self, request: SimRequest, start: int) -> None:
+        """Write the KV bytes of every block that tokens [start, num_computed) landed in.
+
+        A full block's content derives from its chain hash; a partial block's from the hash of
+        its tokens so far, chained the same way, so a receiver can verify either.
+        """
+        if self.pool is None:
+            return
+        size = self.block_size
+        end = request.num_computed_tokens
+        for index in range(start // size, -(-end // size)):
+            if (index + 1) * size <= end:
+                content_hash = request.block_hashes[index]
+            else:
+                parent = request.block_hashes[index - 1] if index else ROOT_PARENT
+                content_hash = hash_block(parent, request.token_ids[index * size:end])
+            self.pool.write_block(request.block_ids[index], content_hash)
+
+    def _sample(self, request: SimRequest) -> EngineOutput:
+        token_id = next_token(request.history_state, request.sampling, self.vocab_size, self.first_normal_token)
+        request.token_ids.append(token_id)
+        request.history_state = fold_token(request.history_state, token_id)
+        size = self.block_size
+        if request.num_tokens % size == 0:
+            parent = request.block_hashes[-1] if request.block_hashes else ROOT_PARENT
+            request.block_hashes.append(hash_block(parent, request.token_ids[-size:]))
+        self.generated_tokens_total += 1
+        reason = finish_reason(token_id, request.num_output_tokens, request.sampling)
+        if reason is not None:
+            self._running.remove(request)
+            del self._requests[request.request_id]
+            self.blocks.free(request.block_ids)
+            request.block_ids = []
+        return self._output(request, [token_id], reason)
+
+    def _output(self, request: SimRequest, token_ids: list[int], reason: FinishReason | None) -> EngineOutput:
+        if reason is None:
+            return EngineOutput(token_ids=token_ids)
+        return EngineOutput(token_ids=token_ids, finish_reason=reason, prompt_tokens=request.num_prompt_tokens,
+                            cached_tokens=max(request.num_cached_tokens, 0),
+                            completion_tokens=request.num_output_tokens)
+
+    # ---- load ------------------------------------------------------------------------------
+
+    def load(self) -> EngineLoad:
+        pending = sum(request.num_tokens - request.num_computed_tokens
+                      for queue in (self._running, self._waiting) for request in queue
+                      if not request.is_decoding)
+        return EngineLoad(running=len(self._running), waiting=len(self._waiting),
+                          kv_total_blocks=self.blocks.num_blocks, kv_used_blocks=self.blocks.used_blocks,
+                          kv_cached_blocks=self.blocks.cached_blocks,
+                          prompt_tokens_total=self.prompt_tokens_total,
+                          cached_tokens_total=self.cached_tokens_total,
+                          generated_tokens_total=self.generated_tokens_total,
+                          pending_prefill_tokens=pending)

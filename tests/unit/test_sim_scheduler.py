@@ -1,0 +1,225 @@
+"""Scheduler: chunked prefill under a token budget, prefix reuse, preemption, no leaks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.worker.sim.block_manager import BlockManager
+from services.worker.sim.kv_pool import KvPool
+from services.worker.sim.profile import TimingProfile
+from services.worker.sim.scheduler import Scheduler, StepResult
+from services.worker.sim.tokens import generate_tokens
+from shared.block_hash import block_hash_chain, hash_block
+from shared.errors import InvalidArgument
+from shared.schemas.generate import SamplingParams
+from shared.schemas.kv_events import BlockRemoved, BlockStored
+
+BS = 4
+VOCAB = 500
+PROFILE = TimingProfile(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0, decode_ms_per_seq=0.1)
+
+
+def make_scheduler(*, num_blocks: int = 64, budget: int = 16, max_seqs: int = 8, max_model_len: int = 256,
+                   with_pool: bool = True) -> Scheduler:
+    pool = KvPool(num_blocks, num_layers=2, block_size=BS, kv_dim=4) if with_pool else None
+    return Scheduler(blocks=BlockManager(num_blocks, BS), pool=pool, profile=PROFILE, vocab_size=VOCAB,
+                     max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len)
+
+
+def prompt(length: int, start: int = 3) -> list[int]:
+    return [start + i % (VOCAB - start) for i in range(length)]
+
+
+def run_to_completion(scheduler: Scheduler, max_steps: int = 10_000) -> tuple[dict[str, list[int]], dict, list[StepResult]]:
+    """Step until idle; returns tokens and final outputs per request, and every step."""
+    tokens: dict[str, list[int]] = {}
+    finals = {}
+    steps: list[StepResult] = []
+    for step in range(max_steps):
+        if not scheduler.has_work:
+            return tokens, finals, steps
+        result = scheduler.step(now=float(step))
+        steps.append(result)
+        check_invariants(scheduler, result)
+        for request_id, output in result.outputs.items():
+            tokens.setdefault(request_id, []).extend(output.token_ids)
+            if output.finished:
+                finals[request_id] = output
+    raise AssertionError("requests did not finish")
+
+
+def check_invariants(scheduler: Scheduler, result: StepResult) -> None:
+    blocks = scheduler.blocks
+    assert result.prefill_tokens + result.decode_seqs <= scheduler.max_num_batched_tokens
+    assert blocks.used_blocks + blocks.free_blocks == blocks.num_blocks
+    assert scheduler.load().running <= scheduler.max_num_seqs
+
+
+def test_chunked_prefill_respects_the_budget() -> None:
+    scheduler = make_scheduler(budget=16)
+    scheduler.add_request("r", prompt(40), SamplingParams(max_tokens=3))
+    tokens, finals, steps = run_to_completion(scheduler)
+    assert [step.prefill_tokens for step in steps] == [16, 16, 8, 0, 0]
+    assert [step.decode_seqs for step in steps] == [0, 0, 0, 1, 1]
+    assert [bool(step.outputs) for step in steps] == [False, False, True, True, True]
+    assert tokens["r"] == generate_tokens(prompt(40), SamplingParams(max_tokens=3), VOCAB)[0]
+    assert finals["r"].finish_reason == "length" and finals["r"].completion_tokens == 3
+    assert steps[0].duration_s == pytest.approx((1.0 + 16 * 0.05) / 1000)
+    assert steps[3].duration_s == pytest.approx((1.0 + 8.0 + 0.1) / 1000)
+    assert scheduler.blocks.used_blocks == 0
+
+
+def test_decodes_get_a_token_while_a_long_prompt_prefills() -> None:
+    scheduler = make_scheduler(budget=16)
+    scheduler.add_request("short", prompt(4), SamplingParams(max_tokens=10))
+    scheduler.step(0.0)  # "short" is decoding from now on
+    scheduler.add_request("long", prompt(64, start=100), SamplingParams(max_tokens=2))
+    result = scheduler.step(1.0)
+    assert (result.decode_seqs, result.prefill_tokens) == (1, 15)
+    assert len(result.outputs["short"].token_ids) == 1
+    assert scheduler.load().pending_prefill_tokens == 64 - 15
+
+
+def test_repeated_prompt_hits_the_prefix_cache_without_spending_budget() -> None:
+    scheduler = make_scheduler(budget=16)
+    text = prompt(32)
+    sampling = SamplingParams(max_tokens=4)
+    scheduler.add_request("first", text, sampling)
+    first_tokens, first_finals, _ = run_to_completion(scheduler)
+    assert first_finals["first"].cached_tokens == 0
+
+    scheduler.add_request("again", text, sampling)
+    result = scheduler.step(100.0)
+    # 7 of 8 blocks are reused; the last block is recomputed so the last token has logits.
+    assert result.prefill_tokens == 4 and "again" in result.outputs
+    tokens, finals, _ = run_to_completion(scheduler)
+    assert result.outputs["again"].token_ids + tokens["again"] == first_tokens["first"]
+    assert finals["again"].cached_tokens == 28 and finals["again"].prompt_tokens == 32
+    load = scheduler.load()
+    assert (load.prompt_tokens_total, load.cached_tokens_total, load.generated_tokens_total) == (64, 28, 8)
+    assert load.kv_used_blocks == 0
+
+
+def test_events_carry_the_tandem_hash_chain_and_kv_bytes_match() -> None:
+    scheduler = make_scheduler(budget=8)
+    text = prompt(18)
+    scheduler.add_request("r", text, SamplingParams(max_tokens=7))
+    tokens, _, _ = run_to_completion(scheduler)
+    stored = [event for event in scheduler.blocks.take_events() if isinstance(event, BlockStored)]
+    history = text + tokens["r"]
+    # KV exists for every token but the last generated one: 24 tokens, 6 full blocks.
+    expected = block_hash_chain(history[:-1], BS)
+    assert [h for event in stored for h in event.block_hashes] == expected
+    assert [t for event in stored for t in event.token_ids] == history[:len(expected) * BS]
+    assert stored[0].parent_block_hash is None
+    for previous, event in zip(stored, stored[1:]):
+        assert event.parent_block_hash == previous.block_hashes[-1]
+    assert [len(event.block_hashes) for event in stored[:2]] == [2, 2]  # one event per request per step
+    for block_id in scheduler.blocks.match_prefix(expected):
+        assert scheduler.pool.verify_block(block_id, scheduler.blocks.block_hash(block_id))
+
+
+def test_partial_block_kv_is_derived_from_its_tokens() -> None:
+    scheduler = make_scheduler()
+    text = prompt(6)
+    scheduler.add_request("r", text, SamplingParams(max_tokens=5))
+    scheduler.step(0.0)
+    request_blocks = scheduler.block_ids("r")
+    first_hash = block_hash_chain(text, BS)[0]
+    assert scheduler.pool.verify_block(request_blocks[0], first_hash)
+    assert scheduler.pool.verify_block(request_blocks[1], hash_block(first_hash, text[4:6]))
+    scheduler.abort("r")
+
+
+def test_preemption_recomputes_and_still_finishes_every_request() -> None:
+    # 8 blocks of 4 tokens; each request grows to 4 + 19 = 23 tokens (6 blocks): they cannot all fit.
+    scheduler = make_scheduler(num_blocks=8, budget=16, max_seqs=4)
+    sampling = SamplingParams(max_tokens=20)
+    prompts = {f"r{i}": prompt(4, start=10 + 7 * i) for i in range(3)}
+    for request_id, text in prompts.items():
+        scheduler.add_request(request_id, text, sampling)
+    tokens, finals, steps = run_to_completion(scheduler)
+    preempted = [request_id for step in steps for request_id in step.preempted]
+    assert preempted and scheduler.preemptions_total == len(preempted)
+    assert "r0" not in preempted  # the oldest request always makes progress
+    for request_id, text in prompts.items():
+        assert tokens[request_id] == generate_tokens(text, sampling, VOCAB)[0]
+        assert finals[request_id].completion_tokens == 20
+    assert scheduler.blocks.used_blocks == 0 and scheduler.load().running == 0
+
+
+def test_abort_frees_blocks_at_once() -> None:
+    scheduler = make_scheduler(budget=8)
+    scheduler.add_request("r", prompt(30), SamplingParams(max_tokens=5))
+    scheduler.step(0.0)
+    assert scheduler.blocks.used_blocks == 2
+    final = scheduler.abort("r")
+    assert final is not None and final.finish_reason == "abort" and final.prompt_tokens == 30
+    assert scheduler.blocks.used_blocks == 0 and not scheduler.has_work
+    assert scheduler.abort("r") is None
+    scheduler.add_request("waiting", prompt(5), SamplingParams())
+    assert scheduler.abort("waiting") is not None and not scheduler.has_work
+
+
+def test_admission_limits() -> None:
+    scheduler = make_scheduler(budget=64, max_seqs=2)
+    for index in range(3):
+        scheduler.add_request(f"r{index}", prompt(5, start=20 * index + 3), SamplingParams(max_tokens=2))
+    result = scheduler.step(0.0)
+    assert set(result.outputs) == {"r0", "r1"}
+    load = scheduler.load()
+    assert (load.running, load.waiting, load.pending_prefill_tokens) == (2, 1, 5)
+
+
+@pytest.mark.parametrize(("tokens", "max_tokens", "message"), [
+    (300, 1, "more than the maximum context length of 256"),
+    (250, 10, "exceeds the maximum context length"),
+    (0, 1, "empty"),
+    (10, 0, "max_tokens must be at least 1"),
+])
+def test_invalid_requests(tokens: int, max_tokens: int, message: str) -> None:
+    scheduler = make_scheduler()
+    with pytest.raises(InvalidArgument, match=message):
+        scheduler.add_request("r", prompt(tokens), SamplingParams(max_tokens=max_tokens))
+    assert not scheduler.has_work
+
+
+def test_request_larger_than_the_pool_and_bad_ids_are_refused() -> None:
+    scheduler = make_scheduler(num_blocks=4)
+    with pytest.raises(InvalidArgument, match="needs 5 KV blocks, the whole pool has 4"):
+        scheduler.add_request("r", prompt(17), SamplingParams(max_tokens=1))
+    with pytest.raises(InvalidArgument, match="token ids"):
+        scheduler.add_request("r", [3, VOCAB], SamplingParams())
+    scheduler.add_request("r", prompt(3), SamplingParams(max_tokens=2))
+    with pytest.raises(InvalidArgument, match="duplicate"):
+        scheduler.add_request("r", prompt(3), SamplingParams(max_tokens=2))
+
+
+def test_random_workload_finishes_without_leaks() -> None:
+    rng = random.Random(1234)
+    scheduler = make_scheduler(num_blocks=40, budget=24, max_seqs=5, with_pool=False)
+    shared_prefixes = [prompt(rng.randint(4, 24), start=rng.randint(3, 400)) for _ in range(4)]
+    expected = {}
+    for index in range(30):
+        text = rng.choice(shared_prefixes) + prompt(rng.randint(1, 20), start=rng.randint(3, 400))
+        sampling = SamplingParams(max_tokens=rng.randint(1, 24), temperature=rng.choice([0.0, 0.7]), seed=index,
+                                  stop_token_ids=[rng.randint(3, VOCAB - 1)])
+        scheduler.add_request(f"r{index}", text, sampling)
+        expected[f"r{index}"] = generate_tokens(text, sampling, VOCAB)
+    tokens, finals, steps = run_to_completion(scheduler)
+    assert set(finals) == set(expected)
+    for request_id, (output, reason) in expected.items():
+        assert tokens[request_id] == output and finals[request_id].finish_reason == reason
+    assert sum(final.cached_tokens for final in finals.values()) > 0
+    assert scheduler.blocks.used_blocks == 0
+    # The events replayed into an index agree with what the pool has cached.
+    index: set[int] = set()
+    for event in scheduler.blocks.take_events():
+        if isinstance(event, BlockStored):
+            index.update(event.block_hashes)
+        elif isinstance(event, BlockRemoved):
+            index.difference_update(event.block_hashes)
+    assert index == {h for event in scheduler.blocks.snapshot() for h in event.block_hashes}
+    assert len(index) == scheduler.blocks.cached_blocks
