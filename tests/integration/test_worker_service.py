@@ -1,0 +1,162 @@
+"""The worker service with a real sim engine against a real nats-server: request plane,
+membership registration, KV and load events, cancel, drain, snapshot, bad messages."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.js.errors import KeyNotFoundError
+
+from services.worker.service import WorkerService
+from services.worker.sim.engine import SimEngine
+from shared.bus import Bus
+from shared.codec import Codec, encode
+from shared.config import BusConfig, MembershipConfig, WorkerConfig
+from shared.errors import InvalidArgument, NotFound, Unavailable
+from shared.request_plane import open_stream
+from shared.schemas import (
+    AllBlocksCleared,
+    BlockStored,
+    Cancel,
+    Drain,
+    GenerateRequest,
+    KvEventBatch,
+    KvSnapshotRequest,
+    LoadSnapshot,
+    SamplingParams,
+    WorkerRegistration,
+    WorkerStatus,
+)
+from shared.block_hash import block_hash_chain
+
+
+async def wait_for(condition, timeout_s: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def worker(bus: Bus, bus_config: BusConfig) -> AsyncIterator[WorkerService]:
+    config = WorkerConfig(worker_id="w1", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
+                          membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
+                          load_interval_s=0.05, kv_event_interval_s=0.01)
+    engine = SimEngine(config, model_name="tiny", vocab_size=512)
+    await engine.start()
+    service = WorkerService(config, engine, bus)
+    await service.start()
+    yield service
+    if not service.stopped.is_set():
+        await service.stop()
+    assert engine.load().kv_used_blocks == 0, "blocks leaked"
+
+
+def request(request_id: str, tokens: list[int], max_tokens: int = 8, model: str = "tiny") -> GenerateRequest:
+    return GenerateRequest(request_id=request_id, model=model, token_ids=tokens,
+                           sampling=SamplingParams(max_tokens=max_tokens))
+
+
+async def collect(bus: Bus, subject: str, message: GenerateRequest) -> tuple[list[int], object]:
+    stream = await open_stream(bus, subject, message)
+    try:
+        tokens = [t async for frame in stream.frames() for t in frame.token_ids]
+    finally:
+        await stream.close()
+    return tokens, stream.finished
+
+
+async def test_generate_registers_and_publishes_events(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
+    subjects = bus_config.subjects
+    batches: list[KvEventBatch] = []
+    loads: list[LoadSnapshot] = []
+    kv_codec, load_codec = Codec(KvEventBatch), Codec(LoadSnapshot)
+    await bus.client.subscribe(subjects.kv_events("w1"), cb=collector(batches, kv_codec))
+    await bus.client.subscribe(subjects.load("w1"), cb=collector(loads, load_codec))
+
+    members = await bus.key_value(subjects.members_bucket)
+    registration = Codec(WorkerRegistration).decode((await members.get("w1")).value)
+    assert registration.model == "tiny" and registration.block_size == 16 and registration.status is WorkerStatus.ACTIVE
+    assert registration.compat_hash == worker.engine.info.compat_hash
+
+    prompt = list(range(3, 3 + 40))
+    tokens, finished = await collect(bus, subjects.generate("w1"), request("r1", prompt))
+    assert len(tokens) == 8 and finished.finish_reason == "length" and finished.prompt_tokens == 40
+    again, finished_again = await collect(bus, subjects.generate("w1"), request("r2", prompt))
+    assert again == tokens
+    assert finished_again.cached_tokens == 32  # two full blocks of the prompt were cached
+
+    await wait_for(lambda: any(isinstance(e, BlockStored) for b in batches for e in b.events), what="BlockStored")
+    stored = [e for b in batches for e in b.events if isinstance(e, BlockStored)]
+    assert stored[0].block_hashes[:2] == block_hash_chain(prompt, 16)[:2]
+    assert [b.seq for b in batches] == list(range(1, len(batches) + 1))
+    await wait_for(lambda: len(loads) >= 2 and loads[-1].prompt_tokens_total >= 80, what="load snapshots")
+    assert loads[-1].cached_tokens_total == 32 and loads[-1].kv_used_blocks == 0
+
+
+def collector(items: list, codec: Codec):
+    async def on_message(msg) -> None:
+        items.append(codec.decode(msg.data))
+
+    return on_message
+
+
+async def test_errors_are_explicit(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
+    subject = bus_config.subjects.generate("w1")
+    with pytest.raises(NotFound):
+        await collect(bus, subject, request("r-model", [5, 6], model="other"))
+    with pytest.raises(InvalidArgument):
+        await collect(bus, subject, request("r-long", [5] * 4000))
+    await bus.client.publish(subject, b"\x00garbage", reply=bus.client.new_inbox())
+    await bus.client.publish(bus_config.subjects.control("w1"), b"\x93garbage")
+    tokens, _ = await collect(bus, subject, request("r-ok", [5, 6, 7]))  # still serving
+    assert len(tokens) == 8
+    await wait_for(lambda: worker.malformed.total == 2, what="malformed count")
+
+
+async def test_cancel_frees_blocks(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
+    subjects = bus_config.subjects
+    stream = await open_stream(bus, subjects.generate("w1"), request("r-cancel", list(range(3, 60)), max_tokens=500))
+    frames = stream.frames()
+    await frames.__anext__()  # the first tokens arrived: the request is running
+    assert worker.engine.load().kv_used_blocks > 0
+    await bus.client.publish(subjects.control("w1"), encode(Cancel(request_id="r-cancel")))
+    with pytest.raises(Exception) as raised:
+        async for _ in frames:
+            pass
+    assert "cancel" in str(raised.value)
+    await stream.close()
+    await wait_for(lambda: worker.engine.load().kv_used_blocks == 0 and worker.inflight == 0, what="blocks freed")
+
+
+async def test_snapshot_request_reannounces_blocks(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
+    subjects = bus_config.subjects
+    await collect(bus, subjects.generate("w1"), request("r1", list(range(3, 3 + 48))))
+    batches: list[KvEventBatch] = []
+    codec = Codec(KvEventBatch)
+    await bus.client.subscribe(subjects.kv_events("w1"), cb=collector(batches, codec))
+    await bus.client.publish(subjects.control("w1"), encode(KvSnapshotRequest()))
+    await wait_for(lambda: any(isinstance(e, AllBlocksCleared) for b in batches for e in b.events), what="snapshot")
+    snapshot = next(b for b in batches if any(isinstance(e, AllBlocksCleared) for e in b.events))
+    stored = {h for e in snapshot.events if isinstance(e, BlockStored) for h in e.block_hashes}
+    assert set(block_hash_chain(list(range(3, 3 + 48)), 16)) <= stored
+
+
+async def test_drain_finishes_inflight_then_deregisters(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
+    subjects = bus_config.subjects
+    running = asyncio.create_task(collect(bus, subjects.generate("w1"), request("r-drain", [4, 5, 6], max_tokens=40)))
+    await wait_for(lambda: worker.inflight == 1, what="request in flight")
+    await bus.client.publish(subjects.control("w1"), encode(Drain(deadline_s=10)))
+    await wait_for(lambda: worker.registration().status is WorkerStatus.DRAINING, what="draining")
+    with pytest.raises(Unavailable):
+        await collect(bus, subjects.generate("w1"), request("r-new", [4, 5]))
+    tokens, finished = await running
+    assert len(tokens) == 40 and finished.finish_reason == "length"  # in-flight work finished
+    await asyncio.wait_for(worker.stopped.wait(), 5)
+    members = await bus.key_value(subjects.members_bucket)
+    with pytest.raises(KeyNotFoundError):
+        await members.get("w1")  # deregistered
