@@ -1,0 +1,137 @@
+"""The router's FastAPI app: routes and the lifespan that wires the adapters together.
+
+`create_app(config)` builds an app whose lifespan connects to NATS, mirrors the workers
+(`WorkerPool`), and loads the tokenizer from `config.model_dir`. Routes stay thin: they
+hand the parsed body to the endpoint's serving class. The state the lifespan builds lives
+in a typed `RouterRuntime`, not in `app.state`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from services.router.dispatch import Dispatcher
+from services.router.errors import install_error_handlers
+from services.router.metrics import RouterMetrics
+from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from services.router.records import Clock, RequestRecorder
+from services.router.serving import ServingContext, cancel_on_disconnect
+from services.router.serving_chat import ChatServing
+from services.router.serving_completions import CompletionsServing
+from services.router.worker_pool import WorkerPool
+from shared.bus import Bus, connect
+from shared.codec import MalformedCounter
+from shared.config import ConfigError, RouterConfig
+from shared.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Workers create the members bucket with this TTL as a floor (the orchestrator removes a
+# silent worker much sooner); whoever creates the bucket first must use the same settings.
+MEMBERS_BUCKET_TTL_FACTOR = 10
+
+ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+class _Started:
+    """What exists only between lifespan start and stop."""
+
+    def __init__(self, bus: Bus, pool: WorkerPool, context: ServingContext) -> None:
+        self.bus = bus
+        self.pool = pool
+        self.context = context
+        self.completions = CompletionsServing(context)
+        self.chat = ChatServing(context)
+
+
+class RouterRuntime:
+    def __init__(self, config: RouterConfig, *, clock: Clock = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.malformed = MalformedCounter()
+        self.metrics = RouterMetrics(self.malformed)
+        self._started: _Started | None = None
+
+    @property
+    def started(self) -> _Started:
+        assert self._started is not None, "the router's lifespan has not started"
+        return self._started
+
+    def count_rejected(self, path: str, outcome: str) -> None:
+        self.metrics.requests.labels(ENDPOINT_LABELS.get(path, path), outcome).inc()
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        config = self.config
+        if not config.model_dir:
+            raise ConfigError("the router needs a model directory (for its tokenizer)")
+        tokenizer = Tokenizer.from_model_dir(config.model_dir)
+        served_model = config.served_model_name or tokenizer.model_name
+        subjects = config.bus.subjects
+        bus = await connect(config.bus.nats_url, "tandem-router")
+        pool = WorkerPool(bus, subjects, self.malformed,
+                          bucket_ttl_s=config.membership.ttl_s * MEMBERS_BUCKET_TTL_FACTOR)
+        try:
+            await pool.start()
+            self.metrics.watch_workers(lambda: len(pool))
+            self.metrics.in_flight.set_function(lambda: pool.in_flight)
+            recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
+            dispatcher = Dispatcher(bus=bus, subjects=subjects, pool=pool, decoder=tokenizer, metrics=self.metrics,
+                                    recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
+                                    accept_timeout_s=config.accept_timeout_s,
+                                    idle_timeout_s=config.idle_timeout_s)
+            context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
+                                     dispatcher=dispatcher, recorder=recorder, clock=self.clock)
+            self._started = _Started(bus, pool, context)
+            log.info("router serving %s; %d workers known", served_model, len(pool))
+            yield
+        finally:
+            self._started = None
+            await pool.stop()
+            await bus.close()
+
+
+def build_routes(runtime: RouterRuntime) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await cancel_on_disconnect(request, runtime.started.completions.create(body))
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await cancel_on_disconnect(request, runtime.started.chat.create(body))
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=model) for model in runtime.started.context.models()])
+
+    @router.get("/health")
+    async def health() -> JSONResponse:
+        started = runtime.started
+        connected = started.bus.client.is_connected
+        body = {"status": "ok" if connected else "unavailable",
+                "nats": "connected" if connected else "disconnected",
+                "worker_count": len(started.pool), "workers": started.pool.worker_ids,
+                "in_flight": started.pool.in_flight}
+        return JSONResponse(body, status_code=200 if connected else 503)
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(runtime.metrics.exposition(), media_type=runtime.metrics.content_type)
+
+    return router
+
+
+def create_app(config: RouterConfig) -> FastAPI:
+    runtime = RouterRuntime(config)
+    app = FastAPI(title="Tandem router", lifespan=runtime.lifespan)
+    install_error_handlers(app, on_rejected=runtime.count_rejected)
+    app.include_router(build_routes(runtime))
+    return app

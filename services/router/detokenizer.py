@@ -1,0 +1,54 @@
+"""Incremental detokenization: token ids in, text deltas out. Pure.
+
+Decoding each new token alone is wrong twice over: byte-level tokens may carry part of a
+multi-byte character (decoded alone it is U+FFFD), and some decoders change a token's
+text depending on what precedes it (SentencePiece drops the leading space of the first
+token). So each step decodes a short window that starts a few tokens back and emits only
+what the new tokens added; text ending in U+FFFD is held back until the character
+completes, or until `flush()` at the end of the request.
+
+The concatenation of every delta plus `flush()` equals decoding the whole output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+REPLACEMENT_CHAR = "\ufffd"
+PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded along with the output, for spacing
+
+
+class TokenDecoder(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(self, decoder: TokenDecoder, prompt_ids: Sequence[int] = ()) -> None:
+        self._decoder = decoder
+        context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_ids else []
+        self._ids = context
+        self._prefix_offset = 0  # start of the decoding window
+        self._read_offset = len(context)  # ids before this are already emitted
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """The text that `token_ids` add, minus any incomplete trailing character."""
+        self._ids.extend(token_ids)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """Whatever is still held back: the request ended, the character never completes."""
+        return self._advance(final=True)
+
+    def _advance(self, *, final: bool) -> str:
+        if self._read_offset == len(self._ids):
+            return ""
+        prefix_text = self._decoder.decode(self._ids[self._prefix_offset:self._read_offset])
+        full_text = self._decoder.decode(self._ids[self._prefix_offset:])
+        if len(full_text) <= len(prefix_text) or (full_text.endswith(REPLACEMENT_CHAR) and not final):
+            return ""
+        delta = full_text[len(prefix_text):]
+        # The next window starts at what was just emitted; older ids are no longer needed.
+        del self._ids[:self._read_offset]
+        self._prefix_offset, self._read_offset = 0, len(self._ids)
+        return delta

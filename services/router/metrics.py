@@ -1,0 +1,66 @@
+"""The router's Prometheus metrics, on a registry of its own per app (never the global one:
+a test process builds several apps). Served at `/metrics`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from shared.codec import MalformedCounter
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _MalformedCollector(Collector):
+    def __init__(self, malformed: MalformedCounter) -> None:
+        self._malformed = malformed
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("tandem_router_malformed_messages", "Bus messages dropped as malformed",
+                                     labels=["subject"])
+        for subject, count in sorted(self._malformed.by_subject.items()):
+            family.add_metric([subject], count)
+        yield family
+
+
+class RouterMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, malformed: MalformedCounter) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("tandem_router_requests", "Requests by endpoint and outcome",
+                                ["endpoint", "outcome"], registry=self.registry)
+        self.ttft = Histogram("tandem_router_time_to_first_token_seconds", "Arrival to first token",
+                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("tandem_router_inter_token_latency_seconds", "Time between output tokens",
+                             buckets=_ITL_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("tandem_router_e2e_request_latency_seconds", "Arrival to last byte",
+                             buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter("tandem_router_prompt_tokens", "Prompt tokens of finished requests",
+                                     registry=self.registry)
+        self.cached_tokens = Counter("tandem_router_cached_prompt_tokens",
+                                     "Prompt tokens served from a prefix cache", registry=self.registry)
+        self.completion_tokens = Counter("tandem_router_completion_tokens", "Generated tokens",
+                                         registry=self.registry)
+        self.in_flight = Gauge("tandem_router_requests_in_flight", "Requests routed and not yet ended",
+                               registry=self.registry)
+        self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
+        self.registry.register(_MalformedCollector(malformed))
+
+    def watch_workers(self, count: Callable[[], int]) -> None:
+        self.workers.set_function(count)
+
+    def record_tokens_between(self, gap_s: float, tokens: int) -> None:
+        """One observation per token: a frame of n tokens after `gap_s` is n gaps of gap_s/n."""
+        if tokens <= 0:
+            return
+        per_token = gap_s / tokens
+        for _ in range(tokens):
+            self.itl.observe(per_token)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,73 @@
+"""What a request is, what it produced, and the one record of how it ended.
+
+`RequestRecorder.record()` runs once per request that reached the serving layer: it
+updates the router's metrics and publishes a `RequestRecord` on `request_events` for
+the metrics collector.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.router.metrics import RouterMetrics
+from shared.bus import Bus
+from shared.codec import encode
+from shared.schemas import RequestRecord, SamplingParams
+from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+OUTCOME_OK = "ok"
+
+
+@dataclass(frozen=True)
+class RequestIdentity:
+    request_id: str
+    endpoint: str  # "completions" | "chat"
+    model: str
+    arrived_at: float  # router clock
+
+
+@dataclass(frozen=True)
+class GenerationParams(RequestIdentity):
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class RequestRecorder:
+    bus: Bus
+    subjects: Subjects
+    metrics: RouterMetrics
+    clock: Clock
+
+    async def record(self, request: RequestIdentity, *, outcome: str, worker_id: str | None = None,
+                     finish_reason: str | None = None, usage: TokenUsage | None = None,
+                     ttft_s: float | None = None) -> None:
+        duration_s = self.clock() - request.arrived_at
+        self.metrics.requests.labels(request.endpoint, outcome).inc()
+        if outcome == OUTCOME_OK:
+            self.metrics.e2e.observe(duration_s)
+        usage = usage or TokenUsage(0, 0, 0)
+        self.metrics.prompt_tokens.inc(usage.prompt_tokens)
+        self.metrics.cached_tokens.inc(usage.cached_tokens)
+        self.metrics.completion_tokens.inc(usage.completion_tokens)
+        record = RequestRecord(
+            request_id=request.request_id, model=request.model, worker_id=worker_id, outcome=outcome,
+            finish_reason=finish_reason, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens, ttft_s=ttft_s, duration_s=duration_s)
+        try:
+            await self.bus.client.publish(self.subjects.request_events, encode(record))
+        except Exception as error:  # NATS reconnecting: the record is lost, the request is not
+            log.warning("could not publish the record of %s: %s", request.request_id, error)

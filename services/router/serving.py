@@ -1,0 +1,217 @@
+"""What both generate endpoints share: model and limit checks, tokenization, and turning a
+`Generation` into an HTTP answer (one JSON body, or an SSE stream).
+
+The answer's status is decided only after the first piece of output (or the failure)
+is known, so a request that fails before any byte is sent gets a proper error status;
+once streaming, a failure is an SSE error event `data: {"error": {...}}` and the stream
+ends without `[DONE]`, never a silently truncated success. A client that goes away
+cancels the request on the worker (`cancel_on_disconnect`, `SseResponse`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
+
+from services.router.errors import BadRequest, ModelNotFound, error_info
+from services.router.dispatch import Dispatcher
+from services.router.generation import Delta, Final, Generation
+from services.router.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
+from services.router.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
+from services.router.worker_pool import WorkerPool
+from shared.config import RouterConfig
+from shared.errors import ErrorCode, TandemError
+from shared.schemas import SamplingParams
+from shared.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Encoding this many characters takes long enough to be worth a thread hop.
+TOKENIZE_IN_THREAD_CHARS = 16_384
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+
+
+@dataclass
+class ServingContext:
+    """Everything the endpoints need, built once by the app's lifespan."""
+
+    config: RouterConfig
+    tokenizer: Tokenizer
+    served_model: str
+    pool: WorkerPool
+    dispatcher: Dispatcher
+    recorder: RequestRecorder
+    clock: Clock
+
+    def models(self) -> list[str]:
+        return sorted({self.served_model, *self.pool.models})
+
+    def resolve_model(self, model: str) -> str:
+        if model == self.served_model or model in self.pool.models:
+            return model
+        raise ModelNotFound(model, self.models())
+
+    def max_tokens(self, requested: int | None, param: str) -> int:
+        if requested is None:
+            return min(self.config.default_max_tokens, self.config.max_tokens_limit)
+        if requested < 1:
+            raise BadRequest(f"{param} must be at least 1, got {requested}", param=param)
+        if requested > self.config.max_tokens_limit:
+            raise BadRequest(f"{param} must be at most {self.config.max_tokens_limit}, got {requested}",
+                             param=param)
+        return requested
+
+    async def tokenize(self, text: str) -> list[int]:
+        if len(text) >= TOKENIZE_IN_THREAD_CHARS:
+            return await asyncio.to_thread(self.tokenizer.encode, text)
+        return self.tokenizer.encode(text)
+
+    def check_prompt_ids(self, prompt_ids: list[int], param: str) -> list[int]:
+        if not prompt_ids:
+            raise BadRequest("the prompt is empty", param=param)
+        vocab_size = self.tokenizer.vocab_size
+        out_of_range = [token for token in prompt_ids if not 0 <= token < vocab_size]
+        if out_of_range:
+            raise BadRequest(f"token ids must lie in [0, {vocab_size}), got {out_of_range[:5]}", param=param)
+        return prompt_ids
+
+    def sampling(self, body: SamplingFields, max_tokens: int) -> SamplingParams:
+        temperature = OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=body.seed,
+                              stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+
+    def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
+        return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,
+                               arrived_at=self.clock())
+
+    async def start(self, identity: RequestIdentity,
+                    prepare: Callable[[], Awaitable[GenerationParams]]) -> Generation:
+        """Validate (via `prepare`) and dispatch; a refusal is recorded before it is raised."""
+        try:
+            params = await prepare()
+        except TandemError as error:
+            await self.recorder.record(identity, outcome=error.code.value)
+            raise
+        except asyncio.CancelledError:
+            await self.recorder.record(identity, outcome=ErrorCode.CANCELLED.value)
+            raise
+        return await self.dispatcher.dispatch(params)
+
+
+class ResponseFormat(Protocol):
+    """How one endpoint spells its answer."""
+
+    def opening_chunks(self) -> list[BaseModel]: ...
+    def text_chunk(self, text: str) -> BaseModel: ...
+    def final_chunk(self, text: str, finish_reason: str) -> BaseModel: ...
+    def usage_chunk(self, usage: Usage) -> BaseModel: ...
+    def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel: ...
+
+
+def api_usage(usage: TokenUsage) -> Usage:
+    return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                 total_tokens=usage.prompt_tokens + usage.completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens))
+
+
+def sse(message: BaseModel) -> str:
+    return f"data: {message.model_dump_json()}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class SseResponse(StreamingResponse):
+    """An SSE stream whose `on_close` runs however the stream ends (done, failed, client gone)."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):  # the client is gone; the worker must still hear it
+                await self._on_close()
+
+
+async def respond(generation: Generation, response_format: ResponseFormat, *, stream: bool,
+                  include_usage: bool) -> Response:
+    try:
+        first = await generation.next()  # a failure here is still a proper HTTP status
+    except BaseException:
+        await generation.close()
+        raise
+    if stream:
+        return SseResponse(_events(generation, response_format, first, include_usage), generation.close)
+    try:
+        pieces: list[str] = []
+        piece = first
+        while isinstance(piece, Delta):
+            pieces.append(piece.text)
+            piece = await generation.next()
+        pieces.append(piece.text)
+    finally:
+        await generation.close()
+    body = response_format.response("".join(pieces), piece.finish_reason, api_usage(piece.usage))
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+async def _events(generation: Generation, response_format: ResponseFormat, first: Delta | Final,
+                  include_usage: bool) -> AsyncIterator[str]:
+    for chunk in response_format.opening_chunks():
+        yield sse(chunk)
+    piece = first
+    try:
+        while isinstance(piece, Delta):
+            yield sse(response_format.text_chunk(piece.text))
+            piece = await generation.next()
+    except TandemError as error:
+        yield sse(ErrorResponse(error=error_info(error)))
+        return
+    except Exception as error:  # a bug: still end the stream with an explicit error
+        log.exception("stream of %s failed", generation.params.request_id)
+        yield sse(ErrorResponse(error=error_info(TandemError(f"internal error: {type(error).__name__}"))))
+        return
+    yield sse(response_format.final_chunk(piece.text, piece.finish_reason))
+    if include_usage:
+        yield sse(response_format.usage_chunk(api_usage(piece.usage)))
+    yield SSE_DONE
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[Response]) -> Response:
+    """Run `work`; if the client disconnects first, cancel it (its cleanup cancels the worker).
+
+    Covers everything before a streaming body starts; `SseResponse` covers the rest.
+    """
+    work_task = asyncio.ensure_future(work)
+    watch_task = asyncio.create_task(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (watch_task, work_task):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(watch_task, work_task, return_exceptions=True)
+    if work_task.cancelled():
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return work_task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,88 @@
+"""`/v1/chat/completions`: messages rendered with the model's chat template, one reply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from services.router.errors import BadRequest
+from services.router.records import GenerationParams
+from services.router.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatResponseMessage,
+    Usage,
+)
+from services.router.serving import ServingContext, respond
+
+ENDPOINT = "chat"
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    request_id: str
+    model: str
+
+    def _chunk(self, delta: ChatDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.request_id, model=self.model,
+                                   choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)])
+
+    def opening_chunks(self) -> list[BaseModel]:
+        return [self._chunk(ChatDelta(role="assistant", content=""))]
+
+    def text_chunk(self, text: str) -> BaseModel:
+        return self._chunk(ChatDelta(content=text))
+
+    def final_chunk(self, text: str, finish_reason: str) -> BaseModel:
+        return self._chunk(ChatDelta(content=text), finish_reason)
+
+    def usage_chunk(self, usage: Usage) -> BaseModel:
+        return ChatCompletionChunk(id=self.request_id, model=self.model, choices=[], usage=usage)
+
+    def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel:
+        return ChatCompletionResponse(
+            id=self.request_id, model=self.model, usage=usage,
+            choices=[ChatChoice(message=ChatResponseMessage(content=text), finish_reason=finish_reason)])
+
+
+class ChatServing:
+    def __init__(self, context: ServingContext) -> None:
+        self._context = context
+
+    async def create(self, body: ChatCompletionRequest) -> Response:
+        context = self._context
+        identity = context.identity("chatcmpl", ENDPOINT, body.model)
+        max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+
+        async def prepare() -> GenerationParams:
+            model = context.resolve_model(body.model)
+            messages = [{"role": message.role, "content": message.text} for message in body.messages]
+            try:
+                prompt = context.tokenizer.apply_chat_template(messages)
+            except Exception as error:  # a template may reject a conversation (e.g. roles out of order)
+                raise BadRequest(f"the chat template cannot render these messages: {error}",
+                                 param="messages") from error
+            prompt_ids = _without_double_bos(await context.tokenize(prompt), context.tokenizer.bos_token_id)
+            prompt_ids = context.check_prompt_ids(prompt_ids, "messages")
+            max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)
+            return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
+                                    arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
+                                    sampling=context.sampling(body, max_tokens), stop=body.stop_strings)
+
+        generation = await context.start(identity, prepare)
+        return await respond(generation, ChatFormat(identity.request_id, body.model),
+                             stream=body.stream, include_usage=body.include_usage)
+
+
+def _without_double_bos(prompt_ids: list[int], bos_token_id: int | None) -> list[int]:
+    # A template that renders BOS itself, encoded by a tokenizer that adds BOS too, would
+    # start with two; vLLM avoids it by not adding special tokens to rendered chats.
+    if bos_token_id is not None and prompt_ids[:2] == [bos_token_id, bos_token_id]:
+        return prompt_ids[1:]
+    return prompt_ids

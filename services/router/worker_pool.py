@@ -1,0 +1,214 @@
+"""The router's view of the workers (adapter): membership, load, and its own in-flight work.
+
+- Membership mirrors the JetStream bucket `Subjects.members_bucket` (`BucketMirror`
+  recreates its watcher after a reconnect). A deleted key means the worker is gone: every
+  stream this router has open on it is aborted with `Disconnected` at once, so the client
+  gets an explicit error now rather than after the idle timeout. A registration with a new
+  `started_at` is a restarted worker: streams on the old incarnation are aborted as well.
+- Load comes from `LoadSnapshot`s on `Subjects.load_all`; stale ones are ignored.
+- `begin()` counts a request against its worker from the moment it is routed until
+  `InFlight.end()`; the policy sees these counts through `views()`.
+
+Malformed bucket values and snapshots are counted, logged once, and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from services.router.policy import WorkerView
+from shared.bus import Bus, BucketMirror
+from shared.codec import Codec, MalformedCounter
+from shared.errors import Disconnected, TandemError
+from shared.request_plane import ResponseStream
+from shared.schemas import LoadSnapshot, WorkerRegistration
+from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+
+class InFlight:
+    """One request routed to one worker, counted in that worker's load until `end()`."""
+
+    def __init__(self, pool: "WorkerPool", worker_id: str, request_id: str) -> None:
+        self._pool = pool
+        self.worker_id = worker_id
+        self.request_id = request_id
+        self.stream: ResponseStream | None = None
+        self.lost: TandemError | None = None  # set when the worker left while we were routed to it
+
+    def attach(self, stream: ResponseStream) -> None:
+        """The request's stream is open; it is aborted at once if the worker already left."""
+        self.stream = stream
+        if self.lost is not None:
+            stream.abort(self.lost)
+
+    def abort(self, error: TandemError) -> None:
+        if self.lost is None:
+            self.lost = error
+            if self.stream is not None:
+                self.stream.abort(error)
+
+    def end(self) -> None:
+        self._pool._end(self)
+
+
+class _WorkerState:
+    def __init__(self, registration: WorkerRegistration) -> None:
+        self.registration = registration
+        self.load: LoadSnapshot | None = None
+        self.in_flight: dict[str, InFlight] = {}
+        self.in_flight_at_report = 0
+        self.last_routed = 0
+
+    def view(self) -> WorkerView:
+        registration, load = self.registration, self.load
+        return WorkerView(
+            worker_id=registration.worker_id,
+            model=registration.model,
+            role=registration.role,
+            status=registration.status,
+            max_num_seqs=registration.capacity.max_num_seqs,
+            max_model_len=registration.capacity.max_model_len,
+            reported_load=None if load is None else load.running + load.waiting,
+            in_flight=len(self.in_flight),
+            in_flight_at_report=self.in_flight_at_report,
+            last_routed=self.last_routed,
+        )
+
+    def abort_all(self, error: TandemError) -> None:
+        for in_flight in list(self.in_flight.values()):
+            in_flight.abort(error)
+
+
+class WorkerPool:
+    def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
+                 bucket_ttl_s: float | None = None) -> None:
+        self._bus = bus
+        self._subjects = subjects
+        self._registrations: Codec[WorkerRegistration] = Codec(WorkerRegistration, malformed)
+        self._loads: Codec[LoadSnapshot] = Codec(LoadSnapshot, malformed)
+        self._malformed = malformed
+        self._workers: dict[str, _WorkerState] = {}
+        self._mirror = BucketMirror(bus, subjects.members_bucket, self._on_member, ttl_s=bucket_ttl_s)
+        self._load_sub: Subscription | None = None
+        self._routed = 0  # routing sequence number, for the policy's round-robin tie-break
+        self._changed = asyncio.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._load_sub = await self._bus.client.subscribe(self._subjects.load_all, cb=self._on_load)
+        await self._mirror.start()
+
+    async def stop(self) -> None:
+        await self._mirror.stop()
+        if self._load_sub is not None:
+            try:
+                await self._load_sub.unsubscribe()
+            except Exception:  # connection already closed: nothing left to release
+                pass
+            self._load_sub = None
+        for state in self._workers.values():
+            state.abort_all(Disconnected("the router is shutting down"))
+
+    # ---- what the policy and the serving layer read ----------------------------------
+
+    def views(self) -> list[WorkerView]:
+        return [state.view() for state in self._workers.values()]
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return sorted(self._workers)
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({state.registration.model for state in self._workers.values()})
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(state.in_flight) for state in self._workers.values())
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Return when membership changes, or after `timeout_s`."""
+        changed = self._changed
+        try:
+            await asyncio.wait_for(changed.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    def begin(self, worker_id: str, request_id: str) -> InFlight:
+        """Count a request against `worker_id`; call right after the policy chose it."""
+        state = self._workers[worker_id]
+        self._routed += 1
+        state.last_routed = self._routed
+        in_flight = InFlight(self, worker_id, request_id)
+        state.in_flight[request_id] = in_flight
+        return in_flight
+
+    def _end(self, in_flight: InFlight) -> None:
+        state = self._workers.get(in_flight.worker_id)
+        if state is not None and state.in_flight.get(in_flight.request_id) is in_flight:
+            del state.in_flight[in_flight.request_id]
+
+    # ---- bus callbacks ---------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _on_member(self, worker_id: str, value: bytes | None) -> None:
+        subject = f"{self._subjects.members_bucket}.{worker_id}"
+        if value is None:
+            self._remove(worker_id)
+            return
+        registration = self._registrations.decode_or_none(value, subject)
+        if registration is None:
+            return
+        if registration.worker_id != worker_id:
+            self._malformed.record(subject, ValueError(f"registration for {registration.worker_id!r} "
+                                                       f"stored under key {worker_id!r}"))
+            return
+        state = self._workers.get(worker_id)
+        if state is None:
+            self._workers[worker_id] = _WorkerState(registration)
+            log.info("worker %s joined (%s, %s, %s)", worker_id, registration.model,
+                     registration.role.value, registration.status.value)
+        else:
+            if registration.started_at != state.registration.started_at:
+                log.warning("worker %s restarted: failing its %d in-flight requests", worker_id,
+                            len(state.in_flight))
+                state.abort_all(Disconnected(f"worker {worker_id} restarted mid-request"))
+                state.load = None
+            elif registration.status != state.registration.status:
+                log.info("worker %s is now %s", worker_id, registration.status.value)
+            state.registration = registration
+        self._notify()
+
+    def _remove(self, worker_id: str) -> None:
+        state = self._workers.pop(worker_id, None)
+        if state is None:
+            return
+        log.info("worker %s left the cluster; failing its %d in-flight requests", worker_id, len(state.in_flight))
+        state.abort_all(Disconnected(f"worker {worker_id} left the cluster mid-request"))
+        self._notify()
+
+    async def _on_load(self, msg: Msg) -> None:
+        snapshot = self._loads.decode_or_none(msg.data, msg.subject)
+        if snapshot is None:
+            return
+        state = self._workers.get(snapshot.worker_id)
+        if state is None:
+            return  # not (yet) a member: its next snapshot will count
+        last = state.load
+        if last is not None and snapshot.seq <= last.seq and snapshot.ts <= last.ts:
+            return  # stale or duplicate; a restarted worker restarts seq but not time
+        state.load = snapshot
+        state.in_flight_at_report = len(state.in_flight)

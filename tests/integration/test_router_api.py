@@ -1,0 +1,217 @@
+"""The router's OpenAI API over HTTP, against a real nats-server and fake workers:
+completions and chat, streaming and not, stop strings, load spreading, models, health,
+metrics, request records, and a clear 4xx for every kind of bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import openai
+import pytest
+from nats.aio.msg import Msg
+
+from shared.bus import Bus
+from shared.codec import Codec, encode
+from shared.config import BusConfig
+from shared.schemas import LoadSnapshot, RequestRecord
+from shared.tokenizer import Tokenizer
+from tests.integration.test_router_fakes import (  # noqa: F401  (fixtures are used by name)
+    DEADLINE_S,
+    MODEL_DIR_NAME,
+    REPLY,
+    Router,
+    expected_text,
+    model_dir,
+    router,
+    start_worker,
+    tokenizer,
+    wait_for_workers,
+    wait_until,
+)
+
+
+# ---- happy paths ---------------------------------------------------------------------
+
+
+async def test_completions_streaming_and_not(router: Router, start_worker, tokenizer: Tokenizer) -> None:
+    worker = await start_worker()
+    await wait_for_workers(router, 1)
+    reply_len = len(worker.reply_ids)
+
+    completion = await router.client.completions.create(model=MODEL_DIR_NAME, prompt="Hello there", max_tokens=5,
+                                                        temperature=0.5, seed=7)
+    assert completion.choices[0].text == expected_text(tokenizer, 5)
+    assert completion.choices[0].finish_reason == "length"
+    prompt_ids = tokenizer.encode("Hello there")
+    assert completion.usage.prompt_tokens == len(prompt_ids)
+    assert completion.usage.completion_tokens == 5
+    assert completion.usage.total_tokens == len(prompt_ids) + 5
+    assert completion.usage.prompt_tokens_details.cached_tokens == 3
+    sent = worker.requests[-1]
+    assert sent.token_ids == prompt_ids and sent.model == MODEL_DIR_NAME
+    assert (sent.sampling.max_tokens, sent.sampling.temperature, sent.sampling.seed) == (5, 0.5, 7)
+
+    stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt_ids, max_tokens=100,
+                                                    stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    text = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    assert text == REPLY
+    assert "\ufffd" not in "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply_len
+    assert worker.requests[-1].token_ids == prompt_ids
+
+
+async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: Tokenizer) -> None:
+    worker = await start_worker()
+    await wait_for_workers(router, 1)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
+
+    chat = await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=messages,
+                                                       max_completion_tokens=6)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == expected_text(tokenizer, 6)
+    assert chat.usage.completion_tokens == 6
+    assert worker.requests[-1].token_ids == tokenizer.encode(tokenizer.apply_chat_template(messages))
+
+    stream = await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=messages, max_tokens=200,
+                                                         stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == REPLY
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(worker.requests[-1].token_ids)
+
+
+async def test_stop_string_truncates_and_cancels_the_worker(router: Router, start_worker) -> None:
+    worker = await start_worker(hold=False)
+    await wait_for_workers(router, 1)
+    completion = await router.client.completions.create(model=MODEL_DIR_NAME, prompt="x", max_tokens=100,
+                                                        stop=["café", "zzz"])
+    assert completion.choices[0].text == REPLY[:REPLY.index("café")]
+    assert completion.choices[0].finish_reason == "stop"
+    await asyncio.wait_for(worker.got_cancel.wait(), DEADLINE_S)
+    assert worker.cancels == [worker.requests[-1].request_id]
+
+    stream = await router.client.chat.completions.create(model=MODEL_DIR_NAME, stream=True, stop="runs",
+                                                         messages=[{"role": "user", "content": "go"}])
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == REPLY[:REPLY.index("runs")]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_burst_spreads_across_workers(router: Router, start_worker) -> None:
+    first = await start_worker("w1", hold=True)
+    second = await start_worker("w2", hold=True)
+    await wait_for_workers(router, 2)
+    burst = [asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=f"p{i}",
+                                                                  max_tokens=4))
+             for i in range(6)]
+    await wait_until(lambda: len(first.requests) + len(second.requests) == 6, "six routed requests")
+    assert (len(first.requests), len(second.requests)) == (3, 3)
+    first.release.set()
+    second.release.set()
+    replies = await asyncio.wait_for(asyncio.gather(*burst), DEADLINE_S)
+    assert all(reply.choices[0].finish_reason == "length" for reply in replies)
+
+
+async def test_models_health_metrics_and_request_records(router: Router, start_worker, bus: Bus,
+                                                         bus_config: BusConfig) -> None:
+    records: list[RequestRecord] = []
+    codec: Codec[RequestRecord] = Codec(RequestRecord)
+
+    async def on_record(msg: Msg) -> None:
+        records.append(codec.decode(msg.data))
+
+    await bus.client.subscribe(bus_config.subjects.request_events, cb=on_record)
+    await start_worker("w1", model="other-model")
+    await wait_for_workers(router, 1)
+
+    models = await router.client.models.list()
+    assert sorted(model.id for model in models.data) == sorted([MODEL_DIR_NAME, "other-model"])
+    health = (await router.http.get("/health")).json()
+    assert health["status"] == "ok" and health["worker_count"] == 1 and health["workers"] == ["w1"]
+
+    reply = await router.client.completions.create(model="other-model", prompt="hi", max_tokens=3)
+    assert reply.choices[0].finish_reason == "length"
+    await wait_until(lambda: len(records) == 1, "the request record")
+    assert records[0].outcome == "ok" and records[0].worker_id == "w1" and records[0].completion_tokens == 3
+    assert records[0].request_id.startswith("cmpl-") and records[0].ttft_s is not None
+
+    # malformed bus traffic is counted and dropped; the router keeps serving
+    await bus.client.publish(bus_config.subjects.load("w1"), b"\x01garbage")
+    members = await bus.key_value(bus_config.subjects.members_bucket)
+    await members.put("w-bad", b"not msgpack")
+    await bus.client.publish(bus_config.subjects.load("w1"), encode(LoadSnapshot(
+        worker_id="w1", seq=1, ts=time.time(), running=0, waiting=0, kv_total_blocks=64, kv_used_blocks=0,
+        kv_cached_blocks=0, prompt_tokens_total=0, cached_tokens_total=0, generated_tokens_total=0,
+        pending_prefill_tokens=0)))
+
+    async def metrics() -> str:
+        return (await router.http.get("/metrics")).text
+
+    deadline = time.monotonic() + DEADLINE_S
+    while "w-bad" not in (text := await metrics()) or "load.w1" not in text:
+        assert time.monotonic() < deadline, text
+        await asyncio.sleep(0.01)
+    assert 'tandem_router_requests_total{endpoint="completions",outcome="ok"} 1.0' in text
+    assert "tandem_router_time_to_first_token_seconds_count 1.0" in text
+    assert "tandem_router_workers 1.0" in text
+    assert (await router.client.completions.create(model="other-model", prompt="again", max_tokens=2)).usage
+
+
+# ---- bad input -----------------------------------------------------------------------
+
+BAD_INPUT = [
+    ("/v1/completions", b'{"model": "tiny-router", "prompt": ', 400, None, "Invalid JSON"),
+    ("/v1/completions", b'[1, 2]', 400, None, "JSON object"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME}, 400, "prompt", "Field required"),
+    ("/v1/completions", {"prompt": "hi"}, 400, "model", "Field required"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": 5}, 400, "prompt", "expected one of str, list[int]"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "integer"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "at least 1"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": 257}, 400, "max_tokens", "at most 256"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "n": 2}, 400, "n", "must be 1"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "temperature": 3}, 400, "temperature", "2"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ["a", "b"]}, 400, "prompt", "batches are not supported"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ""}, 400, "prompt", "empty"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": [1, 999999]}, 400, "prompt", "token ids"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "stream": "yes"}, 400, "stream", "boolean"),
+    ("/v1/completions", {"model": "no-such-model", "prompt": "hi"}, 404, "model", "does not exist"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "word " * 40, "max_tokens": 30}, 400, "max_tokens",
+     "maximum context length is 48"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": []}, 400, "messages", "at least 1"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "messages.0.role", "role"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "max_completion_tokens": -1}, 400, "max_completion_tokens", "at least 1"),
+    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model",
+     "does not exist"),
+]
+
+
+async def test_bad_input_gets_a_clear_openai_error(router: Router, start_worker) -> None:
+    await start_worker(max_model_len=48)
+    await wait_for_workers(router, 1)
+    failures = []
+    for path, body, status, param, fragment in BAD_INPUT:
+        if isinstance(body, bytes):
+            response = await router.http.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            response = await router.http.post(path, json=body)
+        error = response.json().get("error", {})
+        if (response.status_code != status or set(error) != {"message", "type", "param", "code"}
+                or error["param"] != param or fragment not in error["message"]):
+            failures.append((path, body, response.status_code, error))
+    assert not failures, "\n".join(map(str, failures))
+
+
+async def test_openai_client_sees_typed_errors(router: Router, start_worker) -> None:
+    await start_worker()
+    await wait_for_workers(router, 1)
+    with pytest.raises(openai.NotFoundError) as not_found:
+        await router.client.completions.create(model="missing", prompt="hi")
+    assert not_found.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        await router.client.chat.completions.create(model=MODEL_DIR_NAME, max_tokens=100000,
+                                                    messages=[{"role": "user", "content": "hi"}])

@@ -1,0 +1,110 @@
+"""Incremental detokenization and stop strings on plain data (and the real tiny tokenizer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from services.router.stop_strings import StopStringMatcher
+
+
+class ByteDecoder:
+    """A byte-level vocabulary: each id is a byte string, decoded with replacement."""
+
+    def __init__(self, pieces: dict[int, bytes]) -> None:
+        self.pieces = pieces
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def byte_tokens(text: str) -> tuple[ByteDecoder, list[int]]:
+    """One token per UTF-8 byte, so every multi-byte character is split across tokens."""
+    data = text.encode()
+    return ByteDecoder({i: bytes([b]) for i, b in enumerate(data)}), list(range(len(data)))
+
+
+def stream(detokenizer: IncrementalDetokenizer, ids: list[int], per_push: int = 1) -> list[str]:
+    deltas = [detokenizer.push(ids[i:i + per_push]) for i in range(0, len(ids), per_push)]
+    return [*deltas, detokenizer.flush()]
+
+
+@pytest.mark.parametrize("per_push", [1, 2, 3])
+def test_multibyte_characters_are_never_split(per_push: int) -> None:
+    text = "café ☕ 日本語 🚀 done"
+    decoder, ids = byte_tokens(text)
+    deltas = stream(IncrementalDetokenizer(decoder), ids, per_push)
+    assert "".join(deltas) == text
+    assert not any(REPLACEMENT_CHAR in delta for delta in deltas)
+
+
+def test_context_from_the_prompt_keeps_leading_spaces() -> None:
+    # a SentencePiece-like decoder drops the leading space of the first token it decodes
+    pieces = {0: "Hello", 1: " world", 2: " again"}
+
+    class StrippingDecoder:
+        def decode(self, ids: list[int]) -> str:
+            return "".join(pieces[i] for i in ids).removeprefix(" ")
+
+    deltas = stream(IncrementalDetokenizer(StrippingDecoder(), prompt_ids=[0]), [1, 2])
+    assert "".join(deltas) == " world again"
+
+
+def test_an_incomplete_character_at_the_end_is_flushed() -> None:
+    decoder = ByteDecoder({0: b"ok", 1: "é".encode()[:1]})
+    detokenizer = IncrementalDetokenizer(decoder)
+    assert detokenizer.push([0]) == "ok"
+    assert detokenizer.push([1]) == ""  # held back: may complete later
+    assert detokenizer.flush() == REPLACEMENT_CHAR  # it never did
+
+
+def test_real_tokenizer_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from shared.tiny_model import generate_tiny_model
+    from shared.tokenizer import Tokenizer
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    generate_tiny_model(str(path))
+    tokenizer = Tokenizer.from_model_dir(str(path))
+    text = " The machine hums — naïve café, 東京 and 🚀 rockets."
+    prompt = tokenizer.encode("Prompt:")
+    deltas = stream(IncrementalDetokenizer(tokenizer, prompt), tokenizer.encode(text))
+    assert "".join(deltas) == text
+    assert not any(REPLACEMENT_CHAR in delta for delta in deltas)
+
+
+def test_stop_string_truncates_and_never_shows_part_of_it() -> None:
+    matcher = StopStringMatcher(["STOP"])
+    shown = [matcher.push(piece) for piece in ["abc S", "T", "O", "P tail"]]
+    assert shown == ["abc ", "", "", ""]
+    assert matcher.stopped
+    assert matcher.push("more") == ""
+
+
+def test_a_false_start_is_released() -> None:
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.push("ST") == ""
+    assert matcher.push("ART") == "START"
+    assert matcher.push("x S") == "x "
+    assert matcher.flush() == "S"
+    assert not matcher.stopped
+
+
+def test_earliest_of_several_stop_strings_wins() -> None:
+    matcher = StopStringMatcher(["world", "o w"])
+    assert matcher.push("hello world") == "hell"
+    assert matcher.stopped
+
+
+def test_stop_string_spanning_pieces_and_at_the_start() -> None:
+    matcher = StopStringMatcher(["\n\n"])
+    assert matcher.push("line\n") == "line"
+    assert matcher.push("\nnext") == ""
+    assert matcher.stopped
+    immediate = StopStringMatcher(["x"])
+    assert immediate.push("xyz") == "" and immediate.stopped
+
+
+def test_no_stop_strings_passes_text_through() -> None:
+    matcher = StopStringMatcher(["", ""])
+    assert matcher.push("anything") == "anything"
+    assert matcher.flush() == ""
