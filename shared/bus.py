@@ -131,7 +131,8 @@ class BucketMirror:
     async def _watch(self) -> None:
         while True:
             try:
-                assert self.kv is not None
+                # re-bind every time: a restarted server may have lost a memory-stored bucket
+                self.kv = await self._bus.key_value(self._bucket_name, ttl_s=self._ttl_s)
                 watcher = await self.kv.watchall()
                 initial: dict[str, bytes] = {}
                 in_initial = True

@@ -42,6 +42,11 @@ class MembershipConfig(msgspec.Struct, kw_only=True, frozen=True):
     heartbeat_interval_s: float = 0.5
     ttl_s: float = 3.0  # a worker silent for this long is removed
 
+    @property
+    def bucket_ttl_s(self) -> float:
+        """Age limit of bucket entries: a floor for when no orchestrator runs (it removes sooner)."""
+        return self.ttl_s * 10
+
     def validate(self) -> None:
         _require(self.heartbeat_interval_s > 0, "heartbeat interval must be positive")
         _require(self.ttl_s > 2 * self.heartbeat_interval_s,

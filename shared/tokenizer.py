@@ -36,6 +36,8 @@ def render_chat(messages: list[dict[str, str]], *, add_generation_prompt: bool =
 
 
 class Tokenizer:
+    """A model directory's tokenizer plus the few config facts serving needs."""
+
     def __init__(self, backend: BackendTokenizer, *, model_name: str, vocab_size: int,
                  max_model_len: int, eos_token_id: int, bos_token_id: int | None,
                  add_bos: bool, chat_template: str | None,
@@ -90,7 +92,11 @@ class Tokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; the only special token added is BOS, when the model asks."""
+        """Token ids of `text`; the only special token added is BOS, when the model asks.
+
+        Special-token text inside `text` (e.g. `</s>` written by a chat template) maps to
+        its id, as Hugging Face tokenizers do, so prompts tokenize as vLLM would.
+        """
         ids = self._backend.encode(text, add_special_tokens=False).ids
         if self.add_bos:
             assert self.bos_token_id is not None

@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 # Workers create the members bucket with this TTL as a floor (the orchestrator removes a
 # silent worker much sooner); whoever creates the bucket first must use the same settings.
-MEMBERS_BUCKET_TTL_FACTOR = 10
 
 ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
@@ -76,7 +75,7 @@ class RouterRuntime:
         subjects = config.bus.subjects
         bus = await connect(config.bus.nats_url, "tandem-router")
         pool = WorkerPool(bus, subjects, self.malformed,
-                          bucket_ttl_s=config.membership.ttl_s * MEMBERS_BUCKET_TTL_FACTOR)
+                          bucket_ttl_s=config.membership.bucket_ttl_s)
         try:
             await pool.start()
             self.metrics.watch_workers(lambda: len(pool))

@@ -75,8 +75,7 @@ class WorkerService:
     # ---- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        ttl = self.config.membership.ttl_s * 10  # a floor: the orchestrator removes sooner
-        self._members = await self.bus.key_value(self.subjects.members_bucket, ttl_s=ttl)
+        self._members = await self._bind_members()
         client = self.bus.client
         self._subscriptions = [
             await client.subscribe(self.subjects.generate(self.worker_id), cb=self._on_generate),
@@ -152,9 +151,16 @@ class WorkerService:
             pid=os.getpid(),
         )
 
+    async def _bind_members(self):
+        return await self.bus.key_value(self.subjects.members_bucket, ttl_s=self.config.membership.bucket_ttl_s)
+
     async def _register(self) -> None:
-        assert self._members is not None
-        await self._members.put(self.worker_id, encode(self.registration()))
+        value = encode(self.registration())
+        try:
+            await self._members.put(self.worker_id, value)
+        except Exception:  # e.g. a restarted NATS lost the bucket: bind (re-create) and retry once
+            self._members = await self._bind_members()
+            await self._members.put(self.worker_id, value)
 
     async def _publish_kv_events(self, events=None) -> None:
         events = self.engine.take_kv_events() if events is None else events

@@ -132,17 +132,19 @@ async def test_sigkilled_worker_fails_inflight_explicitly_and_is_avoided(
     stack.start_worker(victim)
     await asyncio.to_thread(stack.wait_worker_ready, "w-victim")
 
+    failed_at: dict[int, float] = {}
+
     async def long_stream(i: int) -> str:
-        stream = await client.completions.create(model=model, prompt=f"long {i}", max_tokens=1500, stream=True)
-        text = ""
-        async for chunk in stream:
-            text += chunk.choices[0].text if chunk.choices else ""
-        return text
+        try:
+            stream = await client.completions.create(model=model, prompt=f"long {i}", max_tokens=1500, stream=True)
+            return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+        except Exception:
+            failed_at[i] = time.monotonic()
+            raise
 
     tasks = [asyncio.create_task(long_stream(i)) for i in range(6)]
     deadline = time.monotonic() + 10
-    while not any(r.worker_id == "w-victim" for r in records) and time.monotonic() < deadline:
-        # in-flight requests are published when they end, so watch the victim's load instead
+    while time.monotonic() < deadline:
         snapshot = loads.latest.get("w-victim")
         if snapshot is not None and snapshot.running > 0:
             break
@@ -150,22 +152,20 @@ async def test_sigkilled_worker_fails_inflight_explicitly_and_is_avoided(
     assert loads.latest["w-victim"].running > 0, "the victim never got a request"
     killed_at = time.monotonic()
     stack.worker("w-victim").popen.send_signal(signal.SIGKILL)
-    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
     failed = [r for r in results if isinstance(r, Exception)]
     assert failed, "requests on the killed worker must fail explicitly"
     assert all(isinstance(r, openai.APIError) for r in failed), failed
-    ended_after = time.monotonic() - killed_at
-    assert ended_after < stack.config.ttl_s + 3.0, f"in-flight requests took {ended_after:.1f}s to fail"
+    slowest = max(failed_at.values()) - killed_at
+    assert slowest < stack.config.ttl_s + 2.0, f"in-flight requests took {slowest:.1f}s to fail"
+    assert len(failed) < len(results), "requests on healthy workers must complete"
     victim_records = [r for r in records if r.worker_id == "w-victim"]
     assert victim_records and all(r.outcome != "ok" for r in victim_records)
 
     # new requests avoid the dead worker and succeed
     async with httpx.AsyncClient() as http:
-        deadline = time.monotonic() + stack.config.ttl_s + 2
-        while time.monotonic() < deadline:
-            health = (await http.get(f"{stack.router_url}/health")).json()
-            if "w-victim" not in str(health):
-                break
+        while "w-victim" in (await http.get(f"{stack.router_url}/health")).json()["workers"]:
+            assert time.monotonic() - killed_at < stack.config.ttl_s + 2.0, "dead worker not removed within its TTL"
             await asyncio.sleep(0.05)
     before = len(records)
     replies = await asyncio.gather(*(client.completions.create(model=model, prompt=f"after {i}", max_tokens=4)
