@@ -1,0 +1,246 @@
+"""The metrics collector's cluster view: pure state fed by the event streams.
+
+Only members are tracked: a worker enters with `apply_registration` (its bucket entry)
+and leaves with `remove_worker`; load and KV messages from anyone else are counted and
+dropped, so a message arriving after a worker left cannot resurrect it.
+
+KV events are tracked per worker by engine block hash, with the stream's sequence
+number: `apply_kv` returns True when the caller must ask the worker for a snapshot
+(a gap, a restarted stream, or first contact in the middle of a stream). The snapshot
+arrives as `AllBlocksCleared` + `BlockStored` on the normal stream and resets the count.
+
+Everything is synchronous and clock-free; `snapshot()` returns msgspec Structs that
+encode directly to JSON.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import msgspec
+
+from shared.schemas import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventBatch,
+    LoadSnapshot,
+    RequestRecord,
+    WorkerRegistration,
+)
+
+
+# A worker numbers its KV batches from 1; a first batch with any other number means
+# this view joined mid-stream and must catch up from a snapshot.
+STREAM_START_SEQ = 1
+
+
+class WorkerView(msgspec.Struct, kw_only=True):
+    worker_id: str
+    role: str
+    status: str
+    model: str
+    # from the latest LoadSnapshot (zero until the first one)
+    load_seq: int | None
+    running: int
+    waiting: int
+    kv_total_blocks: int
+    kv_used_blocks: int
+    kv_cached_blocks: int
+    kv_usage: float  # used / total blocks
+    pending_prefill_tokens: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    generated_tokens_total: int
+    prefix_hit_rate: float | None  # cached / prompt tokens since the worker started
+    # from the KV event stream
+    kv_seq: int | None
+    kv_stored_blocks: int
+    kv_synced: bool  # False from a gap until the snapshot's AllBlocksCleared arrives
+    kv_gaps: int
+
+
+class Totals(msgspec.Struct, kw_only=True):
+    workers: int
+    running: int
+    waiting: int
+    kv_total_blocks: int
+    kv_used_blocks: int
+    kv_usage: float
+    kv_stored_blocks: int
+    pending_prefill_tokens: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    prefix_hit_rate: float | None
+
+
+class RequestTotals(msgspec.Struct, kw_only=True):
+    by_outcome: dict[str, int]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_mean_s: float | None
+
+
+class ClusterSnapshot(msgspec.Struct, kw_only=True):
+    workers: list[WorkerView]  # sorted by worker id
+    totals: Totals
+    by_role: dict[str, Totals]
+    requests: RequestTotals
+    dropped_unknown_worker: int  # load / KV messages from workers not in the bucket
+
+
+@dataclass
+class _Worker:
+    registration: WorkerRegistration
+    load: LoadSnapshot | None = None
+    stored: set[int] = field(default_factory=set)  # engine block hashes held now
+    kv_seq: int | None = None
+    kv_synced: bool = False
+    kv_gaps: int = 0
+
+
+class ClusterView:
+    def __init__(self) -> None:
+        self._workers: dict[str, _Worker] = {}
+        self._outcomes: Counter[str] = Counter()
+        self._request_tokens: Counter[str] = Counter()
+        self._ttft_sum_s = 0.0
+        self._ttft_count = 0
+        self.dropped_unknown_worker = 0
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return sorted(self._workers)
+
+    def apply_registration(self, registration: WorkerRegistration) -> None:
+        known = self._workers.get(registration.worker_id)
+        if known is None or known.registration.started_at != registration.started_at:
+            # A new process under this id starts with an empty cache and a new stream.
+            self._workers[registration.worker_id] = _Worker(registration)
+        else:
+            known.registration = registration
+
+    def remove_worker(self, worker_id: str) -> bool:
+        return self._workers.pop(worker_id, None) is not None
+
+    def apply_load(self, snapshot: LoadSnapshot) -> None:
+        worker = self._member(snapshot.worker_id)
+        if worker is not None:
+            worker.load = snapshot
+
+    def apply_kv(self, batch: KvEventBatch) -> bool:
+        """Apply a batch; True when the worker must be asked for a KV snapshot."""
+        worker = self._member(batch.worker_id)
+        if worker is None:
+            return False
+        previous_seq, worker.kv_seq = worker.kv_seq, batch.seq
+        for event in batch.events:
+            match event:
+                case BlockStored(block_hashes=hashes):
+                    worker.stored.update(hashes)
+                case BlockRemoved(block_hashes=hashes):
+                    worker.stored.difference_update(hashes)
+                case AllBlocksCleared():
+                    worker.stored.clear()
+        if batch.events and isinstance(batch.events[0], AllBlocksCleared):
+            worker.kv_synced = True  # a snapshot (or a real clear): whatever came before is moot
+            return False
+        if previous_seq is None and batch.seq == STREAM_START_SEQ:
+            worker.kv_synced = True  # heard from the very first batch: nothing was missed
+            return False
+        if previous_seq is not None and batch.seq == previous_seq + 1:
+            return False
+        if previous_seq is not None:  # first contact mid-stream is not counted as a gap
+            worker.kv_gaps += 1
+        worker.kv_synced = False
+        return True
+
+    def apply_request(self, record: RequestRecord) -> None:
+        self._outcomes[record.outcome] += 1
+        self._request_tokens["prompt"] += record.prompt_tokens
+        self._request_tokens["cached"] += record.cached_tokens
+        self._request_tokens["completion"] += record.completion_tokens
+        if record.ttft_s is not None:
+            self._ttft_sum_s += record.ttft_s
+            self._ttft_count += 1
+
+    def snapshot(self) -> ClusterSnapshot:
+        workers = [_worker_view(self._workers[worker_id]) for worker_id in sorted(self._workers)]
+        roles = sorted({view.role for view in workers})
+        return ClusterSnapshot(
+            workers=workers,
+            totals=_totals(workers),
+            by_role={role: _totals([view for view in workers if view.role == role]) for role in roles},
+            requests=RequestTotals(
+                by_outcome=dict(sorted(self._outcomes.items())),
+                prompt_tokens=self._request_tokens["prompt"],
+                cached_tokens=self._request_tokens["cached"],
+                completion_tokens=self._request_tokens["completion"],
+                ttft_mean_s=self._ttft_sum_s / self._ttft_count if self._ttft_count else None,
+            ),
+            dropped_unknown_worker=self.dropped_unknown_worker,
+        )
+
+    def _member(self, worker_id: str) -> _Worker | None:
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            self.dropped_unknown_worker += 1
+        return worker
+
+
+def _ratio(numerator: int, denominator: int) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+# Stands in for a worker's load until its first snapshot arrives.
+_NO_LOAD = LoadSnapshot(worker_id="", seq=0, ts=0.0, running=0, waiting=0, kv_total_blocks=0,
+                        kv_used_blocks=0, kv_cached_blocks=0, prompt_tokens_total=0,
+                        cached_tokens_total=0, generated_tokens_total=0, pending_prefill_tokens=0)
+
+
+def _worker_view(worker: _Worker) -> WorkerView:
+    registration, load = worker.registration, worker.load or _NO_LOAD
+    return WorkerView(
+        worker_id=registration.worker_id,
+        role=registration.role.value,
+        status=registration.status.value,
+        model=registration.model,
+        load_seq=worker.load.seq if worker.load else None,
+        running=load.running,
+        waiting=load.waiting,
+        kv_total_blocks=load.kv_total_blocks,
+        kv_used_blocks=load.kv_used_blocks,
+        kv_cached_blocks=load.kv_cached_blocks,
+        kv_usage=_ratio(load.kv_used_blocks, load.kv_total_blocks) or 0.0,
+        pending_prefill_tokens=load.pending_prefill_tokens,
+        prompt_tokens_total=load.prompt_tokens_total,
+        cached_tokens_total=load.cached_tokens_total,
+        generated_tokens_total=load.generated_tokens_total,
+        prefix_hit_rate=_ratio(load.cached_tokens_total, load.prompt_tokens_total),
+        kv_seq=worker.kv_seq,
+        kv_stored_blocks=len(worker.stored),
+        kv_synced=worker.kv_synced,
+        kv_gaps=worker.kv_gaps,
+    )
+
+
+def _totals(workers: list[WorkerView]) -> Totals:
+    kv_total = sum(view.kv_total_blocks for view in workers)
+    kv_used = sum(view.kv_used_blocks for view in workers)
+    prompt = sum(view.prompt_tokens_total for view in workers)
+    cached = sum(view.cached_tokens_total for view in workers)
+    return Totals(
+        workers=len(workers),
+        running=sum(view.running for view in workers),
+        waiting=sum(view.waiting for view in workers),
+        kv_total_blocks=kv_total,
+        kv_used_blocks=kv_used,
+        kv_usage=_ratio(kv_used, kv_total) or 0.0,
+        kv_stored_blocks=sum(view.kv_stored_blocks for view in workers),
+        pending_prefill_tokens=sum(view.pending_prefill_tokens for view in workers),
+        prompt_tokens_total=prompt,
+        cached_tokens_total=cached,
+        prefix_hit_rate=_ratio(cached, prompt),
+    )

@@ -1,0 +1,130 @@
+"""Prometheus exposition of the cluster view, in a registry owned by one collector instance.
+
+Per-worker gauges are produced at scrape time from `ClusterView.snapshot()` by a custom
+collector, so a worker that leaves disappears from `/metrics` with no label bookkeeping.
+Latencies are histograms observed as request records arrive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from services.metrics.cluster_view import ClusterSnapshot, ClusterView, Totals, WorkerView
+from shared.codec import MalformedCounter
+from shared.schemas import RequestRecord
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+_WORKER_GAUGES: tuple[tuple[str, str, Callable[[WorkerView], float | None]], ...] = (
+    ("tandem_worker_kv_usage_ratio", "KV blocks referenced by live requests / total",
+     lambda w: w.kv_usage),
+    ("tandem_worker_waiting_requests", "Requests queued, not yet admitted", lambda w: w.waiting),
+    ("tandem_worker_running_requests", "Requests in the running batch", lambda w: w.running),
+    ("tandem_worker_prefix_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens",
+     lambda w: w.prefix_hit_rate),
+    ("tandem_worker_kv_stored_blocks", "Cached blocks announced on the KV event stream",
+     lambda w: w.kv_stored_blocks),
+    ("tandem_worker_pending_prefill_tokens", "Uncached prompt tokens not yet computed",
+     lambda w: w.pending_prefill_tokens),
+    ("tandem_worker_kv_synced", "1 while the collector's KV view of the worker is in sync",
+     lambda w: float(w.kv_synced)),
+)
+_WORKER_COUNTERS: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
+    ("tandem_worker_prompt_tokens", "Prompt tokens processed (worker's cumulative counter)",
+     lambda w: w.prompt_tokens_total),
+    ("tandem_worker_cached_tokens", "Prompt tokens served from the prefix cache",
+     lambda w: w.cached_tokens_total),
+    ("tandem_worker_generated_tokens", "Tokens generated", lambda w: w.generated_tokens_total),
+    ("tandem_worker_kv_event_gaps", "Sequence gaps seen on the worker's KV event stream",
+     lambda w: w.kv_gaps),
+)
+_ROLE_GAUGES: tuple[tuple[str, str, Callable[[Totals], float | None]], ...] = (
+    ("tandem_role_workers", "Workers per role", lambda t: t.workers),
+    ("tandem_role_kv_usage_ratio", "KV usage over all workers of the role", lambda t: t.kv_usage),
+    ("tandem_role_waiting_requests", "Queued requests over the role", lambda t: t.waiting),
+    ("tandem_role_running_requests", "Running requests over the role", lambda t: t.running),
+)
+
+
+class ClusterCollector(Collector):
+    def __init__(self, view: ClusterView, malformed: Mapping[str, MalformedCounter]) -> None:
+        self._view = view
+        self._malformed = malformed
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._view.snapshot()
+        yield from _worker_metrics(snapshot)
+        for name, documentation, value in _ROLE_GAUGES:
+            family = GaugeMetricFamily(name, documentation, labels=["role"])
+            for role, totals in snapshot.by_role.items():
+                _add(family, [role], value(totals))
+            yield family
+        cluster_hit_rate = GaugeMetricFamily(
+            "tandem_cluster_prefix_hit_rate", "Cached / prompt tokens over all workers")
+        _add(cluster_hit_rate, [], snapshot.totals.prefix_hit_rate)
+        yield cluster_hit_rate
+        requests = CounterMetricFamily("tandem_requests", "Finished requests by outcome",
+                                       labels=["outcome"])
+        for outcome, count in snapshot.requests.by_outcome.items():
+            requests.add_metric([outcome], count)
+        yield requests
+        malformed = CounterMetricFamily("tandem_metrics_malformed_messages",
+                                        "Undecodable messages dropped by the collector",
+                                        labels=["stream"])
+        for stream, counter in self._malformed.items():
+            malformed.add_metric([stream], counter.total)
+        yield malformed
+
+
+class RequestHistograms:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ttft = Histogram("tandem_request_ttft_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS_S, registry=registry)
+        self.itl = Histogram("tandem_request_itl_seconds",
+                             "Mean inter-token latency of each request (after the first token)",
+                             buckets=_ITL_BUCKETS_S, registry=registry)
+        self.duration = Histogram("tandem_request_duration_seconds", "End-to-end request time",
+                                  buckets=_LATENCY_BUCKETS_S, registry=registry)
+
+    def observe(self, record: RequestRecord) -> None:
+        self.duration.observe(record.duration_s)
+        if record.ttft_s is None:
+            return
+        self.ttft.observe(record.ttft_s)
+        if record.completion_tokens > 1:
+            self.itl.observe(max(0.0, record.duration_s - record.ttft_s) / (record.completion_tokens - 1))
+
+
+def build_registry(view: ClusterView, malformed: Mapping[str, MalformedCounter]
+                   ) -> tuple[CollectorRegistry, RequestHistograms]:
+    # A registry per collector instance: several collectors (or tests) in one process
+    # never share or collide on metric names.
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(ClusterCollector(view, malformed))
+    return registry, RequestHistograms(registry)
+
+
+def _worker_metrics(snapshot: ClusterSnapshot) -> Iterator[Metric]:
+    labels = ["worker", "role"]
+    for name, documentation, gauge_value in _WORKER_GAUGES:
+        family = GaugeMetricFamily(name, documentation, labels=labels)
+        for worker in snapshot.workers:
+            _add(family, [worker.worker_id, worker.role], gauge_value(worker))
+        yield family
+    for name, documentation, counter_value in _WORKER_COUNTERS:
+        counter = CounterMetricFamily(name, documentation, labels=labels)
+        for worker in snapshot.workers:
+            counter.add_metric([worker.worker_id, worker.role], counter_value(worker))
+        yield counter
+
+
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    # An undefined value (a hit rate before any prompt) is left out, not reported as 0.
+    if value is not None:
+        family.add_metric(labels, value)

@@ -1,0 +1,144 @@
+"""The orchestrator's membership adapter: the members bucket in, changes and expiries out.
+
+Workers put their `WorkerRegistration` under their id in the members bucket every
+heartbeat interval, and delete it on a clean shutdown. This adapter mirrors the bucket
+(each put is a heartbeat, a delete is a deregistration) and feeds `MembershipTable`.
+
+- Every `sweep_interval_s` it sweeps the table and deletes the keys of workers whose
+  heartbeats stopped, so every router mirroring the bucket drops them (a bucket TTL alone
+  is not enough: JetStream expires a value without telling existing watchers).
+- It publishes the table's `MembershipChange`s on `subjects.membership_changes`, in
+  order, as soon as they happen.
+- While it is disconnected from NATS it cannot hear heartbeats, so it removes nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+from nats.js.errors import KeyDeletedError, KeyWrongLastSequenceError, NotFoundError
+
+from services.orchestrator.membership import MembershipTable
+from shared.bus import Bus, BucketMirror
+from shared.codec import Codec, MalformedCounter, encode
+from shared.config import OrchestratorConfig
+from shared.schemas import WorkerRegistration
+
+log = logging.getLogger(__name__)
+
+
+class OrchestratorService:
+    def __init__(self, config: OrchestratorConfig, bus: Bus, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._bus = bus
+        self._subjects = config.bus.subjects
+        self._clock = clock
+        self.table = MembershipTable(config.membership.ttl_s)
+        self.malformed = MalformedCounter()
+        self._registrations: Codec[WorkerRegistration] = Codec(WorkerRegistration, self.malformed)
+        # Registrations of expired workers whose keys are still to be deleted; kept until
+        # the delete succeeds, so a NATS outage cannot leave a dead worker in the bucket.
+        self._expired: dict[str, WorkerRegistration] = {}
+        self._wakeup = asyncio.Event()
+        self._mirror = BucketMirror(bus, self._subjects.members_bucket, self._on_bucket_change,
+                                    ttl_s=config.membership.bucket_ttl_s)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._mirror.start()
+        self._task = asyncio.create_task(self._run(), name="orchestrator-membership")
+
+    async def stop(self) -> None:
+        await self._mirror.stop()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        # Announce what is already decided (e.g. a deregistration seen just before stop).
+        try:
+            await self._publish_changes()
+        except Exception as error:  # the connection is going away: nothing more to do
+            log.warning("orchestrator: could not publish final membership changes: %s", error)
+
+    def _on_bucket_change(self, key: str, value: bytes | None) -> None:
+        now = self._clock()
+        if value is None:
+            self.table.forget(key, now)
+        else:
+            registration = self._registrations.decode_or_none(value, self._subjects.members_bucket)
+            if registration is None:
+                return
+            if registration.worker_id != key:
+                self.malformed.record(self._subjects.members_bucket,
+                                      ValueError(f"key {key!r} holds worker {registration.worker_id!r}"))
+                return
+            self._expired.pop(key, None)  # it came back before we deleted its key
+            self.table.observe(registration, now)
+        self._wakeup.set()  # publish joins and leaves now, not at the next sweep
+
+    async def _run(self) -> None:
+        interval = self._config.sweep_interval_s
+        next_sweep = self._clock() + interval
+        while True:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), max(0.0, next_sweep - self._clock()))
+            except TimeoutError:
+                pass
+            self._wakeup.clear()
+            if not self._bus.client.is_connected:
+                self.table.restart_ttls(self._clock())
+            if self._clock() >= next_sweep:
+                for change in self.table.sweep(self._clock()):
+                    assert change.registration is not None
+                    self._expired[change.worker_id] = change.registration
+                next_sweep = self._clock() + interval
+            try:
+                # Keys first: whoever hears "removed" finds the bucket already agrees.
+                await self._delete_expired_keys()
+                await self._publish_changes()
+            except Exception as error:  # NATS trouble: retried on the next pass, never fatal
+                log.warning("orchestrator: membership pass failed (%s); retrying", error)
+
+    async def _publish_changes(self) -> None:
+        for change in self.table.take_changes():
+            await self._bus.client.publish(self._subjects.membership_changes, encode(change))
+            log.info("worker %s %s (%s)", change.worker_id, change.kind, change.reason)
+
+    async def _delete_expired_keys(self) -> None:
+        kv = self._mirror.kv
+        assert kv is not None
+        for worker_id, registration in list(self._expired.items()):
+            try:
+                entry = await kv.get(worker_id)
+            except KeyDeletedError:
+                del self._expired[worker_id]  # already gone, and watchers saw it go
+                continue
+            except NotFoundError:
+                # Expired by the bucket TTL, which watchers are not told about: a delete
+                # marker makes every mirror drop the worker.
+                await kv.delete(worker_id)
+                del self._expired[worker_id]
+                continue
+            if self._heartbeat_since(entry.value, registration):
+                # A heartbeat landed after the sweep: the mirror re-joins the worker.
+                del self._expired[worker_id]
+                continue
+            try:
+                # Only delete the revision judged dead, never a fresher heartbeat.
+                await kv.delete(worker_id, last=entry.revision)
+            except KeyWrongLastSequenceError:
+                pass
+            del self._expired[worker_id]
+
+    def _heartbeat_since(self, value: bytes | None, swept: WorkerRegistration) -> bool:
+        """Whether the bucket now holds a newer registration than the one judged dead."""
+        try:
+            current = self._registrations.decode(value or b"")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False  # garbage is not a heartbeat
+        return current != swept
