@@ -23,6 +23,7 @@ run: install
 	PORT=$(PORT) ENGINE=$(ENGINE) MODEL=$(MODEL) $(VENV)/bin/tandem up
 
 test: install
+	$(VENV)/bin/ruff check services shared connector tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

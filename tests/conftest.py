@@ -15,6 +15,8 @@ from shared.bus import Bus, connect
 from shared.config import BusConfig
 from shared.nats_server import EmbeddedNats
 
+pytest_plugins = ["tests.integration.router_fakes"]  # router fixtures: model_dir, router, start_worker
+
 
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[EmbeddedNats]:

@@ -30,7 +30,6 @@ from shared.schemas import (
     WorkerRegistration,
 )
 
-
 # A worker numbers its KV batches from 1; a first batch with any other number means
 # this view joined mid-stream and must catch up from a snapshot.
 STREAM_START_SEQ = 1

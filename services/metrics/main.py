@@ -8,16 +8,13 @@ socket is bound it prints `tandem-metrics listening on http://HOST:PORT` to stde
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 
 from services.metrics.http_api import HttpServer, build_app
 from services.metrics.service import MetricsService
 from shared.bus import connect
 from shared.config import MetricsConfig
+from shared.lifecycle import stop_on_signals
 
 
 async def run_metrics(config: MetricsConfig, *, ready: asyncio.Event | None = None) -> None:
@@ -33,25 +30,9 @@ async def run_metrics(config: MetricsConfig, *, ready: asyncio.Event | None = No
         print(f"tandem-metrics listening on {http.url}", file=sys.stderr, flush=True)
         if ready is not None:
             ready.set()
-        with _stop_on_sigterm() as stopped:
+        with stop_on_signals() as stopped:
             await stopped.wait()
     finally:
         await http.stop()
         await service.stop()
         await bus.close()
-
-
-@contextlib.contextmanager
-def _stop_on_sigterm() -> Iterator[asyncio.Event]:
-    """An event set by SIGTERM, so a terminated process still cleans up and exits 0."""
-    stopped = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # Signal handlers can only be installed from the main thread (not in embedded loops).
-    installed = threading.current_thread() is threading.main_thread()
-    if installed:
-        loop.add_signal_handler(signal.SIGTERM, stopped.set)
-    try:
-        yield stopped
-    finally:
-        if installed:
-            loop.remove_signal_handler(signal.SIGTERM)

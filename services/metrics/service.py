@@ -14,8 +14,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.metrics.cluster_view import ClusterView
-from services.metrics.exposition import RequestHistograms, build_registry
-from shared.bus import Bus, BucketMirror
+from services.metrics.exposition import build_registry
+from shared.bus import BucketMirror, Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import MetricsConfig
 from shared.schemas import KvEventBatch, KvSnapshotRequest, LoadSnapshot, RequestRecord, WorkerRegistration

@@ -23,7 +23,7 @@ import msgspec
 from nats.js.errors import KeyDeletedError, KeyWrongLastSequenceError, NotFoundError
 
 from services.orchestrator.membership import MembershipTable
-from shared.bus import Bus, BucketMirror
+from shared.bus import BucketMirror, Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import OrchestratorConfig
 from shared.schemas import WorkerRegistration

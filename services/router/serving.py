@@ -23,11 +23,11 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from services.router.errors import BadRequest, ModelNotFound, error_info
 from services.router.dispatch import Dispatcher
+from services.router.errors import BadRequest, ModelNotFound, error_info
 from services.router.generation import Delta, Final, Generation
-from services.router.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
+from services.router.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.worker_pool import WorkerPool
 from shared.config import RouterConfig
 from shared.errors import ErrorCode, TandemError

@@ -8,7 +8,6 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from services.router.errors import BadRequest
-from services.router.records import GenerationParams
 from services.router.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -19,6 +18,7 @@ from services.router.protocol import (
     ChatResponseMessage,
     Usage,
 )
+from services.router.records import GenerationParams
 from services.router.serving import ServingContext, respond
 
 ENDPOINT = "chat"

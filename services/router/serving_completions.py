@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from services.router.records import GenerationParams
 from services.router.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse, Usage
+from services.router.records import GenerationParams
 from services.router.serving import ServingContext, respond
 
 ENDPOINT = "completions"

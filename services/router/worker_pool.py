@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.router.policy import WorkerView
-from shared.bus import Bus, BucketMirror
+from shared.bus import BucketMirror, Bus
 from shared.codec import Codec, MalformedCounter
 from shared.errors import Disconnected, TandemError
 from shared.request_plane import ResponseStream

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 from services.worker.engine import Engine
 from services.worker.service import WorkerService
 from shared.bus import connect
 from shared.config import ConfigError, WorkerConfig
+from shared.lifecycle import stop_on_signals
 from shared.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -36,22 +36,17 @@ async def run_worker(config: WorkerConfig, *, ready: asyncio.Event | None = None
     await engine.start()
     service = WorkerService(config, engine, bus)
     await service.start()
-    loop = asyncio.get_running_loop()
-    stop_requested = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_requested.set)
     if ready is not None:
         ready.set()
     try:
-        stopped = asyncio.create_task(service.stopped.wait())
-        requested = asyncio.create_task(stop_requested.wait())
-        await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        requested.cancel()
+        with stop_on_signals() as stop_requested:
+            stopped = asyncio.create_task(service.stopped.wait())
+            requested = asyncio.create_task(stop_requested.wait())
+            await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            requested.cancel()
         if not service.stopped.is_set():
             log.info("worker %s stopping: draining %d in-flight request(s)", config.worker_id, service.inflight)
             await service.stop()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
         await bus.close()

@@ -16,20 +16,15 @@ from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.schemas import LoadSnapshot, RequestRecord
 from shared.tokenizer import Tokenizer
-from tests.integration.test_router_fakes import (  # noqa: F401  (fixtures are used by name)
+from tests.integration.router_fakes import (
     DEADLINE_S,
     MODEL_DIR_NAME,
     REPLY,
     Router,
     expected_text,
-    model_dir,
-    router,
-    start_worker,
-    tokenizer,
     wait_for_workers,
     wait_until,
 )
-
 
 # ---- happy paths ---------------------------------------------------------------------
 

@@ -19,22 +19,17 @@ from shared.config import BusConfig
 from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerStatus
 from shared.tokenizer import Tokenizer
-from tests.integration.test_router_fakes import (  # noqa: F401  (fixtures are used by name)
+from tests.integration.router_fakes import (
     DEADLINE_S,
     MODEL_DIR_NAME,
     REPLY,
     FakeWorker,
     Router,
-    model_dir,
-    router,
     router_config,
-    start_worker,
-    tokenizer,
     wait_for_workers,
     wait_until,
     wait_until_idle,
 )
-
 
 # ---- failures ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from nats.js.errors import KeyNotFoundError
 
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
+from shared.block_hash import block_hash_chain
 from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
@@ -30,7 +31,6 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerStatus,
 )
-from shared.block_hash import block_hash_chain
 
 
 async def wait_for(condition, timeout_s: float = 5.0, what: str = "condition") -> None:
