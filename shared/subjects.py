@@ -48,6 +48,17 @@ class Subjects(msgspec.Struct, frozen=True):
     def kv_events_all(self) -> str:
         return f"{self._root}.kv.events.*"
 
+    # KV hand-off: leases and agent metadata (request/reply), transfer records
+    def kv_lease(self, worker_id: str) -> str:
+        return f"{self._root}.kv.lease.{check_token(worker_id, 'worker id')}"
+
+    def kv_transfers(self, worker_id: str) -> str:
+        return f"{self._root}.kv.transfers.{check_token(worker_id, 'worker id')}"
+
+    @property
+    def kv_transfers_all(self) -> str:
+        return f"{self._root}.kv.transfers.*"
+
     def load(self, worker_id: str) -> str:
         return f"{self._root}.load.{check_token(worker_id, 'worker id')}"
 

@@ -9,6 +9,9 @@ Streams and their unions:
 - membership bucket values:                      `WorkerRegistration`
 - membership changes (orchestrator):            `MembershipChange`
 - request events (router -> collector):         `RequestRecord`
+- KV leases (reader -> holder `kv.lease.<w>`):    `LeaseMessage` answered by `LeaseReply`
+- push completion (writer -> reader `ctl`):     `PushDone` (part of `ControlMessage`)
+- transfer records (reader -> `kv.transfers.<w>`): `TransferRecord`
 
 Schema evolution follows msgspec's rules: new fields get defaults, types never change.
 `SCHEMA_VERSION` travels in every top-level message as `v`.
@@ -21,6 +24,7 @@ from shared.schemas.generate import (
     Failed,
     Finished,
     GenerateRequest,
+    KvTarget,
     ResponseFrame,
     SamplingParams,
     Tokens,
@@ -41,8 +45,41 @@ from shared.schemas.membership import (
     WorkerStatus,
 )
 from shared.schemas.requests import RequestRecord
+from shared.schemas.transfer import (
+    AgentInfo,
+    AgentInfoRequest,
+    KvHandle,
+    KvTransferParams,
+    LeaseAck,
+    LeaseExtend,
+    LeaseGrant,
+    LeaseMessage,
+    LeaseRefused,
+    LeaseRelease,
+    LeaseReply,
+    LeaseRequest,
+    PushDone,
+    PushTarget,
+    TransferRecord,
+)
 
 __all__ = [
+    "AgentInfo",
+    "AgentInfoRequest",
+    "KvHandle",
+    "KvTarget",
+    "KvTransferParams",
+    "LeaseAck",
+    "LeaseExtend",
+    "LeaseGrant",
+    "LeaseMessage",
+    "LeaseRefused",
+    "LeaseRelease",
+    "LeaseReply",
+    "LeaseRequest",
+    "PushDone",
+    "PushTarget",
+    "TransferRecord",
     "SCHEMA_VERSION",
     "Accepted",
     "AllBlocksCleared",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shared.schemas.common import Message
+from shared.schemas.transfer import PushDone
 
 
 class Cancel(Message, tag="cancel", kw_only=True):
@@ -25,4 +26,4 @@ class KvSnapshotRequest(Message, tag="kv_snapshot", kw_only=True):
     """
 
 
-ControlMessage = Cancel | Drain | KvSnapshotRequest
+ControlMessage = Cancel | Drain | KvSnapshotRequest | PushDone

@@ -18,3 +18,6 @@ class LoadSnapshot(Message, tag="load", kw_only=True):
     cached_tokens_total: int  # cumulative prompt tokens served from the prefix cache
     generated_tokens_total: int
     pending_prefill_tokens: int  # uncached prompt tokens not yet computed
+    active_leases: int = 0  # KV hand-offs this worker holds blocks for
+    kv_pulled_tokens_total: int = 0
+    kv_recomputed_tokens_total: int = 0

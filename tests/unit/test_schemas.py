@@ -10,6 +10,8 @@ from shared.codec import Codec, MalformedCounter, encode
 from shared.compat import KvLayout
 from shared.schemas import (
     Accepted,
+    AgentInfo,
+    AgentInfoRequest,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -20,18 +22,35 @@ from shared.schemas import (
     Finished,
     GenerateRequest,
     KvEventBatch,
+    KvHandle,
     KvSnapshotRequest,
+    KvTarget,
+    KvTransferParams,
+    LeaseAck,
+    LeaseExtend,
+    LeaseGrant,
+    LeaseMessage,
+    LeaseRefused,
+    LeaseRelease,
+    LeaseReply,
+    LeaseRequest,
     LoadSnapshot,
     MembershipChange,
+    PushDone,
+    PushTarget,
     RequestRecord,
     ResponseFrame,
     SamplingParams,
     Tokens,
+    TransferRecord,
     WorkerCapacity,
     WorkerRegistration,
     WorkerRole,
 )
 from shared.subjects import Subjects
+
+HANDLE = KvHandle(holder_worker_id="w1", agent_name="a", lease_id="l1", compat_hash="c", block_size=16,
+                  block_ids=[3, 4], block_hashes=[11, 12], checksums=[5, 6], ttl_s=5.0)
 
 REGISTRATION = WorkerRegistration(
     worker_id="w1", role=WorkerRole.DECODE, model="tiny", engine="sim", block_size=16, compat_hash="abc",
@@ -56,6 +75,24 @@ MESSAGES = [
                                 cached_tokens_total=40, generated_tokens_total=7, pending_prefill_tokens=12)),
     (WorkerRegistration, REGISTRATION),
     (MembershipChange, MembershipChange(kind="joined", worker_id="w1", reason="registered", registration=REGISTRATION)),
+    (LeaseMessage, LeaseRequest(requester_worker_id="w2", compat_hash="c", block_hashes=[1, 2], ttl_s=5.0)),
+    (LeaseMessage, LeaseRelease(lease_id="l1", outcome="failed", failed_blocks=[1])),
+    (LeaseMessage, LeaseExtend(lease_id="l1", ttl_s=2.0)),
+    (LeaseMessage, AgentInfoRequest(requester_worker_id="w2", compat_hash="c")),
+    (LeaseReply, LeaseGrant(handle=HANDLE)),
+    (LeaseReply, LeaseRefused(reason="no such blocks", code="not_found")),
+    (LeaseReply, LeaseAck(lease_id="l1", ok=True)),
+    (LeaseReply, AgentInfo(worker_id="w1", agent_name="a", compat_hash="c", metadata=b"\x00\x01")),
+    (ControlMessage, PushDone(transfer_id="t", outcome="done", checksums=[3], first_token=9)),
+    (ResponseFrame, KvTarget(seq=1, target=PushTarget(reader_worker_id="w2", agent_name="a", transfer_id="t",
+                                                      compat_hash="c", block_ids=[4, 5]))),
+    (ResponseFrame, Finished(seq=2, finish_reason="length", prompt_tokens=3, cached_tokens=0, completion_tokens=1,
+                             kv_handle=HANDLE, pulled_tokens=16, recomputed_tokens=16)),
+    (GenerateRequest, GenerateRequest(request_id="r2", model="tiny", token_ids=[1],
+                                      kv_transfer=KvTransferParams(source=HANDLE))),
+    (TransferRecord, TransferRecord(worker_id="w2", request_id="r", kind="pull", peer_worker_id="w1", outcome="done",
+                                    blocks=2, blocks_ok=2, bytes=4096, duration_s=0.001, pulled_tokens=32,
+                                    recomputed_tokens=0)),
     (RequestRecord, RequestRecord(request_id="r1", model="tiny", worker_id="w1", outcome="ok", finish_reason="stop",
                                   prompt_tokens=3, cached_tokens=0, completion_tokens=2, ttft_s=0.01, duration_s=0.1)),
 ]
@@ -100,6 +137,8 @@ def test_subject_catalog() -> None:
     assert subjects.load_all == "prod.v1.load.*"
     assert subjects.membership_changes == "prod.v1.membership.changes"
     assert subjects.members_bucket == "prod_v1_members"
+    assert subjects.kv_lease("w-1") == "prod.v1.kv.lease.w-1"
+    assert subjects.kv_transfers_all == "prod.v1.kv.transfers.*"
     assert Subjects().generate("a") == "tandem.v1.worker.a.generate"
 
 
