@@ -19,6 +19,10 @@ app = typer.Typer(help="Tandem: disaggregated prefill/decode LLM serving over NA
                   pretty_exceptions_show_locals=False)
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+bench_app = typer.Typer(help="Benchmarks: each prints one JSON document on stdout, progress on stderr.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 NatsUrl = Annotated[str, typer.Option("--nats-url", envvar="TANDEM_NATS_URL", help="NATS server URL.")]
 Namespace = Annotated[str, typer.Option("--namespace", envvar="TANDEM_NAMESPACE",
@@ -203,6 +207,14 @@ def model_tiny(out_dir: Annotated[Path, typer.Argument(help="Directory to write 
 
     generate_tiny_model(str(out_dir))
     typer.echo(f"tiny model written to {out_dir}")
+
+
+@bench_app.command("transfer", context_settings=PASSTHROUGH)
+def bench_transfer(ctx: typer.Context) -> None:
+    """KV transfer: Tandem's connector vs plain NIXL READ, and idle CPU (--help for options)."""
+    from connector.bench_transfer import main as bench_main
+
+    bench_main(list(ctx.args))
 
 
 @app.command()

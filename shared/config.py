@@ -53,6 +53,49 @@ class MembershipConfig(msgspec.Struct, kw_only=True, frozen=True):
                  "membership TTL must exceed two heartbeat intervals")
 
 
+class KvFaultConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Fault injection on the KV transport (connector.faults); all off by default.
+
+    - fail_fraction: chosen blocks are reported failed (their landed bytes are garbage);
+    - corrupt_fraction: chosen blocks land corrupted but are reported fine (checksums catch them);
+    - fail_transfer: every transfer fails; delay_s: every transfer starts late;
+    - cut_after_blocks: a transfer breaks after that many blocks (a peer dying mid-way).
+    """
+
+    fail_fraction: float = 0.0
+    corrupt_fraction: float = 0.0
+    fail_transfer: bool = False
+    delay_s: float = 0.0
+    cut_after_blocks: int | None = None
+    seed: int = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.fail_fraction or self.corrupt_fraction or self.fail_transfer or self.delay_s
+                    or self.cut_after_blocks is not None)
+
+    def validate(self) -> None:
+        for name in ("fail_fraction", "corrupt_fraction"):
+            _require(0.0 <= getattr(self, name) <= 1.0, f"kv fault {name} must lie in [0, 1]")
+        _require(self.delay_s >= 0, "kv fault delay must not be negative")
+
+
+class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
+    enabled: bool = True  # a worker without a data plane computes everything itself
+    lease_ttl_s: float = 10.0  # how long a holder keeps blocks for a reader that never comes back
+    transfer_timeout_s: float = 10.0
+    control_timeout_s: float = 2.0
+    progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
+    push_wait_s: float = 30.0  # how long a decode worker waits for a pushing prefill worker
+    faults: KvFaultConfig = KvFaultConfig()
+
+    def validate(self) -> None:
+        _require(self.lease_ttl_s > 0 and self.transfer_timeout_s > 0 and self.control_timeout_s > 0,
+                 "KV transfer timeouts must be positive")
+        _require(self.progress_delay_us > 0, "progress_delay_us must be positive (0 spins a core)")
+        self.faults.validate()
+
+
 class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     worker_id: str
     role: WorkerRole = WorkerRole.BOTH
@@ -71,6 +114,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     load_interval_s: float = 0.25
     kv_event_interval_s: float = 0.02
     drain_timeout_s: float = 30.0
+    kv_transfer: KvTransferConfig = KvTransferConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
     tracing: TracingConfig = TracingConfig()
@@ -85,6 +129,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(self.max_model_len > 0, "max_model_len must be positive")
         _require(self.sim_speedup > 0, "sim speed-up must be positive")
         self.membership.validate()
+        self.kv_transfer.validate()
 
 
 class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -1,0 +1,102 @@
+"""Fault injection as a transport: wraps a real transport and breaks transfers as
+configured, so failure handling is exercised through the production code path.
+
+- `fail_fraction`: chosen blocks are reported failed and their landed bytes scribbled over
+  (a partly written block is garbage);
+- `corrupt_fraction`: chosen blocks land with wrong bytes but are reported fine (only the
+  reader's checksum verification can catch them);
+- `fail_transfer`: the whole transfer fails;
+- `delay_s`: every transfer starts late (lease expiry, timeouts);
+- `cut_after_blocks`: the transfer breaks after that many blocks, as when the peer dies.
+
+Which blocks are chosen is a pure function of (seed, remote block id), so runs repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import numpy as np
+
+from connector.transport import KvTransport, TransferResult
+from shared.config import KvFaultConfig
+
+
+def chosen(seed: int, salt: str, block_id: int, fraction: float) -> bool:
+    if fraction <= 0:
+        return False
+    digest = hashlib.blake2b(f"{seed}:{salt}:{block_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+class FaultInjectingTransport:
+    def __init__(self, inner: KvTransport, config: KvFaultConfig, local_buffer: np.ndarray, block_nbytes: int) -> None:
+        config.validate()
+        self._inner = inner
+        self.config = config
+        self._blocks = local_buffer.reshape(-1)[: (local_buffer.size // block_nbytes) * block_nbytes].reshape(
+            -1, block_nbytes)
+
+    @property
+    def agent_name(self) -> str:
+        return self._inner.agent_name
+
+    def metadata(self) -> bytes:
+        return self._inner.metadata()
+
+    def add_peer(self, name: str, metadata: bytes) -> None:
+        self._inner.add_peer(name, metadata)
+
+    def remove_peer(self, name: str) -> None:
+        self._inner.remove_peer(name)
+
+    def has_peer(self, name: str) -> bool:
+        return self._inner.has_peer(name)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def _scribble(self, local_block_id: int) -> None:
+        self._blocks[local_block_id, ::7] ^= 0x5A
+
+    async def read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], *,
+                   timeout_s: float) -> TransferResult:
+        config = self.config
+        if config.delay_s:
+            await asyncio.sleep(config.delay_s)
+        if config.fail_transfer:
+            return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
+        count = len(local_block_ids)
+        cut = count if config.cut_after_blocks is None else min(count, config.cut_after_blocks)
+        result = await self._inner.read(peer, remote_block_ids[:cut], local_block_ids[:cut], timeout_s=timeout_s)
+        ok = result.ok + [False] * (count - cut)
+        for index in range(cut, count):
+            self._scribble(local_block_ids[index])
+        for index, remote in enumerate(remote_block_ids[:cut]):
+            if ok[index] and chosen(config.seed, "fail", remote, config.fail_fraction):
+                ok[index] = False
+                self._scribble(local_block_ids[index])
+            elif ok[index] and chosen(config.seed, "corrupt", remote, config.corrupt_fraction):
+                self._scribble(local_block_ids[index])  # reported fine: only checksums catch it
+        outcome = result.outcome if cut == count else "failed"
+        reason = result.reason or ("injected: transfer cut" if cut < count else "")
+        return TransferResult(outcome=outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
+                              reason=reason)
+
+    async def write(self, peer: str, local_block_ids: list[int], remote_block_ids: list[int], *,
+                    timeout_s: float, layer: int | None = None) -> TransferResult:
+        config = self.config
+        if config.delay_s:
+            await asyncio.sleep(config.delay_s)
+        if config.fail_transfer:
+            return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
+        keep = [i for i, remote in enumerate(remote_block_ids)
+                if not chosen(config.seed, "fail", remote, config.fail_fraction)]
+        result = await self._inner.write(peer, [local_block_ids[i] for i in keep], [remote_block_ids[i] for i in keep],
+                                         timeout_s=timeout_s, layer=layer)
+        ok = [False] * len(local_block_ids)
+        for position, index in enumerate(keep):
+            ok[index] = result.ok[position]
+        return TransferResult(outcome=result.outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
+                              reason=result.reason)
