@@ -9,6 +9,7 @@ the holder as a `LeaseRelease` and published as a `TransferRecord`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -23,6 +24,7 @@ from shared.schemas.transfer import (
     AgentInfo,
     AgentInfoRequest,
     KvHandle,
+    LeaseAck,
     LeaseGrant,
     LeaseRefused,
     LeaseRelease,
@@ -66,7 +68,7 @@ class KvPuller:
         self._transfer_timeout_s = transfer_timeout_s
         self._lease_ttl_s = lease_ttl_s
         self._replies: Codec[LeaseReply] = Codec(LeaseReply)
-        self._peer_metadata: dict[str, bytes] = {}  # agent name -> metadata added to the transport
+        self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
 
     # ---- control messages to the holder -----------------------------------------------
 
@@ -88,10 +90,13 @@ class KvPuller:
             log.info("%s: %s refused a prefix lease: %s", self.worker_id, holder, reply.reason)
         return None
 
-    async def release(self, handle: KvHandle, outcome: TransferOutcome, failed_blocks: list[int] = ()) -> None:
-        """Tell the holder we are done; if it is unreachable its lease expiry frees the blocks."""
-        await self._ask(handle.holder_worker_id, LeaseRelease(lease_id=handle.lease_id, outcome=outcome,
-                                                              failed_blocks=list(failed_blocks)))
+    async def release(self, handle: KvHandle, outcome: TransferOutcome, failed_blocks: list[int] = ()) -> bool | None:
+        """Tell the holder we are done. True: the lease was still ours; False: it had already
+        ended (expired), so the blocks may have been reused while we read them; None: no
+        answer (the holder's lease expiry frees the blocks)."""
+        reply = await self._ask(handle.holder_worker_id, LeaseRelease(lease_id=handle.lease_id, outcome=outcome,
+                                                                      failed_blocks=list(failed_blocks)))
+        return reply.ok if isinstance(reply, LeaseAck) else None
 
     async def _ensure_peer(self, handle: KvHandle) -> bool:
         if self._transport.has_peer(handle.agent_name):
@@ -134,24 +139,39 @@ class KvPuller:
             await self.release(handle, "cancelled")
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "cancelled", count, 0, 0, started, reason="no free blocks"))
-        if not await self._ensure_peer(handle):
-            result = TransferResult(outcome="failed", ok=[False] * count, reason="holder unreachable")
-        else:
-            result = await self._transport.read(handle.agent_name, handle.block_ids[first:wanted], targets,
-                                                timeout_s=self._transfer_timeout_s)
+        try:
+            if not await self._ensure_peer(handle):
+                result = TransferResult(outcome="failed", ok=[False] * count, reason="holder unreachable")
+            else:
+                result = await self._transport.read(handle.agent_name, handle.block_ids[first:wanted], targets,
+                                                    timeout_s=self._transfer_timeout_s)
+        except asyncio.CancelledError:  # the request was cancelled mid-pull: give everything back
+            self._port.unpin(pinned + targets)
+            self._background(self.release(handle, "cancelled"))
+            raise
         ok = [landed and self._port.checksum(block_id) == handle.checksums[first + i]
               for i, (landed, block_id) in enumerate(zip(result.ok, targets))]
+        landed_failed = [first + i for i, good in enumerate(ok) if not good]
+        lease_held = await self.release(handle, "done" if not landed_failed else "failed", landed_failed)
+        if lease_held is False:  # expired under us: what we read may be another request's KV
+            ok = [False] * count
+            result = TransferResult(outcome="failed", ok=ok, reason="lease expired before the pull ended")
         parent = handle.block_hashes[first - 1] if first else None
-        self._port.commit_transferred(targets, handle.block_hashes[first:wanted],
-                                      token_ids[first * self.block_size: wanted * self.block_size], parent, ok)
-        failed = [first + i for i, good in enumerate(ok) if not good]
-        self._port.unpin([block_id for block_id, good in zip(targets, ok) if not good])
-        pinned += [block_id for block_id, good in zip(targets, ok) if good]
-        outcome: TransferOutcome = "done" if not failed else "failed"
-        await self.release(handle, outcome, failed)
+        committed = self._port.commit_transferred(targets, handle.block_hashes[first:wanted],
+                                                  token_ids[first * self.block_size: wanted * self.block_size],
+                                                  parent, ok)
+        failed = [first + i for i, good in enumerate(committed) if not good]
+        self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
+        pinned += [block_id for block_id, good in zip(targets, committed) if good]
+        outcome: TransferOutcome = "done" if not failed else ("expired" if lease_held is False else "failed")
         reason = result.reason or (f"{len(failed)} block(s) failed verification" if failed else "")
         return PullOutcome(pinned_block_ids=pinned, record=self._record(
             request_id, handle, kind, outcome, count, count - len(failed), result.nbytes, started, reason=reason))
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _record(self, request_id: str, handle: KvHandle, kind: str, outcome: TransferOutcome, blocks: int,
                 blocks_ok: int, nbytes: int, started: float, *, reason: str = "") -> TransferRecord:

@@ -176,6 +176,14 @@ def worker(
     max_model_len: Annotated[int, typer.Option()] = 2048,
     sim_profile: Annotated[str, typer.Option(help="Timing profile JSON (sim).")] = "",
     sim_speedup: Annotated[float, typer.Option(help="Run the sim this many times faster.")] = 1.0,
+    kv_transfer: Annotated[bool, typer.Option(help="KV data plane (NIXL): P/D hand-off, prefix pull.")] = True,
+    kv_lease_ttl: Annotated[float, typer.Option(help="Seconds a holder keeps blocks for a reader.")] = 10.0,
+    kv_fault_fail_fraction: Annotated[float, typer.Option(help="Fault injection: blocks reported failed.")] = 0.0,
+    kv_fault_corrupt_fraction: Annotated[float, typer.Option(help="Fault injection: blocks corrupted.")] = 0.0,
+    kv_fault_fail_transfer: Annotated[bool, typer.Option(help="Fault injection: every transfer fails.")] = False,
+    kv_fault_delay: Annotated[float, typer.Option(help="Fault injection: seconds before each transfer.")] = 0.0,
+    kv_fault_cut_after: Annotated[Optional[int], typer.Option(help="Fault injection: cut after N blocks.")] = None,
+    kv_fault_seed: Annotated[int, typer.Option(help="Fault injection: which blocks are chosen.")] = 0,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
     heartbeat_interval: Heartbeat = 0.5,
@@ -186,7 +194,7 @@ def worker(
 ) -> None:
     """Run an engine worker that serves one engine on NATS."""
     from services.worker.main import run_worker
-    from shared.config import WorkerConfig
+    from shared.config import KvFaultConfig, KvTransferConfig, WorkerConfig
 
     _logging(log_level)
     if engine not in ("sim", "vllm"):
@@ -195,6 +203,12 @@ def worker(
                           served_model_name=served_model_name, block_size=block_size, kv_blocks=kv_blocks,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, sim_profile=sim_profile, sim_speedup=sim_speedup,
+                          kv_transfer=KvTransferConfig(
+                              enabled=kv_transfer, lease_ttl_s=kv_lease_ttl,
+                              faults=KvFaultConfig(fail_fraction=kv_fault_fail_fraction,
+                                                   corrupt_fraction=kv_fault_corrupt_fraction,
+                                                   fail_transfer=kv_fault_fail_transfer, delay_s=kv_fault_delay,
+                                                   cut_after_blocks=kv_fault_cut_after, seed=kv_fault_seed)),
                           bus=_bus(nats_url, namespace), membership=_membership(heartbeat_interval, ttl),
                           tracing=_tracing(trace_exporter, otlp_endpoint))
     _run(run_worker(config))

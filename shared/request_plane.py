@@ -29,6 +29,7 @@ from shared.schemas.generate import (
     ResponseFrame,
     Tokens,
 )
+from shared.schemas.transfer import KvHandle
 
 _frames: Codec[ResponseFrame] = Codec(ResponseFrame)
 
@@ -141,10 +142,12 @@ class FrameSender:
         await self._send(Tokens(seq=self._seq, token_ids=token_ids))
 
     async def finished(self, finish_reason: FinishReason, *, prompt_tokens: int, cached_tokens: int,
-                       completion_tokens: int) -> None:
+                       completion_tokens: int, kv_handle: KvHandle | None = None, pulled_tokens: int = 0,
+                       recomputed_tokens: int = 0) -> None:
         await self._send(Finished(seq=self._seq, finish_reason=finish_reason,
                                   prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
-                                  completion_tokens=completion_tokens))
+                                  completion_tokens=completion_tokens, kv_handle=kv_handle,
+                                  pulled_tokens=pulled_tokens, recomputed_tokens=recomputed_tokens))
         self.closed = True
 
     async def failed(self, code: str, message: str) -> None:

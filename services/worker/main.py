@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from connector.worker_kv import WorkerKv, build_transport
 from services.worker.engine import Engine
 from services.worker.service import WorkerService
 from shared.bus import connect
@@ -28,13 +29,26 @@ def build_engine(config: WorkerConfig) -> Engine:
     raise ConfigError(f"engine {config.engine!r} is not available in this build (supported: sim)")
 
 
+def build_kv(config: WorkerConfig, engine: Engine, bus) -> WorkerKv | None:
+    if not config.kv_transfer.enabled:
+        return None
+    from connector.nixl_agent import nixl_available
+
+    if not nixl_available():
+        raise ConfigError("the KV data plane needs NIXL (pip install --no-deps nixl-cu12); "
+                          "run with --no-kv-transfer to compute everything locally")
+    if not hasattr(engine, "kv_region"):
+        raise ConfigError(f"engine {config.engine!r} has no KV port yet; run with --no-kv-transfer")
+    return WorkerKv(config, bus, engine, build_transport(config, engine), compat_hash=engine.info.compat_hash)
+
+
 async def run_worker(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> None:
     config.validate()
     setup_tracing(f"tandem-worker-{config.worker_id}", config.tracing.exporter, config.tracing.otlp_endpoint)
     engine = build_engine(config)
     bus = await connect(config.bus.nats_url, f"worker-{config.worker_id}")
     await engine.start()
-    service = WorkerService(config, engine, bus)
+    service = WorkerService(config, engine, bus, build_kv(config, engine, bus))
     await service.start()
     if ready is not None:
         ready.set()

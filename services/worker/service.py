@@ -20,6 +20,7 @@ import time
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
+from connector.worker_kv import Prepared, WorkerKv
 from services.worker.engine import Engine
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
@@ -46,10 +47,11 @@ tracer = trace.get_tracer("tandem.worker")
 
 
 class WorkerService:
-    def __init__(self, config: WorkerConfig, engine: Engine, bus: Bus) -> None:
+    def __init__(self, config: WorkerConfig, engine: Engine, bus: Bus, kv: WorkerKv | None = None) -> None:
         self.config = config
         self.engine = engine
         self.bus = bus
+        self.kv = kv  # the KV data plane; None: this worker computes everything itself
         self.subjects = config.bus.subjects
         self.malformed = MalformedCounter()
         self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, self.malformed)
@@ -82,6 +84,8 @@ class WorkerService:
             await client.subscribe(self.subjects.control(self.worker_id), cb=self._on_control),
         ]
         await client.flush()
+        if self.kv is not None:
+            await self.kv.start()
         await self._register()
         self._loops = [
             asyncio.create_task(self._every(self.config.membership.heartbeat_interval_s, self._register)),
@@ -118,6 +122,8 @@ class WorkerService:
                 await self._members.delete(self.worker_id)
             except Exception as error:  # NATS already gone: the orchestrator's TTL removes us
                 log.warning("could not deregister %s: %s", self.worker_id, error)
+        if self.kv is not None:
+            await self.kv.stop()
         await self.engine.stop()
         await self._publish_kv_events()
         self.stopped.set()
@@ -181,6 +187,9 @@ class WorkerService:
             prompt_tokens_total=load.prompt_tokens_total, cached_tokens_total=load.cached_tokens_total,
             generated_tokens_total=load.generated_tokens_total,
             pending_prefill_tokens=load.pending_prefill_tokens,
+            active_leases=self.kv.active_leases if self.kv else 0,
+            kv_pulled_tokens_total=self.kv.pulled_tokens_total if self.kv else 0,
+            kv_recomputed_tokens_total=self.kv.recomputed_tokens_total if self.kv else 0,
         )
         await self.bus.client.publish(self.subjects.load(self.worker_id), encode(snapshot))
 
@@ -211,20 +220,34 @@ class WorkerService:
             span.set_attribute("tandem.request_id", request.request_id)
             span.set_attribute("tandem.prompt_tokens", len(request.token_ids))
             outputs = None
+            prepared = Prepared()
             try:
                 await sender.accepted(self.worker_id)
                 if request.model != self.engine.info.model:
                     raise TandemError(f"worker {self.worker_id} serves {self.engine.info.model!r}, "
                                       f"not {request.model!r}", code=ErrorCode.NOT_FOUND)
+                kv_params = request.kv_transfer
+                if kv_params is not None and self.kv is None:
+                    raise TandemError(f"worker {self.worker_id} has no KV data plane", code=ErrorCode.UNAVAILABLE)
+                if self.kv is not None:
+                    prepared = await self.kv.prepare(request)
+                    span.set_attribute("tandem.kv.pulled_tokens", prepared.pulled_tokens)
                 outputs = self.engine.generate(request.request_id, request.token_ids, request.sampling)
                 async for output in outputs:
+                    if self.kv is not None:  # admission holds its own references now: drop the pull's pins
+                        self.kv.release_pins(prepared)
+                    handle = None
+                    if output.finished and kv_params is not None and kv_params.hold_for_decode:
+                        handle = self.kv.hold(request)  # before any await: the blocks could be evicted
                     if output.token_ids:
                         await sender.tokens(output.token_ids)
                     if output.finished:
                         span.set_attribute("tandem.cached_tokens", output.cached_tokens)
                         await sender.finished(output.finish_reason, prompt_tokens=output.prompt_tokens,
                                               cached_tokens=output.cached_tokens,
-                                              completion_tokens=output.completion_tokens)
+                                              completion_tokens=output.completion_tokens, kv_handle=handle,
+                                              pulled_tokens=prepared.pulled_tokens,
+                                              recomputed_tokens=prepared.recomputed_tokens)
                         return
                 raise TandemError("engine ended the request without a finish reason")
             except asyncio.CancelledError:
@@ -240,6 +263,8 @@ class WorkerService:
             finally:
                 if outputs is not None:
                     await outputs.aclose()  # aborts the engine request if it is still running
+                if self.kv is not None:
+                    self.kv.release_pins(prepared)
 
     # ---- control plane ---------------------------------------------------------------
 

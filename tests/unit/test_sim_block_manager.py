@@ -141,3 +141,58 @@ def test_reset_prefix_cache_is_refused_while_blocks_are_used() -> None:
     assert blocks.take_events() == [AllBlocksCleared()]
     assert (blocks.cached_blocks, blocks.free_blocks, blocks.match_prefix(hashes)) == (0, 4, [])
     assert blocks.snapshot() == []
+
+
+def test_lookup_finds_cached_blocks_behind_holes() -> None:
+    blocks = BlockManager(8, BS)
+    tokens = list(range(3, 3 + 3 * BS))
+    ids, hashes = cache_sequence(blocks, tokens)
+    blocks.free(ids[1:2])
+    blocks.free(ids[:1] + ids[2:])
+    assert blocks.allocate(6) is not None  # the free ones, then the least recently used: block 1
+    assert blocks.lookup(hashes) == [ids[0], None, ids[2]]
+    assert blocks.match_prefix(hashes) == ids[:1]
+
+
+def test_a_block_behind_a_hole_is_cached_at_once_and_announced_with_its_parent() -> None:
+    blocks = BlockManager(8, BS)
+    tokens = list(range(3, 3 + 4 * BS))
+    hashes = block_hash_chain(tokens, BS)
+    ids = blocks.allocate(4)
+    assert ids is not None
+    blocks.commit(ids[2:], hashes[2:], tokens[2 * BS:], hashes[1])  # blocks 2-3 arrive first
+    assert blocks.take_events() == [] and blocks.lookup(hashes) == [None, None, ids[2], ids[3]]
+    assert blocks.snapshot() == []  # a snapshot shows only what was announced
+    blocks.commit(ids[:2], hashes[:2], tokens[:2 * BS], None)
+    assert blocks.take_events() == [
+        BlockStored(block_hashes=hashes[:2], parent_block_hash=None, token_ids=tokens[:2 * BS], block_size=BS),
+        BlockStored(block_hashes=hashes[2:], parent_block_hash=hashes[1], token_ids=tokens[2 * BS:], block_size=BS)]
+    assert [h for event in blocks.snapshot() for h in event.block_hashes] == hashes
+
+
+def test_evicting_an_unannounced_block_is_silent() -> None:
+    blocks = BlockManager(2, BS)
+    tokens = list(range(3, 3 + 2 * BS))
+    hashes = block_hash_chain(tokens, BS)
+    ids = blocks.allocate(1)
+    assert ids is not None
+    blocks.commit(ids, hashes[1:], tokens[BS:], hashes[0])
+    blocks.free(ids)
+    assert blocks.allocate(2) is not None and blocks.cached_blocks == 0
+    assert blocks.take_events() == []
+
+
+def test_pin_keeps_free_and_evictable_blocks_out_of_allocation() -> None:
+    blocks = BlockManager(4, BS)
+    ids, hashes = cache_sequence(blocks, list(range(3, 3 + 2 * BS)))
+    private = blocks.allocate(1)
+    assert private is not None
+    blocks.free(ids + private)  # two evictable, two free
+    blocks.pin([ids[1], private[0]])
+    assert (blocks.used_blocks, blocks.free_blocks) == (2, 2)
+    assert blocks.allocate(3) is None
+    held = blocks.allocate(2)
+    assert held is not None and private[0] not in held and ids[1] not in held
+    assert blocks.lookup(hashes) == [None, ids[1]]  # the unpinned cached block was evicted
+    blocks.free(held + [ids[1], private[0]])
+    assert (blocks.used_blocks, blocks.free_blocks) == (0, 4)

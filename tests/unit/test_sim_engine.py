@@ -6,14 +6,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import numpy as np
 import pytest
 
-from services.worker.engine import Engine, EngineOutput
+from services.worker.engine import Engine, EngineOutput, KvPort
 from services.worker.sim.engine import SimEngine
+from services.worker.sim.profile import TimingProfile
 from services.worker.sim.tokens import generate_tokens
 from shared.block_hash import block_hash_chain
 from shared.config import WorkerConfig
-from shared.errors import InvalidArgument, Unavailable
+from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockStored
 
@@ -156,3 +158,120 @@ async def test_many_concurrent_requests_all_finish() -> None:
             assert outputs[-1].finish_reason == "length"
         assert engine.scheduler.preemptions_total > 0  # 20 blocks cannot hold six 70-token sequences
         assert engine.load().kv_used_blocks == 0
+
+
+# ---- the KV port -------------------------------------------------------------------------------
+
+def tokens_of(outputs: list[EngineOutput]) -> list[int]:
+    return [t for output in outputs for t in output.token_ids]
+
+
+async def test_kv_port_members_and_region_geometry() -> None:
+    engine: KvPort = SimEngine(config(sim_layers=3), model_name="tiny", vocab_size=VOCAB)
+    for member in ("kv_region", "prompt_block_ids", "pin_prefix", "pin_blocks", "allocate_for_transfer",
+                   "commit_transferred", "unpin", "checksum", "verify"):
+        assert callable(getattr(engine, member))
+    region = engine.kv_region()
+    assert (region.num_blocks, region.num_layers, region.block_size) == (64, 3, 16)
+    assert region.layer_nbytes == 2 * 16 * 8 * 2 and region.block_nbytes == 3 * region.layer_nbytes
+    assert region.buffer.dtype == np.uint8 and region.buffer.ndim == 1 and region.buffer.flags.c_contiguous
+    assert region.buffer.nbytes == 64 * region.block_nbytes
+    assert isinstance(engine, SimEngine)
+    # Layer 1 of block 5, addressed through the region, is the pool's own layer view.
+    start = 5 * region.block_nbytes + region.layer_nbytes
+    region.buffer[start:start + region.layer_nbytes] = 7
+    assert (engine.kv_pool.layer_view(5, 1) == 7).all() and not engine.kv_pool.layer_view(5, 0).any()
+
+
+async def test_on_layer_gets_each_layer_of_each_prefill_step_before_the_outputs(monkeypatch) -> None:
+    profile = TimingProfile(prefill_ms_per_token=1.0, step_overhead_ms=0.0, decode_base_ms=8.0,
+                            decode_ms_per_seq=0.0, layer_weights=[1.0, 2.0, 1.0])
+    engine = SimEngine(config(sim_layers=3, max_num_batched_tokens=32, sim_speedup=1000.0), model_name="tiny",
+                       vocab_size=VOCAB, profile=profile)
+    log: list[tuple] = []
+    real_sleep = asyncio.sleep
+
+    async def recording_sleep(delay: float, *args) -> None:
+        if delay:
+            log.append(("sleep", round(delay * 1e6)))  # microseconds
+        await real_sleep(0)
+
+    def on_layer(layer: int, block_ids: list[int]) -> None:
+        log.append(("layer", layer, block_ids, engine.prompt_block_ids("r")))
+
+    await engine.start()
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    try:
+        outputs = []
+        async for output in engine.generate("r", PROMPT, SamplingParams(max_tokens=2), on_layer=on_layer):
+            log.append(("output", output.token_ids))
+            outputs.append(output)
+    finally:
+        monkeypatch.undo()
+        await engine.stop()
+    assert tokens_of(outputs) == generate_tokens(PROMPT, SamplingParams(max_tokens=2), VOCAB)[0]
+    layers = [entry for entry in log if entry[0] == "layer"]
+    # 100 tokens, 32 a step: three steps fill two blocks each, the 4-token tail fills none.
+    assert [(entry[1], len(entry[2])) for entry in layers] == [(layer, 2) for _ in range(3) for layer in range(3)]
+    for step in range(3):
+        for layer in range(3):
+            _, _, block_ids, prompt_blocks = layers[3 * step + layer]
+            assert block_ids == prompt_blocks[2 * step:2 * step + 2]
+    # A 32-token step takes 32 ms, i.e. 32 us at a speed-up of 1000, cut 1:2:1 across the layers.
+    first = log.index(layers[0])
+    assert log[first - 1:first + 5] == [("sleep", 8), layers[0], ("sleep", 16), layers[1], ("sleep", 8), layers[2]]
+    assert max(index for index, entry in enumerate(log) if entry[0] == "layer") < log.index(("output", outputs[0].token_ids))
+    assert engine.load().computed_prompt_tokens_total == 100
+
+
+async def test_a_raising_on_layer_hook_fails_only_its_request() -> None:
+    def broken(layer: int, block_ids: list[int]) -> None:
+        raise RuntimeError("queue full")
+
+    calls: list[int] = []
+    other = PROMPT[50:]
+    async with running_engine(sim_layers=2, max_num_batched_tokens=256) as engine:
+        bad, good = await asyncio.gather(collect_hooked(engine, "bad", PROMPT, broken),
+                                         collect_hooked(engine, "good", other, lambda layer, ids: calls.append(layer)),
+                                         return_exceptions=True)
+        assert isinstance(bad, TandemError) and "on_layer hook failed" in str(bad)
+        assert tokens_of(good) == generate_tokens(other, SamplingParams(max_tokens=4), VOCAB)[0]
+        assert calls == [0, 1]  # both prompts in one step: three full blocks of "good", two layers
+        assert engine.load().kv_used_blocks == 0 and engine.load().running == 0
+
+
+async def collect_hooked(engine: SimEngine, request_id: str, token_ids: list[int], hook) -> list[EngineOutput]:
+    return [output async for output in engine.generate(request_id, token_ids, SamplingParams(max_tokens=4),
+                                                       on_layer=hook)]
+
+
+async def test_a_pull_between_two_engines_gives_the_same_tokens_and_corrupt_kv_does_not() -> None:
+    sampling = SamplingParams(max_tokens=8)
+    hashes = block_hash_chain(PROMPT, 16)  # six full blocks, a 4-token tail
+    async with running_engine() as holder, running_engine() as reader:
+        expected = tokens_of(await collect(holder, "h", PROMPT, sampling))
+        handle = holder.pin_prefix(hashes)
+        assert len(handle) == 6
+        target = reader.allocate_for_transfer(len(handle))
+        assert target is not None
+        source, sink = holder.kv_region(), reader.kv_region()
+        size = source.block_nbytes
+        for (source_id, _), target_id in zip(handle, target):  # what a NIXL READ does
+            sink.buffer[target_id * size:(target_id + 1) * size] = source.buffer[source_id * size:(source_id + 1) * size]
+        holder.unpin([block_id for block_id, _ in handle])
+        ok = [reader.checksum(block_id) == checksum for block_id, (_, checksum) in zip(target, handle)]
+        assert reader.commit_transferred(target, hashes, PROMPT[:96], None, ok) == [True] * 6
+        outputs = []
+        async for output in reader.generate("r", PROMPT, sampling):
+            if not outputs:
+                reader.unpin(target)  # admitted: the request holds its own references now
+            outputs.append(output)
+        assert tokens_of(outputs) == expected and outputs[-1].cached_tokens == 96
+        assert reader.load().computed_prompt_tokens_total == 4  # the tail only
+
+        corrupt_block = reader.scheduler.blocks.match_prefix(hashes)[3]
+        sink.buffer[corrupt_block * size + 10] ^= 0x40
+        assert not reader.verify(corrupt_block, hashes[3])
+        corrupt = tokens_of(await collect(reader, "r2", PROMPT, sampling))
+        assert len(corrupt) == 8 and corrupt != expected
+        assert reader.load().kv_used_blocks == 0 and holder.load().kv_used_blocks == 0

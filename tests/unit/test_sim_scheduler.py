@@ -223,3 +223,124 @@ def test_random_workload_finishes_without_leaks() -> None:
             index.difference_update(event.block_hashes)
     assert index == {h for event in scheduler.blocks.snapshot() for h in event.block_hashes}
     assert len(index) == scheduler.blocks.cached_blocks
+
+
+# ---- holes in the cached prefix, KV integrity ------------------------------------------------
+
+class RecordingPool(KvPool):
+    """A pool that remembers which blocks were written (to show reused blocks are not)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.written: list[int] = []
+
+    def write_block(self, block_id: int, content_hash: int, layer: int | None = None) -> None:
+        self.written.append(block_id)
+        super().write_block(block_id, content_hash, layer)
+
+
+def make_recording_scheduler(*, num_blocks: int = 64, budget: int = 64) -> Scheduler:
+    pool = RecordingPool(num_blocks, num_layers=2, block_size=BS, kv_dim=4)
+    return Scheduler(blocks=BlockManager(num_blocks, BS), pool=pool, profile=PROFILE, vocab_size=VOCAB,
+                     max_num_seqs=8, max_num_batched_tokens=budget, max_model_len=256)
+
+
+def seed_cache(scheduler: Scheduler, token_ids: list[int], indices: list[int]) -> dict[int, int]:
+    """Put blocks `indices` of the prompt's chain in the cache, with correct KV and no
+    references (as if another request had computed them, or a transfer delivered them)."""
+    hashes = block_hash_chain(token_ids, BS)
+    seeded = {}
+    for index in indices:
+        (block_id,) = scheduler.blocks.allocate(1)
+        scheduler.blocks.commit([block_id], [hashes[index]], token_ids[index * BS:(index + 1) * BS],
+                                hashes[index - 1] if index else None)
+        scheduler.pool.write_block(block_id, hashes[index])
+        seeded[index] = block_id
+    scheduler.blocks.free(list(seeded.values()))
+    scheduler.blocks.take_events()
+    return seeded
+
+
+HOLES_PROMPT = prompt(5 * BS + 2)  # five full blocks and a 2-token tail
+
+
+def test_admission_reuses_cached_blocks_behind_a_hole() -> None:
+    scheduler = make_recording_scheduler()
+    seeded = seed_cache(scheduler, HOLES_PROMPT, [0, 1, 3])
+    scheduler.pool.written.clear()
+    sampling = SamplingParams(max_tokens=3)
+    scheduler.add_request("r", HOLES_PROMPT, sampling)
+    result = scheduler.step(0.0)
+    # Only blocks 2 and 4 and the tail are computed, in one step: 4 + 4 + 2 tokens.
+    assert result.prefill_tokens == 10 and "r" in result.outputs
+    block_ids = scheduler.block_ids("r")
+    assert [block_ids[index] for index in (0, 1, 3)] == [seeded[0], seeded[1], seeded[3]]
+    assert result.computed_blocks == {"r": [block_ids[2], block_ids[4]]}
+    assert sorted(scheduler.pool.written) == sorted([block_ids[2], block_ids[4], block_ids[5]])
+    # Block 3 was cached behind a hole, unannounced; computing block 2 announces it too.
+    hashes = block_hash_chain(HOLES_PROMPT, BS)
+    assert [(event.parent_block_hash, event.block_hashes, event.token_ids) for event in scheduler.blocks.take_events()
+            ] == [(hashes[1], [hashes[2]], HOLES_PROMPT[8:12]), (hashes[2], [hashes[3]], HOLES_PROMPT[12:16]),
+                  (hashes[3], [hashes[4]], HOLES_PROMPT[16:20])]
+    tokens, finals, _ = run_to_completion(scheduler)
+    assert result.outputs["r"].token_ids + tokens["r"] == generate_tokens(HOLES_PROMPT, sampling, VOCAB)[0]
+    assert finals["r"].cached_tokens == 3 * BS
+    load = scheduler.load()
+    assert (load.cached_tokens_total, load.computed_prompt_tokens_total, load.kv_used_blocks) == (12, 10, 0)
+
+
+@pytest.mark.parametrize(("budget", "prefill_steps", "computed_per_step"), [
+    (4, [4, 4, 2], [[2], [4], []]),  # one hole per step, then the tail
+    (6, [6, 4], [[2], [4]]),  # block 4 is split across steps; the chunk skips block 3
+])
+def test_chunked_prefill_walks_the_holes_and_the_budget_counts_computed_tokens(
+        budget: int, prefill_steps: list[int], computed_per_step: list[list[int]]) -> None:
+    scheduler = make_recording_scheduler(budget=budget)
+    seed_cache(scheduler, HOLES_PROMPT, [0, 1, 3])
+    scheduler.add_request("r", HOLES_PROMPT, SamplingParams(max_tokens=2))
+    steps = []
+    while "r" not in (steps[-1].outputs if steps else {}):
+        steps.append(scheduler.step(float(len(steps))))
+        block_ids = scheduler.block_ids("r")
+        check_invariants(scheduler, steps[-1])
+    assert [step.prefill_tokens for step in steps] == prefill_steps
+    assert [step.computed_blocks.get("r", []) for step in steps] == [
+        [block_ids[index] for index in indices] for indices in computed_per_step]
+    assert scheduler.load().pending_prefill_tokens == 0
+    run_to_completion(scheduler)
+    assert scheduler.blocks.used_blocks == 0 and scheduler.computed_prompt_tokens_total == 10
+
+
+def test_a_prompt_whose_only_cached_block_is_late_allocates_its_holes_at_once() -> None:
+    scheduler = make_recording_scheduler(budget=4)
+    seed_cache(scheduler, HOLES_PROMPT, [3])
+    scheduler.add_request("r", HOLES_PROMPT, SamplingParams(max_tokens=1))
+    result = scheduler.step(0.0)
+    assert result.prefill_tokens == 4 and len(scheduler.block_ids("r")) == 4  # blocks 0-2 and the cached 3
+    tokens, finals, _ = run_to_completion(scheduler)
+    assert tokens["r"] == generate_tokens(HOLES_PROMPT, SamplingParams(max_tokens=1), VOCAB)[0]
+    assert finals["r"].cached_tokens == BS and scheduler.computed_prompt_tokens_total == 4 * BS + 2
+
+
+def test_clean_reused_kv_gives_the_reference_tokens_and_corrupt_kv_does_not() -> None:
+    sampling = SamplingParams(max_tokens=6)
+    text = prompt(6 * BS + 1)
+    reference = generate_tokens(text, sampling, VOCAB)[0]
+    scheduler = make_scheduler()
+    scheduler.add_request("first", text, sampling)
+    scheduler.add_request("fresh", prompt(6 * BS + 1, start=200), sampling)  # another prompt, for contrast
+    tokens, _, _ = run_to_completion(scheduler)
+    assert tokens["first"] == reference
+
+    scheduler.add_request("clean", text, sampling)
+    tokens, finals, _ = run_to_completion(scheduler)
+    assert tokens["clean"] == reference and finals["clean"].cached_tokens == 6 * BS
+
+    cached = scheduler.blocks.match_prefix(block_hash_chain(text, BS))
+    view = scheduler.pool.block_view(cached[2])
+    view[:7] = view[:7] ^ 0xFF  # a few flipped bytes in the middle of the prefix
+    scheduler.add_request("corrupt", text, sampling)
+    tokens, finals, _ = run_to_completion(scheduler)
+    assert finals["corrupt"].cached_tokens == 6 * BS
+    assert len(tokens["corrupt"]) == 6 and tokens["corrupt"] != reference
+    assert scheduler.blocks.used_blocks == 0

@@ -1,21 +1,26 @@
 """Paged KV block pool with ref counts, prefix caching and LRU eviction (pure, synchronous).
 
-The scheduler is the only caller. A block is in exactly one of three states:
-- used: referenced by at least one request (`ref_count > 0`), cached or not;
+Callers: the scheduler (requests' blocks) and `kv_port` (blocks pinned or received for KV
+transfers). A block is in exactly one of three states:
+- used: referenced (`ref_count > 0`) by requests or pins, cached or not;
 - evictable: unreferenced but cached (holds a full block's KV under its block hash);
 - free: unreferenced and uncached.
 Only full blocks are cached, keyed by Tandem's chain hash (`shared.block_hash`), so the hashes
 in events equal the ones routers compute from token ids. Evictable blocks are reclaimed in
 LRU order, and only when no free block is left.
 
-Every change to the set of cached blocks appends a KV event to a buffer that the engine
-drains with `take_events()`. Running out of blocks is an expected outcome: `allocate`
-returns `None`; misuse (double free, committing twice) is a bug and asserts.
+Every change to the set of announced blocks appends a KV event to a buffer that the engine
+drains with `take_events()`. A block is announced (`BlockStored`) only once its parent is
+announced: a router derives a block's Tandem hash from its parent's, so a block cached
+behind a hole (its parent evicted, or a transferred block whose predecessor failed) is
+cached and reusable here at once, but announced when the hole is filled. Running out of
+blocks is an expected outcome: `allocate` returns `None`; misuse (double free, committing
+twice) is a bug and asserts.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -28,6 +33,7 @@ class KvBlock:
     block_hash: int | None = None  # set while the block is in the prefix cache
     parent_hash: int | None = None  # hash of the previous block of its sequence; None for the first
     token_ids: tuple[int, ...] = ()  # kept for snapshots (resync)
+    announced: bool = False  # a BlockStored for it went out (its parent was announced)
 
 
 class BlockManager:
@@ -36,9 +42,10 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._blocks = [KvBlock(block_id) for block_id in range(num_blocks)]
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # FIFO
         self._evictable: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._cached: dict[int, int] = {}  # block hash -> block id
+        self._deferred: dict[int, list[int]] = {}  # parent hash -> cached, unannounced children
         self._used = 0
         self._events: list[KvEvent] = []
 
@@ -70,6 +77,14 @@ class BlockManager:
 
     # ---- lookups and reference counting ------------------------------------------------
 
+    def lookup(self, block_hashes: list[int]) -> list[int | None]:
+        """The cached block of every hash, holes included (no references taken).
+
+        A chain hash covers the whole prefix, so a cached block is valid KV for its position
+        even when an earlier block of the chain is not cached here.
+        """
+        return [self._cached.get(block_hash) for block_hash in block_hashes]
+
     def match_prefix(self, block_hashes: list[int]) -> list[int]:
         """Block ids of the longest cached prefix of `block_hashes` (no references taken)."""
         matched: list[int] = []
@@ -90,20 +105,38 @@ class BlockManager:
                 self._used += 1
             block.ref_count += 1
 
+    def pin(self, block_ids: list[int]) -> None:
+        """Take a reference on blocks in any state, keeping their bytes as they are.
+
+        Unlike `touch`, a free block may be pinned too: a request that just finished released
+        its private blocks, whose KV a writer may still be sending.
+        """
+        for block_id in block_ids:
+            block = self._blocks[block_id]
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    del self._free[block_id]
+                else:
+                    del self._evictable[block_id]
+                self._used += 1
+            block.ref_count += 1
+
     def allocate(self, count: int) -> list[int] | None:
-        """`count` blocks with one reference each, or None (and no change) if too few are left."""
+        """`count` uncached blocks with one reference each, or None (and no change) if too few
+        are left. Free blocks go first; then the least recently used evictable ones."""
         if count > self.free_blocks:
             return None
         allocated: list[int] = []
         evicted: list[int] = []
         for _ in range(count):
             if self._free:
-                block_id = self._free.popleft()
+                block_id, _ = self._free.popitem(last=False)
             else:
                 block_id, _ = self._evictable.popitem(last=False)
-                evicted.append(self._uncache(self._blocks[block_id]))
-            block = self._blocks[block_id]
-            block.ref_count = 1
+                block_hash = self._uncache(self._blocks[block_id])
+                if block_hash is not None:
+                    evicted.append(block_hash)
+            self._blocks[block_id].ref_count = 1
             allocated.append(block_id)
         self._used += count
         if evicted:
@@ -125,41 +158,50 @@ class BlockManager:
                 if block.block_hash is not None:
                     self._evictable[block_id] = None
                 else:
-                    self._free.append(block_id)
+                    self._free[block_id] = None
 
     # ---- the prefix cache ----------------------------------------------------------------
 
     def commit(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-               parent_hash: int | None) -> None:
-        """Cache blocks of one request that just became full, and announce them.
+               parent_hash: int | None) -> list[bool]:
+        """Cache blocks of one sequence that just became full, and announce them.
 
         `block_ids` are consecutive blocks of one sequence, `token_ids` their tokens,
         `parent_hash` the hash of the block before the first (None at the sequence start).
         A block whose hash is already cached elsewhere (two requests computed the same
         prefix at once) stays private and is not announced. Consecutive new blocks are
-        announced in one `BlockStored`.
+        announced in one `BlockStored`; a block whose parent is not announced waits for it.
+        Returns, per block, whether it entered the cache (False: a private duplicate).
         """
         size = self.block_size
         assert len(block_ids) == len(block_hashes) and len(token_ids) == len(block_ids) * size
+        cached: list[bool] = []
         stored: BlockStored | None = None
         for index, (block_id, block_hash) in enumerate(zip(block_ids, block_hashes)):
             block = self._blocks[block_id]
             assert block.ref_count > 0 and block.block_hash is None, f"block {block_id} cannot be committed"
-            tokens = token_ids[index * size:(index + 1) * size]
             if block_hash in self._cached:
                 stored = None
+                cached.append(False)
+                parent_hash = block_hash
+                continue
+            block.block_hash = block_hash
+            block.parent_hash = parent_hash
+            block.token_ids = tuple(token_ids[index * size:(index + 1) * size])
+            self._cached[block_hash] = block_id
+            cached.append(True)
+            if parent_hash is not None and not self._is_announced(parent_hash):
+                self._deferred.setdefault(parent_hash, []).append(block_id)
+                stored = None
             else:
-                block.block_hash = block_hash
-                block.parent_hash = parent_hash
-                block.token_ids = tuple(tokens)
-                self._cached[block_hash] = block_id
                 if stored is None:
-                    stored = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[],
-                                         block_size=size)
-                    self._events.append(stored)
-                stored.block_hashes.append(block_hash)
-                stored.token_ids.extend(tokens)
+                    stored = self._new_event(parent_hash)
+                self._announce(block, stored)
+                if block_hash in self._deferred:
+                    self._announce_deferred(block_hash)
+                    stored = None  # later blocks must follow the events just appended
             parent_hash = block_hash
+        return cached
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any block is in use."""
@@ -168,8 +210,8 @@ class BlockManager:
         while self._evictable:
             block_id, _ = self._evictable.popitem(last=False)
             self._uncache(self._blocks[block_id])
-            self._free.append(block_id)
-        assert not self._cached
+            self._free[block_id] = None
+        assert not self._cached and not self._deferred
         self._events.append(AllBlocksCleared())
         return True
 
@@ -178,16 +220,18 @@ class BlockManager:
         return events
 
     def snapshot(self) -> list[BlockStored]:
-        """Everything cached, as `BlockStored` events with parents before children.
+        """Every announced block, as `BlockStored` events with parents before children.
 
-        Each chain of cached blocks becomes one event; a block whose parent is not cached
-        (the parent was a private duplicate) starts its own event.
+        Each chain of announced blocks becomes one event; a block whose parent is no longer
+        cached (evicted, or a private duplicate) starts its own event.
         """
         children: dict[int, list[KvBlock]] = {}
         roots: list[KvBlock] = []
         for block_id in self._cached.values():
             block = self._blocks[block_id]
-            if block.parent_hash is not None and block.parent_hash in self._cached:
+            if not block.announced:
+                continue
+            if block.parent_hash is not None and self._is_announced(block.parent_hash):
                 children.setdefault(block.parent_hash, []).append(block)
             else:
                 roots.append(block)
@@ -209,11 +253,53 @@ class BlockManager:
                 pending.extend(reversed(others))
         return events
 
-    def _uncache(self, block: KvBlock) -> int:
+    # ---- internals -----------------------------------------------------------------------
+
+    def _is_announced(self, block_hash: int) -> bool:
+        block_id = self._cached.get(block_hash)
+        return block_id is not None and self._blocks[block_id].announced
+
+    def _new_event(self, parent_hash: int | None) -> BlockStored:
+        event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[], block_size=self.block_size)
+        self._events.append(event)
+        return event
+
+    def _announce(self, block: KvBlock, event: BlockStored) -> None:
+        assert block.block_hash is not None and not block.announced
+        block.announced = True
+        event.block_hashes.append(block.block_hash)
+        event.token_ids.extend(block.token_ids)
+
+    def _announce_deferred(self, parent_hash: int) -> None:
+        """Announce the blocks that waited for `parent_hash`, and theirs, one event per chain."""
+        pending = [(parent_hash, block_id) for block_id in reversed(self._deferred.pop(parent_hash))]
+        while pending:
+            parent, block_id = pending.pop()
+            event = self._new_event(parent)
+            while True:
+                block = self._blocks[block_id]
+                self._announce(block, event)
+                assert block.block_hash is not None
+                waiting = self._deferred.pop(block.block_hash, None)
+                if not waiting:
+                    break
+                block_id, *others = waiting
+                pending.extend((block.block_hash, other) for other in reversed(others))
+
+    def _uncache(self, block: KvBlock) -> int | None:
+        """Drop a block from the cache; its hash if it was announced (a `BlockRemoved` is due)."""
         block_hash = block.block_hash
         assert block_hash is not None
         del self._cached[block_hash]
+        announced = block.announced
+        if not announced:
+            assert block.parent_hash is not None
+            waiting = self._deferred[block.parent_hash]
+            waiting.remove(block.block_id)
+            if not waiting:
+                del self._deferred[block.parent_hash]
         block.block_hash = None
         block.parent_hash = None
         block.token_ids = ()
-        return block_hash
+        block.announced = False
+        return block_hash if announced else None

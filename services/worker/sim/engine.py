@@ -1,9 +1,18 @@
-"""`SimEngine`: the simulated engine behind the `Engine` contract (services/worker/engine.py).
+"""`SimEngine`: the simulated engine behind the `Engine` and `KvPort` contracts
+(services/worker/engine.py).
 
-The worker service calls it exactly like the vLLM engine. Inside, one asyncio task runs the
-pure scheduler: `step(now)`, sleep for the step's simulated duration divided by the
-speed-up factor, then hand each request its new tokens through its own queue. With no work
-the task waits on an event: an idle engine uses no CPU.
+The worker service calls it exactly like the vLLM engine; the KV connector uses its
+`KvPort` methods (delegated to the pure `kv_port.SimKvPort`). Inside, one asyncio task runs
+the pure scheduler: `step(now)`, sleep for the step's simulated duration divided by the
+speed-up factor, then hand each request its new tokens through its own queue, and yield to
+the loop once before the next step (so a consumer can pin what a finished prefill left in
+the cache before anything else is allocated). With no work the task waits on an event: an
+idle engine uses no CPU.
+
+Push mode: when a request of the step has an `on_layer` hook and the step filled some of
+its prompt blocks, the sleep is cut into one slice per layer (the profile's layer
+fractions) and after slice `l` each such hook gets `(l, block_ids)`: a writer sends layer
+`l` while layer `l + 1` is still being "computed". A hook that raises fails its request.
 
 `generate()` validates eagerly (raising `InvalidArgument` before anything is queued) and
 returns an async generator; the request is queued on its first iteration. Closing the
@@ -18,11 +27,12 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 
-from services.worker.engine import EngineInfo, EngineLoad, EngineOutput
+from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, KvRegion, LayerHook
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
+from services.worker.sim.kv_port import SimKvPort
 from services.worker.sim.profile import TimingProfile, load_profile
-from services.worker.sim.scheduler import Scheduler
+from services.worker.sim.scheduler import Scheduler, StepResult
 from shared.compat import KvLayout
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument, TandemError, Unavailable
@@ -38,11 +48,13 @@ class SimEngine:
     def __init__(self, config: WorkerConfig, *, model_name: str, vocab_size: int,
                  profile: TimingProfile | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.profile = profile if profile is not None else load_profile(config.sim_profile)
-        self.profile.layer_fractions(config.sim_layers)  # a layer split must match the layer count
+        self._layer_fractions = self.profile.layer_fractions(config.sim_layers)  # raises on a mismatch
         self.speedup = config.sim_speedup
         self._clock = clock
         self.kv_pool = KvPool(config.kv_blocks, config.sim_layers, config.block_size, config.sim_kv_dim)
-        self.scheduler = Scheduler(blocks=BlockManager(config.kv_blocks, config.block_size), pool=self.kv_pool,
+        blocks = BlockManager(config.kv_blocks, config.block_size)
+        self.kv_port = SimKvPort(blocks, self.kv_pool)
+        self.scheduler = Scheduler(blocks=blocks, pool=self.kv_pool,
                                    profile=self.profile, vocab_size=vocab_size,
                                    max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
@@ -55,6 +67,7 @@ class SimEngine:
             kv_blocks=config.kv_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
             vocab_size=vocab_size)
         self._streams: dict[str, asyncio.Queue[_Delivery]] = {}
+        self._layer_hooks: dict[str, LayerHook] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -76,14 +89,14 @@ class SimEngine:
         if self._task is not None:
             await self._task
 
-    def generate(self, request_id: str, token_ids: list[int],
-                 sampling: SamplingParams) -> AsyncGenerator[EngineOutput, None]:
+    def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
+                 on_layer: LayerHook | None = None) -> AsyncGenerator[EngineOutput, None]:
         if self._task is None or self._task.done() or self._stopping:
             raise Unavailable("the sim engine is not running")
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         self.scheduler.validate_request(request_id, token_ids, sampling)
-        return self._stream(request_id, list(token_ids), sampling)
+        return self._stream(request_id, list(token_ids), sampling, on_layer)
 
     async def abort(self, request_id: str) -> None:
         self._abort_now(request_id)
@@ -97,10 +110,42 @@ class SimEngine:
     def kv_snapshot(self) -> list[BlockStored]:
         return self.scheduler.blocks.snapshot()
 
+    # ---- KvPort (see services/worker/engine.py for the rules) ------------------------------
+
+    def kv_region(self) -> KvRegion:
+        pool = self.kv_pool
+        return KvRegion(buffer=pool.buffer.reshape(-1), block_nbytes=pool.block_nbytes, num_blocks=pool.num_blocks,
+                        num_layers=pool.num_layers, layer_nbytes=pool.layer_nbytes, block_size=pool.block_size)
+
+    def prompt_block_ids(self, request_id: str) -> list[int]:
+        return self.scheduler.prompt_block_ids(request_id)
+
+    def pin_prefix(self, block_hashes: list[int]) -> list[tuple[int, int]]:
+        return self.kv_port.pin_prefix(block_hashes)
+
+    def pin_blocks(self, block_ids: list[int]) -> None:
+        self.kv_port.pin_blocks(block_ids)
+
+    def allocate_for_transfer(self, num_blocks: int) -> list[int] | None:
+        return self.kv_port.allocate_for_transfer(num_blocks)
+
+    def commit_transferred(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
+                           parent_hash: int | None, ok: list[bool]) -> list[bool]:
+        return self.kv_port.commit_transferred(block_ids, block_hashes, token_ids, parent_hash, ok)
+
+    def unpin(self, block_ids: list[int]) -> None:
+        self.kv_port.unpin(block_ids)
+
+    def checksum(self, block_id: int) -> int:
+        return self.kv_port.checksum(block_id)
+
+    def verify(self, block_id: int, block_hash: int) -> bool:
+        return self.kv_port.verify(block_id, block_hash)
+
     # ---- internals -------------------------------------------------------------------------
 
-    async def _stream(self, request_id: str, token_ids: list[int],
-                      sampling: SamplingParams) -> AsyncGenerator[EngineOutput, None]:
+    async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
+                      on_layer: LayerHook | None) -> AsyncGenerator[EngineOutput, None]:
         # Re-checked here: the engine may have stopped, or the id been taken, since generate().
         if self._stopping:
             raise Unavailable("the sim engine is stopping")
@@ -109,6 +154,8 @@ class SimEngine:
         queue: asyncio.Queue[_Delivery] = asyncio.Queue()
         self.scheduler.add_request(request_id, token_ids, sampling)
         self._streams[request_id] = queue
+        if on_layer is not None:
+            self._layer_hooks[request_id] = on_layer
         self._wakeup.set()
         finished = False
         try:
@@ -122,6 +169,7 @@ class SimEngine:
         finally:
             # Reached on normal end, on aclose()/GeneratorExit and on cancellation.
             self._streams.pop(request_id, None)
+            self._layer_hooks.pop(request_id, None)
             if not finished:
                 self.scheduler.abort(request_id)
 
@@ -130,6 +178,32 @@ class SimEngine:
         queue = self._streams.get(request_id)
         if output is not None and queue is not None:
             queue.put_nowait(output)
+
+    async def _compute(self, result: StepResult) -> set[str]:
+        """Sleep for the step; in push mode one layer at a time, calling the layer hooks after
+        each slice. Returns the requests whose hook raised (already failed and aborted)."""
+        hooked = [(request_id, hook, result.computed_blocks[request_id])
+                  for request_id, hook in self._layer_hooks.items() if request_id in result.computed_blocks]
+        duration_s = result.duration_s / self.speedup
+        if not hooked:
+            await asyncio.sleep(duration_s)
+            return set()
+        failed: set[str] = set()
+        for layer, fraction in enumerate(self._layer_fractions):
+            await asyncio.sleep(duration_s * fraction)
+            for request_id, hook, block_ids in hooked:
+                if request_id in failed or request_id not in self._layer_hooks:  # failed, or its stream closed
+                    continue
+                try:
+                    hook(layer, list(block_ids))
+                except Exception as error:
+                    log.exception("on_layer hook of request %s failed", request_id)
+                    failed.add(request_id)
+                    self.scheduler.abort(request_id)
+                    queue = self._streams.get(request_id)
+                    if queue is not None:
+                        queue.put_nowait(TandemError(f"on_layer hook failed: {error!r}"))
+        return failed
 
     async def _run(self) -> None:
         try:
@@ -146,11 +220,13 @@ class SimEngine:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                await asyncio.sleep(result.duration_s / self.speedup)
+                failed = await self._compute(result)
                 for request_id, output in result.outputs.items():
                     queue = self._streams.get(request_id)
-                    if queue is not None:
+                    if queue is not None and request_id not in failed:
                         queue.put_nowait(output)
+                if result.outputs or failed:
+                    await asyncio.sleep(0)  # consumers see this step's outputs before the next step
         except Exception as error:  # a bug: fail every stream rather than leave it hanging
             log.exception("sim engine loop crashed")
             self._stopping = True

@@ -9,13 +9,19 @@ touches a queue. One step, in the spirit of vLLM v1:
    newest running request (its blocks are freed and it is requeued to be recomputed),
    itself if it is the newest;
 2. if nothing was preempted, waiting requests are admitted first come, first served while
-   `max_num_seqs` and blocks allow. Admission reuses the longest cached prefix; cached
-   tokens cost no budget, and at least one token is always computed so the last token's
-   logits exist (a fully cached prompt recomputes its last block);
-3. the scheduled tokens are "computed": blocks that became full are committed to the prefix
-   cache (announced as KV events), KV bytes are written for every block touched, requests
-   whose tokens are all computed sample their next token, and finished ones free their
-   blocks.
+   `max_num_seqs` and blocks allow. Admission reuses *every* cached block of the prompt's
+   hash chain, not only the leading run: a chain hash covers the whole prefix, so a cached
+   block is valid KV even when an earlier one is missing (after a partial KV transfer, only
+   the failed blocks are computed). Reused tokens cost no budget, and at least one token is
+   always computed so the last token's logits exist (a fully cached prompt recomputes its
+   last block). Blocks for the holes up to the last reused block are allocated at once;
+3. the scheduled tokens are "computed": prefill walks the missing blocks in order, then the
+   tail, skipping reused ones. Blocks that became full are committed to the prefix cache
+   (announced as KV events) and reported in `StepResult.computed_blocks`; KV bytes are
+   written for computed blocks only. A request whose tokens are all computed verifies the
+   KV bytes of its full blocks once per prefill (a corrupt block perturbs its tokens, as
+   wrong KV would in a real engine), samples its next token, and frees its blocks when it
+   finishes.
 
 The step's simulated duration comes from the timing profile.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import groupby
 
 from services.worker.engine import EngineLoad, EngineOutput
 from services.worker.sim.block_manager import BlockManager
@@ -33,6 +40,10 @@ from services.worker.sim.tokens import DEFAULT_FIRST_NORMAL_TOKEN, finish_reason
 from shared.block_hash import ROOT_PARENT, block_hash_chain, hash_block
 from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams
+
+# Folded into the history state of a request whose KV failed verification: its tokens
+# diverge from the reference, as a real engine's would on corrupted KV.
+CORRUPT_KV_MARK = 0xBAD_C0DE
 
 
 @dataclass(slots=True, eq=False)
@@ -44,9 +55,13 @@ class SimRequest:
     history_state: int  # `tokens.fold_tokens(token_ids)`, kept up to date
     block_hashes: list[int]  # chain hash of every full block of token_ids
     block_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose KV is in block_ids
-    num_committed_blocks: int = 0  # leading blocks of block_ids already full and hashed
+    # Every token before this position has KV in block_ids, computed or reused. It never
+    # rests at the start of a reused block: computing skips over them.
+    num_computed_tokens: int = 0
+    reused_ahead: deque[int] = field(default_factory=deque)  # indices of reused blocks past it, ascending
     num_cached_tokens: int = -1  # prompt tokens reused at first admission; -1 before it
+    kv_checked: bool = False  # its full blocks' KV was verified since its last admission
+    kv_corrupt: bool = False  # ... and some block was corrupt: its tokens are perturbed
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +84,10 @@ class StepResult:
     prefill_tokens: int = 0
     decode_seqs: int = 0
     preempted: list[str] = field(default_factory=list)
+    # request id -> its prompt blocks that prefill filled completely in this step, in token
+    # order (reused blocks are never in it). The ids stay valid until the next step, even for
+    # a request that finished in this one: nothing allocates in between.
+    computed_blocks: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -93,6 +112,9 @@ class Scheduler:
         self.cached_tokens_total = 0
         self.generated_tokens_total = 0
         self.preemptions_total = 0
+        # Prefill tokens actually computed (reused ones excluded); recomputation after a
+        # preemption counts again.
+        self.computed_prompt_tokens_total = 0
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -147,6 +169,14 @@ class Scheduler:
         """The blocks holding a live request's KV, in token order (empty while it waits)."""
         return list(self._requests[request_id].block_ids)
 
+    def prompt_block_ids(self, request_id: str) -> list[int]:
+        """The blocks of a live request's prompt allocated so far, in token order; empty for
+        an unknown or finished request and while it waits (or was preempted)."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return []
+        return request.block_ids[:-(-request.num_prompt_tokens // self.block_size)]
+
     @property
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
@@ -156,31 +186,39 @@ class Scheduler:
     def step(self, now: float) -> StepResult:
         scheduled, preempted = self._schedule()
         result = StepResult(now=now, duration_s=0.0, outputs={}, preempted=preempted)
-        for request, num_new in scheduled:
-            if request.is_decoding:
-                result.decode_seqs += 1
-            else:
+        size = self.block_size
+        for request, num_new, end in scheduled:
+            prefill = not request.is_decoding
+            if prefill:
                 result.prefill_tokens += num_new
-            start = request.num_computed_tokens
-            request.num_computed_tokens += num_new
-            self._commit_full_blocks(request)
-            self._write_kv(request, start)
+                self.computed_prompt_tokens_total += num_new
+            else:
+                result.decode_seqs += 1
+            computed = self._advance(request, end)
+            full = [index for index in computed if (index + 1) * size <= end]
+            self._commit(request, full)
+            self._write_kv(request, computed, end)
+            prompt_blocks = [request.block_ids[index] for index in full
+                             if (index + 1) * size <= request.num_prompt_tokens] if prefill else []
+            if prompt_blocks:
+                result.computed_blocks[request.request_id] = prompt_blocks
             if request.num_computed_tokens == request.num_tokens:
                 result.outputs[request.request_id] = self._sample(request)
         result.duration_s = self.profile.step_duration_s(prefill_tokens=result.prefill_tokens,
                                                          decode_seqs=result.decode_seqs)
         return result
 
-    def _schedule(self) -> tuple[list[tuple[SimRequest, int]], list[str]]:
+    def _schedule(self) -> tuple[list[tuple[SimRequest, int, int]], list[str]]:
+        """What to compute: (request, tokens to compute, position reached after them)."""
         budget = self.max_num_batched_tokens
-        scheduled: list[tuple[SimRequest, int]] = []
+        scheduled: list[tuple[SimRequest, int, int]] = []
         preempted: list[str] = []
         # Decodes are served before prefill chunks: reserve their tokens up front.
-        decodes_left = sum(1 for request in self._running if request.num_tokens - request.num_computed_tokens == 1)
+        decodes_left = sum(1 for request in self._running if self._to_compute(request) == 1)
         index = 0
         while index < len(self._running):
             request = self._running[index]
-            remaining = request.num_tokens - request.num_computed_tokens
+            remaining = self._to_compute(request)
             if remaining == 1:
                 decodes_left -= 1
                 num_new = min(1, budget)
@@ -189,51 +227,87 @@ class Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
-            while not self._reserve_slots(request, request.num_computed_tokens + num_new):
+            end = self._chunk_end(request, num_new)
+            while not self._reserve_slots(request, end):
                 victim = self._running[-1]  # the newest; never one scheduled earlier in this loop
-                if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
+                if victim is not request and self._to_compute(victim) == 1:
                     decodes_left -= 1
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is request:
                     break
             else:
-                scheduled.append((request, num_new))
+                scheduled.append((request, num_new, end))
                 budget -= num_new
                 index += 1
         if preempted:
             return scheduled, preempted  # the pool is full: admitting more would thrash
         while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
             request = self._waiting[0]
-            num_new = self._admit(request, budget)
-            if num_new is None:
+            chunk = self._admit(request, budget)
+            if chunk is None:
                 break
             self._waiting.popleft()
             self._running.append(request)
-            scheduled.append((request, num_new))
-            budget -= num_new
+            scheduled.append((request, *chunk))
+            budget -= chunk[0]
         return scheduled, preempted
 
-    def _admit(self, request: SimRequest, budget: int) -> int | None:
-        """Reuse the cached prefix and allocate blocks for the first chunk; None if blocks are short."""
+    def _admit(self, request: SimRequest, budget: int) -> tuple[int, int] | None:
+        """Reuse every cached block of the prompt's chain and allocate the blocks the holes
+        and the first chunk need; (tokens to compute, position after them), or None if
+        blocks are short (and nothing changed)."""
         size = self.block_size
         # At most num_tokens - 1 tokens come from the cache: the last one must be computed.
-        matched = self.blocks.match_prefix(request.block_hashes[:(request.num_tokens - 1) // size])
-        num_matched_tokens = len(matched) * size
-        num_new = min(request.num_tokens - num_matched_tokens, budget)
-        self.blocks.touch(matched)  # before allocating, so that allocation cannot evict them
-        new_blocks = self.blocks.allocate(-(-(num_matched_tokens + num_new) // size) - len(matched))
+        found = self.blocks.lookup(request.block_hashes[:(request.num_tokens - 1) // size])
+        reused = [index for index, block_id in enumerate(found) if block_id is not None]
+        leading = next((index for index, block_id in enumerate(found) if block_id is None), len(found))
+        request.num_computed_tokens = leading * size
+        request.reused_ahead = deque(reused[leading:])
+        num_new = min(self._to_compute(request), budget)
+        end = self._chunk_end(request, num_new)
+        # Holes before the last reused block get their blocks now: block_ids has no gaps.
+        num_blocks = max(-(-end // size), reused[-1] + 1 if reused else 0)
+        reused_ids = [block_id for block_id in found if block_id is not None]
+        self.blocks.touch(reused_ids)  # before allocating, so that allocation cannot evict them
+        new_blocks = self.blocks.allocate(num_blocks - len(reused_ids))
         if new_blocks is None:
-            self.blocks.free(matched)
+            self.blocks.free(reused_ids)
+            request.num_computed_tokens = 0
+            request.reused_ahead.clear()
             return None
-        request.block_ids = matched + new_blocks
-        request.num_computed_tokens = num_matched_tokens
-        request.num_committed_blocks = len(matched)
+        fresh = iter(new_blocks)
+        request.block_ids = [found[index] if index < len(found) and found[index] is not None else next(fresh)
+                             for index in range(num_blocks)]
+        request.kv_checked = False
         if request.num_cached_tokens < 0:  # first admission (not a resumption after preemption)
-            request.num_cached_tokens = num_matched_tokens
+            request.num_cached_tokens = len(reused_ids) * size
             self.prompt_tokens_total += request.num_prompt_tokens
-            self.cached_tokens_total += num_matched_tokens
-        return num_new
+            self.cached_tokens_total += request.num_cached_tokens
+        return num_new, end
+
+    def _to_compute(self, request: SimRequest) -> int:
+        """Tokens of the request still to compute (reused blocks ahead excluded)."""
+        return request.num_tokens - request.num_computed_tokens - len(request.reused_ahead) * self.block_size
+
+    def _chunk_end(self, request: SimRequest, num_new: int) -> int:
+        """The position computing `num_new` more tokens reaches, skipping reused blocks
+        (also those right after the chunk)."""
+        size = self.block_size
+        position = request.num_computed_tokens
+        reused = iter(request.reused_ahead)
+        next_reused = next(reused, None)
+        left = num_new
+        while left:
+            stop = request.num_tokens if next_reused is None else next_reused * size
+            assert stop > position, "the chunk is longer than what is left to compute"
+            take = min(left, stop - position)
+            position += take
+            left -= take
+            while next_reused is not None and position == next_reused * size:
+                position += size
+                next_reused = next(reused, None)
+        return position
 
     def _reserve_slots(self, request: SimRequest, num_tokens: int) -> bool:
         needed = -(-num_tokens // self.block_size) - len(request.block_ids)
@@ -251,25 +325,35 @@ class Scheduler:
         self.blocks.free(request.block_ids)
         request.block_ids = []
         request.num_computed_tokens = 0
-        request.num_committed_blocks = 0
+        request.reused_ahead.clear()
         self._waiting.appendleft(request)
         self.preemptions_total += 1
 
     # ---- "computing" -----------------------------------------------------------------------
 
-    def _commit_full_blocks(self, request: SimRequest) -> None:
-        first = request.num_committed_blocks
-        full = request.num_computed_tokens // self.block_size
-        if full <= first:
-            return
-        size = self.block_size
-        self.blocks.commit(request.block_ids[first:full], request.block_hashes[first:full],
-                           request.token_ids[first * size:full * size],
-                           request.block_hashes[first - 1] if first else None)
-        request.num_committed_blocks = full
+    def _advance(self, request: SimRequest, end: int) -> list[int]:
+        """Move the request to position `end`; the indices of the blocks it computed on the way
+        (the last one may be partial)."""
+        first = request.num_computed_tokens // self.block_size
+        stop = -(-end // self.block_size)
+        skipped: set[int] = set()
+        while request.reused_ahead and request.reused_ahead[0] < stop:
+            skipped.add(request.reused_ahead.popleft())
+        request.num_computed_tokens = end
+        return [index for index in range(first, stop) if index not in skipped]
 
-    def _write_kv(self, request: SimRequest, start: int) -> None:
-        """Write the KV bytes of every block that tokens [start, num_computed) landed in.
+    def _commit(self, request: SimRequest, full: list[int]) -> None:
+        """Cache the blocks at indices `full` (ascending), one commit per consecutive run."""
+        size = self.block_size
+        for _, run in groupby(enumerate(full), key=lambda pair: pair[1] - pair[0]):
+            indices = [index for _, index in run]
+            first, stop = indices[0], indices[-1] + 1
+            self.blocks.commit(request.block_ids[first:stop], request.block_hashes[first:stop],
+                               request.token_ids[first * size:stop * size],
+                               request.block_hashes[first - 1] if first else None)
+
+    def _write_kv(self, request: SimRequest, computed: list[int], end: int) -> None:
+        """Write the KV bytes of the blocks at indices `computed`, filled up to position `end`.
 
         A full block's content derives from its chain hash; a partial block's from the hash of
         its tokens so far, chained the same way, so a receiver can verify either.
@@ -277,8 +361,7 @@ class Scheduler:
         if self.pool is None:
             return
         size = self.block_size
-        end = request.num_computed_tokens
-        for index in range(start // size, -(-end // size)):
+        for index in computed:
             if (index + 1) * size <= end:
                 content_hash = request.block_hashes[index]
             else:
@@ -286,8 +369,20 @@ class Scheduler:
                 content_hash = hash_block(parent, request.token_ids[index * size:end])
             self.pool.write_block(request.block_ids[index], content_hash)
 
+    def _kv_intact(self, request: SimRequest) -> bool:
+        """Whether the KV bytes of every full block the request uses match their hashes."""
+        if self.pool is None:
+            return True
+        full = request.num_computed_tokens // self.block_size
+        return all(self.pool.verify_block(block_id, block_hash)
+                   for block_id, block_hash in zip(request.block_ids[:full], request.block_hashes[:full]))
+
     def _sample(self, request: SimRequest) -> EngineOutput:
-        token_id = next_token(request.history_state, request.sampling, self.vocab_size, self.first_normal_token)
+        if not request.kv_checked:  # once per prefill: the blocks it reused may be anyone's bytes
+            request.kv_checked = True
+            request.kv_corrupt = not self._kv_intact(request)
+        state = fold_token(request.history_state, CORRUPT_KV_MARK) if request.kv_corrupt else request.history_state
+        token_id = next_token(state, request.sampling, self.vocab_size, self.first_normal_token)
         request.token_ids.append(token_id)
         request.history_state = fold_token(request.history_state, token_id)
         size = self.block_size
@@ -313,8 +408,7 @@ class Scheduler:
     # ---- load ------------------------------------------------------------------------------
 
     def load(self) -> EngineLoad:
-        pending = sum(request.num_tokens - request.num_computed_tokens
-                      for queue in (self._running, self._waiting) for request in queue
+        pending = sum(self._to_compute(request) for queue in (self._running, self._waiting) for request in queue
                       if not request.is_decoding)
         return EngineLoad(running=len(self._running), waiting=len(self._waiting),
                           kv_total_blocks=self.blocks.num_blocks, kv_used_blocks=self.blocks.used_blocks,
@@ -322,4 +416,5 @@ class Scheduler:
                           prompt_tokens_total=self.prompt_tokens_total,
                           cached_tokens_total=self.cached_tokens_total,
                           generated_tokens_total=self.generated_tokens_total,
-                          pending_prefill_tokens=pending)
+                          pending_prefill_tokens=pending,
+                          computed_prompt_tokens_total=self.computed_prompt_tokens_total)

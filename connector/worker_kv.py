@@ -1,0 +1,119 @@
+"""The KV data plane as one worker sees it: transport, holder and puller, wired together.
+
+The worker service calls `prepare()` before it starts a request (pull the blocks the
+request names, from a P/D handle or a prefix holder), `hold()` when a prefill for a
+decode worker finishes (lease its blocks), and `finish()` when the request ends. Transfer
+records are published on `kv.transfers.<worker>`; counters feed the load snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import msgspec
+
+from connector.faults import FaultInjectingTransport
+from connector.holder import KvHolder
+from connector.nixl_transport import NixlTransport
+from connector.puller import KvPuller
+from connector.transport import KvTransport
+from services.worker.engine import KvPort
+from shared.block_hash import block_hash_chain
+from shared.bus import Bus
+from shared.codec import MalformedCounter, encode
+from shared.config import WorkerConfig
+from shared.schemas.generate import GenerateRequest
+from shared.schemas.transfer import KvHandle, TransferRecord
+
+log = logging.getLogger(__name__)
+
+
+class Prepared(msgspec.Struct, kw_only=True):
+    """What `prepare()` left for the request: pins to drop after its first output, counts."""
+
+    pinned_block_ids: list[int] = []
+    pulled_tokens: int = 0
+    recomputed_tokens: int = 0
+
+
+def build_transport(config: WorkerConfig, port: KvPort) -> KvTransport:
+    region = port.kv_region()
+    settings = config.kv_transfer
+    # A fresh agent name per incarnation: readers see the change and re-add the peer.
+    name = f"{config.worker_id}-{uuid.uuid4().hex[:8]}"
+    transport: KvTransport = NixlTransport(name, region.buffer, region.block_nbytes, region.layer_nbytes,
+                                           progress_delay_us=settings.progress_delay_us,
+                                           transfer_timeout_s=settings.transfer_timeout_s)
+    if settings.faults.active:
+        log.warning("%s: KV fault injection is on: %s", config.worker_id, settings.faults)
+        transport = FaultInjectingTransport(transport, settings.faults, region.buffer, region.block_nbytes)
+    return transport
+
+
+class WorkerKv:
+    def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, transport: KvTransport, *, compat_hash: str,
+                 malformed: MalformedCounter | None = None) -> None:
+        settings = config.kv_transfer
+        self.worker_id = config.worker_id
+        self.port = port
+        self.transport = transport
+        self.block_size = port.kv_region().block_size
+        self._bus = bus
+        self._subjects = config.bus.subjects
+        self.holder = KvHolder(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
+                               block_size=self.block_size, lease_ttl_s=settings.lease_ttl_s, malformed=malformed)
+        self.puller = KvPuller(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
+                               block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
+                               transfer_timeout_s=settings.transfer_timeout_s, lease_ttl_s=settings.lease_ttl_s)
+        self.pulled_tokens_total = 0
+        self.recomputed_tokens_total = 0
+
+    @property
+    def active_leases(self) -> int:
+        return self.holder.leases.active
+
+    async def start(self) -> None:
+        await self.holder.start()
+
+    async def stop(self) -> None:
+        await self.holder.stop()
+        self.transport.close()
+
+    async def prepare(self, request: GenerateRequest) -> Prepared:
+        """Pull what the request's `kv_transfer` names; never raises for a failed transfer
+        (the engine computes what did not arrive), only for a refused, incompatible handle."""
+        params = request.kv_transfer
+        if params is None:
+            return Prepared()
+        if params.source is not None:
+            outcome = await self.puller.pull(request.request_id, params.source, request.token_ids, kind="pull")
+        elif params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
+            handle = await self.puller.lease_prefix(params.prefix_holder, params.prefix_hashes)
+            if handle is None:
+                return Prepared()
+            outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind="prefix_pull")
+        else:
+            return Prepared()
+        if outcome.record is not None:
+            await self._publish(outcome.record)
+        self.pulled_tokens_total += outcome.pulled_tokens
+        self.recomputed_tokens_total += outcome.recomputed_tokens
+        return Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
+                        recomputed_tokens=outcome.recomputed_tokens)
+
+    def hold(self, request: GenerateRequest) -> KvHandle | None:
+        """Lease the request's prompt blocks for a decode worker. Call it as soon as the
+        prefill's output arrives, before awaiting anything (the blocks could be evicted)."""
+        return self.holder.grant("decode", block_hash_chain(request.token_ids, self.block_size))
+
+    def release_pins(self, prepared: Prepared) -> None:
+        if prepared.pinned_block_ids:
+            self.port.unpin(prepared.pinned_block_ids)
+            prepared.pinned_block_ids = []
+
+    async def _publish(self, record: TransferRecord) -> None:
+        try:
+            await self._bus.client.publish(self._subjects.kv_transfers(self.worker_id), encode(record))
+        except Exception as error:  # metrics only: the request goes on
+            log.debug("could not publish transfer record: %s", error)

@@ -1,0 +1,217 @@
+"""KV hand-off between two workers (real sim engines, real NIXL agents, real NATS):
+P/D pull, partial failures, corruption, lease expiry, compatibility refusal, prefix pull.
+
+Each case ends with zero active leases and every KV pool back to its baseline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import msgspec
+import pytest
+
+from connector.nixl_agent import nixl_available
+from connector.worker_kv import WorkerKv, build_transport
+from services.worker.service import WorkerService
+from services.worker.sim.engine import SimEngine
+from shared.block_hash import block_hash_chain
+from shared.bus import Bus
+from shared.codec import Codec
+from shared.config import BusConfig, KvFaultConfig, KvTransferConfig, MembershipConfig, WorkerConfig
+from shared.errors import InvalidArgument
+from shared.request_plane import open_stream
+from shared.schemas import Finished, GenerateRequest, KvTransferParams, SamplingParams, TransferRecord
+
+pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed")
+
+BLOCK = 16
+
+
+def worker_config(worker_id: str, bus_config: BusConfig, **kv) -> WorkerConfig:
+    return WorkerConfig(worker_id=worker_id, bus=bus_config, kv_blocks=256, block_size=BLOCK, sim_speedup=50,
+                        membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
+                        load_interval_s=0.05, kv_event_interval_s=0.01, kv_transfer=KvTransferConfig(**kv))
+
+
+async def start_worker(config: WorkerConfig, bus: Bus, *, model: str = "tiny") -> WorkerService:
+    engine = SimEngine(config, model_name=model, vocab_size=512)
+    await engine.start()
+    kv = WorkerKv(config, bus, engine, build_transport(config, engine), compat_hash=engine.info.compat_hash)
+    service = WorkerService(config, engine, bus, kv)
+    await service.start()
+    return service
+
+
+class Cluster:
+    def __init__(self, bus: Bus, bus_config: BusConfig) -> None:
+        self.bus = bus
+        self.bus_config = bus_config
+        self.workers: dict[str, WorkerService] = {}
+        self.records: list[TransferRecord] = []
+
+    async def add(self, worker_id: str, *, model: str = "tiny", **kv) -> WorkerService:
+        service = await start_worker(worker_config(worker_id, self.bus_config, **kv), self.bus, model=model)
+        self.workers[worker_id] = service
+        return service
+
+    async def generate(self, worker_id: str, prompt: list[int], max_tokens: int,
+                       kv: KvTransferParams | None = None, model: str = "tiny") -> tuple[list[int], Finished]:
+        request = GenerateRequest(request_id=f"r{time.monotonic_ns()}", model=model, token_ids=prompt,
+                                  sampling=SamplingParams(max_tokens=max_tokens), kv_transfer=kv)
+        stream = await open_stream(self.bus, self.bus_config.subjects.generate(worker_id), request)
+        try:
+            tokens = [t async for frame in stream.frames() for t in frame.token_ids]
+        finally:
+            await stream.close()
+        assert stream.finished is not None
+        return tokens, stream.finished
+
+    async def disaggregated(self, prefill: str, decode: str, prompt: list[int], max_tokens: int
+                            ) -> tuple[list[int], Finished, Finished]:
+        first, p_done = await self.generate(prefill, prompt, 1, KvTransferParams(hold_for_decode=True))
+        rest, d_done = await self.generate(decode, prompt + first, max_tokens - 1,
+                                           KvTransferParams(source=p_done.kv_handle))
+        return first + rest, p_done, d_done
+
+    async def assert_clean(self, timeout_s: float = 5.0) -> None:
+        await wait_for(lambda: all(w.kv.active_leases == 0 and w.engine.load().kv_used_blocks == 0
+                                   and w.inflight == 0 for w in self.workers.values()),
+                       timeout_s, "no leases, no used blocks")
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def cluster(bus: Bus, bus_config: BusConfig) -> AsyncIterator[Cluster]:
+    nodes = Cluster(bus, bus_config)
+    codec: Codec[TransferRecord] = Codec(TransferRecord)
+
+    async def on_record(msg) -> None:
+        nodes.records.append(codec.decode(msg.data))
+
+    await bus.client.subscribe(bus_config.subjects.kv_transfers_all, cb=on_record)
+    yield nodes
+    for worker in nodes.workers.values():
+        await worker.stop()
+
+
+def prompts() -> list[list[int]]:
+    lengths = [5, 15, 16, 17, 32, 48, 63, 64, 100, 200]
+    return [[3 + (i * 7 + n) % 500 for i in range(n)] for n in lengths]
+
+
+async def test_pull_gives_identical_output_and_computes_only_the_tail(cluster: Cluster) -> None:
+    await cluster.add("single")
+    await cluster.add("prefill")
+    await cluster.add("decode")
+    for prompt in prompts():
+        expected, _ = await cluster.generate("single", prompt, 12)
+        got, p_done, d_done = await cluster.disaggregated("prefill", "decode", prompt, 12)
+        assert got == expected, f"prompt of {len(prompt)} tokens"
+        full_blocks = len(prompt) // BLOCK
+        handle = p_done.kv_handle
+        assert (handle is None) == (full_blocks == 0)
+        if handle is not None:
+            assert len(handle.block_ids) == full_blocks
+            assert d_done.pulled_tokens == full_blocks * BLOCK and d_done.recomputed_tokens == 0
+    await cluster.assert_clean()
+    pulls = [r for r in cluster.records if r.kind == "pull"]
+    assert pulls and all(r.outcome == "done" and r.bytes > 0 for r in pulls if r.blocks)
+
+
+@pytest.mark.parametrize("fault", [KvFaultConfig(fail_fraction=0.3, seed=1), KvFaultConfig(corrupt_fraction=0.3, seed=2)],
+                         ids=["failed-blocks", "corrupted-blocks"])
+async def test_partial_failure_recomputes_only_failed_blocks(cluster: Cluster, fault: KvFaultConfig) -> None:
+    await cluster.add("single")
+    await cluster.add("prefill")
+    decode = await cluster.add("decode", faults=fault)
+    failed_blocks = 0
+    for prompt in prompts():
+        expected, _ = await cluster.generate("single", prompt, 8)
+        before = decode.engine.load().computed_prompt_tokens_total
+        got, p_done, d_done = await cluster.disaggregated("prefill", "decode", prompt, 8)
+        assert got == expected, f"prompt of {len(prompt)} tokens"
+        computed = decode.engine.load().computed_prompt_tokens_total - before
+        tail = len(prompt) + 1 - (len(prompt) // BLOCK) * BLOCK  # partial block + the first token
+        assert computed == d_done.recomputed_tokens + tail
+        failed_blocks += d_done.recomputed_tokens // BLOCK
+    assert failed_blocks > 0, "the injection should have failed some blocks"
+    recomputed = sum(r.recomputed_tokens for r in cluster.records)
+    assert recomputed == failed_blocks * BLOCK == decode.kv.recomputed_tokens_total
+    await cluster.assert_clean()
+
+
+async def test_whole_transfer_failure_still_answers_correctly(cluster: Cluster) -> None:
+    await cluster.add("single")
+    await cluster.add("prefill")
+    await cluster.add("decode", faults=KvFaultConfig(fail_transfer=True))
+    prompt = prompts()[-1]
+    expected, _ = await cluster.generate("single", prompt, 8)
+    got, _, d_done = await cluster.disaggregated("prefill", "decode", prompt, 8)
+    assert got == expected and d_done.pulled_tokens == 0
+    assert d_done.recomputed_tokens == (len(prompt) // BLOCK) * BLOCK
+    assert cluster.records[-1].outcome == "failed"
+    await cluster.assert_clean()
+
+
+async def test_lease_expiring_before_the_pull_is_explicit_and_safe(cluster: Cluster) -> None:
+    await cluster.add("single")
+    prefill = await cluster.add("prefill", lease_ttl_s=0.2)
+    await cluster.add("decode", faults=KvFaultConfig(delay_s=0.6))
+    prompt = prompts()[-1]
+    expected, _ = await cluster.generate("single", prompt, 8)
+    got, _, d_done = await cluster.disaggregated("prefill", "decode", prompt, 8)
+    assert got == expected
+    assert d_done.pulled_tokens == 0  # nothing read after the lease ended is trusted
+    assert cluster.records[-1].outcome == "expired"
+    assert prefill.kv.holder.leases.outcomes["expired"] == 1
+    await cluster.assert_clean()
+
+
+async def test_incompatible_workers_refuse_before_any_byte_moves(cluster: Cluster) -> None:
+    prefill = await cluster.add("prefill")
+    await cluster.add("other", model="other-model")  # another model: another compatibility hash
+    prompt = prompts()[-1]
+    _, p_done = await cluster.generate("prefill", prompt, 1, KvTransferParams(hold_for_decode=True))
+    with pytest.raises(InvalidArgument, match="mismatch"):
+        await cluster.generate("other", prompt + [5], 4, KvTransferParams(source=p_done.kv_handle),
+                               model="other-model")
+    assert prefill.kv.holder.leases.outcomes["refused"] == 1
+    assert not [r for r in cluster.records if r.bytes]
+    await cluster.assert_clean()
+
+
+async def test_prefix_pull_computes_only_new_tokens(cluster: Cluster) -> None:
+    await cluster.add("single")
+    holder = await cluster.add("holder")
+    puller = await cluster.add("puller")
+    turn1 = prompts()[-1]
+    out1, _ = await cluster.generate("holder", turn1, 40)
+    turn2 = turn1 + out1 + [7, 8, 9, 10, 11]
+    expected, _ = await cluster.generate("single", turn2, 8)
+    hashes = block_hash_chain(turn2, BLOCK)
+    before = puller.engine.load().computed_prompt_tokens_total
+    got, done = await cluster.generate("puller", turn2, 8, KvTransferParams(prefix_holder="holder",
+                                                                            prefix_hashes=hashes))
+    assert got == expected
+    held = len(block_hash_chain(turn1 + out1[:-1], BLOCK))  # the last generated token has no KV yet
+    assert done.pulled_tokens == held * BLOCK
+    computed = puller.engine.load().computed_prompt_tokens_total - before
+    assert computed == len(turn2) - held * BLOCK
+    assert cluster.records[-1].kind == "prefix_pull" and cluster.records[-1].outcome == "done"
+    assert holder.kv.holder.leases.outcomes["done"] == 1
+    await cluster.assert_clean()
+
+
+def test_records_round_trip() -> None:
+    record = TransferRecord(worker_id="w", request_id="r", kind="pull", peer_worker_id="p", outcome="done",
+                            blocks=1, blocks_ok=1, bytes=1, duration_s=0.1, pulled_tokens=16, recomputed_tokens=0)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=TransferRecord) == record
