@@ -98,12 +98,13 @@ class KvPuller:
                                                                       failed_blocks=list(failed_blocks)))
         return reply.ok if isinstance(reply, LeaseAck) else None
 
-    async def _ensure_peer(self, handle: KvHandle) -> bool:
-        if self._transport.has_peer(handle.agent_name):
+    async def ensure_agent(self, worker_id: str, agent_name: str) -> bool:
+        """Make the worker's agent reachable; a new agent name means a restarted peer."""
+        if self._transport.has_peer(agent_name):
             return True
-        reply = await self._ask(handle.holder_worker_id, AgentInfoRequest(requester_worker_id=self.worker_id,
-                                                                          compat_hash=self.compat_hash))
-        if not isinstance(reply, AgentInfo) or reply.agent_name != handle.agent_name:
+        reply = await self._ask(worker_id, AgentInfoRequest(requester_worker_id=self.worker_id,
+                                                            compat_hash=self.compat_hash))
+        if not isinstance(reply, AgentInfo) or reply.agent_name != agent_name:
             return False
         self._transport.add_peer(reply.agent_name, reply.metadata)  # replaces a stale peer of that name
         return True
@@ -140,7 +141,7 @@ class KvPuller:
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "cancelled", count, 0, 0, started, reason="no free blocks"))
         try:
-            if not await self._ensure_peer(handle):
+            if not await self.ensure_agent(handle.holder_worker_id, handle.agent_name):
                 result = TransferResult(outcome="failed", ok=[False] * count, reason="holder unreachable")
             else:
                 result = await self._transport.read(handle.agent_name, handle.block_ids[first:wanted], targets,

@@ -8,7 +8,9 @@ records are published on `kv.transfers.<worker>`; counters feed the load snapsho
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 
 import msgspec
@@ -17,14 +19,16 @@ from connector.faults import FaultInjectingTransport
 from connector.holder import KvHolder
 from connector.nixl_transport import NixlTransport
 from connector.puller import KvPuller
+from connector.push import LayerWrite, PushReceiver, PushWriter
 from connector.transport import KvTransport
 from services.worker.engine import KvPort
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
+from shared.errors import InvalidArgument, Timeout, Unavailable
 from shared.schemas.generate import GenerateRequest
-from shared.schemas.transfer import KvHandle, TransferRecord
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,11 @@ class WorkerKv:
         self.puller = KvPuller(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
                                block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
                                transfer_timeout_s=settings.transfer_timeout_s, lease_ttl_s=settings.lease_ttl_s)
+        self.compat_hash = compat_hash
+        self._push_wait_s = settings.push_wait_s
+        self._transfer_timeout_s = settings.transfer_timeout_s
+        self._receivers: dict[str, PushReceiver] = {}
+        self.last_push_timings: list[LayerWrite] = []  # per-layer writes of the last push (overlap)
         self.pulled_tokens_total = 0
         self.recomputed_tokens_total = 0
 
@@ -106,6 +115,69 @@ class WorkerKv:
         """Lease the request's prompt blocks for a decode worker. Call it as soon as the
         prefill's output arrives, before awaiting anything (the blocks could be evicted)."""
         return self.holder.grant("decode", block_hash_chain(request.token_ids, self.block_size))
+
+    # ---- push mode ----------------------------------------------------------------
+
+    def push_receiver(self, request: GenerateRequest) -> PushReceiver:
+        """Decode side: pin one block per full prompt block for the writer (none if the pool
+        cannot spare them: then the writer sends nothing and this worker computes all)."""
+        count = len(request.token_ids) // self.block_size
+        block_ids = (self.port.allocate_for_transfer(count) if count else None) or []
+        target = PushTarget(reader_worker_id=self.worker_id, agent_name=self.transport.agent_name,
+                            transfer_id=request.request_id, compat_hash=self.compat_hash, block_ids=block_ids)
+        receiver = PushReceiver(self.port, target, self.block_size)
+        self._receivers[target.transfer_id] = receiver
+        return receiver
+
+    def deliver_push(self, message: PushDone) -> None:
+        receiver = self._receivers.get(message.transfer_id)
+        if receiver is not None:
+            receiver.deliver(message)
+
+    async def await_push(self, request: GenerateRequest, receiver: PushReceiver) -> tuple[int, Prepared]:
+        """Wait for the writer; commit what verified. Returns the first token (the writer's)."""
+        started = time.monotonic()
+        try:
+            message = await asyncio.wait_for(asyncio.shield(receiver.done), self._push_wait_s)
+        except asyncio.TimeoutError:
+            self.port.unpin(receiver.target.block_ids)
+            raise Timeout(f"no push from the prefill worker within {self._push_wait_s:g}s") from None
+        except BaseException:
+            self.port.unpin(receiver.target.block_ids)
+            raise
+        finally:
+            self._receivers.pop(receiver.target.transfer_id, None)
+        if message.first_token is None:
+            self.port.unpin(receiver.target.block_ids)
+            raise Unavailable(f"the prefill worker failed: {message.outcome}")
+        hashes = block_hash_chain(request.token_ids, self.block_size)
+        committed = receiver.commit(message, request.token_ids, hashes)
+        ok_blocks = sum(committed)
+        record = TransferRecord(worker_id=self.worker_id, request_id=request.request_id, kind="push",
+                                peer_worker_id="", outcome="done" if all(committed) else "failed",
+                                blocks=len(committed), blocks_ok=ok_blocks,
+                                bytes=ok_blocks * self.port.kv_region().block_nbytes,
+                                duration_s=time.monotonic() - started, pulled_tokens=ok_blocks * self.block_size,
+                                recomputed_tokens=(len(committed) - ok_blocks) * self.block_size)
+        await self._publish(record)
+        self.pulled_tokens_total += record.pulled_tokens
+        self.recomputed_tokens_total += record.recomputed_tokens
+        pinned = [block_id for block_id, good in zip(receiver.target.block_ids, committed) if good]
+        return message.first_token, Prepared(pinned_block_ids=pinned, pulled_tokens=record.pulled_tokens,
+                                             recomputed_tokens=record.recomputed_tokens)
+
+    def push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
+        if target.compat_hash != self.compat_hash:
+            raise InvalidArgument(f"KV layout mismatch: the reader {target.reader_worker_id} has compatibility "
+                                  f"hash {target.compat_hash}, {self.worker_id} has {self.compat_hash}")
+        return PushWriter(request.request_id, self.port, self.transport, target,
+                          timeout_s=self._transfer_timeout_s)
+
+    async def ensure_push_peer(self, target: PushTarget) -> bool:
+        return await self.puller.ensure_agent(target.reader_worker_id, target.agent_name)
+
+    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
+        await self._bus.client.publish(self._subjects.control(target.reader_worker_id), encode(message))
 
     def release_pins(self, prepared: Prepared) -> None:
         if prepared.pinned_block_ids:

@@ -26,10 +26,11 @@ from shared.schemas.generate import (
     Failed,
     Finished,
     FinishReason,
+    KvTarget,
     ResponseFrame,
     Tokens,
 )
-from shared.schemas.transfer import KvHandle
+from shared.schemas.transfer import KvHandle, PushTarget
 
 _frames: Codec[ResponseFrame] = Codec(ResponseFrame)
 
@@ -86,6 +87,20 @@ class ResponseStream:
         self._next_seq += 1
         return frame
 
+    async def kv_target(self) -> PushTarget:
+        """Push mode: the decode worker's target blocks, its first frame after `Accepted`."""
+        while True:
+            frame = await self._next_frame()
+            match frame:
+                case Accepted():
+                    self.accepted = frame
+                case KvTarget(target=target):
+                    return target
+                case Failed(code=code, message=message):
+                    raise from_code(code, message)
+                case _:
+                    raise StreamGap(f"expected a KvTarget frame from {self.subject}, got {type(frame).__name__}")
+
     async def frames(self) -> AsyncIterator[Tokens]:
         """Yield token frames; return after `Finished` (kept in `.finished`); raise on failure."""
         while True:
@@ -137,6 +152,9 @@ class FrameSender:
 
     async def accepted(self, worker_id: str) -> None:
         await self._send(Accepted(seq=self._seq, worker_id=worker_id))
+
+    async def kv_target(self, target: PushTarget) -> None:
+        await self._send(KvTarget(seq=self._seq, target=target))
 
     async def tokens(self, token_ids: list[int]) -> None:
         await self._send(Tokens(seq=self._seq, token_ids=token_ids))

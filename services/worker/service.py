@@ -16,12 +16,15 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
 
+from connector.push import PushWriter
 from connector.worker_kv import Prepared, WorkerKv
 from services.worker.engine import Engine
+from shared.block_hash import block_hash_chain
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import WorkerConfig
@@ -36,6 +39,8 @@ from shared.schemas import (
     KvEventBatch,
     KvSnapshotRequest,
     LoadSnapshot,
+    PushDone,
+    SamplingParams,
     WorkerCapacity,
     WorkerRegistration,
     WorkerStatus,
@@ -44,6 +49,18 @@ from shared.tracing import extract_context
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tandem.worker")
+
+
+@dataclass(slots=True)
+class KvPlan:
+    """How a request runs after its KV hand-off is prepared."""
+
+    token_ids: list[int] = field(default_factory=list)
+    sampling: SamplingParams = SamplingParams()
+    prepared: Prepared = field(default_factory=Prepared)
+    hold: bool = False  # lease the prompt's blocks for a decode worker when prefill ends
+    writer: PushWriter | None = None  # push the prompt's KV to a decode worker as it is computed
+    finish_before_start: bool = False  # the pushed first token is a stop token
 
 
 class WorkerService:
@@ -220,25 +237,34 @@ class WorkerService:
             span.set_attribute("tandem.request_id", request.request_id)
             span.set_attribute("tandem.prompt_tokens", len(request.token_ids))
             outputs = None
-            prepared = Prepared()
+            plan = KvPlan()
             try:
                 await sender.accepted(self.worker_id)
                 if request.model != self.engine.info.model:
                     raise TandemError(f"worker {self.worker_id} serves {self.engine.info.model!r}, "
                                       f"not {request.model!r}", code=ErrorCode.NOT_FOUND)
-                kv_params = request.kv_transfer
-                if kv_params is not None and self.kv is None:
-                    raise TandemError(f"worker {self.worker_id} has no KV data plane", code=ErrorCode.UNAVAILABLE)
-                if self.kv is not None:
-                    prepared = await self.kv.prepare(request)
-                    span.set_attribute("tandem.kv.pulled_tokens", prepared.pulled_tokens)
-                outputs = self.engine.generate(request.request_id, request.token_ids, request.sampling)
+                plan = await self._prepare_kv(request, sender)
+                span.set_attribute("tandem.kv.pulled_tokens", plan.prepared.pulled_tokens)
+                if plan.finish_before_start:
+                    await sender.finished("stop", prompt_tokens=len(plan.token_ids), cached_tokens=0,
+                                          completion_tokens=0, pulled_tokens=plan.prepared.pulled_tokens)
+                    return
+                outputs = self.engine.generate(request.request_id, plan.token_ids, plan.sampling,
+                                               **({"on_layer": plan.writer.on_layer} if plan.writer else {}))
                 async for output in outputs:
                     if self.kv is not None:  # admission holds its own references now: drop the pull's pins
-                        self.kv.release_pins(prepared)
+                        self.kv.release_pins(plan.prepared)
                     handle = None
-                    if output.finished and kv_params is not None and kv_params.hold_for_decode:
+                    if output.finished and plan.hold:
                         handle = self.kv.hold(request)  # before any await: the blocks could be evicted
+                    if output.finished and plan.writer is not None:
+                        plan.writer.send_reused(block_hash_chain(request.token_ids, self.engine.info.block_size),
+                                                self.engine.info.layout.num_layers)  # before any await, too
+                        done = await plan.writer.finish(output.token_ids[0] if output.token_ids else None)
+                        span.set_attribute("tandem.kv.push_writes", len(plan.writer.timings))
+                        self.kv.last_push_timings = plan.writer.timings
+                        await self.kv.send_push_done(plan.writer.target, done)
+                        plan.writer = None
                     if output.token_ids:
                         await sender.tokens(output.token_ids)
                     if output.finished:
@@ -246,8 +272,8 @@ class WorkerService:
                         await sender.finished(output.finish_reason, prompt_tokens=output.prompt_tokens,
                                               cached_tokens=output.cached_tokens,
                                               completion_tokens=output.completion_tokens, kv_handle=handle,
-                                              pulled_tokens=prepared.pulled_tokens,
-                                              recomputed_tokens=prepared.recomputed_tokens)
+                                              pulled_tokens=plan.prepared.pulled_tokens,
+                                              recomputed_tokens=plan.prepared.recomputed_tokens)
                         return
                 raise TandemError("engine ended the request without a finish reason")
             except asyncio.CancelledError:
@@ -264,7 +290,35 @@ class WorkerService:
                 if outputs is not None:
                     await outputs.aclose()  # aborts the engine request if it is still running
                 if self.kv is not None:
-                    self.kv.release_pins(prepared)
+                    self.kv.release_pins(plan.prepared)
+                if plan.writer is not None:  # the push did not complete: the reader must not wait
+                    plan.writer.abort()
+                    await _quietly(self.kv.send_push_done(plan.writer.target, PushDone(
+                        transfer_id=plan.writer.target.transfer_id, outcome="failed", checksums=[])))
+
+    async def _prepare_kv(self, request: GenerateRequest, sender: FrameSender) -> KvPlan:
+        """Do the request's part of a KV hand-off before it runs (see KvTransferParams)."""
+        params = request.kv_transfer
+        plan = KvPlan(token_ids=request.token_ids, sampling=request.sampling)
+        if params is None:
+            return plan
+        if self.kv is None:
+            raise TandemError(f"worker {self.worker_id} has no KV data plane", code=ErrorCode.UNAVAILABLE)
+        plan.hold = params.hold_for_decode
+        if params.await_push:
+            receiver = self.kv.push_receiver(request)
+            await sender.kv_target(receiver.target)
+            first_token, plan.prepared = await self.kv.await_push(request, receiver)
+            plan.token_ids = [*request.token_ids, first_token]
+            plan.finish_before_start = first_token in request.sampling.stop_token_ids
+        elif params.push_to is not None:
+            plan.writer = self.kv.push_writer(request, params.push_to)
+            if not await self.kv.ensure_push_peer(params.push_to):
+                raise TandemError(f"decode worker {params.push_to.reader_worker_id} is unreachable",
+                                  code=ErrorCode.UNAVAILABLE)
+        else:
+            plan.prepared = await self.kv.prepare(request)
+        return plan
 
     # ---- control plane ---------------------------------------------------------------
 
@@ -277,6 +331,9 @@ class WorkerService:
                     task.cancel()
             case Drain(deadline_s=deadline_s):
                 asyncio.create_task(self._drain_then_stop(deadline_s))
+            case PushDone():
+                if self.kv is not None:
+                    self.kv.deliver_push(message)
             case KvSnapshotRequest():
                 await self._publish_kv_events()  # flush what is buffered, then re-announce all
                 await self._publish_kv_events([AllBlocksCleared(), *self.engine.kv_snapshot()])

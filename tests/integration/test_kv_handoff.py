@@ -215,3 +215,70 @@ def test_records_round_trip() -> None:
     record = TransferRecord(worker_id="w", request_id="r", kind="pull", peer_worker_id="p", outcome="done",
                             blocks=1, blocks_ok=1, bytes=1, duration_s=0.1, pulled_tokens=16, recomputed_tokens=0)
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=TransferRecord) == record
+
+
+async def push_disaggregated(cluster: Cluster, prefill: str, decode: str, prompt: list[int], max_tokens: int
+                             ) -> tuple[list[int], Finished]:
+    """Push mode, driven as the router drives it: decode first (it allocates), then prefill."""
+    subjects = cluster.bus_config.subjects
+    decode_request = GenerateRequest(request_id=f"d{time.monotonic_ns()}", model="tiny", token_ids=prompt,
+                                     sampling=SamplingParams(max_tokens=max_tokens - 1),
+                                     kv_transfer=KvTransferParams(await_push=True))
+    decode_stream = await open_stream(cluster.bus, subjects.generate(decode), decode_request)
+    target = await decode_stream.kv_target()
+    first, p_done = await cluster.generate(prefill, prompt, 1, KvTransferParams(push_to=target))
+    try:
+        rest = [t async for frame in decode_stream.frames() for t in frame.token_ids]
+    finally:
+        await decode_stream.close()
+    assert p_done.finish_reason in ("length", "stop")
+    return first + rest, decode_stream.finished
+
+
+@pytest.mark.parametrize("speedup", [1.0])
+async def test_push_writes_layers_while_computing(cluster: Cluster, bus: Bus, bus_config: BusConfig,
+                                                  speedup: float) -> None:
+    await cluster.add("single")
+    prefill = await start_worker(msgspec.structs.replace(worker_config("prefill", bus_config),
+                                                         sim_speedup=speedup), bus)
+    cluster.workers["prefill"] = prefill
+    await cluster.add("decode")
+    for prompt in prompts():
+        expected, _ = await cluster.generate("single", prompt, 10)
+        got, d_done = await push_disaggregated(cluster, "prefill", "decode", prompt, 10)
+        assert got == expected, f"prompt of {len(prompt)} tokens"
+        assert d_done.pulled_tokens == (len(prompt) // BLOCK) * BLOCK and d_done.recomputed_tokens == 0
+
+    # a long prompt prefilled in several chunks: layer l of a chunk is on the wire while
+    # layer l + 1 is still being computed
+    long_prompt = [3 + (i * 11) % 500 for i in range(1200)]
+    expected, _ = await cluster.generate("single", long_prompt, 4)
+    got, _ = await push_disaggregated(cluster, "prefill", "decode", long_prompt, 4)
+    assert got == expected
+    timings = prefill.kv.last_push_timings
+    layered = [t for t in timings if t.layer is not None]
+    print("\npush timings (ms since the push began): layer, blocks, computed, written")
+    for t in timings:
+        print(f"  {t.layer!s:>4} {t.blocks:>4} {t.queued_s * 1e3:9.2f} {t.done_s * 1e3:9.2f}")
+    layers = prefill.engine.info.layout.num_layers
+    assert len(layered) >= 2 * layers  # several prefill chunks, every layer of each
+    computed_at = sorted(t.queued_s for t in layered)
+    overlapped = [t for t in layered if t.layer < layers - 1 and t.done_s < computed_at[-1]]
+    assert overlapped, "no layer was written before prefill finished computing"
+    assert all(t.ok for t in timings)
+    await cluster.assert_clean()
+
+
+async def test_push_with_failed_blocks_recomputes_only_them(cluster: Cluster) -> None:
+    await cluster.add("single")
+    await cluster.add("prefill", faults=KvFaultConfig(fail_fraction=0.3, seed=3))
+    await cluster.add("decode")
+    recomputed = 0
+    for prompt in prompts():
+        expected, _ = await cluster.generate("single", prompt, 6)
+        got, d_done = await push_disaggregated(cluster, "prefill", "decode", prompt, 6)
+        assert got == expected
+        recomputed += d_done.recomputed_tokens
+    assert recomputed > 0
+    assert recomputed == sum(r.recomputed_tokens for r in cluster.records if r.kind == "push")
+    await cluster.assert_clean()

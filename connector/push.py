@@ -1,0 +1,144 @@
+"""Push mode: the prefill worker writes the prompt's KV into blocks the decode worker
+allocated, layer by layer as each layer is computed, so the transfer overlaps compute.
+
+Decode side (`PushReceiver`): allocate and pin one block per full prompt block, announce
+them (`PushTarget`, sent to the router in a `KvTarget` frame), wait (bounded) for the
+writer's `PushDone`, then verify and commit exactly like a pull.
+
+Prefill side (`PushWriter`): the engine's `on_layer` hook queues a write of layer `l` of
+the blocks that step completed; when prefill ends, prompt blocks the engine reused from
+its cache (never computed, so never reported) are written whole, every write is awaited,
+and `PushDone` carries the first token and one checksum per block to the reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+
+from connector.transport import KvTransport, TransferResult
+from services.worker.engine import KvPort
+from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
+
+log = logging.getLogger(__name__)
+
+
+class LayerWrite(msgspec.Struct, kw_only=True):
+    """Timing of one write, relative to the writer's start: shows the overlap."""
+
+    layer: int | None  # None: whole blocks (reused from the cache)
+    blocks: int
+    queued_s: float  # when the layer was final (computed)
+    done_s: float
+    ok: bool
+
+
+class PushWriter:
+    def __init__(self, request_id: str, port: KvPort, transport: KvTransport, target: PushTarget, *,
+                 timeout_s: float) -> None:
+        self.request_id = request_id
+        self._port = port
+        self._transport = transport
+        self.target = target
+        self._timeout_s = timeout_s
+        self._started = time.monotonic()
+        self._writes: list[asyncio.Task[TransferResult]] = []
+        self._written: dict[int, set[int]] = {}  # prompt block index -> layers sent
+        self._pinned: list[int] = []
+        self._failed: set[int] = set()
+        self._sources: dict[int, int] = {}  # prompt block index -> local block id, set at the end
+        self.timings: list[LayerWrite] = []
+
+    def on_layer(self, layer: int, block_ids: list[int]) -> None:
+        """Engine hook (sync, on the loop): queue the write of this layer of these blocks."""
+        positions = {block_id: index for index, block_id in enumerate(self._port.prompt_block_ids(self.request_id))}
+        pairs = [(block_id, positions[block_id]) for block_id in block_ids
+                 if positions.get(block_id, len(self.target.block_ids)) < len(self.target.block_ids)]
+        if not pairs:
+            return
+        if layer == 0:  # keep the source blocks ours until their last layer is written
+            self._port.pin_blocks([block_id for block_id, _ in pairs])
+            self._pinned += [block_id for block_id, _ in pairs]
+        for _, index in pairs:
+            self._written.setdefault(index, set()).add(layer)
+        self._queue([block_id for block_id, _ in pairs], [index for _, index in pairs], layer)
+
+    def _queue(self, local: list[int], indices: list[int], layer: int | None) -> None:
+        queued = time.monotonic() - self._started
+        remote = [self.target.block_ids[index] for index in indices]
+
+        async def write() -> TransferResult:
+            result = await self._transport.write(self.target.agent_name, local, remote,
+                                                 timeout_s=self._timeout_s, layer=layer)
+            self.timings.append(LayerWrite(layer=layer, blocks=len(local), queued_s=queued,
+                                           done_s=time.monotonic() - self._started, ok=result.outcome == "done"))
+            for index, ok in zip(indices, result.ok):
+                if not ok:
+                    self._failed.add(index)
+            return result
+
+        self._writes.append(asyncio.ensure_future(write()))
+
+    def send_reused(self, prompt_hashes: list[int], num_layers: int) -> None:
+        """Call at the prefill's final output, before any await: write, whole, every prompt
+        block the engine did not compute (reused from its cache)."""
+        pinned = self._port.pin_prefix(prompt_hashes[: len(self.target.block_ids)])
+        self._pinned += [block_id for block_id, _ in pinned]
+        missing = [(block_id, index) for index, (block_id, _) in enumerate(pinned)
+                   if len(self._written.get(index, ())) < num_layers]
+        if missing:
+            self._queue([block_id for block_id, _ in missing], [index for _, index in missing], None)
+        self._sources = {index: block_id for index, (block_id, _) in enumerate(pinned)}
+
+    async def finish(self, first_token: int | None) -> PushDone:
+        """Wait for every write, then describe the outcome for the reader."""
+        results = await asyncio.gather(*self._writes, return_exceptions=True)
+        if any(isinstance(result, BaseException) for result in results):
+            log.warning("%s: a push write raised: %s", self.request_id, results)
+            self._failed.update(range(len(self.target.block_ids)))
+        sources = self._sources
+        checksums = [self._port.checksum(sources[index]) if index in sources else 0
+                     for index in range(len(self.target.block_ids))]
+        failed = sorted(self._failed | {index for index in range(len(self.target.block_ids)) if index not in sources})
+        outcome: TransferOutcome = "done" if not failed else "failed"
+        self.release()
+        return PushDone(transfer_id=self.target.transfer_id, outcome=outcome, checksums=checksums,
+                        first_token=first_token, failed_blocks=failed)
+
+    def release(self) -> None:
+        if self._pinned:
+            self._port.unpin(self._pinned)
+            self._pinned = []
+
+    def abort(self) -> None:
+        for write in self._writes:
+            write.cancel()
+        self.release()
+
+
+class PushReceiver:
+    """Decode side of one push: the target blocks, and the wait for `PushDone`."""
+
+    def __init__(self, port: KvPort, target: PushTarget, block_size: int) -> None:
+        self._port = port
+        self.target = target
+        self.block_size = block_size
+        self.done: asyncio.Future[PushDone] = asyncio.get_running_loop().create_future()
+
+    def deliver(self, message: PushDone) -> None:
+        if not self.done.done():
+            self.done.set_result(message)
+
+    def commit(self, message: PushDone, token_ids: list[int], block_hashes: list[int]) -> list[bool]:
+        """Verify and commit what arrived; unpins what did not. Returns per-block success."""
+        targets = self.target.block_ids
+        ok = [message.outcome in ("done", "failed") and index not in message.failed_blocks
+              and index < len(message.checksums) and self._port.checksum(block_id) == message.checksums[index]
+              for index, block_id in enumerate(targets)]
+        committed = self._port.commit_transferred(targets, block_hashes[: len(targets)],
+                                                  token_ids[: len(targets) * self.block_size], None, ok)
+        self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
+        return committed

@@ -1,0 +1,118 @@
+"""vLLM's KV-event wire format, decoded into Tandem's KV events. Pure: no sockets.
+
+vLLM's `ZmqEventPublisher` sends one multipart message per batch:
+`(topic, seq, payload)` with `seq` an 8-byte big-endian counter from 0 and `payload` a
+msgpack `KVEventBatch`: an array `[ts, events, data_parallel_rank]` whose events are maps
+tagged by `"type"` (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`). The structs here
+mirror the fields Tandem needs (vllm/distributed/kv_events.py); unknown fields are
+ignored and an unknown event type is skipped and counted, so a newer vLLM that adds
+fields or event kinds does not stop the bridge.
+
+Block hashes arrive as ints (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`:
+the low 64 bits of the hash) or as raw hash bytes; both become the same 64-bit int.
+
+Only the primary KV cache is mirrored: events for other tiers (`medium` other than
+"GPU", which the CPU backend also reports) and for extra KV-cache groups of hybrid models
+(`group_idx` > 0) are skipped, so one block is never counted twice.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+END_OF_REPLAY = -1  # the seq vLLM's replay socket sends after the last buffered batch
+_PRIMARY_MEDIA = (None, "GPU")
+_HASH_MASK = (1 << 64) - 1
+
+WireHash = int | bytes
+
+
+class _WireBlockStored(msgspec.Struct, tag="BlockStored", tag_field="type", kw_only=True):
+    block_hashes: list[WireHash]
+    parent_block_hash: WireHash | None = None
+    token_ids: list[int]
+    block_size: int
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _WireBlockRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", kw_only=True):
+    block_hashes: list[WireHash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _WireAllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
+    pass
+
+
+class _WireBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[msgspec.Raw]  # decoded one by one: an unknown kind skips one event only
+    data_parallel_rank: int | None = None
+
+
+_WireEvent = _WireBlockStored | _WireBlockRemoved | _WireAllBlocksCleared
+
+
+class DecodedBatch(msgspec.Struct, kw_only=True):
+    ts: float
+    events: list[KvEvent]
+    skipped: int  # events of unknown kinds, other tiers or other KV-cache groups
+
+
+class WireDecoder:
+    """Decodes batch payloads; create once, reuse (msgspec decoders are cached state)."""
+
+    def __init__(self) -> None:
+        self._batch = msgspec.msgpack.Decoder(_WireBatch)
+        self._event = msgspec.msgpack.Decoder(_WireEvent)
+
+    def decode(self, payload: bytes) -> DecodedBatch:
+        """Raises `msgspec.DecodeError` for a payload that is not a batch at all."""
+        batch = self._batch.decode(payload)
+        events: list[KvEvent] = []
+        skipped = 0
+        for raw in batch.events:
+            try:
+                wire = self._event.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                skipped += 1
+                continue
+            event = _to_tandem(wire)
+            if event is None:
+                skipped += 1
+            else:
+                events.append(event)
+        return DecodedBatch(ts=batch.ts, events=events, skipped=skipped)
+
+
+def block_hash_int(value: WireHash) -> int:
+    """vLLM's own bytes -> int conversion (`maybe_convert_block_hash`): the low 64 bits."""
+    if isinstance(value, bytes):
+        return int.from_bytes(value, "big") & _HASH_MASK
+    return value & _HASH_MASK
+
+
+def decode_seq(seq: bytes) -> int:
+    return int.from_bytes(seq, "big", signed=True)
+
+
+def _to_tandem(wire: _WireEvent) -> KvEvent | None:
+    match wire:
+        case _WireAllBlocksCleared():
+            return AllBlocksCleared()
+        case _WireBlockStored() if _is_primary(wire.medium, wire.group_idx):
+            parent = None if wire.parent_block_hash is None else block_hash_int(wire.parent_block_hash)
+            return BlockStored(block_hashes=[block_hash_int(h) for h in wire.block_hashes],
+                               parent_block_hash=parent, token_ids=wire.token_ids,
+                               block_size=wire.block_size)
+        case _WireBlockRemoved() if _is_primary(wire.medium, wire.group_idx):
+            return BlockRemoved(block_hashes=[block_hash_int(h) for h in wire.block_hashes])
+    return None
+
+
+def _is_primary(medium: str | None, group_idx: int | None) -> bool:
+    return medium in _PRIMARY_MEDIA and group_idx in (None, 0)

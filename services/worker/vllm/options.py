@@ -1,0 +1,68 @@
+"""The typed settings of one vLLM engine, built once (from `WorkerConfig` in the worker's
+wiring) and passed to `VllmEngine`. Nothing below reads the environment."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+
+from shared.config import ConfigError, WorkerConfig
+
+# vLLM-CPU's thread binding syntax for one engine (tensor parallel size 1): "auto" (vLLM
+# picks cores of a NUMA node and keeps one for its scheduler), "nobind", or core ids such
+# as "1", "0-3" or "0,2,4-7".
+_CORE_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
+    model_dir: str
+    served_model_name: str = ""  # empty: the model directory's name
+    model_version: str = ""  # part of the compatibility hash (pairs workers during upgrades)
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    kv_cache_gib: float = 1.0  # KV cache size; on CPU it is host memory
+    block_size: int | None = None  # None: the platform's choice (128 on CPU)
+    dtype: str = "auto"  # model dtype; "auto" follows the config (vLLM-CPU runs float32 as bfloat16)
+    cpu_threads_bind: str = "auto"
+    seed: int = 0
+    kv_event_buffer_steps: int = 10_000  # batches vLLM keeps to replay after a gap
+    kv_event_replay_timeout_s: float = 2.0
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model_dir).resolve().name
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_gib * (1 << 30))
+
+    def validate(self) -> None:
+        if not self.model_dir:
+            raise ConfigError("the vLLM engine needs a model directory (--model-dir)")
+        if not (Path(self.model_dir) / "config.json").is_file():
+            raise ConfigError(f"{self.model_dir!r} is not a model directory (no config.json)")
+        if self.max_model_len <= 0 or self.max_num_seqs <= 0:
+            raise ConfigError("max_model_len and max_num_seqs must be positive")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_batched_tokens must be positive")
+        if self.kv_cache_gib <= 0:
+            raise ConfigError("the vLLM KV cache size must be positive")
+        if self.block_size is not None and self.block_size <= 0:
+            raise ConfigError("block_size must be positive")
+        if self.cpu_threads_bind not in ("auto", "nobind") and not _CORE_LIST.match(self.cpu_threads_bind):
+            raise ConfigError(f"cpu_threads_bind must be 'auto', 'nobind' or core ids like '0-3', "
+                              f"got {self.cpu_threads_bind!r}")
+        if self.kv_event_buffer_steps <= 0 or self.kv_event_replay_timeout_s <= 0:
+            raise ConfigError("the KV event replay buffer and timeout must be positive")
+
+    @classmethod
+    def from_worker_config(cls, config: WorkerConfig) -> "VllmEngineOptions":
+        """The worker's settings; the `vllm_*` fields are the vLLM-only ones."""
+        return cls(model_dir=config.model_dir, served_model_name=config.served_model_name,
+                   max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                   max_num_batched_tokens=config.max_num_batched_tokens,
+                   kv_cache_gib=config.vllm_kv_cache_gib,  # type: ignore[attr-defined]
+                   cpu_threads_bind=config.vllm_cpu_threads_bind)  # type: ignore[attr-defined]
