@@ -58,6 +58,10 @@ class WorkerView(msgspec.Struct, kw_only=True):
     kv_stored_blocks: int
     kv_synced: bool  # False from a gap until the snapshot's AllBlocksCleared arrives
     kv_gaps: int
+    # KV hand-offs (from the load snapshot)
+    active_leases: int = 0
+    kv_pulled_tokens_total: int = 0
+    kv_recomputed_tokens_total: int = 0
 
 
 class Totals(msgspec.Struct, kw_only=True):
@@ -222,6 +226,9 @@ def _worker_view(worker: _Worker) -> WorkerView:
         kv_stored_blocks=len(worker.stored),
         kv_synced=worker.kv_synced,
         kv_gaps=worker.kv_gaps,
+        active_leases=load.active_leases,
+        kv_pulled_tokens_total=load.kv_pulled_tokens_total,
+        kv_recomputed_tokens_total=load.kv_recomputed_tokens_total,
     )
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from services.metrics.cluster_view import ClusterSnapshot, ClusterView, Totals, WorkerView
 from shared.codec import MalformedCounter
-from shared.schemas import RequestRecord
+from shared.schemas import RequestRecord, TransferRecord
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -34,6 +34,7 @@ _WORKER_GAUGES: tuple[tuple[str, str, Callable[[WorkerView], float | None]], ...
      lambda w: w.pending_prefill_tokens),
     ("tandem_worker_kv_synced", "1 while the collector's KV view of the worker is in sync",
      lambda w: float(w.kv_synced)),
+    ("tandem_worker_kv_active_leases", "KV hand-offs the worker holds blocks for", lambda w: w.active_leases),
 )
 _WORKER_COUNTERS: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
     ("tandem_worker_prompt_tokens", "Prompt tokens processed (worker's cumulative counter)",
@@ -43,6 +44,10 @@ _WORKER_COUNTERS: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
     ("tandem_worker_generated_tokens", "Tokens generated", lambda w: w.generated_tokens_total),
     ("tandem_worker_kv_event_gaps", "Sequence gaps seen on the worker's KV event stream",
      lambda w: w.kv_gaps),
+    ("tandem_worker_kv_pulled_tokens", "Prompt tokens whose KV arrived from another worker",
+     lambda w: w.kv_pulled_tokens_total),
+    ("tandem_worker_kv_recomputed_tokens", "Tokens meant to arrive by transfer that were computed",
+     lambda w: w.kv_recomputed_tokens_total),
 )
 _ROLE_GAUGES: tuple[tuple[str, str, Callable[[Totals], float | None]], ...] = (
     ("tandem_role_workers", "Workers per role", lambda t: t.workers),
@@ -99,6 +104,33 @@ class RequestHistograms:
         self.ttft.observe(record.ttft_s)
         if record.completion_tokens > 1:
             self.itl.observe(max(0.0, record.duration_s - record.ttft_s) / (record.completion_tokens - 1))
+
+
+_TRANSFER_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class TransferMetrics:
+    """KV hand-offs, from the readers' `TransferRecord`s."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.transfers = Counter("tandem_kv_transfers", "KV hand-offs by kind and outcome",
+                                 ["kind", "outcome"], registry=registry)
+        self.bytes = Counter("tandem_kv_transfer_bytes", "Bytes of KV moved", ["kind"], registry=registry)
+        self.blocks = Counter("tandem_kv_transfer_blocks", "KV blocks asked for, by result", ["kind", "result"],
+                              registry=registry)
+        self.tokens = Counter("tandem_kv_transfer_tokens", "Prompt tokens pulled or recomputed after a failure",
+                              ["kind", "source"], registry=registry)
+        self.seconds = Histogram("tandem_kv_transfer_seconds", "Time of one hand-off, seen by the reader",
+                                 ["kind"], buckets=_TRANSFER_BUCKETS_S, registry=registry)
+
+    def observe(self, record: TransferRecord) -> None:
+        self.transfers.labels(record.kind, record.outcome).inc()
+        self.bytes.labels(record.kind).inc(record.bytes)
+        self.blocks.labels(record.kind, "ok").inc(record.blocks_ok)
+        self.blocks.labels(record.kind, "failed").inc(record.blocks - record.blocks_ok)
+        self.tokens.labels(record.kind, "pulled").inc(record.pulled_tokens)
+        self.tokens.labels(record.kind, "recomputed").inc(record.recomputed_tokens)
+        self.seconds.labels(record.kind).observe(record.duration_s)
 
 
 def build_registry(view: ClusterView, malformed: Mapping[str, MalformedCounter]

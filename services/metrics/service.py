@@ -14,11 +14,18 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.metrics.cluster_view import ClusterView
-from services.metrics.exposition import build_registry
+from services.metrics.exposition import TransferMetrics, build_registry
 from shared.bus import BucketMirror, Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import MetricsConfig
-from shared.schemas import KvEventBatch, KvSnapshotRequest, LoadSnapshot, RequestRecord, WorkerRegistration
+from shared.schemas import (
+    KvEventBatch,
+    KvSnapshotRequest,
+    LoadSnapshot,
+    RequestRecord,
+    TransferRecord,
+    WorkerRegistration,
+)
 from shared.subjects import check_token
 
 log = logging.getLogger(__name__)
@@ -31,11 +38,13 @@ class MetricsService:
         self._members_bucket_ttl_s = config.membership.bucket_ttl_s
         self.view = ClusterView()
         self.malformed = {stream: MalformedCounter()
-                          for stream in ("load", "kv_events", "requests", "members")}
+                          for stream in ("load", "kv_events", "requests", "members", "kv_transfers")}
         self.registry, self._histograms = build_registry(self.view, self.malformed)
+        self.transfer_metrics = TransferMetrics(self.registry)
         self._loads: Codec[LoadSnapshot] = Codec(LoadSnapshot, self.malformed["load"])
         self._kv_batches: Codec[KvEventBatch] = Codec(KvEventBatch, self.malformed["kv_events"])
         self._records: Codec[RequestRecord] = Codec(RequestRecord, self.malformed["requests"])
+        self._transfers: Codec[TransferRecord] = Codec(TransferRecord, self.malformed["kv_transfers"])
         self._registrations: Codec[WorkerRegistration] = Codec(WorkerRegistration,
                                                                self.malformed["members"])
         self.snapshot_requests_sent = 0
@@ -56,6 +65,7 @@ class MetricsService:
             await client.subscribe(self._subjects.load_all, cb=self._on_load),
             await client.subscribe(self._subjects.kv_events_all, cb=self._on_kv),
             await client.subscribe(self._subjects.request_events, cb=self._on_request),
+            await client.subscribe(self._subjects.kv_transfers_all, cb=self._on_transfer),
         ]
         await client.flush()  # subscriptions are live on the server when start() returns
 
@@ -98,6 +108,11 @@ class MetricsService:
         if record is not None:
             self.view.apply_request(record)
             self._histograms.observe(record)
+
+    async def _on_transfer(self, msg: Msg) -> None:
+        record = self._transfers.decode_or_none(msg.data, msg.subject)
+        if record is not None:
+            self.transfer_metrics.observe(record)
 
     async def _request_kv_snapshot(self, worker_id: str) -> None:
         log.info("KV stream of %s is out of sync: requesting a snapshot", worker_id)

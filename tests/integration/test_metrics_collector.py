@@ -218,3 +218,33 @@ async def test_run_metrics_announces_its_port(
         task.cancel()
         results = await asyncio.gather(task, return_exceptions=True)
     assert isinstance(results[0], asyncio.CancelledError)
+
+
+async def test_transfer_records_become_prometheus_metrics(bus: Bus, bus_config: BusConfig) -> None:
+    from services.metrics.service import MetricsService
+    from shared.config import MetricsConfig
+    from shared.schemas import TransferRecord
+
+    service = MetricsService(MetricsConfig(bus=bus_config, port=0), bus)
+    await service.start()
+    try:
+        for outcome, ok in (("done", 4), ("failed", 1)):
+            record = TransferRecord(worker_id="d1", request_id="r", kind="pull", peer_worker_id="p1", outcome=outcome,
+                                    blocks=4, blocks_ok=ok, bytes=ok * 16384, duration_s=0.002,
+                                    pulled_tokens=ok * 16, recomputed_tokens=(4 - ok) * 16)
+            await bus.client.publish(bus_config.subjects.kv_transfers("d1"), encode(record))
+        await bus.client.publish(bus_config.subjects.kv_transfers("d1"), b"junk")
+        sample = service.registry.get_sample_value
+        deadline = asyncio.get_running_loop().time() + 5
+        while sample("tandem_kv_transfers_total", {"kind": "pull", "outcome": "failed"}) != 1.0:
+            assert asyncio.get_running_loop().time() < deadline, "transfer records not counted"
+            await asyncio.sleep(0.01)
+        assert sample("tandem_kv_transfer_bytes_total", {"kind": "pull"}) == 5 * 16384
+        assert sample("tandem_kv_transfer_tokens_total", {"kind": "pull", "source": "recomputed"}) == 48
+        assert sample("tandem_kv_transfer_blocks_total", {"kind": "pull", "result": "failed"}) == 3
+        assert sample("tandem_kv_transfer_seconds_count", {"kind": "pull"}) == 2
+        while service.malformed["kv_transfers"].total != 1:
+            assert asyncio.get_running_loop().time() < deadline, "junk not counted"
+            await asyncio.sleep(0.01)
+    finally:
+        await service.stop()
