@@ -231,6 +231,14 @@ def bench_transfer(ctx: typer.Context) -> None:
     bench_main(list(ctx.args))
 
 
+@bench_app.command("index", context_settings=PASSTHROUGH)
+def bench_index(ctx: typer.Context) -> None:
+    """KV index: ingest and match vs NVIDIA Dynamo's RadixTree, same events (--help for options)."""
+    from services.router.bench_index import main as bench_main
+
+    bench_main(list(ctx.args))
+
+
 @app.command()
 def up(
     port: Annotated[int, typer.Option(envvar="PORT", help="Router HTTP port.")] = 8000,

@@ -1,0 +1,443 @@
+"""KV index: which Tandem block hashes each worker holds. Pure and synchronous.
+
+Callers: the router's KV-event adapter feeds `ingest(KvEventBatch)` and sends the
+`KvSnapshotRequest` an `IngestResult` asks for; membership calls `add_worker` /
+`remove_worker`; the routing policy asks `match(block_hashes)` on the request hot path and
+records its decision with `add_speculative(..., expires_at)`; a timer calls `expire(now)`.
+No I/O, no clock: time is always passed in.
+
+Hashes. The index is keyed by Tandem's chain (`shared.block_hash`), computed here from the
+`token_ids` of each `BlockStored`, so that the router and every worker with the same block
+size and salt agree whatever engine runs. Engine hashes only link a stored event to its
+parent and name the blocks a `BlockRemoved` drops: each worker keeps engine -> Tandem.
+
+Layout (why `match` is one pass over the request's chain):
+- `_holders: dict[tandem hash, int]`: a bitmask of the worker slots holding the block,
+  really or speculatively. Worker ids are interned to small slots (lowest free first) so
+  masks stay as short as the fleet; a block with one holder stores that worker's own
+  `bit` object, so it costs no int of its own.
+- per worker: `tandem_of` (engine hash -> Tandem hash: removals, parents, purge),
+  `speculative` (Tandem hash -> expires_at) and `extra_refs` (Tandem hash -> how many
+  more engine hashes of this worker map to it; empty unless the engine hashes keys that
+  Tandem does not, e.g. LoRA or multimodal extras).
+Invariant: bit w is set in `_holders[t]` iff t is one of worker w's real blocks (a value
+of `tandem_of`) or one of its speculative blocks; the two sets are disjoint.
+Memory: ~150-160 bytes per indexed (worker, block), measured by `bench_index`
+(`bytes_per_block`, 1M blocks over 16-1024 workers).
+
+Sequence numbers. A worker's batches carry seq = last + 1 (its first is 1). Any other seq
+(a lost batch, a restarted worker) is a gap; a `BlockStored` whose parent the index does
+not know is one too. The batch is still applied (the best view there is), the worker is
+flagged unsynced, and `IngestResult.resync_needed` asks once for a snapshot (the adapter
+retries on its own timer while `unsynced_workers()` lists the worker). A batch with
+`AllBlocksCleared` resyncs: what follows the clear is the worker's complete state. Inside
+such a batch an unknown parent is not a gap (a snapshot may hold a block whose parent was
+evicted): those blocks are skipped and counted as orphaned. A block announced again under
+an engine hash the worker already reported is skipped (vLLM re-announces prefix hits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import sys
+from array import array
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from itertools import accumulate, count, repeat, takewhile
+from operator import and_, neg
+
+from shared.block_hash import ROOT_PARENT
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+
+# Copying a prepared state is ~2x cheaper than constructing blake2b(digest_size=8) per block.
+_BLAKE2B_8 = hashlib.blake2b(digest_size=8)
+_BIG_ENDIAN = sys.byteorder == "big"
+assert array("Q").itemsize == 8
+
+
+def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"", *,
+                     parent_hash: int = ROOT_PARENT) -> list[int]:
+    """Tandem's chain for every full block of `token_ids` (a request's, or an event's).
+
+    Equal to `shared.block_hash.block_hash_chain` (the tests pin it): the same bytes,
+    parent (LE64) || salt || token ids (u32), through blake2b-64, ~2.5x faster: the token
+    ids are packed once per call, and a prepared hash state is copied per block.
+    """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    tokens = array("I")
+    tokens.fromlist(token_ids if type(token_ids) is list else list(token_ids))
+    data = memoryview(tokens).cast("B")
+    step = block_size * 4
+    digest = parent_hash.to_bytes(8, "little")
+    copy = _BLAKE2B_8.copy
+    digests = bytearray()
+    for start in range(0, len(data) - step + 1, step):
+        hasher = copy()
+        hasher.update(digest + salt if salt else digest)
+        hasher.update(data[start:start + step])
+        digest = hasher.digest()
+        digests += digest
+    hashes = array("Q", digests)  # each digest read as a little-endian u64, like int.from_bytes
+    if _BIG_ENDIAN:
+        hashes.byteswap()
+    return hashes.tolist()
+
+
+class IngestOutcome(str, Enum):
+    APPLIED = "applied"
+    GAP = "gap"  # applied, but the worker's view may be wrong until a snapshot arrives
+    UNKNOWN_WORKER = "unknown_worker"  # ignored: membership has not added the worker
+
+
+@dataclass(slots=True)  # not frozen: one per batch, and a frozen init costs 3x more
+class IngestResult:
+    outcome: IngestOutcome
+    synced: bool  # the worker's view is exact after this batch
+    resync_needed: bool  # the worker fell out of sync with this batch: send a KvSnapshotRequest
+    stored_blocks: int = 0
+    removed_blocks: int = 0
+    rejected_blocks: int = 0  # refused: block size differs from the worker's, or malformed
+    orphaned_blocks: int = 0  # skipped: parent unknown
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIndexStats:
+    worker_id: str
+    block_size: int
+    blocks: int  # distinct Tandem hashes the worker reported and still holds
+    speculative_blocks: int
+    synced: bool
+    last_seq: int
+    rejected_blocks: int  # since added; non-zero means a block-size mismatch (0% hits)
+    orphaned_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    workers: tuple[WorkerIndexStats, ...]
+    total_blocks: int  # distinct Tandem hashes held by any worker
+
+    @property
+    def blocks_per_worker(self) -> dict[str, int]:
+        return {worker.worker_id: worker.blocks for worker in self.workers}
+
+    @property
+    def unsynced_workers(self) -> tuple[str, ...]:
+        return tuple(worker.worker_id for worker in self.workers if not worker.synced)
+
+
+class _Worker:
+    __slots__ = ("worker_id", "slot", "bit", "block_size", "salt", "tandem_of", "extra_refs",
+                 "speculative", "last_seq", "synced", "rejected_blocks", "orphaned_blocks")
+
+    def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes) -> None:
+        self.worker_id = worker_id
+        self.slot = slot
+        self.bit = 1 << slot
+        self.block_size = block_size
+        self.salt = salt
+        self.tandem_of: dict[int, int] = {}
+        self.extra_refs: dict[int, int] = {}
+        self.speculative: dict[int, float] = {}
+        self.last_seq = 0
+        self.synced = True
+        self.rejected_blocks = 0
+        self.orphaned_blocks = 0
+
+
+class KvIndex:
+    def __init__(self) -> None:
+        self._holders: dict[int, int] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._by_slot: list[_Worker | None] = []
+        self._free_slots: list[int] = []  # a heap: reuse the lowest slot to keep masks short
+        self._configs: dict[tuple[int, bytes], int] = {}  # (block_size, salt) -> workers
+        self._expiry: list[tuple[float, int, _Worker, list[int]]] = []  # a heap
+        self._expiry_order = count()
+
+    # ---- membership ---------------------------------------------------------------------
+
+    def add_worker(self, worker_id: str, block_size: int, salt: bytes = b"") -> None:
+        """Start indexing a worker; a no-op if it is known with the same block size and salt."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        known = self._workers.get(worker_id)
+        if known is not None:
+            if (known.block_size, known.salt) == (block_size, salt):
+                return
+            self.remove_worker(worker_id)  # hashes under the old config mean nothing now
+        slot = heapq.heappop(self._free_slots) if self._free_slots else len(self._by_slot)
+        worker = _Worker(worker_id, slot, block_size, salt)
+        if slot == len(self._by_slot):
+            self._by_slot.append(worker)
+        else:
+            self._by_slot[slot] = worker
+        self._workers[worker_id] = worker
+        config = (block_size, salt)
+        self._configs[config] = self._configs.get(config, 0) + 1
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget a worker and everything it held, real or speculative."""
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return
+        self._clear_real(worker)
+        for block_hash in worker.speculative:
+            self._drop_bit(block_hash, worker.bit)
+        worker.speculative = {}
+        self._by_slot[worker.slot] = None
+        heapq.heappush(self._free_slots, worker.slot)
+        config = (worker.block_size, worker.salt)
+        self._configs[config] -= 1
+        if not self._configs[config]:
+            del self._configs[config]
+
+    # ---- events -------------------------------------------------------------------------
+
+    def ingest(self, batch: KvEventBatch) -> IngestResult:
+        worker = self._workers.get(batch.worker_id)
+        if worker is None:
+            return IngestResult(IngestOutcome.UNKNOWN_WORKER, synced=False, resync_needed=False)
+        was_synced = worker.synced
+        gap = batch.seq != worker.last_seq + 1
+        worker.last_seq = batch.seq
+        if gap:
+            worker.synced = False
+        stored = removed = rejected = orphaned = 0
+        after_clear = False
+        for event in batch.events:
+            if type(event) is BlockStored:
+                event_stored, event_rejected, event_orphaned = self._store(worker, event)
+                stored += event_stored
+                rejected += event_rejected
+                orphaned += event_orphaned
+                if event_orphaned and not after_clear:
+                    gap = True
+                    worker.synced = False
+            elif type(event) is BlockRemoved:
+                removed += self._remove(worker, event.block_hashes)
+            else:
+                assert type(event) is AllBlocksCleared, f"unknown KV event {event!r}"
+                self._clear_real(worker)
+                worker.synced = True
+                after_clear = True
+        outcome = IngestOutcome.GAP if gap and not worker.synced else IngestOutcome.APPLIED
+        return IngestResult(outcome, synced=worker.synced, resync_needed=was_synced and not worker.synced,
+                            stored_blocks=stored, removed_blocks=removed, rejected_blocks=rejected,
+                            orphaned_blocks=orphaned)
+
+    def _store(self, worker: _Worker, event: BlockStored) -> tuple[int, int, int]:
+        """Apply one `BlockStored`; returns (stored, rejected, orphaned) block counts."""
+        engine_hashes = event.block_hashes
+        blocks = len(engine_hashes)
+        if event.block_size != worker.block_size or len(event.token_ids) != blocks * worker.block_size:
+            worker.rejected_blocks += blocks
+            return 0, blocks, 0
+        if not blocks:
+            return 0, 0, 0
+        tandem_of = worker.tandem_of
+        token_ids = event.token_ids
+        if engine_hashes[0] in tandem_of:
+            # Blocks announced again (vLLM can re-announce prefix-cache hits): a known engine
+            # hash of this worker names the same tokens, so the known head is not re-hashed.
+            known = list(map(tandem_of.__contains__, engine_hashes))
+            head = known.index(False) if False in known else blocks
+            if head == blocks:
+                return 0, 0, 0
+            parent_hash = tandem_of[engine_hashes[head - 1]]
+            engine_hashes = engine_hashes[head:]
+            token_ids = token_ids[head * worker.block_size:]
+        elif event.parent_block_hash is None:
+            parent_hash = ROOT_PARENT
+        else:
+            parent_hash = tandem_of.get(event.parent_block_hash)
+            if parent_hash is None:
+                worker.orphaned_blocks += blocks
+                return 0, 0, blocks
+        tandem = block_hashes_for(token_ids, worker.block_size, worker.salt, parent_hash=parent_hash)
+        if any(map(tandem_of.__contains__, engine_hashes)):  # rare: a known block past the head
+            fresh = [(engine_hash, block_hash) for engine_hash, block_hash in zip(engine_hashes, tandem)
+                     if engine_hash not in tandem_of]
+            engine_hashes = [engine_hash for engine_hash, _ in fresh]
+            tandem = [block_hash for _, block_hash in fresh]
+        holders = self._holders
+        bit = worker.bit
+        speculative = worker.speculative
+        promoted = {block_hash for block_hash in tandem if block_hash in speculative} if speculative else ()
+        for block_hash in promoted:
+            del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
+        masks = list(map(holders.get, tandem))
+        if masks.count(None) == len(tandem):  # the common case: blocks no worker holds yet
+            holders.update(zip(tandem, repeat(bit)))
+        else:
+            extra_refs = worker.extra_refs
+            for block_hash, mask in zip(tandem, masks):
+                if mask is None:
+                    holders[block_hash] = bit
+                elif not mask & bit:
+                    holders[block_hash] = mask | bit
+                elif block_hash not in promoted:  # another engine hash of this worker, same tokens
+                    extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
+        tandem_of.update(zip(engine_hashes, tandem))
+        return len(tandem), 0, 0
+
+    def _remove(self, worker: _Worker, engine_hashes: list[int]) -> int:
+        tandem_of = worker.tandem_of
+        removed = 0
+        for engine_hash in engine_hashes:
+            block_hash = tandem_of.pop(engine_hash, None)
+            if block_hash is None:
+                continue  # never indexed (an orphan) or already removed: removal is idempotent
+            self._release(worker, block_hash)
+            removed += 1
+        return removed
+
+    def _release(self, worker: _Worker, block_hash: int) -> None:
+        """One engine hash of `worker` no longer maps to `block_hash`."""
+        extra = worker.extra_refs.get(block_hash)
+        if extra:
+            if extra == 1:
+                del worker.extra_refs[block_hash]
+            else:
+                worker.extra_refs[block_hash] = extra - 1
+            return
+        self._drop_bit(block_hash, worker.bit)
+
+    def _drop_bit(self, block_hash: int, bit: int) -> None:
+        mask = self._holders[block_hash]
+        assert mask & bit, "index invariant: a worker's block has its bit set"
+        mask ^= bit
+        if mask:
+            self._holders[block_hash] = mask
+        else:
+            del self._holders[block_hash]
+
+    def _clear_real(self, worker: _Worker) -> None:
+        """Drop every block the worker reported; its speculative blocks stay (requests in flight)."""
+        block_hashes = worker.tandem_of.values()
+        for block_hash in set(block_hashes) if worker.extra_refs else block_hashes:
+            self._drop_bit(block_hash, worker.bit)
+        worker.tandem_of = {}
+        worker.extra_refs = {}
+
+    # ---- speculation --------------------------------------------------------------------
+
+    def add_speculative(self, worker_id: str, block_hashes: Sequence[int], expires_at: float) -> int:
+        """Predict that `worker_id` will hold `block_hashes` (a request was just routed there).
+
+        Until `expires_at`, `match` counts them, so sibling requests that arrive before the
+        worker's events follow the first one. A real `BlockStored` supersedes a prediction;
+        a later prediction extends it. Returns how many blocks became speculative.
+        """
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return 0
+        holders = self._holders
+        bit = worker.bit
+        speculative = worker.speculative
+        touched: list[int] = []
+        added = 0
+        for block_hash in block_hashes:
+            mask = holders.get(block_hash, 0)
+            if mask & bit:
+                previous = speculative.get(block_hash)
+                if previous is not None and previous < expires_at:  # None: really held
+                    speculative[block_hash] = expires_at
+                    touched.append(block_hash)
+                continue
+            holders[block_hash] = mask | bit if mask else bit
+            speculative[block_hash] = expires_at
+            touched.append(block_hash)
+            added += 1
+        if touched:
+            heapq.heappush(self._expiry, (expires_at, next(self._expiry_order), worker, touched))
+        return added
+
+    def expire(self, now: float) -> int:
+        """Drop speculative blocks whose time has come; returns how many."""
+        expired = 0
+        while self._expiry and self._expiry[0][0] <= now:
+            _, _, worker, block_hashes = heapq.heappop(self._expiry)
+            if self._workers.get(worker.worker_id) is not worker:
+                continue  # removed since (or removed and added again)
+            speculative = worker.speculative
+            for block_hash in block_hashes:
+                expires_at = speculative.get(block_hash)
+                if expires_at is None or expires_at > now:
+                    continue  # became real, or a later prediction extended it
+                del speculative[block_hash]
+                self._drop_bit(block_hash, worker.bit)
+                expired += 1
+        return expired
+
+    # ---- queries ------------------------------------------------------------------------
+
+    def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Per worker, how many leading blocks of the chain it holds (only workers with >= 1).
+
+        The running AND of the holders' masks along the chain is computed in C (map,
+        accumulate, takewhile) and stops at the first block no remaining worker holds. As
+        bits can only drop out, the masks never grow as integers: each worker's overlap is
+        found by bisecting for where its group's mask changes, not by a Python loop per block.
+        """
+        live = list(takewhile(bool, accumulate(map(self._holders.get, block_hashes, repeat(0)), and_)))
+        overlaps: dict[str, int] = {}
+        end = len(live)
+        start = 0
+        while start < end:
+            mask = live[start]
+            stop = bisect_right(live, -mask, start, end, key=neg)
+            dropped = mask ^ live[stop] if stop < end else mask
+            while dropped:
+                low = dropped & -dropped
+                worker = self._by_slot[low.bit_length() - 1]
+                assert worker is not None, "index invariant: a set bit has a worker"
+                overlaps[worker.worker_id] = stop
+                dropped ^= low
+            start = stop
+        return overlaps
+
+    def match_tokens(self, token_ids: Sequence[int]) -> dict[str, int]:
+        """`match` over every (block size, salt) the workers use: one chain per config."""
+        overlaps: dict[str, int] = {}
+        for block_size, salt in self._configs:
+            overlaps.update(self.match(block_hashes_for(token_ids, block_size, salt)))
+        return overlaps
+
+    def memory_bytes(self) -> int:
+        """Bytes of the index's tables and the ints in them, each object once. O(blocks):
+        for benchmarks and debugging, not for a metrics loop."""
+        seen: set[int] = set()
+
+        def sized(objects) -> int:
+            size = 0
+            for obj in objects:
+                if id(obj) not in seen:
+                    seen.add(id(obj))
+                    size += sys.getsizeof(obj)
+            return size
+
+        tables = [self._holders]
+        for worker in self._workers.values():
+            tables += [worker.tandem_of, worker.extra_refs, worker.speculative]
+        return sum(sys.getsizeof(table) + sized(table.keys()) + sized(table.values()) for table in tables)
+
+    def workers(self) -> list[str]:
+        return list(self._workers)
+
+    def unsynced_workers(self) -> list[str]:
+        return [worker.worker_id for worker in self._workers.values() if not worker.synced]
+
+    def stats(self) -> IndexStats:
+        workers = tuple(
+            WorkerIndexStats(worker_id=worker.worker_id, block_size=worker.block_size,
+                             blocks=len(worker.tandem_of) - sum(worker.extra_refs.values()),
+                             speculative_blocks=len(worker.speculative), synced=worker.synced,
+                             last_seq=worker.last_seq, rejected_blocks=worker.rejected_blocks,
+                             orphaned_blocks=worker.orphaned_blocks)
+            for worker in self._workers.values())
+        return IndexStats(workers=workers, total_blocks=len(self._holders))
