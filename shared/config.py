@@ -111,6 +111,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     sim_speedup: float = 1.0
     sim_layers: int = 4
     sim_kv_dim: int = 64
+    vllm_kv_cache_gib: float = 1.0
+    vllm_cpu_threads_bind: str = "auto"  # "auto", "nobind" or cores like "0-3"; pin engines apart
     load_interval_s: float = 0.25
     kv_event_interval_s: float = 0.02
     drain_timeout_s: float = 30.0

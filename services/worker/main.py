@@ -26,7 +26,15 @@ def build_engine(config: WorkerConfig) -> Engine:
         tokenizer = Tokenizer.from_model_dir(config.model_dir)
         model_name = config.served_model_name or tokenizer.model_name
         return SimEngine(config, model_name=model_name, vocab_size=tokenizer.vocab_size)
-    raise ConfigError(f"engine {config.engine!r} is not available in this build (supported: sim)")
+    if config.engine == "vllm":
+        try:
+            from services.worker.vllm.engine import VllmEngine
+            from services.worker.vllm.options import VllmEngineOptions
+        except ImportError as error:
+            raise ConfigError(f"vLLM is not installed (make install-vllm; "
+                              f"services/worker/vllm/requirements-cpu.txt): {error}") from error
+        return VllmEngine(VllmEngineOptions.from_worker_config(config))
+    raise ConfigError(f"unknown engine {config.engine!r} (supported: sim, vllm)")
 
 
 def build_kv(config: WorkerConfig, engine: Engine, bus) -> WorkerKv | None:

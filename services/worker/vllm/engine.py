@@ -185,7 +185,10 @@ class VllmEngine:
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         llm = self._llm
-        (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
+        try:
+            (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
+        except VLLMValidationError as error:
+            raise InvalidArgument(str(error)) from error
         outputs = llm.generate(engine_input, _sampling_params(sampling), request_id)
         self._streams.add(request_id)
         self._awaiting_first_output[request_id] = len(token_ids)

@@ -44,7 +44,7 @@ class KvEventEndpoints(msgspec.Struct, frozen=True, kw_only=True):
     replay: str  # vLLM's ROUTER (replay) socket binds here
 
     @classmethod
-    def in_directory(cls, directory: str) -> "KvEventEndpoints":
+    def in_directory(cls, directory: str) -> KvEventEndpoints:
         # ipc paths are limited to ~107 bytes: keep the directory short (a mkdtemp in /tmp).
         return cls(publish=f"ipc://{os.path.join(directory, 'kv-events')}",
                    replay=f"ipc://{os.path.join(directory, 'kv-replay')}")

@@ -59,10 +59,10 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("the KV event replay buffer and timeout must be positive")
 
     @classmethod
-    def from_worker_config(cls, config: WorkerConfig) -> "VllmEngineOptions":
+    def from_worker_config(cls, config: WorkerConfig) -> VllmEngineOptions:
         """The worker's settings; the `vllm_*` fields are the vLLM-only ones."""
         return cls(model_dir=config.model_dir, served_model_name=config.served_model_name,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
-                   kv_cache_gib=config.vllm_kv_cache_gib,  # type: ignore[attr-defined]
-                   cpu_threads_bind=config.vllm_cpu_threads_bind)  # type: ignore[attr-defined]
+                   kv_cache_gib=config.vllm_kv_cache_gib,
+                   cpu_threads_bind=config.vllm_cpu_threads_bind)

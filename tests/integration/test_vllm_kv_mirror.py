@@ -1,0 +1,129 @@
+"""vLLM KV-event wire decoding and the deduplicating block mirror (pure; no vLLM needed).
+
+When vLLM is installed, its own event classes encode the payloads too, so a change in
+vLLM's wire format shows up here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from services.worker.vllm.kv_event_wire import WireDecoder, block_hash_int
+from services.worker.vllm.kv_mirror import KvBlockMirror
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+BS = 4
+
+
+def _tokens(first: int, blocks: int) -> list[int]:
+    return list(range(first, first + blocks * BS))
+
+
+def _stored(hashes: list[int], parent: int | None, first_token: int) -> BlockStored:
+    return BlockStored(block_hashes=hashes, parent_block_hash=parent,
+                       token_ids=_tokens(first_token, len(hashes)), block_size=BS)
+
+
+# ---- wire -------------------------------------------------------------------------------
+
+def _wire_stored(hashes, parent, tokens, *, medium="GPU", group_idx=0, **extra):
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+            "token_ids": tokens, "block_size": BS, "lora_id": None, "medium": medium,
+            "lora_name": None, "group_idx": group_idx, **extra}
+
+
+def test_wire_decodes_vllm_shaped_batch() -> None:
+    payload = msgspec.msgpack.encode([
+        1.5,
+        [
+            _wire_stored([11, 12], None, _tokens(0, 2), extra_keys=[None, None], kv_cache_spec_kind="full_attention"),
+            {"type": "BlockRemoved", "block_hashes": [b"\x01" * 24 + (7).to_bytes(8, "big")], "medium": "GPU"},
+            {"type": "AllBlocksCleared"},
+            _wire_stored([13], 12, _tokens(8, 1), medium="CPU"),  # another tier: skipped
+            _wire_stored([14], None, _tokens(0, 1), group_idx=1),  # another KV group: skipped
+            {"type": "SomethingNew", "x": 1},  # a future event kind: skipped
+        ],
+        0,
+    ])
+    batch = WireDecoder().decode(payload)
+    assert batch.ts == 1.5
+    assert batch.skipped == 3
+    assert batch.events == [
+        BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=_tokens(0, 2), block_size=BS),
+        BlockRemoved(block_hashes=[7]),  # the low 64 bits of the hash bytes
+        AllBlocksCleared(),
+    ]
+
+
+def test_block_hash_int_takes_low_64_bits_of_bytes() -> None:
+    assert block_hash_int((5).to_bytes(32, "big")) == 5
+    assert block_hash_int(b"\xff" * 32) == (1 << 64) - 1
+    assert block_hash_int(42) == 42
+
+
+def test_wire_matches_vllm_encoder() -> None:
+    kv_events = pytest.importorskip("vllm.distributed.kv_events", reason="vLLM is not installed in this venv")
+    batch = kv_events.KVEventBatch(ts=2.0, events=[
+        kv_events.BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=_tokens(0, 2),
+                              block_size=BS, lora_id=None, medium="GPU", lora_name=None),
+        kv_events.BlockStored(block_hashes=[b"\x00" * 31 + b"\x03"], parent_block_hash=2,
+                              token_ids=_tokens(8, 1), block_size=BS, lora_id=None, medium="GPU",
+                              lora_name=None),
+        kv_events.BlockRemoved(block_hashes=[1], medium="GPU"),
+        kv_events.AllBlocksCleared(),
+    ], data_parallel_rank=0)
+    decoded = WireDecoder().decode(msgspec.msgpack.Encoder().encode(batch))
+    assert decoded.skipped == 0
+    assert decoded.events == [
+        BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=_tokens(0, 2), block_size=BS),
+        BlockStored(block_hashes=[3], parent_block_hash=2, token_ids=_tokens(8, 1), block_size=BS),
+        BlockRemoved(block_hashes=[1]),
+        AllBlocksCleared(),
+    ]
+
+
+# ---- mirror -----------------------------------------------------------------------------
+
+def test_mirror_passes_a_store_once_and_a_removal_at_the_last_copy() -> None:
+    mirror = KvBlockMirror(BS)
+    first = _stored([1, 2], None, 0)
+    assert mirror.apply(first) == [first]
+    assert mirror.apply(_stored([1, 2], None, 0)) == []  # a second physical copy
+    assert mirror.cached_blocks == 2
+    assert mirror.apply(BlockRemoved(block_hashes=[2])) == []  # one copy of 2 left
+    assert mirror.apply(BlockRemoved(block_hashes=[2, 99])) == [BlockRemoved(block_hashes=[2])]
+    assert mirror.cached_blocks == 1
+
+
+def test_mirror_splits_a_store_around_known_blocks() -> None:
+    mirror = KvBlockMirror(BS)
+    mirror.apply(_stored([2], 1, 4))
+    passed = mirror.apply(_stored([1, 2, 3], None, 0))
+    assert passed == [_stored([1], None, 0), _stored([3], 2, 8)]
+
+
+def test_mirror_skips_stores_that_do_not_fill_whole_blocks() -> None:
+    mirror = KvBlockMirror(BS)
+    odd = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[1, 2], block_size=2)
+    assert mirror.apply(odd) == []
+    assert mirror.malformed_events == 1 and mirror.cached_blocks == 0
+
+
+def test_mirror_snapshot_is_chains_parents_first() -> None:
+    mirror = KvBlockMirror(BS)
+    mirror.apply(_stored([1, 2, 3], None, 0))
+    mirror.apply(_stored([4], 2, 100))  # a branch after block 2
+    mirror.apply(_stored([7, 8], 6, 200))  # parent 6 never seen: its own root
+    snapshot = mirror.snapshot()
+    seen: set[int] = set()
+    for event in snapshot:
+        assert event.parent_block_hash is None or event.parent_block_hash in seen or event.parent_block_hash == 6
+        seen.update(event.block_hashes)
+    assert seen == {1, 2, 3, 4, 7, 8}
+    replay = KvBlockMirror(BS)
+    for event in snapshot:
+        replay.apply(event)
+    assert replay.snapshot() == snapshot
+    assert mirror.apply(AllBlocksCleared()) == [AllBlocksCleared()]
+    assert mirror.snapshot() == []
