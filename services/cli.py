@@ -245,7 +245,9 @@ def up(
     host: Annotated[str, typer.Option(envvar="HOST")] = "127.0.0.1",
     engine: Annotated[str, typer.Option(envvar="ENGINE", help="sim")] = "sim",
     model: Annotated[str, typer.Option(envvar="MODEL", help="Model directory; default: a generated tiny model.")] = "",
-    workers: Annotated[int, typer.Option(help="Number of single-role workers.")] = 2,
+    prefill: Annotated[int, typer.Option(envvar="PREFILL", help="Prefill workers.")] = 1,
+    decode: Annotated[int, typer.Option(envvar="DECODE", help="Decode workers.")] = 1,
+    workers: Annotated[int, typer.Option(help="Workers that serve whole requests (role both).")] = 0,
     metrics_port: Annotated[int, typer.Option(envvar="METRICS_PORT")] = 9100,
     nats_url: Annotated[str, typer.Option(envvar="TANDEM_NATS_URL", help="External NATS; default: embedded.")] = "",
     state_dir: Annotated[str, typer.Option(help="Logs, models and NATS store.")] = ".tandem",
@@ -253,7 +255,8 @@ def up(
     """Run the whole local stack: NATS, orchestrator, metrics, workers and router."""
     from services.up import run_up
 
-    raise typer.Exit(run_up(port=port, host=host, engine=engine, model=model, workers=workers,
+    raise typer.Exit(run_up(port=port, host=host, engine=engine, model=model, prefill=prefill, decode=decode,
+                            workers=workers,
                             metrics_port=metrics_port, nats_url=nats_url, state_dir=state_dir))
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
+from shared.schemas import WorkerRole
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -33,20 +34,27 @@ def _model_dir(model: str, state_dir: Path, console: Console) -> str:
     return str(path)
 
 
-def run_up(*, port: int, host: str, engine: str, model: str, workers: int, metrics_port: int,
+def worker_specs(prefill: int, decode: int, both: int) -> tuple[WorkerSpec, ...]:
+    return (*(WorkerSpec(worker_id=f"prefill-{i + 1}", role=WorkerRole.PREFILL) for i in range(prefill)),
+            *(WorkerSpec(worker_id=f"decode-{i + 1}", role=WorkerRole.DECODE) for i in range(decode)),
+            *(WorkerSpec(worker_id=f"worker-{i + 1}", role=WorkerRole.BOTH) for i in range(both)))
+
+
+def run_up(*, port: int, host: str, engine: str, model: str, prefill: int, decode: int, workers: int,
+           metrics_port: int,
            nats_url: str, state_dir: str) -> int:
     console = Console(stderr=True)
     if engine != "sim":
         console.print(f"[red]error:[/] engine {engine!r} is not available in this build (supported: sim)")
         return 2
-    if workers < 1:
-        console.print("[red]error:[/] --workers must be at least 1")
+    if min(prefill, decode, workers) < 0 or decode + workers < 1:
+        console.print("[red]error:[/] at least one decode (or --workers) worker is needed; counts cannot be negative")
         return 2
     state = Path(state_dir)
     config = StackConfig(
         model_dir=_model_dir(model, state, console),
         engine=engine,
-        workers=tuple(WorkerSpec(worker_id=f"worker-{i + 1}") for i in range(workers)),
+        workers=worker_specs(prefill, decode, workers),
         router_host=host,
         router_port=port,
         metrics_port=metrics_port,
