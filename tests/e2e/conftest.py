@@ -34,10 +34,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def make_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, workers: int = 2) -> LocalStack:
+def make_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, workers: int = 2,
+               specs: tuple[WorkerSpec, ...] = ()) -> LocalStack:
     config = StackConfig(
         model_dir=model_dir,
-        workers=tuple(WorkerSpec(worker_id=f"w{i + 1}") for i in range(workers)),
+        workers=(*(WorkerSpec(worker_id=f"w{i + 1}") for i in range(workers)), *specs),
         router_port=0,
         metrics_port=0,
         nats_url=nats_server.url,

@@ -3,6 +3,7 @@ chunked prefill, a timing profile, deterministic tokens and real KV bytes in DRA
 
 Modules: `profile` (timing model), `block_manager` (block pool, prefix cache, KV events),
 `kv_pool` (KV bytes), `tokens` (next-token function), `scheduler` (one engine step; pure),
-`engine` (`SimEngine`, the asyncio adapter implementing `services.worker.engine.Engine`).
+`kv_port` (pins and received blocks for the KV data plane; pure), `engine` (`SimEngine`, the
+asyncio adapter implementing `services.worker.engine.Engine` and `KvPort`).
 Only `engine` does I/O (sleeping); everything else is pure and synchronous.
 """

@@ -1,0 +1,152 @@
+"""Prefill/decode disaggregation through the whole stack, driven by the openai client.
+
+Two clusters: 1P1D whose decode worker loses 30% of the blocks it pulls (injected), and
+2P2D without faults. In both, every answer equals single-worker output (a reference sim
+engine fed the same tokens), and afterwards no lease is held and every pool is at its
+baseline. The 1P1D cluster's metrics show that exactly the failed blocks were recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from services.orchestrator.stack import LocalStack, WorkerSpec
+from services.worker.sim.engine import SimEngine
+from shared.config import WorkerConfig
+from shared.nats_server import EmbeddedNats, pid_alive
+from shared.schemas import SamplingParams, WorkerRole
+from shared.tokenizer import Tokenizer
+from tests.e2e.conftest import make_stack
+
+pytestmark = pytest.mark.e2e
+
+BLOCK = 16  # the workers' default block size
+FAULTS = ("--kv-fault-fail-fraction", "0.3", "--kv-fault-seed", "5")
+
+CLUSTERS = {
+    "1p1d-faults": (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL),
+                    WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=FAULTS)),
+    "2p2d": (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL), WorkerSpec(worker_id="p2", role=WorkerRole.PREFILL),
+             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE), WorkerSpec(worker_id="d2", role=WorkerRole.DECODE)),
+}
+
+
+@pytest.fixture(scope="module", params=list(CLUSTERS))
+def pd_stack(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model_dir: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(request.param), workers=0,
+                       specs=CLUSTERS[request.param])
+    stack.start()
+    pids = [process.pid for process in stack.processes.values()]
+    yield stack
+    stack.stop()
+    assert not [pid for pid in pids if pid_alive(pid)], "processes left behind"
+
+
+def prompts(vocab_size: int) -> list[list[int]]:
+    """>= 50 prompts: shorter than a block, exact multiples, one off, long."""
+    lengths = [1, 3, 7, 15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 80, 96, 100, 127, 128, 129, 150, 200, 256, 300, 400, 511]
+    return [[3 + (seed * 131 + i * 17) % (vocab_size - 3) for i in range(length)]
+            for seed in (1, 2) for length in lengths]
+
+
+async def reference(tokenizer: Tokenizer, prompt_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Single-worker output: a sim engine like the workers', fed the same tokens."""
+    engine = SimEngine(WorkerConfig(worker_id="reference", kv_blocks=2048, sim_speedup=1000),
+                       model_name=tokenizer.model_name, vocab_size=tokenizer.vocab_size)
+    await engine.start()
+    try:
+        outputs = []
+        for index, prompt in enumerate(prompt_ids):
+            tokens: list[int] = []
+            async for output in engine.generate(f"ref-{index}", prompt, SamplingParams(max_tokens=max_tokens)):
+                tokens += output.token_ids
+            outputs.append(tokens)
+        return outputs
+    finally:
+        await engine.stop()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{key}="{value}"' in line for key, value in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, tiny_model_dir: str) -> None:
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    client = openai.AsyncOpenAI(base_url=f"{pd_stack.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    prompt_ids = prompts(tokenizer.vocab_size)
+    assert len(prompt_ids) >= 50
+    expected = await reference(tokenizer, prompt_ids, 12)
+
+    async def ask(prompt: list[int]) -> str:
+        reply = await client.completions.create(model=tokenizer.model_name, prompt=prompt, max_tokens=12,
+                                                temperature=0)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 12
+        return reply.choices[0].text
+
+    semaphore = asyncio.Semaphore(8)
+
+    async def bounded(prompt: list[int]) -> str:
+        async with semaphore:
+            return await ask(prompt)
+
+    texts = await asyncio.gather(*(bounded(prompt) for prompt in prompt_ids))
+    mismatched = [(len(p), t, tokenizer.decode(e)) for p, t, e in zip(prompt_ids, texts, expected)
+                  if t != tokenizer.decode(e)]
+    assert not mismatched, f"{len(mismatched)} answers differ from single-worker output: {mismatched[:3]}"
+
+    # streamed, too
+    stream = await client.completions.create(model=tokenizer.model_name, prompt=prompt_ids[-1], max_tokens=12,
+                                             temperature=0, stream=True)
+    streamed = "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+    assert streamed == tokenizer.decode(expected[-1])
+
+    async with httpx.AsyncClient() as http:
+        router_metrics = (await http.get(f"{pd_stack.router_url}/metrics")).text
+        assert metric(router_metrics, "tandem_router_decisions_total", flow="disaggregated") >= len(prompt_ids)
+
+        # the collector: tokens pulled vs recomputed, and what the decode workers report
+        async def collector() -> str:
+            return (await http.get(f"{pd_stack.metrics_url}/metrics")).text
+
+        full_blocks = sum(len(p) // BLOCK for p in prompt_ids) + len(prompt_ids[-1]) // BLOCK
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            text = await collector()
+            pulled = metric(text, "tandem_kv_transfer_tokens_total", kind="pull", source="pulled")
+            recomputed = metric(text, "tandem_kv_transfer_tokens_total", kind="pull", source="recomputed")
+            if pulled + recomputed >= full_blocks * BLOCK or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert pulled + recomputed == full_blocks * BLOCK
+        failed_blocks = metric(text, "tandem_kv_transfer_blocks_total", kind="pull", result="failed")
+        assert recomputed == failed_blocks * BLOCK
+        worker_recomputed = metric(text, "tandem_worker_kv_recomputed_tokens")
+        if "d1" in pd_stack.processes and any("--kv-fault-fail-fraction" in a for a in pd_stack.worker("d1").argv):
+            assert failed_blocks > 0, "30% injected failures should fail some blocks"
+            assert worker_recomputed == recomputed
+        else:
+            assert failed_blocks == 0 and recomputed == 0
+
+        # no lease left, every pool back to baseline
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            text = await collector()
+            leases = metric(text, "tandem_worker_kv_active_leases")
+            usage = metric(text, "tandem_worker_kv_usage_ratio")
+            if (leases == 0 and usage == 0) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert leases == 0 and usage == 0, f"leases {leases}, KV usage {usage}"
+        assert re.search(r"tandem_worker_kv_active_leases\{", text)
