@@ -21,6 +21,8 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from shared.lifecycle import reraise_if_cancelling
+
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
@@ -163,5 +165,6 @@ class BucketMirror:
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # server gone: the reconnect hook starts a fresh watcher
+                reraise_if_cancelling(error)
                 log.warning("bucket %s watcher failed: %s; retrying", self._bucket_name, error)
                 await asyncio.sleep(0.5)

@@ -25,3 +25,15 @@ def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signa
         if installed:
             for sig in signals:
                 loop.remove_signal_handler(sig)
+
+
+def reraise_if_cancelling(error: BaseException | None = None) -> None:
+    """In a periodic or retry loop: raise `CancelledError` if this task was asked to stop.
+
+    A cancellation can get lost inside a library call: turned into another error (nats-py
+    reports a cancelled request as a timeout) or swallowed outright (Python 3.11's
+    `asyncio.wait_for` drops it when the inner call finishes at the same moment). A loop
+    that checks after each call still stops instead of running for ever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from error

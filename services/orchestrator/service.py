@@ -26,6 +26,7 @@ from services.orchestrator.membership import MembershipTable
 from shared.bus import BucketMirror, Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import OrchestratorConfig
+from shared.lifecycle import reraise_if_cancelling
 from shared.schemas import WorkerRegistration
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class OrchestratorService:
                 await asyncio.wait_for(self._wakeup.wait(), max(0.0, next_sweep - self._clock()))
             except TimeoutError:
                 pass
+            reraise_if_cancelling()  # wait_for can lose a cancellation (Python 3.11)
             self._wakeup.clear()
             if not self._bus.client.is_connected:
                 self.table.restart_ttls(self._clock())
@@ -102,6 +104,7 @@ class OrchestratorService:
                 await self._delete_expired_keys()
                 await self._publish_changes()
             except Exception as error:  # NATS trouble: retried on the next pass, never fatal
+                reraise_if_cancelling(error)
                 log.warning("orchestrator: membership pass failed (%s); retrying", error)
 
     async def _publish_changes(self) -> None:

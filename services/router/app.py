@@ -24,6 +24,7 @@ from services.router.records import Clock, RequestRecorder
 from services.router.serving import ServingContext, cancel_on_disconnect
 from services.router.serving_chat import ChatServing
 from services.router.serving_completions import CompletionsServing
+from services.router.worker_link import WorkerLink
 from services.router.worker_pool import WorkerPool
 from shared.bus import Bus, connect
 from shared.codec import MalformedCounter
@@ -81,10 +82,11 @@ class RouterRuntime:
             self.metrics.watch_workers(lambda: len(pool))
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
             recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
-            dispatcher = Dispatcher(bus=bus, subjects=subjects, pool=pool, decoder=tokenizer, metrics=self.metrics,
-                                    recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
-                                    accept_timeout_s=config.accept_timeout_s,
-                                    idle_timeout_s=config.idle_timeout_s)
+            # A lease release is a control round trip like an accept: bounded the same way.
+            link = WorkerLink(bus, subjects, self.malformed, accept_timeout_s=config.accept_timeout_s,
+                              idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s)
+            dispatcher = Dispatcher(link=link, pool=pool, decoder=tokenizer, metrics=self.metrics,
+                                    recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s)
             context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
             self._started = _Started(bus, pool, context)

@@ -1,31 +1,40 @@
-"""Routing a request to a worker and opening its stream (adapter around `policy`).
+"""Routing a request to its worker(s) and opening its token source (adapter around `policy`).
+
+The policy's `RouteDecision` picks the flow: one worker (single) or a prefill worker then
+a decode worker (disaggregated, `services.router.disaggregated`). Every worker of the
+decision is counted in flight (`WorkerPool.begin`) right when it is chosen, with no
+await in between, so concurrent requests see each other; the decode worker of a
+disaggregated request is counted from routing on, while its prompt is computed elsewhere.
 
 A request waits up to `worker_wait_s` (from its arrival) for a worker that can take it.
 A worker that refuses before producing anything (`Unavailable`: nobody listening, no
 accept in time, or draining) costs the client nothing, so the request is re-routed to
-another worker, a bounded number of times. Every refusal that reaches the client is
-recorded here; once a `Generation` is returned, it records its own outcome.
+another worker, a bounded number of times; for a disaggregated request that is its
+prefill worker (the decode worker is only asked after the first token). Every refusal
+that reaches the client is recorded here; once a `Generation` is returned, it records
+its own outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from opentelemetry import trace
 
 from services.router.detokenizer import TokenDecoder
+from services.router.disaggregated import DisaggregatedStream
 from services.router.errors import BadRequest
 from services.router.generation import Generation
 from services.router.metrics import RouterMetrics
-from services.router.policy import RouteRequest, choose_worker, context_limit
+from services.router.policy import RouteDecision, RouteRequest, context_limit, decide
 from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
+from services.router.token_source import TokenSource, WorkerPart
+from services.router.worker_link import WorkerLink
 from services.router.worker_pool import InFlight, WorkerPool
-from shared.bus import Bus
 from shared.errors import ErrorCode, TandemError, Unavailable
-from shared.request_plane import open_stream
 from shared.schemas import GenerateRequest
-from shared.subjects import Subjects
 from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
@@ -42,81 +51,101 @@ def _outcome(error: BaseException) -> str:
     return ErrorCode.UNAVAILABLE.value
 
 
+@dataclass(frozen=True)
+class _Routed:
+    decision: RouteDecision
+    first: InFlight  # the worker asked first: the single worker, or the prefill worker
+    decode: InFlight | None  # disaggregated with max_tokens > 1: the decode worker
+
+
 class Dispatcher:
-    def __init__(self, *, bus: Bus, subjects: Subjects, pool: WorkerPool, decoder: TokenDecoder,
-                 metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
-                 accept_timeout_s: float, idle_timeout_s: float) -> None:
-        self._bus = bus
-        self._subjects = subjects
+    def __init__(self, *, link: WorkerLink, pool: WorkerPool, decoder: TokenDecoder, metrics: RouterMetrics,
+                 recorder: RequestRecorder, clock: Clock, worker_wait_s: float) -> None:
+        self._link = link
         self._pool = pool
         self._decoder = decoder
         self._metrics = metrics
         self._recorder = recorder
         self._clock = clock
         self._worker_wait_s = worker_wait_s
-        self._accept_timeout_s = accept_timeout_s
-        self._idle_timeout_s = idle_timeout_s
 
     async def dispatch(self, params: GenerationParams) -> Generation:
-        """A generation whose worker has produced its first output; raises `TandemError`."""
+        """A generation whose (first) worker has produced its first output; raises `TandemError`."""
         refused_by: set[str] = set()
         deadline = params.arrived_at + self._worker_wait_s
         while True:
             try:
-                in_flight = await self._route(params, refused_by, deadline)
+                routed = await self._route(params, refused_by, deadline)
             except (TandemError, asyncio.CancelledError) as error:
                 await self._recorder.record(params, outcome=_outcome(error),
                                             usage=TokenUsage(len(params.prompt_ids), 0, 0))
                 raise
-            generation = await self._open(params, in_flight)
+            generation = await self._open(params, routed)
             try:
                 await generation.prime()
             except Unavailable as error:
-                refused_by.add(in_flight.worker_id)
+                refused_by.add(generation.worker_id)
                 if len(refused_by) >= MAX_ATTEMPTS:
                     await generation.close()
                     raise
-                log.info("worker %s refused %s (%s); re-routing", in_flight.worker_id, params.request_id, error)
+                log.info("worker %s refused %s (%s); re-routing", generation.worker_id, params.request_id, error)
                 await generation.close(record=False)
                 continue
             except BaseException:
                 await generation.close()
                 raise
+            if routed.decision.flow == "disaggregated":
+                self._metrics.disaggregated_requests.inc()
             return generation
 
-    async def _open(self, params: GenerationParams, in_flight: InFlight) -> Generation:
+    async def _open(self, params: GenerationParams, routed: _Routed) -> Generation:
+        decision = routed.decision
         span = tracer.start_span("router.generate", attributes={
-            "tandem.request_id": params.request_id, "tandem.worker_id": in_flight.worker_id,
+            "tandem.request_id": params.request_id, "tandem.worker_id": decision.worker_id,
+            "tandem.flow": decision.flow, "tandem.route_reason": decision.reason,
             "tandem.prompt_tokens": len(params.prompt_ids), "tandem.max_tokens": params.sampling.max_tokens})
-        with trace.use_span(span, end_on_exit=False):
-            headers = inject_headers()
-        request = GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
-                                  sampling=params.sampling)
+        source: TokenSource
+        if decision.flow == "disaggregated":
+            assert decision.prefill_worker_id is not None
+            span.set_attribute("tandem.prefill_worker_id", decision.prefill_worker_id)
+            disaggregated = DisaggregatedStream(params=params, link=self._link, prefill=routed.first,
+                                                decode=routed.decode, metrics=self._metrics, span=span)
+            source, send = disaggregated, disaggregated.open()
+        else:
+            single = WorkerPart(self._link, routed.first, params.request_id)
+            with trace.use_span(span, end_on_exit=False):
+                headers = inject_headers()
+            request = GenerateRequest(request_id=params.request_id, model=params.model,
+                                      token_ids=params.prompt_ids, sampling=params.sampling)
+            source, send = single, single.send(request, headers)
         try:
-            stream = await open_stream(self._bus, self._subjects.generate(in_flight.worker_id), request,
-                                       headers=headers, accept_timeout_s=self._accept_timeout_s,
-                                       idle_timeout_s=self._idle_timeout_s)
+            await send
         except BaseException as error:  # NATS is down (nothing was sent), or the client left
-            in_flight.end()
-            span.end()
-            await self._recorder.record(params, outcome=_outcome(error), worker_id=in_flight.worker_id,
-                                        usage=TokenUsage(len(params.prompt_ids), 0, 0))
-            if isinstance(error, Exception):
-                raise Unavailable(f"could not send the request to {in_flight.worker_id}: {error}") from error
+            try:
+                await source.close()  # frees the in-flight slots
+            finally:
+                span.end()
+                await self._recorder.record(params, outcome=_outcome(error), worker_id=routed.first.worker_id,
+                                            usage=TokenUsage(len(params.prompt_ids), 0, 0))
             raise
-        in_flight.attach(stream)
-        return Generation(params=params, in_flight=in_flight, stream=stream, decoder=self._decoder,
-                          bus=self._bus, subjects=self._subjects, metrics=self._metrics,
+        return Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
                           recorder=self._recorder, clock=self._clock, span=span)
 
-    async def _route(self, params: GenerationParams, refused_by: set[str], deadline: float) -> InFlight:
-        route = RouteRequest(model=params.model, total_tokens=len(params.prompt_ids) + params.sampling.max_tokens)
+    async def _route(self, params: GenerationParams, refused_by: set[str], deadline: float) -> _Routed:
+        route = RouteRequest(model=params.model, prompt_tokens=len(params.prompt_ids),
+                             total_tokens=len(params.prompt_ids) + params.sampling.max_tokens)
         while True:
             views = [view for view in self._pool.views() if view.worker_id not in refused_by]
-            worker_id = choose_worker(views, route)
-            if worker_id is not None:
-                # no await between choosing and counting: concurrent requests see this one
-                return self._pool.begin(worker_id, params.request_id)
+            decision = decide(views, route)
+            if decision is not None:
+                # no await between deciding and counting: concurrent requests see this one
+                self._metrics.route_decisions.labels(decision.flow, decision.reason).inc()
+                if decision.prefill_worker_id is None:
+                    return _Routed(decision, self._pool.begin(decision.worker_id, params.request_id), None)
+                prefill = self._pool.begin(decision.prefill_worker_id, params.request_id)
+                needs_decode = params.sampling.max_tokens > 1
+                decode = self._pool.begin(decision.worker_id, params.request_id) if needs_decode else None
+                return _Routed(decision, prefill, decode)
             limit = context_limit(views, params.model)
             if limit is not None and route.total_tokens > limit:
                 raise BadRequest(

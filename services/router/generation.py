@@ -1,16 +1,17 @@
-"""One generate request on one worker: token frames in, text pieces out, one outcome.
+"""One generate request: token frames in, text pieces out, one outcome.
 
-`Generation` is opened by the `Dispatcher`. `prime()` waits for the worker's first
-output, so the dispatcher can still re-route a request the worker refused. `next()`
-turns token frames into text (incremental detokenization, then stop strings) and ends
-with one `Final`. `close()` always runs, exactly once: it cancels the worker's remaining
+`Generation` is opened by the `Dispatcher` on a `TokenSource`: one worker (single-worker
+flow) or a prefill worker then a decode worker (disaggregated flow). `prime()` waits for
+the first output, so the dispatcher can still re-route a request a worker refused.
+`next()` turns token frames into text (incremental detokenization, then stop strings)
+and ends with one `Final`. `close()` always runs, exactly once: it cancels the remaining
 work unless the worker ended the request itself (client gone, stop string, router-side
-failure), releases the in-flight slot, ends the span and records the outcome.
+failure), closes the source (in-flight slots, leases), ends the span and records the
+outcome.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -19,15 +20,9 @@ from services.router.detokenizer import IncrementalDetokenizer, TokenDecoder
 from services.router.metrics import RouterMetrics
 from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.stop_strings import StopStringMatcher
-from services.router.worker_pool import InFlight
-from shared.bus import Bus
-from shared.codec import encode
+from services.router.token_source import TokenSource
 from shared.errors import ErrorCode, TandemError
-from shared.request_plane import ResponseStream
-from shared.schemas import Cancel, Tokens
-from shared.subjects import Subjects
-
-log = logging.getLogger(__name__)
+from shared.schemas import Tokens
 
 
 @dataclass(frozen=True)
@@ -43,17 +38,13 @@ class Final:
 
 
 class Generation:
-    def __init__(self, *, params: GenerationParams, in_flight: InFlight, stream: ResponseStream,
-                 decoder: TokenDecoder, bus: Bus, subjects: Subjects, metrics: RouterMetrics,
-                 recorder: RequestRecorder, clock: Clock, span: trace.Span) -> None:
+    def __init__(self, *, params: GenerationParams, source: TokenSource, decoder: TokenDecoder,
+                 metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, span: trace.Span) -> None:
         self.params = params
-        self._in_flight = in_flight
-        self._stream = stream
-        self._frames = stream.frames()
+        self._source = source
+        self._frames = source.frames()
         self._detokenizer = IncrementalDetokenizer(decoder, params.prompt_ids)
         self._stops = StopStringMatcher(params.stop)
-        self._bus = bus
-        self._subjects = subjects
         self._metrics = metrics
         self._recorder = recorder
         self._clock = clock
@@ -68,7 +59,7 @@ class Generation:
 
     @property
     def worker_id(self) -> str:
-        return self._in_flight.worker_id
+        return self._source.worker_id
 
     @property
     def ttft_s(self) -> float | None:
@@ -90,7 +81,7 @@ class Generation:
                 return self._finish_from_worker()
             text = self._stops.push(self._detokenizer.push(frame.token_ids))
             if self._stops.stopped:
-                await self._cancel_worker()
+                await self._source.cancel()
                 return self._finish(text, "stop", TokenUsage(len(self.params.prompt_ids), self._completion_tokens,
                                                              cached_tokens=0))
             if text:
@@ -119,8 +110,10 @@ class Generation:
         self._completion_tokens += count
 
     def _finish_from_worker(self) -> Final:
-        finished = self._stream.finished
+        finished = self._source.finished
         assert finished is not None
+        self._metrics.kv_pulled_tokens.inc(finished.pulled_tokens)
+        self._metrics.kv_recomputed_tokens.inc(finished.recomputed_tokens)
         usage = TokenUsage(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         text = self._stops.push(self._detokenizer.flush())
         if self._stops.stopped:
@@ -132,13 +125,6 @@ class Generation:
         self._final = Final(text, finish_reason, usage)
         return self._final
 
-    async def _cancel_worker(self) -> None:
-        try:
-            await self._bus.client.publish(self._subjects.control(self.worker_id),
-                                           encode(Cancel(request_id=self.params.request_id)))
-        except Exception as error:  # NATS down: the worker notices its caller's inbox is gone
-            log.warning("could not cancel %s on %s: %s", self.params.request_id, self.worker_id, error)
-
     async def close(self, *, record: bool = True) -> None:
         """Release everything; `record=False` when the request is re-routed elsewhere."""
         if self._closed:
@@ -146,20 +132,22 @@ class Generation:
         self._closed = True
         outcome = self._outcome or ErrorCode.CANCELLED.value  # nothing else ended it: the client left
         try:
-            if self._stream.finished is None and not self._stops.stopped:
-                await self._cancel_worker()  # a no-op on the worker if it already ended the request
+            if self._source.finished is None and not self._stops.stopped:
+                await self._source.cancel()  # a no-op on the worker if it already ended the request
             try:
                 await self._frames.aclose()
             except RuntimeError:  # still running in a task being cancelled: it ends with that task
                 pass
-            await self._stream.close()
         finally:
-            self._in_flight.end()
-            self._span.set_attribute("tandem.outcome", outcome)
-            self._span.end()
-            if record:
-                final = self._final
-                usage = final.usage if final else TokenUsage(len(self.params.prompt_ids), self._completion_tokens, 0)
-                await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id,
-                                            finish_reason=final.finish_reason if final else None,
-                                            usage=usage, ttft_s=self.ttft_s)
+            try:
+                await self._source.close()
+            finally:
+                self._span.set_attribute("tandem.outcome", outcome)
+                self._span.end()
+                if record:
+                    final = self._final
+                    usage = final.usage if final else TokenUsage(len(self.params.prompt_ids),
+                                                                 self._completion_tokens, 0)
+                    await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id,
+                                                finish_reason=final.finish_reason if final else None,
+                                                usage=usage, ttft_s=self.ttft_s)

@@ -46,6 +46,20 @@ class RouterMetrics:
                                      "Prompt tokens served from a prefix cache", registry=self.registry)
         self.completion_tokens = Counter("tandem_router_completion_tokens", "Generated tokens",
                                          registry=self.registry)
+        self.route_decisions = Counter("tandem_router_route_decisions", "Routing decisions by flow and reason",
+                                       ["flow", "reason"], registry=self.registry)
+        self.disaggregated_requests = Counter(
+            "tandem_router_disaggregated_requests", "Requests served prefill-first by a prefill and a decode worker",
+            registry=self.registry)
+        self.kv_pulled_tokens = Counter("tandem_router_kv_pulled_tokens",
+                                        "Prompt tokens whose KV a worker pulled from another worker",
+                                        registry=self.registry)
+        self.kv_recomputed_tokens = Counter("tandem_router_kv_recomputed_tokens",
+                                            "Tokens whose KV was meant to arrive but had to be computed",
+                                            registry=self.registry)
+        self.lease_releases = Counter("tandem_router_kv_lease_releases",
+                                      "KV leases the router released for readers that never came, by result",
+                                      ["result"], registry=self.registry)
         self.in_flight = Gauge("tandem_router_requests_in_flight", "Requests routed and not yet ended",
                                registry=self.registry)
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)

@@ -78,6 +78,7 @@ class _WorkerState:
             in_flight=len(self.in_flight),
             in_flight_at_report=self.in_flight_at_report,
             last_routed=self.last_routed,
+            compat_hash=registration.compat_hash,
         )
 
     def abort_all(self, error: TandemError) -> None:
@@ -131,7 +132,8 @@ class WorkerPool:
 
     @property
     def in_flight(self) -> int:
-        return sum(len(state.in_flight) for state in self._workers.values())
+        """Requests routed and not yet ended (a disaggregated one may hold two workers)."""
+        return len({request_id for state in self._workers.values() for request_id in state.in_flight})
 
     def __len__(self) -> int:
         return len(self._workers)

@@ -29,6 +29,7 @@ from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import ErrorCode, TandemError
+from shared.lifecycle import reraise_if_cancelling
 from shared.request_plane import FrameSender
 from shared.schemas import (
     AllBlocksCleared,
@@ -153,7 +154,9 @@ class WorkerService:
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # NATS reconnecting: try again next tick
+                reraise_if_cancelling(error)  # or stop() would wait for this loop for ever
                 log.debug("%s failed: %s", getattr(action, "__name__", action), error)
+            reraise_if_cancelling()
 
     # ---- membership and events -------------------------------------------------------
 
@@ -238,6 +241,7 @@ class WorkerService:
             span.set_attribute("tandem.prompt_tokens", len(request.token_ids))
             outputs = None
             plan = KvPlan()
+            handle = None
             try:
                 await sender.accepted(self.worker_id)
                 if request.model != self.engine.info.model:
@@ -277,6 +281,8 @@ class WorkerService:
                         return
                 raise TandemError("engine ended the request without a finish reason")
             except asyncio.CancelledError:
+                if handle is not None and not sender.closed:  # the caller never saw the handle
+                    self.kv.holder.release(handle.lease_id, "cancelled")
                 if not sender.closed:
                     await _quietly(sender.failed(ErrorCode.CANCELLED.value, "request cancelled"))
                 raise

@@ -2,8 +2,11 @@
 and a scripted fake worker on the real request plane.
 
 Each fake worker registers in the members bucket and answers on its request-plane
-subject with `FrameSender`, replying with the tokens of a fixed text. No tests here;
-the test modules import these fixtures.
+subject with `FrameSender`, replying with the tokens of a fixed text. It plays the
+prefill and decode parts of the disaggregated flow as the real worker does: a request
+with `hold_for_decode` gets its prompt's full blocks leased (served on the worker's
+lease subject, releases recorded), a request with a `source` handle "pulls" and releases
+that lease on its holder. No tests here; the test modules import these fixtures.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from shared.request_plane import FrameSender
 from shared.schemas import (
     Cancel,
     ControlMessage,
+    Finished,
     GenerateRequest,
     WorkerCapacity,
     WorkerRegistration,
     WorkerRole,
     WorkerStatus,
 )
+from shared.schemas.generate import FinishReason
+from shared.schemas.transfer import KvHandle, LeaseAck, LeaseMessage, LeaseRelease
 from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
@@ -42,6 +48,9 @@ DEADLINE_S = 5.0
 
 _requests: Codec[GenerateRequest] = Codec(GenerateRequest)
 _control: Codec[ControlMessage] = Codec(ControlMessage)
+_lease_messages: Codec[LeaseMessage] = Codec(LeaseMessage)
+_lease_acks: Codec[LeaseAck] = Codec(LeaseAck)
+BLOCK_SIZE = 16
 
 
 # ---- fixtures ------------------------------------------------------------------------
@@ -91,14 +100,28 @@ async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]
 # ---- a scripted worker ---------------------------------------------------------------
 
 
+class _Sender(FrameSender):
+    """A `FrameSender` whose `Finished` may carry the hand-off fields."""
+
+    async def finished_with(self, finish_reason: FinishReason, **fields) -> None:
+        await self._send(Finished(seq=self._seq, finish_reason=finish_reason, **fields))
+        self.closed = True
+
+
 @dataclass
 class FakeWorker:
     """Answers generate requests with the tokens of `reply_ids`, one token per frame.
 
-    `hold=True` sends the first token, then waits for `release` (or a Cancel).
+    `hold=True` sends the first token, then waits for `release` (or a Cancel);
+    `hold_accept=True` waits for `release` before accepting at all.
     `fail` sends a `Failed` frame after `fail_after` tokens; `refuse` answers every request
     with `Failed(unavailable)` before accepting it (as a draining worker does);
     `listening=False` registers without serving (a worker that just died).
+    `continue_history=True` makes the output a function of the token history, as a real
+    model's is: the token after a history of n tokens is `reply_ids[n % len(reply_ids)]`,
+    so a prompt continued elsewhere (prefill here, decode there) reads the same.
+    As a prefill worker it leases the prompt's full blocks when asked to hold them; as a
+    decode worker it releases the lease it pulled from ("done"), after accepting.
     """
 
     bus: Bus
@@ -106,33 +129,44 @@ class FakeWorker:
     worker_id: str
     model: str
     reply_ids: list[int]
+    role: WorkerRole = WorkerRole.BOTH
+    compat_hash: str = "fake"
     max_model_len: int = 2048
     hold: bool = False
+    hold_accept: bool = False
     fail: str | None = None
     fail_after: int = 0
     status: WorkerStatus = WorkerStatus.ACTIVE
     refuse: bool = False
     listening: bool = True
+    continue_history: bool = False
+    recomputed_tokens: int = 0  # as a decode worker: tokens of the pulled blocks that "failed"
     started_at: float = field(default_factory=time.time)
     requests: list[GenerateRequest] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
+    leases: dict[str, KvHandle] = field(default_factory=dict)  # granted, still held
+    lease_releases: list[LeaseRelease] = field(default_factory=list)
     got_request: asyncio.Event = field(default_factory=asyncio.Event)
     got_cancel: asyncio.Event = field(default_factory=asyncio.Event)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _subs: list = field(default_factory=list)
+    _lease_ids: int = 0
 
     def registration(self, status: WorkerStatus | None = None) -> WorkerRegistration:
         return WorkerRegistration(
-            worker_id=self.worker_id, role=WorkerRole.BOTH, model=self.model, engine="fake", block_size=16,
-            compat_hash="fake", capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=self.max_model_len),
+            worker_id=self.worker_id, role=self.role, model=self.model, engine="fake", block_size=BLOCK_SIZE,
+            compat_hash=self.compat_hash,
+            capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=self.max_model_len),
             status=status or self.status, started_at=self.started_at, heartbeat_at=time.time())
 
     async def start(self) -> "FakeWorker":
         client = self.bus.client
         if self.listening:
             self._subs = [await client.subscribe(self.subjects.generate(self.worker_id), cb=self._on_generate),
-                          await client.subscribe(self.subjects.control(self.worker_id), cb=self._on_control)]
+                          await client.subscribe(self.subjects.control(self.worker_id), cb=self._on_control),
+                          await client.subscribe(self.subjects.kv_lease(self.worker_id), cb=self._on_lease)]
             await client.flush()
         await self.put(self.registration())
         return self
@@ -152,11 +186,16 @@ class FakeWorker:
         for sub in self._subs:
             await sub.unsubscribe()
 
+    def released(self, lease_id: str) -> list[str]:
+        """The outcomes of every release of `lease_id` received so far."""
+        return [release.outcome for release in self.lease_releases if release.lease_id == lease_id]
+
     async def _on_generate(self, msg: Msg) -> None:
         request = _requests.decode(msg.data)
         self.requests.append(request)
+        self.headers.append(dict(msg.headers or {}))
         self.got_request.set()
-        self._tasks[request.request_id] = asyncio.create_task(self._serve(request, FrameSender(self.bus, msg.reply)))
+        self._tasks[request.request_id] = asyncio.create_task(self._serve(request, _Sender(self.bus, msg.reply)))
 
     async def _on_control(self, msg: Msg) -> None:
         message = _control.decode(msg.data)
@@ -167,23 +206,73 @@ class FakeWorker:
             if task is not None:
                 task.cancel()
 
-    async def _serve(self, request: GenerateRequest, sender: FrameSender) -> None:
+    async def _on_lease(self, msg: Msg) -> None:
+        message = _lease_messages.decode(msg.data)
+        assert isinstance(message, LeaseRelease), message
+        self.lease_releases.append(message)
+        held = self.leases.pop(message.lease_id, None)
+        await self.bus.client.publish(msg.reply, encode(LeaseAck(lease_id=message.lease_id, ok=held is not None)))
+
+    def _lease_prompt(self, request: GenerateRequest) -> KvHandle | None:
+        blocks = len(request.token_ids) // BLOCK_SIZE
+        if not blocks:
+            return None
+        self._lease_ids += 1
+        handle = KvHandle(holder_worker_id=self.worker_id, agent_name=f"agent-{self.worker_id}",
+                          lease_id=f"{self.worker_id}-lease-{self._lease_ids}", compat_hash=self.compat_hash,
+                          block_size=BLOCK_SIZE, block_ids=list(range(blocks)), block_hashes=list(range(blocks)),
+                          checksums=[0] * blocks, ttl_s=10.0)
+        self.leases[handle.lease_id] = handle
+        return handle
+
+    async def _pull(self, handle: KvHandle) -> None:
+        reply = await self.bus.client.request(self.subjects.kv_lease(handle.holder_worker_id),
+                                              encode(LeaseRelease(lease_id=handle.lease_id, outcome="done")),
+                                              timeout=DEADLINE_S)
+        _lease_acks.decode(reply.data)
+
+    def _reply(self, request: GenerateRequest) -> list[int]:
+        budget = request.sampling.max_tokens
+        if not self.continue_history:
+            return self.reply_ids[:budget]
+        tokens = []
+        for index in range(budget):
+            token = self.reply_ids[(len(request.token_ids) + index) % len(self.reply_ids)]
+            tokens.append(token)
+            if token in request.sampling.stop_token_ids:
+                break
+        return tokens
+
+    async def _serve(self, request: GenerateRequest, sender: _Sender) -> None:
         if self.refuse:
             await sender.failed("unavailable", f"worker {self.worker_id} is draining")
             return
+        if self.hold_accept:
+            await self.release.wait()
         await sender.accepted(self.worker_id)
+        transfer = request.kv_transfer
+        source = transfer.source if transfer is not None else None
+        if source is not None:
+            await self._pull(source)
         budget = request.sampling.max_tokens
-        tokens = self.reply_ids[:budget]
+        tokens = self._reply(request)
         for index, token in enumerate(tokens):
             if self.fail is not None and index == self.fail_after:
                 await sender.failed(self.fail, f"scripted failure after {index} tokens")
                 return
-            if self.hold and index == 1:
-                await self.release.wait()
             await sender.tokens([token])
-        await sender.finished("length" if len(self.reply_ids) >= budget else "stop",
-                              prompt_tokens=len(request.token_ids), cached_tokens=3,
-                              completion_tokens=len(tokens))
+            if self.hold and index == 0:
+                await self.release.wait()
+        if self.continue_history:
+            reason: FinishReason = "length" if len(tokens) == budget and tokens[-1] not in \
+                request.sampling.stop_token_ids else "stop"
+        else:
+            reason = "length" if len(self.reply_ids) >= budget else "stop"
+        handle = self._lease_prompt(request) if transfer is not None and transfer.hold_for_decode else None
+        pulled = 0 if source is None else source.num_tokens - self.recomputed_tokens
+        await sender.finished_with(reason, prompt_tokens=len(request.token_ids), cached_tokens=3,
+                                   completion_tokens=len(tokens), kv_handle=handle, pulled_tokens=pulled,
+                                   recomputed_tokens=0 if source is None else self.recomputed_tokens)
 
 
 @pytest.fixture

@@ -1,0 +1,88 @@
+"""What a `Generation` reads a request's tokens from, and its one-worker implementation.
+
+A `TokenSource` yields `Tokens` frames and keeps the request's `Finished` once it ended;
+`cancel()` tells whichever worker is still working to stop, and `close()` releases
+everything the source holds (streams, in-flight slots, leases), always, exactly once.
+
+- `WorkerPart`: one generate request on one worker. The single-worker flow is one part;
+  the disaggregated flow (`services.router.disaggregated`) is two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+
+from services.router.worker_link import WorkerLink
+from services.router.worker_pool import InFlight
+from shared.codec import encode
+from shared.errors import Unavailable
+from shared.schemas import Finished, Tokens
+
+
+class TokenSource(Protocol):
+    @property
+    def worker_id(self) -> str:
+        """The worker serving the request now: the one re-routing avoids and records name."""
+        ...
+
+    @property
+    def finished(self) -> Finished | None: ...
+
+    def frames(self) -> AsyncIterator[Tokens]:
+        """Token frames; returns once `finished` is set; raises `TandemError` on failure."""
+        ...
+
+    async def cancel(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class WorkerPart:
+    """One generate request on one worker: its stream, its in-flight slot, its cancel.
+
+    The stream exists (and is aborted if its worker leaves) before the request is sent,
+    so a part can always be closed, even if sending was interrupted.
+    """
+
+    def __init__(self, link: WorkerLink, in_flight: InFlight, request_id: str) -> None:
+        self._link = link
+        self._in_flight = in_flight
+        self.request_id = request_id
+        self._stream = link.stream(in_flight.worker_id)
+        in_flight.attach(self._stream)
+
+    @property
+    def worker_id(self) -> str:
+        return self._in_flight.worker_id
+
+    @property
+    def accepted(self) -> bool:
+        return self._stream.accepted is not None
+
+    @property
+    def finished(self) -> Finished | None:
+        return self._stream.finished
+
+    async def send(self, request: msgspec.Struct, headers: dict[str, str]) -> None:
+        """Raises `Unavailable` when the request could not be sent (NATS down)."""
+        try:
+            await self._stream.send(encode(request), headers)
+        except Exception as error:
+            raise Unavailable(f"could not send the request to {self.worker_id}: {error}") from error
+
+    def frames(self) -> AsyncIterator[Tokens]:
+        return self._stream.frames()
+
+    async def cancel(self) -> None:
+        """A no-op on the worker if it already ended the request."""
+        await self._link.cancel(self.worker_id, self.request_id)
+
+    async def close(self) -> None:
+        """Idempotent: unsubscribe and give the worker's in-flight slot back."""
+        try:
+            await self._stream.close()
+        finally:
+            self._in_flight.end()
