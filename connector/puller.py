@@ -69,6 +69,7 @@ class KvPuller:
         self._lease_ttl_s = lease_ttl_s
         self._replies: Codec[LeaseReply] = Codec(LeaseReply)
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
+        self._adding: dict[str, asyncio.Future[bool]] = {}  # agent name -> metadata fetch in flight
 
     # ---- control messages to the holder -----------------------------------------------
 
@@ -99,9 +100,20 @@ class KvPuller:
         return reply.ok if isinstance(reply, LeaseAck) else None
 
     async def ensure_agent(self, worker_id: str, agent_name: str) -> bool:
-        """Make the worker's agent reachable; a new agent name means a restarted peer."""
+        """Make the worker's agent reachable; a new agent name means a restarted peer.
+
+        Concurrent first pulls from one holder share one metadata fetch: re-adding a peer
+        drops its connection, which would fail a transfer already running over it."""
         if self._transport.has_peer(agent_name):
             return True
+        pending = self._adding.get(agent_name)
+        if pending is None:
+            pending = asyncio.ensure_future(self._add_agent(worker_id, agent_name))
+            self._adding[agent_name] = pending
+            pending.add_done_callback(lambda _: self._adding.pop(agent_name, None))
+        return await asyncio.shield(pending)
+
+    async def _add_agent(self, worker_id: str, agent_name: str) -> bool:
         reply = await self._ask(worker_id, AgentInfoRequest(requester_worker_id=self.worker_id,
                                                             compat_hash=self.compat_hash))
         if not isinstance(reply, AgentInfo) or reply.agent_name != agent_name:
@@ -166,6 +178,9 @@ class KvPuller:
         pinned += [block_id for block_id, good in zip(targets, committed) if good]
         outcome: TransferOutcome = "done" if not failed else ("expired" if lease_held is False else "failed")
         reason = result.reason or (f"{len(failed)} block(s) failed verification" if failed else "")
+        if failed:
+            log.warning("%s: pull of %s from %s: %d of %d block(s) failed (%s); they will be computed",
+                        self.worker_id, request_id, handle.holder_worker_id, len(failed), count, reason)
         return PullOutcome(pinned_block_ids=pinned, record=self._record(
             request_id, handle, kind, outcome, count, count - len(failed), result.nbytes, started, reason=reason))
 
