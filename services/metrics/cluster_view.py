@@ -62,6 +62,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     active_leases: int = 0
     kv_pulled_tokens_total: int = 0
     kv_recomputed_tokens_total: int = 0
+    computed_prompt_tokens_total: int = 0
 
 
 class Totals(msgspec.Struct, kw_only=True):
@@ -229,6 +230,7 @@ def _worker_view(worker: _Worker) -> WorkerView:
         active_leases=load.active_leases,
         kv_pulled_tokens_total=load.kv_pulled_tokens_total,
         kv_recomputed_tokens_total=load.kv_recomputed_tokens_total,
+        computed_prompt_tokens_total=load.computed_prompt_tokens_total,
     )
 
 

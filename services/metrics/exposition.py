@@ -48,6 +48,8 @@ _WORKER_COUNTERS: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
      lambda w: w.kv_pulled_tokens_total),
     ("tandem_worker_kv_recomputed_tokens", "Tokens meant to arrive by transfer that were computed",
      lambda w: w.kv_recomputed_tokens_total),
+    ("tandem_worker_computed_prompt_tokens", "Prompt tokens computed (not reused from cache, not received)",
+     lambda w: w.computed_prompt_tokens_total),
 )
 _ROLE_GAUGES: tuple[tuple[str, str, Callable[[Totals], float | None]], ...] = (
     ("tandem_role_workers", "Workers per role", lambda t: t.workers),

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
+from services.router.kv_view import KvView
 from services.router.metrics import RouterMetrics
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from services.router.records import Clock, RequestRecorder
@@ -75,9 +76,11 @@ class RouterRuntime:
         served_model = config.served_model_name or tokenizer.model_name
         subjects = config.bus.subjects
         bus = await connect(config.bus.nats_url, "tandem-router")
+        kv_view = KvView(bus, subjects, self.malformed)
         pool = WorkerPool(bus, subjects, self.malformed,
-                          bucket_ttl_s=config.membership.bucket_ttl_s)
+                          bucket_ttl_s=config.membership.bucket_ttl_s, listener=kv_view)
         try:
+            await kv_view.start()
             await pool.start()
             self.metrics.watch_workers(lambda: len(pool))
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
@@ -85,7 +88,7 @@ class RouterRuntime:
             # A lease release is a control round trip like an accept: bounded the same way.
             link = WorkerLink(bus, subjects, self.malformed, accept_timeout_s=config.accept_timeout_s,
                               idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s)
-            dispatcher = Dispatcher(link=link, pool=pool, decoder=tokenizer, metrics=self.metrics,
+            dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, decoder=tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s)
             context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
@@ -95,6 +98,7 @@ class RouterRuntime:
         finally:
             self._started = None
             await pool.stop()
+            await kv_view.stop()
             await bus.close()
 
 

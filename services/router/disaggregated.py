@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator
 import msgspec
 from opentelemetry import trace
 
+from services.router.kv_view import PrefixSource
 from services.router.metrics import RouterMetrics
 from services.router.records import OUTCOME_OK, GenerationParams
 from services.router.token_source import WorkerPart
@@ -64,10 +65,11 @@ class DisaggregatedStream:
     """Prefill part, then decode part, read by `Generation` as one stream of tokens."""
 
     def __init__(self, *, params: GenerationParams, link: WorkerLink, prefill: InFlight, decode: InFlight | None,
-                 metrics: RouterMetrics, span: trace.Span) -> None:
+                 metrics: RouterMetrics, span: trace.Span, prefix: PrefixSource | None = None) -> None:
         # No decode part is needed when one token is all the client asked for.
         assert (decode is None) == (params.sampling.max_tokens == 1), "a decode part iff max_tokens > 1"
         self._params = params
+        self._prefix = prefix  # a worker holding more of the prompt than the prefill worker
         self._link = link
         self._metrics = metrics
         self._span = span
@@ -93,9 +95,13 @@ class DisaggregatedStream:
         """Send the prefill request; raises `Unavailable` if it could not be sent."""
         params = self._params
         hold = self._decode_in_flight is not None
+        if self._prefix is not None:
+            transfer = self._prefix.as_params(hold_for_decode=hold)
+        else:
+            transfer = KvTransferParams(hold_for_decode=True) if hold else None
         request = GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
                                   sampling=msgspec.structs.replace(params.sampling, max_tokens=1),
-                                  kv_transfer=KvTransferParams(hold_for_decode=True) if hold else None)
+                                  kv_transfer=transfer)
         await self._prefill.send(request, _headers(self._prefill_span))
 
     async def frames(self) -> AsyncIterator[Tokens]:

@@ -27,6 +27,7 @@ from services.router.detokenizer import TokenDecoder
 from services.router.disaggregated import DisaggregatedStream
 from services.router.errors import BadRequest
 from services.router.generation import Generation
+from services.router.kv_view import KvView, PrefixSource
 from services.router.metrics import RouterMetrics
 from services.router.policy import RouteDecision, RouteRequest, context_limit, decide
 from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
@@ -59,10 +60,11 @@ class _Routed:
 
 
 class Dispatcher:
-    def __init__(self, *, link: WorkerLink, pool: WorkerPool, decoder: TokenDecoder, metrics: RouterMetrics,
+    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView, decoder: TokenDecoder, metrics: RouterMetrics,
                  recorder: RequestRecorder, clock: Clock, worker_wait_s: float) -> None:
         self._link = link
         self._pool = pool
+        self._kv_view = kv_view
         self._decoder = decoder
         self._metrics = metrics
         self._recorder = recorder
@@ -105,18 +107,25 @@ class Dispatcher:
             "tandem.flow": decision.flow, "tandem.route_reason": decision.reason,
             "tandem.prompt_tokens": len(params.prompt_ids), "tandem.max_tokens": params.sampling.max_tokens})
         source: TokenSource
+        prefix = self._prefix_source(params, routed.first.worker_id)
+        if prefix is not None:
+            span.set_attribute("tandem.kv.prefix_holder", prefix.worker_id)
+            span.set_attribute("tandem.kv.prefix_blocks", len(prefix.block_hashes))
+            self._metrics.prefix_pulls_routed.inc()
         if decision.flow == "disaggregated":
             assert decision.prefill_worker_id is not None
             span.set_attribute("tandem.prefill_worker_id", decision.prefill_worker_id)
             disaggregated = DisaggregatedStream(params=params, link=self._link, prefill=routed.first,
-                                                decode=routed.decode, metrics=self._metrics, span=span)
+                                                decode=routed.decode, metrics=self._metrics, span=span,
+                                                prefix=prefix)
             source, send = disaggregated, disaggregated.open()
         else:
             single = WorkerPart(self._link, routed.first, params.request_id)
             with trace.use_span(span, end_on_exit=False):
                 headers = inject_headers()
             request = GenerateRequest(request_id=params.request_id, model=params.model,
-                                      token_ids=params.prompt_ids, sampling=params.sampling)
+                                      token_ids=params.prompt_ids, sampling=params.sampling,
+                                      kv_transfer=prefix.as_params() if prefix is not None else None)
             source, send = single, single.send(request, headers)
         try:
             await send
@@ -130,6 +139,14 @@ class Dispatcher:
             raise
         return Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
                           recorder=self._recorder, clock=self._clock, span=span)
+
+    def _prefix_source(self, params: GenerationParams, worker_id: str) -> PrefixSource | None:
+        """Another worker holding more of the prompt than the one computing it: pull from it."""
+        views = self._pool.views()
+        target = next((view for view in views if view.worker_id == worker_id), None)
+        if target is None:
+            return None
+        return self._kv_view.prefix_holder(params.prompt_ids, target, views)
 
     async def _route(self, params: GenerationParams, refused_by: set[str], deadline: float) -> _Routed:
         route = RouteRequest(model=params.model, prompt_tokens=len(params.prompt_ids),

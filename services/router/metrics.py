@@ -48,6 +48,9 @@ class RouterMetrics:
                                          registry=self.registry)
         self.route_decisions = Counter("tandem_router_route_decisions", "Routing decisions by flow and reason",
                                        ["flow", "reason"], registry=self.registry)
+        self.prefix_pulls_routed = Counter(
+            "tandem_router_prefix_pulls", "Requests sent with another worker named to pull a cached prefix from",
+            registry=self.registry)
         self.disaggregated_requests = Counter(
             "tandem_router_disaggregated_requests", "Requests served prefill-first by a prefill and a decode worker",
             registry=self.registry)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -86,10 +87,17 @@ class _WorkerState:
             in_flight.abort(error)
 
 
+class MembershipListener(Protocol):
+    def worker_joined(self, worker_id: str, block_size: int) -> None: ...
+
+    def worker_left(self, worker_id: str) -> None: ...
+
+
 class WorkerPool:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
-                 bucket_ttl_s: float | None = None) -> None:
+                 bucket_ttl_s: float | None = None, listener: MembershipListener | None = None) -> None:
         self._bus = bus
+        self._listener = listener  # told when a worker joins (or restarts) and leaves
         self._subjects = subjects
         self._registrations: Codec[WorkerRegistration] = Codec(WorkerRegistration, malformed)
         self._loads: Codec[LoadSnapshot] = Codec(LoadSnapshot, malformed)
@@ -179,6 +187,9 @@ class WorkerPool:
                                                        f"stored under key {worker_id!r}"))
             return
         state = self._workers.get(worker_id)
+        if self._listener is not None and (state is None or registration.started_at != state.registration.started_at):
+            self._listener.worker_left(worker_id)  # a restarted worker's cache is gone
+            self._listener.worker_joined(worker_id, registration.block_size)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)
             log.info("worker %s joined (%s, %s, %s)", worker_id, registration.model,
@@ -198,6 +209,8 @@ class WorkerPool:
         state = self._workers.pop(worker_id, None)
         if state is None:
             return
+        if self._listener is not None:
+            self._listener.worker_left(worker_id)
         log.info("worker %s left the cluster; failing its %d in-flight requests", worker_id, len(state.in_flight))
         state.abort_all(Disconnected(f"worker {worker_id} left the cluster mid-request"))
         self._notify()

@@ -21,3 +21,4 @@ class LoadSnapshot(Message, tag="load", kw_only=True):
     active_leases: int = 0  # KV hand-offs this worker holds blocks for
     kv_pulled_tokens_total: int = 0
     kv_recomputed_tokens_total: int = 0
+    computed_prompt_tokens_total: int = 0  # prompt tokens actually computed (not reused, not received)

@@ -160,3 +160,41 @@ async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, t
             await asyncio.sleep(0.1)
         assert leases == 0 and usage == 0, f"leases {leases}, KV usage {usage}"
         assert re.search(r"tandem_worker_kv_active_leases\{", text)
+
+
+async def test_multi_turn_prefill_pulls_the_conversation(pd_stack: LocalStack, tiny_model_dir: str) -> None:
+    """Turn 2's prefill worker pulls turn 1 (prompt + answer) from the decode worker that
+    generated it, and computes only the new turn's tokens."""
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    client = openai.AsyncOpenAI(base_url=f"{pd_stack.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    turn1 = [3 + (i * 29 + 11) % (tokenizer.vocab_size - 3) for i in range(150)]
+    [answer1] = await reference(tokenizer, [turn1], 40)
+    reply1 = await client.completions.create(model=tokenizer.model_name, prompt=turn1, max_tokens=40, temperature=0)
+    assert reply1.choices[0].text == as_router_text(tokenizer, turn1, answer1)
+    turn2 = turn1 + answer1 + [3 + (i * 7) % 200 for i in range(21)]
+    [answer2] = await reference(tokenizer, [turn2], 8)
+    held = len(turn1 + answer1[:-1]) // BLOCK  # blocks the decode worker holds (the last token has no KV)
+
+    async with httpx.AsyncClient() as http:
+        async def computed_by_prefill() -> float:
+            text = (await http.get(f"{pd_stack.metrics_url}/metrics")).text
+            return metric(text, "tandem_worker_computed_prompt_tokens_total", role="prefill")
+
+        async def settled() -> float:  # load snapshots arrive every 0.25 s
+            last = await computed_by_prefill()
+            while True:
+                await asyncio.sleep(0.6)
+                now = await computed_by_prefill()
+                if now == last:
+                    return now
+                last = now
+
+        before = await settled()
+        reply2 = await client.completions.create(model=tokenizer.model_name, prompt=turn2, max_tokens=8,
+                                                 temperature=0)
+        assert reply2.choices[0].text == as_router_text(tokenizer, turn2, answer2)
+        computed = await settled() - before
+        router_metrics = (await http.get(f"{pd_stack.router_url}/metrics")).text
+    assert metric(router_metrics, "tandem_router_prefix_pulls_total") >= 1
+    assert computed == len(turn2) - held * BLOCK, (
+        f"turn 2's prefill computed {computed} tokens; only the {len(turn2) - held * BLOCK} new ones were needed")
