@@ -5,9 +5,8 @@ Each case ends with zero active leases and every KV pool back to its baseline.""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -23,6 +22,7 @@ from shared.config import BusConfig, KvFaultConfig, KvTransferConfig, Membership
 from shared.errors import InvalidArgument
 from shared.request_plane import open_stream
 from shared.schemas import Finished, GenerateRequest, KvTransferParams, SamplingParams, TransferRecord
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed")
 
@@ -81,12 +81,6 @@ class Cluster:
                        timeout_s, "no leases, no used blocks")
 
 
-async def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ membership registration, KV and load events, cancel, drain, snapshot, bad messag
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -31,14 +30,7 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerStatus,
 )
-
-
-async def wait_for(condition, timeout_s: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+from tests.waiting import wait_for
 
 
 @pytest.fixture
