@@ -13,12 +13,12 @@ VLLM_VENV ?= .venv-vllm
 
 .PHONY: install run test clean install-vllm test-vllm
 
+# NIXL (the KV data plane) is installed --no-deps: its wheel asks for torch, which NIXL
+# does not need at run time, and an unpinned torch would pull several GB of CUDA packages.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	# NIXL (KV data plane). --no-deps: its wheel asks for torch, which NIXL does not need at
-	# run time, and an unpinned torch would pull several GB of CUDA packages.
 	$(PY) -m pip install -q --no-deps nixl-cu12==1.5.1
 	touch $@
 
