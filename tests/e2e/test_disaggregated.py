@@ -9,7 +9,9 @@ baseline. The 1P1D cluster's metrics show that exactly the failed blocks were re
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -198,3 +200,20 @@ async def test_multi_turn_prefill_pulls_the_conversation(pd_stack: LocalStack, t
     assert metric(router_metrics, "tandem_router_prefix_pulls_total") >= 1
     assert computed == len(turn2) - held * BLOCK, (
         f"turn 2's prefill computed {computed} tokens; only the {len(turn2) - held * BLOCK} new ones were needed")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, all threads
+
+
+async def test_idle_workers_do_not_spin(pd_stack: LocalStack) -> None:
+    """Each worker holds a NIXL agent with a registered pool: idle, it must stay near 0% CPU."""
+    workers = {name: process.pid for name, process in pd_stack.processes.items() if name[0] in "pd"}
+    before = {name: cpu_seconds(pid) for name, pid in workers.items()}
+    started = time.monotonic()
+    await asyncio.sleep(3.0)
+    elapsed = time.monotonic() - started
+    usage = {name: 100 * (cpu_seconds(pid) - before[name]) / elapsed for name, pid in workers.items()}
+    print(f"\nidle CPU % of a core: {usage}")
+    assert all(percent < 5.0 for percent in usage.values()), usage
