@@ -100,6 +100,17 @@ def router(
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR", help="Model directory (tokenizer).")] = "",
     served_model_name: Annotated[str, typer.Option()] = "",
     max_tokens_limit: Annotated[int, typer.Option()] = 4096,
+    cache_hit_threshold: Annotated[float, typer.Option(
+        envvar="TANDEM_CACHE_HIT_THRESHOLD",
+        help="Decode-first default for requests that name none: serve only from a worker already holding "
+             "this share of the prompt's KV, else answer finish_reason 'cache_threshold'. 0: off.")] = 0.0,
+    local_prefill_tokens: Annotated[int, typer.Option(
+        envvar="TANDEM_LOCAL_PREFILL_TOKENS",
+        help="A decode worker computes a prompt itself when fewer tokens than this are uncached there "
+             "(0: always disaggregate when a prefill/decode pair exists).")] = 256,
+    max_queue_factor: Annotated[float, typer.Option(
+        help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
+             "0: off.")] = 4.0,
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     trace_exporter: Exporter = "none",
@@ -108,16 +119,21 @@ def router(
 ) -> None:
     """Run the router: OpenAI-compatible HTTP API in front of the workers."""
     from services.router.main import run_router
-    from shared.config import RouterConfig
+    from shared.config import ConfigError, RouterConfig, RoutingConfig
 
     _logging(log_level)
     if not model_dir:
         raise typer.BadParameter("a model directory is required (its tokenizer is used)", param_hint="--model-dir")
+    routing = RoutingConfig(cache_hit_threshold=cache_hit_threshold, local_prefill_tokens=local_prefill_tokens,
+                            max_queue_factor=max_queue_factor)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
-                          max_tokens_limit=max_tokens_limit, bus=_bus(nats_url, namespace),
+                          max_tokens_limit=max_tokens_limit, routing=routing, bus=_bus(nats_url, namespace),
                           membership=_membership(heartbeat_interval, ttl),
                           tracing=_tracing(trace_exporter, otlp_endpoint))
-    config.validate()
+    try:
+        config.validate()
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from None
     result = run_router(config)
     if asyncio.iscoroutine(result):
         _run(result)
@@ -235,6 +251,14 @@ def bench_transfer(ctx: typer.Context) -> None:
 def bench_index(ctx: typer.Context) -> None:
     """KV index: ingest and match vs NVIDIA Dynamo's RadixTree, same events (--help for options)."""
     from services.router.bench_index import main as bench_main
+
+    bench_main(list(ctx.args))
+
+
+@bench_app.command("routing", context_settings=PASSTHROUGH)
+def bench_routing(ctx: typer.Context) -> None:
+    """Routing: KV-aware vs round-robin vs random on a local stack of sim workers (--help for options)."""
+    from services.router.bench_routing import main as bench_main
 
     bench_main(list(ctx.args))
 

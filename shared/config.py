@@ -134,6 +134,33 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.kv_transfer.validate()
 
 
+class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """How the router weighs a request's candidate flows (`services.router.cost`) and whom it
+    admits (`services.router.policy`). Costs are in prompt-token equivalents."""
+
+    prefill_weight: float = 1.0  # per prompt token the computing worker must compute
+    transfer_weight: float = 0.1  # per prompt token it pulls from another worker's cache instead
+    queue_weight: float = 0.5  # per prompt token queued for prefill ahead of it on that worker
+    decode_weight: float = 1024.0  # for a serving/decode worker whose batch is full (running+waiting = max_num_seqs)
+    local_prefill_tokens: int = 256  # a decode worker computes a prompt itself when fewer are uncached there
+    prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
+    cache_hit_threshold: float = 0.0  # decode-first default for requests that name none; 0: off
+    max_queue_factor: float = 4.0  # admission: none past running+waiting >= max_num_seqs x this; 0: off
+    retry_after_s: int = 1  # the Retry-After of a 429
+    speculative_ttl_s: float = 5.0  # how long a routed prompt counts as cached on its worker without events
+
+    def validate(self) -> None:
+        for name in ("prefill_weight", "transfer_weight", "queue_weight", "decode_weight"):
+            _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
+        _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
+        _require(self.prefill_busy_tokens > 0, "prefill_busy_tokens must be positive")
+        _require(0.0 <= self.cache_hit_threshold <= 1.0, "cache_hit_threshold must lie in [0, 1]")
+        _require(self.max_queue_factor == 0 or self.max_queue_factor >= 1,
+                 "max_queue_factor must be 0 (off) or at least 1")
+        _require(self.retry_after_s >= 1, "retry_after_s must be at least 1")
+        _require(self.speculative_ttl_s > 0, "speculative_ttl_s must be positive")
+
+
 class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -144,6 +171,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     accept_timeout_s: float = 2.0
     idle_timeout_s: float = 60.0
     worker_wait_s: float = 5.0  # how long a request waits for a worker to appear
+    max_attempts: int = 3  # workers one request may be sent to (refused, lost, resumed mid-stream)
+    routing: RoutingConfig = RoutingConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
     tracing: TracingConfig = TracingConfig()
@@ -152,6 +181,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(0 <= self.port < 65536, "port must be in [0, 65535]")
         _require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
         _require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
+        _require(self.max_attempts >= 1, "max_attempts must be at least 1")
+        self.routing.validate()
 
 
 class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):

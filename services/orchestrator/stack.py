@@ -39,6 +39,7 @@ class StackConfig(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_s: float = 0.5
     ttl_s: float = 3.0
     log_dir: str = ".tandem/logs"
+    router_args: tuple[str, ...] = ()  # extra `tandem router` flags (routing policy settings)
     start_timeout_s: float = 60.0
 
 
@@ -74,7 +75,7 @@ class LocalStack:
             self.start_worker(spec)
         self.launcher.start("router", ["router", *self._common(), *self._membership(),
                                        "--host", self.config.router_host, "--port", str(self.config.router_port),
-                                       "--model-dir", self.config.model_dir])
+                                       "--model-dir", self.config.model_dir, *self.config.router_args])
         timeout = self.config.start_timeout_s
         self.metrics_url = self.launcher.wait_for_line(
             "metrics", LISTENING.format(service="tandem-metrics"), timeout).group(1)

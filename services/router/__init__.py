@@ -1,14 +1,18 @@
 """The router: Tandem's OpenAI-compatible front door.
 
 Contracts: `/v1/completions`, `/v1/chat/completions` (SSE streaming, usage, stop,
-max_tokens, temperature/seed), `/v1/models`, `/health`, `/metrics`. Requests go whole to
-one worker over the NATS request plane, chosen by `policy` from the membership bucket and
-load snapshots that `worker_pool` mirrors.
+max_tokens, temperature/seed, and the decode-first `cache_hit_threshold`), `/v1/models`,
+`/health`, `/metrics`. Requests go to one worker, or to a prefill then a decode worker,
+over the NATS request plane, chosen by `policy` from the membership bucket, the load
+snapshots that `worker_pool` mirrors, and the KV index that `kv_view` feeds from events.
 
-Layout: `protocol` (OpenAI models), `errors` (error bodies), `policy` (pure routing),
+Layout: `protocol` (OpenAI models), `errors` (error bodies), `worker_view`, `cost` and
+`policy` (pure routing: predicted load, cost model, conditional disaggregation,
+admission, decode-first), `kv_index` (pure KV index) and `kv_view` (its bus adapter),
 `detokenizer` and `stop_strings` (pure text assembly), `worker_pool` (membership and
-load, NATS adapter), `dispatch` (route and open a stream, re-route refusals),
-`generation` (one request on one worker), `records` (outcomes, request events),
-`serving*` (endpoints), `metrics`, `app` (routes and lifespan), `main` (uvicorn).
+load, NATS adapter), `dispatch` (route, predict, open a flow, resume on another worker),
+`token_source`, `disaggregated` (the flows), `generation` (one request, across the
+workers it needs), `records` (outcomes, request events), `serving*` (endpoints),
+`metrics`, `app` (routes and lifespan), `main` (uvicorn).
 Started by `tandem router` via `run_router`.
 """

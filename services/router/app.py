@@ -83,13 +83,15 @@ class RouterRuntime:
             await kv_view.start()
             await pool.start()
             self.metrics.watch_workers(lambda: len(pool))
+            self.metrics.watch_kv_index(kv_view.index.stats)
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
             recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
             # A lease release is a control round trip like an accept: bounded the same way.
             link = WorkerLink(bus, subjects, self.malformed, accept_timeout_s=config.accept_timeout_s,
                               idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s)
             dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, decoder=tokenizer, metrics=self.metrics,
-                                    recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s)
+                                    recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
+                                    routing=config.routing, max_attempts=config.max_attempts)
             context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
             self._started = _Started(bus, pool, context)

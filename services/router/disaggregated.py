@@ -18,8 +18,10 @@ until the TTL. A decode worker that also released it makes that a harmless no-op
 
 Each part has its own in-flight slot (ended as soon as that part ends) and its own child
 span of the router span, whose context travels to that worker in the NATS headers.
-Failures of either part surface as the part's `TandemError`: `Generation` turns them into
-an HTTP error (before the first byte) or an SSE error event (after), never a truncated 200.
+Failures of either part surface as the part's `TandemError`, and `failed_worker_id` names
+the worker at fault: `Generation` resumes the request elsewhere when that worker was lost,
+or turns the error into an HTTP error (before the first byte) or an SSE error event
+(after), never a truncated 200.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class DisaggregatedStream:
         self._first_token_ids: list[int] = []
         self._lease: KvHandle | None = None  # held for us by the prefill worker: ours to release
         self._finished: Finished | None = None
+        self._failed_worker_id: str | None = None
         self._closed = False
 
     @property
@@ -90,6 +93,10 @@ class DisaggregatedStream:
     @property
     def finished(self) -> Finished | None:
         return self._finished
+
+    @property
+    def failed_worker_id(self) -> str | None:
+        return self._failed_worker_id
 
     async def open(self) -> None:
         """Send the prefill request; raises `Unavailable` if it could not be sent."""
@@ -114,6 +121,7 @@ class DisaggregatedStream:
                                       f"{len(self._first_token_ids)} tokens for a one-token prefill")
                 yield frame
         except TandemError as error:
+            self._failed_worker_id = self._prefill.worker_id
             _end_span(self._prefill_span, error.code.value)
             raise
         prefill_done = self._prefill.finished
@@ -126,11 +134,13 @@ class DisaggregatedStream:
                 self._decode_in_flight.end()
             self._finished = msgspec.structs.replace(prefill_done, kv_handle=None)
             return  # `close()` releases the lease, if the prefill worker granted one
-        decode = await self._open_decode()
         try:
+            decode = await self._open_decode()
             async for frame in decode.frames():
                 yield frame
         except TandemError as error:
+            assert self._decode_in_flight is not None
+            self._failed_worker_id = self._decode_in_flight.worker_id
             _end_span(self._decode_span, error.code.value)
             raise
         decode_done = decode.finished
@@ -169,11 +179,7 @@ class DisaggregatedStream:
                                   kv_transfer=transfer)
         self._decode_span.set_attribute("tandem.kv_source_tokens", 0 if self._lease is None else
                                         self._lease.num_tokens)
-        try:
-            await self._decode.send(request, _headers(self._decode_span))
-        except TandemError as error:
-            _end_span(self._decode_span, error.code.value)
-            raise
+        await self._decode.send(request, _headers(self._decode_span))
         return self._decode
 
     async def cancel(self) -> None:

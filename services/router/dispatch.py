@@ -1,47 +1,56 @@
 """Routing a request to its worker(s) and opening its token source (adapter around `policy`).
 
-The policy's `RouteDecision` picks the flow: one worker (single) or a prefill worker then
-a decode worker (disaggregated, `services.router.disaggregated`). Every worker of the
-decision is counted in flight (`WorkerPool.begin`) right when it is chosen, with no
-await in between, so concurrent requests see each other; the decode worker of a
-disaggregated request is counted from routing on, while its prompt is computed elsewhere.
+Each attempt asks the KV view how much of the prompt every worker holds, lets the policy
+decide, then commits the decision with no await in between, so concurrent requests see
+each other: the chosen workers are counted in flight (`WorkerPool.begin`; the computing
+worker with the prompt tokens it must compute, until its first token), and the prompt's
+blocks are predicted on the computing worker (`KvView.predict`: speculative index
+entries), so siblings that arrive before its KV events follow it. Only then is the flow's
+source opened: one worker (single) or a prefill then a decode worker
+(`services.router.disaggregated`), pulling a cached prefix from a holder when the policy
+planned one.
+
+Answers without a worker: a refusal of admission control is `TooManyRequests` (429 with
+`Retry-After`); a decode-first request whose threshold no worker meets gets an
+`Answered` source with finish_reason "cache_threshold" (HTTP 200, no tokens).
 
 A request waits up to `worker_wait_s` (from its arrival) for a worker that can take it.
-A worker that refuses before producing anything (`Unavailable`: nobody listening, no
-accept in time, or draining) costs the client nothing, so the request is re-routed to
-another worker, a bounded number of times; for a disaggregated request that is its
-prefill worker (the decode worker is only asked after the first token). Every refusal
-that reaches the client is recorded here; once a `Generation` is returned, it records
-its own outcome.
+A worker lost before or during generation is replaced through `resume()` (the
+`Generation` decides when): the continuation is routed like a new request, minus the
+workers already lost, without admission control or cache threshold (it was admitted),
+and without waiting: if no worker can take it now, the client gets the original error.
+Every refusal that reaches the client before a `Generation` exists is recorded here;
+after that, the `Generation` records its own outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 
+import msgspec
 from opentelemetry import trace
 
 from services.router.detokenizer import TokenDecoder
 from services.router.disaggregated import DisaggregatedStream
-from services.router.errors import BadRequest
+from services.router.errors import BadRequest, TooManyRequests
 from services.router.generation import Generation
-from services.router.kv_view import KvView, PrefixSource
+from services.router.kv_view import KvView, PrefixSource, PromptCache
 from services.router.metrics import RouterMetrics
-from services.router.policy import RouteDecision, RouteRequest, context_limit, decide
+from services.router.policy import RouteDecision, RouteRefusal, RouteRequest, context_limit, decide
 from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
-from services.router.token_source import TokenSource, WorkerPart
+from services.router.token_source import Answered, TokenSource, WorkerPart
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import InFlight, WorkerPool
+from shared.config import RoutingConfig
 from shared.errors import ErrorCode, TandemError, Unavailable
-from shared.schemas import GenerateRequest
+from shared.schemas import Finished, GenerateRequest
 from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tandem.router")
-
-MAX_ATTEMPTS = 3  # workers tried per request when they refuse it
 
 
 def _outcome(error: BaseException) -> str:
@@ -52,16 +61,24 @@ def _outcome(error: BaseException) -> str:
     return ErrorCode.UNAVAILABLE.value
 
 
+def _answered(params: GenerationParams, finish_reason: str, cached_tokens: int = 0) -> Answered:
+    return Answered(Finished(seq=0, finish_reason=finish_reason,  # type: ignore[arg-type]
+                             prompt_tokens=len(params.prompt_ids), cached_tokens=cached_tokens,
+                             completion_tokens=0))
+
+
 @dataclass(frozen=True)
 class _Routed:
     decision: RouteDecision
     first: InFlight  # the worker asked first: the single worker, or the prefill worker
     decode: InFlight | None  # disaggregated with max_tokens > 1: the decode worker
+    prefix: PrefixSource | None  # a worker to pull a cached prefix of the prompt from
 
 
 class Dispatcher:
-    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView, decoder: TokenDecoder, metrics: RouterMetrics,
-                 recorder: RequestRecorder, clock: Clock, worker_wait_s: float) -> None:
+    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView, decoder: TokenDecoder,
+                 metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
+                 routing: RoutingConfig = RoutingConfig(), max_attempts: int = 3) -> None:
         self._link = link
         self._pool = pool
         self._kv_view = kv_view
@@ -70,51 +87,135 @@ class Dispatcher:
         self._recorder = recorder
         self._clock = clock
         self._worker_wait_s = worker_wait_s
+        self._routing = routing
+        self._max_attempts = max_attempts
 
     async def dispatch(self, params: GenerationParams) -> Generation:
-        """A generation whose (first) worker has produced its first output; raises `TandemError`."""
-        refused_by: set[str] = set()
-        deadline = params.arrived_at + self._worker_wait_s
-        while True:
-            try:
-                routed = await self._route(params, refused_by, deadline)
-            except (TandemError, asyncio.CancelledError) as error:
-                await self._recorder.record(params, outcome=_outcome(error),
-                                            usage=TokenUsage(len(params.prompt_ids), 0, 0))
-                raise
-            generation = await self._open(params, routed)
-            try:
-                await generation.prime()
-            except Unavailable as error:
-                refused_by.add(generation.worker_id)
-                if len(refused_by) >= MAX_ATTEMPTS:
-                    await generation.close()
-                    raise
-                log.info("worker %s refused %s (%s); re-routing", generation.worker_id, params.request_id, error)
-                await generation.close(record=False)
-                continue
-            except BaseException:
-                await generation.close()
-                raise
-            if routed.decision.flow == "disaggregated":
-                self._metrics.disaggregated_requests.inc()
-            return generation
-
-    async def _open(self, params: GenerationParams, routed: _Routed) -> Generation:
-        decision = routed.decision
+        """A generation that has produced its first output; raises `TandemError`."""
         span = tracer.start_span("router.generate", attributes={
-            "tandem.request_id": params.request_id, "tandem.worker_id": decision.worker_id,
-            "tandem.flow": decision.flow, "tandem.route_reason": decision.reason,
-            "tandem.prompt_tokens": len(params.prompt_ids), "tandem.max_tokens": params.sampling.max_tokens})
-        source: TokenSource
-        prefix = self._prefix_source(params, routed.first.worker_id)
+            "tandem.request_id": params.request_id, "tandem.prompt_tokens": len(params.prompt_ids),
+            "tandem.max_tokens": params.sampling.max_tokens})
+        threshold = params.cache_hit_threshold
+        if threshold is None:
+            threshold = self._routing.cache_hit_threshold
+        if threshold:
+            span.set_attribute("tandem.cache_hit_threshold", threshold)
+        try:
+            source = await self._open_routed(params, set(), params.arrived_at + self._worker_wait_s, span,
+                                             admit=True, threshold=threshold)
+        except BaseException as error:
+            span.set_attribute("tandem.outcome", _outcome(error))
+            span.end()
+            await self._recorder.record(params, outcome=_outcome(error),
+                                        usage=TokenUsage(len(params.prompt_ids), 0, 0))
+            raise
+        generation = Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
+                                recorder=self._recorder, clock=self._clock, span=span, resumer=self,
+                                max_attempts=self._max_attempts)
+        try:
+            await generation.prime()
+        except BaseException:
+            await generation.close()
+            raise
+        return generation
+
+    async def resume(self, params: GenerationParams, generated: list[int], excluded: set[str], attempt: int,
+                     span: trace.Span) -> TokenSource:
+        """A source continuing `params` after `generated`, on a worker not in `excluded`."""
+        remaining = params.sampling.max_tokens - len(generated)
+        if generated and generated[-1] in params.sampling.stop_token_ids:
+            return _answered(params, "stop")  # lost between the last token and its `Finished`
+        if remaining <= 0:
+            return _answered(params, "length")
+        continued = dataclasses.replace(
+            params, request_id=f"{params.request_id}-r{attempt}",  # the worker may still know the first id
+            prompt_ids=[*params.prompt_ids, *generated],
+            sampling=msgspec.structs.replace(params.sampling, max_tokens=remaining))
+        span.add_event("router.resume", {"tandem.generated_tokens": len(generated),
+                                         "tandem.excluded_workers": sorted(excluded)})
+        # No waiting for a worker to appear: the client's stream is already open and stalled.
+        return await self._open_routed(continued, excluded, self._clock(), span, admit=False, threshold=0.0)
+
+    async def _open_routed(self, params: GenerationParams, excluded: set[str], deadline: float, span: trace.Span,
+                           *, admit: bool, threshold: float) -> TokenSource:
+        routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold)
+        if isinstance(routed, RouteRefusal):  # decode-first, and no worker holds enough of the prompt
+            span.set_attributes({"tandem.flow": "none", "tandem.route_reason": routed.reason,
+                                 "tandem.cached_tokens": routed.cached_tokens})
+            return _answered(params, "cache_threshold", routed.cached_tokens)
+        return await self._open(params, routed, span)
+
+    async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
+                     threshold: float) -> _Routed | RouteRefusal:
+        prompt_tokens = len(params.prompt_ids)
+        total_tokens = prompt_tokens + params.sampling.max_tokens
+        while True:
+            cache = self._kv_view.prompt_cache(params.prompt_ids, self._clock())
+            route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
+                                 cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
+                                 cache_hit_threshold=threshold, admit=admit)
+            views = [view for view in self._pool.views() if view.worker_id not in excluded]
+            outcome = decide(views, route, self._routing)
+            if isinstance(outcome, RouteDecision):
+                return self._commit(params, outcome, cache)
+            if isinstance(outcome, RouteRefusal):
+                self._metrics.route_decisions.labels("none", outcome.reason).inc()
+                if outcome.reason == "overloaded":
+                    raise TooManyRequests(f"every worker serving {params.model!r} is at its queue limit; "
+                                          f"retry later", retry_after_s=self._routing.retry_after_s)
+                return outcome
+            limit = context_limit(views, params.model)
+            if limit is not None and total_tokens > limit:
+                raise BadRequest(
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{total_tokens} tokens ({prompt_tokens} in the prompt, "
+                    f"{params.sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens.",
+                    param="max_tokens", api_code="context_length_exceeded")
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise Unavailable(f"no worker is available for model {params.model!r} "
+                                  f"(waited {self._worker_wait_s:g}s)")
+            await self._pool.wait_for_change(remaining)
+
+    def _commit(self, params: GenerationParams, decision: RouteDecision, cache: PromptCache) -> _Routed:
+        """Count the decision's workers and predict its blocks: synchronous, right after `decide`."""
+        self._metrics.route_decisions.labels(decision.flow, decision.reason).inc()
+        plan = decision.plan
+        computing = decision.computing_worker_id
+        uncached = plan.uncached_tokens if plan is not None else len(params.prompt_ids)
+        first = self._pool.begin(computing, params.request_id, prefill_tokens=uncached)
+        decode = None
+        if decision.prefill_worker_id is not None and params.sampling.max_tokens > 1:
+            decode = self._pool.begin(decision.worker_id, params.request_id)
+        self._kv_view.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s)
+        prefix = None
+        if plan is not None and plan.holder_id is not None:
+            prefix = self._kv_view.prefix_source(cache, plan.holder_id, plan.cached_tokens + plan.pulled_tokens)
+        log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached", params.request_id,
+                  decision.flow, decision.reason, decision.worker_id,
+                  f" after {decision.prefill_worker_id}" if decision.prefill_worker_id else "", decision.cost,
+                  uncached, len(params.prompt_ids))
+        return _Routed(decision, first, decode, prefix)
+
+    async def _open(self, params: GenerationParams, routed: _Routed, span: trace.Span) -> TokenSource:
+        decision, prefix = routed.decision, routed.prefix
+        attributes: dict[str, str | int | float] = {
+            "tandem.worker_id": decision.worker_id, "tandem.flow": decision.flow,
+            "tandem.route_reason": decision.reason, "tandem.route_cost": decision.cost}
+        if decision.plan is not None:
+            attributes["tandem.cached_tokens"] = decision.plan.cached_tokens
+            attributes["tandem.uncached_tokens"] = decision.plan.uncached_tokens
+        if decision.prefill_worker_id is not None:
+            attributes["tandem.prefill_worker_id"] = decision.prefill_worker_id
         if prefix is not None:
-            span.set_attribute("tandem.kv.prefix_holder", prefix.worker_id)
-            span.set_attribute("tandem.kv.prefix_blocks", len(prefix.block_hashes))
+            attributes["tandem.kv.prefix_holder"] = prefix.worker_id
+            attributes["tandem.kv.prefix_blocks"] = len(prefix.block_hashes)
             self._metrics.prefix_pulls_routed.inc()
+        span.set_attributes(attributes)
+        span.add_event("router.route", attributes)
+        source: TokenSource
         if decision.flow == "disaggregated":
-            assert decision.prefill_worker_id is not None
-            span.set_attribute("tandem.prefill_worker_id", decision.prefill_worker_id)
+            self._metrics.disaggregated_requests.inc()
             disaggregated = DisaggregatedStream(params=params, link=self._link, prefill=routed.first,
                                                 decode=routed.decode, metrics=self._metrics, span=span,
                                                 prefix=prefix)
@@ -129,49 +230,7 @@ class Dispatcher:
             source, send = single, single.send(request, headers)
         try:
             await send
-        except BaseException as error:  # NATS is down (nothing was sent), or the client left
-            try:
-                await source.close()  # frees the in-flight slots
-            finally:
-                span.end()
-                await self._recorder.record(params, outcome=_outcome(error), worker_id=routed.first.worker_id,
-                                            usage=TokenUsage(len(params.prompt_ids), 0, 0))
+        except BaseException:  # NATS is down (nothing was sent), or the client left
+            await source.close()  # frees the in-flight slots
             raise
-        return Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
-                          recorder=self._recorder, clock=self._clock, span=span)
-
-    def _prefix_source(self, params: GenerationParams, worker_id: str) -> PrefixSource | None:
-        """Another worker holding more of the prompt than the one computing it: pull from it."""
-        views = self._pool.views()
-        target = next((view for view in views if view.worker_id == worker_id), None)
-        if target is None:
-            return None
-        return self._kv_view.prefix_holder(params.prompt_ids, target, views)
-
-    async def _route(self, params: GenerationParams, refused_by: set[str], deadline: float) -> _Routed:
-        route = RouteRequest(model=params.model, prompt_tokens=len(params.prompt_ids),
-                             total_tokens=len(params.prompt_ids) + params.sampling.max_tokens)
-        while True:
-            views = [view for view in self._pool.views() if view.worker_id not in refused_by]
-            decision = decide(views, route)
-            if decision is not None:
-                # no await between deciding and counting: concurrent requests see this one
-                self._metrics.route_decisions.labels(decision.flow, decision.reason).inc()
-                if decision.prefill_worker_id is None:
-                    return _Routed(decision, self._pool.begin(decision.worker_id, params.request_id), None)
-                prefill = self._pool.begin(decision.prefill_worker_id, params.request_id)
-                needs_decode = params.sampling.max_tokens > 1
-                decode = self._pool.begin(decision.worker_id, params.request_id) if needs_decode else None
-                return _Routed(decision, prefill, decode)
-            limit = context_limit(views, params.model)
-            if limit is not None and route.total_tokens > limit:
-                raise BadRequest(
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{route.total_tokens} tokens ({len(params.prompt_ids)} in the prompt, "
-                    f"{params.sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens.",
-                    param="max_tokens", api_code="context_length_exceeded")
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise Unavailable(f"no worker is available for model {params.model!r} "
-                                  f"(waited {self._worker_wait_s:g}s)")
-            await self._pool.wait_for_change(remaining)
+        return source

@@ -1,7 +1,8 @@
 """Every failure as an OpenAI error body `{"error": {"message", "type", "param", "code"}}`.
 
 The status comes from the shared taxonomy (`shared.errors.HTTP_STATUS`): bad input 400,
-unknown model 404, no worker 503, worker failures 502/504. Request validation (invalid
+unknown model 404, every worker's queue full 429 (with `Retry-After`), no worker 503,
+worker failures 502/504. Request validation (invalid
 JSON, missing or wrong-typed fields) is a 400 naming the field, not FastAPI's 422.
 """
 
@@ -16,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from services.router.protocol import ErrorInfo, ErrorResponse
-from shared.errors import ErrorCode, InvalidArgument, NotFound, TandemError
+from shared.errors import ErrorCode, InvalidArgument, NotFound, Overloaded, TandemError
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,15 @@ class BadRequest(InvalidArgument):
         super().__init__(message)
         self.param = param
         self.api_code = api_code
+
+
+class TooManyRequests(Overloaded):
+    """Admission control refused the request: every worker that could take it is past its
+    queue limit. The client should retry after `retry_after_s`."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ModelNotFound(NotFound):
@@ -53,8 +63,8 @@ def error_info(error: TandemError) -> ErrorInfo:
     return ErrorInfo(message=error.message, type=error_type(error.http_status), param=param, code=code)
 
 
-def error_response(status: int, info: ErrorInfo) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status)
+def error_response(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status, headers=headers)
 
 
 # Pydantic names the member of a union that failed with a location part like "str" or
@@ -105,7 +115,8 @@ def install_error_handlers(app: FastAPI, *, on_rejected: Callable[[str, str], No
                                              code=ErrorCode.INVALID_ARGUMENT.value))
 
     async def tandem_error(request: Request, error: TandemError) -> JSONResponse:
-        return error_response(error.http_status, error_info(error))
+        headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, TooManyRequests) else None
+        return error_response(error.http_status, error_info(error), headers)
 
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         return error_response(error.status_code, ErrorInfo(message=str(error.detail), type=error_type(error.status_code),

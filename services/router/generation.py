@@ -2,17 +2,26 @@
 
 `Generation` is opened by the `Dispatcher` on a `TokenSource`: one worker (single-worker
 flow) or a prefill worker then a decode worker (disaggregated flow). `prime()` waits for
-the first output, so the dispatcher can still re-route a request a worker refused.
-`next()` turns token frames into text (incremental detokenization, then stop strings)
-and ends with one `Final`. `close()` always runs, exactly once: it cancels the remaining
-work unless the worker ended the request itself (client gone, stop string, router-side
-failure), closes the source (in-flight slots, leases), ends the span and records the
-outcome.
+the first output, so a failure before it is still a proper HTTP status. `next()` turns
+token frames into text (incremental detokenization, then stop strings) and ends with one
+`Final`. `close()` always runs, exactly once: it cancels the remaining work unless the
+worker ended the request itself (client gone, stop string, router-side failure), closes
+the source (in-flight slots, leases), ends the span and records the outcome.
+
+Losing a worker (`Disconnected`, `Unavailable`, `StreamGap`) is not the client's problem
+while another worker can take over: the source is closed and the `Resumer` opens a new one
+on another worker for the prompt plus every token generated so far, with `max_tokens`
+reduced by them. Before the first token that is a plain retry; mid-stream the client's
+stream simply continues, and a greedy request reads exactly as an uninterrupted one.
+At most `max_attempts` sources per request; when no worker can take it, the original
+error reaches the client.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry import trace
 
@@ -21,8 +30,13 @@ from services.router.metrics import RouterMetrics
 from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.stop_strings import StopStringMatcher
 from services.router.token_source import TokenSource
-from shared.errors import ErrorCode, TandemError
+from shared.errors import Disconnected, ErrorCode, StreamGap, TandemError, Unavailable
 from shared.schemas import Tokens
+
+log = logging.getLogger(__name__)
+
+# The worker is gone or never took the request: another worker may carry on.
+WORKER_LOST = (Disconnected, Unavailable, StreamGap)
 
 
 @dataclass(frozen=True)
@@ -37,12 +51,26 @@ class Final:
     usage: TokenUsage
 
 
+class Resumer(Protocol):
+    async def resume(self, params: GenerationParams, generated: list[int], excluded: set[str], attempt: int,
+                     span: trace.Span) -> TokenSource:
+        """A source continuing `params` after `generated` on a worker not in `excluded`;
+        raises `TandemError` when no worker can take it."""
+        ...
+
+
 class Generation:
     def __init__(self, *, params: GenerationParams, source: TokenSource, decoder: TokenDecoder,
-                 metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, span: trace.Span) -> None:
+                 metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, span: trace.Span,
+                 resumer: Resumer | None = None, max_attempts: int = 1) -> None:
         self.params = params
         self._source = source
         self._frames = source.frames()
+        self._resumer = resumer
+        self._max_attempts = max_attempts
+        self._attempts = 1  # sources opened for this request
+        self._excluded: set[str] = set()  # workers lost by this request
+        self._token_ids: list[int] = []  # every token generated so far, over all sources
         self._detokenizer = IncrementalDetokenizer(decoder, params.prompt_ids)
         self._stops = StopStringMatcher(params.stop)
         self._metrics = metrics
@@ -89,15 +117,61 @@ class Generation:
 
     async def _next_frame(self) -> Tokens | None:
         """The next token frame; None once the worker sent `Finished`."""
+        while True:
+            try:
+                frame = await anext(self._frames)
+            except StopAsyncIteration:
+                return None
+            except WORKER_LOST as error:
+                if await self._resume(error):
+                    continue
+                self._outcome = error.code.value
+                raise
+            except TandemError as error:
+                self._outcome = error.code.value
+                raise
+            self._token_ids.extend(frame.token_ids)
+            self._on_tokens(len(frame.token_ids))
+            return frame
+
+    async def _resume(self, error: TandemError) -> bool:
+        """Carry on from another worker after losing this one; False when none can."""
+        lost = self._source.failed_worker_id or self._source.worker_id
+        self._excluded.add(lost)
+        stage = "mid_stream" if self._token_ids else "before_first_token"
+        if self._resumer is None or self._attempts >= self._max_attempts:
+            if self._resumer is not None:
+                self._metrics.resumes.labels(stage, "failed").inc()
+            return False
+        log.info("%s lost worker %s %s (%s); resuming after %d tokens", self.params.request_id, lost,
+                 stage.replace("_", " "), error.message, len(self._token_ids))
+        await self._release_source()
+        self._attempts += 1
         try:
-            frame = await anext(self._frames)
-        except StopAsyncIteration:
-            return None
-        except TandemError as error:
-            self._outcome = error.code.value
-            raise
-        self._on_tokens(len(frame.token_ids))
-        return frame
+            source = await self._resumer.resume(self.params, list(self._token_ids), self._excluded, self._attempts - 1,
+                                                self._span)
+        except TandemError as resume_error:
+            self._metrics.resumes.labels(stage, "failed").inc()
+            self._span.add_event("router.resume_failed", {"tandem.lost_worker_id": lost, "tandem.stage": stage,
+                                                          "tandem.error": resume_error.message})
+            log.info("%s cannot resume: %s", self.params.request_id, resume_error.message)
+            return False
+        self._metrics.resumes.labels(stage, "resumed").inc()
+        self._source, self._frames = source, source.frames()
+        return True
+
+    async def _release_source(self) -> None:
+        """Stop the current source's work (if its worker still does any) and free its slots."""
+        source = self._source
+        try:
+            if source.finished is None:
+                await source.cancel()
+            try:
+                await self._frames.aclose()
+            except RuntimeError:  # still running in a task being cancelled: it ends with that task
+                pass
+        finally:
+            await source.close()
 
     def _on_tokens(self, count: int) -> None:
         now = self._clock()
@@ -114,7 +188,11 @@ class Generation:
         assert finished is not None
         self._metrics.kv_pulled_tokens.inc(finished.pulled_tokens)
         self._metrics.kv_recomputed_tokens.inc(finished.recomputed_tokens)
-        usage = TokenUsage(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
+        if self._attempts > 1:  # the last source saw a longer prompt and only its own tokens
+            prompt_tokens = len(self.params.prompt_ids)
+            usage = TokenUsage(prompt_tokens, self._completion_tokens, min(finished.cached_tokens, prompt_tokens))
+        else:
+            usage = TokenUsage(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
         text = self._stops.push(self._detokenizer.flush())
         if self._stops.stopped:
             return self._finish(text, "stop", usage)
@@ -125,8 +203,8 @@ class Generation:
         self._final = Final(text, finish_reason, usage)
         return self._final
 
-    async def close(self, *, record: bool = True) -> None:
-        """Release everything; `record=False` when the request is re-routed elsewhere."""
+    async def close(self) -> None:
+        """Release everything and record the outcome."""
         if self._closed:
             return
         self._closed = True
@@ -144,10 +222,8 @@ class Generation:
             finally:
                 self._span.set_attribute("tandem.outcome", outcome)
                 self._span.end()
-                if record:
-                    final = self._final
-                    usage = final.usage if final else TokenUsage(len(self.params.prompt_ids),
-                                                                 self._completion_tokens, 0)
-                    await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id,
-                                                finish_reason=final.finish_reason if final else None,
-                                                usage=usage, ttft_s=self.ttft_s)
+                final = self._final
+                usage = final.usage if final else TokenUsage(len(self.params.prompt_ids), self._completion_tokens, 0)
+                await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id or None,
+                                            finish_reason=final.finish_reason if final else None,
+                                            usage=usage, ttft_s=self.ttft_s)

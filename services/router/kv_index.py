@@ -2,8 +2,9 @@
 
 Callers: the router's KV-event adapter feeds `ingest(KvEventBatch)` and sends the
 `KvSnapshotRequest` an `IngestResult` asks for; membership calls `add_worker` /
-`remove_worker`; the routing policy asks `match(block_hashes)` on the request hot path and
-records its decision with `add_speculative(..., expires_at)`; a timer calls `expire(now)`.
+`remove_worker`; the routing policy asks `match(block_hashes)` on the request hot path
+(and `held_prefix` for the part a worker could lend) and records its decision with
+`add_speculative(..., expires_at)`; each routing calls `expire(now)`.
 No I/O, no clock: time is always passed in.
 
 Hashes. The index is keyed by Tandem's chain (`shared.block_hash`), computed here from the
@@ -400,6 +401,21 @@ class KvIndex:
                 dropped ^= low
             start = stop
         return overlaps
+
+    def held_prefix(self, worker_id: str, block_hashes: Sequence[int], overlap: int) -> int:
+        """Of the first `overlap` blocks of the chain (as `match` found for `worker_id`), how
+        many lead the chain without a speculative one: what the worker reported holding,
+        and so could lend to another worker right now."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return 0
+        speculative = worker.speculative
+        if not speculative:
+            return overlap
+        for position in range(overlap):
+            if block_hashes[position] in speculative:
+                return position
+        return overlap
 
     def match_tokens(self, token_ids: Sequence[int]) -> dict[str, int]:
         """`match` over every (block size, salt) the workers use: one chain per config."""

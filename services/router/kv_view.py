@@ -3,23 +3,23 @@
 Adapter: subscribes to every worker's KV event stream, follows membership (a worker that
 joins is indexed with its block size; one that leaves or restarts is purged), and asks a
 worker for a snapshot while its stream is out of sync (a gap), on a timer until it is.
-The request flows ask `prefix_holder()` which worker holds more of a prompt's prefix than
-the worker chosen to compute it, so that worker can pull the prefix instead.
+The dispatcher asks `prompt_cache()` how much of a prompt each worker holds (the policy
+weighs it), names the blocks to pull from a holder (`prefix_source()`), and records each
+routing as a prediction (`predict()`: speculative index entries with a TTL).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
 from services.router.kv_index import KvIndex, block_hashes_for
-from services.router.policy import WorkerView
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
-from shared.schemas import KvEventBatch, KvSnapshotRequest, KvTransferParams, WorkerStatus
+from shared.schemas import KvEventBatch, KvSnapshotRequest, KvTransferParams
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,15 @@ class PrefixSource:
 
     def as_params(self, **others: object) -> KvTransferParams:
         return KvTransferParams(prefix_holder=self.worker_id, prefix_hashes=self.block_hashes, **others)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCache:
+    """What the KV index says about one prompt, in tokens."""
+
+    chains: dict[int, list[int]]  # block size -> the prompt's Tandem hash chain
+    cached_tokens: dict[str, int]  # per worker: leading tokens held or predicted (speculative)
+    held_tokens: dict[str, int]  # per worker: leading tokens it reported holding
 
 
 class KvView:
@@ -95,28 +104,36 @@ class KvView:
             for worker_id in self.index.unsynced_workers():
                 await self._ask_snapshot(worker_id)
 
-    # ---- queries (pure, on the request path) -----------------------------------------------
+    # ---- queries and predictions (synchronous, on the request path) -------------------------
 
-    def prefix_holder(self, prompt_ids: list[int], target: WorkerView,
-                      candidates: Iterable[WorkerView]) -> PrefixSource | None:
-        """The worker holding the longest prefix of the prompt, if it holds more than `target`
-        (same compatibility hash, active); None if `target` already holds the most."""
-        block_size = self._block_sizes.get(target.worker_id)
-        if block_size is None or len(prompt_ids) < block_size:
-            return None
-        hashes = block_hashes_for(prompt_ids, block_size)
-        overlaps = self.index.match(hashes)
-        if not overlaps:
-            return None
-        own = overlaps.get(target.worker_id, 0)
-        best: tuple[int, str] | None = None
-        for view in candidates:
-            if (view.worker_id == target.worker_id or view.compat_hash != target.compat_hash
-                    or view.status is not WorkerStatus.ACTIVE or self._block_sizes.get(view.worker_id) != block_size):
+    def prompt_cache(self, prompt_ids: list[int], now: float) -> PromptCache:
+        """Where the prompt's leading blocks live (predictions due by `now` dropped first):
+        one hash chain per block size in use."""
+        self.index.expire(now)
+        chains: dict[int, list[int]] = {}
+        cached: dict[str, int] = {}
+        held: dict[str, int] = {}
+        for block_size in set(self._block_sizes.values()):
+            if len(prompt_ids) < block_size:
                 continue
-            held = overlaps.get(view.worker_id, 0)
-            if held > own and (best is None or held > best[0]):
-                best = (held, view.worker_id)
-        if best is None:
+            chain = chains[block_size] = block_hashes_for(prompt_ids, block_size)
+            for worker_id, blocks in self.index.match(chain).items():
+                if self._block_sizes.get(worker_id) != block_size:
+                    continue
+                cached[worker_id] = blocks * block_size
+                held[worker_id] = self.index.held_prefix(worker_id, chain, blocks) * block_size
+        return PromptCache(chains, cached, held)
+
+    def prefix_source(self, cache: PromptCache, holder_id: str, tokens: int) -> PrefixSource | None:
+        """The blocks covering the prompt's first `tokens` tokens, to pull from `holder_id`."""
+        block_size = self._block_sizes.get(holder_id)
+        if block_size is None or block_size not in cache.chains or tokens < block_size:
             return None
-        return PrefixSource(best[1], hashes[: best[0]])
+        return PrefixSource(holder_id, cache.chains[block_size][: tokens // block_size])
+
+    def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float) -> None:
+        """`worker_id` was just routed the prompt: count its blocks there until its own events
+        arrive (or `ttl_s` passes), so sibling requests follow it."""
+        block_size = self._block_sizes.get(worker_id)
+        if block_size is not None and block_size in cache.chains:
+            self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from services.router.kv_index import IndexStats
 from shared.codec import MalformedCounter
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -25,6 +26,26 @@ class _MalformedCollector(Collector):
         for subject, count in sorted(self._malformed.by_subject.items()):
             family.add_metric([subject], count)
         yield family
+
+
+class _KvIndexCollector(Collector):
+    """What the KV index holds per worker, read at scrape time: a worker whose blocks never
+    show up here (block size or salt mismatch) is one the router cannot route prefixes to."""
+
+    def __init__(self) -> None:
+        self.stats: Callable[[], IndexStats] | None = None  # set once the index exists
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.stats is None:
+            return
+        stats = self.stats()
+        blocks = GaugeMetricFamily("tandem_router_kv_index_blocks", "Blocks the KV index holds per worker, "
+                                   "reported (kind=held) or predicted for requests just routed (kind=speculative)",
+                                   labels=["worker", "kind"])
+        for worker in stats.workers:
+            blocks.add_metric([worker.worker_id, "held"], worker.blocks)
+            blocks.add_metric([worker.worker_id, "speculative"], worker.speculative_blocks)
+        yield blocks
 
 
 class RouterMetrics:
@@ -46,8 +67,13 @@ class RouterMetrics:
                                      "Prompt tokens served from a prefix cache", registry=self.registry)
         self.completion_tokens = Counter("tandem_router_completion_tokens", "Generated tokens",
                                          registry=self.registry)
+        # flow "none": no worker was asked (reasons "overloaded": 429, "cache_threshold")
         self.route_decisions = Counter("tandem_router_route_decisions", "Routing decisions by flow and reason",
                                        ["flow", "reason"], registry=self.registry)
+        self.resumes = Counter(
+            "tandem_router_resumes",
+            "Requests re-routed after losing their worker, by stage (before_first_token, mid_stream) and result",
+            ["stage", "result"], registry=self.registry)
         self.prefix_pulls_routed = Counter(
             "tandem_router_prefix_pulls", "Requests sent with another worker named to pull a cached prefix from",
             registry=self.registry)
@@ -67,9 +93,14 @@ class RouterMetrics:
                                registry=self.registry)
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
         self.registry.register(_MalformedCollector(malformed))
+        self._kv_index = _KvIndexCollector()
+        self.registry.register(self._kv_index)
 
     def watch_workers(self, count: Callable[[], int]) -> None:
         self.workers.set_function(count)
+
+    def watch_kv_index(self, stats: Callable[[], IndexStats]) -> None:
+        self._kv_index.stats = stats
 
     def record_tokens_between(self, gap_s: float, tokens: int) -> None:
         """One observation per token: a frame of n tokens after `gap_s` is n gaps of gap_s/n."""

@@ -38,6 +38,9 @@ class SamplingFields(_Request):
     # vLLM extensions that benchmark clients send
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    # Tandem extension, decode-first: serve only from a worker already holding at least this
+    # share of the prompt's KV; otherwise answer at once with finish_reason "cache_threshold".
+    cache_hit_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
 
     @field_validator("n")
     @classmethod

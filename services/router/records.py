@@ -36,6 +36,7 @@ class GenerationParams(RequestIdentity):
     prompt_ids: list[int]
     sampling: SamplingParams
     stop: tuple[str, ...]
+    cache_hit_threshold: float | None = None  # decode-first; None: the router's default
 
 
 @dataclass(frozen=True)

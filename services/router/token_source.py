@@ -6,6 +6,8 @@ everything the source holds (streams, in-flight slots, leases), always, exactly 
 
 - `WorkerPart`: one generate request on one worker. The single-worker flow is one part;
   the disaggregated flow (`services.router.disaggregated`) is two.
+- `Answered`: no worker at all; the request is over before it starts (the decode-first
+  cache-hit threshold was not met, or a resumed request had nothing left to generate).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import msgspec
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import InFlight
 from shared.codec import encode
-from shared.errors import Unavailable
+from shared.errors import TandemError, Unavailable
 from shared.schemas import Finished, Tokens
 
 
@@ -30,6 +32,11 @@ class TokenSource(Protocol):
 
     @property
     def finished(self) -> Finished | None: ...
+
+    @property
+    def failed_worker_id(self) -> str | None:
+        """The worker whose failure ended `frames()` with an error; None while none did."""
+        ...
 
     def frames(self) -> AsyncIterator[Tokens]:
         """Token frames; returns once `finished` is set; raises `TandemError` on failure."""
@@ -52,6 +59,7 @@ class WorkerPart:
         self._in_flight = in_flight
         self.request_id = request_id
         self._stream = link.stream(in_flight.worker_id)
+        self.failed_worker_id: str | None = None
         in_flight.attach(self._stream)
 
     @property
@@ -73,8 +81,15 @@ class WorkerPart:
         except Exception as error:
             raise Unavailable(f"could not send the request to {self.worker_id}: {error}") from error
 
-    def frames(self) -> AsyncIterator[Tokens]:
-        return self._stream.frames()
+    async def frames(self) -> AsyncIterator[Tokens]:
+        try:
+            async for frame in self._stream.frames():
+                if frame.token_ids:
+                    self._in_flight.prefill_done()  # its prompt no longer waits for prefill
+                yield frame
+        except TandemError:
+            self.failed_worker_id = self.worker_id
+            raise
 
     async def cancel(self) -> None:
         """A no-op on the worker if it already ended the request."""
@@ -86,3 +101,25 @@ class WorkerPart:
             await self._stream.close()
         finally:
             self._in_flight.end()
+
+
+class Answered:
+    """A request answered without any worker: `frames()` yields nothing, `finished` is set."""
+
+    def __init__(self, finished: Finished) -> None:
+        self.finished: Finished | None = finished
+        self.failed_worker_id: str | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return ""
+
+    async def frames(self) -> AsyncIterator[Tokens]:
+        return
+        yield  # an async generator that yields nothing
+
+    async def cancel(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass

@@ -7,7 +7,8 @@
   `started_at` is a restarted worker: streams on the old incarnation are aborted as well.
 - Load comes from `LoadSnapshot`s on `Subjects.load_all`; stale ones are ignored.
 - `begin()` counts a request against its worker from the moment it is routed until
-  `InFlight.end()`; the policy sees these counts through `views()`.
+  `InFlight.end()`, and the uncached prompt tokens it brings until its first token
+  (`InFlight.prefill_done()`); the policy sees both through `views()`.
 
 Malformed bucket values and snapshots are counted, logged once, and dropped.
 """
@@ -21,7 +22,7 @@ from typing import Protocol
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.router.policy import WorkerView
+from services.router.worker_view import WorkerView
 from shared.bus import BucketMirror, Bus
 from shared.codec import Codec, MalformedCounter
 from shared.errors import Disconnected, TandemError
@@ -35,10 +36,11 @@ log = logging.getLogger(__name__)
 class InFlight:
     """One request routed to one worker, counted in that worker's load until `end()`."""
 
-    def __init__(self, pool: "WorkerPool", worker_id: str, request_id: str) -> None:
+    def __init__(self, pool: "WorkerPool", worker_id: str, request_id: str, prefill_tokens: int = 0) -> None:
         self._pool = pool
         self.worker_id = worker_id
         self.request_id = request_id
+        self.prefill_tokens = prefill_tokens  # uncached prompt tokens still to compute; 0 once done
         self.stream: ResponseStream | None = None
         self.lost: TandemError | None = None  # set when the worker left while we were routed to it
 
@@ -54,6 +56,11 @@ class InFlight:
             if self.stream is not None:
                 self.stream.abort(error)
 
+    def prefill_done(self) -> None:
+        """The worker produced its first token: its prompt no longer waits for prefill."""
+        if self.prefill_tokens:
+            self._pool._prefill_done(self)
+
     def end(self) -> None:
         self._pool._end(self)
 
@@ -64,6 +71,8 @@ class _WorkerState:
         self.load: LoadSnapshot | None = None
         self.in_flight: dict[str, InFlight] = {}
         self.in_flight_at_report = 0
+        self.outstanding_prefill_tokens = 0  # sum of `prefill_tokens` over `in_flight`
+        self.outstanding_prefill_at_report = 0
         self.last_routed = 0
 
     def view(self) -> WorkerView:
@@ -80,6 +89,9 @@ class _WorkerState:
             in_flight_at_report=self.in_flight_at_report,
             last_routed=self.last_routed,
             compat_hash=registration.compat_hash,
+            reported_prefill_tokens=None if load is None else load.pending_prefill_tokens,
+            outstanding_prefill_tokens=self.outstanding_prefill_tokens,
+            outstanding_prefill_at_report=self.outstanding_prefill_at_report,
         )
 
     def abort_all(self, error: TandemError) -> None:
@@ -154,16 +166,28 @@ class WorkerPool:
         except asyncio.TimeoutError:
             pass
 
-    def begin(self, worker_id: str, request_id: str) -> InFlight:
-        """Count a request against `worker_id`; call right after the policy chose it."""
+    def begin(self, worker_id: str, request_id: str, *, prefill_tokens: int = 0) -> InFlight:
+        """Count a request (and the uncached prompt tokens it brings) against `worker_id`;
+        call right after the policy chose it."""
         state = self._workers[worker_id]
         self._routed += 1
         state.last_routed = self._routed
-        in_flight = InFlight(self, worker_id, request_id)
+        in_flight = InFlight(self, worker_id, request_id, prefill_tokens)
+        previous = state.in_flight.get(request_id)
+        if previous is not None:  # not expected (a resumed request has a new id): keep the counts exact
+            self._end(previous)
         state.in_flight[request_id] = in_flight
+        state.outstanding_prefill_tokens += prefill_tokens
         return in_flight
 
+    def _prefill_done(self, in_flight: InFlight) -> None:
+        state = self._workers.get(in_flight.worker_id)
+        if state is not None and state.in_flight.get(in_flight.request_id) is in_flight:
+            state.outstanding_prefill_tokens -= in_flight.prefill_tokens
+        in_flight.prefill_tokens = 0
+
     def _end(self, in_flight: InFlight) -> None:
+        self._prefill_done(in_flight)
         state = self._workers.get(in_flight.worker_id)
         if state is not None and state.in_flight.get(in_flight.request_id) is in_flight:
             del state.in_flight[in_flight.request_id]
@@ -227,3 +251,4 @@ class WorkerPool:
             return  # stale or duplicate; a restarted worker restarts seq but not time
         state.load = snapshot
         state.in_flight_at_report = len(state.in_flight)
+        state.outstanding_prefill_at_report = state.outstanding_prefill_tokens

@@ -35,7 +35,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def make_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, workers: int = 2,
-               specs: tuple[WorkerSpec, ...] = ()) -> LocalStack:
+               specs: tuple[WorkerSpec, ...] = (), router_args: tuple[str, ...] = ()) -> LocalStack:
     config = StackConfig(
         model_dir=model_dir,
         workers=(*(WorkerSpec(worker_id=f"w{i + 1}") for i in range(workers)), *specs),
@@ -46,6 +46,7 @@ def make_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, workers
         heartbeat_interval_s=0.2,
         ttl_s=1.5,
         log_dir=str(log_dir),
+        router_args=router_args,
     )
     return LocalStack(config)
 

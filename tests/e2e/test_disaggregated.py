@@ -29,6 +29,10 @@ from tests.e2e.conftest import make_stack
 
 pytestmark = pytest.mark.e2e
 
+# Short prompts are served on the decode worker alone by default (conditional
+# disaggregation); these tests are about the hand-off, so every request is split.
+ALWAYS_DISAGGREGATE = ("--local-prefill-tokens", "0")
+
 BLOCK = 16  # the workers' default block size
 FAULTS = ("--kv-fault-fail-fraction", "0.3", "--kv-fault-seed", "5")
 
@@ -44,7 +48,7 @@ CLUSTERS = {
 def pd_stack(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model_dir: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(request.param), workers=0,
-                       specs=CLUSTERS[request.param])
+                       router_args=ALWAYS_DISAGGREGATE, specs=CLUSTERS[request.param])
     stack.start()
     pids = [process.pid for process in stack.processes.values()]
     yield stack

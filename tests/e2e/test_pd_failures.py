@@ -23,7 +23,7 @@ from shared.schemas import TransferRecord, WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import LoadWatcher, make_stack
-from tests.e2e.test_disaggregated import as_router_text, reference
+from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, reference
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ DECODE = WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=("--kv-fa
 def fault_stack(nats_server: EmbeddedNats, tiny_model_dir: str,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("pd-failures"), workers=0,
-                       specs=(PREFILL, DECODE))
+                       router_args=ALWAYS_DISAGGREGATE, specs=(PREFILL, DECODE))
     stack.start()
     yield stack
     stack.stop()

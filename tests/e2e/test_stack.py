@@ -124,49 +124,48 @@ async def test_late_worker_receives_traffic_within_2s(stack: LocalStack, client:
     await asyncio.to_thread(stack.launcher.stop, "w-late")
 
 
-async def test_sigkilled_worker_fails_inflight_explicitly_and_is_avoided(
+async def test_sigkilled_worker_loses_no_greedy_request_and_is_avoided(
         stack: LocalStack, client: openai.AsyncOpenAI, stack_bus: Bus, loads) -> None:
-    model = model_name(stack)
+    """A worker killed mid-decode under load: its streams resume on other workers from the
+    tokens already sent, and every answer equals an uninterrupted run; it leaves the
+    cluster within its TTL and new requests avoid it."""
+    from tests.e2e.test_disaggregated import as_router_text, reference
+
+    tokenizer = Tokenizer.from_model_dir(stack.config.model_dir)
+    model = tokenizer.model_name
     records = await _records(stack_bus, stack)
-    victim = WorkerSpec(worker_id="w-victim")
-    stack.start_worker(victim)
+    stack.start_worker(WorkerSpec(worker_id="w-victim"))
     await asyncio.to_thread(stack.wait_worker_ready, "w-victim")
+    prompts = [[3 + (i * 37 + n) % 500 for i in range(40)] for n in range(6)]
+    expected = await reference(tokenizer, prompts, 300)
 
-    failed_at: dict[int, float] = {}
+    async def long_stream(prompt: list[int]) -> str:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=300, temperature=0,
+                                                 stream=True)
+        return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
 
-    async def long_stream(i: int) -> str:
-        try:
-            stream = await client.completions.create(model=model, prompt=f"long {i}", max_tokens=1500, stream=True)
-            return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
-        except Exception:
-            failed_at[i] = time.monotonic()
-            raise
-
-    tasks = [asyncio.create_task(long_stream(i)) for i in range(6)]
+    tasks = [asyncio.create_task(long_stream(prompt)) for prompt in prompts]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         snapshot = loads.latest.get("w-victim")
-        if snapshot is not None and snapshot.running > 0:
+        if snapshot is not None and snapshot.running > 0 and snapshot.generated_tokens_total > 20:
             break
         await asyncio.sleep(0.02)
     assert loads.latest["w-victim"].running > 0, "the victim never got a request"
     killed_at = time.monotonic()
     stack.worker("w-victim").popen.send_signal(signal.SIGKILL)
-    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-    failed = [r for r in results if isinstance(r, Exception)]
-    assert failed, "requests on the killed worker must fail explicitly"
-    assert all(isinstance(r, openai.APIError) for r in failed), failed
-    slowest = max(failed_at.values()) - killed_at
-    assert slowest < stack.config.ttl_s + 2.0, f"in-flight requests took {slowest:.1f}s to fail"
-    assert len(failed) < len(results), "requests on healthy workers must complete"
-    victim_records = [r for r in records if r.worker_id == "w-victim"]
-    assert victim_records and all(r.outcome != "ok" for r in victim_records)
-
-    # new requests avoid the dead worker and succeed
+    texts = await asyncio.wait_for(asyncio.gather(*tasks), 60)  # nothing hangs, nothing fails
+    for prompt, text, tokens in zip(prompts, texts, expected):
+        assert text == as_router_text(tokenizer, prompt, tokens), "a resumed answer differs"
     async with httpx.AsyncClient() as http:
         while "w-victim" in (await http.get(f"{stack.router_url}/health")).json()["workers"]:
             assert time.monotonic() - killed_at < stack.config.ttl_s + 2.0, "dead worker not removed within its TTL"
             await asyncio.sleep(0.05)
+        router_metrics = (await http.get(f"{stack.router_url}/metrics")).text
+    resumed = [line for line in router_metrics.splitlines()
+               if line.startswith("tandem_router_resumes_total{") and 'stage="mid_stream"' in line
+               and 'result="resumed"' in line]
+    assert resumed and float(resumed[0].rsplit(" ", 1)[1]) >= 1, "no stream was resumed mid-way"
     before = len(records)
     replies = await asyncio.gather(*(client.completions.create(model=model, prompt=f"after {i}", max_tokens=4)
                                      for i in range(8)))

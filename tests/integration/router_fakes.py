@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
@@ -27,10 +28,13 @@ from shared.codec import Codec, encode
 from shared.config import BusConfig, RouterConfig
 from shared.request_plane import FrameSender
 from shared.schemas import (
+    BlockStored,
     Cancel,
     ControlMessage,
     Finished,
     GenerateRequest,
+    KvEventBatch,
+    LoadSnapshot,
     WorkerCapacity,
     WorkerRegistration,
     WorkerRole,
@@ -83,18 +87,25 @@ def router_config(bus_config: BusConfig, model_dir: str, **overrides) -> RouterC
     return RouterConfig(**settings)
 
 
-@pytest.fixture
-async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]:
-    config = router_config(bus_config, model_dir)
+@asynccontextmanager
+async def running_router(config: RouterConfig) -> AsyncIterator[Router]:
     server = RouterServer(config)
     task = asyncio.create_task(server.serve())
     await asyncio.wait_for(server.listening.wait(), DEADLINE_S)
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=20)
-    async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
-        yield Router(server.url, config, client, http)
-    await client.close()
-    server.should_exit = True
-    await asyncio.wait_for(task, 10)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
+            yield Router(server.url, config, client, http)
+    finally:
+        await client.close()
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]:
+    async with running_router(router_config(bus_config, model_dir)) as running:
+        yield running
 
 
 # ---- a scripted worker ---------------------------------------------------------------
@@ -112,8 +123,8 @@ class _Sender(FrameSender):
 class FakeWorker:
     """Answers generate requests with the tokens of `reply_ids`, one token per frame.
 
-    `hold=True` sends the first token, then waits for `release` (or a Cancel);
-    `hold_accept=True` waits for `release` before accepting at all.
+    `hold=True` sends the first token (`hold_at + 1` tokens), then waits for `release` (or a
+    Cancel); `hold_accept=True` waits for `release` before accepting at all.
     `fail` sends a `Failed` frame after `fail_after` tokens; `refuse` answers every request
     with `Failed(unavailable)` before accepting it (as a draining worker does);
     `listening=False` registers without serving (a worker that just died).
@@ -122,6 +133,8 @@ class FakeWorker:
     so a prompt continued elsewhere (prefill here, decode there) reads the same.
     As a prefill worker it leases the prompt's full blocks when asked to hold them; as a
     decode worker it releases the lease it pulled from ("done"), after accepting.
+    `store_blocks()` publishes KV events announcing that it caches a prompt's full blocks,
+    `report_load()` a load snapshot.
     """
 
     bus: Bus
@@ -132,7 +145,9 @@ class FakeWorker:
     role: WorkerRole = WorkerRole.BOTH
     compat_hash: str = "fake"
     max_model_len: int = 2048
+    max_num_seqs: int = 8
     hold: bool = False
+    hold_at: int = 0  # with `hold`: the index of the token after which it waits
     hold_accept: bool = False
     fail: str | None = None
     fail_after: int = 0
@@ -153,12 +168,15 @@ class FakeWorker:
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _subs: list = field(default_factory=list)
     _lease_ids: int = 0
+    _kv_seq: int = 0
+    _load_seq: int = 0
 
     def registration(self, status: WorkerStatus | None = None) -> WorkerRegistration:
         return WorkerRegistration(
             worker_id=self.worker_id, role=self.role, model=self.model, engine="fake", block_size=BLOCK_SIZE,
             compat_hash=self.compat_hash,
-            capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=self.max_model_len),
+            capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=self.max_num_seqs,
+                                    max_model_len=self.max_model_len),
             status=status or self.status, started_at=self.started_at, heartbeat_at=time.time())
 
     async def start(self) -> "FakeWorker":
@@ -185,6 +203,26 @@ class FakeWorker:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         for sub in self._subs:
             await sub.unsubscribe()
+
+    async def store_blocks(self, token_ids: list[int]) -> None:
+        """Announce (KV events) that this worker caches every full block of `token_ids`."""
+        blocks = len(token_ids) // BLOCK_SIZE
+        self._kv_seq += 1
+        engine_hashes = [self._kv_seq * 1_000_000 + index for index in range(blocks)]
+        batch = KvEventBatch(worker_id=self.worker_id, seq=self._kv_seq, ts=time.time(), events=[
+            BlockStored(block_hashes=engine_hashes, parent_block_hash=None,
+                        token_ids=token_ids[:blocks * BLOCK_SIZE], block_size=BLOCK_SIZE)])
+        await self.bus.client.publish(self.subjects.kv_events(self.worker_id), encode(batch))
+        await self.bus.client.flush()
+
+    async def report_load(self, running: int, waiting: int = 0, pending_prefill_tokens: int = 0) -> None:
+        self._load_seq += 1
+        snapshot = LoadSnapshot(worker_id=self.worker_id, seq=self._load_seq, ts=time.time(), running=running,
+                                waiting=waiting, kv_total_blocks=64, kv_used_blocks=0, kv_cached_blocks=0,
+                                prompt_tokens_total=0, cached_tokens_total=0, generated_tokens_total=0,
+                                pending_prefill_tokens=pending_prefill_tokens)
+        await self.bus.client.publish(self.subjects.load(self.worker_id), encode(snapshot))
+        await self.bus.client.flush()
 
     def released(self, lease_id: str) -> list[str]:
         """The outcomes of every release of `lease_id` received so far."""
@@ -261,7 +299,7 @@ class FakeWorker:
                 await sender.failed(self.fail, f"scripted failure after {index} tokens")
                 return
             await sender.tokens([token])
-            if self.hold and index == 0:
+            if self.hold and index == self.hold_at:
                 await self.release.wait()
         if self.continue_history:
             reason: FinishReason = "length" if len(tokens) == budget and tokens[-1] not in \

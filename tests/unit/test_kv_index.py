@@ -309,6 +309,20 @@ def test_a_real_block_supersedes_a_speculative_one() -> None:
     assert index.add_speculative("a", chain[:3], expires_at=9.0) == 0  # really held: nothing to predict
 
 
+def test_held_prefix_stops_at_the_first_predicted_block() -> None:
+    engine = FakeEngine("a")
+    prompt = tokens(29, 6 * BLOCK)
+    chain = block_hashes_for(prompt, BLOCK)
+    index = index_with(engine, FakeEngine("b"))
+    index.ingest(engine.batch(engine.stored(prompt, 0, 2)))
+    index.add_speculative("a", chain, expires_at=5.0)
+    assert index.match(chain) == {"a": 6}
+    assert index.held_prefix("a", chain, 6) == 2  # what "a" could lend now
+    index.ingest(engine.batch(engine.stored(prompt, 2, 6)))
+    assert index.held_prefix("a", chain, 6) == 6
+    assert index.held_prefix("b", chain, 0) == 0 and index.held_prefix("ghost", chain, 6) == 0
+
+
 def test_a_later_prediction_extends_an_earlier_one() -> None:
     index = index_with(FakeEngine("a"))
     chain = block_hashes_for(tokens(27, 4 * BLOCK), BLOCK)

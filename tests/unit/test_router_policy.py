@@ -1,12 +1,19 @@
-"""Routing policy on plain data: eligibility, least-loaded choice, predicted load, ties, and the
-prefill/decode pair of the disaggregated flow (load, compatibility hash, fallbacks)."""
+"""Routing policy on plain data: eligibility, least-loaded choice, predicted load, ties, the
+prefill/decode pair of the disaggregated flow (load, compatibility hash, fallbacks), and the
+cost model: prefix affinity, pulls, conditional disaggregation, admission, decode-first."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from services.router.policy import RouteDecision, RouteRequest, WorkerView, choose_worker, context_limit, decide
+import pytest
+
+from services.router.cost import Holders, plan_prefill
+from services.router.policy import RouteDecision, RouteRefusal, RouteRequest, WorkerView, context_limit, decide
+from shared.config import ConfigError, RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
+
+PREFILL, DECODE, BOTH = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
 
 
 def worker(worker_id: str, **overrides) -> WorkerView:
@@ -17,30 +24,51 @@ def worker(worker_id: str, **overrides) -> WorkerView:
     return WorkerView(**fields)
 
 
-REQUEST = RouteRequest(model="m", prompt_tokens=50, total_tokens=100)
+# Long enough that a prefill/decode hand-off pays off when nothing is cached.
+REQUEST = RouteRequest(model="m", prompt_tokens=500, total_tokens=600)
+
+
+def request(**fields) -> RouteRequest:
+    return replace(REQUEST, **fields)
+
+
+def chosen(workers: list[WorkerView], route: RouteRequest = REQUEST, routing: RoutingConfig = RoutingConfig()) -> str | None:
+    decision = decide(workers, route, routing)
+    assert not isinstance(decision, RouteRefusal), decision
+    return None if decision is None else decision.worker_id
+
+
+def single(reason: str, worker_id: str) -> RouteDecision:
+    return RouteDecision("single", reason, worker_id)  # type: ignore[arg-type]
+
+
+def pair(prefill: str, decode: str) -> RouteDecision:
+    return RouteDecision("disaggregated", "pair", decode, prefill_worker_id=prefill)
+
+
+# ---- eligibility and load ------------------------------------------------------------
 
 
 def test_no_workers_means_no_choice() -> None:
-    assert choose_worker([], REQUEST) is None
+    assert decide([], REQUEST) is None
 
 
 def test_only_active_workers_of_the_model_with_a_serving_role_qualify() -> None:
     workers = [
         worker("draining", status=WorkerStatus.DRAINING),
-        worker("prefill", role=WorkerRole.PREFILL),
+        worker("prefill", role=PREFILL),
         worker("other-model", model="other"),
-        worker("short-context", max_model_len=50),
+        worker("short-context", max_model_len=599),
     ]
-    assert choose_worker(workers, REQUEST) is None
-    assert choose_worker([*workers, worker("decode", role=WorkerRole.DECODE)], REQUEST) == "decode"
+    assert decide(workers, REQUEST) is None  # a prefill worker never serves whole requests
+    assert chosen([*workers, worker("decode", role=DECODE)]) == "decode"
 
 
 def test_least_loaded_relative_to_capacity() -> None:
     workers = [worker("a", reported_load=3), worker("b", reported_load=1), worker("c", reported_load=2)]
-    assert choose_worker(workers, REQUEST) == "b"
+    assert chosen(workers) == "b"
     # 4 of 16 slots is lighter than 3 of 8
-    assert choose_worker([worker("a", reported_load=3), worker("big", reported_load=4, max_num_seqs=16)],
-                         REQUEST) == "big"
+    assert chosen([worker("a", reported_load=3), worker("big", reported_load=4, max_num_seqs=16)]) == "big"
 
 
 def test_predicted_load_adds_requests_routed_since_the_report() -> None:
@@ -53,23 +81,34 @@ def test_predicted_load_adds_requests_routed_since_the_report() -> None:
     assert worker("a", reported_load=None, in_flight=2).predicted_load == 2
 
 
+def test_predicted_prefill_tokens_add_what_was_routed_since_the_report() -> None:
+    assert worker("a").predicted_prefill_tokens == 0
+    assert worker("a", outstanding_prefill_tokens=300).predicted_prefill_tokens == 300
+    # reported 1000 pending when 200 of ours were; 500 more of ours since
+    assert worker("a", reported_prefill_tokens=1000, outstanding_prefill_tokens=700,
+                  outstanding_prefill_at_report=200).predicted_prefill_tokens == 1500
+    # ours reached their first token since the report: never below what we know waits
+    assert worker("a", reported_prefill_tokens=100, outstanding_prefill_tokens=50,
+                  outstanding_prefill_at_report=400).predicted_prefill_tokens == 50
+
+
 def test_a_burst_spreads_before_any_load_report() -> None:
     workers = {name: worker(name, reported_load=None) for name in ("a", "b", "c")}
     picks = []
     for routed in range(1, 7):
-        chosen = choose_worker(list(workers.values()), REQUEST)
-        assert chosen is not None
-        picks.append(chosen)
-        view = workers[chosen]
-        workers[chosen] = replace(view, in_flight=view.in_flight + 1, last_routed=routed)
+        pick = chosen(list(workers.values()))
+        assert pick is not None
+        picks.append(pick)
+        view = workers[pick]
+        workers[pick] = replace(view, in_flight=view.in_flight + 1, last_routed=routed)
     assert sorted(picks) == ["a", "a", "b", "b", "c", "c"]
 
 
 def test_ties_go_round_robin_then_by_id_deterministically() -> None:
-    assert choose_worker([worker("b"), worker("a")], REQUEST) == "a"
-    assert choose_worker([worker("a", last_routed=5), worker("b", last_routed=2)], REQUEST) == "b"
+    assert chosen([worker("b"), worker("a")]) == "a"
+    assert chosen([worker("a", last_routed=5), worker("b", last_routed=2)]) == "b"
     workers = [worker("x", last_routed=1), worker("y", last_routed=1)]
-    assert {choose_worker(workers, REQUEST) for _ in range(10)} == {"x"}
+    assert {chosen(workers) for _ in range(10)} == {"x"}
 
 
 def test_context_limit_is_the_longest_among_serving_workers() -> None:
@@ -77,31 +116,27 @@ def test_context_limit_is_the_longest_among_serving_workers() -> None:
                worker("c", max_model_len=8192, status=WorkerStatus.DRAINING)]
     assert context_limit(workers, "m") == 2048
     assert context_limit(workers, "other") is None
-    assert choose_worker(workers, RouteRequest(model="m", prompt_tokens=500, total_tokens=1000)) == "b"
+    assert chosen(workers, RouteRequest(model="m", prompt_tokens=500, total_tokens=1000)) == "b"
 
 
 # ---- prefill/decode pairs ------------------------------------------------------------
 
-PREFILL, DECODE, BOTH = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
-
-
-def pair(prefill: str, decode: str) -> RouteDecision:
-    return RouteDecision("disaggregated", "pair", decode, prefill_worker_id=prefill)
-
 
 def test_without_prefill_workers_the_single_worker_policy_decides() -> None:
     workers = [worker("a", reported_load=2), worker("b", role=DECODE, reported_load=1)]
-    assert decide(workers, REQUEST) == RouteDecision("single", "no_prefill_worker", "b")
-    assert decide([], REQUEST) is None
+    assert decide(workers, REQUEST) == single("no_prefill_worker", "b")
     draining = worker("p", role=PREFILL, status=WorkerStatus.DRAINING)
-    assert decide([*workers, draining], REQUEST) == RouteDecision("single", "no_prefill_worker", "b")
+    assert decide([*workers, draining], REQUEST) == single("no_prefill_worker", "b")
 
 
 def test_the_pair_is_the_least_loaded_prefill_and_decode_worker() -> None:
     workers = [worker("p1", role=PREFILL, reported_load=2), worker("p2", role=PREFILL, reported_load=0),
                worker("d1", role=DECODE, reported_load=0), worker("d2", role=DECODE, reported_load=3),
-               worker("both", role=BOTH, reported_load=0)]  # never half of a pair
+               worker("both", role=BOTH, reported_load=1)]  # never half of a pair
     assert decide(workers, REQUEST) == pair("p2", "d1")
+    # prefill workers are loaded by the prompt tokens queued on them
+    workers[1] = replace(workers[1], reported_prefill_tokens=900)
+    assert decide(workers, REQUEST) == pair("p1", "d1")
 
 
 def test_pairs_share_a_compatibility_hash() -> None:
@@ -115,22 +150,34 @@ def test_pairs_share_a_compatibility_hash() -> None:
     assert decide(workers, REQUEST) == pair("p-new", "d-new")
 
 
+def test_two_model_versions_at_once_pair_only_within_a_version() -> None:
+    workers = [worker(f"{role.value[0]}-{version}", role=role, compat_hash=version, reported_load=None)
+               for version in ("v1", "v2") for role in (PREFILL, DECODE)]
+    for routed in range(1, 9):
+        decision = decide(workers, REQUEST)
+        assert isinstance(decision, RouteDecision) and decision.prefill_worker_id is not None
+        assert decision.prefill_worker_id.split("-")[1] == decision.worker_id.split("-")[1]
+        for name in (decision.prefill_worker_id, decision.worker_id):
+            index = next(i for i, view in enumerate(workers) if view.worker_id == name)
+            workers[index] = replace(workers[index], in_flight=workers[index].in_flight + 1, last_routed=routed)
+    assert all(view.in_flight == 4 for view in workers)  # both versions took their share
+
+
 def test_no_compatible_pair_falls_back_to_single_worker_serving() -> None:
     workers = [worker("p", role=PREFILL, compat_hash="a"), worker("d", role=DECODE, compat_hash="b", reported_load=1),
                worker("both", role=BOTH, compat_hash="b", reported_load=2)]
-    assert decide(workers, REQUEST) == RouteDecision("single", "compat_hash_mismatch", "d")
+    assert decide(workers, REQUEST) == single("compat_hash_mismatch", "d")
     only_both = [worker("p", role=PREFILL), worker("both", role=BOTH)]
-    assert decide(only_both, REQUEST) == RouteDecision("single", "no_decode_worker", "both")
-    assert decide([worker("p", role=PREFILL)], REQUEST) is None  # a prefill worker never serves whole requests
+    assert decide(only_both, REQUEST) == single("no_decode_worker", "both")
+    assert decide([worker("p", role=PREFILL)], REQUEST) is None
 
 
 def test_context_limits_per_part() -> None:
     # the prefill worker needs room for the prompt and one token; the decode worker for everything
-    workers = [worker("p", role=PREFILL, max_model_len=51), worker("d", role=DECODE, max_model_len=100)]
+    workers = [worker("p", role=PREFILL, max_model_len=501), worker("d", role=DECODE, max_model_len=600)]
     assert decide(workers, REQUEST) == pair("p", "d")
-    assert decide([replace(workers[0], max_model_len=50), workers[1]], REQUEST) == \
-        RouteDecision("single", "no_prefill_worker", "d")
-    assert decide([workers[0], replace(workers[1], max_model_len=99)], REQUEST) is None
+    assert decide([replace(workers[0], max_model_len=500), workers[1]], REQUEST) == single("no_prefill_worker", "d")
+    assert decide([workers[0], replace(workers[1], max_model_len=599)], REQUEST) is None
 
 
 def test_pairs_spread_a_burst_over_both_roles() -> None:
@@ -139,10 +186,125 @@ def test_pairs_spread_a_burst_over_both_roles() -> None:
     picks = []
     for routed in range(1, 5):
         decision = decide(list(workers.values()), REQUEST)
-        assert decision is not None and decision.prefill_worker_id is not None
+        assert isinstance(decision, RouteDecision) and decision.prefill_worker_id is not None
         picks.append((decision.prefill_worker_id, decision.worker_id))
         for name in (decision.prefill_worker_id, decision.worker_id):
             view = workers[name]
             workers[name] = replace(view, in_flight=view.in_flight + 1, last_routed=routed)
     assert sorted(p for p, _ in picks) == ["p1", "p1", "p2", "p2"]
     assert sorted(d for _, d in picks) == ["d1", "d1", "d2", "d2"]
+
+
+# ---- the cost model: where the prompt is cached ---------------------------------------
+
+
+def test_a_prefix_heavy_request_goes_to_the_worker_holding_the_prefix() -> None:
+    workers = [worker("a", reported_load=1), worker("b", reported_load=1)]
+    held = {"b": 448}
+    decision = decide(workers, request(cached_tokens=held, held_tokens=held))
+    assert isinstance(decision, RouteDecision) and decision.worker_id == "b"
+    assert decision.plan is not None and (decision.plan.cached_tokens, decision.plan.uncached_tokens) == (448, 52)
+    assert decision.plan.holder_id is None
+
+
+def test_a_busy_holder_lends_its_prefix_to_an_idle_worker() -> None:
+    workers = [worker("a"), worker("b", reported_load=6)]
+    held = {"b": 448}
+    decision = decide(workers, request(cached_tokens=held, held_tokens=held))
+    assert isinstance(decision, RouteDecision) and decision.worker_id == "a"
+    assert decision.plan is not None and decision.plan.holder_id == "b"
+    assert (decision.plan.pulled_tokens, decision.plan.uncached_tokens) == (448, 52)
+    # only reported blocks are lent: predicted ones may not exist yet
+    decision = decide(workers, request(cached_tokens=held))
+    assert isinstance(decision, RouteDecision) and decision.plan is not None and decision.plan.holder_id is None
+
+
+def test_prefixes_are_pulled_only_within_a_compatibility_hash() -> None:
+    holders = Holders([worker("a", compat_hash="v1"), worker("b", compat_hash="v2"), worker("c", compat_hash="v1")],
+                      {"a": 320, "b": 480})
+    assert holders.best_for(worker("c", compat_hash="v1")) == (320, "a")
+    assert holders.best_for(worker("a", compat_hash="v1")) == (0, None)  # never from itself
+    plan = plan_prefill(worker("c", compat_hash="v1"), 500, {"c": 400}, holders)
+    assert (plan.cached_tokens, plan.pulled_tokens, plan.holder_id, plan.uncached_tokens) == (400, 0, None, 100)
+
+
+def test_sibling_requests_land_together_before_the_workers_events() -> None:
+    """After the first sibling is routed, its worker is predicted to hold the shared prefix
+    and has the prompt queued: the next siblings still prefer it to computing it again."""
+    workers = {name: worker(name, max_num_seqs=64, reported_load=None) for name in ("a", "b")}
+    picks = []
+    predicted: dict[str, int] = {}
+    for routed in range(1, 6):
+        decision = decide(list(workers.values()), request(cached_tokens=predicted))
+        assert isinstance(decision, RouteDecision) and decision.plan is not None
+        picks.append(decision.worker_id)
+        view = workers[decision.worker_id]
+        workers[decision.worker_id] = replace(
+            view, in_flight=view.in_flight + 1, last_routed=routed,
+            outstanding_prefill_tokens=view.outstanding_prefill_tokens + decision.plan.uncached_tokens)
+        predicted = {decision.worker_id: 496}  # the prompt's full blocks, speculatively
+    assert picks == ["a"] * 5
+
+
+# ---- conditional disaggregation ----------------------------------------------------------
+
+
+def test_a_small_uncached_part_stays_on_the_decode_worker() -> None:
+    workers = [worker("p", role=PREFILL), worker("d", role=DECODE)]
+    assert decide(workers, REQUEST) == pair("p", "d")
+    held = {"d": 448}  # a follow-up turn: the decode worker holds the conversation so far
+    assert decide(workers, request(cached_tokens=held, held_tokens=held)) == single("small_uncached", "d")
+    short = RouteRequest(model="m", prompt_tokens=100, total_tokens=200)
+    assert decide(workers, short) == single("small_uncached", "d")
+    assert decide(workers, short, RoutingConfig(local_prefill_tokens=0)) == pair("p", "d")
+
+
+def test_busy_prefill_workers_leave_the_prompt_to_the_decode_worker() -> None:
+    workers = [worker("p1", role=PREFILL, reported_prefill_tokens=9000),
+               worker("p2", role=PREFILL, outstanding_prefill_tokens=8192),
+               worker("d1", role=DECODE, reported_load=2), worker("d2", role=DECODE)]
+    assert decide(workers, REQUEST) == single("prefill_busy", "d2")
+    workers[1] = replace(workers[1], outstanding_prefill_tokens=100)
+    assert decide(workers, REQUEST) == pair("p2", "d2")
+    # past its queue limit counts as busy too
+    workers[1] = replace(workers[1], reported_load=40)
+    assert decide(workers, REQUEST) == single("prefill_busy", "d2")
+
+
+def test_a_both_worker_competes_with_the_pairs_on_cost() -> None:
+    held = {"both": 480}
+    workers = [worker("p", role=PREFILL), worker("d", role=DECODE), worker("both", role=BOTH)]
+    assert decide(workers, REQUEST) == pair("p", "d")  # equal cost: disaggregate
+    assert decide(workers, request(cached_tokens=held, held_tokens=held)) == single("single_cheaper", "both")
+
+
+# ---- admission control --------------------------------------------------------------------
+
+
+def test_every_candidate_past_its_queue_limit_is_a_refusal() -> None:
+    routing = RoutingConfig(max_queue_factor=2.0)  # 16 requests per worker of 8 slots
+    workers = [worker("a", reported_load=16), worker("b", reported_load=20), worker("p", role=PREFILL)]
+    assert decide(workers, REQUEST, routing) == RouteRefusal("overloaded")
+    assert decide(workers, request(admit=False), routing) == single("no_decode_worker", "a")  # a resumed request
+    assert chosen([*workers, worker("c", reported_load=15)], REQUEST, routing) == "c"
+    assert chosen(workers, REQUEST, RoutingConfig(max_queue_factor=0)) == "a"  # off
+
+
+# ---- decode-first: the cache-hit threshold --------------------------------------------------
+
+
+def test_the_cache_hit_threshold_serves_from_a_warm_worker_or_refuses() -> None:
+    workers = [worker("p", role=PREFILL), worker("d1", role=DECODE), worker("d2", role=DECODE, reported_load=3)]
+    cached = {"d2": 320}  # 64% of the prompt
+    assert decide(workers, request(cached_tokens=cached, cache_hit_threshold=0.6)) == single("decode_first", "d2")
+    assert decide(workers, request(cached_tokens=cached, cache_hit_threshold=0.65)) == \
+        RouteRefusal("cache_threshold", "d2", 320)
+    assert decide(workers, request(cache_hit_threshold=0.1)) == RouteRefusal("cache_threshold", "d1", 0)
+
+
+def test_routing_settings_are_validated() -> None:
+    RoutingConfig().validate()
+    for bad in (dict(cache_hit_threshold=1.5), dict(prefill_weight=-1.0), dict(max_queue_factor=0.5),
+                dict(local_prefill_tokens=-1), dict(retry_after_s=0), dict(speculative_ttl_s=0.0)):
+        with pytest.raises(ConfigError):
+            RoutingConfig(**bad).validate()

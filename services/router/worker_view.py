@@ -1,0 +1,55 @@
+"""What the routing policy knows about one worker at one instant: plain data.
+
+Built by `WorkerPool.views()` (the adapter) from the worker's registration, its last load
+snapshot, and this router's own requests on it; read by `policy` and `cost`.
+
+Load is *predicted*: the last reported figure corrected by how this router's own share
+of it changed since the report arrived. A burst of requests landing between two load
+reports therefore spreads across workers instead of piling onto the one that looked idle.
+Two figures are predicted that way: requests (running + waiting), and prompt tokens
+waiting for prefill (uncached prompt tokens routed and not yet at their first token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.schemas.membership import WorkerRole, WorkerStatus
+
+
+def _predicted(reported: int | None, ours: int, ours_at_report: int) -> int:
+    if reported is None:
+        return ours
+    # The report already counts what we had routed when it arrived.
+    return max(ours, reported + ours - ours_at_report)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    worker_id: str
+    model: str
+    role: WorkerRole
+    status: WorkerStatus
+    max_num_seqs: int
+    max_model_len: int
+    reported_load: int | None  # running + waiting in the last load snapshot; None before one
+    in_flight: int  # this router's requests on the worker now
+    in_flight_at_report: int  # ... when that snapshot arrived
+    last_routed: int  # this router's routing sequence number of its latest pick (0: never)
+    compat_hash: str  # equal hashes can exchange KV blocks
+    reported_prefill_tokens: int | None = None  # pending prefill tokens in the last load snapshot
+    outstanding_prefill_tokens: int = 0  # uncached prompt tokens we routed there, not yet at first token
+    outstanding_prefill_at_report: int = 0  # ... when that snapshot arrived
+
+    @property
+    def predicted_load(self) -> int:
+        return _predicted(self.reported_load, self.in_flight, self.in_flight_at_report)
+
+    @property
+    def relative_load(self) -> float:
+        return self.predicted_load / max(self.max_num_seqs, 1)
+
+    @property
+    def predicted_prefill_tokens(self) -> int:
+        return _predicted(self.reported_prefill_tokens, self.outstanding_prefill_tokens,
+                          self.outstanding_prefill_at_report)

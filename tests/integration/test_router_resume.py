@@ -1,0 +1,185 @@
+"""Retries and migration through the router's HTTP API, against a real nats-server and fake
+workers whose output is a function of the token history (as a greedy model's is): a worker
+lost before its first token is replaced; one lost mid-stream is replaced by another that
+continues from the prompt plus every token already generated, in the same client stream,
+and the client reads exactly what an uninterrupted run gives — single-worker, and
+prefill/decode (decode lost: a new pair; prefill lost after its token: the decode worker
+alone). Attempts are bounded, and nothing stays in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from shared.config import BusConfig, RoutingConfig
+from shared.schemas import WorkerRole
+from shared.tokenizer import Tokenizer
+from tests.integration.router_fakes import (
+    DEADLINE_S,
+    MODEL_DIR_NAME,
+    FakeWorker,
+    Router,
+    router_config,
+    running_router,
+    wait_for_workers,
+    wait_until,
+    wait_until_idle,
+)
+
+REPLY = " each token follows from every token before it, wherever it is computed"
+PROMPT = "Once upon a time the river ran past the old mill, and the miller sang to the water all day long."
+MAX_TOKENS = 12
+
+
+@pytest.fixture
+def reply_ids(tokenizer: Tokenizer) -> list[int]:
+    return tokenizer.encode(REPLY)
+
+
+@pytest.fixture
+async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]:
+    # short prompts disaggregated all the same; a lost worker is noticed at once
+    config = router_config(bus_config, model_dir, routing=RoutingConfig(local_prefill_tokens=0))
+    async with running_router(config) as running:
+        yield running
+
+
+@pytest.fixture
+def start(start_worker, reply_ids: list[int]):
+    async def start_one(worker_id: str, **options) -> FakeWorker:
+        return await start_worker(worker_id, reply_ids=reply_ids, continue_history=True, **options)
+
+    return start_one
+
+
+async def uninterrupted(router: Router, start) -> tuple[str, openai.types.CompletionUsage]:
+    """The reference: the same request on one worker that nobody stops."""
+    solo = await start("solo")
+    await wait_for_workers(router, 1)
+    reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS)
+    await solo.deregister()
+    await wait_for_workers(router, 0)
+    return reply.choices[0].text, reply.usage
+
+
+async def streamed_text(stream: openai.AsyncStream, read: list[str]) -> tuple[str, list]:
+    chunks = [chunk async for chunk in stream]
+    text = "".join(read) + "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    return text, chunks
+
+
+async def metrics_text(router: Router) -> str:
+    return (await router.http.get("/metrics")).text
+
+
+# ---- single-worker flow ------------------------------------------------------------------------
+
+
+async def test_a_worker_lost_mid_stream_is_resumed_elsewhere_with_the_same_output(
+        router: Router, start, tokenizer: Tokenizer, reply_ids: list[int]) -> None:
+    expected, expected_usage = await uninterrupted(router, start)
+    prompt_ids = tokenizer.encode(PROMPT)
+    doomed = await start("w1", hold=True, hold_at=4)  # sends 5 tokens, then hangs
+    await wait_for_workers(router, 1)
+    stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                                    stream=True, stream_options={"include_usage": True})
+    first = await anext(stream)
+    rescuer = await start("w2")
+    await wait_for_workers(router, 2)
+    await doomed.deregister()  # dies mid-stream
+    text, chunks = await streamed_text(stream, [first.choices[0].text])
+
+    assert text == expected and chunks[-2].choices[0].finish_reason == "length"
+    usage = chunks[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (expected_usage.prompt_tokens, MAX_TOKENS)
+    [resumed] = rescuer.requests
+    generated = len(resumed.token_ids) - len(prompt_ids)
+    assert 1 <= generated <= 5 and resumed.token_ids[:len(prompt_ids)] == prompt_ids
+    assert resumed.sampling.max_tokens == MAX_TOKENS - generated
+    assert resumed.request_id == f"{doomed.requests[0].request_id}-r1"
+    await wait_until_idle(router)
+    assert 'tandem_router_resumes_total{result="resumed",stage="mid_stream"} 1.0' in await metrics_text(router)
+
+
+async def test_a_worker_lost_before_its_first_token_is_retried_elsewhere(router: Router, start) -> None:
+    expected, _ = await uninterrupted(router, start)
+    doomed = await start("w1", hold_accept=True)  # takes the request, never answers
+    rescuer = await start("w2")
+    await wait_for_workers(router, 2)
+    reply = asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT,
+                                                                 max_tokens=MAX_TOKENS))
+    await asyncio.wait_for(doomed.got_request.wait(), DEADLINE_S)
+    await doomed.deregister()
+    result = await asyncio.wait_for(reply, DEADLINE_S)
+    assert result.choices[0].text == expected and result.usage.completion_tokens == MAX_TOKENS
+    [retried] = rescuer.requests
+    assert retried.token_ids == doomed.requests[0].token_ids and retried.sampling.max_tokens == MAX_TOKENS
+    await wait_until_idle(router)
+    assert 'tandem_router_resumes_total{result="resumed",stage="before_first_token"} 1.0' in \
+        await metrics_text(router)
+
+
+async def test_attempts_are_bounded(bus_config: BusConfig, model_dir: str, start) -> None:
+    config = router_config(bus_config, model_dir, max_attempts=2)
+    async with running_router(config) as router:
+        refusing = [await start(f"w{i}", refuse=True) for i in range(3)]
+        await wait_for_workers(router, 3)
+        started = time.monotonic()
+        response = await router.http.post("/v1/completions", json={"model": MODEL_DIR_NAME, "prompt": PROMPT})
+        assert response.status_code == 503 and time.monotonic() - started < 2.0
+        assert sum(len(worker.requests) for worker in refusing) == 2
+        assert 'tandem_router_resumes_total{result="failed",stage="before_first_token"} 1.0' in \
+            await metrics_text(router)
+
+
+# ---- prefill/decode flow -----------------------------------------------------------------------
+
+
+async def test_a_decode_worker_lost_mid_stream_is_resumed_on_a_new_pair(router: Router, start,
+                                                                        tokenizer: Tokenizer) -> None:
+    expected, _ = await uninterrupted(router, start)
+    prefill = await start("p1", role=WorkerRole.PREFILL)
+    doomed = await start("d1", role=WorkerRole.DECODE, hold=True, hold_at=2)
+    await wait_for_workers(router, 2)
+    stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                                    stream=True)
+    read = [(await anext(stream)).choices[0].text]
+    await wait_until(lambda: bool(doomed.requests), "the decode part")
+    rescuer = await start("d2", role=WorkerRole.DECODE)
+    await wait_for_workers(router, 3)
+    await doomed.deregister()
+    text, chunks = await streamed_text(stream, read)
+    assert text == expected and chunks[-1].choices[0].finish_reason == "length"
+
+    prompt_ids = tokenizer.encode(PROMPT)
+    assert len(prefill.requests) == 2  # the continuation was computed by a prefill worker again
+    continued = prefill.requests[1]
+    assert len(continued.token_ids) > len(prompt_ids) + 1 and continued.sampling.max_tokens == 1
+    [rest] = rescuer.requests
+    assert rest.token_ids[:len(continued.token_ids)] == continued.token_ids
+    assert len(rest.token_ids) - len(prompt_ids) + rest.sampling.max_tokens == MAX_TOKENS
+    await wait_until(lambda: not prefill.leases, "every lease released")
+    await wait_until_idle(router)
+
+
+async def test_a_prefill_worker_lost_after_its_token_leaves_the_rest_to_the_decode_worker(
+        router: Router, start, tokenizer: Tokenizer, reply_ids: list[int]) -> None:
+    expected, _ = await uninterrupted(router, start)
+    prefill = await start("p1", role=WorkerRole.PREFILL, hold=True)  # its first token, then silence
+    decode = await start("d1", role=WorkerRole.DECODE)
+    await wait_for_workers(router, 2)
+    stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                                    stream=True)
+    read = [(await anext(stream)).choices[0].text]
+    await prefill.deregister()
+    text, _ = await streamed_text(stream, read)
+    assert text == expected
+    prompt_ids = tokenizer.encode(PROMPT)
+    [rest] = decode.requests  # no prefill worker left: the decode worker computes the prompt itself
+    assert rest.token_ids == [*prompt_ids, reply_ids[len(prompt_ids) % len(reply_ids)]]
+    assert rest.kv_transfer is None and rest.sampling.max_tokens == MAX_TOKENS - 1
+    await wait_until_idle(router)

@@ -1,0 +1,244 @@
+"""KV-aware routing through the router's HTTP API, against a real nats-server and fake
+workers that announce what they cache with KV events: prefix affinity, sibling bursts
+landing together, the decode-first cache-hit threshold, admission control (429), and two
+model versions (compatibility hashes) served at once without ever being paired."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import openai
+import pytest
+
+from shared.config import BusConfig, RoutingConfig
+from shared.schemas import WorkerRole
+from shared.tokenizer import Tokenizer
+from tests.integration.router_fakes import (
+    BLOCK_SIZE,
+    DEADLINE_S,
+    MODEL_DIR_NAME,
+    FakeWorker,
+    Router,
+    router_config,
+    running_router,
+    wait_for_workers,
+    wait_until,
+    wait_until_idle,
+)
+
+
+def token_ids(tokenizer: Tokenizer, seed: int, count: int) -> list[int]:
+    return [3 + (seed * 131 + index * (17 + seed)) % (tokenizer.vocab_size - 3) for index in range(count)]
+
+
+async def metrics_text(router: Router) -> str:
+    return (await router.http.get("/metrics")).text
+
+
+async def indexed(router: Router, worker: FakeWorker, blocks: int) -> None:
+    """Wait until the router's KV index holds `blocks` blocks reported by `worker`."""
+    line = f'tandem_router_kv_index_blocks{{kind="held",worker="{worker.worker_id}"}} {float(blocks)}'
+    deadline = time.monotonic() + DEADLINE_S
+    while line not in (text := await metrics_text(router)):
+        assert time.monotonic() < deadline, f"no {line!r} in\n{text}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def make_router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Callable[..., Awaitable[Router]]]:
+    """Start a router with these routing settings (stopped after the test)."""
+    async with AsyncExitStack() as stack:
+        async def make(**routing) -> Router:
+            config = router_config(bus_config, model_dir, routing=RoutingConfig(**routing))
+            return await stack.enter_async_context(running_router(config))
+
+        yield make
+
+
+# ---- where the prompt is cached -----------------------------------------------------------
+
+
+async def test_a_prefix_heavy_request_goes_to_the_worker_holding_it(router: Router, start_worker,
+                                                                    tokenizer: Tokenizer) -> None:
+    first = await start_worker("w1")
+    holder = await start_worker("w2")
+    await wait_for_workers(router, 2)
+    prefix = token_ids(tokenizer, 1, 16 * BLOCK_SIZE)
+    await holder.store_blocks(prefix)
+    await indexed(router, holder, 16)
+
+    for turn in range(3):  # follow-up turns keep going where the conversation is cached
+        reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=[*prefix, 5 + turn, 7],
+                                                       max_tokens=3)
+        assert reply.choices[0].finish_reason == "length"
+    assert len(holder.requests) == 3 and not first.requests
+    await router.client.completions.create(model=MODEL_DIR_NAME, prompt=token_ids(tokenizer, 2, 40), max_tokens=3)
+    assert len(first.requests) == 1  # a cold prompt goes by load
+
+
+async def test_a_burst_of_siblings_lands_together_before_any_kv_event(router: Router, start_worker,
+                                                                      tokenizer: Tokenizer) -> None:
+    first = await start_worker("w1", hold=True)
+    second = await start_worker("w2", hold=True)
+    await wait_for_workers(router, 2)
+    prefix = token_ids(tokenizer, 3, 64 * BLOCK_SIZE)  # a long shared system prompt
+    siblings = [asyncio.create_task(router.client.completions.create(
+        model=MODEL_DIR_NAME, prompt=[*prefix, *token_ids(tokenizer, 10 + i, BLOCK_SIZE)], max_tokens=2))
+        for i in range(4)]
+    await wait_until(lambda: len(first.requests) + len(second.requests) == 4, "four routed siblings")
+    assert sorted([len(first.requests), len(second.requests)]) == [0, 4]  # the prefix is computed once
+    text = await metrics_text(router)
+    busy = first if first.requests else second
+    assert f'tandem_router_kv_index_blocks{{kind="speculative",worker="{busy.worker_id}"}}' in text
+    other = asyncio.create_task(router.client.completions.create(
+        model=MODEL_DIR_NAME, prompt=token_ids(tokenizer, 4, 40), max_tokens=2))
+    await wait_until(lambda: len(first.requests) + len(second.requests) == 5, "the unrelated request")
+    assert len(busy.requests) == 4  # an unrelated prompt goes to the idle worker
+    first.release.set()
+    second.release.set()
+    await asyncio.wait_for(asyncio.gather(*siblings, other), DEADLINE_S)
+    await wait_until_idle(router)
+
+
+# ---- decode-first: the cache-hit threshold -----------------------------------------------
+
+
+async def test_below_the_cache_hit_threshold_the_answer_is_cache_threshold(router: Router, start_worker,
+                                                                           tokenizer: Tokenizer) -> None:
+    worker = await start_worker("w1")
+    await wait_for_workers(router, 1)
+    prompt = token_ids(tokenizer, 5, 5 * BLOCK_SIZE)
+    await worker.store_blocks(prompt[:4 * BLOCK_SIZE])  # 80% of the prompt
+    await indexed(router, worker, 4)
+
+    reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=4,
+                                                   extra_body={"cache_hit_threshold": 0.9})
+    choice = reply.choices[0]
+    assert (choice.text, choice.finish_reason) == ("", "cache_threshold")
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(prompt), 0)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 4 * BLOCK_SIZE
+    assert not worker.requests  # no worker was asked to generate
+
+    body = {"model": MODEL_DIR_NAME, "prompt": prompt, "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}, "cache_hit_threshold": 1}
+    async with router.http.stream("POST", "/v1/completions", json=body) as streamed:
+        assert streamed.status_code == 200
+        events = [line.removeprefix("data: ") async for line in streamed.aiter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) == 3
+    chunk, usage = json.loads(events[0]), json.loads(events[1])
+    assert chunk["choices"] == [{"index": 0, "text": "", "logprobs": None, "finish_reason": "cache_threshold"}]
+    assert usage["usage"]["completion_tokens"] == 0 and usage["usage"]["prompt_tokens"] == len(prompt)
+
+    chat = await router.client.chat.completions.create(model=MODEL_DIR_NAME, max_tokens=4,
+                                                       messages=[{"role": "user", "content": "cold"}],
+                                                       extra_body={"cache_hit_threshold": 0.5})
+    assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == ("", "cache_threshold")
+    stream = await router.client.chat.completions.create(model=MODEL_DIR_NAME, max_tokens=4, stream=True,
+                                                         messages=[{"role": "user", "content": "cold"}],
+                                                         extra_body={"cache_hit_threshold": 0.5})
+    chunks = [chunk async for chunk in stream]
+    assert [c.choices[0].finish_reason for c in chunks] == [None, "cache_threshold"]
+    assert not worker.requests
+
+    # warm enough: served as usual, by the worker holding the prefix
+    reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=4,
+                                                   extra_body={"cache_hit_threshold": 0.8})
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
+    assert len(worker.requests) == 1
+
+    text = await metrics_text(router)
+    assert 'tandem_router_route_decisions_total{flow="none",reason="cache_threshold"} 4.0' in text
+    assert 'tandem_router_route_decisions_total{flow="single",reason="decode_first"} 1.0' in text
+    assert 'tandem_router_requests_total{endpoint="completions",outcome="ok"} 3.0' in text
+
+
+@pytest.mark.parametrize("threshold", [-0.1, 1.5, "0.5"])
+async def test_a_cache_hit_threshold_out_of_range_is_a_400(router: Router, threshold) -> None:
+    for path, body in (("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        response = await router.http.post(path, json={"model": MODEL_DIR_NAME, "cache_hit_threshold": threshold,
+                                                      **body})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "cache_hit_threshold"
+
+
+async def test_the_router_default_threshold_applies_unless_a_request_names_its_own(make_router, start_worker,
+                                                                                   tokenizer: Tokenizer) -> None:
+    router = await make_router(cache_hit_threshold=0.5)
+    worker = await start_worker("w1")
+    await wait_for_workers(router, 1)
+    prompt = token_ids(tokenizer, 6, 40)
+    reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=2)
+    assert reply.choices[0].finish_reason == "cache_threshold" and not worker.requests
+    reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=2,
+                                                   extra_body={"cache_hit_threshold": 0})
+    assert reply.choices[0].finish_reason == "length" and len(worker.requests) == 1
+
+
+# ---- admission control ------------------------------------------------------------------------
+
+
+async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_router, start_worker) -> None:
+    router = await make_router(max_queue_factor=1.0, retry_after_s=3)
+    worker = await start_worker("w1", hold=True, max_num_seqs=2)
+    await wait_for_workers(router, 1)
+    held = [asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=f"p{i}",
+                                                                 max_tokens=3)) for i in range(2)]
+    await wait_until(lambda: len(worker.requests) == 2, "two requests in flight")
+
+    response = await router.http.post("/v1/completions", json={"model": MODEL_DIR_NAME, "prompt": "one more"})
+    assert response.status_code == 429 and response.headers["retry-after"] == "3"
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "overloaded")
+    with pytest.raises(openai.RateLimitError):
+        await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=[{"role": "user", "content": "x"}])
+    assert len(worker.requests) == 2  # nothing was queued on the worker
+
+    worker.release.set()
+    await asyncio.wait_for(asyncio.gather(*held), DEADLINE_S)
+    await wait_until_idle(router)
+    assert (await router.client.completions.create(model=MODEL_DIR_NAME, prompt="now", max_tokens=1)).choices
+
+    # the worker's own report counts too (requests of other routers)
+    await worker.report_load(running=2, waiting=5)
+    deadline = time.monotonic() + DEADLINE_S
+    while (await router.http.post("/v1/completions", json={"model": MODEL_DIR_NAME, "prompt": "x",
+                                                           "max_tokens": 1})).status_code != 429:
+        assert time.monotonic() < deadline, "the load report never counted"
+    text = await metrics_text(router)
+    assert 'tandem_router_requests_total{endpoint="completions",outcome="overloaded"}' in text
+    assert 'tandem_router_route_decisions_total{flow="none",reason="overloaded"}' in text
+
+
+# ---- model versions ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def pd_router(make_router) -> Router:
+    return await make_router(local_prefill_tokens=0)  # short prompts, disaggregated all the same
+
+
+async def test_two_model_versions_live_at_once_are_never_paired(pd_router: Router, start_worker,
+                                                                tokenizer: Tokenizer) -> None:
+    reply_ids = tokenizer.encode(" one version or the other, but never a mix of both")
+    workers = {(version, role): await start_worker(f"{role.value}-{version}", role=role, compat_hash=version,
+                                                   reply_ids=reply_ids, continue_history=True)
+               for version in ("v1", "v2") for role in (WorkerRole.PREFILL, WorkerRole.DECODE)}
+    await wait_for_workers(pd_router, 4)
+    prompts = [token_ids(tokenizer, 20 + i, 2 * BLOCK_SIZE + i) for i in range(8)]
+    replies = await asyncio.gather(*(pd_router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt,
+                                                                        max_tokens=5) for prompt in prompts))
+    assert all(reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
+               for reply in replies)
+    for version in ("v1", "v2"):
+        prefill, decode = workers[(version, WorkerRole.PREFILL)], workers[(version, WorkerRole.DECODE)]
+        assert prefill.requests and len(decode.requests) == len(prefill.requests)
+        sources = [request.kv_transfer.source for request in decode.requests if request.kv_transfer]
+        assert len(sources) == len(decode.requests)
+        assert {(source.holder_worker_id, source.compat_hash) for source in sources} == {(prefill.worker_id, version)}
+    await wait_until_idle(pd_router)
+    assert 'reason="pair"} 8.0' in await metrics_text(pd_router)

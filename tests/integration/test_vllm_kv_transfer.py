@@ -1,0 +1,375 @@
+"""KV hand-off between two real vLLM (CPU) workers through Tandem's own connector: real
+engines, real NIXL agents in vLLM's model-worker processes, real NATS.
+
+Two engines per test class (start-up ~20 s and ~2.5 GB each; at most two at once on the
+development box), pinned to different cores: `TestPullPath` over a clean transport,
+`TestFaults` with faults injected in the readers. The prefill worker also serves as the
+single-engine reference: greedy output is deterministic across instances, and each
+prompt is new to the decode worker, so every disaggregated request really pulls.
+Every test leaves no lease, no pinned block and no in-flight request behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this venv "
+                                   "(install services/worker/vllm/requirements-cpu.txt)")
+psutil = pytest.importorskip("psutil")
+
+from connector.faults import chosen  # noqa: E402
+from connector.nixl_agent import nixl_available  # noqa: E402
+from services.worker.service import WorkerService  # noqa: E402
+from services.worker.vllm.engine import VllmEngine  # noqa: E402
+from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
+from services.worker.vllm.worker_kv import VllmWorkerKv  # noqa: E402
+from shared.block_hash import block_hash_chain  # noqa: E402
+from shared.bus import Bus, connect  # noqa: E402
+from shared.codec import Codec, encode  # noqa: E402
+from shared.config import BusConfig, KvFaultConfig, KvTransferConfig, MembershipConfig, WorkerConfig  # noqa: E402
+from shared.errors import InvalidArgument  # noqa: E402
+from shared.nats_server import EmbeddedNats  # noqa: E402
+from shared.request_plane import open_stream  # noqa: E402
+from shared.schemas import Finished, GenerateRequest, KvTransferParams, SamplingParams, TransferRecord  # noqa: E402
+from shared.schemas.transfer import KvHandle, LeaseRefused, LeaseReply, LeaseRequest  # noqa: E402
+from shared.tiny_model import generate_tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed in this venv")
+
+BLOCK = 128
+MAX_TOKENS = 12
+
+
+def prompt_of(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 2048) for _ in range(length)]  # ids 0-2 are <unk>, <s>, </s>
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not met within {timeout_s}s"
+        await asyncio.sleep(0.02)
+
+
+def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str, core: int,
+                  transfer: KvTransferConfig) -> WorkerConfig:
+    return WorkerConfig(worker_id=worker_id, engine="vllm", model_dir=model_dir, bus=bus_config,
+                        max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=512, vllm_kv_cache_gib=0.25,
+                        vllm_cpu_threads_bind=str(core), load_interval_s=0.05, kv_event_interval_s=0.01,
+                        membership=MembershipConfig(heartbeat_interval_s=0.2, ttl_s=2.0),
+                        kv_transfer=transfer)
+
+
+class VllmWorker:
+    def __init__(self, config: WorkerConfig, engine: VllmEngine, kv: VllmWorkerKv, service: WorkerService) -> None:
+        self.config = config
+        self.engine = engine
+        self.kv = kv
+        self.service = service
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    def clean(self) -> bool:
+        load = self.engine.load()
+        return (self.kv.active_leases == 0 and load.kv_used_blocks == 0 and load.running == 0
+                and self.service.inflight == 0 and not self.engine._held and not self.engine._staged)
+
+
+def vllm_processes() -> list[psutil.Process]:
+    """vLLM's EngineCore and model-worker processes under this one (named by setproctitle)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.name().startswith("VLLM") and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+async def start_vllm_worker(config: WorkerConfig, bus: Bus) -> VllmWorker:
+    engine = VllmEngine(VllmEngineOptions.from_worker_config(config))
+    await engine.start()
+    try:
+        kv = VllmWorkerKv(config, bus, engine)
+        service = WorkerService(config, engine, bus, kv)
+        await service.start()
+    except BaseException:
+        await engine.stop()
+        raise
+    return VllmWorker(config, engine, kv, service)
+
+
+class Pair:
+    """A prefill and a decode worker on one bus, and the transfer records they publish."""
+
+    def __init__(self, bus: Bus, bus_config: BusConfig, prefill: VllmWorker, decode: VllmWorker) -> None:
+        self.bus = bus
+        self.bus_config = bus_config
+        self.prefill = prefill
+        self.decode = decode
+        self.records: list[TransferRecord] = []
+        self.subscription = None
+
+    async def generate(self, worker: VllmWorker, prompt: list[int], max_tokens: int,
+                       kv: KvTransferParams | None = None) -> tuple[list[int], Finished]:
+        request = GenerateRequest(request_id=f"r-{uuid.uuid4().hex[:8]}", model="tiny", token_ids=prompt,
+                                  sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                                  kv_transfer=kv)
+        stream = await open_stream(self.bus, self.bus_config.subjects.generate(worker.worker_id), request)
+        try:
+            tokens = [t async for frame in stream.frames() for t in frame.token_ids]
+        finally:
+            await stream.close()
+        assert stream.finished is not None
+        return tokens, stream.finished
+
+    async def disaggregated(self, prompt: list[int], max_tokens: int) -> tuple[list[int], Finished, Finished]:
+        """The router's prefill-first flow: P computes the prompt and holds its blocks, D pulls them."""
+        first, p_done = await self.generate(self.prefill, prompt, 1, KvTransferParams(hold_for_decode=True))
+        kv = KvTransferParams(source=p_done.kv_handle) if p_done.kv_handle is not None else None
+        rest, d_done = await self.generate(self.decode, prompt + first, max_tokens - 1, kv)
+        return first + rest, p_done, d_done
+
+    async def assert_clean(self) -> None:
+        await until(lambda: self.prefill.clean() and self.decode.clean(), 20, "no leases, pins or requests left")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    generate_tiny_model(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+async def module_bus(nats_server: EmbeddedNats) -> AsyncIterator[tuple[Bus, BusConfig]]:
+    bus_config = BusConfig(nats_url=nats_server.url, namespace="t" + uuid.uuid4().hex[:12])
+    bus = await connect(bus_config.nats_url, "vllm-kv-test")
+    yield bus, bus_config
+    await bus.close()
+
+
+async def start_pair(module_bus: tuple[Bus, BusConfig], model_dir: str, *,
+                     prefill_transfer: KvTransferConfig = KvTransferConfig(),
+                     decode_transfer: KvTransferConfig = KvTransferConfig()) -> Pair:
+    bus, bus_config = module_bus
+    assert not vllm_processes(), "another vLLM engine runs under this test process"
+    last_core = (os.cpu_count() or 1) - 1
+    prefill = await start_vllm_worker(worker_config("prefill", bus_config, model_dir, 0, prefill_transfer), bus)
+    try:
+        decode = await start_vllm_worker(worker_config("decode", bus_config, model_dir, min(1, last_core),
+                                                       decode_transfer), bus)
+    except BaseException:
+        await prefill.service.stop()
+        raise
+    pair = Pair(bus, bus_config, prefill, decode)
+    codec: Codec[TransferRecord] = Codec(TransferRecord)
+
+    async def on_record(msg) -> None:
+        pair.records.append(codec.decode(msg.data))
+
+    pair.subscription = await bus.client.subscribe(bus_config.subjects.kv_transfers_all, cb=on_record)
+    return pair
+
+
+async def stop_pair(pair: Pair) -> None:
+    await pair.subscription.unsubscribe()
+    for worker in (pair.decode, pair.prefill):
+        await worker.service.stop()  # stops the engine too
+    assert not vllm_processes(), "a vLLM process outlived its engine"
+
+
+# Shorter than a block, exact multiples, one past, several blocks; the decode prompt is one longer.
+LENGTHS = [5, 60, 127, 128, 129, 200, 255, 256, 257, 300, 383, 384, 385, 450, 511, 512, 600, 640, 700, 768, 900,
+           1000]
+
+
+class TestPullPath:
+    @pytest.fixture(scope="class")
+    async def pair(self, module_bus: tuple[Bus, BusConfig], model_dir: str) -> AsyncIterator[Pair]:
+        nodes = await start_pair(module_bus, model_dir)
+        try:
+            yield nodes
+        finally:
+            await stop_pair(nodes)
+
+    async def test_disaggregated_output_equals_single_engine(self, pair: Pair) -> None:
+        decode = pair.decode
+        for index, length in enumerate(LENGTHS):
+            prompt = prompt_of(1000 + index, length)
+            expected, _ = await pair.generate(pair.prefill, prompt, MAX_TOKENS)
+            computed_before = decode.engine.stats.computed_prompt_tokens_total
+            got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
+            assert got == expected, f"prompt of {length} tokens"
+            full = length // BLOCK
+            handle = p_done.kv_handle
+            assert (handle is None) == (full == 0)
+            if handle is not None:
+                assert len(handle.block_ids) == full and handle.block_hashes == block_hash_chain(prompt, BLOCK)
+                assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (full * BLOCK, 0), f"prompt of {length}"
+            # vLLM's own counters: the decode worker prefilled only the tail (partial block + first token).
+            await until(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
+                        == length + 1 - full * BLOCK, 5, f"vLLM counted the tail of the {length}-token prompt")
+            assert d_done.cached_tokens == full * BLOCK
+        await pair.assert_clean()
+        pulls = [r for r in pair.records if r.kind == "pull"]
+        assert len(pulls) == sum(1 for length in LENGTHS if length >= BLOCK)
+        assert all(r.outcome == "done" and r.bytes > 0 and r.recomputed_tokens == 0 for r in pulls)
+        assert pair.prefill.kv.holder.leases.outcomes["done"] == len(pulls)
+
+
+    async def test_repeated_pull_reads_only_what_is_not_cached(self, pair: Pair) -> None:
+        prompt = prompt_of(2000, 600)
+        await pair.disaggregated(prompt, 4)
+        extended = prompt + prompt_of(2001, 300)  # the decode worker caches the first 4 blocks already
+        expected, _ = await pair.generate(pair.prefill, extended, 4)
+        got, p_done, d_done = await pair.disaggregated(extended, 4)
+        assert got == expected
+        assert p_done.kv_handle is not None and len(p_done.kv_handle.block_ids) == 7
+        assert d_done.pulled_tokens == 3 * BLOCK and d_done.cached_tokens == 7 * BLOCK
+        assert pair.records[-1].blocks == 3
+        await pair.assert_clean()
+
+
+    async def test_incompatible_handle_is_refused_before_any_byte_moves(self, pair: Pair) -> None:
+        prompt = prompt_of(3000, 300)
+        _, p_done = await pair.generate(pair.prefill, prompt, 1, KvTransferParams(hold_for_decode=True))
+        assert p_done.kv_handle is not None
+        sim_handle = KvHandle(**{**{f: getattr(p_done.kv_handle, f) for f in KvHandle.__struct_fields__},
+                                 "compat_hash": "0123456789abcdef"})  # e.g. a sim worker's blocks
+        records = len(pair.records)
+        with pytest.raises(InvalidArgument, match="mismatch"):
+            await pair.generate(pair.decode, prompt + [5], 4, KvTransferParams(source=sim_handle))
+        await until(lambda: pair.prefill.kv.holder.leases.outcomes["refused"] == 1, 5, "the lease refused")
+        assert len(pair.records) == records
+        # and the other way round: a lease request with another layout is refused by the holder
+        reply = await pair.bus.client.request(
+            pair.bus_config.subjects.kv_lease(pair.prefill.worker_id),
+            encode(LeaseRequest(requester_worker_id="sim-1", compat_hash="0123456789abcdef",
+                                block_hashes=block_hash_chain(prompt, BLOCK), ttl_s=5.0)), timeout=5)
+        refused = Codec(LeaseReply).decode(reply.data)
+        assert isinstance(refused, LeaseRefused) and "mismatch" in refused.reason
+        await pair.assert_clean()
+
+
+    async def test_prefix_pull_from_a_holder_computes_only_new_tokens(self, pair: Pair) -> None:
+        turn1 = prompt_of(4000, 400)
+        out1, _ = await pair.generate(pair.decode, turn1, 40)  # the decode worker holds the conversation
+        turn2 = turn1 + out1 + prompt_of(4001, 30)
+        expected, _ = await pair.generate(pair.decode, turn2, 8)
+        held = len(block_hash_chain(turn1 + out1[:-1], BLOCK))  # the last generated token has no KV yet
+        await until(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
+            block_hash_chain(turn2, BLOCK))) >= held * BLOCK, 5, "the holder's KV events")
+        computed_before = pair.prefill.engine.stats.computed_prompt_tokens_total
+        got, done = await pair.generate(pair.prefill, turn2, 8, KvTransferParams(
+            prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK)))
+        assert got == expected
+        assert done.pulled_tokens == held * BLOCK and done.recomputed_tokens == 0
+        await until(lambda: pair.prefill.engine.stats.computed_prompt_tokens_total - computed_before
+                    == len(turn2) - held * BLOCK, 5, "vLLM counted only the new tokens")
+        assert pair.records[-1].kind == "prefix_pull" and pair.records[-1].outcome == "done"
+        await pair.assert_clean()
+
+
+    async def test_idle_engines_with_the_connector_use_little_cpu(self, pair: Pair) -> None:
+        await pair.assert_clean()
+        processes = vllm_processes()
+        assert len(processes) == 4  # EngineCore and model worker of each engine
+        await asyncio.sleep(1.0)  # let the last steps and stat updates settle
+        before = {p.pid: p.cpu_times() for p in processes}
+        await asyncio.sleep(10.0)
+        for process in processes:
+            start, end = before[process.pid], process.cpu_times()
+            used = (end.user + end.system) - (start.user + start.system)
+            print(f"idle CPU over 10 s: {process.name()} ({process.pid}): {used:.3f} s")
+            assert used < 1.0, f"{process.name()} ({process.pid}) used {used:.2f}s of CPU in 10s idle"
+
+
+# The decode worker's reads fail or arrive corrupted for blocks chosen by the holder's block id
+# (as connector.faults chooses them); the prefill worker's reads start late, and the decode
+# worker's leases (granted for prefix pulls) are short, so the late reader outlives its lease.
+READ_FAULTS = KvFaultConfig(fail_fraction=0.25, corrupt_fraction=0.15, seed=3)
+SLOW_READS = KvFaultConfig(delay_s=0.8)
+
+
+def injected_failures(handle: KvHandle) -> list[int]:
+    """Indices of the handle's blocks the decode worker's reads break."""
+    return [index for index, block_id in enumerate(handle.block_ids)
+            if chosen(READ_FAULTS.seed, "fail", block_id, READ_FAULTS.fail_fraction)
+            or chosen(READ_FAULTS.seed, "corrupt", block_id, READ_FAULTS.corrupt_fraction)]
+
+
+class TestFaults:
+    @pytest.fixture(scope="class")
+    async def pair(self, module_bus: tuple[Bus, BusConfig], model_dir: str) -> AsyncIterator[Pair]:
+        nodes = await start_pair(module_bus, model_dir, prefill_transfer=KvTransferConfig(faults=SLOW_READS),
+                                 decode_transfer=KvTransferConfig(faults=READ_FAULTS, lease_ttl_s=0.3))
+        try:
+            yield nodes
+        finally:
+            await stop_pair(nodes)
+
+    async def test_failed_blocks_are_recomputed_and_output_is_identical(self, pair: Pair) -> None:
+        decode = pair.decode
+        tail_only = mid_prompt = 0
+        for index, length in enumerate([300, 400, 512, 600, 700, 768, 800, 900, 1000, 1000, 950, 640]):
+            prompt = prompt_of(5000 + index, length)
+            expected, _ = await pair.generate(pair.prefill, prompt, MAX_TOKENS)
+            computed_before = decode.engine.stats.computed_prompt_tokens_total
+            got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
+            assert got == expected, f"prompt of {length} tokens"
+            handle = p_done.kv_handle
+            assert handle is not None
+            blocks = len(handle.block_ids)
+            failed = injected_failures(handle)
+            # vLLM's computed prefix has no holes: it keeps the blocks before the first failure
+            # and computes from there on.
+            kept = failed[0] if failed else blocks
+            assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (kept * BLOCK, (blocks - kept) * BLOCK)
+            record = pair.records[-1]
+            assert (record.outcome, record.blocks, record.blocks_ok) == (
+                "failed" if failed else "done", blocks, kept)
+            # vLLM's own counter of prompt tokens it prefilled (after the failed load's rollback).
+            await asyncio.sleep(0.5)
+            print("DIAG", length, blocks, failed, kept, decode.engine.stats.computed_prompt_tokens_total - computed_before, length + 1 - kept * BLOCK, d_done.cached_tokens)
+            await until(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
+                        == length + 1 - kept * BLOCK, 5, f"vLLM counted the recomputation ({length} tokens)")
+            if failed and failed == list(range(kept, blocks)):
+                tail_only += 1  # exactly the failed blocks were recomputed
+            elif failed:
+                mid_prompt += 1
+        assert tail_only and mid_prompt, (tail_only, mid_prompt)
+        assert decode.kv.recomputed_tokens_total == sum(r.recomputed_tokens for r in pair.records)
+        assert pair.prefill.kv.holder.leases.outcomes["failed"] == tail_only + mid_prompt
+        await pair.assert_clean()
+
+    async def test_lease_expiring_during_a_slow_pull_is_explicit_and_safe(self, pair: Pair) -> None:
+        turn1 = prompt_of(6000, 500)
+        out1, _ = await pair.generate(pair.decode, turn1, 20)
+        turn2 = turn1 + out1 + prompt_of(6001, 20)
+        expected, _ = await pair.generate(pair.decode, turn2, 8)
+        held = len(block_hash_chain(turn1 + out1[:-1], BLOCK))
+        await until(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
+            block_hash_chain(turn2, BLOCK))) >= held * BLOCK, 5, "the holder's KV events")
+        got, done = await pair.generate(pair.prefill, turn2, 8, KvTransferParams(
+            prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK)))
+        assert got == expected
+        # The blocks stayed cached (unreferenced) on the holder: each one verified against the
+        # checksum taken when the lease was granted, so they were used; the record says the
+        # lease had expired, and the holder's lease table too.
+        assert done.pulled_tokens == held * BLOCK
+        await until(lambda: pair.records and pair.records[-1].kind == "prefix_pull", 5, "the record")
+        assert pair.records[-1].outcome == "expired"
+        assert pair.decode.kv.holder.leases.outcomes["expired"] == 1
+        await pair.assert_clean()

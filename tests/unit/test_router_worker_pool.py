@@ -1,0 +1,61 @@
+"""The worker pool's own accounting on plain data (no bus): requests in flight and the
+uncached prompt tokens routed to a worker until its first token, corrected by load reports."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.aio.msg import Msg
+
+from services.router.worker_pool import WorkerPool
+from shared.codec import MalformedCounter, encode
+from shared.schemas import LoadSnapshot, WorkerCapacity, WorkerRegistration, WorkerRole
+from shared.subjects import Subjects
+
+
+def pool_with(*worker_ids: str) -> WorkerPool:
+    pool = WorkerPool(None, Subjects(), MalformedCounter())  # type: ignore[arg-type]  # no bus: callbacks only
+    for worker_id in worker_ids:
+        registration = WorkerRegistration(
+            worker_id=worker_id, role=WorkerRole.BOTH, model="m", engine="fake", block_size=16, compat_hash="h",
+            capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=1024), started_at=time.time(),
+            heartbeat_at=time.time())
+        pool._on_member(worker_id, encode(registration))
+    return pool
+
+
+def report(pool: WorkerPool, worker_id: str, seq: int, running: int, pending_prefill_tokens: int) -> None:
+    snapshot = LoadSnapshot(worker_id=worker_id, seq=seq, ts=time.time(), running=running, waiting=0,
+                            kv_total_blocks=64, kv_used_blocks=0, kv_cached_blocks=0, prompt_tokens_total=0,
+                            cached_tokens_total=0, generated_tokens_total=0,
+                            pending_prefill_tokens=pending_prefill_tokens)
+    asyncio.run(pool._on_load(Msg(None, subject="load", data=encode(snapshot))))  # type: ignore[arg-type]
+
+
+def view(pool: WorkerPool, worker_id: str):
+    return next(view for view in pool.views() if view.worker_id == worker_id)
+
+
+def test_prompt_tokens_count_until_the_first_token_and_requests_until_the_end() -> None:
+    pool = pool_with("w1")
+    first = pool.begin("w1", "r1", prefill_tokens=300)
+    second = pool.begin("w1", "r2", prefill_tokens=200)
+    assert (view(pool, "w1").in_flight, view(pool, "w1").predicted_prefill_tokens) == (2, 500)
+    first.prefill_done()
+    first.prefill_done()  # idempotent
+    assert view(pool, "w1").predicted_prefill_tokens == 200
+    second.end()  # ended before its first token (failed, cancelled): its tokens go too
+    first.end()
+    assert (view(pool, "w1").in_flight, view(pool, "w1").predicted_prefill_tokens) == (0, 0)
+
+
+def test_a_load_report_replaces_what_it_already_counts() -> None:
+    pool = pool_with("w1")
+    pool.begin("w1", "r1", prefill_tokens=300)
+    report(pool, "w1", seq=1, running=1, pending_prefill_tokens=1000)  # other routers' work too
+    assert view(pool, "w1").predicted_prefill_tokens == 1000
+    later = pool.begin("w1", "r2", prefill_tokens=50)
+    assert view(pool, "w1").predicted_prefill_tokens == 1050
+    later.prefill_done()
+    assert (view(pool, "w1").predicted_load, view(pool, "w1").predicted_prefill_tokens) == (2, 1000)
