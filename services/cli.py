@@ -185,6 +185,7 @@ def worker(
     engine: Annotated[str, typer.Option(envvar="TANDEM_ENGINE", help="sim")] = "sim",
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR")] = "",
     served_model_name: Annotated[str, typer.Option()] = "",
+    model_version: Annotated[str, typer.Option(help="Model version (rolling upgrades): pairs only equal ones.")] = "",
     block_size: Annotated[int, typer.Option()] = 16,
     kv_blocks: Annotated[int, typer.Option()] = 1024,
     max_num_seqs: Annotated[int, typer.Option()] = 64,
@@ -216,7 +217,8 @@ def worker(
     if engine not in ("sim", "vllm"):
         raise typer.BadParameter("must be sim or vllm", param_hint="--engine")
     config = WorkerConfig(worker_id=worker_id, role=role, engine=engine, model_dir=model_dir,  # type: ignore[arg-type]
-                          served_model_name=served_model_name, block_size=block_size, kv_blocks=kv_blocks,
+                          served_model_name=served_model_name, model_version=model_version,
+                          block_size=block_size, kv_blocks=kv_blocks,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, sim_profile=sim_profile, sim_speedup=sim_speedup,
                           kv_transfer=KvTransferConfig(

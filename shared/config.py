@@ -102,6 +102,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     engine: Literal["sim", "vllm"] = "sim"
     model_dir: str = ""
     served_model_name: str = ""  # defaults to the model directory's name
+    model_version: str = ""  # part of the compatibility hash: workers of two versions never pair
     block_size: int = 16
     kv_blocks: int = 1024
     max_num_seqs: int = 64

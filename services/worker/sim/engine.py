@@ -61,7 +61,8 @@ class SimEngine:
                                    max_model_len=config.max_model_len)
         self._info = EngineInfo(
             engine="sim", model=model_name,
-            layout=KvLayout(model=model_name, dtype="float16", block_size=config.block_size,
+            layout=KvLayout(model=model_name, model_version=config.model_version, dtype="float16",
+                            block_size=config.block_size,
                             num_layers=config.sim_layers, num_kv_heads=1, head_size=config.sim_kv_dim,
                             engine="sim"),
             kv_blocks=config.kv_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,

@@ -1,0 +1,144 @@
+"""The router's intelligence against real sim workers: prefix affinity, decode-first with
+a cache-hit threshold, and two model versions live at once (a rolling upgrade)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from services.orchestrator.stack import LocalStack, WorkerSpec
+from shared.bus import connect
+from shared.codec import Codec
+from shared.nats_server import EmbeddedNats
+from shared.schemas import RequestRecord, TransferRecord, WorkerRole
+from shared.subjects import Subjects
+from shared.tokenizer import Tokenizer
+from tests.e2e.conftest import make_stack
+from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def three_workers(nats_server: EmbeddedNats, tiny_model_dir: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("routing"), workers=3)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+async def collect(stack: LocalStack, record_type, subject: str) -> tuple[list, object]:
+    bus = await connect(stack.nats_url, "e2e-records")
+    records: list = []
+    codec = Codec(record_type)
+
+    async def on_record(msg) -> None:
+        records.append(codec.decode(msg.data))
+
+    await bus.client.subscribe(subject, cb=on_record)
+    return records, bus
+
+
+async def wait_for_records(records: list, count: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(records) < count:
+        assert time.monotonic() < deadline, f"{len(records)} of {count} records arrived"
+        await asyncio.sleep(0.02)
+
+
+def client_for(stack: LocalStack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{stack.router_url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+async def test_prefix_heavy_requests_go_to_the_worker_holding_the_prefix(three_workers: LocalStack,
+                                                                         tiny_model_dir: str) -> None:
+    model = Tokenizer.from_model_dir(tiny_model_dir).model_name
+    client = client_for(three_workers)
+    records, bus = await collect(three_workers, RequestRecord, Subjects(three_workers.config.namespace).request_events)
+    try:
+        holders = {}
+        for tenant in range(4):
+            prefix = [3 + (i * (tenant + 3) * 7) % 500 for i in range(600)]
+            before = len(records)
+            await client.completions.create(model=model, prompt=prefix, max_tokens=2, temperature=0)
+            await wait_for_records(records, before + 1)
+            holders[tenant] = records[-1].worker_id
+        assert len(set(holders.values())) > 1, "idle workers should share the first requests"
+        for tenant in range(4):
+            prefix = [3 + (i * (tenant + 3) * 7) % 500 for i in range(600)]
+            before = len(records)
+            reply = await client.completions.create(model=model, prompt=prefix + [7, 8, 9, tenant + 10],
+                                                    max_tokens=2, temperature=0)
+            await wait_for_records(records, before + 1)
+            assert records[-1].worker_id == holders[tenant], f"tenant {tenant} left its prefix's worker"
+            assert reply.usage.prompt_tokens_details.cached_tokens >= 576  # 36 of its 37 full blocks
+    finally:
+        await bus.close()
+
+
+async def test_cache_hit_threshold_answers_decode_first(three_workers: LocalStack, tiny_model_dir: str) -> None:
+    model = Tokenizer.from_model_dir(tiny_model_dir).model_name
+    client = client_for(three_workers)
+    prompt = [3 + (i * 53) % 500 for i in range(320)]
+    threshold = {"cache_hit_threshold": 0.5}
+    cold = await client.completions.create(model=model, prompt=prompt, max_tokens=8, extra_body=threshold)
+    assert cold.choices[0].finish_reason == "cache_threshold"
+    assert cold.choices[0].text == "" and cold.usage.completion_tokens == 0 and cold.usage.prompt_tokens == 320
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=8, stream=True,
+                                             extra_body=threshold)
+    chunks = [chunk async for chunk in stream]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices] [-1] == "cache_threshold"
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ""
+    with pytest.raises(openai.BadRequestError):
+        await client.completions.create(model=model, prompt=prompt, max_tokens=8,
+                                        extra_body={"cache_hit_threshold": 1.5})
+
+    await client.completions.create(model=model, prompt=prompt, max_tokens=8)  # now a worker holds it
+    deadline = time.monotonic() + 5
+    while True:  # the router learns it from the worker's KV events
+        warm = await client.completions.create(model=model, prompt=prompt, max_tokens=8, extra_body=threshold)
+        if warm.choices[0].finish_reason != "cache_threshold" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert warm.choices[0].finish_reason == "length" and warm.usage.completion_tokens == 8
+    chat = await client.chat.completions.create(model=model, max_tokens=4, extra_body=threshold,
+                                                messages=[{"role": "user", "content": "an unseen question " * 20}])
+    assert chat.choices[0].finish_reason == "cache_threshold" and not chat.choices[0].message.content
+
+
+VERSIONS = {"p1": "v1", "d1": "v1", "p2": "v2", "d2": "v2"}
+
+
+@pytest.fixture(scope="module")
+def two_versions(nats_server: EmbeddedNats, tiny_model_dir: str,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    roles = {"p": WorkerRole.PREFILL, "d": WorkerRole.DECODE}
+    specs = tuple(WorkerSpec(worker_id=name, role=roles[name[0]], extra_args=("--model-version", version))
+                  for name, version in VERSIONS.items())
+    stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("upgrade"), workers=0, specs=specs,
+                       router_args=ALWAYS_DISAGGREGATE)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+async def test_two_model_versions_live_are_never_paired(two_versions: LocalStack, tiny_model_dir: str) -> None:
+    model = Tokenizer.from_model_dir(tiny_model_dir).model_name
+    client = client_for(two_versions)
+    transfers, bus = await collect(two_versions, TransferRecord, Subjects(two_versions.config.namespace).kv_transfers_all)
+    try:
+        prompts = [[3 + (i * (n + 5) * 11) % 500 for i in range(64 + 16 * n)] for n in range(20)]
+        replies = await asyncio.gather(*(client.completions.create(model=model, prompt=p, max_tokens=6,
+                                                                   temperature=0) for p in prompts))
+        assert all(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 6 for r in replies)
+        await wait_for_records(transfers, 20)
+        pairs = {(r.peer_worker_id, r.worker_id) for r in transfers}
+        assert all(VERSIONS[prefill] == VERSIONS[decode] for prefill, decode in pairs), pairs
+        assert {VERSIONS[decode] for _, decode in pairs} == {"v1", "v2"}, "both versions should serve"
+    finally:
+        await bus.close()
