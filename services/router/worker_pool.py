@@ -88,7 +88,7 @@ class _WorkerState:
             in_flight=len(self.in_flight),
             in_flight_at_report=self.in_flight_at_report,
             last_routed=self.last_routed,
-            compat_hash=registration.compat_hash,
+            compat_hash=transfer_group(registration),
             reported_prefill_tokens=None if load is None else load.pending_prefill_tokens,
             outstanding_prefill_tokens=self.outstanding_prefill_tokens,
             outstanding_prefill_at_report=self.outstanding_prefill_at_report,
@@ -97,6 +97,15 @@ class _WorkerState:
     def abort_all(self, error: TandemError) -> None:
         for in_flight in list(self.in_flight.values()):
             in_flight.abort(error)
+
+
+def transfer_group(registration: WorkerRegistration) -> str:
+    """Workers exchange KV blocks only within a group: equal compatibility hashes, and a
+    data plane. A worker without one is a group of its own, so it is never paired and never
+    named as a holder to pull from (it would have to refuse)."""
+    if registration.kv_transfer:
+        return registration.compat_hash
+    return f"{registration.compat_hash}:no-kv-transfer:{registration.worker_id}"
 
 
 class MembershipListener(Protocol):

@@ -138,9 +138,11 @@ class KvPort(Protocol):
 
     Pull (reading into here): `allocate_for_transfer(n)` -> read into the blocks ->
     `commit_transferred(...)` -> unpin the blocks that did not commit at once -> start the
-    request with `generate()` -> unpin the committed ones after its first output (admission
-    takes its own references; unpinning earlier lets them be evicted). Admission reuses
-    every cached block of the prompt's chain, holes included, and computes only the rest.
+    request with `generate()` and unpin the committed ones (they are cached now: admission
+    takes its own references; keeping them pinned until then can deadlock a full pool of
+    queued requests, while unpinned the worst case is an eviction and a recompute).
+    Admission reuses every cached block of the prompt's chain, holes included, and computes
+    only the rest. Unpinning wakes an engine that waits for free blocks.
 
     Push (writing from here): `generate(..., on_layer=hook)`; the hook gets each step's
     newly full prompt blocks layer by layer. Blocks the request reused from the cache are

@@ -63,9 +63,12 @@ class RequestRunner:
                     return
                 outputs = self.engine.generate(request.request_id, plan.token_ids, plan.sampling,
                                                **({"on_layer": plan.writer.on_layer} if plan.writer else {}))
+                if self.kv is not None:
+                    # The pulled blocks are in the prefix cache now. Holding them pinned until
+                    # admission could deadlock a full pool (queued requests each pinning blocks
+                    # the others need); unpinned, the worst case is an eviction and a recompute.
+                    self.kv.release_pins(plan.prepared)
                 async for output in outputs:
-                    if self.kv is not None:  # admission holds its own references now: drop the pull's pins
-                        self.kv.release_pins(plan.prepared)
                     handle = None
                     if output.finished and plan.hold:
                         handle = self.kv.hold(request)  # before any await: the blocks could be evicted
@@ -117,6 +120,8 @@ class RequestRunner:
         if params is None:
             return plan
         if self.kv is None:
+            if params.source is None and params.push_to is None and not params.await_push and not params.hold_for_decode:
+                return plan  # only a prefix-pull hint: computing the prefix here is the same answer
             raise TandemError(f"worker {self.worker_id} has no KV data plane", code=ErrorCode.UNAVAILABLE)
         plan.hold = params.hold_for_decode
         if params.await_push:

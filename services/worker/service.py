@@ -154,6 +154,7 @@ class WorkerService:
             engine=info.engine,
             block_size=info.block_size,
             compat_hash=info.compat_hash,
+            kv_transfer=self.kv is not None,
             capacity=WorkerCapacity(kv_blocks=info.kv_blocks, max_num_seqs=info.max_num_seqs,
                                     max_model_len=info.max_model_len),
             status=self._status,

@@ -35,6 +35,7 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     block_size: int
     compat_hash: str  # equal hashes can exchange KV blocks
     capacity: WorkerCapacity
+    kv_transfer: bool = True  # False: no KV data plane (never paired, never asked to pull or lend)
     status: WorkerStatus = WorkerStatus.ACTIVE
     started_at: float
     heartbeat_at: float

@@ -5,6 +5,7 @@ Each case ends with zero active leases and every KV pool back to its baseline.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -29,8 +30,8 @@ pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not instal
 BLOCK = 16
 
 
-def worker_config(worker_id: str, bus_config: BusConfig, **kv) -> WorkerConfig:
-    return WorkerConfig(worker_id=worker_id, bus=bus_config, kv_blocks=256, block_size=BLOCK, sim_speedup=50,
+def worker_config(worker_id: str, bus_config: BusConfig, *, kv_blocks: int = 256, **kv) -> WorkerConfig:
+    return WorkerConfig(worker_id=worker_id, bus=bus_config, kv_blocks=kv_blocks, block_size=BLOCK, sim_speedup=50,
                         membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                         load_interval_s=0.05, kv_event_interval_s=0.01, kv_transfer=KvTransferConfig(**kv))
 
@@ -51,8 +52,9 @@ class Cluster:
         self.workers: dict[str, WorkerService] = {}
         self.records: list[TransferRecord] = []
 
-    async def add(self, worker_id: str, *, model: str = "tiny", **kv) -> WorkerService:
-        service = await start_worker(worker_config(worker_id, self.bus_config, **kv), self.bus, model=model)
+    async def add(self, worker_id: str, *, model: str = "tiny", kv_blocks: int = 256, **kv) -> WorkerService:
+        service = await start_worker(worker_config(worker_id, self.bus_config, kv_blocks=kv_blocks, **kv), self.bus,
+                                     model=model)
         self.workers[worker_id] = service
         return service
 
@@ -275,4 +277,18 @@ async def test_push_with_failed_blocks_recomputes_only_them(cluster: Cluster) ->
         recomputed += d_done.recomputed_tokens
     assert recomputed > 0
     assert recomputed == sum(r.recomputed_tokens for r in cluster.records if r.kind == "push")
+    await cluster.assert_clean()
+
+
+async def test_concurrent_pulls_into_a_full_pool_never_deadlock(cluster: Cluster) -> None:
+    """Four pulls of 8 blocks each into a 20-block pool: pulled blocks must not stay pinned
+    while their requests wait for room, or the requests wait on each other for ever."""
+    await cluster.add("single")
+    await cluster.add("prefill")
+    await cluster.add("decode", kv_blocks=20)
+    batch = [[3 + (i * (n + 7) * 5) % 500 for i in range(128)] for n in range(4)]
+    expected = [(await cluster.generate("single", prompt, 8))[0] for prompt in batch]
+    results = await asyncio.wait_for(asyncio.gather(
+        *(cluster.disaggregated("prefill", "decode", prompt, 8) for prompt in batch)), 30)
+    assert [tokens for tokens, _, _ in results] == expected
     await cluster.assert_clean()

@@ -127,3 +127,30 @@ def test_mirror_snapshot_is_chains_parents_first() -> None:
     assert replay.snapshot() == snapshot
     assert mirror.apply(AllBlocksCleared()) == [AllBlocksCleared()]
     assert mirror.snapshot() == []
+
+
+# ---- Tandem hashes (a holder answering a lease request) ------------------------------------
+
+def test_prefix_tokens_follow_tandem_chain_hashes() -> None:
+    from shared.block_hash import block_hash_chain
+
+    mirror = KvBlockMirror(BS)
+    mirror.apply(_stored([1, 2], None, 0))
+    mirror.apply(_stored([3], 2, 8))
+    tokens = _tokens(0, 3)
+    chain = block_hash_chain(tokens, BS)
+    assert mirror.prefix_tokens(chain) == tokens
+    assert mirror.prefix_tokens(chain + block_hash_chain(tokens + _tokens(100, 1), BS)[3:]) == tokens
+    assert mirror.prefix_tokens(block_hash_chain(_tokens(50, 2), BS)) == []  # another prompt
+    mirror.apply(BlockRemoved(block_hashes=[2]))
+    assert mirror.prefix_tokens(chain) == _tokens(0, 1)  # the chain breaks where a block left
+    mirror.apply(AllBlocksCleared())
+    assert mirror.prefix_tokens(chain) == []
+
+
+def test_blocks_whose_parent_was_never_announced_have_no_tandem_hash() -> None:
+    from shared.block_hash import block_hash_chain
+
+    mirror = KvBlockMirror(BS)
+    mirror.apply(_stored([9], 8, 4))  # parent 8 unknown (events lost before a resync)
+    assert mirror.prefix_tokens(block_hash_chain(_tokens(0, 2), BS)) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 from nats.js.errors import KeyNotFoundError
 
@@ -152,3 +153,21 @@ async def test_drain_finishes_inflight_then_deregisters(worker: WorkerService, b
     members = await bus.key_value(subjects.members_bucket)
     with pytest.raises(KeyNotFoundError):
         await members.get("w1")  # deregistered
+
+
+async def test_without_a_data_plane_prefix_hints_are_ignored_and_handoffs_refused(
+        worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
+    from shared.errors import Unavailable as NoDataPlane
+    from shared.schemas import KvTransferParams
+
+    subject = bus_config.subjects.generate("w1")
+    hinted = GenerateRequest(request_id="r-hint", model="tiny", token_ids=list(range(3, 40)),
+                             sampling=SamplingParams(max_tokens=4),
+                             kv_transfer=KvTransferParams(prefix_holder="w9", prefix_hashes=[1, 2]))
+    tokens, finished = await collect(bus, subject, hinted)  # computed here: the same answer
+    assert len(tokens) == 4 and finished.pulled_tokens == 0
+    held = msgspec.structs.replace(hinted, request_id="r-hold", kv_transfer=KvTransferParams(hold_for_decode=True))
+    with pytest.raises(NoDataPlane, match="no KV data plane"):
+        await collect(bus, subject, held)
+    members = await bus.key_value(bus_config.subjects.members_bucket)
+    assert Codec(WorkerRegistration).decode((await members.get("w1")).value).kv_transfer is False

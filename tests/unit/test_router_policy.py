@@ -308,3 +308,17 @@ def test_routing_settings_are_validated() -> None:
                 dict(local_prefill_tokens=-1), dict(retry_after_s=0), dict(speculative_ttl_s=0.0)):
         with pytest.raises(ConfigError):
             RoutingConfig(**bad).validate()
+
+
+def test_a_worker_without_a_data_plane_is_a_transfer_group_of_its_own() -> None:
+    from services.router.worker_pool import transfer_group
+    from shared.schemas import WorkerCapacity, WorkerRegistration, WorkerRole
+
+    def registration(worker_id: str, kv_transfer: bool) -> WorkerRegistration:
+        return WorkerRegistration(worker_id=worker_id, role=WorkerRole.DECODE, model="m", engine="sim", block_size=16,
+                                  compat_hash="c1", kv_transfer=kv_transfer, started_at=0.0, heartbeat_at=0.0,
+                                  capacity=WorkerCapacity(kv_blocks=8, max_num_seqs=4, max_model_len=64))
+
+    assert transfer_group(registration("a", True)) == transfer_group(registration("b", True)) == "c1"
+    assert transfer_group(registration("a", False)) != transfer_group(registration("b", False))
+    assert transfer_group(registration("a", False)) != "c1"

@@ -136,6 +136,7 @@ class SimEngine:
 
     def unpin(self, block_ids: list[int]) -> None:
         self.kv_port.unpin(block_ids)
+        self._wakeup.set()  # freed blocks may let a waiting request in
 
     def checksum(self, block_id: int) -> int:
         return self.kv_port.checksum(block_id)
@@ -215,9 +216,10 @@ class SimEngine:
                     continue
                 result = self.scheduler.step(self._clock())
                 if result.prefill_tokens == 0 and result.decode_seqs == 0 and not result.preempted:
-                    # Nothing could run (should not happen): wait for a change rather than spin.
-                    log.warning("sim engine step scheduled nothing with %d requests queued",
-                                len(self.scheduler.request_ids()))
+                    # Nothing fits in the free blocks (transfers or leases hold them): wait for a
+                    # change (unpin, abort, new request) rather than spin.
+                    log.info("sim engine waiting for free blocks with %d requests queued",
+                             len(self.scheduler.request_ids()))
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue

@@ -11,6 +11,18 @@ same limits) and returns an async generator; the vLLM request is added on its fi
 iteration. Outputs are deltas (`RequestOutputKind.DELTA`, no detokenisation: Tandem
 detokenises in the router). Closing the generator early aborts the vLLM request; so does
 `abort()`, which ends the stream with a final "abort" output as the sim engine does.
+
+KV transfer (`options.kv_connector`): vLLM loads Tandem's connector (`tandem_connector`);
+`kv_link.ConnectorLink` is this process's end of it. The KV data plane of the worker
+(`worker_kv.VllmWorkerKv`) stages a `TransferOrder` for a request id with `stage()` before
+the service calls `generate()`; the stream carries it to vLLM in `kv_transfer_params`:
+
+- a pull: the stream waits (bounded) for the pull's `Loaded` report before yielding its
+  first output and hands it to the order's `on_loaded` callback, so the outcome is known
+  before any token leaves;
+- a hold: the final output names the prompt blocks vLLM pinned; the stream adds their
+  checksums and keeps them for `take_held()` until it is closed, then unpins what nobody
+  took (and, if the request ended without its final output, unpins in case vLLM pinned).
 """
 
 from __future__ import annotations
@@ -19,11 +31,13 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 
 from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -32,9 +46,12 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
+from services.worker.vllm.kv_link import ConnectorLink, HeldBlocks
+from services.worker.vllm.kv_wire import Loaded, TransferOrder, held_of, order_params
 from services.worker.vllm.options import VllmEngineOptions
 from services.worker.vllm.stats import EngineStats
 from shared.compat import KvLayout
+from shared.config import ConfigError
 from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas.generate import FinishReason, SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
@@ -42,6 +59,17 @@ from shared.schemas.kv_events import BlockStored, KvEvent
 log = logging.getLogger(__name__)
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+LoadCallback = Callable[[Loaded | None, str], None]
+"""`on_loaded(report, why_none)`: a staged pull's outcome, called once on the loop thread before
+the request's first output, or when it ends without one (report None: "cancelled", or "no
+load report" when the connector's report did not come in time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagedTransfer:
+    order: TransferOrder
+    on_loaded: LoadCallback | None = None
 
 
 class VllmEngine:
@@ -56,6 +84,9 @@ class VllmEngine:
         self._streams: set[str] = set()
         self._awaiting_first_output: dict[str, int] = {}  # request id -> prompt tokens
         self._stopping = False
+        self._link: ConnectorLink | None = None
+        self._staged: dict[str, StagedTransfer] = {}  # request id -> order for its next generate()
+        self._held: dict[str, HeldBlocks] = {}  # request id -> blocks its stream holds for take_held()
 
     @property
     def info(self) -> EngineInfo:
@@ -67,13 +98,32 @@ class VllmEngine:
         assert self._bridge is not None, "the vLLM engine was not started"
         return self._bridge
 
+    @property
+    def kv_link(self) -> ConnectorLink:
+        assert self._link is not None, "the vLLM engine runs without Tandem's KV connector"
+        return self._link
+
+    @property
+    def kv_transfer_enabled(self) -> bool:
+        return self.options.kv_connector is not None
+
     async def start(self) -> None:
         assert self._llm is None, "the engine was already started"
         self._socket_dir = tempfile.mkdtemp(prefix="tandem-vllm-")
         endpoints = KvEventEndpoints.in_directory(self._socket_dir)
-        args = self._engine_args(endpoints)
         try:
+            if self.options.kv_connector is not None:
+                from connector.nixl_agent import nixl_available
+
+                if not nixl_available():
+                    raise ConfigError("Tandem's vLLM KV connector needs NIXL (pip install --no-deps "
+                                      "nixl-cu12); run with --no-kv-transfer to compute everything locally")
+                self._link = ConnectorLink(self.options.kv_connector, self._socket_dir)
+                self._link.bind()
+            args = self._engine_args(endpoints)
             self._llm = await asyncio.to_thread(self._build, args)
+            if self._link is not None:
+                await self._link.start(self._llm)
             self._info = self._read_info(self._llm)
             self._bridge = KvEventBridge(endpoints, block_size=self._info.block_size,
                                          replay_timeout_s=self.options.kv_event_replay_timeout_s)
@@ -115,11 +165,29 @@ class VllmEngine:
             prompt_tokens_total=self.stats.prompt_tokens_total,
             cached_tokens_total=self.stats.cached_tokens_total,
             generated_tokens_total=self.stats.generated_tokens_total,
+            computed_prompt_tokens_total=self.stats.computed_prompt_tokens_total,
             # An upper bound: prompts not yet past their first token, cache hits included.
             pending_prefill_tokens=sum(self._awaiting_first_output.values()))
 
     def take_kv_events(self) -> list[KvEvent]:
         return self.kv_event_bridge.take_events()
+
+    # ---- KV transfer (the worker's KV data plane calls these; see the module docstring) ----
+
+    def stage(self, request_id: str, order: TransferOrder, on_loaded: LoadCallback | None = None) -> None:
+        """Attach `order` to the next `generate(request_id, ...)`."""
+        assert self._link is not None, "KV transfer needs Tandem's connector (options.kv_connector)"
+        assert (order.pull is None) == (on_loaded is None), "a pull needs an on_loaded callback"
+        self._staged[request_id] = StagedTransfer(order, on_loaded)
+
+    def unstage(self, request_id: str) -> StagedTransfer | None:
+        """Take back an order `generate()` never picked up (the request failed before it ran)."""
+        return self._staged.pop(request_id, None)
+
+    def take_held(self, request_id: str) -> HeldBlocks | None:
+        """The prompt blocks vLLM pinned for a finished hold request; from then on the caller
+        owns the pin (`kv_link.unpin_soon([held.key])`). Call it before closing the stream."""
+        return self._held.pop(request_id, None)
 
     def kv_snapshot(self) -> list[BlockStored]:
         return self.kv_event_bridge.snapshot()
@@ -128,6 +196,8 @@ class VllmEngine:
 
     def _engine_args(self, endpoints: KvEventEndpoints) -> AsyncEngineArgs:
         options = self.options
+        connector = {} if self._link is None else dict(kv_transfer_config=self._link.transfer_config(),
+                                                       worker_extension_cls=self._link.worker_extension)
         return AsyncEngineArgs(
             model=options.model_dir, served_model_name=options.model_name, dtype=options.dtype,
             seed=options.seed, max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
@@ -138,7 +208,8 @@ class VllmEngine:
             disable_log_stats=True,
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True, publisher="zmq", endpoint=endpoints.publish,
-                replay_endpoint=endpoints.replay, buffer_steps=options.kv_event_buffer_steps, topic=""))
+                replay_endpoint=endpoints.replay, buffer_steps=options.kv_event_buffer_steps, topic=""),
+            **connector)
 
     def _build(self, args: AsyncEngineArgs) -> AsyncLLM:
         with engine_environment(self.options):
@@ -189,14 +260,24 @@ class VllmEngine:
             (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
         except VLLMValidationError as error:
             raise InvalidArgument(str(error)) from error
-        outputs = llm.generate(engine_input, _sampling_params(sampling), request_id)
+        staged = self._staged.pop(request_id, None)
+        order = staged.order if staged is not None else None
+        # Registered before the request is added: the report can overtake the first output.
+        load_waiter = self.kv_link.expect_load(order.transfer_id) if order and order.pull else None
+        outputs = llm.generate(engine_input, _sampling_params(sampling, order), request_id)
         self._streams.add(request_id)
         self._awaiting_first_output[request_id] = len(token_ids)
         finished = False
+        hold_settled = False  # the final output's held blocks are stored, or there were none
         completion_tokens = 0
         try:
             async for output in outputs:
                 self._awaiting_first_output.pop(request_id, None)
+                if load_waiter is not None:
+                    assert staged is not None and staged.on_loaded is not None and order is not None
+                    report = await self.kv_link.wait_load(order.transfer_id, load_waiter)
+                    load_waiter = None
+                    staged.on_loaded(report, "" if report is not None else "no load report")
                 completion = output.outputs[0]
                 new_tokens = list(completion.token_ids)
                 completion_tokens += len(new_tokens)
@@ -209,6 +290,10 @@ class VllmEngine:
                 if reason is None:
                     raise TandemError(f"vLLM ended request {request_id!r} with "
                                       f"finish reason {completion.finish_reason!r}")
+                if order is not None and order.hold_key:
+                    await self._keep_held(request_id, output)
+                # An abort can race a finish that vLLM's scheduler saw first (and pinned).
+                hold_settled = reason != "abort"
                 yield EngineOutput(token_ids=new_tokens, finish_reason=reason,
                                    prompt_tokens=len(token_ids), cached_tokens=output.num_cached_tokens or 0,
                                    completion_tokens=completion_tokens)
@@ -225,8 +310,33 @@ class VllmEngine:
             if not finished:
                 # vLLM's own generator aborts the request when closed before its end.
                 await outputs.aclose()
+            if load_waiter is not None:  # ended before its first output: the pull never ran here
+                assert staged is not None and staged.on_loaded is not None and order is not None
+                self.kv_link.forget_load(order.transfer_id)
+                staged.on_loaded(None, "cancelled")
+            if order is not None and order.hold_key:
+                # Not taken by take_held(), or the request ended before its held blocks were
+                # stored while vLLM may have pinned them: unpinning an unknown key is a no-op.
+                if self._held.pop(request_id, None) is not None or not hold_settled:
+                    self.kv_link.unpin_soon([order.hold_key])
+
+    async def _keep_held(self, request_id: str, output: RequestOutput) -> None:
+        """Checksum the blocks vLLM pinned for a finished hold request, for `take_held()`."""
+        held = held_of(output.kv_transfer_params)
+        if held is None:
+            return  # no full block in the prompt, or aborted: vLLM pinned nothing
+        try:
+            checksums = await self.kv_link.checksums(held.block_ids)
+        except TandemError as error:
+            log.warning("not holding the blocks of %s: %s", request_id, error)
+            self.kv_link.unpin_soon([held.key])
+            return
+        self._held[request_id] = HeldBlocks(key=held.key, block_ids=held.block_ids, checksums=checksums)
 
     async def _close(self) -> None:
+        if self._link is not None:
+            link, self._link = self._link, None
+            await link.stop()  # sends the unpins still queued while vLLM still runs
         if self._llm is not None:
             llm, self._llm = self._llm, None
             # Joins the EngineCore and model-worker processes (seconds): off the loop.
@@ -238,8 +348,9 @@ class VllmEngine:
             self._socket_dir = None
 
 
-def _sampling_params(sampling: SamplingParams) -> VllmSamplingParams:
+def _sampling_params(sampling: SamplingParams, order: TransferOrder | None = None) -> VllmSamplingParams:
+    extra = {"kv_transfer_params": order_params(order)} if order is not None else None
     return VllmSamplingParams(
         max_tokens=sampling.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids), ignore_eos=sampling.ignore_eos,
-        output_kind=RequestOutputKind.DELTA, detokenize=False)
+        output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)

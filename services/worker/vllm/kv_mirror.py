@@ -8,6 +8,10 @@ a hash appears (0 -> 1 copies) and a removal only when its last copy goes (1 -> 
 The mirror is also the only state from which a worker can answer a snapshot request:
 vLLM has no "list cached blocks" call, so `snapshot()` re-announces what the events said.
 Token ids are kept as 4-byte arrays (a 1 GiB CPU cache of a small model holds millions).
+
+Each block is also indexed by Tandem's chain hash (`shared.block_hash`), computed from its
+tokens and its parent's Tandem hash when it is stored: a holder answering a lease request
+(which names Tandem hashes) finds the tokens of the longest prefix it has (`prefix_tokens`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from array import array
 
 import msgspec
 
+from shared.block_hash import ROOT_PARENT, hash_block
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 log = logging.getLogger(__name__)
@@ -26,6 +31,7 @@ class _CachedBlock(msgspec.Struct):
     parent_hash: int | None
     token_ids: array
     copies: int
+    tandem_hash: int | None = None  # None: its parent was never announced, so the chain is unknown
 
 
 class KvBlockMirror:
@@ -34,6 +40,7 @@ class KvBlockMirror:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self._blocks: dict[int, _CachedBlock] = {}
+        self._by_tandem: dict[int, int] = {}  # Tandem chain hash -> engine block hash
         self.malformed_events = 0  # stores whose sizes do not match the block size
 
     @property
@@ -54,7 +61,18 @@ class KvBlockMirror:
 
     def clear(self) -> AllBlocksCleared:
         self._blocks.clear()
+        self._by_tandem.clear()
         return AllBlocksCleared()
+
+    def prefix_tokens(self, tandem_hashes: list[int]) -> list[int]:
+        """The token ids of the longest leading run of `tandem_hashes` cached here."""
+        tokens: list[int] = []
+        for tandem_hash in tandem_hashes:
+            block_hash = self._by_tandem.get(tandem_hash)
+            if block_hash is None:
+                break
+            tokens.extend(self._blocks[block_hash].token_ids)
+        return tokens
 
     def snapshot(self) -> list[BlockStored]:
         """Every cached block as `BlockStored` events, parents before children.
@@ -108,7 +126,10 @@ class KvBlockMirror:
                 run = None  # a known block splits the run; the next new block names it as parent
             else:
                 tokens = event.token_ids[index * size:(index + 1) * size]
-                self._blocks[block_hash] = _CachedBlock(parent, array("I", tokens), 1)
+                tandem_hash = self._tandem_hash(parent, tokens)
+                self._blocks[block_hash] = _CachedBlock(parent, array("I", tokens), 1, tandem_hash)
+                if tandem_hash is not None:
+                    self._by_tandem.setdefault(tandem_hash, block_hash)
                 if run is None:
                     run = BlockStored(block_hashes=[], parent_block_hash=parent, token_ids=[], block_size=size)
                     passed.append(run)
@@ -126,5 +147,15 @@ class KvBlockMirror:
             cached.copies -= 1
             if cached.copies == 0:
                 del self._blocks[block_hash]
+                if cached.tandem_hash is not None and self._by_tandem.get(cached.tandem_hash) == block_hash:
+                    del self._by_tandem[cached.tandem_hash]
                 gone.append(block_hash)
         return [BlockRemoved(block_hashes=gone)] if gone else []
+
+    def _tandem_hash(self, parent: int | None, tokens: list[int]) -> int | None:
+        if parent is None:
+            return hash_block(ROOT_PARENT, tokens)
+        cached_parent = self._blocks.get(parent)
+        if cached_parent is None or cached_parent.tandem_hash is None:
+            return None
+        return hash_block(cached_parent.tandem_hash, tokens)

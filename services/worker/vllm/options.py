@@ -8,12 +8,29 @@ from pathlib import Path
 
 import msgspec
 
-from shared.config import ConfigError, WorkerConfig
+from shared.config import ConfigError, KvFaultConfig, WorkerConfig
 
 # vLLM-CPU's thread binding syntax for one engine (tensor parallel size 1): "auto" (vLLM
 # picks cores of a NUMA node and keeps one for its scheduler), "nobind", or core ids such
 # as "1", "0-3" or "0,2,4-7".
 _CORE_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Tandem's KV connector inside vLLM (services/worker/vllm/tandem_connector.py)."""
+
+    agent_name_prefix: str = "tandem"  # the NIXL agent is "<prefix>-<random>", fresh per start
+    progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
+    transfer_timeout_s: float = 10.0  # one pull's READ, inside a model step
+    control_timeout_s: float = 2.0  # waits for the connector's reports (pins, load outcomes)
+    faults: KvFaultConfig = KvFaultConfig()
+
+    def validate(self) -> None:
+        if self.progress_delay_us <= 0:
+            raise ConfigError("progress_delay_us must be positive (0 spins a core)")
+        if self.transfer_timeout_s <= 0 or self.control_timeout_s <= 0:
+            raise ConfigError("KV connector timeouts must be positive")
+        self.faults.validate()
 
 
 class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,6 +47,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     seed: int = 0
     kv_event_buffer_steps: int = 10_000  # batches vLLM keeps to replay after a gap
     kv_event_replay_timeout_s: float = 2.0
+    kv_connector: KvConnectorOptions | None = None  # None: no KV transfer, vLLM computes everything
 
     @property
     def model_name(self) -> str:
@@ -57,12 +75,20 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                               f"got {self.cpu_threads_bind!r}")
         if self.kv_event_buffer_steps <= 0 or self.kv_event_replay_timeout_s <= 0:
             raise ConfigError("the KV event replay buffer and timeout must be positive")
+        if self.kv_connector is not None:
+            self.kv_connector.validate()
 
     @classmethod
     def from_worker_config(cls, config: WorkerConfig) -> VllmEngineOptions:
         """The worker's settings; the `vllm_*` fields are the vLLM-only ones."""
+        transfer = config.kv_transfer
+        connector = KvConnectorOptions(agent_name_prefix=config.worker_id,
+                                       progress_delay_us=transfer.progress_delay_us,
+                                       transfer_timeout_s=transfer.transfer_timeout_s,
+                                       control_timeout_s=transfer.control_timeout_s,
+                                       faults=transfer.faults) if transfer.enabled else None
         return cls(model_dir=config.model_dir, served_model_name=config.served_model_name,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
                    kv_cache_gib=config.vllm_kv_cache_gib,
-                   cpu_threads_bind=config.vllm_cpu_threads_bind)
+                   cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector)

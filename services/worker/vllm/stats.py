@@ -27,7 +27,9 @@ class EngineStats:
         self.waiting = 0
         self.kv_usage = 0.0  # fraction of usable blocks referenced by requests
         self.prompt_tokens_total = 0
-        self.cached_tokens_total = 0  # prompt tokens served from the prefix cache
+        self.cached_tokens_total = 0  # prompt tokens served from the prefix cache or a KV transfer
+        self.computed_prompt_tokens_total = 0  # prompt tokens prefilled here (recomputation included)
+        self.external_prompt_tokens_total = 0  # prompt tokens loaded by the KV connector
         self.generated_tokens_total = 0
         self.steps = 0  # SchedulerStats received
 
@@ -42,6 +44,8 @@ class EngineStats:
             prompt = iteration_stats.prompt_token_stats
             self.prompt_tokens_total += prompt.total
             self.cached_tokens_total += prompt.cached_tokens
+            self.computed_prompt_tokens_total += prompt.computed
+            self.external_prompt_tokens_total += prompt.external_kv_transfer
             self.generated_tokens_total += iteration_stats.num_generation_tokens
 
     def stat_logger_factory(self) -> Any:
