@@ -104,6 +104,9 @@ def router(
         envvar="TANDEM_CACHE_HIT_THRESHOLD",
         help="Decode-first default for requests that name none: serve only from a worker already holding "
              "this share of the prompt's KV, else answer finish_reason 'cache_threshold'. 0: off.")] = 0.0,
+    routing_policy: Annotated[str, typer.Option(
+        help="kv-aware (cost model), or a baseline for benchmarks: round-robin, random.")] = "kv-aware",
+    routing_seed: Annotated[int, typer.Option(help="Seed of the random policy.")] = 0,
     local_prefill_tokens: Annotated[int, typer.Option(
         envvar="TANDEM_LOCAL_PREFILL_TOKENS",
         help="A decode worker computes a prompt itself when fewer tokens than this are uncached there "
@@ -124,7 +127,8 @@ def router(
     _logging(log_level)
     if not model_dir:
         raise typer.BadParameter("a model directory is required (its tokenizer is used)", param_hint="--model-dir")
-    routing = RoutingConfig(cache_hit_threshold=cache_hit_threshold, local_prefill_tokens=local_prefill_tokens,
+    routing = RoutingConfig(policy=routing_policy, seed=routing_seed,  # type: ignore[arg-type]
+                            cache_hit_threshold=cache_hit_threshold, local_prefill_tokens=local_prefill_tokens,
                             max_queue_factor=max_queue_factor)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, bus=_bus(nats_url, namespace),

@@ -139,6 +139,10 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     """How the router weighs a request's candidate flows (`services.router.cost`) and whom it
     admits (`services.router.policy`). Costs are in prompt-token equivalents."""
 
+    # kv-aware: the cost model below; round-robin / random: baselines for benchmarks, which
+    # replace only the choice of worker (pulls, admission and the threshold still apply)
+    policy: Literal["kv-aware", "round-robin", "random"] = "kv-aware"
+    seed: int = 0  # the random policy's generator
     prefill_weight: float = 1.0  # per prompt token the computing worker must compute
     transfer_weight: float = 0.1  # per prompt token it pulls from another worker's cache instead
     queue_weight: float = 0.5  # per prompt token queued for prefill ahead of it on that worker
@@ -160,6 +164,8 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
                  "max_queue_factor must be 0 (off) or at least 1")
         _require(self.retry_after_s >= 1, "retry_after_s must be at least 1")
         _require(self.speculative_ttl_s > 0, "speculative_ttl_s must be positive")
+        _require(self.policy in ("kv-aware", "round-robin", "random"),
+                 "routing policy must be kv-aware, round-robin or random")
 
 
 class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):

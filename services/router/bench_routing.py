@@ -16,10 +16,8 @@ prompt tokens over the run, from the workers' load snapshots (the metrics collec
 there (`pull_rate` says how many of them were pulled). Requests that fail, or are still
 running `--drain` seconds after the last arrival, are errors.
 
-The policy reaches the router as `--routing-policy NAME`. While the router has no such
-option, "kv-aware" runs the router's default policy (whatever it is: the output says so)
-and the other policies run a router whose `services.router.dispatch.decide` this module
-replaces (a stand-in, launched by `_launch_shim_router`; delete it once the flag exists).
+The policy reaches the router as `--routing-policy NAME`: kv-aware is the cost model, the
+baselines replace only the choice of worker (prefix pulls still happen).
 
     tandem bench routing [--quick] [--workers 8] [--duration 20] [--policies kv-aware,round-robin,random]
 
@@ -34,9 +32,7 @@ import asyncio
 import dataclasses
 import json
 import os
-import random
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -47,7 +43,6 @@ import httpx
 import msgspec
 import numpy as np
 
-from services.orchestrator.launcher import LocalLauncher, ManagedProcess
 from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
 from services.router.bench_workloads import (
     ConversationsWorkload,
@@ -64,7 +59,6 @@ from services.worker.sim.tokens import fold_tokens
 POLICIES = ("kv-aware", "round-robin", "random")
 WORKLOADS = ("tenants", "multi-turn")
 ROUTER_POLICY_FLAG = "--routing-policy"
-SHIM_FLAG = "--shim-router"
 SETTLE_TIMEOUT_S = 10.0
 
 
@@ -75,123 +69,21 @@ def _progress(message: str) -> None:
 # ---- how the policy reaches the router -------------------------------------------------------
 
 
-def router_has_policy_option() -> bool:
-    """Whether `tandem router` accepts `--routing-policy`."""
-    import typer.main
-
-    from services.cli import app
-
-    command = typer.main.get_command(app).commands["router"]  # type: ignore[attr-defined]
-    return any(ROUTER_POLICY_FLAG in param.opts for param in command.params)
-
-
 @dataclass(frozen=True)
 class RouterPlan:
-    """How one policy is run: extra router flags, or the stand-in router."""
+    """How one policy is run: the router's flags for it."""
 
-    router_args: tuple[str, ...] = ()
-    shim_policy: str | None = None
-    impl: str = ""
-
-
-def router_plan(policy: str, flag_supported: bool) -> RouterPlan:
-    if flag_supported:
-        return RouterPlan(router_args=(ROUTER_POLICY_FLAG, policy), impl=f"router {ROUTER_POLICY_FLAG} {policy}")
-    if policy == "kv-aware":
-        return RouterPlan(impl=f"router default policy, {_default_policy_kind()} (the router has no "
-                               f"{ROUTER_POLICY_FLAG} option)")
-    return RouterPlan(shim_policy=policy, impl=f"bench stand-in: {policy} replaces services.router.dispatch.decide")
+    router_args: tuple[str, ...]
+    impl: str
 
 
-def _default_policy_kind() -> str:
-    from services.router.policy import RouteRequest
-
-    fields = getattr(RouteRequest, "__dataclass_fields__", {})
-    return "KV-aware (decide() sees cached tokens per worker)" if "cached_tokens" in fields else \
-        "cache-blind (decide() sees no cached tokens): least-loaded"
-
-
-class _RoutingLauncher(LocalLauncher):
-    """Adds the policy to the router's command line (what `StackConfig.router_args` will
-    do), or starts the stand-in router in its place."""
-
-    def __init__(self, log_dir: str, plan: RouterPlan) -> None:
-        super().__init__(log_dir)
-        self._plan = plan
-
-    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
-        if name != "router":
-            return super().start(name, args, env)
-        if self._plan.shim_policy is None:
-            return super().start(name, [*args, *self._plan.router_args], env)
-        return _launch_shim_router(self, self._plan.shim_policy, args, env)
-
-
-def _launch_shim_router(launcher: LocalLauncher, policy: str, args: list[str],
-                        env: dict[str, str] | None) -> ManagedProcess:
-    from services.orchestrator.launcher import _die_with_parent
-
-    argv = [sys.executable, "-m", "services.router.bench_routing", SHIM_FLAG, policy, *args]
-    log_path = launcher.log_dir / "router.log"
-    with open(log_path, "ab") as log_file:
-        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                 start_new_session=True, preexec_fn=_die_with_parent)
-    process = ManagedProcess("router", argv, popen, log_path)
-    launcher.processes["router"] = process
-    return process
-
-
-def _run_shim_router(policy: str, router_args: list[str]) -> int:
-    """The router process with `decide` replaced by a cache-blind choice of worker (stand-in):
-    the data plane is untouched, so the chosen worker still pulls a prefix another holds."""
-    import services.router.dispatch as dispatch
-    from services.cli import app
-    from services.router.policy import RouteDecision, can_serve
-
-    try:  # the cost model's prefill plan: the chosen worker still pulls a cached prefix from a holder
-        from services.router.cost import Holders, plan_prefill
-    except ImportError:  # older routers pull whatever the chosen worker lacks by themselves
-        Holders = plan_prefill = None  # type: ignore[assignment,misc]
-    if not hasattr(dispatch, "decide"):
-        print("bench_routing: services.router.dispatch no longer calls `decide`: the stand-in cannot "
-              f"select a policy; give the router {ROUTER_POLICY_FLAG}", file=sys.stderr)
-        return 2
-    rng = random.Random(0)
-    turn = [0]
-
-    def decide(workers, request, *_args, **_kwargs):
-        candidates = sorted((worker for worker in workers
-                             if can_serve(worker, request.model) and worker.max_model_len >= request.total_tokens),
-                            key=lambda worker: worker.worker_id)
-        if not candidates:
-            return None
-        if policy == "random":
-            chosen = rng.choice(candidates)
-        else:
-            chosen = candidates[turn[0] % len(candidates)]
-            turn[0] += 1
-        if plan_prefill is None:
-            return RouteDecision("single", "no_prefill_worker", chosen.worker_id)
-        plan = plan_prefill(chosen, request.prompt_tokens, request.cached_tokens,
-                            Holders(workers, request.held_tokens))
-        return RouteDecision("single", "no_prefill_worker", chosen.worker_id, plan=plan)
-
-    dispatch.decide = decide
-    app(router_args, prog_name="tandem")  # the launcher passes ["router", ...]
-    return 0
-
-
-STACK_HAS_ROUTER_ARGS = "router_args" in StackConfig.__struct_fields__
+def router_plan(policy: str) -> RouterPlan:
+    return RouterPlan(router_args=(ROUTER_POLICY_FLAG, policy), impl=f"router {ROUTER_POLICY_FLAG} {policy}")
 
 
 def routing_stack(config: StackConfig, plan: RouterPlan) -> LocalStack:
     """The stack definition of `tandem up`, its router running `plan`."""
-    if STACK_HAS_ROUTER_ARGS and plan.shim_policy is None:
-        return LocalStack(msgspec.structs.replace(config, router_args=plan.router_args))
-    stack = LocalStack(config)
-    stack.launcher = _RoutingLauncher(config.log_dir, plan)
-    return stack
+    return LocalStack(msgspec.structs.replace(config, router_args=plan.router_args))
 
 
 # ---- the client -----------------------------------------------------------------------------
@@ -573,8 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    *(("--no-kv-transfer",) if args.no_kv_transfer else ()))
     setup = Setup(shape=shape, model_dir=_model_dir(args.model_dir, state_dir), log_root=state_dir / "logs",
                   worker_args=worker_args, seed=args.seed, duration_s=duration_s, drain_s=args.drain)
-    flag_supported = router_has_policy_option()
-    plans = {policy: router_plan(policy, flag_supported) for policy in policies}
+    plans = {policy: router_plan(policy) for policy in policies}
 
     rows = [run_one(setup, name, workloads[name], policy, plans[policy])
             for name in workload_names for policy in policies]
@@ -594,6 +485,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [SHIM_FLAG]:
-        sys.exit(_run_shim_router(sys.argv[2], sys.argv[3:]))
     sys.exit(main())

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 from dataclasses import dataclass
 
 import msgspec
@@ -83,6 +84,7 @@ class Dispatcher:
         self._pool = pool
         self._kv_view = kv_view
         self._decoder = decoder
+        self._random = random.Random(routing.seed)  # the random baseline policy's draws
         self._metrics = metrics
         self._recorder = recorder
         self._clock = clock
@@ -153,7 +155,7 @@ class Dispatcher:
             cache = self._kv_view.prompt_cache(params.prompt_ids, self._clock())
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
-                                 cache_hit_threshold=threshold, admit=admit)
+                                 cache_hit_threshold=threshold, admit=admit, draw=self._random.random())
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
             outcome = decide(views, route, self._routing)
             if isinstance(outcome, RouteDecision):

@@ -56,6 +56,7 @@ RouteReason = Literal[
     "prefill_busy",  # single on a decode worker: every prefill worker is busy
     "single_cheaper",  # single on a BOTH worker: cheaper than every pair
     "decode_first",  # single: the request's cache-hit threshold chose the worker
+    "baseline",  # single: a benchmark baseline policy (round-robin or random) chose the worker
     "no_prefill_worker",  # single: no ACTIVE prefill worker of the model can take the prompt
     "no_decode_worker",  # single: prefill workers exist, but no ACTIVE decode worker can take the request
     "compat_hash_mismatch",  # single: prefill and decode workers exist, but no two share a hash
@@ -77,6 +78,7 @@ class RouteRequest:
     held_tokens: Mapping[str, int] = field(default_factory=dict)
     cache_hit_threshold: float = 0.0  # decode-first when > 0
     admit: bool = True  # False: already admitted once (a request resumed elsewhere)
+    draw: float = 0.0  # a uniform draw in [0, 1) from the caller's seeded generator (random policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +217,8 @@ def decide(workers: Sequence[WorkerView], request: RouteRequest,
             return RouteRefusal("overloaded")
         prefill = [worker for worker in prefill if not _queue_full(worker, routing)]
     candidates = _Candidates(workers, request, routing)
+    if routing.policy != "kv-aware":
+        return _single("baseline", candidates.single(_baseline_choice(serving, request, routing)))
 
     if request.cache_hit_threshold > 0:
         return _decode_first(serving, candidates)
@@ -246,6 +250,14 @@ def decide(workers: Sequence[WorkerView], request: RouteRequest,
         return _single("single_cheaper", best_both)
     return RouteDecision("disaggregated", "pair", pair.decode.worker_id,
                          prefill_worker_id=pair.prefill.worker.worker_id, plan=pair.prefill.plan, cost=pair.cost)
+
+
+def _baseline_choice(serving: Sequence[WorkerView], request: RouteRequest, routing: RoutingConfig) -> WorkerView:
+    """Round-robin: the worker picked longest ago. Random: the request's draw picks one."""
+    ordered = sorted(serving, key=lambda worker: worker.worker_id)
+    if routing.policy == "round-robin":
+        return min(ordered, key=lambda worker: worker.last_routed)
+    return ordered[min(int(request.draw * len(ordered)), len(ordered) - 1)]
 
 
 def _no_pair_reason(prefill: Sequence[WorkerView], decode: Sequence[WorkerView]) -> RouteReason:

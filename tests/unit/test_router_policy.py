@@ -322,3 +322,13 @@ def test_a_worker_without_a_data_plane_is_a_transfer_group_of_its_own() -> None:
     assert transfer_group(registration("a", True)) == transfer_group(registration("b", True)) == "c1"
     assert transfer_group(registration("a", False)) != transfer_group(registration("b", False))
     assert transfer_group(registration("a", False)) != "c1"
+
+
+def test_baseline_policies_ignore_the_cache() -> None:
+    workers = [worker(f"w{i}", last_routed=i + 1) for i in range(3)]
+    cached = request(cached_tokens={"w2": 496}, held_tokens={"w2": 496})
+    assert decide(workers, cached).worker_id == "w2"  # kv-aware follows the cache
+    round_robin = decide(workers, cached, RoutingConfig(policy="round-robin"))
+    assert round_robin.worker_id == "w0" and round_robin.reason == "baseline"  # picked longest ago
+    picks = {decide(workers, request(draw=draw), RoutingConfig(policy="random")).worker_id for draw in (0.0, 0.4, 0.9)}
+    assert picks == {"w0", "w1", "w2"}

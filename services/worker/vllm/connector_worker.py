@@ -140,7 +140,7 @@ class WorkerSide:
         failed = [block_id for block_id, good in zip(spec.local_block_ids, ok) if not good]
         if failed:
             self._load_errors.update(failed)
-            log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes them",
+            log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes from the first",
                         spec.transfer_id, len(failed), count, reason)
         return Loaded(ok=ok, nbytes=nbytes, duration_s=time.perf_counter() - started, reason=reason, **report)
 
@@ -167,21 +167,25 @@ class WorkerSide:
             timeout_s=self._agent_config.default_timeout_s)
         ok = [result.ok] * cut + [False] * (count - cut)
         reason = result.detail if not result.ok else ("injected: transfer cut" if cut < count else "")
-        self._inject(spec, ok)
+        if self._inject(spec, ok):
+            reason = reason or "injected: blocks failed"
         return ok, result.nbytes if result.ok else 0, reason
 
-    def _inject(self, spec: LoadSpec, ok: list[bool]) -> None:
-        """Fault injection as `connector.faults` does it, chosen by the holder's block ids."""
+    def _inject(self, spec: LoadSpec, ok: list[bool]) -> bool:
+        """Fault injection as `connector.faults` does it, chosen by the holder's block ids;
+        whether a block was reported failed by it. Failed blocks are garbage either way."""
         faults = self._faults
         assert self._pages is not None and self._geometry is not None
+        injected = False
         for index, (remote, local) in enumerate(zip(spec.remote_block_ids, spec.local_block_ids)):
             if not ok[index]:
                 scribble(self._pages, self._geometry, local)
             elif chosen(faults.seed, "fail", remote, faults.fail_fraction):
-                ok[index] = False
+                ok[index], injected = False, True
                 scribble(self._pages, self._geometry, local)
             elif chosen(faults.seed, "corrupt", remote, faults.corrupt_fraction):
                 scribble(self._pages, self._geometry, local)  # reported fine: only the checksum catches it
+        return injected
 
     def _ensure_peer(self, name: str, metadata: bytes) -> None:
         # Agent names are unique per incarnation: an unknown name is a new peer; a known name

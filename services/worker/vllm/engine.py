@@ -150,7 +150,9 @@ class VllmEngine:
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         self._validate(token_ids, sampling)
-        return self._stream(request_id, list(token_ids), sampling)
+        # The stream owns a staged order from here on (a stream never iterated never reaches
+        # vLLM: nothing is pinned for it, and a pull's lease ends by expiry).
+        return self._stream(request_id, list(token_ids), sampling, self._staged.pop(request_id, None))
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and request_id in self._streams:
@@ -248,19 +250,23 @@ class VllmEngine:
             raise InvalidArgument(f"the prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) "
                                   f"exceeds the maximum context length of {info.max_model_len}")
 
-    async def _stream(self, request_id: str, token_ids: list[int],
-                      sampling: SamplingParams) -> AsyncGenerator[EngineOutput, None]:
-        # Re-checked here: the engine may have stopped, or the id been taken, since generate().
-        if self._llm is None or self._stopping:
-            raise Unavailable("the vLLM engine is stopping")
-        if request_id in self._streams:
-            raise InvalidArgument(f"duplicate request id {request_id!r}")
-        llm = self._llm
+    async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
+                      staged: StagedTransfer | None) -> AsyncGenerator[EngineOutput, None]:
         try:
-            (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
-        except VLLMValidationError as error:
-            raise InvalidArgument(str(error)) from error
-        staged = self._staged.pop(request_id, None)
+            # Re-checked here: the engine may have stopped, or the id been taken, since generate().
+            if self._llm is None or self._stopping:
+                raise Unavailable("the vLLM engine is stopping")
+            if request_id in self._streams:
+                raise InvalidArgument(f"duplicate request id {request_id!r}")
+            llm = self._llm
+            try:
+                (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
+            except VLLMValidationError as error:
+                raise InvalidArgument(str(error)) from error
+        except BaseException:
+            if staged is not None and staged.on_loaded is not None:
+                staged.on_loaded(None, "cancelled")  # never reached vLLM
+            raise
         order = staged.order if staged is not None else None
         # Registered before the request is added: the report can overtake the first output.
         load_waiter = self.kv_link.expect_load(order.transfer_id) if order and order.pull else None
@@ -339,6 +345,12 @@ class VllmEngine:
             await link.stop()  # sends the unpins still queued while vLLM still runs
         if self._llm is not None:
             llm, self._llm = self._llm, None
+            # AsyncLLM cancels its output task only after the engine is gone, and that task
+            # then logs the closing sockets as a dead engine: every stream has ended by now.
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
             # Joins the EngineCore and model-worker processes (seconds): off the loop.
             await asyncio.to_thread(llm.shutdown)
         if self._bridge is not None:

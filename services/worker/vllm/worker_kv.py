@@ -209,8 +209,9 @@ class VllmWorkerKv:
         return self.holder.grant_held("decode", held, block_hash_chain(request.token_ids, self.block_size))
 
     def release_pins(self, prepared: Prepared) -> None:
-        """Called after every output and when the request ends: an order the engine never
-        picked up (the request failed before it ran) is taken back here."""
+        """Called once `generate()` was called, and when the request ends: an order the engine
+        never took (the request failed before `generate()` accepted it) is taken back here.
+        Nothing is pinned in this process: vLLM references loaded blocks itself."""
         request_id = self._staged.pop(id(prepared), None)
         if request_id is None:
             return
