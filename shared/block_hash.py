@@ -1,36 +1,36 @@
 """Tandem's block-hash chain, computed from token ids alone.
 
-hash(block i) = H(hash(block i-1) || salt || token ids of block i), 64-bit.
+hash(block i) = xxh3_64(hash(block i-1) as LE64 || salt || token ids of block i as u32).
 Two workers with the same block size agree on every hash of a shared prefix, whatever
-engine they run; routers compute the same chain from tokenized requests. Only full
-blocks are hashed: a partial tail block is never shared.
+engine they run; routers compute the same chain from tokenized requests and from the
+token ids in KV events. Only full blocks are hashed: a partial tail block is never shared.
+xxh3 rather than a cryptographic hash: this runs for every block a router indexes, and
+keys only a cache (a collision costs a recompute-free wrong match on one prefix, at 2^-64).
 """
 
 from __future__ import annotations
 
-import hashlib
 from array import array
+from collections.abc import Sequence
+
+from xxhash import xxh3_64_intdigest
 
 ROOT_PARENT = 0
 
 
-def hash_block(parent_hash: int, token_ids: list[int] | tuple[int, ...], salt: bytes = b"") -> int:
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(parent_hash.to_bytes(8, "little"))
-    if salt:
-        digest.update(salt)
-    digest.update(array("I", token_ids).tobytes())
-    return int.from_bytes(digest.digest(), "little")
+def hash_block(parent_hash: int, token_ids: Sequence[int], salt: bytes = b"") -> int:
+    return xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + array("I", token_ids).tobytes())
 
 
-def block_hash_chain(
-    token_ids: list[int], block_size: int, *, parent_hash: int = ROOT_PARENT, salt: bytes = b""
-) -> list[int]:
-    """Hashes of every full block of `token_ids`, chained from `parent_hash`."""
+def block_hash_chain(token_ids: Sequence[int], block_size: int, *, parent_hash: int = ROOT_PARENT,
+                     salt: bytes = b"") -> list[int]:
+    """Hashes of every full block of `token_ids`, chained from `parent_hash` (tokens packed once)."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
+    data = array("I", token_ids).tobytes()
+    step = block_size * 4
     hashes: list[int] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent_hash = hash_block(parent_hash, token_ids[start : start + block_size], salt)
+    for start in range(0, len(data) - step + 1, step):
+        parent_hash = xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + data[start:start + step])
         hashes.append(parent_hash)
     return hashes

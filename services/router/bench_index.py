@@ -320,6 +320,7 @@ def run_index_bench(workers_list: Sequence[int] = (16, 256, 1024), total_blocks:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_index", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="16,256,1024", help="comma-separated fleet sizes")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout (the default anyway)")
     parser.add_argument("--blocks", type=int, default=1_000_000, help="(worker, block) pairs to index")
     parser.add_argument("--prompt-tokens", type=int, default=8192)
     parser.add_argument("--block-size", type=int, default=16)
