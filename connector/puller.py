@@ -118,7 +118,11 @@ class KvPuller:
                                                             compat_hash=self.compat_hash))
         if not isinstance(reply, AgentInfo) or reply.agent_name != agent_name:
             return False
-        self._transport.add_peer(reply.agent_name, reply.metadata)  # replaces a stale peer of that name
+        try:
+            self._transport.add_peer(reply.agent_name, reply.metadata)  # replaces a stale peer of that name
+        except Exception as error:  # e.g. it died after answering: unreachable, like no answer at all
+            log.warning("%s: cannot connect to %s's agent %s: %s", self.worker_id, worker_id, agent_name, error)
+            return False
         return True
 
     # ---- the pull ---------------------------------------------------------------------

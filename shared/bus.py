@@ -18,7 +18,7 @@ import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from shared.lifecycle import reraise_if_cancelling
@@ -53,7 +53,12 @@ class Bus:
         except BucketNotFoundError:
             config = KeyValueConfig(bucket=bucket, history=1, storage=StorageType.MEMORY,
                                     ttl=ttl_s)
-            return await self.js.create_key_value(config)
+            try:
+                return await self.js.create_key_value(config)
+            except BadRequestError:
+                # another client created it first (after a server restart everyone races
+                # to re-create it, possibly with another TTL): use theirs
+                return await self.js.key_value(bucket)
 
     async def close(self) -> None:
         if not self.client.is_closed:

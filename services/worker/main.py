@@ -45,8 +45,10 @@ def build_kv(config: WorkerConfig, engine: Engine, bus) -> WorkerKv | None:
     if not nixl_available():
         raise ConfigError("the KV data plane needs NIXL (pip install --no-deps nixl-cu12); "
                           "run with --no-kv-transfer to compute everything locally")
-    if not hasattr(engine, "kv_region"):
-        raise ConfigError(f"engine {config.engine!r} has no KV port yet; run with --no-kv-transfer")
+    if config.engine == "vllm":  # the data plane lives in vLLM's engine process (Tandem's connector)
+        from services.worker.vllm.worker_kv import VllmWorkerKv
+
+        return VllmWorkerKv(config, bus, engine)
     return WorkerKv(config, bus, engine, build_transport(config, engine), compat_hash=engine.info.compat_hash)
 
 
