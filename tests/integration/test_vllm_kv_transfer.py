@@ -26,7 +26,9 @@ psutil = pytest.importorskip("psutil")
 
 from connector.faults import chosen  # noqa: E402
 from connector.nixl_agent import nixl_available  # noqa: E402
+from connector.worker_kv import WorkerKv, build_transport  # noqa: E402
 from services.worker.service import WorkerService  # noqa: E402
+from services.worker.sim.engine import SimEngine  # noqa: E402
 from services.worker.vllm.engine import VllmEngine  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from services.worker.vllm.worker_kv import VllmWorkerKv  # noqa: E402
@@ -243,26 +245,46 @@ class TestPullPath:
         await pair.assert_clean()
 
 
-    async def test_incompatible_handle_is_refused_before_any_byte_moves(self, pair: Pair) -> None:
-        prompt = prompt_of(3000, 300)
-        _, p_done = await pair.generate(pair.prefill, prompt, 1, KvTransferParams(hold_for_decode=True))
-        assert p_done.kv_handle is not None
-        sim_handle = KvHandle(**{**{f: getattr(p_done.kv_handle, f) for f in KvHandle.__struct_fields__},
-                                 "compat_hash": "0123456789abcdef"})  # e.g. a sim worker's blocks
-        records = len(pair.records)
-        with pytest.raises(InvalidArgument, match="mismatch"):
-            await pair.generate(pair.decode, prompt + [5], 4, KvTransferParams(source=sim_handle))
-        await until(lambda: pair.prefill.kv.holder.leases.outcomes["refused"] == 1, 5, "the lease refused")
-        assert len(pair.records) == records
-        # and the other way round: a lease request with another layout is refused by the holder
-        reply = await pair.bus.client.request(
-            pair.bus_config.subjects.kv_lease(pair.prefill.worker_id),
-            encode(LeaseRequest(requester_worker_id="sim-1", compat_hash="0123456789abcdef",
-                                block_hashes=block_hash_chain(prompt, BLOCK), ttl_s=5.0)), timeout=5)
-        refused = Codec(LeaseReply).decode(reply.data)
-        assert isinstance(refused, LeaseRefused) and "mismatch" in refused.reason
-        await pair.assert_clean()
-
+    async def test_vllm_and_sim_workers_refuse_each_other(self, pair: Pair) -> None:
+        """Same model name and block size, different engines: different compatibility hashes,
+        so each side refuses the other's blocks before any byte moves."""
+        sim_config = WorkerConfig(worker_id="sim", bus=pair.bus_config, block_size=BLOCK, kv_blocks=64,
+                                  sim_speedup=50, membership=MembershipConfig(heartbeat_interval_s=0.2, ttl_s=2.0))
+        sim_engine = SimEngine(sim_config, model_name="tiny", vocab_size=2048)
+        await sim_engine.start()
+        sim = WorkerService(sim_config, sim_engine, pair.bus, WorkerKv(
+            sim_config, pair.bus, sim_engine, build_transport(sim_config, sim_engine),
+            compat_hash=sim_engine.info.compat_hash))
+        await sim.start()
+        sim_worker = VllmWorker(sim_config, sim_engine, sim.kv, sim)  # type: ignore[arg-type]
+        try:
+            assert sim_engine.info.compat_hash != pair.prefill.engine.info.compat_hash
+            prompt = prompt_of(3000, 300)
+            records = len(pair.records)
+            # sim blocks offered to a vLLM worker
+            _, sim_done = await pair.generate(sim_worker, prompt, 1, KvTransferParams(hold_for_decode=True))
+            assert sim_done.kv_handle is not None
+            with pytest.raises(InvalidArgument, match="mismatch"):
+                await pair.generate(pair.decode, prompt + [5], 4, KvTransferParams(source=sim_done.kv_handle))
+            await until(lambda: sim.kv.holder.leases.outcomes["refused"] == 1, 5, "the sim lease refused")
+            # vLLM blocks offered to a sim worker
+            _, vllm_done = await pair.generate(pair.prefill, prompt, 1, KvTransferParams(hold_for_decode=True))
+            assert vllm_done.kv_handle is not None
+            with pytest.raises(InvalidArgument, match="mismatch"):
+                await pair.generate(sim_worker, prompt + [5], 4, KvTransferParams(source=vllm_done.kv_handle))
+            await until(lambda: pair.prefill.kv.holder.leases.outcomes["refused"] == 1, 5, "the vLLM lease refused")
+            # a sim worker asking a vLLM holder for a prefix lease
+            reply = await pair.bus.client.request(
+                pair.bus_config.subjects.kv_lease(pair.prefill.worker_id),
+                encode(LeaseRequest(requester_worker_id="sim", compat_hash=sim_engine.info.compat_hash,
+                                    block_hashes=block_hash_chain(prompt, BLOCK), ttl_s=5.0)), timeout=5)
+            refused = Codec(LeaseReply).decode(reply.data)
+            assert isinstance(refused, LeaseRefused) and "mismatch" in refused.reason
+            assert len(pair.records) == records  # no transfer was even attempted
+            await pair.assert_clean()
+            assert sim.kv.active_leases == 0
+        finally:
+            await sim.stop()
 
     async def test_prefix_pull_from_a_holder_computes_only_new_tokens(self, pair: Pair) -> None:
         turn1 = prompt_of(4000, 400)
@@ -273,13 +295,24 @@ class TestPullPath:
         await until(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
             block_hash_chain(turn2, BLOCK))) >= held * BLOCK, 5, "the holder's KV events")
         computed_before = pair.prefill.engine.stats.computed_prompt_tokens_total
+        # The router's turn 2 on a prefill worker: pull the prefix, compute the rest, hold it all.
         got, done = await pair.generate(pair.prefill, turn2, 8, KvTransferParams(
-            prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK)))
+            prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK),
+            hold_for_decode=True))
         assert got == expected
         assert done.pulled_tokens == held * BLOCK and done.recomputed_tokens == 0
         await until(lambda: pair.prefill.engine.stats.computed_prompt_tokens_total - computed_before
                     == len(turn2) - held * BLOCK, 5, "vLLM counted only the new tokens")
         assert pair.records[-1].kind == "prefix_pull" and pair.records[-1].outcome == "done"
+        # The decode worker caches every full block of turn 2 already: it reads nothing and
+        # releases the lease at once.
+        handle = done.kv_handle
+        assert handle is not None and len(handle.block_ids) == len(turn2) // BLOCK
+        rest, d_done = await pair.generate(pair.decode, turn2 + got[:1], 7, KvTransferParams(source=handle))
+        assert rest == expected[1:]
+        assert d_done.pulled_tokens == 0 and d_done.recomputed_tokens == 0
+        await until(lambda: pair.records[-1].kind == "pull", 5, "the decode worker's record")
+        assert (pair.records[-1].outcome, pair.records[-1].blocks) == ("done", 0)
         await pair.assert_clean()
 
 

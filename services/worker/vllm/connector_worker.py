@@ -114,7 +114,8 @@ class WorkerSide:
     def load(self, specs: list[LoadSpec]) -> None:
         for spec in specs:
             self._reports.send(self._load(spec))
-            self._loaded.add(spec.request_id)
+            if spec.local_block_ids:  # only then is vLLM waiting for it (an asynchronous load)
+                self._loaded.add(spec.request_id)
 
     def take_loaded(self) -> set[str]:
         loaded, self._loaded = self._loaded, set()

@@ -14,8 +14,8 @@ detokenises in the router). Closing the generator early aborts the vLLM request;
 
 KV transfer (`options.kv_connector`): vLLM loads Tandem's connector (`tandem_connector`);
 `kv_link.ConnectorLink` is this process's end of it. The KV data plane of the worker
-(`worker_kv.VllmWorkerKv`) stages a `TransferOrder` for a request id with `stage()` before
-the service calls `generate()`; the stream carries it to vLLM in `kv_transfer_params`:
+(`worker_kv.VllmWorkerKv`) stages a `TransferOrder` for a request id with `stage()`;
+`generate()` takes it and the stream carries it to vLLM in `kv_transfer_params`:
 
 - a pull: the stream waits (bounded) for the pull's `Loaded` report before yielding its
   first output and hands it to the order's `on_loaded` callback, so the outcome is known

@@ -90,7 +90,7 @@ class VllmWorkerKv:
                                control_timeout_s=settings.control_timeout_s,
                                transfer_timeout_s=settings.transfer_timeout_s, lease_ttl_s=settings.lease_ttl_s)
         self._hold_keys = itertools.count(1)
-        self._staged: dict[int, str] = {}  # id(Prepared) -> request id, until the request's first output
+        self._staged: dict[int, str] = {}  # id(Prepared) -> request id, until release_pins()
         self._tasks: set[asyncio.Task] = set()
         self.last_push_timings: list[LayerWrite] = []
         self.pulled_tokens_total = 0
