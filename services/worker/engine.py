@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from shared.compat import KvLayout
+from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
 
@@ -72,6 +73,24 @@ class EngineLoad(msgspec.Struct, kw_only=True):
     # Prefill tokens actually computed (reused or received KV excluded; recomputation after
     # a preemption counts again): what a partial transfer costs shows here.
     computed_prompt_tokens_total: int = 0
+
+
+def check_request(token_ids: list[int], sampling: SamplingParams, *, vocab_size: int, max_model_len: int) -> None:
+    """The limits every engine applies before queueing anything, so all engines refuse the
+    same requests with the same `InvalidArgument` messages."""
+    if not token_ids:
+        raise InvalidArgument("the prompt is empty")
+    if sampling.max_tokens < 1:
+        raise InvalidArgument(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+        raise InvalidArgument(f"token ids must lie in [0, {vocab_size})")
+    prompt_len = len(token_ids)
+    if prompt_len > max_model_len:
+        raise InvalidArgument(f"the prompt has {prompt_len} tokens, more than the maximum context "
+                              f"length of {max_model_len}")
+    if prompt_len + sampling.max_tokens > max_model_len:
+        raise InvalidArgument(f"the prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) "
+                              f"exceeds the maximum context length of {max_model_len}")
 
 
 class Engine(Protocol):

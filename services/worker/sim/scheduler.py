@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from services.worker.engine import EngineLoad, EngineOutput
+from services.worker.engine import EngineLoad, EngineOutput, check_request
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
@@ -122,19 +122,8 @@ class Scheduler:
         """Raise InvalidArgument if the request can never run here; queue nothing."""
         if request_id in self._requests:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
-        if not token_ids:
-            raise InvalidArgument("the prompt is empty")
-        if sampling.max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be at least 1, got {sampling.max_tokens}")
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise InvalidArgument(f"token ids must lie in [0, {self.vocab_size})")
+        check_request(token_ids, sampling, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
         prompt_len = len(token_ids)
-        if prompt_len > self.max_model_len:
-            raise InvalidArgument(f"the prompt has {prompt_len} tokens, more than the maximum context "
-                                  f"length of {self.max_model_len}")
-        if prompt_len + sampling.max_tokens > self.max_model_len:
-            raise InvalidArgument(f"the prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) "
-                                  f"exceeds the maximum context length of {self.max_model_len}")
         # The last generated token needs no KV slot.
         blocks_needed = -(-(prompt_len + sampling.max_tokens - 1) // self.block_size)
         if blocks_needed > self.blocks.num_blocks:

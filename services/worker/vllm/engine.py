@@ -43,7 +43,7 @@ from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from services.worker.engine import EngineInfo, EngineLoad, EngineOutput
+from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
 from services.worker.vllm.kv_link import ConnectorLink, HeldBlocks
@@ -235,20 +235,7 @@ class VllmEngine:
 
     def _validate(self, token_ids: list[int], sampling: SamplingParams) -> None:
         """The sim engine's limits, so both engines refuse the same requests the same way."""
-        info = self.info
-        if not token_ids:
-            raise InvalidArgument("the prompt is empty")
-        if sampling.max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be at least 1, got {sampling.max_tokens}")
-        if min(token_ids) < 0 or max(token_ids) >= info.vocab_size:
-            raise InvalidArgument(f"token ids must lie in [0, {info.vocab_size})")
-        prompt_len = len(token_ids)
-        if prompt_len > info.max_model_len:
-            raise InvalidArgument(f"the prompt has {prompt_len} tokens, more than the maximum context "
-                                  f"length of {info.max_model_len}")
-        if prompt_len + sampling.max_tokens > info.max_model_len:
-            raise InvalidArgument(f"the prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) "
-                                  f"exceeds the maximum context length of {info.max_model_len}")
+        check_request(token_ids, sampling, vocab_size=self.info.vocab_size, max_model_len=self.info.max_model_len)
 
     async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
                       staged: StagedTransfer | None) -> AsyncGenerator[EngineOutput, None]:
