@@ -186,7 +186,7 @@ def metrics(
 def worker(
     worker_id: Annotated[str, typer.Option(envvar="TANDEM_WORKER_ID", help="Unique worker id.")],
     role: Annotated[WorkerRole, typer.Option(help="prefill | decode | both")] = WorkerRole.BOTH,
-    engine: Annotated[str, typer.Option(envvar="TANDEM_ENGINE", help="sim")] = "sim",
+    engine: Annotated[str, typer.Option(envvar="TANDEM_ENGINE", help="sim | vllm")] = "sim",
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR")] = "",
     served_model_name: Annotated[str, typer.Option()] = "",
     model_version: Annotated[str, typer.Option(help="Model version (rolling upgrades): pairs only equal ones.")] = "",
@@ -197,6 +197,9 @@ def worker(
     max_model_len: Annotated[int, typer.Option()] = 2048,
     sim_profile: Annotated[str, typer.Option(help="Timing profile JSON (sim).")] = "",
     sim_speedup: Annotated[float, typer.Option(help="Run the sim this many times faster.")] = 1.0,
+    vllm_kv_cache_gib: Annotated[float, typer.Option(help="vLLM: KV cache size in GiB (host memory on CPU).")] = 1.0,
+    vllm_cpu_threads_bind: Annotated[str, typer.Option(
+        help="vLLM on CPU: 'auto', 'nobind' or core ids like '0-3'; pin engines to different cores.")] = "auto",
     kv_transfer: Annotated[bool, typer.Option(help="KV data plane (NIXL): P/D hand-off, prefix pull.")] = True,
     kv_lease_ttl: Annotated[float, typer.Option(help="Seconds a holder keeps blocks for a reader.")] = 10.0,
     kv_fault_fail_fraction: Annotated[float, typer.Option(help="Fault injection: blocks reported failed.")] = 0.0,
@@ -225,6 +228,7 @@ def worker(
                           block_size=block_size, kv_blocks=kv_blocks,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           max_model_len=max_model_len, sim_profile=sim_profile, sim_speedup=sim_speedup,
+                          vllm_kv_cache_gib=vllm_kv_cache_gib, vllm_cpu_threads_bind=vllm_cpu_threads_bind,
                           kv_transfer=KvTransferConfig(
                               enabled=kv_transfer, lease_ttl_s=kv_lease_ttl,
                               faults=KvFaultConfig(fail_fraction=kv_fault_fail_fraction,

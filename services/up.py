@@ -6,8 +6,11 @@ starting stops whatever had started and prints the failing service's log tail.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +18,9 @@ from rich.table import Table
 
 from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
 from shared.schemas import WorkerRole
+
+VLLM_KV_CACHE_GIB = 1.0  # per engine; with the model and runtime about 2.6 GB of memory each
+VLLM_START_TIMEOUT_S = 300.0  # engines start in 15-20 s alone, several on two cores take longer
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -34,18 +40,43 @@ def _model_dir(model: str, state_dir: Path, console: Console) -> str:
     return str(path)
 
 
-def worker_specs(prefill: int, decode: int, both: int) -> tuple[WorkerSpec, ...]:
-    return (*(WorkerSpec(worker_id=f"prefill-{i + 1}", role=WorkerRole.PREFILL) for i in range(prefill)),
-            *(WorkerSpec(worker_id=f"decode-{i + 1}", role=WorkerRole.DECODE) for i in range(decode)),
-            *(WorkerSpec(worker_id=f"worker-{i + 1}", role=WorkerRole.BOTH) for i in range(both)))
+def worker_specs(prefill: int, decode: int, both: int, engine: str = "sim",
+                 cores: Sequence[int] = ()) -> tuple[WorkerSpec, ...]:
+    """Workers named by role. vLLM engines on CPU are pinned to cores round-robin (two
+    engines on one core set would each size their thread pool for all of it)."""
+    named = [*((f"prefill-{i + 1}", WorkerRole.PREFILL) for i in range(prefill)),
+             *((f"decode-{i + 1}", WorkerRole.DECODE) for i in range(decode)),
+             *((f"worker-{i + 1}", WorkerRole.BOTH) for i in range(both))]
+    return tuple(WorkerSpec(worker_id=worker_id, role=role, extra_args=engine_args(engine, index, cores))
+                 for index, (worker_id, role) in enumerate(named))
+
+
+def engine_args(engine: str, index: int, cores: Sequence[int]) -> tuple[str, ...]:
+    if engine != "vllm" or not cores:
+        return ()
+    return ("--vllm-cpu-threads-bind", str(sorted(cores)[index % len(cores)]),
+            "--vllm-kv-cache-gib", str(VLLM_KV_CACHE_GIB))
+
+
+def engine_problem(engine: str) -> str | None:
+    """Why this Python cannot run `engine`, or None."""
+    if engine == "sim":
+        return None
+    if engine != "vllm":
+        return f"unknown engine {engine!r} (supported: sim, vllm)"
+    if importlib.util.find_spec("vllm") is None:
+        return ("vLLM is not installed in this Python; `make run` installs it in .venv-vllm "
+                "(or run `make install-vllm` and `.venv-vllm/bin/tandem up --engine vllm`)")
+    return None
 
 
 def run_up(*, port: int, host: str, engine: str, model: str, prefill: int, decode: int, workers: int,
            metrics_port: int,
            nats_url: str, state_dir: str) -> int:
     console = Console(stderr=True)
-    if engine != "sim":
-        console.print(f"[red]error:[/] engine {engine!r} is not available in this build (supported: sim)")
+    problem = engine_problem(engine)
+    if problem:
+        console.print(f"[red]error:[/] {problem}")
         return 2
     if min(prefill, decode, workers) < 0 or decode + workers < 1:
         console.print("[red]error:[/] at least one decode (or --workers) worker is needed; counts cannot be negative")
@@ -54,12 +85,13 @@ def run_up(*, port: int, host: str, engine: str, model: str, prefill: int, decod
     config = StackConfig(
         model_dir=_model_dir(model, state, console),
         engine=engine,
-        workers=worker_specs(prefill, decode, workers),
+        workers=worker_specs(prefill, decode, workers, engine, sorted(os.sched_getaffinity(0))),
         router_host=host,
         router_port=port,
         metrics_port=metrics_port,
         nats_url=nats_url,
         log_dir=str(state / "logs"),
+        start_timeout_s=VLLM_START_TIMEOUT_S if engine == "vllm" else 60.0,
     )
     stack = LocalStack(config)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the stack the way Ctrl-C does

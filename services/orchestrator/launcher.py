@@ -57,18 +57,31 @@ class ManagedProcess:
 
     def terminate(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, wait up to `timeout_s`, then SIGKILL. Returns the exit code."""
-        if self.alive:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                return self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-        return self.popen.wait()
+        try:
+            if self.alive:
+                self.popen.send_signal(signal.SIGTERM)
+                try:
+                    return self.popen.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    self.popen.kill()
+            return self.popen.wait()
+        finally:
+            self.kill_leftovers()
 
     def kill(self) -> None:
         if self.alive:
             self.popen.kill()
         self.popen.wait()
+        self.kill_leftovers()
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL whatever the process left in its process group (it leads its own session):
+        a vLLM worker that died without shutting its engine down leaves the engine's
+        processes running, and they hold gigabytes."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing left
 
 
 class LocalLauncher:

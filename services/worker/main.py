@@ -63,14 +63,16 @@ async def run_worker(config: WorkerConfig, *, ready: asyncio.Event | None = None
     if ready is not None:
         ready.set()
     try:
+        # The handlers stay installed through the stop: a second SIGTERM (the launcher's
+        # parent-death signal after a first one) must not kill the process half-way.
         with stop_on_signals() as stop_requested:
             stopped = asyncio.create_task(service.stopped.wait())
             requested = asyncio.create_task(stop_requested.wait())
             await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
             requested.cancel()
-        if not service.stopped.is_set():
-            log.info("worker %s stopping: draining %d in-flight request(s)", config.worker_id, service.inflight)
-            await service.stop()
+            if not service.stopped.is_set():
+                log.info("worker %s stopping: draining %d in-flight request(s)", config.worker_id, service.inflight)
+                await service.stop()
     finally:
         await bus.close()

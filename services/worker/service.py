@@ -15,6 +15,7 @@ The engine is anything that implements `services.worker.engine.Engine`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -114,21 +115,24 @@ class WorkerService:
 
     async def stop(self) -> None:
         """Graceful stop: drain, deregister, flush events, stop the engine."""
-        await self.drain()
-        for task in self._loops:
-            task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
-        for sub in self._subscriptions:
-            await sub.unsubscribe()
-        if self._members is not None:
+        try:
+            await self.drain()
+            for task in self._loops:
+                task.cancel()
+            await asyncio.gather(*self._loops, return_exceptions=True)
             try:
-                await self._members.delete(self.worker_id)
+                for sub in self._subscriptions:
+                    await sub.unsubscribe()
+                if self._members is not None:
+                    await self._members.delete(self.worker_id)
             except Exception as error:  # NATS already gone: the orchestrator's TTL removes us
                 log.warning("could not deregister %s: %s", self.worker_id, error)
-        if self.kv is not None:
-            await self.kv.stop()
-        await self.engine.stop()
-        await self._publish_kv_events()
+            if self.kv is not None:
+                await self.kv.stop()
+        finally:
+            await self.engine.stop()  # whatever failed above, the engine (vLLM: processes) stops
+        with contextlib.suppress(Exception):
+            await self._publish_kv_events()
         self.stopped.set()
 
     async def _every(self, interval_s: float, action) -> None:

@@ -34,6 +34,7 @@ import tempfile
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
+import vllm
 from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
@@ -226,7 +227,7 @@ class VllmEngine:
                           dtype=str(kv_dtype).removeprefix("torch."), block_size=cache.block_size,
                           num_layers=model.get_num_layers(config.parallel_config),
                           num_kv_heads=model.get_num_kv_heads(config.parallel_config),
-                          head_size=model.get_head_size(), engine="vllm")
+                          head_size=model.get_head_size(), engine=kv_engine_tag(config.device_config.device_type))
         assert cache.num_gpu_blocks, "vLLM reported no KV blocks after start-up"
         return EngineInfo(engine="vllm", model=self.options.model_name, layout=layout,
                           kv_blocks=cache.num_gpu_blocks - 1,  # one block is vLLM's null block
@@ -353,3 +354,9 @@ def _sampling_params(sampling: SamplingParams, order: TransferOrder | None = Non
         max_tokens=sampling.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids), ignore_eos=sampling.ignore_eos,
         output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)
+
+
+def kv_engine_tag(device_type: str) -> str:
+    """The engine part of the compatibility hash: vLLM's KV cache layout differs between its
+    versions and platforms (CPU and CUDA attention back-ends page KV differently)."""
+    return f"vllm-{vllm.__version__}-{device_type}"

@@ -88,6 +88,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                                        control_timeout_s=transfer.control_timeout_s,
                                        faults=transfer.faults) if transfer.enabled else None
         return cls(model_dir=config.model_dir, served_model_name=config.served_model_name,
+                   model_version=config.model_version,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
                    kv_cache_gib=config.vllm_kv_cache_gib,
