@@ -63,6 +63,7 @@ class WorkerView(msgspec.Struct, kw_only=True):
     kv_pulled_tokens_total: int = 0
     kv_recomputed_tokens_total: int = 0
     computed_prompt_tokens_total: int = 0
+    external_prompt_tokens_total: int = 0
 
 
 class Totals(msgspec.Struct, kw_only=True):
@@ -231,6 +232,7 @@ def _worker_view(worker: _Worker) -> WorkerView:
         kv_pulled_tokens_total=load.kv_pulled_tokens_total,
         kv_recomputed_tokens_total=load.kv_recomputed_tokens_total,
         computed_prompt_tokens_total=load.computed_prompt_tokens_total,
+        external_prompt_tokens_total=load.external_prompt_tokens_total,
     )
 
 

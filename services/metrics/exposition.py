@@ -50,6 +50,8 @@ _WORKER_COUNTERS: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
      lambda w: w.kv_recomputed_tokens_total),
     ("tandem_worker_computed_prompt_tokens", "Prompt tokens computed (not reused from cache, not received)",
      lambda w: w.computed_prompt_tokens_total),
+    ("tandem_worker_external_prompt_tokens", "Prompt tokens the engine took from a KV transfer (engine's own count)",
+     lambda w: w.external_prompt_tokens_total),
 )
 _ROLE_GAUGES: tuple[tuple[str, str, Callable[[Totals], float | None]], ...] = (
     ("tandem_role_workers", "Workers per role", lambda t: t.workers),

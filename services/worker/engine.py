@@ -73,6 +73,9 @@ class EngineLoad(msgspec.Struct, kw_only=True):
     # Prefill tokens actually computed (reused or received KV excluded; recomputation after
     # a preemption counts again): what a partial transfer costs shows here.
     computed_prompt_tokens_total: int = 0
+    # Prompt tokens the engine itself counts as received over a KV connector (vLLM's
+    # prompt-token sources); engines without such a count leave it 0.
+    external_prompt_tokens_total: int = 0
 
 
 def check_request(token_ids: list[int], sampling: SamplingParams, *, vocab_size: int, max_model_len: int) -> None:

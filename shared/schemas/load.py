@@ -22,3 +22,4 @@ class LoadSnapshot(Message, tag="load", kw_only=True):
     kv_pulled_tokens_total: int = 0
     kv_recomputed_tokens_total: int = 0
     computed_prompt_tokens_total: int = 0  # prompt tokens actually computed (not reused, not received)
+    external_prompt_tokens_total: int = 0  # prompt tokens the engine took from a KV transfer (vLLM's count)

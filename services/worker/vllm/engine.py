@@ -169,6 +169,7 @@ class VllmEngine:
             cached_tokens_total=self.stats.cached_tokens_total,
             generated_tokens_total=self.stats.generated_tokens_total,
             computed_prompt_tokens_total=self.stats.computed_prompt_tokens_total,
+            external_prompt_tokens_total=self.stats.external_prompt_tokens_total,
             # An upper bound: prompts not yet past their first token, cache hits included.
             pending_prefill_tokens=sum(self._awaiting_first_output.values()))
 

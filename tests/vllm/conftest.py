@@ -1,0 +1,127 @@
+"""Fixtures for the tests that run real vLLM (CPU) engines.
+
+They run in the vLLM venv (`make install-vllm`; `make test` runs them there) and are
+skipped where vLLM is not installed. vLLM engines are heavy (start-up 15-40 s, ~2.6 GB
+each): a module starts at most two or three, pinned to different cores.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
+from shared.bus import connect
+from shared.nats_server import EmbeddedNats
+from shared.schemas import WorkerRole
+from shared.tiny_model import generate_tiny_model
+from shared.tokenizer import Tokenizer
+from tests.vllm.workload import MAX_TOKENS, TURN1_ANSWER, TURN2_ANSWER, SingleEngine, Workload
+
+BLOCK = 128  # vLLM's block size on CPU
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    generate_tiny_model(str(path))
+    return str(path)
+
+
+def cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def vllm_args(index: int, *extra: str, kv_cache_gib: float = 0.25) -> tuple[str, ...]:
+    """Worker flags for the index-th engine of a stack: its own core where there is one."""
+    available = cores()
+    return ("--vllm-cpu-threads-bind", str(available[index % len(available)]),
+            "--vllm-kv-cache-gib", str(kv_cache_gib), *extra)
+
+
+def vllm_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, specs: tuple[WorkerSpec, ...],
+               router_args: tuple[str, ...] = ()) -> LocalStack:
+    return LocalStack(StackConfig(
+        model_dir=model_dir,
+        engine="vllm",
+        workers=specs,
+        router_port=0,
+        metrics_port=0,
+        nats_url=nats_server.url,
+        namespace="v" + uuid.uuid4().hex[:10],
+        heartbeat_interval_s=0.2,
+        ttl_s=3.0,
+        log_dir=str(log_dir),
+        router_args=router_args,
+        start_timeout_s=240.0,
+    ))
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group (a worker leads its own: its engine's processes are in it)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            members.append(int(entry.name))
+    return members
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU time of every live process in the group, all threads."""
+    total = 0.0
+    for pid in group_members(pgid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@dataclass
+class References:
+    """The workload and a single vLLM engine's answers to all of it (token ids)."""
+
+    workload: Workload
+    answers: dict[tuple[int, ...], list[int]]
+    answer1: list[int]  # turn 1 of the conversation
+    turn2: list[int]
+
+    def of(self, prompt: list[int]) -> list[int]:
+        return self.answers[tuple(prompt)]
+
+
+@pytest.fixture(scope="session")
+async def references(nats_server: EmbeddedNats, tiny_model_dir: str,
+                     tmp_path_factory: pytest.TempPathFactory) -> References:
+    """One vLLM worker alone (role both, its own stack) answers every prompt of the
+    workload; the stack stops before any P/D stack starts."""
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    workload = Workload(tokenizer.vocab_size)
+    stack = vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("single-engine"),
+                       (WorkerSpec(worker_id="single", role=WorkerRole.BOTH, extra_args=vllm_args(0)),))
+    stack.start()
+    try:
+        bus = await connect(stack.nats_url, "vllm-references")
+        try:
+            engine = SingleEngine(bus, stack.config.namespace, "single", tokenizer.model_name)
+            for prompt in workload.prompts + workload.fault_prompts:
+                await engine.answer(prompt, MAX_TOKENS)
+            answer1 = await engine.answer(workload.turn1, TURN1_ANSWER)
+            turn2 = workload.turn2(answer1)
+            await engine.answer(turn2, TURN2_ANSWER)
+        finally:
+            await bus.close()
+    finally:
+        stack.stop()
+    return References(workload, engine.answers, answer1, turn2)
