@@ -273,11 +273,19 @@ def bench_routing(ctx: typer.Context) -> None:
     bench_main(list(ctx.args))
 
 
+@bench_app.command("serve", context_settings=PASSTHROUGH)
+def bench_serve(ctx: typer.Context) -> None:
+    """Serving: TTFT, ITL, TPOT, throughput against a URL, or topologies side by side (--help for options)."""
+    from services.bench.serve import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))
+
+
 @app.command()
 def up(
     port: Annotated[int, typer.Option(envvar="PORT", help="Router HTTP port.")] = 8000,
     host: Annotated[str, typer.Option(envvar="HOST")] = "127.0.0.1",
-    engine: Annotated[str, typer.Option(envvar="ENGINE", help="sim")] = "sim",
+    engine: Annotated[str, typer.Option(envvar="ENGINE", help="sim | vllm (needs vLLM in this Python).")] = "sim",
     model: Annotated[str, typer.Option(envvar="MODEL", help="Model directory; default: a generated tiny model.")] = "",
     prefill: Annotated[int, typer.Option(envvar="PREFILL", help="Prefill workers.")] = 1,
     decode: Annotated[int, typer.Option(envvar="DECODE", help="Decode workers.")] = 1,

@@ -10,16 +10,13 @@ import importlib.util
 import os
 import signal
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
-from shared.schemas import WorkerRole
+from services.orchestrator.stack import LocalStack, StackConfig, worker_specs
 
-VLLM_KV_CACHE_GIB = 1.0  # per engine; with the model and runtime about 2.6 GB of memory each
 VLLM_START_TIMEOUT_S = 300.0  # engines start in 15-20 s alone, several on two cores take longer
 
 
@@ -38,24 +35,6 @@ def _model_dir(model: str, state_dir: Path, console: Console) -> str:
     with console.status("generating the tiny local model"):
         generate_tiny_model(str(path))
     return str(path)
-
-
-def worker_specs(prefill: int, decode: int, both: int, engine: str = "sim",
-                 cores: Sequence[int] = ()) -> tuple[WorkerSpec, ...]:
-    """Workers named by role. vLLM engines on CPU are pinned to cores round-robin (two
-    engines on one core set would each size their thread pool for all of it)."""
-    named = [*((f"prefill-{i + 1}", WorkerRole.PREFILL) for i in range(prefill)),
-             *((f"decode-{i + 1}", WorkerRole.DECODE) for i in range(decode)),
-             *((f"worker-{i + 1}", WorkerRole.BOTH) for i in range(both))]
-    return tuple(WorkerSpec(worker_id=worker_id, role=role, extra_args=engine_args(engine, index, cores))
-                 for index, (worker_id, role) in enumerate(named))
-
-
-def engine_args(engine: str, index: int, cores: Sequence[int]) -> tuple[str, ...]:
-    if engine != "vllm" or not cores:
-        return ()
-    return ("--vllm-cpu-threads-bind", str(sorted(cores)[index % len(cores)]),
-            "--vllm-kv-cache-gib", str(VLLM_KV_CACHE_GIB))
 
 
 def engine_problem(engine: str) -> str | None:

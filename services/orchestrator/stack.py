@@ -9,6 +9,7 @@ then the control services, then NATS.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -18,6 +19,7 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 
 LISTENING = r"{service} listening on (http://[\w.\-]+:(\d+))"
+VLLM_KV_CACHE_GIB = 1.0  # per engine; with the model and runtime about 2.6 GB of memory each
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +43,25 @@ class StackConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_dir: str = ".tandem/logs"
     router_args: tuple[str, ...] = ()  # extra `tandem router` flags (routing policy settings)
     start_timeout_s: float = 60.0
+
+
+def worker_specs(prefill: int, decode: int, both: int, engine: str = "sim", cores: Sequence[int] = (), *,
+                 vllm_kv_cache_gib: float = VLLM_KV_CACHE_GIB, extra_args: Sequence[str] = ()) -> tuple[WorkerSpec, ...]:
+    """Workers named by role. vLLM engines on CPU are pinned to cores round-robin (two
+    engines on one core set would each size their thread pool for all of it)."""
+    named = [*((f"prefill-{i + 1}", WorkerRole.PREFILL) for i in range(prefill)),
+             *((f"decode-{i + 1}", WorkerRole.DECODE) for i in range(decode)),
+             *((f"worker-{i + 1}", WorkerRole.BOTH) for i in range(both))]
+    return tuple(WorkerSpec(worker_id=worker_id, role=role,
+                            extra_args=(*extra_args, *engine_args(engine, index, cores, vllm_kv_cache_gib)))
+                 for index, (worker_id, role) in enumerate(named))
+
+
+def engine_args(engine: str, index: int, cores: Sequence[int], vllm_kv_cache_gib: float) -> tuple[str, ...]:
+    if engine != "vllm" or not cores:
+        return ()
+    return ("--vllm-cpu-threads-bind", str(sorted(cores)[index % len(cores)]),
+            "--vllm-kv-cache-gib", str(vllm_kv_cache_gib))
 
 
 class LocalStack:

@@ -1,0 +1,282 @@
+"""Serving benchmark: TTFT, inter-token latency, TPOT, end-to-end latency and throughput
+as an OpenAI client sees them.
+
+Mode A drives any OpenAI-compatible endpoint:
+
+    tandem bench serve --url http://127.0.0.1:8000 --num-prompts 100 --prompt-tokens 1024 \\
+        --max-tokens 64 (--concurrency 8 | --request-rate 4) [--api completions|chat]
+
+Mode B runs the same workload on fresh local stacks, one topology after the other, and
+sets them side by side ("1p1d": one prefill and one decode worker, every request
+disaggregated; "2x1": two workers serving whole requests; generally "NpMd" and "Nx1"):
+
+    tandem bench serve --compare 1p1d,2x1 --engine sim|vllm [--model-dir DIR] ...
+
+Each stack is the `tandem up` definition (`LocalStack`), stopped before the next starts,
+so no cache carries over. Workers are launched with this interpreter: run mode B with
+`--engine vllm` from the vLLM venv. Prompts are seeded random words, distinct from their
+first words on (`--shared-prefix-tokens` gives them a common opening); `--warmup` requests
+with other prompts go first and are not measured. Requests stream with temperature 0 and
+ask the server for a final usage chunk (the token counts).
+
+Prints one JSON document on stdout (mode A: `{"config", "results"}`; mode B: `{"config",
+"topologies", "ratios"}`, ratios being the first topology's figure over the second's),
+progress on stderr. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import httpx
+
+from services.bench.client import Api, LoadPlan, RequestShape, make_client, run_requests, served_model
+from services.bench.prompts import PromptSpec, TokenCounter, arrival_offsets, build_prompts, one_token_per_word
+from services.bench.stats import RequestRecord, ratios, summarize
+from services.bench.topology import Topology, parse_topologies, worker_specs
+from services.orchestrator.stack import LocalStack, StackConfig
+
+DISAGGREGATED_METRIC = "tandem_router_disaggregated_requests_total"
+
+
+def _progress(message: str) -> None:
+    print(f"bench_serve: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeWorkload:
+    """One run's requests: the same in every mode and for every topology."""
+
+    prompts: PromptSpec
+    max_tokens: int
+    api: Api = "completions"
+    concurrency: int = 1  # closed loop, unless request_rate is set
+    request_rate: float | None = None  # Poisson arrivals per second (open loop)
+    warmup: int = 2
+    timeout_s: float = 300.0
+    ignore_eos: bool = False
+
+    def plan(self) -> LoadPlan:
+        if self.request_rate is None:
+            return LoadPlan(concurrency=self.concurrency)
+        return LoadPlan(arrivals=tuple(arrival_offsets(self.prompts.count, self.request_rate, self.prompts.seed)))
+
+    def config(self) -> dict:
+        prompts = self.prompts
+        return {"num_prompts": prompts.count, "prompt_tokens": prompts.prompt_tokens,
+                "shared_prefix_tokens": prompts.shared_prefix_tokens, "seed": prompts.seed,
+                **{field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                   if field.name not in ("prompts", "concurrency")},
+                "concurrency": self.concurrency if self.request_rate is None else None}  # open loop: none
+
+
+class Progress:
+    """A stderr line at each tenth of the requests."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done, self.errors = label, total, 0, 0
+
+    def __call__(self, record: RequestRecord) -> None:
+        self.done += 1
+        self.errors += not record.ok
+        if self.done == self.total or self.done * 10 // self.total != (self.done - 1) * 10 // self.total:
+            _progress(f"{self.label}: {self.done}/{self.total} done, {self.errors} errors")
+
+
+async def run_serve(url: str, workload: ServeWorkload, model: str = "",
+                    count_tokens: TokenCounter = one_token_per_word, label: str = "serve") -> tuple[str, dict]:
+    """Warm up, then run `workload` against `url`; the model served and the results."""
+    spec = workload.prompts
+    prompts = build_prompts(dataclasses.replace(spec, count=spec.count + workload.warmup), count_tokens)
+    measured, warmup = prompts[:spec.count], prompts[spec.count:]
+    async with make_client(url, workload.timeout_s) as client:
+        model = model or await served_model(client)
+        shape = RequestShape(api=workload.api, model=model, max_tokens=workload.max_tokens,
+                             timeout_s=workload.timeout_s, ignore_eos=workload.ignore_eos)
+        if warmup:
+            records, _ = await run_requests(client, shape, warmup, LoadPlan(concurrency=workload.concurrency))
+            failed = sum(not record.ok for record in records)
+            _progress(f"{label}: warm-up {len(records) - failed}/{len(records)} ok")
+        records, duration_s = await run_requests(client, shape, measured, workload.plan(),
+                                                 Progress(label, len(measured)))
+    return model, summarize(records, duration_s, spec.prompt_tokens)
+
+
+def tokenizer_counter(model_dir: str) -> TokenCounter:
+    """Tokens of a piece of text under the model's tokenizer (BOS not counted)."""
+    from shared.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_model_dir(model_dir)
+    bos = int(tokenizer.add_bos)
+
+    @lru_cache(maxsize=None)
+    def count(piece: str) -> int:
+        return len(tokenizer.encode(piece)) - bos
+
+    return count
+
+
+# ---- mode B: topologies side by side ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompareSetup:
+    engine: str
+    model_dir: str
+    log_root: Path
+    sim_speedup: float = 1.0
+    vllm_kv_cache_gib: float = 0.5
+    worker_args: tuple[str, ...] = ()
+    start_timeout_s: float = 60.0
+
+
+def stack_config(setup: CompareSetup, topology: Topology) -> StackConfig:
+    cores = sorted(os.sched_getaffinity(0))
+    return StackConfig(model_dir=setup.model_dir, engine=setup.engine,
+                       workers=worker_specs(topology, setup.engine, cores, setup.worker_args, setup.vllm_kv_cache_gib),
+                       router_port=0, metrics_port=0, sim_speedup=setup.sim_speedup,
+                       log_dir=str(setup.log_root / topology.name), router_args=topology.router_args,
+                       start_timeout_s=setup.start_timeout_s)
+
+
+def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareSetup) -> dict:
+    """Each topology's results (or the reason it has none), then first-over-second ratios."""
+    count_tokens = tokenizer_counter(setup.model_dir)
+    results: dict[str, dict] = {}
+    for topology in topologies:
+        config = stack_config(setup, topology)
+        _progress(f"{topology.name}: starting {len(config.workers)} {setup.engine} workers "
+                  f"({', '.join(spec.role.value for spec in config.workers)})")
+        shutil.rmtree(config.log_dir, ignore_errors=True)
+        stack = LocalStack(config)
+        try:
+            stack.start()
+        except (RuntimeError, TimeoutError) as error:  # this topology says so; the others still run
+            _progress(f"{topology.name}: the stack did not start: {error}")
+            results[topology.name] = {"error": f"stack did not start: {error}"[:500]}
+            continue
+        try:
+            _, figures = asyncio.run(run_serve(stack.router_url, workload, count_tokens=count_tokens,
+                                               label=topology.name))
+            figures["disaggregated_requests"] = _disaggregated(stack.router_url)  # warm-up included
+        except httpx.HTTPError as error:  # no model list: nothing was measured
+            _progress(f"{topology.name}: the run failed: {error!r}")
+            results[topology.name] = {"error": f"run failed: {error!r}"[:500]}
+            continue
+        finally:
+            stack.stop()
+        _progress(f"{topology.name}: ttft p50 {figures['ttft_ms']['p50']} ms, itl p50 {figures['itl_ms']['p50']} ms, "
+                  f"{figures['output_throughput_tok_s']} tok/s, {figures['errors']} errors")
+        results[topology.name] = figures
+    first, second = (results[topology.name] for topology in topologies[:2])
+    return {"topologies": results,
+            "ratios": ratios(first, second) if "error" not in first and "error" not in second else {}}
+
+
+def _disaggregated(router_url: str) -> int | None:
+    """Requests the router served with a prefill and a decode worker, from its /metrics."""
+    try:
+        text = httpx.get(f"{router_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(DISAGGREGATED_METRIC + " "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def _model_dir(model_dir: str, state_dir: Path) -> str:
+    if model_dir:
+        return model_dir
+    path = state_dir / "models" / "tiny"
+    if not (path / "config.json").exists():
+        from shared.tiny_model import generate_tiny_model
+
+        generate_tiny_model(str(path))
+    return str(path)
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem bench serve", description=__doc__.splitlines()[0])
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="mode A: an OpenAI-compatible server (http://HOST:PORT)")
+    target.add_argument("--compare", help="mode B: topologies on local stacks, e.g. 1p1d,2x1")
+    parser.add_argument("--model", default="", help="mode A: model name (default: the first of /v1/models)")
+    parser.add_argument("--tokenizer", default="", help="mode A: model directory whose tokenizer sizes the prompts "
+                                                        "(default: one token per word)")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
+    parser.add_argument("--num-prompts", type=int, default=100)
+    parser.add_argument("--prompt-tokens", type=int, default=1024)
+    parser.add_argument("--shared-prefix-tokens", type=int, default=0, help="tokens every prompt opens with")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=None, help="requests in flight (closed loop; default 1)")
+    load.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (open loop)")
+    parser.add_argument("--warmup", type=int, default=2, help="requests sent first, not measured")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request before it is an error")
+    parser.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (vLLM, Tandem; not OpenAI)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim", help="mode B: worker engine")
+    parser.add_argument("--model-dir", default="", help="mode B: model directory (default: a generated tiny model)")
+    parser.add_argument("--state-dir", default=".tandem/bench-serve", help="mode B: logs and the generated model")
+    parser.add_argument("--sim-speedup", type=float, default=1.0, help="mode B, sim: run the sim this much faster")
+    parser.add_argument("--vllm-kv-cache-gib", type=float, default=0.5, help="mode B, vllm: KV cache per worker")
+    parser.add_argument("--max-model-len", type=int, default=0, help="mode B: worker flag (default: the worker's)")
+    parser.add_argument("--start-timeout", type=float, default=0.0,
+                        help="mode B: seconds for a stack to start (default: 60 for sim, 240 for vllm)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        workload = ServeWorkload(
+            prompts=PromptSpec(count=args.num_prompts, prompt_tokens=args.prompt_tokens,
+                               shared_prefix_tokens=args.shared_prefix_tokens, seed=args.seed),
+            max_tokens=args.max_tokens, api=args.api, concurrency=args.concurrency or 1,
+            request_rate=args.request_rate, warmup=args.warmup, timeout_s=args.timeout, ignore_eos=args.ignore_eos)
+        topologies = parse_topologies(args.compare) if args.compare else []
+    except ValueError as error:
+        parser.error(str(error))
+    if workload.max_tokens < 1 or workload.concurrency < 1 or (workload.request_rate or 1) <= 0:
+        parser.error("--max-tokens, --concurrency and --request-rate must be positive")
+    config = workload.config()
+    if args.url:
+        count_tokens = tokenizer_counter(args.tokenizer) if args.tokenizer else one_token_per_word
+        try:
+            model, results = asyncio.run(run_serve(args.url, workload, args.model, count_tokens))
+        except httpx.HTTPError as error:  # only the model list can raise: requests record their failures
+            _progress(f"cannot read {args.url}/v1/models: {error!r}")
+            return 1
+        document = {"config": {"url": args.url, "model": model, **config}, "results": results}
+    else:
+        state_dir = Path(args.state_dir)
+        setup = CompareSetup(engine=args.engine, model_dir=_model_dir(args.model_dir, state_dir),
+                             log_root=state_dir / "logs", sim_speedup=args.sim_speedup,
+                             vllm_kv_cache_gib=args.vllm_kv_cache_gib,
+                             worker_args=("--max-model-len", str(args.max_model_len)) if args.max_model_len else (),
+                             start_timeout_s=args.start_timeout or (240.0 if args.engine == "vllm" else 60.0))
+        document = {"config": {"compare": [topology.name for topology in topologies], "engine": setup.engine,
+                               "model_dir": setup.model_dir, "sim_speedup": setup.sim_speedup, **config},
+                    **compare(topologies, workload, setup)}
+    json.dump(document, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
