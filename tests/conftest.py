@@ -7,8 +7,9 @@ serve HTTP. Each test gets its own subject namespace so tests never see each oth
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
+import openai
 import pytest
 
 from shared.bus import Bus, connect
@@ -39,3 +40,22 @@ async def bus(bus_config: BusConfig) -> AsyncIterator[Bus]:
     connection = await connect(bus_config.nats_url, "test-client")
     yield connection
     await connection.close()
+
+
+@pytest.fixture
+async def openai_client() -> AsyncIterator[Callable[..., openai.AsyncOpenAI]]:
+    """Official openai clients for a router, all closed after the test.
+
+    Never leave one to the garbage collector: an unclosed client collected while other
+    clients stream on the same event loop stalled their responses (the whole answer sat
+    unread in the client's socket until the read timed out)."""
+    clients: list[openai.AsyncOpenAI] = []
+
+    def make(router_url: str, timeout: float = 60.0) -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(base_url=f"{router_url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()

@@ -64,8 +64,8 @@ def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pyte
 
 
 @pytest.fixture
-def client(stack: LocalStack) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{stack.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
+def client(stack: LocalStack, openai_client) -> openai.AsyncOpenAI:
+    return openai_client(stack.router_url)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 
 import httpx
-import openai
 import pytest
 
 from services.orchestrator.stack import LocalStack, WorkerSpec
@@ -95,9 +94,10 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, tiny_model_dir: str) -> None:
+async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, tiny_model_dir: str,
+                                                        openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    client = openai.AsyncOpenAI(base_url=f"{pd_stack.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    client = openai_client(pd_stack.router_url)
     prompt_ids = prompts(tokenizer.vocab_size)
     assert len(prompt_ids) >= 50
     expected = await reference(tokenizer, prompt_ids, 12)
@@ -168,11 +168,12 @@ async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, t
         assert re.search(r"tandem_worker_kv_active_leases\{", text)
 
 
-async def test_multi_turn_prefill_pulls_the_conversation(pd_stack: LocalStack, tiny_model_dir: str) -> None:
+async def test_multi_turn_prefill_pulls_the_conversation(pd_stack: LocalStack, tiny_model_dir: str,
+                                                         openai_client) -> None:
     """Turn 2's prefill worker pulls turn 1 (prompt + answer) from the decode worker that
     generated it, and computes only the new turn's tokens."""
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    client = openai.AsyncOpenAI(base_url=f"{pd_stack.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    client = openai_client(pd_stack.router_url)
     turn1 = [3 + (i * 29 + 11) % (tokenizer.vocab_size - 3) for i in range(150)]
     [answer1] = await reference(tokenizer, [turn1], 40)
     reply1 = await client.completions.create(model=tokenizer.model_name, prompt=turn1, max_tokens=40, temperature=0)

@@ -87,10 +87,9 @@ def restart(stack: LocalStack, spec: WorkerSpec) -> None:
 
 
 async def test_decode_killed_while_holding_a_lease(fault_stack: LocalStack, observer: Observer,
-                                                   tiny_model_dir: str) -> None:
+                                                   tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    client = openai.AsyncOpenAI(base_url=f"{fault_stack.router_url}/v1", api_key="unused", max_retries=0,
-                                timeout=30)
+    client = openai_client(fault_stack.router_url, timeout=30)
     prompt = [3 + (i * 13) % 500 for i in range(200)]
     request = asyncio.create_task(client.completions.create(model=tokenizer.model_name, prompt=prompt,
                                                             max_tokens=8, temperature=0))
@@ -107,10 +106,9 @@ async def test_decode_killed_while_holding_a_lease(fault_stack: LocalStack, obse
 
 
 async def test_prefill_killed_before_the_pull_reads(fault_stack: LocalStack, observer: Observer,
-                                                    tiny_model_dir: str) -> None:
+                                                    tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    client = openai.AsyncOpenAI(base_url=f"{fault_stack.router_url}/v1", api_key="unused", max_retries=0,
-                                timeout=30)
+    client = openai_client(fault_stack.router_url, timeout=30)
     prompt = [3 + (i * 19) % 500 for i in range(200)]
     [expected] = await reference(tokenizer, [prompt], 8)
     await observer.wait(lambda: "d1" in observer.loads.latest, 10, "the decode worker")

@@ -51,14 +51,10 @@ async def wait_for_records(records: list, count: int, timeout_s: float = 5.0) ->
         await asyncio.sleep(0.02)
 
 
-def client_for(stack: LocalStack) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{stack.router_url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 async def test_prefix_heavy_requests_go_to_the_worker_holding_the_prefix(three_workers: LocalStack,
-                                                                         tiny_model_dir: str) -> None:
+                                                                         tiny_model_dir: str, openai_client) -> None:
     model = Tokenizer.from_model_dir(tiny_model_dir).model_name
-    client = client_for(three_workers)
+    client = openai_client(three_workers.router_url, timeout=30)
     records, bus = await collect(three_workers, RequestRecord, Subjects(three_workers.config.namespace).request_events)
     try:
         holders = {}
@@ -81,9 +77,10 @@ async def test_prefix_heavy_requests_go_to_the_worker_holding_the_prefix(three_w
         await bus.close()
 
 
-async def test_cache_hit_threshold_answers_decode_first(three_workers: LocalStack, tiny_model_dir: str) -> None:
+async def test_cache_hit_threshold_answers_decode_first(three_workers: LocalStack, tiny_model_dir: str,
+                                                        openai_client) -> None:
     model = Tokenizer.from_model_dir(tiny_model_dir).model_name
-    client = client_for(three_workers)
+    client = openai_client(three_workers.router_url, timeout=30)
     prompt = [3 + (i * 53) % 500 for i in range(320)]
     threshold = {"cache_hit_threshold": 0.5}
     cold = await client.completions.create(model=model, prompt=prompt, max_tokens=8, extra_body=threshold)
@@ -127,9 +124,10 @@ def two_versions(nats_server: EmbeddedNats, tiny_model_dir: str,
     stack.stop()
 
 
-async def test_two_model_versions_live_are_never_paired(two_versions: LocalStack, tiny_model_dir: str) -> None:
+async def test_two_model_versions_live_are_never_paired(two_versions: LocalStack, tiny_model_dir: str,
+                                                        openai_client) -> None:
     model = Tokenizer.from_model_dir(tiny_model_dir).model_name
-    client = client_for(two_versions)
+    client = openai_client(two_versions.router_url, timeout=30)
     transfers, bus = await collect(two_versions, TransferRecord, Subjects(two_versions.config.namespace).kv_transfers_all)
     try:
         prompts = [[3 + (i * (n + 5) * 11) % 500 for i in range(64 + 16 * n)] for n in range(20)]

@@ -16,6 +16,9 @@ from tests.e2e.conftest import LoadWatcher
 
 ALWAYS_DISAGGREGATE = ("--local-prefill-tokens", "0")  # short prompts too: these tests are about the hand-off
 WORKERS = ("p1", "d1")
+# Leases far longer than any wait below: every lease must end by an explicit release, and a
+# request that waited for one to time out would fail the test rather than pass slowly.
+LONG_LEASES = ("--kv-lease-ttl", "120")
 
 
 class Observer:
@@ -52,7 +55,8 @@ class Observer:
             last = now
 
     async def assert_clean(self) -> None:
-        """No request, used block or lease left on any worker."""
+        """No request, used block or lease left on any worker (within 20 s, far below the
+        lease TTL: leases were released, not left to expire)."""
         await self.loads.wait_idle(list(WORKERS), timeout_s=20)
         deadline = time.monotonic() + 20
         while any(self.loads.latest[w].active_leases for w in WORKERS):

@@ -34,7 +34,7 @@ from tests.vllm.conftest import (  # noqa: E402
     vllm_args,
     vllm_stack,
 )
-from tests.vllm.observer import ALWAYS_DISAGGREGATE, WORKERS, Observer, complete  # noqa: E402
+from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES, WORKERS, Observer, complete  # noqa: E402
 from tests.vllm.workload import MAX_TOKENS, TURN1_ANSWER, TURN2_ANSWER, as_router_text  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -42,8 +42,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def pd_stack(references: References, nats_server: EmbeddedNats, tiny_model_dir: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0)),
-             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1)))
+    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0, *LONG_LEASES)),
+             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1, *LONG_LEASES)))
     stack = vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-1p1d"), specs,
                        router_args=ALWAYS_DISAGGREGATE)
     stack.start()
@@ -67,8 +67,8 @@ async def observer(pd_stack: LocalStack) -> AsyncIterator[Observer]:
 
 
 @pytest.fixture
-def client(pd_stack: LocalStack) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{pd_stack.router_url}/v1", api_key="unused", max_retries=0, timeout=120)
+def client(pd_stack: LocalStack, openai_client) -> openai.AsyncOpenAI:
+    return openai_client(pd_stack.router_url, timeout=120)
 
 
 async def test_disaggregated_output_equals_a_single_engine(pd_stack: LocalStack, client: openai.AsyncOpenAI,

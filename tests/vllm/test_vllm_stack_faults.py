@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
-import openai
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
@@ -24,7 +23,7 @@ from shared.nats_server import EmbeddedNats, pid_alive  # noqa: E402
 from shared.schemas import WorkerRole  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.vllm.conftest import BLOCK, References, group_members, vllm_args, vllm_stack  # noqa: E402
-from tests.vllm.observer import ALWAYS_DISAGGREGATE, WORKERS, Observer, complete  # noqa: E402
+from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES, WORKERS, Observer, complete  # noqa: E402
 from tests.vllm.workload import MAX_TOKENS, as_router_text  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -35,8 +34,8 @@ FAULTS = ("--kv-fault-fail-fraction", "0.25", "--kv-fault-seed", "11")
 @pytest.fixture(scope="module")
 def faulty_stack(references: References, nats_server: EmbeddedNats, tiny_model_dir: str,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0)),
-             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1, *FAULTS)))
+    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0, *LONG_LEASES)),
+             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1, *LONG_LEASES, *FAULTS)))
     stack = vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-1p1d-faults"), specs,
                        router_args=ALWAYS_DISAGGREGATE)
     stack.start()
@@ -58,11 +57,10 @@ async def observer(faulty_stack: LocalStack) -> AsyncIterator[Observer]:
 
 
 async def test_failed_blocks_are_recomputed_and_output_is_identical(faulty_stack: LocalStack, observer: Observer,
-                                                                   references: References,
-                                                                   tiny_model_dir: str) -> None:
+                                                                   references: References, tiny_model_dir: str,
+                                                                   openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    client = openai.AsyncOpenAI(base_url=f"{faulty_stack.router_url}/v1", api_key="unused", max_retries=0,
-                                timeout=120)
+    client = openai_client(faulty_stack.router_url, timeout=120)
     before = {name: await observer.settled("d1", name) for name in
               ("computed_prompt_tokens_total", "external_prompt_tokens_total", "kv_recomputed_tokens_total")}
     expected_computed = 0

@@ -207,7 +207,7 @@ class VllmEngine:
             seed=options.seed, max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
             max_num_batched_tokens=options.max_num_batched_tokens,
             kv_cache_memory_bytes=options.kv_cache_bytes, block_size=options.block_size,
-            enable_prefix_caching=True, enforce_eager=True,
+            enable_prefix_caching=True, enforce_eager=options.enforce_eager,
             # Default loggers off; Tandem's own logger below still turns stats on.
             disable_log_stats=True,
             kv_events_config=KVEventsConfig(

@@ -42,6 +42,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_num_batched_tokens: int = 512
     kv_cache_gib: float = 1.0  # KV cache size; on CPU it is host memory
     block_size: int | None = None  # None: the platform's choice (128 on CPU)
+    enforce_eager: bool = True  # no CUDA graph capture (nothing to capture on CPU)
     dtype: str = "auto"  # model dtype; "auto" follows the config (vLLM-CPU runs float32 as bfloat16)
     cpu_threads_bind: str = "auto"
     seed: int = 0
@@ -91,5 +92,6 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    model_version=config.model_version,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
-                   kv_cache_gib=config.vllm_kv_cache_gib,
+                   kv_cache_gib=config.vllm_kv_cache_gib, block_size=config.vllm_block_size or None,
+                   enforce_eager=config.vllm_enforce_eager,
                    cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector)
