@@ -1,12 +1,20 @@
 """Holder side of the KV hand-off: grants leases on cached blocks and serves agent metadata.
 
-Runs inside a worker (adapter: NATS request/reply on `kv.lease.<worker>`). Pinning and
-unpinning go through the engine's `KvPort`; the pure `LeaseTable` decides lifetimes. A
-sweep ends expired leases, so a reader that died never holds blocks for long.
+Runs inside a worker (adapter: NATS request/reply on `kv.lease.<worker>`). `LeaseHolder`
+is the protocol, the same for every engine: the pure `LeaseTable` decides lifetimes, a
+sweep ends expired leases (so a reader that died never holds blocks for long), and each
+message is answered in its own task, so a release never queues behind a prefix grant that
+waits for the engine. An engine plugs in three hooks: pin a prefix for a `LeaseRequest`
+(`grant_prefix`), unpin the blocks of ended leases (`_unpin`), and name its NIXL agent
+(`agent_name`, `agent_metadata`).
+
+`KvHolder` is the sim engine's: it pins and unpins through the engine's `KvPort`, a call.
+`services.worker.vllm.holder.VllmKvHolder` is vLLM's: pinning is a message to its process.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import time
@@ -14,12 +22,12 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 
-from connector.leases import LeaseTable
+from connector.leases import Lease, LeaseTable
 from connector.transport import KvTransport
 from services.worker.engine import KvPort
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
-from shared.errors import ErrorCode
+from shared.errors import ErrorCode, TandemError
 from shared.schemas.transfer import (
     AgentInfo,
     AgentInfoRequest,
@@ -37,15 +45,13 @@ from shared.subjects import Subjects
 log = logging.getLogger(__name__)
 
 
-class KvHolder:
-    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, port: KvPort, transport: KvTransport, *,
-                 compat_hash: str, block_size: int, lease_ttl_s: float, sweep_interval_s: float = 0.1,
-                 malformed: MalformedCounter | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+class LeaseHolder(abc.ABC):
+    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, *, compat_hash: str, block_size: int,
+                 lease_ttl_s: float, sweep_interval_s: float = 0.1, malformed: MalformedCounter | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.worker_id = worker_id
         self._bus = bus
         self._subjects = subjects
-        self._port = port
-        self._transport = transport
         self.compat_hash = compat_hash
         self.block_size = block_size
         self.lease_ttl_s = lease_ttl_s
@@ -55,6 +61,29 @@ class KvHolder:
         self._codec: Codec[LeaseMessage] = Codec(LeaseMessage, malformed)
         self._subscription = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._answering: set[asyncio.Task] = set()
+
+    # ---- engine hooks -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def grant_prefix(self, reader_worker_id: str, block_hashes: list[int], ttl_s: float) -> KvHandle | None:
+        """Pin the longest prefix of `block_hashes` still cached under a new lease (`_lease`);
+        None if there is none. A `TandemError` refuses the request with its code."""
+
+    @abc.abstractmethod
+    def _unpin(self, ended: list[Lease]) -> None:
+        """Let the engine reuse the blocks of these ended leases."""
+
+    @property
+    @abc.abstractmethod
+    def agent_name(self) -> str:
+        """The NIXL agent readers read this worker's blocks through."""
+
+    @abc.abstractmethod
+    def agent_metadata(self) -> bytes:
+        """What a reader's agent needs to add this worker's agent as a peer."""
+
+    # ---- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
         self._subscription = await self._bus.client.subscribe(self._subjects.kv_lease(self.worker_id),
@@ -67,23 +96,19 @@ class KvHolder:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         if self._subscription is not None:
             await self._subscription.unsubscribe()
+        await asyncio.gather(*self._answering, return_exceptions=True)
         self.leases.cancel_all()
         self._settle()
 
-    # ---- granting -------------------------------------------------------------------
+    # ---- leases -----------------------------------------------------------------------
 
-    def grant(self, reader_worker_id: str, block_hashes: list[int], ttl_s: float | None = None) -> KvHandle | None:
-        """Pin the longest cached prefix of `block_hashes` under a new lease; None if nothing is cached."""
-        pinned = self._port.pin_prefix(block_hashes)
-        if not pinned:
-            return None
-        ttl = self.lease_ttl_s if ttl_s is None else ttl_s
-        block_ids = [block_id for block_id, _ in pinned]
-        lease = self.leases.grant(reader_worker_id, block_ids, ttl, self._clock())
-        return KvHandle(holder_worker_id=self.worker_id, agent_name=self._transport.agent_name,
-                        lease_id=lease.lease_id, compat_hash=self.compat_hash, block_size=self.block_size,
-                        block_ids=block_ids, block_hashes=block_hashes[: len(block_ids)],
-                        checksums=[checksum for _, checksum in pinned], ttl_s=ttl)
+    def _lease(self, reader_worker_id: str, block_ids: list[int], block_hashes: list[int], checksums: list[int],
+               ttl_s: float) -> KvHandle:
+        """Lease blocks the engine just pinned; the handle is what the reader pulls with."""
+        lease = self.leases.grant(reader_worker_id, block_ids, ttl_s, self._clock())
+        return KvHandle(holder_worker_id=self.worker_id, agent_name=self.agent_name, lease_id=lease.lease_id,
+                        compat_hash=self.compat_hash, block_size=self.block_size, block_ids=list(block_ids),
+                        block_hashes=block_hashes[: len(block_ids)], checksums=list(checksums), ttl_s=ttl_s)
 
     def release(self, lease_id: str, outcome) -> bool:
         released = self.leases.release(lease_id, outcome) is not None
@@ -92,8 +117,10 @@ class KvHolder:
 
     def _settle(self) -> None:
         """Unpin the blocks of every lease that ended."""
-        for lease in self.leases.take_ended():
-            self._port.unpin(lease.block_ids)
+        ended = self.leases.take_ended()
+        if ended:
+            self._unpin(ended)
+        for lease in ended:
             if lease.outcome == "expired":
                 log.warning("lease %s for %s expired before release: blocks unpinned",
                             lease.lease_id, lease.reader_worker_id)
@@ -107,18 +134,35 @@ class KvHolder:
     # ---- request/reply --------------------------------------------------------------
 
     async def _on_message(self, msg: Msg) -> None:
-        message = self._codec.decode_or_none(msg.data, msg.subject)
-        reply = self._answer(message) if message is not None else LeaseRefused(
-            reason="malformed lease message", code=ErrorCode.INVALID_ARGUMENT.value)
-        if msg.reply:
-            await self._bus.client.publish(msg.reply, encode(reply))
+        # Prefix grants may wait for the engine; answering in a task keeps releases from queueing behind them.
+        task = asyncio.create_task(self._reply(msg))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
 
-    def _answer(self, message):
+    async def _reply(self, msg: Msg) -> None:
+        message = self._codec.decode_or_none(msg.data, msg.subject)
+        if message is None:
+            reply = LeaseRefused(reason="malformed lease message", code=ErrorCode.INVALID_ARGUMENT.value)
+        else:
+            reply = await self._answer(message)
+        if msg.reply:
+            try:
+                await self._bus.client.publish(msg.reply, encode(reply))
+            except Exception as error:  # the reader's own timeout reports it
+                log.debug("could not answer a lease message: %s", error)
+
+    async def _answer(self, message: LeaseMessage):
         match message:
-            case LeaseRequest() if message.compat_hash != self.compat_hash:
-                return self._mismatch(message.compat_hash)
+            case LeaseRequest() | AgentInfoRequest() if message.compat_hash != self.compat_hash:
+                return LeaseRefused(reason=f"KV layout mismatch: {self.worker_id} has compatibility hash "
+                                           f"{self.compat_hash}, the reader {message.compat_hash}",
+                                    code=ErrorCode.INVALID_ARGUMENT.value)
             case LeaseRequest(requester_worker_id=reader, block_hashes=hashes, ttl_s=ttl):
-                handle = self.grant(reader, hashes, ttl)
+                try:
+                    handle = await self.grant_prefix(reader, hashes, ttl)
+                except TandemError as error:
+                    return LeaseRefused(reason=f"{self.worker_id} could not pin blocks: {error.message}",
+                                        code=error.code.value)
                 if handle is None:
                     return LeaseRefused(reason=f"{self.worker_id} holds none of these blocks any more",
                                         code=ErrorCode.NOT_FOUND.value)
@@ -129,12 +173,41 @@ class KvHolder:
             case LeaseExtend(lease_id=lease_id, ttl_s=ttl):
                 ok = self.leases.extend(lease_id, ttl, self._clock())
                 return LeaseAck(lease_id=lease_id, ok=ok, reason="" if ok else "lease already ended")
-            case AgentInfoRequest() if message.compat_hash != self.compat_hash:
-                return self._mismatch(message.compat_hash)
             case AgentInfoRequest():
-                return AgentInfo(worker_id=self.worker_id, agent_name=self._transport.agent_name,
-                                 compat_hash=self.compat_hash, metadata=self._transport.metadata())
+                return AgentInfo(worker_id=self.worker_id, agent_name=self.agent_name,
+                                 compat_hash=self.compat_hash, metadata=self.agent_metadata())
 
-    def _mismatch(self, theirs: str) -> LeaseRefused:
-        return LeaseRefused(reason=f"KV layout mismatch: {self.worker_id} has compatibility hash "
-                                   f"{self.compat_hash}, the reader {theirs}", code=ErrorCode.INVALID_ARGUMENT.value)
+
+class KvHolder(LeaseHolder):
+    """Leases on the sim engine's blocks: pinning is a synchronous call on its `KvPort`."""
+
+    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, port: KvPort, transport: KvTransport, *,
+                 compat_hash: str, block_size: int, lease_ttl_s: float, sweep_interval_s: float = 0.1,
+                 malformed: MalformedCounter | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(worker_id, bus, subjects, compat_hash=compat_hash, block_size=block_size,
+                         lease_ttl_s=lease_ttl_s, sweep_interval_s=sweep_interval_s, malformed=malformed,
+                         clock=clock)
+        self._port = port
+        self._transport = transport
+
+    def grant(self, reader_worker_id: str, block_hashes: list[int], ttl_s: float | None = None) -> KvHandle | None:
+        """Pin the longest cached prefix of `block_hashes` under a new lease; None if nothing is cached."""
+        pinned = self._port.pin_prefix(block_hashes)
+        if not pinned:
+            return None
+        return self._lease(reader_worker_id, [block_id for block_id, _ in pinned], block_hashes,
+                           [checksum for _, checksum in pinned], self.lease_ttl_s if ttl_s is None else ttl_s)
+
+    async def grant_prefix(self, reader_worker_id: str, block_hashes: list[int], ttl_s: float) -> KvHandle | None:
+        return self.grant(reader_worker_id, block_hashes, ttl_s)
+
+    def _unpin(self, ended: list[Lease]) -> None:
+        for lease in ended:
+            self._port.unpin(lease.block_ids)
+
+    @property
+    def agent_name(self) -> str:
+        return self._transport.agent_name
+
+    def agent_metadata(self) -> bytes:
+        return self._transport.metadata()

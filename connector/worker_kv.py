@@ -12,11 +12,12 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Generic, TypeVar
 
 import msgspec
 
 from connector.faults import FaultInjectingTransport
-from connector.holder import KvHolder
+from connector.holder import KvHolder, LeaseHolder
 from connector.nixl_transport import NixlTransport
 from connector.puller import KvPuller
 from connector.push import LayerWrite, PushReceiver, PushWriter
@@ -31,6 +32,8 @@ from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
 
 log = logging.getLogger(__name__)
+
+HolderT = TypeVar("HolderT", bound=LeaseHolder)
 
 
 class Prepared(msgspec.Struct, kw_only=True):
@@ -55,25 +58,12 @@ def build_transport(config: WorkerConfig, port: KvPort) -> KvTransport:
     return transport
 
 
-class WorkerKv:
-    def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, transport: KvTransport, *, compat_hash: str,
-                 malformed: MalformedCounter | None = None) -> None:
-        settings = config.kv_transfer
-        self.worker_id = config.worker_id
-        self.port = port
-        self.transport = transport
-        self.block_size = port.kv_region().block_size
-        self._bus = bus
-        self._subjects = config.bus.subjects
-        self.holder = KvHolder(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
-                               block_size=self.block_size, lease_ttl_s=settings.lease_ttl_s, malformed=malformed)
-        self.puller = KvPuller(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
-                               block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
-                               transfer_timeout_s=settings.transfer_timeout_s, lease_ttl_s=settings.lease_ttl_s)
-        self.compat_hash = compat_hash
-        self._push_wait_s = settings.push_wait_s
-        self._transfer_timeout_s = settings.transfer_timeout_s
-        self._receivers: dict[str, PushReceiver] = {}
+class KvDataPlane(Generic[HolderT]):
+    """What every engine's data plane shares with `WorkerService`: the holder it starts and
+    stops, its lease count and the transfer counters of the load snapshot."""
+
+    def __init__(self, holder: HolderT) -> None:
+        self.holder = holder
         self.last_push_timings: list[LayerWrite] = []  # per-layer writes of the last push (overlap)
         self.pulled_tokens_total = 0
         self.recomputed_tokens_total = 0
@@ -87,6 +77,30 @@ class WorkerKv:
 
     async def stop(self) -> None:
         await self.holder.stop()
+
+
+class WorkerKv(KvDataPlane[KvHolder]):
+    def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, transport: KvTransport, *, compat_hash: str,
+                 malformed: MalformedCounter | None = None) -> None:
+        settings = config.kv_transfer
+        self.worker_id = config.worker_id
+        self.port = port
+        self.transport = transport
+        self.block_size = port.kv_region().block_size
+        self._bus = bus
+        self._subjects = config.bus.subjects
+        super().__init__(KvHolder(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
+                                  block_size=self.block_size, lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
+        self.puller = KvPuller(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
+                               block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
+                               transfer_timeout_s=settings.transfer_timeout_s, lease_ttl_s=settings.lease_ttl_s)
+        self.compat_hash = compat_hash
+        self._push_wait_s = settings.push_wait_s
+        self._transfer_timeout_s = settings.transfer_timeout_s
+        self._receivers: dict[str, PushReceiver] = {}
+
+    async def stop(self) -> None:
+        await super().stop()
         self.transport.close()
 
     async def prepare(self, request: GenerateRequest) -> Prepared:

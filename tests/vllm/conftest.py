@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +17,11 @@ import pytest
 
 from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
 from shared.bus import connect
-from shared.nats_server import EmbeddedNats
+from shared.nats_server import EmbeddedNats, pid_alive
 from shared.schemas import WorkerRole
 from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
+from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES
 from tests.vllm.workload import MAX_TOKENS, TURN1_ANSWER, TURN2_ANSWER, SingleEngine, Workload
 
 BLOCK = 128  # vLLM's block size on CPU
@@ -59,6 +61,20 @@ def vllm_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, specs: 
         router_args=router_args,
         start_timeout_s=240.0,
     ))
+
+
+def pd_pair(nats_server: EmbeddedNats, model_dir: str, log_dir: Path,
+            decode_args: tuple[str, ...] = ()) -> Iterator[LocalStack]:
+    """A started 1P1D stack (p1 on the first core, d1 on the second, every request split;
+    leases far longer than any test waits), stopped at the end with nothing left behind."""
+    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0, *LONG_LEASES)),
+             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1, *LONG_LEASES, *decode_args)))
+    stack = vllm_stack(nats_server, model_dir, log_dir, specs, router_args=ALWAYS_DISAGGREGATE)
+    stack.start()
+    pids = [process.pid for process in stack.processes.values()]
+    yield stack
+    stack.stop()
+    assert not [pid for pid in pids if pid_alive(pid) or group_members(pid)], "processes left behind"
 
 
 def group_members(pgid: int) -> list[int]:

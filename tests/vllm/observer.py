@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import openai
 
-from shared.bus import Bus
+from services.orchestrator.stack import LocalStack
+from shared.bus import Bus, connect
 from shared.codec import Codec
 from shared.schemas import TransferRecord
 from shared.subjects import Subjects
@@ -69,3 +72,19 @@ async def complete(client: openai.AsyncOpenAI, model: str, prompt: list[int], ma
                                             extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == max_tokens
     return reply.choices[0].text
+
+
+@asynccontextmanager
+async def observing(stack: LocalStack) -> AsyncIterator[Observer]:
+    """An `Observer` of the stack, once every worker has reported its load."""
+    bus = await connect(stack.nats_url, "vllm-test-observer")
+    try:
+        watcher = Observer(bus, stack.config.namespace)
+        await watcher.start()
+        deadline = time.monotonic() + 10
+        while not all(w in watcher.loads.latest for w in WORKERS):
+            assert time.monotonic() < deadline, "no load reports from the workers"
+            await asyncio.sleep(0.05)
+        yield watcher
+    finally:
+        await bus.close()

@@ -17,13 +17,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
 
-from services.orchestrator.stack import LocalStack, WorkerSpec  # noqa: E402
-from shared.bus import connect  # noqa: E402
-from shared.nats_server import EmbeddedNats, pid_alive  # noqa: E402
-from shared.schemas import WorkerRole  # noqa: E402
+from services.orchestrator.stack import LocalStack  # noqa: E402
+from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
-from tests.vllm.conftest import BLOCK, References, group_members, vllm_args, vllm_stack  # noqa: E402
-from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES, WORKERS, Observer, complete  # noqa: E402
+from tests.vllm.conftest import BLOCK, References, pd_pair  # noqa: E402
+from tests.vllm.observer import Observer, complete, observing  # noqa: E402
 from tests.vllm.workload import MAX_TOKENS, as_router_text  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -34,26 +32,13 @@ FAULTS = ("--kv-fault-fail-fraction", "0.25", "--kv-fault-seed", "11")
 @pytest.fixture(scope="module")
 def faulty_stack(references: References, nats_server: EmbeddedNats, tiny_model_dir: str,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0, *LONG_LEASES)),
-             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1, *LONG_LEASES, *FAULTS)))
-    stack = vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-1p1d-faults"), specs,
-                       router_args=ALWAYS_DISAGGREGATE)
-    stack.start()
-    pids = [process.pid for process in stack.processes.values()]
-    yield stack
-    stack.stop()
-    assert not [pid for pid in pids if pid_alive(pid) or group_members(pid)], "processes left behind"
+    yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-1p1d-faults"), FAULTS)
 
 
 @pytest.fixture(scope="module")
 async def observer(faulty_stack: LocalStack) -> AsyncIterator[Observer]:
-    bus = await connect(faulty_stack.nats_url, "vllm-faults-test")
-    watcher = Observer(bus, faulty_stack.config.namespace)
-    await watcher.start()
-    while not all(w in watcher.loads.latest for w in WORKERS):
-        await asyncio.sleep(0.05)
-    yield watcher
-    await bus.close()
+    async with observing(faulty_stack) as watcher:
+        yield watcher
 
 
 async def test_failed_blocks_are_recomputed_and_output_is_identical(faulty_stack: LocalStack, observer: Observer,

@@ -28,12 +28,14 @@ KV transfer (`options.kv_connector`): vLLM loads Tandem's connector (`tandem_con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
+import psutil
 import vllm
 from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -59,6 +61,8 @@ from shared.schemas.kv_events import BlockStored, KvEvent
 
 log = logging.getLogger(__name__)
 
+ENGINE_EXIT_TIMEOUT_S = 20.0  # after vLLM's shutdown, for its processes to be gone
+
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 LoadCallback = Callable[[Loaded | None, str], None]
@@ -82,6 +86,7 @@ class VllmEngine:
         self._info: EngineInfo | None = None
         self._bridge: KvEventBridge | None = None
         self._socket_dir: str | None = None
+        self._processes: list[psutil.Process] = []  # vLLM's own processes, started with the engine
         self._streams: set[str] = set()
         self._awaiting_first_output: dict[str, int] = {}  # request id -> prompt tokens
         self._stopping = False
@@ -122,7 +127,11 @@ class VllmEngine:
                 self._link = ConnectorLink(self.options.kv_connector, self._socket_dir)
                 self._link.bind()
             args = self._engine_args(endpoints)
-            self._llm = await asyncio.to_thread(self._build, args)
+            before = {child.pid for child in psutil.Process().children(recursive=True)}
+            try:
+                self._llm = await asyncio.to_thread(self._build, args)
+            finally:  # vLLM's EngineCore and model worker: what `stop` waits for
+                self._processes = _engine_processes(before)
             if self._link is not None:
                 await self._link.start(self._llm)
             self._info = self._read_info(self._llm)
@@ -328,6 +337,11 @@ class VllmEngine:
             return
         self._held[request_id] = HeldBlocks(key=held.key, block_ids=held.block_ids, checksums=checksums)
 
+    async def _reap(self) -> None:
+        processes, self._processes = self._processes, []
+        if processes:
+            await _reap_processes(processes, ENGINE_EXIT_TIMEOUT_S)
+
     async def _close(self) -> None:
         if self._link is not None:
             link, self._link = self._link, None
@@ -342,11 +356,35 @@ class VllmEngine:
                 await asyncio.gather(handler, return_exceptions=True)
             # Joins the EngineCore and model-worker processes (seconds): off the loop.
             await asyncio.to_thread(llm.shutdown)
+        await self._reap()
         if self._bridge is not None:
             await self._bridge.stop()
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
+
+
+def _engine_processes(before: set[int]) -> list[psutil.Process]:
+    """vLLM's processes started since `before`: vLLM names them "VLLM::EngineCore",
+    "VLLM::Worker"... (multiprocessing's resource tracker, also new, lives on)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.pid not in before and child.name().startswith("VLLM"):
+                found.append(child)
+    return found
+
+
+async def _reap_processes(processes: list[psutil.Process], timeout_s: float) -> None:
+    """Wait for vLLM's processes to exit (the model worker follows its EngineCore after
+    `shutdown` returns, slowly on a busy machine); SIGKILL what is still there."""
+    _, alive = await asyncio.to_thread(psutil.wait_procs, processes, timeout_s)
+    for process in alive:
+        log.warning("vLLM process %d did not exit within %.0f s: killed", process.pid, timeout_s)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    if alive:
+        await asyncio.to_thread(psutil.wait_procs, alive, timeout_s)
 
 
 def _sampling_params(sampling: SamplingParams, order: TransferOrder | None = None) -> VllmSamplingParams:

@@ -24,8 +24,7 @@ from functools import partial
 import msgspec
 
 from connector.puller import KvPuller
-from connector.push import LayerWrite
-from connector.worker_kv import Prepared
+from connector.worker_kv import KvDataPlane, Prepared
 from services.worker.vllm.engine import VllmEngine
 from services.worker.vllm.holder import VllmKvHolder
 from services.worker.vllm.kv_wire import Loaded, PullOrder, TransferOrder
@@ -70,7 +69,7 @@ class _Pull:
         self.order: PullOrder | None = None  # what the engine is asked to read
 
 
-class VllmWorkerKv:
+class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
     def __init__(self, config: WorkerConfig, bus: Bus, engine: VllmEngine, *,
                  malformed: MalformedCounter | None = None) -> None:
         settings = config.kv_transfer
@@ -81,8 +80,9 @@ class VllmWorkerKv:
         self._bus = bus
         self._subjects = config.bus.subjects
         self.peers = PeerAgents()
-        self.holder = VllmKvHolder(config.worker_id, bus, self._subjects, engine, compat_hash=self.compat_hash,
-                                   block_size=self.block_size, lease_ttl_s=settings.lease_ttl_s, malformed=malformed)
+        super().__init__(VllmKvHolder(config.worker_id, bus, self._subjects, engine, compat_hash=self.compat_hash,
+                                      block_size=self.block_size, lease_ttl_s=settings.lease_ttl_s,
+                                      malformed=malformed))
         # Only the lease-client half of KvPuller is used (lease_prefix, release, ensure_agent,
         # check_compatible): its pull() needs a KvPort, and vLLM pulls inside the engine.
         self.puller = KvPuller(config.worker_id, bus, self._subjects, None, self.peers,  # type: ignore[arg-type]
@@ -92,19 +92,9 @@ class VllmWorkerKv:
         self._hold_keys = itertools.count(1)
         self._staged: dict[int, str] = {}  # id(Prepared) -> request id, until release_pins()
         self._tasks: set[asyncio.Task] = set()
-        self.last_push_timings: list[LayerWrite] = []
-        self.pulled_tokens_total = 0
-        self.recomputed_tokens_total = 0
-
-    @property
-    def active_leases(self) -> int:
-        return self.holder.leases.active
-
-    async def start(self) -> None:
-        await self.holder.start()
 
     async def stop(self) -> None:
-        await self.holder.stop()
+        await super().stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # ---- pull and hold ------------------------------------------------------------------
