@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,29 +19,53 @@ pytestmark = pytest.mark.e2e
 
 
 def test_tandem_up_serves_and_stops_cleanly(tmp_path: Path, tiny_model_dir: str) -> None:
+    processes = serve_and_stop(tmp_path, tiny_model_dir, "--engine", "sim")
+    assert len(processes) >= 6  # nats, orchestrator, metrics, 2 workers, router
+
+
+def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s: float = 60) -> list[int]:
+    """Start `tandem up`, ask for a completion and a streamed chat answer, SIGTERM it; it must
+    exit 0 with every process it started (engines' own included) gone. Returns those pids."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", "0", "--metrics-port", "0",
-                           "--model", tiny_model_dir, "--state-dir", str(tmp_path)],
+                           "--model", model_dir, "--state-dir", str(state_dir), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    descendants: list[int] = []
     try:
-        url = up.stdout.readline().strip()  # the only line on stdout: the API URL, once everything is up
+        url = _first_line(up, start_timeout_s)  # the only line on stdout: the API URL, once everything is up
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), url
-        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30)
-        model = client.models.list().data[0].id
-        reply = client.completions.create(model=model, prompt="Hello", max_tokens=5)
-        assert reply.usage.completion_tokens == 5
-        children = _child_pids(up.pid)
-        assert len(children) >= 5  # nats, orchestrator, metrics, 2 workers, router
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30) as client:
+            model = client.models.list().data[0].id
+            reply = client.completions.create(model=model, prompt="Hello " * 200, max_tokens=5)
+            assert reply.usage.completion_tokens == 5
+            stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                                    max_tokens=5, stream=True)
+            assert [chunk for chunk in stream if chunk.choices and chunk.choices[0].finish_reason]
+        descendants = _descendants(up.pid)
     finally:
         up.send_signal(signal.SIGTERM)
-        code = up.wait(60)
+        code = up.wait(90)
     assert code == 0
-    deadline = time.monotonic() + 5
-    while any(pid_alive(pid) for pid in children) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in descendants) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in children if pid_alive(pid)], "tandem up left processes behind"
+    assert not [pid for pid in descendants if pid_alive(pid)], "tandem up left processes behind"
+    return descendants
 
 
-def _child_pids(parent: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(parent)], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
+def _first_line(process: subprocess.Popen[str], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not select.select([process.stdout], [], [], 0.2)[0]:
+        assert time.monotonic() < deadline, f"tandem up printed no URL within {timeout_s}s"
+        assert process.poll() is None, f"tandem up exited with {process.returncode}"
+    return process.stdout.readline().strip()  # printed whole, with a flush
+
+
+def _descendants(parent: int) -> list[int]:
+    found, frontier = [], [parent]
+    while frontier:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", ",".join(map(str, frontier))],
+                             capture_output=True, text=True).stdout
+        frontier = [int(pid) for pid in out.split()]
+        found += frontier
+    return found
