@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shared.lifecycle import die_with_parent
+
 
 def find_binary() -> str:
     candidate = Path(sys.executable).parent / "nats-server"
@@ -48,7 +50,10 @@ class EmbeddedNats:
             stale.unlink()
         args = [find_binary(), "-a", self.host, "-p", str(self.port), "-js",
                 "-sd", str(Path(self.store_dir) / "js"), "--ports_file_dir", str(ports_dir)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session: a Ctrl-C to `tandem up` must not stop NATS before the services
+        # that drain through it (the launcher stops it last); gone with its parent all the same.
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        start_new_session=True, preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -7,7 +7,6 @@ orphans behind. Each child's output goes to its own log file.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -16,15 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: Ctrl-C handling in the launcher still stops the children
+from shared.lifecycle import die_with_parent
 
 
 class ManagedProcess:
@@ -57,13 +48,17 @@ class ManagedProcess:
 
     def terminate(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, wait up to `timeout_s`, then SIGKILL. Returns the exit code."""
+        if self.alive:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.wait_or_kill(timeout_s)
+
+    def wait_or_kill(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for the exit, then SIGKILL; then clear the process group."""
         try:
-            if self.alive:
-                self.popen.send_signal(signal.SIGTERM)
-                try:
-                    return self.popen.wait(timeout_s)
-                except subprocess.TimeoutExpired:
-                    self.popen.kill()
+            try:
+                return self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
             return self.popen.wait()
         finally:
             self.kill_leftovers()
@@ -99,7 +94,7 @@ class LocalLauncher:
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                     env=child_env, start_new_session=True, preexec_fn=_die_with_parent)
+                                     env=child_env, start_new_session=True, preexec_fn=die_with_parent)
         process = ManagedProcess(name, argv, popen, log_path)
         self.processes[name] = process
         return process
@@ -119,10 +114,19 @@ class LocalLauncher:
     def stop(self, name: str, timeout_s: float = 10.0) -> int:
         return self.processes.pop(name).terminate(timeout_s)
 
-    def stop_all(self, order: list[str] | None = None, timeout_s: float = 10.0) -> None:
-        names = order or list(reversed(self.processes))
-        for name in names:
-            if name in self.processes:
-                self.stop(name, timeout_s)
-        for name in list(self.processes):
-            self.stop(name, timeout_s)
+    def stop_together(self, names: list[str], timeout_s: float = 10.0) -> None:
+        """SIGTERM all of `names` at once, then wait for each (SIGKILL past `timeout_s`):
+        workers drain and shut their engines down in parallel, not one after the other."""
+        stopping = [self.processes.pop(name) for name in names if name in self.processes]
+        for process in stopping:
+            if process.alive:
+                process.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in stopping:
+            process.wait_or_kill(max(0.0, deadline - time.monotonic()))
+
+    def stop_all(self, order: list[list[str]] | None = None, timeout_s: float = 10.0) -> None:
+        """Stop in stages (each stage together), then whatever was not named."""
+        for stage in order or [[name] for name in reversed(self.processes)]:
+            self.stop_together(stage, timeout_s)
+        self.stop_together(list(self.processes), timeout_s)

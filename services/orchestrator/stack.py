@@ -125,7 +125,7 @@ class LocalStack:
         workers = [spec.worker_id for spec in self.config.workers]
         extra = [name for name in self.launcher.processes
                  if name not in {"router", "metrics", "orchestrator", *workers}]
-        self.launcher.stop_all([*workers, *extra, "router", "metrics", "orchestrator"], timeout_s)
+        self.launcher.stop_all([[*workers, *extra], ["router"], ["metrics", "orchestrator"]], timeout_s)
         if self.nats is not None:
             self.nats.stop()
             self.nats = None

@@ -23,13 +23,16 @@ def test_tandem_up_serves_and_stops_cleanly(tmp_path: Path, tiny_model_dir: str)
     assert len(processes) >= 6  # nats, orchestrator, metrics, 2 workers, router
 
 
-def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s: float = 60) -> list[int]:
-    """Start `tandem up`, ask for a completion and a streamed chat answer, SIGTERM it; it must
-    exit 0 with every process it started (engines' own included) gone. Returns those pids."""
+def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s: float = 60,
+                   ctrl_c: bool = False) -> list[int]:
+    """Start `tandem up`, ask for a completion and a streamed chat answer, then SIGTERM it, or
+    with `ctrl_c` SIGINT its whole process group as a terminal's Ctrl-C does; it must exit 0
+    with every process it started (engines' own included) gone. Returns those pids."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", "0", "--metrics-port", "0",
                            "--model", model_dir, "--state-dir", str(state_dir), *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
+                          start_new_session=True)
     descendants: list[int] = []
     try:
         url = _first_line(up, start_timeout_s)  # the only line on stdout: the API URL, once everything is up
@@ -43,7 +46,10 @@ def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s:
             assert [chunk for chunk in stream if chunk.choices and chunk.choices[0].finish_reason]
         descendants = _descendants(up.pid)
     finally:
-        up.send_signal(signal.SIGTERM)
+        if ctrl_c:
+            os.killpg(up.pid, signal.SIGINT)
+        else:
+            up.send_signal(signal.SIGTERM)
         code = up.wait(90)
     assert code == 0
     deadline = time.monotonic() + 10
