@@ -197,3 +197,10 @@ def _write_atomic(target: Path, text: str) -> None:
                                      suffix=".tmp", delete=False, encoding="utf-8") as tmp:
         tmp.write(text)
     os.replace(tmp.name, target)
+
+
+def ensure_tiny_model(path: str) -> str:
+    """The tiny model at `path`, generated there unless it is already (benchmarks reuse it)."""
+    if not (Path(path) / "config.json").exists():
+        generate_tiny_model(path)
+    return path

@@ -397,14 +397,9 @@ def p90_ratios(rows: list[dict]) -> dict[str, dict[str, float | None]]:
 
 
 def _model_dir(model_dir: str, state_dir: Path) -> str:
-    if model_dir:
-        return model_dir
-    path = state_dir / "models" / "tiny"
-    if not (path / "config.json").exists():
-        from shared.tiny_model import generate_tiny_model
+    from shared.tiny_model import ensure_tiny_model
 
-        generate_tiny_model(str(path))
-    return str(path)
+    return model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
 
 
 def _names(value: str, allowed: Sequence[str], what: str) -> list[str]:
