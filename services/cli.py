@@ -111,6 +111,11 @@ def router(
         envvar="TANDEM_LOCAL_PREFILL_TOKENS",
         help="A decode worker computes a prompt itself when fewer tokens than this are uncached there "
              "(0: always disaggregate when a prefill/decode pair exists).")] = 256,
+    pd_transfer: Annotated[str, typer.Option(
+        envvar="TANDEM_PD_TRANSFER",
+        help="How a disaggregated request's prompt KV reaches the decode worker: pull (prefill first, the "
+             "decode worker reads it), or push (the decode worker allocates first, the prefill worker writes "
+             "each layer as it computes; pairs whose engines cannot push fall back to pull).")] = "pull",
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
@@ -129,7 +134,7 @@ def router(
         raise typer.BadParameter("a model directory is required (its tokenizer is used)", param_hint="--model-dir")
     routing = RoutingConfig(policy=routing_policy, seed=routing_seed,  # type: ignore[arg-type]
                             cache_hit_threshold=cache_hit_threshold, local_prefill_tokens=local_prefill_tokens,
-                            max_queue_factor=max_queue_factor)
+                            max_queue_factor=max_queue_factor, pd_transfer=pd_transfer)  # type: ignore[arg-type]
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, bus=_bus(nats_url, namespace),
                           membership=_membership(heartbeat_interval, ttl),

@@ -156,6 +156,11 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_queue_factor: float = 4.0  # admission: none past running+waiting >= max_num_seqs x this; 0: off
     retry_after_s: int = 1  # the Retry-After of a 429
     speculative_ttl_s: float = 5.0  # how long a routed prompt counts as cached on its worker without events
+    # how a disaggregated request's prompt KV reaches its decode worker: "pull" (prefill
+    # first, the decode worker reads a lease), or "push" (the decode worker allocates first,
+    # the prefill worker writes each layer as it computes); push falls back to pull for a
+    # pair whose engines cannot push (`services.router.policy.kv_transfer_mode`)
+    pd_transfer: Literal["pull", "push"] = "pull"
 
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "queue_weight", "decode_weight"):
@@ -169,6 +174,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(self.speculative_ttl_s > 0, "speculative_ttl_s must be positive")
         _require(self.policy in ("kv-aware", "round-robin", "random"),
                  "routing policy must be kv-aware, round-robin or random")
+        _require(self.pd_transfer in ("pull", "push"), "pd_transfer must be pull or push")
 
 
 class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -1,4 +1,5 @@
-"""The prefill-first disaggregated flow (XpYd): a `TokenSource` made of two worker parts.
+"""The prefill-first disaggregated flow (XpYd), pull mode: a `TokenSource` made of two
+worker parts. (Push mode, decode worker first: `services.router.disaggregated_push`.)
 
 1. The prefill worker gets the prompt with `max_tokens=1` and `hold_for_decode`: it
    computes the prompt, streams the first token, and ends with `Finished(kv_handle=...)`,
@@ -47,20 +48,34 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tandem.router")
 
 
-def _child_span(name: str, parent: trace.Span, worker_id: str) -> trace.Span:
+def child_span(name: str, parent: trace.Span, worker_id: str) -> trace.Span:
     return tracer.start_span(name, context=trace.set_span_in_context(parent),
                              attributes={"tandem.worker_id": worker_id})
 
 
-def _headers(span: trace.Span) -> dict[str, str]:
+def span_headers(span: trace.Span) -> dict[str, str]:
     with trace.use_span(span, end_on_exit=False):
         return inject_headers()
 
 
-def _end_span(span: trace.Span | None, outcome: str) -> None:
+def end_span(span: trace.Span | None, outcome: str) -> None:
     if span is not None and span.is_recording():  # not yet ended
         span.set_attribute("tandem.outcome", outcome)
         span.end()
+
+
+def merged_finished(params: GenerationParams, prefill_done: Finished, first_tokens: int, decode_done: Finished,
+                    spans: tuple[trace.Span, ...]) -> Finished:
+    """The request's `Finished` from its two parts' (the KV hand-off figures are the decode
+    worker's), recording those figures on `spans`."""
+    for span in spans:
+        span.set_attribute("tandem.pulled_tokens", decode_done.pulled_tokens)
+        span.set_attribute("tandem.recomputed_tokens", decode_done.recomputed_tokens)
+    return Finished(
+        seq=decode_done.seq, finish_reason=decode_done.finish_reason,
+        prompt_tokens=len(params.prompt_ids), cached_tokens=prefill_done.cached_tokens,
+        completion_tokens=first_tokens + decode_done.completion_tokens,
+        pulled_tokens=decode_done.pulled_tokens, recomputed_tokens=decode_done.recomputed_tokens)
 
 
 class DisaggregatedStream:
@@ -76,7 +91,7 @@ class DisaggregatedStream:
         self._metrics = metrics
         self._span = span
         self._prefill = WorkerPart(link, prefill, params.request_id)
-        self._prefill_span = _child_span("router.prefill", span, prefill.worker_id)
+        self._prefill_span = child_span("router.prefill", span, prefill.worker_id)
         self._decode_in_flight = decode
         self._decode: WorkerPart | None = None
         self._decode_span: trace.Span | None = None
@@ -109,7 +124,7 @@ class DisaggregatedStream:
         request = GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
                                   sampling=msgspec.structs.replace(params.sampling, max_tokens=1),
                                   kv_transfer=transfer)
-        await self._prefill.send(request, _headers(self._prefill_span))
+        await self._prefill.send(request, span_headers(self._prefill_span))
 
     async def frames(self) -> AsyncIterator[Tokens]:
         # No cleanup here (the generator may be abandoned at any yield): `close()` does it all.
@@ -122,12 +137,12 @@ class DisaggregatedStream:
                 yield frame
         except TandemError as error:
             self._failed_worker_id = self._prefill.worker_id
-            _end_span(self._prefill_span, error.code.value)
+            end_span(self._prefill_span, error.code.value)
             raise
         prefill_done = self._prefill.finished
         assert prefill_done is not None
         self._lease = prefill_done.kv_handle
-        _end_span(self._prefill_span, OUTCOME_OK)
+        end_span(self._prefill_span, OUTCOME_OK)
         await self._prefill.close()  # its in-flight slot is free from now on
         if not self._continues(prefill_done):
             if self._decode_in_flight is not None:
@@ -141,21 +156,15 @@ class DisaggregatedStream:
         except TandemError as error:
             assert self._decode_in_flight is not None
             self._failed_worker_id = self._decode_in_flight.worker_id
-            _end_span(self._decode_span, error.code.value)
+            end_span(self._decode_span, error.code.value)
             raise
         decode_done = decode.finished
         assert decode_done is not None
         self._lease = None  # the decode worker pulled the blocks and released the lease
-        self._finished = Finished(
-            seq=decode_done.seq, finish_reason=decode_done.finish_reason,
-            prompt_tokens=len(self._params.prompt_ids), cached_tokens=prefill_done.cached_tokens,
-            completion_tokens=len(self._first_token_ids) + decode_done.completion_tokens,
-            pulled_tokens=decode_done.pulled_tokens, recomputed_tokens=decode_done.recomputed_tokens)
-        for span in (self._decode_span, self._span):
-            assert span is not None
-            span.set_attribute("tandem.pulled_tokens", decode_done.pulled_tokens)
-            span.set_attribute("tandem.recomputed_tokens", decode_done.recomputed_tokens)
-        _end_span(self._decode_span, OUTCOME_OK)
+        assert self._decode_span is not None
+        self._finished = merged_finished(self._params, prefill_done, len(self._first_token_ids), decode_done,
+                                         (self._decode_span, self._span))
+        end_span(self._decode_span, OUTCOME_OK)
 
     def _continues(self, prefill_done: Finished) -> bool:
         """Whether a decode worker has anything left to do after the prefill's `Finished`
@@ -169,7 +178,7 @@ class DisaggregatedStream:
         if in_flight.lost is not None:  # the decode worker left while the prompt was computed
             raise in_flight.lost
         params = self._params
-        self._decode_span = _child_span("router.decode", self._span, in_flight.worker_id)
+        self._decode_span = child_span("router.decode", self._span, in_flight.worker_id)
         self._decode = WorkerPart(self._link, in_flight, params.request_id)
         sampling = msgspec.structs.replace(params.sampling, max_tokens=params.sampling.max_tokens - 1)
         # Without a handle (no full block in the prompt) the decode worker computes everything.
@@ -179,7 +188,7 @@ class DisaggregatedStream:
                                   kv_transfer=transfer)
         self._decode_span.set_attribute("tandem.kv_source_tokens", 0 if self._lease is None else
                                         self._lease.num_tokens)
-        await self._decode.send(request, _headers(self._decode_span))
+        await self._decode.send(request, span_headers(self._decode_span))
         return self._decode
 
     async def cancel(self) -> None:
@@ -205,5 +214,5 @@ class DisaggregatedStream:
         finally:
             if self._decode_in_flight is not None:
                 self._decode_in_flight.end()
-            _end_span(self._prefill_span, ErrorCode.CANCELLED.value)  # no-ops for parts that ended
-            _end_span(self._decode_span, ErrorCode.CANCELLED.value)
+            end_span(self._prefill_span, ErrorCode.CANCELLED.value)  # no-ops for parts that ended
+            end_span(self._decode_span, ErrorCode.CANCELLED.value)

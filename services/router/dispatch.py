@@ -7,8 +7,8 @@ worker with the prompt tokens it must compute, until its first token), and the p
 blocks are predicted on the computing worker (`KvView.predict`: speculative index
 entries), so siblings that arrive before its KV events follow it. Only then is the flow's
 source opened: one worker (single) or a prefill then a decode worker
-(`services.router.disaggregated`), pulling a cached prefix from a holder when the policy
-planned one.
+(`services.router.disaggregated`, or `disaggregated_push` when `kv_transfer_mode` says
+the pair pushes), pulling a cached prefix from a holder when the policy planned one.
 
 Answers without a worker: a refusal of admission control is `TooManyRequests` (429 with
 `Retry-After`); a decode-first request whose threshold no worker meets gets an
@@ -36,11 +36,21 @@ from opentelemetry import trace
 
 from services.router.detokenizer import TokenDecoder
 from services.router.disaggregated import DisaggregatedStream
+from services.router.disaggregated_push import PushedDisaggregatedStream
 from services.router.errors import BadRequest, TooManyRequests
 from services.router.generation import Generation
 from services.router.kv_view import KvView, PrefixSource, PromptCache
 from services.router.metrics import RouterMetrics
-from services.router.policy import RouteDecision, RouteRefusal, RouteRequest, context_limit, decide
+from services.router.policy import (
+    KvTransferMode,
+    RouteDecision,
+    RouteRefusal,
+    RouteRequest,
+    WorkerView,
+    context_limit,
+    decide,
+    kv_transfer_mode,
+)
 from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.token_source import Answered, TokenSource, WorkerPart
 from services.router.worker_link import WorkerLink
@@ -74,6 +84,7 @@ class _Routed:
     first: InFlight  # the worker asked first: the single worker, or the prefill worker
     decode: InFlight | None  # disaggregated with max_tokens > 1: the decode worker
     prefix: PrefixSource | None  # a worker to pull a cached prefix of the prompt from
+    transfer: KvTransferMode | None  # with a decode part: how the prompt's KV reaches it
 
 
 class Dispatcher:
@@ -159,7 +170,7 @@ class Dispatcher:
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
             outcome = decide(views, route, self._routing)
             if isinstance(outcome, RouteDecision):
-                return self._commit(params, outcome, cache)
+                return self._commit(params, outcome, cache, views)
             if isinstance(outcome, RouteRefusal):
                 self._metrics.route_decisions.labels("none", outcome.reason).inc()
                 if outcome.reason == "overloaded":
@@ -179,7 +190,8 @@ class Dispatcher:
                                   f"(waited {self._worker_wait_s:g}s)")
             await self._pool.wait_for_change(remaining)
 
-    def _commit(self, params: GenerationParams, decision: RouteDecision, cache: PromptCache) -> _Routed:
+    def _commit(self, params: GenerationParams, decision: RouteDecision, cache: PromptCache,
+                views: list[WorkerView]) -> _Routed:
         """Count the decision's workers and predict its blocks: synchronous, right after `decide`."""
         self._metrics.route_decisions.labels(decision.flow, decision.reason).inc()
         plan = decision.plan
@@ -193,11 +205,16 @@ class Dispatcher:
         prefix = None
         if plan is not None and plan.holder_id is not None:
             prefix = self._kv_view.prefix_source(cache, plan.holder_id, plan.cached_tokens + plan.pulled_tokens)
+        transfer = None
+        if decode is not None:
+            by_id = {view.worker_id: view for view in views}
+            transfer = kv_transfer_mode(self._routing, by_id[computing], by_id[decision.worker_id],
+                                        prefix_pull=prefix is not None)
         log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached", params.request_id,
                   decision.flow, decision.reason, decision.worker_id,
                   f" after {decision.prefill_worker_id}" if decision.prefill_worker_id else "", decision.cost,
                   uncached, len(params.prompt_ids))
-        return _Routed(decision, first, decode, prefix)
+        return _Routed(decision, first, decode, prefix, transfer)
 
     async def _open(self, params: GenerationParams, routed: _Routed, span: trace.Span) -> TokenSource:
         decision, prefix = routed.decision, routed.prefix
@@ -209,6 +226,9 @@ class Dispatcher:
             attributes["tandem.uncached_tokens"] = decision.plan.uncached_tokens
         if decision.prefill_worker_id is not None:
             attributes["tandem.prefill_worker_id"] = decision.prefill_worker_id
+        if routed.transfer is not None:
+            attributes["tandem.kv.transfer_mode"] = routed.transfer
+            self._metrics.kv_transfer_modes.labels(routed.transfer).inc()
         if prefix is not None:
             attributes["tandem.kv.prefix_holder"] = prefix.worker_id
             attributes["tandem.kv.prefix_blocks"] = len(prefix.block_hashes)
@@ -216,7 +236,13 @@ class Dispatcher:
         span.set_attributes(attributes)
         span.add_event("router.route", attributes)
         source: TokenSource
-        if decision.flow == "disaggregated":
+        if decision.flow == "disaggregated" and routed.transfer == "push":
+            self._metrics.disaggregated_requests.inc()
+            assert routed.decode is not None
+            pushed = PushedDisaggregatedStream(params=params, link=self._link, prefill=routed.first,
+                                               decode=routed.decode, span=span)
+            source, send = pushed, pushed.open()
+        elif decision.flow == "disaggregated":
             self._metrics.disaggregated_requests.inc()
             disaggregated = DisaggregatedStream(params=params, link=self._link, prefill=routed.first,
                                                 decode=routed.decode, metrics=self._metrics, span=span,

@@ -78,8 +78,12 @@ class RouterMetrics:
             "tandem_router_prefix_pulls", "Requests sent with another worker named to pull a cached prefix from",
             registry=self.registry)
         self.disaggregated_requests = Counter(
-            "tandem_router_disaggregated_requests", "Requests served prefill-first by a prefill and a decode worker",
+            "tandem_router_disaggregated_requests", "Requests served by a prefill and a decode worker (either KV transfer mode)",
             registry=self.registry)
+        self.kv_transfer_modes = Counter(
+            "tandem_router_kv_transfer_mode",
+            "Disaggregated requests with a decode part, by how the prompt's KV reached it (pull, push)",
+            ["mode"], registry=self.registry)
         self.kv_pulled_tokens = Counter("tandem_router_kv_pulled_tokens",
                                         "Prompt tokens whose KV a worker pulled from another worker",
                                         registry=self.registry)

@@ -27,6 +27,9 @@ Choice, in order:
    (one per hash) and the BOTH workers wins (`cost`). Without any pair, the cheapest
    serving worker does, and the reason says why there was no pair, so an operator sees a
    hash mismatch instead of silently losing disaggregation.
+How a disaggregated pair hands the prompt's KV over (`kv_transfer_mode`): "pull" always
+works; "push" (`RoutingConfig.pd_transfer`) only where both engines' data planes
+implement it and no cached prefix is to be pulled onto the prefill worker first.
 Ties go to the least-loaded worker relative to batch capacity, then to the one this
 router picked least recently (round-robin among equals), then to the smallest id.
 """
@@ -42,13 +45,15 @@ from services.router.worker_view import WorkerView
 from shared.config import RoutingConfig
 from shared.schemas.membership import WorkerRole, WorkerStatus
 
-__all__ = ["Flow", "RouteDecision", "RouteReason", "RouteRefusal", "RouteRequest", "WorkerView", "can_serve",
-           "context_limit", "decide"]
+__all__ = ["Flow", "KvTransferMode", "RouteDecision", "RouteReason", "RouteRefusal", "RouteRequest", "WorkerView", "can_serve",
+           "context_limit", "decide", "kv_transfer_mode"]
 
 SERVING_ROLES = frozenset({WorkerRole.BOTH, WorkerRole.DECODE})
+PUSH_ENGINES = frozenset({"sim"})  # vLLM workers' connector only pulls
 DEFAULT_ROUTING = RoutingConfig()
 
 Flow = Literal["single", "disaggregated"]
+KvTransferMode = Literal["pull", "push"]
 # Why a flow was chosen; metric label values, so a small closed set.
 RouteReason = Literal[
     "pair",  # disaggregated: the cheapest flow is a prefill and a decode worker of one compatibility hash
@@ -279,3 +284,13 @@ def _decode_first(serving: Sequence[WorkerView], candidates: _Candidates) -> Rou
         return _single("decode_first", single)
     worker, cached = max(hits, key=lambda hit: (hit[1], -hit[0].relative_load, hit[0].worker_id))
     return RouteRefusal("cache_threshold", worker.worker_id, cached)
+
+
+def kv_transfer_mode(routing: RoutingConfig, prefill: WorkerView, decode: WorkerView, *,
+                     prefix_pull: bool) -> KvTransferMode:
+    """How a disaggregated pair hands the prompt's KV over. Push needs both engines to
+    implement it; and a pushing prefill worker pulls no cached prefix, so a planned prefix
+    pull keeps the pull flow (its cost assumed that pull)."""
+    if routing.pd_transfer == "push" and not prefix_pull and {prefill.engine, decode.engine} <= PUSH_ENGINES:
+        return "push"
+    return "pull"

@@ -5,7 +5,7 @@ A `TokenSource` yields `Tokens` frames and keeps the request's `Finished` once i
 everything the source holds (streams, in-flight slots, leases), always, exactly once.
 
 - `WorkerPart`: one generate request on one worker. The single-worker flow is one part;
-  the disaggregated flow (`services.router.disaggregated`) is two.
+  the disaggregated flows (`services.router.disaggregated`, `disaggregated_push`) are two.
 - `Answered`: no worker at all; the request is over before it starts (the decode-first
   cache-hit threshold was not met, or a resumed request had nothing left to generate).
 """
@@ -22,6 +22,7 @@ from services.router.worker_pool import InFlight
 from shared.codec import encode
 from shared.errors import TandemError, Unavailable
 from shared.schemas import Finished, Tokens
+from shared.schemas.transfer import PushTarget
 
 
 class TokenSource(Protocol):
@@ -80,6 +81,14 @@ class WorkerPart:
             await self._stream.send(encode(request), headers)
         except Exception as error:
             raise Unavailable(f"could not send the request to {self.worker_id}: {error}") from error
+
+    async def kv_target(self) -> PushTarget:
+        """Push mode: the blocks the (decode) worker allocated for the writer."""
+        try:
+            return await self._stream.kv_target()
+        except TandemError:
+            self.failed_worker_id = self.worker_id
+            raise
 
     async def frames(self) -> AsyncIterator[Tokens]:
         try:

@@ -92,6 +92,7 @@ class _WorkerState:
             reported_prefill_tokens=None if load is None else load.pending_prefill_tokens,
             outstanding_prefill_tokens=self.outstanding_prefill_tokens,
             outstanding_prefill_at_report=self.outstanding_prefill_at_report,
+            engine=registration.engine,
         )
 
     def abort_all(self, error: TandemError) -> None:

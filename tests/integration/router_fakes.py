@@ -6,7 +6,9 @@ subject with `FrameSender`, replying with the tokens of a fixed text. It plays t
 prefill and decode parts of the disaggregated flow as the real worker does: a request
 with `hold_for_decode` gets its prompt's full blocks leased (served on the worker's
 lease subject, releases recorded), a request with a `source` handle "pulls" and releases
-that lease on its holder. No tests here; the test modules import these fixtures.
+that lease on its holder. With `engine="sim"` it plays push mode too: a request with
+`await_push` answers a `KvTarget` and waits for the writer's `PushDone` (its first token),
+a request with `push_to` sends `PushDone` to the reader (failed when it fails first). No tests here; the test modules import these fixtures.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
+import msgspec
 import openai
 import pytest
 from nats.aio.msg import Msg
@@ -35,13 +38,14 @@ from shared.schemas import (
     GenerateRequest,
     KvEventBatch,
     LoadSnapshot,
+    PushDone,
     WorkerCapacity,
     WorkerRegistration,
     WorkerRole,
     WorkerStatus,
 )
 from shared.schemas.generate import FinishReason
-from shared.schemas.transfer import KvHandle, LeaseAck, LeaseMessage, LeaseRelease
+from shared.schemas.transfer import KvHandle, LeaseAck, LeaseMessage, LeaseRelease, PushTarget
 from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
@@ -144,6 +148,7 @@ class FakeWorker:
     reply_ids: list[int]
     role: WorkerRole = WorkerRole.BOTH
     compat_hash: str = "fake"
+    engine: str = "fake"  # "sim": the router may drive push mode with it
     max_model_len: int = 2048
     max_num_seqs: int = 8
     hold: bool = False
@@ -170,10 +175,11 @@ class FakeWorker:
     _lease_ids: int = 0
     _kv_seq: int = 0
     _load_seq: int = 0
+    _pushes: dict[str, asyncio.Future[PushDone]] = field(default_factory=dict)  # by transfer id
 
     def registration(self, status: WorkerStatus | None = None) -> WorkerRegistration:
         return WorkerRegistration(
-            worker_id=self.worker_id, role=self.role, model=self.model, engine="fake", block_size=BLOCK_SIZE,
+            worker_id=self.worker_id, role=self.role, model=self.model, engine=self.engine, block_size=BLOCK_SIZE,
             compat_hash=self.compat_hash,
             capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=self.max_num_seqs,
                                     max_model_len=self.max_model_len),
@@ -243,6 +249,10 @@ class FakeWorker:
             task = self._tasks.get(message.request_id)
             if task is not None:
                 task.cancel()
+        elif isinstance(message, PushDone):
+            push = self._pushes.pop(message.transfer_id, None)
+            if push is not None and not push.done():
+                push.set_result(message)
 
     async def _on_lease(self, msg: Msg) -> None:
         message = _lease_messages.decode(msg.data)
@@ -281,7 +291,34 @@ class FakeWorker:
                 break
         return tokens
 
+    async def _await_push(self, request: GenerateRequest, sender: _Sender) -> GenerateRequest | None:
+        """As a push reader: the request continued after the pushed first token; None if the push failed."""
+        blocks = len(request.token_ids) // BLOCK_SIZE
+        target = PushTarget(reader_worker_id=self.worker_id, agent_name=f"agent-{self.worker_id}",
+                            transfer_id=f"{self.worker_id}-push-{request.request_id}", compat_hash=self.compat_hash,
+                            block_ids=list(range(blocks)))
+        done = self._pushes[target.transfer_id] = asyncio.get_running_loop().create_future()
+        await sender.kv_target(target)
+        message = await asyncio.wait_for(done, DEADLINE_S)
+        if message.first_token is None:
+            await sender.failed("unavailable", f"the prefill worker failed: {message.outcome}")
+            return None
+        return msgspec.structs.replace(request, token_ids=[*request.token_ids, message.first_token])
+
+    async def _push_done(self, target: PushTarget, first_token: int | None) -> None:
+        done = PushDone(transfer_id=target.transfer_id, outcome="failed" if first_token is None else "done",
+                        checksums=[], first_token=first_token)
+        await self.bus.client.publish(self.subjects.control(target.reader_worker_id), encode(done))
+
     async def _serve(self, request: GenerateRequest, sender: _Sender) -> None:
+        push_to = request.kv_transfer.push_to if request.kv_transfer is not None else None
+        try:
+            await self._generate(request, sender)
+        finally:
+            if push_to is not None and not sender.closed:  # failed or cancelled: the reader must not wait
+                await self._push_done(push_to, None)
+
+    async def _generate(self, request: GenerateRequest, sender: _Sender) -> None:
         if self.refuse:
             await sender.failed("unavailable", f"worker {self.worker_id} is draining")
             return
@@ -292,12 +329,19 @@ class FakeWorker:
         source = transfer.source if transfer is not None else None
         if source is not None:
             await self._pull(source)
+        if transfer is not None and transfer.await_push:
+            continued = await self._await_push(request, sender)
+            if continued is None:
+                return
+            request = continued
         budget = request.sampling.max_tokens
         tokens = self._reply(request)
         for index, token in enumerate(tokens):
             if self.fail is not None and index == self.fail_after:
                 await sender.failed(self.fail, f"scripted failure after {index} tokens")
                 return
+            if transfer is not None and transfer.push_to is not None and index == 0:
+                await self._push_done(transfer.push_to, token)
             await sender.tokens([token])
             if self.hold and index == self.hold_at:
                 await self.release.wait()

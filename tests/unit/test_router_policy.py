@@ -9,7 +9,15 @@ from dataclasses import replace
 import pytest
 
 from services.router.cost import Holders, plan_prefill
-from services.router.policy import RouteDecision, RouteRefusal, RouteRequest, WorkerView, context_limit, decide
+from services.router.policy import (
+    RouteDecision,
+    RouteRefusal,
+    RouteRequest,
+    WorkerView,
+    context_limit,
+    decide,
+    kv_transfer_mode,
+)
 from shared.config import ConfigError, RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
@@ -332,3 +340,28 @@ def test_baseline_policies_ignore_the_cache() -> None:
     assert round_robin.worker_id == "w0" and round_robin.reason == "baseline"  # picked longest ago
     picks = {decide(workers, request(draw=draw), RoutingConfig(policy="random")).worker_id for draw in (0.0, 0.4, 0.9)}
     assert picks == {"w0", "w1", "w2"}
+
+
+# ---- KV transfer mode of a disaggregated pair ----------------------------------------
+
+
+@pytest.mark.parametrize(("pd_transfer", "engines", "prefix_pull", "mode"), [
+    ("pull", ("sim", "sim"), False, "pull"),
+    ("push", ("sim", "sim"), False, "push"),
+    ("push", ("sim", "vllm"), False, "pull"),  # vLLM's connector only pulls
+    ("push", ("vllm", "sim"), False, "pull"),
+    ("push", ("vllm", "vllm"), False, "pull"),
+    ("push", ("sim", "sim"), True, "pull"),  # a pushing prefill worker pulls no cached prefix
+])
+def test_push_only_where_both_engines_implement_it(pd_transfer: str, engines: tuple[str, str], prefix_pull: bool,
+                                                   mode: str) -> None:
+    routing = RoutingConfig(pd_transfer=pd_transfer)  # type: ignore[arg-type]
+    prefill = worker("p", role=PREFILL, engine=engines[0])
+    decode = worker("d", role=DECODE, engine=engines[1])
+    assert kv_transfer_mode(routing, prefill, decode, prefix_pull=prefix_pull) == mode
+
+
+def test_pd_transfer_is_validated() -> None:
+    RoutingConfig(pd_transfer="push").validate()
+    with pytest.raises(ConfigError, match="pd_transfer"):
+        RoutingConfig(pd_transfer="teleport").validate()  # type: ignore[arg-type]
