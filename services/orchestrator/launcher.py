@@ -46,12 +46,6 @@ class ManagedProcess:
             return None
         return re.search(pattern, text)
 
-    def terminate(self, timeout_s: float = 10.0) -> int:
-        """SIGTERM, wait up to `timeout_s`, then SIGKILL. Returns the exit code."""
-        if self.alive:
-            self.popen.send_signal(signal.SIGTERM)
-        return self.wait_or_kill(timeout_s)
-
     def wait_or_kill(self, timeout_s: float) -> int:
         """Wait up to `timeout_s` for the exit, then SIGKILL; then clear the process group."""
         try:
@@ -111,8 +105,8 @@ class LocalLauncher:
             time.sleep(0.05)
         raise TimeoutError(f"{name} did not print /{pattern}/ within {timeout_s}s:\n{process.log_tail()}")
 
-    def stop(self, name: str, timeout_s: float = 10.0) -> int:
-        return self.processes.pop(name).terminate(timeout_s)
+    def stop(self, name: str, timeout_s: float = 10.0) -> None:
+        self.stop_together([name], timeout_s)
 
     def stop_together(self, names: list[str], timeout_s: float = 10.0) -> None:
         """SIGTERM all of `names` at once, then wait for each (SIGKILL past `timeout_s`):

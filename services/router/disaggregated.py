@@ -78,32 +78,19 @@ def merged_finished(params: GenerationParams, prefill_done: Finished, first_toke
         pulled_tokens=decode_done.pulled_tokens, recomputed_tokens=decode_done.recomputed_tokens)
 
 
-class DisaggregatedStream:
-    """Prefill part, then decode part, read by `Generation` as one stream of tokens."""
+class TwoPartStream:
+    """What both disaggregated flows keep: the prefill's first token, the request's merged
+    `Finished`, and the worker at fault when a part failed."""
 
-    def __init__(self, *, params: GenerationParams, link: WorkerLink, prefill: InFlight, decode: InFlight | None,
-                 metrics: RouterMetrics, span: trace.Span, prefix: PrefixSource | None = None) -> None:
-        # No decode part is needed when one token is all the client asked for.
-        assert (decode is None) == (params.sampling.max_tokens == 1), "a decode part iff max_tokens > 1"
+    def __init__(self, params: GenerationParams, span: trace.Span, prefill: WorkerPart) -> None:
         self._params = params
-        self._prefix = prefix  # a worker holding more of the prompt than the prefill worker
-        self._link = link
-        self._metrics = metrics
         self._span = span
-        self._prefill = WorkerPart(link, prefill, params.request_id)
+        self._prefill = prefill
         self._prefill_span = child_span("router.prefill", span, prefill.worker_id)
-        self._decode_in_flight = decode
-        self._decode: WorkerPart | None = None
-        self._decode_span: trace.Span | None = None
         self._first_token_ids: list[int] = []
-        self._lease: KvHandle | None = None  # held for us by the prefill worker: ours to release
         self._finished: Finished | None = None
         self._failed_worker_id: str | None = None
         self._closed = False
-
-    @property
-    def worker_id(self) -> str:
-        return self._decode.worker_id if self._decode is not None else self._prefill.worker_id
 
     @property
     def finished(self) -> Finished | None:
@@ -112,6 +99,34 @@ class DisaggregatedStream:
     @property
     def failed_worker_id(self) -> str | None:
         return self._failed_worker_id
+
+    def _take_first_token(self, frame: Tokens) -> None:
+        """A prefill part streams exactly one token; more is the prefill worker's error."""
+        self._first_token_ids.extend(frame.token_ids)
+        if len(self._first_token_ids) > 1:
+            raise TandemError(f"prefill worker {self._prefill.worker_id} sent "
+                              f"{len(self._first_token_ids)} tokens for a one-token prefill")
+
+
+class DisaggregatedStream(TwoPartStream):
+    """Prefill part, then decode part, read by `Generation` as one stream of tokens."""
+
+    def __init__(self, *, params: GenerationParams, link: WorkerLink, prefill: InFlight, decode: InFlight | None,
+                 metrics: RouterMetrics, span: trace.Span, prefix: PrefixSource | None = None) -> None:
+        # No decode part is needed when one token is all the client asked for.
+        assert (decode is None) == (params.sampling.max_tokens == 1), "a decode part iff max_tokens > 1"
+        super().__init__(params, span, WorkerPart(link, prefill, params.request_id))
+        self._prefix = prefix  # a worker holding more of the prompt than the prefill worker
+        self._link = link
+        self._metrics = metrics
+        self._decode_in_flight = decode
+        self._decode: WorkerPart | None = None
+        self._decode_span: trace.Span | None = None
+        self._lease: KvHandle | None = None  # held for us by the prefill worker: ours to release
+
+    @property
+    def worker_id(self) -> str:
+        return self._decode.worker_id if self._decode is not None else self._prefill.worker_id
 
     async def open(self) -> None:
         """Send the prefill request; raises `Unavailable` if it could not be sent."""
@@ -130,10 +145,7 @@ class DisaggregatedStream:
         # No cleanup here (the generator may be abandoned at any yield): `close()` does it all.
         try:
             async for frame in self._prefill.frames():
-                self._first_token_ids.extend(frame.token_ids)
-                if len(self._first_token_ids) > 1:
-                    raise TandemError(f"prefill worker {self._prefill.worker_id} sent "
-                                      f"{len(self._first_token_ids)} tokens for a one-token prefill")
+                self._take_first_token(frame)
                 yield frame
         except TandemError as error:
             self._failed_worker_id = self._prefill.worker_id

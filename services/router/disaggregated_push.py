@@ -31,46 +31,31 @@ from collections.abc import AsyncIterator
 import msgspec
 from opentelemetry import trace
 
-from services.router.disaggregated import child_span, end_span, merged_finished, span_headers
+from services.router.disaggregated import TwoPartStream, child_span, end_span, merged_finished, span_headers
 from services.router.records import OUTCOME_OK, GenerationParams
 from services.router.token_source import WorkerPart
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import InFlight
 from shared.errors import ErrorCode, TandemError
-from shared.schemas import Finished, GenerateRequest, Tokens
+from shared.schemas import GenerateRequest, Tokens
 from shared.schemas.transfer import KvTransferParams, PushTarget
 
 
-class PushedDisaggregatedStream:
+class PushedDisaggregatedStream(TwoPartStream):
     """Decode part (allocating), prefill part (pushing), read by `Generation` as one stream."""
 
     def __init__(self, *, params: GenerationParams, link: WorkerLink, prefill: InFlight, decode: InFlight,
                  span: trace.Span) -> None:
         assert params.sampling.max_tokens > 1, "push mode needs a decode part"
-        self._params = params
-        self._span = span
-        self._prefill = WorkerPart(link, prefill, params.request_id)
+        super().__init__(params, span, WorkerPart(link, prefill, params.request_id))
         self._decode = WorkerPart(link, decode, params.request_id)
-        self._prefill_span = child_span("router.prefill", span, prefill.worker_id)
         self._decode_span = child_span("router.decode", span, decode.worker_id)
         self._prefill_sent = False
         self._decode_cancelled = False
-        self._first_token_ids: list[int] = []
-        self._finished: Finished | None = None
-        self._failed_worker_id: str | None = None
-        self._closed = False
 
     @property
     def worker_id(self) -> str:
         return self._decode.worker_id if self._prefill.finished is not None else self._prefill.worker_id
-
-    @property
-    def finished(self) -> Finished | None:
-        return self._finished
-
-    @property
-    def failed_worker_id(self) -> str | None:
-        return self._failed_worker_id
 
     async def open(self) -> None:
         """Send the decode request; raises `Unavailable` if it could not be sent."""
@@ -91,10 +76,7 @@ class PushedDisaggregatedStream:
         try:
             await self._send_prefill(target)
             async for frame in self._prefill.frames():
-                self._first_token_ids.extend(frame.token_ids)
-                if len(self._first_token_ids) > 1:
-                    raise TandemError(f"prefill worker {self._prefill.worker_id} sent "
-                                      f"{len(self._first_token_ids)} tokens for a one-token prefill")
+                self._take_first_token(frame)
                 yield frame
         except TandemError as error:
             self._fail(self._prefill, self._prefill_span, error)

@@ -12,7 +12,7 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
@@ -94,6 +94,21 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
+async def no_leases_and_empty_pools(collector: Callable[[], Awaitable[str]]) -> str:
+    """Wait (10 s at most) until the collector reports no lease held and no KV used on any
+    worker; returns that metrics text."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        text = await collector()
+        leases = metric(text, "tandem_worker_kv_active_leases")
+        usage = metric(text, "tandem_worker_kv_usage_ratio")
+        if (leases == 0 and usage == 0) or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert leases == 0 and usage == 0, f"leases {leases}, KV usage {usage}"
+    return text
+
+
 async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, tiny_model_dir: str,
                                                         openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
@@ -156,15 +171,7 @@ async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, t
             assert failed_blocks == 0 and recomputed == 0
 
         # no lease left, every pool back to baseline
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:
-            text = await collector()
-            leases = metric(text, "tandem_worker_kv_active_leases")
-            usage = metric(text, "tandem_worker_kv_usage_ratio")
-            if (leases == 0 and usage == 0) or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        assert leases == 0 and usage == 0, f"leases {leases}, KV usage {usage}"
+        text = await no_leases_and_empty_pools(collector)
         assert re.search(r"tandem_worker_kv_active_leases\{", text)
 
 

@@ -22,7 +22,15 @@ from shared.schemas import WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import LoadWatcher, make_stack
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, BLOCK, as_router_text, metric, prompts, reference
+from tests.e2e.test_disaggregated import (
+    ALWAYS_DISAGGREGATE,
+    BLOCK,
+    as_router_text,
+    metric,
+    no_leases_and_empty_pools,
+    prompts,
+    reference,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -120,12 +128,4 @@ async def test_pushed_output_equals_single_worker(push_stack: LocalStack, push_l
 
         # nothing left behind: no lease, no running request, every pool at its baseline
         await push_loads.wait_idle(["p1", "d1"])
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:
-            text = await collector()
-            leases = metric(text, "tandem_worker_kv_active_leases")
-            usage = metric(text, "tandem_worker_kv_usage_ratio")
-            if (leases == 0 and usage == 0) or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        assert leases == 0 and usage == 0, f"leases {leases}, KV usage {usage}"
+        await no_leases_and_empty_pools(collector)
