@@ -99,7 +99,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
 class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     worker_id: str
     role: WorkerRole = WorkerRole.BOTH
-    engine: Literal["sim", "vllm"] = "sim"
+    engine: str = "sim"  # a name in services.worker.engines (checked when the worker builds it)
     model_dir: str = ""
     served_model_name: str = ""  # defaults to the model directory's name
     model_version: str = ""  # part of the compatibility hash: workers of two versions never pair

@@ -49,7 +49,6 @@ __all__ = ["Flow", "KvTransferMode", "RouteDecision", "RouteReason", "RouteRefus
            "context_limit", "decide", "kv_transfer_mode"]
 
 SERVING_ROLES = frozenset({WorkerRole.BOTH, WorkerRole.DECODE})
-PUSH_ENGINES = frozenset({"sim"})  # vLLM workers' connector only pulls
 DEFAULT_ROUTING = RoutingConfig()
 
 Flow = Literal["single", "disaggregated"]
@@ -289,8 +288,8 @@ def _decode_first(serving: Sequence[WorkerView], candidates: _Candidates) -> Rou
 def kv_transfer_mode(routing: RoutingConfig, prefill: WorkerView, decode: WorkerView, *,
                      prefix_pull: bool) -> KvTransferMode:
     """How a disaggregated pair hands the prompt's KV over. Push needs both engines to
-    implement it; and a pushing prefill worker pulls no cached prefix, so a planned prefix
+    implement it (their advertised capabilities); and a pushing prefill worker pulls no cached prefix, so a planned prefix
     pull keeps the pull flow (its cost assumed that pull)."""
-    if routing.pd_transfer == "push" and not prefix_pull and {prefill.engine, decode.engine} <= PUSH_ENGINES:
+    if routing.pd_transfer == "push" and not prefix_pull and prefill.kv_push and decode.kv_push:
         return "push"
     return "pull"

@@ -92,7 +92,7 @@ class _WorkerState:
             reported_prefill_tokens=None if load is None else load.pending_prefill_tokens,
             outstanding_prefill_tokens=self.outstanding_prefill_tokens,
             outstanding_prefill_at_report=self.outstanding_prefill_at_report,
-            engine=registration.engine,
+            kv_push=registration.capabilities.kv_push,
         )
 
     def abort_all(self, error: TandemError) -> None:

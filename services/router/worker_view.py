@@ -40,7 +40,7 @@ class WorkerView:
     reported_prefill_tokens: int | None = None  # pending prefill tokens in the last load snapshot
     outstanding_prefill_tokens: int = 0  # uncached prompt tokens we routed there, not yet at first token
     outstanding_prefill_at_report: int = 0  # ... when that snapshot arrived
-    engine: str = ""  # "sim" | "vllm": which KV hand-offs its data plane implements (push: sim only)
+    kv_push: bool = False  # its engine receives layer-by-layer pushes (registration capabilities)
 
     @property
     def predicted_load(self) -> int:

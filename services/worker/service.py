@@ -45,16 +45,19 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerStatus,
 )
+from shared.schemas.membership import EngineCapabilities
 
 log = logging.getLogger(__name__)
 
 
 class WorkerService:
-    def __init__(self, config: WorkerConfig, engine: Engine, bus: Bus, kv: WorkerKv | None = None) -> None:
+    def __init__(self, config: WorkerConfig, engine: Engine, bus: Bus, kv: WorkerKv | None = None, *,
+                 capabilities: EngineCapabilities = EngineCapabilities()) -> None:
         self.config = config
         self.engine = engine
         self.bus = bus
         self.kv = kv  # the KV data plane; None: this worker computes everything itself
+        self.capabilities = capabilities  # advertised in the registration (the engine spec's)
         self._runner = RequestRunner(config.worker_id, engine, kv)
         self.subjects = config.bus.subjects
         self.malformed = MalformedCounter()
@@ -159,6 +162,7 @@ class WorkerService:
             block_size=info.block_size,
             compat_hash=info.compat_hash,
             kv_transfer=self.kv is not None,
+            capabilities=self.capabilities,
             capacity=WorkerCapacity(kv_blocks=info.kv_blocks, max_num_seqs=info.max_num_seqs,
                                     max_model_len=info.max_model_len),
             status=self._status,

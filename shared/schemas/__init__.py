@@ -38,6 +38,7 @@ from shared.schemas.kv_events import (
 )
 from shared.schemas.load import LoadSnapshot
 from shared.schemas.membership import (
+    EngineCapabilities,
     MembershipChange,
     WorkerCapacity,
     WorkerRegistration,
@@ -100,6 +101,7 @@ __all__ = [
     "ResponseFrame",
     "SamplingParams",
     "Tokens",
+    "EngineCapabilities",
     "WorkerCapacity",
     "WorkerRegistration",
     "WorkerRole",

@@ -27,15 +27,24 @@ class WorkerCapacity(msgspec.Struct, kw_only=True, frozen=True):
     max_model_len: int
 
 
+class EngineCapabilities(msgspec.Struct, kw_only=True, frozen=True):
+    """What an engine's KV data plane can do, advertised in its registration: the router
+    chooses how KV moves from these, never from the engine's name."""
+
+    kv_pull: bool = True  # reads leased blocks from a holder (P/D pull, prefix pull)
+    kv_push: bool = False  # receives layer-by-layer writes into blocks it allocated
+
+
 class WorkerRegistration(Message, tag="registration", kw_only=True):
     worker_id: str
     role: WorkerRole
     model: str  # the served model name clients ask for
-    engine: str  # "sim" | "vllm"
+    engine: str  # the engine's registered name, for people (decisions use `capabilities`)
     block_size: int
     compat_hash: str  # equal hashes can exchange KV blocks
     capacity: WorkerCapacity
     kv_transfer: bool = True  # False: no KV data plane (never paired, never asked to pull or lend)
+    capabilities: EngineCapabilities = EngineCapabilities()
     status: WorkerStatus = WorkerStatus.ACTIVE
     started_at: float
     heartbeat_at: float

@@ -34,6 +34,7 @@ from shared.schemas import (
     BlockStored,
     Cancel,
     ControlMessage,
+    EngineCapabilities,
     Finished,
     GenerateRequest,
     KvEventBatch,
@@ -180,7 +181,7 @@ class FakeWorker:
     def registration(self, status: WorkerStatus | None = None) -> WorkerRegistration:
         return WorkerRegistration(
             worker_id=self.worker_id, role=self.role, model=self.model, engine=self.engine, block_size=BLOCK_SIZE,
-            compat_hash=self.compat_hash,
+            compat_hash=self.compat_hash, capabilities=EngineCapabilities(kv_push=self.engine == "sim"),
             capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=self.max_num_seqs,
                                     max_model_len=self.max_model_len),
             status=status or self.status, started_at=self.started_at, heartbeat_at=time.time())

@@ -345,19 +345,19 @@ def test_baseline_policies_ignore_the_cache() -> None:
 # ---- KV transfer mode of a disaggregated pair ----------------------------------------
 
 
-@pytest.mark.parametrize(("pd_transfer", "engines", "prefix_pull", "mode"), [
-    ("pull", ("sim", "sim"), False, "pull"),
-    ("push", ("sim", "sim"), False, "push"),
-    ("push", ("sim", "vllm"), False, "pull"),  # vLLM's connector only pulls
-    ("push", ("vllm", "sim"), False, "pull"),
-    ("push", ("vllm", "vllm"), False, "pull"),
-    ("push", ("sim", "sim"), True, "pull"),  # a pushing prefill worker pulls no cached prefix
+@pytest.mark.parametrize(("pd_transfer", "kv_push", "prefix_pull", "mode"), [
+    ("pull", (True, True), False, "pull"),
+    ("push", (True, True), False, "push"),
+    ("push", (True, False), False, "pull"),  # e.g. a vLLM decode worker: its connector only pulls
+    ("push", (False, True), False, "pull"),
+    ("push", (False, False), False, "pull"),
+    ("push", (True, True), True, "pull"),  # a pushing prefill worker pulls no cached prefix
 ])
-def test_push_only_where_both_engines_implement_it(pd_transfer: str, engines: tuple[str, str], prefix_pull: bool,
+def test_push_only_where_both_engines_implement_it(pd_transfer: str, kv_push: tuple[bool, bool], prefix_pull: bool,
                                                    mode: str) -> None:
     routing = RoutingConfig(pd_transfer=pd_transfer)  # type: ignore[arg-type]
-    prefill = worker("p", role=PREFILL, engine=engines[0])
-    decode = worker("d", role=DECODE, engine=engines[1])
+    prefill = worker("p", role=PREFILL, kv_push=kv_push[0])
+    decode = worker("d", role=DECODE, kv_push=kv_push[1])
     assert kv_transfer_mode(routing, prefill, decode, prefix_pull=prefix_pull) == mode
 
 

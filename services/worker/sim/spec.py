@@ -1,0 +1,40 @@
+"""The sim engine's registration (see services/worker/engines.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from services.worker.engines import EngineSpec
+from shared.config import ConfigError
+from shared.schemas.membership import EngineCapabilities
+
+if TYPE_CHECKING:
+    from services.worker.engine import Engine
+    from shared.bus import Bus
+    from shared.config import WorkerConfig
+
+
+def build_engine(config: WorkerConfig) -> Engine:
+    from services.worker.sim.engine import SimEngine
+    from shared.tokenizer import Tokenizer
+
+    if not config.model_dir:
+        raise ConfigError("the sim engine needs a model directory for its tokenizer (--model-dir)")
+    tokenizer = Tokenizer.from_model_dir(config.model_dir)
+    model_name = config.served_model_name or tokenizer.model_name
+    return SimEngine(config, model_name=model_name, vocab_size=tokenizer.vocab_size)
+
+
+def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
+    from connector.worker_kv import WorkerKv, build_transport
+
+    return WorkerKv(config, bus, engine, build_transport(config, engine), compat_hash=engine.info.compat_hash)
+
+
+SIM = EngineSpec(
+    name="sim",
+    summary="simulated engine: paged KV, prefix cache, batching, timing profile (no model weights run)",
+    capabilities=EngineCapabilities(kv_pull=True, kv_push=True),
+    build_engine=build_engine,
+    build_data_plane=build_data_plane,
+)

@@ -1,0 +1,59 @@
+"""The vLLM engine's registration (see services/worker/engines.py). Importing this module
+imports no vLLM: the builders do, when a worker starts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from services.worker.engines import EngineSpec
+from shared.config import ConfigError
+from shared.schemas.membership import EngineCapabilities
+
+if TYPE_CHECKING:
+    from services.worker.engine import Engine
+    from shared.bus import Bus
+    from shared.config import WorkerConfig
+
+START_TIMEOUT_S = 300.0  # engine start-up, model load and KV cache allocation on a busy CPU
+KV_CACHE_GIB = 1.0  # per engine launched by the stack; with the model and runtime ~2.6 GB each
+
+
+def build_engine(config: WorkerConfig) -> Engine:
+    try:
+        from services.worker.vllm.engine import VllmEngine
+        from services.worker.vllm.options import VllmEngineOptions
+    except ImportError as error:
+        raise ConfigError(f"vLLM is not installed (make install-vllm; "
+                          f"services/worker/vllm/requirements-cpu.txt): {error}") from error
+    return VllmEngine(VllmEngineOptions.from_worker_config(config))
+
+
+def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
+    # The data plane lives in vLLM's engine process (Tandem's KV connector); the worker
+    # speaks the lease protocol for it.
+    from services.worker.vllm.worker_kv import VllmWorkerKv
+
+    return VllmWorkerKv(config, bus, engine)
+
+
+def launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
+    """CPU engines one per core, round-robin: two engines on one core set would each size
+    their thread pool for all of it."""
+    if not cores:
+        return ()
+    return ("--vllm-cpu-threads-bind", str(sorted(cores)[index % len(cores)]),
+            "--vllm-kv-cache-gib", str(KV_CACHE_GIB))
+
+
+VLLM = EngineSpec(
+    name="vllm",
+    summary="vLLM (AsyncLLM in the worker) with Tandem's KV connector",
+    capabilities=EngineCapabilities(kv_pull=True, kv_push=False),  # the connector pulls only
+    build_engine=build_engine,
+    build_data_plane=build_data_plane,
+    requires_module="vllm",
+    install_hint="`make run` installs it in .venv-vllm (or `make install-vllm`, then use .venv-vllm/bin/tandem)",
+    start_timeout_s=START_TIMEOUT_S,
+    launch_args=launch_args,
+)
