@@ -1,10 +1,10 @@
 """KV index: which Tandem block hashes each worker holds. Pure and synchronous.
 
 Callers: the router's KV-event adapter feeds `ingest(KvEventBatch)` and sends the
-`KvSnapshotRequest` an `IngestResult` asks for; membership calls `add_worker` /
-`remove_worker`; the routing policy asks `match(block_hashes)` on the request hot path
-(and `held_prefix` for the part a worker could lend) and records its decision with
-`add_speculative(..., expires_at)`; each routing calls `expire(now)`.
+`KvSnapshotRequest` an `IngestResult` (`kv_index_results`) asks for; membership calls
+`add_worker` / `remove_worker`; the routing policy asks `match(block_hashes)` on the
+request hot path (and `held_prefix` for the part a worker could lend) and records its
+decision with `add_speculative(..., expires_at)`; each routing calls `expire(now)`.
 No I/O, no clock: time is always passed in.
 
 Hashes. The index is keyed by Tandem's chain (`shared.block_hash`), computed here from the
@@ -26,15 +26,14 @@ of `tandem_of`) or one of its speculative blocks; the two sets are disjoint.
 Memory: ~150-160 bytes per indexed (worker, block), measured by `bench_index`
 (`bytes_per_block`, 1M blocks over 16-1024 workers).
 
-Sequence numbers. A worker's batches carry seq = last + 1 (its first is 1). Any other seq
-(a lost batch, a restarted worker) is a gap; a `BlockStored` whose parent the index does
-not know is one too. The batch is still applied (the best view there is), the worker is
-flagged unsynced, and `IngestResult.resync_needed` asks once for a snapshot (the adapter
-retries on its own timer while `unsynced_workers()` lists the worker). A batch with
-`AllBlocksCleared` resyncs: what follows the clear is the worker's complete state. Inside
-such a batch an unknown parent is not a gap (a snapshot may hold a block whose parent was
-evicted): those blocks are skipped and counted as orphaned. A block announced again under
-an engine hash the worker already reported is skipped (vLLM re-announces prefix hits).
+Sequence numbers (`shared.cluster.sequence`): a batch out of order (a lost batch, a
+restarted worker) or a `BlockStored` whose parent the index does not know is a gap. The
+batch is still applied (the best view there is), the worker is unsynced, and
+`IngestResult.resync_needed` asks once for a snapshot (the adapter retries on its own timer
+while `unsynced_workers()` lists the worker). A batch with `AllBlocksCleared` resyncs: what
+follows the clear is the worker's whole state, in which an unknown parent is no gap (its
+parent was evicted): those blocks are skipped and counted as orphaned. A block announced
+again under an engine hash the worker already reported is skipped (vLLM re-announces hits).
 """
 
 from __future__ import annotations
@@ -43,12 +42,12 @@ import heapq
 import sys
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 from itertools import accumulate, count, repeat, takewhile
 from operator import and_, neg
 
+from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, WorkerIndexStats
 from shared.block_hash import ROOT_PARENT, block_hash_chain
+from shared.cluster.sequence import SequenceTracker, SyncState
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
 
 
@@ -58,52 +57,9 @@ def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"
     return block_hash_chain(token_ids, block_size, parent_hash=parent_hash, salt=salt)
 
 
-class IngestOutcome(str, Enum):
-    APPLIED = "applied"
-    GAP = "gap"  # applied, but the worker's view may be wrong until a snapshot arrives
-    UNKNOWN_WORKER = "unknown_worker"  # ignored: membership has not added the worker
-
-
-@dataclass(slots=True)  # not frozen: one per batch, and a frozen init costs 3x more
-class IngestResult:
-    outcome: IngestOutcome
-    synced: bool  # the worker's view is exact after this batch
-    resync_needed: bool  # the worker fell out of sync with this batch: send a KvSnapshotRequest
-    stored_blocks: int = 0
-    removed_blocks: int = 0
-    rejected_blocks: int = 0  # refused: block size differs from the worker's, or malformed
-    orphaned_blocks: int = 0  # skipped: parent unknown
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerIndexStats:
-    worker_id: str
-    block_size: int
-    blocks: int  # distinct Tandem hashes the worker reported and still holds
-    speculative_blocks: int
-    synced: bool
-    last_seq: int
-    rejected_blocks: int  # since added; non-zero means a block-size mismatch (0% hits)
-    orphaned_blocks: int
-
-
-@dataclass(frozen=True, slots=True)
-class IndexStats:
-    workers: tuple[WorkerIndexStats, ...]
-    total_blocks: int  # distinct Tandem hashes held by any worker
-
-    @property
-    def blocks_per_worker(self) -> dict[str, int]:
-        return {worker.worker_id: worker.blocks for worker in self.workers}
-
-    @property
-    def unsynced_workers(self) -> tuple[str, ...]:
-        return tuple(worker.worker_id for worker in self.workers if not worker.synced)
-
-
 class _Worker:
     __slots__ = ("worker_id", "slot", "bit", "block_size", "salt", "tandem_of", "extra_refs",
-                 "speculative", "last_seq", "synced", "rejected_blocks", "orphaned_blocks")
+                 "speculative", "rejected_blocks", "orphaned_blocks")
 
     def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes) -> None:
         self.worker_id = worker_id
@@ -114,8 +70,6 @@ class _Worker:
         self.tandem_of: dict[int, int] = {}
         self.extra_refs: dict[int, int] = {}
         self.speculative: dict[int, float] = {}
-        self.last_seq = 0
-        self.synced = True
         self.rejected_blocks = 0
         self.orphaned_blocks = 0
 
@@ -129,6 +83,7 @@ class KvIndex:
         self._configs: dict[tuple[int, bytes], int] = {}  # (block_size, salt) -> workers
         self._expiry: list[tuple[float, int, _Worker, list[int]]] = []  # a heap
         self._expiry_order = count()
+        self._sequences = SequenceTracker()
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -156,6 +111,7 @@ class KvIndex:
         worker = self._workers.pop(worker_id, None)
         if worker is None:
             return
+        self._sequences.forget(worker_id)
         self._clear_real(worker)
         for block_hash in worker.speculative:
             self._drop_bit(block_hash, worker.bit)
@@ -173,31 +129,25 @@ class KvIndex:
         worker = self._workers.get(batch.worker_id)
         if worker is None:
             return IngestResult(IngestOutcome.UNKNOWN_WORKER, synced=False, resync_needed=False)
-        was_synced = worker.synced
-        gap = batch.seq != worker.last_seq + 1
-        worker.last_seq = batch.seq
-        if gap:
-            worker.synced = False
         stored = removed = rejected = orphaned = 0
-        after_clear = False
+        cleared = lost = False  # lost: a block's parent is unknown, and no clear came first
         for event in batch.events:
             if type(event) is BlockStored:
                 event_stored, event_rejected, event_orphaned = self._store(worker, event)
                 stored += event_stored
                 rejected += event_rejected
                 orphaned += event_orphaned
-                if event_orphaned and not after_clear:
-                    gap = True
-                    worker.synced = False
+                lost = lost or (event_orphaned > 0 and not cleared)
             elif type(event) is BlockRemoved:
                 removed += self._remove(worker, event.block_hashes)
             else:
                 assert type(event) is AllBlocksCleared, f"unknown KV event {event!r}"
                 self._clear_real(worker)
-                worker.synced = True
-                after_clear = True
-        outcome = IngestOutcome.GAP if gap and not worker.synced else IngestOutcome.APPLIED
-        return IngestResult(outcome, synced=worker.synced, resync_needed=was_synced and not worker.synced,
+                cleared = True
+        step = self._sequences.observe(batch.worker_id, batch.seq, resynced=cleared, lost=lost)
+        gap = not step.synced and (step.out_of_order or lost)
+        outcome = IngestOutcome.GAP if gap else IngestOutcome.APPLIED
+        return IngestResult(outcome, synced=step.synced, resync_needed=step.resync_needed,
                             stored_blocks=stored, removed_blocks=removed, rejected_blocks=rejected,
                             orphaned_blocks=orphaned)
 
@@ -416,14 +366,16 @@ class KvIndex:
         return list(self._workers)
 
     def unsynced_workers(self) -> list[str]:
-        return [worker.worker_id for worker in self._workers.values() if not worker.synced]
+        return self._sequences.unsynced()
 
     def stats(self) -> IndexStats:
         workers = tuple(
             WorkerIndexStats(worker_id=worker.worker_id, block_size=worker.block_size,
                              blocks=len(worker.tandem_of) - sum(worker.extra_refs.values()),
-                             speculative_blocks=len(worker.speculative), synced=worker.synced,
-                             last_seq=worker.last_seq, rejected_blocks=worker.rejected_blocks,
+                             speculative_blocks=len(worker.speculative),
+                             synced=self._sequences.state(worker.worker_id) is not SyncState.UNSYNCED,
+                             last_seq=self._sequences.last_seq(worker.worker_id) or 0,
+                             rejected_blocks=worker.rejected_blocks,
                              orphaned_blocks=worker.orphaned_blocks)
             for worker in self._workers.values())
         return IndexStats(workers=workers, total_blocks=len(self._holders))

@@ -1,11 +1,11 @@
 """The router's view of the workers (adapter): membership, load, and its own in-flight work.
 
-- Membership mirrors the JetStream bucket `Subjects.members_bucket` (`BucketMirror`
-  recreates its watcher after a reconnect). A deleted key means the worker is gone: every
+- Membership mirrors the JetStream bucket `Subjects.members_bucket` (`MembershipMirror`
+  recreates its watcher after a reconnect). A worker that left is gone: every
   stream this router has open on it is aborted with `Disconnected` at once, so the client
   gets an explicit error now rather than after the idle timeout. A registration with a new
   `started_at` is a restarted worker: streams on the old incarnation are aborted as well.
-- Load comes from `LoadSnapshot`s on `Subjects.load_all`; stale ones are ignored.
+- Load comes from `LoadSnapshot`s on `Subjects.load_all` (`LoadStream` drops stale ones).
 - `begin()` counts a request against its worker from the moment it is routed until
   `InFlight.end()`, and the uncached prompt tokens it brings until its first token
   (`InFlight.prefill_done()`); the policy sees both through `views()`.
@@ -19,12 +19,12 @@ import asyncio
 import logging
 from typing import Protocol
 
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-
 from services.router.worker_view import WorkerView
-from shared.bus import BucketMirror, Bus
-from shared.codec import Codec, MalformedCounter
+from shared.bus import Bus
+from shared.cluster.load_stream import LoadStream
+from shared.cluster.member_events import MemberChange, MemberEvent
+from shared.cluster.membership_mirror import MembershipMirror
+from shared.codec import MalformedCounter
 from shared.errors import Disconnected, TandemError
 from shared.request_plane import ResponseStream
 from shared.schemas import LoadSnapshot, WorkerRegistration
@@ -118,32 +118,23 @@ class MembershipListener(Protocol):
 class WorkerPool:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
                  bucket_ttl_s: float | None = None, listener: MembershipListener | None = None) -> None:
-        self._bus = bus
         self._listener = listener  # told when a worker joins (or restarts) and leaves
-        self._subjects = subjects
-        self._registrations: Codec[WorkerRegistration] = Codec(WorkerRegistration, malformed)
-        self._loads: Codec[LoadSnapshot] = Codec(LoadSnapshot, malformed)
-        self._malformed = malformed
         self._workers: dict[str, _WorkerState] = {}
-        self._mirror = BucketMirror(bus, subjects.members_bucket, self._on_member, ttl_s=bucket_ttl_s)
-        self._load_sub: Subscription | None = None
+        self._members = MembershipMirror(bus, subjects.members_bucket, self._on_member, malformed,
+                                         ttl_s=bucket_ttl_s)
+        self._loads = LoadStream(bus, subjects, self._on_load, malformed)
         self._routed = 0  # routing sequence number, for the policy's round-robin tie-break
         self._changed = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._load_sub = await self._bus.client.subscribe(self._subjects.load_all, cb=self._on_load)
-        await self._mirror.start()
+        await self._loads.start()
+        await self._members.start()
 
     async def stop(self) -> None:
-        await self._mirror.stop()
-        if self._load_sub is not None:
-            try:
-                await self._load_sub.unsubscribe()
-            except Exception:  # connection already closed: nothing left to release
-                pass
-            self._load_sub = None
+        await self._members.stop()
+        await self._loads.stop()
         for state in self._workers.values():
             state.abort_all(Disconnected("the router is shutting down"))
 
@@ -208,28 +199,22 @@ class WorkerPool:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _on_member(self, worker_id: str, value: bytes | None) -> None:
-        subject = f"{self._subjects.members_bucket}.{worker_id}"
-        if value is None:
+    def _on_member(self, event: MemberEvent) -> None:
+        self._loads.on_member(event)
+        worker_id, registration = event.worker_id, event.registration
+        if event.change is MemberChange.LEFT:
             self._remove(worker_id)
             return
-        registration = self._registrations.decode_or_none(value, subject)
-        if registration is None:
-            return
-        if registration.worker_id != worker_id:
-            self._malformed.record(subject, ValueError(f"registration for {registration.worker_id!r} "
-                                                       f"stored under key {worker_id!r}"))
-            return
-        state = self._workers.get(worker_id)
-        if self._listener is not None and (state is None or registration.started_at != state.registration.started_at):
+        if self._listener is not None and event.change is not MemberChange.UPDATED:
             self._listener.worker_left(worker_id)  # a restarted worker's cache is gone
             self._listener.worker_joined(worker_id, registration.block_size)
+        state = self._workers.get(worker_id)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)
             log.info("worker %s joined (%s, %s, %s)", worker_id, registration.model,
                      registration.role.value, registration.status.value)
         else:
-            if registration.started_at != state.registration.started_at:
+            if event.change is MemberChange.RESTARTED:
                 log.warning("worker %s restarted: failing its %d in-flight requests", worker_id,
                             len(state.in_flight))
                 state.abort_all(Disconnected(f"worker {worker_id} restarted mid-request"))
@@ -249,16 +234,10 @@ class WorkerPool:
         state.abort_all(Disconnected(f"worker {worker_id} left the cluster mid-request"))
         self._notify()
 
-    async def _on_load(self, msg: Msg) -> None:
-        snapshot = self._loads.decode_or_none(msg.data, msg.subject)
-        if snapshot is None:
-            return
+    def _on_load(self, snapshot: LoadSnapshot) -> None:
         state = self._workers.get(snapshot.worker_id)
         if state is None:
             return  # not (yet) a member: its next snapshot will count
-        last = state.load
-        if last is not None and snapshot.seq <= last.seq and snapshot.ts <= last.ts:
-            return  # stale or duplicate; a restarted worker restarts seq but not time
         state.load = snapshot
         state.in_flight_at_report = len(state.in_flight)
         state.outstanding_prefill_at_report = state.outstanding_prefill_tokens

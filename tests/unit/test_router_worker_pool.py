@@ -3,10 +3,7 @@ uncached prompt tokens routed to a worker until its first token, corrected by lo
 
 from __future__ import annotations
 
-import asyncio
 import time
-
-from nats.aio.msg import Msg
 
 from services.router.worker_pool import WorkerPool
 from shared.codec import MalformedCounter, encode
@@ -21,7 +18,7 @@ def pool_with(*worker_ids: str) -> WorkerPool:
             worker_id=worker_id, role=WorkerRole.BOTH, model="m", engine="fake", block_size=16, compat_hash="h",
             capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=1024), started_at=time.time(),
             heartbeat_at=time.time())
-        pool._on_member(worker_id, encode(registration))
+        pool._members.apply(worker_id, encode(registration))
     return pool
 
 
@@ -30,7 +27,7 @@ def report(pool: WorkerPool, worker_id: str, seq: int, running: int, pending_pre
                             kv_total_blocks=64, kv_used_blocks=0, kv_cached_blocks=0, prompt_tokens_total=0,
                             cached_tokens_total=0, generated_tokens_total=0,
                             pending_prefill_tokens=pending_prefill_tokens)
-    asyncio.run(pool._on_load(Msg(None, subject="load", data=encode(snapshot))))  # type: ignore[arg-type]
+    pool._loads.receive(encode(snapshot), "load")
 
 
 def view(pool: WorkerPool, worker_id: str):

@@ -1,0 +1,53 @@
+"""What the KV index reports: per-batch `IngestResult`s and `IndexStats`. Plain data.
+
+Produced by `KvIndex.ingest` and `KvIndex.stats` (`kv_index`); read by the router's
+KV-event adapter (`kv_view`: a result that asks for a resync) and its metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class IngestOutcome(str, Enum):
+    APPLIED = "applied"
+    GAP = "gap"  # applied, but the worker's view may be wrong until a snapshot arrives
+    UNKNOWN_WORKER = "unknown_worker"  # ignored: membership has not added the worker
+
+
+@dataclass(slots=True)  # not frozen: one per batch, and a frozen init costs 3x more
+class IngestResult:
+    outcome: IngestOutcome
+    synced: bool  # the worker's view is exact after this batch
+    resync_needed: bool  # the worker fell out of sync with this batch: send a KvSnapshotRequest
+    stored_blocks: int = 0
+    removed_blocks: int = 0
+    rejected_blocks: int = 0  # refused: block size differs from the worker's, or malformed
+    orphaned_blocks: int = 0  # skipped: parent unknown
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIndexStats:
+    worker_id: str
+    block_size: int
+    blocks: int  # distinct Tandem hashes the worker reported and still holds
+    speculative_blocks: int
+    synced: bool
+    last_seq: int
+    rejected_blocks: int  # since added; non-zero means a block-size mismatch (0% hits)
+    orphaned_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    workers: tuple[WorkerIndexStats, ...]
+    total_blocks: int  # distinct Tandem hashes held by any worker
+
+    @property
+    def blocks_per_worker(self) -> dict[str, int]:
+        return {worker.worker_id: worker.blocks for worker in self.workers}
+
+    @property
+    def unsynced_workers(self) -> tuple[str, ...]:
+        return tuple(worker.worker_id for worker in self.workers if not worker.synced)
