@@ -5,9 +5,10 @@ and leaves with `remove_worker`; load and KV messages from anyone else are count
 dropped, so a message arriving after a worker left cannot resurrect it.
 
 KV events are tracked per worker by engine block hash, with the stream's sequence
-number: `apply_kv` returns True when the caller must ask the worker for a snapshot
-(a gap, a restarted stream, or first contact in the middle of a stream). The snapshot
-arrives as `AllBlocksCleared` + `BlockStored` on the normal stream and resets the count.
+number (`shared.cluster.sequence`): `apply_kv` returns True when the caller must ask the
+worker for a snapshot (each batch out of order: a gap, a restarted stream, or first
+contact in the middle of a stream). The snapshot arrives as `AllBlocksCleared` +
+`BlockStored` on the normal stream and resets the count.
 
 Everything is synchronous and clock-free; `snapshot()` returns msgspec Structs that
 encode directly to JSON.
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from shared.cluster.member_events import MemberChange, member_change
+from shared.cluster.sequence import SequenceTracker, SyncState
 from shared.schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -29,10 +32,6 @@ from shared.schemas import (
     RequestRecord,
     WorkerRegistration,
 )
-
-# A worker numbers its KV batches from 1; a first batch with any other number means
-# this view joined mid-stream and must catch up from a snapshot.
-STREAM_START_SEQ = 1
 
 
 class WorkerView(msgspec.Struct, kw_only=True):
@@ -101,14 +100,12 @@ class _Worker:
     registration: WorkerRegistration
     load: LoadSnapshot | None = None
     stored: set[int] = field(default_factory=set)  # engine block hashes held now
-    kv_seq: int | None = None
-    kv_synced: bool = False
-    kv_gaps: int = 0
 
 
 class ClusterView:
     def __init__(self) -> None:
         self._workers: dict[str, _Worker] = {}
+        self._kv_sequences = SequenceTracker()
         self._outcomes: Counter[str] = Counter()
         self._request_tokens: Counter[str] = Counter()
         self._ttft_sum_s = 0.0
@@ -121,13 +118,14 @@ class ClusterView:
 
     def apply_registration(self, registration: WorkerRegistration) -> None:
         known = self._workers.get(registration.worker_id)
-        if known is None or known.registration.started_at != registration.started_at:
-            # A new process under this id starts with an empty cache and a new stream.
-            self._workers[registration.worker_id] = _Worker(registration)
-        else:
+        if known is not None and member_change(known.registration, registration) is MemberChange.UPDATED:
             known.registration = registration
+        else:  # a new process under this id starts with an empty cache and a new stream
+            self._workers[registration.worker_id] = _Worker(registration)
+            self._kv_sequences.forget(registration.worker_id)
 
     def remove_worker(self, worker_id: str) -> bool:
+        self._kv_sequences.forget(worker_id)
         return self._workers.pop(worker_id, None) is not None
 
     def apply_load(self, snapshot: LoadSnapshot) -> None:
@@ -140,7 +138,6 @@ class ClusterView:
         worker = self._member(batch.worker_id)
         if worker is None:
             return False
-        previous_seq, worker.kv_seq = worker.kv_seq, batch.seq
         for event in batch.events:
             match event:
                 case BlockStored(block_hashes=hashes):
@@ -149,18 +146,10 @@ class ClusterView:
                     worker.stored.difference_update(hashes)
                 case AllBlocksCleared():
                     worker.stored.clear()
-        if batch.events and isinstance(batch.events[0], AllBlocksCleared):
-            worker.kv_synced = True  # a snapshot (or a real clear): whatever came before is moot
-            return False
-        if previous_seq is None and batch.seq == STREAM_START_SEQ:
-            worker.kv_synced = True  # heard from the very first batch: nothing was missed
-            return False
-        if previous_seq is not None and batch.seq == previous_seq + 1:
-            return False
-        if previous_seq is not None:  # first contact mid-stream is not counted as a gap
-            worker.kv_gaps += 1
-        worker.kv_synced = False
-        return True
+        # A batch that opens with a clear is a snapshot (or a real clear): what came before is moot.
+        snapshot = bool(batch.events) and isinstance(batch.events[0], AllBlocksCleared)
+        step = self._kv_sequences.observe(batch.worker_id, batch.seq, resynced=snapshot)
+        return step.out_of_order and not step.synced
 
     def apply_request(self, record: RequestRecord) -> None:
         self._outcomes[record.outcome] += 1
@@ -172,7 +161,7 @@ class ClusterView:
             self._ttft_count += 1
 
     def snapshot(self) -> ClusterSnapshot:
-        workers = [_worker_view(self._workers[worker_id]) for worker_id in sorted(self._workers)]
+        workers = [_worker_view(self._workers[worker_id], self._kv_sequences) for worker_id in sorted(self._workers)]
         roles = sorted({view.role for view in workers})
         return ClusterSnapshot(
             workers=workers,
@@ -205,10 +194,11 @@ _NO_LOAD = LoadSnapshot(worker_id="", seq=0, ts=0.0, running=0, waiting=0, kv_to
                         cached_tokens_total=0, generated_tokens_total=0, pending_prefill_tokens=0)
 
 
-def _worker_view(worker: _Worker) -> WorkerView:
+def _worker_view(worker: _Worker, kv_sequences: SequenceTracker) -> WorkerView:
     registration, load = worker.registration, worker.load or _NO_LOAD
+    worker_id = registration.worker_id
     return WorkerView(
-        worker_id=registration.worker_id,
+        worker_id=worker_id,
         role=registration.role.value,
         status=registration.status.value,
         model=registration.model,
@@ -224,10 +214,10 @@ def _worker_view(worker: _Worker) -> WorkerView:
         cached_tokens_total=load.cached_tokens_total,
         generated_tokens_total=load.generated_tokens_total,
         prefix_hit_rate=_ratio(load.cached_tokens_total, load.prompt_tokens_total),
-        kv_seq=worker.kv_seq,
+        kv_seq=kv_sequences.last_seq(worker_id),
         kv_stored_blocks=len(worker.stored),
-        kv_synced=worker.kv_synced,
-        kv_gaps=worker.kv_gaps,
+        kv_synced=kv_sequences.state(worker_id) is SyncState.SYNCED,
+        kv_gaps=kv_sequences.gaps(worker_id),
         active_leases=load.active_leases,
         kv_pulled_tokens_total=load.kv_pulled_tokens_total,
         kv_recomputed_tokens_total=load.kv_recomputed_tokens_total,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.cluster.member_events import MemberChange, member_change
 from shared.schemas import MembershipChange, WorkerRegistration
 
 ChangeKind = Literal["joined", "updated", "removed"]
@@ -42,11 +43,10 @@ class MembershipTable:
         worker_id = registration.worker_id
         known = self._members.get(worker_id)
         self._members[worker_id] = Member(registration, now)
-        if known is None:
+        previous = None if known is None else known.registration
+        if previous is None:
             self._emit("joined", worker_id, "registered", registration)
-            return
-        previous = known.registration
-        if previous.started_at != registration.started_at:
+        elif member_change(previous, registration) is MemberChange.RESTARTED:
             # Same id, new process: its KV cache and in-flight work are gone, so consumers
             # must see it leave and come back rather than a mere update.
             self._emit("removed", worker_id, "restarted", previous)

@@ -2,7 +2,8 @@
 
 Workers put their `WorkerRegistration` under their id in the members bucket every
 heartbeat interval, and delete it on a clean shutdown. This adapter mirrors the bucket
-(each put is a heartbeat, a delete is a deregistration) and feeds `MembershipTable`.
+(`MembershipMirror`: each put is a heartbeat, a delete is a deregistration) and feeds
+`MembershipTable`.
 
 - Every `sweep_interval_s` it sweeps the table and deletes the keys of workers whose
   heartbeats stopped, so every router mirroring the bucket drops them (a bucket TTL alone
@@ -23,7 +24,9 @@ import msgspec
 from nats.js.errors import KeyDeletedError, KeyWrongLastSequenceError, NotFoundError
 
 from services.orchestrator.membership import MembershipTable
-from shared.bus import BucketMirror, Bus
+from shared.bus import Bus
+from shared.cluster.member_events import MemberChange, MemberEvent
+from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import OrchestratorConfig
 from shared.lifecycle import reraise_if_cancelling
@@ -46,16 +49,16 @@ class OrchestratorService:
         # the delete succeeds, so a NATS outage cannot leave a dead worker in the bucket.
         self._expired: dict[str, WorkerRegistration] = {}
         self._wakeup = asyncio.Event()
-        self._mirror = BucketMirror(bus, self._subjects.members_bucket, self._on_bucket_change,
-                                    ttl_s=config.membership.bucket_ttl_s)
+        self._members = MembershipMirror(bus, self._subjects.members_bucket, self._on_member, self.malformed,
+                                         ttl_s=config.membership.bucket_ttl_s)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self._mirror.start()
+        await self._members.start()
         self._task = asyncio.create_task(self._run(), name="orchestrator-membership")
 
     async def stop(self) -> None:
-        await self._mirror.stop()
+        await self._members.stop()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -66,20 +69,13 @@ class OrchestratorService:
         except Exception as error:  # the connection is going away: nothing more to do
             log.warning("orchestrator: could not publish final membership changes: %s", error)
 
-    def _on_bucket_change(self, key: str, value: bytes | None) -> None:
+    def _on_member(self, event: MemberEvent) -> None:
         now = self._clock()
-        if value is None:
-            self.table.forget(key, now)
+        if event.change is MemberChange.LEFT:
+            self.table.forget(event.worker_id, now)
         else:
-            registration = self._registrations.decode_or_none(value, self._subjects.members_bucket)
-            if registration is None:
-                return
-            if registration.worker_id != key:
-                self.malformed.record(self._subjects.members_bucket,
-                                      ValueError(f"key {key!r} holds worker {registration.worker_id!r}"))
-                return
-            self._expired.pop(key, None)  # it came back before we deleted its key
-            self.table.observe(registration, now)
+            self._expired.pop(event.worker_id, None)  # it came back before we deleted its key
+            self.table.observe(event.registration, now)
         self._wakeup.set()  # publish joins and leaves now, not at the next sweep
 
     async def _run(self) -> None:
@@ -113,7 +109,7 @@ class OrchestratorService:
             log.info("worker %s %s (%s)", change.worker_id, change.kind, change.reason)
 
     async def _delete_expired_keys(self) -> None:
-        kv = self._mirror.kv
+        kv = self._members.kv
         assert kv is not None
         for worker_id, registration in list(self._expired.items()):
             try:

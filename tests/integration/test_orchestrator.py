@@ -13,7 +13,8 @@ from nats.js.kv import KeyValue
 
 from services.orchestrator.main import run_orchestrator
 from services.orchestrator.service import OrchestratorService
-from shared.bus import BucketMirror, Bus, connect
+from shared.bus import Bus, connect
+from shared.cluster.bucket_mirror import BucketMirror
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, OrchestratorConfig
 from shared.schemas import MembershipChange, WorkerCapacity, WorkerRegistration, WorkerRole
