@@ -7,6 +7,7 @@ import time
 
 from services.router.worker_pool import WorkerPool
 from shared.codec import MalformedCounter, encode
+from shared.errors import Disconnected
 from shared.schemas import LoadSnapshot, WorkerCapacity, WorkerRegistration, WorkerRole
 from shared.subjects import Subjects
 
@@ -32,6 +33,64 @@ def report(pool: WorkerPool, worker_id: str, seq: int, running: int, pending_pre
 
 def view(pool: WorkerPool, worker_id: str):
     return next(view for view in pool.views() if view.worker_id == worker_id)
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def worker_joined(self, worker_id: str, block_size: int) -> None:
+        self.calls.append(("joined", worker_id))
+
+    def worker_left(self, worker_id: str) -> None:
+        self.calls.append(("left", worker_id))
+
+
+def put(pool: WorkerPool, worker_id: str, *, started_at: float, heartbeat_at: float) -> None:
+    pool._members.apply(worker_id, encode(WorkerRegistration(
+        worker_id=worker_id, role=WorkerRole.BOTH, model="m", engine="fake", block_size=16, compat_hash="h",
+        capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=1024), started_at=started_at,
+        heartbeat_at=heartbeat_at)))
+
+
+def test_membership_heartbeats_restarts_and_leaves() -> None:
+    listener = Listener()
+    pool = WorkerPool(None, Subjects(), MalformedCounter(), listener=listener)  # type: ignore[arg-type]
+    put(pool, "w1", started_at=1.0, heartbeat_at=1.0)
+    routed = pool.begin("w1", "r1")
+    report(pool, "w1", seq=7, running=1, pending_prefill_tokens=0)
+    put(pool, "w1", started_at=1.0, heartbeat_at=2.0)  # a heartbeat
+    assert routed.lost is None and view(pool, "w1").reported_load == 1
+    assert listener.calls == [("left", "w1"), ("joined", "w1")]  # indexed afresh when it joins
+
+    put(pool, "w1", started_at=5.0, heartbeat_at=5.0)  # a new process under the same id
+    assert isinstance(routed.lost, Disconnected) and "restarted" in str(routed.lost)
+    assert view(pool, "w1").reported_load is None  # its old load is gone with it
+    assert listener.calls[2:] == [("left", "w1"), ("joined", "w1")]  # its cache is gone: purged
+    report(pool, "w1", seq=1, running=3, pending_prefill_tokens=0)  # it counts from 1 again
+    assert view(pool, "w1").reported_load == 3
+
+    again = pool.begin("w1", "r2")
+    pool._members.apply("w1", None)  # it left
+    assert isinstance(again.lost, Disconnected) and "left" in str(again.lost)
+    assert pool.worker_ids == [] and listener.calls[4:] == [("left", "w1")]
+    report(pool, "w1", seq=2, running=3, pending_prefill_tokens=0)  # a late snapshot cannot bring it back
+    assert pool.worker_ids == []
+
+
+def test_stale_load_reports_and_malformed_registrations_are_dropped() -> None:
+    malformed = MalformedCounter()
+    pool = WorkerPool(None, Subjects(), malformed)  # type: ignore[arg-type]
+    put(pool, "w1", started_at=1.0, heartbeat_at=1.0)
+    report(pool, "w1", seq=5, running=4, pending_prefill_tokens=0)
+    snapshot = LoadSnapshot(worker_id="w1", seq=4, ts=0.0, running=9, waiting=0, kv_total_blocks=64,
+                            kv_used_blocks=0, kv_cached_blocks=0, prompt_tokens_total=0, cached_tokens_total=0,
+                            generated_tokens_total=0, pending_prefill_tokens=0)
+    pool._loads.receive(encode(snapshot), "load")  # older in both number and time
+    assert view(pool, "w1").reported_load == 4
+    pool._members.apply("w2", b"garbage")
+    put(pool, "w.3", started_at=1.0, heartbeat_at=1.0)  # not a worker id
+    assert pool.worker_ids == ["w1"] and malformed.total == 2
 
 
 def test_prompt_tokens_count_until_the_first_token_and_requests_until_the_end() -> None:
