@@ -40,7 +40,7 @@ class SyncState(str, Enum):
     UNSYNCED = "unsynced"
 
 
-@dataclass(slots=True)  # not frozen: one per message, and a frozen init costs 3x more
+@dataclass(frozen=True, slots=True)
 class SeqStep:
     order: SeqOrder
     synced: bool  # the consumer's view is exact after this message
@@ -48,7 +48,15 @@ class SeqStep:
 
     @property
     def out_of_order(self) -> bool:
-        return self.order is not SeqOrder.IN_ORDER
+        return self.order is not _IN_ORDER
+
+
+# On the KV event hot path: members bound once (an enum member lookup costs ~0.2 us on
+# Python 3.11), and every possible step built once, so `observe` allocates nothing.
+_IN_ORDER, _LATE_START, _GAP, _STALE = SeqOrder.IN_ORDER, SeqOrder.LATE_START, SeqOrder.GAP, SeqOrder.STALE
+_UNKNOWN, _SYNCED, _UNSYNCED = SyncState.UNKNOWN, SyncState.SYNCED, SyncState.UNSYNCED
+_STEPS = {(order, synced, resync_needed): SeqStep(order, synced, resync_needed)
+          for order in SeqOrder for synced in (True, False) for resync_needed in (True, False)}
 
 
 class _Stream:
@@ -56,7 +64,7 @@ class _Stream:
 
     def __init__(self) -> None:
         self.last_seq: int | None = None
-        self.state = SyncState.UNKNOWN
+        self.state = _UNKNOWN
         self.gaps = 0  # GAP or STALE messages that did not resync; a late start is no gap
 
 
@@ -73,25 +81,25 @@ class SequenceTracker:
             stream = self._streams[worker_id] = _Stream()
         last = stream.last_seq
         if last is None:
-            order = SeqOrder.IN_ORDER if seq == FIRST_SEQ else SeqOrder.LATE_START
+            order = _IN_ORDER if seq == FIRST_SEQ else _LATE_START
         elif seq == last + 1:
-            order = SeqOrder.IN_ORDER
+            order = _IN_ORDER
         elif seq > last:
-            order = SeqOrder.GAP
+            order = _GAP
         else:
-            order = SeqOrder.STALE
+            order = _STALE
         stream.last_seq = seq
-        was_unsynced = stream.state is SyncState.UNSYNCED
+        was_unsynced = stream.state is _UNSYNCED
         if resynced:
-            stream.state = SyncState.SYNCED
-        elif lost or order is not SeqOrder.IN_ORDER:
-            stream.state = SyncState.UNSYNCED
-            if order is SeqOrder.GAP or order is SeqOrder.STALE:
+            stream.state = _SYNCED
+        elif lost or order is not _IN_ORDER:
+            stream.state = _UNSYNCED
+            if order is _GAP or order is _STALE:
                 stream.gaps += 1
-        elif stream.state is SyncState.UNKNOWN:
-            stream.state = SyncState.SYNCED
-        unsynced = stream.state is SyncState.UNSYNCED
-        return SeqStep(order, not unsynced, unsynced and not was_unsynced)
+        elif stream.state is _UNKNOWN:
+            stream.state = _SYNCED
+        unsynced = stream.state is _UNSYNCED
+        return _STEPS[order, not unsynced, unsynced and not was_unsynced]
 
     def forget(self, worker_id: str) -> None:
         """The worker restarted or left: whatever it sends next starts over."""
