@@ -35,9 +35,9 @@ class SeqOrder(str, Enum):
 
 
 class SyncState(str, Enum):
-    UNKNOWN = "unknown"
+    UNKNOWN = "unknown"  # nothing heard yet
     SYNCED = "synced"
-    UNSYNCED = "unsynced"
+    UNSYNCED = "unsynced"  # until a message with the whole state
 
 
 @dataclass(frozen=True, slots=True)
