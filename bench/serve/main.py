@@ -12,8 +12,9 @@ disaggregated; "2x1": two workers serving whole requests; generally "NpMd" and "
 
     tandem bench serve --compare 1p1d,2x1 --engine sim|vllm [--model-dir DIR] ...
 
-Each stack is the `tandem up` definition (`LocalStack`), stopped before the next starts,
-so no cache carries over. Workers are launched with this interpreter: run mode B with
+Each topology is a stack definition (`topology.stack_definition`) run as local processes
+the way `tandem up` runs one (`LocalStack`), stopped before the next starts, so no cache
+carries over. Workers are launched with this interpreter: run mode B with
 `--engine vllm` from the vLLM venv. Prompts are seeded random words, distinct from their
 first words on (`--shared-prefix-tokens` gives them a common opening); `--warmup` requests
 with other prompts go first and are not measured. Requests stream with temperature 0 and

@@ -3,6 +3,7 @@ into worker instances and their command lines."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from launch.definition import (
     with_overrides,
 )
 from launch.plan import StackConfig, WorkerSpec, plan_stack
+from launch.up import UpOptions, run_up
 from shared.schemas import WorkerRole
 
 
@@ -109,3 +111,21 @@ def test_settings_become_options_and_verbatim_flags_come_last() -> None:
     router = router_args(config, "nats://n:1", 8123)
     assert router[router.index("--port"):] == ["--port", "8123", "--model-dir", "/m", "--routing-policy", "random",
                                                "--local-prefill-tokens", "0"]
+
+
+@pytest.mark.parametrize("options", [
+    UpOptions(engine="tpu"),
+    UpOptions(decode=0),
+    UpOptions(prefill=-1),
+    UpOptions(port=70000),
+])
+def test_up_refuses_before_starting_anything(tmp_path: Path, options: UpOptions) -> None:
+    state_dir = tmp_path / "state"
+    assert run_up(dataclasses.replace(options, state_dir=str(state_dir))) == 2
+    assert not state_dir.exists()  # no model generated, no log, no process
+
+
+def test_up_refuses_a_definition_file_that_cannot_run(tmp_path: Path) -> None:
+    stack = tmp_path / "stack.toml"
+    stack.write_text('[[workers]]\nname = "p"\nrole = "prefill"\n')
+    assert run_up(UpOptions(stack=str(stack), state_dir=str(tmp_path / "state"))) == 2
