@@ -16,7 +16,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
+from launch.plan import StackConfig, WorkerSpec
+from launch.stack import LocalStack
 from shared.bus import Bus, connect
 from shared.codec import Codec
 from shared.nats_server import EmbeddedNats, pid_alive

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from services.bench.prompts import PromptSpec
-from services.bench.serve import CompareSetup, ServeWorkload, compare, run_serve, tokenizer_counter
-from services.bench.topology import parse_topologies
-from services.orchestrator.stack import LocalStack
+from bench.serve.main import CompareSetup, ServeWorkload, compare, run_serve, tokenizer_counter
+from bench.serve.prompts import PromptSpec
+from bench.serve.topology import parse_topologies
+from launch.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

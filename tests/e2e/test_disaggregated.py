@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable, Iterator
 import httpx
 import pytest
 
-from services.orchestrator.stack import LocalStack, WorkerSpec
+from launch.plan import WorkerSpec
+from launch.stack import LocalStack
 from services.router.detokenizer import IncrementalDetokenizer
 from services.worker.sim.engine import SimEngine
 from shared.config import WorkerConfig

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Iterator
 import openai
 import pytest
 
-from services.orchestrator.stack import LocalStack, WorkerSpec
+from launch.plan import WorkerSpec
+from launch.stack import LocalStack
 from shared.bus import Bus, connect
 from shared.codec import Codec
 from shared.nats_server import EmbeddedNats

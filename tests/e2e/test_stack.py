@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 
-from services.orchestrator.stack import LocalStack, WorkerSpec
+from launch.plan import WorkerSpec
+from launch.stack import LocalStack
 from shared.bus import Bus
 from shared.codec import Codec
 from shared.request_plane import open_stream

@@ -29,7 +29,7 @@ def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s:
     with `ctrl_c` SIGINT its whole process group as a terminal's Ctrl-C does; it must exit 0
     with every process it started (engines' own included) gone. Returns those pids."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", "0", "--metrics-port", "0",
+    up = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", "0", "--metrics-port", "0",
                            "--model", model_dir, "--state-dir", str(state_dir), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
                           start_new_session=True)

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.transfer import idle_cpu_percent
 from connector.agent_types import TransferOutcome
-from connector.bench_transfer import idle_cpu_percent
 from connector.nixl_agent import KvAgent, nixl_available
 from shared.errors import ErrorCode
 

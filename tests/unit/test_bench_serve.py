@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.bench.prompts import DISTINCT_HEAD_WORDS, PromptSpec, arrival_offsets, build_prompts, word_pool
-from services.bench.serve import ServeWorkload
-from services.bench.stats import RequestRecord, distribution_ms, ratios, summarize
-from services.bench.topology import ALWAYS_DISAGGREGATE, parse_topologies, parse_topology, worker_specs
+from bench.serve.main import ServeWorkload
+from bench.serve.prompts import DISTINCT_HEAD_WORDS, PromptSpec, arrival_offsets, build_prompts, word_pool
+from bench.serve.stats import RequestRecord, distribution_ms, ratios, summarize
+from bench.serve.topology import ALWAYS_DISAGGREGATE, parse_topologies, parse_topology, worker_specs
+from launch.argv import worker_args
+from launch.plan import StackConfig
 from shared.schemas import WorkerRole
 
 # ---- prompts ---------------------------------------------------------------------------------
@@ -133,8 +135,8 @@ def test_topology_names() -> None:
     assert roles("1p1d") == [("prefill-1", WorkerRole.PREFILL), ("decode-1", WorkerRole.DECODE)]
     assert roles("2P3D").count(("decode-3", WorkerRole.DECODE)) == 1
     assert [role for _, role in roles("3x1")] == [WorkerRole.BOTH] * 3
-    assert parse_topology("2p2d").router_args == ALWAYS_DISAGGREGATE
-    assert parse_topology("2x1").router_args == ()
+    assert parse_topology("2p2d").router_settings == ALWAYS_DISAGGREGATE
+    assert parse_topology("2x1").router_settings == {}
     for bad in ("", "1p", "0p1d", "1p0d", "0x1", "2x2", "tp2"):
         with pytest.raises(ValueError):
             parse_topology(bad)
@@ -148,9 +150,10 @@ def test_compare_needs_two_distinct_topologies() -> None:
 
 
 def test_vllm_workers_are_pinned_round_robin() -> None:
-    specs = worker_specs(parse_topology("2p1d"), "vllm", cores=[4, 5], worker_args=("--max-model-len", "4096"),
-                         vllm_kv_cache_gib=0.5)
-    assert [spec.extra_args for spec in specs] == [
-        ("--max-model-len", "4096", "--vllm-cpu-threads-bind", core, "--vllm-kv-cache-gib", "0.5")
-        for core in ("4", "5", "4")]
-    assert all(spec.extra_args == () for spec in worker_specs(parse_topology("2x1"), "sim", cores=[0]))
+    settings = {"max_model_len": 4096, "vllm_kv_cache_gib": 0.5}
+    specs = worker_specs(parse_topology("2p1d"), "vllm", cores=[4, 5], worker_settings=settings)
+    assert [spec.engine_args[:2] for spec in specs] == [("--vllm-cpu-threads-bind", core) for core in ("4", "5", "4")]
+    assert all(spec.settings == settings for spec in specs)
+    worker = worker_args(StackConfig(model_dir="m", workers=specs), "nats://n", specs[0])
+    assert worker[-4:] == ["--max-model-len", "4096", "--vllm-kv-cache-gib", "0.5"]  # after the engine's: they win
+    assert all(spec.engine_args == () for spec in worker_specs(parse_topology("2x1"), "sim", cores=[0]))

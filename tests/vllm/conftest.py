@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from services.orchestrator.stack import LocalStack, StackConfig, WorkerSpec
+from launch.plan import StackConfig, WorkerSpec
+from launch.stack import LocalStack
 from shared.bus import connect
 from shared.nats_server import EmbeddedNats, pid_alive
 from shared.schemas import WorkerRole

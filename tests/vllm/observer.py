@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import openai
 
-from services.orchestrator.stack import LocalStack
+from launch.stack import LocalStack
 from shared.bus import Bus, connect
 from shared.codec import Codec
 from shared.schemas import TransferRecord

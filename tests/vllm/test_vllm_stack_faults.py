@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
 
-from services.orchestrator.stack import LocalStack  # noqa: E402
+from launch.stack import LocalStack  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.vllm.conftest import BLOCK, References, pd_pair  # noqa: E402

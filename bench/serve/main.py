@@ -12,8 +12,9 @@ disaggregated; "2x1": two workers serving whole requests; generally "NpMd" and "
 
     tandem bench serve --compare 1p1d,2x1 --engine sim|vllm [--model-dir DIR] ...
 
-Each stack is the `tandem up` definition (`LocalStack`), stopped before the next starts,
-so no cache carries over. Workers are launched with this interpreter: run mode B with
+Each topology is a stack definition (`topology.stack_definition`) run as local processes
+the way `tandem up` runs one (`LocalStack`), stopped before the next starts, so no cache
+carries over. Workers are launched with this interpreter: run mode B with
 `--engine vllm` from the vLLM venv. Prompts are seeded random words, distinct from their
 first words on (`--shared-prefix-tokens` gives them a common opening); `--warmup` requests
 with other prompts go first and are not measured. Requests stream with temperature 0 and
@@ -40,11 +41,13 @@ from pathlib import Path
 
 import httpx
 
-from services.bench.client import Api, LoadPlan, RequestShape, make_client, run_requests, served_model
-from services.bench.prompts import PromptSpec, TokenCounter, arrival_offsets, build_prompts, one_token_per_word
-from services.bench.stats import RequestRecord, ratios, summarize
-from services.bench.topology import Topology, parse_topologies, worker_specs
-from services.orchestrator.stack import LocalStack, StackConfig
+from bench.serve.client import Api, LoadPlan, RequestShape, make_client, run_requests, served_model
+from bench.serve.prompts import PromptSpec, TokenCounter, arrival_offsets, build_prompts, one_token_per_word
+from bench.serve.stats import RequestRecord, ratios, summarize
+from bench.serve.topology import Topology, parse_topologies, stack_definition
+from launch.definition import Settings
+from launch.plan import StackConfig, plan_stack
+from launch.stack import LocalStack
 
 DISAGGREGATED_METRIC = "tandem_router_disaggregated_requests_total"
 
@@ -136,17 +139,18 @@ class CompareSetup:
     log_root: Path
     sim_speedup: float = 1.0
     vllm_kv_cache_gib: float = 0.5
-    worker_args: tuple[str, ...] = ()
-    start_timeout_s: float = 60.0
+    worker_settings: Settings = dataclasses.field(default_factory=dict)  # more `tandem worker` options
+    start_timeout_s: float = 0.0  # 0: the engine's
+
+    def all_worker_settings(self) -> Settings:
+        # every worker gets both engines' options; an engine ignores the other's
+        return {"sim_speedup": self.sim_speedup, "vllm_kv_cache_gib": self.vllm_kv_cache_gib, **self.worker_settings}
 
 
 def stack_config(setup: CompareSetup, topology: Topology) -> StackConfig:
-    cores = sorted(os.sched_getaffinity(0))
-    return StackConfig(model_dir=setup.model_dir, engine=setup.engine,
-                       workers=worker_specs(topology, setup.engine, cores, setup.worker_args, setup.vllm_kv_cache_gib),
-                       router_port=0, metrics_port=0, sim_speedup=setup.sim_speedup,
-                       log_dir=str(setup.log_root / topology.name), router_args=topology.router_args,
-                       start_timeout_s=setup.start_timeout_s)
+    definition = stack_definition(topology, setup.engine, setup.model_dir, setup.all_worker_settings())
+    return plan_stack(definition, log_dir=str(setup.log_root / topology.name), cores=sorted(os.sched_getaffinity(0)),
+                      start_timeout_s=setup.start_timeout_s)
 
 
 def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareSetup) -> dict:
@@ -205,6 +209,8 @@ def _model_dir(model_dir: str, state_dir: Path) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from services.worker.engines import engine_names
+
     parser = argparse.ArgumentParser(prog="tandem bench serve", description=__doc__.splitlines()[0])
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="mode A: an OpenAI-compatible server (http://HOST:PORT)")
@@ -224,14 +230,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request before it is an error")
     parser.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (vLLM, Tandem; not OpenAI)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim", help="mode B: worker engine")
+    parser.add_argument("--engine", choices=engine_names(), default="sim", help="mode B: worker engine")
     parser.add_argument("--model-dir", default="", help="mode B: model directory (default: a generated tiny model)")
     parser.add_argument("--state-dir", default=".tandem/bench-serve", help="mode B: logs and the generated model")
     parser.add_argument("--sim-speedup", type=float, default=1.0, help="mode B, sim: run the sim this much faster")
     parser.add_argument("--vllm-kv-cache-gib", type=float, default=0.5, help="mode B, vllm: KV cache per worker")
     parser.add_argument("--max-model-len", type=int, default=0, help="mode B: worker flag (default: the worker's)")
     parser.add_argument("--start-timeout", type=float, default=0.0,
-                        help="mode B: seconds for a stack to start (default: 60 for sim, 240 for vllm)")
+                        help="mode B: seconds for a stack to start (default: the engine's start timeout)")
     return parser
 
 
@@ -263,8 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup = CompareSetup(engine=args.engine, model_dir=_model_dir(args.model_dir, state_dir),
                              log_root=state_dir / "logs", sim_speedup=args.sim_speedup,
                              vllm_kv_cache_gib=args.vllm_kv_cache_gib,
-                             worker_args=("--max-model-len", str(args.max_model_len)) if args.max_model_len else (),
-                             start_timeout_s=args.start_timeout or (240.0 if args.engine == "vllm" else 60.0))
+                             worker_settings={"max_model_len": args.max_model_len} if args.max_model_len else {},
+                             start_timeout_s=args.start_timeout)
         document = {"config": {"compare": [topology.name for topology in topologies], "engine": setup.engine,
                                "model_dir": setup.model_dir, "sim_speedup": setup.sim_speedup, **config},
                     **compare(topologies, workload, setup)}

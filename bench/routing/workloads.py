@@ -1,4 +1,4 @@
-"""Workloads for the routing benchmark (`bench_routing`): pure, seeded, no I/O.
+"""Workloads for the routing benchmark (`bench.routing`): pure, seeded, no I/O.
 
 Two shapes, both as token-id prompts so that prefixes are exact:
 

@@ -16,7 +16,7 @@ from typing import Literal
 import httpx
 import msgspec
 
-from services.bench.stats import RequestRecord
+from bench.serve.stats import RequestRecord
 
 Api = Literal["completions", "chat"]
 _json = msgspec.json.Decoder()
@@ -71,7 +71,7 @@ async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt:
             async with client.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
                     await response.aread()
-                    record.error = f"http {response.status_code} {_error_code(response.content)}".rstrip()
+                    record.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
                     return
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
@@ -81,7 +81,7 @@ async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt:
                         break
                     chunk = _json.decode(payload)
                     if chunk.get("error"):
-                        record.error = f"stream {_error_code(payload)}".rstrip()
+                        record.error = f"stream {error_code(payload)}".rstrip()
                         return
                     if any(_text(choice) for choice in chunk.get("choices") or ()):
                         record.text_chunk_at.append(time.monotonic())
@@ -110,7 +110,7 @@ def _text(choice: dict) -> str:
     return choice.get("text") or ""
 
 
-def _error_code(body: bytes | str) -> str:
+def error_code(body: bytes | str) -> str:
     """The OpenAI error body's code (or type): a small set of values, to count."""
     try:
         error = _json.decode(body)["error"]

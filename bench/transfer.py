@@ -13,7 +13,7 @@ Then both processes sit idle and report their CPU use; a process with a stock
 `nixl_agent` (the Python API's defaults) is measured the same way for comparison.
 
 `run_transfer_bench(...) -> dict` is the entry point (`tandem bench transfer --json`);
-`python -m connector.bench_transfer` prints the same JSON.
+`python -m bench.transfer` prints the same JSON.
 """
 
 from __future__ import annotations

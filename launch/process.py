@@ -2,13 +2,13 @@
 
 Children run in their own session (a Ctrl-C reaches only the launcher, which then stops
 them in order) and get a parent-death signal, so a launcher killed with SIGKILL leaves no
-orphans behind. Each child's output goes to its own log file.
+orphans behind. Each child's output goes to its own log file; whether a child is ready is
+for `launch.readiness` to tell (health endpoints, membership), never its log lines.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -38,13 +38,6 @@ class ManagedProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
-
-    def find_line(self, pattern: str) -> re.Match[str] | None:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return None
-        return re.search(pattern, text)
 
     def wait_or_kill(self, timeout_s: float) -> int:
         """Wait up to `timeout_s` for the exit, then SIGKILL; then clear the process group."""
@@ -80,10 +73,10 @@ class LocalLauncher:
         self.processes: dict[str, ManagedProcess] = {}
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
-        """Start `python -m services.cli <args>` as child `name`."""
+        """Start `python -m cli.main <args>` (`tandem <args>`) as child `name`."""
         if name in self.processes and self.processes[name].alive:
             raise ValueError(f"a process named {name!r} is already running")
-        argv = [sys.executable, "-m", "services.cli", *args]
+        argv = [sys.executable, "-m", "cli.main", *args]
         log_path = self.log_dir / f"{name}.log"
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(log_path, "ab") as log_file:
@@ -92,18 +85,6 @@ class LocalLauncher:
         process = ManagedProcess(name, argv, popen, log_path)
         self.processes[name] = process
         return process
-
-    def wait_for_line(self, name: str, pattern: str, timeout_s: float) -> re.Match[str]:
-        process = self.processes[name]
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            match = process.find_line(pattern)
-            if match:
-                return match
-            if not process.alive:
-                raise RuntimeError(f"{name} exited with {process.popen.returncode}:\n{process.log_tail()}")
-            time.sleep(0.05)
-        raise TimeoutError(f"{name} did not print /{pattern}/ within {timeout_s}s:\n{process.log_tail()}")
 
     def stop(self, name: str, timeout_s: float = 10.0) -> None:
         self.stop_together([name], timeout_s)

@@ -12,7 +12,7 @@ chain hash, its `block_hash` the engine's hash (as a Dynamo publisher would send
 Then 8k-token queries with partial overlaps time `match` / `find_matches` on the same
 chains; both must agree on every worker's overlap (a warning on stderr if not).
 
-    python -m services.router.bench_index [--quick] [--workers 16,256,1024] [--blocks N]
+    python -m bench.index [--quick] [--workers 16,256,1024] [--blocks N]
 
 prints one JSON document (a list of rows) on stdout, progress on stderr. Not a test.
 """
@@ -318,7 +318,7 @@ def run_index_bench(workers_list: Sequence[int] = (16, 256, 1024), total_blocks:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_index", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tandem bench index", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="16,256,1024", help="comma-separated fleet sizes")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout (the default anyway)")
     parser.add_argument("--blocks", type=int, default=1_000_000, help="(worker, block) pairs to index")

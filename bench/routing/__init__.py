@@ -1,0 +1,7 @@
+"""Routing benchmark (`tandem bench routing`): KV-aware routing beside round-robin and random
+on real local stacks of sim workers.
+
+`workloads` is pure (seeded prompts, sizing from the sim's timing profile, result figures);
+`client` streams requests; `counters` reads the cluster's cache counters; `drive` runs a
+workload against a stack; `main` starts one stack per (workload, policy) and prints JSON.
+"""

@@ -1,0 +1,77 @@
+"""The routing benchmark's client: streams `/v1/completions` with token-id prompts into an
+`Outcome` per request (TTFT at the first non-empty text chunk; an error is a short reason,
+never an exception), and prints progress lines on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import httpx
+import msgspec
+
+from bench.routing.workloads import Outcome
+from bench.serve.client import error_code, make_client
+
+_chunk = msgspec.json.Decoder()
+REQUEST_TIMEOUT_S = 300.0
+
+
+def progress(message: str) -> None:
+    print(f"bench_routing: {message}", file=sys.stderr, flush=True)
+
+
+def router_client(base_url: str) -> httpx.AsyncClient:
+    return make_client(base_url, REQUEST_TIMEOUT_S)
+
+
+async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int,
+                            outcome: Outcome, *, keep_text: bool = False) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                outcome.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                if payload == "[DONE]":
+                    break
+                chunk = _chunk.decode(payload)
+                if "error" in chunk:
+                    outcome.error = f"stream {error_code(payload)}"
+                    return
+                for choice in chunk.get("choices") or ():
+                    text = choice.get("text")
+                    if text:
+                        if outcome.ttft_s is None:
+                            outcome.ttft_s = time.monotonic() - outcome.sent_at
+                        if keep_text:
+                            outcome.text += text
+                if chunk.get("usage"):
+                    outcome.completion_tokens = chunk["usage"]["completion_tokens"]
+        if outcome.completion_tokens != max_tokens:
+            outcome.error = f"{outcome.completion_tokens} of {max_tokens} tokens"
+        else:
+            outcome.ended_at = time.monotonic()
+    except asyncio.CancelledError:
+        outcome.error = "unfinished"
+        raise
+    except (httpx.HTTPError, msgspec.DecodeError) as error:
+        outcome.error = type(error).__name__
+
+
+async def finish(tasks: list[asyncio.Task], drain_s: float) -> None:
+    """Wait for `tasks` up to `drain_s`; the rest are cancelled (their outcomes say so)."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=drain_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,6 @@
+"""Serving benchmarks: an OpenAI-compatible load client and side-by-side topology runs.
+
+`main` is the command (`tandem bench serve`); `prompts`, `stats` and `topology` are pure
+(seeded workloads, figures from per-request records, topology names to worker groups);
+`client` is the only module that does HTTP.
+"""

@@ -1,0 +1,1 @@
+"""The `tandem` command (`cli.main:main`): it sits on top of everything it starts."""

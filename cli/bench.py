@@ -1,0 +1,42 @@
+"""`tandem bench ...`: each benchmark parses its own flags (they pass through untouched,
+`--help` included) and prints one JSON document on stdout, progress on stderr."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(help="Benchmarks: each prints one JSON document on stdout, progress on stderr.",
+                  no_args_is_help=True)
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command("transfer", context_settings=PASSTHROUGH)
+def bench_transfer(ctx: typer.Context) -> None:
+    """KV transfer: Tandem's connector vs plain NIXL READ, and idle CPU (--help for options)."""
+    from bench.transfer import main as bench_main
+
+    bench_main(list(ctx.args))
+
+
+@app.command("index", context_settings=PASSTHROUGH)
+def bench_index(ctx: typer.Context) -> None:
+    """KV index: ingest and match vs NVIDIA Dynamo's RadixTree, same events (--help for options)."""
+    from bench.index import main as bench_main
+
+    bench_main(list(ctx.args))
+
+
+@app.command("routing", context_settings=PASSTHROUGH)
+def bench_routing(ctx: typer.Context) -> None:
+    """Routing: KV-aware vs round-robin vs random on a local stack of sim workers (--help for options)."""
+    from bench.routing.main import main as bench_main
+
+    bench_main(list(ctx.args))
+
+
+@app.command("serve", context_settings=PASSTHROUGH)
+def bench_serve(ctx: typer.Context) -> None:
+    """Serving: TTFT, ITL, TPOT, throughput against a URL, or topologies side by side (--help for options)."""
+    from bench.serve.main import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))

@@ -1,0 +1,58 @@
+"""Options and helpers shared by the service commands: one definition of each common flag
+(`--nats-url`, `--namespace`, membership and tracing), the typed config pieces built from
+them, and how a service's coroutine runs (a config error exits 2, Ctrl-C is quiet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+import typer
+
+NatsUrl = Annotated[str, typer.Option("--nats-url", envvar="TANDEM_NATS_URL", help="NATS server URL.")]
+Namespace = Annotated[str, typer.Option("--namespace", envvar="TANDEM_NAMESPACE",
+                                        help="Subject namespace (one per cluster).")]
+Heartbeat = Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.")]
+Ttl = Annotated[float, typer.Option("--ttl", help="Seconds without heartbeat before a worker is removed.")]
+Exporter = Annotated[str, typer.Option("--trace-exporter", envvar="TANDEM_TRACE_EXPORTER",
+                                       help="none | otlp | console")]
+OtlpEndpoint = Annotated[str, typer.Option("--otlp-endpoint", envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")]
+LogLevel = Annotated[str, typer.Option("--log-level", envvar="TANDEM_LOG_LEVEL")]
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def bus_config(nats_url: str, namespace: str):
+    from shared.config import BusConfig
+
+    return BusConfig(nats_url=nats_url, namespace=namespace)
+
+
+def membership_config(heartbeat: float, ttl: float):
+    from shared.config import MembershipConfig
+
+    return MembershipConfig(heartbeat_interval_s=heartbeat, ttl_s=ttl)
+
+
+def tracing_config(exporter: str, endpoint: str):
+    from shared.config import TracingConfig
+
+    if exporter not in ("none", "otlp", "console"):
+        raise typer.BadParameter("must be none, otlp or console", param_hint="--trace-exporter")
+    return TracingConfig(exporter=exporter, otlp_endpoint=endpoint)  # type: ignore[arg-type]
+
+
+def run_service(coro) -> None:
+    from shared.config import ConfigError
+
+    try:
+        asyncio.run(coro)
+    except ConfigError as error:
+        typer.secho(f"error: {error}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,82 @@
+"""One local stack running: NATS, orchestrator, metrics collector, workers and router, each
+a separate process started by the `LocalLauncher` from a `StackConfig` (`launch.plan`).
+
+`tandem up` runs it for people; the end-to-end tests and the benchmarks run the same code.
+Every process starts at once once NATS is up (the services find each other through NATS),
+then the stack waits for each to be ready (`launch.readiness`: health endpoints, worker
+registrations). Stop order matters: workers drain first (so in-flight requests finish),
+then the router, then the control services, then NATS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launch import argv
+from launch.plan import StackConfig, WorkerSpec
+from launch.process import LocalLauncher, ManagedProcess
+from launch.readiness import free_port, wait_http_ok, wait_registered
+from shared.nats_server import EmbeddedNats
+
+CONTROL_SERVICES = ("router", "metrics", "orchestrator")
+
+
+class LocalStack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.launcher = LocalLauncher(config.log_dir)
+        self.nats: EmbeddedNats | None = None
+        self.nats_url = config.nats_url
+        self.router_url = ""
+        self.metrics_url = ""
+        self.start_timeout_s = config.resolved_start_timeout_s()
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        config = self.config
+        if not self.nats_url:
+            self.nats = EmbeddedNats(str(Path(config.log_dir) / "nats")).start()
+            self.nats_url = self.nats.url
+        router_port = config.router_port or free_port(config.router_host)
+        metrics_port = config.metrics_port or free_port(config.metrics_host)
+        self.launcher.start("orchestrator", argv.orchestrator_args(config, self.nats_url))
+        metrics = self.launcher.start("metrics", argv.metrics_args(config, self.nats_url, metrics_port))
+        for spec in config.workers:
+            self.start_worker(spec)
+        router = self.launcher.start("router", argv.router_args(config, self.nats_url, router_port))
+        self.metrics_url = f"http://{config.metrics_host}:{metrics_port}"
+        self.router_url = f"http://{config.router_host}:{router_port}"
+        wait_http_ok(metrics, self.metrics_url + config.metrics_health, self.start_timeout_s)
+        wait_http_ok(router, self.router_url + config.router_health, self.start_timeout_s)
+        self.wait_workers_ready([spec.worker_id for spec in config.workers])
+
+    def start_worker(self, spec: WorkerSpec) -> ManagedProcess:
+        return self.launcher.start(spec.worker_id, argv.worker_args(self.config, self.nats_url, spec))
+
+    def wait_worker_ready(self, worker_id: str) -> None:
+        self.wait_workers_ready([worker_id])
+
+    def wait_workers_ready(self, worker_ids: list[str]) -> None:
+        """Until each worker is registered by the process started for it."""
+        wait_registered(self.nats_url, self.config.namespace,
+                        {worker_id: self.worker(worker_id) for worker_id in worker_ids}, self.start_timeout_s)
+
+    def worker(self, worker_id: str) -> ManagedProcess:
+        return self.launcher.processes[worker_id]
+
+    @property
+    def processes(self) -> dict[str, ManagedProcess]:
+        return self.launcher.processes
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        workers = [name for name in self.launcher.processes if name not in CONTROL_SERVICES]
+        self.launcher.stop_all([workers, ["router"], ["metrics", "orchestrator"]], timeout_s)
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None

@@ -1,0 +1,143 @@
+"""`tandem up`: a stack definition run in the foreground as local processes, with a
+readable status table.
+
+The definition is `launch/stacks/local.toml` unless `--stack` names another; the flags
+override its worker counts, ports, engine, NATS and model (`UpOptions`). Ctrl-C or SIGTERM
+stops every process in order (workers drain first); a failure while starting stops
+whatever had started and prints the failing service's log tail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from launch.definition import DefinitionError, checked, default_definition_path, load_definition, with_overrides
+from launch.plan import plan_stack
+from launch.stack import LocalStack
+from shared.schemas import WorkerRole
+
+
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    """`tandem up`'s flags; None keeps the definition's value."""
+
+    stack: str = ""  # definition file; empty: the packaged local stack
+    port: int | None = None
+    host: str | None = None
+    engine: str | None = None
+    model: str = ""
+    prefill: int | None = None
+    decode: int | None = None
+    workers: int | None = None  # role both
+    metrics_port: int | None = None
+    nats_url: str | None = None
+    state_dir: str = ".tandem"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _model_dir(model: str, state_dir: Path, console: Console) -> str:
+    if model:
+        if not Path(model, "config.json").exists():
+            raise SystemExit(f"error: {model} is not a model directory (no config.json)")
+        return model
+    from shared.tiny_model import generate_tiny_model
+
+    path = state_dir / "models" / "tiny"
+    with console.status("generating the tiny local model"):
+        generate_tiny_model(str(path))
+    return str(path)
+
+
+def engine_problems(engines: list[str]) -> list[str]:
+    """Why this Python cannot run these engines (empty: it can)."""
+    from services.worker.engines import engine_spec
+    from shared.config import ConfigError
+
+    problems = []
+    for engine in engines:
+        try:
+            problem = engine_spec(engine).problem()
+        except ConfigError as error:
+            problem = str(error)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def run_up(options: UpOptions) -> int:
+    console = Console(stderr=True)
+    given = ((WorkerRole.PREFILL, options.prefill), (WorkerRole.DECODE, options.decode),
+             (WorkerRole.BOTH, options.workers))
+    counts = {role: count for role, count in given if count is not None}
+    if any(count < 0 for count in counts.values()):
+        console.print("[red]error:[/] worker counts cannot be negative")
+        return 2
+    problems = engine_problems([options.engine] if options.engine else [])
+    if problems:
+        console.print(f"[red]error:[/] {problems[0]}")
+        return 2
+    state = Path(options.state_dir)
+    try:
+        definition = with_overrides(load_definition(options.stack or default_definition_path()),
+                                    engine=options.engine, counts=counts, router_host=options.host,
+                                    router_port=options.port, metrics_port=options.metrics_port,
+                                    nats_url=options.nats_url)
+        checked(definition, options.stack or "tandem up")
+        problems = engine_problems(sorted({group.engine for group in definition.workers if group.count}))
+        if problems:
+            console.print(f"[red]error:[/] {problems[0]}")
+            return 2
+        model_dir = options.model or definition.model_dir
+        definition = with_overrides(definition, model_dir=_model_dir(model_dir, state, console))
+        config = plan_stack(definition, log_dir=str(state / "logs"), cores=sorted(os.sched_getaffinity(0)))
+    except DefinitionError as error:
+        console.print(f"[red]error:[/] {error}")
+        return 2
+    stack = LocalStack(config)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the stack the way Ctrl-C does
+    try:
+        with console.status("starting NATS, orchestrator, metrics, workers and router"):
+            stack.start()  # stops what it started if it fails or is interrupted
+    except (RuntimeError, TimeoutError) as error:
+        console.print(f"[red]Tandem failed to start:[/] {error}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted while starting; stopped.")
+        return 130
+    console.print(_status_table(stack))
+    console.print(f"OpenAI-compatible API: [bold]{stack.router_url}/v1[/]   logs: {config.log_dir}   Ctrl-C stops")
+    print(f"{stack.router_url}/v1", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the ordered stop short
+        with console.status("stopping (workers drain first)"):
+            stack.stop()
+        console.print("Tandem stopped; no process left behind.")
+    return 0
+
+
+def _status_table(stack: LocalStack) -> Table:
+    table = Table(title="Tandem is up", show_header=True)
+    table.add_column("service")
+    table.add_column("pid")
+    table.add_column("where")
+    table.add_row("nats", str(stack.nats.process.pid) if stack.nats and stack.nats.process else "-", stack.nats_url)
+    for name, process in stack.processes.items():
+        where = {"router": f"{stack.router_url}/v1", "metrics": f"{stack.metrics_url}/metrics"}.get(name, "")
+        table.add_row(name, str(process.pid), where)
+    return table

@@ -1,6 +1,0 @@
-"""Serving benchmarks: an OpenAI-compatible load client and side-by-side topology runs.
-
-`serve` is the command (`tandem bench serve`); `prompts`, `stats` and `topology` are pure
-(seeded workloads, figures from per-request records, topology names to worker specs);
-`client` is the only module that does HTTP.
-"""
