@@ -20,6 +20,7 @@ from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
 from services.router.kv_view import KvView
 from services.router.metrics import RouterMetrics
+from services.router.policy import can_serve
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from services.router.records import Clock, RequestRecorder
 from services.router.serving import ServingContext, cancel_on_disconnect
@@ -128,6 +129,17 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
                 "worker_count": len(started.pool), "workers": started.pool.worker_ids,
                 "in_flight": started.pool.in_flight}
         return JSONResponse(body, status_code=200 if connected else 503)
+
+    @router.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness (liveness is /health): 503 until NATS is connected and an active worker that
+        finishes requests (decode or both) serves the router's model."""
+        started = runtime.started
+        model = started.context.served_model
+        serving = sorted(view.worker_id for view in started.pool.views() if can_serve(view, model))
+        is_ready = started.bus.client.is_connected and bool(serving)
+        body = {"status": "ready" if is_ready else "not ready", "model": model, "serving_workers": serving}
+        return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @router.get("/metrics")
     async def metrics() -> Response:
