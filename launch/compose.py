@@ -1,0 +1,210 @@
+"""The stack definition rendered as a Docker Compose file (`compose/docker-compose.yml`).
+
+`tandem up` and `docker compose up` run the same stack: both come from one
+`StackDefinition` (`launch/stacks/local.toml`). `compose_document(definition)` gives the
+compose file as plain data; `render_compose(definition)` as YAML text, which
+`tandem compose render` prints and a test compares with the checked-in file. Pure: no I/O.
+
+What the definition gives: services, their settings (as command-line options), ports, the
+namespace, membership timing, dependencies and worker groups (`count` -> replicas). What
+the deployment adds: images and build targets, one set of worker services per engine
+profile (`sim`, the default through compose/.env; `vllm-cpu`; `vllm-gpu` with the NVIDIA
+device reservation), an embedded NATS, a one-shot service writing the tiny model into a
+volume, health checks (the router's readiness `/ready`), drain on stop, and the
+`observability` profile (`launch.compose_observability`). Workers join by themselves: each
+replica names itself `<group>-<container hostname>`, so `--scale decode=3` just works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from launch.argv import setting_flags
+from launch.compose_observability import OTLP_TRACES_ENDPOINT, observability_services
+from launch.compose_yaml import to_yaml
+from launch.definition import METRICS, NATS, ORCHESTRATOR, ROUTER, StackDefinition, WorkerGroup, checked
+
+MODEL_VOLUME, NATS_VOLUME = "models", "nats-data"
+TINY_MODEL_DIR = "/models/tiny"
+NATS_PORT, NATS_MONITOR_PORT = 4222, 8222
+ROUTER_READY = "/ready"  # compose health checks mean readiness; the definition's `health` is liveness
+MODEL_SERVICE = "model"
+WORKER_GRACE = "60s"  # SIGTERM: the worker drains its in-flight requests, then exits
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One way to run the workers: a compose profile, the image's build target, the engine."""
+
+    profile: str
+    target: str
+    image: str  # a compose variable expression
+    engine: str = ""  # empty: each group's own engine
+    base_image: str = "${TANDEM_BASE_IMAGE:-python:3.11-slim}"
+    build_args: tuple[tuple[str, str], ...] = ()
+    gpu: bool = False
+    stop_grace: str = WORKER_GRACE
+    suffix: str = ""  # appended to each worker group's service name
+
+
+TANDEM = EngineProfile("sim", "tandem", "${TANDEM_IMAGE:-tandem:latest}")
+ENGINE_PROFILES = (
+    TANDEM,
+    EngineProfile("vllm-cpu", "vllm-cpu", "${TANDEM_VLLM_CPU_IMAGE:-tandem-vllm-cpu:latest}", engine="vllm",
+                  build_args=(("TORCH_INDEX", "${TORCH_INDEX-https://download.pytorch.org/whl/cpu}"),),
+                  stop_grace="180s", suffix="-vllm-cpu"),
+    EngineProfile("vllm-gpu", "vllm-gpu", "${TANDEM_VLLM_GPU_IMAGE:-tandem-vllm-gpu:latest}", engine="vllm",
+                  base_image="${TANDEM_CUDA_BASE_IMAGE:-nvidia/cuda:12.8.1-runtime-ubuntu24.04}",
+                  gpu=True, stop_grace="180s", suffix="-vllm-gpu"),
+)
+
+HEADER = """\
+# Generated from launch/stacks/local.toml by `tandem compose render`: do not edit by hand
+# (`make compose-render` rewrites it; a test checks it matches the definition).
+#
+#   docker compose -f compose/docker-compose.yml up -d              # profile sim (compose/.env)
+#   docker compose -f compose/docker-compose.yml --profile vllm-cpu up -d
+#   docker compose -f compose/docker-compose.yml up -d --scale decode=2
+#   TANDEM_TRACE_EXPORTER=otlp docker compose -f compose/docker-compose.yml \\
+#       --profile sim --profile observability up -d
+#
+# Variables: PORT (router, 8000), METRICS_PORT (9100), TANDEM_BASE_IMAGE, TANDEM_IMAGE,
+# TANDEM_VLLM_CPU_IMAGE, TANDEM_VLLM_GPU_IMAGE, TANDEM_CUDA_BASE_IMAGE, TANDEM_NATS_IMAGE,
+# TORCH_INDEX, TANDEM_TRACE_EXPORTER (none | otlp), TANDEM_LOG_LEVEL; the observability
+# profile's: JAEGER_PORT, PROMETHEUS_PORT, GRAFANA_PORT and their images (see below).
+"""
+
+
+def render_compose(definition: StackDefinition) -> str:
+    """The compose file's text for `definition`."""
+    return HEADER + to_yaml(compose_document(definition))
+
+
+def compose_document(definition: StackDefinition) -> dict[str, object]:
+    """The compose file as data: services and volumes."""
+    definition = checked(definition, definition.name)
+    nats_url = definition.nats.url or f"nats://{NATS}:{NATS_PORT}"
+    model_dir = definition.model_dir or TINY_MODEL_DIR
+    services: dict[str, object] = {}
+    if not definition.nats.url:
+        services[NATS] = _nats()
+    if not definition.model_dir:
+        services[MODEL_SERVICE] = _model_service()
+    bus = ["--nats-url", nats_url, "--namespace", definition.namespace]
+    membership = ["--heartbeat-interval", str(definition.membership.heartbeat_interval_s),
+                  "--ttl", str(definition.membership.ttl_s)]
+    orchestrator = definition.orchestrator
+    services[ORCHESTRATOR] = _tandem_service(
+        TANDEM, definition, ["orchestrator", *bus, *membership, *setting_flags(orchestrator.settings)],
+        orchestrator.depends_on)
+    metrics = definition.metrics
+    services[METRICS] = _tandem_service(
+        TANDEM, definition, ["metrics", *bus, "--host", "0.0.0.0", "--port", str(metrics.port),
+                             *setting_flags(metrics.settings)],
+        metrics.depends_on, health_url=f"http://127.0.0.1:{metrics.port}{metrics.health}",
+        ports=[f"${{METRICS_PORT:-{metrics.port}}}:{metrics.port}"])
+    router = definition.router
+    services[ROUTER] = _tandem_service(
+        TANDEM, definition, ["router", *bus, *membership, "--host", "0.0.0.0", "--port", str(router.port),
+                             "--model-dir", model_dir, *setting_flags(router.settings)],
+        router.depends_on, health_url=f"http://127.0.0.1:{router.port}{ROUTER_READY}",
+        ports=[f"${{PORT:-{router.port}}}:{router.port}"], model=True)
+    for profile in ENGINE_PROFILES:
+        for group in definition.workers:
+            if group.count > 0:
+                services[group.name + profile.suffix] = _worker(profile, definition, group,
+                                                                [*bus, *membership], model_dir)
+    services.update(observability_services())
+    return {"services": services, "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}}}
+
+
+def _nats() -> dict[str, object]:
+    """JetStream on, its store in a volume. The official image by default; the Tandem image
+    has nats-server too (TANDEM_NATS_IMAGE=tandem:latest), hence the two-way health check."""
+    return {
+        "image": "${TANDEM_NATS_IMAGE:-nats:2.10-alpine}",
+        "entrypoint": ["nats-server"],
+        "command": ["--jetstream", "--store_dir", "/data", "--port", str(NATS_PORT),
+                    "--http_port", str(NATS_MONITOR_PORT)],
+        "environment": {"TANDEM_HEALTH_URL": f"http://127.0.0.1:{NATS_MONITOR_PORT}/healthz"},
+        "volumes": [f"{NATS_VOLUME}:/data"],
+        "healthcheck": {"test": ["CMD-SHELL", "wget -q -O /dev/null \"$$TANDEM_HEALTH_URL\" || tandem-healthcheck"],
+                        **_health_timing()},
+        "restart": "unless-stopped",
+    }
+
+
+def _model_service() -> dict[str, object]:
+    """Writes the tiny model into the models volume once; every other start finds it there."""
+    service = _image(TANDEM)
+    service.update({
+        "entrypoint": ["sh", "-c", f'test -f {TINY_MODEL_DIR}/config.json || exec tandem model tiny {TINY_MODEL_DIR}'],
+        "volumes": [f"{MODEL_VOLUME}:/models"],
+        "healthcheck": {"disable": True},
+        "restart": "no",
+    })
+    return service
+
+
+def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGroup, common: list[str],
+            model_dir: str) -> dict[str, object]:
+    engine = profile.engine or group.engine
+    args = ["worker", *common, "--role", group.role.value, "--engine", engine, "--model-dir", model_dir,
+            *setting_flags(group.settings)]
+    service = _tandem_service(profile, definition, args, group.depends_on, model=True)
+    # The worker id: the group's name and the container's hostname, unique per replica.
+    service["entrypoint"] = ["sh", "-c", f'exec tandem "$$@" --worker-id "{group.name}-$${{HOSTNAME}}"', "tandem"]
+    service["profiles"] = [profile.profile]
+    service["stop_grace_period"] = profile.stop_grace
+    if group.count != 1:
+        service["deploy"] = {"replicas": group.count}
+    if engine != "sim":
+        service["shm_size"] = "1gb"
+    if profile.gpu:
+        service.setdefault("deploy", {})["resources"] = {  # type: ignore[index]
+            "reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
+    return service
+
+
+def _tandem_service(profile: EngineProfile, definition: StackDefinition, command: list[str],
+                    depends_on: tuple[str, ...], *, health_url: str = "", ports: list[str] | None = None,
+                    model: bool = False) -> dict[str, object]:
+    service = _image(profile)
+    service["command"] = command
+    environment = {"TANDEM_LOG_LEVEL": "${TANDEM_LOG_LEVEL:-info}",
+                   "TANDEM_TRACE_EXPORTER": "${TANDEM_TRACE_EXPORTER:-none}",
+                   "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": OTLP_TRACES_ENDPOINT}
+    if health_url:
+        environment["TANDEM_HEALTH_URL"] = health_url
+        service["healthcheck"] = {"test": ["CMD", "tandem-healthcheck"], **_health_timing()}
+    service["environment"] = environment
+    if ports:
+        service["ports"] = ports
+    if model:
+        service["volumes"] = [f"{MODEL_VOLUME}:/models:ro"]
+    service["depends_on"] = _depends_on(definition, depends_on, model)
+    service["init"] = True  # signals reach the service; its children are reaped
+    service["restart"] = "on-failure"  # not after a drain's clean exit
+    return service
+
+
+def _image(profile: EngineProfile) -> dict[str, object]:
+    args = {"BASE_IMAGE": profile.base_image, **dict(profile.build_args)}
+    return {"image": profile.image,
+            "build": {"context": "..", "dockerfile": "compose/Dockerfile", "target": profile.target, "args": args}}
+
+
+def _depends_on(definition: StackDefinition, names: tuple[str, ...], model: bool) -> dict[str, object]:
+    conditions: dict[str, object] = {}
+    for name in names:
+        if name == NATS and definition.nats.url:
+            continue  # an external NATS is not a service here
+        conditions[name] = {"condition": "service_healthy" if name in (NATS, METRICS, ROUTER) else "service_started"}
+    if model and not definition.model_dir:
+        conditions[MODEL_SERVICE] = {"condition": "service_completed_successfully"}
+    return conditions
+
+
+def _health_timing() -> Mapping[str, object]:
+    return {"interval": "2s", "timeout": "3s", "retries": 30, "start_period": "60s"}

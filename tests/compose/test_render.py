@@ -1,0 +1,67 @@
+"""The compose file is rendered from the stack definition (`launch.compose`): the checked-in
+compose/docker-compose.yml is exactly `tandem compose render`'s output, and the rendering
+keeps the definition's services, settings, ports and dependencies. Needs no Docker."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from launch.compose import ENGINE_PROFILES, compose_document, render_compose
+from launch.compose_yaml import to_yaml
+from launch.definition import default_definition_path, load_definition
+from tests.compose.docker_stack import COMPOSE_FILE
+
+
+@pytest.fixture
+def definition():
+    return load_definition(default_definition_path())
+
+
+def test_checked_in_compose_file_is_the_rendered_definition(definition) -> None:
+    assert COMPOSE_FILE.read_text() == render_compose(definition), \
+        "compose/docker-compose.yml is stale: run `make compose-render`"
+
+
+def test_services_profiles_and_settings_come_from_the_definition(definition) -> None:
+    yaml = pytest.importorskip("yaml")  # PyYAML, when installed, reads the file back
+    document = yaml.safe_load(render_compose(definition))
+    assert document == compose_document(definition)  # the YAML writer loses nothing
+    services = document["services"]
+    assert {"nats", "model", "orchestrator", "metrics", "router", "prefill", "decode"} <= set(services)
+    for profile in ENGINE_PROFILES:
+        for group in ("prefill", "decode"):
+            worker = services[group + profile.suffix]
+            assert worker["profiles"] == [profile.profile]
+            assert worker["command"][worker["command"].index("--role") + 1] == group
+            assert f'"{group}-$${{HOSTNAME}}"' in worker["entrypoint"][2]  # unique id per replica
+            assert "--sim-speedup" in worker["command"]  # the group's settings
+    assert services["decode-vllm-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    router = services["router"]
+    assert router["command"][router["command"].index("--routing-policy") + 1] == "kv-aware"
+    assert router["ports"] == ["${PORT:-8000}:8000"] and router["environment"]["TANDEM_HEALTH_URL"].endswith("/ready")
+    assert router["depends_on"]["nats"] == {"condition": "service_healthy"}
+    assert {service for service, body in services.items() if body.get("profiles") == ["observability"]} == \
+        {"otel-collector", "jaeger", "prometheus", "grafana"}
+
+
+def test_counts_nats_and_model_directory_follow_the_definition(definition) -> None:
+    replace = msgspec.structs.replace
+    groups = tuple(replace(group, count=3) if group.name == "decode" else group for group in definition.workers)
+    changed = replace(definition, workers=groups, nats=replace(definition.nats, url="nats://broker:4222"),
+                      model_dir="/srv/model", namespace="blue")
+    services = compose_document(changed)["services"]
+    assert "nats" not in services and "model" not in services
+    assert services["decode"]["deploy"] == {"replicas": 3} and "deploy" not in services["prefill"]
+    assert "worker" not in services  # groups with count 0 are left out
+    command = services["decode"]["command"]
+    assert command[command.index("--nats-url") + 1] == "nats://broker:4222"
+    assert command[command.index("--namespace") + 1] == "blue"
+    assert command[command.index("--model-dir") + 1] == "/srv/model"
+    assert "nats" not in services["decode"]["depends_on"]
+
+
+def test_yaml_writer_quotes_every_string() -> None:
+    text = to_yaml({"a": {"on": "yes", "list": ["8000:8000", 1, True], "empty": {}, "seq": [{"x": "1", "y": [2]}]}})
+    assert text == ('a:\n  "on": "yes"\n  list: ["8000:8000", 1, true]\n  empty: {}\n'
+                    '  seq:\n    - x: "1"\n      y: [2]\n')

@@ -1,0 +1,117 @@
+"""The compose file on a real Docker engine, default profile (sim engine): the OpenAI API on
+the published port through a prefill/decode pair, a decode worker added with `--scale`
+taking traffic, a worker stopped mid-request draining with no failed request, and
+`down -v` leaving nothing behind. The tests run in order on one stack."""
+
+from __future__ import annotations
+
+import random
+import string
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from tests.compose.docker_stack import ComposeStack, run
+
+pytestmark = pytest.mark.timeout(900)
+
+# Longer than the router's local_prefill_tokens (256): a prompt this long goes prefill -> decode.
+PROMPT_WORDS = 400
+
+
+def long_prompt() -> str:
+    """A prompt nothing has cached yet (random words), so it disaggregates."""
+    rng = random.Random()
+    return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8))) for _ in range(PROMPT_WORDS))
+
+
+def client(stack: ComposeStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.router_url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def test_openai_api_through_a_prefill_decode_pair(sim_stack: ComposeStack) -> None:
+    api = client(sim_stack)
+    model = api.models.list().data[0].id
+    before = sim_stack.router_metric("tandem_router_disaggregated_requests_total")
+
+    reply = api.completions.create(model=model, prompt=long_prompt(), max_tokens=8)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
+    stream = api.completions.create(model=model, prompt=long_prompt(), max_tokens=8, stream=True)
+    assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].text) >= 1
+
+    chat = api.chat.completions.create(model=model, messages=[{"role": "user", "content": long_prompt()}],
+                                       max_tokens=8)
+    assert chat.choices[0].message.content and chat.choices[0].finish_reason == "length"
+    chunks = list(api.chat.completions.create(model=model, messages=[{"role": "user", "content": long_prompt()}],
+                                              max_tokens=8, stream=True))
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "length"
+
+    # Each of the four went prefill -> decode, and the decode worker pulled the prompt's KV.
+    assert sim_stack.router_metric("tandem_router_disaggregated_requests_total") - before == 4
+    assert sim_stack.router_metric("tandem_router_kv_pulled_tokens_total") > 4 * PROMPT_WORDS
+    decode = list(sim_stack.workers("decode").values())
+    assert len(decode) == 1 and decode[0]["kv_pulled_tokens_total"] > 0
+
+
+def test_a_scaled_decode_worker_receives_traffic(sim_stack: ComposeStack) -> None:
+    first = set(sim_stack.workers("decode"))
+    sim_stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "decode=2")
+    assert len(sim_stack.containers("decode")) == 2
+    sim_stack.wait_ready(serving_workers=2)
+    (added,) = set(sim_stack.wait_workers("decode", 2)) - first
+
+    api = client(sim_stack)
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda _: api.completions.create(model="tiny", prompt=long_prompt(), max_tokens=32),
+                                range(16)))
+    assert all(reply.usage.completion_tokens == 32 for reply in replies)
+    deadline = time.monotonic() + 10
+    while sim_stack.workers("decode")[added]["generated_tokens_total"] == 0:
+        assert time.monotonic() < deadline, f"{added} never generated a token: {sim_stack.workers('decode')}"
+        time.sleep(0.5)
+
+
+def test_stopping_a_worker_drains_it(sim_stack: ComposeStack) -> None:
+    """SIGTERM (docker stop) while requests stream from every decode worker: all finish."""
+    api = client(sim_stack)
+    containers = sim_stack.containers("decode")
+    assert len(containers) == 2
+
+    def stream_one(_: int) -> tuple[str | None, int]:
+        stream = api.completions.create(model="tiny", prompt=long_prompt(), max_tokens=300, stream=True)
+        reason, tokens = None, 0
+        for chunk in stream:
+            if chunk.choices:
+                tokens += 1 if chunk.choices[0].text else 0
+                reason = chunk.choices[0].finish_reason or reason
+        return reason, tokens
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream_one, index) for index in range(8)]
+        deadline = time.monotonic() + 30
+        while not all(worker["running"] > 0 for worker in sim_stack.workers("decode").values()):
+            assert time.monotonic() < deadline, f"requests never ran on both decode workers: " \
+                                                f"{sim_stack.workers('decode')}"
+            time.sleep(0.1)
+        stopped = containers[0]
+        started = time.monotonic()
+        run(["docker", "stop", "--time", "60", stopped])  # SIGTERM: drain, then exit
+        stop_s = time.monotonic() - started
+        results = [future.result() for future in futures]
+
+    assert [reason for reason, _ in results] == ["length"] * 8, results
+    assert all(tokens > 0 for _, tokens in results)
+    state = run(["docker", "inspect", "--format", "{{.State.ExitCode}} {{.State.OOMKilled}}", stopped]).stdout.split()
+    assert state == ["0", "false"], f"the drained worker exited {state} after {stop_s:.1f} s"
+    assert "draining" in run(["docker", "logs", stopped]).stderr + run(["docker", "logs", stopped]).stdout
+    reply = api.completions.create(model="tiny", prompt=long_prompt(), max_tokens=4)  # the other one serves on
+    assert reply.usage.completion_tokens == 4
+
+
+def test_down_leaves_nothing_behind(sim_stack: ComposeStack) -> None:
+    assert sim_stack.leftovers()  # it ran: containers, a network, volumes
+    sim_stack.down()
+    assert sim_stack.leftovers() == {}
