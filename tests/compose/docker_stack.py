@@ -116,6 +116,9 @@ class ComposeStack:
     @property
     def env(self) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items() if key != "COMPOSE_PROFILES"}
+        # docker-compose v1 gives the engine 60 s per call by default: too short for removing
+        # containers on a busy machine with the vfs storage driver.
+        env.setdefault("COMPOSE_HTTP_TIMEOUT", "600")
         env.update(PORT=str(self.router_port), METRICS_PORT=str(self.metrics_port), **self.images)
         return env
 
@@ -179,5 +182,5 @@ class ComposeStack:
                  for kind in ("container", "network", "volume")}
         return {kind: ids for kind, ids in found.items() if ids}
 
-    def down(self) -> None:
-        self.compose("down", "-v", "--remove-orphans", "--timeout", "30", check=False)
+    def down(self) -> subprocess.CompletedProcess[str]:
+        return self.compose("down", "-v", "--remove-orphans", "--timeout", "30", check=False)
