@@ -63,11 +63,11 @@ HEADER = """\
 # Generated from launch/stacks/local.toml by `tandem compose render`: do not edit by hand
 # (`make compose-render` rewrites it; a test checks it matches the definition).
 #
-#   docker compose -f compose/docker-compose.yml up -d              # profile sim (compose/.env)
-#   docker compose -f compose/docker-compose.yml --profile vllm-cpu up -d
-#   docker compose -f compose/docker-compose.yml up -d --scale decode=2
-#   TANDEM_TRACE_EXPORTER=otlp docker compose -f compose/docker-compose.yml \\
-#       --profile sim --profile observability up -d
+# From this directory (its .env sets the default profile, sim, and the project name):
+#   docker compose up -d
+#   docker compose up -d --scale decode=2
+#   docker compose --profile vllm-cpu up -d
+#   TANDEM_TRACE_EXPORTER=otlp docker compose --profile sim --profile observability up -d
 #
 # Variables: PORT (router, 8000), METRICS_PORT (9100), TANDEM_BASE_IMAGE, TANDEM_IMAGE,
 # TANDEM_VLLM_CPU_IMAGE, TANDEM_VLLM_GPU_IMAGE, TANDEM_CUDA_BASE_IMAGE, TANDEM_NATS_IMAGE,
