@@ -40,8 +40,15 @@ from services.router.generation import Generation
 from services.router.kv_view import KvView, PromptCache
 from services.router.metrics import RouterMetrics
 from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
-from services.router.routing import RoutePlan, RouteRefusal, RouteRequest, build_policy, context_limit, decide
-from services.router.routing.policy import RoutingPolicy
+from services.router.routing import (
+    RoutePlan,
+    RouteRefusal,
+    RouteRequest,
+    RoutingPolicy,
+    build_policy,
+    context_limit,
+    decide,
+)
 from services.router.token_source import Answered, TokenSource
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import WorkerPool

@@ -27,10 +27,11 @@ from services.router.routing.plan import (
     build_plan,
     kv_transfer_mode,
 )
+from services.router.routing.policy import PolicySpec, RoutingPolicy
 from services.router.routing.registry import build_policy, policy_names, policy_spec
 from services.router.routing.request import RefusalReason, RouteRefusal, RouteRequest
 from services.router.routing.view import WorkerView
 
-__all__ = ["Flow", "KvTransferMode", "RefusalReason", "RoutePlan", "RouteReason", "RouteRefusal", "RouteRequest",
-           "Selection", "WorkerView", "build_plan", "build_policy", "can_serve", "context_limit", "decide",
+__all__ = ["Flow", "KvTransferMode", "PolicySpec", "RefusalReason", "RoutePlan", "RouteReason", "RouteRefusal",
+           "RouteRequest", "RoutingPolicy", "Selection", "WorkerView", "build_plan", "build_policy", "can_serve", "context_limit", "decide",
            "kv_transfer_mode", "policy_names", "policy_spec"]
