@@ -22,6 +22,7 @@ from services.router.kv_view import KvView
 from services.router.metrics import RouterMetrics
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from services.router.records import Clock, RequestRecorder
+from services.router.routing import build_policy
 from services.router.serving import ServingContext, cancel_on_disconnect
 from services.router.serving_chat import ChatServing
 from services.router.serving_completions import CompletionsServing
@@ -55,6 +56,7 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, *, clock: Clock = time.monotonic) -> None:
         self.config = config
         self.clock = clock
+        self.policy = build_policy(config.routing)  # an unknown policy name fails here, at start
         self.malformed = MalformedCounter()
         self.metrics = RouterMetrics(self.malformed)
         self._started: _Started | None = None
@@ -91,7 +93,8 @@ class RouterRuntime:
                               idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s)
             dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, decoder=tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
-                                    routing=config.routing, max_attempts=config.max_attempts)
+                                    routing=config.routing, policy=self.policy,
+                                    max_attempts=config.max_attempts)
             context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
             self._started = _Started(bus, pool, context)

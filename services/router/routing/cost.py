@@ -1,7 +1,8 @@
 """Cost model: what one candidate flow of a request would cost. Pure and synchronous.
 
-Called by `policy.decide()` with plain data: the workers' views and, per worker, how much
-of the prompt's leading blocks the KV index says it holds. Costs are in prompt-token
+Called through `candidates.Candidates` (the scoring stage every policy and the plan
+builder share) with plain data: the workers' views and, per worker, how much of the
+prompt's leading blocks the KV index says it holds. Costs are in prompt-token
 equivalents, a proxy for time to first token and for work the cluster must do:
 
     cost = prefill_weight  x tokens the computing worker must compute
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.router.worker_view import WorkerView
+from services.router.routing.view import WorkerView
 from shared.config import RoutingConfig
 from shared.schemas.membership import WorkerStatus
 

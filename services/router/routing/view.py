@@ -1,27 +1,21 @@
 """What the routing policy knows about one worker at one instant: plain data.
 
 Built by `WorkerPool.views()` (the adapter) from the worker's registration, its last load
-snapshot, and this router's own requests on it; read by `policy` and `cost`.
+snapshot, and this router's own requests on it (its `WorkerLoad` in `ledger`); read by every
+stage of routing (eligibility, scoring, the policies).
 
-Load is *predicted*: the last reported figure corrected by how this router's own share
-of it changed since the report arrived. A burst of requests landing between two load
-reports therefore spreads across workers instead of piling onto the one that looked idle.
-Two figures are predicted that way: requests (running + waiting), and prompt tokens
-waiting for prefill (uncached prompt tokens routed and not yet at their first token).
+Load is *predicted* (`ledger.predicted`): the last reported figure corrected by how this
+router's own share of it changed since the report arrived. Two figures are predicted that
+way: requests (running + waiting), and prompt tokens waiting for prefill (uncached prompt
+tokens routed and not yet at their first token).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.router.routing.ledger import predicted
 from shared.schemas.membership import WorkerRole, WorkerStatus
-
-
-def _predicted(reported: int | None, ours: int, ours_at_report: int) -> int:
-    if reported is None:
-        return ours
-    # The report already counts what we had routed when it arrived.
-    return max(ours, reported + ours - ours_at_report)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +38,7 @@ class WorkerView:
 
     @property
     def predicted_load(self) -> int:
-        return _predicted(self.reported_load, self.in_flight, self.in_flight_at_report)
+        return predicted(self.reported_load, self.in_flight, self.in_flight_at_report)
 
     @property
     def relative_load(self) -> float:
@@ -52,5 +46,5 @@ class WorkerView:
 
     @property
     def predicted_prefill_tokens(self) -> int:
-        return _predicted(self.reported_prefill_tokens, self.outstanding_prefill_tokens,
+        return predicted(self.reported_prefill_tokens, self.outstanding_prefill_tokens,
                           self.outstanding_prefill_at_report)
