@@ -133,7 +133,7 @@ class RouterMetrics:
         self.lease_releases = Counter("tandem_router_kv_lease_releases",
                                       "KV leases the router released for readers that never came, by result",
                                       ["result"], registry=self.registry)
-        self.in_flight = Gauge("tandem_router_requests_in_flight", "Requests routed and not yet ended",
+        self.in_flight = Gauge("tandem_router_in_flight_requests", "Requests routed and not yet ended",
                                registry=self.registry)
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
         self.registry.register(_MalformedCollector(malformed))
@@ -142,6 +142,12 @@ class RouterMetrics:
         self._loads = _WorkerLoadCollector()
         self.registry.register(self._loads)
         self._roles: dict[str, str] = {}  # a worker's role never changes under its id
+        # Label sets of rare events exist from the start at 0, so a rate over them is 0, not absent.
+        for stage in ("before_first_token", "mid_stream"):
+            for result in ("resumed", "failed"):
+                self.resumes.labels(stage, result)
+        for result in ("released", "already_ended", "unreachable"):
+            self.lease_releases.labels(result)
 
     def watch_workers(self, count: Callable[[], int]) -> None:
         self.workers.set_function(count)
