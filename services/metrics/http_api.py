@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 
 import msgspec
 import uvicorn
-from fastapi import FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CollectorRegistry
 
 from services.metrics.cluster_view import ClusterView
+from services.metrics.exposition import render
 
 
 def build_app(view: ClusterView, registry: CollectorRegistry,
@@ -25,8 +26,9 @@ def build_app(view: ClusterView, registry: CollectorRegistry,
     app = FastAPI(title="tandem-metrics", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        body, content_type = render(registry, request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     @app.get("/cluster")
     def cluster() -> Response:

@@ -22,6 +22,7 @@ from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import MetricsConfig
+from shared.prometheus import headers_exemplar
 from shared.schemas import KvEventBatch, KvSnapshotRequest, RequestRecord, TransferRecord
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ class MetricsService:
         self.malformed = {stream: MalformedCounter()
                           for stream in ("load", "kv_events", "requests", "members", "kv_transfers")}
         self.registry, self._histograms = build_registry(self.view, self.malformed)
-        self.transfer_metrics = TransferMetrics(self.registry)
+        self._roles: dict[str, str] = {}  # members' roles, for per-role transfer times
+        self.transfer_metrics = TransferMetrics(self.registry, self._roles.get)
         self._kv_batches: Codec[KvEventBatch] = Codec(KvEventBatch, self.malformed["kv_events"])
         self._records: Codec[RequestRecord] = Codec(RequestRecord, self.malformed["requests"])
         self._transfers: Codec[TransferRecord] = Codec(TransferRecord, self.malformed["kv_transfers"])
@@ -75,8 +77,10 @@ class MetricsService:
         self._loads.on_member(event)
         if event.change is MemberChange.LEFT:
             self.view.remove_worker(event.worker_id)
+            self._roles.pop(event.worker_id, None)
         else:
             self.view.apply_registration(event.registration)
+            self._roles[event.worker_id] = event.registration.role.value
 
     async def _on_kv(self, msg: Msg) -> None:
         batch = self._kv_batches.decode_or_none(msg.data, msg.subject)
@@ -92,7 +96,7 @@ class MetricsService:
     async def _on_transfer(self, msg: Msg) -> None:
         record = self._transfers.decode_or_none(msg.data, msg.subject)
         if record is not None:
-            self.transfer_metrics.observe(record)
+            self.transfer_metrics.observe(record, headers_exemplar(msg.headers))
 
     async def _request_kv_snapshot(self, worker_id: str) -> None:
         log.info("KV stream of %s is out of sync: requesting a snapshot", worker_id)

@@ -85,6 +85,7 @@ class RouterRuntime:
             await kv_view.start()
             await pool.start()
             self.metrics.watch_workers(lambda: len(pool))
+            self.metrics.watch_pool(pool.views)
             self.metrics.watch_kv_index(kv_view.index.stats)
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
             recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
@@ -133,8 +134,9 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
         return JSONResponse(body, status_code=200 if connected else 503)
 
     @router.get("/metrics")
-    async def metrics() -> Response:
-        return Response(runtime.metrics.exposition(), media_type=runtime.metrics.content_type)
+    async def metrics(request: Request) -> Response:
+        body, content_type = runtime.metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     return router
 

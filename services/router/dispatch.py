@@ -109,7 +109,7 @@ class Dispatcher:
             span.set_attribute("tandem.outcome", _outcome(error))
             span.end()
             await self._recorder.record(params, outcome=_outcome(error),
-                                        usage=TokenUsage(len(params.prompt_ids), 0, 0))
+                                        usage=TokenUsage(len(params.prompt_ids), 0, 0), span=span)
             raise
         generation = Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
                                 recorder=self._recorder, clock=self._clock, span=span, resumer=self,
@@ -141,6 +141,8 @@ class Dispatcher:
     async def _open_routed(self, params: GenerationParams, excluded: set[str], deadline: float, span: trace.Span,
                            *, admit: bool, threshold: float) -> TokenSource:
         routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold)
+        if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one
+            self._metrics.observe_queue(routed.plan.computing_worker_id, self._clock() - params.arrived_at, span)
         if isinstance(routed, RouteRefusal):  # decode-first, and no worker holds enough of the prompt
             span.set_attributes({"tandem.flow": "none", "tandem.route_reason": routed.reason,
                                  "tandem.cached_tokens": routed.cached_tokens})

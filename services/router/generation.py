@@ -178,9 +178,9 @@ class Generation:
         now = self._clock()
         if self._first_token_at is None:
             self._first_token_at = now
-            self._metrics.ttft.observe(now - self.params.arrived_at)
+            self._metrics.observe_ttft(self._source.worker_id, now - self.params.arrived_at, self._span)
         elif self._last_token_at is not None:
-            self._metrics.record_tokens_between(now - self._last_token_at, count)
+            self._metrics.record_tokens_between(now - self._last_token_at, count, self._source.worker_id, self._span)
         self._last_token_at = now
         self._completion_tokens += count
 
@@ -219,4 +219,4 @@ class Generation:
             usage = final.usage if final else TokenUsage(len(self.params.prompt_ids), self._completion_tokens, 0)
             await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id or None,
                                         finish_reason=final.finish_reason if final else None,
-                                        usage=usage, ttft_s=self.ttft_s)
+                                        usage=usage, ttft_s=self.ttft_s, span=self._span)

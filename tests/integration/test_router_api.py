@@ -150,7 +150,7 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
         assert time.monotonic() < deadline, text
         await asyncio.sleep(0.01)
     assert 'tandem_router_requests_total{endpoint="completions",outcome="ok"} 1.0' in text
-    assert "tandem_router_time_to_first_token_seconds_count 1.0" in text
+    assert 'tandem_router_time_to_first_token_seconds_count{role="both"} 1.0' in text
     assert "tandem_router_workers 1.0" in text
     assert (await router.client.completions.create(model="other-model", prompt="again", max_tokens=2)).usage
 
