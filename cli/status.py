@@ -112,7 +112,7 @@ def workers_table(status: ClusterStatus) -> Table:
 def status(
     metrics_url: Annotated[str, typer.Option(envvar="TANDEM_METRICS_URL",
                                              help="The metrics collector's base URL.")] = DEFAULT_METRICS_URL,
-    json: Annotated[bool, typer.Option("--json", help="Print the collector's /cluster JSON as it is.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the collector's /cluster JSON as it is.")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.")] = 2.0,
 ) -> None:
@@ -120,7 +120,7 @@ def status(
     console, errors = Console(), Console(stderr=True)
     try:
         body, cluster = fetch_status(metrics_url)
-        if json:
+        if as_json:
             typer.echo(body.decode())
             return
         if not watch:

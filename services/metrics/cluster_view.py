@@ -205,8 +205,8 @@ class ClusterView:
 
     def status(self, now: float) -> ClusterStatus:
         snapshot = self.snapshot()
-        fields = {name: getattr(snapshot, name) for name in snapshot.__struct_fields__}
-        return ClusterStatus(**fields, now=now, roles=role_groups(snapshot), activity=self.activity.summary(now))
+        return ClusterStatus(**msgspec.structs.asdict(snapshot), now=now, roles=role_groups(snapshot),
+                             activity=self.activity.summary(now))
 
     def snapshot(self) -> ClusterSnapshot:
         workers = [_worker_view(self._workers[worker_id], self._kv_sequences) for worker_id in sorted(self._workers)]
