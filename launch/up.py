@@ -115,8 +115,9 @@ def run_up(options: UpOptions) -> int:
         console.print("interrupted while starting; stopped.")
         return 130
     console.print(_status_table(stack))
-    console.print(f"OpenAI-compatible API: [bold]{stack.router_url}/v1[/]   "
-                  f"cluster page: [bold]{cluster_page_url(stack)}[/]   logs: {config.log_dir}   Ctrl-C stops")
+    console.print(f"OpenAI-compatible API: [bold]{stack.router_url}/v1[/]", soft_wrap=True)
+    console.print(f"Cluster page:          [bold]{cluster_page_url(stack)}[/]", soft_wrap=True)
+    console.print(f"logs: {config.log_dir}   Ctrl-C stops", soft_wrap=True)
     print(f"{stack.router_url}/v1", flush=True)
     try:
         while True:
