@@ -16,6 +16,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -115,15 +116,15 @@ def save_screenshot(driver, path: Path) -> Path:  # type: ignore[no-untyped-def]
     return path
 
 
-async def test_cluster_page_follows_the_cluster(browser, stack: LocalStack, client: openai.AsyncOpenAI,  # type: ignore[no-untyped-def]
+async def test_cluster_page_follows_the_cluster(browser: object, stack: LocalStack, client: openai.AsyncOpenAI,
                                                 stack_bus: Bus, tmp_path: Path) -> None:
-    driver = browser
+    driver: Any = browser
     driver.get(f"{stack.metrics_url}/")  # redirects to the page
     assert driver.current_url.endswith("/cluster/page")
     expected = {"prefill-1": ("prefill", "active"), "decode-1": ("decode", "active"), "worker-1": ("both", "active")}
     await wait_for(lambda: shown_workers(driver) == expected, PAGE_WAIT_S, "every worker shown with its role")
-    role_titles = driver.execute_script("return Array.from(document.querySelectorAll('.role')).map(r => r.dataset.role)")
-    assert role_titles == ["prefill", "decode", "both"]
+    sections = driver.execute_script("return Array.from(document.querySelectorAll('.role')).map(r => r.dataset.role)")
+    assert sections == ["prefill", "decode", "both"]
 
     # Routing decisions: requests through the router appear with the worker that served them.
     model = Tokenizer.from_model_dir(stack.config.model_dir).model_name
@@ -134,7 +135,8 @@ async def test_cluster_page_follows_the_cluster(browser, stack: LocalStack, clie
         await client.completions.create(model="no-such-model", prompt="hi", max_tokens=4)
     await wait_for(lambda: driver.execute_script("return document.querySelectorAll('table.requests tbody tr').length")
                    >= 7, PAGE_WAIT_S, "the requests in the routing panel")
-    await wait_for(lambda: "not_found" in _text(driver, "errors"), PAGE_WAIT_S, "the refused request among the recent errors")
+    await wait_for(lambda: "not_found" in _text(driver, "errors"), PAGE_WAIT_S,
+                   "the refused request among the recent errors")
 
     # A message from the network is shown as text, never run as markup.
     failed = TransferRecord(worker_id="decode-1", request_id="cmpl-hostile", kind="pull", peer_worker_id="prefill-1",
@@ -160,6 +162,7 @@ async def test_cluster_page_follows_the_cluster(browser, stack: LocalStack, clie
     for index in range(4):  # some traffic in the window for the screenshot
         last = await client.completions.create(model=model, prompt="A quiet harbour " * (40 + index), max_tokens=8)
     await wait_for(lambda: last.id in _text(driver, "routing"), PAGE_WAIT_S, "the latest request on the page")
+    assert _card(driver, "requests/s") != "0" and _card(driver, "workers") == "3"
     shot = save_screenshot(driver, tmp_path / "cluster-page.png")
     assert shot.stat().st_size > 10_000
     assert console_errors(driver) == []
