@@ -35,6 +35,7 @@ run: $(if $(filter vllm,$(ENGINE)),install-vllm,install)
 # The vLLM tests (real engines) run in the vLLM venv, after the rest.
 test: install install-vllm
 	$(VENV)/bin/ruff check services shared connector bench launch cli tests
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/e2e
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
 
