@@ -1,4 +1,6 @@
-"""The collector's HTTP surface: `/metrics` (Prometheus), `/cluster` (JSON), `/health`.
+"""The collector's HTTP surface: `/metrics` (Prometheus), `/cluster` (JSON: the view's
+`ClusterStatus` at the time of the request), `/health`, and the live cluster page at
+`/cluster/page` (`/` redirects there; `services.metrics.cluster_page`).
 
 `HttpServer` runs uvicorn inside the service's event loop on a socket bound up front, so
 port 0 works, the bound port is known before serving, and a busy port is an `OSError`
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Callable, Iterator
 
 import msgspec
@@ -17,12 +20,13 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry
 
+from services.metrics.cluster_page import page_router
 from services.metrics.cluster_view import ClusterView
 from services.metrics.exposition import render
 
 
 def build_app(view: ClusterView, registry: CollectorRegistry,
-              bus_connected: Callable[[], bool]) -> FastAPI:
+              bus_connected: Callable[[], bool], clock: Callable[[], float] = time.time) -> FastAPI:
     app = FastAPI(title="tandem-metrics", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/metrics")
@@ -32,7 +36,8 @@ def build_app(view: ClusterView, registry: CollectorRegistry,
 
     @app.get("/cluster")
     def cluster() -> Response:
-        return Response(msgspec.json.encode(view.snapshot()), media_type="application/json")
+        return Response(msgspec.json.encode(view.status(clock())), media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
 
     @app.get("/health")
     def health() -> Response:
@@ -40,6 +45,7 @@ def build_app(view: ClusterView, registry: CollectorRegistry,
         body = msgspec.json.encode({"status": "ok" if connected else "nats_disconnected"})
         return Response(body, status_code=200 if connected else 503, media_type="application/json")
 
+    app.include_router(page_router())
     return app
 
 
