@@ -18,7 +18,7 @@ import msgspec
 
 from connector.faults import FaultInjectingTransport
 from connector.holder import KvHolder, LeaseHolder
-from connector.nixl_transport import NixlTransport
+from connector.memory_transport import MemoryFabric, MemoryTransport
 from connector.puller import KvPuller
 from connector.push import LayerWrite, PushReceiver, PushWriter
 from connector.transport import KvTransport
@@ -44,14 +44,23 @@ class Prepared(msgspec.Struct, kw_only=True):
     recomputed_tokens: int = 0
 
 
-def build_transport(config: WorkerConfig, port: KvPort) -> KvTransport:
+def build_transport(config: WorkerConfig, port: KvPort, *, fabric: MemoryFabric | None = None) -> KvTransport:
+    """The transport `config.kv_transfer.transport` names, over the engine's KV region,
+    wrapped in fault injection when faults are configured. `fabric`: the memory transport's
+    (default: the process's own)."""
     region = port.kv_region()
     settings = config.kv_transfer
     # A fresh agent name per incarnation: readers see the change and re-add the peer.
     name = f"{config.worker_id}-{uuid.uuid4().hex[:8]}"
-    transport: KvTransport = NixlTransport(name, region.buffer, region.block_nbytes, region.layer_nbytes,
-                                           progress_delay_us=settings.progress_delay_us,
-                                           transfer_timeout_s=settings.transfer_timeout_s)
+    transport: KvTransport
+    if settings.transport == "memory":
+        transport = MemoryTransport(name, region.buffer, region.block_nbytes, region.layer_nbytes, fabric=fabric)
+    else:
+        from connector.nixl_transport import NixlTransport
+
+        transport = NixlTransport(name, region.buffer, region.block_nbytes, region.layer_nbytes,
+                                  progress_delay_us=settings.progress_delay_us,
+                                  transfer_timeout_s=settings.transfer_timeout_s)
     if settings.faults.active:
         log.warning("%s: KV fault injection is on: %s", config.worker_id, settings.faults)
         transport = FaultInjectingTransport(transport, settings.faults, region.buffer, region.block_nbytes)

@@ -31,7 +31,10 @@ def build_engine(config: WorkerConfig) -> Engine:
 
 def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
     # The data plane lives in vLLM's engine process (Tandem's KV connector); the worker
-    # speaks the lease protocol for it.
+    # speaks the lease protocol for it. Blocks move between vLLM's processes: NIXL only.
+    if config.kv_transfer.transport != "nixl":
+        raise ConfigError(f"the vLLM engine moves KV over NIXL only, not the "
+                          f"{config.kv_transfer.transport!r} transport")
     from services.worker.vllm.worker_kv import VllmWorkerKv
 
     return VllmWorkerKv(config, bus, engine)
