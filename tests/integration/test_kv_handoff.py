@@ -15,7 +15,8 @@ import msgspec
 import pytest
 
 from connector.nixl_agent import nixl_available
-from connector.worker_kv import WorkerKv, build_transport
+from connector.sim.transport_builder import build_transport
+from connector.sim.worker_kv import WorkerKv
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain

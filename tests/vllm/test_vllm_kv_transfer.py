@@ -26,12 +26,13 @@ psutil = pytest.importorskip("psutil")
 
 from connector.faults import chosen  # noqa: E402
 from connector.nixl_agent import nixl_available  # noqa: E402
-from connector.worker_kv import WorkerKv, build_transport  # noqa: E402
+from connector.sim.transport_builder import build_transport  # noqa: E402
+from connector.sim.worker_kv import WorkerKv  # noqa: E402
+from connector.vllm.worker_kv import VllmWorkerKv  # noqa: E402
 from services.worker.service import WorkerService  # noqa: E402
 from services.worker.sim.engine import SimEngine  # noqa: E402
 from services.worker.vllm.engine import VllmEngine  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
-from services.worker.vllm.worker_kv import VllmWorkerKv  # noqa: E402
 from shared.block_hash import block_hash_chain  # noqa: E402
 from shared.bus import Bus, connect  # noqa: E402
 from shared.codec import Codec, encode  # noqa: E402
@@ -103,7 +104,8 @@ async def start_vllm_worker(config: WorkerConfig, bus: Bus) -> VllmWorker:
     engine = VllmEngine(VllmEngineOptions.from_worker_config(config))
     await engine.start()
     try:
-        kv = VllmWorkerKv(config, bus, engine)
+        kv = VllmWorkerKv(config, bus, engine, block_size=engine.info.block_size,
+                          compat_hash=engine.info.compat_hash)
         service = WorkerService(config, engine, bus, kv)
         await service.start()
     except BaseException:

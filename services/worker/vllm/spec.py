@@ -35,9 +35,10 @@ def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
     if config.kv_transfer.transport != "nixl":
         raise ConfigError(f"the vLLM engine moves KV over NIXL only, not the "
                           f"{config.kv_transfer.transport!r} transport")
-    from services.worker.vllm.worker_kv import VllmWorkerKv
+    from connector.vllm.worker_kv import VllmWorkerKv
 
-    return VllmWorkerKv(config, bus, engine)
+    return VllmWorkerKv(config, bus, engine, block_size=engine.info.block_size,
+                        compat_hash=engine.info.compat_hash)
 
 
 def launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
