@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from connector.descriptors import as_block_ids, check_block_ids
+from connector.off_loop import await_transfer
 from connector.transport import Outcome, TransferResult
 from shared.codec import Codec, encode
 from shared.schemas.common import Message
@@ -192,18 +193,7 @@ class MemoryTransport:
         copy = functools.partial(_copy, source, source_ids, target, target_ids, start, stop,
                                  time.perf_counter() + timeout_s, cancel)
         future = asyncio.get_running_loop().run_in_executor(self._executor, copy)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The blocks stay in use until the copy has stopped (as with NIXL): a caller that
-            # frees them on cancellation must not find them still being written.
-            cancel.set()
-            while not future.done():
-                try:
-                    await asyncio.wait({future})
-                except asyncio.CancelledError:
-                    continue
-            raise
+        return await await_transfer(future, cancel)
 
     def _reachable(self, peer: str) -> tuple[MemoryAgent | None, str]:
         known = self._peers.get(peer)
