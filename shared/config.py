@@ -80,8 +80,15 @@ class KvFaultConfig(msgspec.Struct, frozen=True, kw_only=True):
         _require(self.delay_s >= 0, "kv fault delay must not be negative")
 
 
+KvTransportName = Literal["nixl", "memory"]
+KV_TRANSPORTS: tuple[KvTransportName, ...] = ("nixl", "memory")
+
+
 class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     enabled: bool = True  # a worker without a data plane computes everything itself
+    # "nixl": NIXL over UCX, between processes and hosts; "memory": copies between workers
+    # of one process (no NIXL needed: laptops, CI).
+    transport: KvTransportName = "nixl"
     lease_ttl_s: float = 10.0  # how long a holder keeps blocks for a reader that never comes back
     transfer_timeout_s: float = 10.0
     control_timeout_s: float = 2.0
@@ -92,6 +99,8 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     def validate(self) -> None:
         _require(self.lease_ttl_s > 0 and self.transfer_timeout_s > 0 and self.control_timeout_s > 0,
                  "KV transfer timeouts must be positive")
+        _require(self.transport in KV_TRANSPORTS,
+                 f"unknown KV transport {self.transport!r} (known: {', '.join(KV_TRANSPORTS)})")
         _require(self.progress_delay_us > 0, "progress_delay_us must be positive (0 spins a core)")
         self.faults.validate()
 

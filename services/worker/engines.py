@@ -16,12 +16,13 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shared.config import ConfigError
 from shared.schemas.membership import EngineCapabilities
 
 if TYPE_CHECKING:
+    from connector.dataplane import DataPlane
     from services.worker.engine import Engine
     from shared.bus import Bus
     from shared.config import WorkerConfig
@@ -37,8 +38,8 @@ class EngineSpec:
     summary: str  # one line for help texts
     capabilities: EngineCapabilities
     build_engine: Callable[[WorkerConfig], Engine]
-    # The engine's KV data plane (the object `WorkerService` calls); None: no KV transfer.
-    build_data_plane: Callable[[WorkerConfig, Engine, Bus], Any]
+    # The engine's KV data plane (`connector.dataplane.DataPlane`, what `WorkerService` calls).
+    build_data_plane: Callable[[WorkerConfig, Engine, Bus], DataPlane]
     requires_module: str = ""  # a module this Python must have to run the engine ("" none)
     install_hint: str = ""  # how to get `requires_module`
     start_timeout_s: float = 60.0  # how long a launcher waits for such a worker to register

@@ -29,8 +29,8 @@ from vllm.config import KVTransferConfig
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine import EngineCoreRequest
 
-from services.worker.vllm.kv_reports import ReportReceiver
-from services.worker.vllm.kv_wire import (
+from connector.vllm.kv_reports import ReportReceiver
+from connector.vllm.kv_wire import (
     ControlOrder,
     Loaded,
     Pinned,
@@ -39,8 +39,8 @@ from services.worker.vllm.kv_wire import (
     UnpinOrder,
     control_params,
 )
-from services.worker.vllm.options import KvConnectorOptions
-from services.worker.vllm.tandem_connector import (
+from connector.vllm.settings import KvConnectorOptions
+from connector.vllm.tandem_connector import (
     CONNECTOR_CLASS,
     CONNECTOR_MODULE,
     WORKER_EXTENSION,

@@ -1,5 +1,5 @@
 """Tandem's own vLLM KV connector (`KVConnectorBase_V1`), loaded by vLLM through
-`kv_connector_module_path="services.worker.vllm.tandem_connector"`, class `TandemConnector`.
+`kv_connector_module_path="connector.vllm.tandem_connector"`, class `TandemConnector`.
 
 Where each piece runs (one vLLM engine, tensor parallel size 1):
 
@@ -39,11 +39,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from connector.agent_types import KvAgentConfig
-from services.worker.vllm.connector_scheduler import SchedulerSide
-from services.worker.vllm.connector_worker import WorkerSide, page_geometry
-from services.worker.vllm.kv_reports import ReportSender
-from services.worker.vllm.kv_wire import LoadSpec
-from services.worker.vllm.options import KvConnectorOptions
+from connector.vllm.connector_scheduler import SchedulerSide
+from connector.vllm.connector_worker import WorkerSide, page_geometry
+from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_wire import LoadSpec
+from connector.vllm.settings import KvConnectorOptions
 
 if TYPE_CHECKING:
     import torch

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
-from services.worker.vllm.kv_reports import ReportSender
-from services.worker.vllm.kv_wire import (
+from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_wire import (
     Held,
     LoadSpec,
     Pinned,

@@ -27,12 +27,12 @@ from shared.schemas.transfer import KvHandle
 from shared.subjects import Subjects
 
 if TYPE_CHECKING:
-    from services.worker.vllm.engine import VllmEngine
-    from services.worker.vllm.kv_link import HeldBlocks
+    from connector.vllm.engine_port import VllmKvEngine
+    from connector.vllm.kv_link import HeldBlocks
 
 
 class VllmKvHolder(LeaseHolder):
-    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, engine: VllmEngine, *, compat_hash: str,
+    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, engine: VllmKvEngine, *, compat_hash: str,
                  block_size: int, lease_ttl_s: float, sweep_interval_s: float = 0.1,
                  malformed: MalformedCounter | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(worker_id, bus, subjects, compat_hash=compat_hash, block_size=block_size,
@@ -49,7 +49,7 @@ class VllmKvHolder(LeaseHolder):
 
     async def grant_prefix(self, reader_worker_id: str, block_hashes: list[int], ttl_s: float) -> KvHandle | None:
         """Pin the longest prefix of `block_hashes` still cached in vLLM; None if there is none."""
-        tokens = self._engine.kv_event_bridge.mirror.prefix_tokens(block_hashes)
+        tokens = self._engine.prefix_tokens(block_hashes)
         if not tokens:
             return None
         link = self._engine.kv_link

@@ -18,7 +18,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from services.worker.vllm.kv_wire import Report, decode_report, encode_report
+from connector.vllm.kv_wire import Report, decode_report, encode_report
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ non-zero delay: it must not spin), registered once over vLLM's whole KV allocati
 layer-major pages (`kv_pages`). A pull (`LoadSpec`) is read in `start_load_kv` of the step
 that planned it (after that step's forward pass; the pulling request is not in it), in
 the calling thread: NIXL copies inside the posting call on one host, bounded by the
-transfer timeout. Each block is verified against the holder's checksum; blocks that
+transfer timeout. Fault injection (`connector.faults`) and the verification of each block
+against the holder's checksum (`connector.block_reader`) are the sim reader's; blocks that
 failed go to vLLM through `get_block_ids_with_load_errors` and the request through
 `get_finished` in the same step (vLLM rolls it back to its first failed block), and
 every pull ends in exactly one `Loaded` report to the Tandem worker.
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from connector.agent_types import KvAgentConfig
-from connector.faults import chosen
+from connector.block_reader import verified_blocks
+from connector.faults import blocks_before_cut, inject_read_faults
 from connector.nixl_agent import KvAgent
-from services.worker.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
-from services.worker.vllm.kv_reports import ReportSender
-from services.worker.vllm.kv_wire import Loaded, LoadSpec
+from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
+from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_wire import Loaded, LoadSpec
 from shared.config import KvFaultConfig
 
 if TYPE_CHECKING:
@@ -101,8 +103,11 @@ class WorkerSide:
         return self.agent.metadata()
 
     def checksums(self, block_ids: list[int]) -> list[int]:
+        return [self._checksum(block_id) for block_id in block_ids]
+
+    def _checksum(self, block_id: int) -> int:
         assert self._pages is not None and self._geometry is not None
-        return [block_checksum(self._pages, self._geometry, block_id) for block_id in block_ids]
+        return block_checksum(self._pages, self._geometry, block_id)
 
     def close(self) -> None:
         if self._agent is not None:
@@ -133,11 +138,10 @@ class WorkerSide:
             return Loaded(ok=[], reason="every block was cached locally", **report)
         self.loads += 1
         ok, nbytes, reason = self._read(spec)
-        assert self._pages is not None and self._geometry is not None
-        for index, block_id in enumerate(spec.local_block_ids):
-            if ok[index] and block_checksum(self._pages, self._geometry, block_id) != spec.checksums[index]:
-                ok[index] = False
-                reason = reason or "checksum mismatch"
+        landed = ok
+        ok = verified_blocks(landed, spec.local_block_ids, spec.checksums, self._checksum)
+        if ok != landed:
+            reason = reason or "checksum mismatch"
         failed = [block_id for block_id, good in zip(spec.local_block_ids, ok) if not good]
         if failed:
             self._load_errors.update(failed)
@@ -161,32 +165,20 @@ class WorkerSide:
         peer_pool = self.agent.peer_pool(spec.agent_name)
         assert geometry is not None and peer_pool is not None
         remote_blocks = peer_pool.num_blocks // geometry.num_layers
-        cut = count if faults.cut_after_blocks is None else min(count, faults.cut_after_blocks)
+        cut = blocks_before_cut(faults, count)
         result = self.agent.read_blocks(
             spec.agent_name, page_ids(spec.remote_block_ids[:cut], geometry.num_layers, remote_blocks),
             page_ids(spec.local_block_ids[:cut], geometry.num_layers, geometry.num_blocks),
             timeout_s=self._agent_config.default_timeout_s)
         ok = [result.ok] * cut + [False] * (count - cut)
         reason = result.detail if not result.ok else ("injected: transfer cut" if cut < count else "")
-        if self._inject(spec, ok):
+        if inject_read_faults(faults, spec.remote_block_ids, spec.local_block_ids, ok, self._scribble):
             reason = reason or "injected: blocks failed"
         return ok, result.nbytes if result.ok else 0, reason
 
-    def _inject(self, spec: LoadSpec, ok: list[bool]) -> bool:
-        """Fault injection as `connector.faults` does it, chosen by the holder's block ids;
-        whether a block was reported failed by it. Failed blocks are garbage either way."""
-        faults = self._faults
+    def _scribble(self, block_id: int) -> None:
         assert self._pages is not None and self._geometry is not None
-        injected = False
-        for index, (remote, local) in enumerate(zip(spec.remote_block_ids, spec.local_block_ids)):
-            if not ok[index]:
-                scribble(self._pages, self._geometry, local)
-            elif chosen(faults.seed, "fail", remote, faults.fail_fraction):
-                ok[index], injected = False, True
-                scribble(self._pages, self._geometry, local)
-            elif chosen(faults.seed, "corrupt", remote, faults.corrupt_fraction):
-                scribble(self._pages, self._geometry, local)  # reported fine: only the checksum catches it
-        return injected
+        scribble(self._pages, self._geometry, block_id)
 
     def _ensure_peer(self, name: str, metadata: bytes) -> None:
         # Agent names are unique per incarnation: an unknown name is a new peer; a known name

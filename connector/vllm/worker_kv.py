@@ -1,7 +1,8 @@
-"""The KV data plane of a worker serving a vLLM engine: what `connector.worker_kv.WorkerKv`
-is for the sim engine, with the same surface for `WorkerService` (`prepare`, `hold`,
-`release_pins`, `holder.release`, counters) and the same wire protocol, so routers and
-other vLLM workers cannot tell the difference.
+"""The KV data plane of a worker serving a vLLM engine: what `connector.sim.worker_kv.WorkerKv`
+is for the sim engine, the same `connector.dataplane.DataPlane` for `WorkerService` and the
+same wire protocol (the shared `connector.lease_client.LeaseClient`), so routers and other
+workers cannot tell the difference. Built by the vLLM engine's spec
+(`services/worker/vllm/spec.py`) over the engine's `engine_port.VllmKvEngine`.
 
 The difference is where blocks move: inside vLLM. `prepare()` does the NATS half of a pull
 (compatibility check, the holder's agent metadata, a prefix lease) and stages a
@@ -23,16 +24,16 @@ from functools import partial
 
 import msgspec
 
-from connector.puller import KvPuller
-from connector.worker_kv import KvDataPlane, Prepared
-from services.worker.vllm.engine import VllmEngine
-from services.worker.vllm.holder import VllmKvHolder
-from services.worker.vllm.kv_wire import Loaded, PullOrder, TransferOrder
+from connector.dataplane import LeasingDataPlane, Prepared
+from connector.lease_client import LeaseClient
+from connector.vllm.engine_port import VllmKvEngine
+from connector.vllm.holder import VllmKvHolder
+from connector.vllm.kv_wire import Loaded, PullOrder, TransferOrder
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
-from shared.codec import MalformedCounter, encode
+from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
-from shared.errors import InvalidArgument, Unavailable
+from shared.errors import Unavailable
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferOutcome, TransferRecord
 
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 
 
 class PeerAgents:
-    """The part of `KvTransport` a lease client needs: which holders' agent metadata is known.
-    The metadata travels with each pull order to the engine, which adds the peer once."""
+    """The lease client's `PeerRegistry` here: which holders' agent metadata is known. The
+    metadata travels with each pull order to the engine, whose agent adds the peer once."""
 
     def __init__(self) -> None:
         self._metadata: dict[str, bytes] = {}
@@ -69,28 +70,22 @@ class _Pull:
         self.order: PullOrder | None = None  # what the engine is asked to read
 
 
-class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
-    def __init__(self, config: WorkerConfig, bus: Bus, engine: VllmEngine, *,
+class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
+    def __init__(self, config: WorkerConfig, bus: Bus, engine: VllmKvEngine, *, block_size: int, compat_hash: str,
                  malformed: MalformedCounter | None = None) -> None:
         settings = config.kv_transfer
-        self.worker_id = config.worker_id
+        subjects = config.bus.subjects
         self.engine = engine
-        self.block_size = engine.info.block_size
-        self.compat_hash = engine.info.compat_hash
-        self._bus = bus
-        self._subjects = config.bus.subjects
+        self.block_size = block_size
+        self.compat_hash = compat_hash
         self.peers = PeerAgents()
-        super().__init__(VllmKvHolder(config.worker_id, bus, self._subjects, engine, compat_hash=self.compat_hash,
-                                      block_size=self.block_size, lease_ttl_s=settings.lease_ttl_s,
-                                      malformed=malformed))
-        # Only the lease-client half of KvPuller is used (lease_prefix, release, ensure_agent,
-        # check_compatible): its pull() needs a KvPort, and vLLM pulls inside the engine.
-        self.puller = KvPuller(config.worker_id, bus, self._subjects, None, self.peers,  # type: ignore[arg-type]
-                               compat_hash=self.compat_hash, block_size=self.block_size,
-                               control_timeout_s=settings.control_timeout_s,
-                               transfer_timeout_s=settings.transfer_timeout_s, lease_ttl_s=settings.lease_ttl_s)
+        super().__init__(config.worker_id, bus, subjects, VllmKvHolder(
+            config.worker_id, bus, subjects, engine, compat_hash=compat_hash, block_size=block_size,
+            lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
+        self.leases = LeaseClient(config.worker_id, bus, subjects, self.peers, compat_hash=compat_hash,
+                                  block_size=block_size, control_timeout_s=settings.control_timeout_s,
+                                  lease_ttl_s=settings.lease_ttl_s)
         self._hold_keys = itertools.count(1)
-        self._staged: dict[int, str] = {}  # id(Prepared) -> request id, until release_pins()
         self._tasks: set[asyncio.Task] = set()
 
     async def stop(self) -> None:
@@ -108,7 +103,7 @@ class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
             return prepared
         handle, kind = params.source, "pull"
         if handle is None and params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
-            handle, kind = await self.puller.lease_prefix(params.prefix_holder, params.prefix_hashes), "prefix_pull"
+            handle, kind = await self.leases.lease_prefix(params.prefix_holder, params.prefix_hashes), "prefix_pull"
         pull = await self._plan_pull(request, handle, kind, prepared) if handle is not None else None
         hold_key = f"{request.request_id}#{next(self._hold_keys)}" if params.hold_for_decode else ""
         if pull is None and not hold_key:
@@ -116,23 +111,19 @@ class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
         order = TransferOrder(transfer_id=request.request_id, hold_key=hold_key,
                               pull=pull.order if pull is not None else None)
         self.engine.stage(request.request_id, order, partial(self._on_loaded, pull) if pull is not None else None)
-        self._staged[id(prepared)] = request.request_id
+        prepared.staged_request_id = request.request_id
         return prepared
 
     async def _plan_pull(self, request: GenerateRequest, handle: KvHandle, kind: str,
                          prepared: Prepared) -> _Pull | None:
         """The pull to stage; None when there is nothing to read (its outcome is then final)."""
-        try:
-            self.puller.check_compatible(handle)
-        except InvalidArgument:
-            await self.puller.release(handle, "refused")
-            raise
+        await self.leases.refuse_if_incompatible(handle)
         wanted = min(len(handle.block_ids), len(request.token_ids) // self.block_size)
         pull = _Pull(request.request_id, handle, kind, wanted, prepared)
         if wanted == 0:
             self._finish(pull, "done", [], 0, 0, 0, reason="no full block of the prompt")
             return None
-        if not await self.puller.ensure_agent(handle.holder_worker_id, handle.agent_name):
+        if not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
             self._finish(pull, "failed", list(range(wanted)), 0, wanted, 0, reason="holder unreachable")
             return None
         metadata = self.peers.metadata_of(handle.agent_name)
@@ -161,8 +152,7 @@ class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
         this runs on the engine's output path)."""
         pull.prepared.pulled_tokens = blocks_ok * self.block_size
         pull.prepared.recomputed_tokens = blocks_recomputed * self.block_size
-        self.pulled_tokens_total += pull.prepared.pulled_tokens
-        self.recomputed_tokens_total += pull.prepared.recomputed_tokens
+        self._count(pull.prepared)
         record = TransferRecord(worker_id=self.worker_id, request_id=pull.request_id, kind=pull.kind,  # type: ignore[arg-type]
                                 peer_worker_id=pull.handle.holder_worker_id, outcome=outcome,
                                 blocks=pull.wanted if asked is None else asked, blocks_ok=blocks_ok, bytes=nbytes,
@@ -177,7 +167,7 @@ class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
 
     async def _release_and_publish(self, handle: KvHandle, outcome: TransferOutcome, failed_blocks: list[int],
                                    record: TransferRecord) -> None:
-        held = await self.puller.release(handle, outcome, failed_blocks)
+        held = await self.leases.release(handle, outcome, failed_blocks)
         if held is False and outcome in ("done", "failed"):
             # The lease ended before the release (expired). What was read is still sound: every
             # block was verified against the checksum the holder took when it pinned it, after
@@ -185,10 +175,7 @@ class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
             log.warning("%s: lease %s on %s had expired when %s released it", self.worker_id, handle.lease_id,
                         handle.holder_worker_id, record.request_id)
             record = msgspec.structs.replace(record, outcome="expired", reason=record.reason or "lease expired")
-        try:
-            await self._bus.client.publish(self._subjects.kv_transfers(self.worker_id), encode(record))
-        except Exception as error:  # metrics only
-            log.debug("could not publish transfer record: %s", error)
+        await self._publish(record)
 
     def hold(self, request: GenerateRequest) -> KvHandle | None:
         """Lease the prompt blocks vLLM pinned when the prefill finished (the engine keeps them
@@ -202,8 +189,8 @@ class VllmWorkerKv(KvDataPlane[VllmKvHolder]):
         """Called once `generate()` was called, and when the request ends: an order the engine
         never took (the request failed before `generate()` accepted it) is taken back here.
         Nothing is pinned in this process: vLLM references loaded blocks itself."""
-        request_id = self._staged.pop(id(prepared), None)
-        if request_id is None:
+        request_id, prepared.staged_request_id = prepared.staged_request_id, ""
+        if not request_id:
             return
         staged = self.engine.unstage(request_id)
         if staged is not None and staged.on_loaded is not None:

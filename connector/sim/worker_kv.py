@@ -1,28 +1,26 @@
-"""The KV data plane as one worker sees it: transport, holder and puller, wired together.
+"""The KV data plane of a worker whose engine implements `connector.port.KvPort` (the sim):
+transport, holder, lease client and puller wired together behind `connector.dataplane.DataPlane`.
 
 The worker service calls `prepare()` before it starts a request (pull the blocks the
 request names, from a P/D handle or a prefix holder), `hold()` when a prefill for a
-decode worker finishes (lease its blocks), and `finish()` when the request ends. Transfer
+decode worker finishes (lease its blocks), `release_pins()` when the engine took the
+request and when it ends, and the push-mode methods (see `connector.push`). Transfer
 records are published on `kv.transfers.<worker>`; counters feed the load snapshot.
+Built by the sim engine's spec (`services/worker/sim/spec.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-import uuid
-from typing import Generic, TypeVar
 
-import msgspec
-
-from connector.faults import FaultInjectingTransport
-from connector.holder import KvHolder, LeaseHolder
-from connector.nixl_transport import NixlTransport
+from connector.dataplane import LeasingDataPlane, Prepared
+from connector.lease_client import LeaseClient
+from connector.port import KvPort
 from connector.puller import KvPuller
-from connector.push import LayerWrite, PushReceiver, PushWriter
+from connector.push import PushReceiver, PushWriter
+from connector.sim.holder import KvHolder
 from connector.transport import KvTransport
-from services.worker.engine import KvPort
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
@@ -31,69 +29,22 @@ from shared.errors import InvalidArgument, Timeout, Unavailable
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
 
-log = logging.getLogger(__name__)
 
-HolderT = TypeVar("HolderT", bound=LeaseHolder)
-
-
-class Prepared(msgspec.Struct, kw_only=True):
-    """What `prepare()` left for the request: pins to drop after its first output, counts."""
-
-    pinned_block_ids: list[int] = []
-    pulled_tokens: int = 0
-    recomputed_tokens: int = 0
-
-
-def build_transport(config: WorkerConfig, port: KvPort) -> KvTransport:
-    region = port.kv_region()
-    settings = config.kv_transfer
-    # A fresh agent name per incarnation: readers see the change and re-add the peer.
-    name = f"{config.worker_id}-{uuid.uuid4().hex[:8]}"
-    transport: KvTransport = NixlTransport(name, region.buffer, region.block_nbytes, region.layer_nbytes,
-                                           progress_delay_us=settings.progress_delay_us,
-                                           transfer_timeout_s=settings.transfer_timeout_s)
-    if settings.faults.active:
-        log.warning("%s: KV fault injection is on: %s", config.worker_id, settings.faults)
-        transport = FaultInjectingTransport(transport, settings.faults, region.buffer, region.block_nbytes)
-    return transport
-
-
-class KvDataPlane(Generic[HolderT]):
-    """What every engine's data plane shares with `WorkerService`: the holder it starts and
-    stops, its lease count and the transfer counters of the load snapshot."""
-
-    def __init__(self, holder: HolderT) -> None:
-        self.holder = holder
-        self.last_push_timings: list[LayerWrite] = []  # per-layer writes of the last push (overlap)
-        self.pulled_tokens_total = 0
-        self.recomputed_tokens_total = 0
-
-    @property
-    def active_leases(self) -> int:
-        return self.holder.leases.active
-
-    async def start(self) -> None:
-        await self.holder.start()
-
-    async def stop(self) -> None:
-        await self.holder.stop()
-
-
-class WorkerKv(KvDataPlane[KvHolder]):
+class WorkerKv(LeasingDataPlane[KvHolder]):
     def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, transport: KvTransport, *, compat_hash: str,
                  malformed: MalformedCounter | None = None) -> None:
         settings = config.kv_transfer
-        self.worker_id = config.worker_id
+        subjects = config.bus.subjects
         self.port = port
         self.transport = transport
         self.block_size = port.kv_region().block_size
-        self._bus = bus
-        self._subjects = config.bus.subjects
-        super().__init__(KvHolder(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
-                                  block_size=self.block_size, lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
-        self.puller = KvPuller(config.worker_id, bus, self._subjects, port, transport, compat_hash=compat_hash,
-                               block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
-                               transfer_timeout_s=settings.transfer_timeout_s, lease_ttl_s=settings.lease_ttl_s)
+        super().__init__(config.worker_id, bus, subjects, KvHolder(
+            config.worker_id, bus, subjects, port, transport, compat_hash=compat_hash, block_size=self.block_size,
+            lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
+        self.leases = LeaseClient(config.worker_id, bus, subjects, transport, compat_hash=compat_hash,
+                                  block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
+                                  lease_ttl_s=settings.lease_ttl_s)
+        self.puller = KvPuller(self.leases, port, transport, transfer_timeout_s=settings.transfer_timeout_s)
         self.compat_hash = compat_hash
         self._push_wait_s = settings.push_wait_s
         self._transfer_timeout_s = settings.transfer_timeout_s
@@ -112,7 +63,7 @@ class WorkerKv(KvDataPlane[KvHolder]):
         if params.source is not None:
             outcome = await self.puller.pull(request.request_id, params.source, request.token_ids, kind="pull")
         elif params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
-            handle = await self.puller.lease_prefix(params.prefix_holder, params.prefix_hashes)
+            handle = await self.leases.lease_prefix(params.prefix_holder, params.prefix_hashes)
             if handle is None:
                 return Prepared()
             outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind="prefix_pull")
@@ -120,10 +71,10 @@ class WorkerKv(KvDataPlane[KvHolder]):
             return Prepared()
         if outcome.record is not None:
             await self._publish(outcome.record)
-        self.pulled_tokens_total += outcome.pulled_tokens
-        self.recomputed_tokens_total += outcome.recomputed_tokens
-        return Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
-                        recomputed_tokens=outcome.recomputed_tokens)
+        prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
+                            recomputed_tokens=outcome.recomputed_tokens)
+        self._count(prepared)
+        return prepared
 
     def hold(self, request: GenerateRequest) -> KvHandle | None:
         """Lease the request's prompt blocks for a decode worker. Call it as soon as the
@@ -174,11 +125,11 @@ class WorkerKv(KvDataPlane[KvHolder]):
                                 duration_s=time.monotonic() - started, pulled_tokens=ok_blocks * self.block_size,
                                 recomputed_tokens=(len(committed) - ok_blocks) * self.block_size)
         await self._publish(record)
-        self.pulled_tokens_total += record.pulled_tokens
-        self.recomputed_tokens_total += record.recomputed_tokens
         pinned = [block_id for block_id, good in zip(receiver.target.block_ids, committed) if good]
-        return message.first_token, Prepared(pinned_block_ids=pinned, pulled_tokens=record.pulled_tokens,
-                                             recomputed_tokens=record.recomputed_tokens)
+        prepared = Prepared(pinned_block_ids=pinned, pulled_tokens=record.pulled_tokens,
+                            recomputed_tokens=record.recomputed_tokens)
+        self._count(prepared)
+        return message.first_token, prepared
 
     def push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
         if target.compat_hash != self.compat_hash:
@@ -188,7 +139,7 @@ class WorkerKv(KvDataPlane[KvHolder]):
                           timeout_s=self._transfer_timeout_s)
 
     async def ensure_push_peer(self, target: PushTarget) -> bool:
-        return await self.puller.ensure_agent(target.reader_worker_id, target.agent_name)
+        return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)
 
     async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
         await self._bus.client.publish(self._subjects.control(target.reader_worker_id), encode(message))
@@ -197,9 +148,3 @@ class WorkerKv(KvDataPlane[KvHolder]):
         if prepared.pinned_block_ids:
             self.port.unpin(prepared.pinned_block_ids)
             prepared.pinned_block_ids = []
-
-    async def _publish(self, record: TransferRecord) -> None:
-        try:
-            await self._bus.client.publish(self._subjects.kv_transfers(self.worker_id), encode(record))
-        except Exception as error:  # metrics only: the request goes on
-            log.debug("could not publish transfer record: %s", error)
