@@ -6,7 +6,8 @@ import asyncio
 import logging
 
 from services.worker.engine import Engine
-from services.worker.engines import EngineSpec, engine_spec
+from services.worker.engine_spec import EngineSpec
+from services.worker.engines import engine_spec
 from services.worker.service import WorkerService
 from shared.bus import Bus, connect
 from shared.config import ConfigError, WorkerConfig

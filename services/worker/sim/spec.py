@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.worker.engines import EngineSpec
+from services.worker.engine_spec import EngineSpec
 from shared.config import ConfigError
 from shared.schemas.membership import EngineCapabilities
 

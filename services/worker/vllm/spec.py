@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from services.worker.engines import EngineSpec
+from services.worker.engine_spec import EngineSpec
 from shared.config import ConfigError
 from shared.schemas.membership import EngineCapabilities
 
