@@ -27,7 +27,7 @@ from shared.schemas.kv_events import BlockStored, KvEvent
 
 
 class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
-    engine: str  # "sim" | "vllm"
+    engine: str  # its name in the engine registry (services.worker.engines)
     model: str  # served model name
     layout: KvLayout
     kv_blocks: int
