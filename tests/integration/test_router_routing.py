@@ -63,8 +63,11 @@ async def make_router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Ca
 
 async def test_a_prefix_heavy_request_goes_to_the_worker_holding_it(router: Router, start_worker,
                                                                     tokenizer: Tokenizer) -> None:
-    first = await start_worker("w1")
-    holder = await start_worker("w2")
+    # No load reports: a report sent while the previous turn ran (prefill queued) could still
+    # stand when the next turn is routed, and a busy holder may rightly lose to a pull. The
+    # router's own in-flight count is the load here, so the choice shows the cache alone.
+    first = await start_worker("w1", load_interval_s=600.0)
+    holder = await start_worker("w2", load_interval_s=600.0)
     await wait_for_workers(router, 2)
     prefix = token_ids(tokenizer, 1, 16 * BLOCK_SIZE)
     await holder.warm(prefix)
