@@ -12,6 +12,6 @@ it and its engines implement its ports.
   `lease_client` (`LeaseClient`, the reader's side), `block_reader` (what a reader trusts),
   `puller` (reads into a `KvPort`), `push` (layer-by-layer writes);
 - engines: `sim` (engines with an in-process `KvPort`), `vllm` (Tandem's vLLM KV connector
-  and the worker's end of it);
-- `bench_transfer`: the transfer benchmark (`tandem bench transfer`).
+  and the worker's end of it).
+The transfer benchmark (`tandem bench transfer`) lives in `bench.transfer`.
 """
