@@ -15,7 +15,7 @@ VLLM_VENV ?= .venv-vllm
 GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes || echo no)
 RUN_VENV := $(if $(filter vllm,$(ENGINE)),$(VLLM_VENV),$(VENV))
 
-.PHONY: install run test clean install-vllm test-vllm test-compose compose-render compose-vllm-check
+.PHONY: install run test clean install-vllm test-vllm check-prometheus test-compose compose-render compose-vllm-check
 
 # NIXL (the KV data plane) is installed --no-deps: its wheel asks for torch, which NIXL
 # does not need at run time, and an unpinned torch would pull several GB of CUDA packages.
@@ -32,9 +32,18 @@ install: $(VENV)/.installed
 run: $(if $(filter vllm,$(ENGINE)),install-vllm,install)
 	PORT=$(PORT) ENGINE=$(ENGINE) MODEL=$(MODEL) $(RUN_VENV)/bin/tandem up
 
+# The dashboard test runs a real Prometheus (Debian's `prometheus` package): without one it
+# is skipped, except under CI, where it fails.
+check-prometheus:
+	@command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || { \
+	  echo "Prometheus is not installed: the dashboard test will be skipped."; \
+	  echo "Install it with: sudo apt-get install -y prometheus   (or .ci/prepare-prometheus)"; \
+	  [ "$$CI" != true ]; }
+
 # The vLLM tests (real engines) run in the vLLM venv, after the rest.
-test: install install-vllm
+test: install install-vllm check-prometheus
 	$(VENV)/bin/ruff check services shared connector bench launch cli tests
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/e2e
 	$(MAKE) --no-print-directory test-compose
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm

@@ -62,7 +62,8 @@ def router(
         help="Decode-first default for requests that name none: serve only from a worker already holding "
              "this share of the prompt's KV, else answer finish_reason 'cache_threshold'. 0: off.")] = 0.0,
     routing_policy: Annotated[str, typer.Option(
-        help="kv-aware (cost model), or a baseline for benchmarks: round-robin, random.")] = "kv-aware",
+        help="A registered routing policy: kv-aware (cost model), or a baseline for benchmarks "
+             "(round-robin, random).")] = "kv-aware",
     routing_seed: Annotated[int, typer.Option(help="Seed of the random policy.")] = 0,
     local_prefill_tokens: Annotated[int, typer.Option(
         envvar="TANDEM_LOCAL_PREFILL_TOKENS",
@@ -84,12 +85,13 @@ def router(
 ) -> None:
     """Run the router: OpenAI-compatible HTTP API in front of the workers."""
     from services.router.main import run_router
+    from services.router.routing import policy_spec
     from shared.config import ConfigError, RouterConfig, RoutingConfig
 
     setup_logging(log_level)
     if not model_dir:
         raise typer.BadParameter("a model directory is required (its tokenizer is used)", param_hint="--model-dir")
-    routing = RoutingConfig(policy=routing_policy, seed=routing_seed,  # type: ignore[arg-type]
+    routing = RoutingConfig(policy=routing_policy, seed=routing_seed,
                             cache_hit_threshold=cache_hit_threshold, local_prefill_tokens=local_prefill_tokens,
                             max_queue_factor=max_queue_factor, pd_transfer=pd_transfer)  # type: ignore[arg-type]
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
@@ -98,6 +100,7 @@ def router(
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     try:
         config.validate()
+        policy_spec(routing_policy)
     except ConfigError as error:
         raise typer.BadParameter(str(error)) from None
     result = run_router(config)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +29,30 @@ def chosen(seed: int, salt: str, block_id: int, fraction: float) -> bool:
         return False
     digest = hashlib.blake2b(f"{seed}:{salt}:{block_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+def blocks_before_cut(config: KvFaultConfig, count: int) -> int:
+    """How many blocks of a `count`-block read are copied before the injected cut."""
+    return count if config.cut_after_blocks is None else min(count, config.cut_after_blocks)
+
+
+def inject_read_faults(config: KvFaultConfig, remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
+                       ok: list[bool], scribble: Callable[[int], None]) -> bool:
+    """After a read: scribble over every local block that did not land (partly written
+    blocks are garbage), fail the chosen ones and corrupt others without saying so (only
+    the reader's checksum catches those). Chosen by the holder's block ids. Updates `ok`;
+    returns whether injection failed a block. Shared by this transport and vLLM's
+    worker-side reader (`connector.vllm.connector_worker`)."""
+    injected = False
+    for index, (remote, local) in enumerate(zip(remote_block_ids, local_block_ids)):
+        if not ok[index]:
+            scribble(local)
+        elif chosen(config.seed, "fail", remote, config.fail_fraction):
+            ok[index], injected = False, True
+            scribble(local)
+        elif chosen(config.seed, "corrupt", remote, config.corrupt_fraction):
+            scribble(local)  # reported fine: only checksums catch it
+    return injected
 
 
 class FaultInjectingTransport:
@@ -68,17 +93,10 @@ class FaultInjectingTransport:
         if config.fail_transfer:
             return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
         count = len(local_block_ids)
-        cut = count if config.cut_after_blocks is None else min(count, config.cut_after_blocks)
+        cut = blocks_before_cut(config, count)
         result = await self._inner.read(peer, remote_block_ids[:cut], local_block_ids[:cut], timeout_s=timeout_s)
         ok = result.ok + [False] * (count - cut)
-        for index in range(cut, count):
-            self._scribble(local_block_ids[index])
-        for index, remote in enumerate(remote_block_ids[:cut]):
-            if ok[index] and chosen(config.seed, "fail", remote, config.fail_fraction):
-                ok[index] = False
-                self._scribble(local_block_ids[index])
-            elif ok[index] and chosen(config.seed, "corrupt", remote, config.corrupt_fraction):
-                self._scribble(local_block_ids[index])  # reported fine: only checksums catch it
+        inject_read_faults(config, remote_block_ids, local_block_ids, ok, self._scribble)
         outcome = result.outcome if cut == count else "failed"
         reason = result.reason or ("injected: transfer cut" if cut < count else "")
         return TransferResult(outcome=outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,

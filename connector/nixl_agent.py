@@ -33,6 +33,7 @@ import numpy as np
 
 from connector.agent_types import AgentMetadata, KvAgentConfig, PoolInfo, TransferOutcome, TransferResult
 from connector.descriptors import as_block_ids, check_block_ids, coalesce_block_runs, run_descriptors
+from connector.off_loop import await_transfer
 from shared.codec import Codec, encode
 from shared.errors import ErrorCode
 
@@ -227,19 +228,7 @@ class KvAgent:
             future = asyncio.get_running_loop().run_in_executor(self._executor, call)
         except RuntimeError:  # the executor is shut down: close() ran, the result says so
             return call()
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            # The blocks stay in use until the copy has stopped: a caller that frees them
-            # on cancellation must not find them still being written. The wait is bounded
-            # by the transfer's timeout.
-            cancel.set()
-            while not future.done():
-                try:
-                    await asyncio.wait({future})
-                except asyncio.CancelledError:
-                    continue
-            raise
+        return await await_transfer(future, cancel)
 
     def _transfer(self, op: str, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds,
                   offset: int, length: int | None, timeout_s: float | None,

@@ -19,8 +19,9 @@ import time
 
 import msgspec
 
+from connector.block_reader import verified_blocks
+from connector.port import KvPort
 from connector.transport import KvTransport, TransferResult
-from services.worker.engine import KvPort
 from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
 
 log = logging.getLogger(__name__)
@@ -135,9 +136,9 @@ class PushReceiver:
     def commit(self, message: PushDone, token_ids: list[int], block_hashes: list[int]) -> list[bool]:
         """Verify and commit what arrived; unpins what did not. Returns per-block success."""
         targets = self.target.block_ids
-        ok = [message.outcome in ("done", "failed") and index not in message.failed_blocks
-              and index < len(message.checksums) and self._port.checksum(block_id) == message.checksums[index]
-              for index, block_id in enumerate(targets)]
+        failed = set(message.failed_blocks)
+        landed = [message.outcome in ("done", "failed") and index not in failed for index in range(len(targets))]
+        ok = verified_blocks(landed, targets, message.checksums, self._port.checksum)
         committed = self._port.commit_transferred(targets, block_hashes[: len(targets)],
                                                   token_ids[: len(targets) * self.block_size], None, ok)
         self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])

@@ -1,7 +1,8 @@
 """The transport contract: moves whole blocks (or one layer of them) between two agents.
 
-Implementations: `connector.nixl_transport.NixlTransport` (NIXL over UCX, DRAM or VRAM)
-and `connector.faults.FaultInjectingTransport`, which wraps any transport to drop, corrupt,
+Implementations: `connector.nixl_transport.NixlTransport` (NIXL over UCX, DRAM or VRAM),
+`connector.memory_transport.MemoryTransport` (copies between workers of one process), chosen
+by `KvTransferConfig.transport`, and `connector.faults.FaultInjectingTransport`, which wraps any transport to drop, corrupt,
 delay or cut transfers as configured. Failures are results, not exceptions: a transfer
 always returns a `TransferResult` within its timeout.
 """

@@ -115,7 +115,9 @@ def run_up(options: UpOptions) -> int:
         console.print("interrupted while starting; stopped.")
         return 130
     console.print(_status_table(stack))
-    console.print(f"OpenAI-compatible API: [bold]{stack.router_url}/v1[/]   logs: {config.log_dir}   Ctrl-C stops")
+    console.print(f"OpenAI-compatible API: [bold]{stack.router_url}/v1[/]", soft_wrap=True)
+    console.print(f"Cluster page:          [bold]{cluster_page_url(stack)}[/]", soft_wrap=True)
+    console.print(f"logs: {config.log_dir}   Ctrl-C stops", soft_wrap=True)
     print(f"{stack.router_url}/v1", flush=True)
     try:
         while True:
@@ -129,6 +131,11 @@ def run_up(options: UpOptions) -> int:
             stack.stop()
         console.print("Tandem stopped; no process left behind.")
     return 0
+
+
+def cluster_page_url(stack: LocalStack) -> str:
+    """The metrics collector's live cluster page (`tandem status` reads the same view)."""
+    return f"{stack.metrics_url}/cluster/page"
 
 
 def _status_table(stack: LocalStack) -> Table:

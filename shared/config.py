@@ -80,8 +80,15 @@ class KvFaultConfig(msgspec.Struct, frozen=True, kw_only=True):
         _require(self.delay_s >= 0, "kv fault delay must not be negative")
 
 
+KvTransportName = Literal["nixl", "memory"]
+KV_TRANSPORTS: tuple[KvTransportName, ...] = ("nixl", "memory")
+
+
 class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     enabled: bool = True  # a worker without a data plane computes everything itself
+    # "nixl": NIXL over UCX, between processes and hosts; "memory": copies between workers
+    # of one process (no NIXL needed: laptops, CI).
+    transport: KvTransportName = "nixl"
     lease_ttl_s: float = 10.0  # how long a holder keeps blocks for a reader that never comes back
     transfer_timeout_s: float = 10.0
     control_timeout_s: float = 2.0
@@ -92,6 +99,8 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     def validate(self) -> None:
         _require(self.lease_ttl_s > 0 and self.transfer_timeout_s > 0 and self.control_timeout_s > 0,
                  "KV transfer timeouts must be positive")
+        _require(self.transport in KV_TRANSPORTS,
+                 f"unknown KV transport {self.transport!r} (known: {', '.join(KV_TRANSPORTS)})")
         _require(self.progress_delay_us > 0, "progress_delay_us must be positive (0 spins a core)")
         self.faults.validate()
 
@@ -139,12 +148,14 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """How the router weighs a request's candidate flows (`services.router.cost`) and whom it
-    admits (`services.router.policy`). Costs are in prompt-token equivalents."""
+    """How the router picks a request's workers (`services.router.routing`): the policy, the
+    cost model's weights, admission. Costs are in prompt-token equivalents."""
 
-    # kv-aware: the cost model below; round-robin / random: baselines for benchmarks, which
-    # replace only the choice of worker (pulls, admission and the threshold still apply)
-    policy: Literal["kv-aware", "round-robin", "random"] = "kv-aware"
+    # A name in the router's policy registry (`services.router.routing.registry`), checked
+    # when the router starts: kv-aware (the cost model below), or a baseline for benchmarks
+    # (round-robin, random), which replaces only the choice of worker (pulls and admission
+    # still apply)
+    policy: str = "kv-aware"
     seed: int = 0  # the random policy's generator
     prefill_weight: float = 1.0  # per prompt token the computing worker must compute
     transfer_weight: float = 0.1  # per prompt token it pulls from another worker's cache instead
@@ -159,7 +170,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # how a disaggregated request's prompt KV reaches its decode worker: "pull" (prefill
     # first, the decode worker reads a lease), or "push" (the decode worker allocates first,
     # the prefill worker writes each layer as it computes); push falls back to pull for a
-    # pair whose engines cannot push (`services.router.policy.kv_transfer_mode`)
+    # pair whose engines cannot push (`services.router.routing.plan.kv_transfer_mode`)
     pd_transfer: Literal["pull", "push"] = "pull"
 
     def validate(self) -> None:
@@ -172,8 +183,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
                  "max_queue_factor must be 0 (off) or at least 1")
         _require(self.retry_after_s >= 1, "retry_after_s must be at least 1")
         _require(self.speculative_ttl_s > 0, "speculative_ttl_s must be positive")
-        _require(self.policy in ("kv-aware", "round-robin", "random"),
-                 "routing policy must be kv-aware, round-robin or random")
+        _require(bool(self.policy), "routing policy must be named")
         _require(self.pd_transfer in ("pull", "push"), "pd_transfer must be pull or push")
 
 

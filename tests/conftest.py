@@ -16,7 +16,7 @@ from shared.bus import Bus, connect
 from shared.config import BusConfig
 from shared.nats_server import EmbeddedNats
 
-pytest_plugins = ["tests.integration.router_fakes"]  # router fixtures: model_dir, router, start_worker
+pytest_plugins = ["tests.integration.router_cluster"]  # router fixtures: model_dir, router, start_worker (real workers)
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,14 @@ worker for a snapshot (each batch out of order: a gap, a restarted stream, or fi
 contact in the middle of a stream). The snapshot arrives as `AllBlocksCleared` +
 `BlockStored` on the normal stream and resets the count.
 
-Everything is synchronous and clock-free; `snapshot()` returns msgspec Structs that
-encode directly to JSON.
+Request records, transfer records and departures also feed the view's `RecentActivity`
+(`services.metrics.activity`) when the caller passes `now`: rates over a sliding window,
+the last routing decisions, recent errors, workers gone lately. `status(now)` is what the
+collector serves as `/cluster` (the live cluster page and `tandem status` read it): the
+snapshot plus workers grouped by role and that activity.
+
+Everything is synchronous and clock-free; `snapshot()` and `status(now)` return msgspec
+Structs that encode directly to JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from services.metrics.activity import ActivitySummary, RecentActivity
 from shared.cluster.member_events import MemberChange, member_change
 from shared.cluster.sequence import SequenceTracker, SyncState
 from shared.schemas import (
@@ -30,7 +37,10 @@ from shared.schemas import (
     KvEventBatch,
     LoadSnapshot,
     RequestRecord,
+    TransferRecord,
     WorkerRegistration,
+    WorkerRole,
+    WorkerStatus,
 )
 
 
@@ -63,6 +73,10 @@ class WorkerView(msgspec.Struct, kw_only=True):
     kv_recomputed_tokens_total: int = 0
     computed_prompt_tokens_total: int = 0
     external_prompt_tokens_total: int = 0
+    # from the registration, for people (decisions use capabilities and the hash)
+    engine: str = ""
+    compat_hash: str = ""  # equal hashes can exchange KV blocks
+    started_at: float = 0.0
 
 
 class Totals(msgspec.Struct, kw_only=True):
@@ -95,6 +109,20 @@ class ClusterSnapshot(msgspec.Struct, kw_only=True):
     dropped_unknown_worker: int  # load / KV messages from workers not in the bucket
 
 
+class RoleGroup(msgspec.Struct, kw_only=True):
+    role: str
+    worker_ids: list[str]  # sorted
+    totals: Totals
+
+
+class ClusterStatus(ClusterSnapshot, kw_only=True):
+    """`/cluster`: the snapshot, the workers grouped by role, and the recent activity."""
+
+    now: float  # the collector's wall clock when it answered
+    roles: list[RoleGroup]  # prefill, decode, both; then any other role; only roles with workers
+    activity: ActivitySummary
+
+
 @dataclass
 class _Worker:
     registration: WorkerRegistration
@@ -103,7 +131,8 @@ class _Worker:
 
 
 class ClusterView:
-    def __init__(self) -> None:
+    def __init__(self, activity: RecentActivity | None = None) -> None:
+        self.activity = activity or RecentActivity()
         self._workers: dict[str, _Worker] = {}
         self._kv_sequences = SequenceTracker()
         self._outcomes: Counter[str] = Counter()
@@ -123,10 +152,18 @@ class ClusterView:
         else:  # a new process under this id starts with an empty cache and a new stream
             self._workers[registration.worker_id] = _Worker(registration)
             self._kv_sequences.forget(registration.worker_id)
+            self.activity.forget_departure(registration.worker_id)
 
-    def remove_worker(self, worker_id: str) -> bool:
+    def remove_worker(self, worker_id: str, now: float | None = None) -> bool:
+        """The worker left the bucket; with `now`, it is listed as departed (drained when its
+        last registration said draining, lost otherwise: its heartbeat expired)."""
         self._kv_sequences.forget(worker_id)
-        return self._workers.pop(worker_id, None) is not None
+        worker = self._workers.pop(worker_id, None)
+        if worker is not None and now is not None:
+            registration = worker.registration
+            self.activity.record_departure(worker_id, registration.role.value, now,
+                                           drained=registration.status is WorkerStatus.DRAINING)
+        return worker is not None
 
     def apply_load(self, snapshot: LoadSnapshot) -> None:
         worker = self._member(snapshot.worker_id)
@@ -151,7 +188,10 @@ class ClusterView:
         step = self._kv_sequences.observe(batch.worker_id, batch.seq, resynced=snapshot)
         return step.out_of_order and not step.synced
 
-    def apply_request(self, record: RequestRecord) -> None:
+    def apply_request(self, record: RequestRecord, now: float | None = None) -> None:
+        """Count the record in the totals; with `now`, also in the recent activity."""
+        if now is not None:
+            self.activity.record_request(record, now)
         self._outcomes[record.outcome] += 1
         self._request_tokens["prompt"] += record.prompt_tokens
         self._request_tokens["cached"] += record.cached_tokens
@@ -159,6 +199,14 @@ class ClusterView:
         if record.ttft_s is not None:
             self._ttft_sum_s += record.ttft_s
             self._ttft_count += 1
+
+    def apply_transfer(self, record: TransferRecord, now: float) -> None:
+        self.activity.record_transfer(record, now)
+
+    def status(self, now: float) -> ClusterStatus:
+        snapshot = self.snapshot()
+        return ClusterStatus(**msgspec.structs.asdict(snapshot), now=now, roles=role_groups(snapshot),
+                             activity=self.activity.summary(now))
 
     def snapshot(self) -> ClusterSnapshot:
         workers = [_worker_view(self._workers[worker_id], self._kv_sequences) for worker_id in sorted(self._workers)]
@@ -182,6 +230,17 @@ class ClusterView:
         if worker is None:
             self.dropped_unknown_worker += 1
         return worker
+
+
+_ROLE_ORDER = {role.value: index for index, role in enumerate(WorkerRole)}
+
+
+def role_groups(snapshot: ClusterSnapshot) -> list[RoleGroup]:
+    """Workers by role, in the order prefill, decode, both (then any other role by name)."""
+    roles = sorted(snapshot.by_role, key=lambda role: (_ROLE_ORDER.get(role, len(_ROLE_ORDER)), role))
+    return [RoleGroup(role=role, totals=snapshot.by_role[role],
+                      worker_ids=[view.worker_id for view in snapshot.workers if view.role == role])
+            for role in roles]
 
 
 def _ratio(numerator: int, denominator: int) -> float | None:
@@ -223,6 +282,9 @@ def _worker_view(worker: _Worker, kv_sequences: SequenceTracker) -> WorkerView:
         kv_recomputed_tokens_total=load.kv_recomputed_tokens_total,
         computed_prompt_tokens_total=load.computed_prompt_tokens_total,
         external_prompt_tokens_total=load.external_prompt_tokens_total,
+        engine=registration.engine,
+        compat_hash=registration.compat_hash,
+        started_at=registration.started_at,
     )
 
 

@@ -2,7 +2,10 @@
 
 Per-worker gauges are produced at scrape time from `ClusterView.snapshot()` by a custom
 collector, so a worker that leaves disappears from `/metrics` with no label bookkeeping.
-Latencies are histograms observed as request records arrive.
+Latencies are histograms observed as request records arrive; KV hand-off times are per
+role of the reading worker and carry the hand-off's trace id as an exemplar when its
+record came with a `traceparent` header. `render(registry, accept)` (from
+`shared.prometheus`) serves the OpenMetrics format, with exemplars, to a scraper asking for it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from prometheus_client.registry import Collector
 
 from services.metrics.cluster_view import ClusterSnapshot, ClusterView, Totals, WorkerView
 from shared.codec import MalformedCounter
+from shared.prometheus import Exemplar, render
 from shared.schemas import RequestRecord, TransferRecord
+
+__all__ = ["ClusterCollector", "RequestHistograms", "TransferMetrics", "build_registry", "render"]
+UNKNOWN_ROLE = "unknown"
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -114,9 +121,11 @@ _TRANSFER_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 
 
 class TransferMetrics:
-    """KV hand-offs, from the readers' `TransferRecord`s."""
+    """KV hand-offs, from the readers' `TransferRecord`s; `role_of(worker_id)` names the
+    reader's role (`unknown` for a worker not, or no longer, a member)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, role_of: Callable[[str], str | None] = lambda _: None) -> None:
+        self._role_of = role_of
         self.transfers = Counter("tandem_kv_transfers", "KV hand-offs by kind and outcome",
                                  ["kind", "outcome"], registry=registry)
         self.bytes = Counter("tandem_kv_transfer_bytes", "Bytes of KV moved", ["kind"], registry=registry)
@@ -124,17 +133,19 @@ class TransferMetrics:
                               registry=registry)
         self.tokens = Counter("tandem_kv_transfer_tokens", "Prompt tokens pulled or recomputed after a failure",
                               ["kind", "source"], registry=registry)
-        self.seconds = Histogram("tandem_kv_transfer_seconds", "Time of one hand-off, seen by the reader",
-                                 ["kind"], buckets=_TRANSFER_BUCKETS_S, registry=registry)
+        self.seconds = Histogram("tandem_kv_transfer_seconds", "Time of one hand-off, seen by the reader, "
+                                 "by kind and the reader's role", ["kind", "role"], buckets=_TRANSFER_BUCKETS_S,
+                                 registry=registry)
 
-    def observe(self, record: TransferRecord) -> None:
+    def observe(self, record: TransferRecord, exemplar: Exemplar | None = None) -> None:
         self.transfers.labels(record.kind, record.outcome).inc()
         self.bytes.labels(record.kind).inc(record.bytes)
         self.blocks.labels(record.kind, "ok").inc(record.blocks_ok)
         self.blocks.labels(record.kind, "failed").inc(record.blocks - record.blocks_ok)
         self.tokens.labels(record.kind, "pulled").inc(record.pulled_tokens)
         self.tokens.labels(record.kind, "recomputed").inc(record.recomputed_tokens)
-        self.seconds.labels(record.kind).observe(record.duration_s)
+        role = self._role_of(record.worker_id) or UNKNOWN_ROLE
+        self.seconds.labels(record.kind, role).observe(record.duration_s, exemplar=exemplar)
 
 
 def build_registry(view: ClusterView, malformed: Mapping[str, MalformedCounter]

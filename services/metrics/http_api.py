@@ -1,4 +1,6 @@
-"""The collector's HTTP surface: `/metrics` (Prometheus), `/cluster` (JSON), `/health`.
+"""The collector's HTTP surface: `/metrics` (Prometheus), `/cluster` (JSON: the view's
+`ClusterStatus` at the time of the request), `/health`, and the live cluster page at
+`/cluster/page` (`/` redirects there; `services.metrics.cluster_page`).
 
 `HttpServer` runs uvicorn inside the service's event loop on a socket bound up front, so
 port 0 works, the bound port is known before serving, and a busy port is an `OSError`
@@ -10,27 +12,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import Callable, Iterator
 
 import msgspec
 import uvicorn
-from fastapi import FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CollectorRegistry
 
+from services.metrics.cluster_page import page_router
 from services.metrics.cluster_view import ClusterView
+from services.metrics.exposition import render
 
 
 def build_app(view: ClusterView, registry: CollectorRegistry,
-              bus_connected: Callable[[], bool]) -> FastAPI:
+              bus_connected: Callable[[], bool], clock: Callable[[], float] = time.time) -> FastAPI:
     app = FastAPI(title="tandem-metrics", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        body, content_type = render(registry, request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     @app.get("/cluster")
     def cluster() -> Response:
-        return Response(msgspec.json.encode(view.snapshot()), media_type="application/json")
+        return Response(msgspec.json.encode(view.status(clock())), media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
 
     @app.get("/health")
     def health() -> Response:
@@ -38,6 +45,7 @@ def build_app(view: ClusterView, registry: CollectorRegistry,
         body = msgspec.json.encode({"status": "ok" if connected else "nats_disconnected"})
         return Response(body, status_code=200 if connected else 503, media_type="application/json")
 
+    app.include_router(page_router())
     return app
 
 

@@ -2,7 +2,7 @@
 
 The CLI / launcher builds a `MetricsConfig` and awaits `run_metrics`. Once the HTTP
 socket is bound it prints `tandem-metrics listening on http://HOST:PORT` to stderr
-(with port 0 that is how a launcher learns the port).
+(with port 0 that is how a launcher learns the port), then the live cluster page's URL.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from services.metrics.cluster_page import PAGE_PATH
 from services.metrics.http_api import HttpServer, build_app
 from services.metrics.service import MetricsService
 from shared.bus import connect
@@ -22,12 +23,13 @@ async def run_metrics(config: MetricsConfig, *, ready: asyncio.Event | None = No
     config.validate()
     bus = await connect(config.bus.nats_url, "tandem-metrics")
     service = MetricsService(config, bus)
-    http = HttpServer(build_app(service.view, service.registry, lambda: service.bus_connected),
+    http = HttpServer(build_app(service.view, service.registry, lambda: service.bus_connected, service.clock),
                       config.host, config.port)
     try:
         await service.start()
         await http.start()
         print(f"tandem-metrics listening on {http.url}", file=sys.stderr, flush=True)
+        print(f"tandem-metrics cluster page: {http.url}{PAGE_PATH}", file=sys.stderr, flush=True)
         if ready is not None:
             ready.set()
         with stop_on_signals() as stopped:

@@ -4,12 +4,15 @@ Subscribes to every worker's load snapshots (`LoadStream`) and KV events and to 
 router's request records; mirrors the members bucket (`MembershipMirror`) so the view
 tracks exactly the registered workers. When the view reports a KV sequence gap, sends
 `KvSnapshotRequest` to that worker's control subject. Malformed messages are counted per
-stream, logged once, and dropped.
+stream, logged once, and dropped. Request records, transfer records and departures reach
+the view with the arrival time on `clock` (wall clock), for its recent activity.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -22,20 +25,23 @@ from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import MetricsConfig
+from shared.prometheus import headers_exemplar
 from shared.schemas import KvEventBatch, KvSnapshotRequest, RequestRecord, TransferRecord
 
 log = logging.getLogger(__name__)
 
 
 class MetricsService:
-    def __init__(self, config: MetricsConfig, bus: Bus) -> None:
+    def __init__(self, config: MetricsConfig, bus: Bus, clock: Callable[[], float] = time.time) -> None:
         self._bus = bus
+        self.clock = clock
         self._subjects = config.bus.subjects
         self.view = ClusterView()
         self.malformed = {stream: MalformedCounter()
                           for stream in ("load", "kv_events", "requests", "members", "kv_transfers")}
         self.registry, self._histograms = build_registry(self.view, self.malformed)
-        self.transfer_metrics = TransferMetrics(self.registry)
+        self._roles: dict[str, str] = {}  # members' roles, for per-role transfer times
+        self.transfer_metrics = TransferMetrics(self.registry, self._roles.get)
         self._kv_batches: Codec[KvEventBatch] = Codec(KvEventBatch, self.malformed["kv_events"])
         self._records: Codec[RequestRecord] = Codec(RequestRecord, self.malformed["requests"])
         self._transfers: Codec[TransferRecord] = Codec(TransferRecord, self.malformed["kv_transfers"])
@@ -74,9 +80,11 @@ class MetricsService:
     def _on_member(self, event: MemberEvent) -> None:
         self._loads.on_member(event)
         if event.change is MemberChange.LEFT:
-            self.view.remove_worker(event.worker_id)
+            self.view.remove_worker(event.worker_id, now=self.clock())
+            self._roles.pop(event.worker_id, None)
         else:
             self.view.apply_registration(event.registration)
+            self._roles[event.worker_id] = event.registration.role.value
 
     async def _on_kv(self, msg: Msg) -> None:
         batch = self._kv_batches.decode_or_none(msg.data, msg.subject)
@@ -86,13 +94,14 @@ class MetricsService:
     async def _on_request(self, msg: Msg) -> None:
         record = self._records.decode_or_none(msg.data, msg.subject)
         if record is not None:
-            self.view.apply_request(record)
+            self.view.apply_request(record, now=self.clock())
             self._histograms.observe(record)
 
     async def _on_transfer(self, msg: Msg) -> None:
         record = self._transfers.decode_or_none(msg.data, msg.subject)
         if record is not None:
-            self.transfer_metrics.observe(record)
+            self.transfer_metrics.observe(record, headers_exemplar(msg.headers))
+            self.view.apply_transfer(record, now=self.clock())
 
     async def _request_kv_snapshot(self, worker_id: str) -> None:
         log.info("KV stream of %s is out of sync: requesting a snapshot", worker_id)

@@ -20,9 +20,10 @@ from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
 from services.router.kv_view import KvView
 from services.router.metrics import RouterMetrics
-from services.router.policy import can_serve
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from services.router.records import Clock, RequestRecorder
+from services.router.routing import build_policy
+from services.router.routing.eligibility import can_serve
 from services.router.serving import ServingContext, cancel_on_disconnect
 from services.router.serving_chat import ChatServing
 from services.router.serving_completions import CompletionsServing
@@ -56,6 +57,7 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, *, clock: Clock = time.monotonic) -> None:
         self.config = config
         self.clock = clock
+        self.policy = build_policy(config.routing)  # an unknown policy name fails here, at start
         self.malformed = MalformedCounter()
         self.metrics = RouterMetrics(self.malformed)
         self._started: _Started | None = None
@@ -84,6 +86,7 @@ class RouterRuntime:
             await kv_view.start()
             await pool.start()
             self.metrics.watch_workers(lambda: len(pool))
+            self.metrics.watch_pool(pool.views)
             self.metrics.watch_kv_index(kv_view.index.stats)
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
             recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
@@ -92,7 +95,8 @@ class RouterRuntime:
                               idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s)
             dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, decoder=tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
-                                    routing=config.routing, max_attempts=config.max_attempts)
+                                    routing=config.routing, policy=self.policy,
+                                    max_attempts=config.max_attempts)
             context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
             self._started = _Started(bus, pool, context)
@@ -142,8 +146,9 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @router.get("/metrics")
-    async def metrics() -> Response:
-        return Response(runtime.metrics.exposition(), media_type=runtime.metrics.content_type)
+    async def metrics(request: Request) -> Response:
+        body, content_type = runtime.metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     return router
 

@@ -1,14 +1,14 @@
-"""Routing a request to its worker(s) and opening its token source (adapter around `policy`).
+"""Routing a request to its worker(s) and starting its flow (adapter around `routing`).
 
-Each attempt asks the KV view how much of the prompt every worker holds, lets the policy
-decide, then commits the decision with no await in between, so concurrent requests see
-each other: the chosen workers are counted in flight (`WorkerPool.begin`; the computing
-worker with the prompt tokens it must compute, until its first token), and the prompt's
-blocks are predicted on the computing worker (`KvView.predict`: speculative index
-entries), so siblings that arrive before its KV events follow it. Only then is the flow's
-source opened: one worker (single) or a prefill then a decode worker
-(`services.router.disaggregated`, or `disaggregated_push` when `kv_transfer_mode` says
-the pair pushes), pulling a cached prefix from a holder when the policy planned one.
+Each attempt asks the KV view how much of the prompt every worker holds, lets the routing
+policy plan (`services.router.routing.decide`), then commits the plan with no await in
+between, so concurrent requests see each other: the plan's workers are counted in flight
+(`WorkerPool.begin`; the computing worker with the prompt tokens it must compute, until
+its first token), and the prompt's blocks are predicted on the computing worker
+(`KvView.predict`: speculative index entries), so siblings that arrive before its KV
+events follow it. Only then does the flow executor (`services.router.flow`) run the plan:
+one worker, or a prefill and a decode worker, pulling a cached prefix from a holder when
+the plan names one.
 
 Answers without a worker: a refusal of admission control is `TooManyRequests` (429 with
 `Retry-After`); a decode-first request whose threshold no worker meets gets an
@@ -29,36 +29,32 @@ import asyncio
 import dataclasses
 import logging
 import random
-from dataclasses import dataclass
 
 import msgspec
 from opentelemetry import trace
 
 from services.router.detokenizer import TokenDecoder
-from services.router.disaggregated import DisaggregatedStream
-from services.router.disaggregated_push import PushedDisaggregatedStream
 from services.router.errors import BadRequest, TooManyRequests
+from services.router.flow import CommittedPlan, FlowExecutor
 from services.router.generation import Generation
-from services.router.kv_view import KvView, PrefixSource, PromptCache
+from services.router.kv_view import KvView, PromptCache
 from services.router.metrics import RouterMetrics
-from services.router.policy import (
-    KvTransferMode,
-    RouteDecision,
+from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
+from services.router.routing import (
+    RoutePlan,
     RouteRefusal,
     RouteRequest,
-    WorkerView,
+    RoutingPolicy,
+    build_policy,
     context_limit,
     decide,
-    kv_transfer_mode,
 )
-from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
-from services.router.token_source import Answered, TokenSource, WorkerPart
+from services.router.token_source import Answered, TokenSource
 from services.router.worker_link import WorkerLink
-from services.router.worker_pool import InFlight, WorkerPool
+from services.router.worker_pool import WorkerPool
 from shared.config import RoutingConfig
 from shared.errors import ErrorCode, TandemError, Unavailable
-from shared.schemas import Finished, GenerateRequest
-from shared.tracing import inject_headers
+from shared.schemas import Finished
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tandem.router")
@@ -78,20 +74,12 @@ def _answered(params: GenerationParams, finish_reason: str, cached_tokens: int =
                              completion_tokens=0))
 
 
-@dataclass(frozen=True)
-class _Routed:
-    decision: RouteDecision
-    first: InFlight  # the worker asked first: the single worker, or the prefill worker
-    decode: InFlight | None  # disaggregated with max_tokens > 1: the decode worker
-    prefix: PrefixSource | None  # a worker to pull a cached prefix of the prompt from
-    transfer: KvTransferMode | None  # with a decode part: how the prompt's KV reaches it
-
-
 class Dispatcher:
     def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView, decoder: TokenDecoder,
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
-                 routing: RoutingConfig = RoutingConfig(), max_attempts: int = 3) -> None:
-        self._link = link
+                 routing: RoutingConfig = RoutingConfig(), policy: RoutingPolicy | None = None,
+                 max_attempts: int = 3) -> None:
+        self._flows = FlowExecutor(link, metrics)
         self._pool = pool
         self._kv_view = kv_view
         self._decoder = decoder
@@ -101,6 +89,7 @@ class Dispatcher:
         self._clock = clock
         self._worker_wait_s = worker_wait_s
         self._routing = routing
+        self._policy = policy if policy is not None else build_policy(routing)
         self._max_attempts = max_attempts
 
     async def dispatch(self, params: GenerationParams) -> Generation:
@@ -120,7 +109,7 @@ class Dispatcher:
             span.set_attribute("tandem.outcome", _outcome(error))
             span.end()
             await self._recorder.record(params, outcome=_outcome(error),
-                                        usage=TokenUsage(len(params.prompt_ids), 0, 0))
+                                        usage=TokenUsage(len(params.prompt_ids), 0, 0), span=span)
             raise
         generation = Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
                                 recorder=self._recorder, clock=self._clock, span=span, resumer=self,
@@ -152,14 +141,16 @@ class Dispatcher:
     async def _open_routed(self, params: GenerationParams, excluded: set[str], deadline: float, span: trace.Span,
                            *, admit: bool, threshold: float) -> TokenSource:
         routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold)
+        if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one
+            self._metrics.observe_queue(routed.plan.computing_worker_id, self._clock() - params.arrived_at, span)
         if isinstance(routed, RouteRefusal):  # decode-first, and no worker holds enough of the prompt
             span.set_attributes({"tandem.flow": "none", "tandem.route_reason": routed.reason,
                                  "tandem.cached_tokens": routed.cached_tokens})
             return _answered(params, "cache_threshold", routed.cached_tokens)
-        return await self._open(params, routed, span)
+        return await self._flows.start(params, routed, span)
 
     async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
-                     threshold: float) -> _Routed | RouteRefusal:
+                     threshold: float) -> CommittedPlan | RouteRefusal:
         prompt_tokens = len(params.prompt_ids)
         total_tokens = prompt_tokens + params.sampling.max_tokens
         while True:
@@ -168,9 +159,9 @@ class Dispatcher:
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random())
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
-            outcome = decide(views, route, self._routing)
-            if isinstance(outcome, RouteDecision):
-                return self._commit(params, outcome, cache, views)
+            outcome = decide(views, route, self._routing, self._policy)
+            if isinstance(outcome, RoutePlan):
+                return self._commit(params, outcome, cache)
             if isinstance(outcome, RouteRefusal):
                 self._metrics.route_decisions.labels("none", outcome.reason).inc()
                 if outcome.reason == "overloaded":
@@ -190,75 +181,22 @@ class Dispatcher:
                                   f"(waited {self._worker_wait_s:g}s)")
             await self._pool.wait_for_change(remaining)
 
-    def _commit(self, params: GenerationParams, decision: RouteDecision, cache: PromptCache,
-                views: list[WorkerView]) -> _Routed:
-        """Count the decision's workers and predict its blocks: synchronous, right after `decide`."""
-        self._metrics.route_decisions.labels(decision.flow, decision.reason).inc()
-        plan = decision.plan
-        computing = decision.computing_worker_id
-        uncached = plan.uncached_tokens if plan is not None else len(params.prompt_ids)
+    def _commit(self, params: GenerationParams, plan: RoutePlan, cache: PromptCache) -> CommittedPlan:
+        """Count the plan's workers and predict its blocks: synchronous, right after `decide`."""
+        self._metrics.route_decisions.labels(plan.flow, plan.reason).inc()
+        computing = plan.computing_worker_id
+        uncached = plan.prompt.uncached_tokens if plan.prompt is not None else len(params.prompt_ids)
         first = self._pool.begin(computing, params.request_id, prefill_tokens=uncached)
         decode = None
-        if decision.prefill_worker_id is not None and params.sampling.max_tokens > 1:
-            decode = self._pool.begin(decision.worker_id, params.request_id)
+        if plan.decode_worker_id is not None:
+            decode = self._pool.begin(plan.decode_worker_id, params.request_id)
         self._kv_view.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s)
         prefix = None
-        if plan is not None and plan.holder_id is not None:
-            prefix = self._kv_view.prefix_source(cache, plan.holder_id, plan.cached_tokens + plan.pulled_tokens)
-        transfer = None
-        if decode is not None:
-            by_id = {view.worker_id: view for view in views}
-            transfer = kv_transfer_mode(self._routing, by_id[computing], by_id[decision.worker_id],
-                                        prefix_pull=prefix is not None)
+        if plan.prompt is not None and plan.prompt.holder_id is not None:
+            prefix = self._kv_view.prefix_source(cache, plan.prompt.holder_id,
+                                                 plan.prompt.cached_tokens + plan.prompt.pulled_tokens)
         log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached", params.request_id,
-                  decision.flow, decision.reason, decision.worker_id,
-                  f" after {decision.prefill_worker_id}" if decision.prefill_worker_id else "", decision.cost,
+                  plan.flow, plan.reason, plan.worker_id,
+                  f" after {plan.prefill_worker_id}" if plan.prefill_worker_id else "", plan.cost,
                   uncached, len(params.prompt_ids))
-        return _Routed(decision, first, decode, prefix, transfer)
-
-    async def _open(self, params: GenerationParams, routed: _Routed, span: trace.Span) -> TokenSource:
-        decision, prefix = routed.decision, routed.prefix
-        attributes: dict[str, str | int | float] = {
-            "tandem.worker_id": decision.worker_id, "tandem.flow": decision.flow,
-            "tandem.route_reason": decision.reason, "tandem.route_cost": decision.cost}
-        if decision.plan is not None:
-            attributes["tandem.cached_tokens"] = decision.plan.cached_tokens
-            attributes["tandem.uncached_tokens"] = decision.plan.uncached_tokens
-        if decision.prefill_worker_id is not None:
-            attributes["tandem.prefill_worker_id"] = decision.prefill_worker_id
-        if routed.transfer is not None:
-            attributes["tandem.kv.transfer_mode"] = routed.transfer
-            self._metrics.kv_transfer_modes.labels(routed.transfer).inc()
-        if prefix is not None:
-            attributes["tandem.kv.prefix_holder"] = prefix.worker_id
-            attributes["tandem.kv.prefix_blocks"] = len(prefix.block_hashes)
-            self._metrics.prefix_pulls_routed.inc()
-        span.set_attributes(attributes)
-        span.add_event("router.route", attributes)
-        source: TokenSource
-        if decision.flow == "disaggregated" and routed.transfer == "push":
-            self._metrics.disaggregated_requests.inc()
-            assert routed.decode is not None
-            pushed = PushedDisaggregatedStream(params=params, link=self._link, prefill=routed.first,
-                                               decode=routed.decode, span=span)
-            source, send = pushed, pushed.open()
-        elif decision.flow == "disaggregated":
-            self._metrics.disaggregated_requests.inc()
-            disaggregated = DisaggregatedStream(params=params, link=self._link, prefill=routed.first,
-                                                decode=routed.decode, metrics=self._metrics, span=span,
-                                                prefix=prefix)
-            source, send = disaggregated, disaggregated.open()
-        else:
-            single = WorkerPart(self._link, routed.first, params.request_id)
-            with trace.use_span(span, end_on_exit=False):
-                headers = inject_headers()
-            request = GenerateRequest(request_id=params.request_id, model=params.model,
-                                      token_ids=params.prompt_ids, sampling=params.sampling,
-                                      kv_transfer=prefix.as_params() if prefix is not None else None)
-            source, send = single, single.send(request, headers)
-        try:
-            await send
-        except BaseException:  # NATS is down (nothing was sent), or the client left
-            await source.close()  # frees the in-flight slots
-            raise
-        return source
+        return CommittedPlan(plan, first, decode, prefix)

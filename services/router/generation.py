@@ -1,10 +1,10 @@
 """One generate request: token frames in, text pieces out, one outcome.
 
-`Generation` is opened by the `Dispatcher` on a `TokenSource`: one worker (single-worker
-flow) or a prefill worker then a decode worker (disaggregated flow). `prime()` waits for
-the first output, so a failure before it is still a proper HTTP status. `next()` turns
-token frames into text (incremental detokenization, then stop strings) and ends with one
-`Final`. `close()` always runs, exactly once: it cancels the remaining work unless the
+`Generation` is opened by the `Dispatcher` on a `TokenSource`, the flow executor's run of a
+route plan: one worker (single-worker flow) or a prefill and a decode worker
+(disaggregated flow). `prime()` waits for the first output, so a failure before it is
+still a proper HTTP status. `next()` turns token frames into text (incremental
+detokenization, then stop strings) and ends with one `Final`. `close()` always runs, exactly once: it cancels the remaining work unless the
 worker ended the request itself (client gone, stop string, router-side failure), closes
 the source (in-flight slots, leases), ends the span and records the outcome.
 
@@ -145,7 +145,7 @@ class Generation:
             return False
         log.info("%s lost worker %s %s (%s); resuming after %d tokens", self.params.request_id, lost,
                  stage.replace("_", " "), error.message, len(self._token_ids))
-        await self._release_source()
+        await self._release_source(cancel=True)
         self._attempts += 1
         try:
             source = await self._resumer.resume(self.params, list(self._token_ids), self._excluded, self._attempts - 1,
@@ -160,12 +160,13 @@ class Generation:
         self._source, self._frames = source, source.frames()
         return True
 
-    async def _release_source(self) -> None:
-        """Stop the current source's work (if its worker still does any) and free its slots."""
+    async def _release_source(self, *, cancel: bool) -> None:
+        """Stop the current source's work (if `cancel` and its worker still does any) and
+        free its slots."""
         source = self._source
         try:
-            if source.finished is None:
-                await source.cancel()
+            if cancel and source.finished is None:
+                await source.cancel()  # a no-op on the worker if it already ended the request
             try:
                 await self._frames.aclose()
             except RuntimeError:  # still running in a task being cancelled: it ends with that task
@@ -177,9 +178,9 @@ class Generation:
         now = self._clock()
         if self._first_token_at is None:
             self._first_token_at = now
-            self._metrics.ttft.observe(now - self.params.arrived_at)
+            self._metrics.observe_ttft(self._source.worker_id, now - self.params.arrived_at, self._span)
         elif self._last_token_at is not None:
-            self._metrics.record_tokens_between(now - self._last_token_at, count)
+            self._metrics.record_tokens_between(now - self._last_token_at, count, self._source.worker_id, self._span)
         self._last_token_at = now
         self._completion_tokens += count
 
@@ -210,20 +211,12 @@ class Generation:
         self._closed = True
         outcome = self._outcome or ErrorCode.CANCELLED.value  # nothing else ended it: the client left
         try:
-            if self._source.finished is None and not self._stops.stopped:
-                await self._source.cancel()  # a no-op on the worker if it already ended the request
-            try:
-                await self._frames.aclose()
-            except RuntimeError:  # still running in a task being cancelled: it ends with that task
-                pass
+            await self._release_source(cancel=not self._stops.stopped)  # a stop string cancelled it already
         finally:
-            try:
-                await self._source.close()
-            finally:
-                self._span.set_attribute("tandem.outcome", outcome)
-                self._span.end()
-                final = self._final
-                usage = final.usage if final else TokenUsage(len(self.params.prompt_ids), self._completion_tokens, 0)
-                await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id or None,
-                                            finish_reason=final.finish_reason if final else None,
-                                            usage=usage, ttft_s=self.ttft_s)
+            self._span.set_attribute("tandem.outcome", outcome)
+            self._span.end()
+            final = self._final
+            usage = final.usage if final else TokenUsage(len(self.params.prompt_ids), self._completion_tokens, 0)
+            await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id or None,
+                                        finish_reason=final.finish_reason if final else None,
+                                        usage=usage, ttft_s=self.ttft_s, span=self._span)

@@ -1,16 +1,28 @@
 """The router's Prometheus metrics, on a registry of its own per app (never the global one:
-a test process builds several apps). Served at `/metrics`."""
+a test process builds several apps). Served at `/metrics` (`exposition(accept)`: the
+OpenMetrics format, with exemplars, when the scraper asks for it).
+
+Latency histograms are per role of the worker concerned (`prefill`, `decode`, `both`;
+`unknown` for a worker already gone) and carry the request's trace id as an exemplar:
+`observe_ttft`, `record_tokens_between`, `observe_queue`, `observe_e2e`. Per-worker load
+gauges (reported and predicted) are read from the worker pool at scrape time.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.router.kv_index import IndexStats
+from services.router.routing import WorkerView
 from shared.codec import MalformedCounter
+from shared.prometheus import render, trace_exemplar
+
+UNKNOWN_ROLE = "unknown"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -48,17 +60,45 @@ class _KvIndexCollector(Collector):
         yield blocks
 
 
-class RouterMetrics:
-    content_type = CONTENT_TYPE_LATEST
+class _WorkerLoadCollector(Collector):
+    """Each worker's load as the router sees it, read at scrape time: last reported by the
+    worker (running + waiting) and predicted (reported plus what was routed since)."""
 
+    def __init__(self) -> None:
+        self.views: Callable[[], list[WorkerView]] | None = None  # set once the pool exists
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.views is None:
+            return
+        labels = ["worker", "role"]
+        reported = GaugeMetricFamily("tandem_router_worker_reported_load_requests",
+                                     "Running + waiting requests in the worker's last load report", labels=labels)
+        predicted = GaugeMetricFamily("tandem_router_worker_predicted_load_requests",
+                                      "Load the router predicts: the last report plus requests routed since",
+                                      labels=labels)
+        for view in self.views():
+            if view.reported_load is not None:
+                reported.add_metric([view.worker_id, view.role.value], view.reported_load)
+            predicted.add_metric([view.worker_id, view.role.value], view.predicted_load)
+        yield reported
+        yield predicted
+
+
+class RouterMetrics:
     def __init__(self, malformed: MalformedCounter) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("tandem_router_requests", "Requests by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=self.registry)
-        self.ttft = Histogram("tandem_router_time_to_first_token_seconds", "Arrival to first token",
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.itl = Histogram("tandem_router_inter_token_latency_seconds", "Time between output tokens",
-                             buckets=_ITL_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("tandem_router_time_to_first_token_seconds",
+                              "Arrival to first token, by role of the worker that produced it",
+                              ["role"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("tandem_router_inter_token_latency_seconds",
+                             "Time between output tokens, by role of the worker that produced them",
+                             ["role"], buckets=_ITL_BUCKETS, registry=self.registry)
+        self.queue = Histogram("tandem_router_queue_time_seconds",
+                               "Arrival until the router hands the request's first part to a worker "
+                               "(routing and waiting for a worker), by role of that worker",
+                               ["role"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.e2e = Histogram("tandem_router_e2e_request_latency_seconds", "Arrival to last byte",
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.prompt_tokens = Counter("tandem_router_prompt_tokens", "Prompt tokens of finished requests",
@@ -93,26 +133,61 @@ class RouterMetrics:
         self.lease_releases = Counter("tandem_router_kv_lease_releases",
                                       "KV leases the router released for readers that never came, by result",
                                       ["result"], registry=self.registry)
-        self.in_flight = Gauge("tandem_router_requests_in_flight", "Requests routed and not yet ended",
+        self.in_flight = Gauge("tandem_router_in_flight_requests", "Requests routed and not yet ended",
                                registry=self.registry)
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
         self.registry.register(_MalformedCollector(malformed))
         self._kv_index = _KvIndexCollector()
         self.registry.register(self._kv_index)
+        self._loads = _WorkerLoadCollector()
+        self.registry.register(self._loads)
+        self._roles: dict[str, str] = {}  # a worker's role never changes under its id
+        # Label sets of rare events exist from the start at 0, so a rate over them is 0, not absent.
+        for stage in ("before_first_token", "mid_stream"):
+            for result in ("resumed", "failed"):
+                self.resumes.labels(stage, result)
+        for result in ("released", "already_ended", "unreachable"):
+            self.lease_releases.labels(result)
 
     def watch_workers(self, count: Callable[[], int]) -> None:
         self.workers.set_function(count)
 
+    def watch_pool(self, views: Callable[[], list[WorkerView]]) -> None:
+        """The pool's workers: their load gauges, and the roles latency histograms use."""
+        self._loads.views = views
+
+    def role_of(self, worker_id: str) -> str:
+        role = self._roles.get(worker_id)
+        if role is None and worker_id and self._loads.views is not None:
+            for view in self._loads.views():
+                self._roles[view.worker_id] = view.role.value
+            role = self._roles.get(worker_id)
+        return role or UNKNOWN_ROLE
+
+    def observe_ttft(self, worker_id: str, seconds: float, span: trace.Span | None) -> None:
+        self.ttft.labels(self.role_of(worker_id)).observe(seconds, exemplar=trace_exemplar(span))
+
+    def observe_queue(self, worker_id: str, seconds: float, span: trace.Span | None) -> None:
+        self.queue.labels(self.role_of(worker_id)).observe(max(0.0, seconds), exemplar=trace_exemplar(span))
+
+    def observe_e2e(self, seconds: float, span: trace.Span | None = None) -> None:
+        self.e2e.observe(seconds, exemplar=trace_exemplar(span))
+
     def watch_kv_index(self, stats: Callable[[], IndexStats]) -> None:
         self._kv_index.stats = stats
 
-    def record_tokens_between(self, gap_s: float, tokens: int) -> None:
+    def record_tokens_between(self, gap_s: float, tokens: int, worker_id: str = "",
+                              span: trace.Span | None = None) -> None:
         """One observation per token: a frame of n tokens after `gap_s` is n gaps of gap_s/n."""
         if tokens <= 0:
             return
         per_token = gap_s / tokens
+        itl = self.itl.labels(self.role_of(worker_id))
+        exemplar = trace_exemplar(span)
         for _ in range(tokens):
-            self.itl.observe(per_token)
+            itl.observe(per_token, exemplar=exemplar)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The samples and their content type (OpenMetrics, with exemplars, if `accept` asks)."""
+        return render(self.registry, accept)
+

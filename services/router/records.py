@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
 from services.router.metrics import RouterMetrics
 from shared.bus import Bus
 from shared.codec import encode
@@ -55,11 +57,11 @@ class RequestRecorder:
 
     async def record(self, request: RequestIdentity, *, outcome: str, worker_id: str | None = None,
                      finish_reason: str | None = None, usage: TokenUsage | None = None,
-                     ttft_s: float | None = None) -> None:
+                     ttft_s: float | None = None, span: trace.Span | None = None) -> None:
         duration_s = self.clock() - request.arrived_at
         self.metrics.requests.labels(request.endpoint, outcome).inc()
         if outcome == OUTCOME_OK:
-            self.metrics.e2e.observe(duration_s)
+            self.metrics.observe_e2e(duration_s, span)
         usage = usage or TokenUsage(0, 0, 0)
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         self.metrics.cached_tokens.inc(usage.cached_tokens)

@@ -90,6 +90,14 @@ class ServingContext:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=body.seed,
                               stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
 
+    def params(self, identity: RequestIdentity, body: SamplingFields, model: str, prompt_ids: list[int],
+               max_tokens: int) -> GenerationParams:
+        """A validated request as the dispatcher takes it (both generate endpoints)."""
+        return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
+                                arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
+                                sampling=self.sampling(body, max_tokens), stop=body.stop_strings,
+                                cache_hit_threshold=body.cache_hit_threshold)
+
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,
                                arrived_at=self.clock())

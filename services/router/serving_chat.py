@@ -71,10 +71,7 @@ class ChatServing:
             prompt_ids = _without_double_bos(await context.tokenize(prompt), context.tokenizer.bos_token_id)
             prompt_ids = context.check_prompt_ids(prompt_ids, "messages")
             max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)
-            return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
-                                    arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
-                                    sampling=context.sampling(body, max_tokens), stop=body.stop_strings,
-                                    cache_hit_threshold=body.cache_hit_threshold)
+            return context.params(identity, body, model, prompt_ids, max_tokens)
 
         generation = await context.start(identity, prepare)
         return await respond(generation, ChatFormat(identity.request_id, body.model),

@@ -54,10 +54,7 @@ class CompletionsServing:
                 prompt_ids = list(prompt)
             prompt_ids = context.check_prompt_ids(prompt_ids, "prompt")
             max_tokens = context.max_tokens(body.max_tokens, "max_tokens")
-            return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
-                                    arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
-                                    sampling=context.sampling(body, max_tokens), stop=body.stop_strings,
-                                    cache_hit_threshold=body.cache_hit_threshold)
+            return context.params(identity, body, model, prompt_ids, max_tokens)
 
         generation = await context.start(identity, prepare)
         return await respond(generation, CompletionFormat(identity.request_id, body.model),

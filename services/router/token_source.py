@@ -4,8 +4,9 @@ A `TokenSource` yields `Tokens` frames and keeps the request's `Finished` once i
 `cancel()` tells whichever worker is still working to stop, and `close()` releases
 everything the source holds (streams, in-flight slots, leases), always, exactly once.
 
-- `WorkerPart`: one generate request on one worker. The single-worker flow is one part;
-  the disaggregated flows (`services.router.disaggregated`, `disaggregated_push`) are two.
+- `WorkerPart`: one generate request on one worker. A single-worker plan is one part; a
+  disaggregated plan is two (`services.router.two_part`); the flow executor
+  (`services.router.flow`) builds them.
 - `Answered`: no worker at all; the request is over before it starts (the decode-first
   cache-hit threshold was not met, or a resumed request had nothing left to generate).
 """

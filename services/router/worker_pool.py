@@ -8,7 +8,8 @@
 - Load comes from `LoadSnapshot`s on `Subjects.load_all` (`LoadStream` drops stale ones).
 - `begin()` counts a request against its worker from the moment it is routed until
   `InFlight.end()`, and the uncached prompt tokens it brings until its first token
-  (`InFlight.prefill_done()`); the policy sees both through `views()`.
+  (`InFlight.prefill_done()`), in the worker's predicted-load ledger
+  (`services.router.routing.ledger.WorkerLoad`, pure); the policy sees both through `views()`.
 
 Malformed bucket values and snapshots are counted, logged once, and dropped.
 """
@@ -19,7 +20,8 @@ import asyncio
 import logging
 from typing import Protocol
 
-from services.router.worker_view import WorkerView
+from services.router.routing.ledger import Ticket, WorkerLoad
+from services.router.routing.view import WorkerView
 from shared.bus import Bus
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
@@ -33,14 +35,13 @@ from shared.subjects import Subjects
 log = logging.getLogger(__name__)
 
 
-class InFlight:
-    """One request routed to one worker, counted in that worker's load until `end()`."""
+class InFlight(Ticket):
+    """One request routed to one worker, counted in that worker's ledger until `end()`, with
+    the stream to abort if the worker leaves meanwhile."""
 
     def __init__(self, pool: "WorkerPool", worker_id: str, request_id: str, prefill_tokens: int = 0) -> None:
+        super().__init__(worker_id, request_id, prefill_tokens)
         self._pool = pool
-        self.worker_id = worker_id
-        self.request_id = request_id
-        self.prefill_tokens = prefill_tokens  # uncached prompt tokens still to compute; 0 once done
         self.stream: ResponseStream | None = None
         self.lost: TandemError | None = None  # set when the worker left while we were routed to it
 
@@ -65,15 +66,14 @@ class InFlight:
         self._pool._end(self)
 
 
-class _WorkerState:
+class _WorkerState(WorkerLoad[InFlight]):
+    """A member: its registration and last load snapshot, on top of its predicted-load ledger
+    (a snapshot's arrival is the ledger's `reported()`: it records the counts it covers)."""
+
     def __init__(self, registration: WorkerRegistration) -> None:
+        super().__init__()
         self.registration = registration
         self.load: LoadSnapshot | None = None
-        self.in_flight: dict[str, InFlight] = {}
-        self.in_flight_at_report = 0
-        self.outstanding_prefill_tokens = 0  # sum of `prefill_tokens` over `in_flight`
-        self.outstanding_prefill_at_report = 0
-        self.last_routed = 0
 
     def view(self) -> WorkerView:
         registration, load = self.registration, self.load
@@ -172,26 +172,23 @@ class WorkerPool:
         call right after the policy chose it."""
         state = self._workers[worker_id]
         self._routed += 1
-        state.last_routed = self._routed
         in_flight = InFlight(self, worker_id, request_id, prefill_tokens)
-        previous = state.in_flight.get(request_id)
-        if previous is not None:  # not expected (a resumed request has a new id): keep the counts exact
-            self._end(previous)
-        state.in_flight[request_id] = in_flight
-        state.outstanding_prefill_tokens += prefill_tokens
+        state.route(in_flight, self._routed)
         return in_flight
 
     def _prefill_done(self, in_flight: InFlight) -> None:
         state = self._workers.get(in_flight.worker_id)
-        if state is not None and state.in_flight.get(in_flight.request_id) is in_flight:
-            state.outstanding_prefill_tokens -= in_flight.prefill_tokens
-        in_flight.prefill_tokens = 0
+        if state is not None:
+            state.first_token(in_flight)
+        else:  # its worker left: nothing counts it any more
+            in_flight.prefill_tokens = 0
 
     def _end(self, in_flight: InFlight) -> None:
-        self._prefill_done(in_flight)
         state = self._workers.get(in_flight.worker_id)
-        if state is not None and state.in_flight.get(in_flight.request_id) is in_flight:
-            del state.in_flight[in_flight.request_id]
+        if state is not None:
+            state.finish(in_flight)
+        else:
+            in_flight.prefill_tokens = 0
 
     # ---- bus callbacks ---------------------------------------------------------------
 
@@ -239,5 +236,4 @@ class WorkerPool:
         if state is None:
             return  # not (yet) a member: its next snapshot will count
         state.load = snapshot
-        state.in_flight_at_report = len(state.in_flight)
-        state.outstanding_prefill_at_report = state.outstanding_prefill_tokens
+        state.reported()

@@ -13,59 +13,19 @@ registry never imports vLLM.
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
+from services.worker.engine_spec import EngineSpec
+from services.worker.sim.spec import SIM
+from services.worker.vllm.spec import VLLM
 from shared.config import ConfigError
-from shared.schemas.membership import EngineCapabilities
 
-if TYPE_CHECKING:
-    from services.worker.engine import Engine
-    from shared.bus import Bus
-    from shared.config import WorkerConfig
-
-
-def no_launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
-    return ()
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    name: str
-    summary: str  # one line for help texts
-    capabilities: EngineCapabilities
-    build_engine: Callable[[WorkerConfig], Engine]
-    # The engine's KV data plane (the object `WorkerService` calls); None: no KV transfer.
-    build_data_plane: Callable[[WorkerConfig, Engine, Bus], Any]
-    requires_module: str = ""  # a module this Python must have to run the engine ("" none)
-    install_hint: str = ""  # how to get `requires_module`
-    start_timeout_s: float = 60.0  # how long a launcher waits for such a worker to register
-    # Per-worker flags a launcher adds for the worker at `index` given the usable cores
-    # (e.g. pinning CPU engines one per core).
-    launch_args: Callable[[int, Sequence[int]], tuple[str, ...]] = field(default=no_launch_args)
-
-    def problem(self) -> str | None:
-        """Why this Python cannot run the engine, or None."""
-        if self.requires_module and importlib.util.find_spec(self.requires_module) is None:
-            return f"the {self.name} engine needs {self.requires_module!r}, not installed here: {self.install_hint}"
-        return None
-
-
-def _registered() -> dict[str, EngineSpec]:
-    from services.worker.sim.spec import SIM
-    from services.worker.vllm.spec import VLLM
-
-    return {spec.name: spec for spec in (SIM, VLLM)}
+ENGINES: dict[str, EngineSpec] = {spec.name: spec for spec in (SIM, VLLM)}  # one line per engine
 
 
 def engine_names() -> list[str]:
-    return list(_registered())
+    return list(ENGINES)
 
 
 def engine_spec(name: str) -> EngineSpec:
-    specs = _registered()
-    if name not in specs:
-        raise ConfigError(f"unknown engine {name!r} (registered: {', '.join(specs)})")
-    return specs[name]
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r} (registered: {', '.join(ENGINES)})")
+    return ENGINES[name]

@@ -6,7 +6,8 @@ import asyncio
 import logging
 
 from services.worker.engine import Engine
-from services.worker.engines import EngineSpec, engine_spec
+from services.worker.engine_spec import EngineSpec
+from services.worker.engines import engine_spec
 from services.worker.service import WorkerService
 from shared.bus import Bus, connect
 from shared.config import ConfigError, WorkerConfig
@@ -19,11 +20,13 @@ log = logging.getLogger(__name__)
 def build_kv(config: WorkerConfig, spec: EngineSpec, engine: Engine, bus: Bus):
     if not config.kv_transfer.enabled:
         return None
-    from connector.nixl_agent import nixl_available
+    if config.kv_transfer.transport == "nixl":
+        from connector.nixl_agent import nixl_available
 
-    if not nixl_available():
-        raise ConfigError("the KV data plane needs NIXL (pip install --no-deps nixl-cu12); "
-                          "run with --no-kv-transfer to compute everything locally")
+        if not nixl_available():
+            raise ConfigError("the NIXL KV transport needs NIXL (pip install --no-deps nixl-cu12); "
+                              "use the in-memory transport between workers of one process, or run "
+                              "with --no-kv-transfer to compute everything locally")
     return spec.build_data_plane(config, engine, bus)
 
 

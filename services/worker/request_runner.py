@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from connector.dataplane import DataPlane, Prepared
 from connector.push import PushWriter
-from connector.worker_kv import Prepared, WorkerKv
 from services.worker.engine import Engine
 from shared.block_hash import block_hash_chain
 from shared.errors import ErrorCode, TandemError
@@ -37,7 +37,7 @@ class KvPlan:
 
 
 class RequestRunner:
-    def __init__(self, worker_id: str, engine: Engine, kv: WorkerKv | None) -> None:
+    def __init__(self, worker_id: str, engine: Engine, kv: DataPlane | None) -> None:
         self.worker_id = worker_id
         self.engine = engine
         self.kv = kv
@@ -93,7 +93,7 @@ class RequestRunner:
                 raise TandemError("engine ended the request without a finish reason")
             except asyncio.CancelledError:
                 if handle is not None and not sender.closed:  # the caller never saw the handle
-                    self.kv.holder.release(handle.lease_id, "cancelled")
+                    self.kv.release_hold(handle)
                 if not sender.closed:
                     await _quietly(sender.failed(ErrorCode.CANCELLED.value, "request cancelled"))
                 raise

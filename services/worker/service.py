@@ -4,7 +4,7 @@
   task; frames streamed to the caller's inbox (`Accepted`, `Tokens`..., then exactly one
   `Finished` or `Failed`).
 - control plane: `ctl.<worker>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`.
-- KV data plane (optional `WorkerKv`): leases and transfers, see connector/.
+- KV data plane (optional `connector.dataplane.DataPlane`): leases and transfers, see connector/.
 - events: KV event batches and load snapshots, each stream numbered from 1.
 - membership: the registration is put in the members bucket at start and every
   heartbeat; status DRAINING while draining; the key is deleted on graceful stop.
@@ -22,7 +22,7 @@ import time
 
 from nats.aio.msg import Msg
 
-from connector.worker_kv import WorkerKv
+from connector.dataplane import DataPlane
 from services.worker.engine import Engine
 from services.worker.request_runner import RequestRunner
 from shared.bus import Bus
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 class WorkerService:
-    def __init__(self, config: WorkerConfig, engine: Engine, bus: Bus, kv: WorkerKv | None = None, *,
+    def __init__(self, config: WorkerConfig, engine: Engine, bus: Bus, kv: DataPlane | None = None, *,
                  capabilities: EngineCapabilities = EngineCapabilities()) -> None:
         self.config = config
         self.engine = engine

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.schemas import WorkerRole, WorkerStatus
-from tests.integration.router_fakes import DEADLINE_S, MODEL_DIR_NAME, Router, wait_for_workers
+from shared.schemas import WorkerRole
+from tests.integration.router_cluster import MODEL_DIR_NAME, Router, wait_for_workers
+
+DEADLINE_S = 10.0
 
 
 async def ready_status(router: Router) -> tuple[int, dict]:
@@ -31,13 +33,11 @@ async def test_ready_waits_for_a_worker_that_finishes_requests(router: Router, s
     assert status == 503 and body["serving_workers"] == [] and body["model"] == MODEL_DIR_NAME
 
     await start_worker("p1", role=WorkerRole.PREFILL)
-    await start_worker("other", model="other-model")
-    await wait_for_workers(router, 2)
-    assert (await ready_status(router))[0] == 503  # a prefill worker, and one of another model
+    await start_worker("other", served_model_name="other-model")
+    await start_worker("d0", role=WorkerRole.DECODE, draining=True)  # takes no new work
+    await wait_for_workers(router, 3)
+    assert (await ready_status(router))[0] == 503  # a prefill worker, another model's, a draining one
 
-    decode = await start_worker("d1", role=WorkerRole.DECODE)
+    await start_worker("d1", role=WorkerRole.DECODE)
     body = await wait_ready_status(router, 200)
     assert body["status"] == "ready" and body["serving_workers"] == ["d1"]
-
-    await decode.put(decode.registration(WorkerStatus.DRAINING))
-    await wait_ready_status(router, 503)  # a draining worker takes no new work

@@ -1,5 +1,7 @@
-"""KV hand-off between two workers (real sim engines, real NIXL agents, real NATS):
-P/D pull, partial failures, corruption, lease expiry, compatibility refusal, prefix pull.
+"""KV hand-off between two workers (real sim engines, real NATS, the real holder and puller),
+over each KV transport: NIXL agents, and the in-memory transport (workers of one process,
+no NIXL needed): P/D pull, partial failures, corruption, lease expiry, compatibility
+refusal, prefix pull, push mode.
 
 Each case ends with zero active leases and every KV pool back to its baseline."""
 
@@ -13,7 +15,8 @@ import msgspec
 import pytest
 
 from connector.nixl_agent import nixl_available
-from connector.worker_kv import WorkerKv, build_transport
+from connector.sim.transport_builder import build_transport
+from connector.sim.worker_kv import WorkerKv
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain
@@ -25,9 +28,10 @@ from shared.request_plane import open_stream
 from shared.schemas import Finished, GenerateRequest, KvTransferParams, SamplingParams, TransferRecord
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed")
-
 BLOCK = 16
+
+TRANSPORTS = [pytest.param("nixl", marks=pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed")),
+              "memory"]
 
 
 def worker_config(worker_id: str, bus_config: BusConfig, *, kv_blocks: int = 256, **kv) -> WorkerConfig:
@@ -46,15 +50,18 @@ async def start_worker(config: WorkerConfig, bus: Bus, *, model: str = "tiny") -
 
 
 class Cluster:
-    def __init__(self, bus: Bus, bus_config: BusConfig) -> None:
+    def __init__(self, bus: Bus, bus_config: BusConfig, transport: str) -> None:
         self.bus = bus
         self.bus_config = bus_config
+        self.transport = transport
         self.workers: dict[str, WorkerService] = {}
         self.records: list[TransferRecord] = []
 
+    def config(self, worker_id: str, *, kv_blocks: int = 256, **kv) -> WorkerConfig:
+        return worker_config(worker_id, self.bus_config, kv_blocks=kv_blocks, transport=self.transport, **kv)
+
     async def add(self, worker_id: str, *, model: str = "tiny", kv_blocks: int = 256, **kv) -> WorkerService:
-        service = await start_worker(worker_config(worker_id, self.bus_config, kv_blocks=kv_blocks, **kv), self.bus,
-                                     model=model)
+        service = await start_worker(self.config(worker_id, kv_blocks=kv_blocks, **kv), self.bus, model=model)
         self.workers[worker_id] = service
         return service
 
@@ -85,9 +92,9 @@ class Cluster:
 
 
 
-@pytest.fixture
-async def cluster(bus: Bus, bus_config: BusConfig) -> AsyncIterator[Cluster]:
-    nodes = Cluster(bus, bus_config)
+@pytest.fixture(params=TRANSPORTS)
+async def cluster(bus: Bus, bus_config: BusConfig, request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    nodes = Cluster(bus, bus_config, request.param)
     codec: Codec[TransferRecord] = Codec(TransferRecord)
 
     async def on_record(msg) -> None:
@@ -235,8 +242,7 @@ async def push_disaggregated(cluster: Cluster, prefill: str, decode: str, prompt
 async def test_push_writes_layers_while_computing(cluster: Cluster, bus: Bus, bus_config: BusConfig,
                                                   speedup: float) -> None:
     await cluster.add("single")
-    prefill = await start_worker(msgspec.structs.replace(worker_config("prefill", bus_config),
-                                                         sim_speedup=speedup), bus)
+    prefill = await start_worker(msgspec.structs.replace(cluster.config("prefill"), sim_speedup=speedup), bus)
     cluster.workers["prefill"] = prefill
     await cluster.add("decode")
     for prompt in prompts():
@@ -292,3 +298,25 @@ async def test_concurrent_pulls_into_a_full_pool_never_deadlock(cluster: Cluster
         *(cluster.disaggregated("prefill", "decode", prompt, 8) for prompt in batch)), 30)
     assert [tokens for tokens, _, _ in results] == expected
     await cluster.assert_clean()
+
+
+async def test_the_memory_transport_needs_no_nixl(bus: Bus, bus_config: BusConfig,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's wiring asks for NIXL only when the config names the NIXL transport."""
+    import connector.nixl_agent
+    from services.worker.engines import engine_spec
+    from services.worker.main import build_kv
+    from shared.config import ConfigError
+
+    monkeypatch.setattr(connector.nixl_agent, "nixl_available", lambda: False)
+    spec = engine_spec("sim")
+    for transport in ("memory", "nixl"):
+        config = worker_config(f"w-{transport}", bus_config, transport=transport)
+        engine = SimEngine(config, model_name="tiny", vocab_size=512)
+        if transport == "nixl":
+            with pytest.raises(ConfigError, match="NIXL"):
+                build_kv(config, spec, engine, bus)
+            continue
+        kv = build_kv(config, spec, engine, bus)
+        assert isinstance(kv, WorkerKv) and kv.transport.agent_name.startswith("w-memory-")
+        await kv.stop()

@@ -242,7 +242,7 @@ async def test_transfer_records_become_prometheus_metrics(bus: Bus, bus_config: 
         assert sample("tandem_kv_transfer_bytes_total", {"kind": "pull"}) == 5 * 16384
         assert sample("tandem_kv_transfer_tokens_total", {"kind": "pull", "source": "recomputed"}) == 48
         assert sample("tandem_kv_transfer_blocks_total", {"kind": "pull", "result": "failed"}) == 3
-        assert sample("tandem_kv_transfer_seconds_count", {"kind": "pull"}) == 2
+        assert sample("tandem_kv_transfer_seconds_count", {"kind": "pull", "role": "unknown"}) == 2
         while service.malformed["kv_transfers"].total != 1:
             assert asyncio.get_running_loop().time() < deadline, "junk not counted"
             await asyncio.sleep(0.01)

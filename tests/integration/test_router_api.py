@@ -1,6 +1,10 @@
-"""The router's OpenAI API over HTTP, against a real nats-server and fake workers:
+"""The router's OpenAI API over HTTP, against a real nats-server and real sim workers:
 completions and chat, streaming and not, stop strings, load spreading, models, health,
-metrics, request records, and a clear 4xx for every kind of bad input."""
+metrics, request records, and a clear 4xx for every kind of bad input.
+
+The workers are `WorkerService` + sim engine in this process (see router_cluster.py); the
+sim's output is a function of the token history, so every expected text is computed from
+the request the worker received."""
 
 from __future__ import annotations
 
@@ -16,15 +20,32 @@ from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.schemas import LoadSnapshot, RequestRecord
 from shared.tokenizer import Tokenizer
-from tests.integration.router_fakes import (
+from tests.integration.router_cluster import (
+    BLOCK_SIZE,
     DEADLINE_S,
     MODEL_DIR_NAME,
-    REPLY,
     Router,
-    expected_text,
+    SimWorker,
+    metrics_text,
+    reference_tokens,
     wait_for_workers,
-    wait_until,
 )
+from tests.waiting import wait_for
+
+PROMPT = "Hello there, tell me about the river that runs past the old mill in the valley."
+
+
+async def expected_text(worker: SimWorker, tokenizer: Tokenizer, count: int) -> str:
+    """The sim's answer to the latest of `count` requests the worker has received."""
+    await wait_for(lambda: len(worker.requests) == count, DEADLINE_S, f"request {count} at {worker.worker_id}")
+    return tokenizer.decode(reference_tokens(worker.requests[-1], tokenizer.vocab_size))
+
+
+def a_stop_string(text: str) -> str:
+    """Three letters from the middle of `text`: a stop string the answer surely contains."""
+    index = next(i for i in range(len(text) // 3, len(text) - 3) if text[i:i + 3].isalpha())
+    return text[index:index + 3]
+
 
 # ---- happy paths ---------------------------------------------------------------------
 
@@ -32,17 +53,17 @@ from tests.integration.router_fakes import (
 async def test_completions_streaming_and_not(router: Router, start_worker, tokenizer: Tokenizer) -> None:
     worker = await start_worker()
     await wait_for_workers(router, 1)
-    reply_len = len(worker.reply_ids)
 
-    completion = await router.client.completions.create(model=MODEL_DIR_NAME, prompt="Hello there", max_tokens=5,
+    completion = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=5,
                                                         temperature=0.5, seed=7)
-    assert completion.choices[0].text == expected_text(tokenizer, 5)
+    assert completion.choices[0].text == await expected_text(worker, tokenizer, 1)
     assert completion.choices[0].finish_reason == "length"
-    prompt_ids = tokenizer.encode("Hello there")
+    prompt_ids = tokenizer.encode(PROMPT)
+    assert len(prompt_ids) >= BLOCK_SIZE
     assert completion.usage.prompt_tokens == len(prompt_ids)
     assert completion.usage.completion_tokens == 5
     assert completion.usage.total_tokens == len(prompt_ids) + 5
-    assert completion.usage.prompt_tokens_details.cached_tokens == 3
+    assert completion.usage.prompt_tokens_details.cached_tokens == 0  # a cold cache
     sent = worker.requests[-1]
     assert sent.token_ids == prompt_ids and sent.model == MODEL_DIR_NAME
     assert (sent.sampling.max_tokens, sent.sampling.temperature, sent.sampling.seed) == (5, 0.5, 7)
@@ -51,11 +72,14 @@ async def test_completions_streaming_and_not(router: Router, start_worker, token
                                                     stream=True, stream_options={"include_usage": True})
     chunks = [chunk async for chunk in stream]
     text = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
-    assert text == REPLY
-    assert "\ufffd" not in "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply_len
+    assert text == await expected_text(worker, tokenizer, 2)  # detokenized piece by piece, the same text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 100
     assert worker.requests[-1].token_ids == prompt_ids
+
+    again = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=2)
+    full_blocks = len(prompt_ids) // BLOCK_SIZE
+    assert again.usage.prompt_tokens_details.cached_tokens == full_blocks * BLOCK_SIZE  # the worker's prefix cache
 
 
 async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: Tokenizer) -> None:
@@ -66,7 +90,7 @@ async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: T
     chat = await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=messages,
                                                        max_completion_tokens=6)
     assert chat.choices[0].message.role == "assistant"
-    assert chat.choices[0].message.content == expected_text(tokenizer, 6)
+    assert chat.choices[0].message.content == await expected_text(worker, tokenizer, 1)
     assert chat.usage.completion_tokens == 6
     assert worker.requests[-1].token_ids == tokenizer.encode(tokenizer.apply_chat_template(messages))
 
@@ -74,24 +98,33 @@ async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: T
                                                          stream=True, stream_options={"include_usage": True})
     chunks = [chunk async for chunk in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == REPLY
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == await expected_text(worker, tokenizer, 2)
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(worker.requests[-1].token_ids)
 
 
-async def test_stop_string_truncates_and_cancels_the_worker(router: Router, start_worker) -> None:
-    worker = await start_worker(hold=False)
+async def test_stop_string_truncates_and_cancels_the_worker(router: Router, start_worker,
+                                                          tokenizer: Tokenizer) -> None:
+    worker = await start_worker()
     await wait_for_workers(router, 1)
+    whole = await router.client.completions.create(model=MODEL_DIR_NAME, prompt="x", max_tokens=100)
+    reply = whole.choices[0].text
+    stop = a_stop_string(reply)
     completion = await router.client.completions.create(model=MODEL_DIR_NAME, prompt="x", max_tokens=100,
-                                                        stop=["café", "zzz"])
-    assert completion.choices[0].text == REPLY[:REPLY.index("café")]
+                                                        stop=[stop, "zzzz"])
+    assert completion.choices[0].text == reply[:min(reply.find(s) for s in (stop, "zzzz") if s in reply)]
     assert completion.choices[0].finish_reason == "stop"
-    await asyncio.wait_for(worker.got_cancel.wait(), DEADLINE_S)
+    await wait_for(lambda: worker.cancels, DEADLINE_S, "the router's cancel")
     assert worker.cancels == [worker.requests[-1].request_id]
 
-    stream = await router.client.chat.completions.create(model=MODEL_DIR_NAME, stream=True, stop="runs",
-                                                         messages=[{"role": "user", "content": "go"}])
+    messages = [{"role": "user", "content": "go"}]
+    whole = await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=messages)
+    reply = whole.choices[0].message.content
+    stop = a_stop_string(reply)
+    stream = await router.client.chat.completions.create(model=MODEL_DIR_NAME, stream=True, stop=stop,
+                                                         messages=messages)
     chunks = [chunk async for chunk in stream]
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == REPLY[:REPLY.index("runs")]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply[:reply.index(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
@@ -102,10 +135,10 @@ async def test_burst_spreads_across_workers(router: Router, start_worker) -> Non
     burst = [asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=f"p{i}",
                                                                   max_tokens=4))
              for i in range(6)]
-    await wait_until(lambda: len(first.requests) + len(second.requests) == 6, "six routed requests")
+    await wait_for(lambda: len(first.requests) + len(second.requests) == 6, DEADLINE_S, "six routed requests")
     assert (len(first.requests), len(second.requests)) == (3, 3)
-    first.release.set()
-    second.release.set()
+    first.release()
+    second.release()
     replies = await asyncio.wait_for(asyncio.gather(*burst), DEADLINE_S)
     assert all(reply.choices[0].finish_reason == "length" for reply in replies)
 
@@ -119,7 +152,7 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
         records.append(codec.decode(msg.data))
 
     await bus.client.subscribe(bus_config.subjects.request_events, cb=on_record)
-    await start_worker("w1", model="other-model")
+    await start_worker("w1", served_model_name="other-model")
     await wait_for_workers(router, 1)
 
     models = await router.client.models.list()
@@ -129,7 +162,7 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
 
     reply = await router.client.completions.create(model="other-model", prompt="hi", max_tokens=3)
     assert reply.choices[0].finish_reason == "length"
-    await wait_until(lambda: len(records) == 1, "the request record")
+    await wait_for(lambda: len(records) == 1, DEADLINE_S, "the request record")
     assert records[0].outcome == "ok" and records[0].worker_id == "w1" and records[0].completion_tokens == 3
     assert records[0].request_id.startswith("cmpl-") and records[0].ttft_s is not None
 
@@ -142,15 +175,14 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
         kv_cached_blocks=0, prompt_tokens_total=0, cached_tokens_total=0, generated_tokens_total=0,
         pending_prefill_tokens=0)))
 
-    async def metrics() -> str:
-        return (await router.http.get("/metrics")).text
+    async def both_counted() -> bool:
+        text = await metrics_text(router)
+        return "w-bad" in text and "load.w1" in text
 
-    deadline = time.monotonic() + DEADLINE_S
-    while "w-bad" not in (text := await metrics()) or "load.w1" not in text:
-        assert time.monotonic() < deadline, text
-        await asyncio.sleep(0.01)
+    await wait_for(both_counted, DEADLINE_S, "the malformed messages in the router's metrics")
+    text = await metrics_text(router)
     assert 'tandem_router_requests_total{endpoint="completions",outcome="ok"} 1.0' in text
-    assert "tandem_router_time_to_first_token_seconds_count 1.0" in text
+    assert 'tandem_router_time_to_first_token_seconds_count{role="both"} 1.0' in text
     assert "tandem_router_workers 1.0" in text
     assert (await router.client.completions.create(model="other-model", prompt="again", max_tokens=2)).usage
 

@@ -1,14 +1,14 @@
 """The prefill-first disaggregated flow through the router's HTTP API, against a real
-nats-server and fake prefill/decode workers: the same text as one worker, the first token
-before the decode worker is asked, no decode for one-token answers, explicit errors with
-the lease released when decode fails or the client leaves, compatibility-hash pairing,
-metrics, and one trace across both parts."""
+nats-server and real prefill/decode workers (sim engines, KV over the in-memory transport:
+these tests run without NIXL): the same text as one worker, the first token before the
+decode worker is asked, no decode for one-token answers, explicit errors with the lease
+released when decode fails or the client leaves, compatibility-hash pairing, metrics, and
+one trace across both parts."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -19,23 +19,25 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.config import BusConfig, RoutingConfig
+from shared.config import BusConfig, KvFaultConfig, RoutingConfig
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.integration.router_fakes import (
+from tests.integration.router_cluster import (
     BLOCK_SIZE,
     DEADLINE_S,
     MODEL_DIR_NAME,
-    FakeWorker,
     Router,
+    SimWorker,
+    metrics_text,
+    reference_tokens,
     router_config,
     running_router,
+    wait_for_metric,
     wait_for_workers,
-    wait_until,
     wait_until_idle,
 )
+from tests.waiting import wait_for
 
-PD_REPLY = " the quick brown fox jumps over the lazy dog and then some more words follow here"
 PROMPT = "Once upon a time the river ran past the old mill, and the miller sang to the water all day long."
 
 
@@ -49,21 +51,14 @@ async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]
 
 
 @pytest.fixture
-def pd_reply(tokenizer: Tokenizer) -> list[int]:
-    return tokenizer.encode(PD_REPLY)
+async def start_pd(start_worker):
+    """Start a prefill and a decode worker (ids "p1", "d1" unless given)."""
 
-
-@pytest.fixture
-async def start_pd(start_worker, pd_reply: list[int]):
-    """Start a prefill and a decode worker (ids "p1", "d1" unless given), outputs following the history."""
-
-    async def start(prefill: dict | None = None, decode: dict | None = None) -> tuple[FakeWorker, FakeWorker]:
+    async def start(prefill: dict | None = None, decode: dict | None = None) -> tuple[SimWorker, SimWorker]:
         prefill = {"worker_id": "p1", **(prefill or {})}
         decode = {"worker_id": "d1", **(decode or {})}
-        prefill_worker = await start_worker(prefill.pop("worker_id"), role=WorkerRole.PREFILL, reply_ids=pd_reply,
-                                            continue_history=True, **prefill)
-        decode_worker = await start_worker(decode.pop("worker_id"), role=WorkerRole.DECODE, reply_ids=pd_reply,
-                                           continue_history=True, **decode)
+        prefill_worker = await start_worker(prefill.pop("worker_id"), role=WorkerRole.PREFILL, **prefill)
+        decode_worker = await start_worker(decode.pop("worker_id"), role=WorkerRole.DECODE, **decode)
         return prefill_worker, decode_worker
 
     return start
@@ -77,42 +72,35 @@ async def sse_events(response: httpx.Response) -> list[str]:
     return [line.removeprefix("data: ") async for line in response.aiter_lines() if line.startswith("data: ")]
 
 
-async def metrics_text(router: Router) -> str:
-    return (await router.http.get("/metrics")).text
-
-
-async def wait_for_metric(router: Router, line: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while line not in (text := await metrics_text(router)):
-        assert time.monotonic() < deadline, f"no {line!r} in\n{text}"
-        await asyncio.sleep(0.01)
-
-
 # ---- the flow ------------------------------------------------------------------------
 
 
-async def test_disaggregated_output_equals_one_worker(router: Router, start_worker, start_pd, pd_reply: list[int],
+async def test_disaggregated_output_equals_one_worker(router: Router, start_worker, start_pd,
                                                       tokenizer: Tokenizer) -> None:
     prompt_ids = tokenizer.encode(PROMPT)
-    assert len(prompt_ids) >= BLOCK_SIZE  # at least one full block: a lease to hand over
+    full_blocks = len(prompt_ids) // BLOCK_SIZE
+    assert full_blocks  # at least one full block: a lease to hand over
 
-    async def answers() -> list[tuple[str, str, openai.types.CompletionUsage]]:
+    async def answers() -> list[tuple[str, str, int, int]]:
         results = []
         for prompt in (PROMPT, "hi"):  # "hi" has no full block: decode computes everything
             whole = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=12)
-            results.append((whole.choices[0].text, whole.choices[0].finish_reason, whole.usage))
+            usage = whole.usage
+            results.append((whole.choices[0].text, whole.choices[0].finish_reason, usage.prompt_tokens,
+                            usage.completion_tokens))
             stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=12,
                                                             stream=True, stream_options={"include_usage": True})
             chunks = [chunk async for chunk in stream]
             text = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
             finish = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1]
-            results.append((text, finish, chunks[-1].usage))
+            usage = chunks[-1].usage
+            results.append((text, finish, usage.prompt_tokens, usage.completion_tokens))
         return results
 
-    solo = await start_worker("solo", reply_ids=pd_reply, continue_history=True)
+    solo = await start_worker("solo")
     await wait_for_workers(router, 1)
     colocated = await answers()
-    await solo.deregister()
+    await solo.stop()
     await wait_for_workers(router, 0)
 
     prefill, decode = await start_pd()
@@ -120,26 +108,29 @@ async def test_disaggregated_output_equals_one_worker(router: Router, start_work
     disaggregated = await answers()
     assert disaggregated == colocated
     assert colocated[0][0] and colocated[0][1] == "length"
-    assert colocated[0][2].completion_tokens == 12 and colocated[0][2].prompt_tokens == len(prompt_ids)
+    assert colocated[0][3] == 12 and colocated[0][2] == len(prompt_ids)
 
     # what each worker was asked: one token held for decode, then the rest from the handle
-    assert len(prefill.requests) == len(decode.requests) == 4
+    await wait_for(lambda: len(prefill.requests) == len(decode.requests) == 4, DEADLINE_S, "four of each part")
     first, rest = prefill.requests[0], decode.requests[0]
     assert first.token_ids == prompt_ids and first.sampling.max_tokens == 1
     assert first.kv_transfer is not None and first.kv_transfer.hold_for_decode
-    assert rest.token_ids == [*prompt_ids, pd_reply[len(prompt_ids) % len(pd_reply)]]
+    assert rest.token_ids == [*prompt_ids, *reference_tokens(first, tokenizer.vocab_size)]
     assert rest.sampling.max_tokens == 11 and rest.request_id == first.request_id
     assert rest.kv_transfer is not None and rest.kv_transfer.source is not None
-    assert rest.kv_transfer.source.lease_id == f"{prefill.worker_id}-lease-1"
+    assert rest.kv_transfer.source.holder_worker_id == prefill.worker_id
     assert decode.requests[2].kv_transfer is None  # "hi": no full block, no handle
-    assert prefill.released("p1-lease-1") == ["done"] and prefill.leases == {}  # the decode worker pulled
+    lease_id = rest.kv_transfer.source.lease_id
+    await wait_for(lambda: prefill.released(lease_id) == ["done"], DEADLINE_S, "the decode worker's release")
+    assert prefill.active_leases == 0  # the decode worker pulled
 
     await wait_until_idle(router)
     text = await metrics_text(router)
     assert 'tandem_router_route_decisions_total{flow="disaggregated",reason="pair"} 4.0' in text
     assert 'tandem_router_route_decisions_total{flow="single",reason="no_prefill_worker"} 4.0' in text
     assert "tandem_router_disaggregated_requests_total 4.0" in text
-    assert f"tandem_router_kv_pulled_tokens_total {2.0 * BLOCK_SIZE * (len(prompt_ids) // BLOCK_SIZE)}" in text
+    # pulled once: the second time the decode worker finds the prompt's blocks in its own cache
+    assert f"tandem_router_kv_pulled_tokens_total {float(BLOCK_SIZE * full_blocks)}" in text
 
 
 async def test_the_first_token_reaches_the_client_before_decode_is_asked(router: Router, start_pd) -> None:
@@ -149,27 +140,29 @@ async def test_the_first_token_reaches_the_client_before_decode_is_asked(router:
     first = await asyncio.wait_for(anext(stream), DEADLINE_S)
     assert first.choices[0].text
     assert not decode.requests  # the client has its first token; the decode worker has not been asked
-    prefill.release.set()
+    prefill.release()
     rest = [chunk async for chunk in stream]
     assert rest[-1].choices[0].finish_reason == "length"
     assert len(decode.requests) == 1
 
 
 async def test_one_token_answers_never_contact_the_decode_worker(router: Router, start_pd,
-                                                                 tokenizer: Tokenizer, pd_reply: list[int]) -> None:
+                                                                 tokenizer: Tokenizer) -> None:
     prefill, decode = await start_pd()
     await wait_for_workers(router, 2)
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=1)
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 1
+    await wait_for(lambda: len(prefill.requests) == 1, DEADLINE_S, "the prefill request")
     assert prefill.requests[-1].kv_transfer is None  # nothing to hold: no lease at all
 
     # the first token is a stop token: the request ends with the prefill, its lease is released
-    first_token = pd_reply[len(tokenizer.encode(PROMPT)) % len(pd_reply)]
+    [first_token] = reference_tokens(prefill.requests[-1], tokenizer.vocab_size)
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=8,
                                                    extra_body={"stop_token_ids": [first_token]})
     assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == 1
     assert not decode.requests
-    assert prefill.released("p1-lease-1") == ["cancelled"] and prefill.leases == {}
+    await wait_for(lambda: prefill.released() == ["cancelled"], DEADLINE_S, "the router's lease release")
+    assert prefill.active_leases == 0
     await wait_until_idle(router)
 
 
@@ -180,12 +173,13 @@ async def test_a_burst_spreads_over_prefill_and_decode_workers(router: Router, s
     # distinct prompts (no shared block): nothing to gain from landing together
     burst = [asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=f"{i} {PROMPT}",
                                                                   max_tokens=3)) for i in range(4)]
-    await wait_until(lambda: len(prefill_1.requests) + len(prefill_2.requests) == 4, "four prefill requests")
+    await wait_for(lambda: len(prefill_1.requests) + len(prefill_2.requests) == 4, DEADLINE_S,
+                   "four prefill requests")
     assert (len(prefill_1.requests), len(prefill_2.requests)) == (2, 2)
     # each request holds a slot on its prefill and its decode worker, and counts once
     assert (await router.http.get("/health")).json()["in_flight"] == 4
-    prefill_1.release.set()
-    prefill_2.release.set()
+    prefill_1.release()
+    prefill_2.release()
     replies = await asyncio.wait_for(asyncio.gather(*burst), DEADLINE_S)
     assert all(reply.choices[0].finish_reason == "length" for reply in replies)
     assert (len(decode_1.requests), len(decode_2.requests)) == (2, 2)
@@ -195,7 +189,8 @@ async def test_a_burst_spreads_over_prefill_and_decode_workers(router: Router, s
 # ---- failures ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("broken", [{"refuse": True}, {"listening": False}, {"fail": "internal", "fail_after": 1}])
+@pytest.mark.parametrize("broken", [{"refuse": True}, {"listening": False}, {"fail": "internal", "fail_after": 1}],
+                         ids=["refusing", "dead", "failing"])
 async def test_decode_failure_is_an_explicit_error_and_the_lease_is_released(router: Router, start_pd,
                                                                              broken: dict) -> None:
     prefill, decode = await start_pd(decode=broken)
@@ -212,29 +207,47 @@ async def test_decode_failure_is_an_explicit_error_and_the_lease_is_released(rou
 
     # The router releases every lease whose decode request did not finish, at once
     # ("cancelled"); a decode worker that pulled released it first ("done").
-    await wait_until(lambda: all("cancelled" in prefill.released(lease_id)
-                                 for lease_id in ("p1-lease-1", "p1-lease-2")), "the router's lease releases")
-    assert prefill.leases == {}
+    await wait_for(lambda: prefill.released().count("cancelled") == 2, DEADLINE_S, "the router's lease releases")
+    await wait_for(lambda: prefill.active_leases == 0, DEADLINE_S, "no lease left")
+    leases = {release.lease_id for release in prefill.recorder.lease_releases}
+    assert len(leases) == 2
     if "fail" in broken:
-        assert prefill.released("p1-lease-1") == ["done", "cancelled"]
+        assert all(prefill.released(lease_id) == ["done", "cancelled"] for lease_id in leases)
     await wait_until_idle(router)
     result = "already_ended" if "fail" in broken else "released"
     await wait_for_metric(router, f'tandem_router_kv_lease_releases_total{{result="{result}"}} 2.0')
 
 
 async def test_client_disconnect_cancels_decode_and_releases_the_lease(router: Router, start_pd) -> None:
-    # decode asked but not yet accepted (a slow pull): the router alone must release the lease
-    prefill, decode = await start_pd(decode={"hold_accept": True})
+    # decode asked but not yet accepted (a worker gone silent): the router alone must release the lease
+    prefill, decode = await start_pd(decode={"silent": True})
     await wait_for_workers(router, 2)
     async with router.http.stream("POST", "/v1/completions", json=body(stream=True)) as streamed:
         async for line in streamed.aiter_lines():
             if line.startswith("data: "):
                 break  # the first token, then hang up once the decode worker has the request
-        await asyncio.wait_for(decode.got_request.wait(), DEADLINE_S)
-    await asyncio.wait_for(decode.got_cancel.wait(), DEADLINE_S)
+        await wait_for(lambda: decode.requests, DEADLINE_S, "the decode request")
+    await wait_for(lambda: decode.cancels, DEADLINE_S, "the decode worker's cancel")
     assert decode.cancels == [decode.requests[0].request_id]
-    await wait_until(lambda: prefill.released("p1-lease-1") == ["cancelled"], "the router's lease release")
-    assert prefill.leases == {}
+    await wait_for(lambda: prefill.released() == ["cancelled"], DEADLINE_S, "the router's lease release")
+    await wait_for(lambda: prefill.active_leases == 0, DEADLINE_S, "no lease left")
+    await wait_until_idle(router)
+
+
+async def test_client_disconnect_while_pulling_cancels_decode_and_releases_the_lease(router: Router,
+                                                                                    start_pd) -> None:
+    # decode accepted, its pull slowed down: the client leaves; no lease and no block stays behind
+    prefill, decode = await start_pd(decode={"kv_faults": KvFaultConfig(delay_s=3.0)})
+    await wait_for_workers(router, 2)
+    async with router.http.stream("POST", "/v1/completions", json=body(stream=True)) as streamed:
+        async for line in streamed.aiter_lines():
+            if line.startswith("data: "):
+                break
+        await wait_for(lambda: decode.requests, DEADLINE_S, "the decode request")
+    await wait_for(lambda: decode.cancels == [decode.requests[0].request_id], DEADLINE_S, "the decode cancel")
+    await wait_for(lambda: "cancelled" in prefill.released() and prefill.active_leases == 0, DEADLINE_S,
+                   "the lease released")
+    assert "done" not in prefill.released()
     await wait_until_idle(router)
 
 
@@ -247,11 +260,11 @@ async def test_client_disconnect_while_decoding_cancels_decode(router: Router, s
             seen += line.startswith("data: ")
             if seen == 2:
                 break  # one token from each worker, then hang up
-    await asyncio.wait_for(decode.got_cancel.wait(), DEADLINE_S)
+    await wait_for(lambda: decode.cancels, DEADLINE_S, "the decode worker's cancel")
     assert decode.cancels == [decode.requests[0].request_id]
     assert not prefill.cancels  # its part was over
-    await wait_until(lambda: "done" in prefill.released("p1-lease-1"), "the decode worker's release")
-    assert prefill.leases == {}
+    await wait_for(lambda: "done" in prefill.released(), DEADLINE_S, "the decode worker's release")
+    assert prefill.active_leases == 0
     await wait_until_idle(router)
 
 
@@ -263,7 +276,7 @@ async def test_a_decode_worker_removed_mid_stream_with_none_to_resume_is_an_erro
                                                     stream=True)
     await anext(stream)
     await anext(stream)  # the decode worker's first token
-    await decode.deregister()
+    await decode.lose()
     with pytest.raises(openai.APIError) as failure:  # the prefill worker alone cannot decode
         async for _ in stream:
             pass
@@ -271,21 +284,22 @@ async def test_a_decode_worker_removed_mid_stream_with_none_to_resume_is_an_erro
     await wait_until_idle(router)
 
 
-async def test_mixed_compat_hashes_are_never_paired(router: Router, start_worker, start_pd,
-                                                    pd_reply: list[int]) -> None:
-    prefill, decode = await start_pd(prefill={"compat_hash": "v1"}, decode={"compat_hash": "v2"})
+async def test_mixed_compat_hashes_are_never_paired(router: Router, start_worker, start_pd) -> None:
+    prefill, decode = await start_pd(prefill={"model_version": "v1"}, decode={"model_version": "v2"})
+    assert prefill.engine.info.compat_hash != decode.engine.info.compat_hash
     await wait_for_workers(router, 2)
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=4)
     assert reply.choices[0].finish_reason == "length"
+    await wait_for(lambda: decode.requests, DEADLINE_S, "the request")
     assert not prefill.requests  # served whole by the decode worker
     assert decode.requests[-1].kv_transfer is None and decode.requests[-1].sampling.max_tokens == 4
     assert 'reason="compat_hash_mismatch"} 1.0' in await metrics_text(router)
 
-    same_hash = await start_worker("d2", role=WorkerRole.DECODE, compat_hash="v1", reply_ids=pd_reply,
-                                   continue_history=True)
+    same_hash = await start_worker("d2", role=WorkerRole.DECODE, model_version="v1")
     await wait_for_workers(router, 3)
     await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=4)
-    assert len(prefill.requests) == 1 and len(same_hash.requests) == 1 and len(decode.requests) == 1
+    await wait_for(lambda: len(same_hash.requests) == 1, DEADLINE_S, "the decode part on d2")
+    assert len(prefill.requests) == 1 and len(decode.requests) == 1
 
 
 # ---- observability -------------------------------------------------------------------
@@ -305,7 +319,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 async def test_one_trace_across_both_parts_and_counters(router: Router, start_pd, spans: InMemorySpanExporter,
                                                         tokenizer: Tokenizer) -> None:
-    prefill, decode = await start_pd(decode={"recomputed_tokens": BLOCK_SIZE})
+    # the decode worker's transfer breaks before the last block: that block is recomputed
+    full_blocks = len(tokenizer.encode(PROMPT)) // BLOCK_SIZE
+    prefill, decode = await start_pd(decode={"kv_faults": KvFaultConfig(cut_after_blocks=full_blocks - 1)})
     await wait_for_workers(router, 2)
     await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=5)
     await wait_until_idle(router)
@@ -320,7 +336,7 @@ async def test_one_trace_across_both_parts_and_counters(router: Router, start_pd
         assert part.attributes["tandem.outcome"] == "ok"
         _, trace_id, span_id, _ = worker.headers[0]["traceparent"].split("-")
         assert (int(trace_id, 16), int(span_id, 16)) == (root.context.trace_id, part.context.span_id)
-    pulled = BLOCK_SIZE * (len(tokenizer.encode(PROMPT)) // BLOCK_SIZE) - BLOCK_SIZE
+    pulled = BLOCK_SIZE * (full_blocks - 1)
     assert root.attributes["tandem.pulled_tokens"] == pulled
     assert root.attributes["tandem.recomputed_tokens"] == BLOCK_SIZE
 

@@ -1,8 +1,9 @@
 """The disaggregated flow in push mode (`pd_transfer="push"`) through the router's HTTP API,
-against a real nats-server and fake prefill/decode workers: decode worker asked first,
-the same text as one worker, a failed prefill cancels the waiting decode, a decode worker
-that refuses before its `KvTarget` means the prefill worker is never asked, and a pair
-with a non-sim engine falls back to pull."""
+against a real nats-server and real prefill/decode workers (sim engines pushing KV over the
+in-memory transport: these tests run without NIXL): decode worker asked first, the same
+text as one worker, a failed prefill cancels the waiting decode, a decode worker that
+refuses before its `KvTarget` means the prefill worker is never asked, and a pair with a
+pull-only engine (one advertising the vLLM engine's capabilities) falls back to pull."""
 
 from __future__ import annotations
 
@@ -10,21 +11,23 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.worker.engines import engine_spec
 from shared.config import BusConfig, RoutingConfig
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.integration.router_fakes import (
+from tests.integration.router_cluster import (
     DEADLINE_S,
     MODEL_DIR_NAME,
-    FakeWorker,
     Router,
+    SimWorker,
+    metrics_text,
     router_config,
     running_router,
     wait_for_workers,
     wait_until_idle,
 )
+from tests.waiting import wait_for
 
-PD_REPLY = " the quick brown fox jumps over the lazy dog and then some more words follow here"
 PROMPT = "Once upon a time the river ran past the old mill, and the miller sang to the water all day long."
 
 
@@ -36,20 +39,13 @@ async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]
 
 
 @pytest.fixture
-def pd_reply(tokenizer: Tokenizer) -> list[int]:
-    return tokenizer.encode(PD_REPLY)
+def start_pd(start_worker):
+    """A prefill worker "p1" and a decode worker "d1"."""
 
-
-@pytest.fixture
-def start_pd(start_worker, pd_reply: list[int]):
-    """A prefill worker "p1" and a decode worker "d1", sim engines unless told otherwise."""
-
-    async def start(prefill: dict | None = None, decode: dict | None = None) -> tuple[FakeWorker, FakeWorker]:
+    async def start(prefill: dict | None = None, decode: dict | None = None) -> tuple[SimWorker, SimWorker]:
         workers = []
         for worker_id, role, options in (("p1", WorkerRole.PREFILL, prefill), ("d1", WorkerRole.DECODE, decode)):
-            options = {"engine": "sim", **(options or {})}
-            workers.append(await start_worker(worker_id, role=role, reply_ids=pd_reply, continue_history=True,
-                                              **options))
+            workers.append(await start_worker(worker_id, role=role, **(options or {})))
         return workers[0], workers[1]
 
     return start
@@ -59,16 +55,12 @@ def body(**fields) -> dict:
     return {"model": MODEL_DIR_NAME, "prompt": PROMPT, "max_tokens": 12, **fields}
 
 
-async def metrics_text(router: Router) -> str:
-    return (await router.http.get("/metrics")).text
-
-
-async def test_push_asks_the_decode_worker_first(router: Router, start_worker, start_pd, pd_reply: list[int],
+async def test_push_asks_the_decode_worker_first(router: Router, start_worker, start_pd,
                                                  tokenizer: Tokenizer) -> None:
-    solo = await start_worker("solo", reply_ids=pd_reply, continue_history=True)
+    solo = await start_worker("solo")
     await wait_for_workers(router, 1)
     reference = (await router.http.post("/v1/completions", json=body())).json()
-    await solo.deregister()
+    await solo.stop()
     await wait_for_workers(router, 0)
 
     prefill, decode = await start_pd()
@@ -81,13 +73,14 @@ async def test_push_asks_the_decode_worker_first(router: Router, start_worker, s
     assert streamed == reference["choices"][0]["text"]
 
     prompt_ids = tokenizer.encode(PROMPT)
+    await wait_for(lambda: len(decode.requests) == len(prefill.requests) == 2, DEADLINE_S, "two of each part")
     waiting, pushing = decode.requests[0], prefill.requests[0]
     assert waiting.token_ids == prompt_ids and waiting.sampling.max_tokens == 11
     assert waiting.kv_transfer is not None and waiting.kv_transfer.await_push and waiting.kv_transfer.source is None
     assert pushing.token_ids == prompt_ids and pushing.sampling.max_tokens == 1
     assert pushing.kv_transfer is not None and pushing.kv_transfer.push_to is not None
     assert pushing.kv_transfer.push_to.reader_worker_id == "d1" and not pushing.kv_transfer.hold_for_decode
-    assert prefill.leases == {} and prefill.lease_releases == []  # no lease in push mode
+    assert prefill.active_leases == 0 and prefill.released() == []  # no lease in push mode
 
     await wait_until_idle(router)
     text = await metrics_text(router)
@@ -100,6 +93,7 @@ async def test_one_token_answers_keep_the_prefill_only_path(router: Router, star
     await wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body(max_tokens=1))
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1
+    await wait_for(lambda: prefill.requests, DEADLINE_S, "the prefill request")
     assert decode.requests == [] and prefill.requests[0].kv_transfer is None
     await wait_until_idle(router)
 
@@ -109,6 +103,7 @@ async def test_a_failed_prefill_cancels_the_waiting_decode(router: Router, start
     await wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body())
     assert reply.status_code == 500, reply.text
+    await wait_for(lambda: decode.cancels, DEADLINE_S, "the decode worker's cancel")
     assert decode.cancels == [decode.requests[0].request_id]
     await wait_until_idle(router)
 
@@ -118,17 +113,21 @@ async def test_a_decode_worker_refusing_means_no_prefill(router: Router, start_p
     await wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body())
     assert reply.status_code == 503, reply.text
-    assert decode.requests and prefill.requests == []  # no target, so nothing to push to
+    await wait_for(lambda: decode.requests, DEADLINE_S, "the decode request")
+    assert prefill.requests == []  # no target, so nothing to push to
     await wait_until_idle(router)
 
 
 @pytest.mark.parametrize("engines", [("sim", "vllm"), ("vllm", "sim")])
 async def test_a_pair_with_a_vllm_worker_falls_back_to_pull(router: Router, start_pd, engines: tuple[str, str]
                                                             ) -> None:
-    prefill, decode = await start_pd(prefill={"engine": engines[0]}, decode={"engine": engines[1]})
+    # real sim workers; the one standing for a vLLM worker advertises the vLLM engine's capabilities
+    prefill, decode = await start_pd(prefill={"capabilities": engine_spec(engines[0]).capabilities},
+                                     decode={"capabilities": engine_spec(engines[1]).capabilities})
     await wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body())
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 12
+    await wait_for(lambda: prefill.requests and decode.requests, DEADLINE_S, "both parts")
     first, rest = prefill.requests[0], decode.requests[0]
     assert first.kv_transfer is not None and first.kv_transfer.hold_for_decode and first.kv_transfer.push_to is None
     assert rest.kv_transfer is not None and rest.kv_transfer.source is not None and not rest.kv_transfer.await_push
@@ -136,4 +135,3 @@ async def test_a_pair_with_a_vllm_worker_falls_back_to_pull(router: Router, star
     text = await metrics_text(router)
     assert 'tandem_router_kv_transfer_mode_total{mode="pull"} 1.0' in text
     assert 'mode="push"' not in text
-    assert DEADLINE_S  # the fakes' bound on every wait above

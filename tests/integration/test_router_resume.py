@@ -1,5 +1,6 @@
-"""Retries and migration through the router's HTTP API, against a real nats-server and fake
-workers whose output is a function of the token history (as a greedy model's is): a worker
+"""Retries and migration through the router's HTTP API, against a real nats-server and real
+sim workers, whose output is a function of the token history (as a greedy model's is),
+moving KV over the in-memory transport (no NIXL needed): a worker
 lost before its first token is replaced; one lost mid-stream is replaced by another that
 continues from the prompt plus every token already generated, in the same client stream,
 and the client reads exactly what an uninterrupted run gives — single-worker, and
@@ -18,26 +19,21 @@ import pytest
 from shared.config import BusConfig, RoutingConfig
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.integration.router_fakes import (
+from tests.integration.router_cluster import (
     DEADLINE_S,
     MODEL_DIR_NAME,
-    FakeWorker,
     Router,
+    metrics_text,
+    reference_tokens,
     router_config,
     running_router,
     wait_for_workers,
-    wait_until,
     wait_until_idle,
 )
+from tests.waiting import wait_for
 
-REPLY = " each token follows from every token before it, wherever it is computed"
 PROMPT = "Once upon a time the river ran past the old mill, and the miller sang to the water all day long."
 MAX_TOKENS = 12
-
-
-@pytest.fixture
-def reply_ids(tokenizer: Tokenizer) -> list[int]:
-    return tokenizer.encode(REPLY)
 
 
 @pytest.fixture
@@ -49,11 +45,9 @@ async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]
 
 
 @pytest.fixture
-def start(start_worker, reply_ids: list[int]):
-    async def start_one(worker_id: str, **options) -> FakeWorker:
-        return await start_worker(worker_id, reply_ids=reply_ids, continue_history=True, **options)
-
-    return start_one
+def start(start_worker):
+    """Start a real sim worker (see router_cluster.start_worker for the options)."""
+    return start_worker
 
 
 async def uninterrupted(router: Router, start) -> tuple[str, openai.types.CompletionUsage]:
@@ -61,7 +55,7 @@ async def uninterrupted(router: Router, start) -> tuple[str, openai.types.Comple
     solo = await start("solo")
     await wait_for_workers(router, 1)
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS)
-    await solo.deregister()
+    await solo.stop()
     await wait_for_workers(router, 0)
     return reply.choices[0].text, reply.usage
 
@@ -72,15 +66,11 @@ async def streamed_text(stream: openai.AsyncStream, read: list[str]) -> tuple[st
     return text, chunks
 
 
-async def metrics_text(router: Router) -> str:
-    return (await router.http.get("/metrics")).text
-
-
 # ---- single-worker flow ------------------------------------------------------------------------
 
 
 async def test_a_worker_lost_mid_stream_is_resumed_elsewhere_with_the_same_output(
-        router: Router, start, tokenizer: Tokenizer, reply_ids: list[int]) -> None:
+        router: Router, start, tokenizer: Tokenizer) -> None:
     expected, expected_usage = await uninterrupted(router, start)
     prompt_ids = tokenizer.encode(PROMPT)
     doomed = await start("w1", hold=True, hold_at=4)  # sends 5 tokens, then hangs
@@ -90,8 +80,9 @@ async def test_a_worker_lost_mid_stream_is_resumed_elsewhere_with_the_same_outpu
     first = await anext(stream)
     rescuer = await start("w2")
     await wait_for_workers(router, 2)
-    await doomed.deregister()  # dies mid-stream
+    await doomed.lose()  # dies mid-stream
     text, chunks = await streamed_text(stream, [first.choices[0].text])
+    await wait_for(lambda: rescuer.requests, DEADLINE_S, "the resumed request")
 
     assert text == expected and chunks[-2].choices[0].finish_reason == "length"
     usage = chunks[-1].usage
@@ -107,14 +98,15 @@ async def test_a_worker_lost_mid_stream_is_resumed_elsewhere_with_the_same_outpu
 
 async def test_a_worker_lost_before_its_first_token_is_retried_elsewhere(router: Router, start) -> None:
     expected, _ = await uninterrupted(router, start)
-    doomed = await start("w1", hold_accept=True)  # takes the request, never answers
+    doomed = await start("w1", stall=True)  # takes the request, never answers
     rescuer = await start("w2")
     await wait_for_workers(router, 2)
     reply = asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT,
                                                                  max_tokens=MAX_TOKENS))
-    await asyncio.wait_for(doomed.got_request.wait(), DEADLINE_S)
-    await doomed.deregister()
+    await wait_for(lambda: doomed.requests, DEADLINE_S, "the doomed worker's request")
+    await doomed.lose()
     result = await asyncio.wait_for(reply, DEADLINE_S)
+    await wait_for(lambda: rescuer.requests, DEADLINE_S, "the retried request")
     assert result.choices[0].text == expected and result.usage.completion_tokens == MAX_TOKENS
     [retried] = rescuer.requests
     assert retried.token_ids == doomed.requests[0].token_ids and retried.sampling.max_tokens == MAX_TOKENS
@@ -131,7 +123,7 @@ async def test_attempts_are_bounded(bus_config: BusConfig, model_dir: str, start
         started = time.monotonic()
         response = await router.http.post("/v1/completions", json={"model": MODEL_DIR_NAME, "prompt": PROMPT})
         assert response.status_code == 503 and time.monotonic() - started < 2.0
-        assert sum(len(worker.requests) for worker in refusing) == 2
+        await wait_for(lambda: sum(len(worker.requests) for worker in refusing) == 2, DEADLINE_S, "two attempts")
         assert 'tandem_router_resumes_total{result="failed",stage="before_first_token"} 1.0' in \
             await metrics_text(router)
 
@@ -148,12 +140,13 @@ async def test_a_decode_worker_lost_mid_stream_is_resumed_on_a_new_pair(router: 
     stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS,
                                                     stream=True)
     read = [(await anext(stream)).choices[0].text]
-    await wait_until(lambda: bool(doomed.requests), "the decode part")
+    await wait_for(lambda: bool(doomed.requests), DEADLINE_S, "the decode part")
     rescuer = await start("d2", role=WorkerRole.DECODE)
     await wait_for_workers(router, 3)
-    await doomed.deregister()
+    await doomed.lose()
     text, chunks = await streamed_text(stream, read)
     assert text == expected and chunks[-1].choices[0].finish_reason == "length"
+    await wait_for(lambda: len(prefill.requests) == 2 and rescuer.requests, DEADLINE_S, "the new pair's parts")
 
     prompt_ids = tokenizer.encode(PROMPT)
     assert len(prefill.requests) == 2  # the continuation was computed by a prefill worker again
@@ -162,12 +155,12 @@ async def test_a_decode_worker_lost_mid_stream_is_resumed_on_a_new_pair(router: 
     [rest] = rescuer.requests
     assert rest.token_ids[:len(continued.token_ids)] == continued.token_ids
     assert len(rest.token_ids) - len(prompt_ids) + rest.sampling.max_tokens == MAX_TOKENS
-    await wait_until(lambda: not prefill.leases, "every lease released")
+    await wait_for(lambda: prefill.active_leases == 0, DEADLINE_S, "every lease released")
     await wait_until_idle(router)
 
 
 async def test_a_prefill_worker_lost_after_its_token_leaves_the_rest_to_the_decode_worker(
-        router: Router, start, tokenizer: Tokenizer, reply_ids: list[int]) -> None:
+        router: Router, start, tokenizer: Tokenizer) -> None:
     expected, _ = await uninterrupted(router, start)
     prefill = await start("p1", role=WorkerRole.PREFILL, hold=True)  # its first token, then silence
     decode = await start("d1", role=WorkerRole.DECODE)
@@ -175,11 +168,12 @@ async def test_a_prefill_worker_lost_after_its_token_leaves_the_rest_to_the_deco
     stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS,
                                                     stream=True)
     read = [(await anext(stream)).choices[0].text]
-    await prefill.deregister()
+    await prefill.lose()
     text, _ = await streamed_text(stream, read)
     assert text == expected
     prompt_ids = tokenizer.encode(PROMPT)
+    await wait_for(lambda: decode.requests, DEADLINE_S, "the decode part")
     [rest] = decode.requests  # no prefill worker left: the decode worker computes the prompt itself
-    assert rest.token_ids == [*prompt_ids, reply_ids[len(prompt_ids) % len(reply_ids)]]
+    assert rest.token_ids == [*prompt_ids, *reference_tokens(prefill.requests[0], tokenizer.vocab_size)]
     assert rest.kv_transfer is None and rest.sampling.max_tokens == MAX_TOKENS - 1
     await wait_until_idle(router)

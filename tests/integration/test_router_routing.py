@@ -1,5 +1,6 @@
-"""KV-aware routing through the router's HTTP API, against a real nats-server and fake
-workers that announce what they cache with KV events: prefix affinity, sibling bursts
+"""KV-aware routing through the router's HTTP API, against a real nats-server and real sim
+workers, which announce what they cache with KV events (a prompt is cached on a worker by
+computing it there first, as another router's request would): prefix affinity, sibling bursts
 landing together, the decode-first cache-hit threshold, admission control (429), and two
 model versions (compatibility hashes) served at once without ever being paired."""
 
@@ -7,45 +8,43 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 
+import httpx
 import openai
 import pytest
 
+from shared.bus import Bus
+from shared.codec import Codec, encode
 from shared.config import BusConfig, RoutingConfig
-from shared.schemas import WorkerRole
+from shared.request_plane import open_stream
+from shared.schemas import Cancel, GenerateRequest, LoadSnapshot, SamplingParams, WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.integration.router_fakes import (
+from tests.integration.router_cluster import (
     BLOCK_SIZE,
     DEADLINE_S,
     MODEL_DIR_NAME,
-    FakeWorker,
     Router,
+    SimWorker,
+    metrics_text,
     router_config,
     running_router,
+    wait_for_metric,
     wait_for_workers,
-    wait_until,
     wait_until_idle,
 )
+from tests.waiting import wait_for
 
 
 def token_ids(tokenizer: Tokenizer, seed: int, count: int) -> list[int]:
     return [3 + (seed * 131 + index * (17 + seed)) % (tokenizer.vocab_size - 3) for index in range(count)]
 
 
-async def metrics_text(router: Router) -> str:
-    return (await router.http.get("/metrics")).text
-
-
-async def indexed(router: Router, worker: FakeWorker, blocks: int) -> None:
+async def indexed(router: Router, worker: SimWorker, blocks: int) -> None:
     """Wait until the router's KV index holds `blocks` blocks reported by `worker`."""
-    line = f'tandem_router_kv_index_blocks{{kind="held",worker="{worker.worker_id}"}} {float(blocks)}'
-    deadline = time.monotonic() + DEADLINE_S
-    while line not in (text := await metrics_text(router)):
-        assert time.monotonic() < deadline, f"no {line!r} in\n{text}"
-        await asyncio.sleep(0.01)
+    await wait_for_metric(router, f'tandem_router_kv_index_blocks{{kind="held",worker="{worker.worker_id}"}} '
+                                  f'{float(blocks)}')
 
 
 @pytest.fixture
@@ -64,20 +63,24 @@ async def make_router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Ca
 
 async def test_a_prefix_heavy_request_goes_to_the_worker_holding_it(router: Router, start_worker,
                                                                     tokenizer: Tokenizer) -> None:
-    first = await start_worker("w1")
-    holder = await start_worker("w2")
+    # No load reports: a report sent while the previous turn ran (prefill queued) could still
+    # stand when the next turn is routed, and a busy holder may rightly lose to a pull. The
+    # router's own in-flight count is the load here, so the choice shows the cache alone.
+    first = await start_worker("w1", load_interval_s=600.0)
+    holder = await start_worker("w2", load_interval_s=600.0)
     await wait_for_workers(router, 2)
     prefix = token_ids(tokenizer, 1, 16 * BLOCK_SIZE)
-    await holder.store_blocks(prefix)
+    await holder.warm(prefix)
     await indexed(router, holder, 16)
 
     for turn in range(3):  # follow-up turns keep going where the conversation is cached
         reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=[*prefix, 5 + turn, 7],
                                                        max_tokens=3)
         assert reply.choices[0].finish_reason == "length"
-    assert len(holder.requests) == 3 and not first.requests
+    await wait_for(lambda: len(holder.requests) == 3, DEADLINE_S, "three turns at the holder")
+    assert not first.requests
     await router.client.completions.create(model=MODEL_DIR_NAME, prompt=token_ids(tokenizer, 2, 40), max_tokens=3)
-    assert len(first.requests) == 1  # a cold prompt goes by load
+    await wait_for(lambda: len(first.requests) == 1, DEADLINE_S, "a cold prompt at w1")  # it goes by load
 
 
 async def test_a_burst_of_siblings_lands_together_before_any_kv_event(router: Router, start_worker,
@@ -89,17 +92,17 @@ async def test_a_burst_of_siblings_lands_together_before_any_kv_event(router: Ro
     siblings = [asyncio.create_task(router.client.completions.create(
         model=MODEL_DIR_NAME, prompt=[*prefix, *token_ids(tokenizer, 10 + i, BLOCK_SIZE)], max_tokens=2))
         for i in range(4)]
-    await wait_until(lambda: len(first.requests) + len(second.requests) == 4, "four routed siblings")
+    await wait_for(lambda: len(first.requests) + len(second.requests) == 4, DEADLINE_S, "four routed siblings")
     assert sorted([len(first.requests), len(second.requests)]) == [0, 4]  # the prefix is computed once
     text = await metrics_text(router)
     busy = first if first.requests else second
     assert f'tandem_router_kv_index_blocks{{kind="speculative",worker="{busy.worker_id}"}}' in text
     other = asyncio.create_task(router.client.completions.create(
         model=MODEL_DIR_NAME, prompt=token_ids(tokenizer, 4, 40), max_tokens=2))
-    await wait_until(lambda: len(first.requests) + len(second.requests) == 5, "the unrelated request")
+    await wait_for(lambda: len(first.requests) + len(second.requests) == 5, DEADLINE_S, "the unrelated request")
     assert len(busy.requests) == 4  # an unrelated prompt goes to the idle worker
-    first.release.set()
-    second.release.set()
+    first.release()
+    second.release()
     await asyncio.wait_for(asyncio.gather(*siblings, other), DEADLINE_S)
     await wait_until_idle(router)
 
@@ -112,7 +115,7 @@ async def test_below_the_cache_hit_threshold_the_answer_is_cache_threshold(route
     worker = await start_worker("w1")
     await wait_for_workers(router, 1)
     prompt = token_ids(tokenizer, 5, 5 * BLOCK_SIZE)
-    await worker.store_blocks(prompt[:4 * BLOCK_SIZE])  # 80% of the prompt
+    await worker.warm(prompt[:4 * BLOCK_SIZE])  # 80% of the prompt
     await indexed(router, worker, 4)
 
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=4,
@@ -148,7 +151,8 @@ async def test_below_the_cache_hit_threshold_the_answer_is_cache_threshold(route
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=4,
                                                    extra_body={"cache_hit_threshold": 0.8})
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
-    assert len(worker.requests) == 1
+    assert reply.usage.prompt_tokens_details.cached_tokens == 4 * BLOCK_SIZE  # the worker's own count
+    await wait_for(lambda: len(worker.requests) == 1, DEADLINE_S, "the warm request")
 
     text = await metrics_text(router)
     assert 'tandem_router_route_decisions_total{flow="none",reason="cache_threshold"} 4.0' in text
@@ -176,19 +180,21 @@ async def test_the_router_default_threshold_applies_unless_a_request_names_its_o
     assert reply.choices[0].finish_reason == "cache_threshold" and not worker.requests
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=2,
                                                    extra_body={"cache_hit_threshold": 0})
-    assert reply.choices[0].finish_reason == "length" and len(worker.requests) == 1
+    assert reply.choices[0].finish_reason == "length"
+    await wait_for(lambda: len(worker.requests) == 1, DEADLINE_S, "the request")
 
 
 # ---- admission control ------------------------------------------------------------------------
 
 
-async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_router, start_worker) -> None:
+async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_router, start_worker,
+                                                                          bus: Bus, tokenizer: Tokenizer) -> None:
     router = await make_router(max_queue_factor=1.0, retry_after_s=3)
     worker = await start_worker("w1", hold=True, max_num_seqs=2)
     await wait_for_workers(router, 1)
     held = [asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=f"p{i}",
                                                                  max_tokens=3)) for i in range(2)]
-    await wait_until(lambda: len(worker.requests) == 2, "two requests in flight")
+    await wait_for(lambda: len(worker.requests) == 2, DEADLINE_S, "two requests in flight")
 
     response = await router.http.post("/v1/completions", json={"model": MODEL_DIR_NAME, "prompt": "one more"})
     assert response.status_code == 429 and response.headers["retry-after"] == "3"
@@ -198,17 +204,44 @@ async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_
         await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=[{"role": "user", "content": "x"}])
     assert len(worker.requests) == 2  # nothing was queued on the worker
 
-    worker.release.set()
+    worker.release()
     await asyncio.wait_for(asyncio.gather(*held), DEADLINE_S)
     await wait_until_idle(router)
     assert (await router.client.completions.create(model=MODEL_DIR_NAME, prompt="now", max_tokens=1)).choices
 
-    # the worker's own report counts too (requests of other routers)
-    await worker.report_load(running=2, waiting=5)
-    deadline = time.monotonic() + DEADLINE_S
-    while (await router.http.post("/v1/completions", json={"model": MODEL_DIR_NAME, "prompt": "x",
-                                                           "max_tokens": 1})).status_code != 429:
-        assert time.monotonic() < deadline, "the load report never counted"
+    # the worker's own load report counts too: requests of another router keep it busy
+    # (its engine slowed down so that they stay running and waiting)
+    worker.engine.speedup = 0.5
+    subjects = router.config.bus.subjects
+    loads: list[LoadSnapshot] = []
+    load_codec: Codec[LoadSnapshot] = Codec(LoadSnapshot)
+
+    async def on_load(msg) -> None:
+        loads.append(load_codec.decode(msg.data))
+
+    await bus.client.subscribe(subjects.load("w1"), cb=on_load)
+    others = [GenerateRequest(request_id=f"other-router-{i}", model=MODEL_DIR_NAME,
+                              token_ids=token_ids(tokenizer, 30 + i, 40), sampling=SamplingParams(max_tokens=200))
+              for i in range(7)]
+    streams = [await open_stream(bus, subjects.generate("w1"), request) for request in others]
+
+    async def overloaded() -> bool:
+        try:  # a request admitted before the report arrived would wait on the slow engine
+            response = await router.http.post("/v1/completions", timeout=1.0,
+                                              json={"model": MODEL_DIR_NAME, "prompt": "x", "max_tokens": 1})
+        except httpx.TimeoutException:
+            return False
+        return response.status_code == 429
+
+    try:
+        await wait_for(lambda: any((load.running, load.waiting) == (2, 5) for load in loads), DEADLINE_S,
+                       "the worker to report 2 running, 5 waiting")
+        await wait_for(overloaded, DEADLINE_S, "the load report to count")
+    finally:
+        worker.engine.speedup = 50.0
+        for request, stream in zip(others, streams):
+            await bus.client.publish(subjects.control("w1"), encode(Cancel(request_id=request.request_id)))
+            await stream.close()
     text = await metrics_text(router)
     assert 'tandem_router_requests_total{endpoint="completions",outcome="overloaded"}' in text
     assert 'tandem_router_route_decisions_total{flow="none",reason="overloaded"}' in text
@@ -224,9 +257,7 @@ async def pd_router(make_router) -> Router:
 
 async def test_two_model_versions_live_at_once_are_never_paired(pd_router: Router, start_worker,
                                                                 tokenizer: Tokenizer) -> None:
-    reply_ids = tokenizer.encode(" one version or the other, but never a mix of both")
-    workers = {(version, role): await start_worker(f"{role.value}-{version}", role=role, compat_hash=version,
-                                                   reply_ids=reply_ids, continue_history=True)
+    workers = {(version, role): await start_worker(f"{role.value}-{version}", role=role, model_version=version)
                for version in ("v1", "v2") for role in (WorkerRole.PREFILL, WorkerRole.DECODE)}
     await wait_for_workers(pd_router, 4)
     prompts = [token_ids(tokenizer, 20 + i, 2 * BLOCK_SIZE + i) for i in range(8)]
@@ -234,11 +265,14 @@ async def test_two_model_versions_live_at_once_are_never_paired(pd_router: Route
                                                                         max_tokens=5) for prompt in prompts))
     assert all(reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
                for reply in replies)
+    await wait_for(lambda: sum(len(worker.requests) for worker in workers.values()) == 16, DEADLINE_S,
+                   "both parts of eight requests")
     for version in ("v1", "v2"):
         prefill, decode = workers[(version, WorkerRole.PREFILL)], workers[(version, WorkerRole.DECODE)]
         assert prefill.requests and len(decode.requests) == len(prefill.requests)
         sources = [request.kv_transfer.source for request in decode.requests if request.kv_transfer]
         assert len(sources) == len(decode.requests)
-        assert {(source.holder_worker_id, source.compat_hash) for source in sources} == {(prefill.worker_id, version)}
+        assert {(source.holder_worker_id, source.compat_hash) for source in sources} == \
+            {(prefill.worker_id, prefill.engine.info.compat_hash)}
     await wait_until_idle(pd_router)
     assert 'reason="pair"} 8.0' in await metrics_text(pd_router)

@@ -8,9 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from services.router.cost import Holders, plan_prefill
-from services.router.policy import (
-    RouteDecision,
+from services.router.routing import (
+    RoutePlan,
     RouteRefusal,
     RouteRequest,
     WorkerView,
@@ -18,6 +17,7 @@ from services.router.policy import (
     decide,
     kv_transfer_mode,
 )
+from services.router.routing.cost import Holders, plan_prefill
 from shared.config import ConfigError, RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
@@ -46,12 +46,12 @@ def chosen(workers: list[WorkerView], route: RouteRequest = REQUEST, routing: Ro
     return None if decision is None else decision.worker_id
 
 
-def single(reason: str, worker_id: str) -> RouteDecision:
-    return RouteDecision("single", reason, worker_id)  # type: ignore[arg-type]
+def single(reason: str, worker_id: str) -> RoutePlan:
+    return RoutePlan("single", reason, worker_id)  # type: ignore[arg-type]
 
 
-def pair(prefill: str, decode: str) -> RouteDecision:
-    return RouteDecision("disaggregated", "pair", decode, prefill_worker_id=prefill)
+def pair(prefill: str, decode: str) -> RoutePlan:
+    return RoutePlan("disaggregated", "pair", decode, prefill_worker_id=prefill)
 
 
 # ---- eligibility and load ------------------------------------------------------------
@@ -163,7 +163,7 @@ def test_two_model_versions_at_once_pair_only_within_a_version() -> None:
                for version in ("v1", "v2") for role in (PREFILL, DECODE)]
     for routed in range(1, 9):
         decision = decide(workers, REQUEST)
-        assert isinstance(decision, RouteDecision) and decision.prefill_worker_id is not None
+        assert isinstance(decision, RoutePlan) and decision.prefill_worker_id is not None
         assert decision.prefill_worker_id.split("-")[1] == decision.worker_id.split("-")[1]
         for name in (decision.prefill_worker_id, decision.worker_id):
             index = next(i for i, view in enumerate(workers) if view.worker_id == name)
@@ -194,7 +194,7 @@ def test_pairs_spread_a_burst_over_both_roles() -> None:
     picks = []
     for routed in range(1, 5):
         decision = decide(list(workers.values()), REQUEST)
-        assert isinstance(decision, RouteDecision) and decision.prefill_worker_id is not None
+        assert isinstance(decision, RoutePlan) and decision.prefill_worker_id is not None
         picks.append((decision.prefill_worker_id, decision.worker_id))
         for name in (decision.prefill_worker_id, decision.worker_id):
             view = workers[name]
@@ -210,21 +210,21 @@ def test_a_prefix_heavy_request_goes_to_the_worker_holding_the_prefix() -> None:
     workers = [worker("a", reported_load=1), worker("b", reported_load=1)]
     held = {"b": 448}
     decision = decide(workers, request(cached_tokens=held, held_tokens=held))
-    assert isinstance(decision, RouteDecision) and decision.worker_id == "b"
-    assert decision.plan is not None and (decision.plan.cached_tokens, decision.plan.uncached_tokens) == (448, 52)
-    assert decision.plan.holder_id is None
+    assert isinstance(decision, RoutePlan) and decision.worker_id == "b"
+    assert decision.prompt is not None and (decision.prompt.cached_tokens, decision.prompt.uncached_tokens) == (448, 52)
+    assert decision.prompt.holder_id is None
 
 
 def test_a_busy_holder_lends_its_prefix_to_an_idle_worker() -> None:
     workers = [worker("a"), worker("b", reported_load=6)]
     held = {"b": 448}
     decision = decide(workers, request(cached_tokens=held, held_tokens=held))
-    assert isinstance(decision, RouteDecision) and decision.worker_id == "a"
-    assert decision.plan is not None and decision.plan.holder_id == "b"
-    assert (decision.plan.pulled_tokens, decision.plan.uncached_tokens) == (448, 52)
+    assert isinstance(decision, RoutePlan) and decision.worker_id == "a"
+    assert decision.prompt is not None and decision.prompt.holder_id == "b"
+    assert (decision.prompt.pulled_tokens, decision.prompt.uncached_tokens) == (448, 52)
     # only reported blocks are lent: predicted ones may not exist yet
     decision = decide(workers, request(cached_tokens=held))
-    assert isinstance(decision, RouteDecision) and decision.plan is not None and decision.plan.holder_id is None
+    assert isinstance(decision, RoutePlan) and decision.prompt is not None and decision.prompt.holder_id is None
 
 
 def test_prefixes_are_pulled_only_within_a_compatibility_hash() -> None:
@@ -244,12 +244,12 @@ def test_sibling_requests_land_together_before_the_workers_events() -> None:
     predicted: dict[str, int] = {}
     for routed in range(1, 6):
         decision = decide(list(workers.values()), request(cached_tokens=predicted))
-        assert isinstance(decision, RouteDecision) and decision.plan is not None
+        assert isinstance(decision, RoutePlan) and decision.prompt is not None
         picks.append(decision.worker_id)
         view = workers[decision.worker_id]
         workers[decision.worker_id] = replace(
             view, in_flight=view.in_flight + 1, last_routed=routed,
-            outstanding_prefill_tokens=view.outstanding_prefill_tokens + decision.plan.uncached_tokens)
+            outstanding_prefill_tokens=view.outstanding_prefill_tokens + decision.prompt.uncached_tokens)
         predicted = {decision.worker_id: 496}  # the prompt's full blocks, speculatively
     assert picks == ["a"] * 5
 

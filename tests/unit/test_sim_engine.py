@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 import numpy as np
 import pytest
 
-from services.worker.engine import Engine, EngineOutput, KvPort
+from connector.port import KvPort
+from services.worker.engine import Engine, EngineOutput
 from services.worker.sim.engine import SimEngine
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.tokens import generate_tokens

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from connector.descriptors import coalesce_block_runs
-from services.worker.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
-from services.worker.vllm.kv_wire import (
+from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
+from connector.vllm.kv_wire import (
     Held,
     Loaded,
     Pinned,

@@ -26,12 +26,13 @@ psutil = pytest.importorskip("psutil")
 
 from connector.faults import chosen  # noqa: E402
 from connector.nixl_agent import nixl_available  # noqa: E402
-from connector.worker_kv import WorkerKv, build_transport  # noqa: E402
+from connector.sim.transport_builder import build_transport  # noqa: E402
+from connector.sim.worker_kv import WorkerKv  # noqa: E402
+from connector.vllm.worker_kv import VllmWorkerKv  # noqa: E402
 from services.worker.service import WorkerService  # noqa: E402
 from services.worker.sim.engine import SimEngine  # noqa: E402
 from services.worker.vllm.engine import VllmEngine  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
-from services.worker.vllm.worker_kv import VllmWorkerKv  # noqa: E402
 from shared.block_hash import block_hash_chain  # noqa: E402
 from shared.bus import Bus, connect  # noqa: E402
 from shared.codec import Codec, encode  # noqa: E402
@@ -103,7 +104,8 @@ async def start_vllm_worker(config: WorkerConfig, bus: Bus) -> VllmWorker:
     engine = VllmEngine(VllmEngineOptions.from_worker_config(config))
     await engine.start()
     try:
-        kv = VllmWorkerKv(config, bus, engine)
+        kv = VllmWorkerKv(config, bus, engine, block_size=engine.info.block_size,
+                          compat_hash=engine.info.compat_hash)
         service = WorkerService(config, engine, bus, kv)
         await service.start()
     except BaseException:
@@ -145,6 +147,13 @@ class Pair:
 
     async def assert_clean(self) -> None:
         await until(lambda: self.prefill.clean() and self.decode.clean(), 20, "no leases, pins or requests left")
+
+    async def records_since(self, seen: int, count: int = 1) -> list[TransferRecord]:
+        """The transfer records after the first `seen`, once `count` are in: a vLLM worker
+        publishes a pull's record when the holder answered its release, which may be after
+        the request ended."""
+        await until(lambda: len(self.records) >= seen + count, 5, f"{count} transfer record(s)")
+        return self.records[seen:]
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +243,7 @@ class TestPullPath:
 
     async def test_repeated_pull_reads_only_what_is_not_cached(self, pair: Pair) -> None:
         prompt = prompt_of(2000, 600)
+        seen = len(pair.records)
         await pair.disaggregated(prompt, 4)
         extended = prompt + prompt_of(2001, 300)  # the decode worker caches the first 4 blocks already
         expected, _ = await pair.generate(pair.prefill, extended, 4)
@@ -241,7 +251,7 @@ class TestPullPath:
         assert got == expected
         assert p_done.kv_handle is not None and len(p_done.kv_handle.block_ids) == 7
         assert d_done.pulled_tokens == 3 * BLOCK and d_done.cached_tokens == 7 * BLOCK
-        assert pair.records[-1].blocks == 3
+        assert sorted(r.blocks for r in await pair.records_since(seen, 2)) == [3, 4]
         await pair.assert_clean()
 
 
@@ -295,6 +305,7 @@ class TestPullPath:
         await until(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
             block_hash_chain(turn2, BLOCK))) >= held * BLOCK, 5, "the holder's KV events")
         computed_before = pair.prefill.engine.stats.computed_prompt_tokens_total
+        seen = len(pair.records)
         # The router's turn 2 on a prefill worker: pull the prefix, compute the rest, hold it all.
         got, done = await pair.generate(pair.prefill, turn2, 8, KvTransferParams(
             prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK),
@@ -303,7 +314,8 @@ class TestPullPath:
         assert done.pulled_tokens == held * BLOCK and done.recomputed_tokens == 0
         await until(lambda: pair.prefill.engine.stats.computed_prompt_tokens_total - computed_before
                     == len(turn2) - held * BLOCK, 5, "vLLM counted only the new tokens")
-        assert pair.records[-1].kind == "prefix_pull" and pair.records[-1].outcome == "done"
+        [record] = await pair.records_since(seen)
+        assert record.kind == "prefix_pull" and record.outcome == "done"
         # The decode worker caches every full block of turn 2 already: it reads nothing and
         # releases the lease at once.
         handle = done.kv_handle
@@ -365,6 +377,7 @@ class TestFaults:
             prompt = prompt_of(5000 + index, length)
             expected, _ = await pair.generate(pair.prefill, prompt, MAX_TOKENS)
             computed_before = decode.engine.stats.computed_prompt_tokens_total
+            seen = len(pair.records)
             got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
             assert got == expected, f"prompt of {length} tokens"
             handle = p_done.kv_handle
@@ -375,7 +388,7 @@ class TestFaults:
             # and computes from there on.
             kept = failed[0] if failed else blocks
             assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (kept * BLOCK, (blocks - kept) * BLOCK)
-            record = pair.records[-1]
+            [record] = await pair.records_since(seen)
             assert (record.outcome, record.blocks, record.blocks_ok) == (
                 "failed" if failed else "done", blocks, kept)
             # vLLM's own counters of the prompt tokens it prefilled and took as cached.

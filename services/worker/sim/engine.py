@@ -27,7 +27,8 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 
-from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, KvRegion, LayerHook
+from connector.port import KvRegion, LayerHook
+from services.worker.engine import EngineInfo, EngineLoad, EngineOutput
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.kv_port import SimKvPort
@@ -111,7 +112,7 @@ class SimEngine:
     def kv_snapshot(self) -> list[BlockStored]:
         return self.scheduler.blocks.snapshot()
 
-    # ---- KvPort (see services/worker/engine.py for the rules) ------------------------------
+    # ---- KvPort (see connector/port.py for the rules) ------------------------------
 
     def kv_region(self) -> KvRegion:
         pool = self.kv_pool

@@ -1,6 +1,6 @@
 """The sim's side of KV transfers: pins, blocks received from a peer (pure, synchronous).
 
-`SimEngine` implements `services.worker.engine.KvPort` by delegating here; the connector is
+`SimEngine` implements `connector.port.KvPort` by delegating here; the connector is
 the only caller, through the engine. Pins are block references like a request's, so the
 block manager's invariants cover them: a pinned block is never evicted or reallocated,
 and `used_blocks` drops back to zero only once every pin is released.

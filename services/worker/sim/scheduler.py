@@ -15,7 +15,8 @@ touches a queue. One step, in the spirit of vLLM v1:
    the failed blocks are computed). Reused tokens cost no budget, and at least one token is
    always computed so the last token's logits exist (a fully cached prompt recomputes its
    last block). Blocks for the holes up to the last reused block are allocated at once;
-3. the scheduled tokens are "computed": prefill walks the missing blocks in order, then the
+3. the scheduled tokens are "computed" (a request's position, with the reused blocks it
+   skips, is `request.SimRequest`'s): prefill walks the missing blocks in order, then the
    tail, skipping reused ones. Blocks that became full are committed to the prefix cache
    (announced as KV events) and reported in `StepResult.computed_blocks`; KV bytes are
    written for computed blocks only. A request whose tokens are all computed verifies the
@@ -36,6 +37,7 @@ from services.worker.engine import EngineLoad, EngineOutput, check_request
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
+from services.worker.sim.request import SimRequest
 from services.worker.sim.tokens import DEFAULT_FIRST_NORMAL_TOKEN, finish_reason, fold_token, fold_tokens, next_token
 from shared.block_hash import ROOT_PARENT, block_hash_chain, hash_block
 from shared.errors import InvalidArgument
@@ -44,36 +46,6 @@ from shared.schemas.generate import FinishReason, SamplingParams
 # Folded into the history state of a request whose KV failed verification: its tokens
 # diverge from the reference, as a real engine's would on corrupted KV.
 CORRUPT_KV_MARK = 0xBAD_C0DE
-
-
-@dataclass(slots=True, eq=False)
-class SimRequest:
-    request_id: str
-    token_ids: list[int]  # prompt, then generated tokens
-    num_prompt_tokens: int
-    sampling: SamplingParams
-    history_state: int  # `tokens.fold_tokens(token_ids)`, kept up to date
-    block_hashes: list[int]  # chain hash of every full block of token_ids
-    block_ids: list[int] = field(default_factory=list)
-    # Every token before this position has KV in block_ids, computed or reused. It never
-    # rests at the start of a reused block: computing skips over them.
-    num_computed_tokens: int = 0
-    reused_ahead: deque[int] = field(default_factory=deque)  # indices of reused blocks past it, ascending
-    num_cached_tokens: int = -1  # prompt tokens reused at first admission; -1 before it
-    kv_checked: bool = False  # its full blocks' KV was verified since its last admission
-    kv_corrupt: bool = False  # ... and some block was corrupt: its tokens are perturbed
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_decoding(self) -> bool:
-        return self.num_output_tokens > 0 and self.num_computed_tokens == self.num_tokens - 1
 
 
 @dataclass(slots=True)
@@ -133,7 +105,7 @@ class Scheduler:
     def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
         self.validate_request(request_id, token_ids, sampling)
         request = SimRequest(request_id=request_id, token_ids=list(token_ids), num_prompt_tokens=len(token_ids),
-                             sampling=sampling, history_state=fold_tokens(token_ids),
+                             sampling=sampling, block_size=self.block_size, history_state=fold_tokens(token_ids),
                              block_hashes=block_hash_chain(token_ids, self.block_size))
         self._requests[request_id] = request
         self._waiting.append(request)
@@ -183,7 +155,7 @@ class Scheduler:
                 self.computed_prompt_tokens_total += num_new
             else:
                 result.decode_seqs += 1
-            computed = self._advance(request, end)
+            computed = request.advance(end)
             full = [index for index in computed if (index + 1) * size <= end]
             self._commit(request, full)
             self._write_kv(request, computed, end)
@@ -203,11 +175,11 @@ class Scheduler:
         scheduled: list[tuple[SimRequest, int, int]] = []
         preempted: list[str] = []
         # Decodes are served before prefill chunks: reserve their tokens up front.
-        decodes_left = sum(1 for request in self._running if self._to_compute(request) == 1)
+        decodes_left = sum(1 for request in self._running if request.to_compute() == 1)
         index = 0
         while index < len(self._running):
             request = self._running[index]
-            remaining = self._to_compute(request)
+            remaining = request.to_compute()
             if remaining == 1:
                 decodes_left -= 1
                 num_new = min(1, budget)
@@ -216,10 +188,10 @@ class Scheduler:
             if num_new <= 0:
                 index += 1
                 continue
-            end = self._chunk_end(request, num_new)
+            end = request.chunk_end(num_new)
             while not self._reserve_slots(request, end):
                 victim = self._running[-1]  # the newest; never one scheduled earlier in this loop
-                if victim is not request and self._to_compute(victim) == 1:
+                if victim is not request and victim.to_compute() == 1:
                     decodes_left -= 1
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -253,8 +225,8 @@ class Scheduler:
         leading = next((index for index, block_id in enumerate(found) if block_id is None), len(found))
         request.num_computed_tokens = leading * size
         request.reused_ahead = deque(reused[leading:])
-        num_new = min(self._to_compute(request), budget)
-        end = self._chunk_end(request, num_new)
+        num_new = min(request.to_compute(), budget)
+        end = request.chunk_end(num_new)
         # Holes before the last reused block get their blocks now: block_ids has no gaps.
         num_blocks = max(-(-end // size), reused[-1] + 1 if reused else 0)
         reused_ids = [block_id for block_id in found if block_id is not None]
@@ -274,29 +246,6 @@ class Scheduler:
             self.prompt_tokens_total += request.num_prompt_tokens
             self.cached_tokens_total += request.num_cached_tokens
         return num_new, end
-
-    def _to_compute(self, request: SimRequest) -> int:
-        """Tokens of the request still to compute (reused blocks ahead excluded)."""
-        return request.num_tokens - request.num_computed_tokens - len(request.reused_ahead) * self.block_size
-
-    def _chunk_end(self, request: SimRequest, num_new: int) -> int:
-        """The position computing `num_new` more tokens reaches, skipping reused blocks
-        (also those right after the chunk)."""
-        size = self.block_size
-        position = request.num_computed_tokens
-        reused = iter(request.reused_ahead)
-        next_reused = next(reused, None)
-        left = num_new
-        while left:
-            stop = request.num_tokens if next_reused is None else next_reused * size
-            assert stop > position, "the chunk is longer than what is left to compute"
-            take = min(left, stop - position)
-            position += take
-            left -= take
-            while next_reused is not None and position == next_reused * size:
-                position += size
-                next_reused = next(reused, None)
-        return position
 
     def _reserve_slots(self, request: SimRequest, num_tokens: int) -> bool:
         needed = -(-num_tokens // self.block_size) - len(request.block_ids)
@@ -319,17 +268,6 @@ class Scheduler:
         self.preemptions_total += 1
 
     # ---- "computing" -----------------------------------------------------------------------
-
-    def _advance(self, request: SimRequest, end: int) -> list[int]:
-        """Move the request to position `end`; the indices of the blocks it computed on the way
-        (the last one may be partial)."""
-        first = request.num_computed_tokens // self.block_size
-        stop = -(-end // self.block_size)
-        skipped: set[int] = set()
-        while request.reused_ahead and request.reused_ahead[0] < stop:
-            skipped.add(request.reused_ahead.popleft())
-        request.num_computed_tokens = end
-        return [index for index in range(first, stop) if index not in skipped]
 
     def _commit(self, request: SimRequest, full: list[int]) -> None:
         """Cache the blocks at indices `full` (ascending), one commit per consecutive run."""
@@ -397,7 +335,7 @@ class Scheduler:
     # ---- load ------------------------------------------------------------------------------
 
     def load(self) -> EngineLoad:
-        pending = sum(self._to_compute(request) for queue in (self._running, self._waiting) for request in queue
+        pending = sum(request.to_compute() for queue in (self._running, self._waiting) for request in queue
                       if not request.is_decoding)
         return EngineLoad(running=len(self._running), waiting=len(self._waiting),
                           kv_total_blocks=self.blocks.num_blocks, kv_used_blocks=self.blocks.used_blocks,

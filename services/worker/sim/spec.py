@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.worker.engines import EngineSpec
+from services.worker.engine_spec import EngineSpec
 from shared.config import ConfigError
 from shared.schemas.membership import EngineCapabilities
 
@@ -26,7 +26,8 @@ def build_engine(config: WorkerConfig) -> Engine:
 
 
 def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
-    from connector.worker_kv import WorkerKv, build_transport
+    from connector.sim.transport_builder import build_transport
+    from connector.sim.worker_kv import WorkerKv
 
     return WorkerKv(config, bus, engine, build_transport(config, engine), compat_hash=engine.info.compat_hash)
 

@@ -12,9 +12,11 @@ iteration. Outputs are deltas (`RequestOutputKind.DELTA`, no detokenisation: Tan
 detokenises in the router). Closing the generator early aborts the vLLM request; so does
 `abort()`, which ends the stream with a final "abort" output as the sim engine does.
 
-KV transfer (`options.kv_connector`): vLLM loads Tandem's connector (`tandem_connector`);
-`kv_link.ConnectorLink` is this process's end of it. The KV data plane of the worker
-(`worker_kv.VllmWorkerKv`) stages a `TransferOrder` for a request id with `stage()`;
+KV transfer (`options.kv_connector`): vLLM loads Tandem's connector
+(`connector.vllm.tandem_connector`); `connector.vllm.kv_link.ConnectorLink` is this
+process's end of it. The engine implements the data plane's port
+(`connector.vllm.engine_port.VllmKvEngine`): the worker's KV data plane
+(`connector.vllm.worker_kv.VllmWorkerKv`) stages a `TransferOrder` for a request id with `stage()`;
 `generate()` takes it and the stream carries it to vLLM in `kv_transfer_params`:
 
 - a pull: the stream waits (bounded) for the pull's `Loaded` report before yielding its
@@ -28,12 +30,10 @@ KV transfer (`options.kv_connector`): vLLM loads Tandem's connector (`tandem_con
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
 
 import psutil
 import vllm
@@ -46,12 +46,14 @@ from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from connector.vllm.engine_port import LoadCallback, StagedTransfer
+from connector.vllm.kv_link import ConnectorLink, HeldBlocks
+from connector.vllm.kv_wire import TransferOrder, held_of, order_params
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
-from services.worker.vllm.kv_link import ConnectorLink, HeldBlocks
-from services.worker.vllm.kv_wire import Loaded, TransferOrder, held_of, order_params
 from services.worker.vllm.options import VllmEngineOptions
+from services.worker.vllm.processes import child_pids, engine_processes, reap_processes
 from services.worker.vllm.stats import EngineStats
 from shared.compat import KvLayout
 from shared.config import ConfigError
@@ -64,18 +66,6 @@ log = logging.getLogger(__name__)
 ENGINE_EXIT_TIMEOUT_S = 20.0  # after vLLM's shutdown, for its processes to be gone
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
-
-LoadCallback = Callable[[Loaded | None, str], None]
-"""`on_loaded(report, why_none)`: a staged pull's outcome, called once on the loop thread before
-the request's first output, or when it ends without one (report None: "cancelled", or "no
-load report" when the connector's report did not come in time)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StagedTransfer:
-    order: TransferOrder
-    on_loaded: LoadCallback | None = None
-
 
 class VllmEngine:
     def __init__(self, options: VllmEngineOptions) -> None:
@@ -127,11 +117,11 @@ class VllmEngine:
                 self._link = ConnectorLink(self.options.kv_connector, self._socket_dir)
                 self._link.bind()
             args = self._engine_args(endpoints)
-            before = {child.pid for child in psutil.Process().children(recursive=True)}
+            before = child_pids()
             try:
                 self._llm = await asyncio.to_thread(self._build, args)
             finally:  # vLLM's EngineCore and model worker: what `stop` waits for
-                self._processes = _engine_processes(before)
+                self._processes = engine_processes(before)
             if self._link is not None:
                 await self._link.start(self._llm)
             self._info = self._read_info(self._llm)
@@ -201,6 +191,10 @@ class VllmEngine:
         """The prompt blocks vLLM pinned for a finished hold request; from then on the caller
         owns the pin (`kv_link.unpin_soon([held.key])`). Call it before closing the stream."""
         return self._held.pop(request_id, None)
+
+    def prefix_tokens(self, block_hashes: list[int]) -> list[int]:
+        """The tokens of the longest prefix of `block_hashes` the KV events say is cached."""
+        return self.kv_event_bridge.mirror.prefix_tokens(block_hashes)
 
     def kv_snapshot(self) -> list[BlockStored]:
         return self.kv_event_bridge.snapshot()
@@ -340,7 +334,7 @@ class VllmEngine:
     async def _reap(self) -> None:
         processes, self._processes = self._processes, []
         if processes:
-            await _reap_processes(processes, ENGINE_EXIT_TIMEOUT_S)
+            await reap_processes(processes, ENGINE_EXIT_TIMEOUT_S)
 
     async def _close(self) -> None:
         if self._link is not None:
@@ -362,29 +356,6 @@ class VllmEngine:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
-
-
-def _engine_processes(before: set[int]) -> list[psutil.Process]:
-    """vLLM's processes started since `before`: vLLM names them "VLLM::EngineCore",
-    "VLLM::Worker"... (multiprocessing's resource tracker, also new, lives on)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if child.pid not in before and child.name().startswith("VLLM"):
-                found.append(child)
-    return found
-
-
-async def _reap_processes(processes: list[psutil.Process], timeout_s: float) -> None:
-    """Wait for vLLM's processes to exit (the model worker follows its EngineCore after
-    `shutdown` returns, slowly on a busy machine); SIGKILL what is still there."""
-    _, alive = await asyncio.to_thread(psutil.wait_procs, processes, timeout_s)
-    for process in alive:
-        log.warning("vLLM process %d did not exit within %.0f s: killed", process.pid, timeout_s)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    if alive:
-        await asyncio.to_thread(psutil.wait_procs, alive, timeout_s)
 
 
 def _sampling_params(sampling: SamplingParams, order: TransferOrder | None = None) -> VllmSamplingParams:

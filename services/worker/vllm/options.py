@@ -8,29 +8,13 @@ from pathlib import Path
 
 import msgspec
 
-from shared.config import ConfigError, KvFaultConfig, WorkerConfig
+from connector.vllm.settings import KvConnectorOptions
+from shared.config import ConfigError, WorkerConfig
 
 # vLLM-CPU's thread binding syntax for one engine (tensor parallel size 1): "auto" (vLLM
 # picks cores of a NUMA node and keeps one for its scheduler), "nobind", or core ids such
 # as "1", "0-3" or "0,2,4-7".
 _CORE_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
-
-
-class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Tandem's KV connector inside vLLM (services/worker/vllm/tandem_connector.py)."""
-
-    agent_name_prefix: str = "tandem"  # the NIXL agent is "<prefix>-<random>", fresh per start
-    progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
-    transfer_timeout_s: float = 10.0  # one pull's READ, inside a model step
-    control_timeout_s: float = 2.0  # waits for the connector's reports (pins, load outcomes)
-    faults: KvFaultConfig = KvFaultConfig()
-
-    def validate(self) -> None:
-        if self.progress_delay_us <= 0:
-            raise ConfigError("progress_delay_us must be positive (0 spins a core)")
-        if self.transfer_timeout_s <= 0 or self.control_timeout_s <= 0:
-            raise ConfigError("KV connector timeouts must be positive")
-        self.faults.validate()
 
 
 class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from services.worker.engines import EngineSpec
+from services.worker.engine_spec import EngineSpec
 from shared.config import ConfigError
 from shared.schemas.membership import EngineCapabilities
 
@@ -31,10 +31,14 @@ def build_engine(config: WorkerConfig) -> Engine:
 
 def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
     # The data plane lives in vLLM's engine process (Tandem's KV connector); the worker
-    # speaks the lease protocol for it.
-    from services.worker.vllm.worker_kv import VllmWorkerKv
+    # speaks the lease protocol for it. Blocks move between vLLM's processes: NIXL only.
+    if config.kv_transfer.transport != "nixl":
+        raise ConfigError(f"the vLLM engine moves KV over NIXL only, not the "
+                          f"{config.kv_transfer.transport!r} transport")
+    from connector.vllm.worker_kv import VllmWorkerKv
 
-    return VllmWorkerKv(config, bus, engine)
+    return VllmWorkerKv(config, bus, engine, block_size=engine.info.block_size,
+                        compat_hash=engine.info.compat_hash)
 
 
 def launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:

@@ -1,0 +1,22 @@
+"""What a reader trusts of the blocks it read: the same rules for every engine's data plane.
+
+A block is sound only if its bytes landed (the transport said so) and their checksum is
+the one the holder took when it pinned the block (CRC-32, carried in the `KvHandle` or in
+`PushDone`): a block reused under an expired lease, or corrupted on the way, fails here
+and is computed instead. Called by the sim's reader (`connector.puller.KvPuller`), the
+push receiver (`connector.push.PushReceiver`) and vLLM's worker-side reader
+(`connector.vllm.connector_worker.WorkerSide`), each with its own `checksum` of a local
+block. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+
+def verified_blocks(landed: Sequence[bool], local_block_ids: Sequence[int], expected_checksums: Sequence[int],
+                    checksum: Callable[[int], int]) -> list[bool]:
+    """Per block: it landed and its bytes match the holder's checksum (a missing checksum
+    fails the block). Blocks that did not land are not checksummed."""
+    return [bool(ok) and index < len(expected_checksums) and checksum(block_id) == expected_checksums[index]
+            for index, (ok, block_id) in enumerate(zip(landed, local_block_ids))]

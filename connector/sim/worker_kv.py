@@ -1,0 +1,150 @@
+"""The KV data plane of a worker whose engine implements `connector.port.KvPort` (the sim):
+transport, holder, lease client and puller wired together behind `connector.dataplane.DataPlane`.
+
+The worker service calls `prepare()` before it starts a request (pull the blocks the
+request names, from a P/D handle or a prefix holder), `hold()` when a prefill for a
+decode worker finishes (lease its blocks), `release_pins()` when the engine took the
+request and when it ends, and the push-mode methods (see `connector.push`). Transfer
+records are published on `kv.transfers.<worker>`; counters feed the load snapshot.
+Built by the sim engine's spec (`services/worker/sim/spec.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from connector.dataplane import LeasingDataPlane, Prepared
+from connector.lease_client import LeaseClient
+from connector.port import KvPort
+from connector.puller import KvPuller
+from connector.push import PushReceiver, PushWriter
+from connector.sim.holder import KvHolder
+from connector.transport import KvTransport
+from shared.block_hash import block_hash_chain
+from shared.bus import Bus
+from shared.codec import MalformedCounter, encode
+from shared.config import WorkerConfig
+from shared.errors import InvalidArgument, Timeout, Unavailable
+from shared.schemas.generate import GenerateRequest
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
+
+
+class WorkerKv(LeasingDataPlane[KvHolder]):
+    def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, transport: KvTransport, *, compat_hash: str,
+                 malformed: MalformedCounter | None = None) -> None:
+        settings = config.kv_transfer
+        subjects = config.bus.subjects
+        self.port = port
+        self.transport = transport
+        self.block_size = port.kv_region().block_size
+        super().__init__(config.worker_id, bus, subjects, KvHolder(
+            config.worker_id, bus, subjects, port, transport, compat_hash=compat_hash, block_size=self.block_size,
+            lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
+        self.leases = LeaseClient(config.worker_id, bus, subjects, transport, compat_hash=compat_hash,
+                                  block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
+                                  lease_ttl_s=settings.lease_ttl_s)
+        self.puller = KvPuller(self.leases, port, transport, transfer_timeout_s=settings.transfer_timeout_s)
+        self.compat_hash = compat_hash
+        self._push_wait_s = settings.push_wait_s
+        self._transfer_timeout_s = settings.transfer_timeout_s
+        self._receivers: dict[str, PushReceiver] = {}
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.transport.close()
+
+    async def prepare(self, request: GenerateRequest) -> Prepared:
+        """Pull what the request's `kv_transfer` names; never raises for a failed transfer
+        (the engine computes what did not arrive), only for a refused, incompatible handle."""
+        params = request.kv_transfer
+        if params is None:
+            return Prepared()
+        if params.source is not None:
+            outcome = await self.puller.pull(request.request_id, params.source, request.token_ids, kind="pull")
+        elif params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
+            handle = await self.leases.lease_prefix(params.prefix_holder, params.prefix_hashes)
+            if handle is None:
+                return Prepared()
+            outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind="prefix_pull")
+        else:
+            return Prepared()
+        if outcome.record is not None:
+            await self._publish(outcome.record)
+        prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
+                            recomputed_tokens=outcome.recomputed_tokens)
+        self._count(prepared)
+        return prepared
+
+    def hold(self, request: GenerateRequest) -> KvHandle | None:
+        """Lease the request's prompt blocks for a decode worker. Call it as soon as the
+        prefill's output arrives, before awaiting anything (the blocks could be evicted)."""
+        return self.holder.grant("decode", block_hash_chain(request.token_ids, self.block_size))
+
+    # ---- push mode ----------------------------------------------------------------
+
+    def push_receiver(self, request: GenerateRequest) -> PushReceiver:
+        """Decode side: pin one block per full prompt block for the writer (none if the pool
+        cannot spare them: then the writer sends nothing and this worker computes all)."""
+        count = len(request.token_ids) // self.block_size
+        block_ids = (self.port.allocate_for_transfer(count) if count else None) or []
+        target = PushTarget(reader_worker_id=self.worker_id, agent_name=self.transport.agent_name,
+                            transfer_id=request.request_id, compat_hash=self.compat_hash, block_ids=block_ids)
+        receiver = PushReceiver(self.port, target, self.block_size)
+        self._receivers[target.transfer_id] = receiver
+        return receiver
+
+    def deliver_push(self, message: PushDone) -> None:
+        receiver = self._receivers.get(message.transfer_id)
+        if receiver is not None:
+            receiver.deliver(message)
+
+    async def await_push(self, request: GenerateRequest, receiver: PushReceiver) -> tuple[int, Prepared]:
+        """Wait for the writer; commit what verified. Returns the first token (the writer's)."""
+        started = time.monotonic()
+        try:
+            message = await asyncio.wait_for(asyncio.shield(receiver.done), self._push_wait_s)
+        except asyncio.TimeoutError:
+            self.port.unpin(receiver.target.block_ids)
+            raise Timeout(f"no push from the prefill worker within {self._push_wait_s:g}s") from None
+        except BaseException:
+            self.port.unpin(receiver.target.block_ids)
+            raise
+        finally:
+            self._receivers.pop(receiver.target.transfer_id, None)
+        if message.first_token is None:
+            self.port.unpin(receiver.target.block_ids)
+            raise Unavailable(f"the prefill worker failed: {message.outcome}")
+        hashes = block_hash_chain(request.token_ids, self.block_size)
+        committed = receiver.commit(message, request.token_ids, hashes)
+        ok_blocks = sum(committed)
+        record = TransferRecord(worker_id=self.worker_id, request_id=request.request_id, kind="push",
+                                peer_worker_id="", outcome="done" if all(committed) else "failed",
+                                blocks=len(committed), blocks_ok=ok_blocks,
+                                bytes=ok_blocks * self.port.kv_region().block_nbytes,
+                                duration_s=time.monotonic() - started, pulled_tokens=ok_blocks * self.block_size,
+                                recomputed_tokens=(len(committed) - ok_blocks) * self.block_size)
+        await self._publish(record)
+        pinned = [block_id for block_id, good in zip(receiver.target.block_ids, committed) if good]
+        prepared = Prepared(pinned_block_ids=pinned, pulled_tokens=record.pulled_tokens,
+                            recomputed_tokens=record.recomputed_tokens)
+        self._count(prepared)
+        return message.first_token, prepared
+
+    def push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
+        if target.compat_hash != self.compat_hash:
+            raise InvalidArgument(f"KV layout mismatch: the reader {target.reader_worker_id} has compatibility "
+                                  f"hash {target.compat_hash}, {self.worker_id} has {self.compat_hash}")
+        return PushWriter(request.request_id, self.port, self.transport, target,
+                          timeout_s=self._transfer_timeout_s)
+
+    async def ensure_push_peer(self, target: PushTarget) -> bool:
+        return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)
+
+    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
+        await self._bus.client.publish(self._subjects.control(target.reader_worker_id), encode(message))
+
+    def release_pins(self, prepared: Prepared) -> None:
+        if prepared.pinned_block_ids:
+            self.port.unpin(prepared.pinned_block_ids)
+            prepared.pinned_block_ids = []

@@ -1,0 +1,174 @@
+"""The scheduler side of Tandem's vLLM connector: runs in vLLM's EngineCore process, on its
+engine thread (every method here is called by vLLM's scheduler; none blocks or does I/O
+beyond a non-blocking report).
+
+- Pull: a request whose `TransferOrder` names a holder's blocks reports them as external
+  tokens (`matched_tokens`), minus the leading blocks already cached here, and always
+  leaves at least one prompt token to compute. The load is asynchronous in vLLM's terms:
+  once its blocks are allocated (`after_alloc`) the request waits, unscheduled, while the
+  worker side reads them (`LoadSpec`); blocks that failed come back as vLLM's invalid
+  blocks, and vLLM rolls the request back to its first failed block before it computes
+  anything, so no forward pass is wasted. A request plans at most one load, even if
+  preempted. vLLM counts a request's prompt tokens (loaded, cached, computed) when it is
+  admitted; after a rollback `on_output` corrects that count to what was really loaded.
+- Hold: when a request with a `hold_key` finishes (not aborted), its prompt's full blocks
+  get one extra reference each (`BlockPool.touch`, the same reference a prefix-cache hit
+  takes), so vLLM neither evicts nor reuses them, and the block ids go out with the final
+  output. No delayed free: vLLM would step the engine every millisecond until it ended.
+- Control requests (`PinOrder`, `UnpinOrder`) arrive as pre-aborted requests and are
+  applied in `on_new_request`. The Tandem worker owns lease lifetimes (grant, release,
+  expiry); this side only counts references, keyed by the worker's keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.request import RequestStatus
+
+from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_wire import (
+    Held,
+    LoadSpec,
+    Pinned,
+    PinOrder,
+    TransferOrder,
+    UnpinOrder,
+    control_of,
+    held_params,
+    order_of,
+)
+
+if TYPE_CHECKING:
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+_HOLDABLE = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+class SchedulerSide:
+    def __init__(self, *, block_size: int, reports: ReportSender) -> None:
+        self.block_size = block_size
+        self._reports = reports
+        self._block_pool: BlockPool | None = None
+        self._orders: dict[str, TransferOrder] = {}  # vLLM request id -> order
+        self._local_blocks: dict[str, int] = {}  # request id -> cached leading blocks at the last query
+        self._planned: set[str] = set()  # requests whose load was handed to the worker side
+        self._loading: dict[str, tuple[Request, int]] = {}  # request id -> (request, local tokens)
+        self._loads: list[LoadSpec] = []  # for the next step's metadata
+        self._pins: dict[str, list[KVCacheBlock]] = {}  # key -> referenced blocks
+
+    @property
+    def pinned_blocks(self) -> int:
+        return sum(len(blocks) for blocks in self._pins.values())
+
+    def bind_block_pool(self, block_pool: BlockPool) -> None:
+        self._block_pool = block_pool
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        control = control_of(request.kv_transfer_params)
+        match control:
+            case PinOrder(key=key):
+                self._pin_cached_prefix(key, request)
+            case UnpinOrder(keys=keys):
+                for key in keys:
+                    self._unpin(key)
+            case None:
+                order = order_of(request.kv_transfer_params)
+                if order is not None:
+                    self._orders[request.request_id] = order
+
+    def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
+        """Tokens the pull brings beyond the `num_computed_tokens` cached here (block-aligned)."""
+        order = self._orders.get(request.request_id)
+        if order is None or order.pull is None or request.request_id in self._planned:
+            return 0
+        # vLLM computes at least one token of every prompt: never claim the last one.
+        usable = min(len(order.pull.block_ids), (request.num_tokens - 1) // self.block_size)
+        local = num_computed_tokens // self.block_size
+        self._local_blocks[request.request_id] = local
+        return max(0, usable - local) * self.block_size
+
+    def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        order = self._orders.get(request.request_id)
+        if order is None or order.pull is None or request.request_id in self._planned:
+            return
+        self._planned.add(request.request_id)
+        pull = order.pull
+        first = self._local_blocks.pop(request.request_id, 0)
+        count = num_external_tokens // self.block_size
+        (block_ids,) = blocks.get_block_ids()
+        if count:
+            self._loading[request.request_id] = (request, first * self.block_size)
+        # Always a spec, even an empty one: the worker side reports every planned pull, so the
+        # Tandem worker hears one outcome per order (here: "all cached locally").
+        self._loads.append(LoadSpec(
+            request_id=request.request_id, transfer_id=order.transfer_id, lease_id=pull.lease_id,
+            agent_name=pull.agent_name,
+            agent_metadata=pull.agent_metadata, remote_block_ids=pull.block_ids[first:first + count],
+            local_block_ids=list(block_ids[first:first + count]), checksums=pull.checksums[first:first + count],
+            cached_blocks=first))
+
+    def take_loads(self) -> list[LoadSpec]:
+        loads, self._loads = self._loads, []
+        return loads
+
+    def on_output(self, finished_recving: set[str]) -> None:
+        """After vLLM applied a step's loads (and rolled back failed ones): make its prompt-token
+        statistics say what was loaded rather than what was promised."""
+        for request_id in finished_recving:
+            request, local_tokens = self._loading.pop(request_id, (None, 0))
+            if request is None or request.prefill_stats is None:
+                continue
+            loaded = max(0, request.num_computed_tokens - local_tokens)
+            if loaded != request.prefill_stats.num_external_cached_tokens:
+                request.prefill_stats.set(num_prompt_tokens=request.num_prompt_tokens,
+                                          num_local_cached_tokens=local_tokens, num_external_cached_tokens=loaded)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> dict[str, Any] | None:
+        self._planned.discard(request.request_id)
+        self._local_blocks.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
+        order = self._orders.pop(request.request_id, None)
+        if order is None or not order.hold_key or request.status not in _HOLDABLE:
+            return None
+        full = block_ids[: request.num_prompt_tokens // self.block_size]
+        if not full:
+            return None
+        self._pin(order.hold_key, full)
+        return held_params(Held(key=order.hold_key, block_ids=list(full)))
+
+    # ---- pins ------------------------------------------------------------------------------
+
+    def _pin_cached_prefix(self, key: str, request: Request) -> None:
+        pool = self._block_pool
+        assert pool is not None, "the block pool is bound before any request"
+        found: list[int] = []
+        for block_hash in request.block_hashes:
+            cached = pool.get_cached_block(block_hash, [0])
+            if cached is None:
+                break
+            found.append(cached[0].block_id)
+        if found:
+            self._pin(key, found)
+        self._reports.send(Pinned(key=key, block_ids=found))
+
+    def _pin(self, key: str, block_ids: list[int]) -> None:
+        pool = self._block_pool
+        assert pool is not None
+        blocks = [pool.blocks[block_id] for block_id in block_ids]
+        pool.touch(blocks)
+        self._pins.setdefault(key, []).extend(blocks)
+
+    def _unpin(self, key: str) -> None:
+        blocks = self._pins.pop(key, None)
+        if blocks and self._block_pool is not None:
+            # Tail blocks first: they are the least likely to be shared by other prefixes.
+            self._block_pool.free_blocks(reversed(blocks))

@@ -1,0 +1,188 @@
+"""The worker side of Tandem's vLLM connector: runs in vLLM's model-worker process, on its
+main thread, between and around forward passes.
+
+It owns the engine's NIXL agent (`connector.nixl_agent.KvAgent`, progress thread with a
+non-zero delay: it must not spin), registered once over vLLM's whole KV allocation as
+layer-major pages (`kv_pages`). A pull (`LoadSpec`) is read in `start_load_kv` of the step
+that planned it (after that step's forward pass; the pulling request is not in it), in
+the calling thread: NIXL copies inside the posting call on one host, bounded by the
+transfer timeout. Fault injection (`connector.faults`) and the verification of each block
+against the holder's checksum (`connector.block_reader`) are the sim reader's; blocks that
+failed go to vLLM through `get_block_ids_with_load_errors` and the request through
+`get_finished` in the same step (vLLM rolls it back to its first failed block), and
+every pull ends in exactly one `Loaded` report to the Tandem worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from connector.agent_types import KvAgentConfig
+from connector.block_reader import verified_blocks
+from connector.faults import blocks_before_cut, inject_read_faults
+from connector.nixl_agent import KvAgent
+from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
+from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_wire import Loaded, LoadSpec
+from shared.config import KvFaultConfig
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+log = logging.getLogger(__name__)
+
+
+def page_geometry(kv_cache_config: KVCacheConfig) -> PageGeometry:
+    """vLLM's allocation as pages; refuses layouts Tandem cannot address by block id."""
+    tensors = kv_cache_config.kv_cache_tensors
+    groups = kv_cache_config.kv_cache_groups
+    if len(tensors) != 1 or len(groups) != 1:
+        raise ValueError(f"Tandem's connector needs one KV cache tensor and one group, got "
+                         f"{len(tensors)} and {len(groups)}")
+    (tensor,) = tensors
+    geometry = PageGeometry(num_layers=len(tensor.layers), num_blocks=kv_cache_config.num_blocks,
+                            page_nbytes=tensor.block_stride)
+    geometry.validate()
+    if tensor.offset != 0 or tensor.layer_stride != geometry.num_blocks * geometry.page_nbytes \
+            or tensor.size < geometry.nbytes:
+        raise ValueError(f"Tandem's connector needs a layer-major KV cache (layer stride = blocks x block "
+                         f"stride), got {tensor}")
+    return geometry
+
+
+class WorkerSide:
+    def __init__(self, *, agent_name: str, agent_config: KvAgentConfig, faults: KvFaultConfig,
+                 reports: ReportSender) -> None:
+        self._agent_name = agent_name
+        self._agent_config = agent_config
+        self._faults = faults
+        self._reports = reports
+        self._agent: KvAgent | None = None
+        self._geometry: PageGeometry | None = None
+        self._pages: np.ndarray | None = None  # (num_pages, page_nbytes) uint8 view of vLLM's allocation
+        self._backing: torch.Tensor | None = None  # keeps the view's memory referenced
+        self._peers: dict[str, bytes] = {}  # agent name -> metadata added
+        self._load_errors: set[int] = set()
+        self._loaded: set[str] = set()  # vLLM request ids whose load ended this step
+        self.loads = 0  # pulls performed, for diagnostics
+
+    @property
+    def agent(self) -> KvAgent:
+        assert self._agent is not None, "register_kv_caches() first"
+        return self._agent
+
+    def register(self, kv_caches: dict[str, torch.Tensor], geometry: PageGeometry) -> None:
+        import torch
+
+        storages = {tensor.untyped_storage().data_ptr() for tensor in kv_caches.values()}
+        if len(storages) != 1:
+            raise ValueError(f"Tandem's connector needs one KV allocation, vLLM made {len(storages)}")
+        storage = next(iter(kv_caches.values())).untyped_storage()
+        if storage.nbytes() < geometry.nbytes:
+            raise ValueError(f"the KV allocation has {storage.nbytes()} bytes, the layout needs {geometry.nbytes}")
+        backing = torch.empty(0, dtype=torch.uint8)
+        backing.set_(storage, 0, (geometry.nbytes,), (1,))
+        buffer = backing.numpy()
+        agent = KvAgent(self._agent_name, self._agent_config)
+        try:
+            agent.register_pool(buffer, geometry.page_nbytes)
+        except BaseException:
+            agent.close()
+            raise
+        self._agent, self._geometry, self._backing = agent, geometry, backing
+        self._pages = buffer.reshape(geometry.num_pages, geometry.page_nbytes)
+        log.info("Tandem KV agent %s: %d layers x %d blocks of %d-byte pages registered",
+                 self._agent_name, geometry.num_layers, geometry.num_blocks, geometry.page_nbytes)
+
+    def metadata(self) -> bytes:
+        return self.agent.metadata()
+
+    def checksums(self, block_ids: list[int]) -> list[int]:
+        return [self._checksum(block_id) for block_id in block_ids]
+
+    def _checksum(self, block_id: int) -> int:
+        assert self._pages is not None and self._geometry is not None
+        return block_checksum(self._pages, self._geometry, block_id)
+
+    def close(self) -> None:
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+
+    # ---- loads --------------------------------------------------------------------------
+
+    def load(self, specs: list[LoadSpec]) -> None:
+        for spec in specs:
+            self._reports.send(self._load(spec))
+            if spec.local_block_ids:  # only then is vLLM waiting for it (an asynchronous load)
+                self._loaded.add(spec.request_id)
+
+    def take_loaded(self) -> set[str]:
+        loaded, self._loaded = self._loaded, set()
+        return loaded
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def _load(self, spec: LoadSpec) -> Loaded:
+        started = time.perf_counter()
+        count = len(spec.local_block_ids)
+        report = dict(transfer_id=spec.transfer_id, lease_id=spec.lease_id, cached_blocks=spec.cached_blocks)
+        if count == 0:
+            return Loaded(ok=[], reason="every block was cached locally", **report)
+        self.loads += 1
+        ok, nbytes, reason = self._read(spec)
+        landed = ok
+        ok = verified_blocks(landed, spec.local_block_ids, spec.checksums, self._checksum)
+        if ok != landed:
+            reason = reason or "checksum mismatch"
+        failed = [block_id for block_id, good in zip(spec.local_block_ids, ok) if not good]
+        if failed:
+            self._load_errors.update(failed)
+            log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes from the first",
+                        spec.transfer_id, len(failed), count, reason)
+        return Loaded(ok=ok, nbytes=nbytes, duration_s=time.perf_counter() - started, reason=reason, **report)
+
+    def _read(self, spec: LoadSpec) -> tuple[list[bool], int, str]:
+        """Per block: whether its bytes landed; bytes moved; why not."""
+        count = len(spec.local_block_ids)
+        faults = self._faults
+        if faults.delay_s:
+            time.sleep(faults.delay_s)
+        if faults.fail_transfer:
+            return [False] * count, 0, "injected: transfer failed"
+        try:
+            self._ensure_peer(spec.agent_name, spec.agent_metadata)
+        except Exception as error:  # malformed or incompatible metadata: nothing can be read
+            return [False] * count, 0, f"holder agent unusable: {error}"
+        geometry = self._geometry
+        peer_pool = self.agent.peer_pool(spec.agent_name)
+        assert geometry is not None and peer_pool is not None
+        remote_blocks = peer_pool.num_blocks // geometry.num_layers
+        cut = blocks_before_cut(faults, count)
+        result = self.agent.read_blocks(
+            spec.agent_name, page_ids(spec.remote_block_ids[:cut], geometry.num_layers, remote_blocks),
+            page_ids(spec.local_block_ids[:cut], geometry.num_layers, geometry.num_blocks),
+            timeout_s=self._agent_config.default_timeout_s)
+        ok = [result.ok] * cut + [False] * (count - cut)
+        reason = result.detail if not result.ok else ("injected: transfer cut" if cut < count else "")
+        if inject_read_faults(faults, spec.remote_block_ids, spec.local_block_ids, ok, self._scribble):
+            reason = reason or "injected: blocks failed"
+        return ok, result.nbytes if result.ok else 0, reason
+
+    def _scribble(self, block_id: int) -> None:
+        assert self._pages is not None and self._geometry is not None
+        scribble(self._pages, self._geometry, block_id)
+
+    def _ensure_peer(self, name: str, metadata: bytes) -> None:
+        # Agent names are unique per incarnation: an unknown name is a new peer; a known name
+        # with new metadata is re-added (KvAgent forgets the old connection first).
+        if self._peers.get(name) != metadata:
+            self.agent.add_peer(name, metadata)
+            self._peers[name] = metadata

@@ -1,0 +1,207 @@
+"""The Tandem worker's end of its vLLM engine's KV connector (runs on the worker's loop).
+
+`VllmEngine` owns one `ConnectorLink` when the connector is on. It is the only code in the
+worker that talks to the connector's two sides in vLLM's processes:
+
+- settings out: the `KVTransferConfig` naming the connector, its report endpoint and the
+  NIXL agent's name (fresh per start, so readers notice a restarted engine);
+- control requests: `pin_prefix` (lease a cached prefix) and `unpin`, as pre-aborted vLLM
+  requests, answered (pins) on the report socket;
+- `collective_rpc` to the model worker: the agent's metadata, block checksums;
+- reports in: `Pinned` and `Loaded` resolve the futures waiting for them.
+
+Every wait is bounded by `control_timeout_s`; a report that arrives after its waiter gave
+up is dropped (for a pin, the waiter has already asked for the unpin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import msgspec
+from vllm.config import KVTransferConfig
+from vllm.sampling_params import SamplingParams as VllmSamplingParams
+from vllm.v1.engine import EngineCoreRequest
+
+from connector.vllm.kv_reports import ReportReceiver
+from connector.vllm.kv_wire import (
+    ControlOrder,
+    Loaded,
+    Pinned,
+    PinOrder,
+    Report,
+    UnpinOrder,
+    control_params,
+)
+from connector.vllm.settings import KvConnectorOptions
+from connector.vllm.tandem_connector import (
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE,
+    WORKER_EXTENSION,
+    ConnectorSettings,
+)
+from shared.errors import Timeout, Unavailable
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger(__name__)
+
+
+class HeldBlocks(msgspec.Struct, frozen=True, kw_only=True):
+    """A finished request's prompt blocks, pinned in vLLM under `key`, with their checksums."""
+
+    key: str
+    block_ids: list[int]
+    checksums: list[int]
+
+
+class ConnectorLink:
+    worker_extension = WORKER_EXTENSION
+
+    def __init__(self, options: KvConnectorOptions, socket_dir: str) -> None:
+        self.options = options
+        self.agent_name = f"{options.agent_name_prefix}-{uuid.uuid4().hex[:8]}"
+        self._receiver = ReportReceiver(f"ipc://{os.path.join(socket_dir, 'kv-reports')}", self._on_report)
+        self._llm: AsyncLLM | None = None
+        self._agent_metadata: bytes | None = None
+        self._control_ids = itertools.count(1)
+        self._control_prefix = f"tandem-ctl-{uuid.uuid4().hex[:8]}"
+        self._pins: dict[str, asyncio.Future[Pinned]] = {}
+        self._loads: dict[str, asyncio.Future[Loaded]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.late_reports = 0  # reports whose waiter had given up (or never existed)
+
+    def transfer_config(self) -> KVTransferConfig:
+        settings = ConnectorSettings(report_endpoint=self._receiver.endpoint, agent_name=self.agent_name,
+                                     options=self.options)
+        return KVTransferConfig(kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE,
+                                kv_role="kv_both", kv_load_failure_policy="recompute",
+                                kv_connector_extra_config=msgspec.to_builtins(settings))
+
+    @property
+    def agent_metadata(self) -> bytes:
+        assert self._agent_metadata is not None, "the connector link was not started"
+        return self._agent_metadata
+
+    def bind(self) -> None:
+        """Before vLLM starts: its processes connect to the report socket as they come up."""
+        self._receiver.start()
+
+    async def start(self, llm: AsyncLLM) -> None:
+        self._llm = llm
+        (self._agent_metadata,) = await self._rpc("tandem_agent_metadata")
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
+        await self._receiver.stop()
+        for waiter in [*self._pins.values(), *self._loads.values()]:
+            waiter.cancel()
+        self._llm = None
+
+    # ---- the model worker ----------------------------------------------------------------
+
+    async def checksums(self, block_ids: list[int]) -> list[int]:
+        (checksums,) = await self._rpc("tandem_block_checksums", block_ids)
+        return list(checksums)
+
+    async def _rpc(self, method: str, *args: object) -> list:
+        llm = self._require_llm()
+        timeout = self.options.control_timeout_s
+        try:
+            return await asyncio.wait_for(llm.collective_rpc(method, timeout=timeout, args=args), timeout)
+        except TimeoutError:
+            raise Timeout(f"vLLM's model worker did not answer {method} within {timeout:g}s") from None
+
+    # ---- the scheduler -------------------------------------------------------------------
+
+    async def pin_prefix(self, key: str, token_ids: list[int]) -> list[int]:
+        """Pin the longest cached prefix of `token_ids` under `key`: its block ids (maybe none).
+        On timeout the pin is undone (`unpin` is idempotent) and Timeout raised."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._pins[key] = waiter
+        try:
+            await self._control(PinOrder(key=key), token_ids)
+            pinned = await asyncio.wait_for(asyncio.shield(waiter), self.options.control_timeout_s)
+        except BaseException:
+            self.unpin_soon([key])
+            raise
+        finally:
+            self._pins.pop(key, None)
+        return pinned.block_ids
+
+    async def unpin(self, keys: list[str]) -> None:
+        if keys:
+            await self._control(UnpinOrder(keys=list(keys)), [0])
+
+    def unpin_soon(self, keys: list[str]) -> None:
+        """Unpin from synchronous code (lease ends, cancellations); ordered after every control
+        request already sent, so an unpin never overtakes its pin."""
+        if keys and self._llm is not None:
+            task = asyncio.ensure_future(self.unpin(keys))
+            self._tasks.add(task)
+            task.add_done_callback(self._unpinned)
+
+    def _unpinned(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("unpinning KV blocks failed (the engine is gone?): %s", task.exception())
+
+    async def _control(self, order: ControlOrder, token_ids: list[int]) -> None:
+        """A pre-aborted request: vLLM hands it to the connector's `on_new_request`, then aborts
+        it without scheduling it (what `AsyncLLM.notify_kv_transfer_request_rejected` does)."""
+        llm = self._require_llm()
+        request = EngineCoreRequest(
+            request_id=f"{self._control_prefix}-{next(self._control_ids)}", prompt_token_ids=list(token_ids),
+            mm_features=None,
+            sampling_params=VllmSamplingParams(max_tokens=1, extra_args={"kv_transfer_params": control_params(order)}),
+            pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
+            data_parallel_rank=None, abort_immediately=True)
+        await llm.engine_core.add_request_async(request)
+
+    # ---- loads ---------------------------------------------------------------------------
+
+    def expect_load(self, transfer_id: str) -> asyncio.Future[Loaded]:
+        """Register before the request is added: the report may come before the first output."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._loads[transfer_id] = waiter
+        return waiter
+
+    async def wait_load(self, transfer_id: str, waiter: asyncio.Future[Loaded]) -> Loaded | None:
+        """The pull's report, or None if none came within the control timeout."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), self.options.control_timeout_s)
+        except TimeoutError:
+            log.warning("no load report for %s within %gs", transfer_id, self.options.control_timeout_s)
+            return None
+        finally:
+            self.forget_load(transfer_id)
+
+    def forget_load(self, transfer_id: str) -> None:
+        self._loads.pop(transfer_id, None)
+
+    # ---- reports -------------------------------------------------------------------------
+
+    def _on_report(self, report: Report) -> None:
+        match report:
+            case Pinned(key=key):
+                waiter = self._pins.get(key)
+            case Loaded(transfer_id=transfer_id):
+                waiter = self._loads.get(transfer_id)
+        if waiter is None or waiter.done():
+            self.late_reports += 1
+            log.info("KV connector report nobody waits for: %r", report)
+            return
+        waiter.set_result(report)
+
+    def _require_llm(self) -> AsyncLLM:
+        if self._llm is None:
+            raise Unavailable("the vLLM engine is not running")
+        return self._llm

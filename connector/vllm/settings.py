@@ -1,0 +1,27 @@
+"""The settings of Tandem's vLLM KV connector: built by the worker (from `KvTransferConfig`,
+in `services/worker/vllm/options.py`), carried to vLLM's processes in
+`kv_connector_extra_config` (`tandem_connector.ConnectorSettings`). Pure data; no vLLM import.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.config import ConfigError, KvFaultConfig
+
+
+class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Tandem's KV connector inside vLLM (`connector.vllm.tandem_connector`)."""
+
+    agent_name_prefix: str = "tandem"  # the NIXL agent is "<prefix>-<random>", fresh per start
+    progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
+    transfer_timeout_s: float = 10.0  # one pull's READ, inside a model step
+    control_timeout_s: float = 2.0  # waits for the connector's reports (pins, load outcomes)
+    faults: KvFaultConfig = KvFaultConfig()
+
+    def validate(self) -> None:
+        if self.progress_delay_us <= 0:
+            raise ConfigError("progress_delay_us must be positive (0 spins a core)")
+        if self.transfer_timeout_s <= 0 or self.control_timeout_s <= 0:
+            raise ConfigError("KV connector timeouts must be positive")
+        self.faults.validate()

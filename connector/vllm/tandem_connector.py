@@ -1,0 +1,177 @@
+"""Tandem's own vLLM KV connector (`KVConnectorBase_V1`), loaded by vLLM through
+`kv_connector_module_path="connector.vllm.tandem_connector"`, class `TandemConnector`.
+
+Where each piece runs (one vLLM engine, tensor parallel size 1):
+
+    Tandem worker (AsyncLLM, NATS)     EngineCore (scheduler)          model worker (KV cache)
+    ------------------------------     ----------------------          -----------------------
+    leases (grant/release/expire),     SchedulerSide: external         WorkerSide: NIXL agent over
+    NATS lease protocol, pulls'        tokens of a pull, load plans,   the KV pages, synchronous
+    outcomes -> LeaseRelease           block references (pins)         READ + checksum per block
+        |  kv_transfer_params in/out        |  LoadSpec in metadata ->     |
+        |  control requests (pin/unpin) ->  |                              |
+        |  collective_rpc (metadata, checksums) --------------------------> |
+        <------------- report socket (Pinned, Loaded) ---------------------+
+
+Scheduler-side methods (EngineCore): `on_new_request`, `get_num_new_matched_tokens`
+(asynchronous loads), `update_state_after_alloc`, `build_connector_meta`,
+`update_connector_output`, `request_finished`.
+Worker-side methods (model worker): `register_kv_caches`, `start_load_kv`, `get_finished`,
+`get_block_ids_with_load_errors`; saves are no-ops (holders keep blocks by reference).
+The model worker also gains `TandemWorkerExtension`'s methods (vLLM's
+`worker_extension_cls`), which the Tandem worker calls with `collective_rpc`.
+
+Failures are data: a block that did not arrive or did not verify is reported to vLLM,
+which recomputes from it (policy "recompute"), and to the Tandem worker in `Loaded`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from vllm.distributed.kv_transfer import get_kv_transfer_group
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from connector.agent_types import KvAgentConfig
+from connector.vllm.connector_scheduler import SchedulerSide
+from connector.vllm.connector_worker import WorkerSide, page_geometry
+from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_wire import LoadSpec
+from connector.vllm.settings import KvConnectorOptions
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+CONNECTOR_CLASS = "TandemConnector"
+CONNECTOR_MODULE = __name__
+WORKER_EXTENSION = f"{__name__}.TandemWorkerExtension"
+
+
+class ConnectorSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """`kv_connector_extra_config`, written by `VllmEngine`, read in vLLM's processes."""
+
+    report_endpoint: str
+    agent_name: str
+    options: KvConnectorOptions = KvConnectorOptions()
+
+
+class TandemMetadata(KVConnectorMetadata):
+    def __init__(self, loads: list[LoadSpec]) -> None:
+        self.loads = loads
+
+
+class TandemConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.P2P
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        settings = msgspec.convert(self._kv_transfer_config.kv_connector_extra_config, ConnectorSettings)
+        options = settings.options
+        self._reports = reports = ReportSender(settings.report_endpoint)
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role is KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(block_size=vllm_config.cache_config.block_size, reports=reports)
+        else:
+            self._worker = WorkerSide(
+                agent_name=settings.agent_name,
+                agent_config=KvAgentConfig(progress_delay_us=options.progress_delay_us,
+                                           default_timeout_s=options.transfer_timeout_s),
+                faults=options.faults, reports=reports)
+
+    @property
+    def scheduler_side(self) -> SchedulerSide:
+        assert self._scheduler is not None, "scheduler-side method called on the worker side"
+        return self._scheduler
+
+    @property
+    def worker_side(self) -> WorkerSide:
+        assert self._worker is not None, "worker-side method called on the scheduler side"
+        return self._worker
+
+    # ---- worker side ---------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.worker_side.register(kv_caches, page_geometry(self._kv_cache_config))
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, TandemMetadata)
+        if metadata.loads:
+            self.worker_side.load(metadata.loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # a loading request is not in the forward pass: vLLM waits for get_finished()
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return  # nothing to save: holders keep blocks by reference
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return None, self.worker_side.take_loaded() or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker_side.take_load_errors()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+        self._reports.close()
+
+    # ---- scheduler side ------------------------------------------------------------------
+
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        self.scheduler_side.bind_block_pool(gpu_block_pool)
+
+    def on_new_request(self, request: Request) -> None:
+        self.scheduler_side.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        tokens = self.scheduler_side.matched_tokens(request, num_computed_tokens)
+        return tokens, tokens > 0
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        self.scheduler_side.after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return TandemMetadata(self.scheduler_side.take_loads())
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if connector_output.finished_recving:
+            self.scheduler_side.on_output(connector_output.finished_recving)
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        # Never a delayed free: held blocks carry their own reference (see SchedulerSide).
+        return False, self.scheduler_side.request_finished(request, block_ids)
+
+
+class TandemWorkerExtension:
+    """Mixed into vLLM's model worker class (`worker_extension_cls`) for `collective_rpc`."""
+
+    def tandem_agent_metadata(self) -> bytes:
+        return _worker_side().metadata()
+
+    def tandem_block_checksums(self, block_ids: list[int]) -> list[int]:
+        return _worker_side().checksums(block_ids)
+
+
+def _worker_side() -> WorkerSide:
+    connector = get_kv_transfer_group()
+    assert isinstance(connector, TandemConnector), f"the KV connector is {type(connector).__name__}"
+    return connector.worker_side

@@ -1,0 +1,222 @@
+"""The KV data plane of a worker serving a vLLM engine: what `connector.sim.worker_kv.WorkerKv`
+is for the sim engine, the same `connector.dataplane.DataPlane` for `WorkerService` and the
+same wire protocol (the shared `connector.lease_client.LeaseClient`), so routers and other
+workers cannot tell the difference. Built by the vLLM engine's spec
+(`services/worker/vllm/spec.py`) over the engine's `engine_port.VllmKvEngine`.
+
+The difference is where blocks move: inside vLLM. `prepare()` does the NATS half of a pull
+(compatibility check, the holder's agent metadata, a prefix lease) and stages a
+`TransferOrder` with the engine; the engine's connector reads the blocks in the request's
+first step and vLLM computes the rest. The pull's `Loaded` report comes back before the
+request's first output (`_on_loaded`): the lease is released with its outcome and the
+transfer record published from there. A hold is vLLM's pin adopted by a lease (`hold()`).
+
+Push mode is not supported with vLLM: such requests fail with UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from functools import partial
+
+import msgspec
+
+from connector.dataplane import LeasingDataPlane, Prepared
+from connector.lease_client import LeaseClient
+from connector.vllm.engine_port import VllmKvEngine
+from connector.vllm.holder import VllmKvHolder
+from connector.vllm.kv_wire import Loaded, PullOrder, TransferOrder
+from shared.block_hash import block_hash_chain
+from shared.bus import Bus
+from shared.codec import MalformedCounter
+from shared.config import WorkerConfig
+from shared.errors import Unavailable
+from shared.schemas.generate import GenerateRequest
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferOutcome, TransferRecord
+
+log = logging.getLogger(__name__)
+
+
+class PeerAgents:
+    """The lease client's `PeerRegistry` here: which holders' agent metadata is known. The
+    metadata travels with each pull order to the engine, whose agent adds the peer once."""
+
+    def __init__(self) -> None:
+        self._metadata: dict[str, bytes] = {}
+
+    def has_peer(self, name: str) -> bool:
+        return name in self._metadata
+
+    def add_peer(self, name: str, metadata: bytes) -> None:
+        self._metadata[name] = metadata
+
+    def metadata_of(self, name: str) -> bytes | None:
+        return self._metadata.get(name)
+
+
+class _Pull:
+    """A pull staged with the engine, until its outcome is known."""
+
+    def __init__(self, request_id: str, handle: KvHandle, kind: str, wanted: int, prepared: Prepared) -> None:
+        self.request_id = request_id
+        self.handle = handle
+        self.kind = kind
+        self.wanted = wanted  # blocks of the handle the prompt can use
+        self.prepared = prepared
+        self.started = time.monotonic()
+        self.order: PullOrder | None = None  # what the engine is asked to read
+
+
+class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
+    def __init__(self, config: WorkerConfig, bus: Bus, engine: VllmKvEngine, *, block_size: int, compat_hash: str,
+                 malformed: MalformedCounter | None = None) -> None:
+        settings = config.kv_transfer
+        subjects = config.bus.subjects
+        self.engine = engine
+        self.block_size = block_size
+        self.compat_hash = compat_hash
+        self.peers = PeerAgents()
+        super().__init__(config.worker_id, bus, subjects, VllmKvHolder(
+            config.worker_id, bus, subjects, engine, compat_hash=compat_hash, block_size=block_size,
+            lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
+        self.leases = LeaseClient(config.worker_id, bus, subjects, self.peers, compat_hash=compat_hash,
+                                  block_size=block_size, control_timeout_s=settings.control_timeout_s,
+                                  lease_ttl_s=settings.lease_ttl_s)
+        self._hold_keys = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---- pull and hold ------------------------------------------------------------------
+
+    async def prepare(self, request: GenerateRequest) -> Prepared:
+        """Stage what the request's `kv_transfer` asks of the engine; never raises for a failed
+        transfer (vLLM computes what did not arrive), only for a refused, incompatible handle."""
+        params = request.kv_transfer
+        prepared = Prepared()
+        if params is None:
+            return prepared
+        handle, kind = params.source, "pull"
+        if handle is None and params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
+            handle, kind = await self.leases.lease_prefix(params.prefix_holder, params.prefix_hashes), "prefix_pull"
+        pull = await self._plan_pull(request, handle, kind, prepared) if handle is not None else None
+        hold_key = f"{request.request_id}#{next(self._hold_keys)}" if params.hold_for_decode else ""
+        if pull is None and not hold_key:
+            return prepared
+        order = TransferOrder(transfer_id=request.request_id, hold_key=hold_key,
+                              pull=pull.order if pull is not None else None)
+        self.engine.stage(request.request_id, order, partial(self._on_loaded, pull) if pull is not None else None)
+        prepared.staged_request_id = request.request_id
+        return prepared
+
+    async def _plan_pull(self, request: GenerateRequest, handle: KvHandle, kind: str,
+                         prepared: Prepared) -> _Pull | None:
+        """The pull to stage; None when there is nothing to read (its outcome is then final)."""
+        await self.leases.refuse_if_incompatible(handle)
+        wanted = min(len(handle.block_ids), len(request.token_ids) // self.block_size)
+        pull = _Pull(request.request_id, handle, kind, wanted, prepared)
+        if wanted == 0:
+            self._finish(pull, "done", [], 0, 0, 0, reason="no full block of the prompt")
+            return None
+        if not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
+            self._finish(pull, "failed", list(range(wanted)), 0, wanted, 0, reason="holder unreachable")
+            return None
+        metadata = self.peers.metadata_of(handle.agent_name)
+        assert metadata is not None
+        pull.order = PullOrder(lease_id=handle.lease_id, agent_name=handle.agent_name, agent_metadata=metadata,
+                               block_ids=handle.block_ids[:wanted], checksums=handle.checksums[:wanted])
+        return pull
+
+    def _on_loaded(self, pull: _Pull, report: Loaded | None, why_none: str) -> None:
+        """The engine's callback, before the request's first output (or when it ended without)."""
+        if report is None:
+            outcome: TransferOutcome = "cancelled" if why_none == "cancelled" else "failed"
+            # Without a report nothing is known to have arrived: count it all as computed.
+            recomputed = 0 if outcome == "cancelled" else pull.wanted
+            self._finish(pull, outcome, [], 0, recomputed, 0, reason=why_none)
+            return
+        first = report.cached_blocks
+        failed = [first + index for index, ok in enumerate(report.ok) if not ok]
+        used = report.used_blocks
+        self._finish(pull, "failed" if failed else "done", failed, used, len(report.ok) - used, report.nbytes,
+                     reason=report.reason, asked=len(report.ok))
+
+    def _finish(self, pull: _Pull, outcome: TransferOutcome, failed_blocks: list[int], blocks_ok: int,
+                blocks_recomputed: int, nbytes: int, *, reason: str = "", asked: int | None = None) -> None:
+        """Count the pull, then release its lease and publish its record (in the background:
+        this runs on the engine's output path)."""
+        pull.prepared.pulled_tokens = blocks_ok * self.block_size
+        pull.prepared.recomputed_tokens = blocks_recomputed * self.block_size
+        self._count(pull.prepared)
+        record = TransferRecord(worker_id=self.worker_id, request_id=pull.request_id, kind=pull.kind,  # type: ignore[arg-type]
+                                peer_worker_id=pull.handle.holder_worker_id, outcome=outcome,
+                                blocks=pull.wanted if asked is None else asked, blocks_ok=blocks_ok, bytes=nbytes,
+                                duration_s=time.monotonic() - pull.started,
+                                pulled_tokens=pull.prepared.pulled_tokens,
+                                recomputed_tokens=pull.prepared.recomputed_tokens, reason=reason)
+        if failed_blocks:
+            log.warning("%s: %s of %s from %s: %d block(s) failed (%s); vLLM computed from the first on",
+                        self.worker_id, pull.kind, pull.request_id, pull.handle.holder_worker_id,
+                        len(failed_blocks), reason)
+        self._background(self._release_and_publish(pull.handle, outcome, failed_blocks, record))
+
+    async def _release_and_publish(self, handle: KvHandle, outcome: TransferOutcome, failed_blocks: list[int],
+                                   record: TransferRecord) -> None:
+        held = await self.leases.release(handle, outcome, failed_blocks)
+        if held is False and outcome in ("done", "failed"):
+            # The lease ended before the release (expired). What was read is still sound: every
+            # block was verified against the checksum the holder took when it pinned it, after
+            # the copy, so a block reused in between would have failed and been recomputed.
+            log.warning("%s: lease %s on %s had expired when %s released it", self.worker_id, handle.lease_id,
+                        handle.holder_worker_id, record.request_id)
+            record = msgspec.structs.replace(record, outcome="expired", reason=record.reason or "lease expired")
+        await self._publish(record)
+
+    def hold(self, request: GenerateRequest) -> KvHandle | None:
+        """Lease the prompt blocks vLLM pinned when the prefill finished (the engine keeps them
+        until its stream closes). Call it on the final output, before awaiting anything."""
+        held = self.engine.take_held(request.request_id)
+        if held is None:
+            return None
+        return self.holder.grant_held("decode", held, block_hash_chain(request.token_ids, self.block_size))
+
+    def release_pins(self, prepared: Prepared) -> None:
+        """Called once `generate()` was called, and when the request ends: an order the engine
+        never took (the request failed before `generate()` accepted it) is taken back here.
+        Nothing is pinned in this process: vLLM references loaded blocks itself."""
+        request_id, prepared.staged_request_id = prepared.staged_request_id, ""
+        if not request_id:
+            return
+        staged = self.engine.unstage(request_id)
+        if staged is not None and staged.on_loaded is not None:
+            staged.on_loaded(None, "cancelled")
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- push mode: not with vLLM ---------------------------------------------------------
+
+    def push_receiver(self, request: GenerateRequest):
+        raise Unavailable(f"worker {self.worker_id} (vLLM) does not support push mode; pull instead")
+
+    def push_writer(self, request: GenerateRequest, target: PushTarget):
+        raise Unavailable(f"worker {self.worker_id} (vLLM) does not support push mode; pull instead")
+
+    async def await_push(self, request: GenerateRequest, receiver) -> tuple[int, Prepared]:
+        raise Unavailable(f"worker {self.worker_id} (vLLM) does not support push mode")
+
+    async def ensure_push_peer(self, target: PushTarget) -> bool:
+        return False
+
+    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
+        return
+
+    def deliver_push(self, message: PushDone) -> None:
+        return

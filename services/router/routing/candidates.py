@@ -1,0 +1,107 @@
+"""Scoring, the second stage of routing: what each candidate flow of a request would cost.
+
+Pure and synchronous. `decide()` builds one `Candidates` per request over the eligible
+workers and hands it to the policy, which picks from it; the plan builder then reads the
+chosen flow's cost and prefill plan from the same object (each worker's plan is computed
+once, lazily).
+
+- `single(worker)`: the worker serves the request alone (computes the prompt, pulling a
+  cached prefix from a holder if one has more of it, and generates every token);
+- `prefill_part(worker)`: the worker computes the prompt for a decode worker;
+- `best_pair(...)`: the cheapest (prefill, decode) pair of one compatibility hash.
+
+Ties between equal costs go to the least-loaded worker relative to batch capacity, then to
+the one this router picked least recently (round-robin among equals), then to the smallest
+id (`load_order`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost
+from services.router.routing.eligibility import Eligible
+from services.router.routing.request import RouteRequest
+from services.router.routing.view import WorkerView
+from shared.config import RoutingConfig
+
+
+def load_order(worker: WorkerView) -> tuple[float, int, str]:
+    return worker.relative_load, worker.last_routed, worker.worker_id
+
+
+@dataclass(frozen=True, slots=True)
+class Single:
+    worker: WorkerView
+    plan: PrefillPlan
+    cost: float
+
+    @property
+    def key(self) -> tuple:
+        return self.cost, load_order(self.worker)
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    prefill: Single  # its cost: the prefill part only
+    decode: WorkerView
+    cost: float
+
+    @property
+    def key(self) -> tuple:
+        return self.cost, load_order(self.decode), load_order(self.prefill.worker)
+
+
+class Candidates:
+    """The request's candidate flows over one set of views, costed lazily and once each."""
+
+    def __init__(self, workers: Sequence[WorkerView], request: RouteRequest, routing: RoutingConfig,
+                 eligible: Eligible) -> None:
+        self.request = request
+        self.routing = routing
+        self.eligible = eligible
+        self._holders = Holders(workers, request.held_tokens)
+        self._plans: dict[str, PrefillPlan] = {}
+
+    def plan(self, worker: WorkerView) -> PrefillPlan:
+        plan = self._plans.get(worker.worker_id)
+        if plan is None:
+            plan = plan_prefill(worker, self.request.prompt_tokens, self.request.cached_tokens, self._holders)
+            self._plans[worker.worker_id] = plan
+        return plan
+
+    def single(self, worker: WorkerView) -> Single:
+        plan = self.plan(worker)
+        return Single(worker, plan, prefill_cost(self.routing, plan, worker) + decode_cost(self.routing, worker))
+
+    def prefill_part(self, worker: WorkerView) -> Single:
+        plan = self.plan(worker)
+        return Single(worker, plan, prefill_cost(self.routing, plan, worker))
+
+    def pair(self, prefill: WorkerView, decode: WorkerView) -> Pair:
+        part = self.prefill_part(prefill)
+        return Pair(part, decode, part.cost + decode_cost(self.routing, decode))
+
+    def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
+        singles = [self.single(worker) for worker in workers]
+        return min(singles, key=lambda single: single.key) if singles else None
+
+    def best_pair(self, prefill_workers: Sequence[WorkerView], decode_workers: Sequence[WorkerView]) -> Pair | None:
+        """The cheapest pair: the cost splits into a prefill part and a decode part, so per
+        hash the cheapest of each side pair up (O(workers), not O(prefill x decode))."""
+        best_prefill: dict[str, Single] = {}
+        for worker in prefill_workers:
+            part = self.prefill_part(worker)
+            held = best_prefill.get(worker.compat_hash)
+            if held is None or part.key < held.key:
+                best_prefill[worker.compat_hash] = part
+        best_decode: dict[str, tuple[float, WorkerView]] = {}
+        for worker in decode_workers:
+            cost = decode_cost(self.routing, worker)
+            held_decode = best_decode.get(worker.compat_hash)
+            if held_decode is None or (cost, load_order(worker)) < (held_decode[0], load_order(held_decode[1])):
+                best_decode[worker.compat_hash] = (cost, worker)
+        pairs = [Pair(prefill, best_decode[compat_hash][1], prefill.cost + best_decode[compat_hash][0])
+                 for compat_hash, prefill in best_prefill.items() if compat_hash in best_decode]
+        return min(pairs, key=lambda pair: pair.key) if pairs else None

@@ -1,0 +1,86 @@
+"""The KV-aware policy (the default): the cost model of `cost`, with conditional
+disaggregation and decode-first.
+
+Choice, in order, among the eligible workers:
+1. Decode-first (a request with a cache-hit threshold): the cheapest serving worker whose
+   own cached share of the prompt reaches the threshold serves it alone; if none does, the
+   refusal "cache_threshold" names the best-cached one.
+2. Conditional disaggregation: a decode worker serves a request alone when fewer than
+   `local_prefill_tokens` of the prompt are uncached there ("small_uncached"), or when every
+   prefill worker is busy ("prefill_busy"); otherwise the cheapest of the pairs (one per
+   hash) and the BOTH workers wins ("pair", or "single_cheaper"; on a tie, disaggregate).
+   Without any pair, the cheapest serving worker does, and the reason says why there was no
+   pair, so an operator sees a hash mismatch instead of silently losing disaggregation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.router.routing.candidates import Candidates, Single
+from services.router.routing.plan import RouteReason, Selection
+from services.router.routing.policy import PolicySpec
+from services.router.routing.request import RouteRefusal
+from services.router.routing.view import WorkerView
+from shared.schemas.membership import WorkerRole
+
+
+class KvAwarePolicy:
+    def select(self, candidates: Candidates) -> Selection | RouteRefusal:
+        request, routing, eligible = candidates.request, candidates.routing, candidates.eligible
+        if request.cache_hit_threshold > 0:
+            return _decode_first(candidates)
+        decode = [worker for worker in eligible.serving if worker.role is WorkerRole.DECODE]
+        both = [worker for worker in eligible.serving if worker.role is WorkerRole.BOTH]
+        prefill_busy = eligible.prefill_exists and all(  # all past admission: busy too
+            worker.predicted_prefill_tokens >= routing.prefill_busy_tokens for worker in eligible.prefill)
+        if prefill_busy and decode:
+            return _local_or_both(candidates, "prefill_busy", decode, both)
+
+        pair = candidates.best_pair(eligible.prefill, decode)
+        if pair is None:
+            single = candidates.best_single(eligible.serving)
+            assert single is not None
+            return Selection(_no_pair_reason(eligible.prefill, decode), single.worker)
+
+        small = [worker for worker in decode if candidates.plan(worker).uncached_tokens < routing.local_prefill_tokens]
+        if small:
+            return _local_or_both(candidates, "small_uncached", small, both)
+        best_both = candidates.best_single(both)
+        if best_both is not None and best_both.cost < pair.cost:  # on a tie, disaggregate
+            return Selection("single_cheaper", best_both.worker)
+        return Selection("pair", pair.decode, prefill=pair.prefill.worker)
+
+
+def _local_or_both(candidates: Candidates, reason: RouteReason, local: Sequence[WorkerView],
+                   both: Sequence[WorkerView]) -> Selection:
+    """The cheapest of the `local` decode workers, unless a BOTH worker is cheaper still."""
+    best_local = candidates.best_single(local)
+    assert best_local is not None
+    cheapest: Single = min((best_local, *map(candidates.single, both)), key=lambda single: single.key)
+    return Selection(reason if cheapest is best_local else "single_cheaper", cheapest.worker)
+
+
+def _no_pair_reason(prefill: Sequence[WorkerView], decode: Sequence[WorkerView]) -> RouteReason:
+    if not prefill:
+        return "no_prefill_worker"
+    if not decode:
+        return "no_decode_worker"
+    return "compat_hash_mismatch"
+
+
+def _decode_first(candidates: Candidates) -> Selection | RouteRefusal:
+    """Only a worker already holding enough of the prompt serves it, alone."""
+    request = candidates.request
+    hits = [(worker, candidates.plan(worker).cached_tokens) for worker in candidates.eligible.serving]
+    warm = [worker for worker, cached in hits if cached >= request.cache_hit_threshold * request.prompt_tokens]
+    if warm:
+        single = candidates.best_single(warm)
+        assert single is not None
+        return Selection("decode_first", single.worker)
+    worker, cached = max(hits, key=lambda hit: (hit[1], -hit[0].relative_load, hit[0].worker_id))
+    return RouteRefusal("cache_threshold", worker.worker_id, cached)
+
+
+KV_AWARE = PolicySpec("kv-aware", "the cost model: prefix affinity, load, conditional disaggregation",
+                      lambda routing: KvAwarePolicy())

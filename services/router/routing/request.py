@@ -1,0 +1,42 @@
+"""What routing is asked, and its answer when no worker may serve: plain data.
+
+The dispatcher builds a `RouteRequest` per attempt from the request and the KV view's
+`PromptCache`; `decide()` answers a `RoutePlan` (`plan`), a `RouteRefusal`, or None (no
+worker can take the request now: the caller waits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+RefusalReason = Literal[
+    "overloaded",  # every candidate worker is past its queue limit: try again later (429)
+    "cache_threshold",  # no worker holds enough of the prompt for the request's cache-hit threshold
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    model: str
+    prompt_tokens: int  # what a prefill worker must fit (plus the one token it generates)
+    total_tokens: int  # prompt tokens + max_tokens: what must fit in a serving worker's context
+    # Per worker, the leading prompt tokens it holds per the KV index: `cached_tokens` counts
+    # blocks predicted for requests just routed there, `held_tokens` only reported ones.
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    held_tokens: Mapping[str, int] = field(default_factory=dict)
+    cache_hit_threshold: float = 0.0  # decode-first when > 0
+    admit: bool = True  # False: already admitted once (a request resumed elsewhere)
+    draw: float = 0.0  # a uniform draw in [0, 1) from the caller's seeded generator (random policy)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.total_tokens - self.prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRefusal:
+    reason: RefusalReason
+    worker_id: str | None = None  # cache_threshold: the best-cached worker
+    cached_tokens: int = 0  # ... and how much of the prompt it holds

@@ -1,0 +1,50 @@
+"""What the routing policy knows about one worker at one instant: plain data.
+
+Built by `WorkerPool.views()` (the adapter) from the worker's registration, its last load
+snapshot, and this router's own requests on it (its `WorkerLoad` in `ledger`); read by every
+stage of routing (eligibility, scoring, the policies).
+
+Load is *predicted* (`ledger.predicted`): the last reported figure corrected by how this
+router's own share of it changed since the report arrived. Two figures are predicted that
+way: requests (running + waiting), and prompt tokens waiting for prefill (uncached prompt
+tokens routed and not yet at their first token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.router.routing.ledger import predicted
+from shared.schemas.membership import WorkerRole, WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    worker_id: str
+    model: str
+    role: WorkerRole
+    status: WorkerStatus
+    max_num_seqs: int
+    max_model_len: int
+    reported_load: int | None  # running + waiting in the last load snapshot; None before one
+    in_flight: int  # this router's requests on the worker now
+    in_flight_at_report: int  # ... when that snapshot arrived
+    last_routed: int  # this router's routing sequence number of its latest pick (0: never)
+    compat_hash: str  # equal hashes can exchange KV blocks
+    reported_prefill_tokens: int | None = None  # pending prefill tokens in the last load snapshot
+    outstanding_prefill_tokens: int = 0  # uncached prompt tokens we routed there, not yet at first token
+    outstanding_prefill_at_report: int = 0  # ... when that snapshot arrived
+    kv_push: bool = False  # its engine receives layer-by-layer pushes (registration capabilities)
+
+    @property
+    def predicted_load(self) -> int:
+        return predicted(self.reported_load, self.in_flight, self.in_flight_at_report)
+
+    @property
+    def relative_load(self) -> float:
+        return self.predicted_load / max(self.max_num_seqs, 1)
+
+    @property
+    def predicted_prefill_tokens(self) -> int:
+        return predicted(self.reported_prefill_tokens, self.outstanding_prefill_tokens,
+                          self.outstanding_prefill_at_report)

@@ -1,0 +1,44 @@
+"""What an engine registers: `EngineSpec`, its name, capabilities, builders and launch
+needs. Each engine package defines one in its `spec` module; `services.worker.engines`
+lists them."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shared.schemas.membership import EngineCapabilities
+
+if TYPE_CHECKING:
+    from connector.dataplane import DataPlane
+    from services.worker.engine import Engine
+    from shared.bus import Bus
+    from shared.config import WorkerConfig
+
+
+def no_launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    name: str
+    summary: str  # one line for help texts
+    capabilities: EngineCapabilities
+    build_engine: Callable[[WorkerConfig], Engine]
+    # The engine's KV data plane (`connector.dataplane.DataPlane`, what `WorkerService` calls).
+    build_data_plane: Callable[[WorkerConfig, Engine, Bus], DataPlane]
+    requires_module: str = ""  # a module this Python must have to run the engine ("" none)
+    install_hint: str = ""  # how to get `requires_module`
+    start_timeout_s: float = 60.0  # how long a launcher waits for such a worker to register
+    # Per-worker flags a launcher adds for the worker at `index` given the usable cores
+    # (e.g. pinning CPU engines one per core).
+    launch_args: Callable[[int, Sequence[int]], tuple[str, ...]] = field(default=no_launch_args)
+
+    def problem(self) -> str | None:
+        """Why this Python cannot run the engine, or None."""
+        if self.requires_module and importlib.util.find_spec(self.requires_module) is None:
+            return f"the {self.name} engine needs {self.requires_module!r}, not installed here: {self.install_hint}"
+        return None

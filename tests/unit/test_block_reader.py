@@ -1,0 +1,64 @@
+"""The rules every reader shares (checksum verification, injected read faults) and the vLLM
+data plane's staging of orders, without vLLM, NIXL or NATS."""
+
+from __future__ import annotations
+
+from connector.block_reader import verified_blocks
+from connector.dataplane import Prepared
+from connector.faults import blocks_before_cut, inject_read_faults
+from connector.vllm.engine_port import StagedTransfer
+from connector.vllm.kv_wire import TransferOrder
+from connector.vllm.worker_kv import VllmWorkerKv
+from shared.config import KvFaultConfig, WorkerConfig
+from shared.schemas import GenerateRequest, KvTransferParams, SamplingParams
+
+
+def test_a_block_is_sound_only_if_it_landed_and_its_checksum_matches() -> None:
+    checksums = {10: 111, 11: 222, 12: 333}
+    ok = verified_blocks([True, True, False], [10, 11, 12], [111, 999, 333], checksums.__getitem__)
+    assert ok == [True, False, False]
+    assert verified_blocks([True, True], [10, 11], [111], checksums.__getitem__) == [True, False]  # no checksum
+
+
+def test_injected_read_faults_scribble_what_did_not_land() -> None:
+    scribbled: list[int] = []
+    ok = [True, False, True, True]
+    injected = inject_read_faults(KvFaultConfig(), [1, 2, 3, 4], [5, 6, 7, 8], ok, scribbled.append)
+    assert not injected and ok == [True, False, True, True] and scribbled == [6]
+    ok = [True] * 200
+    scribbled.clear()
+    injected = inject_read_faults(KvFaultConfig(fail_fraction=0.5, seed=1), list(range(200)), list(range(200)),
+                                  ok, scribbled.append)
+    assert injected and 0 < ok.count(False) < 200 and {i for i, good in enumerate(ok) if not good} <= set(scribbled)
+    assert blocks_before_cut(KvFaultConfig(cut_after_blocks=3), 5) == 3
+    assert blocks_before_cut(KvFaultConfig(), 5) == 5
+
+
+class StagingEngine:
+    """The part of `VllmKvEngine` a hold-only request touches."""
+
+    def __init__(self) -> None:
+        self.staged: dict[str, StagedTransfer] = {}
+        self.unstaged: list[str] = []
+
+    def stage(self, request_id: str, order: TransferOrder, on_loaded=None) -> None:
+        self.staged[request_id] = StagedTransfer(order, on_loaded)
+
+    def unstage(self, request_id: str) -> StagedTransfer | None:
+        self.unstaged.append(request_id)
+        return self.staged.pop(request_id, None)
+
+
+async def test_an_order_the_engine_never_took_is_taken_back_once() -> None:
+    engine = StagingEngine()
+    kv = VllmWorkerKv(WorkerConfig(worker_id="w"), None, engine, block_size=16,  # type: ignore[arg-type]
+                      compat_hash="c")
+    request = GenerateRequest(request_id="r1", model="m", token_ids=list(range(40)),
+                              sampling=SamplingParams(max_tokens=1), kv_transfer=KvTransferParams(hold_for_decode=True))
+    prepared = await kv.prepare(request)
+    assert prepared.staged_request_id == "r1" and engine.staged["r1"].order.hold_key.startswith("r1#")
+    kv.release_pins(prepared)
+    kv.release_pins(prepared)  # idempotent: the order is taken back once
+    assert engine.unstaged == ["r1"] and not engine.staged
+    kv.release_pins(Prepared())  # nothing staged: nothing to take back
+    assert engine.unstaged == ["r1"]
