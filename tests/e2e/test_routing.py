@@ -39,7 +39,8 @@ async def test_prefix_heavy_requests_go_to_the_worker_holding_the_prefix(three_w
                                                                          tiny_model_dir: str, openai_client) -> None:
     model = Tokenizer.from_model_dir(tiny_model_dir).model_name
     client = openai_client(three_workers.router_url, timeout=30)
-    records, bus = await records_of(three_workers, RequestRecord, Subjects(three_workers.config.namespace).request_events)
+    subjects = Subjects(three_workers.config.namespace)
+    records, bus = await records_of(three_workers, RequestRecord, subjects.request_events)
     try:
         holders = {}
         for tenant in range(4):
@@ -112,7 +113,8 @@ async def test_two_model_versions_live_are_never_paired(two_versions: LocalStack
                                                         openai_client) -> None:
     model = Tokenizer.from_model_dir(tiny_model_dir).model_name
     client = openai_client(two_versions.router_url, timeout=30)
-    transfers, bus = await records_of(two_versions, TransferRecord, Subjects(two_versions.config.namespace).kv_transfers_all)
+    subjects = Subjects(two_versions.config.namespace)
+    transfers, bus = await records_of(two_versions, TransferRecord, subjects.kv_transfers_all)
     try:
         prompts = [[3 + (i * (n + 5) * 11) % 500 for i in range(64 + 16 * n)] for n in range(20)]
         replies = await asyncio.gather(*(client.completions.create(model=model, prompt=p, max_tokens=6,
