@@ -16,7 +16,10 @@ from shared.bus import Bus, connect
 from shared.config import BusConfig
 from shared.nats_server import EmbeddedNats
 
-pytest_plugins = ["tests.integration.router_cluster"]  # router fixtures: model_dir, router, start_worker (real workers)
+pytest_plugins = [
+    "tests.integration.router_cluster",  # router fixtures: model_dir, router, start_worker (real workers)
+    "tests.stack_fixtures",  # whole-stack fixtures: tiny_model_dir
+]
 
 
 @pytest.fixture(scope="session")

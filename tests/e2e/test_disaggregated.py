@@ -22,10 +22,11 @@ from launch.stack import LocalStack
 from services.router.detokenizer import IncrementalDetokenizer
 from services.worker.sim.engine import SimEngine
 from shared.config import WorkerConfig
-from shared.nats_server import EmbeddedNats, pid_alive
+from shared.nats_server import EmbeddedNats
 from shared.schemas import SamplingParams, WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.e2e.conftest import make_stack
+from tests.stack_fixtures import make_stack, observing, running
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -47,13 +48,9 @@ CLUSTERS = {
 @pytest.fixture(scope="module", params=list(CLUSTERS))
 def pd_stack(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model_dir: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(request.param), workers=0,
-                       router_args=ALWAYS_DISAGGREGATE, specs=CLUSTERS[request.param])
-    stack.start()
-    pids = [process.pid for process in stack.processes.values()]
-    yield stack
-    stack.stop()
-    assert not [pid for pid in pids if pid_alive(pid)], "processes left behind"
+    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(request.param), workers=0,
+                            router_args=ALWAYS_DISAGGREGATE, specs=CLUSTERS[request.param])) as stack:
+        yield stack
 
 
 def prompts(vocab_size: int) -> list[list[int]]:
@@ -95,19 +92,28 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
+async def metrics_when(collector: Callable[[], Awaitable[str]], condition: Callable[[str], bool],
+                       what: Callable[[str], str], timeout_s: float = 10.0) -> str:
+    """The collector's metrics text once `condition` holds for it (polled every 0.1 s);
+    at the deadline, fails with `what` said of the latest text."""
+    latest = [""]
+
+    async def met() -> bool:
+        latest[0] = await collector()
+        return condition(latest[0])
+
+    await wait_for(met, timeout_s, lambda: what(latest[0]), interval_s=0.1)
+    return latest[0]
+
+
 async def no_leases_and_empty_pools(collector: Callable[[], Awaitable[str]]) -> str:
     """Wait (10 s at most) until the collector reports no lease held and no KV used on any
     worker; returns that metrics text."""
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
-        text = await collector()
-        leases = metric(text, "tandem_worker_kv_active_leases")
-        usage = metric(text, "tandem_worker_kv_usage_ratio")
-        if (leases == 0 and usage == 0) or asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.1)
-    assert leases == 0 and usage == 0, f"leases {leases}, KV usage {usage}"
-    return text
+    def counts(text: str) -> tuple[float, float]:
+        return metric(text, "tandem_worker_kv_active_leases"), metric(text, "tandem_worker_kv_usage_ratio")
+
+    return await metrics_when(collector, lambda text: counts(text) == (0, 0),
+                              lambda text: "no lease and no KV used (leases %s, KV usage %s)" % counts(text))
 
 
 async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, tiny_model_dir: str,
@@ -150,13 +156,10 @@ async def test_disaggregated_output_equals_single_worker(pd_stack: LocalStack, t
             return (await http.get(f"{pd_stack.metrics_url}/metrics")).text
 
         with_blocks = sum(1 for p in prompt_ids if len(p) >= BLOCK) + 1  # + the streamed one
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:
-            text = await collector()
-            pulls = metric(text, "tandem_kv_transfers_total", kind="pull")
-            if pulls >= with_blocks or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.1)
+        text = await metrics_when(
+            collector, lambda text: metric(text, "tandem_kv_transfers_total", kind="pull") >= with_blocks,
+            lambda text: f"{with_blocks} pulls counted ({metric(text, 'tandem_kv_transfers_total', kind='pull')})")
+        pulls = metric(text, "tandem_kv_transfers_total", kind="pull")
         assert pulls == with_blocks, "one pull per disaggregated request with a full block"
         pulled = metric(text, "tandem_kv_transfer_tokens_total", kind="pull", source="pulled")
         recomputed = metric(text, "tandem_kv_transfer_tokens_total", kind="pull", source="recomputed")
@@ -190,19 +193,23 @@ async def test_multi_turn_prefill_pulls_the_conversation(pd_stack: LocalStack, t
     [answer2] = await reference(tokenizer, [turn2], 8)
     held = len(turn1 + answer1[:-1]) // BLOCK  # blocks the decode worker holds (the last token has no KV)
 
-    async with httpx.AsyncClient() as http:
-        async def computed_by_prefill() -> float:
-            text = (await http.get(f"{pd_stack.metrics_url}/metrics")).text
+    prefills = [spec.worker_id for spec in pd_stack.config.workers if spec.role is WorkerRole.PREFILL]
+    async with httpx.AsyncClient() as http, observing(pd_stack, tuple(prefills)) as observer:
+        async def collector() -> str:
+            return (await http.get(f"{pd_stack.metrics_url}/metrics")).text
+
+        def by_prefill(text: str) -> float:
             return metric(text, "tandem_worker_computed_prompt_tokens_total", role="prefill")
 
-        async def settled() -> float:  # load snapshots arrive every 0.25 s
-            last = await computed_by_prefill()
-            while True:
-                await asyncio.sleep(0.6)
-                now = await computed_by_prefill()
-                if now == last:
-                    return now
-                last = now
+        async def settled() -> float:
+            """The prompt tokens the prefill workers computed, everything before now counted:
+            idle workers' reports taken after now, and the collector showing the same."""
+            await observer.loads.fresh_reports(prefills)
+            await observer.loads.wait_idle(prefills)
+            total = sum(observer.counter(w, "computed_prompt_tokens_total") for w in prefills)
+            await metrics_when(collector, lambda text: by_prefill(text) == total,
+                               lambda text: f"the collector to count {total} prefill tokens ({by_prefill(text)})")
+            return total
 
         before = await settled()
         reply2 = await client.completions.create(model=tokenizer.model_name, prompt=turn2, max_tokens=8,
@@ -223,9 +230,14 @@ def cpu_seconds(pid: int) -> float:
 async def test_idle_workers_do_not_spin(pd_stack: LocalStack) -> None:
     """Each worker holds a NIXL agent with a registered pool: idle, it must stay near 0% CPU."""
     workers = {name: process.pid for name, process in pd_stack.processes.items() if name[0] in "pd"}
+    async with httpx.AsyncClient() as http:
+        async def collector() -> str:
+            return (await http.get(f"{pd_stack.metrics_url}/metrics")).text
+
+        await no_leases_and_empty_pools(collector)  # the last test's requests are over
     before = {name: cpu_seconds(pid) for name, pid in workers.items()}
     started = time.monotonic()
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(3.0)  # the measurement window: CPU used while idle, not a wait for anything
     elapsed = time.monotonic() - started
     usage = {name: 100 * (cpu_seconds(pid) - before[name]) / elapsed for name, pid in workers.items()}
     print(f"\nidle CPU % of a core: {usage}")

@@ -18,20 +18,21 @@ import pytest
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from shared.bus import Bus, connect
-from shared.nats_server import EmbeddedNats, pid_alive
+from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
-from tests.e2e.conftest import LoadWatcher, make_stack
 from tests.e2e.test_disaggregated import (
     ALWAYS_DISAGGREGATE,
     BLOCK,
     as_router_text,
     metric,
+    metrics_when,
     no_leases_and_empty_pools,
     prompts,
     reference,
 )
+from tests.stack_fixtures import LoadWatcher, make_stack, running
 
 pytestmark = pytest.mark.e2e
 
@@ -49,13 +50,9 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module", params=list(CLUSTERS))
 def push_stack(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model_dir: str,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"push-{request.param}"), workers=0,
-                       router_args=PUSH, specs=CLUSTERS[request.param])
-    stack.start()
-    pids = [process.pid for process in stack.processes.values()]
-    yield stack
-    stack.stop()
-    assert not [pid for pid in pids if pid_alive(pid)], "processes left behind"
+    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"push-{request.param}"),
+                            workers=0, router_args=PUSH, specs=CLUSTERS[request.param])) as stack:
+        yield stack
 
 
 @pytest.fixture
@@ -110,14 +107,10 @@ async def test_pushed_output_equals_single_worker(push_stack: LocalStack, push_l
             return (await http.get(f"{push_stack.metrics_url}/metrics")).text
 
         with_blocks = sum(1 for p in prompt_ids if len(p) >= BLOCK) + 1
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:
-            text = await collector()
-            pushes = metric(text, "tandem_kv_transfers_total", kind="push")
-            if pushes >= with_blocks or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.1)
-        assert pushes >= with_blocks, f"{pushes} push records for {with_blocks} requests with a full block"
+        text = await metrics_when(
+            collector, lambda text: metric(text, "tandem_kv_transfers_total", kind="push") >= with_blocks,
+            lambda text: f"push records for the {with_blocks} requests with a full block "
+                         f"({metric(text, 'tandem_kv_transfers_total', kind='push')})")
         assert metric(text, "tandem_kv_transfers_total", kind="pull") == 0
         pushed = metric(text, "tandem_kv_transfer_tokens_total", kind="push", source="pulled")
         recomputed = metric(text, "tandem_kv_transfer_tokens_total", kind="push", source="recomputed")

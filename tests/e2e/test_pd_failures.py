@@ -17,14 +17,12 @@ import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
-from shared.bus import Bus, connect
-from shared.codec import Codec
 from shared.nats_server import EmbeddedNats
-from shared.schemas import TransferRecord, WorkerRole
-from shared.subjects import Subjects
+from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.e2e.conftest import LoadWatcher, make_stack
 from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, reference
+from tests.stack_fixtures import StackObserver, make_stack, observing, running
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,50 +33,15 @@ DECODE = WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=("--kv-fa
 @pytest.fixture(scope="module")
 def fault_stack(nats_server: EmbeddedNats, tiny_model_dir: str,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("pd-failures"), workers=0,
-                       router_args=ALWAYS_DISAGGREGATE, specs=(PREFILL, DECODE))
-    stack.start()
-    yield stack
-    stack.stop()
-
-
-class Observer:
-    def __init__(self, bus: Bus, stack: LocalStack) -> None:
-        self.loads = LoadWatcher()
-        self.records: list[TransferRecord] = []
-        self._bus = bus
-        self._stack = stack
-
-    async def start(self) -> None:
-        subjects = Subjects(self._stack.config.namespace)
-        await self.loads.start(self._bus, subjects.load_all)
-        codec: Codec[TransferRecord] = Codec(TransferRecord)
-
-        async def on_record(msg) -> None:
-            self.records.append(codec.decode(msg.data))
-
-        await self._bus.client.subscribe(subjects.kv_transfers_all, cb=on_record)
-
-    async def wait(self, condition, timeout_s: float, what: str) -> float:
-        started = time.monotonic()
-        while not condition():
-            if time.monotonic() - started > timeout_s:
-                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {self.loads.latest}")
-            await asyncio.sleep(0.02)
-        return time.monotonic() - started
-
-    def leases(self, worker_id: str) -> int:
-        snapshot = self.loads.latest.get(worker_id)
-        return -1 if snapshot is None else snapshot.active_leases
+    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("pd-failures"), workers=0,
+                            router_args=ALWAYS_DISAGGREGATE, specs=(PREFILL, DECODE))) as stack:
+        yield stack
 
 
 @pytest.fixture
-async def observer(fault_stack: LocalStack) -> AsyncIterator[Observer]:
-    bus = await connect(fault_stack.nats_url, "e2e-observer")
-    watcher = Observer(bus, fault_stack)
-    await watcher.start()
-    yield watcher
-    await bus.close()
+async def observer(fault_stack: LocalStack) -> AsyncIterator[StackObserver]:
+    async with observing(fault_stack, (), "e2e-observer") as watcher:
+        yield watcher
 
 
 def restart(stack: LocalStack, spec: WorkerSpec) -> None:
@@ -87,40 +50,43 @@ def restart(stack: LocalStack, spec: WorkerSpec) -> None:
     stack.wait_worker_ready(spec.worker_id)
 
 
-async def test_decode_killed_while_holding_a_lease(fault_stack: LocalStack, observer: Observer,
+async def test_decode_killed_while_holding_a_lease(fault_stack: LocalStack, observer: StackObserver,
                                                    tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
     client = openai_client(fault_stack.router_url, timeout=30)
     prompt = [3 + (i * 13) % 500 for i in range(200)]
     request = asyncio.create_task(client.completions.create(model=tokenizer.model_name, prompt=prompt,
                                                             max_tokens=8, temperature=0))
-    await observer.wait(lambda: observer.leases("p1") > 0, 10, "the prefill worker to hold a lease")
+    await wait_for(lambda: observer.leases("p1") > 0, 10,
+                   lambda: f"the prefill worker to hold a lease: {observer.loads.latest}")
     fault_stack.worker("d1").popen.send_signal(signal.SIGKILL)  # mid-pull: the transfer is delayed
     killed = time.monotonic()
     with pytest.raises(openai.APIError):
         await request  # an explicit error, not a hang and not a truncated answer
     assert time.monotonic() - killed < fault_stack.config.ttl_s + 3
-    waited = await observer.wait(lambda: observer.leases("p1") == 0, 5, "the lease to be released")
+    waited = await wait_for(lambda: observer.leases("p1") == 0, 5,
+                            lambda: f"the lease to be released: {observer.loads.latest}")
     await observer.loads.wait_idle(["p1"])
     print(f"\nlease released {waited:.2f}s after the request failed")
     restart(fault_stack, DECODE)
 
 
-async def test_prefill_killed_before_the_pull_reads(fault_stack: LocalStack, observer: Observer,
+async def test_prefill_killed_before_the_pull_reads(fault_stack: LocalStack, observer: StackObserver,
                                                     tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
     client = openai_client(fault_stack.router_url, timeout=30)
     prompt = [3 + (i * 19) % 500 for i in range(200)]
     [expected] = await reference(tokenizer, [prompt], 8)
-    await observer.wait(lambda: "d1" in observer.loads.latest, 10, "the decode worker")
+    await wait_for(lambda: "d1" in observer.loads.latest, 10, "the decode worker")
     request = asyncio.create_task(client.completions.create(model=tokenizer.model_name, prompt=prompt,
                                                             max_tokens=8, temperature=0))
-    await observer.wait(lambda: observer.leases("p1") > 0, 10, "the prefill worker to hold a lease")
+    await wait_for(lambda: observer.leases("p1") > 0, 10,
+                   lambda: f"the prefill worker to hold a lease: {observer.loads.latest}")
     fault_stack.worker("p1").popen.send_signal(signal.SIGKILL)  # the decode worker's read comes after
     reply = await asyncio.wait_for(request, 30)
     # the blocks never arrived, so the decode worker computed them: the answer is still right
     assert reply.choices[0].text == as_router_text(tokenizer, prompt, expected)
-    await observer.wait(lambda: any(r.request_id for r in observer.records), 5, "the transfer record")
+    await wait_for(lambda: any(r.request_id for r in observer.records), 5, "the transfer record")
     record = observer.records[-1]
     assert record.outcome == "failed" and record.blocks_ok == 0
     assert record.recomputed_tokens == (len(prompt) // 16) * 16

@@ -15,11 +15,12 @@ import pytest
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from shared.bus import Bus
-from shared.codec import Codec
 from shared.request_plane import open_stream
 from shared.schemas import GenerateRequest, RequestRecord, SamplingParams
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
+from tests.stack_fixtures import collect, records_arrived
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -96,16 +97,7 @@ async def test_same_request_gives_same_tokens_on_every_worker(stack: LocalStack,
 
 
 async def _records(bus: Bus, stack: LocalStack) -> list[RequestRecord]:
-    records: list[RequestRecord] = []
-    codec: Codec[RequestRecord] = Codec(RequestRecord)
-
-    async def on_record(msg) -> None:
-        record = codec.decode_or_none(msg.data, msg.subject)
-        if record is not None:
-            records.append(record)
-
-    await bus.client.subscribe(Subjects(stack.config.namespace).request_events, cb=on_record)
-    return records
+    return await collect(bus, RequestRecord, Subjects(stack.config.namespace).request_events)
 
 
 async def test_late_worker_receives_traffic_within_2s(stack: LocalStack, client: openai.AsyncOpenAI,
@@ -114,14 +106,14 @@ async def test_late_worker_receives_traffic_within_2s(stack: LocalStack, client:
     records = await _records(stack_bus, stack)
     stack.start_worker(WorkerSpec(worker_id="w-late"))
     await asyncio.to_thread(stack.wait_worker_ready, "w-late")
-    joined = time.monotonic()
-    served_by_late = False
-    while time.monotonic() - joined < 2.0 and not served_by_late:
-        burst = [client.completions.create(model=model, prompt=f"late {i}", max_tokens=4) for i in range(6)]
-        await asyncio.gather(*burst)
-        await asyncio.sleep(0.05)
-        served_by_late = any(r.worker_id == "w-late" for r in records)
-    assert served_by_late, f"w-late got no request within 2 s: {[r.worker_id for r in records]}"
+
+    async def served_by_late() -> bool:  # a burst of requests, then: has w-late served one yet?
+        await asyncio.gather(*(client.completions.create(model=model, prompt=f"late {i}", max_tokens=4)
+                               for i in range(6)))
+        return any(r.worker_id == "w-late" for r in records)
+
+    await wait_for(served_by_late, 2.0, lambda: f"w-late to get a request: {[r.worker_id for r in records]}",
+                   interval_s=0.05)
     await asyncio.to_thread(stack.launcher.stop, "w-late")
 
 
@@ -146,22 +138,23 @@ async def test_sigkilled_worker_loses_no_greedy_request_and_is_avoided(
         return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
 
     tasks = [asyncio.create_task(long_stream(prompt)) for prompt in prompts]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def victim_decoding() -> bool:
         snapshot = loads.latest.get("w-victim")
-        if snapshot is not None and snapshot.running > 0 and snapshot.generated_tokens_total > 20:
-            break
-        await asyncio.sleep(0.02)
-    assert loads.latest["w-victim"].running > 0, "the victim never got a request"
+        return snapshot is not None and snapshot.running > 0 and snapshot.generated_tokens_total > 20
+
+    await wait_for(victim_decoding, 10, lambda: f"the victim to decode: {loads.latest.get('w-victim')}")
     killed_at = time.monotonic()
     stack.worker("w-victim").popen.send_signal(signal.SIGKILL)
     texts = await asyncio.wait_for(asyncio.gather(*tasks), 60)  # nothing hangs, nothing fails
     for prompt, text, tokens in zip(prompts, texts, expected):
         assert text == as_router_text(tokenizer, prompt, tokens), "a resumed answer differs"
     async with httpx.AsyncClient() as http:
-        while "w-victim" in (await http.get(f"{stack.router_url}/health")).json()["workers"]:
-            assert time.monotonic() - killed_at < stack.config.ttl_s + 2.0, "dead worker not removed within its TTL"
-            await asyncio.sleep(0.05)
+        async def victim_gone() -> bool:
+            return "w-victim" not in (await http.get(f"{stack.router_url}/health")).json()["workers"]
+
+        await wait_for(victim_gone, stack.config.ttl_s + 2.0 - (time.monotonic() - killed_at),
+                       "the router to drop the dead worker within its TTL", interval_s=0.05)
         router_metrics = (await http.get(f"{stack.router_url}/metrics")).text
     resumed = [line for line in router_metrics.splitlines()
                if line.startswith("tandem_router_resumes_total{") and 'stage="mid_stream"' in line
@@ -171,6 +164,6 @@ async def test_sigkilled_worker_loses_no_greedy_request_and_is_avoided(
     replies = await asyncio.gather(*(client.completions.create(model=model, prompt=f"after {i}", max_tokens=4)
                                      for i in range(8)))
     assert all(r.choices[0].finish_reason == "length" for r in replies)
-    await asyncio.sleep(0.2)
+    await records_arrived(records, before + len(replies))  # the router's record of each: where it went
     assert all(r.worker_id != "w-victim" for r in records[before:])
     stack.launcher.processes.pop("w-victim")

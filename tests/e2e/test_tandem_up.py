@@ -7,13 +7,13 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
 from shared.nats_server import pid_alive
+from tests.waiting import wait_for_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -52,18 +52,20 @@ def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s:
             up.send_signal(signal.SIGTERM)
         code = up.wait(90)
     assert code == 0
-    deadline = time.monotonic() + 10
-    while any(pid_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in descendants if pid_alive(pid)], "tandem up left processes behind"
+    wait_for_sync(lambda: not any(pid_alive(pid) for pid in descendants), 10,
+                  lambda: f"every process tandem up started to exit (left: {[p for p in descendants if pid_alive(p)]})",
+                  interval_s=0.05)
     return descendants
 
 
 def _first_line(process: subprocess.Popen[str], timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while not select.select([process.stdout], [], [], 0.2)[0]:
-        assert time.monotonic() < deadline, f"tandem up printed no URL within {timeout_s}s"
+    def printed() -> bool:
+        if select.select([process.stdout], [], [], 0.2)[0]:  # blocks up to 0.2 s: the poll interval
+            return True
         assert process.poll() is None, f"tandem up exited with {process.returncode}"
+        return False
+
+    wait_for_sync(printed, timeout_s, "tandem up to print its URL", interval_s=0)
     return process.stdout.readline().strip()  # printed whole, with a flush
 
 

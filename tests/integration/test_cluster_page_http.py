@@ -12,7 +12,8 @@ from shared.codec import encode
 from shared.config import BusConfig
 from shared.schemas import RequestRecord, TransferRecord, WorkerRole
 from tests.integration import test_metrics_collector as collector_fixtures
-from tests.integration.test_metrics_collector import Collector, cluster, register, wait_until
+from tests.integration.test_metrics_collector import DEADLINE_S, Collector, cluster, register
+from tests.waiting import wait_for
 
 collector = collector_fixtures.collector  # a collector on its real HTTP port, torn down after the test
 members = collector_fixtures.members
@@ -51,7 +52,7 @@ async def test_cluster_view_carries_the_recent_activity(
         activity = (await cluster(collector))["activity"]
         return len(activity["recent_requests"]) == 3 and activity["transfers_by_outcome"] == {"expired": 1}
 
-    await wait_until(arrived)
+    await wait_for(arrived, DEADLINE_S, "the requests and the transfer in the activity")
     view = await cluster(collector)
     assert [(group["role"], group["worker_ids"]) for group in view["roles"]] == [("prefill", ["p1"]),
                                                                                 ("decode", ["d1"])]
@@ -64,6 +65,6 @@ async def test_cluster_view_carries_the_recent_activity(
     assert view["workers"][0]["engine"] == "sim" and view["workers"][0]["compat_hash"] == "c"
 
     await members.delete("p1")  # deregistered while active: shown as gone
-    await wait_until(lambda: collector.service.view.worker_ids == ["d1"])
+    await wait_for(lambda: collector.service.view.worker_ids == ["d1"], DEADLINE_S, "the collector to drop p1")
     departed = (await cluster(collector))["activity"]["departed"]
     assert [(gone["worker_id"], gone["role"]) for gone in departed] == [("p1", "prefill")]

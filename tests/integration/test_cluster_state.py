@@ -17,6 +17,7 @@ from shared.codec import MalformedCounter, encode
 from shared.config import BusConfig
 from shared.nats_server import EmbeddedNats
 from shared.schemas import LoadSnapshot, WorkerCapacity, WorkerRegistration, WorkerRole
+from tests.waiting import wait_for
 
 DEADLINE_S = 10.0
 
@@ -94,8 +95,13 @@ async def test_load_stream_drops_stale_and_malformed_snapshots(bus: Bus, bus_con
         await bus.client.publish(subject, b"garbage")
         await bus.client.publish(subject, encode(load("w1", 3, 12.0)))  # the last one: all before it arrived
         seqs: list[int] = []
-        while not seqs or seqs[-1] != 3:
-            seqs.append((await asyncio.wait_for(received.get(), DEADLINE_S)).seq)
+
+        def last_arrived() -> bool:
+            while not received.empty():
+                seqs.append(received.get_nowait().seq)
+            return bool(seqs) and seqs[-1] == 3
+
+        await wait_for(last_arrived, DEADLINE_S, lambda: f"the snapshot with seq 3 (got {seqs})")
         # A member's stale snapshots are dropped; a non-member's are handed on for the caller to drop.
         assert seqs == ([1, 2, 3] if member else [1, 2, 2, 1, 3])
         assert (stream.stale, malformed.total) == (2 if member else 0, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -32,6 +32,7 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerRole,
 )
+from tests.waiting import wait_for
 
 DEADLINE_S = 5.0
 control_codec: Codec[ControlMessage] = Codec(ControlMessage)
@@ -70,17 +71,8 @@ async def register(members: KeyValue, collector: Collector, worker_id: str,
         worker_id=worker_id, role=role, model="tiny", engine="sim", block_size=4, compat_hash="c",
         capacity=WorkerCapacity(kv_blocks=100, max_num_seqs=8, max_model_len=2048),
         started_at=now, heartbeat_at=now)))
-    await wait_until(lambda: worker_id in collector.service.view.worker_ids)
-
-
-async def wait_until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result if isinstance(result, bool) else await result:
-            return
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
+    await wait_for(lambda: worker_id in collector.service.view.worker_ids, DEADLINE_S,
+                   f"the collector to see {worker_id}")
 
 
 async def cluster(collector: Collector) -> dict[str, Any]:
@@ -129,7 +121,7 @@ async def test_events_show_in_cluster_and_metrics(
         return bool(view["workers"]) and view["workers"][0]["load_seq"] == 1 \
             and view["workers"][0]["kv_stored_blocks"] == 3 and view["requests"]["by_outcome"] == {"ok": 1}
 
-    await wait_until(all_arrived)
+    await wait_for(all_arrived, DEADLINE_S, "the load, KV events and request record in /cluster")
     worker = (await cluster(collector))["workers"][0]
     assert (worker["worker_id"], worker["role"], worker["running"], worker["waiting"]) == ("w1", "prefill", 2, 3)
     assert worker["kv_usage"] == pytest.approx(0.4)
@@ -152,7 +144,7 @@ async def test_events_show_in_cluster_and_metrics(
 
     # The worker leaves the bucket: it leaves the view and the exposition with it.
     await members.delete("w1")
-    await wait_until(lambda: collector.service.view.worker_ids == [])
+    await wait_for(lambda: collector.service.view.worker_ids == [], DEADLINE_S, "the collector to drop every worker")
     assert not [key for key in await scrape(collector) if ("worker", "w1") in key[1]]
 
 
@@ -194,7 +186,7 @@ async def test_malformed_messages_are_counted_and_dropped(
         workers = (await cluster(collector))["workers"]
         return bool(workers) and workers[0]["running"] == 6
 
-    await wait_until(load_applied)
+    await wait_for(load_applied, DEADLINE_S, "w3's load report in /cluster")
     assert collector.service.malformed["load"].total == 1
     assert collector.service.malformed["kv_events"].total == 1
     samples = await scrape(collector)
@@ -235,16 +227,12 @@ async def test_transfer_records_become_prometheus_metrics(bus: Bus, bus_config: 
             await bus.client.publish(bus_config.subjects.kv_transfers("d1"), encode(record))
         await bus.client.publish(bus_config.subjects.kv_transfers("d1"), b"junk")
         sample = service.registry.get_sample_value
-        deadline = asyncio.get_running_loop().time() + 5
-        while sample("tandem_kv_transfers_total", {"kind": "pull", "outcome": "failed"}) != 1.0:
-            assert asyncio.get_running_loop().time() < deadline, "transfer records not counted"
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: sample("tandem_kv_transfers_total", {"kind": "pull", "outcome": "failed"}) == 1.0,
+                       DEADLINE_S, "the transfer records counted")
         assert sample("tandem_kv_transfer_bytes_total", {"kind": "pull"}) == 5 * 16384
         assert sample("tandem_kv_transfer_tokens_total", {"kind": "pull", "source": "recomputed"}) == 48
         assert sample("tandem_kv_transfer_blocks_total", {"kind": "pull", "result": "failed"}) == 3
         assert sample("tandem_kv_transfer_seconds_count", {"kind": "pull", "role": "unknown"}) == 2
-        while service.malformed["kv_transfers"].total != 1:
-            assert asyncio.get_running_loop().time() < deadline, "junk not counted"
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: service.malformed["kv_transfers"].total == 1, DEADLINE_S, "the junk counted")
     finally:
         await service.stop()

@@ -11,7 +11,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -23,6 +22,7 @@ from bench.transfer import idle_cpu_percent
 from connector.agent_types import TransferOutcome
 from connector.nixl_agent import KvAgent, nixl_available
 from shared.errors import ErrorCode
+from tests.waiting import wait_for_sync
 
 pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed (pip install nixl-cu12)")
 
@@ -58,14 +58,25 @@ def _peer_main(conn: Connection, name: str, num_blocks: int) -> None:
             elif command == "blocks":
                 conn.send(blocks[list(args[0])].copy())
             elif command == "notifications":
-                deadline = time.monotonic() + args[0]
-                received: dict[str, list[bytes]] = {}
-                while not received and time.monotonic() < deadline:
-                    received = agent.take_notifications()
-                    time.sleep(0.001)
-                conn.send(received)
+                conn.send(_notifications(agent, args[0]))
             elif command == "idle_cpu":
                 conn.send(idle_cpu_percent(args[0]))
+
+
+def _notifications(agent: KvAgent, timeout_s: float) -> dict[str, list[bytes]]:
+    """The notifications that arrived first, within `timeout_s`; none if none did (the
+    caller's comparison then shows it)."""
+    received: dict[str, list[bytes]] = {}
+
+    def arrived() -> bool:
+        received.update(agent.take_notifications())
+        return bool(received)
+
+    try:
+        wait_for_sync(arrived, timeout_s, "a notification", interval_s=0.001)
+    except AssertionError:
+        pass
+    return received
 
 
 class Peer:
@@ -79,12 +90,13 @@ class Peer:
         self.metadata = self._conn.recv_bytes()
 
     def _wait(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self._conn.poll(0.05):
-            if not self.process.is_alive():
-                raise RuntimeError(f"peer {self.name} exited with {self.process.exitcode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"peer {self.name} did not answer in {timeout_s} s")
+        def answered() -> bool:
+            if self._conn.poll(0.05):  # blocks up to 0.05 s: the poll interval
+                return True
+            assert self.process.is_alive(), f"peer {self.name} exited with {self.process.exitcode}"
+            return False
+
+        wait_for_sync(answered, timeout_s, f"peer {self.name} to answer", interval_s=0)
 
     def call(self, *command: Any, timeout_s: float = 30) -> Any:
         self._conn.send(command)
@@ -176,7 +188,7 @@ async def test_async_read_runs_off_the_event_loop(local_agent, peer):
 async def test_cancelled_async_read_returns_only_after_the_copy_stopped(local_agent, peer):
     agent, _ = local_agent
     task = asyncio.create_task(agent.aread_blocks(peer.name, list(range(NUM_BLOCKS)), list(range(NUM_BLOCKS))))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # yield once, so that the read starts before it is cancelled
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -215,16 +227,16 @@ def test_killed_peer_fails_the_transfer_and_a_restarted_one_is_reachable(local_a
         results = []
 
         def read_until_failure() -> None:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                result = agent.read_blocks(victim.name, range(NUM_BLOCKS), range(NUM_BLOCKS), timeout_s=5)
-                results.append(result)
-                if not result.ok:
-                    return
+            def failed() -> bool:
+                results.append(agent.read_blocks(victim.name, range(NUM_BLOCKS), range(NUM_BLOCKS), timeout_s=5))
+                return not results[-1].ok
+
+            wait_for_sync(failed, 20, "a read from the killed peer to fail", interval_s=0)
 
         reader = threading.Thread(target=read_until_failure)
         reader.start()
-        time.sleep(0.2)
+        # Kill while reads are going on: once the first one is back, the next is under way.
+        wait_for_sync(lambda: bool(results), 20, "the reader's first read")
         os.kill(victim.process.pid, signal.SIGKILL)
         reader.join(30)
         assert not reader.is_alive()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple
 
 import msgspec
 import pytest
@@ -18,6 +19,7 @@ from shared.cluster.bucket_mirror import BucketMirror
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, OrchestratorConfig
 from shared.schemas import MembershipChange, WorkerCapacity, WorkerRegistration, WorkerRole
+from tests.waiting import wait_for
 
 HEARTBEAT_S = 0.1
 TTL_S = 0.5
@@ -92,26 +94,30 @@ async def members(bus: Bus, bus_config: BusConfig) -> KeyValue:
                                ttl_s=make_config(bus_config).membership.bucket_ttl_s)
 
 
-async def next_change(queue: asyncio.Queue[MembershipChange],
-                      match: Callable[[MembershipChange], bool],
+class Match(NamedTuple):
+    test: Callable[[MembershipChange], bool]
+    description: str
+
+
+async def next_change(queue: asyncio.Queue[MembershipChange], match: Match,
                       timeout_s: float = DEADLINE_S) -> MembershipChange:
     """The first change matching `match`, skipping others; fails after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        change = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
-        if match(change):
-            return change
+    found: list[MembershipChange] = []
+
+    def arrived() -> bool:
+        while not found and not queue.empty():
+            change = queue.get_nowait()
+            if match.test(change):
+                found.append(change)
+        return bool(found)
+
+    await wait_for(arrived, timeout_s, match.description)
+    return found[0]
 
 
-async def wait_until(condition: Callable[[], bool], timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
-def is_(kind: str, worker_id: str, reason: str | None = None) -> Callable[[MembershipChange], bool]:
-    return lambda c: c.kind == kind and c.worker_id == worker_id and reason in (None, c.reason)
+def is_(kind: str, worker_id: str, reason: str | None = None) -> Match:
+    return Match(lambda c: c.kind == kind and c.worker_id == worker_id and reason in (None, c.reason),
+                 f"{worker_id} {kind}" + (f" ({reason})" if reason else ""))
 
 
 async def test_heartbeats_join_and_silence_removes(
@@ -126,7 +132,7 @@ async def test_heartbeats_join_and_silence_removes(
     try:
         joined = await next_change(changes, is_("joined", "w1"))
         assert joined.registration is not None and joined.registration.model == "tiny"
-        await wait_until(lambda: router_view.get("w1") is True)
+        await wait_for(lambda: router_view.get("w1") is True, DEADLINE_S, "the mirror to see w1")
 
         await worker.stop_heartbeats()
         silent_since = time.monotonic()
@@ -135,7 +141,7 @@ async def test_heartbeats_join_and_silence_removes(
         # The key is gone from the bucket, so a router mirroring it drops the worker.
         with pytest.raises(NotFoundError):
             await members.get("w1")
-        await wait_until(lambda: router_view.get("w1") is False)
+        await wait_for(lambda: router_view.get("w1") is False, DEADLINE_S, "the mirror to drop w1")
         assert "w1" not in orchestrator.table.members
     finally:
         await worker.stop_heartbeats()
@@ -170,7 +176,7 @@ async def test_malformed_values_are_counted_and_dropped(
     worker.start()
     try:
         await next_change(changes, is_("joined", "w3"))
-        await wait_until(lambda: orchestrator.malformed.total == 2)
+        await wait_for(lambda: orchestrator.malformed.total == 2, DEADLINE_S, "two malformed entries counted")
         assert set(orchestrator.table.members) == {"w3"}
     finally:
         await worker.stop_heartbeats()
@@ -192,7 +198,7 @@ async def test_value_expired_by_bucket_ttl_is_deleted_for_watchers(
         await short_lived.put("w4", encode(registration("w4")))  # one heartbeat, then silence
         await next_change(changes, is_("joined", "w4"))
         await next_change(changes, is_("removed", "w4", "heartbeat_lost"))
-        await wait_until(lambda: router_view.get("w4") is False)
+        await wait_for(lambda: router_view.get("w4") is False, DEADLINE_S, "the mirror to drop w4")
     finally:
         await service.stop()
         await service_bus.close()

@@ -129,7 +129,7 @@ async def test_out_of_range_ids_are_bugs() -> None:
 async def test_a_cancelled_read_waits_for_its_copy() -> None:
     reader, _, holder, _ = pair(MemoryFabric())
     task = asyncio.ensure_future(reader.read("holder", list(range(BLOCKS)), list(range(BLOCKS)), timeout_s=5.0))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # yield once, so that the read starts before it is cancelled
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -19,6 +19,7 @@ from shared.config import WorkerConfig
 from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockStored
+from tests.waiting import wait_for
 
 VOCAB = 800
 
@@ -43,13 +44,6 @@ async def running_engine(**overrides) -> AsyncIterator[SimEngine]:
 async def collect(engine: SimEngine, request_id: str, token_ids: list[int],
                   sampling: SamplingParams) -> list[EngineOutput]:
     return [output async for output in engine.generate(request_id, token_ids, sampling)]
-
-
-async def wait_until(condition, timeout_s: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.001)
 
 
 PROMPT = [3 + (i * 37) % 700 for i in range(100)]
@@ -137,7 +131,7 @@ async def test_abort_and_stop_end_streams_with_abort() -> None:
         results[request_id] = [output async for output in engine.generate(request_id, PROMPT, long)]
 
     tasks = [asyncio.create_task(consume(request_id)) for request_id in ("x", "y")]
-    await wait_until(lambda: engine.load().generated_tokens_total >= 4)
+    await wait_for(lambda: engine.load().generated_tokens_total >= 4, 2.0, "four tokens generated", interval_s=0.001)
     await engine.abort("x")
     await tasks[0]
     assert results["x"][-1].finish_reason == "abort"

@@ -2,37 +2,31 @@
 
 They run in the vLLM venv (`make install-vllm`; `make test` runs them there) and are
 skipped where vLLM is not installed. vLLM engines are heavy (start-up 15-40 s, ~2.6 GB
-each): a module starts at most two or three, pinned to different cores.
+each): a module starts at most two or three, pinned to different cores. What they share
+with the sim stack tests (tiny model, stack definition, clean-stop check, load reports)
+is in tests/stack_fixtures.py.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from launch.plan import StackConfig, WorkerSpec
+from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from shared.bus import connect
-from shared.nats_server import EmbeddedNats, pid_alive
+from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
-from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
+from tests.stack_fixtures import make_stack, running
 from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES
 from tests.vllm.workload import MAX_TOKENS, TURN1_ANSWER, TURN2_ANSWER, SingleEngine, Workload
 
 BLOCK = 128  # vLLM's block size on CPU
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    generate_tiny_model(str(path))
-    return str(path)
 
 
 def cores() -> list[int]:
@@ -48,20 +42,8 @@ def vllm_args(index: int, *extra: str, kv_cache_gib: float = 0.25) -> tuple[str,
 
 def vllm_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, specs: tuple[WorkerSpec, ...],
                router_args: tuple[str, ...] = ()) -> LocalStack:
-    return LocalStack(StackConfig(
-        model_dir=model_dir,
-        engine="vllm",
-        workers=specs,
-        router_port=0,
-        metrics_port=0,
-        nats_url=nats_server.url,
-        namespace="v" + uuid.uuid4().hex[:10],
-        heartbeat_interval_s=0.2,
-        ttl_s=3.0,
-        log_dir=str(log_dir),
-        router_args=router_args,
-        start_timeout_s=240.0,
-    ))
+    return make_stack(nats_server, model_dir, log_dir, workers=0, specs=specs, router_args=router_args,
+                      engine="vllm", ttl_s=3.0, start_timeout_s=240.0)
 
 
 def pd_pair(nats_server: EmbeddedNats, model_dir: str, log_dir: Path,
@@ -70,39 +52,8 @@ def pd_pair(nats_server: EmbeddedNats, model_dir: str, log_dir: Path,
     leases far longer than any test waits), stopped at the end with nothing left behind."""
     specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0, *LONG_LEASES)),
              WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1, *LONG_LEASES, *decode_args)))
-    stack = vllm_stack(nats_server, model_dir, log_dir, specs, router_args=ALWAYS_DISAGGREGATE)
-    stack.start()
-    pids = [process.pid for process in stack.processes.values()]
-    yield stack
-    stack.stop()
-    assert not [pid for pid in pids if pid_alive(pid) or group_members(pid)], "processes left behind"
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes of a process group (a worker leads its own: its engine's processes are in it)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-            members.append(int(entry.name))
-    return members
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU time of every live process in the group, all threads."""
-    total = 0.0
-    for pid in group_members(pgid):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    with running(vllm_stack(nats_server, model_dir, log_dir, specs, router_args=ALWAYS_DISAGGREGATE)) as stack:
+        yield stack
 
 
 @dataclass
@@ -127,8 +78,7 @@ async def references(nats_server: EmbeddedNats, tiny_model_dir: str,
     workload = Workload(tokenizer.vocab_size)
     stack = vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("single-engine"),
                        (WorkerSpec(worker_id="single", role=WorkerRole.BOTH, extra_args=vllm_args(0)),))
-    stack.start()
-    try:
+    with running(stack):
         bus = await connect(stack.nats_url, "vllm-references")
         try:
             engine = SingleEngine(bus, stack.config.namespace, "single", tokenizer.model_name)
@@ -139,6 +89,4 @@ async def references(nats_server: EmbeddedNats, tiny_model_dir: str,
             await engine.answer(turn2, TURN2_ANSWER)
         finally:
             await bus.close()
-    finally:
-        stack.stop()
     return References(workload, engine.answers, answer1, turn2)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -32,7 +31,7 @@ from shared.request_plane import open_stream  # noqa: E402
 from shared.schemas import GenerateRequest, KvEventBatch, LoadSnapshot, WorkerRegistration  # noqa: E402
 from shared.schemas.generate import SamplingParams  # noqa: E402
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent  # noqa: E402
-from shared.tiny_model import generate_tiny_model  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 BLOCK = 128
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -43,11 +42,7 @@ def _prompt(seed: int, length: int) -> list[int]:
     return [rng.randrange(3, 2048) for _ in range(length)]  # ids 0-2 are <unk>, <s>, </s>
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.05)
+DEADLINE_S = 30.0
 
 
 def _vllm_processes() -> list[int]:
@@ -63,12 +58,10 @@ def _vllm_processes() -> list[int]:
 
 
 @pytest.fixture(scope="module")
-async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
-    model_dir = tmp_path_factory.mktemp("models") / "tiny"
-    generate_tiny_model(str(model_dir))
+async def engine(tiny_model_dir: str) -> AsyncIterator[VllmEngine]:
     assert not _vllm_processes(), "another vLLM engine runs under this test process"
     # Pin the model worker's threads to the last core; the rest of the box stays usable.
-    options = VllmEngineOptions(model_dir=str(model_dir), max_model_len=1024, max_num_seqs=8,
+    options = VllmEngineOptions(model_dir=tiny_model_dir, max_model_len=1024, max_num_seqs=8,
                                 max_num_batched_tokens=512, kv_cache_gib=0.25,
                                 cpu_threads_bind=str((os.cpu_count() or 1) - 1))
     vllm_engine = VllmEngine(options)
@@ -163,7 +156,8 @@ async def test_repeated_prompt_hits_the_prefix_cache(engine: VllmEngine) -> None
     assert first.cached_tokens == 0
     assert second.cached_tokens >= BLOCK and second.cached_tokens == (len(prompt) // BLOCK) * BLOCK
     assert again == tokens
-    await _until(lambda: engine.load().cached_tokens_total == before.cached_tokens_total + second.cached_tokens)
+    await wait_for(lambda: engine.load().cached_tokens_total == before.cached_tokens_total + second.cached_tokens,
+                   DEADLINE_S, "the cache hit in the load counters")
     after = engine.load()
     assert after.prompt_tokens_total == before.prompt_tokens_total + 2 * len(prompt)
     assert after.generated_tokens_total == before.generated_tokens_total + 2 * GREEDY.max_tokens
@@ -174,14 +168,14 @@ async def test_kv_events_carry_tokens_that_rebuild_tandems_chain(engine: VllmEng
     await _run(engine, "events-1", prompt)
     expected = set(block_hash_chain(prompt, BLOCK))
     assert len(expected) == 2
-    await _until(lambda: expected <= _tandem_chains(event_log.drain(engine)))
+    await wait_for(lambda: expected <= _tandem_chains(event_log.drain(engine)), DEADLINE_S, "the prompt's KV events")
     # The snapshot re-announces the same blocks.
     assert expected <= _tandem_chains([AllBlocksCleared(), *engine.kv_snapshot()])
     assert engine.kv_event_bridge.counters.unrecoverable_gaps == 0
 
 
 async def test_closing_the_stream_aborts_and_frees_blocks(engine: VllmEngine) -> None:
-    await _until(lambda: engine.load().running == 0)
+    await wait_for(lambda: engine.load().running == 0, DEADLINE_S, "no request running")
     baseline = engine.load().kv_used_blocks
     long_run = SamplingParams(max_tokens=600, temperature=0.0, ignore_eos=True)
     stream = engine.generate("abort-1", _prompt(400, 200), long_run)
@@ -192,7 +186,8 @@ async def test_closing_the_stream_aborts_and_frees_blocks(engine: VllmEngine) ->
             break
     assert engine.load().kv_used_blocks > baseline
     await stream.aclose()
-    await _until(lambda: engine.load().running == 0 and engine.load().kv_used_blocks == baseline)
+    await wait_for(lambda: engine.load().running == 0 and engine.load().kv_used_blocks == baseline, DEADLINE_S,
+                   "the aborted request's blocks freed")
 
 
 async def test_abort_ends_the_stream_with_an_abort_output(engine: VllmEngine) -> None:
@@ -204,13 +199,14 @@ async def test_abort_ends_the_stream_with_an_abort_output(engine: VllmEngine) ->
             outputs.append(output)
 
     consumer = asyncio.create_task(consume())
-    await _until(lambda: sum(len(output.token_ids) for output in outputs) >= 3)
+    await wait_for(lambda: sum(len(output.token_ids) for output in outputs) >= 3, DEADLINE_S, "three tokens")
     await engine.abort("abort-2")
     await asyncio.wait_for(consumer, 10)
     final = outputs[-1]
     assert final.finish_reason == "abort" and final.prompt_tokens == 100
     assert final.completion_tokens == sum(len(output.token_ids) for output in outputs) < 600
-    await _until(lambda: engine.load().running == 0 and engine.load().kv_used_blocks == 0)
+    await wait_for(lambda: engine.load().running == 0 and engine.load().kv_used_blocks == 0, DEADLINE_S,
+                   "the aborted request's blocks freed")
 
 
 async def test_load_numbers_are_consistent(engine: VllmEngine) -> None:
@@ -224,7 +220,7 @@ async def test_load_numbers_are_consistent(engine: VllmEngine) -> None:
     assert busy.pending_prefill_tokens == 0
     async for _ in stream:
         pass
-    await _until(lambda: engine.load().running == 0)
+    await wait_for(lambda: engine.load().running == 0, DEADLINE_S, "the request to end")
     idle = engine.load()
     assert idle.kv_used_blocks == 0 and idle.pending_prefill_tokens == 0
     assert idle.kv_cached_blocks == engine.kv_event_bridge.cached_blocks > 0
@@ -289,8 +285,10 @@ async def test_worker_service_serves_the_vllm_engine(engine: VllmEngine, bus: Bu
         assert len(tokens) == GREEDY.max_tokens and stream.finished.finish_reason == "length"
 
         expected = block_hash_chain(prompt, BLOCK)[0]
-        await _until(lambda: expected in _tandem_chains([e for b in batches for e in b.events]), 10)
+        await wait_for(lambda: expected in _tandem_chains([e for b in batches for e in b.events]), 10,
+                       "the prompt's KV events on the bus")
         assert [batch.seq for batch in batches] == list(range(1, len(batches) + 1))
-        await _until(lambda: bool(loads) and loads[-1].running == 0 and loads[-1].kv_used_blocks == 0, 10)
+        await wait_for(lambda: bool(loads) and loads[-1].running == 0 and loads[-1].kv_used_blocks == 0, 10,
+                       "an idle load report")
     finally:
         await service.stop()

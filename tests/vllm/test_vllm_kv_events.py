@@ -3,10 +3,9 @@ a gap recovered by replay, and a gap the replay buffer cannot cover."""
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,6 +13,7 @@ kv_events = pytest.importorskip("vllm.distributed.kv_events", reason="vLLM is no
 
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints  # noqa: E402
 from shared.schemas.kv_events import AllBlocksCleared, BlockStored  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 BS = 4
 
@@ -36,21 +36,32 @@ def _batch(block_hash: int, parent: int | None):
     return kv_events.KVEventBatch(ts=time.time(), events=[event])
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        await asyncio.sleep(0.02)
-
-
 async def _publish_until_received(publisher, bridge: KvEventBridge, first_hash: int) -> int:
-    """Publish chained batches until the bridge has heard one (a SUB socket joins late)."""
-    block_hash = first_hash
-    while bridge.counters.batches == 0:
+    """Publish chained batches until the bridge has heard one (a SUB socket joins late);
+    returns the next block hash."""
+    next_hash = [first_hash]
+
+    def publish_one_more() -> bool:
+        if bridge.counters.batches:
+            return True
+        block_hash = next_hash[0]
         publisher.publish(_batch(block_hash, block_hash - 1 if block_hash > 1 else None))
-        block_hash += 1
-        await asyncio.sleep(0.05)
-    return block_hash
+        next_hash[0] += 1
+        return False
+
+    await wait_for(publish_one_more, 10, "the bridge to hear a batch", interval_s=0.05)
+    return next_hash[0]
+
+
+async def _all_received(bridge: KvEventBridge, last_hash: int) -> None:
+    await wait_for(lambda: bridge.next_seq == last_hash, 10, f"the bridge to reach batch {last_hash}")
+
+
+async def _buffered_for_replay(publisher, batches: int) -> None:
+    """The publisher's thread (it sends from a queue) has sent the first `batches` batches
+    and kept them in its replay buffer (sequence numbers count from 0)."""
+    await wait_for(lambda: bool(publisher._buffer) and publisher._buffer[-1][0] == batches - 1, 10,
+                   f"{batches} batches in the publisher's replay buffer")
 
 
 async def test_live_events_pass_through(endpoints: KvEventEndpoints) -> None:
@@ -58,8 +69,8 @@ async def test_live_events_pass_through(endpoints: KvEventEndpoints) -> None:
     bridge = KvEventBridge(endpoints, block_size=BS)
     await bridge.start()
     try:
-        next_hash = await asyncio.wait_for(_publish_until_received(publisher, bridge, 1), 10)
-        await _until(lambda: bridge.next_seq == next_hash - 1)
+        next_hash = await _publish_until_received(publisher, bridge, 1)
+        await _all_received(bridge, next_hash - 1)
         stored = [event for event in bridge.take_events() if isinstance(event, BlockStored)]
         # Batches sent before the subscription took hold are replayed: nothing is missing.
         assert [event.block_hashes[0] for event in stored] == list(range(1, next_hash))
@@ -74,12 +85,12 @@ async def test_gap_is_recovered_from_the_replay_buffer(endpoints: KvEventEndpoin
     publisher = _publisher(endpoints)
     for block_hash in range(1, 6):  # nobody listens yet: lost on PUB, kept for replay
         publisher.publish(_batch(block_hash, block_hash - 1 if block_hash > 1 else None))
-    await asyncio.sleep(0.3)
+    await _buffered_for_replay(publisher, 5)
     bridge = KvEventBridge(endpoints, block_size=BS)
     await bridge.start()
     try:
-        next_hash = await asyncio.wait_for(_publish_until_received(publisher, bridge, 6), 10)
-        await _until(lambda: bridge.next_seq == next_hash - 1)
+        next_hash = await _publish_until_received(publisher, bridge, 6)
+        await _all_received(bridge, next_hash - 1)
         assert bridge.counters.gaps >= 1 and bridge.counters.unrecoverable_gaps == 0
         assert bridge.counters.replayed_batches >= 5
         events = bridge.take_events()
@@ -94,12 +105,12 @@ async def test_gap_beyond_the_replay_buffer_clears_and_continues(endpoints: KvEv
     publisher = _publisher(endpoints, buffer_steps=2)
     for block_hash in range(1, 6):
         publisher.publish(_batch(block_hash, block_hash - 1 if block_hash > 1 else None))
-    await asyncio.sleep(0.3)
+    await _buffered_for_replay(publisher, 5)
     bridge = KvEventBridge(endpoints, block_size=BS)
     await bridge.start()
     try:
-        next_hash = await asyncio.wait_for(_publish_until_received(publisher, bridge, 6), 10)
-        await _until(lambda: bridge.next_seq == next_hash - 1)
+        next_hash = await _publish_until_received(publisher, bridge, 6)
+        await _all_received(bridge, next_hash - 1)
         assert bridge.counters.unrecoverable_gaps == 1
         events = bridge.take_events()
         assert isinstance(events[0], AllBlocksCleared)

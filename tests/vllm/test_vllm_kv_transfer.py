@@ -42,7 +42,7 @@ from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.request_plane import open_stream  # noqa: E402
 from shared.schemas import Finished, GenerateRequest, KvTransferParams, SamplingParams, TransferRecord  # noqa: E402
 from shared.schemas.transfer import KvHandle, LeaseRefused, LeaseReply, LeaseRequest  # noqa: E402
-from shared.tiny_model import generate_tiny_model  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed in this venv")
 
@@ -53,13 +53,6 @@ MAX_TOKENS = 12
 def prompt_of(seed: int, length: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(3, 2048) for _ in range(length)]  # ids 0-2 are <unk>, <s>, </s>
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not met within {timeout_s}s"
-        await asyncio.sleep(0.02)
 
 
 def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str, core: int,
@@ -98,6 +91,30 @@ def vllm_processes() -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+def cpu_quiet(processes: list[psutil.Process], window_s: float = 0.5,
+              budget_s: float = 0.05) -> Callable[[], bool]:
+    """A condition: over the last `window_s` (or more) the processes used less than
+    `budget_s` of CPU each on average. After a request the engines finish their last steps and stat
+    updates; this is the sign that they have, before idle CPU is measured."""
+    mark: dict[str, object] = {}
+
+    def used() -> float:
+        return sum(t.user + t.system for t in (p.cpu_times() for p in processes))
+
+    def quiet() -> bool:
+        now, total = time.monotonic(), used()
+        if not mark:
+            mark.update(at=now, total=total)
+            return False
+        if now - mark["at"] < window_s:  # type: ignore[operator]
+            return False
+        calm = total - mark["total"] < budget_s * len(processes)  # type: ignore[operator]
+        mark.update(at=now, total=total)
+        return calm
+
+    return quiet
 
 
 async def start_vllm_worker(config: WorkerConfig, bus: Bus) -> VllmWorker:
@@ -146,21 +163,19 @@ class Pair:
         return first + rest, p_done, d_done
 
     async def assert_clean(self) -> None:
-        await until(lambda: self.prefill.clean() and self.decode.clean(), 20, "no leases, pins or requests left")
+        await wait_for(lambda: self.prefill.clean() and self.decode.clean(), 20, "no leases, pins or requests left")
 
     async def records_since(self, seen: int, count: int = 1) -> list[TransferRecord]:
         """The transfer records after the first `seen`, once `count` are in: a vLLM worker
         publishes a pull's record when the holder answered its release, which may be after
         the request ended."""
-        await until(lambda: len(self.records) >= seen + count, 5, f"{count} transfer record(s)")
+        await wait_for(lambda: len(self.records) >= seen + count, 5, f"{count} transfer record(s)")
         return self.records[seen:]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    generate_tiny_model(str(path))
-    return str(path)
+def model_dir(tiny_model_dir: str) -> str:
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -231,8 +246,8 @@ class TestPullPath:
                 assert len(handle.block_ids) == full and handle.block_hashes == block_hash_chain(prompt, BLOCK)
                 assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (full * BLOCK, 0), f"prompt of {length}"
             # vLLM's own counters: the decode worker prefilled only the tail (partial block + first token).
-            await until(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                        == length + 1 - full * BLOCK, 5, f"vLLM counted the tail of the {length}-token prompt")
+            await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
+                           == length + 1 - full * BLOCK, 5, f"vLLM counted the tail of the {length}-token prompt")
             assert d_done.cached_tokens == full * BLOCK
         await pair.assert_clean()
         pulls = [r for r in pair.records if r.kind == "pull"]
@@ -276,13 +291,13 @@ class TestPullPath:
             assert sim_done.kv_handle is not None
             with pytest.raises(InvalidArgument, match="mismatch"):
                 await pair.generate(pair.decode, prompt + [5], 4, KvTransferParams(source=sim_done.kv_handle))
-            await until(lambda: sim.kv.holder.leases.outcomes["refused"] == 1, 5, "the sim lease refused")
+            await wait_for(lambda: sim.kv.holder.leases.outcomes["refused"] == 1, 5, "the sim lease refused")
             # vLLM blocks offered to a sim worker
             _, vllm_done = await pair.generate(pair.prefill, prompt, 1, KvTransferParams(hold_for_decode=True))
             assert vllm_done.kv_handle is not None
             with pytest.raises(InvalidArgument, match="mismatch"):
                 await pair.generate(sim_worker, prompt + [5], 4, KvTransferParams(source=vllm_done.kv_handle))
-            await until(lambda: pair.prefill.kv.holder.leases.outcomes["refused"] == 1, 5, "the vLLM lease refused")
+            await wait_for(lambda: pair.prefill.kv.holder.leases.outcomes["refused"] == 1, 5, "the vLLM lease refused")
             # a sim worker asking a vLLM holder for a prefix lease
             reply = await pair.bus.client.request(
                 pair.bus_config.subjects.kv_lease(pair.prefill.worker_id),
@@ -302,7 +317,7 @@ class TestPullPath:
         turn2 = turn1 + out1 + prompt_of(4001, 30)
         expected, _ = await pair.generate(pair.decode, turn2, 8)
         held = len(block_hash_chain(turn1 + out1[:-1], BLOCK))  # the last generated token has no KV yet
-        await until(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
+        await wait_for(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
             block_hash_chain(turn2, BLOCK))) >= held * BLOCK, 5, "the holder's KV events")
         computed_before = pair.prefill.engine.stats.computed_prompt_tokens_total
         seen = len(pair.records)
@@ -312,8 +327,8 @@ class TestPullPath:
             hold_for_decode=True))
         assert got == expected
         assert done.pulled_tokens == held * BLOCK and done.recomputed_tokens == 0
-        await until(lambda: pair.prefill.engine.stats.computed_prompt_tokens_total - computed_before
-                    == len(turn2) - held * BLOCK, 5, "vLLM counted only the new tokens")
+        await wait_for(lambda: pair.prefill.engine.stats.computed_prompt_tokens_total - computed_before
+                       == len(turn2) - held * BLOCK, 5, "vLLM counted only the new tokens")
         [record] = await pair.records_since(seen)
         assert record.kind == "prefix_pull" and record.outcome == "done"
         # The decode worker caches every full block of turn 2 already: it reads nothing and
@@ -323,7 +338,7 @@ class TestPullPath:
         rest, d_done = await pair.generate(pair.decode, turn2 + got[:1], 7, KvTransferParams(source=handle))
         assert rest == expected[1:]
         assert d_done.pulled_tokens == 0 and d_done.recomputed_tokens == 0
-        await until(lambda: pair.records[-1].kind == "pull", 5, "the decode worker's record")
+        await wait_for(lambda: pair.records[-1].kind == "pull", 5, "the decode worker's record")
         assert (pair.records[-1].outcome, pair.records[-1].blocks) == ("done", 0)
         await pair.assert_clean()
 
@@ -332,9 +347,9 @@ class TestPullPath:
         await pair.assert_clean()
         processes = vllm_processes()
         assert len(processes) == 4  # EngineCore and model worker of each engine
-        await asyncio.sleep(1.0)  # let the last steps and stat updates settle
+        await wait_for(cpu_quiet(processes), 20, "vLLM's processes to go quiet after the last request")
         before = {p.pid: p.cpu_times() for p in processes}
-        await asyncio.sleep(10.0)
+        await asyncio.sleep(10.0)  # the measurement window: CPU used while idle, not a wait for anything
         for process in processes:
             start, end = before[process.pid], process.cpu_times()
             used = (end.user + end.system) - (start.user + start.system)
@@ -393,8 +408,8 @@ class TestFaults:
                 "failed" if failed else "done", blocks, kept)
             # vLLM's own counters of the prompt tokens it prefilled and took as cached.
             assert d_done.cached_tokens == kept * BLOCK
-            await until(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                        == length + 1 - kept * BLOCK, 5, f"vLLM counted the recomputation ({length} tokens)")
+            await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
+                           == length + 1 - kept * BLOCK, 5, f"vLLM counted the recomputation ({length} tokens)")
             if not failed:
                 clean += 1
             elif failed == list(range(kept, blocks)):
@@ -412,7 +427,7 @@ class TestFaults:
         turn2 = turn1 + out1 + prompt_of(6001, 20)
         expected, _ = await pair.generate(pair.decode, turn2, 8)
         held = len(block_hash_chain(turn1 + out1[:-1], BLOCK))
-        await until(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
+        await wait_for(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
             block_hash_chain(turn2, BLOCK))) >= held * BLOCK, 5, "the holder's KV events")
         got, done = await pair.generate(pair.prefill, turn2, 8, KvTransferParams(
             prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK)))
@@ -421,7 +436,7 @@ class TestFaults:
         # checksum taken when the lease was granted, so they were used; the record says the
         # lease had expired, and the holder's lease table too.
         assert done.pulled_tokens == held * BLOCK
-        await until(lambda: pair.records and pair.records[-1].kind == "prefix_pull", 5, "the record")
+        await wait_for(lambda: pair.records and pair.records[-1].kind == "prefix_pull", 5, "the record")
         assert pair.records[-1].outcome == "expired"
         assert pair.decode.kv.holder.leases.outcomes["expired"] == 1
         await pair.assert_clean()

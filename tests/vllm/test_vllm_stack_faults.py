@@ -10,7 +10,6 @@ the failed blocks are.)
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -23,6 +22,7 @@ from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.vllm.conftest import BLOCK, References, pd_pair  # noqa: E402
 from tests.vllm.observer import Observer, complete, observing  # noqa: E402
 from tests.vllm.workload import MAX_TOKENS, as_router_text  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -54,8 +54,8 @@ async def test_failed_blocks_are_recomputed_and_output_is_identical(faulty_stack
         seen = len(observer.records)
         text = await complete(client, tokenizer.model_name, prompt, MAX_TOKENS)
         assert text == as_router_text(tokenizer, prompt, references.of(prompt)), f"prompt of {len(prompt)} tokens"
-        while not [r for r in observer.records[seen:] if r.kind == "pull"]:
-            await asyncio.sleep(0.02)
+        await wait_for(lambda: [r for r in observer.records[seen:] if r.kind == "pull"], 10,
+                       f"the pull record of the {len(prompt)}-token prompt")
         [pull] = [r for r in observer.records[seen:] if r.kind == "pull"]
         assert pull.blocks == len(prompt) // BLOCK
         assert pull.outcome == ("done" if pull.blocks_ok == pull.blocks else "failed")
