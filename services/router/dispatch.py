@@ -180,12 +180,14 @@ class Dispatcher:
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random())
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
             outcome = decide(views, route, self._routing, self._policy)
-            span.set_attributes({"tandem.route_candidates": len(views), "tandem.cached_tokens": cache.cached_tokens,
-                                 "tandem.prompt_tokens": prompt_tokens})
+            span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
+                                 "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
             if isinstance(outcome, RoutePlan):
                 _note_route(params, span, outcome.flow, outcome.reason)
-                if outcome.prompt is not None:
-                    span.set_attribute("tandem.uncached_tokens", outcome.prompt.uncached_tokens)
+                if outcome.prompt is not None:  # the computing worker: held, pulled from a holder, computed
+                    span.set_attributes({"tandem.cached_tokens": outcome.prompt.cached_tokens,
+                                         "tandem.pulled_tokens": outcome.prompt.pulled_tokens,
+                                         "tandem.uncached_tokens": outcome.prompt.uncached_tokens})
                 return self._commit(params, outcome, cache)
             if isinstance(outcome, RouteRefusal):
                 _note_route(params, span, "none", outcome.reason)
