@@ -2,8 +2,10 @@
 id in log lines.
 
 A real SDK tracer provider is always installed, so trace ids exist and propagate (NATS
-headers, log lines, metric exemplars); spans are exported only when configured
-(`exporter="otlp"` or `"console"`), off by default. The batch processor's schedule follows
+headers, log lines, metric exemplars, the router's `x-trace-id`); spans are recorded and
+exported only when configured (`exporter="otlp"` or `"console"`). Off (the default), the
+provider samples nothing: a span is then a non-recording context with fresh ids, a few
+microseconds, and attributes and events on it cost nothing. The batch processor's schedule follows
 OpenTelemetry's own environment variables (`OTEL_BSP_SCHEDULE_DELAY`, in ms); whatever is
 still buffered is exported when the process exits normally.
 
@@ -23,6 +25,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 Exporter = Literal["none", "otlp", "console"]
@@ -31,7 +34,8 @@ TRACE_ID_HEADER = "x-trace-id"  # the router's response header naming the reques
 
 
 def setup_tracing(service_name: str, exporter: Exporter = "none", otlp_endpoint: str = "") -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+                              sampler=ALWAYS_OFF if exporter == "none" else ParentBased(ALWAYS_ON))
     if exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

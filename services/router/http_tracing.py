@@ -33,8 +33,9 @@ class TraceMiddleware:
         with tracer.start_as_current_span(f"{method} {path}", context=extract_context(incoming),
                                           kind=SpanKind.SERVER,
                                           attributes={"http.request.method": method, "url.path": path}) as span:
-            trace_headers = [(TRACE_ID_HEADER.encode(), trace_id_hex(span).encode()),
-                             (b"traceresponse", traceresponse(span).encode())]
+            trace_id = trace_id_hex(span)  # "" only where no tracer provider was set up (library use)
+            trace_headers = [(TRACE_ID_HEADER.encode(), trace_id.encode()),
+                             (b"traceresponse", traceresponse(span).encode())] if trace_id else []
 
             async def send_traced(message) -> None:
                 if message["type"] == "http.response.start":
