@@ -32,8 +32,9 @@ import pytest
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from shared.bus import connect
+from shared.codec import Codec
 from shared.nats_server import EmbeddedNats, pid_alive
-from shared.schemas import WorkerRole
+from shared.schemas import BlockStored, KvEventBatch, WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import LoadWatcher, make_stack
@@ -44,6 +45,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 HTTP_SPAN = "POST /v1/completions"
+BLOCK = 16  # the sim workers' block size
 SPAN_KIND_SERVER = 2  # OTLP's enum
 
 
@@ -221,7 +223,7 @@ async def test_push_pd_request_is_one_trace(push_stack: LocalStack, receiver: Ot
         range(max(write["tandem.kv.layer"] for write in writes) + 1)), "a write per layer"
     assert push.attributes["tandem.kv.writes"] == len(writes) and push.attributes["tandem.kv.bytes"] > 0
     receive = found.child(decode, "kv.push.receive")
-    blocks = len(prompt) // 16
+    blocks = len(prompt) // BLOCK
     assert receive.attributes["tandem.kv.blocks"] == blocks
     assert receive.attributes["tandem.kv.blocks_failed"] + receive.attributes["tandem.kv.blocks_corrupt"] > 0
     assert (receive.attributes["tandem.kv.blocks_ok"] + receive.attributes["tandem.kv.blocks_failed"]
@@ -243,7 +245,7 @@ async def test_pull_pd_request_is_one_trace(pull_stack: LocalStack, receiver: Ot
     _, prefill = part(found, generate, "router.prefill", "p1")
     assert prefill.service == "tandem-worker-p1" and prefill.attributes["tandem.request_id"] == request_id
     grant = found.child(prefill, "kv.lease.grant", **{"tandem.kv.reader_worker_id": "decode"})
-    blocks = len(prompt) // 16
+    blocks = len(prompt) // BLOCK
     assert grant.attributes["tandem.kv.blocks"] == blocks
     decode_part, decode = part(found, generate, "router.decode")
     pull = found.child(decode, "kv.pull", **{"tandem.kv.kind": "pull", "tandem.kv.peer_worker_id": "p1"})
@@ -263,8 +265,29 @@ async def test_cached_prefix_pull_is_in_the_second_turns_trace(pull_stack: Local
     model = tokenizer.model_name
     turn1 = [3 + (i * 29 + 11) % 500 for i in range(150)]
     [answer1] = await reference(tokenizer, [turn1], 40)
+    held = len(turn1 + answer1[:-1]) // BLOCK  # blocks the decode worker holds (the last token has no KV)
+    last_block = tuple((turn1 + answer1)[(held - 1) * BLOCK: held * BLOCK])
+    stored: dict[str, set[tuple[int, ...]]] = {}  # worker -> token blocks its KV events announced
+    bus = await connect(pull_stack.nats_url, "e2e-tracing-kv")
+    codec: Codec[KvEventBatch] = Codec(KvEventBatch)
+
+    async def on_batch(msg) -> None:
+        batch = codec.decode(msg.data)
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                tokens = event.token_ids
+                stored.setdefault(batch.worker_id, set()).update(
+                    tuple(tokens[i: i + event.block_size]) for i in range(0, len(tokens), event.block_size))
+
+    await bus.client.subscribe(Subjects(pull_stack.config.namespace).kv_events_all, cb=on_batch)
     first = ClientSpan()
-    await complete(pull_stack.router_url, model, turn1, 40, first)
+    try:
+        await complete(pull_stack.router_url, model, turn1, 40, first)
+        # the router learns from the same events that the decode worker holds the answer's blocks
+        await wait_for(lambda: any(last_block in blocks for worker, blocks in stored.items() if worker != "p1"),
+                       5, "the decode worker's KV events for turn 1's answer")
+    finally:
+        await bus.close()
     found1 = await received_trace(receiver, first, {HTTP_SPAN, "kv.pull"})
     holder = found1.child(found1.child(found1.only(HTTP_SPAN), "router.generate"),
                           "router.decode").attributes["tandem.worker_id"]
@@ -285,8 +308,8 @@ async def test_cached_prefix_pull_is_in_the_second_turns_trace(pull_stack: Local
     assert request.service == f"tandem-worker-{holder}" and request.kind == SPAN_KIND_SERVER
     grant = found.child(request, "kv.lease.grant", **{"tandem.kv.reader_worker_id": "p1"})
     # the prefill worker computed turn 1's prompt itself: it reads only the answer's blocks
-    assert grant.attributes["tandem.kv.blocks"] == len(turn1 + answer1[:-1]) // 16
-    assert pull.attributes["tandem.kv.blocks_ok"] == grant.attributes["tandem.kv.blocks"] - len(turn1) // 16
+    assert grant.attributes["tandem.kv.blocks"] == held
+    assert pull.attributes["tandem.kv.blocks_ok"] == held - len(turn1) // BLOCK
     assert found.child(pull, "kv.lease.release").service == f"tandem-worker-{holder}"
 
 
@@ -318,13 +341,21 @@ async def test_resume_after_a_sigkilled_decode_worker_is_in_the_trace(pull_stack
     def decoding() -> str | None:
         for worker_id in ("d1", "d2"):
             snapshot = loads.latest.get(worker_id)
-            if snapshot is not None and snapshot.running > 0 and snapshot.generated_tokens_total > 20:
+            if snapshot is not None and snapshot.running > 0:
                 return worker_id
         return None
 
     try:
         task = asyncio.create_task(stream())
-        await wait_for(lambda: decoding() is not None, 10, "a decode worker generating the stream")
+        def pulled_and_decoding() -> bool:
+            """The decode worker streams, and its pull's span is out: what a holder did for
+            that pull has its parent in the trace (the worker's open spans die with it)."""
+            worker = decoding()
+            return len(pieces) >= 10 and worker is not None and any(
+                span.name == "kv.pull" and span.service == f"tandem-worker-{worker}"
+                for span in receiver.trace(client.trace_id))
+
+        await wait_for(pulled_and_decoding, 10, "the client reading the decode worker's tokens")
         victim = decoding()
         assert victim is not None
         pull_stack.worker(victim).popen.send_signal(signal.SIGKILL)
