@@ -22,8 +22,17 @@ OtlpEndpoint = Annotated[str, typer.Option("--otlp-endpoint", envvar="OTEL_EXPOR
 LogLevel = Annotated[str, typer.Option("--log-level", envvar="TANDEM_LOG_LEVEL")]
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Log lines on stderr; a line logged while a request's span is current ends with its
+    `trace_id=...`."""
+    from shared.tracing import TraceLogFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(TraceLogFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def bus_config(nats_url: str, namespace: str):

@@ -32,6 +32,7 @@ from shared.codec import encode
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
 from shared.subjects import Subjects
+from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,8 @@ class LeasingDataPlane(Generic[HolderT]):
 
     async def _publish(self, record: TransferRecord) -> None:
         try:
-            await self._bus.client.publish(self._subjects.kv_transfers(self.worker_id), encode(record))
+            # The trace context lets the metrics collector's transfer-time exemplars name the trace.
+            await self._bus.client.publish(self._subjects.kv_transfers(self.worker_id), encode(record),
+                                           headers=inject_headers() or None)
         except Exception as error:  # metrics only: the request goes on
             log.debug("could not publish transfer record: %s", error)

@@ -22,8 +22,10 @@ import time
 from collections.abc import Callable
 
 from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 
 from connector.leases import Lease, LeaseTable
+from connector.spans import tracer
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.errors import ErrorCode, TandemError
@@ -40,8 +42,11 @@ from shared.schemas.transfer import (
     LeaseRequest,
 )
 from shared.subjects import Subjects
+from shared.tracing import extract_context, has_trace_context
 
 log = logging.getLogger(__name__)
+_SPAN_NAMES = {LeaseRequest: "kv.lease.request", LeaseRelease: "kv.lease.release", LeaseExtend: "kv.lease.extend",
+               AgentInfoRequest: "kv.agent_info"}
 
 
 class LeaseHolder(abc.ABC):
@@ -105,6 +110,10 @@ class LeaseHolder(abc.ABC):
                ttl_s: float) -> KvHandle:
         """Lease blocks the engine just pinned; the handle is what the reader pulls with."""
         lease = self.leases.grant(reader_worker_id, block_ids, ttl_s, self._clock())
+        tracer.start_span("kv.lease.grant", attributes={  # a moment: under whatever span is current
+            "tandem.kv.lease_id": lease.lease_id, "tandem.kv.holder_worker_id": self.worker_id,
+            "tandem.kv.reader_worker_id": reader_worker_id, "tandem.kv.blocks": len(block_ids),
+            "tandem.kv.lease_ttl_s": ttl_s}).end()
         return KvHandle(holder_worker_id=self.worker_id, agent_name=self.agent_name, lease_id=lease.lease_id,
                         compat_hash=self.compat_hash, block_size=self.block_size, block_ids=list(block_ids),
                         block_hashes=block_hashes[: len(block_ids)], checksums=list(checksums), ttl_s=ttl_s)
@@ -142,6 +151,15 @@ class LeaseHolder(abc.ABC):
         message = self._codec.decode_or_none(msg.data, msg.subject)
         if message is None:
             reply = LeaseRefused(reason="malformed lease message", code=ErrorCode.INVALID_ARGUMENT.value)
+        elif has_trace_context(msg.headers):  # a request's message: its handling joins the request's trace
+            with tracer.start_as_current_span(_SPAN_NAMES.get(type(message), "kv.lease"),
+                                              context=extract_context(msg.headers), kind=SpanKind.SERVER,
+                                              attributes={"tandem.kv.holder_worker_id": self.worker_id}) as span:
+                reply = await self._answer(message)
+                span.set_attribute("tandem.kv.reply", type(reply).__name__)
+                if isinstance(message, LeaseRelease):
+                    span.set_attributes({"tandem.kv.lease_id": message.lease_id, "tandem.kv.outcome": message.outcome,
+                                         "tandem.kv.failed_blocks": list(message.failed_blocks)})
         else:
             reply = await self._answer(message)
         if msg.reply:

@@ -33,6 +33,7 @@ from shared.schemas.transfer import (
     TransferOutcome,
 )
 from shared.subjects import Subjects
+from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class LeaseClient:
     async def _ask(self, holder: str, message: msgspec.Struct) -> LeaseReply | None:
         try:
             reply = await self._bus.client.request(self._subjects.kv_lease(holder), encode(message),
-                                                   timeout=self._control_timeout_s)
+                                                   timeout=self._control_timeout_s, headers=inject_headers() or None)
         except Exception as error:  # no responders, timeout, connection: the holder is unreachable
             log.info("%s: no answer from %s: %s", self.worker_id, holder, error)
             return None

@@ -15,10 +15,12 @@ import logging
 import time
 
 import msgspec
+from opentelemetry import trace
 
 from connector.block_reader import verified_blocks
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
+from connector.spans import block_failures
 from connector.transport import KvTransport, TransferResult
 from shared.schemas.transfer import KvHandle, TransferOutcome, TransferRecord
 
@@ -83,6 +85,7 @@ class KvPuller:
             self._background(self.leases.release(handle, "cancelled"))
             raise
         ok = verified_blocks(result.ok, targets, handle.checksums[first:wanted], self._port.checksum)
+        trace.get_current_span().set_attributes(block_failures(list(result.ok), ok, first))  # the pull's span
         landed_failed = [first + i for i, good in enumerate(ok) if not good]
         lease_held = await self.leases.release(handle, "done" if not landed_failed else "failed", landed_failed)
         if lease_held is False:  # expired under us: what we read may be another request's KV

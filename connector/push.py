@@ -21,6 +21,7 @@ import msgspec
 
 from connector.block_reader import verified_blocks
 from connector.port import KvPort
+from connector.spans import tracer
 from connector.transport import KvTransport, TransferResult
 from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
 
@@ -52,6 +53,11 @@ class PushWriter:
         self._failed: set[int] = set()
         self._sources: dict[int, int] = {}  # prompt block index -> local block id, set at the end
         self.timings: list[LayerWrite] = []
+        self._nbytes = 0  # written so far
+        # Under the prefill's `worker.generate`; one event per write, ended by finish() or abort().
+        self._span = tracer.start_span("kv.push", attributes={
+            "tandem.kv.kind": "push", "tandem.kv.peer_worker_id": target.reader_worker_id,
+            "tandem.kv.transfer_id": target.transfer_id, "tandem.kv.blocks": len(target.block_ids)})
 
     def on_layer(self, layer: int, block_ids: list[int]) -> None:
         """Engine hook (sync, on the loop): queue the write of this layer of these blocks."""
@@ -74,8 +80,14 @@ class PushWriter:
         async def write() -> TransferResult:
             result = await self._transport.write(self.target.agent_name, local, remote,
                                                  timeout_s=self._timeout_s, layer=layer)
-            self.timings.append(LayerWrite(layer=layer, blocks=len(local), queued_s=queued,
-                                           done_s=time.monotonic() - self._started, ok=result.outcome == "done"))
+            timing = LayerWrite(layer=layer, blocks=len(local), queued_s=queued,
+                                done_s=time.monotonic() - self._started, ok=result.outcome == "done")
+            self.timings.append(timing)
+            self._nbytes += result.nbytes
+            self._span.add_event("kv.push.write", {
+                "tandem.kv.layer": -1 if layer is None else layer, "tandem.kv.blocks": timing.blocks,
+                "tandem.kv.bytes": result.nbytes, "tandem.kv.queued_s": timing.queued_s,
+                "tandem.kv.done_s": timing.done_s, "tandem.kv.ok": timing.ok})
             for index, ok in zip(indices, result.ok):
                 if not ok:
                     self._failed.add(index)
@@ -106,6 +118,10 @@ class PushWriter:
         failed = sorted(self._failed | {index for index in range(len(self.target.block_ids)) if index not in sources})
         outcome: TransferOutcome = "done" if not failed else "failed"
         self.release()
+        self._span.set_attributes({"tandem.kv.outcome": outcome, "tandem.kv.blocks_failed": len(failed),
+                                   "tandem.kv.failed_blocks": failed, "tandem.kv.writes": len(self.timings),
+                                   "tandem.kv.bytes": self._nbytes})
+        self._span.end()
         return PushDone(transfer_id=self.target.transfer_id, outcome=outcome, checksums=checksums,
                         first_token=first_token, failed_blocks=failed)
 
@@ -118,6 +134,9 @@ class PushWriter:
         for write in self._writes:
             write.cancel()
         self.release()
+        if self._span.is_recording():
+            self._span.set_attribute("tandem.kv.outcome", "aborted")
+            self._span.end()
 
 
 class PushReceiver:

@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+from opentelemetry import trace
+
 from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
 from connector.puller import KvPuller
 from connector.push import PushReceiver, PushWriter
 from connector.sim.holder import KvHolder
+from connector.spans import block_failures, end_transfer_span, tracer, transfer_attributes
 from connector.transport import KvTransport
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
@@ -28,6 +31,7 @@ from shared.config import WorkerConfig
 from shared.errors import InvalidArgument, Timeout, Unavailable
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
+from shared.tracing import inject_headers
 
 
 class WorkerKv(LeasingDataPlane[KvHolder]):
@@ -61,14 +65,22 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         if params is None:
             return Prepared()
         if params.source is not None:
-            outcome = await self.puller.pull(request.request_id, params.source, request.token_ids, kind="pull")
+            kind, holder = "pull", params.source.holder_worker_id
         elif params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
-            handle = await self.leases.lease_prefix(params.prefix_holder, params.prefix_hashes)
-            if handle is None:
-                return Prepared()
-            outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind="prefix_pull")
+            kind, holder = "prefix_pull", params.prefix_holder
         else:
             return Prepared()
+        with tracer.start_as_current_span("kv.pull", end_on_exit=False, attributes={
+                "tandem.kv.kind": kind, "tandem.kv.peer_worker_id": holder}) as span:
+            outcome = None
+            try:
+                handle = params.source or await self.leases.lease_prefix(holder, params.prefix_hashes)
+                if handle is None:
+                    span.set_attribute("tandem.kv.outcome", "no_lease")
+                    return Prepared()
+                outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind)
+            finally:
+                end_transfer_span(span, outcome.record if outcome is not None else None)
         if outcome.record is not None:
             await self._publish(outcome.record)
         prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
@@ -101,6 +113,15 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
 
     async def await_push(self, request: GenerateRequest, receiver: PushReceiver) -> tuple[int, Prepared]:
         """Wait for the writer; commit what verified. Returns the first token (the writer's)."""
+        with tracer.start_as_current_span("kv.push.receive", attributes={
+                "tandem.kv.kind": "push", "tandem.kv.blocks": len(receiver.target.block_ids)}) as span:
+            first_token, prepared, record = await self._receive_push(request, receiver)
+            span.set_attributes(transfer_attributes(record))
+        await self._publish(record)
+        return first_token, prepared
+
+    async def _receive_push(self, request: GenerateRequest,
+                            receiver: PushReceiver) -> tuple[int, Prepared, TransferRecord]:
         started = time.monotonic()
         try:
             message = await asyncio.wait_for(asyncio.shield(receiver.done), self._push_wait_s)
@@ -117,6 +138,9 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
             raise Unavailable(f"the prefill worker failed: {message.outcome}")
         hashes = block_hash_chain(request.token_ids, self.block_size)
         committed = receiver.commit(message, request.token_ids, hashes)
+        not_sent = set(message.failed_blocks)
+        trace.get_current_span().set_attributes(block_failures(  # the receive's span
+            [index not in not_sent for index in range(len(committed))], committed))
         ok_blocks = sum(committed)
         record = TransferRecord(worker_id=self.worker_id, request_id=request.request_id, kind="push",
                                 peer_worker_id="", outcome="done" if all(committed) else "failed",
@@ -124,12 +148,11 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
                                 bytes=ok_blocks * self.port.kv_region().block_nbytes,
                                 duration_s=time.monotonic() - started, pulled_tokens=ok_blocks * self.block_size,
                                 recomputed_tokens=(len(committed) - ok_blocks) * self.block_size)
-        await self._publish(record)
         pinned = [block_id for block_id, good in zip(receiver.target.block_ids, committed) if good]
         prepared = Prepared(pinned_block_ids=pinned, pulled_tokens=record.pulled_tokens,
                             recomputed_tokens=record.recomputed_tokens)
         self._count(prepared)
-        return message.first_token, prepared
+        return message.first_token, prepared, record
 
     def push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
         if target.compat_hash != self.compat_hash:
@@ -142,7 +165,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)
 
     async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
-        await self._bus.client.publish(self._subjects.control(target.reader_worker_id), encode(message))
+        await self._bus.client.publish(self._subjects.control(target.reader_worker_id), encode(message),
+                                       headers=inject_headers() or None)
 
     def release_pins(self, prepared: Prepared) -> None:
         if prepared.pinned_block_ids:

@@ -23,9 +23,11 @@ import time
 from functools import partial
 
 import msgspec
+from opentelemetry import trace
 
 from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
+from connector.spans import end_transfer_span, tracer
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.holder import VllmKvHolder
 from connector.vllm.kv_wire import Loaded, PullOrder, TransferOrder
@@ -60,8 +62,10 @@ class PeerAgents:
 class _Pull:
     """A pull staged with the engine, until its outcome is known."""
 
-    def __init__(self, request_id: str, handle: KvHandle, kind: str, wanted: int, prepared: Prepared) -> None:
+    def __init__(self, request_id: str, handle: KvHandle, kind: str, wanted: int, prepared: Prepared,
+                 span: trace.Span) -> None:
         self.request_id = request_id
+        self.span = span  # `kv.pull`, ended with the outcome
         self.handle = handle
         self.kind = kind
         self.wanted = wanted  # blocks of the handle the prompt can use
@@ -102,9 +106,24 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         if params is None:
             return prepared
         handle, kind = params.source, "pull"
-        if handle is None and params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
-            handle, kind = await self.leases.lease_prefix(params.prefix_holder, params.prefix_hashes), "prefix_pull"
-        pull = await self._plan_pull(request, handle, kind, prepared) if handle is not None else None
+        pulls_prefix = params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id
+        pull = None
+        if handle is not None or pulls_prefix:
+            span = tracer.start_span("kv.pull", attributes={
+                "tandem.kv.kind": kind if handle is not None else "prefix_pull",
+                "tandem.kv.peer_worker_id": handle.holder_worker_id if handle is not None else params.prefix_holder})
+            try:
+                with trace.use_span(span, end_on_exit=False):
+                    if handle is None:
+                        handle, kind = await self.leases.lease_prefix(params.prefix_holder,
+                                                                      params.prefix_hashes), "prefix_pull"
+                    pull = await self._plan_pull(request, handle, kind, prepared, span) if handle else None
+            except BaseException:
+                end_transfer_span(span, None)
+                raise
+            if handle is None:
+                span.set_attribute("tandem.kv.outcome", "no_lease")
+                span.end()
         hold_key = f"{request.request_id}#{next(self._hold_keys)}" if params.hold_for_decode else ""
         if pull is None and not hold_key:
             return prepared
@@ -114,12 +133,12 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         prepared.staged_request_id = request.request_id
         return prepared
 
-    async def _plan_pull(self, request: GenerateRequest, handle: KvHandle, kind: str,
-                         prepared: Prepared) -> _Pull | None:
+    async def _plan_pull(self, request: GenerateRequest, handle: KvHandle, kind: str, prepared: Prepared,
+                         span: trace.Span) -> _Pull | None:
         """The pull to stage; None when there is nothing to read (its outcome is then final)."""
         await self.leases.refuse_if_incompatible(handle)
         wanted = min(len(handle.block_ids), len(request.token_ids) // self.block_size)
-        pull = _Pull(request.request_id, handle, kind, wanted, prepared)
+        pull = _Pull(request.request_id, handle, kind, wanted, prepared, span)
         if wanted == 0:
             self._finish(pull, "done", [], 0, 0, 0, reason="no full block of the prompt")
             return None
@@ -163,7 +182,11 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
             log.warning("%s: %s of %s from %s: %d block(s) failed (%s); vLLM computed from the first on",
                         self.worker_id, pull.kind, pull.request_id, pull.handle.holder_worker_id,
                         len(failed_blocks), reason)
-        self._background(self._release_and_publish(pull.handle, outcome, failed_blocks, record))
+        pull.span.set_attributes({"tandem.kv.blocks_failed": len(failed_blocks),
+                                  "tandem.kv.failed_blocks": failed_blocks})
+        end_transfer_span(pull.span, record)
+        with trace.use_span(pull.span, end_on_exit=False):  # the release and the record carry its context
+            self._background(self._release_and_publish(pull.handle, outcome, failed_blocks, record))
 
     async def _release_and_publish(self, handle: KvHandle, outcome: TransferOutcome, failed_blocks: list[int],
                                    record: TransferRecord) -> None:

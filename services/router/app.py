@@ -8,6 +8,7 @@ in a typed `RouterRuntime`, not in `app.state`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
+from services.router.http_tracing import TraceMiddleware
 from services.router.kv_view import KvView
 from services.router.metrics import RouterMetrics
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -153,9 +155,19 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
     return router
 
 
+def _no_framework_telemetry() -> dict:
+    """FastAPI versions with telemetry of their own would add a second HTTP span (and one
+    per dependency and endpoint) to every request: the router's `TraceMiddleware` is its
+    HTTP span, whatever the FastAPI version."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+
+
 def create_app(config: RouterConfig) -> FastAPI:
     runtime = RouterRuntime(config)
-    app = FastAPI(title="Tandem router", lifespan=runtime.lifespan)
+    app = FastAPI(title="Tandem router", lifespan=runtime.lifespan, **_no_framework_telemetry())
     install_error_handlers(app, on_rejected=runtime.count_rejected)
     app.include_router(build_routes(runtime))
+    app.add_middleware(TraceMiddleware)  # around the error handlers: error answers carry the trace id too
     return app

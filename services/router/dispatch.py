@@ -39,7 +39,7 @@ from services.router.flow import CommittedPlan, FlowExecutor
 from services.router.generation import Generation
 from services.router.kv_view import KvView, PromptCache
 from services.router.metrics import RouterMetrics
-from services.router.records import Clock, GenerationParams, RequestRecorder, TokenUsage
+from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.routing import (
     RoutePlan,
     RouteRefusal,
@@ -49,6 +49,7 @@ from services.router.routing import (
     context_limit,
     decide,
 )
+from services.router.spans import end_span
 from services.router.token_source import Answered, TokenSource
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import WorkerPool
@@ -66,6 +67,13 @@ def _outcome(error: BaseException) -> str:
     if isinstance(error, asyncio.CancelledError):
         return ErrorCode.CANCELLED.value
     return ErrorCode.UNAVAILABLE.value
+
+
+def _note_route(params: GenerationParams, span: trace.Span, flow: str, reason: str) -> None:
+    """The decision on its span, and on the request's record (the first decision only)."""
+    span.set_attributes({"tandem.flow": flow, "tandem.route_reason": reason})
+    if not params.route.flow:
+        params.route.flow, params.route.reason = flow, reason
 
 
 def _answered(params: GenerationParams, finish_reason: str, cached_tokens: int = 0) -> Answered:
@@ -133,14 +141,26 @@ class Dispatcher:
             params, request_id=f"{params.request_id}-r{attempt}",  # the worker may still know the first id
             prompt_ids=[*params.prompt_ids, *generated],
             sampling=msgspec.structs.replace(params.sampling, max_tokens=remaining))
-        span.add_event("router.resume", {"tandem.generated_tokens": len(generated),
-                                         "tandem.excluded_workers": sorted(excluded)})
-        # No waiting for a worker to appear: the client's stream is already open and stalled.
-        return await self._open_routed(continued, excluded, self._clock(), span, admit=False, threshold=0.0)
+        # The continuation's routing and parts are children of this span, which ends once the
+        # continuation is sent (its parts go on under it).
+        resume_span = tracer.start_span("router.resume", context=trace.set_span_in_context(span), attributes={
+            "tandem.request_id": continued.request_id, "tandem.attempt": attempt,
+            "tandem.generated_tokens": len(generated), "tandem.excluded_workers": sorted(excluded)})
+        try:
+            # No waiting for a worker to appear: the client's stream is already open and stalled.
+            source = await self._open_routed(continued, excluded, self._clock(), resume_span, admit=False,
+                                             threshold=0.0)
+        except BaseException as error:
+            end_span(resume_span, _outcome(error))
+            raise
+        end_span(resume_span, OUTCOME_OK)
+        return source
 
     async def _open_routed(self, params: GenerationParams, excluded: set[str], deadline: float, span: trace.Span,
                            *, admit: bool, threshold: float) -> TokenSource:
-        routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold)
+        with tracer.start_as_current_span("router.route", context=trace.set_span_in_context(span)) as route_span:
+            routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold,
+                                       span=route_span)
         if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one
             self._metrics.observe_queue(routed.plan.computing_worker_id, self._clock() - params.arrived_at, span)
         if isinstance(routed, RouteRefusal):  # decode-first, and no worker holds enough of the prompt
@@ -150,7 +170,7 @@ class Dispatcher:
         return await self._flows.start(params, routed, span)
 
     async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
-                     threshold: float) -> CommittedPlan | RouteRefusal:
+                     threshold: float, span: trace.Span) -> CommittedPlan | RouteRefusal:
         prompt_tokens = len(params.prompt_ids)
         total_tokens = prompt_tokens + params.sampling.max_tokens
         while True:
@@ -160,9 +180,17 @@ class Dispatcher:
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random())
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
             outcome = decide(views, route, self._routing, self._policy)
+            span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
+                                 "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
             if isinstance(outcome, RoutePlan):
+                _note_route(params, span, outcome.flow, outcome.reason)
+                if outcome.prompt is not None:  # the computing worker: held, pulled from a holder, computed
+                    span.set_attributes({"tandem.cached_tokens": outcome.prompt.cached_tokens,
+                                         "tandem.pulled_tokens": outcome.prompt.pulled_tokens,
+                                         "tandem.uncached_tokens": outcome.prompt.uncached_tokens})
                 return self._commit(params, outcome, cache)
             if isinstance(outcome, RouteRefusal):
+                _note_route(params, span, "none", outcome.reason)
                 self._metrics.route_decisions.labels("none", outcome.reason).inc()
                 if outcome.reason == "overloaded":
                     raise TooManyRequests(f"every worker serving {params.model!r} is at its queue limit; "

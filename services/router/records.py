@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
@@ -33,12 +33,22 @@ class RequestIdentity:
     arrived_at: float  # router clock
 
 
+@dataclass
+class RouteNote:
+    """The routing decision a request was admitted with (its first one: a resume keeps it),
+    set by the dispatcher; recorded in the request's `RequestRecord`."""
+
+    flow: str = ""  # "single" | "disaggregated" | "none" (refused); "": never routed
+    reason: str = ""
+
+
 @dataclass(frozen=True)
 class GenerationParams(RequestIdentity):
     prompt_ids: list[int]
     sampling: SamplingParams
     stop: tuple[str, ...]
     cache_hit_threshold: float | None = None  # decode-first; None: the router's default
+    route: RouteNote = field(default_factory=RouteNote, compare=False)  # shared by its resumed copies
 
 
 @dataclass(frozen=True)
@@ -66,10 +76,12 @@ class RequestRecorder:
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         self.metrics.cached_tokens.inc(usage.cached_tokens)
         self.metrics.completion_tokens.inc(usage.completion_tokens)
+        route = request.route if isinstance(request, GenerationParams) else RouteNote()
         record = RequestRecord(
             request_id=request.request_id, model=request.model, worker_id=worker_id, outcome=outcome,
             finish_reason=finish_reason, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-            completion_tokens=usage.completion_tokens, ttft_s=ttft_s, duration_s=duration_s)
+            completion_tokens=usage.completion_tokens, ttft_s=ttft_s, duration_s=duration_s,
+            flow=route.flow, reason=route.reason)
         try:
             await self.bus.client.publish(self.subjects.request_events, encode(record))
         except Exception as error:  # NATS reconnecting: the record is lost, the request is not

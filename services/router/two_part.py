@@ -54,8 +54,9 @@ def merged_finished(params: GenerationParams, prefill_done: Finished, first_toke
     """The request's `Finished` from its two parts' (the KV hand-off figures are the decode
     worker's), recording those figures on `spans`."""
     for span in spans:
-        span.set_attribute("tandem.pulled_tokens", decode_done.pulled_tokens)
-        span.set_attribute("tandem.recomputed_tokens", decode_done.recomputed_tokens)
+        if span.is_recording():  # a resumed request's `router.resume` span has ended already
+            span.set_attribute("tandem.pulled_tokens", decode_done.pulled_tokens)
+            span.set_attribute("tandem.recomputed_tokens", decode_done.recomputed_tokens)
     return Finished(
         seq=decode_done.seq, finish_reason=decode_done.finish_reason,
         prompt_tokens=len(params.prompt_ids), cached_tokens=prefill_done.cached_tokens,
@@ -244,7 +245,7 @@ class TwoPartStream:
         if self._lease is None:
             return
         lease, self._lease = self._lease, None
-        result = await self._link.release_lease(lease)
+        result = await self._link.release_lease(lease, span_headers(self._span))
         self._metrics.lease_releases.labels(result).inc()
         log.debug("%s: released lease %s on %s (%s)", self._params.request_id, lease.lease_id,
                   lease.holder_worker_id, result)

@@ -47,12 +47,14 @@ class WorkerLink:
         except Exception as error:  # NATS down: the worker notices its caller's inbox is gone
             log.warning("could not cancel %s on %s: %s", request_id, worker_id, error)
 
-    async def release_lease(self, handle: KvHandle) -> LeaseReleaseResult:
-        """Tell the holder nobody will read `handle`'s blocks (outcome "cancelled")."""
+    async def release_lease(self, handle: KvHandle, headers: dict[str, str] | None = None) -> LeaseReleaseResult:
+        """Tell the holder nobody will read `handle`'s blocks (outcome "cancelled"); `headers`
+        carry the request's trace context to the holder."""
         subject = self._subjects.kv_lease(handle.holder_worker_id)
         message = LeaseRelease(lease_id=handle.lease_id, outcome="cancelled")
         try:
-            reply = await self._bus.client.request(subject, encode(message), timeout=self._lease_timeout_s)
+            reply = await self._bus.client.request(subject, encode(message), timeout=self._lease_timeout_s,
+                                                   headers=headers or None)
         except Exception as error:  # no responders, timeout, connection: the lease's TTL frees the blocks
             log.warning("could not release lease %s on %s: %s", handle.lease_id, handle.holder_worker_id, error)
             return "unreachable"

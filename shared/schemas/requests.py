@@ -16,3 +16,5 @@ class RequestRecord(Message, tag="request_record", kw_only=True):
     completion_tokens: int
     ttft_s: float | None
     duration_s: float
+    flow: str = ""  # the routing decision's flow: "single" | "disaggregated" | "none"; "": not routed
+    reason: str = ""  # the routing decision's reason (the policy's words)

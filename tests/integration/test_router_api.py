@@ -165,6 +165,7 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
     await wait_for(lambda: len(records) == 1, DEADLINE_S, "the request record")
     assert records[0].outcome == "ok" and records[0].worker_id == "w1" and records[0].completion_tokens == 3
     assert records[0].request_id.startswith("cmpl-") and records[0].ttft_s is not None
+    assert records[0].flow == "single" and records[0].reason  # the routing decision, for the collector
 
     # malformed bus traffic is counted and dropped; the router keeps serving
     await bus.client.publish(bus_config.subjects.load("w1"), b"\x01garbage")
@@ -185,6 +186,16 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
     assert 'tandem_router_time_to_first_token_seconds_count{role="both"} 1.0' in text
     assert "tandem_router_workers 1.0" in text
     assert (await router.client.completions.create(model="other-model", prompt="again", max_tokens=2)).usage
+
+    # the response names its trace; a client's traceparent is continued
+    client_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traced = await router.http.post("/v1/completions", json={"model": "other-model", "prompt": "hi", "max_tokens": 2},
+                                    headers={"traceparent": f"00-{client_trace}-00f067aa0ba902b7-01"})
+    assert traced.status_code == 200 and traced.headers["x-trace-id"] == client_trace
+    assert traced.headers["traceresponse"].startswith(f"00-{client_trace}-")
+    refused = await router.http.post("/v1/completions", json={"model": "nope", "prompt": "hi"},
+                                     headers={"traceparent": f"00-{client_trace}-00f067aa0ba902b7-01"})
+    assert refused.status_code == 404 and refused.headers["x-trace-id"] == client_trace  # error answers too
 
 
 # ---- bad input -----------------------------------------------------------------------

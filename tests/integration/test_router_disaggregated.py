@@ -327,8 +327,11 @@ async def test_one_trace_across_both_parts_and_counters(router: Router, start_pd
     await wait_until_idle(router)
 
     by_name = {span.name: span for span in spans.get_finished_spans() if span.name.startswith("router.")}
-    assert sorted(by_name) == ["router.decode", "router.generate", "router.prefill"]
+    assert sorted(by_name) == ["router.decode", "router.generate", "router.prefill", "router.route"]
     root, prefill_span, decode_span = by_name["router.generate"], by_name["router.prefill"], by_name["router.decode"]
+    route = by_name["router.route"]
+    assert route.parent is not None and route.parent.span_id == root.context.span_id
+    assert route.attributes["tandem.flow"] == "disaggregated" and route.attributes["tandem.route_candidates"] == 2
     assert root.attributes["tandem.flow"] == "disaggregated" and root.attributes["tandem.route_reason"] == "pair"
     assert root.attributes["tandem.prefill_worker_id"] == "p1" and root.attributes["tandem.worker_id"] == "d1"
     for part, worker in ((prefill_span, prefill), (decode_span, decode)):

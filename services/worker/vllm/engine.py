@@ -60,6 +60,7 @@ from shared.config import ConfigError
 from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas.generate import FinishReason, SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
+from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,7 @@ class VllmEngine:
             max_num_batched_tokens=options.max_num_batched_tokens,
             kv_cache_memory_bytes=options.kv_cache_bytes, block_size=options.block_size,
             enable_prefix_caching=True, enforce_eager=options.enforce_eager,
+            otlp_traces_endpoint=options.otlp_traces_endpoint or None,
             # Default loggers off; Tandem's own logger below still turns stats on.
             disable_log_stats=True,
             kv_events_config=KVEventsConfig(
@@ -262,7 +264,9 @@ class VllmEngine:
         order = staged.order if staged is not None else None
         # Registered before the request is added: the report can overtake the first output.
         load_waiter = self.kv_link.expect_load(order.transfer_id) if order and order.pull else None
-        outputs = llm.generate(engine_input, _sampling_params(sampling, order), request_id)
+        # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
+        outputs = llm.generate(engine_input, _sampling_params(sampling, order), request_id,
+                               trace_headers=inject_headers() if self.options.otlp_traces_endpoint else None)
         self._streams.add(request_id)
         self._awaiting_first_output[request_id] = len(token_ids)
         finished = False

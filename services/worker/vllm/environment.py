@@ -12,6 +12,10 @@ session) starts later.
 Variables set here, from `VllmEngineOptions`:
 - `VLLM_CPU_OMP_THREADS_BIND` <- `cpu_threads_bind` (the cores the model worker's
   OpenMP threads are pinned to; give two engines on one host disjoint cores).
+- `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf` when `otlp_traces_endpoint` is set:
+  vLLM's request spans are made by the worker's (Tandem's) tracer provider, already
+  installed when vLLM tries to install its own, but vLLM still builds an exporter for
+  that endpoint: the same protocol as Tandem's (vLLM's default is gRPC).
 - `VLLM_CPU_KVCACHE_SPACE` is *removed*: it is vLLM's legacy spelling of the KV cache size
   and would silently override `kv_cache_memory_bytes`, which Tandem passes from
   `kv_cache_gib`.
@@ -30,7 +34,10 @@ log = logging.getLogger(__name__)
 
 
 def engine_variables(options: VllmEngineOptions) -> dict[str, str]:
-    return {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind}
+    variables = {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind}
+    if options.otlp_traces_endpoint:
+        variables["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+    return variables
 
 
 @contextmanager

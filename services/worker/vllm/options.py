@@ -11,6 +11,8 @@ import msgspec
 from connector.vllm.settings import KvConnectorOptions
 from shared.config import ConfigError, WorkerConfig
 
+DEFAULT_OTLP_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"  # the OTLP/HTTP exporter's default
+
 # vLLM-CPU's thread binding syntax for one engine (tensor parallel size 1): "auto" (vLLM
 # picks cores of a NUMA node and keeps one for its scheduler), "nobind", or core ids such
 # as "1", "0-3" or "0,2,4-7".
@@ -33,6 +35,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     kv_event_buffer_steps: int = 10_000  # batches vLLM keeps to replay after a gap
     kv_event_replay_timeout_s: float = 2.0
     kv_connector: KvConnectorOptions | None = None  # None: no KV transfer, vLLM computes everything
+    otlp_traces_endpoint: str = ""  # vLLM's own request spans, as children of Tandem's; "": none
 
     @property
     def model_name(self) -> str:
@@ -78,4 +81,6 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    max_num_batched_tokens=config.max_num_batched_tokens,
                    kv_cache_gib=config.vllm_kv_cache_gib, block_size=config.vllm_block_size or None,
                    enforce_eager=config.vllm_enforce_eager,
-                   cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector)
+                   cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector,
+                   otlp_traces_endpoint=(config.tracing.otlp_endpoint or DEFAULT_OTLP_TRACES_ENDPOINT)
+                   if config.tracing.exporter == "otlp" else "")
