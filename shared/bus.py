@@ -56,6 +56,12 @@ class Bus:
                 # to re-create it, possibly with another TTL): use theirs
                 return await self.js.key_value(bucket)
 
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         if not self.client.is_closed:
             try:

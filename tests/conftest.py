@@ -40,9 +40,8 @@ def bus_config(nats_server: EmbeddedNats, namespace: str) -> BusConfig:
 
 @pytest.fixture
 async def bus(bus_config: BusConfig) -> AsyncIterator[Bus]:
-    connection = await connect(bus_config.nats_url, "test-client")
-    yield connection
-    await connection.close()
+    async with await connect(bus_config.nats_url, "test-client") as connection:
+        yield connection
 
 
 @pytest.fixture

@@ -38,9 +38,8 @@ def client(stack: LocalStack, openai_client) -> openai.AsyncOpenAI:
 
 @pytest.fixture
 async def stack_bus(stack: LocalStack) -> AsyncIterator[Bus]:
-    bus = await connect(stack.nats_url, "e2e-test")
-    yield bus
-    await bus.close()
+    async with await connect(stack.nats_url, "e2e-test") as bus:
+        yield bus
 
 
 @pytest.fixture

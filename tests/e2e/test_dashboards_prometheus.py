@@ -33,6 +33,7 @@ from tests.grafana_dashboards import (
     variable_lookups,
 )
 from tests.prometheus_server import PrometheusServer, prometheus_binary
+from tests.stack_fixtures import running
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -51,11 +52,8 @@ def observed_stack(nats_server: EmbeddedNats, tiny_model_dir: str,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     stack = make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("dashboards-stack"), workers=0,
                        specs=WORKERS, router_args=ROUTER_ARGS)
-    stack.start()
-    pids = [process.pid for process in stack.processes.values()]
-    yield stack
-    stack.stop()
-    assert not [pid for pid in pids if pid_alive(pid)], "processes left behind"
+    with running(stack):
+        yield stack
 
 
 @pytest.fixture

@@ -33,13 +33,14 @@ from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from shared.bus import connect
 from shared.codec import Codec
-from shared.nats_server import EmbeddedNats, pid_alive
+from shared.nats_server import EmbeddedNats
 from shared.schemas import BlockStored, KvEventBatch, WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import LoadWatcher, make_stack
 from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, reference
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.stack_fixtures import running
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -68,11 +69,8 @@ def traced_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, recei
 def run_stack(stack: LocalStack) -> Iterator[LocalStack]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # OpenTelemetry's batch processor setting, in ms
-        stack.start()
-    pids = [process.pid for process in stack.processes.values()]
-    yield stack
-    stack.stop()
-    assert not [pid for pid in pids if pid_alive(pid)], "processes left behind"
+        with running(stack):  # the children read the environment as they start
+            yield stack
 
 
 @pytest.fixture
@@ -202,17 +200,25 @@ def part(found: Trace, parent: ReceivedSpan, name: str, worker_id: str | None = 
     return router_part, found.child(router_part, "worker.generate", **{"tandem.worker_id": worker})
 
 
+async def traced_completion(stack: LocalStack, receiver: OtlpReceiver, model: str, prompt: list[int],
+                            expected: set[str]) -> tuple[Trace, ReceivedSpan, str]:
+    """One completion sent under a client span: its whole trace (checked as one tree that
+    continues the client's context), the router's `router.generate` span and the request id."""
+    client = ClientSpan()
+    trace_id, request_id = await complete(stack.router_url, model, prompt, 8, client)
+    assert trace_id == client.trace_id
+    found = await received_trace(receiver, client, expected)
+    check_tree(found, client, request_id)
+    return found, found.child(found.only(HTTP_SPAN), "router.generate"), request_id
+
+
 # ---- the tests -----------------------------------------------------------------------
 
 
 async def test_push_pd_request_is_one_trace(push_stack: LocalStack, receiver: OtlpReceiver, model: str) -> None:
-    client = ClientSpan()
     prompt = [3 + (i * 11) % 500 for i in range(100)]
-    trace_id, request_id = await complete(push_stack.router_url, model, prompt, 8, client)
-    assert trace_id == client.trace_id
-    found = await received_trace(receiver, client, {HTTP_SPAN, "kv.push", "kv.push.receive", "worker.generate"})
-    check_tree(found, client, request_id)
-    generate = found.child(found.only(HTTP_SPAN), "router.generate")
+    found, generate, request_id = await traced_completion(
+        push_stack, receiver, model, prompt, {HTTP_SPAN, "kv.push", "kv.push.receive", "worker.generate"})
     assert generate.attributes["tandem.kv.transfer_mode"] == "push"
     check_route(found, generate, candidates=2)
     _, prefill = part(found, generate, "router.prefill", "p1")
@@ -233,13 +239,9 @@ async def test_push_pd_request_is_one_trace(push_stack: LocalStack, receiver: Ot
 
 
 async def test_pull_pd_request_is_one_trace(pull_stack: LocalStack, receiver: OtlpReceiver, model: str) -> None:
-    client = ClientSpan()
     prompt = [3 + (i * 13) % 500 for i in range(100)]
-    trace_id, request_id = await complete(pull_stack.router_url, model, prompt, 8, client)
-    assert trace_id == client.trace_id
-    found = await received_trace(receiver, client, {HTTP_SPAN, "kv.pull", "kv.lease.grant", "kv.lease.release"})
-    check_tree(found, client, request_id)
-    generate = found.child(found.only(HTTP_SPAN), "router.generate")
+    found, generate, request_id = await traced_completion(
+        pull_stack, receiver, model, prompt, {HTTP_SPAN, "kv.pull", "kv.lease.grant", "kv.lease.release"})
     assert generate.attributes["tandem.flow"] == "disaggregated"
     check_route(found, generate, candidates=3)
     _, prefill = part(found, generate, "router.prefill", "p1")
