@@ -2,7 +2,7 @@
 
 The CLI / launcher builds a `MetricsConfig` and awaits `run_metrics`. Once the HTTP
 socket is bound it prints `tandem-metrics listening on http://HOST:PORT` to stderr
-(with port 0 that is how a launcher learns the port), then the live cluster page's URL.
+for people, then the live cluster page's URL; launchers check readiness through `/metrics`.
 """
 
 from __future__ import annotations

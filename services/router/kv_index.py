@@ -23,7 +23,7 @@ Layout (why `match` is one pass over the request's chain):
   Tandem does not, e.g. LoRA or multimodal extras).
 Invariant: bit w is set in `_holders[t]` iff t is one of worker w's real blocks (a value
 of `tandem_of`) or one of its speculative blocks; the two sets are disjoint.
-Memory: ~150-160 bytes per indexed (worker, block), measured by `bench_index`
+Memory: ~150-160 bytes per indexed (worker, block), measured by `tandem bench index`
 (`bytes_per_block`, 1M blocks over 16-1024 workers).
 
 Sequence numbers (`shared.cluster.sequence`): a batch out of order (a lost batch, a

@@ -1,8 +1,8 @@
 """Runs the router: uvicorn serving `create_app(config)`.
 
 Port 0 picks a free port. Once the app's lifespan has started and the socket listens,
-one line `tandem-router listening on http://HOST:PORT` goes to stderr: that is how the
-CLI and `LocalStack` learn the address.
+one line `tandem-router listening on http://HOST:PORT` goes to stderr, for people; launchers
+check readiness through the health endpoints instead.
 """
 
 from __future__ import annotations
