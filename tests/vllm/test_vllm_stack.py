@@ -122,7 +122,10 @@ async def test_idle_vllm_workers_use_little_cpu(pd_stack: LocalStack, observer: 
     usage = {name: round(100 * (group_cpu_seconds(pgid) - before[name]) / elapsed, 2)
              for name, pgid in groups.items()}
     print(f"\nidle CPU over {elapsed:.1f} s, % of one core: {usage}")
-    assert all(percent < 10.0 for percent in usage.values()), usage
+    # A spinning NIXL progress thread or OMP pool shows as ~100% of a core. Idle workers measure
+    # ~6% on a quiet 2-core box and up to ~10% while other work competes for it (OMP threads
+    # spin-wait longer when descheduled): the bound separates idle from spinning, not noise.
+    assert all(percent < 25.0 for percent in usage.values()), usage
 
 
 async def test_a_stopped_worker_takes_its_engine_processes_with_it(pd_stack: LocalStack,
