@@ -155,3 +155,26 @@ def test_the_pinned_policy_serves_on_the_hinted_worker_or_falls_back_to_kv_aware
         assert plan.worker_id == "holder" and plan.reason != "pinned"
     # other policies ignore the hint
     assert plan_of(workers, tenant_request({"holder": PREFIX}, route_hint="b")).worker_id == "holder"
+
+
+# ---- calibration ----------------------------------------------------------------------------
+
+
+def test_weights_are_times_over_the_time_of_one_prompt_token() -> None:
+    from services.router.routing.calibration import EngineTiming, TransferTiming, calibrated_weights
+
+    engine = EngineTiming(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0,
+                          decode_ms_per_seq=0.1, max_num_seqs=64)
+    # 128 KiB per token at 10 GB/s: 0.0131 ms, a quarter of a prompt token's compute
+    transfer = TransferTiming(kv_bytes_per_token=131072, gbps=10.0, round_trip_ms=2.0)
+    weights = calibrated_weights(engine, transfer)
+    assert weights["transfer_weight"] == pytest.approx(0.2621, abs=1e-4)
+    assert weights["pull_fixed_tokens"] == pytest.approx(40.0)
+    assert weights["decode_weight"] == pytest.approx(2 * (1 + 8 + 6.4) / 0.05)
+    # a sim slowed to a quarter: engine times stretch, the network does not
+    slow = calibrated_weights(EngineTiming(0.05, 1.0, 8.0, 0.1, 64, speedup=0.25), transfer)
+    assert slow["pull_fixed_tokens"] == pytest.approx(10.0)
+    assert slow["transfer_weight"] == pytest.approx(weights["transfer_weight"] / 4, abs=1e-4)
+    assert slow["decode_weight"] == weights["decode_weight"]
+    with pytest.raises(ValueError):
+        EngineTiming(0.0, 1.0, 8.0, 0.1, 64)
