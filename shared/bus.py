@@ -1,7 +1,8 @@
 """NATS connection helpers used by every service.
 
 - `connect()` returns a `Bus`: a connected client with an `error_cb` (without one, every
-  reconnect attempt prints a traceback), unlimited reconnects, and hooks run on reconnect.
+  reconnect attempt prints a traceback), unlimited reconnects, and hooks run on disconnect
+  and on reconnect.
 
 A key-value bucket mirrored across reconnects is `shared.cluster.bucket_mirror.BucketMirror`.
 """
@@ -30,9 +31,22 @@ class Bus:
         self.name = name
         self.js: JetStreamContext = client.jetstream()
         self._reconnect_hooks: list[Hook] = []
+        self._disconnect_hooks: list[Callable[[], None]] = []
 
     def on_reconnect(self, hook: Hook) -> None:
         self._reconnect_hooks.append(hook)
+
+    def on_disconnect(self, hook: Callable[[], None]) -> None:
+        """`hook` runs (synchronously) when the connection drops, before any reconnect."""
+        self._disconnect_hooks.append(hook)
+
+    def _disconnected(self) -> None:
+        log.info("%s disconnected from NATS", self.name)
+        for hook in list(self._disconnect_hooks):
+            try:
+                hook()
+            except Exception:
+                log.exception("%s: disconnect hook failed", self.name)
 
     async def _reconnected(self) -> None:
         log.info("%s reconnected to NATS", self.name)
@@ -77,7 +91,8 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Bus
         log.warning("%s: NATS error: %s", name, error)
 
     async def disconnected_cb() -> None:
-        log.info("%s disconnected from NATS", name)
+        if bus is not None:
+            bus._disconnected()
 
     async def reconnected_cb() -> None:
         if bus is not None:

@@ -69,6 +69,11 @@ class Disconnected(TandemError):
     code = ErrorCode.DISCONNECTED
 
 
+class Reconnected(Disconnected):
+    """The caller's own NATS connection was re-established: frames sent meanwhile may be lost.
+    The worker is not at fault: a resumed request may go back to it."""
+
+
 class StreamGap(TandemError):
     code = ErrorCode.STREAM_GAP
 

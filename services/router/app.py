@@ -83,7 +83,9 @@ class RouterRuntime:
         bus = await connect(config.bus.nats_url, "tandem-router")
         kv_view = KvView(bus, subjects, self.malformed)
         pool = WorkerPool(bus, subjects, self.malformed,
-                          bucket_ttl_s=config.membership.bucket_ttl_s, listener=kv_view)
+                          bucket_ttl_s=config.membership.bucket_ttl_s,
+                          reconnect_grace_s=config.membership.ttl_s,  # one TTL to re-register after a restart
+                          listener=kv_view)
         try:
             await kv_view.start()
             await pool.start()

@@ -18,7 +18,8 @@ A request waits up to `worker_wait_s` (from its arrival) for a worker that can t
 A worker lost before or during generation is replaced through `resume()` (the
 `Generation` decides when): the continuation is routed like a new request, minus the
 workers already lost, without admission control or cache threshold (it was admitted),
-and without waiting: if no worker can take it now, the client gets the original error.
+and without waiting (but for a few seconds after a NATS reconnect, see `WorkerPool`): if
+no worker can take it now, the client gets the original error.
 Every refusal that reaches the client before a `Generation` exists is recorded here;
 after that, the `Generation` records its own outcome.
 """
@@ -147,9 +148,10 @@ class Dispatcher:
             "tandem.request_id": continued.request_id, "tandem.attempt": attempt,
             "tandem.generated_tokens": len(generated), "tandem.excluded_workers": sorted(excluded)})
         try:
-            # No waiting for a worker to appear: the client's stream is already open and stalled.
-            source = await self._open_routed(continued, excluded, self._clock(), resume_span, admit=False,
-                                             threshold=0.0)
+            # No waiting for a worker to appear (the client's stream is already open and stalled),
+            # except just after a NATS reconnect, while the workers re-register.
+            source = await self._open_routed(continued, excluded, self._clock() + self._pool.resync_wait_s(),
+                                             resume_span, admit=False, threshold=0.0)
         except BaseException as error:
             end_span(resume_span, _outcome(error))
             raise

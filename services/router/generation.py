@@ -13,8 +13,9 @@ while another worker can take over: the source is closed and the `Resumer` opens
 on another worker for the prompt plus every token generated so far, with `max_tokens`
 reduced by them. Before the first token that is a plain retry; mid-stream the client's
 stream simply continues, and a greedy request reads exactly as an uninterrupted one.
-At most `max_attempts` sources per request; when no worker can take it, the original
-error reaches the client.
+After the router's own NATS reconnect (`Reconnected`: frames may have been lost) the same
+worker may take the continuation. At most `max_attempts` sources per request; when no
+worker can take it, the original error reaches the client.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from services.router.metrics import RouterMetrics
 from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.stop_strings import StopStringMatcher
 from services.router.token_source import TokenSource
-from shared.errors import Disconnected, ErrorCode, StreamGap, TandemError, Unavailable
+from shared.errors import Disconnected, ErrorCode, Reconnected, StreamGap, TandemError, Unavailable
 from shared.schemas import Tokens
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,8 @@ class Generation:
     async def _resume(self, error: TandemError) -> bool:
         """Carry on from another worker after losing this one; False when none can."""
         lost = self._source.failed_worker_id or self._source.worker_id
-        self._excluded.add(lost)
+        if not isinstance(error, Reconnected):  # the router's own reconnect: the worker may serve it again
+            self._excluded.add(lost)
         stage = "mid_stream" if self._token_ids else "before_first_token"
         if self._resumer is None or self._attempts >= self._max_attempts:
             if self._resumer is not None:

@@ -5,6 +5,14 @@
   stream this router has open on it is aborted with `Disconnected` at once, so the client
   gets an explicit error now rather than after the idle timeout. A registration with a new
   `started_at` is a restarted worker: streams on the old incarnation are aborted as well.
+- A NATS reconnect (the server restarted, or the link dropped) may have lost frames of
+  every open stream: each one is aborted at once with `Reconnected`, so its `Generation`
+  resumes it (or ends it with an explicit error) instead of waiting for the idle timeout.
+  While disconnected and for `RESYNC_WAIT_S` after the reconnect, a resumed request may
+  wait for a worker (`resync_wait_s`).
+  A worker missing from the bucket after the reconnect is kept for `reconnect_grace_s` (a
+  restarted server's bucket is empty until the workers put their registrations back) but
+  is not routed to (`views()`) until its registration is seen again.
 - Load comes from `LoadSnapshot`s on `Subjects.load_all` (`LoadStream` drops stale ones).
 - `begin()` counts a request against its worker from the moment it is routed until
   `InFlight.end()`, and the uncached prompt tokens it brings until its first token
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 from services.router.routing.ledger import Ticket, WorkerLoad
@@ -27,12 +36,14 @@ from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import MalformedCounter
-from shared.errors import Disconnected, TandemError
+from shared.errors import Disconnected, Reconnected, TandemError
 from shared.request_plane import ResponseStream
 from shared.schemas import LoadSnapshot, WorkerRegistration
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+RESYNC_WAIT_S = 3.0  # after a reconnect, how long a resumed request may wait for its workers to re-register
 
 
 class InFlight(Ticket):
@@ -119,11 +130,15 @@ class MembershipListener(Protocol):
 
 class WorkerPool:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
-                 bucket_ttl_s: float | None = None, listener: MembershipListener | None = None) -> None:
+                 bucket_ttl_s: float | None = None, reconnect_grace_s: float | None = None,
+                 listener: MembershipListener | None = None) -> None:
         self._listener = listener  # told when a worker joins (or restarts) and leaves
         self._workers: dict[str, _WorkerState] = {}
+        self._bus = bus
         self._members = MembershipMirror(bus, subjects.members_bucket, self._on_member, malformed,
-                                         ttl_s=bucket_ttl_s)
+                                         ttl_s=bucket_ttl_s, grace_s=reconnect_grace_s)
+        self._reconnected_at: float | None = None
+        self._disconnected = False
         self._loads = LoadStream(bus, subjects, self._on_load, malformed)
         self._routed = 0  # routing sequence number, for the policy's round-robin tie-break
         self._changed = asyncio.Event()
@@ -132,7 +147,9 @@ class WorkerPool:
 
     async def start(self) -> None:
         await self._loads.start()
-        await self._members.start()
+        await self._members.start()  # its reconnect hook (unconfirm every member) runs before ours
+        self._bus.on_disconnect(self._on_disconnect)
+        self._bus.on_reconnect(self._reconnected)
 
     async def stop(self) -> None:
         await self._members.stop()
@@ -143,7 +160,18 @@ class WorkerPool:
     # ---- what the policy and the serving layer read ----------------------------------
 
     def views(self) -> list[WorkerView]:
-        return [state.view() for state in self._workers.values()]
+        """Members that can be routed to: not those unconfirmed since a reconnect."""
+        unconfirmed = self._members.unconfirmed
+        return [state.view() for worker_id, state in self._workers.items() if worker_id not in unconfirmed]
+
+    def resync_wait_s(self) -> float:
+        """How long a resumed request may still wait for a worker: while NATS is disconnected
+        and for `RESYNC_WAIT_S` after the reconnect (the workers re-register meanwhile)."""
+        if self._disconnected:
+            return RESYNC_WAIT_S
+        if self._reconnected_at is None:
+            return 0.0
+        return max(0.0, self._reconnected_at + RESYNC_WAIT_S - time.monotonic())
 
     @property
     def worker_ids(self) -> list[str]:
@@ -193,6 +221,19 @@ class WorkerPool:
             in_flight.prefill_tokens = 0
 
     # ---- bus callbacks ---------------------------------------------------------------
+
+    def _on_disconnect(self) -> None:
+        self._disconnected = True
+
+    async def _reconnected(self) -> None:
+        self._disconnected = False
+        self._reconnected_at = time.monotonic()
+        streams = sum(len(state.in_flight) for state in self._workers.values())
+        if streams:
+            log.warning("reconnected to NATS: resuming or failing %d open streams (frames may be lost)", streams)
+        for state in self._workers.values():
+            state.abort_all(Reconnected("the router's NATS connection was re-established mid-request"))
+        self._notify()
 
     def _notify(self) -> None:
         self._changed.set()

@@ -6,8 +6,10 @@
 - control plane: `ctl.<worker>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`.
 - KV data plane (optional `connector.dataplane.DataPlane`): leases and transfers, see connector/.
 - events: KV event batches and load snapshots, each stream numbered from 1.
-- membership: the registration is put in the members bucket at start and every
-  heartbeat; status DRAINING while draining; the key is deleted on graceful stop.
+- membership: the registration is put in the members bucket at start, every heartbeat
+  and at once after a NATS reconnect (a restarted server may have lost the bucket);
+  status DRAINING while draining; the key is deleted on graceful stop. `stop()` stops the
+  loops, the data plane and the engine even when NATS is already gone.
 
 The engine is anything that implements `services.worker.engine.Engine`.
 """
@@ -94,6 +96,7 @@ class WorkerService:
         if self.kv is not None:
             await self.kv.start()
         await self._register()
+        self.bus.on_reconnect(self._register_after_reconnect)
         self._loops = [
             asyncio.create_task(self._every(self.config.membership.heartbeat_interval_s, self._register)),
             asyncio.create_task(self._every(self.config.kv_event_interval_s, self._publish_kv_events)),
@@ -107,7 +110,11 @@ class WorkerService:
         if self._status is WorkerStatus.DRAINING:
             return
         self._status = WorkerStatus.DRAINING
-        await self._register()
+        try:
+            await self._register()
+        except Exception as error:  # NATS gone: routers see the worker leave when its entry expires
+            reraise_if_cancelling(error)
+            log.warning("%s could not announce it is draining: %s", self.worker_id, error)
         pending = list(self._inflight.values())
         if pending:
             deadline = self.config.drain_timeout_s if deadline_s is None else deadline_s
@@ -181,6 +188,10 @@ class WorkerService:
         except Exception:  # e.g. a restarted NATS lost the bucket: bind (re-create) and retry once
             self._members = await self._bind_members()
             await self._members.put(self.worker_id, value)
+
+    async def _register_after_reconnect(self) -> None:
+        if not self.stopped.is_set() and self._members is not None:
+            await self._register()
 
     async def _publish_kv_events(self, events=None) -> None:
         events = self.engine.take_kv_events() if events is None else events

@@ -6,6 +6,13 @@ existing JetStream watcher stalls for ~18 s after a server restart; the fresh wa
 initial values are diffed against the mirror so no put or delete is missed. A failing
 callback is logged and does not stop the watcher.
 
+With a `grace_s`, a disconnect makes every key *unconfirmed* (`unconfirmed`) until the
+fresh watcher sees it again, and a key missing from the fresh watcher's initial values is
+removed only if it is still missing `grace_s` later: a restarted server comes back with an
+empty memory-stored bucket, and live workers put their registrations back on reconnect
+and every heartbeat, so the mirror must not report them gone meanwhile. Without a grace,
+a missing key is removed at once.
+
 Callers: `MembershipMirror` (the members bucket, typed); anything that needs a raw bucket.
 """
 
@@ -28,8 +35,12 @@ Change = Callable[[str, bytes | None], None]
 class BucketMirror:
     """A local mirror of a KV bucket, kept current across NATS reconnects."""
 
-    def __init__(self, bus: Bus, bucket: str, on_change: Change, *, ttl_s: float | None = None) -> None:
+    def __init__(self, bus: Bus, bucket: str, on_change: Change, *, ttl_s: float | None = None,
+                 grace_s: float | None = None) -> None:
         self._bus = bus
+        self._grace_s = grace_s
+        self.unconfirmed: set[str] = set()  # keys not seen since the last reconnect
+        self._removals: dict[str, asyncio.TimerHandle] = {}
         self._bucket_name = bucket
         self._ttl_s = ttl_s
         self._on_change = on_change
@@ -40,20 +51,61 @@ class BucketMirror:
 
     async def start(self) -> None:
         self.kv = await self._bus.key_value(self._bucket_name, ttl_s=self._ttl_s)
+        self._bus.on_disconnect(self._unconfirm)
         self._bus.on_reconnect(self._rewatch)
         self._task = asyncio.create_task(self._watch(), name=f"watch:{self._bucket_name}")
         await asyncio.wait_for(self._synced.wait(), 10.0)
 
     async def stop(self) -> None:
+        self._cancel_removals()
+        await self._stop_watcher()
+
+    async def _stop_watcher(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
+    def _unconfirm(self) -> None:
+        if self._grace_s is not None:
+            self.unconfirmed = set(self.values)  # until the fresh watcher sees them again
+
     async def _rewatch(self) -> None:
-        await self.stop()
+        self._unconfirm()
+        await self._stop_watcher()
         self._synced.clear()
         self._task = asyncio.create_task(self._watch(), name=f"watch:{self._bucket_name}")
+
+    def _confirm(self, key: str) -> bool:
+        """The watcher saw `key`: confirmed, its pending removal called off; whether it was unconfirmed."""
+        removal = self._removals.pop(key, None)
+        if removal is not None:
+            removal.cancel()
+        if key in self.unconfirmed:
+            self.unconfirmed.discard(key)
+            return True
+        return False
+
+    def _cancel_removals(self) -> None:
+        for removal in self._removals.values():
+            removal.cancel()
+        self._removals.clear()
+
+    def _remove_missing(self, key: str) -> None:
+        """A key the fresh watcher did not see: gone now, or after the grace if it is not put back."""
+        if self._grace_s is None:
+            del self.values[key]
+            self._emit(key, None)
+        elif key not in self._removals:
+            self._removals[key] = asyncio.get_running_loop().call_later(self._grace_s, self._expire, key)
+
+    def _expire(self, key: str) -> None:
+        self._removals.pop(key, None)
+        self.unconfirmed.discard(key)
+        if self.values.pop(key, None) is not None:
+            log.warning("bucket %s: %s was not put back within %gs of a reconnect: removed",
+                        self._bucket_name, key, self._grace_s)
+            self._emit(key, None)
 
     def _emit(self, key: str, value: bytes | None) -> None:
         try:
@@ -73,10 +125,10 @@ class BucketMirror:
                     if entry is None:  # end of the initial values: reconcile with the mirror
                         in_initial = False
                         for key in [k for k in self.values if k not in initial]:
-                            del self.values[key]
-                            self._emit(key, None)
+                            self._remove_missing(key)
                         for key, value in initial.items():
-                            if self.values.get(key) != value:
+                            # a confirmed key is reported even unchanged: its readers may wait for it
+                            if self._confirm(key) | (self.values.get(key) != value):
                                 self.values[key] = value
                                 self._emit(key, value)
                         self._synced.set()
@@ -86,6 +138,7 @@ class BucketMirror:
                         if not deleted:
                             initial[entry.key] = entry.value
                         continue
+                    self._confirm(entry.key)
                     if deleted:
                         if self.values.pop(entry.key, None) is not None:
                             self._emit(entry.key, None)
@@ -97,5 +150,5 @@ class BucketMirror:
                 raise
             except Exception as error:  # server gone: the reconnect hook starts a fresh watcher
                 reraise_if_cancelling(error)
-                log.warning("bucket %s watcher failed: %s; retrying", self._bucket_name, error)
+                log.warning("bucket %s watcher failed: %r; retrying", self._bucket_name, error)
                 await asyncio.sleep(0.5)

@@ -10,6 +10,11 @@ that is not a valid worker id (a subject token) is counted in `malformed`, logge
 per key, and dropped: the worker keeps its last good registration. A delete of a key
 that never held a good one is no event.
 
+With a `grace_s` (the routers pass the bucket's TTL), a worker missing from the bucket
+after a reconnect stays a member for that long (a restarted server's memory-stored
+bucket comes back empty until the workers put their registrations back), but is listed
+in `unconfirmed` until its registration is seen again: callers route no new work to it.
+
 `apply(key, value)` is the bucket callback; tests call it with plain bytes, no bus.
 Callers: the router's worker pool, the metrics collector, the orchestrator.
 """
@@ -30,18 +35,24 @@ from shared.subjects import check_token
 
 class MembershipMirror:
     def __init__(self, bus: Bus, bucket: str, on_event: Callable[[MemberEvent], None],
-                 malformed: MalformedCounter, *, ttl_s: float | None = None) -> None:
+                 malformed: MalformedCounter, *, ttl_s: float | None = None,
+                 grace_s: float | None = None) -> None:
         self._bucket = bucket
         self._on_event = on_event
         self._registrations: Codec[WorkerRegistration] = Codec(WorkerRegistration, malformed)
         self._malformed = malformed
         self.members: dict[str, WorkerRegistration] = {}
-        self._mirror = BucketMirror(bus, bucket, self.apply, ttl_s=ttl_s)
+        self._mirror = BucketMirror(bus, bucket, self.apply, ttl_s=ttl_s, grace_s=grace_s)
 
     @property
     def kv(self) -> KeyValue | None:
         """The bucket itself (bound by `start()`), for a caller that writes to it."""
         return self._mirror.kv
+
+    @property
+    def unconfirmed(self) -> set[str]:
+        """Members not seen in the bucket since the last reconnect (with a grace only)."""
+        return self._mirror.unconfirmed
 
     async def start(self) -> None:
         """Returns once the bucket's current members have been reported."""
