@@ -15,6 +15,8 @@ from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
 
+from shared.errors import InvalidArgument
+
 log = logging.getLogger(__name__)
 
 # The Jinja spelling of `render_chat`, shipped in the tiny model's tokenizer_config.json so
@@ -96,8 +98,12 @@ class Tokenizer:
 
         Special-token text inside `text` (e.g. `</s>` written by a chat template) maps to
         its id, as Hugging Face tokenizers do, so prompts tokenize as vLLM would.
+        Text that is not valid Unicode (a lone surrogate) is `InvalidArgument`.
         """
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        except (UnicodeEncodeError, TypeError) as error:
+            raise InvalidArgument(f"the text cannot be tokenized: {error}") from None
         if self.add_bos:
             assert self.bos_token_id is not None
             return [self.bos_token_id, *ids]

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
+from services.router.http_input import InputGuard
 from services.router.http_tracing import TraceMiddleware
 from services.router.kv_view import KvView
 from services.router.metrics import RouterMetrics
@@ -178,5 +179,6 @@ def create_app(config: RouterConfig) -> FastAPI:
     app = FastAPI(title="Tandem router", lifespan=runtime.lifespan, **_no_framework_telemetry())
     install_error_handlers(app, on_rejected=runtime.count_rejected)
     app.include_router(build_routes(runtime))
+    app.add_middleware(InputGuard)  # content type, body size and depth, before FastAPI parses a body
     app.add_middleware(TraceMiddleware)  # around the error handlers: error answers carry the trace id too
     return app

@@ -2,13 +2,15 @@
 
 The status comes from the shared taxonomy (`shared.errors.HTTP_STATUS`): bad input 400,
 unknown model 404, every worker's queue full 429 (with `Retry-After`), no worker 503,
-worker failures 502/504. Request validation (invalid
+worker failures 502/504; a framework error (405, with its `Allow`) keeps its status and
+headers. Request validation (invalid
 JSON, missing or wrong-typed fields) is a 400 naming the field, not FastAPI's 422.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -72,6 +74,14 @@ def error_response(status: int, info: ErrorInfo, headers: dict[str, str] | None 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
 
 
+# A validated type shows as "function-after[_check(), str]" in a union tag: name it "str".
+_VALIDATED_TYPE = re.compile(r"function-[a-z]+\[\w+\(\), ([^\]]+)\]")
+
+
+def _type_name(tag: str) -> str:
+    return _VALIDATED_TYPE.sub(r"\1", tag)
+
+
 def _is_type_tag(part: object) -> bool:
     return isinstance(part, str) and (not part.isidentifier() or part in _TYPE_TAGS)
 
@@ -91,7 +101,7 @@ def validation_message(error: RequestValidationError) -> tuple[str, str | None]:
         tag_at = next((i for i, part in enumerate(location) if _is_type_tag(part)), len(location))
         param = ".".join(str(part) for part in location[:tag_at])
         if tag_at < len(location):
-            union_members.setdefault(param, []).append(str(location[tag_at]))
+            union_members.setdefault(param, []).append(_type_name(str(location[tag_at])))
         message = str(detail.get("msg", "invalid value")).removeprefix("Value error, ")
         by_field.setdefault(param, []).append(message)
     problems = []
@@ -119,8 +129,9 @@ def install_error_handlers(app: FastAPI, *, on_rejected: Callable[[str, str], No
         return error_response(error.http_status, error_info(error), headers)
 
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        # the framework's own headers stay (a 405's `Allow`)
         return error_response(error.status_code, ErrorInfo(message=str(error.detail), type=error_type(error.status_code),
-                                                           code=str(error.status_code)))
+                                                           code=str(error.status_code)), error.headers)
 
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)

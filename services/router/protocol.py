@@ -4,15 +4,34 @@ Requests are validated strictly (a string where a number belongs is a 400, not a
 coercion); unknown fields are ignored, as OpenAI's own API and vLLM's server do, so that
 clients sending optional knobs Tandem does not implement still work. Fields that would
 change the shape of the answer (`n`, `logprobs`, `echo`, `best_of`) are refused unless
-left at their defaults. Response models are plain (built by the router, never parsed).
+left at their defaults. Every field is bounded to what the bus can carry: text must be
+encodable as UTF-8 (a lone surrogate such as "\\ud800" is a 400, never a failure later),
+integers fit the wire (`seed` a signed 64-bit integer, token ids non-negative 32-bit ones),
+and floats are finite where a range bounds them. Response models are plain (built by the
+router, never parsed).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+TOKEN_ID_MAX = 2**31 - 1
+
+
+def _utf8_encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"must be valid Unicode text: a lone surrogate at position {error.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8_encodable)]  # a string the tokenizer and the bus can carry
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 
 # ---- requests ------------------------------------------------------------------------
 
@@ -28,16 +47,16 @@ class StreamOptions(_Request):
 class SamplingFields(_Request):
     """Fields both generate endpoints share."""
 
-    model: str
+    model: Text
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
     # vLLM extensions that benchmark clients send
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     # Tandem extension, decode-first: serve only from a worker already holding at least this
     # share of the prompt's KV; otherwise answer at once with finish_reason "cache_threshold".
     cache_hit_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -69,7 +88,7 @@ class SamplingFields(_Request):
 
 class CompletionRequest(SamplingFields):
     # a string, a list of token ids, or a batch of exactly one of either
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Text | list[int] | list[Text] | list[list[int]]
     max_tokens: int | None = None
     echo: bool = False
     logprobs: int | None = None
@@ -113,13 +132,13 @@ class CompletionRequest(SamplingFields):
 
 class TextContentPart(_Request):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
+    content: Text | list[TextContentPart] | None = None
+    name: Text | None = None
 
     @property
     def text(self) -> str:

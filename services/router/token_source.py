@@ -13,15 +13,17 @@ everything the source holds (streams, in-flight slots, leases), always, exactly 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 import msgspec
+from nats.errors import Error as NatsError
 
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import InFlight
 from shared.codec import encode
-from shared.errors import TandemError, Unavailable
+from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas import Finished, Tokens
 from shared.schemas.transfer import PushTarget
 
@@ -77,10 +79,16 @@ class WorkerPart:
         return self._stream.finished
 
     async def send(self, request: msgspec.Struct, headers: dict[str, str]) -> None:
-        """Raises `Unavailable` when the request could not be sent (NATS down)."""
+        """Raises `InvalidArgument` when the request cannot be encoded (validation should have
+        refused it: the client's input, not the cluster), `Unavailable` when it could not be
+        sent (NATS down)."""
         try:
-            await self._stream.send(encode(request), headers)
-        except Exception as error:
+            payload = encode(request)
+        except (msgspec.EncodeError, OverflowError, UnicodeEncodeError, TypeError) as error:
+            raise InvalidArgument(f"the request cannot be encoded for the workers: {error}") from error
+        try:
+            await self._stream.send(payload, headers)
+        except (OSError, asyncio.TimeoutError, NatsError) as error:
             raise Unavailable(f"could not send the request to {self.worker_id}: {error}") from error
 
     async def kv_target(self) -> PushTarget:
