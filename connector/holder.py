@@ -4,7 +4,9 @@ Runs inside a worker (adapter: NATS request/reply on `kv.lease.<worker>`). `Leas
 is the protocol, the same for every engine: the pure `LeaseTable` decides lifetimes, a
 sweep ends expired leases (so a reader that died never holds blocks for long), and each
 message is answered in its own task, so a release never queues behind a prefix grant that
-waits for the engine. An engine plugs in three hooks: pin a prefix for a `LeaseRequest`
+waits for the engine. Every message that asks for a reply gets exactly one: a malformed
+one, a TTL out of range (`MAX_LEASE_TTL_S`) or a failure while answering is an explicit
+`LeaseRefused`. An engine plugs in three hooks: pin a prefix for a `LeaseRequest`
 (`grant_prefix`), unpin the blocks of ended leases (`_unpin`), and name its NIXL agent
 (`agent_name`, `agent_metadata`).
 
@@ -39,12 +41,14 @@ from shared.schemas.transfer import (
     LeaseMessage,
     LeaseRefused,
     LeaseRelease,
+    LeaseReply,
     LeaseRequest,
 )
 from shared.subjects import Subjects
 from shared.tracing import extract_context, has_trace_context
 
 log = logging.getLogger(__name__)
+MAX_LEASE_TTL_S = 300.0  # a reader asking to pin blocks longer is refused (a NaN TTL would pin them for ever)
 _SPAN_NAMES = {LeaseRequest: "kv.lease.request", LeaseRelease: "kv.lease.release", LeaseExtend: "kv.lease.extend",
                AgentInfoRequest: "kv.agent_info"}
 
@@ -148,6 +152,22 @@ class LeaseHolder(abc.ABC):
         task.add_done_callback(self._answering.discard)
 
     async def _reply(self, msg: Msg) -> None:
+        """Exactly one answer to every message that asks for one, whatever it holds."""
+        try:
+            reply = await self._handle(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a bug or a hostile message: refuse explicitly, never stay silent
+            log.warning("lease message on %s failed: %r", msg.subject, error)
+            reply = LeaseRefused(reason=f"{self.worker_id} could not handle the lease message: {type(error).__name__}",
+                                 code=ErrorCode.INTERNAL.value)
+        if msg.reply:
+            try:
+                await self._bus.client.publish(msg.reply, encode(reply))
+            except Exception as error:  # the reader's own timeout reports it
+                log.debug("could not answer a lease message: %s", error)
+
+    async def _handle(self, msg: Msg) -> LeaseReply:
         message = self._codec.decode_or_none(msg.data, msg.subject)
         if message is None:
             reply = LeaseRefused(reason="malformed lease message", code=ErrorCode.INVALID_ARGUMENT.value)
@@ -162,14 +182,13 @@ class LeaseHolder(abc.ABC):
                                          "tandem.kv.failed_blocks": list(message.failed_blocks)})
         else:
             reply = await self._answer(message)
-        if msg.reply:
-            try:
-                await self._bus.client.publish(msg.reply, encode(reply))
-            except Exception as error:  # the reader's own timeout reports it
-                log.debug("could not answer a lease message: %s", error)
+        return reply
 
     async def _answer(self, message: LeaseMessage):
         match message:
+            case LeaseRequest(ttl_s=ttl) | LeaseExtend(ttl_s=ttl) if not 0 < ttl <= MAX_LEASE_TTL_S:  # NaN too
+                return LeaseRefused(reason=f"a lease's TTL must lie in (0, {MAX_LEASE_TTL_S:g}] seconds, got {ttl}",
+                                    code=ErrorCode.INVALID_ARGUMENT.value)
             case LeaseRequest() | AgentInfoRequest() if message.compat_hash != self.compat_hash:
                 return LeaseRefused(reason=f"KV layout mismatch: {self.worker_id} has compatibility hash "
                                            f"{self.compat_hash}, the reader {message.compat_hash}",

@@ -1,7 +1,10 @@
 """msgpack framing for bus messages, with one typed decoder per stream.
 
 `Codec.decode_or_none` is what subscribers use: a malformed message is counted, logged
-once per subject, dropped, and the service keeps running.
+once per subject, dropped, and the service keeps running. Malformed is anything that does
+not decode to the stream's type: bad msgpack, a wrong shape, a newer schema version, and
+nesting too deep for the decoder (a nesting bomb's `RecursionError` becomes a
+`msgspec.DecodeError`, so `decode()` callers catch one kind of error).
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ class Codec(Generic[T]):
         self.malformed = malformed if malformed is not None else MalformedCounter()
 
     def decode(self, data: bytes) -> T:
-        message = self._decoder.decode(data)
+        try:
+            message = self._decoder.decode(data)
+        except RecursionError:
+            raise msgspec.DecodeError("the message nests too deeply") from None
         version = getattr(message, "v", SCHEMA_VERSION)
         if version > SCHEMA_VERSION:
             raise msgspec.ValidationError(f"schema version {version} is newer than {SCHEMA_VERSION}")

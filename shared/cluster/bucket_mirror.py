@@ -4,7 +4,7 @@
 current values in `values`. Its watcher is recreated after every reconnect, because an
 existing JetStream watcher stalls for ~18 s after a server restart; the fresh watcher's
 initial values are diffed against the mirror so no put or delete is missed. A failing
-callback is logged and does not stop the watcher.
+callback is logged (one line) and does not stop the watcher.
 
 With a `grace_s`, a disconnect makes every key *unconfirmed* (`unconfirmed`) until the
 fresh watcher sees it again, and a key missing from the fresh watcher's initial values is
@@ -110,8 +110,8 @@ class BucketMirror:
     def _emit(self, key: str, value: bytes | None) -> None:
         try:
             self._on_change(key, value)
-        except Exception:
-            log.exception("bucket %s: change handler failed for %s", self._bucket_name, key)
+        except Exception as error:  # one line: a hostile value must not fill the log with tracebacks
+            log.error("bucket %s: change handler failed for %s: %r", self._bucket_name, key, error)
 
     async def _watch(self) -> None:
         while True:

@@ -5,6 +5,10 @@
 restarted worker starts `seq` over but not its clock, so a snapshot is stale only when
 both its `seq` and its `ts` are not ahead). Malformed messages are counted in
 `malformed`, logged once per subject, and dropped; stale ones are counted in `stale`.
+A snapshot stamped more than `MAX_CLOCK_AHEAD_S` ahead of this process's clock is
+implausible (a forged or broken one would otherwise make every real snapshot after it
+look stale and freeze the worker's load): counted as malformed and dropped. So a
+forged `seq` can hold a worker's view for at most that long.
 
 The caller passes every `MemberEvent` to `on_member`: the stream keeps the last snapshot
 of members only, and a worker that joins or restarts starts over (its first snapshot is
@@ -18,6 +22,7 @@ Callers: the router's worker pool and the metrics collector.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from nats.aio.msg import Msg
@@ -31,6 +36,8 @@ from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
+MAX_CLOCK_AHEAD_S = 30.0  # clock skew between machines tolerated in a snapshot's `ts`
+
 
 def is_stale(last: LoadSnapshot | None, snapshot: LoadSnapshot) -> bool:
     """Whether `snapshot` is a duplicate of, or older than, `last` (same worker)."""
@@ -39,8 +46,10 @@ def is_stale(last: LoadSnapshot | None, snapshot: LoadSnapshot) -> bool:
 
 class LoadStream:
     def __init__(self, bus: Bus, subjects: Subjects, on_snapshot: Callable[[LoadSnapshot], None],
-                 malformed: MalformedCounter) -> None:
+                 malformed: MalformedCounter, *, clock: Callable[[], float] = time.time) -> None:
         self._bus = bus
+        self._clock = clock  # wall clock, as the workers' `ts`
+        self._malformed = malformed
         self._subject = subjects.load_all
         self._on_snapshot = on_snapshot
         self._snapshots: Codec[LoadSnapshot] = Codec(LoadSnapshot, malformed)
@@ -68,6 +77,9 @@ class LoadStream:
     def receive(self, data: bytes, subject: str) -> None:
         snapshot = self._snapshots.decode_or_none(data, subject)
         if snapshot is None:
+            return
+        if not snapshot.ts <= self._clock() + MAX_CLOCK_AHEAD_S:  # NaN too
+            self._malformed.record(subject, ValueError(f"timestamp {snapshot.ts} is implausibly far ahead"))
             return
         worker_id = snapshot.worker_id
         if worker_id in self._latest:

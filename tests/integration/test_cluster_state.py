@@ -107,3 +107,58 @@ async def test_load_stream_drops_stale_and_malformed_snapshots(bus: Bus, bus_con
         assert (stream.stale, malformed.total) == (2 if member else 0, 1)
     finally:
         await stream.stop()
+
+
+async def test_with_a_grace_a_server_restart_removes_only_members_not_put_back(tmp_path) -> None:
+    nats = EmbeddedNats(str(tmp_path / "nats")).start()  # own server: this test restarts it
+    bus = await connect(nats.url, "test-mirror")
+    writer = await connect(nats.url, "test-worker")
+    bucket = BusConfig(nats_url=nats.url, namespace="grace").subjects.members_bucket
+    events: asyncio.Queue[MemberEvent] = asyncio.Queue()
+    mirror = MembershipMirror(bus, bucket, events.put_nowait, MalformedCounter(), grace_s=1.0)
+    try:
+        members = await writer.key_value(bucket)
+        for worker_id in ("w1", "w2"):
+            await members.put(worker_id, encode(registration(worker_id, started_at=1.0)))
+        await mirror.start()
+        assert {events.get_nowait().worker_id for _ in range(2)} == {"w1", "w2"}
+
+        await asyncio.to_thread(nats.stop)
+        await asyncio.to_thread(nats.start)  # same port; the memory bucket starts empty
+        # both stay members, unconfirmed (not to be routed to) until their registration is back
+        await wait_for(lambda: mirror.unconfirmed == {"w1", "w2"}, DEADLINE_S, "both members unconfirmed")
+        assert set(mirror.members) == {"w1", "w2"} and events.empty()
+        members = await writer.key_value(bucket)
+        await members.put("w1", encode(registration("w1", started_at=1.0)))  # w1 re-registers
+        assert await next_event(events) == (MemberChange.UPDATED, "w1")
+        assert mirror.unconfirmed == {"w2"}
+        # w2 never comes back: removed once the grace is over, and only then
+        assert await next_event(events) == (MemberChange.LEFT, "w2")
+        assert set(mirror.members) == {"w1"} and not mirror.unconfirmed
+    finally:
+        await mirror.stop()
+        await bus.close()
+        await writer.close()
+        nats.stop()
+        shutil.rmtree(tmp_path / "nats", ignore_errors=True)
+
+
+async def test_load_stream_refuses_timestamps_from_the_far_future(bus: Bus, bus_config: BusConfig) -> None:
+    received: list[LoadSnapshot] = []
+    malformed = MalformedCounter()
+    now = 1000.0
+    stream = LoadStream(bus, bus_config.subjects, received.append, malformed, clock=lambda: now)
+    stream.on_member(MemberEvent(MemberChange.JOINED, "w1", registration("w1", started_at=1.0)))
+    subject = bus_config.subjects.load("w1")
+    stream.receive(encode(load("w1", 5, now - 1)), subject)
+    stream.receive(encode(load("w1", 2**62, now + 1e9)), subject)  # forged: would freeze the view
+    stream.receive(encode(load("w1", 6, float("nan"))), subject)
+    stream.receive(encode(load("w1", 6, now)), subject)  # the worker's next one still counts
+    assert [snapshot.seq for snapshot in received] == [5, 6]
+    assert malformed.total == 2
+    stream.receive(encode(load("w1", 2**62, now + 1)), subject)  # far ahead in seq, plausible in time
+    stream.receive(encode(load("w1", 7, now + 2)), subject)  # newer in time: taken, the view moves on
+    # a restarted worker numbers from 1 again: taken once its new registration is seen
+    stream.on_member(MemberEvent(MemberChange.RESTARTED, "w1", registration("w1", started_at=2.0)))
+    stream.receive(encode(load("w1", 1, now + 3)), subject)
+    assert [snapshot.seq for snapshot in received] == [5, 6, 2**62, 7, 1]

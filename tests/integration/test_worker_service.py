@@ -13,7 +13,7 @@ from nats.js.errors import KeyNotFoundError
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain
-from shared.bus import Bus
+from shared.bus import Bus, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.errors import InvalidArgument, NotFound, Unavailable
@@ -171,3 +171,17 @@ async def test_without_a_data_plane_prefix_hints_are_ignored_and_handoffs_refuse
         await collect(bus, subject, held)
     members = await bus.key_value(bus_config.subjects.members_bucket)
     assert Codec(WorkerRegistration).decode((await members.get("w1")).value).kv_transfer is False
+
+
+async def test_stop_after_the_nats_connection_closed_still_stops_everything(bus_config: BusConfig) -> None:
+    own_bus = await connect(bus_config.nats_url, "test-worker-closed")
+    config = WorkerConfig(worker_id="w-closed", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
+                          membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0), load_interval_s=0.05)
+    engine = SimEngine(config, model_name="tiny", vocab_size=512)
+    await engine.start()
+    service = WorkerService(config, engine, own_bus)
+    await service.start()
+    await own_bus.client.close()  # NATS gone for good: draining cannot re-register
+    await asyncio.wait_for(service.stop(), 10)  # does not raise
+    assert service.stopped.is_set()
+    assert all(loop.done() for loop in service._loops), "a heartbeat or event loop still runs"
