@@ -47,7 +47,8 @@ class MetricsService:
         self._transfers: Codec[TransferRecord] = Codec(TransferRecord, self.malformed["kv_transfers"])
         self.snapshot_requests_sent = 0
         self._members = MembershipMirror(bus, self._subjects.members_bucket, self._on_member,
-                                         self.malformed["members"], ttl_s=config.membership.bucket_ttl_s)
+                                         self.malformed["members"], ttl_s=config.membership.bucket_ttl_s,
+                                         grace_s=config.membership.ttl_s)  # a NATS restart drops no one
         self._loads = LoadStream(bus, self._subjects, self.view.apply_load, self.malformed["load"])
         self._subscriptions: list[Subscription] = []
 

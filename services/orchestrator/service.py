@@ -49,8 +49,9 @@ class OrchestratorService:
         # the delete succeeds, so a NATS outage cannot leave a dead worker in the bucket.
         self._expired: dict[str, WorkerRegistration] = {}
         self._wakeup = asyncio.Event()
+        # grace: a restarted NATS's empty bucket is no reason to drop workers that re-register
         self._members = MembershipMirror(bus, self._subjects.members_bucket, self._on_member, self.malformed,
-                                         ttl_s=config.membership.bucket_ttl_s)
+                                         ttl_s=config.membership.bucket_ttl_s, grace_s=config.membership.ttl_s)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

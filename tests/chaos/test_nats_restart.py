@@ -1,11 +1,11 @@
 """NATS SIGKILLed under load and restarted on the same port one second later.
 
-A real nats-server (its own process, its own store directory), a real router and two real
-sim workers (each on its own connection). Eight greedy streams are mid-generation when the
+A real nats-server (its own process, its own store directory), a real router, two real
+sim workers and the orchestrator (each on its own connection). Eight greedy streams are mid-generation when the
 server is killed. After the restart, every one of them must either complete with exactly
 the text an undisturbed run gives (resumed where frames were lost) or end with an explicit
 error, within 5 s of the restart: none hung, truncated or wrong. A new request must succeed
-within 2 s of the restart, and the router must never remove a live worker.
+within 2 s of the restart, and neither the router nor the orchestrator may remove a live worker.
 
 `TANDEM_NATS_RESTART_RUNS` sets how many times the scenario runs (3 by default).
 """
@@ -22,9 +22,10 @@ import time
 import httpx
 import pytest
 
+from services.orchestrator.service import OrchestratorService
 from services.router.main import RouterServer
 from shared.bus import connect
-from shared.config import BusConfig, MembershipConfig
+from shared.config import BusConfig, MembershipConfig, OrchestratorConfig
 from shared.nats_server import EmbeddedNats
 from shared.tokenizer import Tokenizer
 from tests.integration.router_cluster import (
@@ -86,6 +87,7 @@ def kill(nats: EmbeddedNats) -> None:
 async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_load(
         run: int, tmp_path, model_dir: str, tokenizer: Tokenizer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="services.router.worker_pool")
+    caplog.set_level(logging.INFO, logger="services.orchestrator.service")
     nats = EmbeddedNats(str(tmp_path / "nats")).start()
     bus_config = BusConfig(nats_url=nats.url, namespace=f"chaos{run}")
     test_bus = await connect(nats.url, "test-client")
@@ -93,6 +95,9 @@ async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_lo
     workers = [await launch_worker(worker_config(worker_id, bus_config, model_dir, membership=membership,
                                                  sim_speedup=10.0, load_interval_s=0.1), test_bus, tokenizer)
                for worker_id in ("w1", "w2")]
+    orchestrator_bus = await connect(nats.url, "orchestrator")
+    orchestrator = OrchestratorService(OrchestratorConfig(bus=bus_config, membership=membership), orchestrator_bus)
+    await orchestrator.start()
     server = RouterServer(router_config(bus_config, model_dir, membership=membership, idle_timeout_s=60.0))
     task = asyncio.create_task(server.serve())
     try:
@@ -163,7 +168,7 @@ async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_lo
                                             run, completed, errors, new_request_s)
         assert new_request_s <= NEW_REQUEST_BOUND_S, f"first new request served {new_request_s:.2f}s after"
         removed = [record.getMessage() for record in caplog.records if "left the cluster" in record.getMessage()
-                   or "was not put back" in record.getMessage()]
+                   or "was not put back" in record.getMessage() or " removed (" in record.getMessage()]
         assert not removed, removed
         assert min(worker_counts) == 2, "the router dropped a live worker"
         assert all(worker.service.registration().started_at == worker.service._started_at for worker in workers)
@@ -171,6 +176,8 @@ async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_lo
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+        await orchestrator.stop()
+        await orchestrator_bus.close()
         for worker in workers:
             await worker.shutdown()
         await test_bus.close()
