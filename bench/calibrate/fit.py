@@ -97,29 +97,41 @@ def fit_layer_weights(steps: Sequence[dict[str, Any]], num_layers: int | None = 
     return [round(float(share), 5) for share in pooled / pooled.sum()]
 
 
+def _chosen(points: list[dict[str, Any]], mode: str, size: str) -> list[tuple[int, float]]:
+    """(size, median ms) of the points timed in `mode`; "auto" takes CUDA-graph replays when
+    every size has one, else eager timings (points recorded without a mode are eager)."""
+    if mode == "auto":
+        eager = {p[size] for p in points if p.get("mode", "eager") == "eager"}
+        graphed = {p[size] for p in points if p.get("mode", "eager") == "cuda_graph"}
+        mode = "cuda_graph" if graphed and graphed >= eager else "eager"
+    return [(p[size], p["median_ms"]) for p in points if p.get("mode", "eager") == mode]
+
+
+def prefill_points(raw: dict[str, Any], mode: str = "auto") -> list[tuple[int, float]]:
+    """(tokens in the step, ms) of the measured prefill steps."""
+    chosen = _chosen(raw["prefill"], mode, "tokens")
+    if not chosen:
+        raise ValueError(f"no {mode} prefill measurements")
+    return chosen
+
+
 def decode_points(raw: dict[str, Any], mode: str = "auto") -> tuple[int, list[tuple[int, float]]]:
-    """The decode points at the first measured context: (context, [(seqs, ms)]). `mode`
-    "auto" takes CUDA-graph timings when every batch size has one, else eager ones."""
+    """The decode points at the first measured context: (context, [(seqs, ms)])."""
     points = raw["decode"]
     if not points:
         raise ValueError("no decode measurements")
     context = raw["plan"]["decode_contexts"][0] if raw.get("plan") else points[0]["context"]
-    at_context = [p for p in points if p["context"] == context]
-    if mode == "auto":
-        eager = {p["batch"] for p in at_context if p["mode"] == "eager"}
-        graphed = {p["batch"] for p in at_context if p["mode"] == "cuda_graph"}
-        mode = "cuda_graph" if graphed and graphed >= eager else "eager"
-    chosen = [(p["batch"], p["median_ms"]) for p in at_context if p["mode"] == mode]
+    chosen = _chosen([p for p in points if p["context"] == context], mode, "batch")
     if not chosen:
         raise ValueError(f"no {mode} decode measurements at context {context}")
     return context, chosen
 
 
 def fit_profile(raw: dict[str, Any], *, name: str, num_layers: int | None = None,
-                decode_mode: str = "auto") -> tuple[TimingProfile, StepFit]:
+                mode: str = "auto") -> tuple[TimingProfile, StepFit]:
     """The validated profile for a raw measurements document, and the fit's quality."""
-    prefill = [(p["tokens"], p["median_ms"]) for p in raw["prefill"]]
-    _, decode = decode_points(raw, decode_mode)
+    prefill = prefill_points(raw, mode)
+    _, decode = decode_points(raw, mode)
     fit = fit_step_model(prefill, decode)
     profile = TimingProfile(name=name, prefill_ms_per_token=round(fit.prefill_ms_per_token, 6),
                             step_overhead_ms=round(fit.step_overhead_ms, 4),

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from bench.calibrate.fit import decode_points, fit_profile
+from bench.calibrate.fit import decode_points, fit_profile, prefill_points
 from bench.calibrate.measure import ModelShape, Plan, measure, stderr_log
 
 
@@ -60,7 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     runs.add_argument("--warmup", type=int, default=plan.warmup)
     runs.add_argument("--iters", type=int, default=plan.iters)
     runs.add_argument("--device", default=plan.device, help="auto (CUDA when present), cuda, cuda:1, cpu")
-    runs.add_argument("--no-cuda-graphs", action="store_true", help="time decode eagerly only")
+    runs.add_argument("--no-cuda-graphs", action="store_true", help="time steps eagerly only")
+    runs.add_argument("--attention", choices=("prefix", "stock"), default=plan.attention,
+                      help="decode attention: over the filled KV only, as serving engines do (prefix), "
+                           "or transformers' stock masked SDPA over the whole static cache")
     out = parser.add_argument_group("fit and output")
     out.add_argument("--from-raw", type=Path, help="fit a raw measurements file instead of measuring")
     out.add_argument("--raw-out", type=Path, help="write the raw measurements here")
@@ -68,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     out.add_argument("--name", default="calibrated", help="the profile's name")
     out.add_argument("--fit-layers", type=int, default=None,
                      help="pool the layer weights into this many layers (the sim's --sim-layers)")
-    out.add_argument("--decode-mode", choices=("auto", "eager", "cuda_graph"), default="auto")
+    out.add_argument("--mode", dest="mode", choices=("auto", "eager", "cuda_graph"), default="auto",
+                     help="which timings to fit: auto takes CUDA-graph replays where every point has one")
     return parser.parse_args(argv)
 
 
@@ -80,19 +84,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            num_kv_heads=args.kv_heads, intermediate_size=args.intermediate, vocab_size=args.vocab)
         plan = Plan(prefill_lengths=args.prefill_lengths, prefill_batches=args.prefill_batches,
                     decode_batches=args.decode_batches, decode_contexts=args.decode_contexts,
-                    warmup=args.warmup, iters=args.iters, device=args.device, cuda_graphs=not args.no_cuda_graphs)
+                    warmup=args.warmup, iters=args.iters, device=args.device, cuda_graphs=not args.no_cuda_graphs,
+                    attention=args.attention)
         raw = measure(shape, plan)
         if args.raw_out:  # before fitting: the measurements survive a failed fit
             args.raw_out.write_text(json.dumps(raw, indent=1) + "\n")
             stderr_log(f"raw measurements: {args.raw_out}")
-    profile, fit = fit_profile(raw, name=args.name, num_layers=args.fit_layers, decode_mode=args.decode_mode)
-    context, decode = decode_points(raw, args.decode_mode)
+    profile, fit = fit_profile(raw, name=args.name, num_layers=args.fit_layers, mode=args.mode)
+    context, decode = decode_points(raw, args.mode)
+    prefill = prefill_points(raw, args.mode)
     if args.profile_out:
         args.profile_out.write_text(json.dumps(msgspec.to_builtins(profile), indent=2) + "\n")
         stderr_log(f"profile: {args.profile_out}")
     return {"profile": msgspec.to_builtins(profile), "fit": msgspec.to_builtins(fit),
             "device": raw.get("device"), "shape": raw.get("shape"), "decode_context": context,
-            "decode_points": len(decode), "prefill_points": len(raw["prefill"]),
+            "decode_points": len(decode), "prefill_points": len(prefill),
             "raw_file": str(args.raw_out or args.from_raw or ""), "profile_file": str(args.profile_out or "")}
 
 

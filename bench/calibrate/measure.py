@@ -13,8 +13,10 @@ random weights, in bf16 on a CUDA device (fp32 on CPU), and timed on:
 
 `measure(shape, plan)` returns a plain JSON-able dict (the raw measurements file) and
 reports progress through `log`. torch and transformers are imported here, lazily, and
-nothing from Tandem is, so the module runs alone on a GPU machine; `bench.calibrate.fit`
-turns its output into the sim's timing profile.
+nothing from Tandem outside this package is, so it runs alone on a GPU machine;
+`bench.calibrate.fit` turns its output into the sim's timing profile. Decode attention reads
+only the filled KV, as serving engines do (`bench.calibrate.attention`), unless the plan
+asks for transformers' stock path.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 Log = Callable[[str], None]
+_ATTENTION: dict[str, Any] = {}  # "state": the prefix attention's, when installed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Plan:
     iters: int = 5
     device: str = "auto"  # "auto": CUDA when present, else CPU
     cuda_graphs: bool = True
+    attention: str = "prefix"  # "prefix": decode reads only the filled KV (bench.calibrate.attention); "stock"
 
 
 def stderr_log(message: str) -> None:
@@ -75,28 +79,28 @@ def measure(shape: ModelShape, plan: Plan, log: Log = stderr_log) -> dict[str, A
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     timer = _Timer(torch, device, plan.warmup, plan.iters)
     model = _build_model(torch, shape, device, dtype, max(plan.prefill_lengths + (plan.layer_prefill_tokens,)), log)
+    if plan.attention not in ("prefix", "stock"):
+        raise ValueError(f"attention must be 'prefix' or 'stock', not {plan.attention!r}")
+    if "state" in _ATTENTION:  # an earlier call's prefix attention stays registered: turn it off
+        _ATTENTION.pop("state")["filled"] = None
+    if plan.attention == "prefix":
+        from bench.calibrate.attention import install
+
+        _ATTENTION.update(state=install(torch))
     raw: dict[str, Any] = {"device": _describe(torch, device, dtype), "shape": dataclasses.asdict(shape),
                            "plan": dataclasses.asdict(plan), "prefill": [], "decode": [], "layers": [],
                            "skipped": []}
     with torch.inference_mode():
-        for batch, length in [(1, n) for n in plan.prefill_lengths] + list(plan.prefill_batches):
-            ids = torch.randint(0, shape.vocab_size, (batch, length), device=device)
-            try:
-                ms = timer.run(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1))
-            except torch.OutOfMemoryError:
-                raw["skipped"].append({"phase": "prefill", "batch": batch, "length": length, "why": "out of memory"})
-                log(f"prefill {batch}x{length}: out of memory, skipped")
-                _free(torch, device)
-                continue
-            raw["prefill"].append({"batch": batch, "length": length, "tokens": batch * length, "ms": ms,
-                                   "median_ms": statistics.median(ms)})
-            log(f"prefill {batch}x{length}: {statistics.median(ms):.2f} ms")
         graphs = {"enabled": plan.cuda_graphs and device.type == "cuda"}  # off after a failed capture
+        for batch, length in [(1, n) for n in plan.prefill_lengths] + list(plan.prefill_batches):
+            raw["prefill"] += _prefill_points(torch, model, shape, graphs, timer, device, batch, length,
+                                              raw["skipped"], log)
         for context in plan.decode_contexts:
             for batch in plan.decode_batches:
                 raw["decode"] += _decode_points(torch, model, shape, graphs, timer, device, dtype, batch, context,
                                                 raw["skipped"], log)
-        for kind, batch, tokens in (("prefill", 1, plan.layer_prefill_tokens), ("decode", plan.layer_decode_batch, 1)):
+        split = (("prefill", 1, plan.layer_prefill_tokens), ("decode", plan.layer_decode_batch, 1))
+        for kind, batch, tokens in split:
             try:
                 raw["layers"].append(_layer_split(torch, model, shape, device, kind, batch, tokens,
                                                   plan.decode_contexts[0], dtype))
@@ -188,6 +192,8 @@ def _decode_step(torch: Any, model: Any, batch: int, context: int, device: Any, 
     """One decode step for `batch` sequences at position `context` of a static cache (the
     cache's contents do not change the work: attention reads all `context` positions)."""
     cache = _static_cache(model, batch, context + 8, device, dtype)
+    if "state" in _ATTENTION:
+        _ATTENTION["state"]["filled"] = context + 1  # the context plus the token this step writes
     ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
     position = torch.tensor([context], dtype=torch.long, device=device)
 
@@ -197,8 +203,8 @@ def _decode_step(torch: Any, model: Any, batch: int, context: int, device: Any, 
     return step, cache
 
 
-def _decode_points(torch: Any, model: Any, shape: ModelShape, graphs: dict[str, bool], timer: _Timer, device: Any, dtype: Any,
-                   batch: int, context: int, skipped: list[dict[str, Any]], log: Log) -> list[dict[str, Any]]:
+def _decode_points(torch: Any, model: Any, shape: ModelShape, graphs: dict[str, bool], timer: _Timer, device: Any,
+                   dtype: Any, batch: int, context: int, skipped: list[dict[str, Any]], log: Log) -> list[dict[str, Any]]:
     kv_bytes = shape.kv_bytes_per_token(dtype.itemsize) * batch * (context + 8)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -207,32 +213,53 @@ def _decode_points(torch: Any, model: Any, shape: ModelShape, graphs: dict[str, 
                             "why": f"KV cache {kv_bytes / 2**30:.1f} GiB > 80% of {free / 2**30:.1f} GiB free"})
             log(f"decode {batch} seqs @ {context}: KV cache does not fit, skipped")
             return []
-    points = []
     step, cache = _decode_step(torch, model, batch, context, device, dtype)
     try:
+        return _timed(torch, step, graphs, timer, {"batch": batch, "context": context},
+                      f"decode {batch} seqs @ {context}", skipped, log)
+    finally:
+        del step, cache
+        _free(torch, device)
+
+
+def _prefill_points(torch: Any, model: Any, shape: ModelShape, graphs: dict[str, bool], timer: _Timer, device: Any,
+                    batch: int, length: int, skipped: list[dict[str, Any]], log: Log) -> list[dict[str, Any]]:
+    ids = torch.randint(0, shape.vocab_size, (batch, length), device=device)
+
+    def step() -> Any:
+        return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+    try:
+        return _timed(torch, step, graphs, timer, {"batch": batch, "length": length, "tokens": batch * length},
+                      f"prefill {batch}x{length}", skipped, log)
+    finally:
+        del step
+        _free(torch, device)
+
+
+def _timed(torch: Any, step: Callable[[], Any], graphs: dict[str, bool], timer: _Timer, key: dict[str, int],
+           label: str, skipped: list[dict[str, Any]], log: Log) -> list[dict[str, Any]]:
+    """Eager samples, then (CUDA) samples of the step replayed from a captured graph."""
+    points = []
+    try:
         eager = timer.run(step)
-        points.append({"batch": batch, "context": context, "mode": "eager", "ms": eager,
-                       "median_ms": statistics.median(eager)})
-        line = f"decode {batch} seqs @ {context}: eager {statistics.median(eager):.2f} ms"
+        points.append({**key, "mode": "eager", "ms": eager, "median_ms": statistics.median(eager)})
+        line = f"{label}: eager {statistics.median(eager):.2f} ms"
         if graphs["enabled"]:
             try:
-                graphed = timer.run(_capture(torch, step))
-                points.append({"batch": batch, "context": context, "mode": "cuda_graph", "ms": graphed,
-                               "median_ms": statistics.median(graphed)})
+                replay = _capture(torch, step)
+                graphed = timer.run(replay)
+                del replay
+                points.append({**key, "mode": "cuda_graph", "ms": graphed, "median_ms": statistics.median(graphed)})
                 line += f", graph {statistics.median(graphed):.2f} ms"
             except Exception as error:  # capture is best effort: eager timings stand alone
-                skipped.append({"phase": "cuda_graph", "batch": batch, "context": context,
-                                "why": f"{type(error).__name__}: {error}"[:300]})
+                skipped.append({**key, "phase": "cuda_graph", "why": f"{type(error).__name__}: {error}"[:300]})
                 line += f", graph failed ({type(error).__name__}), no more captures"
                 graphs["enabled"] = False
         log(line)
     except Exception as error:  # out of memory, or an API this transformers lacks: recorded, not fatal
-        skipped.append({"phase": "decode", "batch": batch, "context": context,
-                        "why": f"{type(error).__name__}: {error}"[:300]})
-        log(f"decode {batch} seqs @ {context}: {type(error).__name__}, skipped")
-    finally:
-        del step, cache
-        _free(torch, device)
+        skipped.append({**key, "phase": "step", "why": f"{type(error).__name__}: {error}"[:300]})
+        log(f"{label}: {type(error).__name__}, skipped")
     return points
 
 
