@@ -98,13 +98,16 @@ def fit_layer_weights(steps: Sequence[dict[str, Any]], num_layers: int | None = 
 
 
 def _chosen(points: list[dict[str, Any]], mode: str, size: str) -> list[tuple[int, float]]:
-    """(size, median ms) of the points timed in `mode`; "auto" takes CUDA-graph replays when
-    every size has one, else eager timings (points recorded without a mode are eager)."""
-    if mode == "auto":
-        eager = {p[size] for p in points if p.get("mode", "eager") == "eager"}
-        graphed = {p[size] for p in points if p.get("mode", "eager") == "cuda_graph"}
-        mode = "cuda_graph" if graphed and graphed >= eager else "eager"
-    return [(p[size], p["median_ms"]) for p in points if p.get("mode", "eager") == mode]
+    """(size, median ms) of the points timed in `mode`. "auto" takes, for each shape (batch
+    and length), the faster of the eager run and the CUDA-graph replay, as an engine that
+    captures graphs where they help does (points recorded without a mode are eager)."""
+    best: dict[tuple[int, int], tuple[int, float]] = {}
+    for point in points:
+        if mode in ("auto", point.get("mode", "eager")):
+            shape = (point["batch"], point.get("length", 1))
+            if shape not in best or point["median_ms"] < best[shape][1]:
+                best[shape] = (point[size], point["median_ms"])
+    return [best[shape] for shape in sorted(best)]
 
 
 def prefill_points(raw: dict[str, Any], mode: str = "auto") -> list[tuple[int, float]]:

@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     out.add_argument("--fit-layers", type=int, default=None,
                      help="pool the layer weights into this many layers (the sim's --sim-layers)")
     out.add_argument("--mode", dest="mode", choices=("auto", "eager", "cuda_graph"), default="auto",
-                     help="which timings to fit: auto takes CUDA-graph replays where every point has one")
+                     help="which timings to fit: auto takes the faster of eager and CUDA-graph replay per point")
     return parser.parse_args(argv)
 
 

@@ -6,8 +6,9 @@ random weights, in bf16 on a CUDA device (fp32 on CPU), and timed on:
 - prefill: one forward pass over whole prompts (batch 1 at each length, plus a few batches
   of equal chunks), logits for the last position only, as a serving engine computes them;
 - decode: one token for each of B sequences whose KV cache (a preallocated `StaticCache`)
-  holds `context` tokens, eagerly and, on CUDA, replayed from a captured CUDA graph (how
-  serving engines run decode steps);
+  holds `context` tokens;
+- every step eagerly and, on CUDA, replayed from a captured CUDA graph (how serving engines
+  run small steps);
 - per-layer split: CUDA events (wall clock on CPU) around the embedding, every decoder
   layer and the final norm + LM head, in one prefill and one decode step.
 
@@ -204,7 +205,8 @@ def _decode_step(torch: Any, model: Any, batch: int, context: int, device: Any, 
 
 
 def _decode_points(torch: Any, model: Any, shape: ModelShape, graphs: dict[str, bool], timer: _Timer, device: Any,
-                   dtype: Any, batch: int, context: int, skipped: list[dict[str, Any]], log: Log) -> list[dict[str, Any]]:
+                   dtype: Any, batch: int, context: int, skipped: list[dict[str, Any]], log: Log
+                   ) -> list[dict[str, Any]]:
     kv_bytes = shape.kv_bytes_per_token(dtype.itemsize) * batch * (context + 8)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
