@@ -22,6 +22,8 @@ the mocker are registered in the discovery store, the frontend lists the model a
 `/v1/models` (it waits for N workers first: `--router-min-initial-workers N`), and a probe
 completion streams back. The probe's prompt is shorter than a block, so it caches nothing.
 
+Client: `dynamo_client(base_url)` (no keep-alive; see it for the 40 ms Nagle floor).
+
 Prompts: Dynamo's `/v1/completions` takes token-id prompts (`"prompt": [1, 2, 3]`) as they
 are: no detokenize/retokenize round trip (`usage.prompt_tokens` is the list's length, and
 the KV router matches the ids' blocks), with `temperature 0, ignore_eos true, stream true,
@@ -62,8 +64,10 @@ from urllib.parse import unquote
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.routing.dynamo_timing import write_profile_npz
 from launch.process import ManagedProcess
 from launch.readiness import free_port
+from services.worker.sim.profile import TimingProfile
 from shared.lifecycle import die_with_parent
 from shared.nats_server import EmbeddedNats
 
@@ -73,6 +77,20 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.05
+DEFAULT_MAX_CONTEXT = 8192  # the timing profile's context range when max_model_len is not set
+
+
+def dynamo_client(base_url: str, timeout_s: float = 300.0) -> httpx.AsyncClient:
+    """The routing bench's HTTP client for a Dynamo frontend: a new connection per request.
+
+    Dynamo 1.6.1's HTTP server leaves Nagle's algorithm on: on a kept-alive connection the
+    first SSE chunk after the response headers waits for the client's delayed ACK, a floor of
+    ~40 ms under every TTFT (measured: 44-48 ms for a 20 ms answer; a fresh connection is in
+    quick-ACK mode and sees 20 ms). Tandem's router (asyncio sets TCP_NODELAY) has no floor,
+    so keeping the connection alive would compare HTTP stacks, not routers. A loopback
+    connect costs ~0.1 ms."""
+    return httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
 
 
 class DynamoUnavailable(RuntimeError):
@@ -143,8 +161,9 @@ class DynamoStack:
     """A Dynamo frontend + router + N mocker workers; see the module docstring.
 
     `kv_blocks` is each worker's KV pool (`--num-gpu-blocks-override`); `speedup_ratio`
-    divides the mocker's simulated step times (`dynamo_timing.mocker_timing` picks it so
-    the mocker's cache-blind capacity matches Tandem's sim); `max_num_seqs`,
+    divides the mocker's simulated pass times; `timing_profile` (a sim `TimingProfile`)
+    replaces the mocker's stock timing with the sim's (`dynamo_timing`; its
+    `mocker_settings(shape)` gives all the engine arguments of a bench run); `max_num_seqs`,
     `max_num_batched_tokens` and `max_model_len` go to the mocker when given (its defaults:
     256, 8192, unlimited); `extra_mocker_args`/`extra_frontend_args` are appended verbatim.
     """
@@ -154,8 +173,8 @@ class DynamoStack:
                  router_mode: str = "kv", max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                  log_dir: str | os.PathLike[str] | None = None, venv: str | os.PathLike[str] | None = None,
-                 extra_mocker_args: tuple[str, ...] = (), extra_frontend_args: tuple[str, ...] = (),
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+                 timing_profile: TimingProfile | None = None, extra_mocker_args: tuple[str, ...] = (),
+                 extra_frontend_args: tuple[str, ...] = (), start_timeout_s: float = START_TIMEOUT_S) -> None:
         if router_mode not in ROUTER_MODES:
             raise ValueError(f"router_mode must be one of {', '.join(ROUTER_MODES)}, not {router_mode!r}")
         if workers < 1 or block_size < 1 or kv_blocks < 1:
@@ -169,6 +188,7 @@ class DynamoStack:
         self.workers, self.block_size, self.kv_blocks = workers, block_size, kv_blocks
         self.speedup_ratio, self.decode_speedup_ratio = speedup_ratio, decode_speedup_ratio
         self.router_mode = router_mode
+        self.timing_profile = timing_profile
         self.engine_limits = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
                               "--max-model-len": max_model_len}
         self.extra_mocker_args, self.extra_frontend_args = tuple(extra_mocker_args), tuple(extra_frontend_args)
@@ -180,6 +200,7 @@ class DynamoStack:
         self.nats: EmbeddedNats | None = None
         self.processes: dict[str, ManagedProcess] = {}
         self._state_dir: Path | None = None
+        self._profile_path: Path | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -203,6 +224,11 @@ class DynamoStack:
         self._state_dir = Path(tempfile.mkdtemp(prefix="tandem-dynamo-"))
         self.log_dir = self._log_dir_arg or self._state_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.timing_profile is not None:
+            self._profile_path = write_profile_npz(
+                self.timing_profile, self._state_dir / "timing.npz", block_size=self.block_size,
+                max_context=self.engine_limits["--max-model-len"] or DEFAULT_MAX_CONTEXT,
+                max_kv_tokens=self.kv_blocks * self.block_size)
         self.nats = EmbeddedNats(str(self._state_dir / "nats")).start()
         env = self._env()
         # no DYN_SYSTEM_PORT: the mocker's own /metrics shows one engine of N only (and the
@@ -248,6 +274,8 @@ class DynamoStack:
         for flag, value in self.engine_limits.items():
             if value is not None:
                 args += [flag, str(value)]
+        if self._profile_path is not None:
+            args += ["--planner-profile-data", str(self._profile_path)]
         return args + list(self.extra_mocker_args)
 
     def frontend_args(self, port: int) -> list[str]:
