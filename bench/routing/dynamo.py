@@ -40,7 +40,9 @@ start, probe included: take differences):
 - `cached_tokens`: sum of `dynamo_frontend_cached_tokens`, the per-request
   `usage.prompt_tokens_details.cached_tokens`: the prompt tokens the engine found in its own
   prefix cache when it scheduled the request (the mocker reports its real hit, so it counts
-  under round-robin too; Dynamo has no cross-worker pull, so nothing is "pulled");
+  under round-robin too; Dynamo has no cross-worker pull, so nothing is "pulled"). As in
+  vLLM, whole blocks only, and a prompt's last token is always computed: a repeated prompt
+  of 64 tokens (4 blocks of 16) reports 48 cached;
 - `requests`: how many requests those sums cover.
 `cached / prompt` is the run's cached share, comparable with Tandem's hit rate minus its pulls.
 `router_counters()` adds the KV router's own view (kv mode only): the prefix tokens it
