@@ -29,9 +29,10 @@ are: no detokenize/retokenize round trip (`usage.prompt_tokens` is the list's le
 the KV router matches the ids' blocks), with `temperature 0, ignore_eos true, stream true,
 stream_options.include_usage` as the routing bench sends them. So no text conversion is
 needed. The mocker's output tokens are random ids, not a function of the prompt (unlike
-Tandem's sim, whose answer `workloads.answer_tokens` predicts), so a multi-turn client must
-carry the history as the text it received, or as its own prediction (the engine computes
-the same number of tokens either way; only the cache contents differ from the answer).
+Tandem's sim, whose answer `workloads.answer_tokens` predicts); Dynamo returns them with
+`"nvext": {"extra_fields": ["completion_token_ids"]}` (`dynamo_drive.stream_answer`). The
+mocker caches a request's prompt blocks only, not its answer's: a next turn that carries
+the served answer hits the previous prompt's blocks, never the answer's (measured).
 
 Counters (`DynamoCounters`, from the frontend's Prometheus `/metrics`, cumulative since
 start, probe included: take differences):

@@ -1,4 +1,5 @@
-"""`bench.routing.dynamo`: NVIDIA Dynamo's frontend, KV router and mocker workers beside Tandem.
+"""`bench.routing.dynamo` (+ `dynamo_drive`, `dynamo_timing`): NVIDIA Dynamo's frontend, KV
+router and mocker workers beside Tandem.
 
 The stack tests start the real thing (nats-server, `python -m dynamo.mocker`, `python -m
 dynamo.frontend`) from the Dynamo venv named by $TANDEM_DYNAMO_VENV (made as
@@ -9,7 +10,9 @@ tests (counters parsing, the mocker's timing profile, the missing-venv error) ru
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -21,12 +24,14 @@ from bench.routing.dynamo import (
     VENV_ENV,
     DynamoStack,
     DynamoUnavailable,
+    dynamo_client,
     dynamo_python,
     parse_counters,
     parse_router_counters,
 )
+from bench.routing.dynamo_drive import stream_answer
 from bench.routing.dynamo_timing import mocker_settings, polynomial_speedup, profile_arrays
-from bench.routing.workloads import EngineShape
+from bench.routing.workloads import EngineShape, Outcome
 from services.worker.sim.profile import TimingProfile, load_profile
 from tests.stack_fixtures import group_members
 
@@ -98,6 +103,22 @@ def test_streams_a_token_id_prompt_through_the_kv_router_and_leaves_nothing(tiny
     assert _left_over(pgids) == {} and _marked(marker) == []
     assert state_dir is not None and not state_dir.exists()
     assert {"mocker.log", "frontend.log"} <= {path.name for path in tmp_path.iterdir()}
+
+
+@needs_dynamo
+async def test_stream_answer_returns_the_served_token_ids_for_the_next_turn(tiny_model_dir: str) -> None:
+    with DynamoStack(tiny_model_dir, workers=1, kv_blocks=64) as stack:
+        async with dynamo_client(stack.base_url) as client:
+            first = Outcome(sent_at=time.monotonic())
+            answer = await stream_answer(client, stack.model, list(range(100, 168)), 12, first)
+            before = await asyncio.to_thread(stack.counters)
+            second = Outcome(sent_at=time.monotonic())
+            await stream_answer(client, stack.model, list(range(100, 168)) + answer + [7] * 20, 4, second)
+            used = await asyncio.to_thread(stack.counters) - before
+    assert first.error is None and first.ttft_s is not None and first.completion_tokens == 12
+    assert len(answer) == 12 and all(isinstance(token, int) for token in answer)
+    assert second.error is None
+    assert used.cached_tokens == 64  # the first prompt's four blocks; the mocker caches no answer blocks
 
 
 @needs_dynamo
