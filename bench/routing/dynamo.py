@@ -80,6 +80,7 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.05
+PORT_ATTEMPTS = 3
 DEFAULT_MAX_CONTEXT = 8192  # the timing profile's context range when max_model_len is not set
 
 
@@ -240,12 +241,21 @@ class DynamoStack:
         deadline = time.monotonic() + self.start_timeout_s
         self._wait(lambda: self._registered_instances() >= self.workers, deadline,
                    f"{self.workers} mocker workers registered")
-        port = free_port(HOST)
-        self.base_url = f"http://{HOST}:{port}"
-        self._spawn("frontend", ["-m", "dynamo.frontend", *self.frontend_args(port)], env)
-        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
-            self._wait(lambda: self._serves_model(client), deadline, f"{self.base_url}/v1/models lists the model")
-            self._wait(lambda: self._probe(client), deadline, "a probe completion")
+        for attempt in range(PORT_ATTEMPTS):
+            port = free_port(HOST)
+            self.base_url = f"http://{HOST}:{port}"
+            frontend = self._spawn("frontend", ["-m", "dynamo.frontend", *self.frontend_args(port)], env)
+            try:
+                with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+                    self._wait(lambda: self._serves_model(client), deadline,
+                               f"{self.base_url}/v1/models lists the model")
+                    self._wait(lambda: self._probe(client), deadline, "a probe completion")
+                return
+            except RuntimeError:
+                # another process took the free port between the probe and the frontend's bind
+                if frontend.alive or "already in use" not in frontend.log_tail() or attempt + 1 == PORT_ATTEMPTS:
+                    raise
+                del self.processes["frontend"]
 
     def stop(self) -> None:
         """Frontend, then mocker, then NATS; each SIGTERM then, past a bounded wait, SIGKILL of
