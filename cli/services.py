@@ -180,7 +180,8 @@ def worker(
     max_num_seqs: Annotated[int, typer.Option()] = 64,
     max_num_batched_tokens: Annotated[int, typer.Option()] = 512,
     max_model_len: Annotated[int, typer.Option()] = 2048,
-    sim_profile: Annotated[str, typer.Option(help="Timing profile JSON (sim).")] = "",
+    sim_profile: Annotated[str, typer.Option(
+        help="Timing profile (sim): a JSON file or a packaged name (default, h100-llama-8b-shape).")] = "",
     sim_speedup: Annotated[float, typer.Option(help="Run the sim this many times faster.")] = 1.0,
     vllm_kv_cache_gib: Annotated[float, typer.Option(help="vLLM: KV cache size in GiB (host memory on CPU).")] = 1.0,
     vllm_cpu_threads_bind: Annotated[str, typer.Option(

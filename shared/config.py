@@ -117,7 +117,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
-    sim_profile: str = ""  # path to a timing profile; empty: the packaged default
+    sim_profile: str = ""  # a timing profile file or packaged name; empty: the packaged default
     sim_speedup: float = 1.0
     sim_layers: int = 4
     sim_kv_dim: int = 64

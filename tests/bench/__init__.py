@@ -1,0 +1,1 @@
+"""Benchmark tests: parts of `bench` that need more than a unit test (external stacks)."""
