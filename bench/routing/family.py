@@ -253,7 +253,7 @@ DEFAULT_SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("overfull", tenants=12, prefix_tokens=1024, zipf=0.8, kv_pressure=1.2),
     SweepPoint("multi-turn", tenants=0, prefix_tokens=512, query_tokens=64, max_tokens=32, turns=5,
                kv_pressure=0.7, arrivals="closed"),
-    SweepPoint("half-unique", tenants=8, prefix_tokens=1024, unique_share=0.5, kv_pressure=0.7),
+    SweepPoint("half-unique", tenants=8, prefix_tokens=1024, unique_share=0.5, kv_pressure=0.5, load=0.7),
     SweepPoint("bursts", tenants=8, prefix_tokens=1024, kv_pressure=0.7, arrivals="onoff"),
 )
 QUICK_SWEEP: tuple[SweepPoint, ...] = tuple(point for point in DEFAULT_SWEEP
