@@ -99,6 +99,8 @@ def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm,
             # a machine short of CPU inflates every arm's TTFT: the row shows how busy it was
             figures["cpu_busy"] = round((cpu_seconds(system.pids) - cpu_before)
                                         / ((time.monotonic() - wall_before) * (os.cpu_count() or 1)), 2)
+            # and other programs on the machine do too: its 1-minute load average, over its CPUs
+            figures["machine_load"] = round(os.getloadavg()[0] / (os.cpu_count() or 1), 2)
     except LaunchError as error:  # the row says so; the other rows still run
         progress(f"  {error}")
         return {**row, "error": str(error)[:500]}
