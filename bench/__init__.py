@@ -5,5 +5,6 @@ is a test.
 - `bench.serve`: TTFT / ITL / throughput against a URL, or topologies side by side;
 - `bench.routing`: KV-aware routing beside round-robin and random on a local stack;
 - `bench.index`: the router's KV index beside NVIDIA Dynamo's RadixTree;
-- `bench.transfer`: the KV connector's reads beside raw NIXL, and idle CPU.
+- `bench.transfer`: the KV connector's reads beside raw NIXL, and idle CPU;
+- `bench.calibrate`: a real transformer's step times (PyTorch), fitted into a sim timing profile.
 """

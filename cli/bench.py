@@ -40,3 +40,11 @@ def bench_serve(ctx: typer.Context) -> None:
     from bench.serve.main import main as bench_main
 
     raise typer.Exit(bench_main(list(ctx.args)))
+
+
+@app.command("calibrate", context_settings=PASSTHROUGH)
+def bench_calibrate(ctx: typer.Context) -> None:
+    """Sim timing profile: time a Llama-shaped model with PyTorch (GPU if any) and fit it (--help for options)."""
+    from bench.calibrate.main import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))

@@ -62,8 +62,8 @@ def router(
         help="Decode-first default for requests that name none: serve only from a worker already holding "
              "this share of the prompt's KV, else answer finish_reason 'cache_threshold'. 0: off.")] = 0.0,
     routing_policy: Annotated[str, typer.Option(
-        help="A registered routing policy: kv-aware (cost model), or a baseline for benchmarks "
-             "(round-robin, random).")] = "kv-aware",
+        help="A registered routing policy: kv-aware (cost model), or one for benchmarks "
+             "(round-robin, random, pinned).")] = "kv-aware",
     routing_seed: Annotated[int, typer.Option(help="Seed of the random policy.")] = 0,
     local_prefill_tokens: Annotated[int, typer.Option(
         envvar="TANDEM_LOCAL_PREFILL_TOKENS",
@@ -74,6 +74,22 @@ def router(
         help="How a disaggregated request's prompt KV reaches the decode worker: pull (prefill first, the "
              "decode worker reads it), or push (the decode worker allocates first, the prefill worker writes "
              "each layer as it computes; pairs whose engines cannot push fall back to pull).")] = "pull",
+    prefix_pull: Annotated[bool, typer.Option(
+        help="Let a worker pull a cached prompt prefix from another worker instead of computing it "
+             "(off: a plain baseline for benchmarks).")] = True,
+    transfer_weight: Annotated[float, typer.Option(
+        help="Cost model: per prompt token pulled from another worker's cache, in prompt-token equivalents "
+             "(`tandem bench calibrate` style figures: transfer time / prefill time per token).")] = 0.1,
+    pull_fixed_tokens: Annotated[float, typer.Option(help="Cost model: the fixed cost of one prefix pull.")] = 32.0,
+    eviction_weight: Annotated[float, typer.Option(
+        help="Cost model: per cached token that a request's new KV would push out of a full cache.")] = 0.5,
+    queue_weight: Annotated[float, typer.Option(
+        help="Cost model: per prompt token queued for prefill ahead of the request.")] = 0.5,
+    decode_weight: Annotated[float, typer.Option(
+        help="Cost model: for a worker whose batch is full (running+waiting = max_num_seqs).")] = 1024.0,
+    replicate_load: Annotated[float, typer.Option(
+        help="Replicate a prefix onto another worker once each of its holders is past this share of its "
+             "batch (0: never).")] = 0.75,
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
@@ -93,7 +109,10 @@ def router(
         raise typer.BadParameter("a model directory is required (its tokenizer is used)", param_hint="--model-dir")
     routing = RoutingConfig(policy=routing_policy, seed=routing_seed,
                             cache_hit_threshold=cache_hit_threshold, local_prefill_tokens=local_prefill_tokens,
-                            max_queue_factor=max_queue_factor, pd_transfer=pd_transfer)  # type: ignore[arg-type]
+                            max_queue_factor=max_queue_factor, pd_transfer=pd_transfer,  # type: ignore[arg-type]
+                            prefix_pull=prefix_pull, transfer_weight=transfer_weight,
+                            pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
+                            queue_weight=queue_weight, decode_weight=decode_weight, replicate_load=replicate_load)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, bus=bus_config(nats_url, namespace),
                           membership=membership_config(heartbeat_interval, ttl),
@@ -161,7 +180,8 @@ def worker(
     max_num_seqs: Annotated[int, typer.Option()] = 64,
     max_num_batched_tokens: Annotated[int, typer.Option()] = 512,
     max_model_len: Annotated[int, typer.Option()] = 2048,
-    sim_profile: Annotated[str, typer.Option(help="Timing profile JSON (sim).")] = "",
+    sim_profile: Annotated[str, typer.Option(
+        help="Timing profile (sim): a JSON file or a packaged name (default, h100-llama-8b-shape).")] = "",
     sim_speedup: Annotated[float, typer.Option(help="Run the sim this many times faster.")] = 1.0,
     vllm_kv_cache_gib: Annotated[float, typer.Option(help="vLLM: KV cache size in GiB (host memory on CPU).")] = 1.0,
     vllm_cpu_threads_bind: Annotated[str, typer.Option(

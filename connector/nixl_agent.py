@@ -63,6 +63,20 @@ def nixl_available() -> bool:
     return True
 
 
+def _region(buffer: Any) -> tuple[int, int, str, int]:
+    """(address, bytes, "DRAM" or "VRAM", device id) of a contiguous pool buffer."""
+    cuda = getattr(buffer, "__cuda_array_interface__", None)
+    if cuda is None:
+        if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous:
+            raise ValueError("the KV pool must be a C-contiguous numpy array or a contiguous CUDA array")
+        return buffer.ctypes.data, buffer.nbytes, "DRAM", 0
+    if cuda.get("strides") is not None:  # None means C-contiguous in the interface
+        raise ValueError("the KV pool must be contiguous")
+    nbytes = int(np.prod(cuda["shape"])) * np.dtype(cuda["typestr"]).itemsize
+    device = getattr(buffer, "device", None)
+    return int(cuda["data"][0]), nbytes, "VRAM", int(getattr(device, "index", None) or 0)
+
+
 def _error_code(nixl: ModuleType, error: Exception) -> ErrorCode:
     if isinstance(error, nixl.nixlRemoteDisconnectError):
         return ErrorCode.DISCONNECTED
@@ -95,7 +109,7 @@ class KvAgent:
         self._lock = threading.Lock()
         self._pool: PoolInfo | None = None
         self._registration: Any = None
-        self._buffer: np.ndarray | None = None  # keeps the registered memory alive
+        self._buffer: Any = None  # keeps the registered memory alive
         self._peers: dict[str, PoolInfo] = {}
         self._unreleased: list[int] = []  # transfer handles NIXL refused to release
         self._closed = False
@@ -119,21 +133,26 @@ class KvAgent:
         """The underlying bindings agent, for benchmarks and diagnostics only."""
         return self._agent
 
-    def register_pool(self, buffer: np.ndarray, block_nbytes: int) -> PoolInfo:
-        """Register the whole KV pool (C-contiguous host memory) as one NIXL region."""
+    def register_pool(self, buffer: Any, block_nbytes: int) -> PoolInfo:
+        """Register the whole KV pool as one NIXL region: C-contiguous host memory (a numpy
+        array), or GPU memory (anything with `__cuda_array_interface__`, e.g. a torch CUDA
+        tensor of uint8, registered as VRAM on the tensor's device)."""
         self._check_open()
         if self._pool is not None:
             raise RuntimeError("a pool is already registered")
-        if not buffer.flags.c_contiguous:
-            raise ValueError("the KV pool must be C-contiguous")
-        if block_nbytes <= 0 or buffer.nbytes % block_nbytes:
-            raise ValueError(f"pool of {buffer.nbytes} bytes is not a whole number of {block_nbytes}-byte blocks")
-        pool = PoolInfo(base_addr=buffer.ctypes.data, block_nbytes=block_nbytes,
-                        num_blocks=buffer.nbytes // block_nbytes)
-        registration = self._nixl.nixlRegDList(self._nixl.DRAM_SEG, [(pool.base_addr, pool.nbytes, pool.device_id, "")])
+        base_addr, nbytes, mem_type, device_id = _region(buffer)
+        if block_nbytes <= 0 or nbytes % block_nbytes:
+            raise ValueError(f"pool of {nbytes} bytes is not a whole number of {block_nbytes}-byte blocks")
+        pool = PoolInfo(base_addr=base_addr, block_nbytes=block_nbytes, num_blocks=nbytes // block_nbytes,
+                        mem_type=mem_type, device_id=device_id)
+        registration = self._nixl.nixlRegDList(self._segment(mem_type),
+                                               [(pool.base_addr, pool.nbytes, pool.device_id, "")])
         self._agent.registerMem(registration, [])
         self._pool, self._registration, self._buffer = pool, registration, buffer
         return pool
+
+    def _segment(self, mem_type: str) -> Any:
+        return self._nixl.VRAM_SEG if mem_type == "VRAM" else self._nixl.DRAM_SEG
 
     def metadata(self) -> bytes:
         """This agent's metadata for peers; includes the registered pool, so call it after
@@ -264,7 +283,8 @@ class KvAgent:
         try:
             handle = self._agent.createXferReq(
                 nixl.NIXL_READ if op == "READ" else nixl.NIXL_WRITE,
-                nixl.nixlXferDList(nixl.DRAM_SEG, local_rows), nixl.nixlXferDList(nixl.DRAM_SEG, remote_rows),
+                nixl.nixlXferDList(self._segment(pool.mem_type), local_rows),
+                nixl.nixlXferDList(self._segment(peer_pool.mem_type), remote_rows),
                 peer, notify, [])
             status = self._agent.postXferReq(handle)
             pause = 20e-6

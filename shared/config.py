@@ -117,7 +117,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int = 2048
-    sim_profile: str = ""  # path to a timing profile; empty: the packaged default
+    sim_profile: str = ""  # a timing profile file or packaged name; empty: the packaged default
     sim_speedup: float = 1.0
     sim_layers: int = 4
     sim_kv_dim: int = 64
@@ -157,10 +157,18 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # still apply)
     policy: str = "kv-aware"
     seed: int = 0  # the random policy's generator
+    # Cost model weights (`services.router.routing.cost`), calibratable from an engine's timing
+    # profile and measured transfer bandwidth (`services.router.routing.calibration`)
     prefill_weight: float = 1.0  # per prompt token the computing worker must compute
     transfer_weight: float = 0.1  # per prompt token it pulls from another worker's cache instead
+    pull_fixed_tokens: float = 32.0  # per prefix pull: the lease round trip and hand-off, in token equivalents
+    eviction_weight: float = 0.5  # per cached token that new KV would push out of a full cache
     queue_weight: float = 0.5  # per prompt token queued for prefill ahead of it on that worker
     decode_weight: float = 1024.0  # for a serving/decode worker whose batch is full (running+waiting = max_num_seqs)
+    # a prefix whose every holder is past this share of its batch (running+waiting / max_num_seqs)
+    # is replicated: a non-holder pulling it pays no eviction cost (0: never)
+    replicate_load: float = 0.75
+    prefix_pull: bool = True  # False: a worker never pulls a cached prefix from another (a plain baseline)
     local_prefill_tokens: int = 256  # a decode worker computes a prompt itself when fewer are uncached there
     prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
     cache_hit_threshold: float = 0.0  # decode-first default for requests that name none; 0: off
@@ -174,7 +182,8 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     pd_transfer: Literal["pull", "push"] = "pull"
 
     def validate(self) -> None:
-        for name in ("prefill_weight", "transfer_weight", "queue_weight", "decode_weight"):
+        for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
+                     "decode_weight", "replicate_load"):
             _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
         _require(self.prefill_busy_tokens > 0, "prefill_busy_tokens must be positive")

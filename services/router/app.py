@@ -111,16 +111,23 @@ class RouterRuntime:
             await bus.close()
 
 
+ROUTE_HINT_HEADER = "x-tandem-worker"  # a worker id; only the pinned routing policy reads it
+
+
+def route_hint(request: Request) -> str | None:
+    return request.headers.get(ROUTE_HINT_HEADER) or None
+
+
 def build_routes(runtime: RouterRuntime) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await cancel_on_disconnect(request, runtime.started.completions.create(body))
+        return await cancel_on_disconnect(request, runtime.started.completions.create(body, route_hint(request)))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await cancel_on_disconnect(request, runtime.started.chat.create(body))
+        return await cancel_on_disconnect(request, runtime.started.chat.create(body, route_hint(request)))
 
     @router.get("/v1/models")
     async def models() -> ModelList:

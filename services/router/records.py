@@ -48,6 +48,7 @@ class GenerationParams(RequestIdentity):
     sampling: SamplingParams
     stop: tuple[str, ...]
     cache_hit_threshold: float | None = None  # decode-first; None: the router's default
+    route_hint: str | None = None  # the worker the client named (X-Tandem-Worker); the pinned policy's input
     route: RouteNote = field(default_factory=RouteNote, compare=False)  # shared by its resumed copies
 
 

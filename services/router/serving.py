@@ -91,12 +91,12 @@ class ServingContext:
                               stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
 
     def params(self, identity: RequestIdentity, body: SamplingFields, model: str, prompt_ids: list[int],
-               max_tokens: int) -> GenerationParams:
+               max_tokens: int, route_hint: str | None = None) -> GenerationParams:
         """A validated request as the dispatcher takes it (both generate endpoints)."""
         return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
                                 arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
                                 sampling=self.sampling(body, max_tokens), stop=body.stop_strings,
-                                cache_hit_threshold=body.cache_hit_threshold)
+                                cache_hit_threshold=body.cache_hit_threshold, route_hint=route_hint)
 
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,

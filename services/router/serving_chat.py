@@ -55,7 +55,7 @@ class ChatServing:
     def __init__(self, context: ServingContext) -> None:
         self._context = context
 
-    async def create(self, body: ChatCompletionRequest) -> Response:
+    async def create(self, body: ChatCompletionRequest, route_hint: str | None = None) -> Response:
         context = self._context
         identity = context.identity("chatcmpl", ENDPOINT, body.model)
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -71,7 +71,7 @@ class ChatServing:
             prompt_ids = _without_double_bos(await context.tokenize(prompt), context.tokenizer.bos_token_id)
             prompt_ids = context.check_prompt_ids(prompt_ids, "messages")
             max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)
-            return context.params(identity, body, model, prompt_ids, max_tokens)
+            return context.params(identity, body, model, prompt_ids, max_tokens, route_hint)
 
         generation = await context.start(identity, prepare)
         return await respond(generation, ChatFormat(identity.request_id, body.model),

@@ -41,7 +41,7 @@ class CompletionsServing:
     def __init__(self, context: ServingContext) -> None:
         self._context = context
 
-    async def create(self, body: CompletionRequest) -> Response:
+    async def create(self, body: CompletionRequest, route_hint: str | None = None) -> Response:
         context = self._context
         identity = context.identity("cmpl", ENDPOINT, body.model)
 
@@ -54,7 +54,7 @@ class CompletionsServing:
                 prompt_ids = list(prompt)
             prompt_ids = context.check_prompt_ids(prompt_ids, "prompt")
             max_tokens = context.max_tokens(body.max_tokens, "max_tokens")
-            return context.params(identity, body, model, prompt_ids, max_tokens)
+            return context.params(identity, body, model, prompt_ids, max_tokens, route_hint)
 
         generation = await context.start(identity, prepare)
         return await respond(generation, CompletionFormat(identity.request_id, body.model),

@@ -93,6 +93,8 @@ class _WorkerState(WorkerLoad[InFlight]):
             outstanding_prefill_tokens=self.outstanding_prefill_tokens,
             outstanding_prefill_at_report=self.outstanding_prefill_at_report,
             kv_push=registration.capabilities.kv_push,
+            kv_capacity_tokens=registration.capacity.kv_blocks * registration.block_size,
+            reported_free_kv_tokens=None if load is None else free_kv_tokens(load, registration.block_size),
         )
 
     def abort_all(self, error: TandemError) -> None:
@@ -237,3 +239,8 @@ class WorkerPool:
             return  # not (yet) a member: its next snapshot will count
         state.load = snapshot
         state.reported()
+
+
+def free_kv_tokens(load: LoadSnapshot, block_size: int) -> int:
+    """KV that holds nothing reusable nor live, in tokens: filling it evicts no cached prefix."""
+    return max(0, load.kv_total_blocks - max(load.kv_cached_blocks, load.kv_used_blocks)) * block_size

@@ -43,8 +43,9 @@ def test_a_single_plan_names_its_worker_and_its_prefix_pull() -> None:
     assert (plan.flow, plan.worker_id, plan.computing_worker_id, plan.decode_worker_id) == ("single", "a", "a", None)
     assert plan.prefix_holder_id == "holder" and plan.transfer is None
     assert plan.prompt is not None and (plan.prompt.pulled_tokens, plan.prompt.uncached_tokens) == (448, 52)
-    # prefill_weight x 52 + transfer_weight x 448 (no queue, no decode load)
-    assert plan.cost == pytest.approx(52 + 44.8)
+    # prefill_weight x 52 + pull_fixed_tokens + transfer_weight x 448 (no queue, no decode load,
+    # no eviction: the cache's free room is unknown)
+    assert plan.cost == pytest.approx(52 + 32 + 44.8)
 
 
 def test_a_pair_plan_has_a_decode_part_whose_kv_is_pulled_by_default() -> None:

@@ -31,7 +31,7 @@ def worker(worker_id: str, **overrides) -> WorkerView:
 
 
 def test_the_registered_policies() -> None:
-    assert policy_names() == ["kv-aware", "round-robin", "random"]
+    assert policy_names() == ["kv-aware", "round-robin", "random", "pinned"]
     for name in policy_names():
         spec = policy_spec(name)
         assert spec.name == name and spec.summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.sim.profile import TimingProfile, load_profile
+from services.worker.sim.profile import TimingProfile, load_profile, packaged_profiles
 from shared.config import ConfigError
 
 
@@ -52,3 +52,38 @@ def test_bad_profile_files(tmp_path, content: str, message: str) -> None:
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="cannot read timing profile"):
         load_profile(str(tmp_path / "nope.json"))
+
+
+def test_packaged_profiles_load_by_name() -> None:
+    names = packaged_profiles()
+    assert {"default", "h100-llama-8b-shape"} <= set(names)
+    assert load_profile("default") == load_profile("")
+    for name in names:
+        profile = load_profile(name)
+        assert profile == load_profile(f"{name}.json")
+        assert profile.step_duration_s(prefill_tokens=512, decode_seqs=8) > 0
+
+
+def test_packaged_h100_profile_is_the_measured_shape() -> None:
+    profile = load_profile("h100-llama-8b-shape")
+    assert profile.name == "h100-llama-8b-shape"
+    fractions = profile.layer_fractions(32)  # one weight per decoder layer of the 8B shape
+    assert sum(fractions) == pytest.approx(1.0)
+    assert fractions[-1] > fractions[1]  # the last layer carries the LM head
+    with pytest.raises(ConfigError, match="32 layer weights, the engine has 4 layers"):
+        profile.layer_fractions(4)
+    # A 2048-token prefill step and a 64-sequence decode step, in the measured range.
+    assert 0.04 < profile.step_duration_s(prefill_tokens=2048, decode_seqs=0) < 0.09
+    assert 0.005 < profile.step_duration_s(prefill_tokens=0, decode_seqs=64) < 0.02
+
+
+def test_a_file_wins_over_a_packaged_name(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "default").write_text('{"prefill_ms_per_token": 9, "step_overhead_ms": 1, "decode_base_ms": 1, '
+                                      '"decode_ms_per_seq": 1}')
+    assert load_profile("default").prefill_ms_per_token == 9
+
+
+def test_unknown_name_lists_the_packaged_profiles() -> None:
+    with pytest.raises(ConfigError, match="cannot read timing profile 'h200-nope'.*h100-llama-8b-shape"):
+        load_profile("h200-nope")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost
+from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost, prefix_is_hot
 from services.router.routing.eligibility import Eligible
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
@@ -61,7 +61,9 @@ class Candidates:
         self.request = request
         self.routing = routing
         self.eligible = eligible
-        self._holders = Holders(workers, request.held_tokens)
+        self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
+        # a hot prefix (every holder busy) is worth a second copy: no eviction cost for one
+        self.replicate = prefix_is_hot(routing, workers, request.cached_tokens, request.prompt_tokens)
         self._plans: dict[str, PrefillPlan] = {}
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
@@ -73,11 +75,14 @@ class Candidates:
 
     def single(self, worker: WorkerView) -> Single:
         plan = self.plan(worker)
-        return Single(worker, plan, prefill_cost(self.routing, plan, worker) + decode_cost(self.routing, worker))
+        return Single(worker, plan, self._prefill_cost(plan, worker) + decode_cost(self.routing, worker))
 
     def prefill_part(self, worker: WorkerView) -> Single:
         plan = self.plan(worker)
-        return Single(worker, plan, prefill_cost(self.routing, plan, worker))
+        return Single(worker, plan, self._prefill_cost(plan, worker))
+
+    def _prefill_cost(self, plan: PrefillPlan, worker: WorkerView) -> float:
+        return prefill_cost(self.routing, plan, worker, replicate=self.replicate)
 
     def pair(self, prefill: WorkerView, decode: WorkerView) -> Pair:
         part = self.prefill_part(prefill)

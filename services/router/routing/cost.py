@@ -3,22 +3,36 @@
 Called through `candidates.Candidates` (the scoring stage every policy and the plan
 builder share) with plain data: the workers' views and, per worker, how much of the
 prompt's leading blocks the KV index says it holds. Costs are in prompt-token
-equivalents, a proxy for time to first token and for work the cluster must do:
+equivalents (the time one worker takes to compute one prompt token), a proxy for time to
+first token and for work the cluster must do:
 
     cost = prefill_weight  x tokens the computing worker must compute
-         + transfer_weight x tokens it pulls from another worker's cache instead
+         + pull cost       (pull_fixed_tokens + transfer_weight x tokens pulled, when it pulls)
+         + eviction cost   (eviction_weight x cached tokens the new KV pushes out of its cache)
          + queue_weight    x prompt tokens predicted to be queued for prefill ahead of it
          + decode_weight   x the decode worker's predicted running+waiting / max_num_seqs
 
 The computing worker is the prefill worker of a (prefill, decode) pair, or the one worker
-of a single-worker flow (then it is the decode worker too). Work the computing worker
-must do counts more than work it waits for (`queue_weight` < `prefill_weight` by
-default): a sibling request queued behind the request that computes its prefix costs
-the cluster nothing extra, so a burst with one prefix lands together.
+of a single-worker flow (then it is the decode worker too).
+
+What the terms buy, together:
+- *Affinity with bounded imbalance.* A worker holding the prompt's prefix costs its queue
+  plus the rest of the prompt; any other worker also pays the pull (or the compute) of the
+  prefix and the prefix's worth of evictions once its cache is full. So the holder keeps
+  the prefix's requests until its queue exceeds the others' by what the hit is worth
+  (`affinity_margin`): a long prefix tolerates a long queue, a short one hardly any.
+- *Eviction.* New KV on a full cache pushes out other prefixes, which someone must
+  compute again later; spreading a tenant over every worker churns every cache. Free KV
+  comes from the load snapshots, less what this router sent since.
+- *Replication of a hot prefix.* When every worker holding (or about to hold) the longest
+  cached prefix is past `replicate_load` of its batch, one holder cannot carry the
+  prefix's load: a second copy is wanted, so a non-holder pulling it pays no eviction cost.
+  Below that load the prefix stays on its holders.
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is
-merely predicted to compute, which might not exist yet when the pull reads them.
+merely predicted to compute, which might not exist yet when the pull reads them. With
+`prefix_pull` off (a plain baseline) nobody pulls.
 """
 
 from __future__ import annotations
@@ -78,10 +92,51 @@ def plan_prefill(worker: WorkerView, prompt_tokens: int, cached_tokens: Mapping[
     return PrefillPlan(worker.worker_id, own, held - own, holder_id, prompt_tokens - held)
 
 
-def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerView) -> float:
-    """The computing worker's part of a flow's cost."""
-    return (routing.prefill_weight * plan.uncached_tokens + routing.transfer_weight * plan.pulled_tokens
+def pull_cost(routing: RoutingConfig, pulled_tokens: int) -> float:
+    """A prefix pull: a fixed hand-off cost plus the transfer, per token."""
+    return routing.pull_fixed_tokens + routing.transfer_weight * pulled_tokens if pulled_tokens else 0.0
+
+
+def eviction_cost(routing: RoutingConfig, new_tokens: int, free_tokens: int | None) -> float:
+    """Cached tokens that `new_tokens` of new KV would push out, weighted: none while the
+    cache has free room (`free_tokens`; None: unknown, counted as room)."""
+    if free_tokens is None:
+        return 0.0
+    return routing.eviction_weight * max(0, new_tokens - free_tokens)
+
+
+def prefix_is_hot(routing: RoutingConfig, workers: Iterable[WorkerView], cached_tokens: Mapping[str, int],
+                  prompt_tokens: int) -> bool:
+    """Every worker holding (or predicted to hold) the longest cached prefix of the prompt is
+    past `replicate_load` of its batch: the prefix needs another copy. False without a
+    cached prefix, or with `replicate_load` 0."""
+    if routing.replicate_load <= 0:
+        return False
+    loads = {worker.worker_id: worker.relative_load for worker in workers}
+    longest = max((min(tokens, prompt_tokens) for worker_id, tokens in cached_tokens.items() if worker_id in loads),
+                  default=0)
+    if longest <= 0:
+        return False
+    return all(loads[worker_id] >= routing.replicate_load for worker_id, tokens in cached_tokens.items()
+               if worker_id in loads and min(tokens, prompt_tokens) == longest)
+
+
+def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerView, *, replicate: bool = False) -> float:
+    """The computing worker's part of a flow's cost; `replicate`: the prefix is hot (no
+    eviction cost for a worker that would become one more holder of it)."""
+    new_tokens = plan.pulled_tokens + plan.uncached_tokens
+    if replicate and plan.pulled_tokens:
+        new_tokens = plan.uncached_tokens
+    return (routing.prefill_weight * plan.uncached_tokens + pull_cost(routing, plan.pulled_tokens)
+            + eviction_cost(routing, new_tokens, computing.free_kv_tokens)
             + routing.queue_weight * computing.predicted_prefill_tokens)
+
+
+def affinity_margin(routing: RoutingConfig, cached_tokens: int, free_tokens: int | None = 0) -> float:
+    """How many more queued prompt tokens (x queue_weight) a holder of `cached_tokens` of the
+    prompt may have than an idle non-holder before the non-holder, computing those tokens
+    itself, becomes cheaper: the bound on the imbalance affinity accepts."""
+    return routing.prefill_weight * cached_tokens + eviction_cost(routing, cached_tokens, free_tokens)
 
 
 def decode_cost(routing: RoutingConfig, decode: WorkerView) -> float:

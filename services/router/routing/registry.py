@@ -9,6 +9,7 @@ unknown `RoutingConfig.policy` fails then, with the registered names); help text
 from __future__ import annotations
 
 from services.router.routing.policies.kv_aware import KV_AWARE
+from services.router.routing.policies.pinned import PINNED
 from services.router.routing.policies.random_pick import RANDOM
 from services.router.routing.policies.round_robin import ROUND_ROBIN
 from services.router.routing.policy import PolicySpec, RoutingPolicy
@@ -18,6 +19,7 @@ POLICIES: tuple[PolicySpec, ...] = (
     KV_AWARE,
     ROUND_ROBIN,
     RANDOM,
+    PINNED,
 )
 
 

@@ -29,6 +29,7 @@ class RouteRequest:
     cache_hit_threshold: float = 0.0  # decode-first when > 0
     admit: bool = True  # False: already admitted once (a request resumed elsewhere)
     draw: float = 0.0  # a uniform draw in [0, 1) from the caller's seeded generator (random policy)
+    route_hint: str | None = None  # a worker id the client asked for (only the pinned policy reads it)
 
     @property
     def max_tokens(self) -> int:

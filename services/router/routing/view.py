@@ -35,6 +35,17 @@ class WorkerView:
     outstanding_prefill_tokens: int = 0  # uncached prompt tokens we routed there, not yet at first token
     outstanding_prefill_at_report: int = 0  # ... when that snapshot arrived
     kv_push: bool = False  # its engine receives layer-by-layer pushes (registration capabilities)
+    kv_capacity_tokens: int = 0  # its KV pool, in tokens (registration); 0: unknown
+    reported_free_kv_tokens: int | None = None  # KV holding nothing reusable, in the last load snapshot
+
+    @property
+    def free_kv_tokens(self) -> int | None:
+        """KV it can fill without evicting a cached prefix, predicted like the load: the last
+        report less the prompt tokens this router sent there since; None when unknown."""
+        if self.reported_free_kv_tokens is None:
+            return self.kv_capacity_tokens or None
+        sent_since = max(0, self.outstanding_prefill_tokens - self.outstanding_prefill_at_report)
+        return max(0, self.reported_free_kv_tokens - sent_since)
 
     @property
     def predicted_load(self) -> int:

@@ -5,7 +5,9 @@ A step computes some uncached prefill tokens and one token for each decoding seq
     step = overhead + prefill_tokens * prefill_ms_per_token
                     + (decode_base_ms + decode_ms_per_seq * decode_seqs   if decode_seqs else 0)
 
-Profiles are JSON files (see `profiles/default.json`); the scheduler calls
+Profiles are JSON files (see `profiles/default.json`). `load_profile` takes a file path or the
+name of a packaged profile (a file of `profiles/` without `.json`, e.g. `h100-llama-8b-shape`,
+measured on an H100 by `tandem bench calibrate`); the scheduler calls
 `step_duration_s`, the engine sleeps that long divided by the speed-up factor.
 `layer_weights` optionally splits a step across layers (push-mode KV transfer overlaps with
 per-layer compute); empty means an even split.
@@ -13,6 +15,7 @@ per-layer compute); empty means an even split.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 
 import msgspec
@@ -58,18 +61,36 @@ class TimingProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return [weight / total for weight in self.layer_weights]
 
 
+def packaged_profiles() -> list[str]:
+    """Names of the profiles shipped with the sim, for `--sim-profile NAME`."""
+    return sorted(entry.name.removesuffix(".json") for entry in resources.files(__package__).joinpath("profiles")
+                  .iterdir() if entry.name.endswith(".json"))
+
+
+def _packaged_name(path: str) -> str | None:
+    """`path` as a packaged profile's name, when it is a bare name and no such file exists."""
+    if os.path.exists(path) or os.sep in path or (os.altsep and os.altsep in path):
+        return None
+    name = path.removesuffix(".json")
+    return name if name in packaged_profiles() else None
+
+
 def load_profile(path: str | None) -> TimingProfile:
-    """The profile at `path`, or the packaged default when `path` is empty."""
+    """The profile at `path`, or the packaged profile of that name (a file of that name
+    wins), or the packaged default when `path` is empty."""
+    packaged = _packaged_name(path) if path else DEFAULT_PROFILE.removesuffix(".json")
     try:
-        if path:
+        if packaged:
+            raw = resources.files(__package__).joinpath("profiles", f"{packaged}.json").read_bytes()
+            source = f"packaged {packaged}.json"
+        else:
+            assert path
             with open(path, "rb") as file:
                 raw = file.read()
             source = path
-        else:
-            raw = resources.files(__package__).joinpath("profiles", DEFAULT_PROFILE).read_bytes()
-            source = f"packaged {DEFAULT_PROFILE}"
     except OSError as error:
-        raise ConfigError(f"cannot read timing profile {path!r}: {error.strerror or error}") from error
+        raise ConfigError(f"cannot read timing profile {path!r}: {error.strerror or error} "
+                          f"(packaged profiles: {', '.join(packaged_profiles())})") from error
     try:
         profile = msgspec.json.decode(raw, type=TimingProfile)
     except msgspec.DecodeError as error:  # ValidationError is a DecodeError

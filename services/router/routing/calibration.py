@@ -1,0 +1,63 @@
+"""Calibration: the cost model's weights from an engine's measured timings. Pure.
+
+The cost model (`cost`) counts in prompt-token equivalents: the time one worker takes to
+compute one prompt token. Every other term is a time divided by that one:
+
+- `transfer_weight`: moving one token's KV from a holder (bytes per token / bandwidth);
+- `pull_fixed_tokens`: one pull's fixed cost (the lease round trip, the hand-off);
+- `decode_weight`: what a full batch adds to a new request's time to first token: it waits
+  for the step in progress and computes in a step that also carries every running
+  sequence (two steps of `decode_base + max_num_seqs x decode_per_seq`).
+
+The inputs are plain numbers: an engine's timing profile (the sim's `TimingProfile`, or a
+profile measured on a real engine) and a measured transfer (`tandem bench transfer`). Wall
+times that do not scale with an engine's speed (the network, NATS) are given in wall
+milliseconds with the engine's `speedup` (a sim slowed or sped up), so the ratio stays true
+on the machine that runs it. Who calls it: the routing benchmark, and operators who turn
+the figures into the router's `--transfer-weight`, `--pull-fixed-tokens`, `--decode-weight`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTiming:
+    prefill_ms_per_token: float
+    step_overhead_ms: float
+    decode_base_ms: float
+    decode_ms_per_seq: float
+    max_num_seqs: int
+    speedup: float = 1.0  # engine time / wall time (a sim's speed-up; 1 for a real engine)
+
+    def __post_init__(self) -> None:
+        if self.prefill_ms_per_token <= 0 or self.speedup <= 0 or self.max_num_seqs <= 0:
+            raise ValueError("prefill_ms_per_token, speedup and max_num_seqs must be positive")
+
+    @property
+    def wall_ms_per_prompt_token(self) -> float:
+        return self.prefill_ms_per_token / self.speedup
+
+
+@dataclass(frozen=True, slots=True)
+class TransferTiming:
+    kv_bytes_per_token: float  # every layer's K and V of one token
+    gbps: float  # measured bandwidth of a pull, GB/s
+    round_trip_ms: float  # wall ms of one pull's fixed part (lease request and release)
+
+    def __post_init__(self) -> None:
+        if self.gbps <= 0 or self.kv_bytes_per_token < 0 or self.round_trip_ms < 0:
+            raise ValueError("gbps must be positive; bytes per token and round trip not negative")
+
+
+def calibrated_weights(engine: EngineTiming, transfer: TransferTiming) -> dict[str, float]:
+    """`RoutingConfig` fields (transfer_weight, pull_fixed_tokens, decode_weight) for these timings."""
+    per_token_ms = engine.wall_ms_per_prompt_token
+    transfer_ms_per_token = transfer.kv_bytes_per_token / (transfer.gbps * 1e9) * 1e3
+    full_step_ms = engine.step_overhead_ms + engine.decode_base_ms + engine.max_num_seqs * engine.decode_ms_per_seq
+    return {
+        "transfer_weight": round(transfer_ms_per_token / per_token_ms, 4),
+        "pull_fixed_tokens": round(transfer.round_trip_ms / per_token_ms, 1),
+        "decode_weight": round(2 * full_step_ms / engine.prefill_ms_per_token, 1),
+    }

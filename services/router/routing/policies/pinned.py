@@ -1,0 +1,34 @@
+"""Pinned, for benchmarks: the request names the worker that serves it (its route hint), and
+that worker serves it alone; a request without a usable hint is routed by the kv-aware
+policy.
+
+The intelligence lives outside the router: a benchmark's oracle, which knows each request's
+tenant or conversation and the workers' cache sizes, assigns requests and sends the
+assignment as the hint (the router's `X-Tandem-Worker` header). Eligibility and admission
+still apply: a hint naming a worker that may not take the request falls back to kv-aware.
+The chosen worker still pulls a cached prefix when a holder has more of it and pulls are on.
+"""
+
+from __future__ import annotations
+
+from services.router.routing.candidates import Candidates
+from services.router.routing.plan import Selection
+from services.router.routing.policies.kv_aware import KvAwarePolicy
+from services.router.routing.policy import PolicySpec
+from services.router.routing.request import RouteRefusal
+
+
+class PinnedPolicy:
+    def __init__(self) -> None:
+        self._fallback = KvAwarePolicy()
+
+    def select(self, candidates: Candidates) -> Selection | RouteRefusal:
+        hint = candidates.request.route_hint
+        for worker in candidates.eligible.serving:
+            if worker.worker_id == hint:
+                return Selection("pinned", worker)
+        return self._fallback.select(candidates)
+
+
+PINNED = PolicySpec("pinned", "benchmarks: the worker the request's route hint names (an oracle's pick)",
+                    lambda routing: PinnedPolicy())

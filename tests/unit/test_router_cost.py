@@ -1,0 +1,180 @@
+"""The cost model's terms on plain data: pull cost, eviction cost, affinity with bounded
+imbalance, hot-prefix replication, the plain baseline without pulls, and the pinned policy."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
+from services.router.routing.cost import (
+    PrefillPlan,
+    affinity_margin,
+    eviction_cost,
+    prefill_cost,
+    prefix_is_hot,
+    pull_cost,
+)
+from shared.config import RoutingConfig
+from shared.schemas import LoadSnapshot, WorkerRole, WorkerStatus
+
+ROUTING = RoutingConfig()
+PREFIX = 1536  # a tenant's shared prefix
+PROMPT = PREFIX + 64
+
+
+def worker(worker_id: str, **overrides) -> WorkerView:
+    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE,
+                  max_num_seqs=64, max_model_len=4096, reported_load=0, in_flight=0, in_flight_at_report=0,
+                  last_routed=0, compat_hash="h", kv_capacity_tokens=4400, reported_free_kv_tokens=0)
+    fields.update(overrides)
+    return WorkerView(**fields)
+
+
+def tenant_request(holders: dict[str, int], **fields) -> RouteRequest:
+    return RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, cached_tokens=holders,
+                        held_tokens=holders, **fields)
+
+
+def plan_of(workers: list[WorkerView], route: RouteRequest, routing: RoutingConfig = ROUTING) -> RoutePlan:
+    decision = decide(workers, route, routing)
+    assert isinstance(decision, RoutePlan), decision
+    return decision
+
+
+# ---- the terms ------------------------------------------------------------------------------
+
+
+def test_a_pull_costs_a_fixed_hand_off_plus_its_tokens() -> None:
+    routing = RoutingConfig(pull_fixed_tokens=40, transfer_weight=0.25)
+    assert pull_cost(routing, 0) == 0
+    assert pull_cost(routing, 1000) == pytest.approx(40 + 250)
+
+
+def test_eviction_costs_only_what_does_not_fit_in_free_room() -> None:
+    routing = RoutingConfig(eviction_weight=0.5)
+    assert eviction_cost(routing, 1600, free_tokens=4000) == 0
+    assert eviction_cost(routing, 1600, free_tokens=600) == pytest.approx(0.5 * 1000)
+    assert eviction_cost(routing, 1600, free_tokens=0) == pytest.approx(800)
+    assert eviction_cost(routing, 1600, free_tokens=None) == 0  # unknown room: counted as room
+
+
+def test_free_room_is_predicted_from_the_report_less_what_was_routed_since() -> None:
+    view = worker("a", reported_free_kv_tokens=2000, outstanding_prefill_tokens=1700, outstanding_prefill_at_report=200)
+    assert view.free_kv_tokens == 500
+    assert worker("a", reported_free_kv_tokens=None, kv_capacity_tokens=4400).free_kv_tokens == 4400
+    assert worker("a", reported_free_kv_tokens=None, kv_capacity_tokens=0).free_kv_tokens is None
+
+
+def test_the_worker_pool_reads_free_room_from_a_load_snapshot() -> None:
+    from services.router.worker_pool import free_kv_tokens
+
+    snapshot = LoadSnapshot(worker_id="a", seq=1, ts=0.0, running=0, waiting=0, kv_total_blocks=100,
+                            kv_used_blocks=10, kv_cached_blocks=70, prompt_tokens_total=0, cached_tokens_total=0,
+                            generated_tokens_total=0, pending_prefill_tokens=0)
+    assert free_kv_tokens(snapshot, block_size=16) == 30 * 16
+
+
+def test_a_pull_onto_a_full_cache_pays_for_what_it_evicts() -> None:
+    plan = PrefillPlan("b", cached_tokens=0, pulled_tokens=PREFIX, holder_id="a", uncached_tokens=64)
+    full, roomy = worker("b", reported_free_kv_tokens=0), worker("b", reported_free_kv_tokens=8000)
+    assert prefill_cost(ROUTING, plan, full) - prefill_cost(ROUTING, plan, roomy) == pytest.approx(
+        ROUTING.eviction_weight * PROMPT)
+
+
+# ---- affinity with bounded imbalance --------------------------------------------------------
+
+
+def test_a_holder_keeps_its_tenant_while_its_queue_is_within_the_margin() -> None:
+    """The holder has one whole other prompt queued (what made the old model spread); the
+    others are idle with full caches: the tenant stays where its prefix is."""
+    workers = [worker("holder", reported_prefill_tokens=PROMPT), worker("b"), worker("c")]
+    plan = plan_of(workers, tenant_request({"holder": PREFIX}))
+    assert plan.worker_id == "holder" and plan.prompt is not None and plan.prompt.holder_id is None
+
+
+def test_past_the_margin_the_tenant_spreads_and_pulls() -> None:
+    margin = affinity_margin(ROUTING, PREFIX, free_tokens=0) + ROUTING.pull_fixed_tokens
+    queued = int(margin / ROUTING.queue_weight) + 2 * PROMPT
+    workers = [worker("holder", reported_prefill_tokens=queued), worker("b")]
+    plan = plan_of(workers, tenant_request({"holder": PREFIX}))
+    assert plan.worker_id == "b" and plan.prompt is not None and plan.prompt.holder_id == "holder"
+
+
+def test_the_margin_grows_with_the_value_of_the_hit() -> None:
+    assert affinity_margin(ROUTING, 2048, 0) > affinity_margin(ROUTING, 256, 0) > 0
+    # a short prefix tolerates little queue: 256 cached tokens lose to an idle worker early
+    short = RouteRequest(model="m", prompt_tokens=320, total_tokens=336, cached_tokens={"holder": 256},
+                         held_tokens={"holder": 256})
+    workers = [worker("holder", reported_prefill_tokens=1600), worker("b")]
+    assert plan_of(workers, short).worker_id == "b"
+    assert plan_of(workers, tenant_request({"holder": PREFIX})).worker_id == "holder"
+
+
+# ---- replication of a hot prefix ------------------------------------------------------------
+
+
+def test_a_prefix_is_hot_when_every_holder_is_past_the_replication_load() -> None:
+    busy = [worker("a", reported_load=60), worker("b", reported_load=10), worker("c", reported_load=55)]
+    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT)
+    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX, "b": PREFIX}, PROMPT)  # b can carry more
+    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX, "c": PREFIX, "b": 256}, PROMPT)  # b holds less
+    assert not prefix_is_hot(ROUTING, busy, {}, PROMPT)
+    assert not prefix_is_hot(msgspec.structs.replace(ROUTING, replicate_load=0), busy, {"a": PREFIX}, PROMPT)
+
+
+def test_a_hot_prefix_is_replicated_onto_a_second_worker() -> None:
+    """The holder is past `replicate_load` with a modest queue: without replication the
+    eviction cost would keep the tenant there; replication waives it, so one more worker
+    pulls the prefix and becomes its second holder."""
+    holder = worker("holder", reported_load=48, reported_prefill_tokens=200)
+    workers = [holder, worker("b")]
+    plan = plan_of(workers, tenant_request({"holder": PREFIX}))
+    assert plan.worker_id == "b" and plan.prompt is not None and plan.prompt.holder_id == "holder"
+    no_replication = msgspec.structs.replace(ROUTING, replicate_load=0)
+    assert plan_of(workers, tenant_request({"holder": PREFIX}), no_replication).worker_id == "holder"
+
+
+# ---- the plain baseline and the pinned policy -----------------------------------------------
+
+
+def test_without_prefix_pulls_a_worker_computes_what_it_does_not_hold() -> None:
+    plain = RoutingConfig(policy="round-robin", prefix_pull=False)
+    plan = plan_of([worker("a", last_routed=1), worker("b", last_routed=0)], tenant_request({"a": PREFIX}), plain)
+    assert plan.worker_id == "b" and plan.prompt is not None
+    assert (plan.prompt.holder_id, plan.prompt.pulled_tokens, plan.prompt.uncached_tokens) == (None, 0, PROMPT)
+
+
+def test_the_pinned_policy_serves_on_the_hinted_worker_or_falls_back_to_kv_aware() -> None:
+    pinned = RoutingConfig(policy="pinned")
+    workers = [worker("holder"), worker("b"), worker("gone", status=WorkerStatus.DRAINING)]
+    plan = plan_of(workers, tenant_request({"holder": PREFIX}, route_hint="b"), pinned)
+    assert (plan.worker_id, plan.reason) == ("b", "pinned")
+    for hint in ("gone", "nobody", None):  # not eligible, unknown, absent: kv-aware decides
+        plan = plan_of(workers, tenant_request({"holder": PREFIX}, route_hint=hint), pinned)
+        assert plan.worker_id == "holder" and plan.reason != "pinned"
+    # other policies ignore the hint
+    assert plan_of(workers, tenant_request({"holder": PREFIX}, route_hint="b")).worker_id == "holder"
+
+
+# ---- calibration ----------------------------------------------------------------------------
+
+
+def test_weights_are_times_over_the_time_of_one_prompt_token() -> None:
+    from services.router.routing.calibration import EngineTiming, TransferTiming, calibrated_weights
+
+    engine = EngineTiming(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0,
+                          decode_ms_per_seq=0.1, max_num_seqs=64)
+    # 128 KiB per token at 10 GB/s: 0.0131 ms, a quarter of a prompt token's compute
+    transfer = TransferTiming(kv_bytes_per_token=131072, gbps=10.0, round_trip_ms=2.0)
+    weights = calibrated_weights(engine, transfer)
+    assert weights["transfer_weight"] == pytest.approx(0.2621, abs=1e-4)
+    assert weights["pull_fixed_tokens"] == pytest.approx(40.0)
+    assert weights["decode_weight"] == pytest.approx(2 * (1 + 8 + 6.4) / 0.05)
+    # a sim slowed to a quarter: engine times stretch, the network does not
+    slow = calibrated_weights(EngineTiming(0.05, 1.0, 8.0, 0.1, 64, speedup=0.25), transfer)
+    assert slow["pull_fixed_tokens"] == pytest.approx(10.0)
+    assert slow["transfer_weight"] == pytest.approx(weights["transfer_weight"] / 4, abs=1e-4)
+    assert slow["decode_weight"] == weights["decode_weight"]
+    with pytest.raises(ValueError):
+        EngineTiming(0.0, 1.0, 8.0, 0.1, 64)
