@@ -4,8 +4,9 @@ It knows every group's prefix size and share of the requests (a tenant, a conver
 each worker's KV capacity. `assign` places groups on workers: largest share first, each onto
 the worker with the most spare load that still has cache room for its prefix (the prefix
 then stays cached there); a group whose share exceeds the per-worker load cap is replicated
-onto ceil(share / cap) workers, its share split evenly. Groups that fit nowhere go where the
-most cache is left, so their misses stay off the workers that hold fitting groups.
+onto ceil(share / cap) workers, its share split evenly. A group that fits nowhere misses
+wherever it goes: its requests weigh `miss_cost` times a cached one's, and it goes to the
+worker with the most spare load, so the misses spread instead of piling onto one worker.
 
 Per request, `Oracle.pick` takes the group's worker with the fewest outstanding requests
 (the bench client counts its own: it is the only client); a unique prompt, or a group with no
@@ -28,13 +29,14 @@ DEFAULT_LOAD_SLACK = 0.2  # a worker may carry (1 + slack) / workers of the requ
 class GroupSpec:
     prefix_tokens: int  # KV the group keeps cached on each worker that serves it
     share: float  # the group's share of all requests
+    miss_cost: float = 1.0  # the load of one of its requests without its prefix cached, over a cached one's
 
 
 @dataclass(slots=True)
 class WorkerPlan:
     load: float = 0.0  # summed shares placed here
     cache_tokens: int = 0  # summed prefixes placed here
-    groups: list[str] = field(default_factory=list)
+    groups: dict[str, float] = field(default_factory=dict)  # group -> the load it adds here
 
 
 def load_cap(workers: int, slack: float = DEFAULT_LOAD_SLACK) -> float:
@@ -55,15 +57,12 @@ def place(name: str, spec: GroupSpec, plans: dict[str, WorkerPlan], capacity_tok
         free = [worker for worker in workers if worker not in chosen]
         under_cap = [worker for worker in free if plans[worker].load + part <= cap + 1e-9] or free
         roomy = [worker for worker in under_cap if plans[worker].cache_tokens + spec.prefix_tokens <= capacity_tokens]
-        if roomy:  # most spare load; ties to the first worker
-            best = max(roomy, key=lambda worker: (cap - plans[worker].load, -workers.index(worker)))
-        else:  # fits nowhere: where the most cache is left, then the most spare load
-            best = max(under_cap, key=lambda worker: (capacity_tokens - plans[worker].cache_tokens,
-                                                      cap - plans[worker].load, -workers.index(worker)))
+        # the most spare load (ties to the first worker): among those with room, else among all
+        best = max(roomy or free, key=lambda worker: (cap - plans[worker].load, -workers.index(worker)))
         plan = plans[best]
-        plan.load += part
+        plan.groups[name] = part if roomy else part * spec.miss_cost
+        plan.load += plan.groups[name]
         plan.cache_tokens += spec.prefix_tokens
-        plan.groups.append(name)
         chosen.append(best)
     return chosen
 
@@ -113,6 +112,5 @@ class Oracle:
         copies = self.placement.pop(group)
         for worker in copies:
             plan = self.plans[worker]
-            plan.load -= spec.share / len(copies)
+            plan.load -= plan.groups.pop(group)
             plan.cache_tokens -= spec.prefix_tokens
-            plan.groups.remove(group)

@@ -61,21 +61,26 @@ class SweepSetup:
     drain_s: float
 
 
-def oracle_for(point: SweepPoint, sizing: PointSizing, worker_ids: Sequence[str]) -> Oracle:
+def oracle_for(point: SweepPoint, shape: EngineShape, sizing: PointSizing, worker_ids: Sequence[str]) -> Oracle:
     """The oracle of one point on workers `worker_ids`: tenants placed up front,
-    conversations on first sight."""
-    groups = {name: GroupSpec(point.prefix_tokens, share) for name, share in point.group_shares().items()}
-    dynamic = (GroupSpec(sizing.conversation_tokens, (1 - point.unique_share) / sizing.live_conversations)
+    conversations on first sight. A request that misses its prefix weighs what prefilling it
+    costs over prefilling only its own part."""
+    cached_s = shape.uncached_request_s(point.query_tokens)
+    tenant_miss = shape.uncached_request_s(point.prefix_tokens + point.query_tokens) / cached_s
+    groups = {name: GroupSpec(point.prefix_tokens, share, tenant_miss) for name, share in point.group_shares().items()}
+    dynamic = (GroupSpec(sizing.conversation_tokens, (1 - point.unique_share) / sizing.live_conversations,
+                         shape.uncached_request_s(sizing.conversation_tokens) / cached_s)
                if point.turns > 1 else None)
     return Oracle(worker_ids, int(sizing.kv_tokens_per_worker * ORACLE_CACHE_ROOM), groups, dynamic_spec=dynamic)
 
 
-def routing_for(arm: Arm, point: SweepPoint, sizing: PointSizing, system: System) -> RequestRouting:
+def routing_for(arm: Arm, point: SweepPoint, shape: EngineShape, sizing: PointSizing,
+                system: System) -> RequestRouting:
     if not arm.oracle:
         return NoPinning()
     if not system.worker_ids:
         raise LaunchError(f"arm {arm.name}: the system lists no worker ids to pin to")
-    return Pinning(oracle_for(point, sizing, system.worker_ids))
+    return Pinning(oracle_for(point, shape, sizing, system.worker_ids))
 
 
 def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm, launcher: Launcher | None) -> dict:
@@ -93,7 +98,7 @@ def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm,
                    duration_s=setup.duration_s, drain_s=setup.drain_s)
     try:
         with launcher(spec) as system:
-            routing = routing_for(arm, point, sizing, system)
+            routing = routing_for(arm, point, shape, sizing, system)
             cpu_before, wall_before = cpu_seconds(system.pids), time.monotonic()
             figures = asyncio.run(drive_point(system, run, routing))
             # a machine short of CPU inflates every arm's TTFT: the row shows how busy it was

@@ -58,11 +58,14 @@ def test_placement_is_deterministic_whatever_the_order_given() -> None:
     assert first == again
 
 
-def test_groups_that_fit_nowhere_go_where_most_cache_is_left() -> None:
-    groups = {"big": GroupSpec(900, 0.25), "mid": GroupSpec(600, 0.25), "over": GroupSpec(800, 0.2)}
+def test_groups_that_fit_nowhere_weigh_their_misses_and_spread_by_load() -> None:
+    groups = {"big": GroupSpec(900, 0.3), "mid": GroupSpec(600, 0.2),
+              **{f"over-{index}": GroupSpec(800, 0.05, miss_cost=4.0) for index in range(4)}}
     placement, plans = assign(groups, ["w1", "w2"], capacity_tokens=1000, cap=0.6)
     assert placement["big"] != placement["mid"]
-    assert placement["over"] == placement["mid"]  # 400 left there, 100 on the other
+    overflow = [placement[f"over-{index}"][0] for index in range(4)]
+    assert overflow.count("w1") == 2 and overflow.count("w2") == 2  # not all onto the worker with most cache left
+    assert plans["w1"].load == pytest.approx(0.3 + 2 * 0.2) and plans["w2"].load == pytest.approx(0.2 + 2 * 0.2)
 
 
 def test_pick_prefers_the_groups_primary_then_the_least_outstanding() -> None:
