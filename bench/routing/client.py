@@ -1,6 +1,7 @@
 """The routing benchmark's client: streams `/v1/completions` with token-id prompts into an
 `Outcome` per request (TTFT at the first non-empty text chunk; an error is a short reason,
-never an exception), and prints progress lines on stderr.
+never an exception; `headers` go with the request, e.g. the oracle arm's pin), and prints
+progress lines on stderr.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ def router_client(base_url: str) -> httpx.AsyncClient:
 
 
 async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int,
-                            outcome: Outcome, *, keep_text: bool = False) -> None:
+                            outcome: Outcome, *, keep_text: bool = False, headers: dict[str, str] | None = None) -> None:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
+        async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
             if response.status_code != 200:
                 await response.aread()
                 outcome.error = f"http {response.status_code} {error_code(response.content)}".rstrip()

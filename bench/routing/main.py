@@ -20,6 +20,7 @@ The policy reaches the router as `--routing-policy NAME`: kv-aware is the cost m
 baselines replace only the choice of worker (prefix pulls still happen).
 
     tandem bench routing [--quick] [--workers 8] [--duration 20] [--policies kv-aware,round-robin,random]
+    tandem bench routing --sweep [--quick] [--points ...] [--arms ...]   (see `bench.routing.sweep`)
 
 prints one JSON document (`{"config", "policies", "results": [rows], "p90_ratio_vs_kv_aware"}`)
 on stdout, progress on stderr. Not a test.
@@ -43,6 +44,7 @@ import httpx
 
 from bench.routing.client import progress
 from bench.routing.drive import Run, run_conversations, run_tenants
+from bench.routing.systems import cpu_seconds
 from bench.routing.workloads import ConversationsWorkload, EngineShape, TenantsWorkload
 from launch.definition import HttpService, Membership, Settings, StackDefinition, WorkerGroup
 from launch.plan import plan_stack
@@ -120,13 +122,13 @@ def run_one(setup: Setup, workload_name: str, workload: TenantsWorkload | Conver
         pids = [process.pid for process in stack.processes.values()]
         if stack.nats is not None and stack.nats.process is not None:
             pids.append(stack.nats.process.pid)
-        cpu_before, wall_before = _cpu_seconds(pids), time.monotonic()
+        cpu_before, wall_before = cpu_seconds(pids), time.monotonic()
         if isinstance(workload, TenantsWorkload):
             figures = asyncio.run(run_tenants(run, workload, concurrency=shape.workers))
         else:
             figures = asyncio.run(run_conversations(run, workload, shape))
         # a machine short of CPU inflates every policy's TTFT: the row shows how busy it was
-        figures["cpu_busy"] = round((_cpu_seconds(pids) - cpu_before)
+        figures["cpu_busy"] = round((cpu_seconds(pids) - cpu_before)
                                     / ((time.monotonic() - wall_before) * (os.cpu_count() or 1)), 2)
     finally:
         stack.stop()
@@ -134,20 +136,6 @@ def run_one(setup: Setup, workload_name: str, workload: TenantsWorkload | Conver
            "kv_blocks_per_worker": kv_blocks, "router_policy": plan.impl}
     progress(f"  -> {json.dumps(figures)}")
     return row
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    """CPU seconds used so far by `pids` (Linux /proc) and by this process."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = sum(os.times()[:2])
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
 
 
 def p90_ratios(rows: list[dict]) -> dict[str, dict[str, float | None]]:
@@ -163,7 +151,7 @@ def p90_ratios(rows: list[dict]) -> dict[str, dict[str, float | None]]:
     return ratios
 
 
-def _model_dir(model_dir: str, state_dir: Path) -> str:
+def model_dir_or_tiny(model_dir: str, state_dir: Path) -> str:
     from shared.tiny_model import ensure_tiny_model
 
     return model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
@@ -178,6 +166,11 @@ def _names(value: str, allowed: Sequence[str], what: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--sweep" in argv:  # the workload family against an oracle: its own flags
+        from bench.routing.sweep import main as sweep_main
+
+        return sweep_main([arg for arg in argv if arg != "--sweep"])
     parser = argparse.ArgumentParser(prog="tandem bench routing", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=8, help="sim workers of role both")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per policy")
@@ -225,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "max_model_len": shape.max_model_len, "max_num_seqs": args.max_num_seqs,
                                  **({"sim_profile": args.sim_profile} if args.sim_profile else {}),
                                  **({"kv_transfer": False} if args.no_kv_transfer else {})}
-    setup = Setup(shape=shape, model_dir=_model_dir(args.model_dir, state_dir), log_root=state_dir / "logs",
+    setup = Setup(shape=shape, model_dir=model_dir_or_tiny(args.model_dir, state_dir), log_root=state_dir / "logs",
                   worker_settings=worker_settings, seed=args.seed, duration_s=duration_s, drain_s=args.drain)
     plans = {policy: router_plan(policy) for policy in policies}
 

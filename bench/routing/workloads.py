@@ -68,7 +68,7 @@ class TimedRequest:
     tag: str  # tenant or conversation id, for progress lines only
 
 
-def _tokens(rng: np.random.Generator, count: int, vocab_size: int) -> list[int]:
+def random_tokens(rng: np.random.Generator, count: int, vocab_size: int) -> list[int]:
     return rng.integers(DEFAULT_FIRST_NORMAL_TOKEN, vocab_size, size=count).tolist()
 
 
@@ -102,11 +102,11 @@ class TenantsWorkload:
 
     def prefixes(self, vocab_size: int, seed: int) -> list[list[int]]:
         rng = np.random.default_rng([seed, 1])
-        return [_tokens(rng, self.prefix_tokens, vocab_size) for _ in range(self.tenants)]
+        return [random_tokens(rng, self.prefix_tokens, vocab_size) for _ in range(self.tenants)]
 
     def _query(self, rng: np.random.Generator, vocab_size: int) -> list[int]:
         low, high = max(1, self.query_tokens // 2), max(1, self.query_tokens * 3 // 2)
-        return _tokens(rng, int(rng.integers(low, high + 1)), vocab_size)
+        return random_tokens(rng, int(rng.integers(low, high + 1)), vocab_size)
 
     def warmup(self, vocab_size: int, seed: int) -> list[TimedRequest]:
         """One request per tenant (not measured): every prefix is cached somewhere."""
@@ -172,10 +172,10 @@ class ConversationsWorkload:
         return float(rng.exponential(self.think_s)) / sim_speedup
 
     def first_prompt(self, vocab_size: int, seed: int, conversation: int) -> list[int]:
-        return _tokens(np.random.default_rng([seed, 5, conversation]), self.first_tokens, vocab_size)
+        return random_tokens(np.random.default_rng([seed, 5, conversation]), self.first_tokens, vocab_size)
 
     def user_message(self, vocab_size: int, seed: int, conversation: int, turn: int) -> list[int]:
-        return _tokens(np.random.default_rng([seed, 6, conversation, turn]), self.user_tokens, vocab_size)
+        return random_tokens(np.random.default_rng([seed, 6, conversation, turn]), self.user_tokens, vocab_size)
 
 
 def answer_tokens(history_state: int, max_tokens: int, vocab_size: int) -> tuple[list[int], int]:

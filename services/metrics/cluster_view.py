@@ -73,6 +73,8 @@ class WorkerView(msgspec.Struct, kw_only=True):
     kv_recomputed_tokens_total: int = 0
     computed_prompt_tokens_total: int = 0
     external_prompt_tokens_total: int = 0
+    kv_evicted_blocks_total: int = 0
+    kv_evicted_missed_blocks_total: int = 0
     # from the registration, for people (decisions use capabilities and the hash)
     engine: str = ""
     compat_hash: str = ""  # equal hashes can exchange KV blocks
@@ -282,6 +284,8 @@ def _worker_view(worker: _Worker, kv_sequences: SequenceTracker) -> WorkerView:
         kv_recomputed_tokens_total=load.kv_recomputed_tokens_total,
         computed_prompt_tokens_total=load.computed_prompt_tokens_total,
         external_prompt_tokens_total=load.external_prompt_tokens_total,
+        kv_evicted_blocks_total=load.kv_evicted_blocks_total,
+        kv_evicted_missed_blocks_total=load.kv_evicted_missed_blocks_total,
         engine=registration.engine,
         compat_hash=registration.compat_hash,
         started_at=registration.started_at,

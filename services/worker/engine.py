@@ -72,6 +72,10 @@ class EngineLoad(msgspec.Struct, kw_only=True):
     # Prompt tokens the engine itself counts as received over a KV connector (vLLM's
     # prompt-token sources); engines without such a count leave it 0.
     external_prompt_tokens_total: int = 0
+    # Cached blocks evicted to make room, and blocks a request then missed that had been
+    # evicted here; engines that cannot tell leave them 0.
+    kv_evicted_blocks_total: int = 0
+    kv_evicted_missed_blocks_total: int = 0
 
 
 def check_request(token_ids: list[int], sampling: SamplingParams, *, vocab_size: int, max_model_len: int) -> None:

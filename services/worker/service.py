@@ -214,6 +214,8 @@ class WorkerService:
             pending_prefill_tokens=load.pending_prefill_tokens,
             computed_prompt_tokens_total=load.computed_prompt_tokens_total,
             external_prompt_tokens_total=load.external_prompt_tokens_total,
+            kv_evicted_blocks_total=load.kv_evicted_blocks_total,
+            kv_evicted_missed_blocks_total=load.kv_evicted_missed_blocks_total,
             active_leases=self.kv.active_leases if self.kv else 0,
             kv_pulled_tokens_total=self.kv.pulled_tokens_total if self.kv else 0,
             kv_recomputed_tokens_total=self.kv.recomputed_tokens_total if self.kv else 0,

@@ -23,3 +23,5 @@ class LoadSnapshot(Message, tag="load", kw_only=True):
     kv_recomputed_tokens_total: int = 0
     computed_prompt_tokens_total: int = 0  # prompt tokens actually computed (not reused, not received)
     external_prompt_tokens_total: int = 0  # prompt tokens the engine took from a KV transfer (vLLM's count)
+    kv_evicted_blocks_total: int = 0  # cached blocks evicted to make room
+    kv_evicted_missed_blocks_total: int = 0  # blocks a request missed that had been evicted here

@@ -9,6 +9,10 @@ Only full blocks are cached, keyed by Tandem's chain hash (`shared.block_hash`),
 in events equal the ones routers compute from token ids. Evictable blocks are reclaimed in
 LRU order, and only when no free block is left.
 
+`evicted_blocks_total` counts cached blocks reclaimed to make room; `note_misses` counts
+(`evicted_missed_blocks_total`) the blocks a request needed that this manager had evicted and not
+cached again since: evictions that cost a recomputation (a "hot" prefix pushed out).
+
 Every change to the set of announced blocks appends a KV event to a buffer that the engine
 drains with `take_events()`. A block is announced (`BlockStored`) only once its parent is
 announced: a router derives a block's Tandem hash from its parent's, so a block cached
@@ -24,6 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+EVICTED_MEMORY = 8  # remembered evicted hashes, per block of the pool (bounded)
 
 
 @dataclass(slots=True)
@@ -48,6 +54,9 @@ class BlockManager:
         self._deferred: dict[int, list[int]] = {}  # parent hash -> cached, unannounced children
         self._used = 0
         self._events: list[KvEvent] = []
+        self.evicted_blocks_total = 0
+        self.evicted_missed_blocks_total = 0
+        self._evicted: OrderedDict[int, None] = OrderedDict()  # hashes evicted, oldest first
 
     # ---- counters (also the invariants tests check) ------------------------------------
 
@@ -133,7 +142,9 @@ class BlockManager:
                 block_id, _ = self._free.popitem(last=False)
             else:
                 block_id, _ = self._evictable.popitem(last=False)
-                block_hash = self._uncache(self._blocks[block_id])
+                block = self._blocks[block_id]
+                self._remember_evicted(block.block_hash)
+                block_hash = self._uncache(block)
                 if block_hash is not None:
                     evicted.append(block_hash)
             self._blocks[block_id].ref_count = 1
@@ -186,6 +197,7 @@ class BlockManager:
                 parent_hash = block_hash
                 continue
             block.block_hash = block_hash
+            self._evicted.pop(block_hash, None)
             block.parent_hash = parent_hash
             block.token_ids = tuple(token_ids[index * size:(index + 1) * size])
             self._cached[block_hash] = block_id
@@ -253,7 +265,22 @@ class BlockManager:
                 pending.extend(reversed(others))
         return events
 
+    def note_misses(self, block_hashes: list[int]) -> None:
+        """A request needed `block_hashes` and found them uncached: count those evicted here."""
+        for block_hash in block_hashes:
+            if block_hash in self._evicted:
+                del self._evicted[block_hash]
+                self.evicted_missed_blocks_total += 1
+
     # ---- internals -----------------------------------------------------------------------
+
+    def _remember_evicted(self, block_hash: int | None) -> None:
+        assert block_hash is not None
+        self.evicted_blocks_total += 1
+        self._evicted[block_hash] = None
+        self._evicted.move_to_end(block_hash)
+        if len(self._evicted) > EVICTED_MEMORY * self.num_blocks:
+            self._evicted.popitem(last=False)
 
     def _is_announced(self, block_hash: int) -> bool:
         block_id = self._cached.get(block_hash)

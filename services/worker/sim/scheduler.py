@@ -245,6 +245,8 @@ class Scheduler:
             request.num_cached_tokens = len(reused_ids) * size
             self.prompt_tokens_total += request.num_prompt_tokens
             self.cached_tokens_total += request.num_cached_tokens
+            self.blocks.note_misses([block_hash for block_hash, block_id in zip(request.block_hashes, found)
+                                     if block_id is None])
         return num_new, end
 
     def _reserve_slots(self, request: SimRequest, num_tokens: int) -> bool:
@@ -344,4 +346,6 @@ class Scheduler:
                           cached_tokens_total=self.cached_tokens_total,
                           generated_tokens_total=self.generated_tokens_total,
                           pending_prefill_tokens=pending,
-                          computed_prompt_tokens_total=self.computed_prompt_tokens_total)
+                          computed_prompt_tokens_total=self.computed_prompt_tokens_total,
+                          kv_evicted_blocks_total=self.blocks.evicted_blocks_total,
+                          kv_evicted_missed_blocks_total=self.blocks.evicted_missed_blocks_total)

@@ -1,0 +1,88 @@
+"""The sweep's verdicts and summary (pure): from result rows to what the JSON document and
+the progress table say.
+
+Per point, three checks of kv-aware routing, each `{..., "pass": bool | None}` (None: an arm
+it needs did not run or has no figure):
+- `p99_vs_plain`: kv-aware P99 TTFT <= round-robin-plain's (no worse than the plain baseline);
+- `p90_vs_oracle`: kv-aware P90 TTFT / the oracle's <= `P90_ORACLE_LIMIT`;
+- `cached_share_vs_oracle`: where the shared prefixes fit in the cluster's cache
+  (kv_pressure <= 1), |kv-aware cached share - the oracle's| / the oracle's <= `SHARE_GAP_LIMIT`
+  (cached share counts local hits and pulled tokens alike; the rows split them).
+`gains` gives each arm's P90 gain over its own system's plain baseline (`Arm.baseline`).
+Called by `bench.routing.sweep`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from bench.routing.family import SweepPoint
+
+P90_ORACLE_LIMIT = 1.3
+SHARE_GAP_LIMIT = 0.10
+
+
+def _figure(row: Mapping | None, name: str) -> float | None:
+    if row is None or row.get("error"):
+        return None
+    value = row.get(name)
+    return float(value) if value is not None else None
+
+
+def verdict(point: SweepPoint, rows: Mapping[str, Mapping]) -> dict:
+    """The checks of one point from its rows by arm name."""
+    kv, plain, oracle = rows.get("kv-aware"), rows.get("round-robin-plain"), rows.get("oracle")
+    kv_p99, plain_p99 = _figure(kv, "ttft_p99_ms"), _figure(plain, "ttft_p99_ms")
+    p99 = {"kv_aware_ms": kv_p99, "plain_ms": plain_p99,
+           "pass": None if kv_p99 is None or plain_p99 is None else kv_p99 <= plain_p99}
+    kv_p90, oracle_p90 = _figure(kv, "ttft_p90_ms"), _figure(oracle, "ttft_p90_ms")
+    ratio = round(kv_p90 / oracle_p90, 3) if kv_p90 is not None and oracle_p90 else None
+    p90 = {"ratio": ratio, "limit": P90_ORACLE_LIMIT, "pass": None if ratio is None else ratio <= P90_ORACLE_LIMIT}
+    checks = {"p99_vs_plain": p99, "p90_vs_oracle": p90}
+    if point.kv_pressure <= 1:
+        kv_share, oracle_share = _figure(kv, "cached_share"), _figure(oracle, "cached_share")
+        gap = (round(abs(kv_share - oracle_share) / oracle_share, 3)
+               if kv_share is not None and oracle_share else None)
+        checks["cached_share_vs_oracle"] = {"kv_aware": kv_share, "oracle": oracle_share, "relative_gap": gap,
+                                            "limit": SHARE_GAP_LIMIT,
+                                            "pass": None if gap is None else gap <= SHARE_GAP_LIMIT}
+    outcomes = [check["pass"] for check in checks.values()]
+    checks["pass"] = None if None in outcomes else all(outcomes)
+    return checks
+
+
+def gains(rows: Mapping[str, Mapping], baselines: Mapping[str, str]) -> dict[str, float | None]:
+    """Each arm's P90 TTFT gain over its baseline arm (baseline P90 / arm P90; above 1 is better)."""
+    result: dict[str, float | None] = {}
+    for arm, baseline in baselines.items():
+        if arm not in rows or not baseline:
+            continue
+        own, base = _figure(rows[arm], "ttft_p90_ms"), _figure(rows.get(baseline), "ttft_p90_ms")
+        result[arm] = round(base / own, 3) if own and base is not None else None
+    return result
+
+
+SUMMARY_FIELDS = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "cached_share", "local_share", "pulled_share",
+                  "evicted_blocks", "evicted_missed_blocks", "computed_imbalance", "errors")
+
+
+def summary(rows: list[Mapping]) -> list[dict]:
+    """One short line per row: the figures a reader compares first."""
+    return [{"point": row["point"], "arm": row["arm"],
+             **({"error": row["error"]} if row.get("error") else {name: row.get(name) for name in SUMMARY_FIELDS})}
+            for row in rows]
+
+
+def table(rows: list[Mapping]) -> str:
+    """`summary` as aligned text, for the progress stream."""
+    header = ("point", "arm", "p50", "p90", "p99", "cached", "local", "pulled", "evicted", "ev.missed", "imbal",
+              "errors")
+    lines = [header]
+    for line in summary(rows):
+        if "error" in line:
+            lines.append((line["point"], line["arm"], "error: " + str(line["error"])[:60]))
+            continue
+        lines.append((line["point"], line["arm"], *("-" if line[name] is None else str(line[name])
+                                                    for name in SUMMARY_FIELDS)))
+    widths = [max(len(line[index]) for line in lines if index < len(line)) for index in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)

@@ -1,0 +1,111 @@
+"""The routing sweep's pure parts around a run: verdicts, gains, the counters' split, arms."""
+
+from __future__ import annotations
+
+from bench.routing.arms import PIN_HEADER, NoPinning, Pinning, arms, kv_aware_settings, rotated
+from bench.routing.counters import counters_from_cluster, imbalance, sweep_figures
+from bench.routing.family import SweepPoint
+from bench.routing.oracle import GroupSpec, Oracle
+from bench.routing.report import gains, summary, table, verdict
+from bench.routing.workloads import EngineShape
+from services.worker.sim.profile import load_profile
+
+SHAPE = EngineShape(workers=2, block_size=16, max_num_batched_tokens=512, max_model_len=2048,
+                    profile=load_profile(""), sim_speedup=0.25)
+
+
+def row(p90: float, p99: float, share: float, **extra) -> dict:
+    return {"ttft_p50_ms": p90 / 2, "ttft_p90_ms": p90, "ttft_p99_ms": p99, "cached_share": share, **extra}
+
+
+def test_a_point_passes_when_kv_aware_is_close_to_the_oracle_and_beats_plain() -> None:
+    rows = {"kv-aware": row(120, 200, 0.86), "round-robin-plain": row(900, 1500, 0.3), "oracle": row(100, 180, 0.9)}
+    checks = verdict(SweepPoint("p", kv_pressure=0.7), rows)
+    assert checks["p99_vs_plain"]["pass"] and checks["p90_vs_oracle"] == {"ratio": 1.2, "limit": 1.3, "pass": True}
+    assert checks["cached_share_vs_oracle"]["relative_gap"] == 0.044 and checks["pass"] is True
+
+
+def test_each_check_fails_on_its_own() -> None:
+    point = SweepPoint("p", kv_pressure=0.7)
+    worse_tail = verdict(point, {"kv-aware": row(120, 1600, 0.9), "round-robin-plain": row(900, 1500, 0.3),
+                                 "oracle": row(100, 180, 0.9)})
+    assert worse_tail["p99_vs_plain"]["pass"] is False and worse_tail["pass"] is False
+    slow = verdict(point, {"kv-aware": row(140, 200, 0.9), "round-robin-plain": row(900, 1500, 0.3),
+                           "oracle": row(100, 180, 0.9)})
+    assert slow["p90_vs_oracle"]["pass"] is False and slow["p99_vs_plain"]["pass"] is True
+    spread = verdict(point, {"kv-aware": row(120, 200, 0.6), "round-robin-plain": row(900, 1500, 0.3),
+                             "oracle": row(100, 180, 0.9)})
+    assert spread["cached_share_vs_oracle"]["pass"] is False and spread["pass"] is False
+
+
+def test_over_full_points_skip_the_share_check_and_missing_arms_give_no_verdict() -> None:
+    rows = {"kv-aware": row(120, 200, 0.2), "round-robin-plain": row(900, 1500, 0.1), "oracle": row(100, 180, 0.6)}
+    assert "cached_share_vs_oracle" not in verdict(SweepPoint("p", kv_pressure=1.2), rows)
+    assert verdict(SweepPoint("p", kv_pressure=1.2), rows)["pass"] is True
+    partial = verdict(SweepPoint("p"), {"kv-aware": row(120, 200, 0.9),
+                                        "round-robin-plain": {"error": "the stack did not start"}})
+    assert partial["p99_vs_plain"]["pass"] is None and partial["p90_vs_oracle"]["pass"] is None
+    assert partial["pass"] is None
+
+
+def test_gains_are_over_each_arms_own_baseline() -> None:
+    rows = {"kv-aware": row(100, 1, 0), "round-robin-plain": row(400, 1, 0), "dynamo-kv": row(50, 1, 0),
+            "dynamo-round-robin": row(100, 1, 0)}
+    baselines = {name: arm.baseline for name, arm in arms(SHAPE).items() if name in rows}
+    assert gains(rows, baselines) == {"kv-aware": 4.0, "dynamo-kv": 2.0}
+
+
+def test_summary_and_table_show_every_row() -> None:
+    rows = [{"point": "p", "arm": "kv-aware", **row(100, 150, 0.9), "local_share": 0.8, "pulled_share": 0.1,
+             "evicted_blocks": 3, "evicted_missed_blocks": 1, "computed_imbalance": 1.1, "errors": 0},
+            {"point": "p", "arm": "oracle", "error": "no launcher"}]
+    lines = summary(rows)
+    assert lines[0]["ttft_p90_ms"] == 100 and lines[0]["local_share"] == 0.8 and lines[1] == {
+        "point": "p", "arm": "oracle", "error": "no launcher"}
+    text = table(rows)
+    assert "kv-aware" in text and "error: no launcher" in text and len(text.splitlines()) == 3
+
+
+def cluster(**workers: dict) -> dict:
+    base = {"prompt_tokens_total": 0, "cached_tokens_total": 0, "kv_pulled_tokens_total": 0, "running": 0,
+            "waiting": 0}
+    return {"workers": [{"worker_id": name, **base, **values} for name, values in workers.items()]}
+
+
+def test_sweep_figures_split_local_hits_from_pulled_tokens() -> None:
+    before = counters_from_cluster(cluster(a={"prompt_tokens_total": 100}, b={}))
+    after = counters_from_cluster(cluster(
+        a={"prompt_tokens_total": 1100, "cached_tokens_total": 800, "kv_pulled_tokens_total": 200,
+           "computed_prompt_tokens_total": 300, "generated_tokens_total": 160, "kv_evicted_blocks_total": 4,
+           "kv_evicted_missed_blocks_total": 1},
+        b={"prompt_tokens_total": 1000, "cached_tokens_total": 500, "computed_prompt_tokens_total": 100,
+           "generated_tokens_total": 160, "kv_recomputed_tokens_total": 32}))
+    figures = sweep_figures(before, after)
+    assert figures["prompt_tokens"] == 2000 and figures["cached_share"] == 0.65
+    assert figures["local_share"] == 0.55 and figures["pulled_share"] == 0.1 and figures["pulled_tokens"] == 200
+    assert (figures["evicted_blocks"], figures["evicted_missed_blocks"], figures["recomputed_tokens"]) == (4, 1, 32)
+    assert figures["computed_imbalance"] == 1.5 and figures["request_imbalance"] == 1.0
+    assert imbalance({}) is None and imbalance({"a": 0, "b": 0}) is None
+
+
+def test_arms_map_to_router_settings_and_the_oracle_pins_by_header() -> None:
+    by_name = arms(SHAPE)
+    assert by_name["round-robin-plain"].settings == {"routing_policy": "round-robin", "prefix_pull": False}
+    assert by_name["round-robin-pull"].settings == {"routing_policy": "round-robin"}
+    assert by_name["kv-aware"].settings == kv_aware_settings(SHAPE) == {"routing_policy": "kv-aware"}
+    assert by_name["oracle"].settings == {"routing_policy": "pinned"} and by_name["oracle"].oracle
+    assert NoPinning().begin("tenant-0") == ({}, None)
+    pinning = Pinning(Oracle(["w1", "w2"], 1000, {"t": GroupSpec(100, 0.5)}))
+    headers, worker = pinning.begin("t")
+    assert headers == {PIN_HEADER: worker} and pinning.outstanding[worker] == 1
+    other_headers, other = pinning.begin(None)  # unique: the least outstanding, so the other worker
+    assert other != worker
+    pinning.end(worker)
+    pinning.end(other)
+    assert sum(pinning.outstanding.values()) == 0
+
+
+def test_arm_order_rotates_from_point_to_point() -> None:
+    names = ["a", "b", "c", "d"]
+    assert [rotated(names, index)[0] for index in range(5)] == ["a", "b", "c", "d", "a"]
+    assert sorted(rotated(names, 3)) == names and rotated([], 2) == []
