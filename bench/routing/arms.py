@@ -14,6 +14,7 @@ requests per worker. `NoPinning` is every other arm's. Called by `bench.routing.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,10 +38,11 @@ class Arm:
     baseline: str = ""  # the arm this one's gain is measured against (its own system's plain baseline)
 
 
-def arms(shape: EngineShape) -> dict[str, Arm]:
-    """Every arm by name. Dynamo's arms run when a launcher for "dynamo" is registered."""
+def arms(shape: EngineShape, kv_overrides: Mapping[str, object] | None = None) -> dict[str, Arm]:
+    """Every arm by name; `kv_overrides`: router settings that replace kv-aware's (a weight to
+    try, e.g. {"queue_weight": 1.0}). Dynamo's arms need its launcher (`systems.LAUNCHERS`)."""
     return {arm.name: arm for arm in (
-        Arm("kv-aware", "tandem", kv_aware_settings(shape), baseline="round-robin-plain"),
+        Arm("kv-aware", "tandem", {**kv_aware_settings(shape), **(kv_overrides or {})}, baseline="round-robin-plain"),
         Arm("round-robin-plain", "tandem", {"routing_policy": "round-robin", "prefix_pull": False}),
         Arm("round-robin-pull", "tandem", {"routing_policy": "round-robin"}, baseline="round-robin-plain"),
         Arm("oracle", "tandem", {"routing_policy": "pinned"}, oracle=True, baseline="round-robin-plain"),

@@ -134,8 +134,11 @@ def sweep_figures(before: Counters, after: Counters) -> dict:
         "computed_prompt_tokens": total.computed,
         "evicted_blocks": total.evicted,
         "evicted_missed_blocks": total.evicted_missed,
-        "computed_imbalance": imbalance({worker: counters.computed for worker, counters in delta.items()}),
+        # (a system whose counters cover the whole cluster at once has no balance figures)
+        "computed_imbalance": imbalance({worker: counters.computed for worker, counters in delta.items()})
+        if len(delta) > 1 else None,
         # every request generates max_tokens (ignore_eos): generated tokens stand for requests
-        "request_imbalance": imbalance({worker: counters.generated for worker, counters in delta.items()}),
+        "request_imbalance": imbalance({worker: counters.generated for worker, counters in delta.items()})
+        if len(delta) > 1 else None,
         "per_worker_computed": {worker: counters.computed for worker, counters in delta.items()},
     }

@@ -8,6 +8,9 @@ it needs did not run or has no figure):
 - `cached_share_vs_oracle`: where the shared prefixes fit in the cluster's cache
   (kv_pressure <= 1), |kv-aware cached share - the oracle's| / the oracle's <= `SHARE_GAP_LIMIT`
   (cached share counts local hits and pulled tokens alike; the rows split them).
+- `gain_vs_dynamo` (when Dynamo's arms ran): kv-aware's P90 gain over round-robin-plain >=
+  Dynamo's KV router's gain over its own round-robin (each router against its own plain
+  baseline on its own engines; absolute figures of the two systems are not compared).
 `gains` gives each arm's P90 gain over its own system's plain baseline (`Arm.baseline`).
 Called by `bench.routing.sweep`.
 """
@@ -46,9 +49,19 @@ def verdict(point: SweepPoint, rows: Mapping[str, Mapping]) -> dict:
         checks["cached_share_vs_oracle"] = {"kv_aware": kv_share, "oracle": oracle_share, "relative_gap": gap,
                                             "limit": SHARE_GAP_LIMIT,
                                             "pass": None if gap is None else gap <= SHARE_GAP_LIMIT}
+    if "dynamo-kv" in rows or "dynamo-round-robin" in rows:
+        tandem = _gain(kv, plain)
+        dynamo = _gain(rows.get("dynamo-kv"), rows.get("dynamo-round-robin"))
+        checks["gain_vs_dynamo"] = {"tandem_gain": tandem, "dynamo_gain": dynamo,
+                                    "pass": None if tandem is None or dynamo is None else tandem >= dynamo}
     outcomes = [check["pass"] for check in checks.values()]
     checks["pass"] = None if None in outcomes else all(outcomes)
     return checks
+
+
+def _gain(arm: Mapping | None, baseline: Mapping | None) -> float | None:
+    own, base = _figure(arm, "ttft_p90_ms"), _figure(baseline, "ttft_p90_ms")
+    return round(base / own, 3) if own and base is not None else None
 
 
 def gains(rows: Mapping[str, Mapping], baselines: Mapping[str, str]) -> dict[str, float | None]:
@@ -57,8 +70,7 @@ def gains(rows: Mapping[str, Mapping], baselines: Mapping[str, str]) -> dict[str
     for arm, baseline in baselines.items():
         if arm not in rows or not baseline:
             continue
-        own, base = _figure(rows[arm], "ttft_p90_ms"), _figure(rows.get(baseline), "ttft_p90_ms")
-        result[arm] = round(base / own, 3) if own and base is not None else None
+        result[arm] = _gain(rows[arm], rows.get(baseline))
     return result
 
 

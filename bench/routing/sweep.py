@@ -59,6 +59,7 @@ class SweepSetup:
     seed: int
     duration_s: float
     drain_s: float
+    kv_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 def oracle_for(point: SweepPoint, shape: EngineShape, sizing: PointSizing, worker_ids: Sequence[str]) -> Oracle:
@@ -119,7 +120,7 @@ def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm,
 def run_sweep(setup: SweepSetup, points: Sequence[SweepPoint], arm_names: Sequence[str],
               launchers: Mapping[str, Launcher] = LAUNCHERS) -> dict:
     """Every point through every arm; the JSON document."""
-    by_name = arms(setup.shape)
+    by_name = arms(setup.shape, setup.kv_overrides)
     rows: list[dict] = []
     verdicts: dict[str, dict] = {}
     point_gains: dict[str, dict] = {}
@@ -172,8 +173,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-dir", default="", help="default: a generated tiny model")
     parser.add_argument("--state-dir", default=".tandem/bench-routing", help="logs and the generated model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-settings", default="{}",
+                        help='router settings for the kv-aware arm, as JSON (e.g. \'{"queue_weight": 1.0}\')')
     parser.add_argument("--json", action="store_true", help="accepted; stdout is always one JSON document")
     args = parser.parse_args(argv)
+    try:
+        kv_overrides = json.loads(args.kv_settings)
+    except ValueError as error:
+        raise SystemExit(f"bench_routing: --kv-settings is not JSON: {error}") from error
+    if not isinstance(kv_overrides, dict):
+        raise SystemExit("bench_routing: --kv-settings must be a JSON object")
     from bench.routing.main import model_dir_or_tiny
     from services.worker.sim.profile import load_profile
     from shared.tokenizer import Tokenizer
@@ -194,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup = SweepSetup(shape=shape, model_dir=model_dir, vocab_size=Tokenizer.from_model_dir(model_dir).vocab_size,
                        log_root=state_dir / "logs" / "sweep", worker_settings=worker_settings, seed=args.seed,
                        duration_s=args.duration or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S),
-                       drain_s=args.drain)
+                       drain_s=args.drain, kv_overrides=kv_overrides)
     started = time.monotonic()
     document = run_sweep(setup, points, arm_names)
     document["config"]["wall_s"] = round(time.monotonic() - started, 1)

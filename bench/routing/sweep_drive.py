@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from bench.routing.arms import RequestRouting
-from bench.routing.client import finish, progress, router_client, stream_completion
+from bench.routing.client import finish, progress, stream_completion
 from bench.routing.counters import Counters, settled, sweep_figures
 from bench.routing.family import (
     PointSizing,
@@ -107,7 +107,7 @@ async def _open_loop(player: SessionPlayer, run: PointRun) -> list[asyncio.Task]
 
 async def drive_point(system: System, run: PointRun, routing: RequestRouting) -> dict:
     """Run the point against `system`; the row's figures."""
-    async with router_client(system.base_url) as client, httpx.AsyncClient() as http:
+    async with system.client(system.base_url) as client, httpx.AsyncClient() as http:
         player = SessionPlayer(client, system.model, routing)
         if run.point.tenants:
             await _warm_up(player, run)

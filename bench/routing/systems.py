@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from bench.routing.arms import Arm
+from bench.routing.client import router_client
 from bench.routing.counters import CountersReader, metrics_reader
 from bench.routing.workloads import EngineShape
 from launch.definition import HttpService, Membership, Settings, StackDefinition, WorkerGroup
@@ -42,6 +43,7 @@ class System:
     counters: CountersReader | None  # the workers' cumulative counters; None if the system has none
     worker_ids: tuple[str, ...]  # what the oracle pins to (empty: the system cannot pin)
     pids: tuple[int, ...] = ()  # processes whose CPU time the row reports
+    client: Callable[[str], httpx.AsyncClient] = router_client  # the HTTP client its endpoint wants
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,13 @@ def local_stack(spec: LaunchSpec) -> Iterator[System]:
         stack.stop()
 
 
-LAUNCHERS: dict[str, Launcher] = {"tandem": local_stack}
+def _dynamo(spec: LaunchSpec) -> AbstractContextManager[System]:
+    from bench.routing.dynamo_system import dynamo_stack  # only when a Dynamo arm runs
+
+    return dynamo_stack(spec)
+
+
+LAUNCHERS: dict[str, Launcher] = {"tandem": local_stack, "dynamo": _dynamo}
 
 
 def cpu_seconds(pids: list[int] | tuple[int, ...]) -> float:

@@ -48,6 +48,18 @@ def test_over_full_points_skip_the_share_check_and_missing_arms_give_no_verdict(
     assert partial["pass"] is None
 
 
+def test_the_gain_over_plain_is_held_against_dynamos_gain_over_its_round_robin() -> None:
+    point = SweepPoint("p", kv_pressure=0.7)
+    base = {"kv-aware": row(100, 200, 0.9), "round-robin-plain": row(1000, 1500, 0.3), "oracle": row(100, 180, 0.9)}
+    ahead = verdict(point, {**base, "dynamo-kv": row(50, 90, 0.9), "dynamo-round-robin": row(400, 600, 0.3)})
+    assert ahead["gain_vs_dynamo"] == {"tandem_gain": 10.0, "dynamo_gain": 8.0, "pass": True} and ahead["pass"]
+    behind = verdict(point, {**base, "dynamo-kv": row(50, 90, 0.9), "dynamo-round-robin": row(600, 900, 0.3)})
+    assert behind["gain_vs_dynamo"]["pass"] is False and behind["pass"] is False
+    assert "gain_vs_dynamo" not in verdict(point, base)
+    missing = verdict(point, {**base, "dynamo-kv": row(50, 90, 0.9)})
+    assert missing["gain_vs_dynamo"]["pass"] is None and missing["pass"] is None
+
+
 def test_gains_are_over_each_arms_own_baseline() -> None:
     rows = {"kv-aware": row(100, 1, 0), "round-robin-plain": row(400, 1, 0), "dynamo-kv": row(50, 1, 0),
             "dynamo-round-robin": row(100, 1, 0)}
