@@ -87,9 +87,9 @@ def router(
         help="Cost model: per prompt token queued for prefill ahead of the request.")] = 0.5,
     decode_weight: Annotated[float, typer.Option(
         help="Cost model: for a worker whose batch is full (running+waiting = max_num_seqs).")] = 1024.0,
-    replicate_load: Annotated[float, typer.Option(
-        help="Replicate a prefix onto another worker once each of its holders is past this share of its "
-             "batch (0: never).")] = 0.75,
+    hot_load_factor: Annotated[float, typer.Option(
+        help="Replicate a prefix onto another worker once each of its holders carries more than this x "
+             "the mean load of the serving workers (0: never).")] = 1.5,
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
@@ -112,7 +112,7 @@ def router(
                             max_queue_factor=max_queue_factor, pd_transfer=pd_transfer,  # type: ignore[arg-type]
                             prefix_pull=prefix_pull, transfer_weight=transfer_weight,
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
-                            queue_weight=queue_weight, decode_weight=decode_weight, replicate_load=replicate_load)
+                            queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, bus=bus_config(nats_url, namespace),
                           membership=membership_config(heartbeat_interval, ttl),

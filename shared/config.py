@@ -165,9 +165,9 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     eviction_weight: float = 0.5  # per cached token that new KV would push out of a full cache
     queue_weight: float = 0.5  # per prompt token queued for prefill ahead of it on that worker
     decode_weight: float = 1024.0  # for a serving/decode worker whose batch is full (running+waiting = max_num_seqs)
-    # a prefix whose every holder is past this share of its batch (running+waiting / max_num_seqs)
-    # is replicated: a non-holder pulling it pays no eviction cost (0: never)
-    replicate_load: float = 0.75
+    # a prefix whose every holder carries more than this x the serving workers' mean load is
+    # hot and replicated: a non-holder pulling it pays no eviction cost (0: never)
+    hot_load_factor: float = 1.5
     prefix_pull: bool = True  # False: a worker never pulls a cached prefix from another (a plain baseline)
     local_prefill_tokens: int = 256  # a decode worker computes a prompt itself when fewer are uncached there
     prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
@@ -183,7 +183,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
-                     "decode_weight", "replicate_load"):
+                     "decode_weight", "hot_load_factor"):
             _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
         _require(self.prefill_busy_tokens > 0, "prefill_busy_tokens must be positive")

@@ -114,24 +114,29 @@ def test_the_margin_grows_with_the_value_of_the_hit() -> None:
 # ---- replication of a hot prefix ------------------------------------------------------------
 
 
-def test_a_prefix_is_hot_when_every_holder_is_past_the_replication_load() -> None:
-    busy = [worker("a", reported_load=60), worker("b", reported_load=10), worker("c", reported_load=55)]
+def test_a_prefix_is_hot_when_every_holder_carries_well_over_the_mean_load() -> None:
+    # mean load 6: the bound is max(1.5 x 6, 6 + 2) = 9
+    busy = [worker("a", reported_load=12), worker("b", reported_load=2), worker("c", reported_load=10),
+            worker("d", reported_load=0)]
     assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT)
     assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX, "b": PREFIX}, PROMPT)  # b can carry more
     assert prefix_is_hot(ROUTING, busy, {"a": PREFIX, "c": PREFIX, "b": 256}, PROMPT)  # b holds less
     assert not prefix_is_hot(ROUTING, busy, {}, PROMPT)
-    assert not prefix_is_hot(msgspec.structs.replace(ROUTING, replicate_load=0), busy, {"a": PREFIX}, PROMPT)
+    assert not prefix_is_hot(msgspec.structs.replace(ROUTING, hot_load_factor=0), busy, {"a": PREFIX}, PROMPT)
+    # at small loads, one request over the mean is not hot: the bound is at least mean + 2
+    light = [worker("a", reported_load=2), worker("b", reported_load=0), worker("c", reported_load=0)]
+    assert not prefix_is_hot(ROUTING, light, {"a": PREFIX}, PROMPT)
 
 
 def test_a_hot_prefix_is_replicated_onto_a_second_worker() -> None:
-    """The holder is past `replicate_load` with a modest queue: without replication the
-    eviction cost would keep the tenant there; replication waives it, so one more worker
-    pulls the prefix and becomes its second holder."""
-    holder = worker("holder", reported_load=48, reported_prefill_tokens=200)
-    workers = [holder, worker("b")]
+    """The holder carries a popular tenant: 12 requests against the others' 2, with a modest
+    prefill queue. Without replication the eviction cost keeps the tenant there; replication
+    waives it, so another worker pulls the prefix and becomes its second holder."""
+    holder = worker("holder", reported_load=12, reported_prefill_tokens=300)
+    workers = [holder, worker("b", reported_load=2), worker("c", reported_load=2)]
     plan = plan_of(workers, tenant_request({"holder": PREFIX}))
-    assert plan.worker_id == "b" and plan.prompt is not None and plan.prompt.holder_id == "holder"
-    no_replication = msgspec.structs.replace(ROUTING, replicate_load=0)
+    assert plan.worker_id in ("b", "c") and plan.prompt is not None and plan.prompt.holder_id == "holder"
+    no_replication = msgspec.structs.replace(ROUTING, hot_load_factor=0)
     assert plan_of(workers, tenant_request({"holder": PREFIX}), no_replication).worker_id == "holder"
 
 

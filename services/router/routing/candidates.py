@@ -63,7 +63,7 @@ class Candidates:
         self.eligible = eligible
         self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
         # a hot prefix (every holder busy) is worth a second copy: no eviction cost for one
-        self.replicate = prefix_is_hot(routing, workers, request.cached_tokens, request.prompt_tokens)
+        self.replicate = prefix_is_hot(routing, eligible.serving, request.cached_tokens, request.prompt_tokens)
         self._plans: dict[str, PrefillPlan] = {}
 
     def plan(self, worker: WorkerView) -> PrefillPlan:

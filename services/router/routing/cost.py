@@ -25,9 +25,11 @@ What the terms buy, together:
   compute again later; spreading a tenant over every worker churns every cache. Free KV
   comes from the load snapshots, less what this router sent since.
 - *Replication of a hot prefix.* When every worker holding (or about to hold) the longest
-  cached prefix is past `replicate_load` of its batch, one holder cannot carry the
-  prefix's load: a second copy is wanted, so a non-holder pulling it pays no eviction cost.
-  Below that load the prefix stays on its holders.
+  cached prefix carries more than `hot_load_factor` x the serving workers' mean load (and
+  at least `HOT_MIN_EXCESS` requests more), its holders cannot carry the prefix's traffic
+  (a popular tenant's): a further copy is wanted, so a non-holder pulling it pays no
+  eviction cost. Below that bound, the prefix stays on its holders: affinity with load
+  bounded relative to the cluster, as consistent hashing with bounded loads does.
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is
@@ -37,7 +39,7 @@ merely predicted to compute, which might not exist yet when the pull reads them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.router.routing.view import WorkerView
@@ -105,19 +107,25 @@ def eviction_cost(routing: RoutingConfig, new_tokens: int, free_tokens: int | No
     return routing.eviction_weight * max(0, new_tokens - free_tokens)
 
 
-def prefix_is_hot(routing: RoutingConfig, workers: Iterable[WorkerView], cached_tokens: Mapping[str, int],
+HOT_MIN_EXCESS = 2  # requests above the mean a holder must carry before its prefix counts as hot
+
+
+def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_tokens: Mapping[str, int],
                   prompt_tokens: int) -> bool:
-    """Every worker holding (or predicted to hold) the longest cached prefix of the prompt is
-    past `replicate_load` of its batch: the prefix needs another copy. False without a
-    cached prefix, or with `replicate_load` 0."""
-    if routing.replicate_load <= 0:
+    """Every one of `workers` holding (or predicted to hold) the longest cached prefix of the
+    prompt carries more than `hot_load_factor` x the mean predicted load of `workers` (and at
+    least `HOT_MIN_EXCESS` requests more): the prefix needs another copy. False without a
+    cached prefix among them, or with `hot_load_factor` 0."""
+    if routing.hot_load_factor <= 0 or not workers:
         return False
-    loads = {worker.worker_id: worker.relative_load for worker in workers}
+    loads = {worker.worker_id: worker.predicted_load for worker in workers}
     longest = max((min(tokens, prompt_tokens) for worker_id, tokens in cached_tokens.items() if worker_id in loads),
                   default=0)
     if longest <= 0:
         return False
-    return all(loads[worker_id] >= routing.replicate_load for worker_id, tokens in cached_tokens.items()
+    mean = sum(loads.values()) / len(loads)
+    bound = max(routing.hot_load_factor * mean, mean + HOT_MIN_EXCESS)
+    return all(loads[worker_id] >= bound for worker_id, tokens in cached_tokens.items()
                if worker_id in loads and min(tokens, prompt_tokens) == longest)
 
 
