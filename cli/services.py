@@ -90,6 +90,9 @@ def router(
     hot_load_factor: Annotated[float, typer.Option(
         help="Replicate a prefix onto another worker once each of its holders carries more than this x "
              "the mean load of the serving workers (0: never).")] = 1.5,
+    home_slack_tokens: Annotated[float, typer.Option(
+        help="A prompt no worker holds goes to its prefix's home worker (rendezvous hashing) when that one "
+             "costs at most this much more than the cheapest (0: off).")] = 256.0,
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
@@ -112,7 +115,8 @@ def router(
                             max_queue_factor=max_queue_factor, pd_transfer=pd_transfer,  # type: ignore[arg-type]
                             prefix_pull=prefix_pull, transfer_weight=transfer_weight,
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
-                            queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor)
+                            queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
+                            home_slack_tokens=home_slack_tokens)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, bus=bus_config(nats_url, namespace),
                           membership=membership_config(heartbeat_interval, ttl),

@@ -169,6 +169,9 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # hot and replicated: a non-holder pulling it pays no eviction cost (0: never)
     hot_load_factor: float = 1.5
     prefix_pull: bool = True  # False: a worker never pulls a cached prefix from another (a plain baseline)
+    # a prompt no worker holds goes to its prefix's home worker (rendezvous hashing of its first
+    # block) when that one costs at most this much more than the cheapest (0: off)
+    home_slack_tokens: float = 256.0
     local_prefill_tokens: int = 256  # a decode worker computes a prompt itself when fewer are uncached there
     prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
     cache_hit_threshold: float = 0.0  # decode-first default for requests that name none; 0: off
@@ -183,7 +186,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
-                     "decode_weight", "hot_load_factor"):
+                     "decode_weight", "hot_load_factor", "home_slack_tokens"):
             _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
         _require(self.prefill_busy_tokens > 0, "prefill_busy_tokens must be positive")

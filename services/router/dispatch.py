@@ -180,7 +180,7 @@ class Dispatcher:
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
-                                 route_hint=params.route_hint)
+                                 route_hint=params.route_hint, prefix_key=cache.prefix_key)
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
             outcome = decide(views, route, self._routing, self._policy)
             span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,

@@ -44,6 +44,12 @@ class PromptCache:
     cached_tokens: dict[str, int]  # per worker: leading tokens held or predicted (speculative)
     held_tokens: dict[str, int]  # per worker: leading tokens it reported holding
 
+    @property
+    def prefix_key(self) -> int | None:
+        """The hash of the prompt's first block (smallest block size in use); None when the
+        prompt is shorter than a block."""
+        return self.chains[min(self.chains)][0] if self.chains else None
+
 
 class KvView:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,

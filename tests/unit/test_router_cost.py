@@ -183,3 +183,39 @@ def test_weights_are_times_over_the_time_of_one_prompt_token() -> None:
     assert slow["decode_weight"] == weights["decode_weight"]
     with pytest.raises(ValueError):
         EngineTiming(0.0, 1.0, 8.0, 0.1, 64)
+
+
+# ---- a cold prompt's home -------------------------------------------------------------------
+
+
+def test_a_cold_prompt_goes_to_its_prefixs_home_among_the_near_cheapest() -> None:
+    from services.router.routing.home import home_score
+
+    workers = [worker(name, reported_load=load) for name, load in (("a", 1), ("b", 0), ("c", 1), ("d", 2))]
+    homes = {}
+    for key in range(40):
+        plan = plan_of(workers, RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16,
+                                             prefix_key=key))
+        homes[key] = plan.worker_id
+        assert plan.worker_id == max(workers, key=lambda view: home_score(key, view.worker_id)).worker_id
+    assert len(set(homes.values())) == 4  # prefixes spread over the workers, each to one home
+    again = [plan_of(workers, RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16,
+                                           prefix_key=key)).worker_id for key in range(40)]
+    assert again == list(homes.values())  # stable
+
+
+def test_a_busy_home_is_skipped_and_a_warm_prompt_ignores_homes() -> None:
+    from services.router.routing.home import home_score
+
+    key = 7
+    home = max("abcd", key=lambda name: home_score(key, name))
+    busy = [worker(name, reported_prefill_tokens=(4000 if name == home else 0)) for name in "abcd"]
+    cold = RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, prefix_key=key)
+    assert plan_of(busy, cold).worker_id != home
+    idle = [worker(name) for name in "abcd"]
+    assert plan_of(idle, cold).worker_id == home
+    other = next(name for name in "abcd" if name != home)
+    warm = tenant_request({other: PREFIX}, prefix_key=key)
+    assert plan_of(idle, warm).worker_id == other  # the holder, not the home
+    off = msgspec.structs.replace(ROUTING, home_slack_tokens=0)
+    assert plan_of(idle, cold, off).worker_id == "a"  # off: the least loaded, then the smallest id

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost, prefix_is_hot
 from services.router.routing.eligibility import Eligible
+from services.router.routing.home import prefer_home
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
 from shared.config import RoutingConfig
@@ -88,19 +89,39 @@ class Candidates:
         part = self.prefill_part(prefill)
         return Pair(part, decode, part.cost + decode_cost(self.routing, decode))
 
+    @property
+    def cold(self) -> bool:
+        """No worker holds (or is predicted to hold) any of the prompt: it has a home to go to
+        (`home`), when the prompt is at least a block long and homes are on."""
+        return (self.request.prefix_key is not None and self.routing.home_slack_tokens > 0
+                and not any(self.request.cached_tokens.values()))
+
     def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
         singles = [self.single(worker) for worker in workers]
-        return min(singles, key=lambda single: single.key) if singles else None
+        if not singles:
+            return None
+        if self.cold:
+            assert self.request.prefix_key is not None
+            return prefer_home(singles, lambda single: single.cost, lambda single: single.worker.worker_id,
+                               self.request.prefix_key, self.routing.home_slack_tokens)
+        return min(singles, key=lambda single: single.key)
+
+    def best_part(self, parts: Sequence[Single]) -> Single:
+        """The cheapest of the (non-empty) prefill `parts`; for a cold prompt, its home among
+        the near-cheapest."""
+        if self.cold:
+            assert self.request.prefix_key is not None
+            return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
+                               self.request.prefix_key, self.routing.home_slack_tokens)
+        return min(parts, key=lambda part: part.key)
 
     def best_pair(self, prefill_workers: Sequence[WorkerView], decode_workers: Sequence[WorkerView]) -> Pair | None:
         """The cheapest pair: the cost splits into a prefill part and a decode part, so per
         hash the cheapest of each side pair up (O(workers), not O(prefill x decode))."""
-        best_prefill: dict[str, Single] = {}
+        by_hash: dict[str, list[Single]] = {}
         for worker in prefill_workers:
-            part = self.prefill_part(worker)
-            held = best_prefill.get(worker.compat_hash)
-            if held is None or part.key < held.key:
-                best_prefill[worker.compat_hash] = part
+            by_hash.setdefault(worker.compat_hash, []).append(self.prefill_part(worker))
+        best_prefill = {compat_hash: self.best_part(parts) for compat_hash, parts in by_hash.items()}
         best_decode: dict[str, tuple[float, WorkerView]] = {}
         for worker in decode_workers:
             cost = decode_cost(self.routing, worker)

@@ -30,6 +30,7 @@ class RouteRequest:
     admit: bool = True  # False: already admitted once (a request resumed elsewhere)
     draw: float = 0.0  # a uniform draw in [0, 1) from the caller's seeded generator (random policy)
     route_hint: str | None = None  # a worker id the client asked for (only the pinned policy reads it)
+    prefix_key: int | None = None  # the hash of the prompt's first block (its prefix's home); None: shorter
 
     @property
     def max_tokens(self) -> int:
