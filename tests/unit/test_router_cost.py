@@ -3,6 +3,8 @@ imbalance, hot-prefix replication, the plain baseline without pulls, and the pin
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 
@@ -219,3 +221,17 @@ def test_a_busy_home_is_skipped_and_a_warm_prompt_ignores_homes() -> None:
     assert plan_of(idle, warm).worker_id == other  # the holder, not the home
     off = msgspec.structs.replace(ROUTING, home_slack_tokens=0)
     assert plan_of(idle, cold, off).worker_id == "a"  # off: the least loaded, then the smallest id
+
+
+def test_a_burst_of_distinct_cold_prompts_still_spreads_evenly() -> None:
+    """Homes are bounded by load: a worker with more queued prefill than the mean is no home."""
+    workers = {name: worker(name) for name in "ab"}
+    picks = []
+    for key in range(4):
+        plan = plan_of(list(workers.values()), RouteRequest(model="m", prompt_tokens=300, total_tokens=316,
+                                                            prefix_key=key * 7919))
+        picks.append(plan.worker_id)
+        view = workers[plan.worker_id]
+        workers[plan.worker_id] = dataclasses.replace(
+            view, outstanding_prefill_tokens=view.outstanding_prefill_tokens + 300, in_flight=view.in_flight + 1)
+    assert sorted(picks.count(name) for name in "ab") == [2, 2]

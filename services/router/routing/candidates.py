@@ -103,7 +103,8 @@ class Candidates:
         if self.cold:
             assert self.request.prefix_key is not None
             return prefer_home(singles, lambda single: single.cost, lambda single: single.worker.worker_id,
-                               self.request.prefix_key, self.routing.home_slack_tokens)
+                               lambda single: single.worker.predicted_prefill_tokens, self.request.prefix_key,
+                               self.routing.home_slack_tokens)
         return min(singles, key=lambda single: single.key)
 
     def best_part(self, parts: Sequence[Single]) -> Single:
@@ -112,7 +113,8 @@ class Candidates:
         if self.cold:
             assert self.request.prefix_key is not None
             return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
-                               self.request.prefix_key, self.routing.home_slack_tokens)
+                               lambda part: part.worker.predicted_prefill_tokens, self.request.prefix_key,
+                               self.routing.home_slack_tokens)
         return min(parts, key=lambda part: part.key)
 
     def best_pair(self, prefill_workers: Sequence[WorkerView], decode_workers: Sequence[WorkerView]) -> Pair | None:
