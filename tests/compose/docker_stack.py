@@ -151,6 +151,18 @@ class ComposeStack:
         raise AssertionError(f"the router never listed {serving_workers} serving workers: {body}\n"
                              f"{self.logs()}")
 
+    def wait_router_workers(self, count: int, timeout_s: float = 60) -> list[str]:
+        """Until the router knows `count` workers of any role (/ready lists serving ones only: a
+        prefill worker may register after the stack is ready)."""
+        deadline = time.monotonic() + timeout_s
+        body: object = None
+        while time.monotonic() < deadline:
+            status, body = http_json(self.router_url + "/health")
+            if status == 200 and isinstance(body, dict) and body["worker_count"] >= count:
+                return body["workers"]
+            time.sleep(0.5)
+        raise AssertionError(f"the router never knew {count} workers: {body}\n{self.logs()}")
+
     def cluster(self) -> dict:
         status, body = http_json(self.metrics_url + "/cluster")
         assert status == 200 and isinstance(body, dict), f"metrics collector: {status} {body}"

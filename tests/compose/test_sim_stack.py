@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from tests.compose.docker_stack import ComposeStack, run
+from tests.compose.docker_stack import ComposeStack, http_text, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -32,6 +32,7 @@ def client(stack: ComposeStack) -> openai.OpenAI:
 
 
 def test_openai_api_through_a_prefill_decode_pair(sim_stack: ComposeStack) -> None:
+    sim_stack.wait_router_workers(2)  # the prefill worker too, or a request is served by the decode worker alone
     api = client(sim_stack)
     model = api.models.list().data[0].id
     before = sim_stack.router_metric("tandem_router_disaggregated_requests_total")
@@ -50,7 +51,10 @@ def test_openai_api_through_a_prefill_decode_pair(sim_stack: ComposeStack) -> No
     assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "length"
 
     # Each of the four went prefill -> decode, and the decode worker pulled the prompt's KV.
-    assert sim_stack.router_metric("tandem_router_disaggregated_requests_total") - before == 4
+    decisions = [line for line in http_text(sim_stack.router_url + "/metrics").splitlines()
+                 if line.startswith("tandem_router_route_decisions_total")]
+    assert sim_stack.router_metric("tandem_router_disaggregated_requests_total") - before == 4, \
+        f"route decisions: {decisions}\n{sim_stack.logs('router', 'prefill', 'decode')}"
     assert sim_stack.router_metric("tandem_router_kv_pulled_tokens_total") > 4 * 256
     decode = list(sim_stack.workers("decode").values())
     assert len(decode) == 1 and decode[0]["kv_pulled_tokens_total"] > 0
