@@ -29,9 +29,12 @@ def router_client(base_url: str) -> httpx.AsyncClient:
 
 
 async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int,
-                            outcome: Outcome, *, keep_text: bool = False, headers: dict[str, str] | None = None) -> None:
+                            outcome: Outcome, *, keep_text: bool = False, headers: dict[str, str] | None = None,
+                            extra: dict | None = None, answer_ids: list[int] | None = None) -> None:
+    """`extra`: more body fields; `answer_ids`: collects the answer's token ids where the
+    server sends them per chunk (Dynamo's `nvext.completion_token_ids`)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     try:
         async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
             if response.status_code != 200:
@@ -55,6 +58,8 @@ async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[
                             outcome.ttft_s = time.monotonic() - outcome.sent_at
                         if keep_text:
                             outcome.text += text
+                if answer_ids is not None:
+                    answer_ids += (chunk.get("nvext") or {}).get("completion_token_ids") or []
                 if chunk.get("usage"):
                     outcome.completion_tokens = chunk["usage"]["completion_tokens"]
         if outcome.completion_tokens != max_tokens:

@@ -157,7 +157,7 @@ def model_dir_or_tiny(model_dir: str, state_dir: Path) -> str:
     return model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
 
 
-def _names(value: str, allowed: Sequence[str], what: str) -> list[str]:
+def parse_names(value: str, allowed: Sequence[str], what: str) -> list[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in allowed]
     if unknown or not names:
@@ -199,8 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run: 8 s of arrivals per policy")
     parser.add_argument("--json", action="store_true", help="accepted; stdout is always one JSON document")
     args = parser.parse_args(argv)
-    policies = _names(args.policies, POLICIES, "policy")
-    workload_names = _names(args.workloads, WORKLOADS, "workload")
+    policies = parse_names(args.policies, POLICIES, "policy")
+    workload_names = parse_names(args.workloads, WORKLOADS, "workload")
     duration_s = 8.0 if args.quick else args.duration
 
     shape = EngineShape(workers=args.workers, block_size=16, max_num_batched_tokens=512, max_model_len=2048,

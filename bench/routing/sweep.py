@@ -39,6 +39,7 @@ from bench.routing.family import (
     points_named,
     size_point,
 )
+from bench.routing.main import model_dir_or_tiny, parse_names
 from bench.routing.oracle import GroupSpec, Oracle
 from bench.routing.report import gains, summary, table, verdict
 from bench.routing.sweep_drive import PointRun, drive_point
@@ -150,14 +151,6 @@ def run_sweep(setup: SweepSetup, points: Sequence[SweepPoint], arm_names: Sequen
     }
 
 
-def _names(value: str, allowed: Sequence[str], what: str) -> list[str]:
-    names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in allowed]
-    if unknown or not names:
-        raise SystemExit(f"bench_routing: unknown {what} {unknown}; choose from {', '.join(allowed)}")
-    return names
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem bench routing --sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{len(QUICK_SWEEP)} points, {QUICK_DURATION_S:g} s each")
@@ -183,18 +176,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"bench_routing: --kv-settings is not JSON: {error}") from error
     if not isinstance(kv_overrides, dict):
         raise SystemExit("bench_routing: --kv-settings must be a JSON object")
-    from bench.routing.main import model_dir_or_tiny
     from services.worker.sim.profile import load_profile
     from shared.tokenizer import Tokenizer
 
     family = QUICK_SWEEP if args.quick else DEFAULT_SWEEP
     try:
-        points = points_named(_names(args.points, [p.name for p in DEFAULT_SWEEP], "point")) if args.points else family
+        points = points_named(parse_names(args.points, [p.name for p in DEFAULT_SWEEP], "point")) if args.points else family
     except ValueError as error:
         raise SystemExit(f"bench_routing: {error}") from error
     shape = EngineShape(workers=args.workers, block_size=16, max_num_batched_tokens=512, max_model_len=2048,
                         profile=load_profile(args.sim_profile), sim_speedup=args.sim_speedup)
-    arm_names = _names(args.arms, list(arms(shape)), "arm")
+    arm_names = parse_names(args.arms, list(arms(shape)), "arm")
     state_dir = Path(args.state_dir)
     model_dir = model_dir_or_tiny(args.model_dir, state_dir)
     worker_settings: Settings = {"block_size": shape.block_size, "max_num_batched_tokens": shape.max_num_batched_tokens,
