@@ -337,6 +337,11 @@ class KvIndex:
                 return position
         return overlap
 
+    def holds(self, worker_id: str, block_hash: int) -> bool:
+        """Whether the worker holds (or is predicted to hold) the block."""
+        worker = self._workers.get(worker_id)
+        return worker is not None and bool(self._holders.get(block_hash, 0) & worker.bit)
+
     def match_tokens(self, token_ids: Sequence[int]) -> dict[str, int]:
         """`match` over every (block size, salt) the workers use: one chain per config."""
         overlaps: dict[str, int] = {}

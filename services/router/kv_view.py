@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
 from services.router.kv_index import KvIndex, block_hashes_for
+from services.router.routing.recency import CacheRecency
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.schemas import KvEventBatch, KvSnapshotRequest, KvTransferParams
@@ -51,6 +53,29 @@ class PromptCache:
         return self.chains[min(self.chains)][0] if self.chains else None
 
 
+class VictimAges(Mapping[str, "float | None"]):
+    """`CacheRecency.victim_age` per worker, computed on first access (only the workers whose
+    cache a prompt would overflow are asked) against the KV index."""
+
+    def __init__(self, recency: CacheRecency, index: KvIndex, now: float) -> None:
+        self._recency = recency
+        self._index = index
+        self._now = now
+        self._ages: dict[str, float | None] = {}
+
+    def __getitem__(self, worker_id: str) -> float | None:
+        if worker_id not in self._ages:
+            self._ages[worker_id] = self._recency.victim_age(
+                worker_id, lambda prefix_key: self._index.holds(worker_id, prefix_key), self._now)
+        return self._ages[worker_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ages)
+
+    def __len__(self) -> int:
+        return len(self._ages)
+
+
 class KvView:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
                  resync_interval_s: float = 1.0) -> None:
@@ -59,6 +84,7 @@ class KvView:
         self._batches: Codec[KvEventBatch] = Codec(KvEventBatch, malformed)
         self._resync_interval_s = resync_interval_s
         self.index = KvIndex()
+        self.recency = CacheRecency()
         self._block_sizes: dict[str, int] = {}
         self._subscription = None
         self._resync_task: asyncio.Task[None] | None = None
@@ -86,6 +112,7 @@ class KvView:
     def worker_left(self, worker_id: str) -> None:
         self._block_sizes.pop(worker_id, None)
         self.index.remove_worker(worker_id)
+        self.recency.forget(worker_id)
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -137,9 +164,16 @@ class KvView:
             return None
         return PrefixSource(holder_id, cache.chains[block_size][: tokens // block_size])
 
+    def victim_ages(self, now: float) -> VictimAges:
+        """Per worker (on access), seconds since its least recently used prefix was routed."""
+        return VictimAges(self.recency, self.index, now)
+
     def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float) -> None:
         """`worker_id` was just routed the prompt: count its blocks there until its own events
-        arrive (or `ttl_s` passes), so sibling requests follow it."""
+        arrive (or `ttl_s` passes), so sibling requests follow it; the prompt's prefix is now
+        its most recently used one."""
+        if cache.prefix_key is not None:
+            self.recency.touch(worker_id, cache.prefix_key, now)
         block_size = self._block_sizes.get(worker_id)
         if block_size is not None and block_size in cache.chains:
             self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)

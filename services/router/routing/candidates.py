@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost, prefix_is_hot
 from services.router.routing.eligibility import Eligible
 from services.router.routing.home import prefer_home
+from services.router.routing.recency import victim_values
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
 from shared.config import RoutingConfig
@@ -66,6 +67,8 @@ class Candidates:
         # a hot prefix (every holder busy) is worth a second copy: no eviction cost for one
         self.replicate = prefix_is_hot(routing, eligible.serving, request.cached_tokens, request.prompt_tokens)
         self._plans: dict[str, PrefillPlan] = {}
+        self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
+        self._victim_values: dict[str, float] | None = None
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -83,7 +86,21 @@ class Candidates:
         return Single(worker, plan, self._prefill_cost(plan, worker))
 
     def _prefill_cost(self, plan: PrefillPlan, worker: WorkerView) -> float:
-        return prefill_cost(self.routing, plan, worker, replicate=self.replicate)
+        return prefill_cost(self.routing, plan, worker, replicate=self.replicate,
+                            victim_value=self._victim_value(worker))
+
+    def _victim_value(self, worker: WorkerView) -> float:
+        """The weight of what `worker`'s cache would evict, relative to the other workers whose
+        cache this prompt would overflow (ages looked up once, for those only)."""
+        free = worker.free_kv_tokens
+        if free is None or free >= self.request.prompt_tokens:
+            return 1.0  # room to spare: no eviction to weigh
+        if self._victim_values is None:
+            full = [view.worker_id for view in self._computing
+                    if view.free_kv_tokens is not None and view.free_kv_tokens < self.request.prompt_tokens]
+            self._victim_values = victim_values({worker_id: self.request.victim_age_s.get(worker_id)
+                                                 for worker_id in full})
+        return self._victim_values.get(worker.worker_id, 1.0)
 
     def pair(self, prefill: WorkerView, decode: WorkerView) -> Pair:
         part = self.prefill_part(prefill)
@@ -96,8 +113,24 @@ class Candidates:
         return (self.request.prefix_key is not None and self.routing.home_slack_tokens > 0
                 and not any(self.request.cached_tokens.values()))
 
+    def affine(self, parts: Sequence[Single]) -> Sequence[Single]:
+        """Bounded-load affinity: when some of `parts` hold at least half of the prompt, only
+        the holders of the longest such prefix, unless it is hot (`replicate`: its holders
+        carry far more than the mean load). Per request, a non-holder may look cheaper once
+        the holder's queue grows; but moving the request recomputes (or copies) the prefix
+        and evicts another from a full cache, work the whole cluster pays for later: under
+        sustained load that spreads every tenant over every worker and churns every cache.
+        The bound on the holders' load is relative (`hot_load_factor` x the mean), so it
+        holds as queues grow with the offered load."""
+        if self.replicate or not parts:
+            return parts
+        longest = max(part.plan.cached_tokens for part in parts)
+        if 2 * longest < self.request.prompt_tokens:
+            return parts
+        return [part for part in parts if part.plan.cached_tokens == longest]
+
     def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
-        singles = [self.single(worker) for worker in workers]
+        singles = self.affine([self.single(worker) for worker in workers])
         if not singles:
             return None
         if self.cold:
@@ -123,7 +156,7 @@ class Candidates:
         by_hash: dict[str, list[Single]] = {}
         for worker in prefill_workers:
             by_hash.setdefault(worker.compat_hash, []).append(self.prefill_part(worker))
-        best_prefill = {compat_hash: self.best_part(parts) for compat_hash, parts in by_hash.items()}
+        best_prefill = {compat_hash: self.best_part(self.affine(parts)) for compat_hash, parts in by_hash.items()}
         best_decode: dict[str, tuple[float, WorkerView]] = {}
         for worker in decode_workers:
             cost = decode_cost(self.routing, worker)

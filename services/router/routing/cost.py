@@ -24,6 +24,9 @@ What the terms buy, together:
 - *Eviction.* New KV on a full cache pushes out other prefixes, which someone must
   compute again later; spreading a tenant over every worker churns every cache. Free KV
   comes from the load snapshots, less what this router sent since.
+- *Cold victims first.* On full caches the eviction cost is weighted by how recently the
+  worker's least recently used prefix was asked for (`recency`): new KV goes where the
+  coldest prefix is, so the cluster evicts as one LRU cache would.
 - *Replication of a hot prefix.* When every worker holding (or about to hold) the longest
   cached prefix carries more than `hot_load_factor` x the serving workers' mean load (and
   at least `HOT_MIN_EXCESS` requests more), its holders cannot carry the prefix's traffic
@@ -99,12 +102,13 @@ def pull_cost(routing: RoutingConfig, pulled_tokens: int) -> float:
     return routing.pull_fixed_tokens + routing.transfer_weight * pulled_tokens if pulled_tokens else 0.0
 
 
-def eviction_cost(routing: RoutingConfig, new_tokens: int, free_tokens: int | None) -> float:
+def eviction_cost(routing: RoutingConfig, new_tokens: int, free_tokens: int | None, victim_value: float = 1.0) -> float:
     """Cached tokens that `new_tokens` of new KV would push out, weighted: none while the
-    cache has free room (`free_tokens`; None: unknown, counted as room)."""
+    cache has free room (`free_tokens`; None: unknown, counted as room). `victim_value` (in
+    [0, 1], see `recency`) scales it down where what would be evicted is cold."""
     if free_tokens is None:
         return 0.0
-    return routing.eviction_weight * max(0, new_tokens - free_tokens)
+    return routing.eviction_weight * victim_value * max(0, new_tokens - free_tokens)
 
 
 HOT_MIN_EXCESS = 2  # requests above the mean a holder must carry before its prefix counts as hot
@@ -113,30 +117,40 @@ HOT_MIN_EXCESS = 2  # requests above the mean a holder must carry before its pre
 def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_tokens: Mapping[str, int],
                   prompt_tokens: int) -> bool:
     """Every one of `workers` holding (or predicted to hold) the longest cached prefix of the
-    prompt carries more than `hot_load_factor` x the mean predicted load of `workers` (and at
-    least `HOT_MIN_EXCESS` requests more): the prefix needs another copy. False without a
-    cached prefix among them, or with `hot_load_factor` 0."""
+    prompt is overloaded, relative to the mean of `workers`: it carries more than
+    `hot_load_factor` x their mean requests (and at least `HOT_MIN_EXCESS` more), or more
+    than `hot_load_factor` x their mean queued prefill tokens (and at least one prompt's
+    worth more). The prefix then needs another copy. False without a cached prefix among
+    them, or with `hot_load_factor` 0."""
     if routing.hot_load_factor <= 0 or not workers:
         return False
-    loads = {worker.worker_id: worker.predicted_load for worker in workers}
-    longest = max((min(tokens, prompt_tokens) for worker_id, tokens in cached_tokens.items() if worker_id in loads),
+    by_id = {worker.worker_id: worker for worker in workers}
+    longest = max((min(tokens, prompt_tokens) for worker_id, tokens in cached_tokens.items() if worker_id in by_id),
                   default=0)
     if longest <= 0:
         return False
-    mean = sum(loads.values()) / len(loads)
-    bound = max(routing.hot_load_factor * mean, mean + HOT_MIN_EXCESS)
-    return all(loads[worker_id] >= bound for worker_id, tokens in cached_tokens.items()
-               if worker_id in loads and min(tokens, prompt_tokens) == longest)
+    mean_load = sum(worker.predicted_load for worker in workers) / len(workers)
+    mean_queued = sum(worker.predicted_prefill_tokens for worker in workers) / len(workers)
+    load_bound = max(routing.hot_load_factor * mean_load, mean_load + HOT_MIN_EXCESS)
+    queued_bound = max(routing.hot_load_factor * mean_queued, mean_queued + prompt_tokens)
+
+    def overloaded(worker: WorkerView) -> bool:
+        return worker.predicted_load >= load_bound or worker.predicted_prefill_tokens >= queued_bound
+
+    return all(overloaded(by_id[worker_id]) for worker_id, tokens in cached_tokens.items()
+               if worker_id in by_id and min(tokens, prompt_tokens) == longest)
 
 
-def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerView, *, replicate: bool = False) -> float:
+def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerView, *, replicate: bool = False,
+                 victim_value: float = 1.0) -> float:
     """The computing worker's part of a flow's cost; `replicate`: the prefix is hot (no
-    eviction cost for a worker that would become one more holder of it)."""
+    eviction cost for a worker that would become one more holder of it); `victim_value`:
+    the weight of what its full cache would evict (`recency.victim_values`)."""
     new_tokens = plan.pulled_tokens + plan.uncached_tokens
     if replicate and plan.pulled_tokens:
         new_tokens = plan.uncached_tokens
     return (routing.prefill_weight * plan.uncached_tokens + pull_cost(routing, plan.pulled_tokens)
-            + eviction_cost(routing, new_tokens, computing.free_kv_tokens)
+            + eviction_cost(routing, new_tokens, computing.free_kv_tokens, victim_value)
             + routing.queue_weight * computing.predicted_prefill_tokens)
 
 

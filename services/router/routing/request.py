@@ -31,6 +31,9 @@ class RouteRequest:
     draw: float = 0.0  # a uniform draw in [0, 1) from the caller's seeded generator (random policy)
     route_hint: str | None = None  # a worker id the client asked for (only the pinned policy reads it)
     prefix_key: int | None = None  # the hash of the prompt's first block (its prefix's home); None: shorter
+    # Per worker, seconds since its least recently used cached prefix was last routed there
+    # (`recency.CacheRecency`; None or absent: unknown). May be computed on access.
+    victim_age_s: Mapping[str, float | None] = field(default_factory=dict)
 
     @property
     def max_tokens(self) -> int:
