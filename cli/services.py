@@ -90,6 +90,12 @@ def router(
     hot_load_factor: Annotated[float, typer.Option(
         help="Replicate a prefix onto another worker once each of its holders carries more than this x "
              "the mean load of the serving workers (0: never).")] = 1.5,
+    bounded_affinity: Annotated[bool, typer.Option(
+        help="A tenant holding most of its prompt on some workers stays on them until its prefix is hot "
+             "(off: the per-request cost alone decides).")] = True,
+    cold_victims: Annotated[bool, typer.Option(
+        help="On full caches, weigh the eviction cost by how recently each worker's least recently used "
+             "prefix was routed (off: every full cache weighs the same).")] = True,
     home_slack_tokens: Annotated[float, typer.Option(
         help="A prompt no worker holds goes to its prefix's home worker (rendezvous hashing) when that one "
              "costs at most this much more than the cheapest (0: off).")] = 256.0,
@@ -116,6 +122,7 @@ def router(
                             prefix_pull=prefix_pull, transfer_weight=transfer_weight,
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
                             queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
+                            bounded_affinity=bounded_affinity, cold_victims=cold_victims,
                             home_slack_tokens=home_slack_tokens)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, bus=bus_config(nats_url, namespace),

@@ -168,6 +168,12 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # a prefix whose every holder carries more than this x the serving workers' mean load is
     # hot and replicated: a non-holder pulling it pays no eviction cost (0: never)
     hot_load_factor: float = 1.5
+    # a tenant holding most of its prompt on some workers stays on them until the prefix is hot
+    # (False: the plain per-request cost decides, and a queue can push it off its holders)
+    bounded_affinity: bool = True
+    # on full caches, the eviction cost is weighted by how recently each worker's least
+    # recently used prefix was routed (False: every full cache weighs the same)
+    cold_victims: bool = True
     prefix_pull: bool = True  # False: a worker never pulls a cached prefix from another (a plain baseline)
     # a prompt no worker holds goes to its prefix's home worker (rendezvous hashing of its first
     # block) when that one costs at most this much more than the cheapest (0: off)

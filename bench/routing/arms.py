@@ -43,6 +43,10 @@ def arms(shape: EngineShape, kv_overrides: Mapping[str, object] | None = None) -
     try, e.g. {"queue_weight": 1.0}). Dynamo's arms need its launcher (`systems.LAUNCHERS`)."""
     return {arm.name: arm for arm in (
         Arm("kv-aware", "tandem", {**kv_aware_settings(shape), **(kv_overrides or {})}, baseline="round-robin-plain"),
+        # kv-aware without bounded affinity and cold victims: what those two add (an ablation)
+        Arm("kv-aware-greedy", "tandem", {**kv_aware_settings(shape), **(kv_overrides or {}),
+                                          "bounded_affinity": False, "cold_victims": False},
+            baseline="round-robin-plain"),
         Arm("round-robin-plain", "tandem", {"routing_policy": "round-robin", "prefix_pull": False}),
         Arm("round-robin-pull", "tandem", {"routing_policy": "round-robin"}, baseline="round-robin-plain"),
         Arm("oracle", "tandem", {"routing_policy": "pinned"}, oracle=True, baseline="round-robin-plain"),

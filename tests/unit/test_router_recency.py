@@ -119,3 +119,12 @@ def test_a_short_shared_prefix_binds_nobody() -> None:
     route = RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, cached_tokens={"holder": 256},
                          held_tokens={"holder": 256})
     assert plan_of(workers, route).worker_id == "b"
+
+
+def test_a_worker_with_room_to_spare_is_not_bound_by_affinity() -> None:
+    """Copying the prefix onto a worker with free room evicts nothing: plain costs decide."""
+    workers = [worker("holder", reported_prefill_tokens=int(3.4 * PROMPT), reported_load=3),
+               worker("b", reported_prefill_tokens=0, reported_load=2, reported_free_kv_tokens=2560),
+               worker("c", reported_prefill_tokens=2 * PROMPT, reported_load=2)]
+    plan = plan_of(workers, tenant_request({"holder": PREFIX}))
+    assert plan.worker_id == "b" and plan.prompt is not None and plan.prompt.holder_id == "holder"

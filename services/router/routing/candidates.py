@@ -93,7 +93,7 @@ class Candidates:
         """The weight of what `worker`'s cache would evict, relative to the other workers whose
         cache this prompt would overflow (ages looked up once, for those only)."""
         free = worker.free_kv_tokens
-        if free is None or free >= self.request.prompt_tokens:
+        if not self.routing.cold_victims or free is None or free >= self.request.prompt_tokens:
             return 1.0  # room to spare: no eviction to weigh
         if self._victim_values is None:
             full = [view.worker_id for view in self._computing
@@ -115,19 +115,24 @@ class Candidates:
 
     def affine(self, parts: Sequence[Single]) -> Sequence[Single]:
         """Bounded-load affinity: when some of `parts` hold at least half of the prompt, only
-        the holders of the longest such prefix, unless it is hot (`replicate`: its holders
-        carry far more than the mean load). Per request, a non-holder may look cheaper once
-        the holder's queue grows; but moving the request recomputes (or copies) the prefix
-        and evicts another from a full cache, work the whole cluster pays for later: under
-        sustained load that spreads every tenant over every worker and churns every cache.
-        The bound on the holders' load is relative (`hot_load_factor` x the mean), so it
-        holds as queues grow with the offered load."""
-        if self.replicate or not parts:
+        the holders of the longest such prefix, and workers with room to take the prompt
+        without evicting anything, unless the prefix is hot (`replicate`: its holders carry
+        far more than the mean load). Per request, a full non-holder may look cheaper once
+        the holder's queue grows; but moving the request there recomputes (or copies) the
+        prefix and evicts another, work the whole cluster pays for later: under sustained
+        load that spreads every tenant over every worker and churns every cache. The bound
+        on the holders' load is relative (`hot_load_factor` x the mean), so it holds as
+        queues grow with the offered load."""
+        if not self.routing.bounded_affinity or self.replicate or not parts:
             return parts
         longest = max(part.plan.cached_tokens for part in parts)
         if 2 * longest < self.request.prompt_tokens:
             return parts
-        return [part for part in parts if part.plan.cached_tokens == longest]
+        return [part for part in parts if part.plan.cached_tokens == longest or self._has_room(part)]
+
+    def _has_room(self, part: Single) -> bool:
+        free = part.worker.free_kv_tokens
+        return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
 
     def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
         singles = self.affine([self.single(worker) for worker in workers])
