@@ -20,6 +20,9 @@ import msgspec
 import openai
 import pytest
 
+from bench.serve.main import ServeWorkload, run_serve
+from bench.serve.prompts import PromptSpec
+from cli.status import StatusError, fetch_status
 from launch.stack import LocalStack
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import new_key, write_key_file
@@ -197,6 +200,17 @@ async def test_the_collector_pages_need_a_key(stack: LocalStack, keys: Keys) -> 
         assert (await http.get(stack.metrics_url + "/cluster", headers=wrong)).status_code == 401
         for probe in ("/health", "/metrics"):
             assert (await http.get(stack.metrics_url + probe)).status_code == 200, probe
+    assert fetch_status(stack.metrics_url, api_key=keys.plain["alice"])[1].totals.workers == 1  # tandem status
+    with pytest.raises(StatusError, match="needs an API key"):
+        fetch_status(stack.metrics_url)
+
+
+async def test_bench_serve_sends_its_key(stack: LocalStack, keys: Keys) -> None:
+    workload = ServeWorkload(prompts=PromptSpec(count=3, prompt_tokens=20), max_tokens=4, warmup=0)
+    _, results = await run_serve(stack.router_url, workload, api_key=keys.plain["alice"])
+    assert (results["requests"], results["errors"]) == (3, 0), results["error_kinds"]
+    with pytest.raises(httpx.HTTPStatusError):  # without it, the model list is refused
+        await run_serve(stack.router_url, workload)
 
 
 async def test_no_key_in_any_log_or_command_line(stack: LocalStack, keys: Keys, model: str) -> None:
