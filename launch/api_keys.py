@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from launch.definition import DefinitionError
 from launch.plan import StackConfig
 from shared.api_keys import ApiKey, KeyFileError, KeyTable, hash_key
 from shared.api_keys_file import new_key, read_key_file, write_key_file, write_secret_file
@@ -32,9 +33,13 @@ class StackKeys:
 
 
 def stack_keys(state_dir: Path, given: str = "") -> StackKeys:
-    """The key file the stack's router uses: `given`, else the state directory's own, made
-    (or completed with a `local` key) when needed."""
+    """The key file the stack's router uses: `given` (a `DefinitionError` if unusable), else
+    the state directory's own, made (or completed with a `local` key) when needed."""
     if given:
+        try:
+            read_key_file(given)  # checked now: a bad file stops `tandem up` before anything starts
+        except KeyFileError as error:
+            raise DefinitionError(str(error)) from None
         return StackKeys(Path(given).resolve())
     keys_file, key_file = (state_dir / KEYS_FILE).resolve(), (state_dir / KEY_FILE).resolve()
     try:
@@ -53,3 +58,10 @@ def stack_keys(state_dir: Path, given: str = "") -> StackKeys:
 def guarded(config: StackConfig, keys: StackKeys) -> StackConfig:
     """`config` whose router reads `keys.keys_file`."""
     return msgspec.structs.replace(config, router_args=(*config.router_args, "--api-keys-file", str(keys.keys_file)))
+
+
+def with_stack_keys(config: StackConfig, state_dir: Path, given: str = "") -> tuple[StackConfig, StackKeys]:
+    """`config` with its router guarded: by `given`, else the definition's router setting
+    `api_keys_file`, else the state directory's own key file."""
+    keys = stack_keys(state_dir, given or str(config.router_settings.get("api_keys_file", "")))
+    return guarded(config, keys), keys

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from launch.api_keys import guarded, stack_keys
+from launch.api_keys import with_stack_keys
 from launch.definition import DefinitionError, checked, default_definition_path, load_definition, with_overrides
 from launch.plan import plan_stack
 from launch.stack import LocalStack
@@ -102,8 +102,7 @@ def run_up(options: UpOptions) -> int:
         model_dir = options.model or definition.model_dir
         definition = with_overrides(definition, model_dir=_model_dir(model_dir, state, console))
         config = plan_stack(definition, log_dir=str(state / "logs"), cores=sorted(os.sched_getaffinity(0)))
-        keys = stack_keys(state, options.api_keys_file)
-        config = guarded(config, keys)
+        config, keys = with_stack_keys(config, state, options.api_keys_file)
     except DefinitionError as error:
         console.print(f"[red]error:[/] {error}")
         return 2

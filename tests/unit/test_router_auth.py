@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app as cli_app
-from launch.api_keys import guarded, stack_keys
+from launch.api_keys import guarded, stack_keys, with_stack_keys
+from launch.definition import DefinitionError
 from launch.plan import StackConfig
 from services.router.auth.decision import INVALID, MISSING, Denial, Granted, authorize
 from services.router.auth.limits import KeyLimiter, Outcome, TokenBucket, retry_after
@@ -233,8 +234,21 @@ def test_stack_keys_made_once_then_kept(tmp_path: Path) -> None:
 
 def test_stack_keys_given_file_is_used_as_it_is(tmp_path: Path) -> None:
     given = tmp_path / "mine.jsonl"
+    with pytest.raises(DefinitionError, match="cannot read"):
+        stack_keys(tmp_path / "state", str(given))
+    write_key_file(given, KeyTable((entry("theirs", "k"),)))
     keys = stack_keys(tmp_path / "state", str(given))
     assert keys.keys_file == given.resolve() and keys.key_file is None
     assert not (tmp_path / "state").exists()
     config = guarded(StackConfig(model_dir="m", router_args=("--routing-policy", "random")), keys)
     assert config.router_args == ("--routing-policy", "random", "--api-keys-file", str(given.resolve()))
+
+
+def test_a_definition_naming_a_key_file_is_used_as_given(tmp_path: Path) -> None:
+    write_key_file(tmp_path / "theirs.jsonl", KeyTable((entry("theirs", "k"),)))
+    config = StackConfig(model_dir="m", router_settings={"api_keys_file": str(tmp_path / "theirs.jsonl")})
+    guarded_config, keys = with_stack_keys(config, tmp_path / "state")
+    assert keys.keys_file == (tmp_path / "theirs.jsonl").resolve() and keys.key_file is None
+    assert guarded_config.router_args[-1] == str(keys.keys_file)
+    _, made = with_stack_keys(StackConfig(model_dir="m"), tmp_path / "state")
+    assert made.key_file == (tmp_path / "state" / "api-key").resolve()
