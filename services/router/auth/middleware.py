@@ -116,7 +116,7 @@ def install_api_keys(app: FastAPI, config: RouterConfig, metrics: RouterMetrics,
     except KeyFileError as error:
         raise ConfigError(str(error)) from None
     table = watcher.table(clock())
-    log.info("router API guarded by %d API keys from %s (%s); /metrics %s", len(table), config.api_keys_file,
+    log.info("router API guarded by the API keys in %s (%d: %s); /metrics %s", config.api_keys_file, len(table),
              ", ".join(table.names) or "none yet", "needs a key" if config.metrics_auth == "api-key" else "open")
     app.add_middleware(ApiKeyMiddleware,  # type: ignore[arg-type]
                        gate=ApiKeyGate(watcher, metrics, clock, guard_metrics=config.metrics_auth == "api-key"))
