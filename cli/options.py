@@ -20,6 +20,12 @@ Exporter = Annotated[str, typer.Option("--trace-exporter", envvar="TANDEM_TRACE_
                                        help="none | otlp | console")]
 OtlpEndpoint = Annotated[str, typer.Option("--otlp-endpoint", envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")]
 LogLevel = Annotated[str, typer.Option("--log-level", envvar="TANDEM_LOG_LEVEL")]
+ApiKeysFile = Annotated[str, typer.Option(
+    "--api-keys-file", envvar="TANDEM_API_KEYS_FILE",
+    help="API key file (`tandem keys create`): /v1/* needs `Authorization: Bearer <key>`; "
+         "reloaded when it changes. Empty: the API is open.")]
+MetricsAuth = Annotated[str, typer.Option(
+    "--metrics-auth", help="/metrics: open (default: scrapers need no key) or api-key.")]
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -10,9 +10,11 @@ from typing import Annotated, Optional
 import typer
 
 from cli.options import (
+    ApiKeysFile,
     Exporter,
     Heartbeat,
     LogLevel,
+    MetricsAuth,
     Namespace,
     NatsUrl,
     OtlpEndpoint,
@@ -102,6 +104,8 @@ def router(
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
+    api_keys_file: ApiKeysFile = "",
+    metrics_auth: MetricsAuth = "open",
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     trace_exporter: Exporter = "none",
@@ -126,6 +130,7 @@ def router(
                             home_slack_tokens=home_slack_tokens)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, bus=bus_config(nats_url, namespace),
+                          api_keys_file=api_keys_file, metrics_auth=metrics_auth,  # type: ignore[arg-type]
                           membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     try:
@@ -133,7 +138,10 @@ def router(
         policy_spec(routing_policy)
     except ConfigError as error:
         raise typer.BadParameter(str(error)) from None
-    result = run_router(config)
+    try:
+        result = run_router(config)
+    except ConfigError as error:  # an unusable API key file
+        raise typer.BadParameter(str(error)) from None
     if asyncio.iscoroutine(result):
         run_service(result)
 
@@ -166,15 +174,24 @@ def metrics(
     namespace: Namespace = "tandem",
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_METRICS_PORT", help="HTTP port; 0 picks one.")] = 9100,
+    api_keys_file: Annotated[str, typer.Option(
+        envvar="TANDEM_METRICS_API_KEYS_FILE",
+        help="API key file (`tandem keys`) guarding the cluster page and /cluster (Bearer, or a browser's "
+             "login prompt with the key as password); empty: open.")] = "",
+    metrics_auth: MetricsAuth = "open",
     log_level: LogLevel = "info",
 ) -> None:
     """Run the metrics collector: cluster view as Prometheus metrics and JSON."""
     from services.metrics.main import run_metrics
-    from shared.config import MetricsConfig
+    from shared.config import ConfigError, MetricsConfig
 
     setup_logging(log_level)
-    config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace))
-    config.validate()
+    config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace), api_keys_file=api_keys_file,
+                           metrics_auth=metrics_auth)  # type: ignore[arg-type]
+    try:
+        config.validate()
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from None
     run_service(run_metrics(config))
 
 

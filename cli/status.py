@@ -34,13 +34,15 @@ class StatusError(Exception):
     """The collector's cluster view could not be read; the message says why, for people."""
 
 
-def fetch_status(metrics_url: str, timeout_s: float = 5.0) -> tuple[bytes, ClusterStatus]:
+def fetch_status(metrics_url: str, timeout_s: float = 5.0, api_key: str = "") -> tuple[bytes, ClusterStatus]:
     url = metrics_url.rstrip("/") + "/cluster"
     try:
-        response = httpx.get(url, timeout=timeout_s)
+        response = httpx.get(url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
     except httpx.HTTPError as error:
         raise StatusError(f"cannot reach the metrics collector at {url} ({error or type(error).__name__}); "
                           "is the stack running? (`tandem up`, or pass --metrics-url)") from error
+    if response.status_code == 401:
+        raise StatusError(f"the metrics collector at {url} needs an API key (--api-key-file)")
     if response.status_code != 200:
         raise StatusError(f"the metrics collector at {url} answered HTTP {response.status_code}")
     try:
@@ -108,6 +110,13 @@ def workers_table(status: ClusterStatus) -> Table:
     return table
 
 
+def _read_key(path: str) -> str:
+    try:
+        return open(path).read().strip() if path else ""
+    except OSError as error:
+        raise StatusError(f"cannot read the API key file {path}: {error.strerror}") from None
+
+
 @app.command()
 def status(
     metrics_url: Annotated[str, typer.Option(envvar="TANDEM_METRICS_URL",
@@ -115,11 +124,14 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the collector's /cluster JSON as it is.")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="Redraw until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between redraws with --watch.")] = 2.0,
+    api_key_file: Annotated[str, typer.Option(envvar="TANDEM_API_KEY_FILE",
+                                              help="A file holding a key, for a collector behind API keys.")] = "",
 ) -> None:
     """The cluster as a table: workers, roles, load, KV, leases, engines and versions."""
     console, errors = Console(), Console(stderr=True)
     try:
-        body, cluster = fetch_status(metrics_url)
+        api_key = _read_key(api_key_file)
+        body, cluster = fetch_status(metrics_url, api_key=api_key)
         if as_json:
             typer.echo(body.decode())
             return
@@ -129,7 +141,7 @@ def status(
         with Live(status_view(cluster), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(status_view(fetch_status(metrics_url)[1]), refresh=True)
+                live.update(status_view(fetch_status(metrics_url, api_key=api_key)[1]), refresh=True)
     except StatusError as error:
         errors.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None

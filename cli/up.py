@@ -26,10 +26,14 @@ def up(
     nats_url: Annotated[Optional[str], typer.Option(envvar="TANDEM_NATS_URL",
                                                     help="External NATS; default: embedded.")] = None,
     state_dir: Annotated[str, typer.Option(help="Logs, models and NATS store.")] = ".tandem",
+    api_keys_file: Annotated[str, typer.Option(
+        envvar="TANDEM_API_KEYS_FILE", help="The router's API key file; default: one made in the state "
+                                            "directory, its key in STATE_DIR/api-key.")] = "",
 ) -> None:
     """Run the whole local stack: NATS, orchestrator, metrics, workers and router."""
     from launch.up import UpOptions, run_up
 
     raise typer.Exit(run_up(UpOptions(stack=stack, port=port, host=host, engine=engine or None, model=model,
                                       prefill=prefill, decode=decode, workers=workers, metrics_port=metrics_port,
-                                      nats_url=nats_url or None, state_dir=state_dir)))
+                                      nats_url=nats_url or None, state_dir=state_dir,
+                                      api_keys_file=api_keys_file)))

@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from launch.api_keys import with_stack_keys
 from launch.definition import DefinitionError, checked, default_definition_path, load_definition, with_overrides
 from launch.plan import plan_stack
 from launch.stack import LocalStack
@@ -39,6 +40,7 @@ class UpOptions:
     metrics_port: int | None = None
     nats_url: str | None = None
     state_dir: str = ".tandem"
+    api_keys_file: str = ""  # empty: a key file of the stack's own (`launch.api_keys`)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -100,6 +102,7 @@ def run_up(options: UpOptions) -> int:
         model_dir = options.model or definition.model_dir
         definition = with_overrides(definition, model_dir=_model_dir(model_dir, state, console))
         config = plan_stack(definition, log_dir=str(state / "logs"), cores=sorted(os.sched_getaffinity(0)))
+        config, keys = with_stack_keys(config, state, options.api_keys_file)
     except DefinitionError as error:
         console.print(f"[red]error:[/] {error}")
         return 2
@@ -117,6 +120,7 @@ def run_up(options: UpOptions) -> int:
     console.print(_status_table(stack))
     console.print(f"OpenAI-compatible API: [bold]{stack.router_url}/v1[/]", soft_wrap=True)
     console.print(f"Cluster page:          [bold]{cluster_page_url(stack)}[/]", soft_wrap=True)
+    console.print(f"API key (Bearer):      {keys.key_file or f'a key from {keys.keys_file}'}", soft_wrap=True)
     console.print(f"logs: {config.log_dir}   Ctrl-C stops", soft_wrap=True)
     print(f"{stack.router_url}/v1", flush=True)
     try:

@@ -205,6 +205,14 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(self.pd_transfer in ("pull", "push"), "pd_transfer must be pull or push")
 
 
+MetricsAuth = Literal["open", "api-key"]
+
+
+def _check_metrics_auth(metrics_auth: str, api_keys_file: str) -> None:
+    _require(metrics_auth in ("open", "api-key"), "metrics_auth must be open or api-key")
+    _require(metrics_auth == "open" or bool(api_keys_file), "metrics_auth api-key needs an API key file")
+
+
 class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -216,6 +224,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     idle_timeout_s: float = 60.0
     worker_wait_s: float = 5.0  # how long a request waits for a worker to appear
     max_attempts: int = 3  # workers one request may be sent to (refused, lost, resumed mid-stream)
+    api_keys_file: str = ""  # a key file (`shared.api_keys`) guards /v1/*; empty: the API is open
+    metrics_auth: MetricsAuth = "open"  # whether /metrics needs a key too ("api-key")
     routing: RoutingConfig = RoutingConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
@@ -226,6 +236,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
         _require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
         _require(self.max_attempts >= 1, "max_attempts must be at least 1")
+        _check_metrics_auth(self.metrics_auth, self.api_keys_file)
         self.routing.validate()
 
 
@@ -243,9 +254,12 @@ class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):
 class MetricsConfig(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
     port: int = 9100
+    api_keys_file: str = ""  # a key file guards the cluster page and its JSON; empty: open
+    metrics_auth: MetricsAuth = "open"  # whether /metrics needs a key too ("api-key")
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
     tracing: TracingConfig = TracingConfig()
 
     def validate(self) -> None:
         _require(0 <= self.port < 65536, "port must be in [0, 65535]")
+        _check_metrics_auth(self.metrics_auth, self.api_keys_file)

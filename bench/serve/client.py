@@ -41,9 +41,10 @@ class LoadPlan:
     arrivals: tuple[float, ...] | None = None  # send offsets in seconds, one per prompt
 
 
-def make_client(base_url: str, timeout_s: float) -> httpx.AsyncClient:
+def make_client(base_url: str, timeout_s: float, api_key: str = "") -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
-                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+                             headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
 
 
 async def served_model(client: httpx.AsyncClient) -> str:

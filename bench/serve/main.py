@@ -97,12 +97,13 @@ class Progress:
 
 
 async def run_serve(url: str, workload: ServeWorkload, model: str = "",
-                    count_tokens: TokenCounter = one_token_per_word, label: str = "serve") -> tuple[str, dict]:
+                    count_tokens: TokenCounter = one_token_per_word, label: str = "serve",
+                    api_key: str = "") -> tuple[str, dict]:
     """Warm up, then run `workload` against `url`; the model served and the results."""
     spec = workload.prompts
     prompts = build_prompts(dataclasses.replace(spec, count=spec.count + workload.warmup), count_tokens)
     measured, warmup = prompts[:spec.count], prompts[spec.count:]
-    async with make_client(url, workload.timeout_s) as client:
+    async with make_client(url, workload.timeout_s, api_key) as client:
         model = model or await served_model(client)
         shape = RequestShape(api=workload.api, model=model, max_tokens=workload.max_tokens,
                              timeout_s=workload.timeout_s, ignore_eos=workload.ignore_eos)
@@ -216,6 +217,8 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--url", help="mode A: an OpenAI-compatible server (http://HOST:PORT)")
     target.add_argument("--compare", help="mode B: topologies on local stacks, e.g. 1p1d,2x1")
     parser.add_argument("--model", default="", help="mode A: model name (default: the first of /v1/models)")
+    parser.add_argument("--api-key-file", default="", help="mode A: a file holding the server's API key "
+                                                           "(`tandem up`: STATE_DIR/api-key)")
     parser.add_argument("--tokenizer", default="", help="mode A: model directory whose tokenizer sizes the prompts "
                                                         "(default: one token per word)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
@@ -259,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.url:
         count_tokens = tokenizer_counter(args.tokenizer) if args.tokenizer else one_token_per_word
         try:
-            model, results = asyncio.run(run_serve(args.url, workload, args.model, count_tokens))
+            api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else ""
+            model, results = asyncio.run(run_serve(args.url, workload, args.model, count_tokens, api_key=api_key))
         except httpx.HTTPError as error:  # only the model list can raise: requests record their failures
             _progress(f"cannot read {args.url}/v1/models: {error!r}")
             return 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from services.metrics.auth import guard_pages
 from services.metrics.cluster_page import PAGE_PATH
 from services.metrics.http_api import HttpServer, build_app
 from services.metrics.service import MetricsService
@@ -23,8 +24,9 @@ async def run_metrics(config: MetricsConfig, *, ready: asyncio.Event | None = No
     config.validate()
     bus = await connect(config.bus.nats_url, "tandem-metrics")
     service = MetricsService(config, bus)
-    http = HttpServer(build_app(service.view, service.registry, lambda: service.bus_connected, service.clock),
-                      config.host, config.port)
+    app = build_app(service.view, service.registry, lambda: service.bus_connected, service.clock)
+    guard_pages(app, config)
+    http = HttpServer(app, config.host, config.port)
     try:
         await service.start()
         await http.start()

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from services.router.auth.middleware import install_api_keys
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
 from services.router.http_input import InputGuard
@@ -180,5 +181,6 @@ def create_app(config: RouterConfig) -> FastAPI:
     install_error_handlers(app, on_rejected=runtime.count_rejected)
     app.include_router(build_routes(runtime))
     app.add_middleware(InputGuard)  # content type, body size and depth, before FastAPI parses a body
+    install_api_keys(app, config, runtime.metrics, runtime.clock)  # API keys, before a body is read
     app.add_middleware(TraceMiddleware)  # around the error handlers: error answers carry the trace id too
     return app

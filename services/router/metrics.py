@@ -136,6 +136,13 @@ class RouterMetrics:
         self.in_flight = Gauge("tandem_router_in_flight_requests", "Requests routed and not yet ended",
                                registry=self.registry)
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
+        # One `key` label value per key in the key file: bounded by the file, never the key itself.
+        self.api_key_requests = Counter("tandem_router_api_key_requests",
+                                        "API requests by key name and outcome (accepted, rate_limited, "
+                                        "concurrency_limited)", ["key", "outcome"], registry=self.registry)
+        self.auth_rejected = Counter("tandem_router_auth_rejected_requests",
+                                     "API requests refused with 401, by reason (missing_key, invalid_key)",
+                                     ["reason"], registry=self.registry)
         self.registry.register(_MalformedCollector(malformed))
         self._kv_index = _KvIndexCollector()
         self.registry.register(self._kv_index)
@@ -148,6 +155,12 @@ class RouterMetrics:
                 self.resumes.labels(stage, result)
         for result in ("released", "already_ended", "unreachable"):
             self.lease_releases.labels(result)
+
+    def count_api_key(self, name: str, outcome: str) -> None:
+        self.api_key_requests.labels(name, outcome).inc()
+
+    def count_auth_rejected(self, reason: str) -> None:
+        self.auth_rejected.labels(reason).inc()
 
     def watch_workers(self, count: Callable[[], int]) -> None:
         self.workers.set_function(count)

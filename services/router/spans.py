@@ -21,6 +21,14 @@ def span_headers(span: trace.Span) -> dict[str, str]:
         return inject_headers()
 
 
+API_KEY_ATTRIBUTE = "tandem.api_key"  # the key's name from the key file, never the key
+
+
+def name_api_key(name: str) -> None:
+    """Name the API key on the current span (the request's HTTP span)."""
+    trace.get_current_span().set_attribute(API_KEY_ATTRIBUTE, name)
+
+
 def end_span(span: trace.Span | None, outcome: str) -> None:
     if span is not None and span.is_recording():  # not yet ended
         span.set_attribute("tandem.outcome", outcome)

@@ -37,7 +37,8 @@ def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s:
     try:
         url = _first_line(up, start_timeout_s)  # the only line on stdout: the API URL, once everything is up
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1"), url
-        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30) as client:
+        api_key = (state_dir / "api-key").read_text().strip()  # tandem up's own key (`launch.api_keys`)
+        with openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=30) as client:
             model = client.models.list().data[0].id
             reply = client.completions.create(model=model, prompt="Hello " * 200, max_tokens=5)
             assert reply.usage.completion_tokens == 5
