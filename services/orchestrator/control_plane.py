@@ -148,6 +148,12 @@ class ControlPlane:
                 return await self._add(command)
         raise AssertionError(f"unknown command {command!r}")
 
+    def registration(self, worker_id: str) -> WorkerRegistration | None:
+        return self._members().get(worker_id)
+
+    def worker_ids(self) -> list[str]:
+        return sorted(self._members())
+
     def summaries(self) -> list[WorkerSummary]:
         return [WorkerSummary(registration=registration, launched=worker_id in self._launched)
                 for worker_id, registration in sorted(self._members().items())]

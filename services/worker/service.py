@@ -301,16 +301,19 @@ class WorkerService:
         if transition.outcome != "applied":
             return transition.outcome, transition.reason
         previous, self._admin = self._admin, transition.state
+        reason = ""
         if previous.role is not self._admin.role:
-            log.info("worker %s switches role %s -> %s (engine and cache kept; %d request(s) in flight)",
-                     self.worker_id, previous.role.value, self._admin.role.value, self.inflight)
+            leases = self.kv.active_leases if self.kv is not None else 0
+            reason = (f"{previous.role.value} -> {self._admin.role.value}, engine and cache kept; "
+                      f"{self.inflight} request(s) in flight and {leases} KV lease(s) held run to their end")
+            log.info("worker %s switches role: %s", self.worker_id, reason)
         try:
             await self._register()
         except Exception as error:  # NATS gone: the next heartbeat carries it
             reraise_if_cancelling(error)
             log.warning("%s could not announce %s: %s", self.worker_id, type(message).__name__, error)
             return "applied", f"not announced yet: {error}"
-        return "applied", ""
+        return "applied", reason
 
     async def _reply(self, msg: Msg, outcome: str, reason: str = "") -> None:
         if not msg.reply:
