@@ -143,6 +143,7 @@ def orchestrator(
     worker_log_dir: Annotated[str, typer.Option(help="Log directory of the workers it starts.")] = ".tandem/logs",
     worker_args: Annotated[str, typer.Option(help="Further `tandem worker` flags for the workers it starts.")] = "",
     min_serving_workers: Annotated[int, typer.Option(help="Refuse commands leaving fewer active decode workers.")] = 1,
+    min_prefill_workers: Annotated[int, typer.Option(help="Refuse commands leaving fewer active prefill workers.")] = 0,
     max_workers: Annotated[int, typer.Option(help="Worker budget for `add` (0: none).")] = 0,
     max_prefill_workers: Annotated[int, typer.Option(help="0: no limit.")] = 0,
     max_serving_workers: Annotated[int, typer.Option(help="Decode/both workers; 0: no limit.")] = 0,
@@ -162,7 +163,8 @@ def orchestrator(
     config = OrchestratorConfig(bus=bus_config(nats_url, namespace),
                                 membership=membership_config(heartbeat_interval, ttl),
                                 command_timeout_s=command_timeout,
-                                limits=WorkerLimits(min_serving_workers=min_serving_workers, max_workers=max_workers,
+                                limits=WorkerLimits(min_serving_workers=min_serving_workers,
+                                                    min_prefill_workers=min_prefill_workers, max_workers=max_workers,
                                                     max_prefill_workers=max_prefill_workers,
                                                     max_serving_workers=max_serving_workers),
                                 launcher=WorkerLauncherConfig(kind=launcher, engine=worker_engine,  # type: ignore[arg-type]

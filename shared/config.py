@@ -227,12 +227,13 @@ class WorkerLimits(msgspec.Struct, kw_only=True, frozen=True):
     """What orchestrator commands may not cross; a command that would is refused."""
 
     min_serving_workers: int = 1  # ACTIVE decode/both workers of a model (drain, remove, set-role, cordon)
+    min_prefill_workers: int = 0  # ACTIVE prefill workers of a model (same commands)
     max_workers: int = 0  # registered workers in all (add); 0: no budget
     max_prefill_workers: int = 0  # 0: no limit (add, set-role)
     max_serving_workers: int = 0  # decode/both; 0: no limit (add, set-role)
 
     def validate(self) -> None:
-        _require(min(self.min_serving_workers, self.max_workers, self.max_prefill_workers,
+        _require(min(self.min_serving_workers, self.min_prefill_workers, self.max_workers, self.max_prefill_workers,
                      self.max_serving_workers) >= 0, "worker limits must not be negative")
 
 

@@ -3,7 +3,7 @@ Pure: the members bucket's registrations and the configured limits in, a refusal
 (or None) out. Called by `control_plane.ControlPlane` before it does anything.
 
 The invariants kept: a model keeps `min_serving_workers` ACTIVE workers able to decode
-(role decode or both) unless the command says `force`; adding or switching a worker never
+(role decode or both) and `min_prefill_workers` prefill ones, unless the command says `force`; adding or switching a worker never
 goes past the per-role maxima or the total budget; a command names a worker that exists
 (or, for AddWorker, one that does not).
 """
@@ -63,28 +63,29 @@ def refusal(command: OrchestratorCommand, members: Mapping[str, WorkerRegistrati
                 return f"{target.worker_id} already serves as {role.value}"
             if target.status is WorkerStatus.DRAINING:
                 return f"{target.worker_id} is draining"
-            if not serves(role):
-                too_few = _last_serving(target, members, limits, force=force, action=f"switch to {role.value}")
-                if too_few:
-                    return too_few
-            if serves(role) != serves(target.role):  # decode <-> both changes no count
-                return _role_full(role, {k: v for k, v in members.items() if k != target.worker_id}, limits)
-            return None
+            if serves(role) == serves(target.role):  # decode <-> both changes no count
+                return None
+            return (_last_serving(target, members, limits, force=force, action=f"switch to {role.value}")
+                    or _role_full(role, {k: v for k, v in members.items() if k != target.worker_id}, limits))
     raise AssertionError(f"unknown command {command!r}")
 
 
 def _last_serving(target: WorkerRegistration, members: Mapping[str, WorkerRegistration], limits: WorkerLimits, *,
                   force: bool, action: str) -> str | None:
-    """Refuse taking `target` out of decode service when too few others would remain."""
-    if force or not serves(target.role) or target.status is not WorkerStatus.ACTIVE:
+    """Refuse taking `target` out of its kind of service (decode, or prefill) when fewer
+    active workers of that kind than the minimum would remain."""
+    if force or target.status is not WorkerStatus.ACTIVE:
         return None
+    decodes = serves(target.role)
+    minimum = limits.min_serving_workers if decodes else limits.min_prefill_workers
     others = [worker_id for worker_id, registration in members.items()
               if worker_id != target.worker_id and registration.model == target.model
-              and serves(registration.role) and registration.status is WorkerStatus.ACTIVE]
-    if len(others) >= limits.min_serving_workers:
+              and serves(registration.role) == decodes and registration.status is WorkerStatus.ACTIVE]
+    if len(others) >= minimum:
         return None
-    return (f"refusing to {action} {target.worker_id}: {len(others)} other active decode worker(s) of "
-            f"{target.model} would remain, the minimum is {limits.min_serving_workers} (force overrides)")
+    kind = "decode" if decodes else "prefill"
+    return (f"refusing to {action} {target.worker_id}: {len(others)} other active {kind} worker(s) of "
+            f"{target.model} would remain, the minimum is {minimum} (force overrides)")
 
 
 def _role_full(role: WorkerRole, members: Mapping[str, WorkerRegistration], limits: WorkerLimits) -> str | None:

@@ -67,10 +67,14 @@ def test_a_cordoned_or_other_models_decode_worker_does_not_count() -> None:
     assert check(DrainWorker(worker_id="d1"), members) is None
 
 
-def test_prefill_workers_may_always_leave_and_switch_to_decode() -> None:
+def test_prefill_workers_may_leave_and_switch_to_decode_unless_a_minimum_says_no() -> None:
     assert check(DrainWorker(worker_id="p1"), PD) is None
     assert check(RemoveWorker(worker_id="p1"), PD) is None
     assert check(SetWorkerRole(worker_id="p1", role=DECODE), PD) is None
+    keep_one = WorkerLimits(min_prefill_workers=1)
+    assert "other active prefill worker(s)" in check(RemoveWorker(worker_id="p1"), PD, keep_one)
+    assert "minimum is 1" in check(SetWorkerRole(worker_id="p1", role=DECODE), PD, keep_one)
+    assert check(SetWorkerRole(worker_id="p1", role=DECODE, force=True), PD, keep_one) is None
 
 
 def test_set_role_refusals() -> None:
