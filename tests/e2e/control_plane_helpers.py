@@ -55,7 +55,7 @@ class StreamingLoad:
             try:
                 stream = await self.client.completions.create(
                     model=self.model, prompt=prompt, max_tokens=self.max_tokens, temperature=0, stream=True,
-                    stream_options={"include_usage": True})
+                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
                 async for chunk in stream:
                     for choice in chunk.choices:
                         answer.text += choice.text
