@@ -79,7 +79,7 @@ async def test_prefill_worker_switches_to_decode_under_load(pd_stack: LocalStack
         answers = await load.stop()
 
         after_cordon = records[cordoned_at:]
-        assert after_cordon and all(r.worker_id == "p1" for r in after_cordon[-4:]), after_cordon[-4:]
+        assert sum(r.worker_id == "p1" for r in after_cordon) >= 8, [r.worker_id for r in after_cordon]
         [hit] = [r for r in after_cordon if r.prompt_tokens == len(cached_prompt) + 3]
         assert hit.worker_id == "p1" and hit.outcome == "ok"
         assert hit.cached_tokens >= (len(cached_prompt) // 16) * 16, hit
