@@ -16,7 +16,7 @@ from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
-from shared.config import BusConfig, MembershipConfig, OrchestratorConfig, WorkerConfig
+from shared.config import BusConfig, MembershipConfig, OrchestratorConfig, WorkerConfig, WorkerLauncherConfig
 from shared.request_plane import open_stream
 from shared.schemas import (
     GenerateRequest,
@@ -27,6 +27,7 @@ from shared.schemas import (
     WorkerStatus,
 )
 from shared.schemas.orchestrator import (
+    AddWorker,
     CommandOutcome,
     CordonWorker,
     DrainWorker,
@@ -147,3 +148,21 @@ async def test_malformed_command_is_refused(cluster, bus: Bus, bus_config: BusCo
     reply = await bus.client.request(bus_config.subjects.orchestrator_commands, b"\x93nonsense", timeout=5)
     outcome = outcomes.decode(reply.data)
     assert outcome.outcome == "refused" and outcome.reason == "malformed command"
+
+
+async def test_a_worker_that_cannot_start_is_a_failed_add_with_its_log(bus: Bus, bus_config: BusConfig,
+                                                                         tmp_path) -> None:
+    config = OrchestratorConfig(bus=bus_config, membership=MEMBERSHIP, command_timeout_s=2.0,
+                                launcher=WorkerLauncherConfig(kind="local", model_dir=str(tmp_path / "no-model"),
+                                                              log_dir=str(tmp_path / "logs"), start_timeout_s=30))
+    orchestrator_bus = await connect(bus_config.nats_url, "orchestrator")
+    orchestrator = OrchestratorService(config, orchestrator_bus)
+    await orchestrator.start()
+    try:
+        outcome = await ask(bus, bus_config, AddWorker(role=WorkerRole.DECODE, worker_id="broken"), timeout_s=40)
+        assert outcome.outcome == "failed" and "worker broken exited" in outcome.reason, outcome
+        assert "no-model" in outcome.reason  # the tail of its log says why
+        assert orchestrator.control.launcher.list() == []
+    finally:
+        await orchestrator.stop()
+        await orchestrator_bus.close()
