@@ -152,19 +152,46 @@ def orchestrator(
     namespace: Namespace = "tandem",
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
+    launcher: Annotated[str, typer.Option(help="How `tandem ctl add` starts workers: none | local.")] = "none",
+    worker_engine: Annotated[str, typer.Option(help="Engine of the workers it starts.")] = "sim",
+    worker_model_dir: Annotated[str, typer.Option(help="Model directory of the workers it starts.")] = "",
+    worker_log_dir: Annotated[str, typer.Option(help="Log directory of the workers it starts.")] = ".tandem/logs",
+    worker_args: Annotated[str, typer.Option(help="Further `tandem worker` flags for the workers it starts.")] = "",
+    min_serving_workers: Annotated[int, typer.Option(help="Refuse commands leaving fewer active decode workers.")] = 1,
+    min_prefill_workers: Annotated[int, typer.Option(help="Refuse commands leaving fewer active prefill workers.")] = 0,
+    max_workers: Annotated[int, typer.Option(help="Worker budget for `add` (0: none).")] = 0,
+    max_prefill_workers: Annotated[int, typer.Option(help="0: no limit.")] = 0,
+    max_serving_workers: Annotated[int, typer.Option(help="Decode/both workers; 0: no limit.")] = 0,
+    command_timeout: Annotated[float, typer.Option(help="Seconds a command waits for a worker's answer.")] = 10.0,
     trace_exporter: Exporter = "none",
     otlp_endpoint: OtlpEndpoint = "",
     log_level: LogLevel = "info",
 ) -> None:
-    """Run the orchestrator: owns membership, removes workers whose heartbeats stop."""
+    """Run the orchestrator: owns membership, removes workers whose heartbeats stop, and
+    carries out `tandem ctl` commands (cordon, drain, set-role, add, remove)."""
+    import shlex
+
     from services.orchestrator.main import run_orchestrator
-    from shared.config import OrchestratorConfig
+    from shared.config import ConfigError, OrchestratorConfig, WorkerLauncherConfig, WorkerLimits
 
     setup_logging(log_level)
     config = OrchestratorConfig(bus=bus_config(nats_url, namespace),
                                 membership=membership_config(heartbeat_interval, ttl),
+                                command_timeout_s=command_timeout,
+                                limits=WorkerLimits(min_serving_workers=min_serving_workers,
+                                                    min_prefill_workers=min_prefill_workers, max_workers=max_workers,
+                                                    max_prefill_workers=max_prefill_workers,
+                                                    max_serving_workers=max_serving_workers),
+                                launcher=WorkerLauncherConfig(kind=launcher, engine=worker_engine,  # type: ignore[arg-type]
+                                                              model_dir=worker_model_dir, log_dir=worker_log_dir,
+                                                              worker_args=tuple(shlex.split(worker_args))),
                                 tracing=tracing_config(trace_exporter, otlp_endpoint))
-    config.validate()
+    if launcher not in ("none", "local"):
+        raise typer.BadParameter("must be none or local", param_hint="--launcher")
+    try:
+        config.validate()
+    except ConfigError as error:
+        raise typer.BadParameter(str(error)) from None
     run_service(run_orchestrator(config))
 
 

@@ -240,15 +240,51 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.routing.validate()
 
 
+class WorkerLimits(msgspec.Struct, kw_only=True, frozen=True):
+    """What orchestrator commands may not cross; a command that would is refused."""
+
+    min_serving_workers: int = 1  # ACTIVE decode/both workers of a model (drain, remove, set-role, cordon)
+    min_prefill_workers: int = 0  # ACTIVE prefill workers of a model (same commands)
+    max_workers: int = 0  # registered workers in all (add); 0: no budget
+    max_prefill_workers: int = 0  # 0: no limit (add, set-role)
+    max_serving_workers: int = 0  # decode/both; 0: no limit (add, set-role)
+
+    def validate(self) -> None:
+        _require(min(self.min_serving_workers, self.min_prefill_workers, self.max_workers, self.max_prefill_workers,
+                     self.max_serving_workers) >= 0, "worker limits must not be negative")
+
+
+class WorkerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """How the orchestrator starts workers for AddWorker: "none" refuses, "local" runs
+    `tandem worker` child processes on this machine."""
+
+    kind: Literal["none", "local"] = "none"
+    engine: str = "sim"
+    model_dir: str = ""
+    log_dir: str = ".tandem/logs"
+    worker_args: tuple[str, ...] = ()  # further `tandem worker` flags, given as they are
+    start_timeout_s: float = 60.0
+
+    def validate(self) -> None:
+        _require(self.kind == "none" or bool(self.model_dir), "the local launcher needs a model directory")
+        _require(self.start_timeout_s > 0, "the worker start timeout must be positive")
+
+
 class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):
     sweep_interval_s: float = 0.25
+    command_timeout_s: float = 10.0  # how long a command waits for the worker's answer to show
+    limits: WorkerLimits = WorkerLimits()
+    launcher: WorkerLauncherConfig = WorkerLauncherConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
     tracing: TracingConfig = TracingConfig()
 
     def validate(self) -> None:
         _require(self.sweep_interval_s > 0, "sweep interval must be positive")
+        _require(self.command_timeout_s > 0, "the command timeout must be positive")
         self.membership.validate()
+        self.limits.validate()
+        self.launcher.validate()
 
 
 class MetricsConfig(msgspec.Struct, kw_only=True, frozen=True):

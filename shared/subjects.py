@@ -66,6 +66,11 @@ class Subjects(msgspec.Struct, frozen=True):
     def load_all(self) -> str:
         return f"{self._root}.load.*"
 
+    # orchestrator commands (request/reply): `OrchestratorCommand` in, `CommandOutcome` back
+    @property
+    def orchestrator_commands(self) -> str:
+        return f"{self._root}.orchestrator.commands"
+
     @property
     def membership_changes(self) -> str:
         return f"{self._root}.membership.changes"

@@ -11,6 +11,8 @@ heartbeat interval, and delete it on a clean shutdown. This adapter mirrors the 
 - It publishes the table's `MembershipChange`s on `subjects.membership_changes`, in
   order, as soon as they happen.
 - While it is disconnected from NATS it cannot hear heartbeats, so it removes nobody.
+- It serves the control plane (`control_plane.ControlPlane`: cordon, drain, set-role, add
+  and remove workers), which reads the same mirror and is woken by its changes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Callable
 import msgspec
 from nats.js.errors import KeyDeletedError, KeyWrongLastSequenceError, NotFoundError
 
+from services.orchestrator.control_plane import ControlPlane
+from services.orchestrator.launchers import Launcher, build_launcher
 from services.orchestrator.membership import MembershipTable
 from shared.bus import Bus
 from shared.cluster.member_events import MemberChange, MemberEvent
@@ -37,7 +41,7 @@ log = logging.getLogger(__name__)
 
 class OrchestratorService:
     def __init__(self, config: OrchestratorConfig, bus: Bus, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, launcher: Launcher | None = None) -> None:
         self._config = config
         self._bus = bus
         self._subjects = config.bus.subjects
@@ -53,12 +57,16 @@ class OrchestratorService:
         self._members = MembershipMirror(bus, self._subjects.members_bucket, self._on_member, self.malformed,
                                          ttl_s=config.membership.bucket_ttl_s, grace_s=config.membership.ttl_s)
         self._task: asyncio.Task[None] | None = None
+        self.control = ControlPlane(config, bus, lambda: self._members.members,
+                                    launcher if launcher is not None else build_launcher(config), self.malformed)
 
     async def start(self) -> None:
         await self._members.start()
         self._task = asyncio.create_task(self._run(), name="orchestrator-membership")
+        await self.control.start()
 
     async def stop(self) -> None:
+        await self.control.stop()
         await self._members.stop()
         if self._task is not None:
             self._task.cancel()
@@ -77,6 +85,7 @@ class OrchestratorService:
         else:
             self._expired.pop(event.worker_id, None)  # it came back before we deleted its key
             self.table.observe(event.registration, now)
+        self.control.member_changed()
         self._wakeup.set()  # publish joins and leaves now, not at the next sweep
 
     async def _run(self) -> None:

@@ -261,6 +261,8 @@ class WorkerPool:
                 state.load = None
             elif registration.status != state.registration.status:
                 log.info("worker %s is now %s", worker_id, registration.status.value)
+            if registration.role != state.registration.role:  # a live switch: same process, same cache
+                log.info("worker %s now serves as %s", worker_id, registration.role.value)
             state.registration = registration
         self._notify()
 

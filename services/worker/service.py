@@ -3,12 +3,19 @@
 - request plane: `generate.<worker>` requests, each run by a `RequestRunner` in its own
   task; frames streamed to the caller's inbox (`Accepted`, `Tokens`..., then exactly one
   `Finished` or `Failed`).
-- control plane: `ctl.<worker>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`.
+- control plane: `ctl.<worker>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`,
+  and the admin messages `SetRole`, `Cordon`, `Uncordon` (answered with a `ControlReply`
+  once the registration carrying the change is in the bucket; `admin_state` decides).
+- role switch: the role only tells routers what to send; the engine serves any part of a
+  request, so a switch keeps the engine and its prefix cache, and what was taken in the
+  old role (requests, held KV leases) simply runs to its end.
 - KV data plane (optional `connector.dataplane.DataPlane`): leases and transfers, see connector/.
 - events: KV event batches and load snapshots, each stream numbered from 1.
 - membership: the registration is put in the members bucket at start, every heartbeat
   and at once after a NATS reconnect (a restarted server may have lost the bucket);
-  status DRAINING while draining; the key is deleted on graceful stop. `stop()` stops the
+  status DRAINING while draining (CORDONED while cordoned), `generation` bumped by each
+  admin change; the key is deleted on graceful stop. A drain waits for in-flight requests,
+  then for the KV leases it holds to end (a reader mid-pull finishes), within its deadline. `stop()` stops the
   loops, the data plane and the engine even when NATS is already gone.
 
 The engine is anything that implements `services.worker.engine.Engine`.
@@ -25,6 +32,8 @@ import time
 from nats.aio.msg import Msg
 
 from connector.dataplane import DataPlane
+from services.worker import admin_state
+from services.worker.admin_state import AdminState
 from services.worker.engine import Engine
 from services.worker.request_runner import RequestRunner
 from shared.bus import Bus
@@ -37,12 +46,16 @@ from shared.schemas import (
     AllBlocksCleared,
     Cancel,
     ControlMessage,
+    ControlReply,
+    Cordon,
     Drain,
     GenerateRequest,
     KvEventBatch,
     KvSnapshotRequest,
     LoadSnapshot,
     PushDone,
+    SetRole,
+    Uncordon,
     WorkerCapacity,
     WorkerRegistration,
     WorkerStatus,
@@ -66,13 +79,14 @@ class WorkerService:
         self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, self.malformed)
         self._control: Codec[ControlMessage] = Codec(ControlMessage, self.malformed)
         self._inflight: dict[str, asyncio.Task[None]] = {}
-        self._status = WorkerStatus.ACTIVE
+        self._admin = AdminState(role=config.role)
         self._started_at = time.time()
         self._kv_seq = 0
         self._load_seq = 0
         self._subscriptions: list = []
         self._loops: list[asyncio.Task[None]] = []
         self._members = None
+        self._drain_task: asyncio.Task[None] | None = None  # a Drain message's drain-then-stop
         self.stopped = asyncio.Event()
 
     @property
@@ -82,6 +96,14 @@ class WorkerService:
     @property
     def inflight(self) -> int:
         return len(self._inflight)
+
+    @property
+    def role(self):
+        return self._admin.role
+
+    @property
+    def _status(self) -> WorkerStatus:
+        return self._admin.status
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -103,25 +125,28 @@ class WorkerService:
             asyncio.create_task(self._every(self.config.load_interval_s, self._publish_load)),
         ]
         log.info("worker %s serving %s (%s, %s)", self.worker_id, self.engine.info.model,
-                 self.config.role.value, self.engine.info.engine)
+                 self.role.value, self.engine.info.engine)
 
     async def drain(self, deadline_s: float | None = None) -> None:
-        """Take no new work; let in-flight requests finish within the deadline; cancel the rest."""
+        """Take no new work; let in-flight requests finish and held KV leases end within the
+        deadline; cancel the requests still running then (leases end by their TTL)."""
         if self._status is WorkerStatus.DRAINING:
             return
-        self._status = WorkerStatus.DRAINING
-        try:
-            await self._register()
-        except Exception as error:  # NATS gone: routers see the worker leave when its entry expires
-            reraise_if_cancelling(error)
-            log.warning("%s could not announce it is draining: %s", self.worker_id, error)
+        await self._apply_admin(Drain())
+        await self._finish_work(self.config.drain_timeout_s if deadline_s is None else deadline_s)
+
+    async def _finish_work(self, deadline: float) -> None:
+        ends_at = time.monotonic() + deadline
         pending = list(self._inflight.values())
         if pending:
-            deadline = self.config.drain_timeout_s if deadline_s is None else deadline_s
             _, still_running = await asyncio.wait(pending, timeout=deadline)
             for task in still_running:
                 task.cancel()
             await asyncio.gather(*still_running, return_exceptions=True)
+        # A prefill worker's held blocks are a decode worker's pull in progress or to come:
+        # leaving now would break it. The holder has no completion signal, so poll its count.
+        while self.kv is not None and self.kv.active_leases > 0 and time.monotonic() < ends_at:
+            await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
         """Graceful stop: drain, deregister, flush events, stop the engine."""
@@ -163,7 +188,7 @@ class WorkerService:
         info = self.engine.info
         return WorkerRegistration(
             worker_id=self.worker_id,
-            role=self.config.role,
+            role=self._admin.role,
             model=info.model,
             engine=info.engine,
             block_size=info.block_size,
@@ -176,6 +201,7 @@ class WorkerService:
             started_at=self._started_at,
             heartbeat_at=time.time(),
             pid=os.getpid(),
+            generation=self._admin.generation,
         )
 
     async def _bind_members(self):
@@ -253,7 +279,13 @@ class WorkerService:
                 if task is not None:
                     task.cancel()
             case Drain(deadline_s=deadline_s):
-                asyncio.create_task(self._drain_then_stop(deadline_s))
+                outcome, reason = await self._apply_admin(message)
+                if outcome == "applied":
+                    self._drain_task = asyncio.create_task(self._finish_then_stop(deadline_s), name="drain")
+                await self._reply(msg, outcome, reason)
+            case SetRole() | Cordon() | Uncordon():
+                outcome, reason = await self._apply_admin(message)
+                await self._reply(msg, outcome, reason)
             case PushDone():
                 if self.kv is not None:
                     self.kv.deliver_push(message)
@@ -263,6 +295,36 @@ class WorkerService:
             case None:
                 pass
 
-    async def _drain_then_stop(self, deadline_s: float) -> None:
-        await self.drain(deadline_s)
+    async def _apply_admin(self, message: admin_state.AdminMessage) -> tuple[str, str]:
+        """Change role or status, and announce it at once (not at the next heartbeat)."""
+        transition = admin_state.apply(self._admin, message)
+        if transition.outcome != "applied":
+            return transition.outcome, transition.reason
+        previous, self._admin = self._admin, transition.state
+        reason = ""
+        if previous.role is not self._admin.role:
+            leases = self.kv.active_leases if self.kv is not None else 0
+            reason = (f"{previous.role.value} -> {self._admin.role.value}, engine and cache kept; "
+                      f"{self.inflight} request(s) in flight and {leases} KV lease(s) held run to their end")
+            log.info("worker %s switches role: %s", self.worker_id, reason)
+        try:
+            await self._register()
+        except Exception as error:  # NATS gone: the next heartbeat carries it
+            reraise_if_cancelling(error)
+            log.warning("%s could not announce %s: %s", self.worker_id, type(message).__name__, error)
+            return "applied", f"not announced yet: {error}"
+        return "applied", reason
+
+    async def _reply(self, msg: Msg, outcome: str, reason: str = "") -> None:
+        if not msg.reply:
+            return
+        reply = ControlReply(outcome=outcome, reason=reason, role=self._admin.role,  # type: ignore[arg-type]
+                             status=self._admin.status, generation=self._admin.generation)
+        try:
+            await self.bus.client.publish(msg.reply, encode(reply))
+        except Exception as error:  # the asker times out and says so
+            log.warning("%s could not answer a control message: %s", self.worker_id, error)
+
+    async def _finish_then_stop(self, deadline_s: float) -> None:
+        await self._finish_work(deadline_s)
         await self.stop()

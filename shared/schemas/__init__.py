@@ -18,7 +18,16 @@ Schema evolution follows msgspec's rules: new fields get defaults, types never c
 """
 
 from shared.schemas.common import SCHEMA_VERSION
-from shared.schemas.control import Cancel, ControlMessage, Drain, KvSnapshotRequest
+from shared.schemas.control import (
+    Cancel,
+    ControlMessage,
+    ControlReply,
+    Cordon,
+    Drain,
+    KvSnapshotRequest,
+    SetRole,
+    Uncordon,
+)
 from shared.schemas.generate import (
     Accepted,
     Failed,
@@ -88,6 +97,10 @@ __all__ = [
     "BlockStored",
     "Cancel",
     "ControlMessage",
+    "ControlReply",
+    "Cordon",
+    "SetRole",
+    "Uncordon",
     "Drain",
     "Failed",
     "Finished",

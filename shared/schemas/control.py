@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from shared.schemas.common import Message
+from shared.schemas.membership import WorkerRole, WorkerStatus
 from shared.schemas.transfer import PushDone
 
 
@@ -13,7 +16,9 @@ class Cancel(Message, tag="cancel", kw_only=True):
 
 
 class Drain(Message, tag="drain", kw_only=True):
-    """Take no new work, finish in-flight requests within `deadline_s`, then leave."""
+    """Take no new work, finish in-flight requests and let held KV leases end (their readers
+    finish their pulls) within `deadline_s`, then leave. Answered with a `ControlReply` when
+    sent as a request."""
 
     deadline_s: float = 30.0
 
@@ -26,4 +31,32 @@ class KvSnapshotRequest(Message, tag="kv_snapshot", kw_only=True):
     """
 
 
-ControlMessage = Cancel | Drain | KvSnapshotRequest | PushDone
+class SetRole(Message, tag="set_role", kw_only=True):
+    """Serve in `role` from now on, engine and prefix cache kept: the worker re-registers at
+    once with the new role and a new generation; work it took in the old role finishes and
+    the KV leases it holds are honoured. Answered with a `ControlReply`."""
+
+    role: WorkerRole
+
+
+class Cordon(Message, tag="cordon", kw_only=True):
+    """Take no new work (routers skip a cordoned worker), keep serving what is in flight,
+    stay registered. Answered with a `ControlReply`."""
+
+
+class Uncordon(Message, tag="uncordon", kw_only=True):
+    """Take new work again after a `Cordon`. Answered with a `ControlReply`."""
+
+
+class ControlReply(Message, tag="control_reply", kw_only=True):
+    """A worker's answer to an admin control message: `applied` (the registration carrying
+    it is in the members bucket), `unchanged` (it already was so) or `refused` (with why)."""
+
+    outcome: Literal["applied", "unchanged", "refused"]
+    reason: str = ""
+    role: WorkerRole
+    status: WorkerStatus
+    generation: int
+
+
+ControlMessage = Cancel | Drain | KvSnapshotRequest | PushDone | SetRole | Cordon | Uncordon

@@ -18,7 +18,8 @@ class WorkerRole(str, Enum):
 
 class WorkerStatus(str, Enum):
     ACTIVE = "active"
-    DRAINING = "draining"  # takes no new work
+    DRAINING = "draining"  # takes no new work, finishes what it has, then leaves
+    CORDONED = "cordoned"  # takes no new work, finishes what it has, stays (an admin hold)
 
 
 class WorkerCapacity(msgspec.Struct, kw_only=True, frozen=True):
@@ -49,6 +50,9 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     started_at: float
     heartbeat_at: float
     pid: int = 0
+    # Bumped by the worker on every change of role or admin status, so a consumer can tell
+    # a fresh registration from a heartbeat of the old one (the orchestrator waits on it).
+    generation: int = 0
 
 
 class MembershipChange(Message, tag="membership_change", kw_only=True):

@@ -1,0 +1,139 @@
+"""`tandem ctl`: orchestrator commands from the terminal.
+
+`tandem ctl cordon|uncordon|drain|set-role|add|remove WORKER ... --nats-url URL` sends one
+`OrchestratorCommand` to the orchestrator (`orchestrator.commands`, request/reply) and
+prints its `CommandOutcome`; `tandem ctl workers` lists the registered workers as a table.
+Exit code 0 when the outcome is `ok`, 1 when `refused` or `failed`, 2 when the
+orchestrator did not answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import msgspec
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.options import Namespace, NatsUrl
+from shared.codec import encode
+from shared.schemas import WorkerRole
+from shared.schemas.orchestrator import (
+    AddWorker,
+    CommandOutcome,
+    CordonWorker,
+    DrainWorker,
+    ListWorkers,
+    OrchestratorCommand,
+    RemoveWorker,
+    SetWorkerRole,
+    UncordonWorker,
+    WorkerSummary,
+)
+from shared.subjects import Subjects
+
+app = typer.Typer(help="Operate a running cluster through its orchestrator.", no_args_is_help=True)
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the orchestrator's answer.")]
+Deadline = Annotated[float, typer.Option("--deadline", help="Seconds the worker may take to finish its work.")]
+Force = Annotated[bool, typer.Option("--force", help="Even if it leaves too few decode workers.")]
+_outcomes = msgspec.msgpack.Decoder(CommandOutcome)
+
+
+async def send(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float) -> CommandOutcome:
+    """The orchestrator's answer to `command` (raises TimeoutError / connection errors)."""
+    from shared.bus import connect
+
+    bus = await connect(nats_url, "tandem-ctl")
+    try:
+        reply = await bus.client.request(Subjects(namespace).orchestrator_commands, encode(command), timeout=timeout_s)
+        return _outcomes.decode(reply.data)
+    finally:
+        await bus.close()
+
+
+def _issue(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float) -> CommandOutcome:
+    try:
+        return asyncio.run(send(command, nats_url, namespace, timeout_s))
+    except Exception as error:
+        typer.secho(f"no answer from the orchestrator at {nats_url} ({namespace}): {type(error).__name__} {error}",
+                    fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _report(outcome: CommandOutcome) -> None:
+    color = {"ok": "green", "refused": "yellow", "failed": "red"}[outcome.outcome]
+    target = f" {outcome.worker_id}" if outcome.worker_id else ""
+    typer.secho(f"{outcome.outcome}{target}: {outcome.reason}".rstrip(": "), fg=color)
+    if outcome.workers:
+        Console().print(workers_table(outcome.workers))
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+def workers_table(workers: list[WorkerSummary]) -> Table:
+    table = Table(title="workers")
+    for column in ("worker", "role", "status", "gen", "model", "engine", "pid", "launched"):
+        table.add_column(column)
+    for summary in workers:
+        registration = summary.registration
+        table.add_row(registration.worker_id, registration.role.value, registration.status.value,
+                      str(registration.generation), registration.model, registration.engine, str(registration.pid),
+                      "yes" if summary.launched else "")
+    return table
+
+
+@app.command()
+def workers(nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+            timeout: Timeout = 5.0) -> None:
+    """List the registered workers."""
+    outcome = _issue(ListWorkers(), nats_url, namespace, timeout)
+    if not outcome.ok:
+        _report(outcome)
+    Console().print(workers_table(outcome.workers))
+
+
+@app.command()
+def cordon(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+           timeout: Timeout = 15.0) -> None:
+    """Send the worker no new work; it keeps its in-flight work and stays."""
+    _report(_issue(CordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
+
+
+@app.command()
+def uncordon(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+             timeout: Timeout = 15.0) -> None:
+    """Let a cordoned worker take new work again."""
+    _report(_issue(UncordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
+
+
+@app.command()
+def drain(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+          deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
+    """Drain the worker: no new work, finish requests and held KV leases, then leave."""
+    _report(_issue(DrainWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace, timeout))
+
+
+@app.command("set-role")
+def set_role(worker_id: str, role: Annotated[WorkerRole, typer.Argument(help="prefill | decode | both")],
+             nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem", force: Force = False,
+             timeout: Timeout = 15.0) -> None:
+    """Switch a running worker's role, engine and prefix cache kept."""
+    _report(_issue(SetWorkerRole(worker_id=worker_id, role=role, force=force), nats_url, namespace, timeout))
+
+
+@app.command()
+def add(role: Annotated[WorkerRole, typer.Argument(help="prefill | decode | both")],
+        worker_id: Annotated[str, typer.Option("--worker-id", help="Empty: the orchestrator names it.")] = "",
+        nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+        timeout: Timeout = 120.0) -> None:
+    """Start a worker through the orchestrator's launcher."""
+    _report(_issue(AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
+
+
+@app.command()
+def remove(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+           deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
+    """Drain a worker and stop its process (if the orchestrator started it)."""
+    _report(_issue(RemoveWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace, timeout))

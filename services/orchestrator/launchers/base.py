@@ -1,0 +1,50 @@
+"""The launcher contract: start a worker from a `WorkerLaunch`, get a `LaunchedWorker`
+handle back; stop it by that handle; list what is running. The orchestrator's control
+plane calls it; readiness is the worker's registration in the members bucket, which the
+control plane watches, never the launcher's word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.schemas import WorkerRole
+
+
+class LaunchError(Exception):
+    """The worker could not be started (an expected failure: the command answers `failed`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLaunch:
+    worker_id: str
+    role: WorkerRole
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchedWorker:
+    worker_id: str
+    role: WorkerRole  # the role it was started in (a later SetRole may change it)
+    pid: int
+
+
+class Launcher(Protocol):
+    async def start_worker(self, spec: WorkerLaunch) -> LaunchedWorker:
+        """Start the worker's process; raises `LaunchError` when it cannot."""
+        ...
+
+    async def stop_worker(self, handle: LaunchedWorker, timeout_s: float) -> int | None:
+        """SIGTERM (the worker drains and deregisters), SIGKILL past `timeout_s`; the exit
+        status, None if it is not this launcher's."""
+        ...
+
+    def alive(self, handle: LaunchedWorker) -> bool: ...
+
+    def log_tail(self, handle: LaunchedWorker, lines: int = 20) -> str: ...
+
+    def list(self) -> list[LaunchedWorker]:
+        """The workers this launcher started that have not been stopped."""
+        ...
+
+    async def stop_all(self, timeout_s: float) -> None: ...

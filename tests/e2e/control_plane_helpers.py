@@ -1,0 +1,76 @@
+"""What the control-plane end-to-end tests share: sending an orchestrator command the way
+`tandem ctl` does, and a pool of streaming clients that keep a stack busy and record every
+answer (so a test can tell that none failed or came back short)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import openai
+
+from cli.ctl import send
+from launch.stack import LocalStack
+from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand
+
+
+async def command(stack: LocalStack, order: OrchestratorCommand, timeout_s: float = 30.0) -> CommandOutcome:
+    return await send(order, stack.nats_url, stack.config.namespace, timeout_s)
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: str = ""
+
+
+@dataclass
+class StreamingLoad:
+    """`clients` streaming completions in a loop, each of `max_tokens`, distinct prompts."""
+
+    client: openai.AsyncOpenAI
+    model: str
+    clients: int = 4
+    max_tokens: int = 8
+    answers: list[Answer] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._loop(index)) for index in range(self.clients)]
+
+    async def stop(self) -> list[Answer]:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        return self.answers
+
+    async def _loop(self, index: int) -> None:
+        turn = 0
+        while not self._stop.is_set():
+            turn += 1
+            prompt = [3 + (index * 97 + turn * 31 + i * 7) % 500 for i in range(40 + 16 * (turn % 4))]
+            answer = Answer()
+            try:
+                stream = await self.client.completions.create(
+                    model=self.model, prompt=prompt, max_tokens=self.max_tokens, temperature=0, stream=True,
+                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                async for chunk in stream:
+                    for choice in chunk.choices:
+                        answer.text += choice.text
+                        answer.finish_reason = choice.finish_reason or answer.finish_reason
+                    if chunk.usage is not None:
+                        answer.completion_tokens = chunk.usage.completion_tokens
+            except openai.APIError as error:
+                answer.error = f"{type(error).__name__}: {error}"
+            self.answers.append(answer)
+
+    def wait_answers(self, count: int):
+        return lambda: len(self.answers) >= count
+
+
+def complete(answers: list[Answer], max_tokens: int) -> list[Answer]:
+    """The answers that failed or came back short."""
+    return [answer for answer in answers
+            if answer.error or answer.finish_reason != "length" or answer.completion_tokens != max_tokens]
