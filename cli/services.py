@@ -251,6 +251,12 @@ def worker(
     kv_fault_delay: Annotated[float, typer.Option(help="Fault injection: seconds before each transfer.")] = 0.0,
     kv_fault_cut_after: Annotated[Optional[int], typer.Option(help="Fault injection: cut after N blocks.")] = None,
     kv_fault_seed: Annotated[int, typer.Option(help="Fault injection: which blocks are chosen.")] = 0,
+    kv_fault_fail_times: Annotated[int, typer.Option(
+        help="Fault injection: 0, chosen blocks fail every read; N, their first N reads (transient).")] = 0,
+    kv_retry_attempts: Annotated[int, typer.Option(
+        help="Reads again of a block that failed to arrive or verify, before it is computed.")] = 1,
+    kv_retry_deadline_ms: Annotated[float, typer.Option(
+        help="No retry of a failed block starts later than this after the first read.")] = 500.0,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
     heartbeat_interval: Heartbeat = 0.5,
@@ -262,7 +268,7 @@ def worker(
     """Run an engine worker that serves one engine on NATS."""
     from services.worker.engines import engine_names
     from services.worker.main import run_worker
-    from shared.config import KvFaultConfig, KvTransferConfig, WorkerConfig
+    from shared.config import KvFaultConfig, KvRetryConfig, KvTransferConfig, WorkerConfig
 
     setup_logging(log_level)
     if engine not in engine_names():
@@ -279,7 +285,9 @@ def worker(
                               faults=KvFaultConfig(fail_fraction=kv_fault_fail_fraction,
                                                    corrupt_fraction=kv_fault_corrupt_fraction,
                                                    fail_transfer=kv_fault_fail_transfer, delay_s=kv_fault_delay,
-                                                   cut_after_blocks=kv_fault_cut_after, seed=kv_fault_seed)),
+                                                   cut_after_blocks=kv_fault_cut_after, seed=kv_fault_seed,
+                                                   fail_times=kv_fault_fail_times),
+                              retry=KvRetryConfig(attempts=kv_retry_attempts, deadline_ms=kv_retry_deadline_ms)),
                           bus=bus_config(nats_url, namespace), membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     run_service(run_worker(config))

@@ -44,6 +44,9 @@ class Prepared(msgspec.Struct, kw_only=True):
     pinned_block_ids: list[int] = []
     pulled_tokens: int = 0
     recomputed_tokens: int = 0
+    retried_blocks: int = 0  # blocks read again after a failure (`connector.retry`)
+    recovered_blocks: int = 0  # of those, blocks that then arrived and verified
+    recomputed_blocks: int = 0  # blocks meant to arrive that were computed
     staged_request_id: str = ""
 
 
@@ -56,6 +59,15 @@ class DataPlane(Protocol):
 
     @property
     def recomputed_tokens_total(self) -> int: ...
+
+    @property
+    def blocks_retried_total(self) -> int: ...
+
+    @property
+    def blocks_recovered_total(self) -> int: ...
+
+    @property
+    def blocks_recomputed_total(self) -> int: ...
 
     last_push_timings: list[LayerWrite]  # per-layer writes of the last push (overlap)
 
@@ -109,6 +121,9 @@ class LeasingDataPlane(Generic[HolderT]):
         self.last_push_timings: list[LayerWrite] = []
         self.pulled_tokens_total = 0
         self.recomputed_tokens_total = 0
+        self.blocks_retried_total = 0
+        self.blocks_recovered_total = 0
+        self.blocks_recomputed_total = 0
 
     @property
     def active_leases(self) -> int:
@@ -126,6 +141,9 @@ class LeasingDataPlane(Generic[HolderT]):
     def _count(self, prepared: Prepared) -> None:
         self.pulled_tokens_total += prepared.pulled_tokens
         self.recomputed_tokens_total += prepared.recomputed_tokens
+        self.blocks_retried_total += prepared.retried_blocks
+        self.blocks_recovered_total += prepared.recovered_blocks
+        self.blocks_recomputed_total += prepared.recomputed_blocks
 
     async def _publish(self, record: TransferRecord) -> None:
         try:

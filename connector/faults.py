@@ -10,6 +10,11 @@ configured, so failure handling is exercised through the production code path.
 - `cut_after_blocks`: the transfer breaks after that many blocks, as when the peer dies.
 
 Which blocks are chosen is a pure function of (seed, remote block id), so runs repeat.
+With `fail_times` = 0 a chosen block fails every read (a permanent fault: reading it again
+does not help); with n > 0 it fails its first n reads by this reader, then reads fine (a
+transient fault: a retry recovers it). Blocks cut off by `cut_after_blocks` count as
+chosen on later reads; a read of blocks already cut off is not cut again. That state is a
+`ReadFaults`, one per reader.
 """
 
 from __future__ import annotations
@@ -36,23 +41,62 @@ def blocks_before_cut(config: KvFaultConfig, count: int) -> int:
     return count if config.cut_after_blocks is None else min(count, config.cut_after_blocks)
 
 
+class ReadFaults:
+    """One reader's injected read faults: which blocks misbehave on this read. Remembers,
+    per (holder agent, holder block id), the reads a chosen block has failed (transient
+    faults) and the blocks a cut left unread. Shared by this transport and vLLM's
+    worker-side reader (`connector.vllm.connector_worker`)."""
+
+    def __init__(self, config: KvFaultConfig) -> None:
+        self.config = config
+        self._failures: dict[tuple[str, int], int] = {}
+        self._cut: set[tuple[str, int]] = set()
+
+    def blocks_before_cut(self, peer: str, remote_block_ids: Sequence[int]) -> int:
+        """How many blocks of this read are copied before the injected cut; the rest are
+        remembered as cut off (they already failed once)."""
+        keys = [(peer, remote) for remote in remote_block_ids]
+        if self.config.cut_after_blocks is None or any(key in self._cut for key in keys):
+            return len(keys)
+        cut = blocks_before_cut(self.config, len(keys))
+        for key in keys[cut:]:
+            self._cut.add(key)
+            self._failures[key] = self._failures.get(key, 0) + 1
+        return cut
+
+    def _misbehaves(self, key: tuple[str, int]) -> bool:
+        """A chosen block fails this read: always (permanent), or while under `fail_times`."""
+        failures = self._failures.get(key, 0)
+        if self.config.fail_times and failures >= self.config.fail_times:
+            return False
+        self._failures[key] = failures + 1
+        return True
+
+    def inject(self, peer: str, remote_block_ids: Sequence[int], local_block_ids: Sequence[int], ok: list[bool],
+               scribble: Callable[[int], None]) -> bool:
+        """After a read: scribble over every local block that did not land (partly written
+        blocks are garbage), fail the chosen ones and corrupt others without saying so (only
+        the reader's checksum catches those). Chosen by the holder's block ids. Updates `ok`;
+        returns whether injection failed a block."""
+        config = self.config
+        injected = False
+        for index, (remote, local) in enumerate(zip(remote_block_ids, local_block_ids)):
+            key = (peer, remote)
+            if not ok[index]:
+                scribble(local)
+            elif (key in self._cut or chosen(config.seed, "fail", remote, config.fail_fraction)) \
+                    and self._misbehaves(key):
+                ok[index], injected = False, True
+                scribble(local)
+            elif chosen(config.seed, "corrupt", remote, config.corrupt_fraction) and self._misbehaves(key):
+                scribble(local)  # reported fine: only checksums catch it
+        return injected
+
+
 def inject_read_faults(config: KvFaultConfig, remote_block_ids: Sequence[int], local_block_ids: Sequence[int],
                        ok: list[bool], scribble: Callable[[int], None]) -> bool:
-    """After a read: scribble over every local block that did not land (partly written
-    blocks are garbage), fail the chosen ones and corrupt others without saying so (only
-    the reader's checksum catches those). Chosen by the holder's block ids. Updates `ok`;
-    returns whether injection failed a block. Shared by this transport and vLLM's
-    worker-side reader (`connector.vllm.connector_worker`)."""
-    injected = False
-    for index, (remote, local) in enumerate(zip(remote_block_ids, local_block_ids)):
-        if not ok[index]:
-            scribble(local)
-        elif chosen(config.seed, "fail", remote, config.fail_fraction):
-            ok[index], injected = False, True
-            scribble(local)
-        elif chosen(config.seed, "corrupt", remote, config.corrupt_fraction):
-            scribble(local)  # reported fine: only checksums catch it
-    return injected
+    """`ReadFaults.inject` for one read with no history (every chosen block fails)."""
+    return ReadFaults(config).inject("", remote_block_ids, local_block_ids, ok, scribble)
 
 
 class FaultInjectingTransport:
@@ -60,6 +104,7 @@ class FaultInjectingTransport:
         config.validate()
         self._inner = inner
         self.config = config
+        self._faults = ReadFaults(config)
         self._blocks = local_buffer.reshape(-1)[: (local_buffer.size // block_nbytes) * block_nbytes].reshape(
             -1, block_nbytes)
 
@@ -93,10 +138,10 @@ class FaultInjectingTransport:
         if config.fail_transfer:
             return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
         count = len(local_block_ids)
-        cut = blocks_before_cut(config, count)
+        cut = self._faults.blocks_before_cut(peer, remote_block_ids)
         result = await self._inner.read(peer, remote_block_ids[:cut], local_block_ids[:cut], timeout_s=timeout_s)
         ok = result.ok + [False] * (count - cut)
-        inject_read_faults(config, remote_block_ids, local_block_ids, ok, self._scribble)
+        self._faults.inject(peer, remote_block_ids, local_block_ids, ok, self._scribble)
         outcome = result.outcome if cut == count else "failed"
         reason = result.reason or ("injected: transfer cut" if cut < count else "")
         return TransferResult(outcome=outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,

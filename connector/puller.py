@@ -3,8 +3,9 @@
 Used by the sim data plane (`connector.sim.worker_kv.WorkerKv`) before the worker computes
 a request, for engines with an in-process `KvPort`: the decode worker of a P/D pair pulls the
 prompt's blocks from the prefill worker; any worker may pull a cached prefix from the
-worker that holds it. Blocks that fail to arrive or to verify are simply not committed,
-so the engine computes exactly those. Every pull ends with one explicit outcome, sent to
+worker that holds it. Blocks that fail to arrive or to verify are read once more
+(`connector.retry`, bounded in time), then simply not committed, so the engine computes
+exactly those. Every pull ends with one explicit outcome, sent to
 the holder as a `LeaseRelease` and published as a `TransferRecord`.
 """
 
@@ -20,8 +21,10 @@ from opentelemetry import trace
 from connector.block_reader import verified_blocks
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
+from connector.retry import BlockRetry, retry_async
 from connector.spans import block_failures
 from connector.transport import KvTransport, TransferResult
+from shared.config import KvRetryConfig
 from shared.schemas.transfer import KvHandle, TransferOutcome, TransferRecord
 
 log = logging.getLogger(__name__)
@@ -41,19 +44,28 @@ class PullOutcome(msgspec.Struct, kw_only=True):
     def recomputed_tokens(self) -> int:
         return self.record.recomputed_tokens if self.record else 0
 
+    @property
+    def retried_blocks(self) -> int:
+        return self.record.blocks_retried if self.record else 0
+
+    @property
+    def recovered_blocks(self) -> int:
+        return self.record.blocks_recovered if self.record else 0
+
 
 class KvPuller:
     """Reads a handle's blocks through the transport into blocks the port allocates; the
     lease half (grants, releases, agent metadata) is the shared `LeaseClient`."""
 
     def __init__(self, leases: LeaseClient, port: KvPort, transport: KvTransport, *,
-                 transfer_timeout_s: float = 10.0) -> None:
+                 transfer_timeout_s: float = 10.0, retry: KvRetryConfig = KvRetryConfig()) -> None:
         self.leases = leases
         self.worker_id = leases.worker_id
         self.block_size = leases.block_size
         self._port = port
         self._transport = transport
         self._transfer_timeout_s = transfer_timeout_s
+        self._retry = retry
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
 
     async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: str = "pull") -> PullOutcome:
@@ -74,18 +86,21 @@ class KvPuller:
             await self.leases.release(handle, "cancelled")
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "cancelled", count, 0, 0, started, reason="no free blocks"))
+        retry = BlockRetry(self._retry, 0.0)  # none unless the holder was reached
         try:
             if not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
                 result = TransferResult(outcome="failed", ok=[False] * count, reason="holder unreachable")
+                ok = [False] * count
             else:
                 result = await self._transport.read(handle.agent_name, handle.block_ids[first:wanted], targets,
                                                     timeout_s=self._transfer_timeout_s)
+                ok = verified_blocks(result.ok, targets, handle.checksums[first:wanted], self._port.checksum)
+                trace.get_current_span().set_attributes(block_failures(list(result.ok), ok, first))  # the pull's
+                retry = await self._read_again(handle, first, targets, ok, result)
         except asyncio.CancelledError:  # the request was cancelled mid-pull: give everything back
             self._port.unpin(pinned + targets)
             self._background(self.leases.release(handle, "cancelled"))
             raise
-        ok = verified_blocks(result.ok, targets, handle.checksums[first:wanted], self._port.checksum)
-        trace.get_current_span().set_attributes(block_failures(list(result.ok), ok, first))  # the pull's span
         landed_failed = [first + i for i, good in enumerate(ok) if not good]
         lease_held = await self.leases.release(handle, "done" if not landed_failed else "failed", landed_failed)
         if lease_held is False:  # expired under us: what we read may be another request's KV
@@ -103,8 +118,34 @@ class KvPuller:
         if failed:
             log.warning("%s: pull of %s from %s: %d of %d block(s) failed (%s); they will be computed",
                         self.worker_id, request_id, handle.holder_worker_id, len(failed), count, reason)
-        return PullOutcome(pinned_block_ids=pinned, record=self._record(
-            request_id, handle, kind, outcome, count, count - len(failed), result.nbytes, started, reason=reason))
+        if retry.retried:
+            trace.get_current_span().set_attributes({"tandem.kv.blocks_retried": retry.retried,
+                                                     "tandem.kv.blocks_recovered": retry.recovered})
+        record = self._record(request_id, handle, kind, outcome, count, count - len(failed), result.nbytes, started,
+                              reason=reason)
+        return PullOutcome(pinned_block_ids=pinned, record=msgspec.structs.replace(
+            record, blocks_retried=retry.retried, blocks_recovered=retry.recovered))
+
+    async def _read_again(self, handle: KvHandle, first: int, targets: list[int], ok: list[bool],
+                          result: TransferResult) -> BlockRetry:
+        """Retry the blocks of `ok` that failed (same holder, same lease, same local blocks);
+        updates `ok`, and `result`'s bytes and reason once every block is sound."""
+        remote, checksums = handle.block_ids[first:], handle.checksums[first:]
+
+        async def read(indices: list[int], timeout_s: float) -> list[bool]:
+            local = [targets[index] for index in indices]
+            again = await self._transport.read(handle.agent_name, [remote[index] for index in indices], local,
+                                               timeout_s=timeout_s)
+            result.nbytes += again.nbytes
+            return verified_blocks(again.ok, local, [checksums[index] for index in indices], self._port.checksum)
+
+        retry = await retry_async(self._retry, ok, read, cap_s=self._transfer_timeout_s)
+        if retry.recovered:
+            log.info("%s: %d of %d failed block(s) from %s recovered on retry", self.worker_id, retry.recovered,
+                     retry.retried, handle.holder_worker_id)
+            if all(ok):
+                result.reason = ""
+        return retry
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -59,7 +59,9 @@ class KvFaultConfig(msgspec.Struct, frozen=True, kw_only=True):
     - fail_fraction: chosen blocks are reported failed (their landed bytes are garbage);
     - corrupt_fraction: chosen blocks land corrupted but are reported fine (checksums catch them);
     - fail_transfer: every transfer fails; delay_s: every transfer starts late;
-    - cut_after_blocks: a transfer breaks after that many blocks (a peer dying mid-way).
+    - cut_after_blocks: a transfer breaks after that many blocks (a peer dying mid-way);
+    - fail_times: 0, the chosen (failed, corrupted, cut-off) blocks fail every read (permanent);
+      n > 0, each fails its first n reads by a reader, then reads fine (transient).
     """
 
     fail_fraction: float = 0.0
@@ -67,6 +69,7 @@ class KvFaultConfig(msgspec.Struct, frozen=True, kw_only=True):
     fail_transfer: bool = False
     delay_s: float = 0.0
     cut_after_blocks: int | None = None
+    fail_times: int = 0
     seed: int = 0
 
     @property
@@ -78,6 +81,24 @@ class KvFaultConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("fail_fraction", "corrupt_fraction"):
             _require(0.0 <= getattr(self, name) <= 1.0, f"kv fault {name} must lie in [0, 1]")
         _require(self.delay_s >= 0, "kv fault delay must not be negative")
+        _require(self.fail_times >= 0, "kv fault fail_times must not be negative")
+
+
+class KvRetryConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Retry before recompute (connector.retry): a block that failed to arrive or to verify is
+    read again, from the same holder under the same lease, before it is computed instead.
+
+    - attempts: further reads of the failed blocks (0: compute them at once);
+    - deadline_ms: no retry starts later than this after the first read ended, and a retry's
+      read is bounded by what is left of it.
+    """
+
+    attempts: int = 1
+    deadline_ms: float = 500.0
+
+    def validate(self) -> None:
+        _require(self.attempts >= 0, "kv retry attempts must not be negative")
+        _require(self.deadline_ms >= 0, "kv retry deadline must not be negative")
 
 
 KvTransportName = Literal["nixl", "memory"]
@@ -95,6 +116,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
     push_wait_s: float = 30.0  # how long a decode worker waits for a pushing prefill worker
     faults: KvFaultConfig = KvFaultConfig()
+    retry: KvRetryConfig = KvRetryConfig()
 
     def validate(self) -> None:
         _require(self.lease_ttl_s > 0 and self.transfer_timeout_s > 0 and self.control_timeout_s > 0,
@@ -103,6 +125,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
                  f"unknown KV transport {self.transport!r} (known: {', '.join(KV_TRANSPORTS)})")
         _require(self.progress_delay_us > 0, "progress_delay_us must be positive (0 spins a core)")
         self.faults.validate()
+        self.retry.validate()
 
 
 class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -54,7 +54,7 @@ async def served_model(client: httpx.AsyncClient) -> str:
     return response.json()["data"][0]["id"]
 
 
-def request_body(shape: RequestShape, prompt: str) -> tuple[str, dict]:
+def request_body(shape: RequestShape, prompt: str | list[int]) -> tuple[str, dict]:
     body: dict = {"model": shape.model, "max_tokens": shape.max_tokens, "temperature": 0, "stream": True,
                   "stream_options": {"include_usage": True}}
     if shape.ignore_eos:
@@ -64,7 +64,8 @@ def request_body(shape: RequestShape, prompt: str) -> tuple[str, dict]:
     return "/v1/completions", {**body, "prompt": prompt}
 
 
-async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt: str, record: RequestRecord) -> None:
+async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt: str | list[int],
+                         record: RequestRecord) -> None:
     path, body = request_body(shape, prompt)
     usage: dict | None = None
     try:
@@ -84,8 +85,10 @@ async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt:
                     if chunk.get("error"):
                         record.error = f"stream {error_code(payload)}".rstrip()
                         return
-                    if any(_text(choice) for choice in chunk.get("choices") or ()):
+                    texts = [_text(choice) for choice in chunk.get("choices") or ()]
+                    if any(texts):
                         record.text_chunk_at.append(time.monotonic())
+                        record.text.extend(texts)
                     usage = chunk.get("usage") or usage
         record.ended_at = time.monotonic()
     except (TimeoutError, httpx.TimeoutException):

@@ -12,6 +12,9 @@ disaggregated; "2x1": two workers serving whole requests; generally "NpMd" and "
 
     tandem bench serve --compare 1p1d,2x1 --engine sim|vllm [--model-dir DIR] ...
 
+`tandem bench serve multiturn ...` runs multi-turn conversations with the prefix pull on
+and off (`bench.serve.multiturn`).
+
 Each topology is a stack definition (`topology.stack_definition`) run as local processes
 the way `tandem up` runs one (`LocalStack`), stopped before the next starts, so no cache
 carries over. Workers are launched with this interpreter: run mode B with
@@ -245,6 +248,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["multiturn"]:  # conversations, prefix pull on and off (bench.serve.multiturn)
+        from bench.serve.multiturn import main as multiturn_main
+
+        return multiturn_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     try:

@@ -31,6 +31,7 @@ RATIO_METRICS = {  # ratio name -> (figure, key inside it)
 class RequestRecord:
     sent_at: float
     text_chunk_at: list[float] = field(default_factory=list)  # arrival of each chunk carrying text
+    text: list[str] = field(default_factory=list)  # the text of those chunks (the answer, in pieces)
     ended_at: float | None = None
     prompt_tokens: int | None = None  # from the server's usage, when it sends one
     output_tokens: int = 0

@@ -48,7 +48,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         self.leases = LeaseClient(config.worker_id, bus, subjects, transport, compat_hash=compat_hash,
                                   block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
                                   lease_ttl_s=settings.lease_ttl_s)
-        self.puller = KvPuller(self.leases, port, transport, transfer_timeout_s=settings.transfer_timeout_s)
+        self.puller = KvPuller(self.leases, port, transport, transfer_timeout_s=settings.transfer_timeout_s,
+                               retry=settings.retry)
         self.compat_hash = compat_hash
         self._push_wait_s = settings.push_wait_s
         self._transfer_timeout_s = settings.transfer_timeout_s
@@ -84,7 +85,9 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         if outcome.record is not None:
             await self._publish(outcome.record)
         prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
-                            recomputed_tokens=outcome.recomputed_tokens)
+                            recomputed_tokens=outcome.recomputed_tokens, retried_blocks=outcome.retried_blocks,
+                            recovered_blocks=outcome.recovered_blocks,
+                            recomputed_blocks=outcome.recomputed_tokens // self.block_size)
         self._count(prepared)
         return prepared
 
@@ -150,7 +153,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
                                 recomputed_tokens=(len(committed) - ok_blocks) * self.block_size)
         pinned = [block_id for block_id, good in zip(receiver.target.block_ids, committed) if good]
         prepared = Prepared(pinned_block_ids=pinned, pulled_tokens=record.pulled_tokens,
-                            recomputed_tokens=record.recomputed_tokens)
+                            recomputed_tokens=record.recomputed_tokens,
+                            recomputed_blocks=len(committed) - ok_blocks)
         self._count(prepared)
         return message.first_token, prepared, record
 

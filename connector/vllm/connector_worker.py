@@ -7,8 +7,9 @@ layer-major pages (`kv_pages`). A pull (`LoadSpec`) is read in `start_load_kv` o
 that planned it (after that step's forward pass; the pulling request is not in it), in
 the calling thread: NIXL copies inside the posting call on one host, bounded by the
 transfer timeout. Fault injection (`connector.faults`) and the verification of each block
-against the holder's checksum (`connector.block_reader`) are the sim reader's; blocks that
-failed go to vLLM through `get_block_ids_with_load_errors` and the request through
+against the holder's checksum (`connector.block_reader`) and the retry of blocks that
+failed (`connector.retry`, once, bounded in time, in the same step) are the sim reader's;
+blocks that still failed go to vLLM through `get_block_ids_with_load_errors` and the request through
 `get_finished` in the same step (vLLM rolls it back to its first failed block), and
 every pull ends in exactly one `Loaded` report to the Tandem worker.
 """
@@ -23,12 +24,13 @@ import numpy as np
 
 from connector.agent_types import KvAgentConfig
 from connector.block_reader import verified_blocks
-from connector.faults import blocks_before_cut, inject_read_faults
+from connector.faults import ReadFaults
 from connector.nixl_agent import KvAgent
+from connector.retry import retry_sync
 from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import Loaded, LoadSpec
-from shared.config import KvFaultConfig
+from shared.config import KvFaultConfig, KvRetryConfig
 
 if TYPE_CHECKING:
     import torch
@@ -57,10 +59,11 @@ def page_geometry(kv_cache_config: KVCacheConfig) -> PageGeometry:
 
 class WorkerSide:
     def __init__(self, *, agent_name: str, agent_config: KvAgentConfig, faults: KvFaultConfig,
-                 reports: ReportSender) -> None:
+                 reports: ReportSender, retry: KvRetryConfig = KvRetryConfig()) -> None:
         self._agent_name = agent_name
         self._agent_config = agent_config
-        self._faults = faults
+        self._faults = ReadFaults(faults)
+        self._retry = retry
         self._reports = reports
         self._agent: KvAgent | None = None
         self._geometry: PageGeometry | None = None
@@ -137,22 +140,44 @@ class WorkerSide:
         if count == 0:
             return Loaded(ok=[], reason="every block was cached locally", **report)
         self.loads += 1
-        ok, nbytes, reason = self._read(spec)
-        landed = ok
-        ok = verified_blocks(landed, spec.local_block_ids, spec.checksums, self._checksum)
-        if ok != landed:
-            reason = reason or "checksum mismatch"
+        timeout_s = self._agent_config.default_timeout_s
+        ok, nbytes, reason = self._read(spec, list(range(count)), timeout_s)
+        moved = [nbytes]
+
+        def read_again(indices: list[int], timeout_s: float) -> list[bool]:
+            again, nbytes, _ = self._read(spec, indices, timeout_s)
+            moved[0] += nbytes
+            return again
+
+        retry = retry_sync(self._retry, ok, read_again, cap_s=timeout_s)
+        if retry.recovered:
+            log.info("pull %s: %d of %d failed block(s) recovered on retry", spec.transfer_id, retry.recovered,
+                     retry.retried)
+            reason = reason if False in ok else ""
         failed = [block_id for block_id, good in zip(spec.local_block_ids, ok) if not good]
         if failed:
             self._load_errors.update(failed)
             log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes from the first",
                         spec.transfer_id, len(failed), count, reason)
-        return Loaded(ok=ok, nbytes=nbytes, duration_s=time.perf_counter() - started, reason=reason, **report)
+        return Loaded(ok=ok, nbytes=moved[0], duration_s=time.perf_counter() - started, reason=reason,
+                      retried=retry.retried, recovered=retry.recovered, **report)
 
-    def _read(self, spec: LoadSpec) -> tuple[list[bool], int, str]:
+    def _read(self, spec: LoadSpec, indices: list[int], timeout_s: float) -> tuple[list[bool], int, str]:
+        """Read the blocks at `indices` of the spec: per block, whether its bytes landed and
+        verified; bytes moved; why not."""
+        remote = [spec.remote_block_ids[index] for index in indices]
+        local = [spec.local_block_ids[index] for index in indices]
+        landed, nbytes, reason = self._read_blocks(spec, remote, local, timeout_s)
+        ok = verified_blocks(landed, local, [spec.checksums[index] for index in indices], self._checksum)
+        if ok != landed:
+            reason = reason or "checksum mismatch"
+        return ok, nbytes, reason
+
+    def _read_blocks(self, spec: LoadSpec, remote_block_ids: list[int], local_block_ids: list[int],
+                     timeout_s: float) -> tuple[list[bool], int, str]:
         """Per block: whether its bytes landed; bytes moved; why not."""
-        count = len(spec.local_block_ids)
-        faults = self._faults
+        count = len(local_block_ids)
+        faults = self._faults.config
         if faults.delay_s:
             time.sleep(faults.delay_s)
         if faults.fail_transfer:
@@ -165,14 +190,13 @@ class WorkerSide:
         peer_pool = self.agent.peer_pool(spec.agent_name)
         assert geometry is not None and peer_pool is not None
         remote_blocks = peer_pool.num_blocks // geometry.num_layers
-        cut = blocks_before_cut(faults, count)
+        cut = self._faults.blocks_before_cut(spec.agent_name, remote_block_ids)
         result = self.agent.read_blocks(
-            spec.agent_name, page_ids(spec.remote_block_ids[:cut], geometry.num_layers, remote_blocks),
-            page_ids(spec.local_block_ids[:cut], geometry.num_layers, geometry.num_blocks),
-            timeout_s=self._agent_config.default_timeout_s)
+            spec.agent_name, page_ids(remote_block_ids[:cut], geometry.num_layers, remote_blocks),
+            page_ids(local_block_ids[:cut], geometry.num_layers, geometry.num_blocks), timeout_s=timeout_s)
         ok = [result.ok] * cut + [False] * (count - cut)
         reason = result.detail if not result.ok else ("injected: transfer cut" if cut < count else "")
-        if inject_read_faults(faults, spec.remote_block_ids, spec.local_block_ids, ok, self._scribble):
+        if self._faults.inject(spec.agent_name, remote_block_ids, local_block_ids, ok, self._scribble):
             reason = reason or "injected: blocks failed"
         return ok, result.nbytes if result.ok else 0, reason
 

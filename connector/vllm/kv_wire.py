@@ -75,6 +75,8 @@ class Loaded(msgspec.Struct, frozen=True, kw_only=True, tag="loaded"):
     nbytes: int = 0
     duration_s: float = 0.0
     reason: str = ""
+    retried: int = 0  # blocks read again after a failed read or verification
+    recovered: int = 0  # of those, blocks that then arrived and verified (counted in `ok`)
 
     @property
     def used_blocks(self) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.config import ConfigError, KvFaultConfig
+from shared.config import ConfigError, KvFaultConfig, KvRetryConfig
 
 
 class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -18,6 +18,7 @@ class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
     transfer_timeout_s: float = 10.0  # one pull's READ, inside a model step
     control_timeout_s: float = 2.0  # waits for the connector's reports (pins, load outcomes)
     faults: KvFaultConfig = KvFaultConfig()
+    retry: KvRetryConfig = KvRetryConfig()  # failed blocks read again before vLLM computes them
 
     def validate(self) -> None:
         if self.progress_delay_us <= 0:
@@ -25,3 +26,4 @@ class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
         if self.transfer_timeout_s <= 0 or self.control_timeout_s <= 0:
             raise ConfigError("KV connector timeouts must be positive")
         self.faults.validate()
+        self.retry.validate()

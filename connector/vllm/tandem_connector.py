@@ -91,7 +91,7 @@ class TandemConnector(KVConnectorBase_V1):
                 agent_name=settings.agent_name,
                 agent_config=KvAgentConfig(progress_delay_us=options.progress_delay_us,
                                            default_timeout_s=options.transfer_timeout_s),
-                faults=options.faults, reports=reports)
+                faults=options.faults, reports=reports, retry=options.retry)
 
     @property
     def scheduler_side(self) -> SchedulerSide:

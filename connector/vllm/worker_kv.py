@@ -163,27 +163,32 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         failed = [first + index for index, ok in enumerate(report.ok) if not ok]
         used = report.used_blocks
         self._finish(pull, "failed" if failed else "done", failed, used, len(report.ok) - used, report.nbytes,
-                     reason=report.reason, asked=len(report.ok))
+                     reason=report.reason, asked=len(report.ok), retried=report.retried, recovered=report.recovered)
 
     def _finish(self, pull: _Pull, outcome: TransferOutcome, failed_blocks: list[int], blocks_ok: int,
-                blocks_recomputed: int, nbytes: int, *, reason: str = "", asked: int | None = None) -> None:
+                blocks_recomputed: int, nbytes: int, *, reason: str = "", asked: int | None = None,
+                retried: int = 0, recovered: int = 0) -> None:
         """Count the pull, then release its lease and publish its record (in the background:
         this runs on the engine's output path)."""
         pull.prepared.pulled_tokens = blocks_ok * self.block_size
         pull.prepared.recomputed_tokens = blocks_recomputed * self.block_size
+        pull.prepared.recomputed_blocks = blocks_recomputed
+        pull.prepared.retried_blocks, pull.prepared.recovered_blocks = retried, recovered
         self._count(pull.prepared)
         record = TransferRecord(worker_id=self.worker_id, request_id=pull.request_id, kind=pull.kind,  # type: ignore[arg-type]
                                 peer_worker_id=pull.handle.holder_worker_id, outcome=outcome,
                                 blocks=pull.wanted if asked is None else asked, blocks_ok=blocks_ok, bytes=nbytes,
                                 duration_s=time.monotonic() - pull.started,
                                 pulled_tokens=pull.prepared.pulled_tokens,
-                                recomputed_tokens=pull.prepared.recomputed_tokens, reason=reason)
+                                recomputed_tokens=pull.prepared.recomputed_tokens, reason=reason,
+                                blocks_retried=retried, blocks_recovered=recovered)
         if failed_blocks:
             log.warning("%s: %s of %s from %s: %d block(s) failed (%s); vLLM computed from the first on",
                         self.worker_id, pull.kind, pull.request_id, pull.handle.holder_worker_id,
                         len(failed_blocks), reason)
         pull.span.set_attributes({"tandem.kv.blocks_failed": len(failed_blocks),
-                                  "tandem.kv.failed_blocks": failed_blocks})
+                                  "tandem.kv.failed_blocks": failed_blocks, "tandem.kv.blocks_retried": retried,
+                                  "tandem.kv.blocks_recovered": recovered})
         end_transfer_span(pull.span, record)
         with trace.use_span(pull.span, end_on_exit=False):  # the release and the record carry its context
             self._background(self._release_and_publish(pull.handle, outcome, failed_blocks, record))

@@ -245,6 +245,9 @@ class WorkerService:
             active_leases=self.kv.active_leases if self.kv else 0,
             kv_pulled_tokens_total=self.kv.pulled_tokens_total if self.kv else 0,
             kv_recomputed_tokens_total=self.kv.recomputed_tokens_total if self.kv else 0,
+            kv_blocks_retried_total=self.kv.blocks_retried_total if self.kv else 0,
+            kv_blocks_recovered_total=self.kv.blocks_recovered_total if self.kv else 0,
+            kv_blocks_recomputed_total=self.kv.blocks_recomputed_total if self.kv else 0,
         )
         await self.bus.client.publish(self.subjects.load(self.worker_id), encode(snapshot))
 

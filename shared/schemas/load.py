@@ -21,6 +21,9 @@ class LoadSnapshot(Message, tag="load", kw_only=True):
     active_leases: int = 0  # KV hand-offs this worker holds blocks for
     kv_pulled_tokens_total: int = 0
     kv_recomputed_tokens_total: int = 0
+    kv_blocks_retried_total: int = 0  # blocks read again after a failed transfer or verification
+    kv_blocks_recovered_total: int = 0  # of those, blocks that then arrived and verified
+    kv_blocks_recomputed_total: int = 0  # blocks meant to arrive by transfer that were computed
     computed_prompt_tokens_total: int = 0  # prompt tokens actually computed (not reused, not received)
     external_prompt_tokens_total: int = 0  # prompt tokens the engine took from a KV transfer (vLLM's count)
     kv_evicted_blocks_total: int = 0  # cached blocks evicted to make room

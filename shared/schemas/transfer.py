@@ -149,3 +149,5 @@ class TransferRecord(Message, tag="transfer_record", kw_only=True):
     pulled_tokens: int
     recomputed_tokens: int  # tokens of blocks that were meant to arrive but were computed
     reason: str = ""
+    blocks_retried: int = 0  # blocks read again after a failed read or verification
+    blocks_recovered: int = 0  # of those, blocks that then arrived and verified

@@ -109,7 +109,8 @@ async def test_events_show_in_cluster_and_metrics(
         collector: Collector, members: KeyValue, bus: Bus, bus_config: BusConfig) -> None:
     subjects = bus_config.subjects
     await register(members, collector, "w1", WorkerRole.PREFILL)
-    await bus.client.publish(subjects.load("w1"), encode(load("w1")))
+    await bus.client.publish(subjects.load("w1"), encode(load(
+        "w1", kv_blocks_retried_total=5, kv_blocks_recovered_total=4, kv_blocks_recomputed_total=1)))
     await bus.client.publish(subjects.kv_events("w1"),
                              encode(kv_batch("w1", 0, AllBlocksCleared(), stored(1, 2, 3))))
     await bus.client.publish(subjects.request_events, encode(RequestRecord(
@@ -135,6 +136,8 @@ async def test_events_show_in_cluster_and_metrics(
     assert samples["tandem_worker_running_requests", w1] == 2
     assert samples["tandem_worker_prefix_hit_rate", w1] == pytest.approx(0.25)
     assert samples["tandem_worker_cached_tokens_total", w1] == 100
+    assert [samples[f"tandem_worker_kv_blocks_{name}_total", w1] for name in ("retried", "recovered", "recomputed")
+            ] == [5, 4, 1]
     assert samples["tandem_requests_total", (("outcome", "ok"),)] == 1
     assert samples["tandem_request_ttft_seconds_count", ()] == 1
     assert samples["tandem_request_ttft_seconds_bucket", (("le", "0.25"),)] == 1

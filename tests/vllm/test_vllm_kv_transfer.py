@@ -406,6 +406,8 @@ class TestFaults:
             [record] = await pair.records_since(seen)
             assert (record.outcome, record.blocks, record.blocks_ok) == (
                 "failed" if failed else "done", blocks, kept)
+            # permanent faults: every failed block was read once more, in vain
+            assert (record.blocks_retried, record.blocks_recovered) == (len(failed), 0)
             # vLLM's own counters of the prompt tokens it prefilled and took as cached.
             assert d_done.cached_tokens == kept * BLOCK
             await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
@@ -418,6 +420,9 @@ class TestFaults:
                 mid_prompt += 1  # good blocks after a failed one were recomputed too
         assert clean and tail_only and mid_prompt, (clean, tail_only, mid_prompt)
         assert decode.kv.recomputed_tokens_total == sum(r.recomputed_tokens for r in pair.records)
+        assert decode.kv.blocks_recomputed_total * BLOCK == decode.kv.recomputed_tokens_total
+        assert decode.kv.blocks_retried_total == sum(r.blocks_retried for r in pair.records) > 0
+        assert decode.kv.blocks_recovered_total == 0
         assert pair.prefill.kv.holder.leases.outcomes["failed"] == tail_only + mid_prompt
         await pair.assert_clean()
 
@@ -439,4 +444,43 @@ class TestFaults:
         await wait_for(lambda: pair.records and pair.records[-1].kind == "prefix_pull", 5, "the record")
         assert pair.records[-1].outcome == "expired"
         assert pair.decode.kv.holder.leases.outcomes["expired"] == 1
+        await pair.assert_clean()
+
+
+# The same choice of blocks, but each fails (or arrives corrupted) only on its first read.
+TRANSIENT_READ_FAULTS = KvFaultConfig(fail_fraction=0.15, corrupt_fraction=0.1, fail_times=1, seed=3)
+
+
+class TestRetry:
+    @pytest.fixture(scope="class")
+    @classmethod
+    async def pair(cls, module_bus: tuple[Bus, BusConfig], model_dir: str) -> AsyncIterator[Pair]:
+        nodes = await start_pair(module_bus, model_dir,
+                                 decode_transfer=KvTransferConfig(faults=TRANSIENT_READ_FAULTS))
+        try:
+            yield nodes
+        finally:
+            await stop_pair(nodes)
+
+    async def test_transient_failures_are_read_again_and_nothing_is_recomputed(self, pair: Pair) -> None:
+        decode = pair.decode
+        for index, length in enumerate([300, 512, 700, 900, 1000]):
+            prompt = prompt_of(7000 + index, length)
+            expected, _ = await pair.generate(pair.prefill, prompt, MAX_TOKENS)
+            computed_before = decode.engine.stats.computed_prompt_tokens_total
+            seen = len(pair.records)
+            got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
+            assert got == expected, f"prompt of {length} tokens"
+            assert p_done.kv_handle is not None
+            blocks = len(p_done.kv_handle.block_ids)
+            assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (blocks * BLOCK, 0)
+            [record] = await pair.records_since(seen)
+            assert (record.outcome, record.blocks_ok) == ("done", blocks)
+            assert record.blocks_retried == record.blocks_recovered
+            # vLLM computed only what no block covers (the partial block and the first token)
+            await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
+                           == length + 1 - blocks * BLOCK, 5, f"vLLM's count ({length} tokens)")
+        assert decode.kv.blocks_retried_total == decode.kv.blocks_recovered_total == sum(
+            r.blocks_retried for r in pair.records) > 0, "the injection should have failed some blocks"
+        assert decode.kv.blocks_recomputed_total == decode.kv.recomputed_tokens_total == 0
         await pair.assert_clean()

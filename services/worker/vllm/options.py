@@ -74,7 +74,8 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                                        progress_delay_us=transfer.progress_delay_us,
                                        transfer_timeout_s=transfer.transfer_timeout_s,
                                        control_timeout_s=transfer.control_timeout_s,
-                                       faults=transfer.faults) if transfer.enabled else None
+                                       faults=transfer.faults,
+                                       retry=transfer.retry) if transfer.enabled else None
         return cls(model_dir=config.model_dir, served_model_name=config.served_model_name,
                    model_version=config.model_version,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
