@@ -14,6 +14,10 @@ from cli.options import (
     Heartbeat,
     LogLevel,
     Namespace,
+    NatsCa,
+    NatsCert,
+    NatsCreds,
+    NatsKey,
     NatsUrl,
     OtlpEndpoint,
     Ttl,
@@ -52,6 +56,10 @@ def nats(
 def router(
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     host: Annotated[str, typer.Option(envvar="TANDEM_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_PORT", help="HTTP port; 0 picks a free one.")] = 8000,
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR", help="Model directory (tokenizer).")] = "",
@@ -118,7 +126,9 @@ def router(
                             queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
                             home_slack_tokens=home_slack_tokens)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
-                          max_tokens_limit=max_tokens_limit, routing=routing, bus=bus_config(nats_url, namespace),
+                          max_tokens_limit=max_tokens_limit, routing=routing,
+                          bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
+                                         nats_key_file),
                           membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     try:
@@ -126,7 +136,11 @@ def router(
         policy_spec(routing_policy)
     except ConfigError as error:
         raise typer.BadParameter(str(error)) from None
-    result = run_router(config)
+    try:
+        result = run_router(config)
+    except ConfigError as error:  # NATS refused it (credentials, TLS)
+        typer.secho(f"error: {error}", fg="red", err=True)
+        raise typer.Exit(2) from None
     if asyncio.iscoroutine(result):
         run_service(result)
 
@@ -135,6 +149,10 @@ def router(
 def orchestrator(
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     trace_exporter: Exporter = "none",
@@ -146,7 +164,8 @@ def orchestrator(
     from shared.config import OrchestratorConfig
 
     setup_logging(log_level)
-    config = OrchestratorConfig(bus=bus_config(nats_url, namespace),
+    config = OrchestratorConfig(bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
+                                               nats_key_file),
                                 membership=membership_config(heartbeat_interval, ttl),
                                 tracing=tracing_config(trace_exporter, otlp_endpoint))
     config.validate()
@@ -157,6 +176,10 @@ def orchestrator(
 def metrics(
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_METRICS_PORT", help="HTTP port; 0 picks one.")] = 9100,
     log_level: LogLevel = "info",
@@ -166,7 +189,8 @@ def metrics(
     from shared.config import MetricsConfig
 
     setup_logging(log_level)
-    config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace))
+    config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file,
+                                                                nats_cert_file, nats_key_file))
     config.validate()
     run_service(run_metrics(config))
 
@@ -202,6 +226,10 @@ def worker(
     kv_fault_seed: Annotated[int, typer.Option(help="Fault injection: which blocks are chosen.")] = 0,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     trace_exporter: Exporter = "none",
@@ -229,7 +257,9 @@ def worker(
                                                    corrupt_fraction=kv_fault_corrupt_fraction,
                                                    fail_transfer=kv_fault_fail_transfer, delay_s=kv_fault_delay,
                                                    cut_after_blocks=kv_fault_cut_after, seed=kv_fault_seed)),
-                          bus=bus_config(nats_url, namespace), membership=membership_config(heartbeat_interval, ttl),
+                          bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
+                                         nats_key_file),
+                          membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     run_service(run_worker(config))
 

@@ -26,10 +26,14 @@ def up(
     nats_url: Annotated[Optional[str], typer.Option(envvar="TANDEM_NATS_URL",
                                                     help="External NATS; default: embedded.")] = None,
     state_dir: Annotated[str, typer.Option(help="Logs, models and NATS store.")] = ".tandem",
+    nats_security: Annotated[bool, typer.Option(
+        help="Embedded NATS: a user per service with its own permissions, and TLS (files in STATE_DIR/nats-auth).")
+    ] = True,
 ) -> None:
     """Run the whole local stack: NATS, orchestrator, metrics, workers and router."""
     from launch.up import UpOptions, run_up
 
     raise typer.Exit(run_up(UpOptions(stack=stack, port=port, host=host, engine=engine or None, model=model,
                                       prefill=prefill, decode=decode, workers=workers, metrics_port=metrics_port,
-                                      nats_url=nats_url or None, state_dir=state_dir)))
+                                      nats_url=nats_url or None, state_dir=state_dir,
+                                      nats_security=nats_security)))

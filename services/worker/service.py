@@ -3,7 +3,8 @@
 - request plane: `generate.<worker>` requests, each run by a `RequestRunner` in its own
   task; frames streamed to the caller's inbox (`Accepted`, `Tokens`..., then exactly one
   `Finished` or `Failed`).
-- control plane: `ctl.<worker>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`.
+- control plane: `ctl.<worker>.<kind>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`, each on
+  the subject of its kind (its tag): NATS permissions say who may send which; another kind is dropped.
 - KV data plane (optional `connector.dataplane.DataPlane`): leases and transfers, see connector/.
 - events: KV event batches and load snapshots, each stream numbered from 1.
 - membership: the registration is put in the members bucket at start, every heartbeat
@@ -47,6 +48,7 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerStatus,
 )
+from shared.schemas.control import control_kind
 from shared.schemas.membership import EngineCapabilities
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,7 @@ class WorkerService:
         client = self.bus.client
         self._subscriptions = [
             await client.subscribe(self.subjects.generate(self.worker_id), cb=self._on_generate),
-            await client.subscribe(self.subjects.control(self.worker_id), cb=self._on_control),
+            await client.subscribe(self.subjects.control_all(self.worker_id), cb=self._on_control),
         ]
         await client.flush()
         if self.kv is not None:
@@ -247,6 +249,10 @@ class WorkerService:
 
     async def _on_control(self, msg: Msg) -> None:
         message = self._control.decode_or_none(msg.data, msg.subject)
+        if message is not None and msg.subject != self.subjects.control(self.worker_id, control_kind(message)):
+            # who may send a kind is NATS's to say, by subject: a message of another kind is forged
+            self.malformed.record(msg.subject, ValueError(f"a {control_kind(message)} message on this subject"))
+            return
         match message:
             case Cancel(request_id=request_id):
                 task = self._inflight.get(request_id)

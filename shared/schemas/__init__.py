@@ -3,7 +3,7 @@
 Streams and their unions:
 - request plane (router -> worker `generate`):  `GenerateRequest`
 - response chunks (worker -> caller's inbox):    `ResponseFrame`
-- control (anyone -> worker `ctl`):              `ControlMessage`
+- control (-> worker `ctl.<worker>.<kind>`):     `ControlMessage`
 - KV events (worker -> `kv.events.<w>`):         `KvEventBatch` holding `KvEvent`s
 - load (worker -> `load.<w>`):                   `LoadSnapshot`
 - membership bucket values:                      `WorkerRegistration`

@@ -27,3 +27,8 @@ class KvSnapshotRequest(Message, tag="kv_snapshot", kw_only=True):
 
 
 ControlMessage = Cancel | Drain | KvSnapshotRequest | PushDone
+
+
+def control_kind(message: ControlMessage) -> str:
+    """The last token of the control subject `message` travels on (`Subjects.control`): its tag."""
+    return str(type(message).__struct_config__.tag)
