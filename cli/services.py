@@ -36,13 +36,28 @@ app = typer.Typer()
 def nats(
     port: Annotated[int, typer.Option(help="Port; -1 picks a free one.")] = -1,
     store_dir: Annotated[Optional[str], typer.Option(help="JetStream store directory.")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    security_dir: Annotated[str, typer.Option(
+        help="Secure it: a user per service with its permissions, and TLS; the credentials files, "
+             "certificates and server config are made (afresh) in this directory.")] = "",
+    worker_id: Annotated[Optional[list[str]], typer.Option(help="A worker to make a user for (repeat).")] = None,
+    tls_host: Annotated[Optional[list[str]], typer.Option(
+        help="A host name or address clients dial, for the server certificate (repeat).")] = None,
+    namespace: Namespace = "tandem",
 ) -> None:
     """Run the embedded nats-server (JetStream on) in the foreground."""
     import signal
 
+    from shared.nats_security import NatsSecurity
     from shared.nats_server import EmbeddedNats
 
-    server = EmbeddedNats(store_dir, port=port).start()
+    security = None
+    if security_dir:
+        hosts = tuple(tls_host or ()) + ("127.0.0.1", "localhost", "::1")
+        security = NatsSecurity.create(security_dir, namespace, worker_id or [], hosts=hosts)
+        typer.echo(f"users and certificates in {security_dir} (server config {security.server_config_file})")
+    server = EmbeddedNats(store_dir, host=host, port=port, config_file=security and security.server_config_file,
+                          tls=security is not None).start()
     typer.echo(f"nats-server listening on {server.url}")
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # after the child started: it keeps its mask

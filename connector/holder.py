@@ -1,6 +1,7 @@
 """Holder side of the KV hand-off: grants leases on cached blocks and serves agent metadata.
 
-Runs inside a worker (adapter: NATS request/reply on `kv.lease.<worker>`). `LeaseHolder`
+Runs inside a worker (adapter: NATS request/reply on `kv.lease.<worker>`, and on
+`kv.release.<worker>` for releases only, the router's). `LeaseHolder`
 is the protocol, the same for every engine: the pure `LeaseTable` decides lifetimes, a
 sweep ends expired leases (so a reader that died never holds blocks for long), and each
 message is answered in its own task, so a release never queues behind a prefix grant that

@@ -53,7 +53,7 @@ def password_hash(password: str, rounds: int = 6) -> str:
 def write_private(path: str | Path, text: str) -> Path:
     """Write `text` to a new file only its owner may read (0600), replacing any old one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as file:

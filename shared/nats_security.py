@@ -6,7 +6,8 @@ server's certificate and a client certificate per service (`shared.nats_tls`).
 Layout of the directory (made afresh each time: old passwords stop working):
     nats-server.conf           the server's configuration
     creds/<user>.creds         each service's user and password
-    tls/ca-cert.pem            the CA clients verify the server with
+    tls/ca-cert.pem            the CA clients verify the server with (its key is deleted once
+                               every certificate is issued)
     tls/server-{cert,key}.pem  the server's certificate and key
     tls/client-<user>-{cert,key}.pem
 
@@ -72,6 +73,7 @@ class NatsSecurity:
             server_tls = ServerTls(cert_file=server.cert_file, key_file=server.key_file, ca_file=authority.ca_file)
             ca_file = authority.ca_file
             client_certs = {user.name: authority.issue_client(user.name) for user in users}
+            authority.forget_key()  # nothing more to sign: the next deployment makes a new CA
         write_private(directory / "nats-server.conf", render_server_config(authorized, server_tls))
         return cls(directory, users, creds_files, ca_file, client_certs)
 

@@ -95,6 +95,10 @@ class CertificateAuthority:
     def issue_client(self, name: str) -> CertPair:
         return self._issue(f"client-{name}", name, ExtendedKeyUsageOID.CLIENT_AUTH)
 
+    def forget_key(self) -> None:
+        """Delete the CA's key file: no certificate can be issued under it any more."""
+        Path(self.files.key_file).unlink(missing_ok=True)
+
 
 def _san(host: str) -> x509.GeneralName:
     try:

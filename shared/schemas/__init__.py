@@ -11,6 +11,7 @@ Streams and their unions:
 - request events (router -> collector):         `RequestRecord`
 - KV leases (reader -> holder `kv.lease.<w>`):    `LeaseMessage` answered by `LeaseReply`
 - push completion (writer -> reader `ctl`):     `PushDone` (part of `ControlMessage`)
+- lease releases (router -> holder `kv.release.<w>`): `LeaseRelease` answered by `LeaseAck`
 - transfer records (reader -> `kv.transfers.<w>`): `TransferRecord`
 
 Schema evolution follows msgspec's rules: new fields get defaults, types never change.

@@ -83,7 +83,7 @@ def violations(caplog: pytest.LogCaptureFixture, what: str = "") -> list[str]:
 
 
 async def assert_refused(caplog: pytest.LogCaptureFixture, what: str) -> None:
-    await wait_for(lambda: violations(caplog, what), 5, f"a permissions violation for {what}")
+    await wait_for(lambda: violations(caplog, what), 10, f"a permissions violation for {what}")
 
 
 # ---- who cannot get in --------------------------------------------------------------
@@ -156,11 +156,11 @@ async def test_a_worker_cannot_drain_or_cancel_another_worker(users, caplog) -> 
     await w1.client.publish(SUBJECTS.control("w2", "push_done"), b"after")  # allowed: the pushing writer's
     await assert_refused(caplog, f'Publish to "{SUBJECTS.control("w2", "drain")}"')
     await assert_refused(caplog, f'Publish to "{SUBJECTS.control("w2", "cancel")}"')
-    await wait_for(lambda: received.subjects, 5, "the permitted message")
+    await wait_for(lambda: received.subjects, 10, "the permitted message")
     assert received.subjects == [SUBJECTS.control("w2", "push_done")]
     # the operator may drain: the refusal above is the worker's, not the subject's
     await operator.client.publish(SUBJECTS.control("w2", "drain"), encode(Drain(deadline_s=0)))
-    await wait_for(lambda: len(received.subjects) == 2, 5, "the operator's drain")
+    await wait_for(lambda: len(received.subjects) == 2, 10, "the operator's drain")
 
 
 async def test_a_worker_cannot_read_another_workers_requests(users, caplog) -> None:
@@ -171,7 +171,8 @@ async def test_a_worker_cannot_read_another_workers_requests(users, caplog) -> N
     await received.subscribe(w1, SUBJECTS.generate("w1"))
     await router.client.publish(SUBJECTS.generate("w2"), b"for w2 only")
     await router.client.publish(SUBJECTS.generate("w1"), b"for w1")
-    await wait_for(lambda: received.subjects, 5, "w1's own request")
+    await router.client.flush()
+    await wait_for(lambda: received.subjects, 10, "w1's own request")
     assert received.subjects == [SUBJECTS.generate("w1")]
 
 
@@ -185,10 +186,10 @@ async def test_the_router_cannot_ask_for_kv_leases_nor_drain(users, caplog) -> N
     await router.client.publish(SUBJECTS.control("w1", "cancel"), encode(Cancel(request_id="r")))
     await assert_refused(caplog, f'Publish to "{SUBJECTS.kv_lease("w1")}"')
     await assert_refused(caplog, f'Publish to "{SUBJECTS.control("w1", "drain")}"')
-    await wait_for(lambda: len(received.subjects) == 2, 5, "the router's release and cancel")
+    await wait_for(lambda: len(received.subjects) == 2, 10, "the router's release and cancel")
     assert received.subjects == [SUBJECTS.kv_release("w1"), SUBJECTS.control("w1", "cancel")]
     await w2.client.publish(SUBJECTS.kv_lease("w1"), encode(lease))  # a worker may
-    await wait_for(lambda: len(received.subjects) == 3, 5, "a worker's lease request")
+    await wait_for(lambda: len(received.subjects) == 3, 10, "a worker's lease request")
 
 
 async def test_a_worker_registers_only_itself(users) -> None:
@@ -219,7 +220,7 @@ async def test_a_worker_drops_a_control_message_of_another_kind(secured, users) 
         events = await Inbox().subscribe(router, SUBJECTS.kv_events("w1"))
         await router.client.publish(SUBJECTS.control("w1", "cancel"), encode(Drain(deadline_s=0)))
         await router.client.publish(SUBJECTS.control("w1", "kv_snapshot"), encode(KvSnapshotRequest()))
-        await wait_for(lambda: events.subjects, 5, "the snapshot answered after the forged drain")
+        await wait_for(lambda: events.subjects, 10, "the snapshot answered after the forged drain")
         assert worker.registration().status is WorkerStatus.ACTIVE
         assert worker.malformed.by_subject[SUBJECTS.control("w1", "cancel")] == 1
     finally:
