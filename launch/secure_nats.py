@@ -5,16 +5,20 @@ TLS, and each service process gets the paths of its own files in its environment
 
 The launcher itself connects as the operator (it reads membership to see workers ready).
 Workers are known up front: a worker id the stack was not planned with has no user.
+With a NATS of one's own (`nats_url`), the launcher and every service use the files the
+environment names (`TANDEM_NATS_CREDS_FILE`, ...): one identity for the whole stack.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from launch.plan import StackConfig
 from shared.config import BusConfig
 from shared.nats_auth import Role, user_name
-from shared.nats_security import NatsSecurity
+from shared.nats_security import ENV_CA_FILE, ENV_CERT_FILE, ENV_CREDS_FILE, ENV_KEY_FILE, NatsSecurity
 from shared.nats_server import EmbeddedNats
 
 CONTROL_USERS = {"router": Role.ROUTER, "metrics": Role.METRICS, "orchestrator": Role.ORCHESTRATOR}
@@ -46,7 +50,12 @@ def service_env(security: NatsSecurity | None, name: str) -> dict[str, str] | No
     return security.env(user)
 
 
-def operator_bus(security: NatsSecurity | None, nats_url: str, namespace: str) -> BusConfig:
+def operator_bus(security: NatsSecurity | None, nats_url: str, namespace: str,
+                 environ: Mapping[str, str] = os.environ) -> BusConfig:
+    """The launcher's connection: the operator's files on a secured embedded NATS; on a NATS
+    of one's own, the `TANDEM_NATS_*` files of the environment, which the services inherit too."""
     if security is None:
-        return BusConfig(nats_url=nats_url, namespace=namespace)
+        return BusConfig(nats_url=nats_url, namespace=namespace, creds_file=environ.get(ENV_CREDS_FILE, ""),
+                         tls_ca_file=environ.get(ENV_CA_FILE, ""), tls_cert_file=environ.get(ENV_CERT_FILE, ""),
+                         tls_key_file=environ.get(ENV_KEY_FILE, ""))
     return security.bus_config(user_name(Role.OPERATOR), nats_url, namespace)

@@ -22,7 +22,7 @@ from rich.table import Table
 from launch.definition import DefinitionError, checked, default_definition_path, load_definition, with_overrides
 from launch.plan import plan_stack
 from launch.stack import LocalStack
-from shared.nats_auth import redact_url
+from shared.nats_auth import has_userinfo, redact_url
 from shared.schemas import WorkerRole
 
 
@@ -103,6 +103,9 @@ def run_up(options: UpOptions) -> int:
         model_dir = options.model or definition.model_dir
         definition = with_overrides(definition, model_dir=_model_dir(model_dir, state, console))
         config = plan_stack(definition, log_dir=str(state / "logs"), cores=sorted(os.sched_getaffinity(0)))
+        if has_userinfo(config.nats_url):
+            raise DefinitionError("no user or password in the NATS URL (it would show in process lists): "
+                                  "give a credentials file in TANDEM_NATS_CREDS_FILE")
         if options.nats_security and not config.nats_url:
             config = msgspec.structs.replace(config, nats_security_dir=str(state / "nats-auth"))
     except DefinitionError as error:

@@ -28,7 +28,7 @@ from rich.console import Console
 
 from launch.plan import StackConfig, WorkerSpec
 from launch.stack import LocalStack
-from launch.up import _status_table
+from launch.up import UpOptions, _status_table, run_up
 from shared.nats_secrets import Credentials, read_credentials, write_credentials
 from shared.schemas import WorkerRole
 from tests.e2e.test_disaggregated import metric, metrics_when
@@ -162,3 +162,11 @@ def test_tandem_up_is_secured_by_default_with_no_secret_in_ps(tmp_path: Path, ti
         assert key.stat().st_mode & 0o777 == 0o600
     for creds in (state / "nats-auth" / "creds").glob("*.creds"):
         assert creds.stat().st_mode & 0o777 == 0o600
+
+
+def test_tandem_up_refuses_a_password_in_the_nats_url(tmp_path: Path, tiny_model_dir: str, capsys) -> None:
+    options = UpOptions(engine="sim", model=tiny_model_dir, nats_url="nats://admin:hunter2@127.0.0.1:4222",
+                        state_dir=str(tmp_path))
+    assert run_up(options) == 2
+    err = capsys.readouterr().err
+    assert "no user or password in the NATS URL" in err and "hunter2" not in err

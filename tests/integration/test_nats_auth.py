@@ -21,14 +21,15 @@ import pytest
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, BusConnectError, connect
-from shared.codec import encode
+from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.nats_secrets import Credentials, CredentialsError, write_credentials
 from shared.nats_security import NatsSecurity
 from shared.nats_server import EmbeddedNats
 from shared.schemas import Cancel, Drain, KvSnapshotRequest, WorkerStatus
-from shared.schemas.transfer import LeaseRelease, LeaseRequest
+from shared.schemas.transfer import LeaseAck, LeaseRefused, LeaseRelease, LeaseReply, LeaseRequest
 from shared.subjects import Subjects
+from tests.integration.test_kv_handoff import start_worker, worker_config
 from tests.waiting import wait_for
 
 NAMESPACE = "secure"
@@ -223,6 +224,28 @@ async def test_a_worker_drops_a_control_message_of_another_kind(secured, users) 
         await wait_for(lambda: events.subjects, 10, "the snapshot answered after the forged drain")
         assert worker.registration().status is WorkerStatus.ACTIVE
         assert worker.malformed.by_subject[SUBJECTS.control("w1", "cancel")] == 1
+    finally:
+        await worker.stop()
+        await bus.close()
+
+
+async def test_the_release_subject_takes_releases_only(secured, users) -> None:
+    """What the router may send a holder is a release; a lease request there is refused."""
+    server, security = secured
+    config = worker_config("w1", security.bus_config("worker-w1", server.url, NAMESPACE), transport="memory")
+    bus = await connect(config.bus, "worker-w1")
+    worker = await start_worker(config, bus)
+    try:
+        router = await users("router")
+        lease = LeaseRequest(requester_worker_id="w2", compat_hash=worker.engine.info.compat_hash,
+                             block_hashes=[1], ttl_s=5)
+        reply = Codec(LeaseReply).decode((await router.client.request(SUBJECTS.kv_release("w1"), encode(lease),
+                                                                        timeout=10)).data)
+        assert isinstance(reply, LeaseRefused) and "only lease releases" in reply.reason
+        release = LeaseRelease(lease_id="unknown", outcome="cancelled")
+        reply = Codec(LeaseReply).decode((await router.client.request(SUBJECTS.kv_release("w1"), encode(release),
+                                                                        timeout=10)).data)
+        assert isinstance(reply, LeaseAck) and not reply.ok
     finally:
         await worker.stop()
         await bus.close()
