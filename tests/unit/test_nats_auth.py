@@ -96,3 +96,20 @@ def test_credentials_files_are_private_and_never_print_the_password(tmp_path: Pa
     (tmp_path / "bad.creds").write_text("user = \n")
     with pytest.raises(CredentialsError, match="bad.creds is not a"):
         read_credentials(str(tmp_path / "bad.creds"))
+
+
+def test_a_launched_service_gets_only_paths_and_unplanned_workers_have_no_user(tmp_path: Path) -> None:
+    from launch.secure_nats import operator_bus, service_env
+    from shared.nats_security import NatsSecurity
+
+    security = NatsSecurity.create(tmp_path / "auth", "ns", ["p1"], tls=False)
+    env = service_env(security, "p1")
+    assert env == {"TANDEM_NATS_CREDS_FILE": str(tmp_path / "auth" / "creds" / "worker-p1.creds")}
+    assert service_env(security, "router")["TANDEM_NATS_CREDS_FILE"].endswith("/router.creds")
+    with pytest.raises(RuntimeError, match="d9 has no NATS user"):
+        service_env(security, "d9")
+    assert service_env(None, "p1") is None
+    own = operator_bus(None, "tls://nats:4222", "ns", {"TANDEM_NATS_CREDS_FILE": "/run/op.creds",
+                                                       "TANDEM_NATS_CA_FILE": "/run/ca.pem"})
+    assert (own.creds_file, own.tls_ca_file, own.tls) == ("/run/op.creds", "/run/ca.pem", True)
+    assert operator_bus(security, "nats://x:1", "ns").creds_file.endswith("/operator.creds")
