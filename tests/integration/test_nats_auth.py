@@ -16,11 +16,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats
 import pytest
 
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
-from shared.bus import Bus, BusConnectError, connect
+from shared.bus import Bus, BusConnectError, client_ssl_context, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.nats_secrets import Credentials, CredentialsError, write_credentials
@@ -118,6 +119,27 @@ async def test_an_anonymous_client_cannot_connect(secured) -> None:
     message, _ = await refused(BusConfig(nats_url=server.url, tls_ca_file=operator.tls_ca_file,
                                          tls_cert_file=operator.tls_cert_file, tls_key_file=operator.tls_key_file))
     assert "refused a client without credentials (authorization violation)" in message
+
+
+async def test_a_forged_drain_from_an_unauthenticated_client_is_impossible(secured, users) -> None:
+    """A plain nats-py client (not Tandem's `connect`): without credentials the server takes
+    no message from it, with or without TLS; the worker sees only the operator's drain."""
+    server, security = secured
+    w1, operator = await users("worker-w1"), await users("operator")
+    received = await Inbox().subscribe(w1, SUBJECTS.control_all("w1"))
+    operator_files = security.bus_config("operator", server.url, NAMESPACE)
+    attempts = [dict(tls=client_ssl_context(operator_files), tls_handshake_first=True),  # TLS, no user
+                dict(servers=[server.url.replace("tls://", "nats://")])]  # neither
+    for options in attempts:
+        options = {"servers": [server.url], **options}
+        with pytest.raises(Exception):
+            client = await asyncio.wait_for(nats.connect(**options, allow_reconnect=False, connect_timeout=3), 10)
+            await client.publish(SUBJECTS.control("w1", "drain"), encode(Drain(deadline_s=0)))  # not reached
+            await client.close()
+    await operator.client.publish(SUBJECTS.control("w1", "kv_snapshot"), b"marker")  # the operator may not
+    await operator.client.publish(SUBJECTS.control("w1", "drain"), encode(Drain(deadline_s=0)))
+    await wait_for(lambda: received.subjects, 10, "the operator's drain")
+    assert received.subjects == [SUBJECTS.control("w1", "drain")]
 
 
 async def test_a_wrong_password_fails_fast_with_a_clear_error(secured, tmp_path: Path) -> None:
