@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
+import click
 import msgspec
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.options import Namespace, NatsUrl
+from cli.options import Namespace, NatsCa, NatsCert, NatsCreds, NatsKey, NatsUrl, bus_config
 from shared.codec import encode
 from shared.schemas import WorkerRole
 from shared.schemas.orchestrator import (
@@ -41,11 +42,26 @@ Force = Annotated[bool, typer.Option("--force", help="Even if it leaves too few 
 _outcomes = msgspec.msgpack.Decoder(CommandOutcome)
 
 
-async def send(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float) -> CommandOutcome:
+@app.callback()
+def nats_files(ctx: typer.Context, creds_file: NatsCreds = "", ca_file: NatsCa = "", cert_file: NatsCert = "",
+               key_file: NatsKey = "") -> None:
+    """Operate a running cluster through its orchestrator (on a secured NATS: the operator's files)."""
+    ctx.obj = {"creds_file": creds_file, "ca_file": ca_file, "cert_file": cert_file, "key_file": key_file}
+
+
+def _nats_files() -> dict[str, str]:
+    context = click.get_current_context(silent=True)
+    while context is not None and not isinstance(context.obj, dict):
+        context = context.parent
+    return context.obj if context is not None else {}
+
+
+async def send(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float,
+               files: dict[str, str] | None = None) -> CommandOutcome:
     """The orchestrator's answer to `command` (raises TimeoutError / connection errors)."""
     from shared.bus import connect
 
-    bus = await connect(nats_url, "tandem-ctl")
+    bus = await connect(bus_config(nats_url, namespace, **(files or {})), "tandem-ctl")
     try:
         reply = await bus.client.request(Subjects(namespace).orchestrator_commands, encode(command), timeout=timeout_s)
         return _outcomes.decode(reply.data)
@@ -55,7 +71,7 @@ async def send(command: OrchestratorCommand, nats_url: str, namespace: str, time
 
 def _issue(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float) -> CommandOutcome:
     try:
-        return asyncio.run(send(command, nats_url, namespace, timeout_s))
+        return asyncio.run(send(command, nats_url, namespace, timeout_s, _nats_files()))
     except Exception as error:
         typer.secho(f"no answer from the orchestrator at {nats_url} ({namespace}): {type(error).__name__} {error}",
                     fg="red", err=True)

@@ -14,6 +14,15 @@ import typer
 NatsUrl = Annotated[str, typer.Option("--nats-url", envvar="TANDEM_NATS_URL", help="NATS server URL.")]
 Namespace = Annotated[str, typer.Option("--namespace", envvar="TANDEM_NAMESPACE",
                                         help="Subject namespace (one per cluster).")]
+# Paths only: the secrets stay in the files (`shared.nats_secrets`, `shared.nats_security`)
+NatsCreds = Annotated[str, typer.Option("--nats-creds-file", envvar="TANDEM_NATS_CREDS_FILE",
+                                        help="File with this service's NATS user and password.")]
+NatsCa = Annotated[str, typer.Option("--nats-ca-file", envvar="TANDEM_NATS_CA_FILE",
+                                     help="CA certificate of the NATS server: TLS on.")]
+NatsCert = Annotated[str, typer.Option("--nats-cert-file", envvar="TANDEM_NATS_CERT_FILE",
+                                       help="Client certificate shown to NATS (TLS).")]
+NatsKey = Annotated[str, typer.Option("--nats-key-file", envvar="TANDEM_NATS_KEY_FILE",
+                                      help="Key of the client certificate.")]
 Heartbeat = Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.")]
 Ttl = Annotated[float, typer.Option("--ttl", help="Seconds without heartbeat before a worker is removed.")]
 Exporter = Annotated[str, typer.Option("--trace-exporter", envvar="TANDEM_TRACE_EXPORTER",
@@ -41,10 +50,16 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
-def bus_config(nats_url: str, namespace: str):
+def bus_config(nats_url: str, namespace: str, creds_file: str = "", ca_file: str = "", cert_file: str = "",
+               key_file: str = ""):
     from shared.config import BusConfig
+    from shared.nats_auth import has_userinfo
 
-    return BusConfig(nats_url=nats_url, namespace=namespace)
+    if has_userinfo(nats_url):
+        raise typer.BadParameter("no user or password in the URL (it would show in process lists): "
+                                 "use --nats-creds-file", param_hint="--nats-url")
+    return BusConfig(nats_url=nats_url, namespace=namespace, creds_file=creds_file, tls_ca_file=ca_file,
+                     tls_cert_file=cert_file, tls_key_file=key_file)
 
 
 def membership_config(heartbeat: float, ttl: float):

@@ -16,6 +16,10 @@ from cli.options import (
     LogLevel,
     MetricsAuth,
     Namespace,
+    NatsCa,
+    NatsCert,
+    NatsCreds,
+    NatsKey,
     NatsUrl,
     OtlpEndpoint,
     Ttl,
@@ -34,13 +38,28 @@ app = typer.Typer()
 def nats(
     port: Annotated[int, typer.Option(help="Port; -1 picks a free one.")] = -1,
     store_dir: Annotated[Optional[str], typer.Option(help="JetStream store directory.")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    security_dir: Annotated[str, typer.Option(
+        help="Secure it: a user per service with its permissions, and TLS; the credentials files, "
+             "certificates and server config are made (afresh) in this directory.")] = "",
+    worker_id: Annotated[Optional[list[str]], typer.Option(help="A worker to make a user for (repeat).")] = None,
+    tls_host: Annotated[Optional[list[str]], typer.Option(
+        help="A host name or address clients dial, for the server certificate (repeat).")] = None,
+    namespace: Namespace = "tandem",
 ) -> None:
     """Run the embedded nats-server (JetStream on) in the foreground."""
     import signal
 
+    from shared.nats_security import NatsSecurity
     from shared.nats_server import EmbeddedNats
 
-    server = EmbeddedNats(store_dir, port=port).start()
+    security = None
+    if security_dir:
+        hosts = tuple(tls_host or ()) + ("127.0.0.1", "localhost", "::1")
+        security = NatsSecurity.create(security_dir, namespace, worker_id or [], hosts=hosts)
+        typer.echo(f"users and certificates in {security_dir} (server config {security.server_config_file})")
+    server = EmbeddedNats(store_dir, host=host, port=port, config_file=security and security.server_config_file,
+                          tls=security is not None).start()
     typer.echo(f"nats-server listening on {server.url}")
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # after the child started: it keeps its mask
@@ -54,6 +73,10 @@ def nats(
 def router(
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     host: Annotated[str, typer.Option(envvar="TANDEM_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_PORT", help="HTTP port; 0 picks a free one.")] = 8000,
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR", help="Model directory (tokenizer).")] = "",
@@ -129,7 +152,9 @@ def router(
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
                             home_slack_tokens=home_slack_tokens)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
-                          max_tokens_limit=max_tokens_limit, routing=routing, bus=bus_config(nats_url, namespace),
+                          max_tokens_limit=max_tokens_limit, routing=routing,
+                          bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
+                                         nats_key_file),
                           api_keys_file=api_keys_file, metrics_auth=metrics_auth,  # type: ignore[arg-type]
                           membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
@@ -140,8 +165,9 @@ def router(
         raise typer.BadParameter(str(error)) from None
     try:
         result = run_router(config)
-    except ConfigError as error:  # an unusable API key file
-        raise typer.BadParameter(str(error)) from None
+    except ConfigError as error:  # an unusable API key file, or NATS refused it (credentials, TLS)
+        typer.secho(f"error: {error}", fg="red", err=True)
+        raise typer.Exit(2) from None
     if asyncio.iscoroutine(result):
         run_service(result)
 
@@ -150,6 +176,10 @@ def router(
 def orchestrator(
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     launcher: Annotated[str, typer.Option(help="How `tandem ctl add` starts workers: none | local.")] = "none",
@@ -175,7 +205,8 @@ def orchestrator(
     from shared.config import ConfigError, OrchestratorConfig, WorkerLauncherConfig, WorkerLimits
 
     setup_logging(log_level)
-    config = OrchestratorConfig(bus=bus_config(nats_url, namespace),
+    config = OrchestratorConfig(bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
+                                               nats_key_file),
                                 membership=membership_config(heartbeat_interval, ttl),
                                 command_timeout_s=command_timeout,
                                 limits=WorkerLimits(min_serving_workers=min_serving_workers,
@@ -199,6 +230,10 @@ def orchestrator(
 def metrics(
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_METRICS_PORT", help="HTTP port; 0 picks one.")] = 9100,
     api_keys_file: Annotated[str, typer.Option(
@@ -213,8 +248,9 @@ def metrics(
     from shared.config import ConfigError, MetricsConfig
 
     setup_logging(log_level)
-    config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace), api_keys_file=api_keys_file,
-                           metrics_auth=metrics_auth)  # type: ignore[arg-type]
+    config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file,
+                                                                nats_cert_file, nats_key_file),
+                           api_keys_file=api_keys_file, metrics_auth=metrics_auth)  # type: ignore[arg-type]
     try:
         config.validate()
     except ConfigError as error:
@@ -259,6 +295,10 @@ def worker(
         help="No retry of a failed block starts later than this after the first read.")] = 500.0,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
+    nats_creds_file: NatsCreds = "",
+    nats_ca_file: NatsCa = "",
+    nats_cert_file: NatsCert = "",
+    nats_key_file: NatsKey = "",
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     trace_exporter: Exporter = "none",
@@ -288,7 +328,9 @@ def worker(
                                                    cut_after_blocks=kv_fault_cut_after, seed=kv_fault_seed,
                                                    fail_times=kv_fault_fail_times),
                               retry=KvRetryConfig(attempts=kv_retry_attempts, deadline_ms=kv_retry_deadline_ms)),
-                          bus=bus_config(nats_url, namespace), membership=membership_config(heartbeat_interval, ttl),
+                          bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
+                                         nats_key_file),
+                          membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     run_service(run_worker(config))
 

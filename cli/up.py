@@ -29,6 +29,9 @@ def up(
     api_keys_file: Annotated[str, typer.Option(
         envvar="TANDEM_API_KEYS_FILE", help="The router's API key file; default: one made in the state "
                                             "directory, its key in STATE_DIR/api-key.")] = "",
+    nats_security: Annotated[bool, typer.Option(
+        help="Embedded NATS: a user per service with its own permissions, and TLS (files in STATE_DIR/nats-auth).")
+    ] = True,
 ) -> None:
     """Run the whole local stack: NATS, orchestrator, metrics, workers and router."""
     from launch.up import UpOptions, run_up
@@ -36,4 +39,4 @@ def up(
     raise typer.Exit(run_up(UpOptions(stack=stack, port=port, host=host, engine=engine or None, model=model,
                                       prefill=prefill, decode=decode, workers=workers, metrics_port=metrics_port,
                                       nats_url=nats_url or None, state_dir=state_dir,
-                                      api_keys_file=api_keys_file)))
+                                      api_keys_file=api_keys_file, nats_security=nats_security)))

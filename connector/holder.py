@@ -1,6 +1,7 @@
 """Holder side of the KV hand-off: grants leases on cached blocks and serves agent metadata.
 
-Runs inside a worker (adapter: NATS request/reply on `kv.lease.<worker>`). `LeaseHolder`
+Runs inside a worker (adapter: NATS request/reply on `kv.lease.<worker>`, and on
+`kv.release.<worker>` for releases only, the router's). `LeaseHolder`
 is the protocol, the same for every engine: the pure `LeaseTable` decides lifetimes, a
 sweep ends expired leases (so a reader that died never holds blocks for long), and each
 message is answered in its own task, so a release never queues behind a prefix grant that
@@ -68,6 +69,7 @@ class LeaseHolder(abc.ABC):
         self.leases = LeaseTable(worker_id)
         self._codec: Codec[LeaseMessage] = Codec(LeaseMessage, malformed)
         self._subscription = None
+        self._release_subscription = None
         self._sweeper: asyncio.Task[None] | None = None
         self._answering: set[asyncio.Task] = set()
 
@@ -96,14 +98,18 @@ class LeaseHolder(abc.ABC):
     async def start(self) -> None:
         self._subscription = await self._bus.client.subscribe(self._subjects.kv_lease(self.worker_id),
                                                               cb=self._on_message)
+        # releases only, from outside the workers (the router's): NATS lets only workers ask for leases
+        self._release_subscription = await self._bus.client.subscribe(self._subjects.kv_release(self.worker_id),
+                                                                      cb=self._on_message)
         self._sweeper = asyncio.create_task(self._sweep_forever(), name=f"lease-sweep:{self.worker_id}")
 
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
-        if self._subscription is not None:
-            await self._subscription.unsubscribe()
+        for subscription in (self._subscription, self._release_subscription):
+            if subscription is not None:
+                await subscription.unsubscribe()
         await asyncio.gather(*self._answering, return_exceptions=True)
         self.leases.cancel_all()
         self._settle()
@@ -171,6 +177,9 @@ class LeaseHolder(abc.ABC):
         message = self._codec.decode_or_none(msg.data, msg.subject)
         if message is None:
             reply = LeaseRefused(reason="malformed lease message", code=ErrorCode.INVALID_ARGUMENT.value)
+        elif msg.subject == self._subjects.kv_release(self.worker_id) and not isinstance(message, LeaseRelease):
+            reply = LeaseRefused(reason="only lease releases are taken on the release subject",
+                                 code=ErrorCode.INVALID_ARGUMENT.value)
         elif has_trace_context(msg.headers):  # a request's message: its handling joins the request's trace
             with tracer.start_as_current_span(_SPAN_NAMES.get(type(message), "kv.lease"),
                                               context=extract_context(msg.headers), kind=SpanKind.SERVER,

@@ -40,6 +40,8 @@ class StackConfig(msgspec.Struct, frozen=True, kw_only=True):
     metrics_settings: Settings = {}
     orchestrator_settings: Settings = {}
     nats_url: str = ""  # empty: start an embedded nats-server
+    # set: that embedded server is secured (users, permissions, TLS), its files made here
+    nats_security_dir: str = ""
     namespace: str = "tandem"
     heartbeat_interval_s: float = 0.5
     ttl_s: float = 3.0

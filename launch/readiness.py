@@ -22,6 +22,7 @@ import httpx
 import msgspec
 
 from launch.process import ManagedProcess
+from shared.config import BusConfig
 from shared.schemas.membership import WorkerRegistration
 from shared.subjects import Subjects
 
@@ -61,7 +62,7 @@ def wait_http_ok(process: ManagedProcess, url: str, timeout_s: float) -> None:
             time.sleep(POLL_S)
 
 
-def wait_registered(nats_url: str, namespace: str, workers: Mapping[str, ManagedProcess], timeout_s: float) -> None:
+def wait_registered(nats_url: str | BusConfig, namespace: str, workers: Mapping[str, ManagedProcess], timeout_s: float) -> None:
     """Until every worker id in `workers` is registered by its process."""
     if not workers:
         return
@@ -69,7 +70,7 @@ def wait_registered(nats_url: str, namespace: str, workers: Mapping[str, Managed
         thread.submit(asyncio.run, _registered(nats_url, namespace, dict(workers), timeout_s)).result()
 
 
-async def _registered(nats_url: str, namespace: str, pending: dict[str, ManagedProcess], timeout_s: float) -> None:
+async def _registered(nats_url: str | BusConfig, namespace: str, pending: dict[str, ManagedProcess], timeout_s: float) -> None:
     from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
     from shared.bus import connect

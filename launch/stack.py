@@ -10,12 +10,12 @@ then the router, then the control services, then NATS.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from launch import argv
 from launch.plan import StackConfig, WorkerSpec
 from launch.process import LocalLauncher, ManagedProcess
 from launch.readiness import free_port, wait_http_ok, wait_registered
+from launch.secure_nats import operator_bus, service_env, start_embedded_nats
+from shared.nats_security import NatsSecurity
 from shared.nats_server import EmbeddedNats
 
 CONTROL_SERVICES = ("router", "metrics", "orchestrator")
@@ -26,6 +26,7 @@ class LocalStack:
         self.config = config
         self.launcher = LocalLauncher(config.log_dir)
         self.nats: EmbeddedNats | None = None
+        self.nats_security: NatsSecurity | None = None  # a secured embedded NATS's files
         self.nats_url = config.nats_url
         self.router_url = ""
         self.metrics_url = ""
@@ -41,15 +42,17 @@ class LocalStack:
     def _start(self) -> None:
         config = self.config
         if not self.nats_url:
-            self.nats = EmbeddedNats(str(Path(config.log_dir) / "nats")).start()
+            self.nats, self.nats_security = start_embedded_nats(config)
             self.nats_url = self.nats.url
         router_port = config.router_port or free_port(config.router_host)
         metrics_port = config.metrics_port or free_port(config.metrics_host)
-        self.launcher.start("orchestrator", argv.orchestrator_args(config, self.nats_url))
-        metrics = self.launcher.start("metrics", argv.metrics_args(config, self.nats_url, metrics_port))
+        self.launcher.start("orchestrator", argv.orchestrator_args(config, self.nats_url), self._env("orchestrator"))
+        metrics = self.launcher.start("metrics", argv.metrics_args(config, self.nats_url, metrics_port),
+                                      self._env("metrics"))
         for spec in config.workers:
             self.start_worker(spec)
-        router = self.launcher.start("router", argv.router_args(config, self.nats_url, router_port))
+        router = self.launcher.start("router", argv.router_args(config, self.nats_url, router_port),
+                                     self._env("router"))
         self.metrics_url = f"http://{config.metrics_host}:{metrics_port}"
         self.router_url = f"http://{config.router_host}:{router_port}"
         wait_http_ok(metrics, self.metrics_url + config.metrics_health, self.start_timeout_s)
@@ -57,14 +60,23 @@ class LocalStack:
         self.wait_workers_ready([spec.worker_id for spec in config.workers])
 
     def start_worker(self, spec: WorkerSpec) -> ManagedProcess:
-        return self.launcher.start(spec.worker_id, argv.worker_args(self.config, self.nats_url, spec))
+        return self.launcher.start(spec.worker_id, argv.worker_args(self.config, self.nats_url, spec),
+                                   self._env(spec.worker_id))
+
+    def _env(self, name: str) -> dict[str, str] | None:
+        return service_env(self.nats_security, name)
+
+    @property
+    def operator_bus(self):
+        """The launcher's own NATS connection settings (the operator's, when secured)."""
+        return operator_bus(self.nats_security, self.nats_url, self.config.namespace)
 
     def wait_worker_ready(self, worker_id: str) -> None:
         self.wait_workers_ready([worker_id])
 
     def wait_workers_ready(self, worker_ids: list[str]) -> None:
         """Until each worker is registered by the process started for it."""
-        wait_registered(self.nats_url, self.config.namespace,
+        wait_registered(self.operator_bus, self.config.namespace,
                         {worker_id: self.worker(worker_id) for worker_id in worker_ids}, self.start_timeout_s)
 
     def worker(self, worker_id: str) -> ManagedProcess:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
@@ -22,6 +23,7 @@ from launch.api_keys import with_stack_keys
 from launch.definition import DefinitionError, checked, default_definition_path, load_definition, with_overrides
 from launch.plan import plan_stack
 from launch.stack import LocalStack
+from shared.nats_auth import has_userinfo, redact_url
 from shared.schemas import WorkerRole
 
 
@@ -41,6 +43,7 @@ class UpOptions:
     nats_url: str | None = None
     state_dir: str = ".tandem"
     api_keys_file: str = ""  # empty: a key file of the stack's own (`launch.api_keys`)
+    nats_security: bool = True  # the embedded NATS with a user per service and TLS (`launch.secure_nats`)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -102,6 +105,11 @@ def run_up(options: UpOptions) -> int:
         model_dir = options.model or definition.model_dir
         definition = with_overrides(definition, model_dir=_model_dir(model_dir, state, console))
         config = plan_stack(definition, log_dir=str(state / "logs"), cores=sorted(os.sched_getaffinity(0)))
+        if has_userinfo(config.nats_url):
+            raise DefinitionError("no user or password in the NATS URL (it would show in process lists): "
+                                  "give a credentials file in TANDEM_NATS_CREDS_FILE")
+        if options.nats_security and not config.nats_url:
+            config = msgspec.structs.replace(config, nats_security_dir=str(state / "nats-auth"))
         config, keys = with_stack_keys(config, state, options.api_keys_file)
     except DefinitionError as error:
         console.print(f"[red]error:[/] {error}")
@@ -147,7 +155,9 @@ def _status_table(stack: LocalStack) -> Table:
     table.add_column("service")
     table.add_column("pid")
     table.add_column("where")
-    table.add_row("nats", str(stack.nats.process.pid) if stack.nats and stack.nats.process else "-", stack.nats_url)
+    secured = " (users, TLS)" if stack.nats_security is not None else ""
+    table.add_row("nats", str(stack.nats.process.pid) if stack.nats and stack.nats.process else "-",
+                  redact_url(stack.nats_url) + secured)
     for name, process in stack.processes.items():
         where = {"router": f"{stack.router_url}/v1", "metrics": f"{stack.metrics_url}/metrics"}.get(name, "")
         table.add_row(name, str(process.pid), where)

@@ -2,7 +2,11 @@
 
 - `connect()` returns a `Bus`: a connected client with an `error_cb` (without one, every
   reconnect attempt prints a traceback), unlimited reconnects, and hooks run on disconnect
-  and on reconnect.
+  and on reconnect. Given a `BusConfig`, it authenticates with the service's credentials
+  file and speaks TLS when the config names a CA (handshake first: no credential ever
+  crosses a connection that is not encrypted). A server that refuses the credentials, or
+  a failed TLS handshake, ends the attempt at once with a `BusConnectError` naming the
+  problem, where a server not up yet is waited for.
 
 A key-value bucket mirrored across reconnects is `shared.cluster.bucket_mirror.BucketMirror`.
 """
@@ -11,16 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from shared.config import BusConfig, ConfigError
+from shared.nats_auth import inbox_prefix, redact_url
+from shared.nats_secrets import read_credentials
+
 log = logging.getLogger(__name__)
+# asyncio's TLS transport warns on every connection a server closes; nothing to act on
+logging.getLogger("asyncio").addFilter(lambda record: "eof_received" not in record.getMessage())
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -84,23 +95,87 @@ class Bus:
                 await self.client.close()
 
 
-async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Bus:
-    bus: Bus | None = None
+class BusConnectError(ConfigError):
+    """NATS refused this service (credentials, TLS): retrying would not help."""
+
+
+def client_ssl_context(config: BusConfig) -> ssl.SSLContext:
+    """Verifies the server against the config's CA; shows the client's certificate if any."""
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca_file)
+        if config.tls_cert_file:
+            context.load_cert_chain(config.tls_cert_file, config.tls_key_file or None)
+    except (OSError, ssl.SSLError) as error:
+        files = ", ".join(f for f in (config.tls_ca_file, config.tls_cert_file, config.tls_key_file) if f)
+        raise BusConnectError(f"cannot load the NATS TLS files ({files}): {error}") from None
+    return context
+
+
+def connect_options(config: BusConfig, name: str) -> dict[str, Any]:
+    """nats-py's `connect` options for `config` (a `BusConnectError` if a file is missing)."""
+    options: dict[str, Any] = {"servers": config.nats_url.split(","), "name": name}
+    if config.creds_file:
+        credentials = read_credentials(config.creds_file)
+        options.update(user=credentials.user, password=credentials.password,
+                       inbox_prefix=inbox_prefix(credentials.user))
+    if config.tls:
+        options.update(tls=client_ssl_context(config), tls_handshake_first=True)
+    return options
+
+
+_SILENT_SERVER = "empty response from server when expecting info"
+SILENT_ATTEMPTS = 2  # a server that closes before a word this often wants TLS first
+
+
+def refusal(error: BaseException, config: BusConfig, silent_attempts: int = 0) -> str | None:
+    """Why NATS refused this client for good (a one-line reason), or None: worth retrying.
+    `silent_attempts`: how many attempts in a row the server closed without a word."""
+    text = str(error)
+    who = f"the credentials in {config.creds_file}" if config.creds_file else "a client without credentials"
+    if type(error).__name__ == "AuthorizationError" or "authorization violation" in text.lower():
+        return f"NATS at {redact_url(config.nats_url)} refused {who} (authorization violation)"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return (f"TLS with NATS at {redact_url(config.nats_url)} failed: its certificate does not verify against "
+                f"{config.tls_ca_file} ({error.verify_message})")
+    if isinstance(error, ssl.SSLError):
+        reason = getattr(error, "verify_message", "") or getattr(error, "reason", "") or text
+        return f"TLS with NATS at {redact_url(config.nats_url)} failed: {reason}"
+    if ("tls" in text.lower() and "required" in text.lower()) or (
+            not config.tls and _SILENT_SERVER in text.lower() and silent_attempts >= SILENT_ATTEMPTS):
+        return f"NATS at {redact_url(config.nats_url)} requires TLS: give its CA file (--nats-ca-file)"
+    return None
+
+
+async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float = 5.0) -> Bus:
+    """A connected `Bus` for `bus` (a config, or a bare URL: no credentials, no TLS)."""
+    config = BusConfig(nats_url=bus) if isinstance(bus, str) else bus
+    options = connect_options(config, name)
+    connected: Bus | None = None
+    refused: list[str] = []
+    client = Client()
+    attempt: asyncio.Task[None] | None = None
+
+    silent = [0]
 
     async def error_cb(error: Exception) -> None:
+        silent[0] = silent[0] + 1 if _SILENT_SERVER in str(error).lower() else 0
+        reason = refusal(error, config, silent[0]) if connected is None else None
+        if reason is not None and attempt is not None and not attempt.done():
+            refused.append(reason)
+            attempt.cancel()  # the client would retry for ever: nothing will change
+            return
         log.warning("%s: NATS error: %s", name, error)
 
     async def disconnected_cb() -> None:
-        if bus is not None:
-            bus._disconnected()
+        if connected is not None:
+            connected._disconnected()
 
     async def reconnected_cb() -> None:
-        if bus is not None:
-            await bus._reconnected()
+        if connected is not None:
+            await connected._reconnected()
 
-    client = await nats.connect(
-        url,
-        name=name,
+    attempt = asyncio.create_task(client.connect(
+        **options,
         error_cb=error_cb,
         disconnected_cb=disconnected_cb,
         reconnected_cb=reconnected_cb,
@@ -108,7 +183,13 @@ async def connect(url: str, name: str, *, connect_timeout_s: float = 5.0) -> Bus
         reconnect_time_wait=0.2,
         connect_timeout=connect_timeout_s,
         allow_reconnect=True,
-    )
-    bus = Bus(client, name)
-    return bus
-
+    ))
+    try:
+        await attempt
+    except asyncio.CancelledError:
+        if not refused:
+            raise
+        await client.close()
+        raise BusConnectError(refused[0]) from None
+    connected = Bus(client, name)
+    return connected

@@ -27,6 +27,18 @@ def _require(condition: bool, message: str) -> None:
 class BusConfig(msgspec.Struct, kw_only=True, frozen=True):
     nats_url: str = "nats://127.0.0.1:4222"
     namespace: str = "tandem"
+    # The service's NATS user and password, in a file (`shared.nats_secrets`); empty: none
+    creds_file: str = ""
+    # TLS (`shared.bus`): the CA that signed the server's certificate (set: TLS on, the TLS
+    # handshake first, before any credential is sent), and the client's own certificate
+    # and key for servers that verify clients
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_ca_file)
 
     @property
     def subjects(self) -> Subjects:

@@ -2,6 +2,9 @@
 
 Started on a random loopback port with JetStream on and a private store directory; the
 chosen port is read from the ports file the server writes. Used by `tandem up` and tests.
+A configuration file (`config_file`, e.g. `shared.nats_auth.render_server_config`: users,
+permissions, TLS) secures it; without one, anyone who reaches the port may do anything.
+The server's own log goes to `nats-server.log` in the store directory.
 """
 
 from __future__ import annotations
@@ -32,16 +35,23 @@ def find_binary() -> str:
 class EmbeddedNats:
     """A nats-server child process. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, store_dir: str | None = None, *, host: str = "127.0.0.1", port: int = -1) -> None:
+    def __init__(self, store_dir: str | None = None, *, host: str = "127.0.0.1", port: int = -1,
+                 config_file: str | None = None, tls: bool = False) -> None:
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="tandem-nats-")
         self.host = host
         self.port = port
+        self.config_file = config_file
+        self.tls = tls  # the config file turns TLS on: clients connect with tls://
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.store_dir) / "nats-server.log"
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedNats":
         ports_dir = Path(self.store_dir) / "ports"
@@ -49,7 +59,10 @@ class EmbeddedNats:
         for stale in ports_dir.glob("*.ports"):
             stale.unlink()
         args = [find_binary(), "-a", self.host, "-p", str(self.port), "-js",
-                "-sd", str(Path(self.store_dir) / "js"), "--ports_file_dir", str(ports_dir)]
+                "-sd", str(Path(self.store_dir) / "js"), "--ports_file_dir", str(ports_dir),
+                "--log", str(self.log_file)]
+        if self.config_file:
+            args += ["--config", self.config_file]
         # Its own session: a Ctrl-C to `tandem up` must not stop NATS before the services
         # that drain through it (the launcher stops it last); gone with its parent all the same.
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -58,6 +71,7 @@ class EmbeddedNats:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                err += self.log_tail()
                 raise RuntimeError(f"nats-server exited with {self.process.returncode}: {err[-2000:]}")
             files = list(ports_dir.glob("*.ports"))
             if files:
@@ -71,6 +85,12 @@ class EmbeddedNats:
             time.sleep(0.005)
         self.stop()
         raise TimeoutError(f"nats-server did not report its port within {timeout_s}s")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -36,9 +36,13 @@ class Subjects(msgspec.Struct, frozen=True):
     def generate(self, worker_id: str) -> str:
         return f"{self._root}.worker.{check_token(worker_id, 'worker id')}.generate"
 
-    # control plane: cancel, drain, KV snapshot requests
-    def control(self, worker_id: str) -> str:
-        return f"{self._root}.ctl.{check_token(worker_id, 'worker id')}"
+    # control plane: one subject per kind of control message (its tag: cancel, drain,
+    # kv_snapshot, push_done), so that NATS permissions say who may send which
+    def control(self, worker_id: str, kind: str) -> str:
+        return f"{self._root}.ctl.{check_token(worker_id, 'worker id')}.{check_token(kind, 'control kind')}"
+
+    def control_all(self, worker_id: str) -> str:
+        return f"{self._root}.ctl.{check_token(worker_id, 'worker id')}.*"
 
     # event streams
     def kv_events(self, worker_id: str) -> str:
@@ -51,6 +55,10 @@ class Subjects(msgspec.Struct, frozen=True):
     # KV hand-off: leases and agent metadata (request/reply), transfer records
     def kv_lease(self, worker_id: str) -> str:
         return f"{self._root}.kv.lease.{check_token(worker_id, 'worker id')}"
+
+    # a lease release from outside the workers (the router's "cancelled"): only releases
+    def kv_release(self, worker_id: str) -> str:
+        return f"{self._root}.kv.release.{check_token(worker_id, 'worker id')}"
 
     def kv_transfers(self, worker_id: str) -> str:
         return f"{self._root}.kv.transfers.{check_token(worker_id, 'worker id')}"

@@ -169,7 +169,7 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)
 
     async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
-        await self._bus.client.publish(self._subjects.control(target.reader_worker_id), encode(message),
+        await self._bus.client.publish(self._subjects.control(target.reader_worker_id, "push_done"), encode(message),
                                        headers=inject_headers() or None)
 
     def release_pins(self, prepared: Prepared) -> None:

@@ -22,7 +22,7 @@ from shared.lifecycle import stop_on_signals
 async def run_metrics(config: MetricsConfig, *, ready: asyncio.Event | None = None) -> None:
     """Run until cancelled or SIGTERM; `ready` is set once subscribed and serving HTTP."""
     config.validate()
-    bus = await connect(config.bus.nats_url, "tandem-metrics")
+    bus = await connect(config.bus, "tandem-metrics")
     service = MetricsService(config, bus)
     app = build_app(service.view, service.registry, lambda: service.bus_connected, service.clock)
     guard_pages(app, config)

@@ -106,5 +106,5 @@ class MetricsService:
 
     async def _request_kv_snapshot(self, worker_id: str) -> None:
         log.info("KV stream of %s is out of sync: requesting a snapshot", worker_id)
-        await self._bus.client.publish(self._subjects.control(worker_id), encode(KvSnapshotRequest()))
+        await self._bus.client.publish(self._subjects.control(worker_id, "kv_snapshot"), encode(KvSnapshotRequest()))
         self.snapshot_requests_sent += 1

@@ -35,6 +35,7 @@ from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import OrchestratorConfig
 from shared.schemas import ControlReply, Cordon, Drain, SetRole, Uncordon, WorkerRegistration, WorkerStatus
+from shared.schemas.control import control_kind
 from shared.schemas.orchestrator import (
     AddWorker,
     CommandOutcome,
@@ -161,7 +162,7 @@ class ControlPlane:
     async def _ask(self, worker_id: str, message: SetRole | Cordon | Uncordon | Drain) -> ControlReply | str:
         """The worker's answer to an admin message, or why there is none."""
         try:
-            reply = await self._bus.client.request(self._subjects.control(worker_id), encode(message),
+            reply = await self._bus.client.request(self._subjects.control(worker_id, control_kind(message)), encode(message),
                                                    timeout=self._config.command_timeout_s)
         except Exception as error:  # timeout, no responders, connection trouble
             return f"worker {worker_id} did not answer: {type(error).__name__} {error}".strip()

@@ -16,7 +16,7 @@ from shared.lifecycle import stop_on_signals
 async def run_orchestrator(config: OrchestratorConfig, *, ready: asyncio.Event | None = None) -> None:
     """Run until cancelled or SIGTERM; `ready` is set once the membership mirror is synced."""
     config.validate()
-    bus = await connect(config.bus.nats_url, "tandem-orchestrator")
+    bus = await connect(config.bus, "tandem-orchestrator")
     service = OrchestratorService(config, bus)
     try:
         await service.start()

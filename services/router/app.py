@@ -82,7 +82,7 @@ class RouterRuntime:
         tokenizer = Tokenizer.from_model_dir(config.model_dir)
         served_model = config.served_model_name or tokenizer.model_name
         subjects = config.bus.subjects
-        bus = await connect(config.bus.nats_url, "tandem-router")
+        bus = await connect(config.bus, "tandem-router")
         kv_view = KvView(bus, subjects, self.malformed)
         pool = WorkerPool(bus, subjects, self.malformed,
                           bucket_ttl_s=config.membership.bucket_ttl_s,

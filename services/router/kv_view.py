@@ -127,7 +127,7 @@ class KvView:
     async def _ask_snapshot(self, worker_id: str) -> None:
         log.info("KV events of %s are out of sync: asking for a snapshot", worker_id)
         try:
-            await self._bus.client.publish(self._subjects.control(worker_id), encode(KvSnapshotRequest()))
+            await self._bus.client.publish(self._subjects.control(worker_id, "kv_snapshot"), encode(KvSnapshotRequest()))
         except Exception as error:  # NATS trouble: the resync timer asks again
             log.debug("snapshot request to %s failed: %s", worker_id, error)
 

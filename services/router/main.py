@@ -15,6 +15,7 @@ from collections.abc import Callable
 import uvicorn
 
 from services.router.app import create_app
+from shared.bus import connect
 from shared.config import RouterConfig
 from shared.tracing import setup_tracing
 
@@ -51,6 +52,8 @@ class RouterServer(uvicorn.Server):
 async def serve_router(config: RouterConfig) -> None:
     config.validate()
     setup_tracing("tandem-router", config.tracing.exporter, config.tracing.otlp_endpoint)
+    # NATS refusing the router (credentials, TLS) is a one-line error before the app starts
+    await (await connect(config.bus, "tandem-router-check")).close()
     await RouterServer(config, on_listening=announce).serve()
 
 

@@ -1,7 +1,7 @@
 """The router's side of the bus towards workers (adapter): generate streams, cancels, and
 lease releases. Both flows use it; the routing policy never sees it.
 
-A lease release is a request/reply on the holder's `kv.lease.<worker>` subject, bounded
+A lease release is a request/reply on the holder's `kv.release.<worker>` subject, bounded
 by `lease_timeout_s`. Its result is a value: a holder that is unreachable (or already
 let the lease go) is not an error for the request, only for the metrics; the holder's
 lease TTL is the safety net then.
@@ -43,14 +43,14 @@ class WorkerLink:
 
     async def cancel(self, worker_id: str, request_id: str) -> None:
         try:
-            await self._bus.client.publish(self._subjects.control(worker_id), encode(Cancel(request_id=request_id)))
+            await self._bus.client.publish(self._subjects.control(worker_id, "cancel"), encode(Cancel(request_id=request_id)))
         except Exception as error:  # NATS down: the worker notices its caller's inbox is gone
             log.warning("could not cancel %s on %s: %s", request_id, worker_id, error)
 
     async def release_lease(self, handle: KvHandle, headers: dict[str, str] | None = None) -> LeaseReleaseResult:
         """Tell the holder nobody will read `handle`'s blocks (outcome "cancelled"); `headers`
         carry the request's trace context to the holder."""
-        subject = self._subjects.kv_lease(handle.holder_worker_id)
+        subject = self._subjects.kv_release(handle.holder_worker_id)
         message = LeaseRelease(lease_id=handle.lease_id, outcome="cancelled")
         try:
             reply = await self._bus.client.request(subject, encode(message), timeout=self._lease_timeout_s,

@@ -35,7 +35,7 @@ async def run_worker(config: WorkerConfig, *, ready: asyncio.Event | None = None
     setup_tracing(f"tandem-worker-{config.worker_id}", config.tracing.exporter, config.tracing.otlp_endpoint)
     spec = engine_spec(config.engine)
     engine = spec.build_engine(config)
-    bus = await connect(config.bus.nats_url, f"worker-{config.worker_id}")
+    bus = await connect(config.bus, f"worker-{config.worker_id}")
     await engine.start()
     service = WorkerService(config, engine, bus, build_kv(config, spec, engine, bus), capabilities=spec.capabilities)
     await service.start()

@@ -3,9 +3,11 @@
 - request plane: `generate.<worker>` requests, each run by a `RequestRunner` in its own
   task; frames streamed to the caller's inbox (`Accepted`, `Tokens`..., then exactly one
   `Finished` or `Failed`).
-- control plane: `ctl.<worker>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`,
+- control plane: `ctl.<worker>.<kind>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`,
   and the admin messages `SetRole`, `Cordon`, `Uncordon` (answered with a `ControlReply`
-  once the registration carrying the change is in the bucket; `admin_state` decides).
+  once the registration carrying the change is in the bucket; `admin_state` decides), each
+  on the subject of its kind (its tag): NATS permissions say who may send which; another
+  kind is dropped.
 - role switch: the role only tells routers what to send; the engine serves any part of a
   request, so a switch keeps the engine and its prefix cache, and what was taken in the
   old role (requests, held KV leases) simply runs to its end.
@@ -60,6 +62,7 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerStatus,
 )
+from shared.schemas.control import control_kind
 from shared.schemas.membership import EngineCapabilities
 
 log = logging.getLogger(__name__)
@@ -112,7 +115,7 @@ class WorkerService:
         client = self.bus.client
         self._subscriptions = [
             await client.subscribe(self.subjects.generate(self.worker_id), cb=self._on_generate),
-            await client.subscribe(self.subjects.control(self.worker_id), cb=self._on_control),
+            await client.subscribe(self.subjects.control_all(self.worker_id), cb=self._on_control),
         ]
         await client.flush()
         if self.kv is not None:
@@ -276,6 +279,10 @@ class WorkerService:
 
     async def _on_control(self, msg: Msg) -> None:
         message = self._control.decode_or_none(msg.data, msg.subject)
+        if message is not None and msg.subject != self.subjects.control(self.worker_id, control_kind(message)):
+            # who may send a kind is NATS's to say, by subject: a message of another kind is forged
+            self.malformed.record(msg.subject, ValueError(f"a {control_kind(message)} message on this subject"))
+            return
         match message:
             case Cancel(request_id=request_id):
                 task = self._inflight.get(request_id)

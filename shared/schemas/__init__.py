@@ -3,7 +3,7 @@
 Streams and their unions:
 - request plane (router -> worker `generate`):  `GenerateRequest`
 - response chunks (worker -> caller's inbox):    `ResponseFrame`
-- control (anyone -> worker `ctl`):              `ControlMessage`
+- control (-> worker `ctl.<worker>.<kind>`):     `ControlMessage`
 - KV events (worker -> `kv.events.<w>`):         `KvEventBatch` holding `KvEvent`s
 - load (worker -> `load.<w>`):                   `LoadSnapshot`
 - membership bucket values:                      `WorkerRegistration`
@@ -11,6 +11,7 @@ Streams and their unions:
 - request events (router -> collector):         `RequestRecord`
 - KV leases (reader -> holder `kv.lease.<w>`):    `LeaseMessage` answered by `LeaseReply`
 - push completion (writer -> reader `ctl`):     `PushDone` (part of `ControlMessage`)
+- lease releases (router -> holder `kv.release.<w>`): `LeaseRelease` answered by `LeaseAck`
 - transfer records (reader -> `kv.transfers.<w>`): `TransferRecord`
 
 Schema evolution follows msgspec's rules: new fields get defaults, types never change.

@@ -60,3 +60,8 @@ class ControlReply(Message, tag="control_reply", kw_only=True):
 
 
 ControlMessage = Cancel | Drain | KvSnapshotRequest | PushDone | SetRole | Cordon | Uncordon
+
+
+def control_kind(message: ControlMessage) -> str:
+    """The last token of the control subject `message` travels on (`Subjects.control`): its tag."""
+    return str(type(message).__struct_config__.tag)

@@ -7,7 +7,9 @@ one outcome on both sides: done, failed (with which blocks), cancelled or expire
 
 Lease traffic is request/reply on the holder's `kv.lease.<worker>` subject:
 `LeaseRequest` -> `LeaseGrant` | `LeaseRefused`; `LeaseRelease` / `LeaseExtend` -> `LeaseAck`;
-`AgentInfoRequest` -> `AgentInfo` (NIXL agent metadata, ~0.5 KB, travels as bytes).
+`AgentInfoRequest` -> `AgentInfo` (NIXL agent metadata, ~0.5 KB, travels as bytes). Only
+workers may send there; the router releases the leases it arranged on `kv.release.<worker>`,
+which takes `LeaseRelease` only.
 
 Every message carries the sender's compatibility hash: a mismatch is refused before any
 byte moves.

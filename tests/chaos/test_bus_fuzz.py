@@ -154,7 +154,7 @@ async def test_hostile_bus_messages_are_counted_refused_and_harmless(
         kv_garbage = hostile_payloads(own_kind=3)
         record_garbage = hostile_payloads(own_kind=-1)
         for payload in control_garbage:
-            await client.publish(subjects.control(target), payload)
+            await client.publish(subjects.control(target, "cancel"), payload)
         for payload in load_garbage:
             await client.publish(subjects.load(target), payload)
         for payload in kv_garbage:

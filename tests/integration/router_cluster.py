@@ -148,8 +148,9 @@ class Recorder:
         # A subscriber on the generate subject of a member nobody serves would turn the
         # router's instant "no responders" into an accept timeout: those are not tapped.
         client = self.bus.client
-        taps = [(subjects.control(self.worker_id), self._on_control),
-                (subjects.kv_lease(self.worker_id), self._on_lease)]
+        taps = [(subjects.control_all(self.worker_id), self._on_control),
+                (subjects.kv_lease(self.worker_id), self._on_lease),
+                (subjects.kv_release(self.worker_id), self._on_lease)]
         if generate:
             taps.append((subjects.generate(self.worker_id), self._on_generate))
         self._subscriptions = [await client.subscribe(subject, cb=callback) for subject, callback in taps]

@@ -160,7 +160,7 @@ async def test_kv_gap_requests_a_snapshot(
     async def on_control(msg) -> None:  # type: ignore[no-untyped-def]
         control.put_nowait(control_codec.decode(msg.data))
 
-    subscription = await bus.client.subscribe(subjects.control("w2"), cb=on_control)
+    subscription = await bus.client.subscribe(subjects.control("w2", "kv_snapshot"), cb=on_control)
     await bus.client.flush()
     try:
         await bus.client.publish(subjects.kv_events("w2"), encode(kv_batch("w2", 0, AllBlocksCleared())))

@@ -240,7 +240,7 @@ async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_
     finally:
         worker.engine.speedup = 50.0
         for request, stream in zip(others, streams):
-            await bus.client.publish(subjects.control("w1"), encode(Cancel(request_id=request.request_id)))
+            await bus.client.publish(subjects.control("w1", "cancel"), encode(Cancel(request_id=request.request_id)))
             await stream.close()
     text = await metrics_text(router)
     assert 'tandem_router_requests_total{endpoint="completions",outcome="overloaded"}' in text

@@ -105,7 +105,7 @@ async def test_errors_are_explicit(worker: WorkerService, bus: Bus, bus_config: 
     with pytest.raises(InvalidArgument):
         await collect(bus, subject, request("r-long", [5] * 4000))
     await bus.client.publish(subject, b"\x00garbage", reply=bus.client.new_inbox())
-    await bus.client.publish(bus_config.subjects.control("w1"), b"\x93garbage")
+    await bus.client.publish(bus_config.subjects.control("w1", "cancel"), b"\x93garbage")
     tokens, _ = await collect(bus, subject, request("r-ok", [5, 6, 7]))  # still serving
     assert len(tokens) == 8
     await wait_for(lambda: worker.malformed.total == 2, what="malformed count")
@@ -117,7 +117,7 @@ async def test_cancel_frees_blocks(worker: WorkerService, bus: Bus, bus_config: 
     frames = stream.frames()
     await frames.__anext__()  # the first tokens arrived: the request is running
     assert worker.engine.load().kv_used_blocks > 0
-    await bus.client.publish(subjects.control("w1"), encode(Cancel(request_id="r-cancel")))
+    await bus.client.publish(subjects.control("w1", "cancel"), encode(Cancel(request_id="r-cancel")))
     with pytest.raises(Exception) as raised:
         async for _ in frames:
             pass
@@ -132,7 +132,7 @@ async def test_snapshot_request_reannounces_blocks(worker: WorkerService, bus: B
     batches: list[KvEventBatch] = []
     codec = Codec(KvEventBatch)
     await bus.client.subscribe(subjects.kv_events("w1"), cb=collector(batches, codec))
-    await bus.client.publish(subjects.control("w1"), encode(KvSnapshotRequest()))
+    await bus.client.publish(subjects.control("w1", "kv_snapshot"), encode(KvSnapshotRequest()))
     await wait_for(lambda: any(isinstance(e, AllBlocksCleared) for b in batches for e in b.events), what="snapshot")
     snapshot = next(b for b in batches if any(isinstance(e, AllBlocksCleared) for e in b.events))
     stored = {h for e in snapshot.events if isinstance(e, BlockStored) for h in e.block_hashes}
@@ -143,7 +143,7 @@ async def test_drain_finishes_inflight_then_deregisters(worker: WorkerService, b
     subjects = bus_config.subjects
     running = asyncio.create_task(collect(bus, subjects.generate("w1"), request("r-drain", [4, 5, 6], max_tokens=40)))
     await wait_for(lambda: worker.inflight == 1, what="request in flight")
-    await bus.client.publish(subjects.control("w1"), encode(Drain(deadline_s=10)))
+    await bus.client.publish(subjects.control("w1", "drain"), encode(Drain(deadline_s=10)))
     await wait_for(lambda: worker.registration().status is WorkerStatus.DRAINING, what="draining")
     with pytest.raises(Unavailable):
         await collect(bus, subjects.generate("w1"), request("r-new", [4, 5]))

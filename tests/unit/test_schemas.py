@@ -130,7 +130,9 @@ def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
 def test_subject_catalog() -> None:
     subjects = Subjects("prod")
     assert subjects.generate("w-1") == "prod.v1.worker.w-1.generate"
-    assert subjects.control("w-1") == "prod.v1.ctl.w-1"
+    assert subjects.control("w-1", "drain") == "prod.v1.ctl.w-1.drain"
+    assert subjects.control_all("w-1") == "prod.v1.ctl.w-1.*"
+    assert subjects.kv_release("w-1") == "prod.v1.kv.release.w-1"
     assert subjects.kv_events("w-1") == "prod.v1.kv.events.w-1"
     assert subjects.kv_events_all == "prod.v1.kv.events.*"
     assert subjects.load("w-1") == "prod.v1.load.w-1"
