@@ -34,12 +34,16 @@ class StackOverheads(msgspec.Struct, frozen=True, kw_only=True):
     router_ms: float = 0.0  # client send -> queued at the prefill worker
     delivery_ms: float = 0.0  # a token sampled -> at the client
     handoff_ms: float = 0.0  # first token sampled -> the request queued at the decode worker
-    pull_stall_ms: float = 0.0  # the decode worker's loop busy reading and verifying a pulled prompt's blocks
+    pull_block_ms: float = 0.0  # per pulled block: the decode worker's loop busy reading and verifying it
     step_ms: float = 0.0  # per engine step (scheduler and asyncio work)
     seq_ms: float = 0.0  # per sequence in a step (its token published and streamed)
+    prefill_token_ms: float = 0.0  # per prompt token computed (hashing, KV bytes written, prompt carried)
     # share of tokens whose text is empty (an incomplete UTF-8 or word piece): the client sees
     # them with the next chunk, one inter-chunk gap longer, as the benchmark measures ITL
     textless_share: float = 0.0
+    # mean of an exponential wait added to each hop a token or request makes between processes
+    # (an oversubscribed CPU's run queue): widens the tails, not the medians' engine time
+    hop_jitter_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +87,10 @@ class SimSetup:
 class _Cluster:
     def __init__(self, shape: ClusterShape, setup: SimSetup) -> None:
         def engine(name: str) -> EngineModel:
+            overheads = setup.overheads
             return EngineModel(name, setup.profile, setup.worker, speedup=setup.speedup,
-                               step_overhead_s=setup.overheads.step_ms / 1000, seq_overhead_s=setup.overheads.seq_ms / 1000)
+                               step_overhead_s=overheads.step_ms / 1000, seq_overhead_s=overheads.seq_ms / 1000,
+                               prefill_token_overhead_s=overheads.prefill_token_ms / 1000)
 
         self.setup = setup
         self.prefill = [engine(f"prefill-{index}") for index in range(shape.prefill)]
@@ -96,6 +102,11 @@ class _Cluster:
         self.traces: dict[int, RequestTrace] = {}
         self.decode_of: dict[int, int] = {}
         self.textless = random.Random(0)
+        self.noise = random.Random(1)
+
+    def _jitter(self) -> float:
+        mean_ms = self.setup.overheads.hop_jitter_ms
+        return self.noise.expovariate(1000 / mean_ms) if mean_ms > 0 else 0.0
 
     def push(self, at: float, kind: str, payload: object) -> None:
         self.sequence += 1
@@ -105,7 +116,7 @@ class _Cluster:
         overheads = self.setup.overheads
         for arrival in requests:
             self.traces[arrival.index] = RequestTrace(arrival)
-            self.push(arrival.at_s + overheads.router_ms / 1000, "arrive", arrival)
+            self.push(arrival.at_s + overheads.router_ms / 1000 + self._jitter(), "arrive", arrival)
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
             if kind == "arrive":
@@ -114,7 +125,8 @@ class _Cluster:
             elif kind == "handoff":
                 assert isinstance(payload, SeqModel)
                 engine = self.decode[self.decode_of[payload.request]]
-                engine.stall_s += self.setup.overheads.pull_stall_ms / 1000
+                blocks = payload.reused_tokens // self.setup.worker.block_size
+                engine.stall_s += blocks * self.setup.overheads.pull_block_ms / 1000
                 self._enqueue(now, engine, payload)
             else:
                 assert isinstance(payload, tuple)
@@ -161,7 +173,7 @@ class _Cluster:
             if trace.token_at and not last and self.textless.random() < overheads.textless_share:
                 trace.chunks_merged += 1  # no chunk for this token: its gap joins the next one's
             else:
-                trace.token_at.append(now + overheads.delivery_ms / 1000)
+                trace.token_at.append(now + overheads.delivery_ms / 1000 + self._jitter())
             if engine in self.prefill:
                 arrival = trace.arrival
                 if arrival.output_tokens > 1:  # the decode part: prompt + first token, blocks pulled
@@ -169,7 +181,7 @@ class _Cluster:
                     pulled = arrival.prompt_tokens // size * size
                     handed = SeqModel(request=seq.request, num_tokens=arrival.prompt_tokens + 1,
                                       outputs_left=arrival.output_tokens - 1, reused_tokens=pulled)
-                    self.push(now + overheads.handoff_ms / 1000, "handoff", handed)
+                    self.push(now + overheads.handoff_ms / 1000 + self._jitter(), "handoff", handed)
                 else:
                     self.decode_assigned[self.decode_of[seq.request]] -= 1
             elif finished:

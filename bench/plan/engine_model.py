@@ -45,13 +45,15 @@ class StepPlan:
 
 class EngineModel:
     def __init__(self, worker_id: str, profile: TimingProfile, config: WorkerConfig, *, speedup: float = 1.0,
-                 step_overhead_s: float = 0.0, seq_overhead_s: float = 0.0) -> None:
+                 step_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
+                 prefill_token_overhead_s: float = 0.0) -> None:
         self.worker_id = worker_id
         self.profile, self.speedup = profile, speedup
         self.block_size = config.block_size
         self.free_blocks = config.kv_blocks
         self.max_num_seqs, self.max_batched = config.max_num_seqs, config.max_num_batched_tokens
         self.step_overhead_s, self.seq_overhead_s = step_overhead_s, seq_overhead_s
+        self.prefill_token_overhead_s = prefill_token_overhead_s
         self.running: list[SeqModel] = []
         self.waiting: deque[SeqModel] = deque()
         self.stepping = False
@@ -136,7 +138,8 @@ class EngineModel:
                 sampled.append((seq, finished))
         duration = self.profile.step_duration_s(prefill_tokens=prefill_tokens, decode_seqs=decode_seqs) / self.speedup
         if scheduled:
-            duration += self.step_overhead_s + self.seq_overhead_s * len(scheduled) + self.stall_s
+            duration += (self.step_overhead_s + self.seq_overhead_s * len(scheduled) + self.stall_s
+                         + self.prefill_token_overhead_s * prefill_tokens)
             self.stall_s = 0.0
         return StepPlan(duration_s=duration, sampled=sampled)
 

@@ -28,8 +28,8 @@ WORKLOAD_FLAGS = {"num_requests": int, "arrival_rate": float, "prompt_tokens": i
                   "output_tokens": int, "output_spread": float, "prefix_fraction": float,
                   "shared_prefix_tokens": int, "seed": int}
 # What a local stack of sim processes adds to engine time (docs/planner.md: how it was measured)
-LOCAL_STACK = StackOverheads(router_ms=90.0, delivery_ms=10.0, handoff_ms=30.0, pull_stall_ms=70.0, step_ms=2.0,
-                             seq_ms=0.3, textless_share=0.06)
+LOCAL_STACK = StackOverheads(router_ms=10.0, handoff_ms=30.0, pull_block_ms=1.0, step_ms=2.0, seq_ms=0.2,
+                             prefill_token_ms=0.06, textless_share=0.06, hop_jitter_ms=10.0)
 OVERHEADS = {"none": StackOverheads(), "local-stack": LOCAL_STACK}
 
 
