@@ -31,7 +31,10 @@ from shared.config import RoutingConfig, WorkerConfig
 class StackOverheads(msgspec.Struct, frozen=True, kw_only=True):
     """Real time the stack adds to the engine's steps (see docs/planner.md for how they were measured)."""
 
-    router_ms: float = 0.0  # client send -> queued at the prefill worker
+    # The router is one event loop every request and every streamed chunk passes through: a
+    # FIFO server. Its service time per request (HTTP, tokenizing, routing, sending) ...
+    router_ms: float = 0.0
+    router_chunk_ms: float = 0.0  # ... and per chunk streamed back (frame, detokenize, SSE)
     delivery_ms: float = 0.0  # a token sampled -> at the client
     handoff_ms: float = 0.0  # first token sampled -> the request queued at the decode worker
     pull_block_ms: float = 0.0  # per pulled block: the decode worker's loop busy reading and verifying it
@@ -39,7 +42,8 @@ class StackOverheads(msgspec.Struct, frozen=True, kw_only=True):
     seq_ms: float = 0.0  # per sequence in a step (its token published and streamed)
     prefill_token_ms: float = 0.0  # per prompt token computed (hashing, KV bytes written, prompt carried)
     # share of tokens whose text is empty (an incomplete UTF-8 or word piece): the client sees
-    # them with the next chunk, one inter-chunk gap longer, as the benchmark measures ITL
+    # them with the next chunk, one inter-chunk gap longer, as the benchmark measures ITL; a
+    # textless first token puts TTFT at the second, past the hand-off
     textless_share: float = 0.0
     # mean of an exponential wait added to each hop a token or request makes between processes
     # (an oversubscribed CPU's run queue): widens the tails, not the medians' engine time
@@ -103,10 +107,16 @@ class _Cluster:
         self.decode_of: dict[int, int] = {}
         self.textless = random.Random(0)
         self.noise = random.Random(1)
+        self.router_free = 0.0
 
     def _jitter(self) -> float:
         mean_ms = self.setup.overheads.hop_jitter_ms
         return self.noise.expovariate(1000 / mean_ms) if mean_ms > 0 else 0.0
+
+    def _through_router(self, at: float, service_ms: float) -> float:
+        """When the router is done with work that reaches it at `at` (FIFO)."""
+        self.router_free = max(at, self.router_free) + service_ms / 1000
+        return self.router_free
 
     def push(self, at: float, kind: str, payload: object) -> None:
         self.sequence += 1
@@ -116,10 +126,12 @@ class _Cluster:
         overheads = self.setup.overheads
         for arrival in requests:
             self.traces[arrival.index] = RequestTrace(arrival)
-            self.push(arrival.at_s + overheads.router_ms / 1000 + self._jitter(), "arrive", arrival)
+            self.push(arrival.at_s + self._jitter(), "arrive", arrival)
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
             if kind == "arrive":
+                self.push(self._through_router(now, overheads.router_ms), "route", payload)
+            elif kind == "route":
                 assert isinstance(payload, Arrival)
                 self._route(now, payload)
             elif kind == "handoff":
@@ -170,10 +182,11 @@ class _Cluster:
         for seq, finished in sampled:
             trace = self.traces[seq.request]
             last = finished and engine in self.decode
-            if trace.token_at and not last and self.textless.random() < overheads.textless_share:
+            if not last and self.textless.random() < overheads.textless_share:
                 trace.chunks_merged += 1  # no chunk for this token: its gap joins the next one's
             else:
-                trace.token_at.append(now + overheads.delivery_ms / 1000 + self._jitter())
+                at = self._through_router(now + overheads.delivery_ms / 1000, overheads.router_chunk_ms)
+                trace.token_at.append(at + self._jitter())
             if engine in self.prefill:
                 arrival = trace.arrival
                 if arrival.output_tokens > 1:  # the decode part: prompt + first token, blocks pulled

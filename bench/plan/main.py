@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
+
 from bench.plan.cluster_sim import ClusterShape, SimSetup, StackOverheads, figures, simulate
 from bench.plan.sweep import plan
 from bench.plan.workload import PlanWorkload, load_workload
@@ -96,17 +98,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _verify(args: argparse.Namespace, workload: PlanWorkload, setup: SimSetup, document: dict) -> dict:
-    from bench.plan.verify import VerifySetup, compare, measure
+    import dataclasses
+
+    from bench.plan.verify import VerifySetup, compare, measure, scaled, slowdown
     from bench.serve.topology import parse_topology
 
     chosen = document["recommended"]["split"] if not args.split else parse_topology(args.split).name
     topology = parse_topology(chosen)
     shape = ClusterShape(prefill=topology.prefill, decode=topology.decode)
+    probe, measured = measure(workload, shape, VerifySetup(state_dir=Path(args.state_dir), profile=args.sim_profile,
+                                                           sim_speedup=args.sim_speedup))
+    factor = slowdown(workload, probe, setup)
+    calibrated_setup = dataclasses.replace(setup, overheads=scaled(setup.overheads, factor))
     predicted = figures(simulate(workload, shape, setup))
-    measured = measure(workload, shape, VerifySetup(state_dir=Path(args.state_dir), profile=args.sim_profile,
-                                                    sim_speedup=args.sim_speedup))
-    document["verify"] = {"split": shape.name, **compare(predicted, measured, 0.25),
-                          "predicted": predicted, "measured": measured}
+    calibrated = figures(simulate(workload, shape, calibrated_setup))
+    document["verify"] = {"split": shape.name, "slowdown": round(factor, 3),
+                          "uncalibrated": compare(predicted, measured, 0.25), **compare(calibrated, measured, 0.25),
+                          "calibrated_overheads": msgspec.to_builtins(calibrated_setup.overheads),
+                          "predicted": calibrated, "predicted_uncalibrated": predicted, "measured": measured,
+                          "probe": probe}
     if args.verify_out:
         Path(args.verify_out).write_text(json.dumps(document, indent=1) + "\n")
     return document

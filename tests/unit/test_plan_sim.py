@@ -109,3 +109,32 @@ def test_simulator_answers_the_planners_what_if_contract():
     workload = PlanWorkload(num_requests=60, arrival_rate=12.0, prompt_tokens=1800, output_tokens=8)
     model: WhatIfModel = SimWhatIf(workload, Slos(ttft_p90_ms=400.0, itl_p90_ms=50.0), SimSetup(profile=PROFILE))
     assert model.predict(2, 1).ttft_p90_ms < model.predict(1, 1).ttft_p90_ms
+
+
+def test_verify_compares_within_tolerance_and_refuses_what_the_benchmark_cannot_send():
+    from bench.plan.verify import compare, serve_workload
+
+    predicted = {"ttft_ms": {"p50": 100.0, "p90": 200.0}, "itl_ms": {"p50": 10.0, "p90": 20.0}}
+    measured = {"ttft_ms": {"p50": 110.0, "p90": 150.0}, "itl_ms": {"p50": 10.0, "p90": 21.0}, "errors": 0}
+    result = compare(predicted, measured, 0.25)
+    assert result["figures"]["ttft_p50"]["error"] == pytest.approx(-0.0909, abs=1e-4)
+    assert not result["figures"]["ttft_p90"]["within"] and not result["all_within"]
+    with pytest.raises(ValueError):
+        serve_workload(PlanWorkload(prompt_spread=0.1), warmup=0)
+    served = serve_workload(PlanWorkload(prefix_fraction=1.0, shared_prefix_tokens=64, arrival_rate=3.0), warmup=0)
+    assert served.prompts.shared_prefix_tokens == 64 and served.request_rate == 3.0 and served.ignore_eos
+
+
+def test_probe_slowdown_scales_the_stack_overheads():
+    from bench.plan.main import LOCAL_STACK
+    from bench.plan.verify import probe_workload, scaled, slowdown
+
+    workload = PlanWorkload(prompt_tokens=1024, output_tokens=16)
+    setup = SimSetup(profile=PROFILE, overheads=LOCAL_STACK)
+    as_predicted = figures(simulate(probe_workload(workload), ClusterShape(1, 1), setup))
+    assert slowdown(workload, as_predicted, setup) == pytest.approx(1.0)
+    doubled = scaled(LOCAL_STACK, 2.0)
+    assert doubled.router_ms == 2 * LOCAL_STACK.router_ms and doubled.textless_share == LOCAL_STACK.textless_share
+    slower = figures(simulate(probe_workload(workload), ClusterShape(1, 1),
+                              SimSetup(profile=PROFILE, overheads=doubled)))
+    assert slowdown(workload, slower, setup) == pytest.approx(2.0, rel=0.15)
