@@ -100,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _verify(args: argparse.Namespace, workload: PlanWorkload, setup: SimSetup, document: dict) -> dict:
     import dataclasses
 
-    from bench.plan.verify import VerifySetup, compare, measure, scaled, slowdown
+    from bench.plan.probe import calibrated, slowdown
+    from bench.plan.verify import VerifySetup, compare, measure
     from bench.serve.topology import parse_topology
 
     chosen = document["recommended"]["split"] if not args.split else parse_topology(args.split).name
@@ -108,15 +109,16 @@ def _verify(args: argparse.Namespace, workload: PlanWorkload, setup: SimSetup, d
     shape = ClusterShape(prefill=topology.prefill, decode=topology.decode)
     probe, measured = measure(workload, shape, VerifySetup(state_dir=Path(args.state_dir), profile=args.sim_profile,
                                                            sim_speedup=args.sim_speedup))
-    factor = slowdown(workload, probe, setup)
-    calibrated_setup = dataclasses.replace(setup, overheads=scaled(setup.overheads, factor))
+    factors = slowdown(workload, probe, setup)
+    calibrated_setup = dataclasses.replace(setup, overheads=calibrated(setup.overheads, factors))
     predicted = figures(simulate(workload, shape, setup))
-    calibrated = figures(simulate(workload, shape, calibrated_setup))
-    document["verify"] = {"split": shape.name, "slowdown": round(factor, 3),
-                          "uncalibrated": compare(predicted, measured, 0.25), **compare(calibrated, measured, 0.25),
+    predicted_calibrated = figures(simulate(workload, shape, calibrated_setup))
+    document["verify"] = {"split": shape.name, "slowdown": {key: round(value, 3) for key, value in factors.items()},
+                          **compare(predicted_calibrated, measured, 0.25),
+                          "uncalibrated": compare(predicted, measured, 0.25),
                           "calibrated_overheads": msgspec.to_builtins(calibrated_setup.overheads),
-                          "predicted": calibrated, "predicted_uncalibrated": predicted, "measured": measured,
-                          "probe": probe}
+                          "predicted": predicted_calibrated, "predicted_uncalibrated": predicted,
+                          "measured": measured, "probe": probe}
     if args.verify_out:
         Path(args.verify_out).write_text(json.dumps(document, indent=1) + "\n")
     return document

@@ -7,11 +7,8 @@ requests are the benchmark's (same prompt lengths, shared prefix and Poisson ins
 `ignore_eos` so every request makes its full output). Errors are (predicted - measured) /
 measured.
 
-The stack's own time (Python, NATS, HTTP: `StackOverheads`) depends on how busy the
-machine's CPUs are, so before the measured run the same stack answers a probe: a few
-requests of the workload's shape one at a time (no queueing). What its TTFT and inter-token
-gap exceed the bare engine time by, over what the overheads predict for it, is the
-machine's slowdown factor; `calibrated` predictions scale every real-time overhead by it.
+The stack's own time depends on how busy the machine's CPUs are, so before the measured run
+the same stack answers a probe (`bench.plan.probe`) that gives the calibrated overheads.
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
-import msgspec
-
-from bench.plan.cluster_sim import ClusterShape, SimSetup, StackOverheads, figures, simulate
+from bench.plan.cluster_sim import ClusterShape
+from bench.plan.probe import run_probe
 from bench.plan.workload import PlanWorkload
 from bench.serve.main import CompareSetup, ServeWorkload, run_serve, stack_config, tokenizer_counter
 from bench.serve.prompts import PromptSpec
@@ -54,31 +50,7 @@ def serve_workload(workload: PlanWorkload, warmup: int) -> ServeWorkload:
                          ignore_eos=True)
 
 
-PROBE_REQUESTS = 6
-
-
-def probe_workload(workload: PlanWorkload) -> PlanWorkload:
-    """The probe: the workload's lengths, other prompts, one request at a time."""
-    return msgspec.structs.replace(workload, num_requests=PROBE_REQUESTS, arrival_rate=0.01, seed=workload.seed + 1)
-
-
-def slowdown(workload: PlanWorkload, probe: dict, sim_setup: SimSetup) -> float:
-    """Measured probe overhead over the overhead `sim_setup` predicts for it (TTFT and ITL p50
-    together), clamped to [0.25, 20]."""
-    shape = ClusterShape(1, 1)
-    quiet = dataclasses.replace(sim_setup, overheads=StackOverheads())
-    bare, loaded = (figures(simulate(probe_workload(workload), shape, setup)) for setup in (quiet, sim_setup))
-    predicted = sum(loaded[f]["p50"] - bare[f]["p50"] for f in ("ttft_ms", "itl_ms") if bare[f]["p50"] is not None)
-    measured = sum(probe[f]["p50"] - bare[f]["p50"] for f in ("ttft_ms", "itl_ms") if bare[f]["p50"] is not None)
-    return min(max(measured / predicted, 0.25), 20.0) if predicted > 0 else 1.0
-
-
-def scaled(overheads: StackOverheads, factor: float) -> StackOverheads:
-    fields = msgspec.structs.asdict(overheads)
-    return StackOverheads(**{name: value * factor if name.endswith("_ms") else value for name, value in fields.items()})
-
-
-def measure(workload: PlanWorkload, shape: ClusterShape, setup: VerifySetup) -> tuple[dict, dict]:
+def measure(workload: PlanWorkload, shape: ClusterShape, setup: VerifySetup) -> tuple[dict[str, float], dict]:
     """The probe's figures and the workload's, on one fresh stack of `shape`."""
     from shared.tiny_model import ensure_tiny_model
 
@@ -93,10 +65,8 @@ def measure(workload: PlanWorkload, shape: ClusterShape, setup: VerifySetup) -> 
     stack = LocalStack(config)
     stack.start()
     count_tokens = tokenizer_counter(model_dir)
-    probe = dataclasses.replace(serve_workload(probe_workload(workload), setup.warmup), request_rate=None,
-                                concurrency=1)
     try:
-        _, probed = asyncio.run(run_serve(stack.router_url, probe, count_tokens=count_tokens, label="probe"))
+        probed = run_probe(stack.router_url, workload, count_tokens, setup.warmup)
         _, results = asyncio.run(run_serve(stack.router_url, serve_workload(workload, 0),
                                            count_tokens=count_tokens, label=shape.name))
     finally:

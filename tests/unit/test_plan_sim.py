@@ -127,14 +127,16 @@ def test_verify_compares_within_tolerance_and_refuses_what_the_benchmark_cannot_
 
 def test_probe_slowdown_scales_the_stack_overheads():
     from bench.plan.main import LOCAL_STACK
-    from bench.plan.verify import probe_workload, scaled, slowdown
+    from bench.plan.probe import calibrated, probe_figures, probe_workload, slowdown
 
     workload = PlanWorkload(prompt_tokens=1024, output_tokens=16)
     setup = SimSetup(profile=PROFILE, overheads=LOCAL_STACK)
-    as_predicted = figures(simulate(probe_workload(workload), ClusterShape(1, 1), setup))
-    assert slowdown(workload, as_predicted, setup) == pytest.approx(1.0)
-    doubled = scaled(LOCAL_STACK, 2.0)
-    assert doubled.router_ms == 2 * LOCAL_STACK.router_ms and doubled.textless_share == LOCAL_STACK.textless_share
-    slower = figures(simulate(probe_workload(workload), ClusterShape(1, 1),
-                              SimSetup(profile=PROFILE, overheads=doubled)))
-    assert slowdown(workload, slower, setup) == pytest.approx(2.0, rel=0.15)
+    as_predicted = probe_figures(simulate(probe_workload(workload), ClusterShape(1, 1), setup))
+    assert slowdown(workload, as_predicted, setup) == pytest.approx({"general": 1.0, "transfer": 1.0})
+    doubled = calibrated(LOCAL_STACK, {"general": 2.0, "transfer": 3.0})
+    assert doubled.router_ms == 2 * LOCAL_STACK.router_ms and doubled.pull_block_ms == 3 * LOCAL_STACK.pull_block_ms
+    assert doubled.textless_share == LOCAL_STACK.textless_share
+    slower = probe_figures(simulate(probe_workload(workload), ClusterShape(1, 1),
+                                    SimSetup(profile=PROFILE, overheads=doubled)))
+    factors = slowdown(workload, slower, setup)
+    assert factors["general"] == pytest.approx(2.0, rel=0.2) and factors["transfer"] == pytest.approx(3.0, rel=0.2)
