@@ -30,7 +30,7 @@ WORKLOAD_FLAGS = {"num_requests": int, "arrival_rate": float, "prompt_tokens": i
                   "output_tokens": int, "output_spread": float, "prefix_fraction": float,
                   "shared_prefix_tokens": int, "seed": int}
 # What a local stack of sim processes adds to engine time (docs/planner.md: how it was measured)
-LOCAL_STACK = StackOverheads(router_ms=10.0, handoff_ms=30.0, pull_block_ms=1.0, step_ms=2.0, seq_ms=0.2,
+LOCAL_STACK = StackOverheads(router_ms=10.0, router_chunk_ms=2.0, handoff_ms=30.0, pull_block_ms=1.0, step_ms=2.0, seq_ms=0.2,
                              prefill_token_ms=0.06, textless_share=0.06, hop_jitter_ms=10.0)
 OVERHEADS = {"none": StackOverheads(), "local-stack": LOCAL_STACK}
 
@@ -113,12 +113,12 @@ def _verify(args: argparse.Namespace, workload: PlanWorkload, setup: SimSetup, d
     calibrated_setup = dataclasses.replace(setup, overheads=calibrated(setup.overheads, factors))
     predicted = figures(simulate(workload, shape, setup))
     predicted_calibrated = figures(simulate(workload, shape, calibrated_setup))
-    document["verify"] = {"split": shape.name, "slowdown": {key: round(value, 3) for key, value in factors.items()},
-                          **compare(predicted_calibrated, measured, 0.25),
-                          "uncalibrated": compare(predicted, measured, 0.25),
-                          "calibrated_overheads": msgspec.to_builtins(calibrated_setup.overheads),
-                          "predicted": predicted_calibrated, "predicted_uncalibrated": predicted,
-                          "measured": measured, "probe": probe}
+    document["verify"] = {"split": shape.name, **compare(predicted, measured, 0.25), "predicted": predicted,
+                          "measured": measured,
+                          "probe": {"figures": probe, "slowdown": {key: round(value, 3) for key, value in factors.items()},
+                                    "calibrated_overheads": msgspec.to_builtins(calibrated_setup.overheads),
+                                    **compare(predicted_calibrated, measured, 0.25),
+                                    "predicted": predicted_calibrated}}
     if args.verify_out:
         Path(args.verify_out).write_text(json.dumps(document, indent=1) + "\n")
     return document

@@ -11,7 +11,10 @@ nothing queues. Against the bare engine time the simulator gives for the same pr
   the KV pull.
 
 `calibrated` scales the overheads by them (the hand-off and pull by the transfer factor,
-the rest by the general one).
+the rest by the general one). `tandem plan --verify` reports the probe and the calibrated
+prediction beside the plain one; the pass/fail is the plain prediction's (on the machine
+measured so far, a lone request's hand-off says little about the stalls that concurrent
+prefill work causes on a shared CPU, so the transfer factor misleads: docs/planner.md).
 """
 
 from __future__ import annotations
