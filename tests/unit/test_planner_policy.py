@@ -161,3 +161,11 @@ def test_decision_event_round_trips_on_the_wire():
     event = PlannerDecision(ts=40.0, actions=decision.actions + [a for _, a in actions], notes=decision.notes)
     decoded = msgspec.json.decode(msgspec.json.encode(event), type=PlannerDecision)
     assert decoded == event and isinstance(decoded.actions[0], ScaleUp)
+
+
+def test_worker_cooldown_skips_a_worker_acted_on_recently():
+    config = PlannerConfig(budget=CONFIG.budget, global_cooldown_s=10.0, worker_cooldown_s=300.0)
+    series = [snapshot(prefill=4, ttft=100.0, demand=2000.0, itl=80.0, occupancy=0.95)] * 30
+    actions, _, _ = run(series, config=config)
+    switched = [action.worker_id for _, action in actions if isinstance(action, SwitchRole)]
+    assert switched[:2] == ["p0", "p1"]  # p0 is the least loaded, but it was just switched

@@ -88,17 +88,22 @@ class _Tick:
 
     def decision(self, action: PlannerAction | None, roles: tuple[WorkerRole, ...] = (),
                  worker_id: str | None = None) -> Decision:
-        state = PlannerState(last_action_at=self.state.last_action_at,
-                             worker_last_action=dict(self.state.worker_last_action), trends=self.trends)
-        if action is not None:
-            state.worker_last_action.update({worker_id: self.now} if worker_id else {})
-            state = PlannerState(last_action_at=self.now, worker_last_action=state.worker_last_action,
-                                 trends={key: (Trend(active=trend.active, held_since=self.now)
-                                               if trend.held_since is not None and key.split(".")[0] in
-                                               {role.value for role in roles} else trend)
-                                         for key, trend in self.trends.items()})
-        return Decision(actions=[action] if action is not None else [], notes=self.notes, state=state,
-                        pressures={role.value: round(self.pressures[role].value, 4) for role in ROLES})
+        """The tick's outcome; an action stamps the cooldowns and restarts the sustain runs
+        of the trends of `roles` (the roles it changed)."""
+        pressures = {role.value: round(self.pressures[role].value, 4) for role in ROLES}
+        if action is None:
+            state = PlannerState(last_action_at=self.state.last_action_at,
+                                 worker_last_action=self.state.worker_last_action, trends=self.trends)
+            return Decision(actions=[], notes=self.notes, state=state, pressures=pressures)
+        acted = {role.value for role in roles}
+        trends = {key: Trend(active=trend.active, held_since=self.now)
+                  if trend.held_since is not None and key.split(".")[0] in acted else trend
+                  for key, trend in self.trends.items()}
+        last = dict(self.state.worker_last_action)
+        if worker_id is not None:
+            last[worker_id] = self.now
+        state = PlannerState(last_action_at=self.now, worker_last_action=last, trends=trends)
+        return Decision(actions=[action], notes=self.notes, state=state, pressures=pressures)
 
 
 def _key(role: WorkerRole, hot: bool) -> str:
