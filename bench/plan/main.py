@@ -6,8 +6,10 @@
 Simulates every P:D split and worker count within the budget on the sim engine's timing
 profile (`bench.plan.cluster_sim`), prints a table (or, with --json, one JSON document) with
 predicted TTFT/ITL p50/p90 per split, SLO attainment and the recommended split. --verify
-then runs the recommended split on a real local stack of sim workers and compares
-(`bench.plan.verify`); --verify-out saves that document.
+then runs the recommended split on a real local stack of sim workers, probes it for the
+machine's slowdown (`bench.plan.probe`), and compares its measured figures with the
+prediction under the calibrated overheads (the plain prediction beside it;
+`bench.plan.verify`); --verify-out saves that document.
 """
 
 from __future__ import annotations
@@ -113,12 +115,11 @@ def _verify(args: argparse.Namespace, workload: PlanWorkload, setup: SimSetup, d
     calibrated_setup = dataclasses.replace(setup, overheads=calibrated(setup.overheads, factors))
     predicted = figures(simulate(workload, shape, setup))
     predicted_calibrated = figures(simulate(workload, shape, calibrated_setup))
-    document["verify"] = {"split": shape.name, **compare(predicted, measured, 0.25), "predicted": predicted,
-                          "measured": measured,
+    document["verify"] = {"split": shape.name, **compare(predicted_calibrated, measured, 0.25),
+                          "predicted": predicted_calibrated, "measured": measured,
                           "probe": {"figures": probe, "slowdown": {key: round(value, 3) for key, value in factors.items()},
-                                    "calibrated_overheads": msgspec.to_builtins(calibrated_setup.overheads),
-                                    **compare(predicted_calibrated, measured, 0.25),
-                                    "predicted": predicted_calibrated}}
+                                    "calibrated_overheads": msgspec.to_builtins(calibrated_setup.overheads)},
+                          "plain": {**compare(predicted, measured, 0.25), "predicted": predicted}}
     if args.verify_out:
         Path(args.verify_out).write_text(json.dumps(document, indent=1) + "\n")
     return document
