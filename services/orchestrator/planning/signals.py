@@ -1,0 +1,63 @@
+"""Per-role pressures and their hysteresis tracking (pure).
+
+A role's pressure is the worst of its ratios to target: prefill, TTFT p90 over its SLO and
+prompt-token demand over capacity; decode, ITL p90 over its SLO, batch occupancy over its
+target and KV usage over its target. 1.0 is "at the SLO". Each role has a hot trend (up)
+and a cold trend (down), updated every tick by `track`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.orchestrator.planning.model import RoleLoad, Slos, Thresholds, Trend
+from shared.schemas.membership import WorkerRole
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    value: float
+    why: str  # the ratio that dominates, in words
+
+
+def _worst(terms: list[tuple[float, str]]) -> Pressure:
+    value, why = max(terms, key=lambda term: term[0])
+    return Pressure(value=value, why=why)
+
+
+def role_pressure(role: WorkerRole, load: RoleLoad, slos: Slos, thresholds: Thresholds) -> Pressure:
+    if role is WorkerRole.PREFILL:
+        terms = [(load.ttft_p90_ms / slos.ttft_p90_ms,
+                  f"TTFT p90 {load.ttft_p90_ms:.0f} ms vs SLO {slos.ttft_p90_ms:.0f} ms "
+                  f"(queue p90 {load.queue_time_p90_ms:.0f} ms)")]
+        if load.prefill_capacity_tok_s > 0:
+            terms.append((load.prefill_demand_tok_s / load.prefill_capacity_tok_s,
+                          f"prefill demand {load.prefill_demand_tok_s:.0f} tok/s vs capacity "
+                          f"{load.prefill_capacity_tok_s:.0f} tok/s"))
+        return _worst(terms)
+    return _worst([
+        (load.itl_p90_ms / slos.itl_p90_ms, f"ITL p90 {load.itl_p90_ms:.1f} ms vs SLO {slos.itl_p90_ms:.1f} ms"),
+        (load.decode_occupancy / thresholds.occupancy_target,
+         f"decode batch occupancy {load.decode_occupancy:.0%} vs target {thresholds.occupancy_target:.0%}"),
+        (load.kv_usage / thresholds.kv_target, f"KV usage {load.kv_usage:.0%} vs target {thresholds.kv_target:.0%}"),
+    ])
+
+
+def without_one(pressure: float, count: int) -> float:
+    """The pressure once one of `count` workers leaves, assuming load spreads evenly (inf if none left)."""
+    return pressure * count / (count - 1) if count > 1 else float("inf")
+
+
+def track(trend: Trend | None, value: float, *, enter: float, exit: float, hot: bool, now: float) -> Trend:
+    """The trend after one sample. Hot: enters above `enter`, leaves below `exit` (exit < enter);
+    cold: enters below `enter`, leaves above `exit` (exit > enter)."""
+    trend = trend or Trend()
+    beyond_enter = value > enter if hot else value < enter
+    beyond_exit = value < exit if hot else value > exit
+    active = beyond_enter or (trend.active and not beyond_exit)
+    held_since = (trend.held_since if trend.held_since is not None else now) if beyond_enter else None
+    return Trend(active=active, held_since=held_since)
+
+
+def sustained(trend: Trend, now: float, sustain_s: float) -> bool:
+    return trend.active and trend.held_since is not None and now - trend.held_since >= sustain_s

@@ -1,0 +1,171 @@
+"""The SLO planner's pure policy on plain data: actions and reasons, cooldowns, hysteresis,
+budget, operator overrides."""
+
+from __future__ import annotations
+
+from services.orchestrator.planning import (
+    Budget,
+    ClusterSnapshot,
+    OperatorTouch,
+    PlannerConfig,
+    PlannerState,
+    RoleLoad,
+    Slos,
+    WorkerLoad,
+    decide,
+)
+from shared.schemas.membership import WorkerRole
+from shared.schemas.planner import PlannerDecision, ScaleDown, ScaleUp, SwitchRole
+
+SLOS = Slos(ttft_p90_ms=1000.0, itl_p90_ms=50.0)
+CONFIG = PlannerConfig(budget=Budget(min_prefill=1, max_prefill=4, min_decode=1, max_decode=4, max_total=6))
+TICK_S = 5.0
+
+
+def snapshot(*, prefill: int = 2, decode: int = 2, ttft: float = 500.0, demand: float = 0.0, itl: float = 25.0,
+             occupancy: float = 0.5, touches: list[OperatorTouch] | None = None,
+             hold_until: float | None = None) -> ClusterSnapshot:
+    return ClusterSnapshot(
+        prefill=RoleLoad(workers=[WorkerLoad(worker_id=f"p{i}", load=100.0 * i) for i in range(prefill)],
+                         ttft_p90_ms=ttft, queue_time_p90_ms=ttft / 2, prefill_demand_tok_s=demand,
+                         prefill_capacity_tok_s=10_000.0 * prefill),
+        decode=RoleLoad(workers=[WorkerLoad(worker_id=f"d{i}", load=10.0 * i) for i in range(decode)],
+                        itl_p90_ms=itl, decode_occupancy=occupancy, kv_usage=0.3),
+        operator_touches=touches or [], operator_hold_until=hold_until)
+
+
+def run(series, state: PlannerState | None = None, start: float = 0.0, config: PlannerConfig = CONFIG):
+    """decide() over a series of snapshots one tick apart; every action with its time."""
+    state = state or PlannerState()
+    actions = []
+    decision = None
+    for index, snap in enumerate(series):
+        now = start + index * TICK_S
+        decision = decide(snap, SLOS, state, now, config)
+        state = decision.state
+        actions += [(now, action) for action in decision.actions]
+    return actions, state, decision
+
+
+def test_steady_cluster_does_nothing():
+    actions, _, decision = run([snapshot()] * 100)
+    assert actions == []
+    assert decision.pressures == {"prefill": 0.5, "decode": 0.5556}
+
+
+def test_prefill_burst_scales_up_prefill_when_decode_is_busy():
+    # decode is not hot but has no room to give a worker away (0.6 -> 1.2 with one fewer)
+    actions, _, _ = run([snapshot(ttft=2500.0, demand=19_000.0, occupancy=0.54)] * 8)
+    assert len(actions) == 1
+    at, action = actions[0]
+    assert isinstance(action, ScaleUp) and action.role is WorkerRole.PREFILL
+    assert at == CONFIG.thresholds.sustain_s  # held for the whole sustain period first
+    assert "prefill pressure 2.50" in action.reason and "TTFT p90 2500 ms vs SLO 1000 ms" in action.reason
+
+
+def test_decode_heavy_switches_an_idle_prefill_worker_to_decode():
+    actions, _, _ = run([snapshot(prefill=3, ttft=200.0, demand=3000.0, itl=80.0, occupancy=0.95)] * 10)
+    assert len(actions) == 1
+    action = actions[0][1]
+    assert isinstance(action, SwitchRole)
+    assert (action.worker_id, action.from_role, action.to_role) == ("p0", WorkerRole.PREFILL, WorkerRole.DECODE)
+    assert "ITL p90 80.0 ms vs SLO 50.0 ms" in action.reason and "prefill has room" in action.reason
+
+
+def test_no_switch_from_a_role_that_would_turn_hot_without_the_worker():
+    actions, _, _ = run([snapshot(prefill=2, ttft=600.0, itl=80.0)] * 10)  # prefill 0.6 -> 1.2 with one fewer
+    assert [type(action) for _, action in actions] == [ScaleUp]
+    assert actions[0][1].role is WorkerRole.DECODE
+
+
+def test_cold_role_scales_down_its_least_loaded_worker():
+    actions, _, _ = run([snapshot(prefill=3, ttft=100.0, demand=1000.0)] * 10)
+    assert len(actions) == 1
+    action = actions[0][1]
+    assert isinstance(action, ScaleDown) and action.worker_id == "p0" and action.role is WorkerRole.PREFILL
+    assert "0.15 with one fewer" in action.reason
+
+
+def test_cooldown_spaces_actions_on_sustained_pressure():
+    hot = snapshot(prefill=1, decode=1, ttft=3000.0, occupancy=0.6)
+    actions, _, decision = run([hot] * 60)  # 300 s of unrelieved pressure
+    times = [at for at, _ in actions]
+    assert all(later - earlier >= CONFIG.global_cooldown_s for earlier, later in zip(times, times[1:]))
+    assert len(actions) == 5 and all(isinstance(action, ScaleUp) for _, action in actions)
+    assert times[0] == CONFIG.thresholds.sustain_s and "for 60 s" in actions[1][1].reason  # sustained again
+
+
+def test_budget_per_role_respected():
+    actions, _, decision = run([snapshot(prefill=4, decode=1, ttft=3000.0, occupancy=0.6)] * 20)
+    assert actions == []
+    assert any("budget reached (4 prefill of max 4" in note for note in decision.notes)
+
+
+def test_cooldown_note_after_an_action():
+    _, state, _ = run([snapshot(ttft=3000.0, occupancy=0.6)] * 7)
+    decision = decide(snapshot(ttft=3000.0, occupancy=0.6), SLOS, state, 7 * TICK_S, CONFIG)
+    assert decision.actions == [] and any(note.startswith("cooldown: last action") for note in decision.notes)
+
+
+def test_signal_hovering_at_a_threshold_acts_at_most_once():
+    # sustained overload long enough for one action, then an hour hovering around the SLO
+    hover = [snapshot(ttft=1000.0 + (40.0 if index % 2 else -40.0), occupancy=0.6) for index in range(720)]
+    actions, _, _ = run([snapshot(ttft=1300.0, occupancy=0.6)] * 7 + hover)
+    assert len(actions) <= 1
+    # hovering around the scale-down threshold never scales down either
+    hover_low = [snapshot(prefill=3, ttft=400.0 + (30.0 if index % 2 else -30.0), occupancy=0.6)
+                 for index in range(720)]
+    assert run(hover_low)[0] == []
+
+
+def test_hysteresis_keeps_a_hot_role_from_scaling_down():
+    # hot (above 1.0), then just under 1.0 but above hot_exit: still hot, no scale-down of it
+    series = [snapshot(prefill=3, ttft=1200.0, occupancy=0.6)] * 2 + [snapshot(prefill=3, ttft=850.0)] * 50
+    _, state, _ = run(series)
+    assert state.trends["prefill.hot"].active
+
+
+def test_budget_total_respected():
+    budget = Budget(min_prefill=1, max_prefill=4, min_decode=1, max_decode=4, max_total=4)
+    config = PlannerConfig(budget=budget)
+    actions, _, decision = run([snapshot(ttft=3000.0, itl=200.0)] * 60, config=config)
+    assert actions == []  # 2 + 2 = the total already; both hot so nothing can be switched
+    assert any("budget reached" in note for note in decision.notes)
+
+
+def test_over_budget_is_trimmed():
+    actions, _, _ = run([snapshot(prefill=5, decode=2)], config=CONFIG)
+    assert len(actions) == 1 and isinstance(actions[0][1], ScaleDown)
+    assert actions[0][1].role is WorkerRole.PREFILL and "over budget" in actions[0][1].reason
+
+
+def test_operator_touched_worker_is_left_alone_and_said_so():
+    touch = OperatorTouch(worker_id="p0", at=0.0, command="switch-role")
+    series = [snapshot(prefill=3, ttft=200.0, demand=3000.0, itl=80.0, occupancy=0.95, touches=[touch])] * 10
+    actions, _, decision = run(series)
+    action = actions[0][1]
+    assert isinstance(action, SwitchRole) and action.worker_id == "p1"  # p0 is the least loaded, but touched
+    assert any(note.startswith("leaving p0 alone: operator command 'switch-role'") for note in decision.notes)
+
+
+def test_operator_hold_stops_every_action():
+    series = [snapshot(ttft=5000.0, hold_until=10_000.0)] * 50
+    actions, _, decision = run(series)
+    assert actions == [] and any(note.startswith("operator hold for") for note in decision.notes)
+
+
+def test_decision_event_round_trips_on_the_wire():
+    import msgspec
+
+    actions, _, decision = run([snapshot(ttft=2500.0, occupancy=0.6)] * 8)
+    event = PlannerDecision(ts=40.0, actions=decision.actions + [a for _, a in actions], notes=decision.notes)
+    decoded = msgspec.json.decode(msgspec.json.encode(event), type=PlannerDecision)
+    assert decoded == event and isinstance(decoded.actions[0], ScaleUp)
+
+
+def test_worker_cooldown_skips_a_worker_acted_on_recently():
+    config = PlannerConfig(budget=CONFIG.budget, global_cooldown_s=10.0, worker_cooldown_s=300.0)
+    series = [snapshot(prefill=4, ttft=100.0, demand=2000.0, itl=80.0, occupancy=0.95)] * 30
+    actions, _, _ = run(series, config=config)
+    switched = [action.worker_id for _, action in actions if isinstance(action, SwitchRole)]
+    assert switched[:2] == ["p0", "p1"]  # p0 is the least loaded, but it was just switched
