@@ -120,7 +120,7 @@ def router(
              "(off: the per-request cost alone decides).")] = True,
     cold_victims: Annotated[bool, typer.Option(
         help="On full caches, weigh the eviction cost by how recently each worker's least recently used "
-             "prefix was routed (off: every full cache weighs the same).")] = True,
+             "prefix was routed (off, the default: every full cache weighs the same).")] = False,
     home_slack_tokens: Annotated[float, typer.Option(
         help="A prompt no worker holds goes to its prefix's home worker (rendezvous hashing) when that one "
              "costs at most this much more than the cheapest (0: off).")] = 256.0,

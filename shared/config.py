@@ -207,8 +207,10 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # (False: the plain per-request cost decides, and a queue can push it off its holders)
     bounded_affinity: bool = True
     # on full caches, the eviction cost is weighted by how recently each worker's least
-    # recently used prefix was routed (False: every full cache weighs the same)
-    cold_victims: bool = True
+    # recently used prefix was routed (False: every full cache weighs the same). Off by
+    # default: with one active tenant per worker, its last use is Poisson noise, and the
+    # weighting then lets a burst evict a tenant that is merely between requests
+    cold_victims: bool = False
     prefix_pull: bool = True  # False: a worker never pulls a cached prefix from another (a plain baseline)
     # a prompt no worker holds goes to its prefix's home worker (rendezvous hashing of its first
     # block) when that one costs at most this much more than the cheapest (0: off)

@@ -20,7 +20,8 @@ from services.router.routing.cost import (
 from shared.config import RoutingConfig
 from shared.schemas import LoadSnapshot, WorkerRole, WorkerStatus
 
-ROUTING = RoutingConfig()
+DEFAULT = RoutingConfig()
+ROUTING = RoutingConfig(cold_victims=True)
 PREFIX = 1536  # a tenant's shared prefix
 PROMPT = PREFIX + 64
 
@@ -132,14 +133,24 @@ def test_a_prefix_is_hot_when_every_holder_carries_well_over_the_mean_load() -> 
 
 def test_a_hot_prefix_is_replicated_onto_a_second_worker() -> None:
     """The holder carries a popular tenant: 12 requests against the others' 2, with a modest
-    prefill queue. Without replication the eviction cost keeps the tenant there; replication
-    waives it, so another worker pulls the prefix and becomes its second holder."""
+    prefill queue; b's cache holds only a prefix not asked for in a long while. Replication
+    lets go of affinity, so b pulls the prefix and becomes its second holder; without it
+    (or where b's victim is as recent as the holder's) the tenant stays."""
     holder = worker("holder", reported_load=12, reported_prefill_tokens=300)
     workers = [holder, worker("b", reported_load=2), worker("c", reported_load=2)]
-    plan = plan_of(workers, tenant_request({"holder": PREFIX}))
-    assert plan.worker_id in ("b", "c") and plan.prompt is not None and plan.prompt.holder_id == "holder"
+    cold_b = {"holder": 1.0, "b": 500.0, "c": 1.0}
+    plan = plan_of(workers, tenant_request({"holder": PREFIX}, victim_age_s=cold_b))
+    assert plan.worker_id == "b" and plan.prompt is not None and plan.prompt.holder_id == "holder"
     no_replication = msgspec.structs.replace(ROUTING, hot_load_factor=0)
-    assert plan_of(workers, tenant_request({"holder": PREFIX}), no_replication).worker_id == "holder"
+    assert plan_of(workers, tenant_request({"holder": PREFIX}, victim_age_s=cold_b),
+                   no_replication).worker_id == "holder"
+    all_warm = {"holder": 1.0, "b": 1.0, "c": 1.0}
+    assert plan_of(workers, tenant_request({"holder": PREFIX}, victim_age_s=all_warm)).worker_id == "holder"
+    # by default victims are not weighed: the copy goes where it evicts nothing
+    roomy_c = [holder, worker("b", reported_load=2), worker("c", reported_load=2, reported_free_kv_tokens=4400)]
+    plan = plan_of(roomy_c, tenant_request({"holder": PREFIX}), DEFAULT)
+    assert plan.worker_id == "c" and plan.prompt is not None and plan.prompt.holder_id == "holder"
+    assert plan_of(workers, tenant_request({"holder": PREFIX}), DEFAULT).worker_id == "holder"
 
 
 # ---- the plain baseline and the pinned policy -----------------------------------------------

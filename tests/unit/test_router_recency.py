@@ -11,7 +11,7 @@ from services.router.routing.recency import CacheRecency, victim_values
 from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
-ROUTING = RoutingConfig()
+ROUTING = RoutingConfig(cold_victims=True)  # off by default; these tests are about it
 PREFIX = 1024
 PROMPT = PREFIX + 64
 

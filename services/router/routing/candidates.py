@@ -64,7 +64,7 @@ class Candidates:
         self.routing = routing
         self.eligible = eligible
         self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
-        # a hot prefix (every holder busy) is worth a second copy: no eviction cost for one
+        # a hot prefix (every holder busy) may be copied: bounded affinity lets go of it
         self.replicate = prefix_is_hot(routing, eligible.serving, request.cached_tokens, request.prompt_tokens)
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
@@ -86,8 +86,7 @@ class Candidates:
         return Single(worker, plan, self._prefill_cost(plan, worker))
 
     def _prefill_cost(self, plan: PrefillPlan, worker: WorkerView) -> float:
-        return prefill_cost(self.routing, plan, worker, replicate=self.replicate,
-                            victim_value=self._victim_value(worker))
+        return prefill_cost(self.routing, plan, worker, victim_value=self._victim_value(worker))
 
     def _victim_value(self, worker: WorkerView) -> float:
         """The weight of what `worker`'s cache would evict, relative to the other workers whose

@@ -29,10 +29,11 @@ What the terms buy, together:
   coldest prefix is, so the cluster evicts as one LRU cache would.
 - *Replication of a hot prefix.* When every worker holding (or about to hold) the longest
   cached prefix carries more than `hot_load_factor` x the serving workers' mean load (and
-  at least `HOT_MIN_EXCESS` requests more), its holders cannot carry the prefix's traffic
-  (a popular tenant's): a further copy is wanted, so a non-holder pulling it pays no
-  eviction cost. Below that bound, the prefix stays on its holders: affinity with load
-  bounded relative to the cluster, as consistent hashing with bounded loads does.
+  at least `HOT_MIN_EXCESS` requests more, or a prompt's worth more queued prefill), its
+  holders cannot carry the prefix's traffic (a popular tenant's): bounded affinity lets
+  go (`candidates.Candidates.affine`), and the plain costs pick the copy's worker, one
+  with room or a cold victim first: a copy never comes free where it evicts a prefix in
+  use (a burst of one tenant's requests must not push another active tenant out).
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is
@@ -141,14 +142,11 @@ def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_
                if worker_id in by_id and min(tokens, prompt_tokens) == longest)
 
 
-def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerView, *, replicate: bool = False,
+def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerView, *,
                  victim_value: float = 1.0) -> float:
-    """The computing worker's part of a flow's cost; `replicate`: the prefix is hot (no
-    eviction cost for a worker that would become one more holder of it); `victim_value`:
-    the weight of what its full cache would evict (`recency.victim_values`)."""
+    """The computing worker's part of a flow's cost; `victim_value`: the weight of what its
+    full cache would evict (`recency.victim_values`)."""
     new_tokens = plan.pulled_tokens + plan.uncached_tokens
-    if replicate and plan.pulled_tokens:
-        new_tokens = plan.uncached_tokens
     return (routing.prefill_weight * plan.uncached_tokens + pull_cost(routing, plan.pulled_tokens)
             + eviction_cost(routing, new_tokens, computing.free_kv_tokens, victim_value)
             + routing.queue_weight * computing.predicted_prefill_tokens)
