@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-import click
 import msgspec
 import typer
 from rich.console import Console
@@ -43,17 +42,11 @@ _outcomes = msgspec.msgpack.Decoder(CommandOutcome)
 
 
 @app.callback()
-def nats_files(ctx: typer.Context, creds_file: NatsCreds = "", ca_file: NatsCa = "", cert_file: NatsCert = "",
+def nats_files(ctx: typer.Context,
+               creds_file: NatsCreds = "", ca_file: NatsCa = "", cert_file: NatsCert = "",
                key_file: NatsKey = "") -> None:
     """Operate a running cluster through its orchestrator (on a secured NATS: the operator's files)."""
     ctx.obj = {"creds_file": creds_file, "ca_file": ca_file, "cert_file": cert_file, "key_file": key_file}
-
-
-def _nats_files() -> dict[str, str]:
-    context = click.get_current_context(silent=True)
-    while context is not None and not isinstance(context.obj, dict):
-        context = context.parent
-    return context.obj if context is not None else {}
 
 
 async def send(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float,
@@ -69,9 +62,12 @@ async def send(command: OrchestratorCommand, nats_url: str, namespace: str, time
         await bus.close()
 
 
-def _issue(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float) -> CommandOutcome:
+def _issue(ctx: typer.Context,
+           command: OrchestratorCommand, nats_url: str, namespace: str,
+           timeout_s: float) -> CommandOutcome:
+    files = ctx.obj if isinstance(ctx.obj, dict) else {}  # `nats_files`, the group's options
     try:
-        return asyncio.run(send(command, nats_url, namespace, timeout_s, _nats_files()))
+        return asyncio.run(send(command, nats_url, namespace, timeout_s, files))
     except Exception as error:
         typer.secho(f"no answer from the orchestrator at {nats_url} ({namespace}): {type(error).__name__} {error}",
                     fg="red", err=True)
@@ -101,55 +97,64 @@ def workers_table(workers: list[WorkerSummary]) -> Table:
 
 
 @app.command()
-def workers(nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+def workers(ctx: typer.Context,
+            nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
             timeout: Timeout = 5.0) -> None:
     """List the registered workers."""
-    outcome = _issue(ListWorkers(), nats_url, namespace, timeout)
+    outcome = _issue(ctx, ListWorkers(), nats_url, namespace, timeout)
     if not outcome.ok:
         _report(outcome)
     Console().print(workers_table(outcome.workers))
 
 
 @app.command()
-def cordon(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+def cordon(ctx: typer.Context,
+           worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
            timeout: Timeout = 15.0) -> None:
     """Send the worker no new work; it keeps its in-flight work and stays."""
-    _report(_issue(CordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
+    _report(_issue(ctx, CordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
 
 
 @app.command()
-def uncordon(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+def uncordon(ctx: typer.Context,
+             worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
              timeout: Timeout = 15.0) -> None:
     """Let a cordoned worker take new work again."""
-    _report(_issue(UncordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
+    _report(_issue(ctx, UncordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
 
 
 @app.command()
-def drain(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+def drain(ctx: typer.Context,
+          worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
           deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
     """Drain the worker: no new work, finish requests and held KV leases, then leave."""
-    _report(_issue(DrainWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace, timeout))
+    _report(_issue(ctx, DrainWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace,
+                   timeout))
 
 
 @app.command("set-role")
-def set_role(worker_id: str, role: Annotated[WorkerRole, typer.Argument(help="prefill | decode | both")],
+def set_role(ctx: typer.Context,
+             worker_id: str, role: Annotated[WorkerRole, typer.Argument(help="prefill | decode | both")],
              nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem", force: Force = False,
              timeout: Timeout = 15.0) -> None:
     """Switch a running worker's role, engine and prefix cache kept."""
-    _report(_issue(SetWorkerRole(worker_id=worker_id, role=role, force=force), nats_url, namespace, timeout))
+    _report(_issue(ctx, SetWorkerRole(worker_id=worker_id, role=role, force=force), nats_url, namespace, timeout))
 
 
 @app.command()
-def add(role: Annotated[WorkerRole, typer.Argument(help="prefill | decode | both")],
+def add(ctx: typer.Context,
+        role: Annotated[WorkerRole, typer.Argument(help="prefill | decode | both")],
         worker_id: Annotated[str, typer.Option("--worker-id", help="Empty: the orchestrator names it.")] = "",
         nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
         timeout: Timeout = 120.0) -> None:
     """Start a worker through the orchestrator's launcher."""
-    _report(_issue(AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
+    _report(_issue(ctx, AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
 
 
 @app.command()
-def remove(worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+def remove(ctx: typer.Context,
+           worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
            deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
     """Drain a worker and stop its process (if the orchestrator started it)."""
-    _report(_issue(RemoveWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace, timeout))
+    _report(_issue(ctx, RemoveWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace,
+                   timeout))

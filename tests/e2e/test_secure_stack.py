@@ -14,6 +14,7 @@ certificates.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -145,9 +146,22 @@ def test_tandem_up_is_secured_by_default_with_no_secret_in_ps(tmp_path: Path, ti
         assert len(pids) >= 6  # nats, orchestrator, metrics, 2 workers, router
         for pid in pids + [up.pid]:
             assert not [p for p in passwords if p in process_texts(pid)], f"a password in process {pid}"
-        with openai.OpenAI(base_url=url, api_key=(state / "api-key").read_text().strip(), max_retries=0, timeout=30) as client:
+        api_key = (state / "api-key").read_text().strip()
+        with openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=30) as client:
             model = client.models.list().data[0].id
             assert client.completions.create(model=model, prompt="Hi " * 50, max_tokens=4).usage.completion_tokens == 4
+        # the operator's files let `tandem ctl` command the orchestrator, which commands the worker
+        nats_url = re.search(r"tls://127\.0\.0\.1:\d+", (tmp_path / "stderr.txt").read_text()).group(0)
+        auth = state / "nats-auth"
+        operator = {"TANDEM_NATS_CREDS_FILE": str(auth / "creds" / "operator.creds"),
+                    "TANDEM_NATS_CA_FILE": str(auth / "tls" / "ca-cert.pem"),
+                    "TANDEM_NATS_CERT_FILE": str(auth / "tls" / "client-operator-cert.pem"),
+                    "TANDEM_NATS_KEY_FILE": str(auth / "tls" / "client-operator-key.pem")}
+        switched = subprocess.run([sys.executable, "-m", "cli.main", "ctl", "set-role", "prefill-1", "both",
+                                   "--nats-url", nats_url], env={**os.environ, **operator}, capture_output=True,
+                                  text=True, timeout=60)
+        assert switched.returncode == 0, switched.stdout + switched.stderr
+        assert "both" in switched.stdout
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(90)
