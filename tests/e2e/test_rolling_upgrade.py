@@ -1,0 +1,130 @@
+"""A rolling upgrade under load: a prefill and a decode worker of version v1, started by
+the orchestrator's local launcher, are replaced by v2 ones with `tandem ctl upgrade`
+while streaming clients keep the stack busy. No request fails or comes back short, every
+disaggregated request is served by a prefill and a decode worker of one version (the
+router's request records and the readers' transfer records say which workers, the
+membership changes say their versions), and only v2 workers are left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from launch.stack import LocalStack
+from shared.bus import connect
+from shared.nats_server import EmbeddedNats
+from shared.schemas import MembershipChange, RequestRecord, TransferRecord, WorkerRole
+from shared.schemas.orchestrator import AddWorker, CommandProgress, ListWorkers
+from shared.subjects import Subjects
+from shared.tokenizer import Tokenizer
+from tests.e2e.control_plane_helpers import StreamingLoad, command, complete
+from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
+from tests.stack_fixtures import collect, make_stack, running
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 8
+
+
+@pytest.fixture
+def v1_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[LocalStack]:
+    log_dir = tmp_path_factory.mktemp("upgrade")
+    stack = make_stack(nats_server, tiny_model_dir, log_dir, workers=0, router_args=ALWAYS_DISAGGREGATE)
+    settings = {"launcher": "local", "worker_model_dir": tiny_model_dir, "worker_log_dir": str(log_dir),
+                "worker_args": "--model-version v1", "max_workers": 4}
+    stack.config = msgspec.structs.replace(stack.config, orchestrator_settings=settings)
+    with running(stack) as local:
+        yield local
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
+        v1_stack: LocalStack, tiny_model_dir: str, openai_client) -> None:
+    stack = v1_stack
+    subjects = Subjects(stack.config.namespace)
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    bus = await connect(stack.nats_url, "upgrade-test")
+    try:
+        requests: list[RequestRecord] = await collect(bus, RequestRecord, subjects.request_events)
+        transfers: list[TransferRecord] = await collect(bus, TransferRecord, subjects.kv_transfers_all)
+        changes: list[MembershipChange] = await collect(bus, MembershipChange, subjects.membership_changes)
+        progress: list[CommandProgress] = await collect(bus, CommandProgress, subjects.orchestrator_progress)
+
+        started = await asyncio.gather(command(stack, AddWorker(role=WorkerRole.PREFILL, worker_id="p-v1"), 60),
+                                       command(stack, AddWorker(role=WorkerRole.DECODE, worker_id="d-v1"), 60))
+        assert all(outcome.ok for outcome in started), started
+        old_pids = [outcome.workers[0].registration.pid for outcome in started]
+        assert {outcome.workers[0].registration.model_version for outcome in started} == {"v1"}
+
+        load = StreamingLoad(openai_client(stack.router_url, timeout=30), tokenizer.model_name, clients=3,
+                             max_tokens=MAX_TOKENS)
+        load.start()
+        await wait_for(load.wait_answers(6), 20, "answers from the v1 pair")
+        before = len(load.answers)
+        ctl = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cli.main", "ctl", "upgrade", "--model-version", "v2", "--deadline", "15",
+            "--timeout", "70", "--nats-url", stack.nats_url, "--namespace", stack.config.namespace,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        output = (await asyncio.wait_for(ctl.communicate(), 80))[0].decode()
+        during = len(load.answers) - before
+        await wait_for(load.wait_answers(len(load.answers) + 6), 20, "answers from the v2 pair")
+        answers = await load.stop()
+        assert ctl.returncode == 0, output
+
+        # Not one request failed or came back short, before, during or after the upgrade.
+        assert answers and not complete(answers, MAX_TOKENS), complete(answers, MAX_TOKENS)
+        assert during > 0, "no request was answered while the upgrade ran"
+
+        # The steps, in order: the new pair first, the old pair drained together once it was active.
+        steps = [(p.index, p.step, p.outcome) for p in sorted(progress, key=lambda p: p.index)]
+        assert [outcome for _, _, outcome in steps] == ["ok"] * 4, steps
+        assert [step.split()[0] for _, step, _ in steps] == ["add", "add", "wait", "drain"], steps
+        assert steps[-1][1] == "drain p-v1, d-v1", steps
+        assert "[4/4] drain p-v1, d-v1 ok" in output, output
+
+        # Only v2 workers are left, and the v1 processes are gone.
+        listing = await command(stack, ListWorkers())
+        left = {s.registration.worker_id: s.registration for s in listing.workers}
+        assert sorted(r.role.value for r in left.values()) == ["decode", "prefill"], left
+        assert {r.model_version for r in left.values()} == {"v2"}, left
+        assert all(s.launched for s in listing.workers)
+        await wait_for(lambda: not any(_alive(pid) for pid in old_pids), 10, "the v1 processes to exit")
+
+        # Every request went to a prefill and a decode worker of one version.
+        version = {c.worker_id: c.registration.model_version for c in changes if c.registration is not None}
+        assert version.get("p-v1") == "v1" and version.get("d-v1") == "v1", version
+        hashes = {c.registration.model_version: c.registration.compat_hash for c in changes
+                  if c.registration is not None}
+        assert hashes["v1"] != hashes["v2"], hashes  # the router would not pair across them
+        await wait_for(lambda: len(requests) >= len(answers), 10, lambda: f"{len(answers)} request records")
+        prefill_of = {t.request_id: t.peer_worker_id for t in transfers if t.kind in ("pull", "push")}
+        served = []
+        for record in requests:
+            assert record.outcome == "ok", record
+            assert record.flow == "disaggregated", record
+            prefill = prefill_of.get(record.request_id)
+            assert prefill is not None, (record, transfers[-5:])
+            served.append((version[prefill], version[record.worker_id]))
+        mixed = [pair for pair in served if pair[0] != pair[1]]
+        assert not mixed, mixed
+        by_version = {v: sum(p == (v, v) for p in served) for v in ("v1", "v2")}
+        assert by_version["v1"] > 0 and by_version["v2"] > 0, by_version
+        print(f"\nupgrade v1 -> v2 under load: {len(answers)} requests ({during} while it ran), none failed; "
+              f"served by v1 pairs {by_version['v1']}, by v2 pairs {by_version['v2']}, mixed 0\n{output}")
+    finally:
+        await bus.close()
