@@ -77,7 +77,8 @@ def _report(outcome: CommandOutcome) -> None:
 
 def workers_table(workers: list[WorkerSummary]) -> Table:
     table = Table(title="workers")
-    for column in ("worker", "role", "status", "gen", "model", "version", "engine", "pid", "launched"):
+    table.add_column("worker", no_wrap=True)
+    for column in ("role", "status", "gen", "model", "version", "engine", "pid", "launched"):
         table.add_column(column)
     for summary in workers:
         registration = summary.registration

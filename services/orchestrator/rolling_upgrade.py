@@ -96,6 +96,8 @@ class _Run:
                               reason=f"{self._plan.model} upgraded to {self._plan.version} in {len(steps)} steps")
 
     async def _carry_out(self, batch: list[UpgradeStep], index: int) -> None:
+        """The steps of `batch` (one step, or a round's add steps together); raises
+        `StepFailed` if any of them failed."""
         match batch[0]:
             case AddStep():
                 results = await asyncio.gather(*(self._add(step) for step in batch if isinstance(step, AddStep)))
@@ -104,11 +106,11 @@ class _Run:
             case DrainStep() as step:
                 outcomes = await asyncio.gather(*(self._control.remove(worker_id, self._command.deadline_s)
                                                   for worker_id in step.worker_ids))
-                self._unpaired.clear()
-                results = [("" if outcome.ok else outcome.reason) for outcome in outcomes]
+                self._unpaired.clear()  # their old pair is going: the new ones stay whatever happens
+                results = ["; ".join(outcome.reason for outcome in outcomes if not outcome.ok)]
+        for offset, (step, why) in enumerate(zip(batch, results, strict=True)):
+            await self._progress(index + offset + 1, step, why)
         failures = [why for why in results if why]
-        for offset, step in enumerate(batch):
-            await self._progress(index + offset + 1, step, failures)
         if failures:
             raise StepFailed("; ".join(failures))
 
@@ -131,15 +133,15 @@ class _Run:
                         f"not {self._plan.model} {self._plan.version!r}")
         return ""
 
-    async def _progress(self, index: int, step: UpgradeStep, failures: list[str]) -> None:
+    async def _progress(self, index: int, step: UpgradeStep, why: str) -> None:
         description = step.describe()
-        outcome = "failed" if failures else "ok"
-        if not failures:
+        outcome = "failed" if why else "ok"
+        if not why:
             self._done.append(description)
         log.info("upgrade step %d/%d %s: %s", index, len(self._plan.steps), description, outcome)
         await self._control.publish(self._control.config.bus.subjects.orchestrator_progress, CommandProgress(
             command="upgrade_workers", index=index, total=len(self._plan.steps), step=description, outcome=outcome,
-            detail="; ".join(failures)))
+            detail=why))
 
     async def _undo_round(self) -> None:
         """Remove the new workers of the failed round (their old pair still serves)."""

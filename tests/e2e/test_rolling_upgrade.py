@@ -1,6 +1,7 @@
 """A rolling upgrade under load: a prefill and a decode worker of version v1, started by
 the orchestrator's local launcher, are replaced by v2 ones with `tandem ctl upgrade`
-while streaming clients keep the stack busy. No request fails or comes back short, every
+while streaming clients keep the stack busy (after an attempt whose new decode worker
+cannot start, which stops with the v1 pair untouched). No request fails or comes back short, every
 disaggregated request is served by a prefill and a decode worker of one version (the
 router's request records and the readers' transfer records say which workers, the
 membership changes say their versions), and only v2 workers are left.
@@ -20,7 +21,7 @@ from launch.stack import LocalStack
 from shared.bus import connect
 from shared.nats_server import EmbeddedNats
 from shared.schemas import MembershipChange, RequestRecord, TransferRecord, WorkerRole
-from shared.schemas.orchestrator import AddWorker, CommandProgress, ListWorkers
+from shared.schemas.orchestrator import AddWorker, CommandProgress, ListWorkers, UpgradeWorkers
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.control_plane_helpers import StreamingLoad, command, complete
@@ -74,16 +75,32 @@ async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
         load = StreamingLoad(openai_client(stack.router_url, timeout=30), tokenizer.model_name, clients=3,
                              max_tokens=MAX_TOKENS)
         load.start()
-        await wait_for(load.wait_answers(6), 20, "answers from the v1 pair")
-        before = len(load.answers)
-        ctl = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cli.main", "ctl", "upgrade", "--model-version", "v2", "--deadline", "15",
-            "--timeout", "70", "--nats-url", stack.nats_url, "--namespace", stack.config.namespace,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        output = (await asyncio.wait_for(ctl.communicate(), 80))[0].decode()
-        during = len(load.answers) - before
-        await wait_for(load.wait_answers(len(load.answers) + 6), 20, "answers from the v2 pair")
-        answers = await load.stop()
+        try:
+            await wait_for(load.wait_answers(6), 20, "answers from the v1 pair")
+
+            # An upgrade whose new decode worker cannot start stops there: the new prefill worker
+            # of that round is removed again and the v1 pair serves on.
+            failed = await command(stack, UpgradeWorkers(model_version="v2", role_args={"decode": ["--no-such-flag"]}),
+                                   timeout_s=60)
+            assert failed.outcome == "failed" and "decode-v2-1 exited" in failed.reason, failed
+            assert failed.steps == ["add prefill prefill-v2-1"], failed
+            assert sorted(s.registration.worker_id for s in failed.workers) == ["d-v1", "p-v1"], failed.workers
+            await wait_for(lambda: any(p.outcome == "failed" for p in progress), 5, "the failed step's report")
+            assert [(p.step, p.outcome) for p in progress] == [("add prefill prefill-v2-1", "ok"),
+                                                               ("add decode decode-v2-1", "failed")], progress
+            progress.clear()
+
+            before = len(load.answers)
+            ctl = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "cli.main", "ctl", "upgrade", "--model-version", "v2", "--deadline", "15",
+                "--timeout", "70", "--nats-url", stack.nats_url, "--namespace", stack.config.namespace,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            output = (await asyncio.wait_for(ctl.communicate(), 80))[0].decode()
+            during = len(load.answers) - before
+            await wait_for(load.wait_answers(len(load.answers) + 6), 20, "answers from the v2 pair")
+            answers = await load.stop()
+        finally:
+            await load.stop()  # stopped already, unless something above failed
         assert ctl.returncode == 0, output
 
         # Not one request failed or came back short, before, during or after the upgrade.
