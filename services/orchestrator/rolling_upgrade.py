@@ -8,13 +8,15 @@ orchestrator mirrors it. Then, in order:
   each is waited on until it registered ACTIVE (`ControlPlane.add`);
 - a wait step checks that every new worker of the round is ACTIVE and registered the new
   version (a worker whose flags did not change its version fails the upgrade);
-- a drain step drains the round's old workers together and stops the processes the
-  orchestrator started (`ControlPlane.remove`).
+- a cordon step cordons the round's old pair together (`CordonWorker`, checked like the
+  command);
+- a drain step drains its old workers together and stops the processes the orchestrator
+  started (`ControlPlane.remove`): the prefill worker first, then the decode one.
 
 Each step, as it ends, is published on `orchestrator.progress` (`CommandProgress`) and
-logged. The first step that fails ends the upgrade: the new workers of its round that
-have no old pair drained yet are removed again (the cluster is as it was at the round's
-start), and the outcome is `failed` with the steps done and why. `ok` carries every step
+logged. The first step that fails ends the upgrade: if its round drained nothing yet, the old
+workers it cordoned are uncordoned and its new workers removed again (the cluster is as
+it was at the round's start), and the outcome is `failed` with the steps done and why. `ok` carries every step
 and the workers at the end.
 """
 
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from services.orchestrator.upgrade_plan import (
     AddStep,
+    CordonStep,
     CurrentWorker,
     DrainStep,
     UpgradePlan,
@@ -34,7 +37,14 @@ from services.orchestrator.upgrade_plan import (
     plan_upgrade,
 )
 from shared.schemas import WorkerRole, WorkerStatus
-from shared.schemas.orchestrator import AddWorker, CommandOutcome, CommandProgress, UpgradeWorkers
+from shared.schemas.orchestrator import (
+    AddWorker,
+    CommandOutcome,
+    CommandProgress,
+    CordonWorker,
+    UncordonWorker,
+    UpgradeWorkers,
+)
 
 if TYPE_CHECKING:
     from services.orchestrator.control_plane import ControlPlane
@@ -74,6 +84,7 @@ class _Run:
         self._role_args = role_args
         self._done: list[str] = []
         self._unpaired: list[str] = []  # new workers started in the current round
+        self._cordoned: list[str] = []  # old workers cordoned in the current round, none drained yet
 
     async def run(self) -> CommandOutcome:
         steps = self._plan.steps
@@ -103,10 +114,16 @@ class _Run:
                 results = await asyncio.gather(*(self._add(step) for step in batch if isinstance(step, AddStep)))
             case WaitActiveStep() as step:
                 results = [self._check_active(step)]
+            case CordonStep() as step:
+                self._cordoned = list(step.worker_ids)
+                outcomes = await asyncio.gather(*(self._control.execute(CordonWorker(worker_id=worker_id))
+                                                  for worker_id in step.worker_ids))
+                results = ["; ".join(outcome.reason for outcome in outcomes if not outcome.ok)]
             case DrainStep() as step:
                 outcomes = await asyncio.gather(*(self._control.remove(worker_id, self._command.deadline_s)
                                                   for worker_id in step.worker_ids))
                 self._unpaired.clear()  # their old pair is going: the new ones stay whatever happens
+                self._cordoned.clear()
                 results = ["; ".join(outcome.reason for outcome in outcomes if not outcome.ok)]
         for offset, (step, why) in enumerate(zip(batch, results, strict=True)):
             await self._progress(index + offset + 1, step, why)
@@ -144,7 +161,12 @@ class _Run:
             detail=why))
 
     async def _undo_round(self) -> None:
-        """Remove the new workers of the failed round (their old pair still serves)."""
+        """Uncordon the old workers and remove the new ones of the failed round, if it had
+        drained none yet (the old pair serves on)."""
+        for worker_id in self._cordoned:
+            outcome = await self._control.execute(UncordonWorker(worker_id=worker_id))
+            log.info("upgrade: uncordoned %s again: %s %s", worker_id, outcome.outcome, outcome.reason)
+        self._cordoned.clear()
         for worker_id in self._unpaired:
             outcome = await self._control.remove(worker_id, self._command.deadline_s)
             log.info("upgrade: removed %s again: %s %s", worker_id, outcome.outcome, outcome.reason)

@@ -4,12 +4,15 @@ target version in, the ordered steps (or why there can be none) out.
 Every worker of the model not at the target version is replaced by one of the same role.
 Prefill and decode workers go together, a prefill and a decode one per round:
 
-    add new prefill, add new decode -> wait until both are active -> drain both old ones
+    add new prefill, add new decode -> wait until both are active
+    -> cordon both old ones -> drain the old prefill worker -> drain the old decode worker
 
 so neither version is ever left with prefill workers but no decode worker (or the
 reverse) while it serves: the new version gets one of each in the first round before
 anything is drained, and the old version loses its last prefill and its last decode
-worker in the same (last) round, drained together. When one role has more old workers
+worker in the same (last) round, cordoned together (routers stop sending it work at
+once); the prefill worker drains first, so the decode worker still takes the hand-offs of
+requests in flight. When one role has more old workers
 than the other, its extra ones are replaced in the first rounds (the other role's new
 worker, added in the first round, waits for its old one's turn in the last). Workers that serve whole requests
 (role both) are replaced one per round after the pairs.
@@ -63,6 +66,17 @@ class WaitActiveStep:
 
 
 @dataclass(frozen=True, slots=True)
+class CordonStep:
+    """Cordon `worker_ids` together: routers send them no new request; hand-offs of requests
+    already routed to them are still taken."""
+
+    worker_ids: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"cordon {', '.join(self.worker_ids)}"
+
+
+@dataclass(frozen=True, slots=True)
 class DrainStep:
     """Drain `worker_ids` together (and stop their processes if the orchestrator started them)."""
 
@@ -72,7 +86,7 @@ class DrainStep:
         return f"drain {', '.join(self.worker_ids)}"
 
 
-UpgradeStep = AddStep | WaitActiveStep | DrainStep
+UpgradeStep = AddStep | WaitActiveStep | CordonStep | DrainStep
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +120,7 @@ def plan_upgrade(workers: Sequence[CurrentWorker], version: str, limits: WorkerL
     model = models[0]
     old = [w for w in workers if w.model == model and w.version != version and w.status is not WorkerStatus.DRAINING]
     by_role = {role: sorted(w.worker_id for w in old if w.role is role) for role in WorkerRole}
+    roles = {w.worker_id: w.role for w in old}
     rounds = _rounds(by_role)
     extra = _peak_extra(rounds)
     why = _no_room(workers, rounds, extra, limits)
@@ -122,9 +137,20 @@ def plan_upgrade(workers: Sequence[CurrentWorker], version: str, limits: WorkerL
             steps.append(AddStep(worker_id=worker_id, role=role))
         if added:
             steps.append(WaitActiveStep(worker_ids=tuple(added)))
-        if drains:
-            steps.append(DrainStep(worker_ids=tuple(drains)))
+        steps += _retire(drains, roles)
     return UpgradePlan(model=model, version=version, steps=tuple(steps), extra_workers=extra)
+
+
+def _retire(worker_ids: list[str], roles: dict[str, WorkerRole]) -> list[UpgradeStep]:
+    """The steps that take a round's old workers out. A prefill and a decode worker are
+    cordoned together (no new request reaches either), then the prefill worker drains (it
+    leaves once its decode workers have pulled its KV), then the decode one: a decode
+    worker never refuses the hand-off of a request its prefill partner is still working on."""
+    prefills = tuple(w for w in worker_ids if roles[w] is WorkerRole.PREFILL)
+    others = tuple(w for w in worker_ids if roles[w] is not WorkerRole.PREFILL)
+    if not prefills or not others:
+        return [DrainStep(worker_ids=tuple(worker_ids))] if worker_ids else []
+    return [CordonStep(worker_ids=tuple(worker_ids)), DrainStep(worker_ids=prefills), DrainStep(worker_ids=others)]
 
 
 Round = tuple[list[WorkerRole], list[str]]  # the roles of the workers added, then the old workers drained

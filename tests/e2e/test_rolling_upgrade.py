@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
+import time
 from collections.abc import Iterator
 
 import msgspec
@@ -26,6 +28,7 @@ from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.control_plane_helpers import StreamingLoad, command, complete
 from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
+from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import collect, make_stack, running
 from tests.waiting import wait_for
 
@@ -35,13 +38,24 @@ MAX_TOKENS = 8
 
 
 @pytest.fixture
-def v1_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[LocalStack]:
+def receiver() -> Iterator[OtlpReceiver]:
+    otlp = OtlpReceiver().start()
+    yield otlp
+    otlp.stop()
+
+
+@pytest.fixture
+def v1_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory,
+             receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalStack]:
+    """No worker yet; an orchestrator that starts v1 workers, and a router that always
+    disaggregates and exports its spans (every 100 ms) to `receiver`."""
     log_dir = tmp_path_factory.mktemp("upgrade")
-    stack = make_stack(nats_server, tiny_model_dir, log_dir, workers=0, router_args=ALWAYS_DISAGGREGATE)
+    tracing = ("--trace-exporter", "otlp", "--otlp-endpoint", receiver.endpoint)
+    stack = make_stack(nats_server, tiny_model_dir, log_dir, workers=0, router_args=(*ALWAYS_DISAGGREGATE, *tracing))
     settings = {"launcher": "local", "worker_model_dir": tiny_model_dir, "worker_log_dir": str(log_dir),
                 "worker_args": "--model-version v1", "max_workers": 4}
     stack.config = msgspec.structs.replace(stack.config, orchestrator_settings=settings)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # OpenTelemetry's batch processor setting, in ms
     with running(stack) as local:
         yield local
 
@@ -55,7 +69,7 @@ def _alive(pid: int) -> bool:
 
 
 async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
-        v1_stack: LocalStack, tiny_model_dir: str, openai_client) -> None:
+        v1_stack: LocalStack, receiver: OtlpReceiver, tiny_model_dir: str, openai_client) -> None:
     stack = v1_stack
     subjects = Subjects(stack.config.namespace)
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
@@ -90,13 +104,13 @@ async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
                                                                ("add decode decode-v2-1", "failed")], progress
             progress.clear()
 
-            before = len(load.answers)
+            before, upgrade_started = len(load.answers), time.monotonic()
             ctl = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "cli.main", "ctl", "upgrade", "--model-version", "v2", "--deadline", "15",
                 "--timeout", "70", "--nats-url", stack.nats_url, "--namespace", stack.config.namespace,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
             output = (await asyncio.wait_for(ctl.communicate(), 80))[0].decode()
-            during = len(load.answers) - before
+            during, upgrade_s = len(load.answers) - before, time.monotonic() - upgrade_started
             await wait_for(load.wait_answers(len(load.answers) + 6), 20, "answers from the v2 pair")
             answers = await load.stop()
         finally:
@@ -107,12 +121,13 @@ async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
         assert answers and not complete(answers, MAX_TOKENS), complete(answers, MAX_TOKENS)
         assert during > 0, "no request was answered while the upgrade ran"
 
-        # The steps, in order: the new pair first, the old pair drained together once it was active.
+        # The steps, in order: the new pair first; once it is active the old pair is cordoned
+        # together, then its prefill worker drains, then its decode worker.
         steps = [(p.index, p.step, p.outcome) for p in sorted(progress, key=lambda p: p.index)]
-        assert [outcome for _, _, outcome in steps] == ["ok"] * 4, steps
-        assert [step.split()[0] for _, step, _ in steps] == ["add", "add", "wait", "drain"], steps
-        assert steps[-1][1] == "drain p-v1, d-v1", steps
-        assert "[4/4] drain p-v1, d-v1 ok" in output, output
+        assert [outcome for _, _, outcome in steps] == ["ok"] * 6, steps
+        assert [step for _, step, _ in steps][3:] == ["cordon p-v1, d-v1", "drain p-v1", "drain d-v1"], steps
+        assert [step.split()[0] for _, step, _ in steps][:3] == ["add", "add", "wait"], steps
+        assert "[6/6] drain d-v1 ok" in output, output
 
         # Only v2 workers are left, and the v1 processes are gone.
         listing = await command(stack, ListWorkers())
@@ -128,20 +143,54 @@ async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
         hashes = {c.registration.model_version: c.registration.compat_hash for c in changes
                   if c.registration is not None}
         assert hashes["v1"] != hashes["v2"], hashes  # the router would not pair across them
+        # The router's route spans say which prefill and decode worker each request was sent
+        # to (every attempt), the readers' transfer records which prefill worker it pulled from.
         await wait_for(lambda: len(requests) >= len(answers), 10, lambda: f"{len(answers)} request records")
-        prefill_of = {t.request_id: t.peer_worker_id for t in transfers if t.kind in ("pull", "push")}
+        assert all(r.outcome == "ok" and r.flow == "disaggregated" for r in requests), requests
+        ids = {r.request_id for r in requests}
+        await wait_for(lambda: ids <= set(_routes(receiver)), 10, lambda: f"route spans of {len(ids)} requests")
+        routes = _routes(receiver)
         served = []
         for record in requests:
-            assert record.outcome == "ok", record
-            assert record.flow == "disaggregated", record
-            prefill = prefill_of.get(record.request_id)
-            assert prefill is not None, (record, transfers[-5:])
-            served.append((version[prefill], version[record.worker_id]))
-        mixed = [pair for pair in served if pair[0] != pair[1]]
+            pairs = routes[record.request_id]
+            # each route a same-version pair, and a request never moved between versions
+            assert len({version[worker] for pair in pairs for worker in pair}) == 1, (record, pairs, version)
+            last = [prefill for prefill, decode in pairs if decode == record.worker_id]
+            assert last, (record, pairs)
+            served.append((version[last[-1]], version[record.worker_id]))
+        pulls = [(t.peer_worker_id, t.worker_id) for t in transfers  # a continuation's id ends in -r<attempt>
+                 if t.kind == "pull" and re.sub(r"-r\d+$", "", t.request_id) in ids]
+        assert pulls
+        mixed = [(prefill, decode) for prefill, decode in pulls if version[prefill] != version[decode]]
         assert not mixed, mixed
-        by_version = {v: sum(p == (v, v) for p in served) for v in ("v1", "v2")}
-        assert by_version["v1"] > 0 and by_version["v2"] > 0, by_version
-        print(f"\nupgrade v1 -> v2 under load: {len(answers)} requests ({during} while it ran), none failed; "
-              f"served by v1 pairs {by_version['v1']}, by v2 pairs {by_version['v2']}, mixed 0\n{output}")
+        resumed = sum(len(routes[r.request_id]) > 1 for r in requests)
+        by_version = {v: served.count((v, v)) for v in ("v1", "v2")}
+        assert by_version["v1"] > 0 and by_version["v2"] > 0 and sum(by_version.values()) == len(served), by_version
+        print(f"\nupgrade v1 -> v2 under load took {upgrade_s:.1f} s: {len(answers)} requests ({during} while "
+              f"it ran), none failed; "
+              f"served by v1 pairs {by_version['v1']}, by v2 pairs {by_version['v2']}, mixed 0 "
+              f"({len(pulls)} pulls checked, {resumed} routed more than once)\n{output}")
     finally:
         await bus.close()
+
+
+def _routes(receiver: OtlpReceiver) -> dict[str, list[tuple[str, str]]]:
+    """Request id -> the (prefill, decode) worker of each disaggregated route the router took
+    for it: the `router.route` events of its `router.generate` span and of the
+    `router.resume` spans under it (a continuation on other workers)."""
+    spans = list(receiver.spans)
+    request_of = {span.span_id: span.attributes["tandem.request_id"] for span in spans
+                  if span.name == "router.generate"}
+    routes: dict[str, list[tuple[str, str]]] = {}
+    for span in spans:
+        if span.name == "router.generate":
+            request_id = span.attributes["tandem.request_id"]
+        elif span.name == "router.resume" and span.parent_span_id in request_of:
+            request_id = request_of[span.parent_span_id]
+        else:
+            continue
+        pairs = routes.setdefault(request_id, [])
+        for name, attributes in span.events:
+            if name == "router.route" and attributes.get("tandem.flow") == "disaggregated":
+                pairs.append((attributes["tandem.prefill_worker_id"], attributes["tandem.worker_id"]))
+    return routes

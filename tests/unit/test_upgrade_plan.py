@@ -10,6 +10,7 @@ from services.orchestrator.command_checks import refusal
 from services.orchestrator.launchers import WorkerLaunch, worker_argv
 from services.orchestrator.upgrade_plan import (
     AddStep,
+    CordonStep,
     CurrentWorker,
     DrainStep,
     UpgradePlan,
@@ -41,7 +42,7 @@ def planned(current: list[CurrentWorker], version: str = "v2", limits: WorkerLim
 
 def replay(current: list[CurrentWorker], plan: UpgradePlan) -> list[dict[str, tuple[WorkerRole, str, bool]]]:
     """The cluster after each step: worker id -> (role, version, active). A new worker is
-    active from its wait step on; a drained one is gone."""
+    active from its wait step on, a cordoned one no more; a drained one is gone."""
     cluster = {w.worker_id: (w.role, w.version, True) for w in current}
     states = []
     for step in plan.steps:
@@ -53,6 +54,10 @@ def replay(current: list[CurrentWorker], plan: UpgradePlan) -> list[dict[str, tu
                 for worker_id in ids:
                     role, version, _ = cluster[worker_id]
                     cluster[worker_id] = (role, version, True)
+            case CordonStep(worker_ids=ids):
+                for worker_id in ids:
+                    role, version, _ = cluster[worker_id]
+                    cluster[worker_id] = (role, version, False)
             case DrainStep(worker_ids=ids):
                 for worker_id in ids:
                     del cluster[worker_id]
@@ -64,10 +69,11 @@ def serving_roles(state: dict[str, tuple[WorkerRole, str, bool]], version: str) 
     return {role for role, v, active in state.values() if v == version and active}
 
 
-def test_one_pair_is_add_both_wait_then_drain_both() -> None:
+def test_one_pair_is_add_both_wait_cordon_both_then_drain_prefill_then_decode() -> None:
     plan = planned(workers(1, 1))
     assert plan.describe() == ["add prefill prefill-v2-1", "add decode decode-v2-1",
-                               "wait until prefill-v2-1, decode-v2-1 active", "drain p1-v1, d1-v1"]
+                               "wait until prefill-v2-1, decode-v2-1 active", "cordon p1-v1, d1-v1",
+                               "drain p1-v1", "drain d1-v1"]
     assert plan.extra_workers == 2
 
 
@@ -98,7 +104,8 @@ def test_no_version_serves_with_one_paired_role_missing(prefill: int, decode: in
 def test_uneven_roles_keep_the_last_of_each_for_the_last_round() -> None:
     plan = planned(workers(1, 3))
     drains = [step.worker_ids for step in plan.steps if isinstance(step, DrainStep)]
-    assert drains == [("d1-v1",), ("d2-v1",), ("p1-v1", "d3-v1")]
+    assert drains == [("d1-v1",), ("d2-v1",), ("p1-v1",), ("d3-v1",)]
+    assert [step.worker_ids for step in plan.steps if isinstance(step, CordonStep)] == [("p1-v1", "d3-v1")]
     first_adds = [step.role for step in plan.steps[:2]]
     assert first_adds == [PREFILL, DECODE]  # the new version gets both roles before anything drains
 
