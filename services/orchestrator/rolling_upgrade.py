@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 from services.orchestrator.upgrade_plan import (
@@ -56,7 +57,22 @@ class StepFailed(Exception):
     """A step did not finish (an expected failure: the upgrade answers `failed`)."""
 
 
+# The control planes running an upgrade: a second one is refused while the first runs (its
+# plan would count the first one's new workers as the cluster's).
+_upgrading: weakref.WeakSet[ControlPlane] = weakref.WeakSet()
+
+
 async def rolling_upgrade(control: ControlPlane, command: UpgradeWorkers) -> CommandOutcome:
+    if control in _upgrading:
+        return CommandOutcome(outcome="refused", reason="an upgrade is already running")
+    _upgrading.add(control)
+    try:
+        return await _upgrade(control, command)
+    finally:
+        _upgrading.discard(control)
+
+
+async def _upgrade(control: ControlPlane, command: UpgradeWorkers) -> CommandOutcome:
     try:
         role_args = {WorkerRole(role): tuple(args) for role, args in command.role_args.items()}
     except ValueError as error:

@@ -1,7 +1,8 @@
 """A rolling upgrade under load: a prefill and a decode worker of version v1, started by
 the orchestrator's local launcher, are replaced by v2 ones with `tandem ctl upgrade`
 while streaming clients keep the stack busy (after an attempt whose new decode worker
-cannot start, which stops with the v1 pair untouched). No request fails or comes back short, every
+cannot start, which stops with the v1 pair untouched; a second upgrade sent while one
+runs is refused). No request fails or comes back short, every
 disaggregated request is served by a prefill and a decode worker of one version (the
 router's request records and the readers' transfer records say which workers, the
 membership changes say their versions), and only v2 workers are left.
@@ -109,7 +110,11 @@ async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
                 sys.executable, "-m", "cli.main", "ctl", "upgrade", "--model-version", "v2", "--deadline", "15",
                 "--timeout", "70", "--nats-url", stack.nats_url, "--namespace", stack.config.namespace,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-            output = (await asyncio.wait_for(ctl.communicate(), 80))[0].decode()
+            communicated = asyncio.create_task(ctl.communicate())
+            await wait_for(lambda: bool(progress), 30, "the upgrade's first step")
+            second = await command(stack, UpgradeWorkers(model_version="v3"))
+            assert second.outcome == "refused" and "already running" in second.reason, second
+            output = (await asyncio.wait_for(communicated, 80))[0].decode()
             during, upgrade_s = len(load.answers) - before, time.monotonic() - upgrade_started
             await wait_for(load.wait_answers(len(load.answers) + 6), 20, "answers from the v2 pair")
             answers = await load.stop()
