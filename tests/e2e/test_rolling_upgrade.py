@@ -2,10 +2,10 @@
 the orchestrator's local launcher, are replaced by v2 ones with `tandem ctl upgrade`
 while streaming clients keep the stack busy (after an attempt whose new decode worker
 cannot start, which stops with the v1 pair untouched; a second upgrade sent while one
-runs is refused). No request fails or comes back short, every
-disaggregated request is served by a prefill and a decode worker of one version (the
-router's request records and the readers' transfer records say which workers, the
-membership changes say their versions), and only v2 workers are left.
+runs is refused). No request fails or comes back short; every request is routed only to
+prefill and decode workers of one version (the router's spans name the pair of each
+route, the readers' transfer records the prefill worker each pull read from, the
+membership changes each worker's version); only v2 workers are left.
 """
 
 from __future__ import annotations
