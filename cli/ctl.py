@@ -1,6 +1,7 @@
 """`tandem ctl`: orchestrator commands from the terminal.
 
-`tandem ctl cordon|uncordon|drain|set-role|add|remove WORKER ... --nats-url URL` sends one
+`tandem ctl cordon|uncordon|drain|set-role|add|remove WORKER ... --nats-url URL` (and `tandem ctl
+upgrade --model-version V`, which prints each step as the orchestrator reports it) sends one
 `OrchestratorCommand` to the orchestrator (`orchestrator.commands`, request/reply) and
 prints its `CommandOutcome`; `tandem ctl workers` lists the registered workers as a table.
 Exit code 0 when the outcome is `ok`, 1 when `refused` or `failed`, 2 when the
@@ -10,6 +11,7 @@ orchestrator did not answer.
 from __future__ import annotations
 
 import asyncio
+import shlex
 from typing import Annotated
 
 import msgspec
@@ -30,6 +32,7 @@ from shared.schemas.orchestrator import (
     RemoveWorker,
     SetWorkerRole,
     UncordonWorker,
+    UpgradeWorkers,
     WorkerSummary,
 )
 from shared.subjects import Subjects
@@ -86,12 +89,14 @@ def _report(outcome: CommandOutcome) -> None:
 
 def workers_table(workers: list[WorkerSummary]) -> Table:
     table = Table(title="workers")
-    for column in ("worker", "role", "status", "gen", "model", "engine", "pid", "launched"):
+    table.add_column("worker", no_wrap=True)
+    for column in ("role", "status", "gen", "model", "version", "engine", "pid", "launched"):
         table.add_column(column)
     for summary in workers:
         registration = summary.registration
         table.add_row(registration.worker_id, registration.role.value, registration.status.value,
-                      str(registration.generation), registration.model, registration.engine, str(registration.pid),
+                      str(registration.generation), registration.model, registration.model_version,
+                      registration.engine, str(registration.pid),
                       "yes" if summary.launched else "")
     return table
 
@@ -158,3 +163,67 @@ def remove(ctx: typer.Context,
     """Drain a worker and stop its process (if the orchestrator started it)."""
     _report(_issue(ctx, RemoveWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace,
                    timeout))
+
+
+async def send_with_progress(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float,
+                             files: dict[str, str] | None = None) -> CommandOutcome:
+    """`send`, printing each `CommandProgress` the orchestrator publishes meanwhile."""
+    from shared.bus import connect
+    from shared.schemas.orchestrator import CommandProgress
+
+    progress = msgspec.msgpack.Decoder(CommandProgress)
+
+    async def on_progress(msg) -> None:
+        try:
+            step = progress.decode(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        detail = f": {step.detail}" if step.detail else ""
+        typer.secho(f"[{step.index}/{step.total}] {step.step} {step.outcome}{detail}",
+                    fg="green" if step.outcome == "ok" else "red")
+
+    subjects = Subjects(namespace)
+    bus = await connect(bus_config(nats_url, namespace, **(files or {})), "tandem-ctl")
+    try:
+        await bus.client.subscribe(subjects.orchestrator_progress, cb=on_progress)
+        reply = await bus.client.request(subjects.orchestrator_commands, encode(command), timeout=timeout_s)
+        return _outcomes.decode(reply.data)
+    finally:
+        await bus.close()
+
+
+def _role_settings(items: list[str]) -> dict[str, list[str]]:
+    settings: dict[str, list[str]] = {}
+    for item in items:
+        role, sep, flags = item.partition("=")
+        if not sep or role not in {r.value for r in WorkerRole}:
+            raise typer.BadParameter(f"{item!r}: expected ROLE=FLAGS, ROLE one of prefill, decode, both",
+                                     param_hint="--role-settings")
+        settings.setdefault(role, []).extend(shlex.split(flags))
+    return settings
+
+
+@app.command()
+def upgrade(ctx: typer.Context,
+            model_version: Annotated[str, typer.Option("--model-version", help="The version to upgrade to.")],
+            worker_args: Annotated[str, typer.Option("--worker-args",
+                                                     help="Further `tandem worker` flags for every new worker, "
+                                                          "e.g. '--model-dir /models/v2'.")] = "",
+            role_settings: Annotated[list[str], typer.Option(
+                "--role-settings", help="ROLE=FLAGS: further flags for new workers of one role (repeatable).")
+            ] = [],  # noqa: B006 (typer reads the default)
+            model: Annotated[str, typer.Option("--model", help="Empty: the one model served.")] = "",
+            nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+            deadline: Deadline = 30.0, timeout: Timeout = 900.0) -> None:
+    """Rolling upgrade: replace every worker by a new-version one of its role, a prefill and a
+    decode worker at a time (add, wait until active, drain the old pair)."""
+    command = UpgradeWorkers(model_version=model_version, worker_args=shlex.split(worker_args),
+                             role_args=_role_settings(role_settings), model=model, deadline_s=deadline)
+    try:
+        files = ctx.obj if isinstance(ctx.obj, dict) else {}
+        outcome = asyncio.run(send_with_progress(command, nats_url, namespace, timeout, files))
+    except Exception as error:
+        typer.secho(f"no answer from the orchestrator at {nats_url} ({namespace}): {type(error).__name__} {error}",
+                    fg="red", err=True)
+        raise typer.Exit(2) from None
+    _report(outcome)

@@ -111,12 +111,14 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
                         _wild(s.kv_release), s.request_events, *_jetstream(bucket, create=True)]
         case Role.ORCHESTRATOR:  # commands in; admin messages to workers (answered to its inbox)
             subscribe += [s.orchestrator_commands]
+            publish += [s.orchestrator_progress]
             publish += ["_INBOX.>", s.membership_changes, f"$KV.{bucket}.>", *_jetstream(bucket, create=True),
                         *(_wild(s.control, kind) for kind in ("set_role", "cordon", "uncordon", "drain"))]
         case Role.METRICS:
             subscribe += [s.kv_events_all, s.load_all, s.kv_transfers_all, s.request_events, s.membership_changes]
             publish += [_wild(s.control, "kv_snapshot"), *_jetstream(bucket, create=True)]
-        case Role.OPERATOR:  # also `tandem ctl`: commands to the orchestrator
+        case Role.OPERATOR:  # also `tandem ctl`: commands to the orchestrator, and their progress
+            subscribe += [s.orchestrator_progress]
             publish += [_wild(s.control, "drain"), s.orchestrator_commands, *_jetstream(bucket, create=False)]
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
 

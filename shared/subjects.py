@@ -79,6 +79,11 @@ class Subjects(msgspec.Struct, frozen=True):
     def orchestrator_commands(self) -> str:
         return f"{self._root}.orchestrator.commands"
 
+    # a long command's steps as they are done (`CommandProgress`, published by the orchestrator)
+    @property
+    def orchestrator_progress(self) -> str:
+        return f"{self._root}.orchestrator.progress"
+
     @property
     def membership_changes(self) -> str:
         return f"{self._root}.membership.changes"

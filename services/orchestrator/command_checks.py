@@ -23,6 +23,7 @@ from shared.schemas.orchestrator import (
     RemoveWorker,
     SetWorkerRole,
     UncordonWorker,
+    UpgradeWorkers,
 )
 
 SERVING_ROLES = frozenset({WorkerRole.DECODE, WorkerRole.BOTH})
@@ -38,6 +39,8 @@ def refusal(command: OrchestratorCommand, members: Mapping[str, WorkerRegistrati
     match command:
         case ListWorkers():
             return None
+        case UpgradeWorkers():  # the plan (upgrade_plan.py) checks the budget and the roles
+            return None if can_launch else "this orchestrator has no worker launcher (start it with --launcher local)"
         case AddWorker(role=role, worker_id=worker_id):
             if not can_launch:
                 return "this orchestrator has no worker launcher (start it with --launcher local)"

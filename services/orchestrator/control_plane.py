@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 
 from services.orchestrator.command_checks import refusal
 from services.orchestrator.launchers import LaunchedWorker, Launcher, LaunchError, WorkerLaunch
+from services.orchestrator.rolling_upgrade import rolling_upgrade
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import OrchestratorConfig
@@ -46,6 +47,7 @@ from shared.schemas.orchestrator import (
     RemoveWorker,
     SetWorkerRole,
     UncordonWorker,
+    UpgradeWorkers,
     WorkerSummary,
 )
 from shared.subjects import check_token
@@ -147,6 +149,8 @@ class ControlPlane:
                 return await self._remove(worker_id, deadline_s)
             case AddWorker():
                 return await self._add(command)
+            case UpgradeWorkers():
+                return await rolling_upgrade(self, command)
         raise AssertionError(f"unknown command {command!r}")
 
     def registration(self, worker_id: str) -> WorkerRegistration | None:
@@ -212,7 +216,23 @@ class ControlPlane:
                                   reason=f"{drained.reason}; its process was stopped (exit status {status})")
         return CommandOutcome(outcome="ok", worker_id=worker_id, reason=f"drained, left, process exited ({status})")
 
-    async def _add(self, command: AddWorker) -> CommandOutcome:
+    async def add(self, command: AddWorker, extra_args: tuple[str, ...] = ()) -> CommandOutcome:
+        return await self._add(command, extra_args)
+
+    async def remove(self, worker_id: str, deadline_s: float) -> CommandOutcome:
+        return await self._remove(worker_id, deadline_s)
+
+    async def publish(self, subject: str, message: msgspec.Struct) -> None:
+        try:
+            await self._bus.client.publish(subject, encode(message))
+        except Exception as error:  # progress is a courtesy: the outcome still says everything
+            log.warning("could not publish on %s: %s", subject, error)
+
+    @property
+    def config(self) -> OrchestratorConfig:
+        return self._config
+
+    async def _add(self, command: AddWorker, extra_args: tuple[str, ...] = ()) -> CommandOutcome:
         worker_id = command.worker_id or f"{command.role.value}-{uuid.uuid4().hex[:8]}"
         try:
             check_token(worker_id, "worker id")
@@ -222,7 +242,8 @@ class ControlPlane:
             return CommandOutcome(outcome="refused", reason=f"worker {worker_id} is already starting",
                                   worker_id=worker_id)
         try:
-            handle = await self.launcher.start_worker(WorkerLaunch(worker_id=worker_id, role=command.role))
+            handle = await self.launcher.start_worker(WorkerLaunch(worker_id=worker_id, role=command.role,
+                                                                         extra_args=extra_args))
         except LaunchError as error:
             return CommandOutcome(outcome="failed", reason=str(error), worker_id=worker_id)
         self._launched[worker_id] = handle

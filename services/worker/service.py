@@ -196,6 +196,7 @@ class WorkerService:
             engine=info.engine,
             block_size=info.block_size,
             compat_hash=info.compat_hash,
+            model_version=info.layout.model_version,
             kv_transfer=self.kv is not None,
             capabilities=self.capabilities,
             capacity=WorkerCapacity(kv_blocks=info.kv_blocks, max_num_seqs=info.max_num_seqs,

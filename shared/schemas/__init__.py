@@ -8,6 +8,8 @@ Streams and their unions:
 - load (worker -> `load.<w>`):                   `LoadSnapshot`
 - membership bucket values:                      `WorkerRegistration`
 - membership changes (orchestrator):            `MembershipChange`
+- orchestrator commands (request/reply):        `OrchestratorCommand` answered by `CommandOutcome`;
+  a long command's steps on `orchestrator.progress`: `CommandProgress`
 - request events (router -> collector):         `RequestRecord`
 - KV leases (reader -> holder `kv.lease.<w>`):    `LeaseMessage` answered by `LeaseReply`
 - push completion (writer -> reader `ctl`):     `PushDone` (part of `ControlMessage`)

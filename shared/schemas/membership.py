@@ -43,6 +43,7 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     engine: str  # the engine's registered name, for people (decisions use `capabilities`)
     block_size: int
     compat_hash: str  # equal hashes can exchange KV blocks
+    model_version: str = ""  # the version label in the compat hash (rolling upgrades tell versions apart by it)
     capacity: WorkerCapacity
     kv_transfer: bool = True  # False: no KV data plane (never paired, never asked to pull or lend)
     capabilities: EngineCapabilities = EngineCapabilities()

@@ -61,12 +61,26 @@ class RemoveWorker(Message, tag="remove_worker", kw_only=True):
     force: bool = False
 
 
+class UpgradeWorkers(Message, tag="upgrade_workers", kw_only=True):
+    """Rolling upgrade: replace every worker of `model` not at `model_version` by one of the
+    same role started with the new settings, a prefill and a decode worker at a time (add
+    the new ones, wait until they are active, drain the old ones), so each version keeps
+    both roles while it serves. `ok` once no old worker is left; the outcome's `steps` say
+    what was done."""
+
+    model_version: str  # the new version label (part of the compatibility hash)
+    worker_args: list[str] = []  # further `tandem worker` flags for the new workers (e.g. a new --model-dir)
+    role_args: dict[str, list[str]] = {}  # role name -> further flags for new workers of that role only
+    model: str = ""  # empty: the one model the old workers serve
+    deadline_s: float = 30.0  # each old worker's drain deadline
+
+
 class ListWorkers(Message, tag="list_workers", kw_only=True):
     """Every registered worker, and which ones the orchestrator's launcher started."""
 
 
 OrchestratorCommand = (CordonWorker | UncordonWorker | DrainWorker | SetWorkerRole | AddWorker | RemoveWorker
-                       | ListWorkers)
+                       | ListWorkers | UpgradeWorkers)
 
 
 class WorkerSummary(msgspec.Struct, kw_only=True, frozen=True):
@@ -79,7 +93,19 @@ class CommandOutcome(Message, tag="command_outcome", kw_only=True):
     reason: str = ""
     worker_id: str = ""
     workers: list[WorkerSummary] = []  # ListWorkers; others: the target's registration after the command
+    steps: list[str] = []  # UpgradeWorkers: the steps carried out, in order
 
     @property
     def ok(self) -> bool:
         return self.outcome == "ok"
+
+
+class CommandProgress(Message, tag="command_progress", kw_only=True):
+    """One step of a long command (UpgradeWorkers) as it ends, on `orchestrator.progress`."""
+
+    command: str  # the command's kind, e.g. "upgrade_workers"
+    index: int  # 1-based
+    total: int
+    step: str
+    outcome: Literal["ok", "failed"]
+    detail: str = ""

@@ -57,6 +57,8 @@ def test_only_the_operator_and_the_orchestrator_drain_and_the_operator_cannot_cr
     assert commanders == ["operator"]
     assert "ns.v1.orchestrator.commands" in perms(Role.ORCHESTRATOR).subscribe
     assert "_INBOX.>" in perms(Role.ORCHESTRATOR).publish  # its answers to the commands
+    assert "ns.v1.orchestrator.progress" in perms(Role.ORCHESTRATOR).publish
+    assert "ns.v1.orchestrator.progress" in perms(Role.OPERATOR).subscribe
     assert "$JS.API.STREAM.CREATE.KV_ns_v1_members" not in perms(Role.OPERATOR).publish
 
 

@@ -20,6 +20,7 @@ class LaunchError(Exception):
 class WorkerLaunch:
     worker_id: str
     role: WorkerRole
+    extra_args: tuple[str, ...] = ()  # `tandem worker` flags after the launcher's own (the later ones win)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ def worker_argv(config: OrchestratorConfig, spec: WorkerLaunch) -> list[str]:
             "--nats-url", config.bus.nats_url, "--namespace", config.bus.namespace,
             "--heartbeat-interval", str(membership.heartbeat_interval_s), "--ttl", str(membership.ttl_s),
             "--worker-id", spec.worker_id, "--role", spec.role.value,
-            "--engine", launcher.engine, "--model-dir", launcher.model_dir, *launcher.worker_args]
+            "--engine", launcher.engine, "--model-dir", launcher.model_dir, *launcher.worker_args,
+            *spec.extra_args]
 
 
 class LocalProcessLauncher:
