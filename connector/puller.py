@@ -66,12 +66,12 @@ class KvPuller:
         first = len(local)
         count = wanted - first
         if count <= 0:
-            await self.leases.release(handle, "done")
+            await self._release(handle, "done", pinned)
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "done", 0, 0, 0, started, reason="already cached"))
         targets = self._port.allocate_for_transfer(count)
         if targets is None:
-            await self.leases.release(handle, "cancelled")
+            await self._release(handle, "cancelled", pinned)
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "cancelled", count, 0, 0, started, reason="no free blocks"))
         try:
@@ -87,7 +87,8 @@ class KvPuller:
         ok = verified_blocks(result.ok, targets, handle.checksums[first:wanted], self._port.checksum)
         trace.get_current_span().set_attributes(block_failures(list(result.ok), ok, first))  # the pull's span
         landed_failed = [first + i for i, good in enumerate(ok) if not good]
-        lease_held = await self.leases.release(handle, "done" if not landed_failed else "failed", landed_failed)
+        lease_held = await self._release(handle, "done" if not landed_failed else "failed", pinned + targets,
+                                         landed_failed)
         if lease_held is False:  # expired under us: what we read may be another request's KV
             ok = [False] * count
             result = TransferResult(outcome="failed", ok=ok, reason="lease expired before the pull ended")
@@ -105,6 +106,16 @@ class KvPuller:
                         self.worker_id, request_id, handle.holder_worker_id, len(failed), count, reason)
         return PullOutcome(pinned_block_ids=pinned, record=self._record(
             request_id, handle, kind, outcome, count, count - len(failed), result.nbytes, started, reason=reason))
+
+    async def _release(self, handle: KvHandle, outcome: TransferOutcome, pinned: list[int],
+                       failed_blocks: list[int] = ()) -> bool | None:
+        """Release the lease; a request cancelled meanwhile gives back the blocks this pull
+        pinned (the caller never sees them)."""
+        try:
+            return await self.leases.release(handle, outcome, failed_blocks)
+        except BaseException:
+            self._port.unpin(pinned)
+            raise
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)
