@@ -58,6 +58,7 @@ class SoakConfig:
     sample_interval_s: float = 0.0  # 0: from the duration (5 s for runs of 200 s and more)
     request_timeout_s: float = 60.0  # a request still open this long is a hang (an error)
     settle_s: float = 20.0
+    mix: WorkloadMix = WorkloadMix()
 
     @property
     def duration_s(self) -> float:
@@ -93,7 +94,7 @@ async def drive(stack: LocalStack, config: SoakConfig, bounds: Bounds) -> dict:
         await reports.start(bus, stack.config.namespace)
         async with make_client(stack.router_url, config.request_timeout_s) as http:
             model = await served_model(http)
-            maker = RequestMaker(config.seed, WorkloadMix())
+            maker = RequestMaker(config.seed, config.mix)
             sampler = RssSampler(stack_pids(stack))
             sampler.sample()
             results: list[RequestResult] = []
@@ -145,7 +146,7 @@ def run(config: SoakConfig, bounds: Bounds, model_dir: str, state_dir: Path) -> 
     finally:
         stack.stop()
     return {"config": {**asdict(config), "sample_interval_s": config.resolved_sample_interval_s(),
-                       "model_dir": model_dir, "workload": asdict(WorkloadMix())}, **result}
+                       "model_dir": model_dir}, **result}
 
 
 def summary(document: dict) -> str:
@@ -168,6 +169,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--json", action="store_true", help="print the JSON document (default: a summary)")
     parser.add_argument("--out", default="", help="also write the JSON document to this file")
+    parser.add_argument("--cancel-fraction", type=float, default=WorkloadMix().cancel_fraction,
+                        help="requests the client gives up on early")
+    parser.add_argument("--stream-fraction", type=float, default=WorkloadMix().stream_fraction,
+                        help="requests that stream")
     parser.add_argument("--prefill", type=int, default=1, help="prefill workers (0: workers of role both)")
     parser.add_argument("--decode", type=int, default=2, help="decode workers")
     parser.add_argument("--engine", choices=engine_names(), default="sim")
@@ -191,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = SoakConfig(minutes=args.minutes, concurrency=args.concurrency, seed=args.seed, prefill=args.prefill,
                         decode=args.decode, engine=args.engine, sim_speedup=args.sim_speedup,
                         sample_interval_s=args.sample_interval, request_timeout_s=args.request_timeout,
-                        settle_s=args.settle)
+                        settle_s=args.settle,
+                        mix=WorkloadMix(cancel_fraction=args.cancel_fraction, stream_fraction=args.stream_fraction))
     state_dir = Path(args.state_dir)
     from shared.tiny_model import ensure_tiny_model
 
