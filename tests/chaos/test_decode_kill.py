@@ -2,13 +2,15 @@
 
 A whole stack of real processes (nats-server, orchestrator, metrics collector, router, one
 prefill and two decode sim workers; every request disaggregated) serves 200 concurrent
-greedy streamed completions through the official `openai` client. Once both decode
-workers are generating, d1 is killed with SIGKILL. The router hears it leave (membership
-TTL) and resumes each of its streams on a new prefill/decode pair for the prompt plus the
-tokens already sent. Every stream must end within a bound, either with exactly the text
-an undisturbed run gives or with an explicit error; streams were actually migrated; and
-afterwards the survivors hold no lease, no used KV block and no request, and the router
-has nothing in flight.
+greedy streamed completions through the official `openai` client, twice: undisturbed (the
+reference answers, and how long the stack takes on this machine now), then again with d1
+killed by SIGKILL once both decode workers are generating. The router hears d1 leave
+(membership TTL) and resumes each of its streams on a new prefill/decode pair for the prompt
+plus the tokens already sent. Every stream must end within a bound (the TTL plus twice the
+undisturbed run: at most the whole work again, on a machine whose speed varies), either
+with exactly the undisturbed text or with an explicit error; streams were actually
+migrated; and afterwards the survivors hold no lease, no used KV block and no request, and
+the router has nothing in flight.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from shared.tokenizer import Tokenizer
 from tests.chaos.streams import (
     all_ended,
     check_outcomes,
-    expected_texts,
     router_health,
     router_metric,
     start_streams,
@@ -38,9 +39,9 @@ from tests.stack_fixtures import make_stack, observing, running
 from tests.waiting import wait_for
 
 STREAMS = 200
-MAX_TOKENS = 96
+MAX_TOKENS = 64
 TTL_S = 1.5
-END_BOUND_S = 30.0  # every stream has ended this long after the kill
+SLACK_S = 10.0
 DECODE_ARGS = ("--max-num-seqs", "128")  # 200 streams run at once on two decode workers
 
 SPECS = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL),
@@ -58,29 +59,39 @@ def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path) -> Iterator[
 async def test_decode_worker_killed_mid_stream(stack: LocalStack, tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
     prompts = token_prompts(tokenizer, STREAMS)
-    expected = await expected_texts(tokenizer, prompts, MAX_TOKENS)
-    client = openai_client(stack.router_url, timeout=60)
+    client = openai_client(stack.router_url, timeout=120)
     async with observing(stack, ("p1", "d1", "d2"), "chaos-observer") as observer:
+        started = time.monotonic()
+        tasks, undisturbed = start_streams(client, tokenizer.model_name, prompts, MAX_TOKENS)
+        await all_ended(tasks, undisturbed, started + 90, "in the undisturbed run")
+        undisturbed_s = time.monotonic() - started
+        assert all(outcome.completed and outcome.finish_reason == "length" for outcome in undisturbed), \
+            [outcome.error for outcome in undisturbed if not outcome.completed][:3]
+        expected = ["".join(outcome.text) for outcome in undisturbed]
+        await observer.assert_clean()
+
         tasks, outcomes = start_streams(client, tokenizer.model_name, prompts, MAX_TOKENS)
 
         def both_decoding() -> bool:
             loads = observer.loads.latest
             started = sum(outcome.chunks >= 2 for outcome in outcomes)
-            return loads["d1"].running >= 20 and loads["d2"].running >= 20 and started >= STREAMS // 2
+            return loads["d1"].running >= 20 and loads["d2"].running >= 20 and started >= STREAMS // 4
 
-        await wait_for(both_decoding, 30, lambda: f"both decode workers generating: {observer.loads.latest}, "
+        await wait_for(both_decoding, 60, lambda: f"both decode workers generating: {observer.loads.latest}, "
                                                   f"{sum(o.chunks >= 2 for o in outcomes)} streams under way")
-        assert not any(task.done() for task in tasks), "streams too short: some ended before the kill"
         stack.worker("d1").popen.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
-        await all_ended(tasks, outcomes, killed_at + END_BOUND_S, f"{END_BOUND_S}s after the kill")
+        bound_s = TTL_S + 2 * undisturbed_s + SLACK_S
+        await all_ended(tasks, outcomes, killed_at + bound_s, f"{bound_s:.1f}s after the kill")
         ended_s = max(outcome.ended_at or killed_at for outcome in outcomes) - killed_at
 
         completed, errors = check_outcomes(outcomes, expected)
-        resumed = await router_metric(stack.router_url, "tandem_router_resumes_total", result="resumed")
-        print(f"\n{completed} completed, {errors} explicit errors, {resumed:.0f} resumed; "
-              f"last stream ended {ended_s:.2f}s after the kill")
-        assert resumed >= 1, "no stream was migrated: the kill missed every stream"
+        resumed = await router_metric(stack.router_url, "tandem_router_resumes_total", result="resumed",
+                                      stage="mid_stream")
+        print(f"\n{completed} completed, {errors} explicit errors, {resumed:.0f} resumed mid-stream; last stream ended "
+              f"{ended_s:.2f}s after the kill (undisturbed run: {undisturbed_s:.2f}s)")
+        # the kill landed mid-stream: d1 was generating for at least 20 of them
+        assert resumed >= 20, f"only {resumed:.0f} streams were migrated mid-stream"
         assert completed + errors == STREAMS
 
         # nothing leaked on the survivors, nothing left in flight at the router
