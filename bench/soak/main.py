@@ -193,11 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.concurrency < 1 or args.decode < 1 or args.prefill < 0:
         parser.error("--minutes and --concurrency must be positive, --decode at least 1, --prefill not negative")
+    try:
+        mix = WorkloadMix(cancel_fraction=args.cancel_fraction, stream_fraction=args.stream_fraction)
+    except ValueError as error:
+        parser.error(str(error))
     config = SoakConfig(minutes=args.minutes, concurrency=args.concurrency, seed=args.seed, prefill=args.prefill,
                         decode=args.decode, engine=args.engine, sim_speedup=args.sim_speedup,
                         sample_interval_s=args.sample_interval, request_timeout_s=args.request_timeout,
-                        settle_s=args.settle,
-                        mix=WorkloadMix(cancel_fraction=args.cancel_fraction, stream_fraction=args.stream_fraction))
+                        settle_s=args.settle, mix=mix)
     state_dir = Path(args.state_dir)
     from shared.tiny_model import ensure_tiny_model
 
