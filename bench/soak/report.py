@@ -1,6 +1,7 @@
 """The soak run's figures and verdict: pure, no I/O, no clock reads.
 
-- memory: per process, RSS at the start, at the end, the maximum, and the slope (MB/min)
+- memory: per process, RSS at the start, at the end, the maximum, up to 40 samples
+  (seconds, MB) to see its shape, and the slope (MB/min)
   of a least-squares line over the second half of the run (the first half is warm-up:
   caches, pools and allocators fill). The slope is judged only when the second half spans
   at least `min_judged_s`; a shorter run says so instead of guessing.
@@ -24,6 +25,7 @@ from bench.soak.client import RequestResult
 
 MB = 1024 * 1024
 MAX_RSS_SLOPE_MB_MIN = 2.0
+SERIES_POINTS = 40  # RSS samples kept in the document per process (evenly spaced, the last one included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ def rss_figures(samples: Sequence[tuple[float, int]], duration_s: float, bounds:
     if not samples:
         return {"samples": 0}
     values = [value for _, value in samples]
+    step = max(1, -(-len(samples) // SERIES_POINTS))
+    series = [[round(at, 1), round(value / MB, 1)] for at, value in [*samples[:-1:step], samples[-1]]]
     half = duration_s / 2
     second = [(at, value) for at, value in samples if at >= half]
     judged = len(second) >= 3 and second[-1][0] - second[0][0] >= bounds.min_judged_s
@@ -62,7 +66,8 @@ def rss_figures(samples: Sequence[tuple[float, int]], duration_s: float, bounds:
         times = np.array([at for at, _ in second]) / 60.0
         slope = round(float(np.polyfit(times, np.array([value for _, value in second]) / MB, 1)[0]), 3)
     return {"samples": len(samples), "start_mb": round(values[0] / MB, 1), "end_mb": round(values[-1] / MB, 1),
-            "max_mb": round(max(values) / MB, 1), "slope_mb_per_min_second_half": slope, "slope_judged": judged}
+            "max_mb": round(max(values) / MB, 1), "slope_mb_per_min_second_half": slope, "slope_judged": judged,
+            "series_s_mb": series}
 
 
 def percentiles_ms(values_s: Sequence[float]) -> dict:

@@ -43,6 +43,9 @@ def test_a_short_soak_reports_every_figure_and_no_error(tiny_model_dir: str, tmp
         assert 0 < figures["start_mb"] and figures["end_mb"] <= figures["max_mb"]
         assert isinstance(figures["slope_mb_per_min_second_half"], float)
         assert figures["slope_judged"] is False  # 10 s of second half: too short to judge
+        series = figures["series_s_mb"]
+        assert 2 <= len(series) <= 41 and series[0][1] == figures["start_mb"] and series[-1][1] == figures["end_mb"]
+        assert [at for at, _ in series] == sorted(at for at, _ in series)
 
     leftovers = document["leftovers"]
     assert leftovers["total"] == 0 and leftovers["router_in_flight"] == 0, leftovers

@@ -45,6 +45,8 @@ def test_rss_slope_is_taken_over_the_second_half_and_judged_only_when_long_enoug
     flat = rss_figures(samples, 600, Bounds())
     assert flat["start_mb"] == 50 and flat["max_mb"] == 100 and flat["slope_mb_per_min_second_half"] == 0
     assert flat["slope_judged"] is True
+    assert len(flat["series_s_mb"]) <= 41 and flat["series_s_mb"][0] == [0.0, 50.0]
+    assert flat["series_s_mb"][-1] == [595.0, 100.0]
     growing = rss_figures([(float(t), (100 * MB + t * MB // 20)) for t in range(0, 600, 5)], 600, Bounds())
     assert growing["slope_mb_per_min_second_half"] == pytest.approx(3.0, abs=0.01)
     short = rss_figures(samples[:8], 40, Bounds())
