@@ -48,3 +48,11 @@ def bench_calibrate(ctx: typer.Context) -> None:
     from bench.calibrate.main import main as bench_main
 
     raise typer.Exit(bench_main(list(ctx.args)))
+
+
+@app.command("soak", context_settings=PASSTHROUGH)
+def bench_soak(ctx: typer.Context) -> None:
+    """Soak: a local stack under a mixed workload for minutes; RSS, errors, leftovers, verdict (--help for options)."""
+    from bench.soak.main import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))

@@ -78,12 +78,12 @@ class KvPuller:
         first = len(local)
         count = wanted - first
         if count <= 0:
-            await self.leases.release(handle, "done")
+            await self._release(handle, "done", pinned)
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "done", 0, 0, 0, started, reason="already cached"))
         targets = self._port.allocate_for_transfer(count)
         if targets is None:
-            await self.leases.release(handle, "cancelled")
+            await self._release(handle, "cancelled", pinned)
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "cancelled", count, 0, 0, started, reason="no free blocks"))
         retry = BlockRetry(self._retry, 0.0)  # none unless the holder was reached
@@ -102,7 +102,8 @@ class KvPuller:
             self._background(self.leases.release(handle, "cancelled"))
             raise
         landed_failed = [first + i for i, good in enumerate(ok) if not good]
-        lease_held = await self.leases.release(handle, "done" if not landed_failed else "failed", landed_failed)
+        lease_held = await self._release(handle, "done" if not landed_failed else "failed", pinned + targets,
+                                         landed_failed)
         if lease_held is False:  # expired under us: what we read may be another request's KV
             ok = [False] * count
             result = TransferResult(outcome="failed", ok=ok, reason="lease expired before the pull ended")
@@ -146,6 +147,16 @@ class KvPuller:
             if all(ok):
                 result.reason = ""
         return retry
+
+    async def _release(self, handle: KvHandle, outcome: TransferOutcome, pinned: list[int],
+                       failed_blocks: list[int] = ()) -> bool | None:
+        """Release the lease; a request cancelled meanwhile gives back the blocks this pull
+        pinned (the caller never sees them)."""
+        try:
+            return await self.leases.release(handle, outcome, failed_blocks)
+        except BaseException:
+            self._port.unpin(pinned)
+            raise
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)

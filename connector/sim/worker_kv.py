@@ -83,7 +83,11 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
             finally:
                 end_transfer_span(span, outcome.record if outcome is not None else None)
         if outcome.record is not None:
-            await self._publish(outcome.record)
+            try:
+                await self._publish(outcome.record)
+            except BaseException:  # cancelled: the request never gets the pinned blocks
+                self.port.unpin(outcome.pinned_block_ids)
+                raise
         prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
                             recomputed_tokens=outcome.recomputed_tokens, retried_blocks=outcome.retried_blocks,
                             recovered_blocks=outcome.recovered_blocks,

@@ -300,6 +300,36 @@ async def test_concurrent_pulls_into_a_full_pool_never_deadlock(cluster: Cluster
     await cluster.assert_clean()
 
 
+@pytest.mark.parametrize("stage", ["lease release", "record publish"])
+async def test_a_pull_cancelled_after_its_read_leaves_no_block_pinned(cluster: Cluster, stage: str) -> None:
+    """A client gone while the decode worker tells the holder the pull is done (or publishes
+    its record): the request's task is cancelled there, and the blocks it pulled must not
+    stay pinned (they would leak for the worker's lifetime)."""
+    await cluster.add("prefill")
+    decode = await cluster.add("decode")
+    prompt = [3 + (i * 11) % 500 for i in range(100)]
+    first, p_done = await cluster.generate("prefill", prompt, 1, KvTransferParams(hold_for_decode=True))
+    reached = asyncio.Event()
+    owner, name = (decode.kv.leases, "release") if stage == "lease release" else (decode.kv, "_publish")
+    step = getattr(owner, name)
+
+    async def watched(*args, **kwargs):
+        reached.set()
+        if stage == "record publish":  # a publish waits when the connection's pending buffer is full
+            await asyncio.sleep(0.2)
+        return await step(*args, **kwargs)  # a release waits for the holder's reply
+
+    setattr(owner, name, watched)
+    request = GenerateRequest(request_id="cancelled-pull", model="tiny", token_ids=prompt + first,
+                              sampling=SamplingParams(max_tokens=4), kv_transfer=KvTransferParams(source=p_done.kv_handle))
+    pull = asyncio.create_task(decode.kv.prepare(request))
+    await asyncio.wait_for(reached.wait(), 5)
+    pull.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pull
+    await cluster.assert_clean()
+
+
 async def test_the_memory_transport_needs_no_nixl(bus: Bus, bus_config: BusConfig,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker's wiring asks for NIXL only when the config names the NIXL transport."""
