@@ -53,6 +53,13 @@ def test_the_router_wants_the_api_key_from_the_secrets_volume(sim_stack: Compose
     assert reply.usage.completion_tokens == 2
 
 
+def test_a_second_run_of_the_secrets_service_keeps_the_secrets(sim_stack: ComposeStack) -> None:
+    key = client(sim_stack).api_key
+    again = sim_stack.compose("run", "--rm", "secrets", timeout_s=120)
+    assert "(kept)" in again.stdout and key not in again.stdout + again.stderr
+    assert sim_stack.api_key() == key
+
+
 ANONYMOUS_NATS = """
 import asyncio, ssl, nats
 async def attempt(**options):
