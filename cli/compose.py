@@ -29,3 +29,19 @@ def render(
         Path(output).write_text(text)
     else:
         typer.echo(text, nl=False)
+
+
+@app.command("secrets")
+def secrets(
+    directory: Annotated[str, typer.Argument(help="Where the secrets live (the compose stack's volume).")] = "/secrets",
+    namespace: Annotated[str, typer.Option(help="The stack's namespace (NATS permissions).")] = "tandem",
+    nats_host: Annotated[list[str], typer.Option(help="A host name clients dial NATS at (repeat).")] = ["nats"],
+) -> None:
+    """Make the compose stack's API key and NATS users, TLS and server configuration where
+    missing (`launch.compose_secrets`); keep those already there. Prints paths, never a secret."""
+    from launch.compose_secrets import ensure_secrets
+
+    hosts = tuple(dict.fromkeys([*nats_host, "localhost", "127.0.0.1"]))
+    made = ensure_secrets(directory, namespace, hosts)
+    typer.echo(f"API keys: {made.api_keys_file} (the key: {made.api_key_file})")
+    typer.echo(f"NATS: {made.nats_dir} ({'made' if made.made_nats else 'kept'})")

@@ -10,7 +10,9 @@ namespace, membership timing, dependencies and worker groups (`count` -> replica
 the deployment adds: images and build targets, one set of worker services per engine
 profile (`sim`, the default through compose/.env; `vllm-cpu`; `vllm-gpu` with the NVIDIA
 device reservation), an embedded NATS, a one-shot service writing the tiny model into a
-volume, health checks (the router's readiness `/ready`), drain on stop, and the
+volume, a one-shot `secrets` service making the router's API key and the NATS users, TLS
+and server configuration in the `secrets` volume (`launch.compose_secrets`; every service
+mounts it read-only and gets its files' paths in `TANDEM_*` variables), health checks (the router's readiness `/ready`), drain on stop, and the
 `observability` profile (`launch.compose_observability`). Workers join by themselves: each
 replica names itself `<group>-<container hostname>`, so `--scale decode=3` just works.
 """
@@ -22,14 +24,22 @@ from dataclasses import dataclass
 
 from launch.argv import setting_flags
 from launch.compose_observability import OTLP_TRACES_ENDPOINT, observability_services
+from launch.compose_secrets import (
+    SECRETS_DIR,
+    SHARED_WORKER,
+    api_keys_env,
+    nats_env,
+    server_config_path,
+)
 from launch.compose_yaml import to_yaml
 from launch.definition import METRICS, NATS, ORCHESTRATOR, ROUTER, StackDefinition, WorkerGroup, checked
 
-MODEL_VOLUME, NATS_VOLUME = "models", "nats-data"
+MODEL_VOLUME, NATS_VOLUME, SECRETS_VOLUME = "models", "nats-data", "secrets"
 TINY_MODEL_DIR = "/models/tiny"
 NATS_PORT, NATS_MONITOR_PORT = 4222, 8222
 ROUTER_READY = "/ready"  # compose health checks mean readiness; the definition's `health` is liveness
 MODEL_SERVICE = "model"
+SECRETS_SERVICE = "secrets"
 WORKER_GRACE = "60s"  # SIGTERM: the worker drains its in-flight requests, then exits
 
 
@@ -69,6 +79,10 @@ HEADER = """\
 #   docker compose --profile vllm-cpu up -d
 #   TANDEM_TRACE_EXPORTER=otlp docker compose --profile sim --profile observability up -d
 #
+# Secure by default: the router wants an API key, made on the first start in the secrets
+# volume (read it: docker compose exec router cat /secrets/api-key); NATS takes only the
+# services' users, over TLS with client certificates (files in the same volume).
+#
 # Variables: PORT (router, 8000), METRICS_PORT (9100), TANDEM_BASE_IMAGE, TANDEM_IMAGE,
 # TANDEM_VLLM_CPU_IMAGE, TANDEM_VLLM_GPU_IMAGE, TANDEM_CUDA_BASE_IMAGE, TANDEM_NATS_IMAGE,
 # TORCH_INDEX, TANDEM_TRACE_EXPORTER (none | otlp), TANDEM_LOG_LEVEL; the observability
@@ -86,7 +100,7 @@ def compose_document(definition: StackDefinition) -> dict[str, object]:
     definition = checked(definition, definition.name)
     nats_url = definition.nats.url or f"nats://{NATS}:{NATS_PORT}"
     model_dir = definition.model_dir or TINY_MODEL_DIR
-    services: dict[str, object] = {}
+    services: dict[str, object] = {SECRETS_SERVICE: _secrets_service(definition)}
     if not definition.nats.url:
         services[NATS] = _nats()
     if not definition.model_dir:
@@ -97,38 +111,54 @@ def compose_document(definition: StackDefinition) -> dict[str, object]:
     orchestrator = definition.orchestrator
     services[ORCHESTRATOR] = _tandem_service(
         TANDEM, definition, ["orchestrator", *bus, *membership, *setting_flags(orchestrator.settings)],
-        orchestrator.depends_on)
+        orchestrator.depends_on, nats_user="orchestrator")
     metrics = definition.metrics
     services[METRICS] = _tandem_service(
         TANDEM, definition, ["metrics", *bus, "--host", "0.0.0.0", "--port", str(metrics.port),
                              *setting_flags(metrics.settings)],
-        metrics.depends_on, health_url=f"http://127.0.0.1:{metrics.port}{metrics.health}",
+        metrics.depends_on, nats_user="metrics", health_url=f"http://127.0.0.1:{metrics.port}{metrics.health}",
         ports=[f"${{METRICS_PORT:-{metrics.port}}}:{metrics.port}"])
     router = definition.router
     services[ROUTER] = _tandem_service(
         TANDEM, definition, ["router", *bus, *membership, "--host", "0.0.0.0", "--port", str(router.port),
                              "--model-dir", model_dir, *setting_flags(router.settings)],
-        router.depends_on, health_url=f"http://127.0.0.1:{router.port}{ROUTER_READY}",
-        ports=[f"${{PORT:-{router.port}}}:{router.port}"], model=True)
+        router.depends_on, nats_user="router", health_url=f"http://127.0.0.1:{router.port}{ROUTER_READY}",
+        ports=[f"${{PORT:-{router.port}}}:{router.port}"], model=True, extra_env=api_keys_env())
     for profile in ENGINE_PROFILES:
         for group in definition.workers:
             if group.count > 0:
                 services[group.name + profile.suffix] = _worker(profile, definition, group,
                                                                 [*bus, *membership], model_dir)
     services.update(observability_services())
-    return {"services": services, "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}}}
+    return {"services": services, "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}, SECRETS_VOLUME: {}}}
+
+
+def _secrets_service(definition: StackDefinition) -> dict[str, object]:
+    """Makes the API key and the NATS files in the secrets volume where missing, then exits;
+    a later start keeps them (`tandem compose secrets`). Prints paths only."""
+    service = _image(TANDEM)
+    service.update({
+        "command": ["compose", "secrets", SECRETS_DIR, "--namespace", definition.namespace, "--nats-host", NATS],
+        "volumes": [f"{SECRETS_VOLUME}:{SECRETS_DIR}"],
+        "healthcheck": {"disable": True},
+        "restart": "no",
+    })
+    return service
 
 
 def _nats() -> dict[str, object]:
-    """JetStream on, its store in a volume. The official image by default; the Tandem image
-    has nats-server too (TANDEM_NATS_IMAGE=tandem:latest), hence the two-way health check."""
+    """JetStream on, its store in a volume; users, permissions and TLS from the configuration
+    the secrets service made. The official image by default; the Tandem image has nats-server
+    too (TANDEM_NATS_IMAGE=tandem:latest), hence the two-way health check (on the monitoring
+    port, which is not published)."""
     return {
         "image": "${TANDEM_NATS_IMAGE:-nats:2.10-alpine}",
         "entrypoint": ["nats-server"],
-        "command": ["--jetstream", "--store_dir", "/data", "--port", str(NATS_PORT),
-                    "--http_port", str(NATS_MONITOR_PORT)],
+        "command": ["--config", server_config_path(), "--jetstream", "--store_dir", "/data",
+                    "--port", str(NATS_PORT), "--http_port", str(NATS_MONITOR_PORT)],
         "environment": {"TANDEM_HEALTH_URL": f"http://127.0.0.1:{NATS_MONITOR_PORT}/healthz"},
-        "volumes": [f"{NATS_VOLUME}:/data"],
+        "volumes": [f"{NATS_VOLUME}:/data", f"{SECRETS_VOLUME}:{SECRETS_DIR}:ro"],
+        "depends_on": {SECRETS_SERVICE: {"condition": "service_completed_successfully"}},
         "healthcheck": {"test": ["CMD-SHELL", "wget -q -O /dev/null \"$$TANDEM_HEALTH_URL\" || tandem-healthcheck"],
                         **_health_timing()},
         "restart": "unless-stopped",
@@ -152,7 +182,7 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
     engine = profile.engine or group.engine
     args = ["worker", *common, "--role", group.role.value, "--engine", engine, "--model-dir", model_dir,
             *setting_flags(group.settings)]
-    service = _tandem_service(profile, definition, args, group.depends_on, model=True)
+    service = _tandem_service(profile, definition, args, group.depends_on, model=True, nats_user=SHARED_WORKER)
     # The worker id: the group's name and the container's hostname, unique per replica.
     service["entrypoint"] = ["sh", "-c", f'exec tandem "$$@" --worker-id "{group.name}-$${{HOSTNAME}}"', "tandem"]
     service["profiles"] = [profile.profile]
@@ -168,21 +198,24 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
 
 
 def _tandem_service(profile: EngineProfile, definition: StackDefinition, command: list[str],
-                    depends_on: tuple[str, ...], *, health_url: str = "", ports: list[str] | None = None,
-                    model: bool = False) -> dict[str, object]:
+                    depends_on: tuple[str, ...], *, nats_user: str, health_url: str = "",
+                    ports: list[str] | None = None, model: bool = False,
+                    extra_env: Mapping[str, str] | None = None) -> dict[str, object]:
     service = _image(profile)
     service["command"] = command
     environment = {"TANDEM_LOG_LEVEL": "${TANDEM_LOG_LEVEL:-info}",
                    "TANDEM_TRACE_EXPORTER": "${TANDEM_TRACE_EXPORTER:-none}",
                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": OTLP_TRACES_ENDPOINT}
+    if not definition.nats.url:  # the embedded NATS: this service's user, paths in the volume
+        environment.update(nats_env(nats_user))
+    environment.update(extra_env or {})
     if health_url:
         environment["TANDEM_HEALTH_URL"] = health_url
         service["healthcheck"] = {"test": ["CMD", "tandem-healthcheck"], **_health_timing()}
     service["environment"] = environment
     if ports:
         service["ports"] = ports
-    if model:
-        service["volumes"] = [f"{MODEL_VOLUME}:/models:ro"]
+    service["volumes"] = [*([f"{MODEL_VOLUME}:/models:ro"] if model else []), f"{SECRETS_VOLUME}:{SECRETS_DIR}:ro"]
     service["depends_on"] = _depends_on(definition, depends_on, model)
     service["init"] = True  # signals reach the service; its children are reaped
     service["restart"] = "on-failure"  # not after a drain's clean exit
@@ -203,6 +236,7 @@ def _depends_on(definition: StackDefinition, names: tuple[str, ...], model: bool
         conditions[name] = {"condition": "service_healthy" if name in (NATS, METRICS, ROUTER) else "service_started"}
     if model and not definition.model_dir:
         conditions[MODEL_SERVICE] = {"condition": "service_completed_successfully"}
+    conditions[SECRETS_SERVICE] = {"condition": "service_completed_successfully"}
     return conditions
 
 

@@ -16,6 +16,12 @@ Roles and what they may do (subjects from the catalog, `shared.subjects`):
 - operator (the launcher, `tandem` tools): read membership; drain workers (`ctl.*.drain`);
   send the orchestrator commands (`tandem ctl`).
 
+The shared worker user (`shared_worker_user`, the Docker Compose stack's: its workers'
+ids are their container host names, known only once they run) has the worker permissions
+with `*` for the worker id: weaker, a worker holding it can serve, publish and answer as
+any other worker (its generate requests, control messages, leases, KV events, load and
+registration). The other roles keep their guarantees.
+
 Every user subscribes only under its own inbox prefix (`_INBOX.<user>.>`, so nobody reads
 another's replies) and may publish to any inbox (replies). JetStream access is narrowed
 to the members bucket's stream (`KV_<bucket>`) and its `$KV.<bucket>.` subjects.
@@ -51,7 +57,16 @@ class Permissions(msgspec.Struct, frozen=True, kw_only=True):
 class NatsUser(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     role: Role
-    worker_id: str = ""  # workers only
+    worker_id: str = ""  # workers only; empty for the shared worker user: any worker id
+
+
+SHARED_WORKER = "worker"
+
+
+def shared_worker_user() -> NatsUser:
+    """One user for every worker, whatever its id (workers named at run time). Weaker than a
+    user per worker: whoever holds it may act as any worker (see the module's docstring)."""
+    return NatsUser(name=SHARED_WORKER, role=Role.WORKER)
 
 
 def user_name(role: Role, worker_id: str = "") -> str:
@@ -61,10 +76,13 @@ def user_name(role: Role, worker_id: str = "") -> str:
     return role.value
 
 
-def stack_users(worker_ids: list[str] | tuple[str, ...]) -> list[NatsUser]:
-    """The users of one stack: the control services, the operator, one per worker."""
+def stack_users(worker_ids: list[str] | tuple[str, ...], *, shared_worker: bool = False) -> list[NatsUser]:
+    """The users of one stack: the control services, the operator, one per worker (and with
+    `shared_worker` the one user any worker may use)."""
     fixed = [NatsUser(name=user_name(role), role=role)
              for role in (Role.ROUTER, Role.ORCHESTRATOR, Role.METRICS, Role.OPERATOR)]
+    if shared_worker:
+        fixed.append(shared_worker_user())
     return fixed + [NatsUser(name=user_name(Role.WORKER, w), role=Role.WORKER, worker_id=w) for w in worker_ids]
 
 
@@ -101,9 +119,14 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
     publish: list[str] = []
     match user.role:
         case Role.WORKER:
-            w = user.worker_id
-            subscribe += [s.generate(w), s.control_all(w), s.kv_lease(w), s.kv_release(w)]
-            publish += ["_INBOX.>", s.kv_events(w), s.load(w), s.kv_transfers(w), f"$KV.{bucket}.{w}",
+            w = user.worker_id or _ANY
+
+            def own(subject: str) -> str:  # the shared worker user: any worker's subject
+                return subject if user.worker_id else subject.replace(_ANY, "*")
+
+            subscribe += [own(s.generate(w)), own(s.control_all(w)), own(s.kv_lease(w)), own(s.kv_release(w))]
+            publish += ["_INBOX.>", own(s.kv_events(w)), own(s.load(w)), own(s.kv_transfers(w)),
+                        own(f"$KV.{bucket}.{w}"),
                         _wild(s.kv_lease), _wild(s.control, "push_done"), *_jetstream(bucket, create=True)]
         case Role.ROUTER:
             subscribe += [s.kv_events_all, s.load_all]

@@ -52,12 +52,13 @@ class NatsSecurity:
 
     @classmethod
     def create(cls, directory: str | Path, namespace: str, worker_ids: list[str] | tuple[str, ...], *,
-               tls: bool = True, hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")) -> NatsSecurity:
+               tls: bool = True, hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1"),
+               shared_worker: bool = False) -> NatsSecurity:
         directory = Path(directory)
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True, mode=0o700)
         subjects = Subjects(namespace)
-        users = stack_users(list(worker_ids))
+        users = stack_users(list(worker_ids), shared_worker=shared_worker)
         authorized, creds_files = [], {}
         for user in users:
             password = new_password()

@@ -135,6 +135,14 @@ class ComposeStack:
         return run([*compose_command(), "-p", self.project, "-f", str(COMPOSE_FILE), *profiles, *args],
                    env=self.env, timeout_s=timeout_s, check=check)
 
+    def exec(self, service: str, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """`command` in the service's (first) running container."""
+        return self.compose("exec", "-T", service, *command, timeout_s=120, check=check)
+
+    def api_key(self) -> str:
+        """The router's API key, made by the secrets service in its volume (read through Docker)."""
+        return self.exec("router", "cat", "/secrets/api-key").stdout.strip()
+
     def containers(self, service: str) -> list[str]:
         """Ids of the service's running containers."""
         return self.compose("ps", "-q", service).stdout.split()

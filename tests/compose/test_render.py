@@ -65,3 +65,27 @@ def test_yaml_writer_quotes_every_string() -> None:
     text = to_yaml({"a": {"on": "yes", "list": ["8000:8000", 1, True], "empty": {}, "seq": [{"x": "1", "y": [2]}]}})
     assert text == ('a:\n  "on": "yes"\n  list: ["8000:8000", 1, true]\n  empty: {}\n'
                     '  seq:\n    - x: "1"\n      y: [2]\n')
+
+
+def test_secure_by_default_with_paths_only(definition) -> None:
+    """A one-shot `secrets` service first; every Tandem service mounts its volume read-only and
+    gets file paths (its own NATS user; the workers the shared `worker` user), nothing else."""
+    services = compose_document(definition)["services"]
+    secrets = services["secrets"]
+    assert secrets["command"][:3] == ["compose", "secrets", "/secrets"] and secrets["restart"] == "no"
+    assert services["nats"]["command"][:2] == ["--config", "/secrets/nats/nats-server.conf"]
+    assert "ports" not in services["nats"]
+    users = {"orchestrator": "orchestrator", "metrics": "metrics", "router": "router", "prefill": "worker",
+             "decode": "worker", "decode-vllm-gpu": "worker"}
+    for name, user in users.items():
+        service = services[name]
+        assert "secrets:/secrets:ro" in service["volumes"]
+        assert service["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+        environment = service["environment"]
+        assert environment["TANDEM_NATS_CREDS_FILE"] == f"/secrets/nats/creds/{user}.creds"
+        assert environment["TANDEM_NATS_KEY_FILE"] == f"/secrets/nats/tls/client-{user}-key.pem"
+        assert all(not key.endswith(("PASSWORD", "_KEY", "TOKEN")) for key in environment)
+    assert services["router"]["environment"]["TANDEM_API_KEYS_FILE"] == "/secrets/api-keys.jsonl"
+    external = msgspec.structs.replace(definition, nats=msgspec.structs.replace(definition.nats, url="nats://b:4222"))
+    assert not [key for key in compose_document(external)["services"]["router"]["environment"]
+                if key.startswith("TANDEM_NATS_")]

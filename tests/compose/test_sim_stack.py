@@ -1,19 +1,23 @@
-"""The compose file on a real Docker engine, default profile (sim engine): the OpenAI API on
+"""The compose file on a real Docker engine, default profile (sim engine): secure by default
+(the router wants the API key the secrets service made, NATS refuses anonymous clients, no
+secret shows in the compose configuration or the containers' settings), the OpenAI API on
 the published port through a prefill/decode pair, a decode worker added with `--scale`
 taking traffic, a worker stopped mid-request draining with no failed request, and
 `down -v` leaving nothing behind. The tests run in order on one stack."""
 
 from __future__ import annotations
 
+import json
 import random
 import string
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 
-from tests.compose.docker_stack import ComposeStack, http_text, run
+from tests.compose.docker_stack import ComposeStack, http_json, http_text, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -27,8 +31,76 @@ def long_prompt() -> str:
     return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8))) for _ in range(PROMPT_WORDS))
 
 
-def client(stack: ComposeStack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.router_url + "/v1", api_key="unused", timeout=120, max_retries=0)
+_KEYS: dict[str, str] = {}
+
+
+def client(stack: ComposeStack, api_key: str = "") -> openai.OpenAI:
+    """An OpenAI client with the stack's API key (read once from its volume), or `api_key`."""
+    if not api_key:
+        api_key = _KEYS.get(stack.project) or _KEYS.setdefault(stack.project, stack.api_key())
+    return openai.OpenAI(base_url=stack.router_url + "/v1", api_key=api_key, timeout=120, max_retries=0)
+
+
+def test_the_router_wants_the_api_key_from_the_secrets_volume(sim_stack: ComposeStack) -> None:
+    mode = sim_stack.exec("router", "stat", "-c", "%a", "/secrets/api-key").stdout.strip()
+    assert mode == "600"
+    with pytest.raises(openai.AuthenticationError):
+        client(sim_stack, api_key="none").completions.create(model="tiny", prompt="hello", max_tokens=2)
+    status, _ = http_json(sim_stack.router_url + "/v1/models")
+    assert status == 401  # no key at all
+    assert http_json(sim_stack.router_url + "/ready")[0] == 200  # probes stay open
+    reply = client(sim_stack).completions.create(model="tiny", prompt="hello", max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+
+
+def test_a_second_run_of_the_secrets_service_keeps_the_secrets(sim_stack: ComposeStack) -> None:
+    key = client(sim_stack).api_key
+    again = sim_stack.compose("run", "--rm", "secrets", timeout_s=120)
+    assert "(kept)" in again.stdout and key not in again.stdout + again.stderr
+    assert sim_stack.api_key() == key
+
+
+ANONYMOUS_NATS = """
+import asyncio, ssl, nats
+async def attempt(**options):
+    try:
+        client = await nats.connect("nats://nats:4222", allow_reconnect=False, connect_timeout=3,
+                                    max_reconnect_attempts=0, **options)
+    except Exception as error:
+        return "refused: " + type(error).__name__
+    await client.close()
+    return "connected"
+async def main():
+    tls = ssl.create_default_context(cafile="/secrets/nats/tls/ca-cert.pem")
+    print(await attempt())  # plain, no user
+    print(await attempt(tls=tls, tls_handshake_first=True))  # TLS, no client certificate, no user
+asyncio.run(main())
+"""
+
+
+def test_nats_refuses_anonymous_clients(sim_stack: ComposeStack) -> None:
+    """From inside the compose network (the NATS port is not published)."""
+    result = sim_stack.exec("router", "python", "-c", ANONYMOUS_NATS)
+    lines = result.stdout.split()
+    assert result.stdout.count("refused") == 2 and "connected" not in lines, result.stdout + result.stderr
+
+
+def test_no_secret_in_the_compose_configuration_or_the_containers(sim_stack: ComposeStack) -> None:
+    secrets = [client(sim_stack).api_key]
+    for user in ("router", "worker", "orchestrator", "metrics", "operator"):
+        creds = sim_stack.exec("router", "cat", f"/secrets/nats/creds/{user}.creds").stdout
+        secrets.append(creds.split('password = "', 1)[1].split('"', 1)[0])
+    assert all(len(secret) >= 32 for secret in secrets)
+    config = sim_stack.compose("config").stdout
+    ids = sim_stack.compose("ps", "-q", "-a").stdout.split()
+    inspected = subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True, check=True).stdout
+    assert len(json.loads(inspected)) >= 6  # secrets, nats, model, orchestrator, metrics, router, workers
+    for secret in secrets:
+        assert secret not in config and secret not in inspected
+    router_env = sim_stack.exec("router", "env").stdout
+    assert "TANDEM_API_KEYS_FILE=/secrets/api-keys.jsonl" in router_env
+    assert "TANDEM_NATS_CREDS_FILE=/secrets/nats/creds/router.creds" in router_env
+    assert not any(secret in router_env for secret in secrets)
 
 
 def test_openai_api_through_a_prefill_decode_pair(sim_stack: ComposeStack) -> None:

@@ -37,7 +37,7 @@ def test_vllm_cpu_profile_serves_a_prefill_decode_completion(tandem_image: str) 
         stack.wait_workers("prefill", 1, timeout_s=120)
         print(f"vllm-cpu stack ready in {time.monotonic() - started:.1f} s")
 
-        api = openai.OpenAI(base_url=stack.router_url + "/v1", api_key="unused", timeout=300, max_retries=0)
+        api = openai.OpenAI(base_url=stack.router_url + "/v1", api_key=stack.api_key(), timeout=300, max_retries=0)
         prompt = " ".join(f"word{index}" for index in range(300))  # beyond local_prefill_tokens: P/D
         reply = api.completions.create(model="tiny", prompt=prompt, max_tokens=8)
         print(f"completion: {reply.choices[0].text!r} ({reply.usage})")

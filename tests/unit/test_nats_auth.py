@@ -17,6 +17,7 @@ from shared.nats_auth import (
     permissions,
     redact_url,
     render_server_config,
+    shared_worker_user,
     stack_users,
     user_name,
 )
@@ -39,6 +40,16 @@ def test_a_worker_serves_only_its_own_subjects() -> None:
     assert "$KV.ns_v1_members.w1" in p.publish and "$KV.ns_v1_members.>" not in p.publish
     assert not [s for s in p.publish if s.startswith("ns.v1.ctl.") and not s.endswith("push_done")]
     assert not [s for s in p.publish if "generate" in s]
+
+
+def test_the_shared_worker_user_has_the_worker_permissions_for_any_worker_id() -> None:
+    p = permissions(shared_worker_user(), S)
+    assert set(p.subscribe) == {"_INBOX.worker.>", "ns.v1.worker.*.generate", "ns.v1.ctl.*.*",
+                                "ns.v1.kv.lease.*", "ns.v1.kv.release.*"}
+    assert {"ns.v1.kv.events.*", "ns.v1.load.*", "ns.v1.kv.transfers.*", "$KV.ns_v1_members.*"} <= set(p.publish)
+    assert not [s for s in p.publish if "generate" in s or "drain" in s or s == "$KV.ns_v1_members.>"]
+    assert [user.name for user in stack_users([], shared_worker=True)][-1] == "worker"
+    assert "worker" not in [user.name for user in stack_users(["w1"])]
 
 
 def test_the_router_neither_drains_nor_asks_for_leases() -> None:
