@@ -79,6 +79,11 @@ class Subjects(msgspec.Struct, frozen=True):
     def orchestrator_commands(self) -> str:
         return f"{self._root}.orchestrator.commands"
 
+    # the SLO planner's decisions (`PlannerDecision`), dry run or not
+    @property
+    def planner_decisions(self) -> str:
+        return f"{self._root}.planner.decisions"
+
     @property
     def membership_changes(self) -> str:
         return f"{self._root}.membership.changes"
