@@ -48,3 +48,11 @@ def bench_calibrate(ctx: typer.Context) -> None:
     from bench.calibrate.main import main as bench_main
 
     raise typer.Exit(bench_main(list(ctx.args)))
+
+
+@app.command("planner", context_settings=PASSTHROUGH)
+def bench_planner(ctx: typer.Context) -> None:
+    """SLO planner vs static P:D splits on a shifting workload, simulated sim workers (--help for options)."""
+    from bench.planner.main import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))
