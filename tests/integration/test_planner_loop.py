@@ -19,9 +19,9 @@ from shared.bus import Bus, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, OrchestratorConfig, PlannerLoopConfig, WorkerConfig
 from shared.request_plane import ResponseStream, open_stream
-from shared.schemas import GenerateRequest, SamplingParams, WorkerRole
+from shared.schemas import GenerateRequest, RequestRecord, SamplingParams, WorkerRole
 from shared.schemas.orchestrator import CommandOutcome, CordonWorker, UncordonWorker
-from shared.schemas.planner import PlannerDecision, SwitchRole
+from shared.schemas.planner import PlannerDecision, ScaleUp, SwitchRole
 from tests.waiting import wait_for
 
 MEMBERSHIP = MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0)
@@ -68,7 +68,8 @@ async def long_generations(bus: Bus, bus_config: BusConfig, worker_id: str, coun
 
 
 @contextlib.asynccontextmanager
-async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: float = 0.5) -> AsyncIterator[Cluster]:
+async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: float = 0.5,
+                  load: bool = True) -> AsyncIterator[Cluster]:
     """p1, p2 (prefill) and d1 (decode) with d1's batch full, then the orchestrator and its
     planner (so that its first tick sees the load: the idle prefill workers' cold trend and
     the decode worker's hot one start together)."""
@@ -84,7 +85,8 @@ async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: flo
         for worker_id, role in (("p1", WorkerRole.PREFILL), ("p2", WorkerRole.PREFILL), ("d1", WorkerRole.DECODE)):
             workers[worker_id] = worker = await start_worker(bus_config, worker_id, role)
             stack.push_async_callback(stop_worker, worker)
-        await stack.enter_async_context(long_generations(bus, bus_config, "d1", DECODE_SLOTS))
+        if load:
+            await stack.enter_async_context(long_generations(bus, bus_config, "d1", DECODE_SLOTS))
         orchestrator_bus = await connect(bus_config.nats_url, "orchestrator")
         stack.push_async_callback(orchestrator_bus.close)
         config = OrchestratorConfig(bus=bus_config, membership=MEMBERSHIP, command_timeout_s=2.0,
@@ -149,3 +151,20 @@ async def test_an_operator_touched_worker_is_left_alone(bus: Bus, bus_config: Bu
         action = switched()
         assert action is not None and action.worker_id == "p2"  # else p1 would go first (same load, by id)
         assert any("leaving p1 alone: operator command 'UncordonWorker'" in note for e in events for note in e.notes)
+
+
+async def test_slow_tokens_in_the_router_records_make_decode_hot(bus: Bus, bus_config: BusConfig) -> None:
+    """No load on the workers: the router's records alone (ITL over the SLO) make decode hot.
+    Their TTFT (half the SLO) keeps the idle prefill workers from counting as cold, and too
+    busy to give one up (0.5 each, 1.0 with one fewer): the planner asks for a new decode
+    worker (dry run: published, not started)."""
+    slow = RequestRecord(request_id="r", model="tiny", worker_id="d1", outcome="ok", finish_reason="length",
+                         prompt_tokens=40, cached_tokens=0, completion_tokens=101, ttft_s=1.0, duration_s=301.0)
+    async with cluster(bus, bus_config, dry_run=True, sustain_s=2.0, load=False) as (orchestrator, workers, events):
+        for _ in range(5):
+            await bus.client.publish(bus_config.subjects.request_events, encode(slow))  # 3 s a token
+        await wait_for(lambda: any(e.actions for e in events), 20, lambda: f"an action; heard {events[-1:]}")
+        action = next(a for e in events for a in e.actions)
+        assert isinstance(action, ScaleUp) and action.role is WorkerRole.DECODE, action
+        assert "ITL p90 3000.0 ms vs SLO 1000.0 ms" in action.reason, action.reason
+        assert orchestrator.control.launcher.list() == [] and set(orchestrator.control.worker_ids()) == set(workers)
