@@ -12,7 +12,8 @@ router's request records (`requests.events`) over the last `window_s`, calls the
 - while a planned worker has sent no load snapshot yet (the planner just started, or the
   worker just joined), it publishes a note and decides nothing: its idle-looking figures
   would start a cold trend;
-- unless `dry_run`, carries each action out through the control plane, as the matching
+- unless `dry_run`, carries each action out (in its own task; until it ends, ticks publish a
+  note and decide nothing) through the control plane, as the matching
   orchestrator command: SwitchRole -> SetWorkerRole, ScaleUp -> AddWorker (the launcher),
   ScaleDown -> RemoveWorker (drain, then stop). A refused or failed command is logged; the
   planner's cooldowns hold it back from retrying at once.
@@ -102,6 +103,7 @@ class PlannerLoop:
         self.state = PlannerState()
         self.counts: Counter[str] = Counter()  # decisions by action kind ("none": no action)
         self.last: PlannerDecision | None = None
+        self.outcomes: list[CommandOutcome] = []  # of the actions carried out, in order
         self._loads = LoadStream(bus, self._subjects, self._on_snapshot, malformed, clock=wall)
         self._history: dict[str, deque[LoadSnapshot]] = {}
         self._samples: deque[RecordSample] = deque()
@@ -111,6 +113,8 @@ class PlannerLoop:
         self._commands: Codec[OrchestratorCommand] = Codec(OrchestratorCommand, MalformedCounter())
         self._subscriptions: list = []
         self._task: asyncio.Task[None] | None = None
+        self._acting: asyncio.Task[None] | None = None  # the action being carried out
+        self._acting_on = ""
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
@@ -126,10 +130,11 @@ class PlannerLoop:
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._acting):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._acting = None
         for subscription in self._subscriptions:
             try:
                 await subscription.unsubscribe()
@@ -192,14 +197,11 @@ class PlannerLoop:
         now = self._clock()
         self._trim(now)
         members = dict(self._members())
+        if self._acting is not None and not self._acting.done():
+            return await self._undecided(f"still carrying out {self._acting_on}: no decision")
         unseen = [w for w in planned_workers(members) if not self._history.get(w)]
         if unseen:  # deciding without a worker's load would read it as idle
-            event = PlannerDecision(ts=self._wall(), dry_run=self._config.dry_run,
-                                    notes=[f"waiting for the first load snapshot of {', '.join(unseen)}: no decision"])
-            self.last = event
-            self.counts["waiting"] += 1
-            await self._bus.client.publish(self._subjects.planner_decisions, encode(event))
-            return event
+            return await self._undecided(f"waiting for the first load snapshot of {', '.join(unseen)}: no decision")
         snapshot = build_snapshot(members, self._history, list(self._samples), list(self._touches.values()),
                                   prefill_capacity_tok_s=self._config.prefill_capacity_tok_s)
         decision = decide(snapshot, self._slos, self.state, now, self._planner)
@@ -216,14 +218,26 @@ class PlannerLoop:
             log.info("planner%s: %s (pressures %s)", " (dry run)" if self._config.dry_run else "", action,
                      decision.pressures)
             if not self._config.dry_run:
-                outcome = await self._carry_out(action)
-                log.info("planner: %s %s: %s", action_kind(action), outcome.outcome, outcome.reason)
+                self._acting_on = f"{action_kind(action)} " + (
+                    action.role.value if isinstance(action, ScaleUp) else action.worker_id)
+                self._acting = asyncio.create_task(self._carry_out(action), name="planner-action")
         return event
 
-    async def _carry_out(self, action: PlannerAction) -> CommandOutcome:
+    async def _undecided(self, note: str) -> PlannerDecision:
+        event = PlannerDecision(ts=self._wall(), dry_run=self._config.dry_run, notes=[note])
+        self.last = event
+        self.counts["undecided"] += 1
+        await self._bus.client.publish(self._subjects.planner_decisions, encode(event))
+        return event
+
+    async def _carry_out(self, action: PlannerAction) -> None:
+        """The action as an orchestrator command, in its own task (a drain takes a while: the
+        ticks go on publishing meanwhile, deciding nothing until it ends)."""
         try:
-            return await self._control.execute(command_for(action, self._config.drain_deadline_s))
+            outcome = await self._control.execute(command_for(action, self._config.drain_deadline_s))
         except Exception as error:
             reraise_if_cancelling(error)
             log.exception("planner action %r failed", action)
-            return CommandOutcome(outcome="failed", reason=f"internal error: {error}")
+            outcome = CommandOutcome(outcome="failed", reason=f"internal error: {error}")
+        self.outcomes.append(outcome)
+        log.info("planner: %s %s: %s", action_kind(action), outcome.outcome, outcome.reason)

@@ -21,7 +21,7 @@ from shared.config import BusConfig, MembershipConfig, OrchestratorConfig, Plann
 from shared.request_plane import ResponseStream, open_stream
 from shared.schemas import GenerateRequest, RequestRecord, SamplingParams, WorkerRole
 from shared.schemas.orchestrator import CommandOutcome, CordonWorker, UncordonWorker
-from shared.schemas.planner import PlannerDecision, ScaleUp, SwitchRole
+from shared.schemas.planner import PlannerDecision, ScaleDown, ScaleUp, SwitchRole
 from tests.waiting import wait_for
 
 MEMBERSHIP = MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0)
@@ -123,7 +123,10 @@ async def test_decode_bottleneck_switches_a_prefill_worker_to_decode(bus: Bus, b
         await wait_for(lambda: (r := orchestrator.control.registration(action.worker_id)) is not None
                        and r.role is WorkerRole.DECODE, 10, "the switched worker registered as decode")
         assert workers[action.worker_id].role is WorkerRole.DECODE
-        assert orchestrator.planner is not None and orchestrator.planner.counts["switch_role"] == 1
+        planner = orchestrator.planner
+        assert planner is not None and planner.counts["switch_role"] == 1
+        await wait_for(lambda: len(planner.outcomes) == 1, 5, "the switch's outcome")
+        assert planner.outcomes[0].ok, planner.outcomes[0]
 
 
 async def test_dry_run_publishes_the_decision_and_changes_nothing(bus: Bus, bus_config: BusConfig) -> None:
@@ -168,3 +171,16 @@ async def test_slow_tokens_in_the_router_records_make_decode_hot(bus: Bus, bus_c
         assert isinstance(action, ScaleUp) and action.role is WorkerRole.DECODE, action
         assert "ITL p90 3000.0 ms vs SLO 1000.0 ms" in action.reason, action.reason
         assert orchestrator.control.launcher.list() == [] and set(orchestrator.control.worker_ids()) == set(workers)
+
+
+async def test_an_idle_prefill_worker_is_drained_and_leaves(bus: Bus, bus_config: BusConfig) -> None:
+    async with cluster(bus, bus_config, dry_run=False, load=False) as (orchestrator, workers, events):
+        await wait_for(lambda: any(e.actions for e in events), 20, lambda: f"an action; heard {events[-1:]}")
+        action = next(a for e in events for a in e.actions)
+        assert isinstance(action, ScaleDown) and action.worker_id == "p1", action  # least loaded, by id
+        assert "prefill pressure 0.00" in action.reason and "with one fewer" in action.reason, action.reason
+        planner = orchestrator.planner
+        assert planner is not None
+        await wait_for(lambda: len(planner.outcomes) == 1, 15, "the scale-down's outcome")
+        assert planner.outcomes[0].ok and planner.outcomes[0].reason.startswith("drained and left"), planner.outcomes
+        assert workers["p1"].stopped.is_set() and orchestrator.control.registration("p1") is None
