@@ -9,7 +9,7 @@ router's request records (`requests.events`) over the last `window_s`, calls the
   without actions: the notes say what it chose not to do), logs each action with its reason,
   and counts decisions by action kind in `counts` (the orchestrator exposes no metrics
   endpoint: the counts are for tests and the log);
-- while a planned worker has sent no load snapshot yet (the planner just started, or the
+- while a role has no active worker, or a planned worker has sent no load snapshot yet (the planner just started, or the
   worker just joined), it publishes a note and decides nothing: its idle-looking figures
   would start a cold trend;
 - unless `dry_run`, carries each action out (in its own task; until it ends, ticks publish a
@@ -51,7 +51,7 @@ from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import OrchestratorConfig, PlannerLoopConfig
 from shared.lifecycle import reraise_if_cancelling
-from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration
+from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration, WorkerRole
 from shared.schemas.orchestrator import (
     AddWorker,
     CommandOutcome,
@@ -199,6 +199,9 @@ class PlannerLoop:
         members = dict(self._members())
         if self._acting is not None and not self._acting.done():
             return await self._undecided(f"still carrying out {self._acting_on}: no decision")
+        empty = [role.value for role in (WorkerRole.PREFILL, WorkerRole.DECODE) if not planned_workers(members, role)]
+        if empty:  # an empty role has no figures: its trends would start on nothing
+            return await self._undecided(f"no active {' or '.join(empty)} worker: no decision")
         unseen = [w for w in planned_workers(members) if not self._history.get(w)]
         if unseen:  # deciding without a worker's load would read it as idle
             return await self._undecided(f"waiting for the first load snapshot of {', '.join(unseen)}: no decision")
