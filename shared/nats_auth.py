@@ -110,14 +110,17 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
             publish += [_wild(s.generate), _wild(s.control, "cancel"), _wild(s.control, "kv_snapshot"),
                         _wild(s.kv_release), s.request_events, *_jetstream(bucket, create=True)]
         case Role.ORCHESTRATOR:  # commands in; admin messages to workers (answered to its inbox)
-            subscribe += [s.orchestrator_commands, s.load_all, s.request_events]  # the planner reads load and records
-            publish += [s.membership_changes, s.planner_decisions, f"$KV.{bucket}.>", *_jetstream(bucket, create=True),
+            subscribe += [s.orchestrator_commands]
+            publish += [s.membership_changes, f"$KV.{bucket}.>", *_jetstream(bucket, create=True),
                         *(_wild(s.control, kind) for kind in ("set_role", "cordon", "uncordon", "drain"))]
         case Role.METRICS:
             subscribe += [s.kv_events_all, s.load_all, s.kv_transfers_all, s.request_events, s.membership_changes]
             publish += [_wild(s.control, "kv_snapshot"), *_jetstream(bucket, create=True)]
         case Role.OPERATOR:  # also `tandem ctl`: commands to the orchestrator
             publish += [_wild(s.control, "drain"), s.orchestrator_commands, *_jetstream(bucket, create=False)]
+    if user.role is Role.ORCHESTRATOR:  # its SLO planner: load and request records in, decisions out
+        subscribe += [s.load_all, s.request_events]
+        publish += [s.planner_decisions]
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
 
 

@@ -79,11 +79,6 @@ class Subjects(msgspec.Struct, frozen=True):
     def orchestrator_commands(self) -> str:
         return f"{self._root}.orchestrator.commands"
 
-    # the SLO planner's decisions (`PlannerDecision`), dry run or not
-    @property
-    def planner_decisions(self) -> str:
-        return f"{self._root}.planner.decisions"
-
     @property
     def membership_changes(self) -> str:
         return f"{self._root}.membership.changes"
@@ -91,6 +86,11 @@ class Subjects(msgspec.Struct, frozen=True):
     @property
     def request_events(self) -> str:
         return f"{self._root}.requests.events"
+
+    # the SLO planner's decisions (`PlannerDecision`), dry run or not
+    @property
+    def planner_decisions(self) -> str:
+        return f"{self._root}.planner.decisions"
 
     # JetStream key-value bucket holding one registration per worker
     @property
