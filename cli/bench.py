@@ -34,6 +34,14 @@ def bench_routing(ctx: typer.Context) -> None:
     bench_main(list(ctx.args))
 
 
+@app.command("planner", context_settings=PASSTHROUGH)
+def bench_planner(ctx: typer.Context) -> None:
+    """SLO planner vs static P:D splits on a shifting workload, simulated sim workers (--help for options)."""
+    from bench.planner.main import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))
+
+
 @app.command("serve", context_settings=PASSTHROUGH)
 def bench_serve(ctx: typer.Context) -> None:
     """Serving: TTFT, ITL, TPOT, throughput against a URL, or topologies side by side (--help for options)."""

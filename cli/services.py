@@ -193,16 +193,26 @@ def orchestrator(
     max_prefill_workers: Annotated[int, typer.Option(help="0: no limit.")] = 0,
     max_serving_workers: Annotated[int, typer.Option(help="Decode/both workers; 0: no limit.")] = 0,
     command_timeout: Annotated[float, typer.Option(help="Seconds a command waits for a worker's answer.")] = 10.0,
+    planner: Annotated[bool, typer.Option(help="Run the SLO planner (role switches, add, remove).")] = False,
+    planner_dry_run: Annotated[bool, typer.Option(help="Publish the planner's decisions, carry none out.")] = False,
+    planner_interval: Annotated[float, typer.Option(help="Seconds between planner ticks.")] = 2.0,
+    planner_window: Annotated[float, typer.Option(help="Seconds of records and load the planner reads.")] = 30.0,
+    ttft_p90_ms: Annotated[float, typer.Option(help="Planner SLO: TTFT p90 (ms).")] = 2000.0,
+    itl_p90_ms: Annotated[float, typer.Option(help="Planner SLO: inter-token latency p90 (ms).")] = 100.0,
+    planner_sustain: Annotated[float, typer.Option(help="Seconds a signal holds before the planner acts.")] = 30.0,
+    planner_cooldown: Annotated[float, typer.Option(help="Seconds after any planner action before the next.")] = 60.0,
+    planner_max_workers: Annotated[int, typer.Option(help="Planner budget: prefill + decode workers.")] = 8,
     trace_exporter: Exporter = "none",
     otlp_endpoint: OtlpEndpoint = "",
     log_level: LogLevel = "info",
 ) -> None:
     """Run the orchestrator: owns membership, removes workers whose heartbeats stop, and
-    carries out `tandem ctl` commands (cordon, drain, set-role, add, remove)."""
+    carries out `tandem ctl` commands (cordon, drain, set-role, add, remove); with --planner,
+    runs the SLO planner, which switches roles, adds and removes workers (see docs/planner.md)."""
     import shlex
 
     from services.orchestrator.main import run_orchestrator
-    from shared.config import ConfigError, OrchestratorConfig, WorkerLauncherConfig, WorkerLimits
+    from shared.config import ConfigError, OrchestratorConfig, PlannerLoopConfig, WorkerLauncherConfig, WorkerLimits
 
     setup_logging(log_level)
     config = OrchestratorConfig(bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
@@ -216,6 +226,12 @@ def orchestrator(
                                 launcher=WorkerLauncherConfig(kind=launcher, engine=worker_engine,  # type: ignore[arg-type]
                                                               model_dir=worker_model_dir, log_dir=worker_log_dir,
                                                               worker_args=tuple(shlex.split(worker_args))),
+                                planner=PlannerLoopConfig(enabled=planner, dry_run=planner_dry_run,
+                                                          interval_s=planner_interval, window_s=planner_window,
+                                                          ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
+                                                          sustain_s=planner_sustain,
+                                                          global_cooldown_s=planner_cooldown,
+                                                          max_workers=planner_max_workers),
                                 tracing=tracing_config(trace_exporter, otlp_endpoint))
     if launcher not in ("none", "local"):
         raise typer.BadParameter("must be none or local", param_hint="--launcher")

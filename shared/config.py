@@ -307,11 +307,39 @@ class WorkerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(self.start_timeout_s > 0, "the worker start timeout must be positive")
 
 
+class PlannerLoopConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """The SLO planner inside the orchestrator: every `interval_s` it reads the cluster over
+    the last `window_s` and may switch a worker's role, add or remove one (dry run: only
+    publishes what it would do)."""
+
+    enabled: bool = False
+    dry_run: bool = False
+    interval_s: float = 2.0
+    window_s: float = 30.0  # request records and load snapshots this far back
+    ttft_p90_ms: float = 2000.0
+    itl_p90_ms: float = 100.0
+    sustain_s: float = 30.0  # a signal held this long before an action
+    global_cooldown_s: float = 60.0
+    worker_cooldown_s: float = 300.0
+    operator_hold_s: float = 600.0  # a worker an operator command touched is left alone this long
+    prefill_capacity_tok_s: float = 0.0  # per prefill worker; 0: unknown (the demand term is left out)
+    max_workers: int = 8  # the planner's budget: prefill + decode workers in all
+    drain_deadline_s: float = 30.0  # a scale-down's drain
+
+    def validate(self) -> None:
+        _require(self.interval_s > 0 and self.window_s > 0, "planner interval and window must be positive")
+        _require(self.ttft_p90_ms > 0 and self.itl_p90_ms > 0, "planner SLOs must be positive")
+        _require(min(self.sustain_s, self.global_cooldown_s, self.worker_cooldown_s, self.operator_hold_s,
+                     self.prefill_capacity_tok_s) >= 0, "planner durations must not be negative")
+        _require(self.max_workers >= 2 and self.drain_deadline_s > 0, "planner budget needs 2+ workers")
+
+
 class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):
     sweep_interval_s: float = 0.25
     command_timeout_s: float = 10.0  # how long a command waits for the worker's answer to show
     limits: WorkerLimits = WorkerLimits()
     launcher: WorkerLauncherConfig = WorkerLauncherConfig()
+    planner: PlannerLoopConfig = PlannerLoopConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
     tracing: TracingConfig = TracingConfig()
@@ -322,6 +350,7 @@ class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.membership.validate()
         self.limits.validate()
         self.launcher.validate()
+        self.planner.validate()
 
 
 class MetricsConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -143,6 +143,9 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
         case Role.OPERATOR:  # also `tandem ctl`: commands to the orchestrator, and their progress
             subscribe += [s.orchestrator_progress]
             publish += [_wild(s.control, "drain"), s.orchestrator_commands, *_jetstream(bucket, create=False)]
+    if user.role is Role.ORCHESTRATOR:  # its SLO planner: load and request records in, decisions out
+        subscribe += [s.load_all, s.request_events]
+        publish += [s.planner_decisions]
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
 
 

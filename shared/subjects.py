@@ -92,6 +92,11 @@ class Subjects(msgspec.Struct, frozen=True):
     def request_events(self) -> str:
         return f"{self._root}.requests.events"
 
+    # the SLO planner's decisions (`PlannerDecision`), dry run or not
+    @property
+    def planner_decisions(self) -> str:
+        return f"{self._root}.planner.decisions"
+
     # JetStream key-value bucket holding one registration per worker
     @property
     def members_bucket(self) -> str:

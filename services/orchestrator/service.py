@@ -11,6 +11,8 @@ heartbeat interval, and delete it on a clean shutdown. This adapter mirrors the 
 - It publishes the table's `MembershipChange`s on `subjects.membership_changes`, in
   order, as soon as they happen.
 - While it is disconnected from NATS it cannot hear heartbeats, so it removes nobody.
+- With `planner.enabled`, it runs the SLO planner (`planner_loop.PlannerLoop`), which acts
+  through the same control plane.
 - It serves the control plane (`control_plane.ControlPlane`: cordon, drain, set-role, add
   and remove workers), which reads the same mirror and is woken by its changes.
 """
@@ -28,6 +30,7 @@ from nats.js.errors import KeyDeletedError, KeyWrongLastSequenceError, NotFoundE
 from services.orchestrator.control_plane import ControlPlane
 from services.orchestrator.launchers import Launcher, build_launcher
 from services.orchestrator.membership import MembershipTable
+from services.orchestrator.planner_loop import PlannerLoop
 from shared.bus import Bus
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
@@ -59,13 +62,19 @@ class OrchestratorService:
         self._task: asyncio.Task[None] | None = None
         self.control = ControlPlane(config, bus, lambda: self._members.members,
                                     launcher if launcher is not None else build_launcher(config), self.malformed)
+        self.planner = PlannerLoop(config, bus, lambda: self._members.members, self.control, self.malformed) \
+            if config.planner.enabled else None
 
     async def start(self) -> None:
         await self._members.start()
         self._task = asyncio.create_task(self._run(), name="orchestrator-membership")
         await self.control.start()
+        if self.planner is not None:
+            await self.planner.start()
 
     async def stop(self) -> None:
+        if self.planner is not None:
+            await self.planner.stop()
         await self.control.stop()
         await self._members.stop()
         if self._task is not None:
@@ -86,6 +95,8 @@ class OrchestratorService:
             self._expired.pop(event.worker_id, None)  # it came back before we deleted its key
             self.table.observe(event.registration, now)
         self.control.member_changed()
+        if self.planner is not None:
+            self.planner.on_member(event)
         self._wakeup.set()  # publish joins and leaves now, not at the next sweep
 
     async def _run(self) -> None:

@@ -47,3 +47,4 @@ class PlannerDecision(Message, tag="planner_decision", kw_only=True):
     actions: list[PlannerAction] = []
     notes: list[str] = []
     dry_run: bool = False  # set by the adapter: the actions were published, not carried out
+    pressures: dict[str, float] = {}  # role -> its pressure this tick (1.0: at the SLO or at capacity)

@@ -1,0 +1,1 @@
+"""`tandem bench planner`: the SLO planner against static prefill/decode splits on a shifting workload."""

@@ -1,0 +1,104 @@
+"""The planner's `ClusterSnapshot` from what the orchestrator hears (pure).
+
+Inputs: the members (active prefill and decode workers; `both` workers and cordoned or
+draining ones are not the planner's to move), each member's load snapshots over the
+window, and the request records of the window reduced to `RecordSample`s.
+
+- prefill: TTFT p90 of the window's records; prompt-token demand is the rate at which the
+  prefill workers' uncached prompt tokens grew over the window (first to last snapshot),
+  capacity `prefill_capacity_tok_s` per worker (0: unknown, so the planner leaves that term
+  out); a worker's load is its pending prefill tokens;
+- decode: ITL p90 of the window's records ((duration - TTFT) / (completion tokens - 1), the
+  mean gap of one request), batch occupancy (running / max_num_seqs over the decode
+  workers, latest snapshots); a worker's load is its running sequences;
+- both: KV usage of the fullest worker (latest snapshot).
+
+The records carry no queue time, so `queue_time_p90_ms` stays 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from services.orchestrator.planning import ClusterSnapshot, OperatorTouch, RoleLoad, WorkerLoad
+from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration, WorkerRole, WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSample:
+    at: float  # when the orchestrator heard it (its clock)
+    ttft_ms: float | None
+    itl_ms: float | None
+
+
+def sample(record: RequestRecord, at: float) -> RecordSample | None:
+    """The latency figures of one finished request (None: it failed or has none)."""
+    if record.outcome != "ok" or record.ttft_s is None:
+        return None
+    itl_ms = None
+    if record.completion_tokens > 1:
+        itl_ms = max(0.0, record.duration_s - record.ttft_s) / (record.completion_tokens - 1) * 1000.0
+    return RecordSample(at=at, ttft_ms=record.ttft_s * 1000.0, itl_ms=itl_ms)
+
+
+def p90(values: Sequence[float]) -> float:
+    """The 90th percentile (nearest rank); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def planned_workers(members: Mapping[str, WorkerRegistration], role: WorkerRole | None = None) -> list[str]:
+    """The active workers of `role` (None: of both planned roles)."""
+    roles = (WorkerRole.PREFILL, WorkerRole.DECODE) if role is None else (role,)
+    return sorted(worker_id for worker_id, registration in members.items()
+                  if registration.role in roles and registration.status is WorkerStatus.ACTIVE)
+
+
+def _latest(history: Sequence[LoadSnapshot]) -> LoadSnapshot | None:
+    return history[-1] if history else None
+
+
+def _kv_usage(snapshots: list[LoadSnapshot]) -> float:
+    return max((s.kv_used_blocks / s.kv_total_blocks for s in snapshots if s.kv_total_blocks > 0), default=0.0)
+
+
+def _uncached_rate(history: Sequence[LoadSnapshot]) -> float:
+    if len(history) < 2 or history[-1].ts <= history[0].ts:
+        return 0.0
+    first, last = history[0], history[-1]
+    grown = (last.prompt_tokens_total - last.cached_tokens_total) - (first.prompt_tokens_total
+                                                                     - first.cached_tokens_total)
+    return max(0.0, grown) / (last.ts - first.ts)
+
+
+def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str, Sequence[LoadSnapshot]],
+                   samples: Sequence[RecordSample], touches: Sequence[OperatorTouch], *,
+                   prefill_capacity_tok_s: float) -> ClusterSnapshot:
+    prefill_ids = planned_workers(members, WorkerRole.PREFILL)
+    decode_ids = planned_workers(members, WorkerRole.DECODE)
+    prefill_latest = [s for s in (_latest(loads.get(w, ())) for w in prefill_ids) if s is not None]
+    decode_latest = [s for s in (_latest(loads.get(w, ())) for w in decode_ids) if s is not None]
+
+    def worker_load(worker_id: str, prefill: bool) -> WorkerLoad:
+        latest = _latest(loads.get(worker_id, ()))
+        if latest is None:
+            return WorkerLoad(worker_id=worker_id)
+        return WorkerLoad(worker_id=worker_id, load=float(latest.pending_prefill_tokens if prefill else latest.running))
+
+    slots = sum(members[w].capacity.max_num_seqs for w in decode_ids if _latest(loads.get(w, ())) is not None)
+    prefill = RoleLoad(
+        workers=[worker_load(w, True) for w in prefill_ids],
+        ttft_p90_ms=p90([s.ttft_ms for s in samples if s.ttft_ms is not None]),
+        prefill_demand_tok_s=sum(_uncached_rate(loads.get(w, ())) for w in prefill_ids),
+        prefill_capacity_tok_s=prefill_capacity_tok_s * len(prefill_ids),
+        kv_usage=_kv_usage(prefill_latest))
+    decode = RoleLoad(
+        workers=[worker_load(w, False) for w in decode_ids],
+        itl_p90_ms=p90([s.itl_ms for s in samples if s.itl_ms is not None]),
+        decode_occupancy=sum(s.running for s in decode_latest) / slots if slots else 0.0,
+        kv_usage=_kv_usage(decode_latest))
+    return ClusterSnapshot(prefill=prefill, decode=decode, operator_touches=list(touches))

@@ -1,0 +1,246 @@
+"""The SLO planner in the orchestrator (adapter): cluster in, decisions out, actions carried out.
+
+Every `planner.interval_s` it builds the planner's `ClusterSnapshot` (`planner_inputs`) from
+the members (the orchestrator's mirror), the workers' load snapshots (`LoadStream`) and the
+router's request records (`requests.events`) over the last `window_s`, calls the pure
+`decide()`, and
+
+- publishes the tick as a `PlannerDecision` on `planner.decisions` (every tick, with or
+  without actions: the notes say what it chose not to do), logs each action with its reason,
+  and counts decisions by action kind in `counts` (the orchestrator exposes no metrics
+  endpoint: the counts are for tests and the log);
+- while a role has no active worker, or a planned worker has sent no load snapshot yet (the planner just started, or the
+  worker just joined), it publishes a note and decides nothing: its idle-looking figures
+  would start a cold trend;
+- unless `dry_run`, carries each action out (in its own task; until it ends, ticks publish a
+  note and decide nothing) through the control plane, as the matching
+  orchestrator command: SwitchRole -> SetWorkerRole, ScaleUp -> AddWorker (the launcher),
+  ScaleDown -> RemoveWorker (drain, then stop). A refused or failed command is logged; the
+  planner's cooldowns hold it back from retrying at once.
+
+Operator commands (`tandem ctl`, on the command subject) are watched here too: each one that
+names a worker marks it operator-touched, and the planner leaves it alone for
+`operator_hold_s`. The planner's own commands go straight to the control plane, not over
+the subject, so they do not count as an operator's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+
+from nats.aio.msg import Msg
+
+from services.orchestrator.control_plane import ControlPlane
+from services.orchestrator.planner_inputs import RecordSample, build_snapshot, planned_workers, sample
+from services.orchestrator.planning import (
+    Budget,
+    OperatorTouch,
+    PlannerConfig,
+    PlannerState,
+    Slos,
+    Thresholds,
+    decide,
+)
+from shared.bus import Bus
+from shared.cluster.load_stream import LoadStream
+from shared.cluster.member_events import MemberChange, MemberEvent
+from shared.codec import Codec, MalformedCounter, encode
+from shared.config import OrchestratorConfig, PlannerLoopConfig
+from shared.lifecycle import reraise_if_cancelling
+from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration, WorkerRole
+from shared.schemas.orchestrator import (
+    AddWorker,
+    CommandOutcome,
+    OrchestratorCommand,
+    RemoveWorker,
+    SetWorkerRole,
+)
+from shared.schemas.planner import PlannerAction, PlannerDecision, ScaleDown, ScaleUp, SwitchRole
+
+log = logging.getLogger(__name__)
+
+
+def planner_config(config: PlannerLoopConfig) -> PlannerConfig:
+    return PlannerConfig(budget=Budget(max_prefill=config.max_workers - 1, max_decode=config.max_workers - 1,
+                                       max_total=config.max_workers),
+                         thresholds=Thresholds(sustain_s=config.sustain_s),
+                         global_cooldown_s=config.global_cooldown_s, worker_cooldown_s=config.worker_cooldown_s,
+                         operator_hold_s=config.operator_hold_s)
+
+
+def command_for(action: PlannerAction, drain_deadline_s: float) -> OrchestratorCommand:
+    match action:
+        case SwitchRole(worker_id=worker_id, to_role=role):
+            return SetWorkerRole(worker_id=worker_id, role=role)
+        case ScaleUp(role=role):
+            return AddWorker(role=role)
+        case ScaleDown(worker_id=worker_id):
+            return RemoveWorker(worker_id=worker_id, deadline_s=drain_deadline_s)
+    raise AssertionError(f"unknown action {action!r}")
+
+
+def action_kind(action: PlannerAction) -> str:
+    return {SwitchRole: "switch_role", ScaleUp: "scale_up", ScaleDown: "scale_down"}[type(action)]
+
+
+class PlannerLoop:
+    def __init__(self, config: OrchestratorConfig, bus: Bus, members: Callable[[], Mapping[str, WorkerRegistration]],
+                 control: ControlPlane, malformed: MalformedCounter, *,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self._config = config.planner
+        self._bus = bus
+        self._subjects = config.bus.subjects
+        self._members = members
+        self._control = control
+        self._clock = clock
+        self._wall = wall
+        self._slos = Slos(ttft_p90_ms=self._config.ttft_p90_ms, itl_p90_ms=self._config.itl_p90_ms)
+        self._planner = planner_config(self._config)
+        self.state = PlannerState()
+        self.counts: Counter[str] = Counter()  # decisions by action kind ("none": no action)
+        self.last: PlannerDecision | None = None
+        self.outcomes: list[CommandOutcome] = []  # of the actions carried out, in order
+        self._loads = LoadStream(bus, self._subjects, self._on_snapshot, malformed, clock=wall)
+        self._history: dict[str, deque[LoadSnapshot]] = {}
+        self._samples: deque[RecordSample] = deque()
+        self._touches: dict[str, OperatorTouch] = {}
+        self._records: Codec[RequestRecord] = Codec(RequestRecord, malformed)
+        # The control plane counts malformed commands already; this watcher only looks.
+        self._commands: Codec[OrchestratorCommand] = Codec(OrchestratorCommand, MalformedCounter())
+        self._subscriptions: list = []
+        self._task: asyncio.Task[None] | None = None
+        self._acting: asyncio.Task[None] | None = None  # the action being carried out
+        self._acting_on = ""
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        await self._loads.start()
+        client = self._bus.client
+        self._subscriptions = [await client.subscribe(self._subjects.request_events, cb=self._on_record),
+                               await client.subscribe(self._subjects.orchestrator_commands, cb=self._on_command)]
+        await client.flush()
+        self._task = asyncio.create_task(self._run(), name="orchestrator-planner")
+        log.info("planner on (%s): every %g s, SLOs TTFT p90 %g ms, ITL p90 %g ms",
+                 "dry run" if self._config.dry_run else "acting", self._config.interval_s,
+                 self._config.ttft_p90_ms, self._config.itl_p90_ms)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for task in (self._task, self._acting):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._acting = None
+        for subscription in self._subscriptions:
+            try:
+                await subscription.unsubscribe()
+            except Exception as error:  # the connection is going away
+                log.debug("planner: could not unsubscribe: %s", error)
+        self._subscriptions = []
+        await self._loads.stop()
+
+    # ---- inputs ----------------------------------------------------------------------
+
+    def on_member(self, event: MemberEvent) -> None:
+        self._loads.on_member(event)
+        if event.change is MemberChange.LEFT:
+            self._history.pop(event.worker_id, None)
+
+    def _on_snapshot(self, snapshot: LoadSnapshot) -> None:
+        if snapshot.worker_id not in self._members():
+            return
+        history = self._history.setdefault(snapshot.worker_id, deque())
+        history.append(snapshot)
+        while history and history[0].ts < snapshot.ts - self._config.window_s:
+            history.popleft()
+
+    async def _on_record(self, msg: Msg) -> None:
+        record = self._records.decode_or_none(msg.data, msg.subject)
+        figures = sample(record, self._clock()) if record is not None else None
+        if figures is not None:
+            self._samples.append(figures)
+
+    async def _on_command(self, msg: Msg) -> None:
+        command = self._commands.decode_or_none(msg.data, msg.subject)
+        worker_id = getattr(command, "worker_id", "")
+        if command is not None and worker_id:
+            self._touches[worker_id] = OperatorTouch(worker_id=worker_id, at=self._clock(),
+                                                     command=type(command).__name__)
+
+    # ---- the tick --------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.tick()
+            except Exception as error:  # NATS trouble or a bug in one tick: the next one tries again
+                reraise_if_cancelling(error)
+                log.exception("planner tick failed")
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self._config.interval_s)
+            except TimeoutError:
+                pass
+            reraise_if_cancelling()
+
+    def _trim(self, now: float) -> None:
+        while self._samples and self._samples[0].at < now - self._config.window_s:
+            self._samples.popleft()
+        for worker_id, touch in list(self._touches.items()):
+            if now - touch.at >= self._planner.operator_hold_s:
+                del self._touches[worker_id]
+
+    async def tick(self) -> PlannerDecision:
+        now = self._clock()
+        self._trim(now)
+        members = dict(self._members())
+        if self._acting is not None and not self._acting.done():
+            return await self._undecided(f"still carrying out {self._acting_on}: no decision")
+        empty = [role.value for role in (WorkerRole.PREFILL, WorkerRole.DECODE) if not planned_workers(members, role)]
+        if empty:  # an empty role has no figures: its trends would start on nothing
+            return await self._undecided(f"no active {' or '.join(empty)} worker: no decision")
+        unseen = [w for w in planned_workers(members) if not self._history.get(w)]
+        if unseen:  # deciding without a worker's load would read it as idle
+            return await self._undecided(f"waiting for the first load snapshot of {', '.join(unseen)}: no decision")
+        snapshot = build_snapshot(members, self._history, list(self._samples), list(self._touches.values()),
+                                  prefill_capacity_tok_s=self._config.prefill_capacity_tok_s)
+        decision = decide(snapshot, self._slos, self.state, now, self._planner)
+        self.state = decision.state
+        event = PlannerDecision(ts=self._wall(), actions=decision.actions, notes=decision.notes,
+                                dry_run=self._config.dry_run, pressures=decision.pressures)
+        self.last = event
+        await self._bus.client.publish(self._subjects.planner_decisions, encode(event))
+        if not decision.actions:
+            self.counts["none"] += 1
+            log.debug("planner: no action (pressures %s): %s", decision.pressures, "; ".join(decision.notes))
+        for action in decision.actions:
+            self.counts[action_kind(action)] += 1
+            log.info("planner%s: %s (pressures %s)", " (dry run)" if self._config.dry_run else "", action,
+                     decision.pressures)
+            if not self._config.dry_run:
+                self._acting_on = f"{action_kind(action)} " + (
+                    action.role.value if isinstance(action, ScaleUp) else action.worker_id)
+                self._acting = asyncio.create_task(self._carry_out(action), name="planner-action")
+        return event
+
+    async def _undecided(self, note: str) -> PlannerDecision:
+        event = PlannerDecision(ts=self._wall(), dry_run=self._config.dry_run, notes=[note])
+        self.last = event
+        self.counts["undecided"] += 1
+        await self._bus.client.publish(self._subjects.planner_decisions, encode(event))
+        return event
+
+    async def _carry_out(self, action: PlannerAction) -> None:
+        """The action as an orchestrator command, in its own task (a drain takes a while: the
+        ticks go on publishing meanwhile, deciding nothing until it ends)."""
+        try:
+            outcome = await self._control.execute(command_for(action, self._config.drain_deadline_s))
+        except Exception as error:
+            reraise_if_cancelling(error)
+            log.exception("planner action %r failed", action)
+            outcome = CommandOutcome(outcome="failed", reason=f"internal error: {error}")
+        self.outcomes.append(outcome)
+        log.info("planner: %s %s: %s", action_kind(action), outcome.outcome, outcome.reason)

@@ -1,0 +1,66 @@
+"""The planner's snapshot from members, load snapshots and request records (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.orchestrator.planner_inputs import build_snapshot, p90, planned_workers, sample
+from services.orchestrator.planning import OperatorTouch
+from shared.schemas import LoadSnapshot, RequestRecord, WorkerCapacity, WorkerRegistration, WorkerRole, WorkerStatus
+
+
+def member(worker_id: str, role: WorkerRole, status: WorkerStatus = WorkerStatus.ACTIVE) -> WorkerRegistration:
+    return WorkerRegistration(worker_id=worker_id, role=role, model="m", engine="sim", block_size=16, compat_hash="h",
+                              capacity=WorkerCapacity(kv_blocks=100, max_num_seqs=8, max_model_len=2048),
+                              status=status, started_at=0.0, heartbeat_at=0.0)
+
+
+def load(worker_id: str, ts: float, *, running: int = 0, used: int = 0, prompt: int = 0, cached: int = 0,
+         pending: int = 0) -> LoadSnapshot:
+    return LoadSnapshot(worker_id=worker_id, seq=int(ts), ts=ts, running=running, waiting=0, kv_total_blocks=100,
+                        kv_used_blocks=used, kv_cached_blocks=0, prompt_tokens_total=prompt,
+                        cached_tokens_total=cached, generated_tokens_total=0, pending_prefill_tokens=pending)
+
+
+def record(ttft_s: float | None, duration_s: float, completion: int, outcome: str = "ok") -> RequestRecord:
+    return RequestRecord(request_id="r", model="m", worker_id="d", outcome=outcome, finish_reason="length",
+                         prompt_tokens=10, cached_tokens=0, completion_tokens=completion, ttft_s=ttft_s,
+                         duration_s=duration_s)
+
+
+def test_a_record_gives_its_ttft_and_mean_inter_token_gap() -> None:
+    figures = sample(record(0.2, 1.2, 11), at=5.0)
+    assert figures is not None and figures.ttft_ms == pytest.approx(200) and figures.itl_ms == pytest.approx(100)
+    assert sample(record(0.2, 0.2, 1), at=5.0).itl_ms is None  # one token: no gap
+    assert sample(record(None, 1.0, 0, outcome="overloaded"), at=5.0) is None
+
+
+def test_p90_is_the_nearest_rank() -> None:
+    assert p90([]) == 0.0
+    assert p90([float(v) for v in range(1, 11)]) == 9.0
+    assert p90([5.0]) == 5.0
+
+
+def test_the_snapshot_reads_each_role() -> None:
+    members = {"p1": member("p1", WorkerRole.PREFILL), "p2": member("p2", WorkerRole.PREFILL),
+               "d1": member("d1", WorkerRole.DECODE), "b1": member("b1", WorkerRole.BOTH),
+               "d2": member("d2", WorkerRole.DECODE, WorkerStatus.CORDONED)}
+    assert planned_workers(members) == ["d1", "p1", "p2"]
+    loads = {"p1": [load("p1", 0.0, prompt=1000, cached=200), load("p1", 2.0, prompt=3000, cached=200, pending=64,
+                                                                     used=30)],
+             "p2": [load("p2", 1.0)],
+             "d1": [load("d1", 2.0, running=6, used=70)]}
+    samples = [s for s in (sample(record(t / 10, t / 10 + 0.5, 6), at=1.0) for t in range(1, 11)) if s is not None]
+    touch = OperatorTouch(worker_id="p2", at=1.0, command="CordonWorker")
+    snapshot = build_snapshot(members, loads, samples, [touch], prefill_capacity_tok_s=500.0)
+    assert [w.worker_id for w in snapshot.prefill.workers] == ["p1", "p2"]
+    assert snapshot.prefill.workers[0].load == 64
+    assert snapshot.prefill.prefill_demand_tok_s == pytest.approx(1000.0)  # 2000 uncached tokens in 2 s
+    assert snapshot.prefill.prefill_capacity_tok_s == 1000.0
+    assert snapshot.prefill.ttft_p90_ms == pytest.approx(900)
+    assert snapshot.prefill.kv_usage == pytest.approx(0.3)
+    assert [w.worker_id for w in snapshot.decode.workers] == ["d1"] and snapshot.decode.workers[0].load == 6
+    assert snapshot.decode.decode_occupancy == pytest.approx(6 / 8)
+    assert snapshot.decode.itl_p90_ms == pytest.approx(100)
+    assert snapshot.decode.kv_usage == pytest.approx(0.7)
+    assert snapshot.operator_touches == [touch]
