@@ -17,6 +17,7 @@ from typing import Literal
 import httpx
 import msgspec
 
+from bench.serve.client import error_code
 from bench.soak.workload import SoakRequest
 
 Outcome = Literal["ok", "cancelled", "error"]
@@ -76,7 +77,7 @@ async def _whole(client: httpx.AsyncClient, model: str, request: SoakRequest, re
             result.outcome = "cancelled"
             return
     if response.status_code != 200:
-        result.error = f"http {response.status_code} {_error_code(response.content)}".rstrip()
+        result.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
         return
     answer = _json.decode(response.content)
     choices = answer.get("choices") or []
@@ -94,7 +95,7 @@ async def _stream(client: httpx.AsyncClient, model: str, request: SoakRequest, r
     async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
             await response.aread()
-            result.error = f"http {response.status_code} {_error_code(response.content)}".rstrip()
+            result.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
             return
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
@@ -108,7 +109,7 @@ async def _stream(client: httpx.AsyncClient, model: str, request: SoakRequest, r
                 return
             event = _json.decode(payload)
             if event.get("error"):
-                result.error = f"stream {_error_code(payload)}".rstrip()
+                result.error = f"stream {error_code(payload)}".rstrip()
                 return
             for choice in event.get("choices") or ():
                 if _text(choice):
@@ -130,11 +131,3 @@ def _text(choice: dict) -> str:
     if "delta" in choice:
         return (choice.get("delta") or {}).get("content") or ""
     return choice.get("text") or ""
-
-
-def _error_code(body: bytes | str) -> str:
-    try:
-        error = _json.decode(body)["error"]
-        return str(error.get("code") or error.get("type") or "")
-    except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
-        return ""
