@@ -64,3 +64,11 @@ def bench_soak(ctx: typer.Context) -> None:
     from bench.soak.main import main as bench_main
 
     raise typer.Exit(bench_main(list(ctx.args)))
+
+
+@app.command("router", context_settings=PASSTHROUGH)
+def bench_router(ctx: typer.Context) -> None:
+    """Router cost: requests/s, latency and router CPU per request, Tandem vs Dynamo's frontend (--help for options)."""
+    from bench.router.main import main as bench_main
+
+    raise typer.Exit(bench_main(list(ctx.args)))

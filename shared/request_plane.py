@@ -35,21 +35,74 @@ from shared.schemas.transfer import KvHandle, PushTarget
 _frames: Codec[ResponseFrame] = Codec(ResponseFrame)
 
 
-class ResponseStream:
-    """The caller's side of one streamed request. Iterate to get frames."""
+class ResponseInbox:
+    """One subscription (`<inbox>.*`) that carries the frames of every stream of a caller
+    opened with it, each stream under its own token: no subscribe and unsubscribe per
+    request. `open()` before the first stream, `close()` at the end."""
 
-    def __init__(self, bus: Bus, subject: str, *, accept_timeout_s: float, idle_timeout_s: float) -> None:
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+        self._prefix = ""
+        self._sub = None
+        self._queues: dict[str, asyncio.Queue[Msg | TandemError]] = {}
+        self._next_token = 0
+
+    async def open(self) -> ResponseInbox:
+        self._prefix = self._bus.client.new_inbox() + "."
+        self._sub = await self._bus.client.subscribe(self._prefix + "*", cb=self._deliver)
+        return self
+
+    async def close(self) -> None:
+        if self._inbox is not None and self._reply:
+            self._inbox.unregister(self._reply)
+            self._reply = ""
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:
+                pass  # connection already closed: nothing left to release
+            self._sub = None
+
+    def register(self, queue: asyncio.Queue[Msg | TandemError]) -> str:
+        """The reply subject of a new stream whose frames go to `queue`."""
+        assert self._sub is not None, "the inbox is not open"
+        self._next_token += 1
+        token = str(self._next_token)
+        self._queues[token] = queue
+        return self._prefix + token
+
+    def unregister(self, reply: str) -> None:
+        self._queues.pop(reply[len(self._prefix):], None)
+
+    async def _deliver(self, msg: Msg) -> None:
+        queue = self._queues.get(msg.subject[len(self._prefix):])
+        if queue is not None:  # a closed stream's late frame is dropped, as an unsubscribed one's
+            queue.put_nowait(msg)
+
+
+class ResponseStream:
+    """The caller's side of one streamed request. Iterate to get frames. With an `inbox`,
+    frames arrive through that shared subscription; else through one of the stream's own."""
+
+    def __init__(self, bus: Bus, subject: str, *, accept_timeout_s: float, idle_timeout_s: float,
+                 inbox: ResponseInbox | None = None) -> None:
         self._bus = bus
         self.subject = subject
         self._accept_timeout_s = accept_timeout_s
         self._idle_timeout_s = idle_timeout_s
         self._queue: asyncio.Queue[Msg | TandemError] = asyncio.Queue()
+        self._inbox = inbox
+        self._reply = ""
         self._sub = None
         self._next_seq = 0
         self.accepted: Accepted | None = None
         self.finished: Finished | None = None
 
     async def send(self, payload: bytes, headers: dict[str, str] | None = None) -> None:
+        if self._inbox is not None:
+            self._reply = self._inbox.register(self._queue)
+            await self._bus.client.publish(self.subject, payload, reply=self._reply, headers=headers)
+            return
         inbox = self._bus.client.new_inbox()
         self._sub = await self._bus.client.subscribe(inbox, cb=self._queue.put)
         await self._bus.client.publish(self.subject, payload, reply=inbox, headers=headers)
@@ -59,6 +112,9 @@ class ResponseStream:
         self._queue.put_nowait(error)
 
     async def close(self) -> None:
+        if self._inbox is not None and self._reply:
+            self._inbox.unregister(self._reply)
+            self._reply = ""
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -66,15 +122,23 @@ class ResponseStream:
                 pass  # connection already closed: nothing left to release
             self._sub = None
 
+    @property
+    def frames_ready(self) -> bool:
+        """Whether a frame (or the end) arrived and waits to be read: reading it does not wait."""
+        return not self._queue.empty()
+
     async def _next_frame(self) -> ResponseFrame:
         first = self.accepted is None
-        timeout = self._accept_timeout_s if first else self._idle_timeout_s
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
-            if first:
-                raise Unavailable(f"no worker accepted the request on {self.subject} within {timeout}s") from None
-            raise Timeout(f"worker on {self.subject} was silent for {timeout}s") from None
+        if not self._queue.empty():  # already here: no timer to arm
+            item = self._queue.get_nowait()
+        else:
+            timeout = self._accept_timeout_s if first else self._idle_timeout_s
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            except asyncio.TimeoutError:
+                if first:
+                    raise Unavailable(f"no worker accepted the request on {self.subject} within {timeout}s") from None
+                raise Timeout(f"worker on {self.subject} was silent for {timeout}s") from None
         if isinstance(item, TandemError):
             raise item
         if item.headers and item.headers.get("Status") == "503":  # NATS "no responders"
@@ -173,4 +237,4 @@ class FrameSender:
         self.closed = True
 
 
-__all__ = ["FrameSender", "ResponseStream", "open_stream", "Disconnected"]
+__all__ = ["FrameSender", "ResponseInbox", "ResponseStream", "open_stream", "Disconnected"]

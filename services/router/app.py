@@ -28,7 +28,7 @@ from services.router.protocol import ChatCompletionRequest, CompletionRequest, M
 from services.router.records import Clock, RequestRecorder
 from services.router.routing import build_policy
 from services.router.routing.eligibility import can_serve
-from services.router.serving import ServingContext, cancel_on_disconnect
+from services.router.serving import ServingContext, watched
 from services.router.serving_chat import ChatServing
 from services.router.serving_completions import CompletionsServing
 from services.router.worker_link import WorkerLink
@@ -36,6 +36,7 @@ from services.router.worker_pool import WorkerPool
 from shared.bus import Bus, connect
 from shared.codec import MalformedCounter
 from shared.config import ConfigError, RouterConfig
+from shared.request_plane import ResponseInbox
 from shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class RouterRuntime:
                           bucket_ttl_s=config.membership.bucket_ttl_s,
                           reconnect_grace_s=config.membership.ttl_s,  # one TTL to re-register after a restart
                           listener=kv_view)
+        inbox: ResponseInbox | None = None
         try:
             await kv_view.start()
             await pool.start()
@@ -96,9 +98,11 @@ class RouterRuntime:
             self.metrics.watch_kv_index(kv_view.index.stats)
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
             recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
+            inbox = await ResponseInbox(bus).open()  # one subscription for every generate stream's frames
             # A lease release is a control round trip like an accept: bounded the same way.
             link = WorkerLink(bus, subjects, self.malformed, accept_timeout_s=config.accept_timeout_s,
-                              idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s)
+                              idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s,
+                              inbox=inbox)
             dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, decoder=tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
                                     routing=config.routing, policy=self.policy,
@@ -110,6 +114,8 @@ class RouterRuntime:
             yield
         finally:
             self._started = None
+            if inbox is not None:
+                await inbox.close()
             await pool.stop()
             await kv_view.stop()
             await bus.close()
@@ -127,11 +133,11 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await cancel_on_disconnect(request, runtime.started.completions.create(body, route_hint(request)))
+        return await watched(request, runtime.started.completions.create(body, route_hint(request)))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await cancel_on_disconnect(request, runtime.started.chat.create(body, route_hint(request)))
+        return await watched(request, runtime.started.chat.create(body, route_hint(request)))
 
     @router.get("/v1/models")
     async def models() -> ModelList:

@@ -5,7 +5,9 @@ multi-byte character (decoded alone it is U+FFFD), and some decoders change a to
 text depending on what precedes it (SentencePiece drops the leading space of the first
 token). So each step decodes a short window that starts a few tokens back and emits only
 what the new tokens added; text ending in U+FFFD is held back until the character
-completes, or until `flush()` at the end of the request.
+completes, or until `flush()` at the end of the request. The window's text before the new
+tokens is the previous step's result, so a step costs one decode (two when the window
+restarts, every ~20 tokens).
 
 The concatenation of every delta plus `flush()` equals decoding the whole output.
 """
@@ -16,7 +18,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 REPLACEMENT_CHAR = "\ufffd"
-PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded along with the output, for spacing
+PROMPT_CONTEXT_TOKENS = 5  # tokens decoded before the new ones, for spacing
+WINDOW_TOKENS = 24  # the decoding window's longest span before it restarts
 
 
 class TokenDecoder(Protocol):
@@ -28,8 +31,8 @@ class IncrementalDetokenizer:
         self._decoder = decoder
         context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_ids else []
         self._ids = context
-        self._prefix_offset = 0  # start of the decoding window
         self._read_offset = len(context)  # ids before this are already emitted
+        self._prefix_text: str | None = None  # the text of ids[:read_offset], once decoded
 
     def push(self, token_ids: Sequence[int]) -> str:
         """The text that `token_ids` add, minus any incomplete trailing character."""
@@ -43,12 +46,20 @@ class IncrementalDetokenizer:
     def _advance(self, *, final: bool) -> str:
         if self._read_offset == len(self._ids):
             return ""
-        prefix_text = self._decoder.decode(self._ids[self._prefix_offset:self._read_offset])
-        full_text = self._decoder.decode(self._ids[self._prefix_offset:])
+        if self._prefix_text is None:
+            self._prefix_text = self._decoder.decode(self._ids[:self._read_offset])
+        prefix_text = self._prefix_text
+        full_text = self._decoder.decode(self._ids)
         if len(full_text) <= len(prefix_text) or (full_text.endswith(REPLACEMENT_CHAR) and not final):
             return ""
         delta = full_text[len(prefix_text):]
-        # The next window starts at what was just emitted; older ids are no longer needed.
-        del self._ids[:self._read_offset]
-        self._prefix_offset, self._read_offset = 0, len(self._ids)
+        # The window grows by what was just emitted (its text is the next step's prefix, no
+        # second decode); past WINDOW_TOKENS it restarts a few tokens back.
+        self._read_offset = len(self._ids)
+        if self._read_offset > WINDOW_TOKENS:
+            del self._ids[:self._read_offset - PROMPT_CONTEXT_TOKENS]
+            self._read_offset = len(self._ids)
+            self._prefix_text = None
+        else:
+            self._prefix_text = full_text
         return delta

@@ -82,6 +82,7 @@ class Generation:
         self._last_token_at: float | None = None
         self._completion_tokens = 0
         self._primed: Tokens | None = None  # the first frame, pulled by prime()
+        self._deferred_error: TandemError | None = None  # raised by the next next(), after the text before it
         self._outcome: str | None = None  # set as soon as the request's fate is known
         self._final: Final | None = None
         self._closed = False
@@ -99,22 +100,42 @@ class Generation:
         self._primed = await self._next_frame()
 
     async def next(self) -> Delta | Final:
-        """The next non-empty piece of text, or the `Final` one; raises `TandemError`."""
+        """The next non-empty piece of text, or the `Final` one; raises `TandemError`.
+
+        Frames that already arrived are taken into the same piece (one SSE chunk for what
+        the worker sent while the client was being answered); each frame still meets the
+        stop strings on its own, so a stop ends the request at the same token."""
         assert self._final is None, "next() called after the final piece"
+        if self._deferred_error is not None:
+            error, self._deferred_error = self._deferred_error, None
+            raise error
+        pieces: list[str] = []
         while True:
             if self._primed is not None:
                 frame, self._primed = self._primed, None
             else:
-                frame = await self._next_frame()
+                try:
+                    frame = await self._next_frame()
+                except TandemError as error:
+                    if not pieces:
+                        raise
+                    self._deferred_error = error  # the text before the failure reaches the client first
+                    return Delta("".join(pieces))
             if frame is None:
-                return self._finish_from_worker()
+                final = self._finish_from_worker()
+                if pieces:
+                    final = self._final = Final("".join(pieces) + final.text, final.finish_reason, final.usage)
+                return final
             text = self._stops.push(self._detokenizer.push(frame.token_ids))
             if self._stops.stopped:
                 await self._source.cancel()
-                return self._finish(text, "stop", TokenUsage(len(self.params.prompt_ids), self._completion_tokens,
-                                                             cached_tokens=0))
+                pieces.append(text)
+                return self._finish("".join(pieces), "stop",
+                                    TokenUsage(len(self.params.prompt_ids), self._completion_tokens, cached_tokens=0))
             if text:
-                return Delta(text)
+                pieces.append(text)
+            if pieces and not self._source.frames_ready:
+                return Delta("".join(pieces))
 
     async def _next_frame(self) -> Tokens | None:
         """The next token frame; None once the worker sent `Finished`."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import uvicorn
 
 from services.router.app import create_app
+from services.router.event_loop import event_loop_factory
 from shared.bus import connect
 from shared.config import RouterConfig
 from shared.tracing import setup_tracing
@@ -58,4 +59,5 @@ async def serve_router(config: RouterConfig) -> None:
 
 
 def run_router(config: RouterConfig) -> None:
-    asyncio.run(serve_router(config))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # uvloop where installed
+        runner.run(serve_router(config))

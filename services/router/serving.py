@@ -5,7 +5,7 @@ The answer's status is decided only after the first piece of output (or the fail
 is known, so a request that fails before any byte is sent gets a proper error status;
 once streaming, a failure is an SSE error event `data: {"error": {...}}` and the stream
 ends without `[DONE]`, never a silently truncated success. A client that goes away
-cancels the request on the worker (`cancel_on_disconnect`, `SseResponse`).
+cancels the request on the worker (`watched`, `services.router.sse`).
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import anyio
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
-from starlette.types import Receive, Scope, Send
 
 from services.router.dispatch import Dispatcher
 from services.router.errors import BadRequest, ModelNotFound, error_info
 from services.router.generation import Delta, Final, Generation
 from services.router.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
 from services.router.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
+from services.router.sse import SSE_DONE, DisconnectWatch, SseResponse
 from services.router.worker_pool import WorkerPool
 from shared.config import RouterConfig
 from shared.errors import ErrorCode, TandemError
@@ -117,12 +116,13 @@ class ServingContext:
 
 
 class ResponseFormat(Protocol):
-    """How one endpoint spells its answer."""
+    """How one endpoint spells its answer: whole (a model), or streamed (SSE chunks as bytes,
+    `services.router.sse`)."""
 
-    def opening_chunks(self) -> list[BaseModel]: ...
-    def text_chunk(self, text: str) -> BaseModel: ...
-    def final_chunk(self, text: str, finish_reason: str) -> BaseModel: ...
-    def usage_chunk(self, usage: Usage) -> BaseModel: ...
+    def opening_chunks(self) -> list[bytes]: ...
+    def text_chunk(self, text: str) -> bytes: ...
+    def final_chunk(self, text: str, finish_reason: str) -> bytes: ...
+    def usage_chunk(self, usage: Usage) -> bytes: ...
     def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel: ...
 
 
@@ -132,27 +132,8 @@ def api_usage(usage: TokenUsage) -> Usage:
                  prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens))
 
 
-def sse(message: BaseModel) -> str:
-    return f"data: {message.model_dump_json()}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-class SseResponse(StreamingResponse):
-    """An SSE stream whose `on_close` runs however the stream ends (done, failed, client gone)."""
-
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):  # the client is gone; the worker must still hear it
-                await self._on_close()
+def sse(message: BaseModel) -> bytes:
+    return f"data: {message.model_dump_json()}\n\n".encode()
 
 
 async def respond(generation: Generation, response_format: ResponseFormat, *, stream: bool,
@@ -178,48 +159,47 @@ async def respond(generation: Generation, response_format: ResponseFormat, *, st
 
 
 async def _events(generation: Generation, response_format: ResponseFormat, first: Delta | Final,
-                  include_usage: bool) -> AsyncIterator[str]:
-    for chunk in response_format.opening_chunks():
-        yield sse(chunk)
+                  include_usage: bool) -> AsyncIterator[tuple[bytes, bool]]:
+    """`(chunk, last)`: the stream's end (final chunk, usage, `[DONE]`) is one last chunk."""
+    opening = response_format.opening_chunks()
     piece = first
     try:
         while isinstance(piece, Delta):
-            yield sse(response_format.text_chunk(piece.text))
+            chunk = response_format.text_chunk(piece.text)
+            if opening:
+                chunk, opening = b"".join((*opening, chunk)), []
+            yield chunk, False
             piece = await generation.next()
     except TandemError as error:
-        yield sse(ErrorResponse(error=error_info(error)))
+        yield sse(ErrorResponse(error=error_info(error))), True
         return
     except Exception as error:  # a bug: still end the stream with an explicit error
         log.exception("stream of %s failed", generation.params.request_id)
-        yield sse(ErrorResponse(error=error_info(TandemError(f"internal error: {type(error).__name__}"))))
+        yield sse(ErrorResponse(error=error_info(TandemError(f"internal error: {type(error).__name__}")))), True
         return
-    yield sse(response_format.final_chunk(piece.text, piece.finish_reason))
+    tail = [*opening, response_format.final_chunk(piece.text, piece.finish_reason)]
     if include_usage:
-        yield sse(response_format.usage_chunk(api_usage(piece.usage)))
-    yield SSE_DONE
+        tail.append(response_format.usage_chunk(api_usage(piece.usage)))
+    tail.append(SSE_DONE)
+    yield b"".join(tail), True
 
 
-async def cancel_on_disconnect(request: Request, work: Awaitable[Response]) -> Response:
-    """Run `work`; if the client disconnects first, cancel it (its cleanup cancels the worker).
-
-    Covers everything before a streaming body starts; `SseResponse` covers the rest.
-    """
-    work_task = asyncio.ensure_future(work)
-    watch_task = asyncio.create_task(_wait_for_disconnect(request))
+async def watched(request: Request, work: Awaitable[Response]) -> Response:
+    """Run `work` in this task, cancelled if the client disconnects first; a streamed answer
+    takes the watch over until its last byte (`SseResponse`)."""
+    watch = DisconnectWatch(request.receive)
     try:
-        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (watch_task, work_task):
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(watch_task, work_task, return_exceptions=True)
-    if work_task.cancelled():
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    return work_task.result()
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+        response = await work
+    except asyncio.CancelledError:
+        watch.stop()
+        if watch.absorb():
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        raise
+    except BaseException:
+        watch.stop()
+        raise
+    if isinstance(response, SseResponse) and response.watch is None:
+        response.watch = watch
+    else:
+        watch.stop()
+    return response

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
 
 from fastapi.responses import Response
 from pydantic import BaseModel
@@ -10,44 +10,44 @@ from pydantic import BaseModel
 from services.router.errors import BadRequest
 from services.router.protocol import (
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
     ChatResponseMessage,
     Usage,
 )
 from services.router.records import GenerationParams
 from services.router.serving import ServingContext, respond
+from services.router.sse import ChunkPrefix, finish_json, text_json
 
 ENDPOINT = "chat"
 
 
-@dataclass(frozen=True)
 class ChatFormat:
-    request_id: str
-    model: str
+    def __init__(self, request_id: str, model: str, created: int) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self._prefix = ChunkPrefix(request_id, "chat.completion.chunk", created, model)
 
-    def _chunk(self, delta: ChatDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.request_id, model=self.model,
-                                   choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)])
+    def _chunk(self, delta_json: bytes, finish_reason: str | None = None) -> bytes:
+        return self._prefix.choice(b"".join((b'{"index":0,"delta":', delta_json, b',"logprobs":null,"finish_reason":',
+                                             finish_json(finish_reason), b"}")))
 
-    def opening_chunks(self) -> list[BaseModel]:
-        return [self._chunk(ChatDelta(role="assistant", content=""))]
+    def opening_chunks(self) -> list[bytes]:
+        return [self._chunk(b'{"role":"assistant","content":""}')]
 
-    def text_chunk(self, text: str) -> BaseModel:
-        return self._chunk(ChatDelta(content=text))
+    def text_chunk(self, text: str) -> bytes:
+        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")))
 
-    def final_chunk(self, text: str, finish_reason: str) -> BaseModel:
-        return self._chunk(ChatDelta(content=text), finish_reason)
+    def final_chunk(self, text: str, finish_reason: str) -> bytes:
+        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")), finish_reason)
 
-    def usage_chunk(self, usage: Usage) -> BaseModel:
-        return ChatCompletionChunk(id=self.request_id, model=self.model, choices=[], usage=usage)
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return self._prefix.usage(usage.model_dump_json().encode())
 
     def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel:
         return ChatCompletionResponse(
-            id=self.request_id, model=self.model, usage=usage,
+            id=self.request_id, model=self.model, created=self.created, usage=usage,
             choices=[ChatChoice(message=ChatResponseMessage(content=text), finish_reason=finish_reason)])
 
 
@@ -74,7 +74,7 @@ class ChatServing:
             return context.params(identity, body, model, prompt_ids, max_tokens, route_hint)
 
         generation = await context.start(identity, prepare)
-        return await respond(generation, ChatFormat(identity.request_id, body.model),
+        return await respond(generation, ChatFormat(identity.request_id, body.model, int(time.time())),
                              stream=body.stream, include_usage=body.include_usage)
 
 

@@ -2,38 +2,44 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
 
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from services.router.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse, Usage
+from services.router.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
 from services.router.records import GenerationParams
 from services.router.serving import ServingContext, respond
+from services.router.sse import ChunkPrefix, finish_json, text_json
 
 ENDPOINT = "completions"
 
 
-@dataclass(frozen=True)
 class CompletionFormat:
-    request_id: str
-    model: str
+    def __init__(self, request_id: str, model: str, created: int) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self._prefix = ChunkPrefix(request_id, "text_completion", created, model)
 
-    def opening_chunks(self) -> list[BaseModel]:
+    def opening_chunks(self) -> list[bytes]:
         return []
 
-    def text_chunk(self, text: str) -> BaseModel:
-        return CompletionChunk(id=self.request_id, model=self.model, choices=[CompletionChoice(text=text)])
+    def text_chunk(self, text: str) -> bytes:
+        return self._choice(text, None)
 
-    def final_chunk(self, text: str, finish_reason: str) -> BaseModel:
-        return CompletionChunk(id=self.request_id, model=self.model,
-                               choices=[CompletionChoice(text=text, finish_reason=finish_reason)])
+    def final_chunk(self, text: str, finish_reason: str) -> bytes:
+        return self._choice(text, finish_reason)
 
-    def usage_chunk(self, usage: Usage) -> BaseModel:
-        return CompletionChunk(id=self.request_id, model=self.model, choices=[], usage=usage)
+    def _choice(self, text: str, finish_reason: str | None) -> bytes:
+        return self._prefix.choice(b"".join((b'{"index":0,"text":', text_json(text), b',"logprobs":null,"finish_reason":',
+                                             finish_json(finish_reason), b"}")))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return self._prefix.usage(usage.model_dump_json().encode())
 
     def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel:
-        return CompletionResponse(id=self.request_id, model=self.model,
+        return CompletionResponse(id=self.request_id, model=self.model, created=self.created,
                                   choices=[CompletionChoice(text=text, finish_reason=finish_reason)], usage=usage)
 
 
@@ -57,6 +63,6 @@ class CompletionsServing:
             return context.params(identity, body, model, prompt_ids, max_tokens, route_hint)
 
         generation = await context.start(identity, prepare)
-        return await respond(generation, CompletionFormat(identity.request_id, body.model),
+        return await respond(generation, CompletionFormat(identity.request_id, body.model, int(time.time())),
                              stream=body.stream, include_usage=body.include_usage)
 

@@ -46,6 +46,12 @@ class TokenSource(Protocol):
         """Token frames; returns once `finished` is set; raises `TandemError` on failure."""
         ...
 
+    @property
+    def frames_ready(self) -> bool:
+        """Whether the next step of `frames()` would not wait (a frame, the end or a failure
+        is already here): the caller may take it into the same piece of output."""
+        ...
+
     async def cancel(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -77,6 +83,10 @@ class WorkerPart:
     @property
     def finished(self) -> Finished | None:
         return self._stream.finished
+
+    @property
+    def frames_ready(self) -> bool:
+        return self._stream.frames_ready
 
     async def send(self, request: msgspec.Struct, headers: dict[str, str]) -> None:
         """Raises `InvalidArgument` when the request cannot be encoded (validation should have
@@ -123,6 +133,8 @@ class WorkerPart:
 
 class Answered:
     """A request answered without any worker: `frames()` yields nothing, `finished` is set."""
+
+    frames_ready = False
 
     def __init__(self, finished: Finished) -> None:
         self.finished: Finished | None = finished

@@ -67,6 +67,8 @@ def merged_finished(params: GenerationParams, prefill_done: Finished, first_toke
 class TwoPartStream:
     """Prefill part and decode part, read by `Generation` as one stream of tokens."""
 
+    frames_ready = False  # each part's frames are read one at a time (the hand-off sits between them)
+
     def __init__(self, *, params: GenerationParams, link: WorkerLink, prefill: InFlight, decode: InFlight | None,
                  handoff: HandOff, metrics: RouterMetrics, span: trace.Span) -> None:
         # No decode part is needed when one token is all the client asked for.

@@ -14,7 +14,7 @@ from typing import Literal
 
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
-from shared.request_plane import ResponseStream
+from shared.request_plane import ResponseInbox, ResponseStream
 from shared.schemas import Cancel
 from shared.schemas.transfer import KvHandle, LeaseAck, LeaseRelease, LeaseReply
 from shared.subjects import Subjects
@@ -28,8 +28,9 @@ LeaseReleaseResult = Literal["released", "already_ended", "unreachable"]
 
 class WorkerLink:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *, accept_timeout_s: float,
-                 idle_timeout_s: float, lease_timeout_s: float) -> None:
+                 idle_timeout_s: float, lease_timeout_s: float, inbox: ResponseInbox | None = None) -> None:
         self._bus = bus
+        self._inbox = inbox  # open: every generate stream's frames arrive through it
         self._subjects = subjects
         self._lease_replies: Codec[LeaseReply] = Codec(LeaseReply, malformed)
         self._accept_timeout_s = accept_timeout_s
@@ -39,7 +40,7 @@ class WorkerLink:
     def stream(self, worker_id: str) -> ResponseStream:
         """An unsent generate stream to `worker_id`; the caller sends it."""
         return ResponseStream(self._bus, self._subjects.generate(worker_id), accept_timeout_s=self._accept_timeout_s,
-                              idle_timeout_s=self._idle_timeout_s)
+                              idle_timeout_s=self._idle_timeout_s, inbox=self._inbox)
 
     async def cancel(self, worker_id: str, request_id: str) -> None:
         try:
