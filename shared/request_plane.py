@@ -53,9 +53,6 @@ class ResponseInbox:
         return self
 
     async def close(self) -> None:
-        if self._inbox is not None and self._reply:
-            self._inbox.unregister(self._reply)
-            self._reply = ""
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from services.router.auth.middleware import install_api_keys
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
+from services.router.generate_routes import GenerateRoutes
 from services.router.http_input import InputGuard
 from services.router.http_tracing import TraceMiddleware
 from services.router.kv_view import KvView
@@ -133,11 +134,11 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await watched(request, runtime.started.completions.create(body, route_hint(request)))
+        return await watched(request.receive, runtime.started.completions.create(body, route_hint(request)))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await watched(request, runtime.started.chat.create(body, route_hint(request)))
+        return await watched(request.receive, runtime.started.chat.create(body, route_hint(request)))
 
     @router.get("/v1/models")
     async def models() -> ModelList:
@@ -186,6 +187,9 @@ def create_app(config: RouterConfig) -> FastAPI:
     app = FastAPI(title="Tandem router", lifespan=runtime.lifespan, **_no_framework_telemetry())
     install_error_handlers(app, on_rejected=runtime.count_rejected)
     app.include_router(build_routes(runtime))
+    # the generate endpoints' fast path; what it does not accept goes on to the routes above
+    app.add_middleware(GenerateRoutes, completions=lambda: runtime.started.completions.create,
+                       chat=lambda: runtime.started.chat.create)
     app.add_middleware(InputGuard)  # content type, body size and depth, before FastAPI parses a body
     install_api_keys(app, config, runtime.metrics, runtime.clock)  # API keys, before a body is read
     app.add_middleware(TraceMiddleware)  # around the error handlers: error answers carry the trace id too

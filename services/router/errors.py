@@ -115,6 +115,11 @@ def validation_message(error: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(problems[:5]), first_param
 
 
+def tandem_error_response(error: TandemError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, TooManyRequests) else None
+    return error_response(error.http_status, error_info(error), headers)
+
+
 def install_error_handlers(app: FastAPI, *, on_rejected: Callable[[str, str], None]) -> None:
     """Register the handlers; `on_rejected(path, outcome)` counts requests refused at parsing."""
 
@@ -125,8 +130,7 @@ def install_error_handlers(app: FastAPI, *, on_rejected: Callable[[str, str], No
                                              code=ErrorCode.INVALID_ARGUMENT.value))
 
     async def tandem_error(request: Request, error: TandemError) -> JSONResponse:
-        headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, TooManyRequests) else None
-        return error_response(error.http_status, error_info(error), headers)
+        return tandem_error_response(error)
 
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         # the framework's own headers stay (a 405's `Allow`)

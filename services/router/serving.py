@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
+from starlette.types import Receive
 
 from services.router.dispatch import Dispatcher
 from services.router.errors import BadRequest, ModelNotFound, error_info
@@ -184,10 +184,11 @@ async def _events(generation: Generation, response_format: ResponseFormat, first
     yield b"".join(tail), True
 
 
-async def watched(request: Request, work: Awaitable[Response]) -> Response:
-    """Run `work` in this task, cancelled if the client disconnects first; a streamed answer
-    takes the watch over until its last byte (`SseResponse`)."""
-    watch = DisconnectWatch(request.receive)
+async def watched(receive: Receive, work: Awaitable[Response]) -> Response:
+    """Run `work` in this task, cancelled if the client disconnects first (`receive` is the
+    request's, its body already read); a streamed answer takes the watch over until its last
+    byte (`SseResponse`)."""
+    watch = DisconnectWatch(receive)
     try:
         response = await work
     except asyncio.CancelledError:

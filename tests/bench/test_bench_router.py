@@ -1,0 +1,52 @@
+"""`tandem bench router`: a tiny run (Tandem only, a few requests) as a user runs it (the
+`tandem` command in a subprocess); the JSON document has its shape and no request failed.
+A router count the local stack cannot start is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+FIGURES = {"requests", "errors", "duration_s", "requests_per_s", "p50_ms", "p99_ms", "router_cpu_us_per_request"}
+
+
+def _bench(args: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.main", "bench", "router", *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_a_tiny_tandem_run_reports_every_figure(tiny_model_dir: str, tmp_path) -> None:
+    out = tmp_path / "router.json"
+    completed = _bench(["--systems", "tandem", "--rounds", "2", "--requests", "24", "--concurrency", "4",
+                        "--sequential", "5", "--warmup", "4", "--model-dir", tiny_model_dir,
+                        "--state-dir", str(tmp_path / "state"), "--out", str(out)])
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    document = json.loads(completed.stdout)
+    assert json.loads(out.read_text()) == document
+    assert "bench_router: " in completed.stderr  # progress on stderr, the document alone on stdout
+
+    assert set(document) == {"config", "duration_s", "systems", "ratios", "rounds"}
+    assert document["config"]["systems"] == ["tandem"] and document["config"]["routers"] == [1]
+    assert document["ratios"] == {}  # no Dynamo, nothing to compare with
+    assert len(document["rounds"]) == 2
+    for one in document["rounds"]:
+        assert set(one) == {"tandem"} and set(one["tandem"]) == {"concurrent", "sequential"}
+        concurrent, sequential = one["tandem"]["concurrent"], one["tandem"]["sequential"]
+        assert set(concurrent) == FIGURES and set(sequential) == FIGURES
+        assert concurrent["requests"] == 24 and sequential["requests"] == 5
+        assert concurrent["errors"] == 0 and sequential["errors"] == 0
+        assert concurrent["requests_per_s"] > 0 and 0 < concurrent["p50_ms"] <= concurrent["p99_ms"]
+        assert concurrent["router_cpu_us_per_request"] >= 0
+    summary = document["systems"]["tandem"]
+    for phase in ("concurrent", "sequential"):
+        for figure in FIGURES - {"requests", "errors", "duration_s"}:
+            spread = summary[phase][figure]
+            assert spread["rounds"] == 2 and spread["min"] <= spread["median"] <= spread["max"]
+
+
+def test_router_counts_the_stack_cannot_start_are_refused(tmp_path) -> None:
+    completed = _bench(["--systems", "tandem", "--routers", "1,2", "--state-dir", str(tmp_path / "state")],
+                       timeout_s=60)
+    assert completed.returncode == 2
+    assert "2 router processes" in completed.stderr and completed.stdout == ""
