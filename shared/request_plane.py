@@ -131,8 +131,9 @@ class ResponseStream:
         else:
             timeout = self._accept_timeout_s if first else self._idle_timeout_s
             try:
-                item = await asyncio.wait_for(self._queue.get(), timeout)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(timeout):  # a timer, not a task per frame as wait_for makes
+                    item = await self._queue.get()
+            except TimeoutError:
                 if first:
                     raise Unavailable(f"no worker accepted the request on {self.subject} within {timeout}s") from None
                 raise Timeout(f"worker on {self.subject} was silent for {timeout}s") from None

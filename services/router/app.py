@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from services.router.auth.middleware import install_api_keys
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
-from services.router.generate_routes import GenerateRoutes
+from services.router.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
 from services.router.http_input import InputGuard
 from services.router.http_tracing import TraceMiddleware
 from services.router.kv_view import KvView
@@ -120,9 +120,6 @@ class RouterRuntime:
             await pool.stop()
             await kv_view.stop()
             await bus.close()
-
-
-ROUTE_HINT_HEADER = "x-tandem-worker"  # a worker id; only the pinned routing policy reads it
 
 
 def route_hint(request: Request) -> str | None:

@@ -25,7 +25,8 @@ from services.router.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.serving import watched
 from shared.errors import TandemError
 
-ROUTE_HINT_HEADER = b"x-tandem-worker"  # a worker id; only the pinned routing policy reads it
+ROUTE_HINT_HEADER = "x-tandem-worker"  # a worker id; only the pinned routing policy reads it
+_ROUTE_HINT_NAME = ROUTE_HINT_HEADER.encode()
 
 _decode_json = msgspec.json.Decoder().decode
 
@@ -57,7 +58,7 @@ class GenerateRoutes:
         except (msgspec.DecodeError, ValidationError):
             await self.app(scope, _replay(body, receive), send)  # FastAPI answers it, as it always did
             return
-        hint = next((value.decode("latin-1") for name, value in scope["headers"] if name == ROUTE_HINT_HEADER), "")
+        hint = next((value.decode("latin-1") for name, value in scope["headers"] if name == _ROUTE_HINT_NAME), "")
         try:
             response: Response = await watched(receive, endpoint.create()(request, hint or None))
         except TandemError as error:
