@@ -72,6 +72,25 @@ def test_real_tokenizer_round_trip(tmp_path_factory: pytest.TempPathFactory) -> 
     assert not any(REPLACEMENT_CHAR in delta for delta in deltas)
 
 
+@pytest.mark.parametrize("per_push", [1, 5])
+def test_a_long_output_across_window_restarts_decodes_once_per_step(per_push: int) -> None:
+    text = "Ünïcode ☕ and plain words, " * 12  # some 330 byte tokens: the window restarts many times
+    decoder, ids = byte_tokens(text)
+    calls = 0
+
+    class CountingDecoder:
+        def decode(self, window: list[int]) -> str:
+            nonlocal calls
+            calls += 1
+            return decoder.decode(window)
+
+    deltas = stream(IncrementalDetokenizer(CountingDecoder()), ids, per_push)
+    assert "".join(deltas) == text
+    assert not any(REPLACEMENT_CHAR in delta for delta in deltas)
+    steps = -(-len(ids) // per_push)
+    assert calls <= steps * 1.25  # one decode a step, and one more at each restart
+
+
 def test_stop_string_truncates_and_never_shows_part_of_it() -> None:
     matcher = StopStringMatcher(["STOP"])
     shown = [matcher.push(piece) for piece in ["abc S", "T", "O", "P tail"]]
