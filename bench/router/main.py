@@ -141,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   prompt="text, some ten tokens", ignore_eos=True)
 
     started = time.monotonic()
+    load_at_start = os.getloadavg()
     rounds: list[dict] = []
     with ExitStack() as running:
         systems: list[RouterSystem] = []
@@ -167,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "config": config,
         "duration_s": round(time.monotonic() - started, 1),
+        # the box's own load says how much the figures can be trusted (other work shares its cores)
+        "host": {"cpus": os.cpu_count(), "load_average_1m_start": round(load_at_start[0], 2),
+                 "load_average_1m_end": round(os.getloadavg()[0], 2)},
         "systems": {label: system_summary(rounds, label) for label in labels},
         "ratios": {f"{label}/dynamo": ratios(rounds, label, "dynamo")
                    for label in labels if label != "dynamo" and "dynamo" in labels},

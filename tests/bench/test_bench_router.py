@@ -26,7 +26,8 @@ def test_a_tiny_tandem_run_reports_every_figure(tiny_model_dir: str, tmp_path) -
     assert json.loads(out.read_text()) == document
     assert "bench_router: " in completed.stderr  # progress on stderr, the document alone on stdout
 
-    assert set(document) == {"config", "duration_s", "systems", "ratios", "rounds"}
+    assert set(document) == {"config", "duration_s", "host", "systems", "ratios", "rounds"}
+    assert document["host"]["cpus"] >= 1 and document["host"]["load_average_1m_end"] >= 0
     assert document["config"]["systems"] == ["tandem"] and document["config"]["routers"] == [1]
     assert document["ratios"] == {}  # no Dynamo, nothing to compare with
     assert len(document["rounds"]) == 2
