@@ -122,8 +122,11 @@ def router(
         help="On full caches, weigh the eviction cost by how recently each worker's least recently used "
              "prefix was routed (off, the default: every full cache weighs the same).")] = False,
     home_slack_tokens: Annotated[float, typer.Option(
-        help="A prompt no worker holds goes to its prefix's home worker (rendezvous hashing) when that one "
-             "costs at most this much more than the cheapest (0: off).")] = 256.0,
+        help="A prompt no worker holds half of goes to its prefix's home worker; a new home costs at most "
+             "this much more than the cheapest (0: homes off).")] = 256.0,
+    sticky_homes: Annotated[bool, typer.Option(
+        help="A prefix's home is the worker that served it last, unless busy; new homes balance the recent "
+             "traffic homed on each worker (off: rendezvous hashing only).")] = True,
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
@@ -150,7 +153,7 @@ def router(
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
                             queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
-                            home_slack_tokens=home_slack_tokens)
+                            home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing,
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,

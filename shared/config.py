@@ -212,9 +212,13 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # weighting then lets a burst evict a tenant that is merely between requests
     cold_victims: bool = False
     prefix_pull: bool = True  # False: a worker never pulls a cached prefix from another (a plain baseline)
-    # a prompt no worker holds goes to its prefix's home worker (rendezvous hashing of its first
-    # block) when that one costs at most this much more than the cheapest (0: off)
+    # a prompt no worker holds half of goes to its prefix's home worker: a new home costs at most
+    # this much more than the cheapest (0: homes off)
     home_slack_tokens: float = 256.0
+    # ... and first to the worker that served its prefix last (its learned home) unless that one
+    # is busy; a new home balances the recent traffic of the prefixes homed on each worker
+    # (False: rendezvous hashing only)
+    sticky_homes: bool = True
     local_prefill_tokens: int = 256  # a decode worker computes a prompt itself when fewer are uncached there
     prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
     cache_hit_threshold: float = 0.0  # decode-first default for requests that name none; 0: off

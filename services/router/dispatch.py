@@ -182,7 +182,9 @@ class Dispatcher:
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
                                  route_hint=params.route_hint, prefix_key=cache.prefix_key,
-                                 victim_age_s=self._kv_view.victim_ages(now))
+                                 victim_age_s=self._kv_view.victim_ages(now),
+                                 home_worker=self._kv_view.homes.home(cache.prefix_key) if cache.prefix_key else None,
+                                 homed_share=self._kv_view.homes.shares())
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
             outcome = decide(views, route, self._routing, self._policy)
             span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
@@ -228,8 +230,11 @@ class Dispatcher:
         if plan.prompt is not None and plan.prompt.holder_id is not None:
             prefix = self._kv_view.prefix_source(cache, plan.prompt.holder_id,
                                                  plan.prompt.cached_tokens + plan.prompt.pulled_tokens)
-        log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached, prefix %s", params.request_id,
-                  plan.flow, plan.reason, plan.worker_id,
-                  f" after {plan.prefill_worker_id}" if plan.prefill_worker_id else "", plan.cost,
-                  uncached, len(params.prompt_ids), f"{cache.prefix_key:016x}" if cache.prefix_key else "-")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached, prefix %s, cached %s",
+                      params.request_id, plan.flow, plan.reason, plan.worker_id,
+                      f" after {plan.prefill_worker_id}" if plan.prefill_worker_id else "", plan.cost,
+                      uncached, len(params.prompt_ids), f"{cache.prefix_key:016x}" if cache.prefix_key else "-",
+                      ",".join(f"{worker_id}:{tokens}" for worker_id, tokens in sorted(cache.cached_tokens.items())
+                               if tokens) or "-")
         return CommittedPlan(plan, first, decode, prefix)
