@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import bench, compose, ctl, keys, model, plan, services, status, up
+from cli import bench, compose, ctl, k8s, keys, model, plan, services, status, up
 
 app = typer.Typer(help="Tandem: disaggregated prefill/decode LLM serving over NATS.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False)
@@ -19,6 +19,7 @@ app.registered_commands += plan.app.registered_commands
 app.add_typer(model.app, name="model")
 app.add_typer(bench.app, name="bench")
 app.add_typer(compose.app, name="compose")
+app.add_typer(k8s.app, name="k8s")
 app.add_typer(keys.app, name="keys")
 app.add_typer(ctl.app, name="ctl")
 
