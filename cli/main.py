@@ -1,6 +1,6 @@
 """The `tandem` command line: one subcommand per service, plus `up`, `status`, `nats`, `model`,
-`bench` and `compose`, each group in its own module (`cli.services`, `cli.up`, `cli.status`,
-`cli.model`, `cli.bench`, `cli.compose`).
+`bench`, `compose` and `k8s`, each group in its own module (`cli.services`, `cli.up`, `cli.status`,
+`cli.model`, `cli.bench`, `cli.compose`, `cli.k8s`).
 
 Flags may default from `TANDEM_*` environment variables; the command line is the only place
 that reads them. The local launcher runs services as `python -m cli.main <service> ...`.

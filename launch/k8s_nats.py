@@ -106,6 +106,7 @@ def server_config(config_dir: str, store_dir: str = STORE_DIR) -> str:
                     ca_file=f"{config_dir}/{CA_CERT}")
     return "\n".join([
         "# Rendered by `tandem k8s render`; the users come from the Secret tandem-nats-server.",
+        "server_name: tandem-nats",  # JetStream keeps one identity across restarts
         f"port: {NATS_PORT}",
         f"http_port: {NATS_MONITOR_PORT}",
         "jetstream {",
