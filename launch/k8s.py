@@ -19,12 +19,22 @@ Secrets are named, never held: the Secrets come from `tandem k8s secrets`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from launch.compose_args import ContainerArgs
 from launch.compose_secrets import SHARED_WORKER, api_keys_env, nats_env
 from launch.compose_yaml import to_yaml
-from launch.definition import METRICS, ORCHESTRATOR, ROUTER, StackDefinition, WorkerGroup, checked, with_overrides
+from launch.definition import (
+    METRICS,
+    ORCHESTRATOR,
+    ROUTER,
+    DefinitionError,
+    StackDefinition,
+    WorkerGroup,
+    checked,
+    with_overrides,
+)
 from launch.k8s_nats import NATS_PORT, NatsDeployment
 from launch.k8s_objects import (
     APP,
@@ -47,6 +57,7 @@ MODELS_MOUNT, TINY_MODEL_DIR = "/models", "/models/tiny"
 ROUTER_READY = "/ready"  # readiness: a worker serves the model; the definition's `health` is liveness
 METRICS_HEALTH = "/health"  # open even when the collector guards /metrics
 WORKER = "worker"
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 
 SIM_WORKER = Resources("500m", "512Mi", "2", "2Gi")
 VLLM_WORKER = Resources("4", "16Gi", "16", "32Gi")
@@ -95,6 +106,9 @@ def k8s_documents(definition: StackDefinition, options: K8sOptions = K8sOptions(
     if options.engine:
         definition = with_overrides(definition, engine=options.engine)
     definition = checked(definition, definition.name)
+    problems = k8s_problems(definition, options)
+    if problems:
+        raise DefinitionError(f"{definition.name}: " + "; ".join(problems))
     nats = nats_deployment(definition, options)
     documents: list[dict[str, object]] = [] if definition.nats.url else nats.documents()
     pods = _Pods(definition, options, ContainerArgs(definition, definition.nats.url or nats.url,
@@ -105,6 +119,17 @@ def k8s_documents(definition: StackDefinition, options: K8sOptions = K8sOptions(
     for group in definition.workers:
         documents.append(pods.worker(group))
     return documents
+
+
+def k8s_problems(definition: StackDefinition, options: K8sOptions) -> list[str]:
+    """What Kubernetes would refuse in names that come from the definition or the options:
+    object names and label values are DNS labels (no '_'; 63 characters at most)."""
+    problems = [f"{what} {value!r} is not a Kubernetes name (lower case, digits, '-'; at most {limit})"
+                for what, value, limit in [
+                    ("name", definition.name, 63), ("--kube-namespace", options.kube_namespace, 63),
+                    *[("worker group", group.name, 63 - len(APP) - 1) for group in definition.workers]]
+                if not _DNS_LABEL.fullmatch(value) or len(value) > limit]
+    return problems
 
 
 @dataclass(frozen=True, slots=True)

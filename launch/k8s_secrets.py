@@ -83,18 +83,12 @@ def make_secret_documents(*, namespace: str, kube_namespace: str, instance: str,
     """Every secret of the stack, made now (I/O: a private temporary directory, removed after)."""
     with tempfile.TemporaryDirectory(prefix="tandem-k8s-secrets-") as scratch:
         root = Path(scratch)
-        security = NatsSecurity.create(root / "nats", namespace, [], hosts=nats_server_hosts(nats_service, kube_namespace),
-                                       shared_worker=True)
+        hosts = nats_server_hosts(nats_service, kube_namespace)
+        security = NatsSecurity.create(root / "nats", namespace, [], hosts=hosts, shared_worker=True)
         keys = stack_keys(root / "keys")
         assert keys.key_file is not None
         tls = root / "nats" / "tls"
-        subjects = Subjects(namespace)
-        authorized = []
-        for user in security.users:
-            password = read_credentials(security.creds_files[user.name]).password
-            authorized.append(AuthorizedUser(name=user.name, password_hash=password_hash(password),
-                                             permissions=permissions(user, subjects)))
-        server = {AUTHORIZATION_FILE: render_server_config(authorized).encode(),
+        server = {AUTHORIZATION_FILE: _authorization(security, namespace).encode(),
                   CA_CERT: (tls / CA_CERT).read_bytes(), SERVER_CERT: (tls / SERVER_CERT).read_bytes(),
                   SERVER_KEY: (tls / SERVER_KEY).read_bytes()}
         documents = [secret_object(NATS_SERVER_SECRET, kube_namespace, instance, server)]
@@ -107,6 +101,18 @@ def make_secret_documents(*, namespace: str, kube_namespace: str, instance: str,
         documents.append(secret_object(API_KEY_SECRET, kube_namespace, instance,
                                        {KEY_FILE: keys.key_file.read_bytes()}))
     return documents
+
+
+def _authorization(security: NatsSecurity, namespace: str) -> str:
+    """The users' part of the server configuration. `NatsSecurity` wrote a whole one, with
+    TLS paths of its scratch directory; the pod's paths differ, so the users are rendered
+    again from the credentials just made (TLS is in the ConfigMap, `launch.k8s_nats`)."""
+    subjects = Subjects(namespace)
+    authorized = [AuthorizedUser(name=user.name,
+                                 password_hash=password_hash(read_credentials(security.creds_files[user.name]).password),
+                                 permissions=permissions(user, subjects))
+                  for user in security.users]
+    return render_server_config(authorized)
 
 
 def write_secrets_file(path: str | Path, text: str) -> Path:

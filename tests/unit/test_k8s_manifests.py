@@ -26,7 +26,7 @@ import yaml
 
 from launch.compose import compose_document
 from launch.compose_secrets import API_KEYS_ENV
-from launch.definition import default_definition_path, load_definition
+from launch.definition import DefinitionError, default_definition_path, load_definition
 from launch.k8s import K8sOptions, k8s_documents, render_k8s
 from launch.k8s_nats import CONFIG_FILE, server_config
 from launch.k8s_objects import COMPONENT_LABEL, GROUP_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, NAME_LABEL
@@ -198,6 +198,28 @@ def test_external_nats_has_no_nats_objects_and_keeps_the_api_keys(definition) ->
     env = {item["name"] for item in router["env"]}
     assert API_KEYS_ENV in env and ENV_CREDS_FILE not in env
     assert router["args"][router["args"].index("--nats-url") + 1] == "nats://bus:4222"
+
+
+def test_names_kubernetes_would_refuse_are_definition_errors(definition) -> None:
+    replace = msgspec.structs.replace
+    groups = (*definition.workers, replace(definition.workers[0], name="big_gpu", count=0))
+    with pytest.raises(DefinitionError, match="'big_gpu' is not a Kubernetes name"):
+        k8s_documents(replace(definition, workers=groups))
+    with pytest.raises(DefinitionError, match="--kube-namespace 'Prod'"):
+        k8s_documents(definition, K8sOptions(kube_namespace="Prod"))
+
+
+def test_cli_render_prints_the_render(tmp_path: Path, definition) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["k8s", "render", "--image", "registry.example/tandem:1"])
+    assert result.exit_code == 0, result.output
+    assert result.output == render_k8s(definition, K8sOptions(image="registry.example/tandem:1"))
+    output = tmp_path / "tandem.yaml"
+    assert CliRunner().invoke(app, ["k8s", "render", "-o", str(output)]).exit_code == 0
+    assert output.read_text() == render_k8s(definition)
 
 
 # -- references and labels ------------------------------------------------------------------
