@@ -129,6 +129,12 @@ def k8s_problems(definition: StackDefinition, options: K8sOptions) -> list[str]:
                     ("name", definition.name, 63), ("--kube-namespace", options.kube_namespace, 63),
                     *[("worker group", group.name, 63 - len(APP) - 1) for group in definition.workers]]
                 if not _DNS_LABEL.fullmatch(value) or len(value) > limit]
+    engines = sorted({group.engine for group in definition.workers if group.engine != "sim"})
+    if engines and not options.worker_image:
+        problems.append(f"workers run {', '.join(engines)}: name their image with --worker-image "
+                        f"(the Tandem image has the sim engine only)")
+    if options.gpus_per_worker < 0:
+        problems.append(f"--gpus-per-worker {options.gpus_per_worker}: cannot be negative")
     return problems
 
 

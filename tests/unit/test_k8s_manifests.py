@@ -207,6 +207,8 @@ def test_names_kubernetes_would_refuse_are_definition_errors(definition) -> None
         k8s_documents(replace(definition, workers=groups))
     with pytest.raises(DefinitionError, match="--kube-namespace 'Prod'"):
         k8s_documents(definition, K8sOptions(kube_namespace="Prod"))
+    with pytest.raises(DefinitionError, match="--worker-image"):
+        k8s_documents(definition, K8sOptions(engine="vllm"))
 
 
 def test_cli_render_prints_the_render(tmp_path: Path, definition) -> None:
