@@ -53,8 +53,9 @@ def secrets(
     stack: Annotated[str, typer.Option(help="Stack definition (TOML); default: the packaged local stack.")] = "",
     kube_namespace: KubeNamespace = "tandem",
 ) -> None:
-    """Make the stack's NATS users, TLS certificates and API key as Secret manifests in a new
-    file (apply it once with kubectl). Prints the path, never a secret."""
+    """Make the stack's Secrets (NATS users, TLS, API key) in a new file, to apply once.
+
+    Prints the file's path, never a secret; refuses to replace an existing file."""
     from launch.compose_yaml import to_yaml
     from launch.definition import DefinitionError, default_definition_path, load_definition
     from launch.k8s import K8sOptions, nats_deployment
