@@ -184,15 +184,19 @@ def render_server_config(users: list[AuthorizedUser], tls: ServerTls | None = No
                   "      }",
                   "    }"]
     lines += ["  ]", "}"]
-    if tls is not None:
-        lines += ["tls {",
-                  f"  cert_file: {_quote(tls.cert_file)}",
-                  f"  key_file: {_quote(tls.key_file)}",
-                  f"  ca_file: {_quote(tls.ca_file)}",
-                  f"  verify: {'true' if tls.verify else 'false'}",
-                  "  handshake_first: true",  # TLS before the server says anything: no plain-text start
-                  "  timeout: 2",
-                  "}"]
+    return "\n".join(lines) + "\n" + (render_tls_config(tls) if tls is not None else "")
+
+
+def render_tls_config(tls: ServerTls) -> str:
+    """The server configuration's `tls` block (also used alone, beside users kept elsewhere)."""
+    lines = ["tls {",
+             f"  cert_file: {_quote(tls.cert_file)}",
+             f"  key_file: {_quote(tls.key_file)}",
+             f"  ca_file: {_quote(tls.ca_file)}",
+             f"  verify: {'true' if tls.verify else 'false'}",
+             "  handshake_first: true",  # TLS before the server says anything: no plain-text start
+             "  timeout: 2",
+             "}"]
     return "\n".join(lines) + "\n"
 
 
