@@ -46,7 +46,8 @@ class EmbeddedNats:
     """A nats-server child process. Use as a context manager or call start()/stop()."""
 
     def __init__(self, store_dir: str | None = None, *, host: str = "127.0.0.1", port: int = -1,
-                 config_file: str | None = None, tls: bool = False, route: ClusterRoute | None = None) -> None:
+                 config_file: str | None = None, tls: bool = False, route: ClusterRoute | None = None,
+                 command_prefix: Sequence[str] = ()) -> None:
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="tandem-nats-")
         self.host = host
@@ -54,6 +55,7 @@ class EmbeddedNats:
         self.config_file = config_file
         self.tls = tls  # the config file turns TLS on: clients connect with tls://
         self.route = route  # set: one server of a cluster
+        self.command_prefix = tuple(command_prefix)  # e.g. `ip netns exec NS`: run it elsewhere
         self.monitor_url = ""  # the HTTP monitoring endpoint, for a cluster's servers
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -70,7 +72,7 @@ class EmbeddedNats:
         ports_dir.mkdir(parents=True, exist_ok=True)
         for stale in ports_dir.glob("*.ports"):
             stale.unlink()
-        args = [find_binary(), "-a", self.host, "-p", str(self.port), "-js",
+        args = [*self.command_prefix, find_binary(), "-a", self.host, "-p", str(self.port), "-js",
                 "-sd", str(Path(self.store_dir) / "js"), "--ports_file_dir", str(ports_dir),
                 "--log", str(self.log_file)]
         if self.config_file:
