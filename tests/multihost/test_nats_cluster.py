@@ -5,9 +5,10 @@ bucket is created with 3 replicas (`--nats-replicas 3`) and every service is giv
 URLs. Router, orchestrator, metrics collector and two sim workers run as separate
 processes. Eight clients (the official openai client) stream completions one after the
 other; once they are under way, one server is SIGKILLed: the one that leads the members
-bucket (the bucket then takes no write until the two others elect a leader) or the one the
+bucket (the bucket then takes no write until the two others elect a leader), the one the
 router is connected to (the request plane's replies in flight there are lost, and the
-router moves to another server).
+router moves to another server), or one that is both (the bucket's leadership moved there
+first: the router's fresh watcher then waits for the election).
 
 Every request either completes with the expected length or fails with an explicit error,
 each within a bounded time (none hangs); failures are only among the requests in flight
@@ -35,7 +36,7 @@ import pytest
 
 from launch.plan import StackConfig, WorkerSpec
 from launch.stack import LocalStack
-from shared.bus import connect
+from shared.bus import Bus, connect
 from shared.codec import Codec
 from shared.config import BusConfig
 from shared.nats_server import NatsCluster
@@ -102,7 +103,7 @@ async def client_loop(client: openai.AsyncOpenAI, model: str, index: int, stop: 
         outcomes.append(Outcome(index, started, time.monotonic(), error))
 
 
-@pytest.mark.parametrize("victim", ["bucket-leader", "routers-server"])
+@pytest.mark.parametrize("victim", ["bucket-leader", "routers-server", "both"])
 async def test_stack_survives_the_loss_of_one_nats_server_under_load(victim: str, tmp_path, tiny_model_dir: str,
                                                                      openai_client) -> None:
     cluster = NatsCluster(str(tmp_path / "nats")).start()
@@ -119,6 +120,19 @@ def clients_of(cluster: NatsCluster, index: int) -> list[str]:
     return sorted(connection.get("name", "") for connection in connections)
 
 
+async def move_leader(bus: Bus, stream: str, server_name: str) -> None:
+    """Until `server_name` leads `stream`: asks the leader to step down in its favour."""
+    async def led_there() -> bool:
+        info = await bus.js.stream_info(stream)
+        if info.cluster is not None and info.cluster.leader == server_name:
+            return True
+        request = json.dumps({"placement": {"preferred": server_name}}).encode()
+        await bus.client.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", request, timeout=5)
+        return False
+
+    await wait_for(led_there, 30.0, f"{server_name} to lead {stream}", interval_s=0.5)
+
+
 async def exercise(cluster: NatsCluster, stack: LocalStack, model_dir: str, openai_client, choice: str) -> None:
     subjects = Subjects(stack.config.namespace)
     model = Tokenizer.from_model_dir(model_dir).model_name
@@ -133,6 +147,9 @@ async def exercise(cluster: NatsCluster, stack: LocalStack, model_dir: str, open
             victim = names.index(info.cluster.leader)
         else:
             victim = next(index for index in range(len(names)) if "tandem-router" in clients_of(cluster, index))
+        if choice == "both":
+            await move_leader(bus, stream_name, names[victim])
+            info = await bus.js.stream_info(stream_name)
         victim_clients = clients_of(cluster, victim)
 
         client = openai_client(stack.router_url, timeout=REQUEST_TIMEOUT_S)
