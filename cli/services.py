@@ -20,6 +20,7 @@ from cli.options import (
     NatsCert,
     NatsCreds,
     NatsKey,
+    NatsReplicas,
     NatsUrl,
     OtlpEndpoint,
     Ttl,
@@ -77,6 +78,7 @@ def router(
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     host: Annotated[str, typer.Option(envvar="TANDEM_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_PORT", help="HTTP port; 0 picks a free one.")] = 8000,
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR", help="Model directory (tokenizer).")] = "",
@@ -157,7 +159,7 @@ def router(
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing,
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
-                                         nats_key_file),
+                                         nats_key_file, nats_replicas),
                           api_keys_file=api_keys_file, metrics_auth=metrics_auth,  # type: ignore[arg-type]
                           membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
@@ -183,6 +185,7 @@ def orchestrator(
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     launcher: Annotated[str, typer.Option(help="How `tandem ctl add` starts workers: none | local.")] = "none",
@@ -219,7 +222,7 @@ def orchestrator(
 
     setup_logging(log_level)
     config = OrchestratorConfig(bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
-                                               nats_key_file),
+                                               nats_key_file, nats_replicas),
                                 membership=membership_config(heartbeat_interval, ttl),
                                 command_timeout_s=command_timeout,
                                 limits=WorkerLimits(min_serving_workers=min_serving_workers,
@@ -253,6 +256,7 @@ def metrics(
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_METRICS_PORT", help="HTTP port; 0 picks one.")] = 9100,
     api_keys_file: Annotated[str, typer.Option(
@@ -268,7 +272,7 @@ def metrics(
 
     setup_logging(log_level)
     config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file,
-                                                                nats_cert_file, nats_key_file),
+                                                                nats_cert_file, nats_key_file, nats_replicas),
                            api_keys_file=api_keys_file, metrics_auth=metrics_auth)  # type: ignore[arg-type]
     try:
         config.validate()
@@ -318,6 +322,7 @@ def worker(
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     trace_exporter: Exporter = "none",
@@ -348,7 +353,7 @@ def worker(
                                                    fail_times=kv_fault_fail_times),
                               retry=KvRetryConfig(attempts=kv_retry_attempts, deadline_ms=kv_retry_deadline_ms)),
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
-                                         nats_key_file),
+                                         nats_key_file, nats_replicas),
                           membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     run_service(run_worker(config))

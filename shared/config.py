@@ -25,6 +25,8 @@ def _require(condition: bool, message: str) -> None:
 
 
 class BusConfig(msgspec.Struct, kw_only=True, frozen=True):
+    # One URL, or a comma-separated list: the servers of one NATS cluster, any of which
+    # will do (the client moves to another when its server goes)
     nats_url: str = "nats://127.0.0.1:4222"
     namespace: str = "tandem"
     # The service's NATS user and password, in a file (`shared.nats_secrets`); empty: none
@@ -35,10 +37,21 @@ class BusConfig(msgspec.Struct, kw_only=True, frozen=True):
     tls_ca_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    # Copies JetStream keeps of each bucket the services create: 1 on a single server, 3 on
+    # a 3-node cluster (a bucket then outlives any one server)
+    replicas: int = 1
 
     @property
     def tls(self) -> bool:
         return bool(self.tls_ca_file)
+
+    @property
+    def nats_urls(self) -> list[str]:
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
+    def validate(self) -> None:
+        _require(bool(self.nats_urls), "at least one NATS URL is needed")
+        _require(1 <= self.replicas <= 5, "bucket replicas must be between 1 and 5 (JetStream's limit)")
 
     @property
     def subjects(self) -> Subjects:
