@@ -182,6 +182,35 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.kv_transfer.validate()
 
 
+class FleetConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Many simulated workers in one process (`tandem worker-fleet`, `services.worker.fleet`):
+    each is `worker` (its `worker_id` ignored) under the id `id_prefix` + its index, with its
+    own registration, KV pool, events and subjects; they share `connections` NATS connections
+    and one ticker for their heartbeats, KV event flushes and load snapshots."""
+
+    worker: WorkerConfig  # the template every worker of the fleet is made from
+    count: int = 16
+    id_prefix: str = "sim-"
+    first_index: int = 0
+    connections: int = 1  # NATS connections the workers share, round-robin
+    start_concurrency: int = 64  # workers starting (or stopping) at once
+
+    def worker_id(self, index: int) -> str:
+        return f"{self.id_prefix}{index:04d}"
+
+    def worker_config(self, index: int) -> WorkerConfig:
+        return msgspec.structs.replace(self.worker, worker_id=self.worker_id(index))
+
+    def validate(self) -> None:
+        _require(self.count > 0, "a fleet needs at least one worker")
+        _require(self.first_index >= 0, "the first index must not be negative")
+        _require(self.connections > 0, "a fleet needs at least one NATS connection")
+        _require(self.start_concurrency > 0, "start concurrency must be positive")
+        _require(self.worker.engine == "sim", "a fleet runs simulated workers only (--engine sim)")
+        self.worker_config(self.first_index).validate()
+        self.worker_config(self.first_index + self.count - 1).validate()
+
+
 class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     """How the router picks a request's workers (`services.router.routing`): the policy, the
     cost model's weights, admission. Costs are in prompt-token equivalents."""
