@@ -50,6 +50,8 @@ def worker_fleet(
     sim_speedup: Annotated[float, typer.Option(help="Run the sim this many times faster.")] = 1.0,
     kv_transfer: Annotated[bool, typer.Option(
         help="KV data plane between the fleet's workers (in-memory transport).")] = True,
+    kv_lease_sweep_interval: Annotated[float, typer.Option(
+        help="Seconds between each worker's sweeps for expired KV leases (a timer per worker).")] = 1.0,
     load_interval: Annotated[float, typer.Option(help="Seconds between each worker's load snapshots.")] = 1.0,
     kv_event_interval: Annotated[float, typer.Option(help="Seconds between KV event flushes.")] = 0.02,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
@@ -75,7 +77,8 @@ def worker_fleet(
                           sim_kv_dim=sim_kv_dim, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                           sim_profile=sim_profile, sim_speedup=sim_speedup,
                           load_interval_s=load_interval, kv_event_interval_s=kv_event_interval,
-                          kv_transfer=KvTransferConfig(enabled=kv_transfer, transport="memory"),
+                          kv_transfer=KvTransferConfig(enabled=kv_transfer, transport="memory",
+                                                       lease_sweep_interval_s=kv_lease_sweep_interval),
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file),
                           membership=membership_config(heartbeat_interval, ttl),

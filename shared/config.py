@@ -123,6 +123,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     # of one process (no NIXL needed: laptops, CI).
     transport: KvTransportName = "nixl"
     lease_ttl_s: float = 10.0  # how long a holder keeps blocks for a reader that never comes back
+    lease_sweep_interval_s: float = 0.1  # how often a holder ends expired leases (one timer per worker)
     transfer_timeout_s: float = 10.0
     control_timeout_s: float = 2.0
     progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
@@ -136,6 +137,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
         _require(self.transport in KV_TRANSPORTS,
                  f"unknown KV transport {self.transport!r} (known: {', '.join(KV_TRANSPORTS)})")
         _require(self.progress_delay_us > 0, "progress_delay_us must be positive (0 spins a core)")
+        _require(self.lease_sweep_interval_s > 0, "the lease sweep interval must be positive")
         self.faults.validate()
         self.retry.validate()
 
