@@ -8,10 +8,10 @@ process, not per worker:
 
 - the NATS connections (`FleetConfig.connections`, the workers spread over them);
 - the tokenizer (for the vocabulary size) and the sim's timing profile, loaded once;
-- one `FleetTicker` for the heartbeats, KV event flushes and load snapshots of all of
-  them, instead of three timer tasks per worker. KV events are flushed every
+- one `FleetTicker` for the heartbeats and load snapshots of all of them, and one task
+  flushing KV events, instead of three timer tasks per worker. KV events are flushed every
   `kv_event_interval_s` from the workers running requests (and once after), and from every
-  worker just before its load snapshot: an idle worker costs no wake-up at the KV event rate.
+  worker just before its load snapshot: an idle worker costs nothing at the KV event rate.
 
 Workers start and stop in groups of `start_concurrency`. A worker told to drain leaves on
 its own (as a lone worker would: it deregisters and stops its engine); the fleet runs until
@@ -34,7 +34,7 @@ from services.worker.sim.profile import load_profile
 from services.worker.sim.spec import SIM
 from shared.bus import Bus, connect
 from shared.config import FleetConfig
-from shared.lifecycle import stop_on_signals
+from shared.lifecycle import reraise_if_cancelling, stop_on_signals
 from shared.tokenizer import Tokenizer
 from shared.tracing import setup_tracing
 
@@ -56,7 +56,8 @@ class WorkerFleet:
         self._buses: list[Bus] = []
         self._started: list[WorkerService] = []
         self._serving: list[bool] = []  # per worker: started and registered
-        self._was_busy: list[bool] = []  # per worker: ran requests at the previous KV event tick
+        self._ready: list[WorkerService] = []  # started and registered, in start order
+        self._flusher: asyncio.Task[None] | None = None
         self._ticker: FleetTicker | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self.stopped = asyncio.Event()  # every worker has stopped
@@ -78,15 +79,14 @@ class WorkerFleet:
             self.services.append(WorkerService(worker, engine, bus, build_kv(worker, SIM, engine, bus),
                                                capabilities=SIM.capabilities))
         self._serving = [False] * len(self.services)
-        self._was_busy = [False] * len(self.services)
         # The ticker runs from the start: the first workers heartbeat while the last ones start.
         ticker = FleetTicker(len(self.services), self._live)
         ticker.every("heartbeat", template.membership.heartbeat_interval_s,
                      lambda index: self.services[index].heartbeat(), concurrent=True)
-        ticker.every("kv-events", template.kv_event_interval_s, lambda index: self.services[index].flush_kv_events(),
-                     when=self._busy)
         ticker.every("load", template.load_interval_s, self._flush_and_publish_load)
         self._ticker = ticker
+        self._flusher = asyncio.create_task(self._flush_busy_forever(template.kv_event_interval_s),
+                                            name="fleet-kv-events")
         await in_groups(range(len(self.services)), config.start_concurrency, self._start_one)
         self._watchers = [asyncio.create_task(self._watch(service)) for service in self.services]
         log.info("fleet of %d sim workers serving (%s .. %s) over %d NATS connection(s)", len(self.services),
@@ -98,14 +98,26 @@ class WorkerFleet:
         self._started.append(service)  # from here on, stop() stops it
         await service.start(timers=False)
         self._serving[index] = True
+        self._ready.append(service)
 
-    def _busy(self, index: int) -> bool:
-        """Whether worker `index` may have KV events to flush now: it runs requests, or did at
-        the previous tick (what its last step left). Idle workers' events (a lease's
-        blocks, a late eviction) go out with their next load snapshot."""
-        busy = self.services[index].inflight > 0
-        was_busy, self._was_busy[index] = self._was_busy[index], busy
-        return busy or was_busy
+    async def _flush_busy_forever(self, interval_s: float) -> None:
+        """Every `interval_s`, the KV events of the workers running requests, or that did at
+        the previous tick (what their last step left). One pass over the fleet is a list
+        comprehension, not a call per worker: most of a large fleet is idle at any moment,
+        and an idle worker's events (a late eviction) go out with its next load snapshot."""
+        was_busy: list[WorkerService] = []
+        while True:
+            await asyncio.sleep(interval_s)
+            busy = [service for service in self._ready if service.inflight]
+            for service in dict.fromkeys(was_busy + busy):
+                if service.stopped.is_set():
+                    continue
+                try:
+                    await service.flush_kv_events()
+                except Exception as error:  # NATS reconnecting: the next tick tries again
+                    reraise_if_cancelling(error)
+                    log.debug("KV events of %s: %s", service.worker_id, error)
+            was_busy = busy
 
     async def _flush_and_publish_load(self, index: int) -> None:
         service = self.services[index]
@@ -125,6 +137,9 @@ class WorkerFleet:
         """Drain and deregister every worker still running, then close the connections."""
         if self._ticker is not None:
             await self._ticker.stop()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
         for watcher in self._watchers:
             watcher.cancel()
         running = [service for service in self._started if not service.stopped.is_set()]

@@ -49,15 +49,12 @@ class FleetTicker:
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[tuple[str, int], asyncio.Task[None]] = {}  # detached actions not yet done
 
-    def every(self, name: str, interval_s: float, action: Action, *, concurrent: bool = False,
-              when: Callable[[int], bool] | None = None) -> None:
+    def every(self, name: str, interval_s: float, action: Action, *, concurrent: bool = False) -> None:
         """Run `action` for every live worker once per `interval_s`, spread over the interval;
-        `concurrent`: each action in a task of its own, not waited for (each waits for an answer);
-        `when`: only for the workers it holds true of at that moment (a cheap, synchronous test)."""
+        `concurrent`: each action in a task of its own, not waited for (each waits for an answer)."""
         groups = slice_groups(self._count, interval_s)
-        self._tasks.append(asyncio.create_task(
-            self._run(name, interval_s / len(groups), groups, action, concurrent, when),
-            name=f"fleet-ticker:{name}"))
+        self._tasks.append(asyncio.create_task(self._run(name, interval_s / len(groups), groups, action, concurrent),
+                                               name=f"fleet-ticker:{name}"))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -70,7 +67,7 @@ class FleetTicker:
         await asyncio.gather(*pending, return_exceptions=True)
 
     async def _run(self, name: str, slice_s: float, groups: Sequence[list[int]], action: Action,
-                   concurrent: bool, when: Callable[[int], bool] | None) -> None:
+                   concurrent: bool) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
@@ -82,7 +79,7 @@ class FleetTicker:
                     delay = 0.0
                 await asyncio.sleep(max(0.0, delay))
                 for index in group:
-                    if not self._is_live(index) or (when is not None and not when(index)):
+                    if not self._is_live(index):
                         continue
                     if concurrent:
                         self._detach(name, action, index)
