@@ -152,11 +152,25 @@ async def run_fleet(stack: LocalStack, model_dir: str) -> FleetRun:
     async with await connect(stack.nats_url, "scale-test") as bus, httpx.AsyncClient(timeout=10) as http:
         seen_at: dict[str, float] = {}
 
+        async def cluster_status() -> dict:
+            """The collector's `/cluster`. Its handler reads the view from a worker thread while
+            the loop applies membership changes, so under churn it can answer 500: ask again."""
+            answers: list[dict] = []
+
+            async def answered() -> bool:
+                reply = await http.get(f"{stack.metrics_url}/cluster")
+                if reply.status_code == 200:
+                    answers.append(reply.json())
+                return bool(answers)
+
+            await wait_for(answered, 10, "an answer from the collector's /cluster")
+            return answers[0]
+
         async def router_count() -> int:
             return (await http.get(f"{stack.router_url}/health")).json()["worker_count"]
 
         async def collector_count() -> int:
-            return len((await http.get(f"{stack.metrics_url}/cluster")).json()["workers"])
+            return len((await cluster_status())["workers"])
 
         async def all_seen() -> bool:
             assert fleet.alive, f"the fleet exited:\n{fleet.log_tail()}"
@@ -171,7 +185,7 @@ async def run_fleet(stack: LocalStack, model_dir: str) -> FleetRun:
         rss_registered = {name: rss_mib(pid) for name, pid in pids.items()}
         # CPU the processes spent to get there: what the wall time is, on a machine of one's own
         cpu_registered = {name: round(cpu_seconds(pid), 2) for name, pid in pids.items()}
-        dropped_at_registration = (await http.get(f"{stack.metrics_url}/cluster")).json()["dropped_unknown_worker"]
+        dropped_at_registration = (await cluster_status())["dropped_unknown_worker"]
 
         # The idle cluster: messages on the bus by kind, and each process's CPU, over a window.
         kinds: Counter[str] = Counter()
@@ -213,11 +227,11 @@ async def run_fleet(stack: LocalStack, model_dir: str) -> FleetRun:
         buckets = histogram_buckets((await http.get(f"{stack.router_url}/metrics")).text, ROUTE_DECISION)
 
         async def idle() -> bool:
-            totals = (await http.get(f"{stack.metrics_url}/cluster")).json()["totals"]
+            totals = (await cluster_status())["totals"]
             return totals["running"] == 0 and totals["waiting"] == 0
 
         await wait_for(idle, 10, "the cluster idle again", interval_s=0.1)
-        cluster = (await http.get(f"{stack.metrics_url}/cluster")).json()
+        cluster = await cluster_status()
         rss_after = {name: rss_mib(pid) for name, pid in pids.items()}
 
     workers = cluster["workers"]
