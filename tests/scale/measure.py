@@ -6,7 +6,8 @@ subscriptions|heartbeats]` (all of them when none is named).
   request over them (default kv-aware policy, a 64-token prompt held by a few workers);
 - memory: bytes of Python objects per worker in the router (pool entry, KV index slot)
   and the collector (registration, load), and per stored block in the collector;
-- subscriptions: NATS subscriptions of a fleet of 1 and of 64 workers, KV transfer on / off;
+- subscriptions: NATS subscriptions and asyncio tasks of a fleet of 1 and of 64 workers,
+  KV transfer on / off;
 - heartbeats: a 1024-worker fleet process alone: heartbeats and load snapshots a second
   and the largest gap between two heartbeats of one worker, per 4 s window once all are
   registered.
@@ -117,7 +118,9 @@ async def subscriptions(nats_url: str, model_dir: str) -> dict:
                                   bus=BusConfig(nats_url=nats_url, namespace=f"subs{count}{int(kv_transfer)}"))
             fleet = WorkerFleet(FleetConfig(worker=worker, count=count))
             await fleet.start()
-            result[f"kv_transfer={kv_transfer} workers={count}"] = sum(len(bus.client._subs) for bus in fleet._buses)
+            result[f"kv_transfer={kv_transfer} workers={count}"] = {
+                "subscriptions": sum(len(bus.client._subs) for bus in fleet._buses),
+                "tasks": len(asyncio.all_tasks()) - 1}  # less this one
             await fleet.stop()
     return result
 
