@@ -276,6 +276,7 @@ def test_every_worker_registers_within_10_s(fleet_run: FleetRun) -> None:
 
 
 def test_requests_spread_and_the_collector_sees_every_event(fleet_run: FleetRun) -> None:
+    assert fleet_run.route_buckets[-1][1] >= REQUESTS, "a routing decision time per request"
     assert fleet_run.workers_served > 1, "every request went to one worker"
     assert not fleet_run.kv_gaps, f"KV event gaps: {fleet_run.kv_gaps}"
     assert fleet_run.dropped_after_registration == 0
