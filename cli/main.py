@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import typer
 
-from cli import bench, compose, ctl, k8s, keys, model, plan, services, status, up
+from cli import bench, compose, ctl, fleet, k8s, keys, model, plan, services, status, up
 
 app = typer.Typer(help="Tandem: disaggregated prefill/decode LLM serving over NATS.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False)
 app.registered_commands += services.app.registered_commands + up.app.registered_commands + status.app.registered_commands
-app.registered_commands += plan.app.registered_commands
+app.registered_commands += plan.app.registered_commands + fleet.app.registered_commands
 app.add_typer(model.app, name="model")
 app.add_typer(bench.app, name="bench")
 app.add_typer(compose.app, name="compose")

@@ -136,6 +136,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     # of one process (no NIXL needed: laptops, CI).
     transport: KvTransportName = "nixl"
     lease_ttl_s: float = 10.0  # how long a holder keeps blocks for a reader that never comes back
+    lease_sweep_interval_s: float = 0.1  # how often a holder ends expired leases (one timer per worker)
     transfer_timeout_s: float = 10.0
     control_timeout_s: float = 2.0
     progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
@@ -149,6 +150,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
         _require(self.transport in KV_TRANSPORTS,
                  f"unknown KV transport {self.transport!r} (known: {', '.join(KV_TRANSPORTS)})")
         _require(self.progress_delay_us > 0, "progress_delay_us must be positive (0 spins a core)")
+        _require(self.lease_sweep_interval_s > 0, "the lease sweep interval must be positive")
         self.faults.validate()
         self.retry.validate()
 
@@ -193,6 +195,35 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(self.vllm_block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
         self.membership.validate()
         self.kv_transfer.validate()
+
+
+class FleetConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Many simulated workers in one process (`tandem worker-fleet`, `services.worker.fleet`):
+    each is `worker` (its `worker_id` ignored) under the id `id_prefix` + its index, with its
+    own registration, KV pool, events and subjects; they share `connections` NATS connections
+    and one ticker for their heartbeats, KV event flushes and load snapshots."""
+
+    worker: WorkerConfig  # the template every worker of the fleet is made from
+    count: int = 16
+    id_prefix: str = "sim-"
+    first_index: int = 0
+    connections: int = 1  # NATS connections the workers share, round-robin
+    start_concurrency: int = 64  # workers starting (or stopping) at once
+
+    def worker_id(self, index: int) -> str:
+        return f"{self.id_prefix}{index:04d}"
+
+    def worker_config(self, index: int) -> WorkerConfig:
+        return msgspec.structs.replace(self.worker, worker_id=self.worker_id(index))
+
+    def validate(self) -> None:
+        _require(self.count > 0, "a fleet needs at least one worker")
+        _require(self.first_index >= 0, "the first index must not be negative")
+        _require(self.connections > 0, "a fleet needs at least one NATS connection")
+        _require(self.start_concurrency > 0, "start concurrency must be positive")
+        _require(self.worker.engine == "sim", "a fleet runs simulated workers only (--engine sim)")
+        self.worker_config(self.first_index).validate()
+        self.worker_config(self.first_index + self.count - 1).validate()
 
 
 class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):

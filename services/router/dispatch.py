@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import time
 
 import msgspec
 from opentelemetry import trace
@@ -177,6 +178,7 @@ class Dispatcher:
         total_tokens = prompt_tokens + params.sampling.max_tokens
         while True:
             now = self._clock()
+            decision_started = time.perf_counter()
             cache = self._kv_view.prompt_cache(params.prompt_ids, now)
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
@@ -187,6 +189,7 @@ class Dispatcher:
                                  homed_share=self._kv_view.homes.shares())
             views = [view for view in self._pool.views() if view.worker_id not in excluded]
             outcome = decide(views, route, self._routing, self._policy)
+            self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
             span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
                                  "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
             if isinstance(outcome, RoutePlan):
