@@ -1,0 +1,29 @@
+"""What one router has routed and not yet seen end, per worker: shared with the other
+routers of the same cluster so that replicas behind one address do not route blind to each
+other's traffic (`router.load.<router_id>`).
+
+Each message is the publishing router's whole contribution (not a delta): a lost or late
+message is corrected by the next one, and a receiver keeps only the newest per router
+(`seq`). An empty `workers` list is a valid contribution (an idle router's heartbeat);
+`leaving` says the router stops (graceful shutdown): forget it at once.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.schemas.common import Message
+
+
+class RoutedLoad(msgspec.Struct, frozen=True, kw_only=True):
+    worker_id: str
+    in_flight: int  # requests routed there and not yet ended
+    prefill_tokens: int  # uncached prompt tokens of those requests not yet at their first token
+
+
+class RouterLoad(Message, tag="router_load", kw_only=True):
+    router_id: str
+    seq: int  # per router, increasing: an older message than the last one seen is dropped
+    interval_s: float  # the publisher's heartbeat period: silence for a few of them means it is gone
+    workers: list[RoutedLoad] = []  # workers with something in flight from this router
+    leaving: bool = False
