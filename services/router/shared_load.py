@@ -7,9 +7,9 @@ share of the requests a worker was sent since its last load report. So every rou
 publishes its whole contribution (`RouterLoad`: in-flight requests and prompt tokens still
 waiting for prefill, per worker) and merges its peers' here:
 
-- `apply(message, now)`: a peer's newest contribution replaces its previous one (an older
-  or duplicate `seq` is dropped; our own messages are ignored). A `leaving` message
-  forgets the peer at once.
+- `apply(message, now)`: a peer's newest full contribution replaces its previous one, a
+  partial one replaces the figures of the workers it names (an older or duplicate `seq` is
+  dropped; our own messages are ignored). A `leaving` message forgets the peer at once.
 - `expire(now)`: a peer silent for `missed_heartbeats` of its own heartbeat periods is gone
   (the router died): its contribution no longer counts. So what is kept is bounded by the
   live peers and the workers they have something in flight on.
@@ -80,16 +80,25 @@ class PeerLoads:
         if message.leaving:
             self._forget(router_id)
             return False
-        workers = _contribution(message.workers)
         expires_at = now + max(self._min_ttl_s, self._missed * message.interval_s)
+        is_new = peer is None
         if peer is None:
-            self._peers[router_id] = _Peer(message.seq, expires_at, workers)
-            self._add(workers, +1)
-            return True
-        self._add(peer.workers, -1)
-        peer.seq, peer.expires_at, peer.workers = message.seq, expires_at, workers
-        self._add(workers, +1)
-        return False
+            peer = self._peers[router_id] = _Peer(message.seq, expires_at, {})
+        peer.seq, peer.expires_at = message.seq, expires_at
+        named = _contribution(message.workers)
+        if message.full:
+            replaced = peer.workers
+            peer.workers = {worker_id: load for worker_id, load in named.items() if load != NO_REMOTE_LOAD}
+        else:
+            replaced = {worker_id: peer.workers[worker_id] for worker_id in named if worker_id in peer.workers}
+            for worker_id, load in named.items():
+                if load == NO_REMOTE_LOAD:
+                    peer.workers.pop(worker_id, None)
+                else:
+                    peer.workers[worker_id] = load
+        self._add(replaced, -1)
+        self._add({worker_id: load for worker_id, load in named.items() if load != NO_REMOTE_LOAD}, +1)
+        return is_new
 
     def expire(self, now: float) -> list[str]:
         """Forget the peers that fell silent; their ids."""
@@ -122,12 +131,11 @@ class PeerLoads:
 
 
 def _contribution(workers: list[RoutedLoad]) -> dict[str, RemoteLoad]:
-    """A message's per-worker figures; nonsense (negative counts) is taken as nothing."""
+    """A message's per-worker figures (zeros included: a partial message's "nothing there
+    now"); nonsense (negative counts) is taken as nothing."""
     merged: dict[str, RemoteLoad] = {}
     for entry in workers:
         in_flight, prefill_tokens = max(0, entry.in_flight), max(0, entry.prefill_tokens)
-        if in_flight or prefill_tokens:
-            previous = merged.get(entry.worker_id, NO_REMOTE_LOAD)
-            merged[entry.worker_id] = RemoteLoad(previous.in_flight + in_flight,
-                                                 previous.prefill_tokens + prefill_tokens)
+        previous = merged.get(entry.worker_id, NO_REMOTE_LOAD)
+        merged[entry.worker_id] = RemoteLoad(previous.in_flight + in_flight, previous.prefill_tokens + prefill_tokens)
     return merged

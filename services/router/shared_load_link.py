@@ -1,15 +1,17 @@
 """Sharing predicted load between routers over NATS (adapter around `shared_load`).
 
-Each router process has a random id and publishes its whole contribution
-(`RouterLoad`: per worker, its requests in flight and their prompt tokens still waiting for
-prefill) on `Subjects.router_load(id)`:
+Each router process has a random id and publishes its contribution (`RouterLoad`: per
+worker, its requests in flight and their prompt tokens still waiting for prefill) on
+`Subjects.router_load(id)`:
 
-- every `interval_s` (a heartbeat, even when idle, so that peers find it and know it lives);
-- `flush_delay_s` after its ledger changes (a routing decision, a first token, an end),
-  coalescing every change in that window into one message, but only while it has peers:
-  a lone router pays nothing per request;
-- at once when a new peer appears (the newcomer learns what is in flight), and once more,
-  `leaving`, when it stops.
+- all of it every `interval_s` (a heartbeat, even when idle, so that peers find it and know
+  it lives);
+- the workers whose figures changed (a routing decision, a first token, an end),
+  `flush_delay_s` after the first change, every change in that window in one message, but
+  only while it has peers: a lone router pays nothing per request, and a message stays
+  small however many workers there are;
+- all of it at once when a new peer appears (the newcomer learns what is in flight), and
+  once more, `leaving`, when it stops.
 
 It merges what its peers publish (`PeerLoads`); a peer silent for a few of its heartbeat
 periods is forgotten (it died: `kill -9`, a lost link), so its contribution stops counting.
@@ -22,7 +24,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.5  # a router's contribution goes out at least this often
 FLUSH_DELAY_S = 0.002  # changes within this window go out in one message
 
+# the router's own figures: of these workers (zeros included), or None: of every worker it has load on
+OwnLoad = Callable[[Collection[str] | None], list[RoutedLoad]]
+
 
 def new_router_id() -> str:
     return f"router-{secrets.token_hex(6)}"
@@ -45,7 +50,7 @@ def new_router_id() -> str:
 
 class SharedLoadLink:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter,
-                 own: Callable[[], list[RoutedLoad]], *, router_id: str = "", interval_s: float = HEARTBEAT_S,
+                 own: OwnLoad, *, router_id: str = "", interval_s: float = HEARTBEAT_S,
                  flush_delay_s: float = FLUSH_DELAY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.router_id = router_id or new_router_id()
         self.peers = PeerLoads(self.router_id)
@@ -60,6 +65,7 @@ class SharedLoadLink:
         self._subscription: Subscription | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._flush: asyncio.TimerHandle | None = None
+        self._changed: set[str] = set()  # workers whose figures changed since the last message
         self._sending: set[asyncio.Task[None]] = set()
 
     def remote(self, worker_id: str) -> RemoteLoad:
@@ -88,14 +94,19 @@ class SharedLoadLink:
         self._subscription = None
         await asyncio.gather(*self._sending, return_exceptions=True)
 
-    def changed(self) -> None:
-        """Our ledger changed: tell the peers soon (coalesced), when there are any."""
-        if self._flush is None and self.peers.peers and self._subscription is not None:
+    def changed(self, worker_id: str) -> None:
+        """Our figures for `worker_id` changed: tell the peers soon (coalesced), when there are any."""
+        if not self.peers.peers or self._subscription is None:
+            return
+        self._changed.add(worker_id)
+        if self._flush is None:
             self._flush = asyncio.get_running_loop().call_later(self._flush_delay_s, self._flush_now)
 
-    def _flush_now(self) -> None:
+    def _flush_now(self, *, full: bool = False) -> None:
         self._flush = None
-        task = asyncio.get_running_loop().create_task(self._publish())
+        if not full and not self._changed:
+            return
+        task = asyncio.get_running_loop().create_task(self._publish(full=full))
         self._sending.add(task)
         task.add_done_callback(self._sent)
 
@@ -104,10 +115,13 @@ class SharedLoadLink:
         if not task.cancelled() and task.exception() is not None:
             log.debug("publishing the shared load failed: %s", task.exception())
 
-    async def _publish(self, *, leaving: bool = False) -> None:
+    async def _publish(self, *, full: bool = True, leaving: bool = False) -> None:
+        # built when sent (not when scheduled), so it carries the figures of that moment
+        changed, self._changed = self._changed, set()
+        workers = [] if leaving else self._own(None if full else changed)
         self._seq += 1
         message = RouterLoad(router_id=self.router_id, seq=self._seq, interval_s=self._interval_s,
-                             workers=[] if leaving else self._own(), leaving=leaving)
+                             workers=workers, full=full, leaving=leaving)
         await self._bus.client.publish(self._subjects.router_load(self.router_id), encode(message))
 
     async def _beat(self) -> None:
@@ -129,6 +143,8 @@ class SharedLoadLink:
             return
         if message.leaving and message.router_id in self.peers.peers:
             log.info("router %s left", message.router_id)
-        if self.peers.apply(message, self._clock()):
+        if self.peers.apply(message, self._clock()) and self._subscription is not None:
             log.info("router %s shares its load with this one (%s)", message.router_id, self.router_id)
-            self.changed()  # the newcomer learns what we have in flight
+            if self._flush is not None:
+                self._flush.cancel()
+            self._flush_now(full=True)  # the newcomer learns what we have in flight

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from typing import Protocol
 
 from services.router.routing.ledger import Ticket, WorkerLoad
@@ -216,14 +217,14 @@ class WorkerPool:
         self._routed += 1
         in_flight = InFlight(self, worker_id, request_id, prefill_tokens)
         state.route(in_flight, self._routed)
-        self.shared_load.changed()
+        self.shared_load.changed(worker_id)
         return in_flight
 
     def _prefill_done(self, in_flight: InFlight) -> None:
         state = self._workers.get(in_flight.worker_id)
         if state is not None:
             state.first_token(in_flight)
-            self.shared_load.changed()
+            self.shared_load.changed(in_flight.worker_id)
         else:  # its worker left: nothing counts it any more
             in_flight.prefill_tokens = 0
 
@@ -231,15 +232,20 @@ class WorkerPool:
         state = self._workers.get(in_flight.worker_id)
         if state is not None:
             state.finish(in_flight)
-            self.shared_load.changed()
+            self.shared_load.changed(in_flight.worker_id)
         else:
             in_flight.prefill_tokens = 0
 
-    def _own_load(self) -> list[RoutedLoad]:
-        """This router's contribution to the shared load: the workers it has requests on."""
-        return [RoutedLoad(worker_id=worker_id, in_flight=len(state.in_flight),
-                           prefill_tokens=state.outstanding_prefill_tokens)
-                for worker_id, state in self._workers.items() if state.in_flight]
+    def _own_load(self, worker_ids: Collection[str] | None = None) -> list[RoutedLoad]:
+        """This router's contribution to the shared load: of `worker_ids` (zeros included),
+        or of every worker it has requests on."""
+        if worker_ids is None:
+            states = [(worker_id, state) for worker_id, state in self._workers.items() if state.in_flight]
+        else:  # a worker that left counts as nothing
+            states = [(worker_id, self._workers.get(worker_id)) for worker_id in worker_ids]
+        return [RoutedLoad(worker_id=worker_id, in_flight=len(state.in_flight) if state else 0,
+                           prefill_tokens=state.outstanding_prefill_tokens if state else 0)
+                for worker_id, state in states]
 
     # ---- bus callbacks ---------------------------------------------------------------
 

@@ -2,10 +2,12 @@
 routers of the same cluster so that replicas behind one address do not route blind to each
 other's traffic (`router.load.<router_id>`).
 
-Each message is the publishing router's whole contribution (not a delta): a lost or late
-message is corrected by the next one, and a receiver keeps only the newest per router
-(`seq`). An empty `workers` list is a valid contribution (an idle router's heartbeat);
-`leaving` says the router stops (graceful shutdown): forget it at once.
+A `full` message is the publishing router's whole contribution (its periodic heartbeat;
+an empty `workers` list is an idle router's); one that is not full carries the current
+figures of the workers that changed since the last message (0 and 0: nothing there any
+more). Figures are absolute, never increments: a lost or late message is corrected by the
+next full one, and a receiver keeps only the newest per router (`seq`). `leaving` says the
+router stops (graceful shutdown): forget it at once.
 """
 
 from __future__ import annotations
@@ -25,5 +27,6 @@ class RouterLoad(Message, tag="router_load", kw_only=True):
     router_id: str
     seq: int  # per router, increasing: an older message than the last one seen is dropped
     interval_s: float  # the publisher's heartbeat period: silence for a few of them means it is gone
-    workers: list[RoutedLoad] = []  # workers with something in flight from this router
+    workers: list[RoutedLoad] = []  # full: every worker with something in flight from this router
+    full: bool = True  # False: only the workers that changed since the previous message
     leaving: bool = False

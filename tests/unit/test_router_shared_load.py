@@ -10,9 +10,9 @@ from shared.schemas import RoutedLoad, RouterLoad
 from tests.unit.test_router_worker_pool import pool_with, report, view
 
 
-def load(router_id: str, seq: int, *workers: tuple[str, int, int], interval_s: float = 0.5,
+def load(router_id: str, seq: int, *workers: tuple[str, int, int], interval_s: float = 0.5, full: bool = True,
          leaving: bool = False) -> RouterLoad:
-    return RouterLoad(router_id=router_id, seq=seq, interval_s=interval_s, leaving=leaving,
+    return RouterLoad(router_id=router_id, seq=seq, interval_s=interval_s, full=full, leaving=leaving,
                       workers=[RoutedLoad(worker_id=w, in_flight=n, prefill_tokens=t) for w, n, t in workers])
 
 
@@ -27,6 +27,20 @@ def test_peers_contributions_add_up_per_worker_and_replace_their_previous_one() 
     assert peers.remote("w2") == RemoteLoad(2, 60)
     assert peers.remote("w3") is NO_REMOTE_LOAD
     assert peers.peers == ["a", "b"]
+
+
+def test_a_partial_message_replaces_the_workers_it_names_only() -> None:
+    peers = PeerLoads("me")
+    assert peers.apply(load("a", 1, ("w1", 2, 300), ("w2", 1, 0)), now=0.0)
+    peers.apply(load("a", 2, ("w1", 3, 350), full=False), now=0.0)  # one more request on w1
+    assert peers.totals() == {"w1": RemoteLoad(3, 350), "w2": RemoteLoad(1, 0)}
+    peers.apply(load("a", 3, ("w2", 0, 0), ("w3", 1, 20), full=False), now=0.0)  # w2's ended; w3 new
+    assert peers.totals() == {"w1": RemoteLoad(3, 350), "w3": RemoteLoad(1, 20)}
+    peers.apply(load("a", 4, ("w3", 1, 0)), now=0.0)  # a full one: what it does not name is gone
+    assert peers.totals() == {"w3": RemoteLoad(1, 0)}
+    # a partial message from a peer not seen yet counts at once (its full one follows)
+    assert peers.apply(load("b", 7, ("w3", 1, 5), full=False), now=0.0)
+    assert peers.remote("w3") == RemoteLoad(2, 5)
 
 
 def test_old_duplicate_and_own_messages_change_nothing() -> None:
@@ -98,6 +112,10 @@ def test_the_pool_publishes_its_own_contribution() -> None:
     pool.begin("w1", "r1", prefill_tokens=100)
     pool.begin("w1", "r2", prefill_tokens=20).prefill_done()
     assert pool._own_load() == [RoutedLoad(worker_id="w1", in_flight=2, prefill_tokens=100)]
+    # the workers that changed, zeros included (a worker that left is nothing there)
+    assert pool._own_load(["w1", "w2", "gone"]) == [RoutedLoad(worker_id="w1", in_flight=2, prefill_tokens=100),
+                                                    RoutedLoad(worker_id="w2", in_flight=0, prefill_tokens=0),
+                                                    RoutedLoad(worker_id="gone", in_flight=0, prefill_tokens=0)]
 
 
 def test_the_link_decodes_what_it_receives_and_counts_malformed_messages() -> None:
