@@ -38,7 +38,7 @@ from shared.subjects import Subjects
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5  # a router's contribution goes out at least this often
-FLUSH_DELAY_S = 0.002  # changes within this window go out in one message
+FLUSH_DELAY_S = 0.005  # changes within this window go out in one message (a few ms: load reports come every 250 ms)
 
 # the router's own figures: of these workers (zeros included), or None: of every worker it has load on
 OwnLoad = Callable[[Collection[str] | None], list[RoutedLoad]]
