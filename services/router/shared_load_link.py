@@ -13,6 +13,9 @@ worker, its requests in flight and their prompt tokens still waiting for prefill
 - all of it at once when a new peer appears (the newcomer learns what is in flight), and
   once more, `leaving`, when it stops.
 
+With the changes go the prompts routed since the last message (`predicted`): a peer's are
+handed to `on_peer_prediction`, which predicts their blocks in this router's KV index.
+
 It merges what its peers publish (`PeerLoads`); a peer silent for a few of its heartbeat
 periods is forgotten (it died: `kill -9`, a lost link), so its contribution stops counting.
 The worker pool adds `remote(worker_id)` to its own ledger's counts.
@@ -32,7 +35,7 @@ from nats.aio.subscription import Subscription
 from services.router.shared_load import PeerLoads, RemoteLoad
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
-from shared.schemas import RoutedLoad, RouterLoad
+from shared.schemas import RoutedLoad, RoutedPrompt, RouterLoad
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ FLUSH_DELAY_S = 0.005  # changes within this window go out in one message (a few
 
 # the router's own figures: of these workers (zeros included), or None: of every worker it has load on
 OwnLoad = Callable[[Collection[str] | None], list[RoutedLoad]]
+PeerPrediction = Callable[[RoutedPrompt], None]
 
 
 def new_router_id() -> str:
@@ -66,6 +70,8 @@ class SharedLoadLink:
         self._heartbeat: asyncio.Task[None] | None = None
         self._flush: asyncio.TimerHandle | None = None
         self._changed: set[str] = set()  # workers whose figures changed since the last message
+        self._predictions: list[RoutedPrompt] = []  # prompts routed since the last message
+        self.on_peer_prediction: PeerPrediction | None = None  # a peer routed a prompt
         self._sending: set[asyncio.Task[None]] = set()
 
     def remote(self, worker_id: str) -> RemoteLoad:
@@ -99,12 +105,22 @@ class SharedLoadLink:
         if not self.peers.peers or self._subscription is None:
             return
         self._changed.add(worker_id)
+        self._schedule_flush()
+
+    def predicted(self, worker_id: str, chains: dict[int, list[int]], ttl_s: float) -> None:
+        """We routed a prompt to `worker_id` and predict its blocks there: so will the peers."""
+        if not self.peers.peers or self._subscription is None or not chains:
+            return
+        self._predictions.append(RoutedPrompt(worker_id=worker_id, chains=chains, ttl_s=ttl_s))
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if self._flush is None:
             self._flush = asyncio.get_running_loop().call_later(self._flush_delay_s, self._flush_now)
 
     def _flush_now(self, *, full: bool = False) -> None:
         self._flush = None
-        if not full and not self._changed:
+        if not full and not self._changed and not self._predictions:
             return
         task = asyncio.get_running_loop().create_task(self._publish(full=full))
         self._sending.add(task)
@@ -118,10 +134,12 @@ class SharedLoadLink:
     async def _publish(self, *, full: bool = True, leaving: bool = False) -> None:
         # built when sent (not when scheduled), so it carries the figures of that moment
         changed, self._changed = self._changed, set()
+        predictions, self._predictions = self._predictions, []
         workers = [] if leaving else self._own(None if full else changed)
         self._seq += 1
         message = RouterLoad(router_id=self.router_id, seq=self._seq, interval_s=self._interval_s,
-                             workers=workers, full=full, leaving=leaving)
+                             workers=workers, full=full, predictions=[] if leaving else predictions,
+                             leaving=leaving)
         await self._bus.client.publish(self._subjects.router_load(self.router_id), encode(message))
 
     async def _beat(self) -> None:
@@ -143,6 +161,9 @@ class SharedLoadLink:
             return
         if message.leaving and message.router_id in self.peers.peers:
             log.info("router %s left", message.router_id)
+        if message.router_id != self.router_id and self.on_peer_prediction is not None:
+            for prediction in message.predictions:
+                self.on_peer_prediction(prediction)
         if self.peers.apply(message, self._clock()) and self._subscription is not None:
             log.info("router %s shares its load with this one (%s)", message.router_id, self.router_id)
             if self._flush is not None:

@@ -59,7 +59,7 @@ from shared.schemas.membership import (
     WorkerStatus,
 )
 from shared.schemas.requests import RequestRecord
-from shared.schemas.router_load import RoutedLoad, RouterLoad
+from shared.schemas.router_load import RoutedLoad, RoutedPrompt, RouterLoad
 from shared.schemas.transfer import (
     AgentInfo,
     AgentInfoRequest,
@@ -117,6 +117,7 @@ __all__ = [
     "MembershipChange",
     "RequestRecord",
     "RoutedLoad",
+    "RoutedPrompt",
     "RouterLoad",
     "ResponseFrame",
     "SamplingParams",

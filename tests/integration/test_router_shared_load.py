@@ -11,7 +11,7 @@ from services.router.shared_load_link import SharedLoadLink
 from shared.bus import connect
 from shared.codec import MalformedCounter
 from shared.config import BusConfig
-from shared.schemas import RoutedLoad
+from shared.schemas import RoutedLoad, RoutedPrompt
 from tests.waiting import wait_for
 
 DEADLINE_S = 5.0
@@ -48,6 +48,12 @@ async def test_two_routers_share_their_load_and_forget_a_stopped_or_silent_one(b
         first.changed("w1")
         first.changed("w2")
         await wait_for(lambda: second.peers.totals() == {"w2": RemoteLoad(1, 0)}, DEADLINE_S, "changes coalesce")
+        # a routed prompt's hash chain reaches the peer, which predicts its blocks there
+        predicted: list[RoutedPrompt] = []
+        second.on_peer_prediction = predicted.append
+        first.predicted("w2", {16: [11, 12, 13]}, 2.0)
+        await wait_for(lambda: predicted == [RoutedPrompt(worker_id="w2", chains={16: [11, 12, 13]}, ttl_s=2.0)],
+                       DEADLINE_S, "the prediction reaches the peer")
         # a stopped router says so: forgotten before its heartbeats would have expired
         await first.stop()
         await wait_for(lambda: second.peers.peers == [], 0.3, "a stopped router is forgotten at once")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from services.router.shared_load import NO_REMOTE_LOAD, PeerLoads, RemoteLoad
 from services.router.shared_load_link import SharedLoadLink
 from shared.codec import MalformedCounter, encode
-from shared.schemas import RoutedLoad, RouterLoad
+from shared.schemas import RoutedLoad, RoutedPrompt, RouterLoad
 from tests.unit.test_router_worker_pool import pool_with, report, view
 
 
@@ -122,6 +122,12 @@ def test_the_link_decodes_what_it_receives_and_counts_malformed_messages() -> No
     malformed = MalformedCounter()
     link = SharedLoadLink(None, None, malformed, lambda: [], router_id="me",  # type: ignore[arg-type]
                           clock=lambda: 0.0)
+    predicted: list[RoutedPrompt] = []
+    link.on_peer_prediction = predicted.append
     link.receive(b"\x01garbage", "router.load.x")
-    link.receive(encode(load("me", 1, ("w1", 1, 0))), "router.load.me")
-    assert malformed.total == 1 and link.peers.peers == []
+    prompt = RoutedPrompt(worker_id="w1", chains={16: [1, 2, 3]}, ttl_s=2.0)
+    link.receive(encode(RouterLoad(router_id="me", seq=1, interval_s=0.5, predictions=[prompt])), "router.load.me")
+    assert malformed.total == 1 and link.peers.peers == [] and predicted == []  # our own: already predicted
+    link.receive(encode(RouterLoad(router_id="peer", seq=1, interval_s=0.5, full=False, predictions=[prompt])),
+                 "router.load.peer")
+    assert predicted == [prompt] and link.peers.peers == ["peer"]
