@@ -43,7 +43,7 @@ from bench.routing.systems import cpu_seconds
 from bench.routing.workloads import EngineShape, TenantsWorkload
 from launch.definition import HttpService, Membership, Settings, StackDefinition, WorkerGroup
 from launch.plan import plan_stack
-from launch.stack import LocalStack
+from launch.stack import LocalStack, router_names
 from services.worker.sim.profile import load_profile
 from shared.schemas import WorkerRole
 
@@ -58,6 +58,11 @@ class ReplicaStack:
     base_url: str  # the routers' one address (an OpenAI-compatible API under /v1)
     metrics_url: str  # the metrics collector
     stack: LocalStack
+
+    @property
+    def router_pids(self) -> list[int]:
+        return [process.pid for name, process in self.stack.processes.items()
+                if name in router_names(self.stack.config.routers)]
 
     @property
     def pids(self) -> list[int]:
@@ -139,7 +144,7 @@ def drive_closed_loop(base_url: str, *, concurrency: int, duration_s: float, cli
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=client_processes, mp_context=context) as pool:
         # a short warm-up (connections, tokenizer caches), then the measured window
-        list(pool.map(_client_process, [base_url] * client_processes, [model] * client_processes, lanes,
+        warmup = list(pool.map(_client_process, [base_url] * client_processes, [model] * client_processes, lanes,
                       [min(1.0, duration_s)] * client_processes, [max_tokens] * client_processes,
                       [sum(lanes[:index]) for index in range(client_processes)]))
         started = time.monotonic()
@@ -149,7 +154,7 @@ def drive_closed_loop(base_url: str, *, concurrency: int, duration_s: float, cli
         elapsed = time.monotonic() - started
     answers, errors = sum(answers for answers, _ in results), sum(errors for _, errors in results)
     return {"requests_per_s": round(answers / elapsed, 1), "answers": answers, "errors": errors,
-            "wall_s": round(elapsed, 2)}
+            "wall_s": round(elapsed, 2), "warmup_answers": sum(answers for answers, _ in warmup)}
 
 
 def measure_throughput(router_counts: Sequence[int] = (1, 2), *, model_dir: str, log_root: Path, rounds: int = 2,
@@ -164,12 +169,18 @@ def measure_throughput(router_counts: Sequence[int] = (1, 2), *, model_dir: str,
                      f"speed-up {NEAR_ZERO_SPEEDUP:g}, concurrency {concurrency}")
             with replicas(routers, model_dir=model_dir, log_dir=log_root / f"throughput-{routers}",
                           workers=workers) as running:
-                pids = running.pids
+                pids, routers_pids = running.pids, running.router_pids
                 cpu_before, wall_before = cpu_seconds(pids), time.monotonic()
+                router_cpu_before = _cpu_of(routers_pids)
                 figures = drive_closed_loop(running.base_url, concurrency=concurrency, duration_s=duration_s,
                                             client_processes=client_processes)
                 figures["stack_cpu_busy"] = round((cpu_seconds(pids) - cpu_before)
                                                   / ((time.monotonic() - wall_before) * (os.cpu_count() or 1)), 2)
+                # CPU the routers spent per answer (warm-up included in the answers' window only
+                # roughly): what N routers cost beside one, whatever else the machine runs
+                answered = figures["answers"] + figures["warmup_answers"]
+                figures["router_cpu_ms_per_request"] = (
+                    round(1000 * (_cpu_of(routers_pids) - router_cpu_before) / answered, 2) if answered else None)
             progress(f"  -> {json.dumps(figures)}")
             rows.append({"round": round_number + 1, "routers": routers, **figures})
     return {"rows": rows, "ratio_vs_first": _ratios(rows, router_counts, "requests_per_s")}
@@ -212,6 +223,11 @@ def measure_tenants(router_counts: Sequence[int] = (1, 2), *, model_dir: str, lo
             rows.append({"round": round_number + 1, "routers": routers, **figures})
     return {"workload": asdict(workload), "offered_rps": round(rate, 2), "rows": rows,
             "ttft_p90_ratio_vs_first": _ratios(rows, router_counts, "ttft_p90_ms")}
+
+
+def _cpu_of(pids: list[int]) -> float:
+    """CPU seconds used so far by `pids` only (Linux /proc)."""
+    return cpu_seconds(pids) - sum(os.times()[:2])
 
 
 def _ratios(rows: list[dict], router_counts: Sequence[int], figure: str) -> dict[str, dict]:
