@@ -23,7 +23,7 @@ import uvicorn
 
 from services.router.app import create_app
 from shared.bus import connect
-from shared.config import RouterConfig
+from shared.config import ConfigError, RouterConfig
 from shared.tracing import setup_tracing
 
 GRACEFUL_SHUTDOWN_S = 5.0  # open streams get this long to finish when the router stops
@@ -35,6 +35,8 @@ def announce(url: str) -> None:
 
 def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound, not yet listening (the server listens once it can serve)."""
+    if reuse_port and not hasattr(socket, "SO_REUSEPORT"):
+        raise ConfigError("routers sharing a port need SO_REUSEPORT, which this platform lacks")
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
@@ -43,6 +45,9 @@ def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
+    except OSError as error:  # the port is taken (by a router that does not share it, or another program)
+        sock.close()
+        raise ConfigError(f"cannot bind {host}:{port}: {error.strerror or error}") from None
     except BaseException:
         sock.close()
         raise

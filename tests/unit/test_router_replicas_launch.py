@@ -55,7 +55,7 @@ def test_several_routers_bind_one_port_only_with_reuse_port() -> None:
         sockets.append(bind_socket("127.0.0.1", port, reuse_port=True))
         for sock in sockets:
             sock.listen()
-        with pytest.raises(OSError):
+        with pytest.raises(ConfigError, match="cannot bind"):
             bind_socket("127.0.0.1", port)  # a router that does not share
         # both listen: connections are spread over them by the kernel
         clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(32)]
