@@ -33,7 +33,7 @@ pytestmark = pytest.mark.e2e
 
 SLOW_WORKER = ("--load-interval", "30", "--sim-speedup", "0.5")  # ~18 ms a token
 WORKERS = (WorkerSpec(worker_id="w1", extra_args=SLOW_WORKER), WorkerSpec(worker_id="w2", extra_args=SLOW_WORKER))
-LONG = 300  # tokens: ~5 s a stream
+LONG = 400  # tokens: ~7 s a stream (the killed router must expire while the other's streams run)
 PEER_EXPIRY_S = 2.0  # four missed heartbeats of 0.5 s (`shared_load.MISSED_HEARTBEATS`)
 
 
