@@ -81,6 +81,10 @@ def router(
     nats_replicas: NatsReplicas = 1,
     host: Annotated[str, typer.Option(envvar="TANDEM_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_PORT", help="HTTP port; 0 picks a free one.")] = 8000,
+    reuse_port: Annotated[bool, typer.Option(
+        help="Share the port with other routers of the cluster (SO_REUSEPORT, Linux).")] = False,
+    instance_port: Annotated[Optional[int], typer.Option(
+        help="Also listen on this port, this router alone (health checks of one replica); 0 picks one.")] = None,
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR", help="Model directory (tokenizer).")] = "",
     served_model_name: Annotated[str, typer.Option()] = "",
     max_tokens_limit: Annotated[int, typer.Option()] = 4096,
@@ -156,7 +160,8 @@ def router(
                             queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
                             home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes)
-    config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
+    config = RouterConfig(host=host, port=port, reuse_port=reuse_port, instance_port=instance_port,
+                          model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing,
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file, nats_replicas),
@@ -316,6 +321,7 @@ def worker(
         help="Reads again of a block that failed to arrive or verify, before it is computed.")] = 1,
     kv_retry_deadline_ms: Annotated[float, typer.Option(
         help="No retry of a failed block starts later than this after the first read.")] = 500.0,
+    load_interval: Annotated[float, typer.Option(help="Seconds between two load snapshots.")] = 0.25,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
     nats_creds_file: NatsCreds = "",
@@ -354,7 +360,7 @@ def worker(
                               retry=KvRetryConfig(attempts=kv_retry_attempts, deadline_ms=kv_retry_deadline_ms)),
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file, nats_replicas),
-                          membership=membership_config(heartbeat_interval, ttl),
+                          membership=membership_config(heartbeat_interval, ttl), load_interval_s=load_interval,
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     run_service(run_worker(config))
 

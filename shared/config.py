@@ -309,6 +309,9 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     idle_timeout_s: float = 60.0
     worker_wait_s: float = 5.0  # how long a request waits for a worker to appear
     max_attempts: int = 3  # workers one request may be sent to (refused, lost, resumed mid-stream)
+    # several routers on one port (SO_REUSEPORT, Linux): the kernel spreads connections over them
+    reuse_port: bool = False
+    instance_port: int | None = None  # also listen here, this router alone (0: a free port); None: no
     api_keys_file: str = ""  # a key file (`shared.api_keys`) guards /v1/*; empty: the API is open
     metrics_auth: MetricsAuth = "open"  # whether /metrics needs a key too ("api-key")
     routing: RoutingConfig = RoutingConfig()
@@ -318,6 +321,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def validate(self) -> None:
         _require(0 <= self.port < 65536, "port must be in [0, 65535]")
+        _require(self.instance_port is None or 0 <= self.instance_port < 65536, "instance port must be in [0, 65535]")
+        _require(not self.reuse_port or self.port > 0, "routers sharing a port need that port (not 0)")
         _require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
         _require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
         _require(self.max_attempts >= 1, "max_attempts must be at least 1")

@@ -6,7 +6,9 @@ between, so concurrent requests see each other: the plan's workers are counted i
 (`WorkerPool.begin`; the computing worker with the prompt tokens it must compute, until
 its first token), and the prompt's blocks are predicted on the computing worker
 (`KvView.predict`: speculative index entries), so siblings that arrive before its KV
-events follow it. Only then does the flow executor (`services.router.flow`) run the plan:
+events follow it; the other routers of the cluster are told both (`WorkerPool.shared_load`),
+and their routings are predicted here alike. Only then does the flow executor
+(`services.router.flow`) run the plan:
 one worker, or a prefill and a decode worker, pulling a cached prefix from a holder when
 the plan names one.
 
@@ -57,7 +59,7 @@ from services.router.worker_link import WorkerLink
 from services.router.worker_pool import WorkerPool
 from shared.config import RoutingConfig
 from shared.errors import ErrorCode, TandemError, Unavailable
-from shared.schemas import Finished
+from shared.schemas import Finished, RoutedPrompt
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tandem.router")
@@ -101,6 +103,12 @@ class Dispatcher:
         self._routing = routing
         self._policy = policy if policy is not None else build_policy(routing)
         self._max_attempts = max_attempts
+        pool.shared_load.on_peer_prediction = self._peer_routed
+
+    def _peer_routed(self, prompt: RoutedPrompt) -> None:
+        """Another router routed a prompt: its blocks are predicted on that worker here too."""
+        self._kv_view.predict(prompt.worker_id, PromptCache(dict(prompt.chains), {}, {}), self._clock(),
+                              min(prompt.ttl_s, self._routing.speculative_ttl_s))
 
     async def dispatch(self, params: GenerationParams) -> Generation:
         """A generation that has produced its first output; raises `TandemError`."""
@@ -229,6 +237,7 @@ class Dispatcher:
         if plan.decode_worker_id is not None:
             decode = self._pool.begin(plan.decode_worker_id, params.request_id)
         self._kv_view.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s)
+        self._pool.shared_load.predicted(computing, cache.chains, self._routing.speculative_ttl_s)
         prefix = None
         if plan.prompt is not None and plan.prompt.holder_id is not None:
             prefix = self._kv_view.prefix_source(cache, plan.prompt.holder_id,
