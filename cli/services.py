@@ -133,6 +133,9 @@ def router(
     sticky_homes: Annotated[bool, typer.Option(
         help="A prefix's home is the worker that served it last, unless busy; new homes balance the recent "
              "traffic homed on each worker (off: rendezvous hashing only).")] = True,
+    shortlist_workers: Annotated[int, typer.Option(
+        help="Past this many workers, cost a request only against its prefix's holders, its home and "
+             "workers drawn at random, up to this many (0: every worker).")] = 16,
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
@@ -159,7 +162,8 @@ def router(
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
                             queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
-                            home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes)
+                            home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes,
+                            shortlist_workers=shortlist_workers)
     config = RouterConfig(host=host, port=port, reuse_port=reuse_port, instance_port=instance_port,
                           model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing,

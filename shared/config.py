@@ -263,6 +263,9 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # is busy; a new home balances the recent traffic of the prefixes homed on each worker
     # (False: rendezvous hashing only)
     sticky_homes: bool = True
+    # past this many workers a request is costed only against its prefix's holders, its home
+    # and workers drawn at random, up to this many (`routing.shortlist`; 0: always every worker)
+    shortlist_workers: int = 16
     local_prefill_tokens: int = 256  # a decode worker computes a prompt itself when fewer are uncached there
     prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
     cache_hit_threshold: float = 0.0  # decode-first default for requests that name none; 0: off
@@ -280,6 +283,8 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
                      "decode_weight", "hot_load_factor", "home_slack_tokens"):
             _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
+        _require(self.shortlist_workers == 0 or self.shortlist_workers >= 4,
+                 "shortlist_workers must be 0 (off) or at least 4")
         _require(self.prefill_busy_tokens > 0, "prefill_busy_tokens must be positive")
         _require(0.0 <= self.cache_hit_threshold <= 1.0, "cache_hit_threshold must lie in [0, 1]")
         _require(self.max_queue_factor == 0 or self.max_queue_factor >= 1,

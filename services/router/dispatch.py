@@ -49,10 +49,12 @@ from services.router.routing import (
     RouteRefusal,
     RouteRequest,
     RoutingPolicy,
+    WorkerView,
     build_policy,
     context_limit,
     decide,
 )
+from services.router.routing.shortlist import shortlist
 from services.router.spans import end_span
 from services.router.token_source import Answered, TokenSource
 from services.router.worker_link import WorkerLink
@@ -96,6 +98,7 @@ class Dispatcher:
         self._kv_view = kv_view
         self._decoder = decoder
         self._random = random.Random(routing.seed)  # the random baseline policy's draws
+        self._sample = random.Random(routing.seed + 1)  # a large fleet's shortlist draws
         self._metrics = metrics
         self._recorder = recorder
         self._clock = clock
@@ -180,13 +183,26 @@ class Dispatcher:
             return _answered(params, "cache_threshold", routed.cached_tokens)
         return await self._flows.start(params, routed, span)
 
+    def _decide(self, route: RouteRequest, excluded: set[str]) -> tuple[list[WorkerView],
+                                                                         RoutePlan | RouteRefusal | None]:
+        """`decide` over a large fleet's shortlist (`routing.shortlist`), or over every worker
+        when there is none, or when the shortlist has no eligible worker or only full ones."""
+        ids = shortlist(self._pool.member_ids(), route, self._routing, self._sample)
+        if ids is not None:
+            views = [view for view in self._pool.views(ids) if view.worker_id not in excluded]
+            outcome = decide(views, route, self._routing, self._policy)
+            if outcome is not None and not (isinstance(outcome, RouteRefusal) and outcome.reason == "overloaded"):
+                return views, outcome
+        views = [view for view in self._pool.views() if view.worker_id not in excluded]
+        return views, decide(views, route, self._routing, self._policy)
+
     async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
                      threshold: float, span: trace.Span) -> CommittedPlan | RouteRefusal:
         prompt_tokens = len(params.prompt_ids)
         total_tokens = prompt_tokens + params.sampling.max_tokens
         while True:
             now = self._clock()
-            decision_started = time.perf_counter()
+            decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
             cache = self._kv_view.prompt_cache(params.prompt_ids, now)
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
@@ -195,9 +211,9 @@ class Dispatcher:
                                  victim_age_s=self._kv_view.victim_ages(now),
                                  home_worker=self._kv_view.homes.home(cache.prefix_key) if cache.prefix_key else None,
                                  homed_share=self._kv_view.homes.shares())
-            views = [view for view in self._pool.views() if view.worker_id not in excluded]
-            outcome = decide(views, route, self._routing, self._policy)
+            views, outcome = self._decide(route, excluded)
             self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
+            self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
             span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
                                  "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
             if isinstance(outcome, RoutePlan):

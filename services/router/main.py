@@ -15,6 +15,7 @@ router's alone (health checks, metrics of one replica).
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import sys
 from collections.abc import Callable
@@ -103,8 +104,16 @@ class RouterServer(uvicorn.Server):
                                                                               f"{self.instance_url})")
 
 
+# The router allocates a few hundred objects per request: with the interpreter's default
+# (a young-generation collection every 700 allocations) one routing decision in ~20 paid a
+# collection (0.3-0.5 ms of CPU on this box, as much as the decision itself). Collections
+# every 20,000 allocations touch one request in several hundred.
+GC_YOUNG_THRESHOLD = 20_000
+
+
 async def serve_router(config: RouterConfig) -> None:
     config.validate()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     setup_tracing("tandem-router", config.tracing.exporter, config.tracing.otlp_endpoint)
     # NATS refusing the router (credentials, TLS) is a one-line error before the app starts
     await (await connect(config.bus, "tandem-router-check")).close()

@@ -116,6 +116,10 @@ class RouterMetrics:
             "tandem_router_route_decision_seconds",
             "Time to route one request: the KV index lookup, the candidates' views, the policy's decision",
             buckets=_ROUTE_DECISION_BUCKETS, registry=self.registry)
+        self.route_decision_cpu = Histogram(
+            "tandem_router_route_decision_cpu_seconds",
+            "CPU time of routing one request (the same work; without the time the process waited for a core)",
+            buckets=_ROUTE_DECISION_BUCKETS, registry=self.registry)
         self.resumes = Counter(
             "tandem_router_resumes",
             "Requests re-routed after losing their worker, by stage (before_first_token, mid_stream) and result",

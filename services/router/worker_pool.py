@@ -171,11 +171,20 @@ class WorkerPool:
 
     # ---- what the policy and the serving layer read ----------------------------------
 
-    def views(self) -> list[WorkerView]:
-        """Members that can be routed to: not those unconfirmed since a reconnect."""
+    def views(self, worker_ids: Collection[str] | None = None) -> list[WorkerView]:
+        """Members that can be routed to: not those unconfirmed since a reconnect; only those
+        among `worker_ids` when given (unknown ids skipped)."""
         unconfirmed, remote = self._members.unconfirmed, self.shared_load.remote
-        return [state.view(remote(worker_id)) for worker_id, state in self._workers.items()
-                if worker_id not in unconfirmed]
+        if worker_ids is None:
+            return [state.view(remote(worker_id)) for worker_id, state in self._workers.items()
+                    if worker_id not in unconfirmed]
+        states = ((worker_id, self._workers.get(worker_id)) for worker_id in worker_ids)
+        return [state.view(remote(worker_id)) for worker_id, state in states
+                if state is not None and worker_id not in unconfirmed]
+
+    def member_ids(self) -> list[str]:
+        """Every member's id, routable or not (cheap: no views built)."""
+        return list(self._workers)
 
     def resync_wait_s(self) -> float:
         """How long a resumed request may still wait for a worker: while NATS is disconnected

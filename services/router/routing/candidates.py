@@ -91,8 +91,10 @@ class Candidates:
     def _victim_value(self, worker: WorkerView) -> float:
         """The weight of what `worker`'s cache would evict, relative to the other workers whose
         cache this prompt would overflow (ages looked up once, for those only)."""
+        if not self.routing.cold_victims:
+            return 1.0
         free = worker.free_kv_tokens
-        if not self.routing.cold_victims or free is None or free >= self.request.prompt_tokens:
+        if free is None or free >= self.request.prompt_tokens:
             return 1.0  # room to spare: no eviction to weigh
         if self._victim_values is None:
             full = [view.worker_id for view in self._computing
