@@ -63,7 +63,7 @@ REQUESTS = 200
 CONCURRENCY = 8
 TENANTS = 20  # prompts share one of this many long prefixes: the KV index has something to match
 ROUTE_P99_LIMIT_S = 0.001
-ROUTE_WALL_P99_LIMIT_S = 0.01
+ROUTE_WALL_P99_LIMIT_S = 0.1  # the wall time waits for a core on a shared box: a bound on stalls only
 ROUTE_DECISION = "tandem_router_route_decision_seconds"
 ROUTE_DECISION_CPU = "tandem_router_route_decision_cpu_seconds"
 
@@ -157,18 +157,10 @@ async def run_fleet(stack: LocalStack, model_dir: str) -> FleetRun:
         seen_at: dict[str, float] = {}
 
         async def cluster_status() -> dict:
-            """The collector's `/cluster`. Its handler reads the view from a worker thread while
-            the loop applies membership changes, so under churn it can answer 500: ask again."""
-            answers: list[dict] = []
-
-            async def answered() -> bool:
-                reply = await http.get(f"{stack.metrics_url}/cluster")
-                if reply.status_code == 200:
-                    answers.append(reply.json())
-                return bool(answers)
-
-            await wait_for(answered, 10, "an answer from the collector's /cluster")
-            return answers[0]
+            """The collector's `/cluster` (read on the event loop that updates it: always 200)."""
+            reply = await http.get(f"{stack.metrics_url}/cluster")
+            assert reply.status_code == 200, reply.text
+            return reply.json()
 
         async def router_count() -> int:
             return (await http.get(f"{stack.router_url}/health")).json()["worker_count"]
