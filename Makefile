@@ -44,7 +44,7 @@ check-prometheus:
 test: install install-vllm check-prometheus
 	$(VENV)/bin/ruff check services shared connector bench launch cli tests
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/chaos tests/e2e tests/bench
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/chaos tests/e2e tests/bench tests/multihost tests/scale
 	$(MAKE) --no-print-directory test-compose
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
 

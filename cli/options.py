@@ -23,6 +23,9 @@ NatsCert = Annotated[str, typer.Option("--nats-cert-file", envvar="TANDEM_NATS_C
                                        help="Client certificate shown to NATS (TLS).")]
 NatsKey = Annotated[str, typer.Option("--nats-key-file", envvar="TANDEM_NATS_KEY_FILE",
                                       help="Key of the client certificate.")]
+NatsReplicas = Annotated[int, typer.Option("--nats-replicas", envvar="TANDEM_NATS_REPLICAS",
+                                           help="Copies JetStream keeps of each bucket created (3 on a 3-node "
+                                                "cluster; --nats-url then lists its servers, comma-separated).")]
 Heartbeat = Annotated[float, typer.Option("--heartbeat-interval", help="Seconds between worker heartbeats.")]
 Ttl = Annotated[float, typer.Option("--ttl", help="Seconds without heartbeat before a worker is removed.")]
 Exporter = Annotated[str, typer.Option("--trace-exporter", envvar="TANDEM_TRACE_EXPORTER",
@@ -51,7 +54,7 @@ def setup_logging(level: str) -> None:
 
 
 def bus_config(nats_url: str, namespace: str, creds_file: str = "", ca_file: str = "", cert_file: str = "",
-               key_file: str = ""):
+               key_file: str = "", replicas: int = 1):
     from shared.config import BusConfig
     from shared.nats_auth import has_userinfo
 
@@ -59,7 +62,7 @@ def bus_config(nats_url: str, namespace: str, creds_file: str = "", ca_file: str
         raise typer.BadParameter("no user or password in the URL (it would show in process lists): "
                                  "use --nats-creds-file", param_hint="--nats-url")
     return BusConfig(nats_url=nats_url, namespace=namespace, creds_file=creds_file, tls_ca_file=ca_file,
-                     tls_cert_file=cert_file, tls_key_file=key_file)
+                     tls_cert_file=cert_file, tls_key_file=key_file, replicas=replicas)
 
 
 def membership_config(heartbeat: float, ttl: float):

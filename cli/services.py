@@ -20,6 +20,7 @@ from cli.options import (
     NatsCert,
     NatsCreds,
     NatsKey,
+    NatsReplicas,
     NatsUrl,
     OtlpEndpoint,
     Ttl,
@@ -77,8 +78,13 @@ def router(
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     host: Annotated[str, typer.Option(envvar="TANDEM_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_PORT", help="HTTP port; 0 picks a free one.")] = 8000,
+    reuse_port: Annotated[bool, typer.Option(
+        help="Share the port with other routers of the cluster (SO_REUSEPORT, Linux).")] = False,
+    instance_port: Annotated[Optional[int], typer.Option(
+        help="Also listen on this port, this router alone (health checks of one replica); 0 picks one.")] = None,
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR", help="Model directory (tokenizer).")] = "",
     served_model_name: Annotated[str, typer.Option()] = "",
     max_tokens_limit: Annotated[int, typer.Option()] = 4096,
@@ -122,8 +128,14 @@ def router(
         help="On full caches, weigh the eviction cost by how recently each worker's least recently used "
              "prefix was routed (off, the default: every full cache weighs the same).")] = False,
     home_slack_tokens: Annotated[float, typer.Option(
-        help="A prompt no worker holds goes to its prefix's home worker (rendezvous hashing) when that one "
-             "costs at most this much more than the cheapest (0: off).")] = 256.0,
+        help="A prompt no worker holds half of goes to its prefix's home worker; a new home costs at most "
+             "this much more than the cheapest (0: homes off).")] = 256.0,
+    sticky_homes: Annotated[bool, typer.Option(
+        help="A prefix's home is the worker that served it last, unless busy; new homes balance the recent "
+             "traffic homed on each worker (off: rendezvous hashing only).")] = True,
+    shortlist_workers: Annotated[int, typer.Option(
+        help="Past this many workers, cost a request only against its prefix's holders, its home and "
+             "workers drawn at random, up to this many (0: every worker).")] = 16,
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
@@ -150,11 +162,13 @@ def router(
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
                             queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
-                            home_slack_tokens=home_slack_tokens)
-    config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
+                            home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes,
+                            shortlist_workers=shortlist_workers)
+    config = RouterConfig(host=host, port=port, reuse_port=reuse_port, instance_port=instance_port,
+                          model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing,
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
-                                         nats_key_file),
+                                         nats_key_file, nats_replicas),
                           api_keys_file=api_keys_file, metrics_auth=metrics_auth,  # type: ignore[arg-type]
                           membership=membership_config(heartbeat_interval, ttl),
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
@@ -180,6 +194,7 @@ def orchestrator(
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     launcher: Annotated[str, typer.Option(help="How `tandem ctl add` starts workers: none | local.")] = "none",
@@ -216,7 +231,7 @@ def orchestrator(
 
     setup_logging(log_level)
     config = OrchestratorConfig(bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
-                                               nats_key_file),
+                                               nats_key_file, nats_replicas),
                                 membership=membership_config(heartbeat_interval, ttl),
                                 command_timeout_s=command_timeout,
                                 limits=WorkerLimits(min_serving_workers=min_serving_workers,
@@ -250,6 +265,7 @@ def metrics(
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="TANDEM_METRICS_PORT", help="HTTP port; 0 picks one.")] = 9100,
     api_keys_file: Annotated[str, typer.Option(
@@ -265,7 +281,7 @@ def metrics(
 
     setup_logging(log_level)
     config = MetricsConfig(host=host, port=port, bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file,
-                                                                nats_cert_file, nats_key_file),
+                                                                nats_cert_file, nats_key_file, nats_replicas),
                            api_keys_file=api_keys_file, metrics_auth=metrics_auth)  # type: ignore[arg-type]
     try:
         config.validate()
@@ -309,12 +325,14 @@ def worker(
         help="Reads again of a block that failed to arrive or verify, before it is computed.")] = 1,
     kv_retry_deadline_ms: Annotated[float, typer.Option(
         help="No retry of a failed block starts later than this after the first read.")] = 500.0,
+    load_interval: Annotated[float, typer.Option(help="Seconds between two load snapshots.")] = 0.25,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
     nats_creds_file: NatsCreds = "",
     nats_ca_file: NatsCa = "",
     nats_cert_file: NatsCert = "",
     nats_key_file: NatsKey = "",
+    nats_replicas: NatsReplicas = 1,
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
     trace_exporter: Exporter = "none",
@@ -345,8 +363,8 @@ def worker(
                                                    fail_times=kv_fault_fail_times),
                               retry=KvRetryConfig(attempts=kv_retry_attempts, deadline_ms=kv_retry_deadline_ms)),
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
-                                         nats_key_file),
-                          membership=membership_config(heartbeat_interval, ttl),
+                                         nats_key_file, nats_replicas),
+                          membership=membership_config(heartbeat_interval, ttl), load_interval_s=load_interval,
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     run_service(run_worker(config))
 

@@ -22,6 +22,8 @@ def up(
     prefill: Annotated[Optional[int], typer.Option(envvar="PREFILL", help="Prefill workers.")] = None,
     decode: Annotated[Optional[int], typer.Option(envvar="DECODE", help="Decode workers.")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Workers that serve whole requests (role both).")] = None,
+    routers: Annotated[Optional[int], typer.Option(
+        envvar="ROUTERS", help="Router processes on the one router port, sharing their predicted load.")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(envvar="METRICS_PORT")] = None,
     nats_url: Annotated[Optional[str], typer.Option(envvar="TANDEM_NATS_URL",
                                                     help="External NATS; default: embedded.")] = None,
@@ -37,6 +39,7 @@ def up(
     from launch.up import UpOptions, run_up
 
     raise typer.Exit(run_up(UpOptions(stack=stack, port=port, host=host, engine=engine or None, model=model,
-                                      prefill=prefill, decode=decode, workers=workers, metrics_port=metrics_port,
+                                      prefill=prefill, decode=decode, workers=workers, routers=routers,
+                                      metrics_port=metrics_port,
                                       nats_url=nats_url or None, state_dir=state_dir,
                                       api_keys_file=api_keys_file, nats_security=nats_security)))

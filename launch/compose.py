@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launch.argv import setting_flags
+from launch.compose_args import ContainerArgs
 from launch.compose_observability import OTLP_TRACES_ENDPOINT, observability_services
 from launch.compose_secrets import (
     SECRETS_DIR,
@@ -105,30 +105,24 @@ def compose_document(definition: StackDefinition) -> dict[str, object]:
         services[NATS] = _nats()
     if not definition.model_dir:
         services[MODEL_SERVICE] = _model_service()
-    bus = ["--nats-url", nats_url, "--namespace", definition.namespace]
-    membership = ["--heartbeat-interval", str(definition.membership.heartbeat_interval_s),
-                  "--ttl", str(definition.membership.ttl_s)]
+    args = ContainerArgs(definition, nats_url, model_dir)
     orchestrator = definition.orchestrator
-    services[ORCHESTRATOR] = _tandem_service(
-        TANDEM, definition, ["orchestrator", *bus, *membership, *setting_flags(orchestrator.settings)],
-        orchestrator.depends_on, nats_user="orchestrator")
+    services[ORCHESTRATOR] = _tandem_service(TANDEM, definition, args.orchestrator(), orchestrator.depends_on,
+                                             nats_user="orchestrator")
     metrics = definition.metrics
     services[METRICS] = _tandem_service(
-        TANDEM, definition, ["metrics", *bus, "--host", "0.0.0.0", "--port", str(metrics.port),
-                             *setting_flags(metrics.settings)],
-        metrics.depends_on, nats_user="metrics", health_url=f"http://127.0.0.1:{metrics.port}{metrics.health}",
+        TANDEM, definition, args.metrics(), metrics.depends_on, nats_user="metrics",
+        health_url=f"http://127.0.0.1:{metrics.port}{metrics.health}",
         ports=[f"${{METRICS_PORT:-{metrics.port}}}:{metrics.port}"])
     router = definition.router
     services[ROUTER] = _tandem_service(
-        TANDEM, definition, ["router", *bus, *membership, "--host", "0.0.0.0", "--port", str(router.port),
-                             "--model-dir", model_dir, *setting_flags(router.settings)],
-        router.depends_on, nats_user="router", health_url=f"http://127.0.0.1:{router.port}{ROUTER_READY}",
+        TANDEM, definition, args.router(), router.depends_on, nats_user="router",
+        health_url=f"http://127.0.0.1:{router.port}{ROUTER_READY}",
         ports=[f"${{PORT:-{router.port}}}:{router.port}"], model=True, extra_env=api_keys_env())
     for profile in ENGINE_PROFILES:
         for group in definition.workers:
             if group.count > 0:
-                services[group.name + profile.suffix] = _worker(profile, definition, group,
-                                                                [*bus, *membership], model_dir)
+                services[group.name + profile.suffix] = _worker(profile, definition, group, args)
     services.update(observability_services())
     return {"services": services, "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}, SECRETS_VOLUME: {}}}
 
@@ -177,12 +171,11 @@ def _model_service() -> dict[str, object]:
     return service
 
 
-def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGroup, common: list[str],
-            model_dir: str) -> dict[str, object]:
+def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGroup,
+            args: ContainerArgs) -> dict[str, object]:
     engine = profile.engine or group.engine
-    args = ["worker", *common, "--role", group.role.value, "--engine", engine, "--model-dir", model_dir,
-            *setting_flags(group.settings)]
-    service = _tandem_service(profile, definition, args, group.depends_on, model=True, nats_user=SHARED_WORKER)
+    service = _tandem_service(profile, definition, args.worker(group, engine), group.depends_on, model=True,
+                              nats_user=SHARED_WORKER)
     # The worker id: the group's name and the container's hostname, unique per replica.
     service["entrypoint"] = ["sh", "-c", f'exec tandem "$$@" --worker-id "{group.name}-$${{HOSTNAME}}"', "tandem"]
     service["profiles"] = [profile.profile]

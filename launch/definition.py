@@ -87,6 +87,7 @@ class StackDefinition(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     orchestrator: Service = Service()
     metrics: HttpService = HttpService(port=9100, health="/metrics")
     router: HttpService = HttpService(port=8000, health="/health", depends_on=(NATS, ORCHESTRATOR))
+    routers: int = 1  # router processes on the router's port (more than one: SO_REUSEPORT, shared load)
     workers: tuple[WorkerGroup, ...] = ()
 
     def services(self) -> dict[str, Service | HttpService | WorkerGroup]:
@@ -152,6 +153,8 @@ def definition_problems(definition: StackDefinition, engines: Iterable[str] | No
     membership = definition.membership
     if membership.heartbeat_interval_s <= 0 or membership.ttl_s <= 2 * membership.heartbeat_interval_s:
         problems.append("membership: ttl_s must exceed two heartbeat intervals, both positive")
+    if definition.routers < 1:
+        problems.append(f"routers: at least one router is needed ({definition.routers})")
     problems += _cycle(definition)
     return problems
 
@@ -198,7 +201,7 @@ def _cycle(definition: StackDefinition) -> list[str]:
 def with_overrides(definition: StackDefinition, *, engine: str | None = None,
                    counts: Mapping[WorkerRole, int] | None = None, router_host: str | None = None,
                    router_port: int | None = None, metrics_port: int | None = None, nats_url: str | None = None,
-                   model_dir: str | None = None) -> StackDefinition:
+                   model_dir: str | None = None, routers: int | None = None) -> StackDefinition:
     """`definition` with `tandem up`'s flags applied (None: keep the definition's value).
 
     `counts` sets the number of workers per role: the first group of that role gets it and
@@ -225,6 +228,7 @@ def with_overrides(definition: StackDefinition, *, engine: str | None = None,
         metrics=replace(metrics, port=metrics.port if metrics_port is None else metrics_port),
         nats=definition.nats if nats_url is None else Nats(url=nats_url),
         model_dir=definition.model_dir if model_dir is None else model_dir,
+        routers=definition.routers if routers is None else routers,
     )
 
 

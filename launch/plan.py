@@ -34,6 +34,7 @@ class StackConfig(msgspec.Struct, frozen=True, kw_only=True):
     router_health: str = "/health"
     router_settings: Settings = {}
     router_args: tuple[str, ...] = ()  # `tandem router` flags given as they are (routing policy settings)
+    routers: int = 1  # router processes sharing the router's port (SO_REUSEPORT) and their predicted load
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     metrics_health: str = "/metrics"
@@ -86,7 +87,7 @@ def plan_stack(definition: StackDefinition, *, log_dir: str, cores: Sequence[int
         engine=workers[0].engine if workers else "sim",
         workers=workers,
         router_host=router.host, router_port=router.port, router_health=router.health,
-        router_settings=router.settings,
+        router_settings=router.settings, routers=definition.routers,
         metrics_host=metrics.host, metrics_port=metrics.port, metrics_health=metrics.health,
         metrics_settings=metrics.settings,
         orchestrator_settings=definition.orchestrator.settings,

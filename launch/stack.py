@@ -6,6 +6,11 @@ Every process starts at once once NATS is up (the services find each other throu
 then the stack waits for each to be ready (`launch.readiness`: health endpoints, worker
 registrations). Stop order matters: workers drain first (so in-flight requests finish),
 then the router, then the control services, then NATS.
+
+With `routers` > 1, that many router processes share the router's port (`--reuse-port`:
+the kernel spreads connections over them) and their predicted load (over NATS); each also
+listens on a port of its own (`--instance-port`), where the stack checks that every one
+of them is ready. The first is named `router`, the others `router-2`, `router-3`, ...
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from shared.nats_server import EmbeddedNats
 CONTROL_SERVICES = ("router", "metrics", "orchestrator")
 
 
+def router_names(count: int) -> list[str]:
+    return ["router", *(f"router-{number}" for number in range(2, count + 1))]
+
+
 class LocalStack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
@@ -29,6 +38,7 @@ class LocalStack:
         self.nats_security: NatsSecurity | None = None  # a secured embedded NATS's files
         self.nats_url = config.nats_url
         self.router_url = ""
+        self.router_instance_urls: dict[str, str] = {}  # router name -> its own address (replicas only)
         self.metrics_url = ""
         self.start_timeout_s = config.resolved_start_timeout_s()
 
@@ -51,13 +61,26 @@ class LocalStack:
                                       self._env("metrics"))
         for spec in config.workers:
             self.start_worker(spec)
-        router = self.launcher.start("router", argv.router_args(config, self.nats_url, router_port),
-                                     self._env("router"))
-        self.metrics_url = f"http://{config.metrics_host}:{metrics_port}"
         self.router_url = f"http://{config.router_host}:{router_port}"
+        routers = [self.start_router(name, router_port) for name in router_names(config.routers)]
+        self.metrics_url = f"http://{config.metrics_host}:{metrics_port}"
         wait_http_ok(metrics, self.metrics_url + config.metrics_health, self.start_timeout_s)
-        wait_http_ok(router, self.router_url + config.router_health, self.start_timeout_s)
+        for router in routers:
+            wait_http_ok(router, self.router_instance_urls.get(router.name, self.router_url) + config.router_health,
+                         self.start_timeout_s)
         self.wait_workers_ready([spec.worker_id for spec in config.workers])
+
+    def start_router(self, name: str, port: int) -> ManagedProcess:
+        """One router process on `port`; a replica (more than one router) shares it and also
+        listens on a free port of its own."""
+        config = self.config
+        args = argv.router_args(config, self.nats_url, port)
+        if config.routers > 1:
+            instance_port = free_port(config.router_host)
+            args += ["--reuse-port", "--instance-port", str(instance_port)]
+            self.router_instance_urls[name] = f"http://{config.router_host}:{instance_port}"
+        # the router's NATS user (when secured) is the same for every replica
+        return self.launcher.start(name, args, self._env("router"))
 
     def start_worker(self, spec: WorkerSpec) -> ManagedProcess:
         return self.launcher.start(spec.worker_id, argv.worker_args(self.config, self.nats_url, spec),
@@ -87,8 +110,9 @@ class LocalStack:
         return self.launcher.processes
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        workers = [name for name in self.launcher.processes if name not in CONTROL_SERVICES]
-        self.launcher.stop_all([workers, ["router"], ["metrics", "orchestrator"]], timeout_s)
+        routers = router_names(self.config.routers)
+        workers = [name for name in self.launcher.processes if name not in (*CONTROL_SERVICES, *routers)]
+        self.launcher.stop_all([workers, routers, ["metrics", "orchestrator"]], timeout_s)
         if self.nats is not None:
             self.nats.stop()
             self.nats = None

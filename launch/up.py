@@ -39,6 +39,7 @@ class UpOptions:
     prefill: int | None = None
     decode: int | None = None
     workers: int | None = None  # role both
+    routers: int | None = None  # router processes sharing the router's port
     metrics_port: int | None = None
     nats_url: str | None = None
     state_dir: str = ".tandem"
@@ -87,6 +88,9 @@ def run_up(options: UpOptions) -> int:
     if any(count < 0 for count in counts.values()):
         console.print("[red]error:[/] worker counts cannot be negative")
         return 2
+    if options.routers is not None and options.routers < 1:
+        console.print("[red]error:[/] at least one router is needed")
+        return 2
     problems = engine_problems([options.engine] if options.engine else [])
     if problems:
         console.print(f"[red]error:[/] {problems[0]}")
@@ -96,7 +100,7 @@ def run_up(options: UpOptions) -> int:
         definition = with_overrides(load_definition(options.stack or default_definition_path()),
                                     engine=options.engine, counts=counts, router_host=options.host,
                                     router_port=options.port, metrics_port=options.metrics_port,
-                                    nats_url=options.nats_url)
+                                    nats_url=options.nats_url, routers=options.routers)
         checked(definition, options.stack or "tandem up")
         problems = engine_problems(sorted({group.engine for group in definition.workers if group.count}))
         if problems:
@@ -160,5 +164,7 @@ def _status_table(stack: LocalStack) -> Table:
                   redact_url(stack.nats_url) + secured)
     for name, process in stack.processes.items():
         where = {"router": f"{stack.router_url}/v1", "metrics": f"{stack.metrics_url}/metrics"}.get(name, "")
+        if name in stack.router_instance_urls:  # a replica: the shared address, and its own
+            where = f"{stack.router_url}/v1 (alone: {stack.router_instance_urls[name]})"
         table.add_row(name, str(process.pid), where)
     return table

@@ -2,7 +2,10 @@
 
 - `connect()` returns a `Bus`: a connected client with an `error_cb` (without one, every
   reconnect attempt prints a traceback), unlimited reconnects, and hooks run on disconnect
-  and on reconnect. Given a `BusConfig`, it authenticates with the service's credentials
+  and on reconnect. `BusConfig.nats_url` may list the servers of a cluster (comma-separated):
+  the client connects to one of them and, when it goes, to another; pings find a server
+  that went silent (a host gone, not just its process) within `PING_INTERVAL_S` x
+  (`MAX_OUTSTANDING_PINGS` + 1). Buckets are created with `BusConfig.replicas` copies. Given a `BusConfig`, it authenticates with the service's credentials
   file and speaks TLS when the config names a CA (handshake first: no credential ever
   crosses a connection that is not encrypted). A server that refuses the credentials, or
   a failed TLS handshake, ends the attempt at once with a `BusConnectError` naming the
@@ -35,11 +38,18 @@ logging.getLogger("asyncio").addFilter(lambda record: "eof_received" not in reco
 
 Hook = Callable[[], Awaitable[None]]
 
+# nats-py's defaults (a ping every 2 minutes) leave a client on a vanished host deaf for
+# minutes; a closed socket (a killed server on a live host) is noticed at once regardless.
+PING_INTERVAL_S = 5
+MAX_OUTSTANDING_PINGS = 2
+RECONNECT_WAIT_S = 0.2  # between two attempts at the same server; the next server is tried at once
+
 
 class Bus:
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: Client, name: str, *, replicas: int = 1) -> None:
         self.client = client
         self.name = name
+        self.replicas = replicas  # copies of each bucket this client creates
         self.js: JetStreamContext = client.jetstream()
         self._reconnect_hooks: list[Hook] = []
         self._disconnect_hooks: list[Callable[[], None]] = []
@@ -68,12 +78,14 @@ class Bus:
                 log.exception("%s: reconnect hook failed", self.name)
 
     async def key_value(self, bucket: str, *, ttl_s: float | None = None) -> KeyValue:
-        """Bind to a bucket, creating it (memory storage, one value per key) if absent."""
+        """Bind to a bucket, creating it (memory storage, one value per key, `replicas`
+        copies) if absent."""
         try:
             return await self.js.key_value(bucket)
         except BucketNotFoundError:
+            # direct: any replica answers a read, so reads go on while a new leader is elected
             config = KeyValueConfig(bucket=bucket, history=1, storage=StorageType.MEMORY,
-                                    ttl=ttl_s)
+                                    ttl=ttl_s, replicas=self.replicas, direct=True)
             try:
                 return await self.js.create_key_value(config)
             except BadRequestError:
@@ -113,7 +125,7 @@ def client_ssl_context(config: BusConfig) -> ssl.SSLContext:
 
 def connect_options(config: BusConfig, name: str) -> dict[str, Any]:
     """nats-py's `connect` options for `config` (a `BusConnectError` if a file is missing)."""
-    options: dict[str, Any] = {"servers": config.nats_url.split(","), "name": name}
+    options: dict[str, Any] = {"servers": config.nats_urls, "name": name}
     if config.creds_file:
         credentials = read_credentials(config.creds_file)
         options.update(user=credentials.user, password=credentials.password,
@@ -149,6 +161,7 @@ def refusal(error: BaseException, config: BusConfig, silent_attempts: int = 0) -
 async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float = 5.0) -> Bus:
     """A connected `Bus` for `bus` (a config, or a bare URL: no credentials, no TLS)."""
     config = BusConfig(nats_url=bus) if isinstance(bus, str) else bus
+    config.validate()
     options = connect_options(config, name)
     connected: Bus | None = None
     refused: list[str] = []
@@ -180,7 +193,9 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
         disconnected_cb=disconnected_cb,
         reconnected_cb=reconnected_cb,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.2,
+        reconnect_time_wait=RECONNECT_WAIT_S,
+        ping_interval=PING_INTERVAL_S,
+        max_outstanding_pings=MAX_OUTSTANDING_PINGS,
         connect_timeout=connect_timeout_s,
         allow_reconnect=True,
     ))
@@ -191,5 +206,5 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
             raise
         await client.close()
         raise BusConnectError(refused[0]) from None
-    connected = Bus(client, name)
+    connected = Bus(client, name, replicas=config.replicas)
     return connected

@@ -25,6 +25,8 @@ def _require(condition: bool, message: str) -> None:
 
 
 class BusConfig(msgspec.Struct, kw_only=True, frozen=True):
+    # One URL, or a comma-separated list: the servers of one NATS cluster, any of which
+    # will do (the client moves to another when its server goes)
     nats_url: str = "nats://127.0.0.1:4222"
     namespace: str = "tandem"
     # The service's NATS user and password, in a file (`shared.nats_secrets`); empty: none
@@ -35,10 +37,21 @@ class BusConfig(msgspec.Struct, kw_only=True, frozen=True):
     tls_ca_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    # Copies JetStream keeps of each bucket the services create: 1 on a single server, 3 on
+    # a 3-node cluster (a bucket then outlives any one server)
+    replicas: int = 1
 
     @property
     def tls(self) -> bool:
         return bool(self.tls_ca_file)
+
+    @property
+    def nats_urls(self) -> list[str]:
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
+    def validate(self) -> None:
+        _require(bool(self.nats_urls), "at least one NATS URL is needed")
+        _require(1 <= self.replicas <= 5, "bucket replicas must be between 1 and 5 (JetStream's limit)")
 
     @property
     def subjects(self) -> Subjects:
@@ -123,6 +136,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     # of one process (no NIXL needed: laptops, CI).
     transport: KvTransportName = "nixl"
     lease_ttl_s: float = 10.0  # how long a holder keeps blocks for a reader that never comes back
+    lease_sweep_interval_s: float = 0.1  # how often a holder ends expired leases (one timer per worker)
     transfer_timeout_s: float = 10.0
     control_timeout_s: float = 2.0
     progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
@@ -136,6 +150,7 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
         _require(self.transport in KV_TRANSPORTS,
                  f"unknown KV transport {self.transport!r} (known: {', '.join(KV_TRANSPORTS)})")
         _require(self.progress_delay_us > 0, "progress_delay_us must be positive (0 spins a core)")
+        _require(self.lease_sweep_interval_s > 0, "the lease sweep interval must be positive")
         self.faults.validate()
         self.retry.validate()
 
@@ -182,6 +197,35 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.kv_transfer.validate()
 
 
+class FleetConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Many simulated workers in one process (`tandem worker-fleet`, `services.worker.fleet`):
+    each is `worker` (its `worker_id` ignored) under the id `id_prefix` + its index, with its
+    own registration, KV pool, events and subjects; they share `connections` NATS connections
+    and one ticker for their heartbeats, KV event flushes and load snapshots."""
+
+    worker: WorkerConfig  # the template every worker of the fleet is made from
+    count: int = 16
+    id_prefix: str = "sim-"
+    first_index: int = 0
+    connections: int = 1  # NATS connections the workers share, round-robin
+    start_concurrency: int = 64  # workers starting (or stopping) at once
+
+    def worker_id(self, index: int) -> str:
+        return f"{self.id_prefix}{index:04d}"
+
+    def worker_config(self, index: int) -> WorkerConfig:
+        return msgspec.structs.replace(self.worker, worker_id=self.worker_id(index))
+
+    def validate(self) -> None:
+        _require(self.count > 0, "a fleet needs at least one worker")
+        _require(self.first_index >= 0, "the first index must not be negative")
+        _require(self.connections > 0, "a fleet needs at least one NATS connection")
+        _require(self.start_concurrency > 0, "start concurrency must be positive")
+        _require(self.worker.engine == "sim", "a fleet runs simulated workers only (--engine sim)")
+        self.worker_config(self.first_index).validate()
+        self.worker_config(self.first_index + self.count - 1).validate()
+
+
 class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     """How the router picks a request's workers (`services.router.routing`): the policy, the
     cost model's weights, admission. Costs are in prompt-token equivalents."""
@@ -212,9 +256,16 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # weighting then lets a burst evict a tenant that is merely between requests
     cold_victims: bool = False
     prefix_pull: bool = True  # False: a worker never pulls a cached prefix from another (a plain baseline)
-    # a prompt no worker holds goes to its prefix's home worker (rendezvous hashing of its first
-    # block) when that one costs at most this much more than the cheapest (0: off)
+    # a prompt no worker holds half of goes to its prefix's home worker: a new home costs at most
+    # this much more than the cheapest (0: homes off)
     home_slack_tokens: float = 256.0
+    # ... and first to the worker that served its prefix last (its learned home) unless that one
+    # is busy; a new home balances the recent traffic of the prefixes homed on each worker
+    # (False: rendezvous hashing only)
+    sticky_homes: bool = True
+    # past this many workers a request is costed only against its prefix's holders, its home
+    # and workers drawn at random, up to this many (`routing.shortlist`; 0: always every worker)
+    shortlist_workers: int = 16
     local_prefill_tokens: int = 256  # a decode worker computes a prompt itself when fewer are uncached there
     prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
     cache_hit_threshold: float = 0.0  # decode-first default for requests that name none; 0: off
@@ -232,6 +283,8 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
                      "decode_weight", "hot_load_factor", "home_slack_tokens"):
             _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
+        _require(self.shortlist_workers == 0 or self.shortlist_workers >= 4,
+                 "shortlist_workers must be 0 (off) or at least 4")
         _require(self.prefill_busy_tokens > 0, "prefill_busy_tokens must be positive")
         _require(0.0 <= self.cache_hit_threshold <= 1.0, "cache_hit_threshold must lie in [0, 1]")
         _require(self.max_queue_factor == 0 or self.max_queue_factor >= 1,
@@ -261,6 +314,9 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     idle_timeout_s: float = 60.0
     worker_wait_s: float = 5.0  # how long a request waits for a worker to appear
     max_attempts: int = 3  # workers one request may be sent to (refused, lost, resumed mid-stream)
+    # several routers on one port (SO_REUSEPORT, Linux): the kernel spreads connections over them
+    reuse_port: bool = False
+    instance_port: int | None = None  # also listen here, this router alone (0: a free port); None: no
     api_keys_file: str = ""  # a key file (`shared.api_keys`) guards /v1/*; empty: the API is open
     metrics_auth: MetricsAuth = "open"  # whether /metrics needs a key too ("api-key")
     routing: RoutingConfig = RoutingConfig()
@@ -270,6 +326,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def validate(self) -> None:
         _require(0 <= self.port < 65536, "port must be in [0, 65535]")
+        _require(self.instance_port is None or 0 <= self.instance_port < 65536, "instance port must be in [0, 65535]")
+        _require(not self.reuse_port or self.port > 0, "routers sharing a port need that port (not 0)")
         _require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
         _require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
         _require(self.max_attempts >= 1, "max_attempts must be at least 1")

@@ -9,7 +9,8 @@ Roles and what they may do (subjects from the catalog, `shared.subjects`):
   pushed KV is done (`ctl.*.push_done`); answer callers on their inboxes.
 - router: send generate requests, `Cancel`s (`ctl.*.cancel`) and KV snapshot requests
   (`ctl.*.kv_snapshot`), release the leases it arranged (`kv.release.*`); read KV events,
-  load and membership; publish request records.
+  load and membership; publish request records; share its predicted load with the other
+  routers (`router.load.*`: router ids are per process, so any router id).
 - orchestrator: read membership, delete dead workers' registrations, publish changes; take
   operator commands and send workers their admin messages (set_role, cordon, uncordon, drain).
 - metrics: read events, load, transfer and request records, membership; ask for KV snapshots.
@@ -129,9 +130,9 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
                         own(f"$KV.{bucket}.{w}"),
                         _wild(s.kv_lease), _wild(s.control, "push_done"), *_jetstream(bucket, create=True)]
         case Role.ROUTER:
-            subscribe += [s.kv_events_all, s.load_all]
+            subscribe += [s.kv_events_all, s.load_all, s.router_load_all]
             publish += [_wild(s.generate), _wild(s.control, "cancel"), _wild(s.control, "kv_snapshot"),
-                        _wild(s.kv_release), s.request_events, *_jetstream(bucket, create=True)]
+                        _wild(s.kv_release), s.request_events, s.router_load_all, *_jetstream(bucket, create=True)]
         case Role.ORCHESTRATOR:  # commands in; admin messages to workers (answered to its inbox)
             subscribe += [s.orchestrator_commands]
             publish += [s.orchestrator_progress]
@@ -184,15 +185,19 @@ def render_server_config(users: list[AuthorizedUser], tls: ServerTls | None = No
                   "      }",
                   "    }"]
     lines += ["  ]", "}"]
-    if tls is not None:
-        lines += ["tls {",
-                  f"  cert_file: {_quote(tls.cert_file)}",
-                  f"  key_file: {_quote(tls.key_file)}",
-                  f"  ca_file: {_quote(tls.ca_file)}",
-                  f"  verify: {'true' if tls.verify else 'false'}",
-                  "  handshake_first: true",  # TLS before the server says anything: no plain-text start
-                  "  timeout: 2",
-                  "}"]
+    return "\n".join(lines) + "\n" + (render_tls_config(tls) if tls is not None else "")
+
+
+def render_tls_config(tls: ServerTls) -> str:
+    """The server configuration's `tls` block (also used alone, beside users kept elsewhere)."""
+    lines = ["tls {",
+             f"  cert_file: {_quote(tls.cert_file)}",
+             f"  key_file: {_quote(tls.key_file)}",
+             f"  ca_file: {_quote(tls.ca_file)}",
+             f"  verify: {'true' if tls.verify else 'false'}",
+             "  handshake_first: true",  # TLS before the server says anything: no plain-text start
+             "  timeout: 2",
+             "}"]
     return "\n".join(lines) + "\n"
 
 

@@ -74,6 +74,14 @@ class Subjects(msgspec.Struct, frozen=True):
     def load_all(self) -> str:
         return f"{self._root}.load.*"
 
+    # routers sharing their predicted load (active-active replicas): one subject per router
+    def router_load(self, router_id: str) -> str:
+        return f"{self._root}.router.load.{check_token(router_id, 'router id')}"
+
+    @property
+    def router_load_all(self) -> str:
+        return f"{self._root}.router.load.*"
+
     # orchestrator commands (request/reply): `OrchestratorCommand` in, `CommandOutcome` back
     @property
     def orchestrator_commands(self) -> str:

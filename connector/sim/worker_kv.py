@@ -44,7 +44,7 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         self.block_size = port.kv_region().block_size
         super().__init__(config.worker_id, bus, subjects, KvHolder(
             config.worker_id, bus, subjects, port, transport, compat_hash=compat_hash, block_size=self.block_size,
-            lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
+            lease_ttl_s=settings.lease_ttl_s, sweep_interval_s=settings.lease_sweep_interval_s, malformed=malformed))
         self.leases = LeaseClient(config.worker_id, bus, subjects, transport, compat_hash=compat_hash,
                                   block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
                                   lease_ttl_s=settings.lease_ttl_s)

@@ -28,19 +28,21 @@ from services.metrics.exposition import render
 def build_app(view: ClusterView, registry: CollectorRegistry,
               bus_connected: Callable[[], bool], clock: Callable[[], float] = time.time) -> FastAPI:
     app = FastAPI(title="tandem-metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    # Handlers are coroutines: they read the cluster view on the event loop that updates it
+    # (a plain `def` would run in a thread pool, racing the updates: KeyErrors under churn)
 
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         body, content_type = render(registry, request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
     @app.get("/cluster")
-    def cluster() -> Response:
+    async def cluster() -> Response:
         return Response(msgspec.json.encode(view.status(clock())), media_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
     @app.get("/health")
-    def health() -> Response:
+    async def health() -> Response:
         connected = bus_connected()
         body = msgspec.json.encode({"status": "ok" if connected else "nats_disconnected"})
         return Response(body, status_code=200 if connected else 503, media_type="application/json")

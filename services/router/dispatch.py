@@ -6,7 +6,9 @@ between, so concurrent requests see each other: the plan's workers are counted i
 (`WorkerPool.begin`; the computing worker with the prompt tokens it must compute, until
 its first token), and the prompt's blocks are predicted on the computing worker
 (`KvView.predict`: speculative index entries), so siblings that arrive before its KV
-events follow it. Only then does the flow executor (`services.router.flow`) run the plan:
+events follow it; the other routers of the cluster are told both (`WorkerPool.shared_load`),
+and their routings are predicted here alike. Only then does the flow executor
+(`services.router.flow`) run the plan:
 one worker, or a prefill and a decode worker, pulling a cached prefix from a holder when
 the plan names one.
 
@@ -30,6 +32,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import time
 
 import msgspec
 from opentelemetry import trace
@@ -46,17 +49,19 @@ from services.router.routing import (
     RouteRefusal,
     RouteRequest,
     RoutingPolicy,
+    WorkerView,
     build_policy,
     context_limit,
     decide,
 )
+from services.router.routing.shortlist import shortlist
 from services.router.spans import end_span
 from services.router.token_source import Answered, TokenSource
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import WorkerPool
 from shared.config import RoutingConfig
 from shared.errors import ErrorCode, TandemError, Unavailable
-from shared.schemas import Finished
+from shared.schemas import Finished, RoutedPrompt
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tandem.router")
@@ -93,6 +98,7 @@ class Dispatcher:
         self._kv_view = kv_view
         self._decoder = decoder
         self._random = random.Random(routing.seed)  # the random baseline policy's draws
+        self._sample = random.Random(routing.seed + 1)  # a large fleet's shortlist draws
         self._metrics = metrics
         self._recorder = recorder
         self._clock = clock
@@ -100,6 +106,12 @@ class Dispatcher:
         self._routing = routing
         self._policy = policy if policy is not None else build_policy(routing)
         self._max_attempts = max_attempts
+        pool.shared_load.on_peer_prediction = self._peer_routed
+
+    def _peer_routed(self, prompt: RoutedPrompt) -> None:
+        """Another router routed a prompt: its blocks are predicted on that worker here too."""
+        self._kv_view.predict(prompt.worker_id, PromptCache(dict(prompt.chains), {}, {}), self._clock(),
+                              min(prompt.ttl_s, self._routing.speculative_ttl_s))
 
     async def dispatch(self, params: GenerationParams) -> Generation:
         """A generation that has produced its first output; raises `TandemError`."""
@@ -171,20 +183,37 @@ class Dispatcher:
             return _answered(params, "cache_threshold", routed.cached_tokens)
         return await self._flows.start(params, routed, span)
 
+    def _decide(self, route: RouteRequest, excluded: set[str]) -> tuple[list[WorkerView],
+                                                                         RoutePlan | RouteRefusal | None]:
+        """`decide` over a large fleet's shortlist (`routing.shortlist`), or over every worker
+        when there is none, or when the shortlist has no eligible worker or only full ones."""
+        ids = shortlist(self._pool.member_ids(), route, self._routing, self._sample)
+        if ids is not None:
+            views = [view for view in self._pool.views(ids) if view.worker_id not in excluded]
+            outcome = decide(views, route, self._routing, self._policy)
+            if outcome is not None and not (isinstance(outcome, RouteRefusal) and outcome.reason == "overloaded"):
+                return views, outcome
+        views = [view for view in self._pool.views() if view.worker_id not in excluded]
+        return views, decide(views, route, self._routing, self._policy)
+
     async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
                      threshold: float, span: trace.Span) -> CommittedPlan | RouteRefusal:
         prompt_tokens = len(params.prompt_ids)
         total_tokens = prompt_tokens + params.sampling.max_tokens
         while True:
             now = self._clock()
+            decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
             cache = self._kv_view.prompt_cache(params.prompt_ids, now)
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
                                  route_hint=params.route_hint, prefix_key=cache.prefix_key,
-                                 victim_age_s=self._kv_view.victim_ages(now))
-            views = [view for view in self._pool.views() if view.worker_id not in excluded]
-            outcome = decide(views, route, self._routing, self._policy)
+                                 victim_age_s=self._kv_view.victim_ages(now),
+                                 home_worker=self._kv_view.homes.home(cache.prefix_key) if cache.prefix_key else None,
+                                 homed_share=self._kv_view.homes.shares())
+            views, outcome = self._decide(route, excluded)
+            self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
+            self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
             span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
                                  "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
             if isinstance(outcome, RoutePlan):
@@ -224,12 +253,16 @@ class Dispatcher:
         if plan.decode_worker_id is not None:
             decode = self._pool.begin(plan.decode_worker_id, params.request_id)
         self._kv_view.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s)
+        self._pool.shared_load.predicted(computing, cache.chains, self._routing.speculative_ttl_s)
         prefix = None
         if plan.prompt is not None and plan.prompt.holder_id is not None:
             prefix = self._kv_view.prefix_source(cache, plan.prompt.holder_id,
                                                  plan.prompt.cached_tokens + plan.prompt.pulled_tokens)
-        log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached, prefix %s", params.request_id,
-                  plan.flow, plan.reason, plan.worker_id,
-                  f" after {plan.prefill_worker_id}" if plan.prefill_worker_id else "", plan.cost,
-                  uncached, len(params.prompt_ids), f"{cache.prefix_key:016x}" if cache.prefix_key else "-")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached, prefix %s, cached %s",
+                      params.request_id, plan.flow, plan.reason, plan.worker_id,
+                      f" after {plan.prefill_worker_id}" if plan.prefill_worker_id else "", plan.cost,
+                      uncached, len(params.prompt_ids), f"{cache.prefix_key:016x}" if cache.prefix_key else "-",
+                      ",".join(f"{worker_id}:{tokens}" for worker_id, tokens in sorted(cache.cached_tokens.items())
+                               if tokens) or "-")
         return CommittedPlan(plan, first, decode, prefix)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from services.router.kv_index import KvIndex, block_hashes_for
+from services.router.routing.homes import PrefixHomes
 from services.router.routing.recency import CacheRecency
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
@@ -85,6 +86,7 @@ class KvView:
         self._resync_interval_s = resync_interval_s
         self.index = KvIndex()
         self.recency = CacheRecency()
+        self.homes = PrefixHomes()
         self._block_sizes: dict[str, int] = {}
         self._subscription = None
         self._resync_task: asyncio.Task[None] | None = None
@@ -113,6 +115,7 @@ class KvView:
         self._block_sizes.pop(worker_id, None)
         self.index.remove_worker(worker_id)
         self.recency.forget(worker_id)
+        self.homes.forget(worker_id)
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -174,6 +177,7 @@ class KvView:
         its most recently used one."""
         if cache.prefix_key is not None:
             self.recency.touch(worker_id, cache.prefix_key, now)
+            self.homes.record(cache.prefix_key, worker_id)
         block_size = self._block_sizes.get(worker_id)
         if block_size is not None and block_size in cache.chains:
             self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)

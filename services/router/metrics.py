@@ -25,6 +25,8 @@ from shared.prometheus import render, trace_exemplar
 UNKNOWN_ROLE = "unknown"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Routing one request is pure computation over the candidates: microseconds to milliseconds.
+_ROUTE_DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -110,6 +112,14 @@ class RouterMetrics:
         # flow "none": no worker was asked (reasons "overloaded": 429, "cache_threshold")
         self.route_decisions = Counter("tandem_router_route_decisions", "Routing decisions by flow and reason",
                                        ["flow", "reason"], registry=self.registry)
+        self.route_decision_time = Histogram(
+            "tandem_router_route_decision_seconds",
+            "Time to route one request: the KV index lookup, the candidates' views, the policy's decision",
+            buckets=_ROUTE_DECISION_BUCKETS, registry=self.registry)
+        self.route_decision_cpu = Histogram(
+            "tandem_router_route_decision_cpu_seconds",
+            "CPU time of routing one request (the same work; without the time the process waited for a core)",
+            buckets=_ROUTE_DECISION_BUCKETS, registry=self.registry)
         self.resumes = Counter(
             "tandem_router_resumes",
             "Requests re-routed after losing their worker, by stage (before_first_token, mid_stream) and result",

@@ -18,6 +18,10 @@
   `InFlight.end()`, and the uncached prompt tokens it brings until its first token
   (`InFlight.prefill_done()`), in the worker's predicted-load ledger
   (`services.router.routing.ledger.WorkerLoad`, pure); the policy sees both through `views()`.
+- Other routers serving the same cluster (replicas behind one address) share theirs
+  (`SharedLoadLink`): their requests in flight and prompt tokens waiting for prefill on a
+  worker are added to this router's own in `views()`, and a load snapshot records them
+  too (what it already counts), as for our own.
 
 Malformed bucket values and snapshots are counted, logged once, and dropped.
 """
@@ -27,10 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from typing import Protocol
 
 from services.router.routing.ledger import Ticket, WorkerLoad
 from services.router.routing.view import WorkerView
+from services.router.shared_load import NO_REMOTE_LOAD, RemoteLoad
+from services.router.shared_load_link import SharedLoadLink
 from shared.bus import Bus
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
@@ -38,7 +45,7 @@ from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import MalformedCounter
 from shared.errors import Disconnected, Reconnected, TandemError
 from shared.request_plane import ResponseStream
-from shared.schemas import LoadSnapshot, WorkerRegistration
+from shared.schemas import LoadSnapshot, RoutedLoad, WorkerRegistration
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -85,9 +92,11 @@ class _WorkerState(WorkerLoad[InFlight]):
         super().__init__()
         self.registration = registration
         self.load: LoadSnapshot | None = None
+        self.remote_at_report = NO_REMOTE_LOAD  # the other routers' share when the last snapshot arrived
 
-    def view(self) -> WorkerView:
-        registration, load = self.registration, self.load
+    def view(self, remote: RemoteLoad = NO_REMOTE_LOAD) -> WorkerView:
+        """`remote`: the other routers' requests on the worker, counted like ours."""
+        registration, load, at_report = self.registration, self.load, self.remote_at_report
         return WorkerView(
             worker_id=registration.worker_id,
             model=registration.model,
@@ -96,13 +105,13 @@ class _WorkerState(WorkerLoad[InFlight]):
             max_num_seqs=registration.capacity.max_num_seqs,
             max_model_len=registration.capacity.max_model_len,
             reported_load=None if load is None else load.running + load.waiting,
-            in_flight=len(self.in_flight),
-            in_flight_at_report=self.in_flight_at_report,
+            in_flight=len(self.in_flight) + remote.in_flight,
+            in_flight_at_report=self.in_flight_at_report + at_report.in_flight,
             last_routed=self.last_routed,
             compat_hash=transfer_group(registration),
             reported_prefill_tokens=None if load is None else load.pending_prefill_tokens,
-            outstanding_prefill_tokens=self.outstanding_prefill_tokens,
-            outstanding_prefill_at_report=self.outstanding_prefill_at_report,
+            outstanding_prefill_tokens=self.outstanding_prefill_tokens + remote.prefill_tokens,
+            outstanding_prefill_at_report=self.outstanding_prefill_at_report + at_report.prefill_tokens,
             kv_push=registration.capabilities.kv_push,
             kv_capacity_tokens=registration.capacity.kv_blocks * registration.block_size,
             reported_free_kv_tokens=None if load is None else free_kv_tokens(load, registration.block_size),
@@ -133,6 +142,7 @@ class WorkerPool:
                  bucket_ttl_s: float | None = None, reconnect_grace_s: float | None = None,
                  listener: MembershipListener | None = None) -> None:
         self._listener = listener  # told when a worker joins (or restarts) and leaves
+        self.shared_load = SharedLoadLink(bus, subjects, malformed, self._own_load)
         self._workers: dict[str, _WorkerState] = {}
         self._bus = bus
         self._members = MembershipMirror(bus, subjects.members_bucket, self._on_member, malformed,
@@ -148,10 +158,12 @@ class WorkerPool:
     async def start(self) -> None:
         await self._loads.start()
         await self._members.start()  # its reconnect hook (unconfirm every member) runs before ours
+        await self.shared_load.start()
         self._bus.on_disconnect(self._on_disconnect)
         self._bus.on_reconnect(self._reconnected)
 
     async def stop(self) -> None:
+        await self.shared_load.stop()
         await self._members.stop()
         await self._loads.stop()
         for state in self._workers.values():
@@ -159,10 +171,20 @@ class WorkerPool:
 
     # ---- what the policy and the serving layer read ----------------------------------
 
-    def views(self) -> list[WorkerView]:
-        """Members that can be routed to: not those unconfirmed since a reconnect."""
-        unconfirmed = self._members.unconfirmed
-        return [state.view() for worker_id, state in self._workers.items() if worker_id not in unconfirmed]
+    def views(self, worker_ids: Collection[str] | None = None) -> list[WorkerView]:
+        """Members that can be routed to: not those unconfirmed since a reconnect; only those
+        among `worker_ids` when given (unknown ids skipped)."""
+        unconfirmed, remote = self._members.unconfirmed, self.shared_load.remote
+        if worker_ids is None:
+            return [state.view(remote(worker_id)) for worker_id, state in self._workers.items()
+                    if worker_id not in unconfirmed]
+        states = ((worker_id, self._workers.get(worker_id)) for worker_id in worker_ids)
+        return [state.view(remote(worker_id)) for worker_id, state in states
+                if state is not None and worker_id not in unconfirmed]
+
+    def member_ids(self) -> list[str]:
+        """Every member's id, routable or not (cheap: no views built)."""
+        return list(self._workers)
 
     def resync_wait_s(self) -> float:
         """How long a resumed request may still wait for a worker: while NATS is disconnected
@@ -204,12 +226,14 @@ class WorkerPool:
         self._routed += 1
         in_flight = InFlight(self, worker_id, request_id, prefill_tokens)
         state.route(in_flight, self._routed)
+        self.shared_load.changed(worker_id)
         return in_flight
 
     def _prefill_done(self, in_flight: InFlight) -> None:
         state = self._workers.get(in_flight.worker_id)
         if state is not None:
             state.first_token(in_flight)
+            self.shared_load.changed(in_flight.worker_id)
         else:  # its worker left: nothing counts it any more
             in_flight.prefill_tokens = 0
 
@@ -217,8 +241,20 @@ class WorkerPool:
         state = self._workers.get(in_flight.worker_id)
         if state is not None:
             state.finish(in_flight)
+            self.shared_load.changed(in_flight.worker_id)
         else:
             in_flight.prefill_tokens = 0
+
+    def _own_load(self, worker_ids: Collection[str] | None = None) -> list[RoutedLoad]:
+        """This router's contribution to the shared load: of `worker_ids` (zeros included),
+        or of every worker it has requests on."""
+        if worker_ids is None:
+            states = [(worker_id, state) for worker_id, state in self._workers.items() if state.in_flight]
+        else:  # a worker that left counts as nothing
+            states = [(worker_id, self._workers.get(worker_id)) for worker_id in worker_ids]
+        return [RoutedLoad(worker_id=worker_id, in_flight=len(state.in_flight) if state else 0,
+                           prefill_tokens=state.outstanding_prefill_tokens if state else 0)
+                for worker_id, state in states]
 
     # ---- bus callbacks ---------------------------------------------------------------
 
@@ -272,6 +308,7 @@ class WorkerPool:
             return
         if self._listener is not None:
             self._listener.worker_left(worker_id)
+        self.shared_load.peers.worker_left(worker_id)
         log.info("worker %s left the cluster; failing its %d in-flight requests", worker_id, len(state.in_flight))
         state.abort_all(Disconnected(f"worker {worker_id} left the cluster mid-request"))
         self._notify()
@@ -282,6 +319,7 @@ class WorkerPool:
             return  # not (yet) a member: its next snapshot will count
         state.load = snapshot
         state.reported()
+        state.remote_at_report = self.shared_load.remote(snapshot.worker_id)
 
 
 def free_kv_tokens(load: LoadSnapshot, block_size: int) -> int:

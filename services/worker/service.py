@@ -13,6 +13,10 @@
   old role (requests, held KV leases) simply runs to its end.
 - KV data plane (optional `connector.dataplane.DataPlane`): leases and transfers, see connector/.
 - events: KV event batches and load snapshots, each stream numbered from 1.
+- periodic work (heartbeat, KV event flush, load snapshot) runs on three timers of the
+  service's own, or, with `start(timers=False)`, is driven from outside through
+  `heartbeat()`, `flush_kv_events()` and `publish_load()` (a fleet of workers in one
+  process runs one shared ticker rather than three tasks per worker).
 - membership: the registration is put in the members bucket at start, every heartbeat
   and at once after a NATS reconnect (a restarted server may have lost the bucket);
   status DRAINING while draining (CORDONED while cordoned), `generation` bumped by each
@@ -110,7 +114,7 @@ class WorkerService:
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, timers: bool = True) -> None:
         self._members = await self._bind_members()
         client = self.bus.client
         self._subscriptions = [
@@ -122,7 +126,7 @@ class WorkerService:
             await self.kv.start()
         await self._register()
         self.bus.on_reconnect(self._register_after_reconnect)
-        self._loops = [
+        self._loops = [] if not timers else [
             asyncio.create_task(self._every(self.config.membership.heartbeat_interval_s, self._register)),
             asyncio.create_task(self._every(self.config.kv_event_interval_s, self._publish_kv_events)),
             asyncio.create_task(self._every(self.config.load_interval_s, self._publish_load)),
@@ -207,6 +211,15 @@ class WorkerService:
             pid=os.getpid(),
             generation=self._admin.generation,
         )
+
+    async def heartbeat(self) -> None:
+        await self._register()
+
+    async def flush_kv_events(self) -> None:
+        await self._publish_kv_events()
+
+    async def publish_load(self) -> None:
+        await self._publish_load()
 
     async def _bind_members(self):
         return await self.bus.key_value(self.subjects.members_bucket, ttl_s=self.config.membership.bucket_ttl_s)

@@ -13,6 +13,11 @@ empty memory-stored bucket, and live workers put their registrations back on rec
 and every heartbeat, so the mirror must not report them gone meanwhile. Without a grace,
 a missing key is removed at once.
 
+On a NATS cluster the bucket outlives the server a client was on, but a fresh watcher
+waits for the bucket's leader, and the server lost may have been that leader (seconds of
+election). So after a reconnect each unconfirmed key is also read directly (any replica
+answers): a key still there is confirmed at once.
+
 Callers: `MembershipMirror` (the members bucket, typed); anything that needs a raw bucket.
 """
 
@@ -46,6 +51,7 @@ class BucketMirror:
         self._on_change = on_change
         self.values: dict[str, bytes] = {}
         self._task: asyncio.Task[None] | None = None
+        self._reads: asyncio.Task[None] | None = None  # confirming keys by direct reads
         self._synced = asyncio.Event()
         self.kv: KeyValue | None = None
 
@@ -58,6 +64,9 @@ class BucketMirror:
 
     async def stop(self) -> None:
         self._cancel_removals()
+        if self._reads is not None:
+            self._reads.cancel()
+            await asyncio.gather(self._reads, return_exceptions=True)
         await self._stop_watcher()
 
     async def _stop_watcher(self) -> None:
@@ -75,6 +84,25 @@ class BucketMirror:
         await self._stop_watcher()
         self._synced.clear()
         self._task = asyncio.create_task(self._watch(), name=f"watch:{self._bucket_name}")
+        if self.unconfirmed and (self._reads is None or self._reads.done()):
+            self._reads = asyncio.create_task(self._confirm_by_reads(), name=f"confirm:{self._bucket_name}")
+
+    async def _confirm_by_reads(self) -> None:
+        kv = self.kv
+        if kv is None:
+            return
+
+        async def read(key: str) -> None:
+            try:
+                entry = await kv.get(key)
+            except Exception:  # gone, deleted, or no answer: the fresh watcher decides
+                return
+            # the watcher may have seen it meanwhile, with a newer value: it had the last word
+            if entry.value is not None and key in self.unconfirmed and self._confirm(key):
+                self.values[key] = entry.value
+                self._emit(key, entry.value)
+
+        await asyncio.gather(*(read(key) for key in list(self.unconfirmed)))
 
     def _confirm(self, key: str) -> bool:
         """The watcher saw `key`: confirmed, its pending removal called off; whether it was unconfirmed."""

@@ -11,6 +11,7 @@ Streams and their unions:
 - orchestrator commands (request/reply):        `OrchestratorCommand` answered by `CommandOutcome`;
   a long command's steps on `orchestrator.progress`: `CommandProgress`
 - request events (router -> collector):         `RequestRecord`
+- routers' shared load (router -> `router.load.<r>`): `RouterLoad`
 - KV leases (reader -> holder `kv.lease.<w>`):    `LeaseMessage` answered by `LeaseReply`
 - push completion (writer -> reader `ctl`):     `PushDone` (part of `ControlMessage`)
 - lease releases (router -> holder `kv.release.<w>`): `LeaseRelease` answered by `LeaseAck`
@@ -58,6 +59,7 @@ from shared.schemas.membership import (
     WorkerStatus,
 )
 from shared.schemas.requests import RequestRecord
+from shared.schemas.router_load import RoutedLoad, RoutedPrompt, RouterLoad
 from shared.schemas.transfer import (
     AgentInfo,
     AgentInfoRequest,
@@ -114,6 +116,9 @@ __all__ = [
     "LoadSnapshot",
     "MembershipChange",
     "RequestRecord",
+    "RoutedLoad",
+    "RoutedPrompt",
+    "RouterLoad",
     "ResponseFrame",
     "SamplingParams",
     "Tokens",

@@ -27,6 +27,7 @@ def worker_argv(config: OrchestratorConfig, spec: WorkerLaunch) -> list[str]:
     launcher, membership = config.launcher, config.membership
     return [sys.executable, "-m", "cli.main", "worker",
             "--nats-url", config.bus.nats_url, "--namespace", config.bus.namespace,
+            "--nats-replicas", str(config.bus.replicas),
             "--heartbeat-interval", str(membership.heartbeat_interval_s), "--ttl", str(membership.ttl_s),
             "--worker-id", spec.worker_id, "--role", spec.role.value,
             "--engine", launcher.engine, "--model-dir", launcher.model_dir, *launcher.worker_args,

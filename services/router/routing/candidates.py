@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost, prefix_is_hot
 from services.router.routing.eligibility import Eligible
-from services.router.routing.home import prefer_home
+from services.router.routing.home import HomeHints, prefer_home
 from services.router.routing.recency import victim_values
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
@@ -91,8 +91,10 @@ class Candidates:
     def _victim_value(self, worker: WorkerView) -> float:
         """The weight of what `worker`'s cache would evict, relative to the other workers whose
         cache this prompt would overflow (ages looked up once, for those only)."""
+        if not self.routing.cold_victims:
+            return 1.0
         free = worker.free_kv_tokens
-        if not self.routing.cold_victims or free is None or free >= self.request.prompt_tokens:
+        if free is None or free >= self.request.prompt_tokens:
             return 1.0  # room to spare: no eviction to weigh
         if self._victim_values is None:
             full = [view.worker_id for view in self._computing
@@ -106,11 +108,20 @@ class Candidates:
         return Pair(part, decode, part.cost + decode_cost(self.routing, decode))
 
     @property
-    def cold(self) -> bool:
-        """No worker holds (or is predicted to hold) any of the prompt: it has a home to go to
-        (`home`), when the prompt is at least a block long and homes are on."""
+    def weak(self) -> bool:
+        """No worker holds (or is predicted to hold) half of the prompt: it goes to its
+        prefix's home (`home`), when the prompt is at least a block long and homes are on."""
         return (self.request.prefix_key is not None and self.routing.home_slack_tokens > 0
-                and not any(self.request.cached_tokens.values()))
+                and 2 * max(self.request.cached_tokens.values(), default=0) < self.request.prompt_tokens)
+
+    def _home(self, parts: Sequence[Single]) -> Single:
+        request, routing = self.request, self.routing
+        assert request.prefix_key is not None
+        hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share) if routing.sticky_homes \
+            else HomeHints(request.prefix_key)
+        return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
+                           lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
+                           routing.hot_load_factor, request.prompt_tokens)
 
     def affine(self, parts: Sequence[Single]) -> Sequence[Single]:
         """Bounded-load affinity: when some of `parts` hold at least half of the prompt, only
@@ -137,21 +148,14 @@ class Candidates:
         singles = self.affine([self.single(worker) for worker in workers])
         if not singles:
             return None
-        if self.cold:
-            assert self.request.prefix_key is not None
-            return prefer_home(singles, lambda single: single.cost, lambda single: single.worker.worker_id,
-                               lambda single: single.worker.predicted_prefill_tokens, self.request.prefix_key,
-                               self.routing.home_slack_tokens)
+        if self.weak:
+            return self._home(singles)
         return min(singles, key=lambda single: single.key)
 
     def best_part(self, parts: Sequence[Single]) -> Single:
-        """The cheapest of the (non-empty) prefill `parts`; for a cold prompt, its home among
-        the near-cheapest."""
-        if self.cold:
-            assert self.request.prefix_key is not None
-            return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
-                               lambda part: part.worker.predicted_prefill_tokens, self.request.prefix_key,
-                               self.routing.home_slack_tokens)
+        """The cheapest of the (non-empty) prefill `parts`; for a weakly cached prompt, its home."""
+        if self.weak:
+            return self._home(parts)
         return min(parts, key=lambda part: part.key)
 
     def best_pair(self, prefill_workers: Sequence[WorkerView], decode_workers: Sequence[WorkerView]) -> Pair | None:

@@ -1,21 +1,25 @@
-"""A cold prompt's home: where a prompt that no worker holds any of goes, among the workers
-that cost about the same. Pure.
+"""A weakly cached prompt's home: where a prompt that no worker holds most of goes. Pure.
 
-Without a home, a tenant whose prefix was evicted everywhere lands wherever the load is
-lowest at that instant, and over time on every worker: under KV pressure each worker then
-sees more tenants than its cache holds, and LRU evicts everyone's prefixes (churn). With a
-home, such prompts land on one worker per prefix (rendezvous hashing of the prompt's first
-block over the candidate workers, so adding or losing a worker moves only its own
-prefixes), whose cache then keeps its own tenants. The load bound: only candidates whose
-cost is within `home_slack_tokens` of the cheapest, and whose queued prefill is at most the
-candidates' mean, qualify (consistent hashing with bounded loads): a busy home is skipped,
-and a burst of distinct cold prompts still spreads evenly.
+Without a home, a tenant whose prefix was evicted lands wherever the load is lowest at that
+instant, and over time on every worker: under KV pressure each worker then sees more
+tenants than its cache holds, and LRU evicts everyone's prefixes (churn). With a home, such
+prompts go back to one worker per prefix, whose cache then keeps its own tenants:
+
+1. the prefix's learned home (`homes.PrefixHomes`: the worker that served it last), unless
+   that one is busy (its queued prefill far above the mean, as for a hot prefix) or cannot
+   take the request;
+2. otherwise a new home among the candidates costing at most `slack` more than the cheapest
+   and queueing at most the mean: the one whose homed prefixes bring the smallest share of
+   recent requests (a balanced partition by traffic), ties broken by rendezvous hashing of
+   the prompt's first block (stable across processes, so router replicas agree when they
+   know no more). A burst of distinct new prompts still spreads evenly (the mean bound).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 Part = TypeVar("Part")
@@ -27,14 +31,30 @@ def home_score(prefix_key: int, worker_id: str) -> int:
     return int.from_bytes(digest, "big")
 
 
+@dataclass(frozen=True, slots=True)
+class HomeHints:
+    """What the router remembers about a prefix's home (`homes.PrefixHomes`)."""
+
+    prefix_key: int
+    home: str | None = None  # the worker that served the prefix last
+    homed_share: Mapping[str, float] = field(default_factory=dict)  # per worker, its prefixes' traffic share
+
+
 def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id: Callable[[Part], str],
-                queued: Callable[[Part], float], prefix_key: int, slack: float) -> Part:
-    """Of `parts` (non-empty), the one whose worker is the prefix's home among those costing at
-    most `slack` more than the cheapest with at most the mean `queued` work; the cheapest
-    when none qualifies."""
-    cheapest = min(parts, key=cost)
+                queued: Callable[[Part], float], hints: HomeHints, slack: float, busy_factor: float,
+                busy_margin: float) -> Part:
+    """Of `parts` (non-empty): the learned home unless busy (queued prefill past `busy_factor`
+    x the mean and `busy_margin` above it); else a new, balanced home among the
+    near-cheapest; the cheapest when none qualifies."""
     mean_queued = sum(queued(part) for part in parts) / len(parts)
+    if hints.home is not None:
+        busy = max(busy_factor * mean_queued, mean_queued + busy_margin)
+        for part in parts:
+            if worker_id(part) == hints.home and queued(part) <= busy:
+                return part
+    cheapest = min(parts, key=cost)
     near = [part for part in parts if cost(part) <= cost(cheapest) + slack and queued(part) <= mean_queued]
     if not near:
         return cheapest
-    return max(near, key=lambda part: home_score(prefix_key, worker_id(part)))
+    return min(near, key=lambda part: (hints.homed_share.get(worker_id(part), 0.0),
+                                       -home_score(hints.prefix_key, worker_id(part))))

@@ -34,6 +34,10 @@ class RouteRequest:
     # Per worker, seconds since its least recently used cached prefix was last routed there
     # (`recency.CacheRecency`; None or absent: unknown). May be computed on access.
     victim_age_s: Mapping[str, float | None] = field(default_factory=dict)
+    # The worker that served this prefix last, and per worker the share of recent requests
+    # whose prefixes live there (`homes.PrefixHomes`); empty: unknown
+    home_worker: str | None = None
+    homed_share: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def max_tokens(self) -> int:

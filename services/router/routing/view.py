@@ -12,14 +12,14 @@ tokens routed and not yet at their first token).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.router.routing.ledger import predicted
 from shared.schemas.membership import WorkerRole, WorkerStatus
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerView:
+@dataclass(slots=True, unsafe_hash=True)
+class WorkerView:  # read-only by convention (not frozen: a frozen dataclass is slow to build)
     worker_id: str
     model: str
     role: WorkerRole
@@ -38,24 +38,24 @@ class WorkerView:
     kv_capacity_tokens: int = 0  # its KV pool, in tokens (registration); 0: unknown
     reported_free_kv_tokens: int | None = None  # KV holding nothing reusable, in the last load snapshot
 
-    @property
-    def free_kv_tokens(self) -> int | None:
-        """KV it can fill without evicting a cached prefix, predicted like the load: the last
-        report less the prompt tokens this router sent there since; None when unknown."""
+    # Derived once, at construction (every stage reads them, several times per candidate)
+    free_kv_tokens: int | None = field(init=False)
+    predicted_load: int = field(init=False)
+    relative_load: float = field(init=False)
+    predicted_prefill_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # free_kv_tokens: KV it can fill without evicting a cached prefix, predicted like the
+        # load: the last report less the prompt tokens this router sent there since; None when
+        # unknown
         if self.reported_free_kv_tokens is None:
-            return self.kv_capacity_tokens or None
-        sent_since = max(0, self.outstanding_prefill_tokens - self.outstanding_prefill_at_report)
-        return max(0, self.reported_free_kv_tokens - sent_since)
-
-    @property
-    def predicted_load(self) -> int:
-        return predicted(self.reported_load, self.in_flight, self.in_flight_at_report)
-
-    @property
-    def relative_load(self) -> float:
-        return self.predicted_load / max(self.max_num_seqs, 1)
-
-    @property
-    def predicted_prefill_tokens(self) -> int:
-        return predicted(self.reported_prefill_tokens, self.outstanding_prefill_tokens,
-                          self.outstanding_prefill_at_report)
+            free = self.kv_capacity_tokens or None
+        else:
+            sent_since = max(0, self.outstanding_prefill_tokens - self.outstanding_prefill_at_report)
+            free = max(0, self.reported_free_kv_tokens - sent_since)
+        load = predicted(self.reported_load, self.in_flight, self.in_flight_at_report)
+        self.free_kv_tokens = free
+        self.predicted_load = load
+        self.relative_load = load / max(self.max_num_seqs, 1)
+        self.predicted_prefill_tokens = predicted(self.reported_prefill_tokens, self.outstanding_prefill_tokens,
+                                                  self.outstanding_prefill_at_report)

@@ -1,0 +1,104 @@
+"""Prefix homes: where each prefix was last served, and how much recent traffic each worker's
+prefixes bring. Pure.
+
+Under KV pressure every cache is full and prefixes are evicted all the time, so a prompt
+often arrives that no worker holds (or holds only the start of). Sent wherever the load is
+lowest at that instant, such prompts land on a different worker each time: every worker
+then sees more tenants than its cache holds, and a burst of newcomers on one worker evicts
+even its busiest tenant. Sent back to the worker that served their prefix last (the
+prefix's *home*), the tenants stay partitioned: each worker's cache churns only among its
+own, and a popular prefix is evicted only by its own neighbours.
+
+A prefix seen for the first time (or whose home is busy) needs a new home. To keep the
+partition balanced by traffic, not by count, each prefix carries its share of the recent
+requests (a count that decays by `1 - 1/horizon` per routed request: scale-free, no
+timescale) and each worker the summed shares of the prefixes homed there; the new home is
+the worker with the smallest such sum among the near-cheapest (see
+`candidates.Candidates.best_single`).
+
+Callers: the router's KV view (`record` on each routed prompt) and the routing request
+(`RouteRequest.home_worker`, `RouteRequest.homed_share`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+
+DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
+MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
+
+
+class PrefixHomes:
+    """Per prefix key, its home worker and decayed request count; per worker, their sum."""
+
+    def __init__(self, horizon: int = DEFAULT_HORIZON, max_tracked: int = MAX_TRACKED) -> None:
+        if horizon < 1 or max_tracked < 1:
+            raise ValueError("horizon and max_tracked must be at least 1")
+        self._keep = 1.0 - 1.0 / horizon  # per routed request
+        self._max_tracked = max_tracked
+        self._step = 0
+        self._prefixes: OrderedDict[int, tuple[str, float, int]] = OrderedDict()  # key -> home, count, at step
+        self._workers: dict[str, tuple[float, int]] = {}  # worker -> summed counts, at step
+
+    def _now(self, value: float, at_step: int) -> float:
+        return value * self._keep ** (self._step - at_step)
+
+    def home(self, prefix_key: int) -> str | None:
+        entry = self._prefixes.get(prefix_key)
+        return entry[0] if entry is not None else None
+
+    def record(self, prefix_key: int, worker_id: str) -> None:
+        """A prompt with this prefix was routed to `worker_id`: its home now, one more request."""
+        self._step += 1
+        count = 0.0
+        entry = self._prefixes.pop(prefix_key, None)
+        if entry is not None:
+            count = self._now(entry[1], entry[2])
+            self._add(entry[0], -count)
+        count += 1.0
+        self._prefixes[prefix_key] = (worker_id, count, self._step)
+        self._add(worker_id, count)
+        if len(self._prefixes) > self._max_tracked:
+            old_home, old_count, at_step = self._prefixes.popitem(last=False)[1]
+            self._add(old_home, -self._now(old_count, at_step))
+
+    def _add(self, worker_id: str, count: float) -> None:
+        total, at_step = self._workers.get(worker_id, (0.0, self._step))
+        self._workers[worker_id] = (max(0.0, self._now(total, at_step) + count), self._step)
+
+    def forget(self, worker_id: str) -> None:
+        """A worker left: its prefixes have no home until routed again."""
+        self._workers.pop(worker_id, None)
+        for prefix_key in [key for key, entry in self._prefixes.items() if entry[0] == worker_id]:
+            del self._prefixes[prefix_key]
+
+    def homed_share(self) -> dict[str, float]:
+        """Per worker, the share of recent requests whose prefixes are homed there."""
+        counts = {worker_id: self._now(total, at_step) for worker_id, (total, at_step) in self._workers.items()}
+        total = sum(counts.values())
+        return {worker_id: count / total for worker_id, count in counts.items()} if total > 0 else {}
+
+    def shares(self) -> Mapping[str, float]:
+        """`homed_share`, computed on first access (most prompts never ask)."""
+        return LazyShares(self)
+
+
+class LazyShares(Mapping[str, float]):
+    def __init__(self, homes: PrefixHomes) -> None:
+        self._homes = homes
+        self._shares: dict[str, float] | None = None
+
+    def _all(self) -> dict[str, float]:
+        if self._shares is None:
+            self._shares = self._homes.homed_share()
+        return self._shares
+
+    def __getitem__(self, worker_id: str) -> float:
+        return self._all()[worker_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())

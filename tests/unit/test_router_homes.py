@@ -1,0 +1,130 @@
+"""Prefix homes on plain data: the learned home and the traffic each worker's prefixes bring
+(`routing.homes`), and how a weakly cached prompt goes home (`routing.home`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import pytest
+
+from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
+from services.router.routing.homes import PrefixHomes
+from shared.config import RoutingConfig
+from shared.schemas import WorkerRole, WorkerStatus
+
+PROMPT = 1088
+
+
+def worker(worker_id: str, **overrides) -> WorkerView:
+    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE,
+                  max_num_seqs=64, max_model_len=4096, reported_load=0, in_flight=0, in_flight_at_report=0,
+                  last_routed=0, compat_hash="h", kv_capacity_tokens=2560, reported_free_kv_tokens=0)
+    fields.update(overrides)
+    return WorkerView(**fields)
+
+
+def route(homes: PrefixHomes, key: int, cached: dict[str, int] | None = None) -> RouteRequest:
+    return RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, cached_tokens=cached or {},
+                        held_tokens=cached or {}, prefix_key=key, home_worker=homes.home(key),
+                        homed_share=homes.shares())
+
+
+def pick(workers: list[WorkerView], request: RouteRequest, routing: RoutingConfig = RoutingConfig()) -> str:
+    plan = decide(workers, request, routing)
+    assert isinstance(plan, RoutePlan), plan
+    return plan.worker_id
+
+
+# ---- PrefixHomes ----------------------------------------------------------------------------
+
+
+def test_a_prefix_is_homed_where_it_was_routed_last() -> None:
+    homes = PrefixHomes()
+    assert homes.home(1) is None
+    homes.record(1, "a")
+    homes.record(1, "b")
+    assert homes.home(1) == "b"
+    assert homes.homed_share() == {"a": 0.0, "b": 1.0}
+
+
+def test_homed_shares_follow_recent_traffic_and_decay() -> None:
+    homes = PrefixHomes(horizon=10)
+    for _ in range(30):
+        homes.record(1, "a")  # a popular prefix
+    homes.record(2, "b")
+    share = homes.homed_share()
+    assert share["a"] > 0.85 and share["a"] + share["b"] == pytest.approx(1.0)
+    for _ in range(60):
+        homes.record(3, "b")  # traffic moves on: the old counts fade
+    assert homes.homed_share()["a"] < 0.01
+
+
+def test_moving_a_prefix_moves_its_whole_count_and_a_leaving_worker_unhomes_its_prefixes() -> None:
+    homes = PrefixHomes(horizon=1000)
+    for _ in range(9):
+        homes.record(1, "a")
+    homes.record(2, "b")
+    homes.record(1, "b")  # prefix 1 (10 requests by now) moved
+    assert homes.homed_share()["b"] == pytest.approx(1.0, abs=0.02)
+    homes.forget("b")
+    assert homes.home(1) is None and homes.home(2) is None
+    assert homes.homed_share() == {"a": 0.0} or homes.homed_share() == {}
+
+
+def test_only_the_most_recent_prefixes_are_remembered() -> None:
+    homes = PrefixHomes(max_tracked=3)
+    for key in range(5):
+        homes.record(key, "a")
+    assert [homes.home(key) for key in range(5)] == [None, None, "a", "a", "a"]
+    with pytest.raises(ValueError):
+        PrefixHomes(horizon=0)
+
+
+# ---- going home -----------------------------------------------------------------------------
+
+
+def test_an_evicted_prefix_goes_back_to_its_home_not_to_the_least_loaded() -> None:
+    homes = PrefixHomes()
+    homes.record(5, "c")
+    workers = [worker("a"), worker("b"), worker("c", reported_prefill_tokens=300, in_flight=1)]
+    assert pick(workers, route(homes, 5)) == "c"  # queued a little: still home
+    off = RoutingConfig(sticky_homes=False)
+    assert pick(workers, route(homes, 5), off) != "c"  # off: rendezvous among the least queued
+
+
+def test_a_busy_home_is_left_for_the_worker_with_the_least_homed_traffic() -> None:
+    homes = PrefixHomes()
+    for _ in range(20):
+        homes.record(1, "a")  # a's prefixes bring most of the traffic
+    homes.record(2, "b")
+    homes.record(3, "c")
+    homes.record(4, "a")
+    workers = [worker("a", reported_prefill_tokens=6000), worker("b"), worker("c"), worker("d")]
+    assert pick(workers, route(homes, 4)) == "d"  # a is busy; d has no homed traffic yet
+
+
+def test_a_prompt_mostly_held_somewhere_ignores_its_home() -> None:
+    homes = PrefixHomes()
+    homes.record(6, "a")
+    workers = [worker(name) for name in "abc"]
+    assert pick(workers, route(homes, 6, {"b": 1024})) == "b"
+
+
+def test_new_prefixes_fill_the_workers_evenly_by_traffic() -> None:
+    """Each new prefix takes the worker whose homed prefixes bring the least traffic."""
+    homes = PrefixHomes()
+    workers = {name: worker(name) for name in "abcd"}
+    for key in range(8):
+        chosen = pick(list(workers.values()), route(homes, 1000 + key))
+        homes.record(1000 + key, chosen)
+    assert sorted(homes.homed_share().values()) == pytest.approx([0.25] * 4, abs=0.01)  # 2 each
+
+
+def test_a_new_home_is_only_chosen_among_the_least_queued() -> None:
+    """A worker with no homed traffic but a long queue is no new home (the mean bound)."""
+    homes = PrefixHomes()
+    homes.record(1, "a")
+    workers = [worker("a"), dataclasses.replace(worker("b"), outstanding_prefill_tokens=3000, in_flight=2)]
+    assert pick(workers, route(homes, 2)) == "a"
+    assert pick(workers, route(homes, 2), msgspec.structs.replace(RoutingConfig(), home_slack_tokens=0)) == "a"
