@@ -129,6 +129,7 @@ class _Fleet:
             chunk.batches.append(KvEventBatch(
                 worker_id=self.names[prompt.worker], seq=seq, ts=0.0,
                 events=[BlockStored(block_hashes=engine, parent_block_hash=parent, token_ids=tokens,
+                                    chain_hashes=chain[start:stop],
                                     block_size=size)]))
             chunk.dynamo_events.append((prompt.worker, msgspec.json.encode({
                 "event_id": seq,

@@ -127,6 +127,10 @@ def router(
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
+    verify_kv_hashes: Annotated[bool, typer.Option(
+        help="Recompute the chain hash of every block workers announce from its token ids, index that one, "
+             "and count the blocks whose sent hash differs (tandem_router_kv_hash_mismatch_blocks_total); "
+             "slower ingest, for checking a worker's hashing.")] = False,
     api_keys_file: ApiKeysFile = "",
     metrics_auth: MetricsAuth = "open",
     heartbeat_interval: Heartbeat = 0.5,
@@ -152,7 +156,7 @@ def router(
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
                             home_slack_tokens=home_slack_tokens)
     config = RouterConfig(host=host, port=port, model_dir=model_dir, served_model_name=served_model_name,
-                          max_tokens_limit=max_tokens_limit, routing=routing,
+                          max_tokens_limit=max_tokens_limit, routing=routing, verify_kv_hashes=verify_kv_hashes,
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file),
                           api_keys_file=api_keys_file, metrics_auth=metrics_auth,  # type: ignore[arg-type]

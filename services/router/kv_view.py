@@ -78,12 +78,12 @@ class VictimAges(Mapping[str, "float | None"]):
 
 class KvView:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
-                 resync_interval_s: float = 1.0) -> None:
+                 resync_interval_s: float = 1.0, verify_hashes: bool = False) -> None:
         self._bus = bus
         self._subjects = subjects
         self._batches: Codec[KvEventBatch] = Codec(KvEventBatch, malformed)
         self._resync_interval_s = resync_interval_s
-        self.index = KvIndex()
+        self.index = KvIndex(verify_hashes=verify_hashes)
         self.recency = CacheRecency()
         self._block_sizes: dict[str, int] = {}
         self._subscription = None
