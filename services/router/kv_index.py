@@ -220,7 +220,17 @@ class KvIndex:
             tandem = chain[head:] if head else chain
             if self.verify_hashes:
                 worker.unverified_blocks += len(tandem)
-        if any(map(tandem_of.__contains__, engine_hashes)):  # rare: a known block past the head
+        return self._insert(worker, engine_hashes, tandem), 0, 0, unlinked, mismatched
+
+    def _insert(self, worker: _Worker, engine_hashes: list[int], tandem: list[int]) -> int:
+        """Index blocks the worker stored (engine hash -> Tandem hash); returns how many.
+
+        The common cases run in C (dict views, map, zip): blocks no worker holds get the
+        worker's own bit object; blocks only other workers hold get their mask or'ed with it.
+        Blocks the worker holds already (a prediction, or another engine hash of the same
+        tokens) take the loop."""
+        tandem_of = worker.tandem_of
+        if not tandem_of.keys().isdisjoint(engine_hashes):  # rare: a known block past the head
             fresh = [(engine_hash, block_hash) for engine_hash, block_hash in zip(engine_hashes, tandem)
                      if engine_hash not in tandem_of]
             engine_hashes = [engine_hash for engine_hash, _ in fresh]
@@ -233,21 +243,24 @@ class KvIndex:
             for block_hash in promoted:
                 del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
         else:
-            promoted = ()
-        masks = list(map(holders.get, tandem))
-        if masks.count(None) == len(masks):  # the common case: blocks no worker holds yet
+            promoted = set()
+        if holders.keys().isdisjoint(tandem):  # the common case: blocks no worker holds yet
             holders.update(zip(tandem, repeat(bit)))
         else:
-            extra_refs = worker.extra_refs
-            for block_hash, mask in zip(tandem, masks):
-                if mask is None:
-                    holders[block_hash] = bit
-                elif not mask & bit:
-                    holders[block_hash] = mask | bit
-                elif block_hash not in promoted:  # another engine hash of this worker, same tokens
-                    extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
+            masks = list(map(holders.get, tandem))
+            if not promoted and not any(map(and_, filter(None, masks), repeat(bit))):
+                holders.update(zip(tandem, [bit if mask is None else mask | bit for mask in masks]))
+            else:
+                extra_refs = worker.extra_refs
+                for block_hash, mask in zip(tandem, masks):
+                    if mask is None:
+                        holders[block_hash] = bit
+                    elif not mask & bit:
+                        holders[block_hash] = mask | bit
+                    elif block_hash not in promoted:  # another engine hash of this worker, same tokens
+                        extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
         tandem_of.update(zip(engine_hashes, tandem))
-        return len(tandem), 0, 0, unlinked, mismatched
+        return len(tandem)
 
     def _replace(self, worker: _Worker, events: list[KvEvent]) -> int | None:
         """Apply a snapshot (`AllBlocksCleared`, then `BlockStored`s with chain hashes) as the

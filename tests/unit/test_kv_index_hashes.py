@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 from services.router.kv_index import IngestOutcome, KvIndex, block_hashes_for
+from services.router.kv_index_diff import snapshot_diff
 from services.router.metrics import RouterMetrics
 from shared.codec import MalformedCounter
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -222,3 +223,21 @@ def test_random_snapshots_in_bulk_equal_event_by_event_application() -> None:
     assert bulk.expire(now=1e9) == stepwise.expire(now=1e9)
     assert bulk.stats().total_blocks == stepwise.stats().total_blocks == 0
 
+
+
+# ---- the snapshot difference ----------------------------------------------------------------------
+
+
+def test_snapshot_diff_names_what_to_drop_and_add() -> None:
+    known = {1: 10, 2: 20, 3: 30, 2**64 - 1: 2**63}
+    assert snapshot_diff(known, [2, 3, 4, 2**64 - 1], [20, 30, 40, 2**63]) == ([1], [4], [40])
+    # An engine hash whose chain hash changed is dropped and added again.
+    assert snapshot_diff(known, [1, 2, 3, 2**64 - 1], [10, 21, 30, 2**63]) == ([2], [2], [21])
+    assert snapshot_diff(known, [], []) == (sorted(known), [], [])
+    assert snapshot_diff({}, [5, 6], [50, 60]) == ([], [5, 6], [50, 60])
+
+
+def test_snapshot_diff_declines_what_only_event_by_event_application_defines() -> None:
+    assert snapshot_diff({1: 10}, [2, 2], [20, 21]) is None  # a repeated engine hash: the first one wins
+    assert snapshot_diff({1: 10}, [-2], [20]) is None  # not a u64
+    assert snapshot_diff({1: 10}, [2], [2**64]) is None
