@@ -121,6 +121,9 @@ class KvView:
         if batch is None:
             return
         result = self.index.ingest(batch)
+        if result.mismatched_blocks:  # only in verification mode: a worker hashes differently
+            log.warning("%d block(s) from %s carry a chain hash their token ids refute",
+                        result.mismatched_blocks, batch.worker_id)
         if result.resync_needed:
             await self._ask_snapshot(batch.worker_id)
 
