@@ -263,14 +263,14 @@ def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None
             index = _new_index(workload)
             tree = radix_tree() if radix_tree is not None else None
             row = {"round": number} | _ingest_round(workload, index, tree) | _match_round(workload, index, tree)
+            if number == 0:  # before the resync: a million blocks come and go, and dicts keep their size
+                bytes_per_block = round(index.memory_bytes() / workload.blocks)
+                distinct_blocks = index.stats().total_blocks
             row |= _resync_round(workload, index, tree)
             rounds.append(row)
             print(f"  round {number}: " + ", ".join(f"{key}={row[key]}" for key in (
                 "tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ingest_ratio", "tandem_match_p99_ms",
                 "dynamo_match_p99_ms", "tandem_resync_after_gap_s") if key in row), file=sys.stderr)
-            if number == 0:
-                bytes_per_block = round(index.memory_bytes() / workload.blocks)
-                distinct_blocks = index.stats().total_blocks
             del index, tree
         verify_wall = _verify_ingest_s(workload)
         summary: dict = {}

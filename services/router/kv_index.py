@@ -146,7 +146,7 @@ class KvIndex:
         events = batch.events
         if events and type(events[0]) is AllBlocksCleared and not self.verify_hashes:
             replaced = self._replace(worker, events)
-            if replaced is not None:  # a snapshot: the worker's whole state, swapped in at once
+            if replaced is not None:  # a snapshot, applied as its difference from the worker's view
                 step = self._sequences.observe(batch.worker_id, batch.seq, resynced=True)
                 return IngestResult(IngestOutcome.APPLIED, synced=step.synced, resync_needed=step.resync_needed,
                                     stored_blocks=replaced)
