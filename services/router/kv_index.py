@@ -271,17 +271,17 @@ class KvIndex:
         if not worker.tandem_of:
             return None
         size = worker.block_size
-        engine_hashes: list[int] = []
-        chain: list[int] = []
+        engine_runs: list[list[int]] = []
+        chain_runs: list[list[int]] = []
         for event in islice(events, 1, None):
             if type(event) is not BlockStored or event.block_size != size:
                 return None
             hashes = event.chain_hashes
             if hashes is None or len(hashes) != len(event.block_hashes):
                 return None
-            engine_hashes += event.block_hashes
-            chain += hashes
-        diff = snapshot_diff(worker.tandem_of, engine_hashes, chain)
+            engine_runs.append(event.block_hashes)
+            chain_runs.append(hashes)
+        diff = snapshot_diff(worker.tandem_of, engine_runs, chain_runs)
         if diff is None:
             return None
         gone, added_engine, added_chain = diff

@@ -230,14 +230,16 @@ def test_random_snapshots_in_bulk_equal_event_by_event_application() -> None:
 
 def test_snapshot_diff_names_what_to_drop_and_add() -> None:
     known = {1: 10, 2: 20, 3: 30, 2**64 - 1: 2**63}
-    assert snapshot_diff(known, [2, 3, 4, 2**64 - 1], [20, 30, 40, 2**63]) == ([1], [4], [40])
+    assert snapshot_diff(known, [[2, 3], [4, 2**64 - 1]], [[20, 30], [40, 2**63]]) == ([1], [4], [40])
     # An engine hash whose chain hash changed is dropped and added again.
-    assert snapshot_diff(known, [1, 2, 3, 2**64 - 1], [10, 21, 30, 2**63]) == ([2], [2], [21])
+    assert snapshot_diff(known, [[1, 2, 3], [2**64 - 1]], [[10, 21, 30], [2**63]]) == ([2], [2], [21])
+    assert snapshot_diff(known, [[5, 2], [1]], [[50, 22], [10]]) == ([2, 3, 2**64 - 1], [5, 2], [50, 22])
     assert snapshot_diff(known, [], []) == (sorted(known), [], [])
-    assert snapshot_diff({}, [5, 6], [50, 60]) == ([], [5, 6], [50, 60])
+    assert snapshot_diff({}, [[5], [6]], [[50], [60]]) == ([], [5, 6], [50, 60])
 
 
 def test_snapshot_diff_declines_what_only_event_by_event_application_defines() -> None:
-    assert snapshot_diff({1: 10}, [2, 2], [20, 21]) is None  # a repeated engine hash: the first one wins
-    assert snapshot_diff({1: 10}, [-2], [20]) is None  # not a u64
-    assert snapshot_diff({1: 10}, [2], [2**64]) is None
+    assert snapshot_diff({1: 10}, [[2], [2]], [[20], [21]]) is None  # a repeated engine hash: the first one wins
+    assert snapshot_diff({1: 10}, [[-2]], [[20]]) is None  # not a u64
+    assert snapshot_diff({1: 10}, [[2]], [[2**64]]) is None
+    assert snapshot_diff({1: 10}, [[2, 3]], [[20]]) is None
