@@ -319,6 +319,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     instance_port: int | None = None  # also listen here, this router alone (0: a free port); None: no
     api_keys_file: str = ""  # a key file (`shared.api_keys`) guards /v1/*; empty: the API is open
     metrics_auth: MetricsAuth = "open"  # whether /metrics needs a key too ("api-key")
+    verify_kv_hashes: bool = False  # recompute workers' chain hashes from token ids, count mismatches
     routing: RoutingConfig = RoutingConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()

@@ -85,7 +85,7 @@ class RouterRuntime:
         served_model = config.served_model_name or tokenizer.model_name
         subjects = config.bus.subjects
         bus = await connect(config.bus, "tandem-router")
-        kv_view = KvView(bus, subjects, self.malformed)
+        kv_view = KvView(bus, subjects, self.malformed, verify_hashes=config.verify_kv_hashes)
         pool = WorkerPool(bus, subjects, self.malformed,
                           bucket_ttl_s=config.membership.bucket_ttl_s,
                           reconnect_grace_s=config.membership.ttl_s,  # one TTL to re-register after a restart

@@ -7,10 +7,15 @@ request hot path (and `held_prefix` for the part a worker could lend) and record
 decision with `add_speculative(..., expires_at)`; each routing calls `expire(now)`.
 No I/O, no clock: time is always passed in.
 
-Hashes. The index is keyed by Tandem's chain (`shared.block_hash`), computed here from the
-`token_ids` of each `BlockStored`, so that the router and every worker with the same block
-size and salt agree whatever engine runs. Engine hashes only link a stored event to its
-parent and name the blocks a `BlockRemoved` drops: each worker keeps engine -> Tandem.
+Hashes. The index is keyed by Tandem's chain (`shared.block_hash`), so that the router and
+every worker with the same block size and salt agree whatever engine runs. Workers compute
+it and send it (`BlockStored.chain_hashes`): those are indexed as they are, and a block whose
+parent is unknown is indexed all the same (its hash covers its prefix). An event without
+them is hashed here from its `token_ids`, from the parent's Tandem hash. With
+`verify_hashes`, every chain is computed here; the sent one is only compared, and the
+blocks where the two differ are counted (`mismatched_blocks`: a worker's bug). Engine hashes
+only link a stored event to its parent and name the blocks a `BlockRemoved` drops: each
+worker keeps engine -> Tandem.
 
 Layout (why `match` is one pass over the request's chain):
 - `_holders: dict[tandem hash, int]`: a bitmask of the worker slots holding the block,
@@ -32,8 +37,12 @@ batch is still applied (the best view there is), the worker is unsynced, and
 `IngestResult.resync_needed` asks once for a snapshot (the adapter retries on its own timer
 while `unsynced_workers()` lists the worker). A batch with `AllBlocksCleared` resyncs: what
 follows the clear is the worker's whole state, in which an unknown parent is no gap (its
-parent was evicted): those blocks are skipped and counted as orphaned. A block announced
-again under an engine hash the worker already reported is skipped (vLLM re-announces hits).
+parent was evicted); blocks that cannot be hashed without it are skipped and counted as
+orphaned. A snapshot (a batch that opens with the clear) whose events all carry chain
+hashes is applied as a difference (`_replace`, `kv_index_diff`): only the blocks that changed
+are touched, so resyncing a worker of 1M blocks costs a few sorts of u64 arrays, not 2M dict
+updates in Python. A block announced again under an engine hash the worker already
+reported is skipped (vLLM re-announces hits).
 """
 
 from __future__ import annotations
@@ -42,13 +51,14 @@ import heapq
 import sys
 from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import accumulate, count, repeat, takewhile
-from operator import and_, neg
+from itertools import accumulate, count, islice, repeat, takewhile
+from operator import and_, ne, neg
 
+from services.router.kv_index_diff import snapshot_diff
 from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, WorkerIndexStats
 from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.cluster.sequence import SequenceTracker, SyncState
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 
 
 def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"", *,
@@ -59,7 +69,8 @@ def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"
 
 class _Worker:
     __slots__ = ("worker_id", "slot", "bit", "block_size", "salt", "tandem_of", "extra_refs",
-                 "speculative", "rejected_blocks", "orphaned_blocks")
+                 "speculative", "rejected_blocks", "orphaned_blocks", "mismatched_blocks",
+                 "unverified_blocks")
 
     def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes) -> None:
         self.worker_id = worker_id
@@ -72,10 +83,13 @@ class _Worker:
         self.speculative: dict[int, float] = {}
         self.rejected_blocks = 0
         self.orphaned_blocks = 0
+        self.mismatched_blocks = 0  # verification: chain hashes sent that differ from the tokens'
+        self.unverified_blocks = 0  # verification: chain hashes sent without token ids to check
 
 
 class KvIndex:
-    def __init__(self) -> None:
+    def __init__(self, *, verify_hashes: bool = False) -> None:
+        self.verify_hashes = verify_hashes
         self._holders: dict[int, int] = {}
         self._workers: dict[str, _Worker] = {}
         self._by_slot: list[_Worker | None] = []
@@ -129,15 +143,23 @@ class KvIndex:
         worker = self._workers.get(batch.worker_id)
         if worker is None:
             return IngestResult(IngestOutcome.UNKNOWN_WORKER, synced=False, resync_needed=False)
-        stored = removed = rejected = orphaned = 0
+        events = batch.events
+        if events and type(events[0]) is AllBlocksCleared and not self.verify_hashes:
+            replaced = self._replace(worker, events)
+            if replaced is not None:  # a snapshot, applied as its difference from the worker's view
+                step = self._sequences.observe(batch.worker_id, batch.seq, resynced=True)
+                return IngestResult(IngestOutcome.APPLIED, synced=step.synced, resync_needed=step.resync_needed,
+                                    stored_blocks=replaced)
+        stored = removed = rejected = orphaned = mismatched = 0
         cleared = lost = False  # lost: a block's parent is unknown, and no clear came first
-        for event in batch.events:
+        for event in events:
             if type(event) is BlockStored:
-                event_stored, event_rejected, event_orphaned = self._store(worker, event)
+                event_stored, event_rejected, event_orphaned, unlinked, event_mismatched = self._store(worker, event)
                 stored += event_stored
                 rejected += event_rejected
                 orphaned += event_orphaned
-                lost = lost or (event_orphaned > 0 and not cleared)
+                mismatched += event_mismatched
+                lost = lost or (unlinked and not cleared)
             elif type(event) is BlockRemoved:
                 removed += self._remove(worker, event.block_hashes)
             else:
@@ -149,38 +171,66 @@ class KvIndex:
         outcome = IngestOutcome.GAP if gap else IngestOutcome.APPLIED
         return IngestResult(outcome, synced=step.synced, resync_needed=step.resync_needed,
                             stored_blocks=stored, removed_blocks=removed, rejected_blocks=rejected,
-                            orphaned_blocks=orphaned)
+                            orphaned_blocks=orphaned, mismatched_blocks=mismatched)
 
-    def _store(self, worker: _Worker, event: BlockStored) -> tuple[int, int, int]:
-        """Apply one `BlockStored`; returns (stored, rejected, orphaned) block counts."""
+    def _store(self, worker: _Worker, event: BlockStored) -> tuple[int, int, int, bool, int]:
+        """Apply one `BlockStored`; returns block counts (stored, rejected, orphaned), whether
+        its parent was unknown, and how many worker-sent chain hashes verification refuted."""
         engine_hashes = event.block_hashes
         blocks = len(engine_hashes)
-        if event.block_size != worker.block_size or len(event.token_ids) != blocks * worker.block_size:
+        chain = event.chain_hashes
+        size = worker.block_size
+        tokens_fit = len(event.token_ids) == blocks * size
+        if chain is not None and len(chain) != blocks:
+            chain = None  # malformed: fall back to the token ids, if they fit
+        hashed_here = chain is None or (self.verify_hashes and tokens_fit)
+        if event.block_size != size or (hashed_here and not tokens_fit):
             worker.rejected_blocks += blocks
-            return 0, blocks, 0
+            return 0, blocks, 0, False, 0
         if not blocks:
-            return 0, 0, 0
+            return 0, 0, 0, False, 0
         tandem_of = worker.tandem_of
-        token_ids = event.token_ids
+        head = 0
+        unlinked = False
         if engine_hashes[0] in tandem_of:
             # Blocks announced again (vLLM can re-announce prefix-cache hits): a known engine
             # hash of this worker names the same tokens, so the known head is not re-hashed.
             known = list(map(tandem_of.__contains__, engine_hashes))
             head = known.index(False) if False in known else blocks
             if head == blocks:
-                return 0, 0, 0
-            parent_hash = tandem_of[engine_hashes[head - 1]]
+                return 0, 0, 0, False, 0
+            parent_hash: int | None = tandem_of[engine_hashes[head - 1]]
             engine_hashes = engine_hashes[head:]
-            token_ids = token_ids[head * worker.block_size:]
         elif event.parent_block_hash is None:
             parent_hash = ROOT_PARENT
         else:
             parent_hash = tandem_of.get(event.parent_block_hash)
-            if parent_hash is None:
+            unlinked = parent_hash is None
+        mismatched = 0
+        if hashed_here:
+            if parent_hash is None:  # the chain cannot be computed without the parent's hash
                 worker.orphaned_blocks += blocks
-                return 0, 0, blocks
-        tandem = block_hashes_for(token_ids, worker.block_size, worker.salt, parent_hash=parent_hash)
-        if any(map(tandem_of.__contains__, engine_hashes)):  # rare: a known block past the head
+                return 0, 0, blocks, True, 0
+            tandem = block_hash_chain(event.token_ids[head * size:] if head else event.token_ids, size,
+                                      parent_hash=parent_hash, salt=worker.salt)
+            if chain is not None:  # verification: the router's chain is the one indexed
+                mismatched = sum(map(ne, tandem, chain[head:] if head else chain))
+                worker.mismatched_blocks += mismatched
+        else:
+            tandem = chain[head:] if head else chain
+            if self.verify_hashes:
+                worker.unverified_blocks += len(tandem)
+        return self._insert(worker, engine_hashes, tandem), 0, 0, unlinked, mismatched
+
+    def _insert(self, worker: _Worker, engine_hashes: list[int], tandem: list[int]) -> int:
+        """Index blocks the worker stored (engine hash -> Tandem hash); returns how many.
+
+        The common cases run in C (dict views, map, zip): blocks no worker holds get the
+        worker's own bit object; blocks only other workers hold get their mask or'ed with it.
+        Blocks the worker holds already (a prediction, or another engine hash of the same
+        tokens) take the loop."""
+        tandem_of = worker.tandem_of
+        if not tandem_of.keys().isdisjoint(engine_hashes):  # rare: a known block past the head
             fresh = [(engine_hash, block_hash) for engine_hash, block_hash in zip(engine_hashes, tandem)
                      if engine_hash not in tandem_of]
             engine_hashes = [engine_hash for engine_hash, _ in fresh]
@@ -188,23 +238,73 @@ class KvIndex:
         holders = self._holders
         bit = worker.bit
         speculative = worker.speculative
-        promoted = {block_hash for block_hash in tandem if block_hash in speculative} if speculative else ()
-        for block_hash in promoted:
-            del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
-        masks = list(map(holders.get, tandem))
-        if masks.count(None) == len(tandem):  # the common case: blocks no worker holds yet
+        if speculative and not speculative.keys().isdisjoint(tandem):
+            promoted = speculative.keys() & tandem
+            for block_hash in promoted:
+                del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
+        else:
+            promoted = set()
+        if holders.keys().isdisjoint(tandem):  # the common case: blocks no worker holds yet
             holders.update(zip(tandem, repeat(bit)))
         else:
-            extra_refs = worker.extra_refs
-            for block_hash, mask in zip(tandem, masks):
+            masks = list(map(holders.get, tandem))
+            if not promoted and not any(map(and_, filter(None, masks), repeat(bit))):
+                holders.update(zip(tandem, [bit if mask is None else mask | bit for mask in masks]))
+            else:
+                extra_refs = worker.extra_refs
+                for block_hash, mask in zip(tandem, masks):
+                    if mask is None:
+                        holders[block_hash] = bit
+                    elif not mask & bit:
+                        holders[block_hash] = mask | bit
+                    elif block_hash not in promoted:  # another engine hash of this worker, same tokens
+                        extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
+        tandem_of.update(zip(engine_hashes, tandem))
+        return len(tandem)
+
+    def _replace(self, worker: _Worker, events: list[KvEvent]) -> int | None:
+        """Apply a snapshot (`AllBlocksCleared`, then `BlockStored`s with chain hashes) as the
+        difference from what the worker holds (`kv_index_diff`): after a short gap, few of its
+        blocks changed. Returns the blocks it holds after, or None, with nothing changed, for a
+        batch that is no such snapshot or a worker that holds nothing yet (applied event by
+        event, which costs the same when every block is new)."""
+        if not worker.tandem_of:
+            return None
+        size = worker.block_size
+        engine_runs: list[list[int]] = []
+        chain_runs: list[list[int]] = []
+        for event in islice(events, 1, None):
+            if type(event) is not BlockStored or event.block_size != size:
+                return None
+            hashes = event.chain_hashes
+            if hashes is None or len(hashes) != len(event.block_hashes):
+                return None
+            engine_runs.append(event.block_hashes)
+            chain_runs.append(hashes)
+        diff = snapshot_diff(worker.tandem_of, engine_runs, chain_runs)
+        if diff is None:
+            return None
+        gone, added_engine, added_chain = diff
+        tandem_of = worker.tandem_of
+        for engine_hash in gone:
+            self._release(worker, tandem_of.pop(engine_hash))
+        holders = self._holders
+        bit = worker.bit
+        speculative = worker.speculative
+        extra_refs = worker.extra_refs
+        for engine_hash, block_hash in zip(added_engine, added_chain):
+            if block_hash in speculative:
+                del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
+            else:
+                mask = holders.get(block_hash)
                 if mask is None:
                     holders[block_hash] = bit
                 elif not mask & bit:
                     holders[block_hash] = mask | bit
-                elif block_hash not in promoted:  # another engine hash of this worker, same tokens
+                else:  # another engine hash of this worker, same tokens
                     extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
-        tandem_of.update(zip(engine_hashes, tandem))
-        return len(tandem), 0, 0
+            tandem_of[engine_hash] = block_hash
+        return len(tandem_of)
 
     def _remove(self, worker: _Worker, engine_hashes: list[int]) -> int:
         tandem_of = worker.tandem_of
@@ -381,6 +481,8 @@ class KvIndex:
                              synced=self._sequences.state(worker.worker_id) is not SyncState.UNSYNCED,
                              last_seq=self._sequences.last_seq(worker.worker_id) or 0,
                              rejected_blocks=worker.rejected_blocks,
-                             orphaned_blocks=worker.orphaned_blocks)
+                             orphaned_blocks=worker.orphaned_blocks,
+                             mismatched_blocks=worker.mismatched_blocks,
+                             unverified_blocks=worker.unverified_blocks)
             for worker in self._workers.values())
         return IndexStats(workers=workers, total_blocks=len(self._holders))

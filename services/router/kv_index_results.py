@@ -24,7 +24,8 @@ class IngestResult:
     stored_blocks: int = 0
     removed_blocks: int = 0
     rejected_blocks: int = 0  # refused: block size differs from the worker's, or malformed
-    orphaned_blocks: int = 0  # skipped: parent unknown
+    orphaned_blocks: int = 0  # skipped: parent unknown, and no chain hashes to index them by
+    mismatched_blocks: int = 0  # verification: chain hashes sent that differ from the token ids'
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +38,18 @@ class WorkerIndexStats:
     last_seq: int
     rejected_blocks: int  # since added; non-zero means a block-size mismatch (0% hits)
     orphaned_blocks: int
+    mismatched_blocks: int = 0  # verification mode: sent chain hashes the token ids refute (a bug)
+    unverified_blocks: int = 0  # verification mode: sent chain hashes without token ids to check
 
 
 @dataclass(frozen=True, slots=True)
 class IndexStats:
     workers: tuple[WorkerIndexStats, ...]
     total_blocks: int  # distinct Tandem hashes held by any worker
+
+    @property
+    def mismatched_blocks(self) -> int:
+        return sum(worker.mismatched_blocks for worker in self.workers)
 
     @property
     def blocks_per_worker(self) -> dict[str, int]:

@@ -79,12 +79,12 @@ class VictimAges(Mapping[str, "float | None"]):
 
 class KvView:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
-                 resync_interval_s: float = 1.0) -> None:
+                 resync_interval_s: float = 1.0, verify_hashes: bool = False) -> None:
         self._bus = bus
         self._subjects = subjects
         self._batches: Codec[KvEventBatch] = Codec(KvEventBatch, malformed)
         self._resync_interval_s = resync_interval_s
-        self.index = KvIndex()
+        self.index = KvIndex(verify_hashes=verify_hashes)
         self.recency = CacheRecency()
         self.homes = PrefixHomes()
         self._block_sizes: dict[str, int] = {}
@@ -124,6 +124,9 @@ class KvView:
         if batch is None:
             return
         result = self.index.ingest(batch)
+        if result.mismatched_blocks:  # only in verification mode: a worker hashes differently
+            log.warning("%d block(s) from %s carry a chain hash their token ids refute",
+                        result.mismatched_blocks, batch.worker_id)
         if result.resync_needed:
             await self._ask_snapshot(batch.worker_id)
 

@@ -60,6 +60,12 @@ class _KvIndexCollector(Collector):
             blocks.add_metric([worker.worker_id, "held"], worker.blocks)
             blocks.add_metric([worker.worker_id, "speculative"], worker.speculative_blocks)
         yield blocks
+        mismatched = CounterMetricFamily(
+            "tandem_router_kv_hash_mismatch_blocks", "Blocks whose chain hash, as the worker sent it, differs "
+            "from the one computed from their token ids (counted with --verify-kv-hashes only)", labels=["worker"])
+        for worker in stats.workers:
+            mismatched.add_metric([worker.worker_id], worker.mismatched_blocks)
+        yield mismatched
 
 
 class _WorkerLoadCollector(Collector):

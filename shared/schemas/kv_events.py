@@ -1,11 +1,16 @@
 """KV-cache events a worker publishes as its prefix cache changes.
 
 A batch carries a per-worker sequence number that increases by one per batch; a consumer
-that sees a gap asks for a snapshot (`KvSnapshotRequest`) instead of drifting.
+that sees a gap asks for a snapshot (`KvSnapshotRequest`) instead of drifting. A snapshot
+is one batch: `AllBlocksCleared`, then every cached block as `BlockStored` events.
 
 `block_hashes` are the engine's own hashes: consumers use them only to apply removals and
-parent links. Routers compute Tandem's block-hash chain from `token_ids`
-(see `shared.block_hash`).
+parent links. `chain_hashes` are Tandem's block-hash chain of the same blocks
+(`shared.block_hash`), computed by the worker: routers index them as they are. A
+publisher that cannot compute them (a block whose parent's chain is unknown) leaves them
+`None`, and routers compute the chain from `token_ids`. Routers in verification mode
+recompute every chain from `token_ids` and count the blocks whose hash differs, so
+publishers send `token_ids` too; an event with `chain_hashes` may leave them empty.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from shared.schemas.common import Message
 class BlockStored(msgspec.Struct, tag="stored", kw_only=True):
     block_hashes: list[int]
     parent_block_hash: int | None
-    token_ids: list[int]  # len == len(block_hashes) * block_size
+    token_ids: list[int] = []  # len == len(block_hashes) * block_size, or empty with chain_hashes
     block_size: int
+    chain_hashes: list[int] | None = None  # Tandem's chain, one per block (len == len(block_hashes))
 
 
 class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True):

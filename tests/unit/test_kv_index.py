@@ -25,12 +25,15 @@ def tokens(seed: int, count: int) -> list[int]:
 
 
 class FakeEngine:
-    """Announces what a worker caches the way engines do: engine hashes, parent links, token ids."""
+    """Announces what a worker caches the way engines do: engine hashes, parent links, token ids,
+    and, if `chain_hashes`, Tandem's chain hashes as workers compute them."""
 
-    def __init__(self, worker_id: str, block_size: int = BLOCK, salt: bytes = b"") -> None:
+    def __init__(self, worker_id: str, block_size: int = BLOCK, salt: bytes = b"", *,
+                 chain_hashes: bool = False) -> None:
         self.worker_id = worker_id
         self.block_size = block_size
         self.salt = salt
+        self.chain_hashes = chain_hashes
         self.seq = 0
 
     def chain(self, token_ids: list[int]) -> list[int]:
@@ -43,7 +46,8 @@ class FakeEngine:
         parent = engine_hashes([chain[start_block - 1]])[0] if start_block else None
         return BlockStored(block_hashes=engine_hashes(chain[start_block:stop_block]), parent_block_hash=parent,
                            token_ids=token_ids[start_block * self.block_size:stop_block * self.block_size],
-                           block_size=self.block_size)
+                           block_size=self.block_size,
+                           chain_hashes=chain[start_block:stop_block] if self.chain_hashes else None)
 
     def removed(self, token_ids: list[int], *block_indexes: int) -> BlockRemoved:
         chain = self.chain(token_ids)
@@ -375,9 +379,10 @@ def test_a_salt_separates_workers_that_hold_the_same_tokens() -> None:
 # ---- randomized: the index against a naive model ----------------------------------------------------
 
 
-def test_random_stores_removals_and_clears_agree_with_a_naive_model() -> None:
+@pytest.mark.parametrize("chain_hashes", [False, True], ids=["token-ids", "chain-hashes"])
+def test_random_stores_removals_and_clears_agree_with_a_naive_model(chain_hashes: bool) -> None:
     rng = random.Random(31)
-    engines = [FakeEngine(f"w{index}") for index in range(5)]
+    engines = [FakeEngine(f"w{index}", chain_hashes=chain_hashes) for index in range(5)]
     prompts = [tokens(100 + index, 12 * BLOCK) for index in range(6)]
     prompts += [prompts[0][:5 * BLOCK] + tokens(200 + index, 7 * BLOCK) for index in range(4)]  # shared prefixes
     chains = [block_hashes_for(prompt, BLOCK) for prompt in prompts]

@@ -51,7 +51,7 @@ def test_commit_announces_one_event_with_the_tandem_hash_chain() -> None:
     ids, hashes = cache_sequence(blocks, tokens)
     assert hashes == block_hash_chain(tokens, BS)
     assert blocks.take_events() == [BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=tokens,
-                                                block_size=BS)]
+                                                block_size=BS, chain_hashes=hashes)]
     assert [blocks.block_hash(block_id) for block_id in ids] == hashes
     assert blocks.cached_blocks == 3 and blocks.used_blocks == 3
 
@@ -116,7 +116,7 @@ def test_snapshot_lists_every_cached_block_parents_first() -> None:
     blocks.commit(branch_ids, [branch_hash], branch_tokens, hashes[1])
     announced = blocks.take_events()
     assert announced[1] == BlockStored(block_hashes=[branch_hash], parent_block_hash=hashes[1],
-                                       token_ids=branch_tokens, block_size=BS)
+                                       token_ids=branch_tokens, block_size=BS, chain_hashes=[branch_hash])
 
     snapshot = blocks.snapshot()
     seen: set[int | None] = {None}
@@ -165,8 +165,10 @@ def test_a_block_behind_a_hole_is_cached_at_once_and_announced_with_its_parent()
     assert blocks.snapshot() == []  # a snapshot shows only what was announced
     blocks.commit(ids[:2], hashes[:2], tokens[:2 * BS], None)
     assert blocks.take_events() == [
-        BlockStored(block_hashes=hashes[:2], parent_block_hash=None, token_ids=tokens[:2 * BS], block_size=BS),
-        BlockStored(block_hashes=hashes[2:], parent_block_hash=hashes[1], token_ids=tokens[2 * BS:], block_size=BS)]
+        BlockStored(block_hashes=hashes[:2], parent_block_hash=None, token_ids=tokens[:2 * BS], block_size=BS,
+                    chain_hashes=hashes[:2]),
+        BlockStored(block_hashes=hashes[2:], parent_block_hash=hashes[1], token_ids=tokens[2 * BS:], block_size=BS,
+                    chain_hashes=hashes[2:])]
     assert [h for event in blocks.snapshot() for h in event.block_hashes] == hashes
 
 

@@ -117,7 +117,7 @@ def test_a_full_transfer_is_reused_and_gives_the_holders_tokens() -> None:
     ok = [reader.port.checksum(block_id) == checksum for block_id, (_, checksum) in zip(target, handle)]
     assert reader.port.commit_transferred(target, HASHES, PROMPT[:5 * BS], None, ok) == [True] * 5
     assert reader.blocks.take_events() == [BlockStored(block_hashes=HASHES, parent_block_hash=None,
-                                                       token_ids=PROMPT[:5 * BS], block_size=BS)]
+                                                       token_ids=PROMPT[:5 * BS], block_size=BS, chain_hashes=HASHES)]
     tokens, cached, first_step = reader.run("r", PROMPT, unpin_after_admission=target)
     assert tokens == expected and cached == 5 * BS and first_step == 3  # only the tail is computed
     assert reader.run("again", PROMPT)[:2] == (expected, 5 * BS)  # unpinned, the blocks stay cached

@@ -11,6 +11,7 @@ import pytest
 
 from services.worker.vllm.kv_event_wire import WireDecoder, block_hash_int
 from services.worker.vllm.kv_mirror import KvBlockMirror
+from shared.block_hash import block_hash_chain
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 BS = 4
@@ -23,6 +24,12 @@ def _tokens(first: int, blocks: int) -> list[int]:
 def _stored(hashes: list[int], parent: int | None, first_token: int) -> BlockStored:
     return BlockStored(block_hashes=hashes, parent_block_hash=parent,
                        token_ids=_tokens(first_token, len(hashes)), block_size=BS)
+
+
+def _passed(hashes: list[int], parent: int | None, first_token: int, chain: list[int] | None) -> BlockStored:
+    """A store as the mirror passes it on: with Tandem's chain hashes where it knows them."""
+    return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=_tokens(first_token, len(hashes)),
+                       block_size=BS, chain_hashes=chain)
 
 
 # ---- wire -------------------------------------------------------------------------------
@@ -88,7 +95,7 @@ def test_wire_matches_vllm_encoder() -> None:
 def test_mirror_passes_a_store_once_and_a_removal_at_the_last_copy() -> None:
     mirror = KvBlockMirror(BS)
     first = _stored([1, 2], None, 0)
-    assert mirror.apply(first) == [first]
+    assert mirror.apply(first) == [_passed([1, 2], None, 0, block_hash_chain(_tokens(0, 2), BS))]
     assert mirror.apply(_stored([1, 2], None, 0)) == []  # a second physical copy
     assert mirror.cached_blocks == 2
     assert mirror.apply(BlockRemoved(block_hashes=[2])) == []  # one copy of 2 left
@@ -100,7 +107,8 @@ def test_mirror_splits_a_store_around_known_blocks() -> None:
     mirror = KvBlockMirror(BS)
     mirror.apply(_stored([2], 1, 4))
     passed = mirror.apply(_stored([1, 2, 3], None, 0))
-    assert passed == [_stored([1], None, 0), _stored([3], 2, 8)]
+    # Block 2's parent was never announced, so the chain of 2 and of 3 after it is unknown.
+    assert passed == [_passed([1], None, 0, block_hash_chain(_tokens(0, 1), BS)), _passed([3], 2, 8, None)]
 
 
 def test_mirror_skips_stores_that_do_not_fill_whole_blocks() -> None:
@@ -121,6 +129,10 @@ def test_mirror_snapshot_is_chains_parents_first() -> None:
         assert event.parent_block_hash is None or event.parent_block_hash in seen or event.parent_block_hash == 6
         seen.update(event.block_hashes)
     assert seen == {1, 2, 3, 4, 7, 8}
+    chains = {event.block_hashes[0]: event.chain_hashes for event in snapshot}
+    assert chains[1] == block_hash_chain(_tokens(0, 3), BS)  # the chain the router would compute
+    assert chains[4] == block_hash_chain(_tokens(0, 2) + _tokens(100, 1), BS)[2:]
+    assert chains[7] is None  # under a parent never seen
     replay = KvBlockMirror(BS)
     for event in snapshot:
         replay.apply(event)

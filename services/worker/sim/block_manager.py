@@ -6,7 +6,8 @@ transfers). A block is in exactly one of three states:
 - evictable: unreferenced but cached (holds a full block's KV under its block hash);
 - free: unreferenced and uncached.
 Only full blocks are cached, keyed by Tandem's chain hash (`shared.block_hash`), so the hashes
-in events equal the ones routers compute from token ids. Evictable blocks are reclaimed in
+in events equal the ones routers compute from token ids; events carry them twice, as the
+engine's hashes and as `chain_hashes` (which routers index without hashing the tokens). Evictable blocks are reclaimed in
 LRU order, and only when no free block is left.
 
 `evicted_blocks_total` counts cached blocks reclaimed to make room; `note_misses` counts
@@ -252,11 +253,12 @@ class BlockManager:
         while pending:
             block = pending.pop()
             event = BlockStored(block_hashes=[], parent_block_hash=block.parent_hash, token_ids=[],
-                                block_size=self.block_size)
+                                block_size=self.block_size, chain_hashes=[])
             events.append(event)
             while True:
                 assert block.block_hash is not None
                 event.block_hashes.append(block.block_hash)
+                event.chain_hashes.append(block.block_hash)  # type: ignore[union-attr]
                 event.token_ids.extend(block.token_ids)
                 following = children.get(block.block_hash)
                 if not following:
@@ -287,7 +289,8 @@ class BlockManager:
         return block_id is not None and self._blocks[block_id].announced
 
     def _new_event(self, parent_hash: int | None) -> BlockStored:
-        event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[], block_size=self.block_size)
+        event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[], block_size=self.block_size,
+                            chain_hashes=[])
         self._events.append(event)
         return event
 
@@ -295,6 +298,7 @@ class BlockManager:
         assert block.block_hash is not None and not block.announced
         block.announced = True
         event.block_hashes.append(block.block_hash)
+        event.chain_hashes.append(block.block_hash)  # type: ignore[union-attr]
         event.token_ids.extend(block.token_ids)
 
     def _announce_deferred(self, parent_hash: int) -> None:

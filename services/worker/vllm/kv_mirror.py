@@ -11,7 +11,9 @@ Token ids are kept as 4-byte arrays (a 1 GiB CPU cache of a small model holds mi
 
 Each block is also indexed by Tandem's chain hash (`shared.block_hash`), computed from its
 tokens and its parent's Tandem hash when it is stored: a holder answering a lease request
-(which names Tandem hashes) finds the tokens of the longest prefix it has (`prefix_tokens`).
+(which names Tandem hashes) finds the tokens of the longest prefix it has (`prefix_tokens`),
+and the events passed on carry these hashes as `chain_hashes`, so routers need not compute
+them (an event whose first block's chain is unknown, and so all of its blocks', carries None).
 """
 
 from __future__ import annotations
@@ -91,12 +93,16 @@ class KvBlockMirror:
         pending = list(reversed(roots))
         while pending:
             block_hash = pending.pop()
-            event = BlockStored(block_hashes=[], parent_block_hash=self._blocks[block_hash].parent_hash,
-                                token_ids=[], block_size=self.block_size)
+            root = self._blocks[block_hash]
+            event = BlockStored(block_hashes=[], parent_block_hash=root.parent_hash, token_ids=[],
+                                block_size=self.block_size, chain_hashes=None if root.tandem_hash is None else [])
             events.append(event)
             while True:
+                block = self._blocks[block_hash]
                 event.block_hashes.append(block_hash)
-                event.token_ids.extend(self._blocks[block_hash].token_ids)
+                event.token_ids.extend(block.token_ids)
+                if event.chain_hashes is not None:  # a child of a known chain is known
+                    event.chain_hashes.append(block.tandem_hash)  # type: ignore[arg-type]
                 following = children.get(block_hash)
                 if not following:
                     break
@@ -131,10 +137,13 @@ class KvBlockMirror:
                 if tandem_hash is not None:
                     self._by_tandem.setdefault(tandem_hash, block_hash)
                 if run is None:
-                    run = BlockStored(block_hashes=[], parent_block_hash=parent, token_ids=[], block_size=size)
+                    run = BlockStored(block_hashes=[], parent_block_hash=parent, token_ids=[], block_size=size,
+                                      chain_hashes=None if tandem_hash is None else [])
                     passed.append(run)
                 run.block_hashes.append(block_hash)
                 run.token_ids.extend(tokens)
+                if run.chain_hashes is not None:  # the run's later blocks chain from its first
+                    run.chain_hashes.append(tandem_hash)  # type: ignore[arg-type]
             parent = block_hash
         return passed
 
