@@ -172,8 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": {"cpus": os.cpu_count(), "load_average_1m_start": round(load_at_start[0], 2),
                  "load_average_1m_end": round(os.getloadavg()[0], 2)},
         "systems": {label: system_summary(rounds, label) for label in labels},
-        "ratios": {f"{label}/dynamo": ratios(rounds, label, "dynamo")
-                   for label in labels if label != "dynamo" and "dynamo" in labels},
+        "ratios": {**{f"{label}/dynamo": ratios(rounds, label, "dynamo")
+                      for label in labels if label != "dynamo" and "dynamo" in labels},
+                   # several routers against one (requests/s: the scaling; p50: what it costs)
+                   **{f"{label}/tandem": ratios(rounds, label, "tandem")
+                      for label in labels if label.startswith("tandem-") and "tandem" in labels}},
         "rounds": rounds,
     }
     if "tandem/dynamo" in document["ratios"]:

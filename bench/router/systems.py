@@ -3,9 +3,9 @@
 are the router (whose CPU time per request is reported).
 
 - `tandem_system(routers, ...)`: a `LocalStack` of sim workers of role both at the bench's
-  speed-up, its router(s), orchestrator and metrics collector. The router count is the seam
-  for stacks with several router processes: only 1 is supported today, any other count is
-  an `UnsupportedRouters` naming what is.
+  speed-up, its router processes (several share one port: the kernel spreads connections
+  over them, and they share their predicted load over NATS), orchestrator and metrics
+  collector. A count outside 1..`MAX_ROUTERS` is an `UnsupportedRouters`.
 - `dynamo_system(...)`: Dynamo's frontend (HTTP, tokenizer, KV router) in front of its mocker
   engines (`bench.routing.dynamo.DynamoStack`); its router process is the frontend.
 """
@@ -25,11 +25,11 @@ from bench.routing.dynamo import DynamoStack
 from launch.plan import StackConfig, WorkerSpec
 from launch.stack import LocalStack
 
-SUPPORTED_ROUTER_COUNTS = (1,)
+MAX_ROUTERS = 16
 
 
 class UnsupportedRouters(ValueError):
-    """A router count the local stack cannot start yet."""
+    """A router count the bench does not start."""
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,8 @@ class EngineSetup:
 
 
 def check_router_count(routers: int) -> None:
-    if routers not in SUPPORTED_ROUTER_COUNTS:
-        raise UnsupportedRouters(f"{routers} router processes: the local stack starts "
-                                 f"{' or '.join(map(str, SUPPORTED_ROUTER_COUNTS))} router process(es) for now")
+    if not 1 <= routers <= MAX_ROUTERS:
+        raise UnsupportedRouters(f"{routers} router processes: the bench starts 1 to {MAX_ROUTERS}")
 
 
 def _served_model(base_url: str) -> str:
@@ -67,11 +66,12 @@ def tandem_system(routers: int, model_dir: str, log_dir: Path, engines: EngineSe
     settings = {"sim_speedup": engines.speedup, "kv_blocks": engines.kv_blocks}
     workers = tuple(WorkerSpec(worker_id=f"w{i + 1}", settings=settings) for i in range(engines.workers))
     config = StackConfig(model_dir=model_dir, engine="sim", workers=workers, router_port=0, metrics_port=0,
-                         namespace="benchrouter" + uuid.uuid4().hex[:8], log_dir=str(log_dir))
+                         namespace="benchrouter" + uuid.uuid4().hex[:8], log_dir=str(log_dir), routers=routers)
     stack = LocalStack(config)
     stack.start()
     try:
-        router_pids = (stack.processes["router"].pid,)
+        router_pids = tuple(process.pid for name, process in stack.processes.items()
+                            if name == "router" or name.startswith("router-"))
         yield RouterSystem(name="tandem", base_urls=(stack.router_url,), model=_served_model(stack.router_url),
                            router_pids=router_pids)
     finally:

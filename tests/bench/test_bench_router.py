@@ -1,6 +1,6 @@
 """`tandem bench router`: a tiny run (Tandem only, a few requests) as a user runs it (the
 `tandem` command in a subprocess); the JSON document has its shape and no request failed.
-A router count the local stack cannot start is refused before anything starts."""
+Two routers are compared with one; a router count out of range is refused before anything starts."""
 
 from __future__ import annotations
 
@@ -46,8 +46,19 @@ def test_a_tiny_tandem_run_reports_every_figure(tiny_model_dir: str, tmp_path) -
             assert spread["rounds"] == 2 and spread["min"] <= spread["median"] <= spread["max"]
 
 
-def test_router_counts_the_stack_cannot_start_are_refused(tmp_path) -> None:
-    completed = _bench(["--systems", "tandem", "--routers", "1,2", "--state-dir", str(tmp_path / "state")],
+def test_two_routers_are_compared_with_one(tiny_model_dir: str, tmp_path) -> None:
+    completed = _bench(["--systems", "tandem", "--routers", "1,2", "--rounds", "1", "--requests", "16",
+                        "--concurrency", "4", "--sequential", "0", "--warmup", "4", "--model-dir", tiny_model_dir,
+                        "--state-dir", str(tmp_path / "state")])
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    document = json.loads(completed.stdout)
+    assert set(document["systems"]) == {"tandem", "tandem-2-routers"}
+    assert document["rounds"][0]["tandem-2-routers"]["concurrent"]["errors"] == 0
+    assert set(document["ratios"]) == {"tandem-2-routers/tandem"}
+
+
+def test_router_counts_the_bench_does_not_start_are_refused(tmp_path) -> None:
+    completed = _bench(["--systems", "tandem", "--routers", "1,17", "--state-dir", str(tmp_path / "state")],
                        timeout_s=60)
     assert completed.returncode == 2
-    assert "2 router processes" in completed.stderr and completed.stdout == ""
+    assert "17 router processes" in completed.stderr and completed.stdout == ""
