@@ -46,6 +46,7 @@ from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import ErrorCode
+from shared.kv_event_batches import split_events
 from shared.lifecycle import reraise_if_cancelling
 from shared.request_plane import FrameSender
 from shared.schemas import (
@@ -70,6 +71,9 @@ from shared.schemas.control import control_kind
 from shared.schemas.membership import EngineCapabilities
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # a NATS server's default, when the client has not heard one
+BATCH_HEADROOM_BYTES = 1024  # the batch's own fields and the message's framing
 
 
 class WorkerService:
@@ -240,9 +244,18 @@ class WorkerService:
         events = self.engine.take_kv_events() if events is None else events
         if not events:
             return
-        self._kv_seq += 1
-        batch = KvEventBatch(worker_id=self.worker_id, seq=self._kv_seq, ts=time.time(), events=events)
-        await self.bus.client.publish(self.subjects.kv_events(self.worker_id), encode(batch))
+        subject = self.subjects.kv_events(self.worker_id)
+        batch = KvEventBatch(worker_id=self.worker_id, seq=self._kv_seq + 1, ts=time.time(), events=events)
+        data = encode(batch)
+        budget = (self.bus.client.max_payload or DEFAULT_MAX_PAYLOAD) - BATCH_HEADROOM_BYTES
+        if len(data) <= budget:
+            self._kv_seq += 1
+            await self.bus.client.publish(subject, data)
+            return
+        for part in split_events(events, budget):  # a large snapshot: several messages, numbered on
+            self._kv_seq += 1
+            await self.bus.client.publish(subject, encode(KvEventBatch(
+                worker_id=self.worker_id, seq=self._kv_seq, ts=batch.ts, events=part)))
 
     async def _publish_load(self) -> None:
         load = self.engine.load()
