@@ -61,6 +61,9 @@ async def test_vllm_prefill_worker_switches_to_decode_and_keeps_its_cache(pd_sta
         assert reply.choices[0].finish_reason == "length"
         answers = await load.stop()
 
+        # the router publishes a request's record after its answer went out
+        await wait_for(lambda: any(r.prompt_tokens == len(cached_prompt) + 3 for r in records[cordoned_at:]), 10,
+                       "the record of the request after the switch")
         [hit] = [r for r in records[cordoned_at:] if r.prompt_tokens == len(cached_prompt) + 3]
         assert hit.worker_id == "p1" and hit.outcome == "ok"
         assert hit.cached_tokens >= 2 * BLOCK, hit
