@@ -58,7 +58,7 @@ from services.router.routing.shortlist import shortlist
 from services.router.spans import end_span
 from services.router.token_source import Answered, TokenSource
 from services.router.worker_link import WorkerLink
-from services.router.worker_pool import WorkerPool
+from services.router.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
 from shared.config import RoutingConfig
 from shared.errors import ErrorCode, TandemError, Unavailable
 from shared.schemas import Finished, RoutedPrompt
@@ -73,6 +73,12 @@ def _outcome(error: BaseException) -> str:
     if isinstance(error, asyncio.CancelledError):
         return ErrorCode.CANCELLED.value
     return ErrorCode.UNAVAILABLE.value
+
+
+def build_of(view: WorkerView) -> str:
+    """The worker's compatibility hash (its model build), without the transfer group's suffix
+    for a worker that exchanges no KV (`worker_pool.transfer_group`)."""
+    return view.compat_hash.split(NO_KV_TRANSFER_MARK, 1)[0]
 
 
 def _note_route(params: GenerationParams, span: trace.Span, flow: str, reason: str) -> None:
@@ -183,17 +189,22 @@ class Dispatcher:
             return _answered(params, "cache_threshold", routed.cached_tokens)
         return await self._flows.start(params, routed, span)
 
-    def _decide(self, route: RouteRequest, excluded: set[str]) -> tuple[list[WorkerView],
-                                                                         RoutePlan | RouteRefusal | None]:
+    def _decide(self, route: RouteRequest, excluded: set[str], compat_hash: str) -> tuple[
+            list[WorkerView], RoutePlan | RouteRefusal | None]:
         """`decide` over a large fleet's shortlist (`routing.shortlist`), or over every worker
-        when there is none, or when the shortlist has no eligible worker or only full ones."""
+        when there is none, or when the shortlist has no eligible worker or only full ones;
+        only workers of `compat_hash` when given (a resumed request's first build)."""
+
+        def allowed(view: WorkerView) -> bool:
+            return view.worker_id not in excluded and (not compat_hash or build_of(view) == compat_hash)
+
         ids = shortlist(self._pool.member_ids(), route, self._routing, self._sample)
         if ids is not None:
-            views = [view for view in self._pool.views(ids) if view.worker_id not in excluded]
+            views = [view for view in self._pool.views(ids) if allowed(view)]
             outcome = decide(views, route, self._routing, self._policy)
             if outcome is not None and not (isinstance(outcome, RouteRefusal) and outcome.reason == "overloaded"):
                 return views, outcome
-        views = [view for view in self._pool.views() if view.worker_id not in excluded]
+        views = [view for view in self._pool.views() if allowed(view)]
         return views, decide(views, route, self._routing, self._policy)
 
     async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
@@ -211,13 +222,16 @@ class Dispatcher:
                                  victim_age_s=self._kv_view.victim_ages(now),
                                  home_worker=self._kv_view.homes.home(cache.prefix_key) if cache.prefix_key else None,
                                  homed_share=self._kv_view.homes.shares())
-            views, outcome = self._decide(route, excluded)
+            views, outcome = self._decide(route, excluded, params.route.compat_hash)
             self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
             self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
             span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
                                  "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
             if isinstance(outcome, RoutePlan):
                 _note_route(params, span, outcome.flow, outcome.reason)
+                if not params.route.compat_hash:
+                    params.route.compat_hash = next(build_of(view) for view in views
+                                                    if view.worker_id == outcome.worker_id)
                 if outcome.prompt is not None:  # the computing worker: held, pulled from a holder, computed
                     span.set_attributes({"tandem.cached_tokens": outcome.prompt.cached_tokens,
                                          "tandem.pulled_tokens": outcome.prompt.pulled_tokens,

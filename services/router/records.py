@@ -40,6 +40,9 @@ class RouteNote:
 
     flow: str = ""  # "single" | "disaggregated" | "none" (refused); "": never routed
     reason: str = ""
+    # the compatibility hash (model build) of its first workers: a resumed copy continues only on
+    # workers of that hash, so one answer never mixes two model versions; "": not routed yet
+    compat_hash: str = ""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
+NO_KV_TRANSFER_MARK = ":no-kv-transfer:"  # a transfer group's suffix for a worker without a data plane
 RESYNC_WAIT_S = 3.0  # after a reconnect, how long a resumed request may wait for its workers to re-register
 
 
@@ -128,7 +129,7 @@ def transfer_group(registration: WorkerRegistration) -> str:
     named as a holder to pull from (it would have to refuse)."""
     if registration.kv_transfer:
         return registration.compat_hash
-    return f"{registration.compat_hash}:no-kv-transfer:{registration.worker_id}"
+    return f"{registration.compat_hash}{NO_KV_TRANSFER_MARK}{registration.worker_id}"
 
 
 class MembershipListener(Protocol):
