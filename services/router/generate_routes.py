@@ -18,9 +18,10 @@ from collections.abc import Callable
 import msgspec
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.router.errors import tandem_error_response
+from services.router.http_input import replay_body
 from services.router.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.serving import watched
 from shared.errors import TandemError
@@ -56,7 +57,7 @@ class GenerateRoutes:
         try:
             request = endpoint.model.model_validate(_decode_json(body))
         except (msgspec.DecodeError, ValidationError):
-            await self.app(scope, _replay(body, receive), send)  # FastAPI answers it, as it always did
+            await self.app(scope, replay_body(body, receive), send)  # FastAPI answers it, as it always did
             return
         hint = next((value.decode("latin-1") for name, value in scope["headers"] if name == _ROUTE_HINT_NAME), "")
         try:
@@ -75,16 +76,3 @@ async def _read_body(receive: Receive) -> bytes | None:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

@@ -100,10 +100,10 @@ class InputGuard:
         if json_depth_exceeds(body, MAX_JSON_DEPTH):
             await _answer(send, 400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", "invalid_argument")
             return
-        await self.app(scope, _replay(bytes(body), receive), send)
+        await self.app(scope, replay_body(bytes(body), receive), send)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     """The body, already read, as one message; then whatever the client sends (a disconnect)."""
     sent = False
 
