@@ -12,7 +12,9 @@
   wait for a worker (`resync_wait_s`).
   A worker missing from the bucket after the reconnect is kept for `reconnect_grace_s` (a
   restarted server's bucket is empty until the workers put their registrations back) but
-  is not routed to (`views()`) until its registration is seen again.
+  is not routed to (`views()`) until its registration is seen again or a load snapshot of
+  it arrives (on a NATS cluster the bucket's fresh watcher may wait seconds for a leader
+  election; a worker that reports its load is alive and on the bus).
 - Load comes from `LoadSnapshot`s on `Subjects.load_all` (`LoadStream` drops stale ones).
 - `begin()` counts a request against its worker from the moment it is routed until
   `InFlight.end()`, and the uncached prompt tokens it brings until its first token
@@ -321,6 +323,9 @@ class WorkerPool:
         state.load = snapshot
         state.reported()
         state.remote_at_report = self.shared_load.remote(snapshot.worker_id)
+        if self._members.confirm(snapshot.worker_id):  # it reached us since our reconnect: it is alive
+            log.info("worker %s confirmed by its load report since the reconnect", snapshot.worker_id)
+            self._notify()
 
 
 def free_kv_tokens(load: LoadSnapshot, block_size: int) -> int:

@@ -16,7 +16,9 @@ a missing key is removed at once.
 On a NATS cluster the bucket outlives the server a client was on, but a fresh watcher
 waits for the bucket's leader, and the server lost may have been that leader (seconds of
 election). So after a reconnect each unconfirmed key is also read directly (any replica
-answers): a key still there is confirmed at once.
+answers), again and again until the fresh watcher has synced: a key still there is
+confirmed at once. A caller with its own proof that a key is current confirms it with
+`confirm(key)` (the router: a load report from the worker, sent since the reconnect).
 
 Callers: `MembershipMirror` (the members bucket, typed); anything that needs a raw bucket.
 """
@@ -27,12 +29,16 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from nats.js.errors import NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from shared.bus import Bus
 from shared.lifecycle import reraise_if_cancelling
 
 log = logging.getLogger(__name__)
+
+READ_TIMEOUT_S = 1.0  # a direct read after a reconnect gives up this soon...
+READ_RETRY_S = 0.25  # ...and is tried again this much later
 
 Change = Callable[[str, bytes | None], None]
 
@@ -84,25 +90,51 @@ class BucketMirror:
         await self._stop_watcher()
         self._synced.clear()
         self._task = asyncio.create_task(self._watch(), name=f"watch:{self._bucket_name}")
-        if self.unconfirmed and (self._reads is None or self._reads.done()):
+        if self._reads is not None:
+            self._reads.cancel()  # it read the keys of the reconnect before
+        if self.unconfirmed:
             self._reads = asyncio.create_task(self._confirm_by_reads(), name=f"confirm:{self._bucket_name}")
 
     async def _confirm_by_reads(self) -> None:
+        """Reads each unconfirmed key directly, again every `READ_RETRY_S` while it is
+        unconfirmed and the fresh watcher has not synced: just after a reconnect a read may
+        go unanswered (the cluster is still noticing the server it lost)."""
         kv = self.kv
         if kv is None:
             return
 
+        def pending(key: str) -> bool:
+            return key in self.unconfirmed and not self._synced.is_set()
+
         async def read(key: str) -> None:
-            try:
-                entry = await kv.get(key)
-            except Exception:  # gone, deleted, or no answer: the fresh watcher decides
+            failures = 0
+            while pending(key):
+                try:
+                    entry = await asyncio.wait_for(kv.get(key), READ_TIMEOUT_S)
+                except asyncio.CancelledError:
+                    raise
+                except NotFoundError:  # deleted or never there: the fresh watcher decides
+                    return
+                except Exception as error:  # no answer yet
+                    reraise_if_cancelling(error)
+                    failures += 1
+                    if failures == 1:
+                        log.info("bucket %s: direct read of %s after a reconnect failed (%r); retrying",
+                                 self._bucket_name, key, error)
+                    await asyncio.sleep(READ_RETRY_S)
+                    continue
+                # the watcher may have seen it meanwhile, with a newer value: it had the last word
+                if entry.value is not None and pending(key) and self._confirm(key):
+                    self.values[key] = entry.value
+                    self._emit(key, entry.value)
                 return
-            # the watcher may have seen it meanwhile, with a newer value: it had the last word
-            if entry.value is not None and key in self.unconfirmed and self._confirm(key):
-                self.values[key] = entry.value
-                self._emit(key, entry.value)
 
         await asyncio.gather(*(read(key) for key in list(self.unconfirmed)))
+
+    def confirm(self, key: str) -> bool:
+        """The caller has its own proof that `key` is current (a live worker's load report):
+        confirmed now, its pending removal called off; whether it was unconfirmed."""
+        return self._confirm(key)
 
     def _confirm(self, key: str) -> bool:
         """The watcher saw `key`: confirmed, its pending removal called off; whether it was unconfirmed."""

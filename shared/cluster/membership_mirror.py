@@ -13,7 +13,8 @@ that never held a good one is no event.
 With a `grace_s` (the routers pass the bucket's TTL), a worker missing from the bucket
 after a reconnect stays a member for that long (a restarted server's memory-stored
 bucket comes back empty until the workers put their registrations back), but is listed
-in `unconfirmed` until its registration is seen again: callers route no new work to it.
+in `unconfirmed` until its registration is seen again, or `confirm(worker_id)` is called
+with other proof that it is alive: callers route no new work to it meanwhile.
 
 `apply(key, value)` is the bucket callback; tests call it with plain bytes, no bus.
 Callers: the router's worker pool, the metrics collector, the orchestrator.
@@ -53,6 +54,11 @@ class MembershipMirror:
     def unconfirmed(self) -> set[str]:
         """Members not seen in the bucket since the last reconnect (with a grace only)."""
         return self._mirror.unconfirmed
+
+    def confirm(self, worker_id: str) -> bool:
+        """`worker_id` showed it is alive since the reconnect (its load report came in): no
+        longer unconfirmed; whether it was."""
+        return worker_id in self._mirror.unconfirmed and self._mirror.confirm(worker_id)
 
     async def start(self) -> None:
         """Returns once the bucket's current members have been reported."""

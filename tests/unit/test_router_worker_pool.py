@@ -115,3 +115,18 @@ def test_a_load_report_replaces_what_it_already_counts() -> None:
     assert view(pool, "w1").predicted_prefill_tokens == 1050
     later.prefill_done()
     assert (view(pool, "w1").predicted_load, view(pool, "w1").predicted_prefill_tokens) == (2, 1000)
+
+
+def test_after_a_reconnect_a_load_report_confirms_its_worker() -> None:
+    """On a NATS cluster the bucket's fresh watcher may wait seconds for a leader election
+    after a reconnect; a worker whose load report arrives meanwhile is alive: routable again."""
+    pool = WorkerPool(None, Subjects(), MalformedCounter(), reconnect_grace_s=15.0)  # type: ignore[arg-type]
+    for worker_id in ("w1", "w2"):
+        put(pool, worker_id, started_at=1.0, heartbeat_at=1.0)
+    pool._members._mirror.unconfirmed = {"w1", "w2"}  # what the disconnect hook does to the keys it held
+    assert pool.views() == [] and pool.member_ids() == ["w1", "w2"]
+    report(pool, "w1", seq=1, running=0, pending_prefill_tokens=0)
+    assert [view.worker_id for view in pool.views()] == ["w1"]
+    assert pool._members.unconfirmed == {"w2"}
+    report(pool, "w1", seq=2, running=0, pending_prefill_tokens=0)  # already confirmed: nothing changes
+    assert [view.worker_id for view in pool.views()] == ["w1"]
