@@ -156,6 +156,8 @@ class Dispatcher:
             return _answered(params, "stop")  # lost between the last token and its `Finished`
         if remaining <= 0:
             return _answered(params, "length")
+        if not generated:  # nothing answered yet: a plain retry, on any model build
+            params.route.compat_hash = ""
         continued = dataclasses.replace(
             params, request_id=f"{params.request_id}-r{attempt}",  # the worker may still know the first id
             prompt_ids=[*params.prompt_ids, *generated],

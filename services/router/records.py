@@ -40,8 +40,9 @@ class RouteNote:
 
     flow: str = ""  # "single" | "disaggregated" | "none" (refused); "": never routed
     reason: str = ""
-    # the compatibility hash (model build) of its first workers: a resumed copy continues only on
-    # workers of that hash, so one answer never mixes two model versions; "": not routed yet
+    # the compatibility hash (model build) of its workers: once a token is generated, a resumed
+    # copy continues only on workers of that hash, so one answer never mixes two model versions
+    # (a retry before the first token may go to any build, and sets it anew); "": not routed yet
     compat_hash: str = ""
 
 

@@ -115,6 +115,41 @@ async def test_a_worker_lost_before_its_first_token_is_retried_elsewhere(router:
         await metrics_text(router)
 
 
+async def test_a_retry_before_the_first_token_may_change_model_version(router: Router, start) -> None:
+    """A rolling upgrade: the v1 worker is lost before answering, only v2 is left: the
+    request starts over on v2 (nothing of v1's reached the client)."""
+    doomed = await start("w1", stall=True, model_version="v1")
+    await wait_for_workers(router, 1)
+    reply = asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT,
+                                                                 max_tokens=MAX_TOKENS))
+    await wait_for(lambda: doomed.requests, DEADLINE_S, "the doomed worker's request")
+    rescuer = await start("w2", model_version="v2")
+    await wait_for_workers(router, 2)
+    await doomed.lose()
+    result = await asyncio.wait_for(reply, DEADLINE_S)
+    assert result.usage.completion_tokens == MAX_TOKENS and len(rescuer.requests) == 1
+    await wait_until_idle(router)
+
+
+async def test_a_resume_mid_stream_never_changes_model_version(router: Router, start) -> None:
+    """Lost after its first tokens with only a worker of another version left: the stream
+    ends with an explicit error rather than mixing two versions in one answer."""
+    doomed = await start("w1", hold=True, hold_at=4, model_version="v1")
+    await wait_for_workers(router, 1)
+    stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS,
+                                                    stream=True)
+    first = await anext(stream)
+    assert first.choices[0].text and doomed.requests
+    other = await start("w2", model_version="v2")
+    await wait_for_workers(router, 2)
+    await doomed.lose()
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            pass
+    assert not other.requests
+    await wait_until_idle(router)
+
+
 async def test_attempts_are_bounded(bus_config: BusConfig, model_dir: str, start) -> None:
     config = router_config(bus_config, model_dir, max_attempts=2)
     async with running_router(config) as router:
