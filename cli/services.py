@@ -330,6 +330,9 @@ def worker(
     kv_retry_deadline_ms: Annotated[float, typer.Option(
         help="No retry of a failed block starts later than this after the first read.")] = 500.0,
     load_interval: Annotated[float, typer.Option(help="Seconds between two load snapshots.")] = 0.25,
+    caller_check_interval: Annotated[float, typer.Option(
+        help="Seconds between two checks that a long request's caller (a router) is still there; "
+             "a request whose caller is gone is cancelled. 0: never checked.")] = 5.0,
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
     nats_creds_file: NatsCreds = "",
@@ -369,6 +372,7 @@ def worker(
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file, nats_replicas),
                           membership=membership_config(heartbeat_interval, ttl), load_interval_s=load_interval,
+                          caller_check_interval_s=caller_check_interval,
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     run_service(run_worker(config))
 

@@ -178,6 +178,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     load_interval_s: float = 0.25
     kv_event_interval_s: float = 0.02
     drain_timeout_s: float = 30.0
+    # every this often, a request running longer asks its caller's inbox whether anyone still
+    # listens (a router that died leaves none): if not, it is cancelled; 0: never asked
+    caller_check_interval_s: float = 5.0
     kv_transfer: KvTransferConfig = KvTransferConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
@@ -192,6 +195,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
                  "max_num_batched_tokens must be at least one block")
         _require(self.max_model_len > 0, "max_model_len must be positive")
         _require(self.sim_speedup > 0, "sim speed-up must be positive")
+        _require(self.caller_check_interval_s >= 0, "the caller check interval must not be negative")
         _require(self.vllm_block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
         self.membership.validate()
         self.kv_transfer.validate()

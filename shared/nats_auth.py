@@ -53,6 +53,9 @@ class Role(str, Enum):
 class Permissions(msgspec.Struct, frozen=True, kw_only=True):
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    # may answer each request it receives, once (`allow_responses`), without publishing to
+    # inboxes at large: the router answering the workers' probes of its streams' inboxes
+    responses: bool = False
 
 
 class NatsUser(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,7 +150,7 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
     if user.role is Role.ORCHESTRATOR:  # its SLO planner: load and request records in, decisions out
         subscribe += [s.load_all, s.request_events]
         publish += [s.planner_decisions]
-    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
+    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), responses=user.role is Role.ROUTER)
 
 
 class ServerTls(msgspec.Struct, frozen=True, kw_only=True):
@@ -182,6 +185,7 @@ def render_server_config(users: list[AuthorizedUser], tls: ServerTls | None = No
                   "      permissions: {",
                   f"        publish: {{ allow: {_list(user.permissions.publish)} }}",
                   f"        subscribe: {{ allow: {_list(user.permissions.subscribe)} }}",
+                  *(["        allow_responses: true"] if user.permissions.responses else []),
                   "      }",
                   "    }"]
     lines += ["  ]", "}"]

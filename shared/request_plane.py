@@ -7,7 +7,11 @@ accept timeout), `Timeout` (the worker went silent for the idle timeout), `Strea
 (a frame was lost), `Disconnected` (aborted from outside, e.g. the worker left the
 cluster), or the worker's own `Failed` code. Never a silently truncated stream.
 
-Worker (`FrameSender`) numbers frames from 0 so the caller can detect gaps.
+Worker (`FrameSender`) numbers frames from 0 so the caller can detect gaps. A frame is
+never sent with a reply subject: a message that has one is a worker's liveness probe
+(`FrameSender.caller_alive`), answered at once by the caller's inbox and never queued. A
+caller that died has no inbox left, so NATS answers "no responders" and the worker knows
+to stop generating for nobody.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 
 from shared.bus import Bus
 from shared.codec import Codec, encode
@@ -72,6 +77,9 @@ class ResponseInbox:
         self._queues.pop(reply[len(self._prefix):], None)
 
     async def _deliver(self, msg: Msg) -> None:
+        if msg.reply:
+            await _answer_probe(msg)
+            return
         queue = self._queues.get(msg.subject[len(self._prefix):])
         if queue is not None:  # a closed stream's late frame is dropped, as an unsubscribed one's
             queue.put_nowait(msg)
@@ -101,8 +109,14 @@ class ResponseStream:
             await self._bus.client.publish(self.subject, payload, reply=self._reply, headers=headers)
             return
         inbox = self._bus.client.new_inbox()
-        self._sub = await self._bus.client.subscribe(inbox, cb=self._queue.put)
+        self._sub = await self._bus.client.subscribe(inbox, cb=self._receive)
         await self._bus.client.publish(self.subject, payload, reply=inbox, headers=headers)
+
+    async def _receive(self, msg: Msg) -> None:
+        if msg.reply:
+            await _answer_probe(msg)
+        else:
+            self._queue.put_nowait(msg)
 
     def abort(self, error: TandemError) -> None:
         """End the stream from outside (worker removed, client gone)."""
@@ -183,6 +197,13 @@ class ResponseStream:
                     raise from_code(code, message)
 
 
+async def _answer_probe(msg: Msg) -> None:
+    try:
+        await msg.respond(b"")
+    except Exception:
+        pass  # connection going away: the worker's probe times out and asks again later
+
+
 async def open_stream(
     bus: Bus,
     subject: str,
@@ -211,6 +232,17 @@ class FrameSender:
             raise RuntimeError("stream already ended")
         await self._bus.client.publish(self._reply, encode(frame))
         self._seq += 1
+
+    async def caller_alive(self, timeout_s: float) -> bool | None:
+        """Whether the caller's inbox still listens: True (it answered), False (NATS says
+        nobody subscribes to it: the caller is gone), None (no answer in time: unknown)."""
+        try:
+            await self._bus.client.request(self._reply, b"", timeout=timeout_s)
+        except NoRespondersError:
+            return False
+        except TimeoutError:
+            return None
+        return True
 
     async def accepted(self, worker_id: str) -> None:
         await self._send(Accepted(seq=self._seq, worker_id=worker_id))

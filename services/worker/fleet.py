@@ -84,6 +84,9 @@ class WorkerFleet:
         ticker.every("heartbeat", template.membership.heartbeat_interval_s,
                      lambda index: self.services[index].heartbeat(), concurrent=True)
         ticker.every("load", template.load_interval_s, self._flush_and_publish_load)
+        if template.caller_check_interval_s > 0:
+            ticker.every("callers", template.caller_check_interval_s,
+                         lambda index: self.services[index].callers.sweep(), concurrent=True)
         self._ticker = ticker
         self._flusher = asyncio.create_task(self._flush_busy_forever(template.kv_event_interval_s),
                                             name="fleet-kv-events")

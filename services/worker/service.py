@@ -40,6 +40,7 @@ from nats.aio.msg import Msg
 from connector.dataplane import DataPlane
 from services.worker import admin_state
 from services.worker.admin_state import AdminState
+from services.worker.caller_watch import CallerWatch
 from services.worker.engine import Engine
 from services.worker.request_runner import RequestRunner
 from shared.bus import Bus
@@ -90,6 +91,7 @@ class WorkerService:
         self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, self.malformed)
         self._control: Codec[ControlMessage] = Codec(ControlMessage, self.malformed)
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self.callers = CallerWatch(config.worker_id, config.caller_check_interval_s)
         self._admin = AdminState(role=config.role)
         self._started_at = time.time()
         self._kv_seq = 0
@@ -135,6 +137,8 @@ class WorkerService:
             asyncio.create_task(self._every(self.config.kv_event_interval_s, self._publish_kv_events)),
             asyncio.create_task(self._every(self.config.load_interval_s, self._publish_load)),
         ]
+        if timers and self.callers.interval_s > 0:
+            self._loops.append(asyncio.create_task(self._every(self.callers.interval_s, self.callers.sweep)))
         log.info("worker %s serving %s (%s, %s)", self.worker_id, self.engine.info.model,
                  self.role.value, self.engine.info.engine)
 
@@ -301,6 +305,7 @@ class WorkerService:
                                    name=f"request:{request.request_id}")
         self._inflight[request.request_id] = task
         task.add_done_callback(lambda _: self._inflight.pop(request.request_id, None))
+        self.callers.track(request.request_id, sender, task)
 
     # ---- control plane ---------------------------------------------------------------
 

@@ -31,7 +31,8 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
-SLOW_WORKER = ("--load-interval", "30", "--sim-speedup", "0.5")  # ~18 ms a token
+SLOW_WORKER = ("--load-interval", "30", "--sim-speedup", "0.5",  # ~18 ms a token
+               "--caller-check-interval", "1")
 WORKERS = (WorkerSpec(worker_id="w1", extra_args=SLOW_WORKER), WorkerSpec(worker_id="w2", extra_args=SLOW_WORKER))
 LONG = 400  # tokens: ~7 s a stream (the killed router must expire while the other's streams run)
 PEER_EXPIRY_S = 2.0  # four missed heartbeats of 0.5 s (`shared_load.MISSED_HEARTBEATS`)
@@ -61,6 +62,13 @@ async def requests_served(router_url: str) -> float:
 
 async def load_is(router_url: str, total: float) -> bool:
     return sum((await predicted_load(router_url)).values()) == total
+
+
+def orphans_cancelled(stack: LocalStack) -> int:
+    """Requests the workers cancelled because their caller was gone (from the workers' logs:
+    their load reports come only every 30 s here)."""
+    return sum(stack.processes[spec.worker_id].log_path.read_text(errors="replace").count(
+        "is gone: request cancelled") for spec in WORKERS)
 
 
 async def first_chunk(client: openai.AsyncOpenAI, prompt: str) -> AsyncIterator[Completion]:
@@ -121,6 +129,11 @@ async def test_a_killed_router_fails_only_its_own_streams_and_its_load_expires(r
     # the dead router's requests still count for a while (it may only be slow), then expire
     await wait_for(lambda: load_is(router_b, 3), PEER_EXPIRY_S + 2.0, "the dead router's load expires")
     assert time.monotonic() - killed_at < PEER_EXPIRY_S + 2.0
+
+    # the workers learn the dead router's streams have no reader and cancel them (a check a
+    # second), long before their ~7 s of tokens would have run out
+    await wait_for(lambda: orphans_cancelled(replicas) == 3, 4.0, "the dead router's requests cancelled")
+    assert time.monotonic() - killed_at < 5.0
 
     # the other router's streams all complete, in full
     finishes = await asyncio.gather(*(drain(iterator) for iterator in kept))

@@ -27,6 +27,7 @@ from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.nats_secrets import Credentials, CredentialsError, write_credentials
 from shared.nats_security import NatsSecurity
 from shared.nats_server import EmbeddedNats
+from shared.request_plane import FrameSender, ResponseInbox
 from shared.schemas import Cancel, Drain, KvSnapshotRequest, WorkerStatus
 from shared.schemas.transfer import LeaseAck, LeaseRefused, LeaseRelease, LeaseReply, LeaseRequest
 from shared.subjects import Subjects
@@ -221,6 +222,24 @@ async def test_the_router_cannot_ask_for_kv_leases_nor_drain(users, caplog) -> N
     assert received.subjects == [SUBJECTS.kv_release("w1"), SUBJECTS.control("w1", "cancel")]
     await w2.client.publish(SUBJECTS.kv_lease("w1"), encode(lease))  # a worker may
     await wait_for(lambda: len(received.subjects) == 3, 10, "a worker's lease request")
+
+
+async def test_the_router_answers_a_workers_probe_of_its_inbox_but_publishes_to_no_inbox(users, caplog) -> None:
+    """A worker asks whether a stream's caller is still there (`FrameSender.caller_alive`):
+    the router's inbox answers, once, by `allow_responses`; the router still cannot
+    publish into an inbox it was not asked from (it could forge a worker's replies)."""
+    w1, router = await users("worker-w1"), await users("router")
+    inbox = await ResponseInbox(router).open()
+    reply = inbox.register(asyncio.Queue())
+    await subscribed(router)
+    assert await FrameSender(w1, reply).caller_alive(5.0) is True
+    received = await Inbox().subscribe(w1, "_INBOX.worker-w1.forged")
+    await router.client.publish("_INBOX.worker-w1.forged", b"a forged reply")
+    await assert_refused(caplog, 'Publish to "_INBOX.worker-w1.forged"')
+    assert not received.subjects
+    await inbox.close()
+    await subscribed(router)
+    assert await FrameSender(w1, reply).caller_alive(5.0) is False  # nobody listens: the caller is gone
 
 
 async def test_a_worker_registers_only_itself(users) -> None:

@@ -4,6 +4,7 @@ membership registration, KV and load events, cancel, drain, snapshot, bad messag
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -17,7 +18,7 @@ from shared.bus import Bus, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.errors import InvalidArgument, NotFound, Unavailable
-from shared.request_plane import open_stream
+from shared.request_plane import ResponseInbox, ResponseStream, open_stream
 from shared.schemas import (
     AllBlocksCleared,
     BlockStored,
@@ -185,3 +186,38 @@ async def test_stop_after_the_nats_connection_closed_still_stops_everything(bus_
     await asyncio.wait_for(service.stop(), 10)  # does not raise
     assert service.stopped.is_set()
     assert all(loop.done() for loop in service._loops), "a heartbeat or event loop still runs"
+
+
+async def test_a_request_whose_caller_is_gone_is_cancelled_and_a_live_callers_is_not(
+        bus: Bus, bus_config: BusConfig) -> None:
+    """The caller's NATS connection closes mid-stream (a router SIGKILLed): the worker's next
+    probe of its inbox gets "no responders" and cancels the request, long before
+    `max_tokens`; a caller that is still there answers the probes and gets its whole answer."""
+    config = WorkerConfig(worker_id="w-probe", bus=bus_config, kv_blocks=256, block_size=16, sim_speedup=5,
+                          caller_check_interval_s=0.2, membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0))
+    engine = SimEngine(config, model_name="tiny", vocab_size=512)
+    await engine.start()
+    service = WorkerService(config, engine, bus)
+    await service.start()
+    subject = bus_config.subjects.generate("w-probe")
+    try:
+        caller = await connect(bus_config.nats_url, "test-doomed-caller")
+        stream = await open_stream(caller, subject, request("r-orphan", list(range(3, 60)), max_tokens=1900))
+        await anext(stream.frames())  # running
+        await caller.close()  # gone without a cancel
+        await wait_for(lambda: service.inflight == 0, 5.0, "the orphaned request to be cancelled")
+        assert service.callers.orphans_cancelled == 1 and engine.load().kv_used_blocks == 0
+
+        started = time.monotonic()
+        tokens, finished = await collect(bus, subject, request("r-live", list(range(3, 60)), max_tokens=400))
+        assert len(tokens) == 400 and finished.finish_reason == "length"
+        inbox = await ResponseInbox(bus).open()  # the router's way: one subscription for all its streams
+        shared = ResponseStream(bus, subject, accept_timeout_s=2.0, idle_timeout_s=10.0, inbox=inbox)
+        await shared.send(encode(request("r-live-2", list(range(3, 60)), max_tokens=400)))
+        assert len([t async for frame in shared.frames() for t in frame.token_ids]) == 400
+        await shared.close()
+        await inbox.close()
+        assert time.monotonic() - started > 3 * config.caller_check_interval_s, "too short to be probed"
+        assert service.callers.orphans_cancelled == 1
+    finally:
+        await service.stop()

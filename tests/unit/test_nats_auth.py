@@ -58,6 +58,9 @@ def test_the_router_neither_drains_nor_asks_for_leases() -> None:
             "ns.v1.kv.release.*"} <= set(p.publish)
     assert not [s for s in p.publish if "drain" in s or "kv.lease" in s or s.startswith("$KV.") or s == "_INBOX.>"]
     assert p.subscribe[0] == "_INBOX.router.>"
+    # it answers the requests it gets (the workers' probes of its streams), and it alone
+    assert p.responses and not [user.name for user in stack_users(["w1"])
+                                if user.name != "router" and permissions(user, S).responses]
 
 
 def test_only_the_operator_and_the_orchestrator_drain_and_the_operator_cannot_create_the_bucket() -> None:
