@@ -178,7 +178,10 @@ class _Pods:
         container["readinessProbe"] = http_probe(ROUTER_READY, "http", period_s=5)
         container["livenessProbe"] = http_probe(router.health, "http", failures=6)
         spec = self._pod_spec(container, "router", grace_s=60, model=True, api_keys=True)
-        return [self._deployment(ROUTER, spec, replicas=1, strategy=rolling(), scrape_port=router.port),
+        # `routers` replicas behind the Service: each pod's router shares its predicted load
+        # with the others over NATS (a random router id each), as `tandem up --routers N`'s do
+        return [self._deployment(ROUTER, spec, replicas=self.definition.routers, strategy=rolling(),
+                                 scrape_port=router.port),
                 service(self._meta(ROUTER), selector_labels(self.definition.name, ROUTER), [("http", router.port)])]
 
     def worker(self, group: WorkerGroup) -> dict[str, object]:

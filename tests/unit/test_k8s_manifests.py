@@ -159,6 +159,12 @@ def test_worker_replicas_and_commands_follow_the_definition(definition) -> None:
     assert named(scaled, "Deployment", "tandem-decode")["spec"]["replicas"] == 3
 
 
+def test_router_replicas_follow_the_definition(definition) -> None:
+    assert named(k8s_documents(definition), "Deployment", "tandem-router")["spec"]["replicas"] == definition.routers
+    two = k8s_documents(msgspec.structs.replace(definition, routers=2))
+    assert named(two, "Deployment", "tandem-router")["spec"]["replicas"] == 2
+
+
 def test_commands_are_the_compose_stacks(definition) -> None:
     """Both renderers build command lines with the same helper: only the NATS host and the
     worker id differ."""
