@@ -296,7 +296,12 @@ def metrics(
 
 @app.command()
 def worker(
-    worker_id: Annotated[str, typer.Option(envvar="TANDEM_WORKER_ID", help="Unique worker id.")],
+    worker_id: Annotated[str, typer.Option(
+        envvar="TANDEM_WORKER_ID", help="Unique worker id (with --worker-slots: the slot to claim).")] = "",
+    worker_slots: Annotated[str, typer.Option(
+        help="Claim a worker slot in this directory (`shared.worker_slots`) and run under its id.")] = "",
+    worker_slot_nats_dir: Annotated[str, typer.Option(
+        help="With --worker-slots: the NATS files' directory; connect as the slot's own user.")] = "",
     role: Annotated[WorkerRole, typer.Option(help="prefill | decode | both")] = WorkerRole.BOTH,
     engine: Annotated[str, typer.Option(envvar="TANDEM_ENGINE", help="sim | vllm (`tandem engines`).")] = "sim",
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR")] = "",
@@ -346,9 +351,11 @@ def worker(
     """Run an engine worker that serves one engine on NATS."""
     from services.worker.engines import engine_names
     from services.worker.main import run_worker
-    from shared.config import KvFaultConfig, KvRetryConfig, KvTransferConfig, WorkerConfig
+    from shared.config import KvFaultConfig, KvRetryConfig, KvTransferConfig, WorkerConfig, WorkerSlotsConfig
 
     setup_logging(log_level)
+    if not worker_id and not worker_slots:
+        raise typer.BadParameter("a worker id is needed (or --worker-slots)", param_hint="--worker-id")
     if engine not in engine_names():
         raise typer.BadParameter(f"must be one of: {', '.join(engine_names())}", param_hint="--engine")
     config = WorkerConfig(worker_id=worker_id, role=role, engine=engine, model_dir=model_dir,  # type: ignore[arg-type]
@@ -369,7 +376,8 @@ def worker(
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file, nats_replicas),
                           membership=membership_config(heartbeat_interval, ttl), load_interval_s=load_interval,
-                          tracing=tracing_config(trace_exporter, otlp_endpoint))
+                          tracing=tracing_config(trace_exporter, otlp_endpoint),
+                          slots=WorkerSlotsConfig(directory=worker_slots, nats_dir=worker_slot_nats_dir))
     run_service(run_worker(config))
 
 
