@@ -249,8 +249,9 @@ def test_stopping_a_worker_drains_it(sim_stack: ComposeStack) -> None:
 
 def test_a_restarted_worker_claims_a_slot_again(sim_stack: ComposeStack) -> None:
     """The drained container's slot was let go with its process; started again, it takes one."""
-    stopped = [container for container in sim_stack.compose("ps", "-q", "-a", "decode").stdout.split()
-               if container not in sim_stack.containers("decode")]
+    stopped = run(["docker", "ps", "-q", "--filter", "status=exited",
+                   "--filter", f"label=com.docker.compose.project={sim_stack.project}",
+                   "--filter", "label=com.docker.compose.service=decode"]).stdout.split()
     assert len(stopped) == 1
     run(["docker", "start", stopped[0]])
     sim_stack.wait_ready(serving_workers=2)
