@@ -349,6 +349,8 @@ def worker(
     log_level: LogLevel = "info",
 ) -> None:
     """Run an engine worker that serves one engine on NATS."""
+    import msgspec
+
     from services.worker.engines import engine_names
     from services.worker.main import run_worker
     from shared.config import KvFaultConfig, KvRetryConfig, KvTransferConfig, WorkerConfig, WorkerSlotsConfig
@@ -376,8 +378,10 @@ def worker(
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file, nats_replicas),
                           membership=membership_config(heartbeat_interval, ttl), load_interval_s=load_interval,
-                          tracing=tracing_config(trace_exporter, otlp_endpoint),
-                          slots=WorkerSlotsConfig(directory=worker_slots, nats_dir=worker_slot_nats_dir))
+                          tracing=tracing_config(trace_exporter, otlp_endpoint))
+    if worker_slots:  # the id and NATS files: the slot's, claimed when the worker starts
+        config = msgspec.structs.replace(config, slots=WorkerSlotsConfig(directory=worker_slots,
+                                                                         nats_dir=worker_slot_nats_dir))
     run_service(run_worker(config))
 
 
