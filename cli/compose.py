@@ -15,13 +15,17 @@ app = typer.Typer(help="Docker Compose: the stack definition as a compose file."
 def render(
     stack: Annotated[str, typer.Option(help="Stack definition (TOML); default: the packaged local stack.")] = "",
     output: Annotated[str, typer.Option("--output", "-o", help="Write here instead of stdout.")] = "",
+    worker_slots: Annotated[int, typer.Option(
+        help="Worker slots (a NATS user each; one per running worker) when TANDEM_WORKER_SLOTS is unset.")] = 8,
 ) -> None:
     """Print the compose file of a stack definition."""
     from launch.compose import render_compose
     from launch.definition import DefinitionError, default_definition_path, load_definition
 
+    if worker_slots < 1:
+        raise typer.BadParameter("at least one worker slot is needed", param_hint="--worker-slots")
     try:
-        text = render_compose(load_definition(stack or default_definition_path()))
+        text = render_compose(load_definition(stack or default_definition_path()), worker_slots=worker_slots)
     except DefinitionError as error:
         typer.secho(f"error: {error}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -36,12 +40,19 @@ def secrets(
     directory: Annotated[str, typer.Argument(help="Where the secrets live (the compose stack's volume).")] = "/secrets",
     namespace: Annotated[str, typer.Option(help="The stack's namespace (NATS permissions).")] = "tandem",
     nats_host: Annotated[list[str], typer.Option(help="A host name clients dial NATS at (repeat).")] = ["nats"],
+    worker_slots: Annotated[int, typer.Option(help="Worker slots: a worker id and NATS user each.")] = 8,
+    slots_dir: Annotated[str, typer.Option(help="Where the workers claim their slots (a volume they share).")] = "",
 ) -> None:
-    """Make the compose stack's API key and NATS users, TLS and server configuration where
-    missing (`launch.compose_secrets`); keep those already there. Prints paths, never a secret."""
+    """Make the compose stack's API key, NATS users (one per worker slot), TLS and server
+    configuration where missing, and the slots (`launch.compose_secrets`); keep those already
+    there. Prints paths, never a secret."""
     from launch.compose_secrets import ensure_secrets
 
+    if worker_slots < 1:
+        raise typer.BadParameter("at least one worker slot is needed", param_hint="--worker-slots")
     hosts = tuple(dict.fromkeys([*nats_host, "localhost", "127.0.0.1"]))
-    made = ensure_secrets(directory, namespace, hosts)
+    made = ensure_secrets(directory, namespace, hosts, worker_slots=worker_slots, slots_dir=slots_dir or None)
     typer.echo(f"API keys: {made.api_keys_file} (the key: {made.api_key_file})")
     typer.echo(f"NATS: {made.nats_dir} ({'made' if made.made_nats else 'kept'})")
+    slots = made.worker_slots
+    typer.echo(f"worker slots: {len(slots)} ({slots[0]}..{slots[-1]})" + (f" in {slots_dir}" if slots_dir else ""))

@@ -296,7 +296,12 @@ def metrics(
 
 @app.command()
 def worker(
-    worker_id: Annotated[str, typer.Option(envvar="TANDEM_WORKER_ID", help="Unique worker id.")],
+    worker_id: Annotated[str, typer.Option(
+        envvar="TANDEM_WORKER_ID", help="Unique worker id (with --worker-slots: the slot to claim).")] = "",
+    worker_slots: Annotated[str, typer.Option(
+        help="Claim a worker slot in this directory (`shared.worker_slots`) and run under its id.")] = "",
+    worker_slot_nats_dir: Annotated[str, typer.Option(
+        help="With --worker-slots: the NATS files' directory; connect as the slot's own user.")] = "",
     role: Annotated[WorkerRole, typer.Option(help="prefill | decode | both")] = WorkerRole.BOTH,
     engine: Annotated[str, typer.Option(envvar="TANDEM_ENGINE", help="sim | vllm (`tandem engines`).")] = "sim",
     model_dir: Annotated[str, typer.Option(envvar="TANDEM_MODEL_DIR")] = "",
@@ -347,11 +352,15 @@ def worker(
     log_level: LogLevel = "info",
 ) -> None:
     """Run an engine worker that serves one engine on NATS."""
+    import msgspec
+
     from services.worker.engines import engine_names
     from services.worker.main import run_worker
-    from shared.config import KvFaultConfig, KvRetryConfig, KvTransferConfig, WorkerConfig
+    from shared.config import KvFaultConfig, KvRetryConfig, KvTransferConfig, WorkerConfig, WorkerSlotsConfig
 
     setup_logging(log_level)
+    if not worker_id and not worker_slots:
+        raise typer.BadParameter("a worker id is needed (or --worker-slots)", param_hint="--worker-id")
     if engine not in engine_names():
         raise typer.BadParameter(f"must be one of: {', '.join(engine_names())}", param_hint="--engine")
     config = WorkerConfig(worker_id=worker_id, role=role, engine=engine, model_dir=model_dir,  # type: ignore[arg-type]
@@ -374,6 +383,9 @@ def worker(
                           membership=membership_config(heartbeat_interval, ttl), load_interval_s=load_interval,
                           caller_check_interval_s=caller_check_interval,
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
+    if worker_slots:  # the id and NATS files: the slot's, claimed when the worker starts
+        config = msgspec.structs.replace(config, slots=WorkerSlotsConfig(directory=worker_slots,
+                                                                         nats_dir=worker_slot_nats_dir))
     run_service(run_worker(config))
 
 

@@ -13,8 +13,11 @@ device reservation), an embedded NATS, a one-shot service writing the tiny model
 volume, a one-shot `secrets` service making the router's API key and the NATS users, TLS
 and server configuration in the `secrets` volume (`launch.compose_secrets`; every service
 mounts it read-only and gets its files' paths in `TANDEM_*` variables), health checks (the router's readiness `/ready`), drain on stop, and the
-`observability` profile (`launch.compose_observability`). Workers join by themselves: each
-replica names itself `<group>-<container hostname>`, so `--scale decode=3` just works.
+`observability` profile (`launch.compose_observability`). Workers join by themselves: the
+secrets service makes N worker slots (`TANDEM_WORKER_SLOTS`, default `render_compose`'s
+`worker_slots`), a worker id and NATS user each, and every worker replica claims a free one
+in the shared `slots` volume (`shared.worker_slots`), so `--scale decode=3` just works while
+slots last and no worker holds credentials that act for another.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from dataclasses import dataclass
 from launch.compose_args import ContainerArgs
 from launch.compose_observability import OTLP_TRACES_ENDPOINT, observability_services
 from launch.compose_secrets import (
+    DEFAULT_WORKER_SLOTS,
     SECRETS_DIR,
-    SHARED_WORKER,
+    SLOTS_DIR,
     api_keys_env,
+    nats_dir_path,
     nats_env,
     server_config_path,
 )
@@ -35,6 +40,8 @@ from launch.compose_yaml import to_yaml
 from launch.definition import METRICS, NATS, ORCHESTRATOR, ROUTER, StackDefinition, WorkerGroup, checked
 
 MODEL_VOLUME, NATS_VOLUME, SECRETS_VOLUME = "models", "nats-data", "secrets"
+SLOTS_VOLUME = "slots"  # the worker slots' lock files: written by the workers, so not in secrets
+WORKER_SLOTS_VAR = "TANDEM_WORKER_SLOTS"
 TINY_MODEL_DIR = "/models/tiny"
 NATS_PORT, NATS_MONITOR_PORT = 4222, 8222
 ROUTER_READY = "/ready"  # compose health checks mean readiness; the definition's `health` is liveness
@@ -81,7 +88,10 @@ HEADER = """\
 #
 # Secure by default: the router wants an API key, made on the first start in the secrets
 # volume (read it: docker compose exec router cat /secrets/api-key); NATS takes only the
-# services' users, over TLS with client certificates (files in the same volume).
+# services' users, over TLS with client certificates (files in the same volume). Each worker
+# claims one of TANDEM_WORKER_SLOTS worker slots, a NATS user each (default below, in the
+# secrets service's command); more workers than slots: raise it and recreate the stack,
+#   TANDEM_WORKER_SLOTS=16 docker compose up -d --force-recreate
 #
 # Variables: PORT (router, 8000), METRICS_PORT (9100), TANDEM_BASE_IMAGE, TANDEM_IMAGE,
 # TANDEM_VLLM_CPU_IMAGE, TANDEM_VLLM_GPU_IMAGE, TANDEM_CUDA_BASE_IMAGE, TANDEM_NATS_IMAGE,
@@ -90,17 +100,17 @@ HEADER = """\
 """
 
 
-def render_compose(definition: StackDefinition) -> str:
-    """The compose file's text for `definition`."""
-    return HEADER + to_yaml(compose_document(definition))
+def render_compose(definition: StackDefinition, *, worker_slots: int = DEFAULT_WORKER_SLOTS) -> str:
+    """The compose file's text for `definition` (`worker_slots`: unless TANDEM_WORKER_SLOTS says)."""
+    return HEADER + to_yaml(compose_document(definition, worker_slots=worker_slots))
 
 
-def compose_document(definition: StackDefinition) -> dict[str, object]:
+def compose_document(definition: StackDefinition, *, worker_slots: int = DEFAULT_WORKER_SLOTS) -> dict[str, object]:
     """The compose file as data: services and volumes."""
     definition = checked(definition, definition.name)
     nats_url = definition.nats.url or f"nats://{NATS}:{NATS_PORT}"
     model_dir = definition.model_dir or TINY_MODEL_DIR
-    services: dict[str, object] = {SECRETS_SERVICE: _secrets_service(definition)}
+    services: dict[str, object] = {SECRETS_SERVICE: _secrets_service(definition, worker_slots)}
     if not definition.nats.url:
         services[NATS] = _nats()
     if not definition.model_dir:
@@ -124,16 +134,21 @@ def compose_document(definition: StackDefinition) -> dict[str, object]:
             if group.count > 0:
                 services[group.name + profile.suffix] = _worker(profile, definition, group, args)
     services.update(observability_services())
-    return {"services": services, "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}, SECRETS_VOLUME: {}}}
+    return {"services": services,
+            "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}, SECRETS_VOLUME: {}, SLOTS_VOLUME: {}}}
 
 
-def _secrets_service(definition: StackDefinition) -> dict[str, object]:
-    """Makes the API key and the NATS files in the secrets volume where missing, then exits;
-    a later start keeps them (`tandem compose secrets`). Prints paths only."""
+def _secrets_service(definition: StackDefinition, worker_slots: int) -> dict[str, object]:
+    """Makes the API key, the NATS files (a user per worker slot) in the secrets volume and
+    the worker slots in theirs where missing, then exits; a later start keeps them (`tandem
+    compose secrets`). Prints paths only."""
+    if worker_slots < 1:
+        raise ValueError("at least one worker slot is needed")
     service = _image(TANDEM)
     service.update({
-        "command": ["compose", "secrets", SECRETS_DIR, "--namespace", definition.namespace, "--nats-host", NATS],
-        "volumes": [f"{SECRETS_VOLUME}:{SECRETS_DIR}"],
+        "command": ["compose", "secrets", SECRETS_DIR, "--namespace", definition.namespace, "--nats-host", NATS,
+                    "--worker-slots", f"${{{WORKER_SLOTS_VAR}:-{worker_slots}}}", "--slots-dir", SLOTS_DIR],
+        "volumes": [f"{SECRETS_VOLUME}:{SECRETS_DIR}", f"{SLOTS_VOLUME}:{SLOTS_DIR}"],
         "healthcheck": {"disable": True},
         "restart": "no",
     })
@@ -174,10 +189,11 @@ def _model_service() -> dict[str, object]:
 def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGroup,
             args: ContainerArgs) -> dict[str, object]:
     engine = profile.engine or group.engine
-    service = _tandem_service(profile, definition, args.worker(group, engine), group.depends_on, model=True,
-                              nats_user=SHARED_WORKER)
-    # The worker id: the group's name and the container's hostname, unique per replica.
-    service["entrypoint"] = ["sh", "-c", f'exec tandem "$$@" --worker-id "{group.name}-$${{HOSTNAME}}"', "tandem"]
+    # The worker id and NATS user: a slot each replica claims when it starts (`shared.worker_slots`).
+    slots = ["--worker-slots", SLOTS_DIR, *([] if definition.nats.url else ["--worker-slot-nats-dir", nats_dir_path()])]
+    service = _tandem_service(profile, definition, [*args.worker(group, engine), *slots], group.depends_on,
+                              model=True)
+    service["volumes"] = [*service["volumes"], f"{SLOTS_VOLUME}:{SLOTS_DIR}"]  # type: ignore[list-item]
     service["profiles"] = [profile.profile]
     service["stop_grace_period"] = profile.stop_grace
     if group.count != 1:
@@ -191,7 +207,7 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
 
 
 def _tandem_service(profile: EngineProfile, definition: StackDefinition, command: list[str],
-                    depends_on: tuple[str, ...], *, nats_user: str, health_url: str = "",
+                    depends_on: tuple[str, ...], *, nats_user: str = "", health_url: str = "",
                     ports: list[str] | None = None, model: bool = False,
                     extra_env: Mapping[str, str] | None = None) -> dict[str, object]:
     service = _image(profile)
@@ -199,7 +215,7 @@ def _tandem_service(profile: EngineProfile, definition: StackDefinition, command
     environment = {"TANDEM_LOG_LEVEL": "${TANDEM_LOG_LEVEL:-info}",
                    "TANDEM_TRACE_EXPORTER": "${TANDEM_TRACE_EXPORTER:-none}",
                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": OTLP_TRACES_ENDPOINT}
-    if not definition.nats.url:  # the embedded NATS: this service's user, paths in the volume
+    if nats_user and not definition.nats.url:  # the embedded NATS: this service's user, paths in the volume
         environment.update(nats_env(nats_user))
     environment.update(extra_env or {})
     if health_url:

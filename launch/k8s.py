@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from launch.compose_args import ContainerArgs
-from launch.compose_secrets import SHARED_WORKER, api_keys_env, nats_env
+from launch.compose_secrets import api_keys_env, nats_env
 from launch.compose_yaml import to_yaml
 from launch.definition import (
     METRICS,
@@ -52,6 +52,7 @@ from launch.k8s_objects import (
     service,
 )
 from launch.k8s_secrets import SECRETS_MOUNT, secrets_volume
+from shared.nats_auth import SHARED_WORKER
 
 MODELS_MOUNT, TINY_MODEL_DIR = "/models", "/models/tiny"
 ROUTER_READY = "/ready"  # readiness: a worker serves the model; the definition's `health` is liveness

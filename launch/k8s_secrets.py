@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launch.api_keys import KEY_FILE, KEYS_FILE, stack_keys
-from launch.compose_secrets import NATS_DIR, SECRETS_DIR, compose_users
+from launch.compose_secrets import NATS_DIR, SECRETS_DIR, control_users
 from launch.k8s_objects import APP, labels, metadata
-from shared.nats_auth import AuthorizedUser, permissions, render_server_config
+from shared.nats_auth import SHARED_WORKER, AuthorizedUser, permissions, render_server_config
 from shared.nats_secrets import password_hash, read_credentials, write_private
 from shared.nats_security import NatsSecurity
 from shared.subjects import Subjects
@@ -92,7 +92,7 @@ def make_secret_documents(*, namespace: str, kube_namespace: str, instance: str,
                   CA_CERT: (tls / CA_CERT).read_bytes(), SERVER_CERT: (tls / SERVER_CERT).read_bytes(),
                   SERVER_KEY: (tls / SERVER_KEY).read_bytes()}
         documents = [secret_object(NATS_SERVER_SECRET, kube_namespace, instance, server)]
-        for user in compose_users():
+        for user in (*control_users(), SHARED_WORKER):
             files = {key: (root / "nats" / path.removeprefix(f"{NATS_DIR}/")).read_bytes()
                      for key, path in user_files(user).items()}
             documents.append(secret_object(nats_user_secret(user), kube_namespace, instance, files))

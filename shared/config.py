@@ -155,8 +155,17 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
         self.retry.validate()
 
 
+class WorkerSlotsConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Worker slots (`shared.worker_slots`): with `directory` set the worker claims a slot there
+    (its `worker_id`, if set, names the one) and runs under the slot's id; with `nats_dir` set
+    it connects as the slot's own NATS user, its files in that `shared.nats_security` layout."""
+
+    directory: str = ""
+    nats_dir: str = ""
+
+
 class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
-    worker_id: str
+    worker_id: str  # empty with slots: the claimed slot's
     role: WorkerRole = WorkerRole.BOTH
     engine: str = "sim"  # a name in services.worker.engines (checked when the worker builds it)
     model_dir: str = ""
@@ -185,6 +194,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
     tracing: TracingConfig = TracingConfig()
+    slots: WorkerSlotsConfig = WorkerSlotsConfig()
 
     def validate(self) -> None:
         check_token(self.worker_id, "worker id")

@@ -17,11 +17,12 @@ Roles and what they may do (subjects from the catalog, `shared.subjects`):
 - operator (the launcher, `tandem` tools): read membership; drain workers (`ctl.*.drain`);
   send the orchestrator commands (`tandem ctl`).
 
-The shared worker user (`shared_worker_user`, the Docker Compose stack's: its workers'
-ids are their container host names, known only once they run) has the worker permissions
-with `*` for the worker id: weaker, a worker holding it can serve, publish and answer as
-any other worker (its generate requests, control messages, leases, KV events, load and
-registration). The other roles keep their guarantees.
+The shared worker user (`shared_worker_user`, the Kubernetes stack's: its workers' ids are
+their pod names, known only once they run) has the worker permissions with `*` for the
+worker id: weaker, a worker holding it can serve, publish and answer as any other worker
+(its generate requests, control messages, leases, KV events, load and registration). The
+other roles keep their guarantees. The Docker Compose stack has none: its workers claim
+worker slots (`shared.worker_slots`), fixed ids made up front with a user each.
 
 Every user subscribes only under its own inbox prefix (`_INBOX.<user>.>`, so nobody reads
 another's replies) and may publish to any inbox (replies). JetStream access is narrowed

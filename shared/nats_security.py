@@ -13,7 +13,8 @@ Layout of the directory (made afresh each time: old passwords stop working):
 
 A service is pointed at its files with `bus_config(user, url)` or, for a child process,
 the environment `env(user)` (`TANDEM_NATS_CREDS_FILE`, `TANDEM_NATS_CA_FILE`, ...): paths
-only, never a secret.
+only, never a secret. `user_files(directory, user)` names a user's files from the layout
+alone (a worker that claims a slot finds its user's files this way).
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ ENV_CREDS_FILE = "TANDEM_NATS_CREDS_FILE"
 ENV_CA_FILE = "TANDEM_NATS_CA_FILE"
 ENV_CERT_FILE = "TANDEM_NATS_CERT_FILE"
 ENV_KEY_FILE = "TANDEM_NATS_KEY_FILE"
+
+
+def user_files(directory: str | Path, user: str, *, tls: bool = True) -> dict[str, str]:
+    """The paths of `user`'s files in a directory of this layout, as `BusConfig` fields."""
+    base = str(directory).rstrip("/")
+    files = {"creds_file": f"{base}/creds/{user}.creds"}
+    if tls:
+        files.update(tls_ca_file=f"{base}/tls/ca-cert.pem", tls_cert_file=f"{base}/tls/client-{user}-cert.pem",
+                     tls_key_file=f"{base}/tls/client-{user}-key.pem")
+    return files
 
 
 class NatsSecurity:

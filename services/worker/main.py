@@ -1,9 +1,14 @@
-"""Wiring for the worker: config -> engine -> service, until SIGTERM/SIGINT or a Drain."""
+"""Wiring for the worker: config -> engine -> service, until SIGTERM/SIGINT or a Drain. With
+worker slots (`WorkerConfig.slots`) it first claims one, runs under its id and NATS user, and
+holds it until it exits."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
+
+import msgspec
 
 from services.worker.engine import Engine
 from services.worker.engine_spec import EngineSpec
@@ -12,7 +17,10 @@ from services.worker.service import WorkerService
 from shared.bus import Bus, connect
 from shared.config import ConfigError, WorkerConfig
 from shared.lifecycle import stop_on_signals
+from shared.nats_auth import Role, user_name
+from shared.nats_security import user_files
 from shared.tracing import setup_tracing
+from shared.worker_slots import SlotRefused, claim_slot
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +38,32 @@ def build_kv(config: WorkerConfig, spec: EngineSpec, engine: Engine, bus: Bus):
     return spec.build_data_plane(config, engine, bus)
 
 
+def slot_config(config: WorkerConfig, worker_id: str) -> WorkerConfig:
+    """`config` for the slot `worker_id`: its id, and with `slots.nats_dir` its own NATS user's files."""
+    bus = config.bus
+    if config.slots.nats_dir:
+        files = user_files(config.slots.nats_dir, user_name(Role.WORKER, worker_id),
+                           tls=Path(config.slots.nats_dir, "tls").is_dir())
+        if not Path(files["creds_file"]).is_file():
+            raise ConfigError(f"worker slot {worker_id} has no NATS user in {config.slots.nats_dir}: the slots "
+                              f"and the users were not made together (make them again)")
+        bus = msgspec.structs.replace(bus, **files)
+    return msgspec.structs.replace(config, worker_id=worker_id, bus=bus)
+
+
 async def run_worker(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> None:
+    if not config.slots.directory:
+        await _run(config, ready)
+        return
+    claim = claim_slot(config.slots.directory, config.worker_id)
+    if isinstance(claim, SlotRefused):
+        raise ConfigError(claim.reason)
+    with claim:  # held until the worker is done; the kernel lets go if the process dies
+        log.info("worker slot %s claimed in %s", claim.worker_id, config.slots.directory)
+        await _run(slot_config(config, claim.worker_id), ready)
+
+
+async def _run(config: WorkerConfig, ready: asyncio.Event | None) -> None:
     config.validate()
     setup_tracing(f"tandem-worker-{config.worker_id}", config.tracing.exporter, config.tracing.otlp_endpoint)
     spec = engine_spec(config.engine)

@@ -3,7 +3,8 @@ project (`ComposeStack`) driven through `docker-compose` (v1; `docker compose` v
 same way) with a unique project name, free published ports and a full teardown.
 
 Environment: TANDEM_TEST_BASE_IMAGE (the image's BASE_IMAGE; default the locally made
-`tandem-base:bookworm` when the engine has it, else `python:3.11-slim`), CI=true (a
+`tandem-base:bookworm` when the engine has it, else `python:3.11-slim`), TANDEM_TEST_IMAGE
+(the tag the Tandem image is built under; default `tandem-test:latest`), CI=true (a
 missing engine fails instead of skipping).
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose" / "docker-compose.yml"
 LOCAL_BASE_IMAGE = "tandem-base:bookworm"
-TEST_IMAGE = "tandem-test:latest"
+TEST_IMAGE = os.environ.get("TANDEM_TEST_IMAGE", "tandem-test:latest")
 TEST_VLLM_CPU_IMAGE = "tandem-test-vllm-cpu:latest"
 
 

@@ -34,7 +34,7 @@ def test_services_profiles_and_settings_come_from_the_definition(definition) -> 
             worker = services[group + profile.suffix]
             assert worker["profiles"] == [profile.profile]
             assert worker["command"][worker["command"].index("--role") + 1] == group
-            assert f'"{group}-$${{HOSTNAME}}"' in worker["entrypoint"][2]  # unique id per replica
+            assert "entrypoint" not in worker  # its id: the worker slot it claims, unique per replica
             assert "--sim-speedup" in worker["command"]  # the group's settings
     assert services["decode-vllm-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     router = services["router"]
@@ -69,14 +69,23 @@ def test_yaml_writer_quotes_every_string() -> None:
 
 def test_secure_by_default_with_paths_only(definition) -> None:
     """A one-shot `secrets` service first; every Tandem service mounts its volume read-only and
-    gets file paths (its own NATS user; the workers the shared `worker` user), nothing else."""
+    gets file paths (its own NATS user), nothing else; the workers find theirs through the
+    worker slot each claims (a NATS user per slot, none shared)."""
     services = compose_document(definition)["services"]
     secrets = services["secrets"]
     assert secrets["command"][:3] == ["compose", "secrets", "/secrets"] and secrets["restart"] == "no"
+    assert secrets["command"][3:] == ["--namespace", "tandem", "--nats-host", "nats",
+                                      "--worker-slots", "${TANDEM_WORKER_SLOTS:-8}", "--slots-dir", "/slots"]
+    assert secrets["volumes"] == ["secrets:/secrets", "slots:/slots"]
     assert services["nats"]["command"][:2] == ["--config", "/secrets/nats/nats-server.conf"]
     assert "ports" not in services["nats"]
-    users = {"orchestrator": "orchestrator", "metrics": "metrics", "router": "router", "prefill": "worker",
-             "decode": "worker", "decode-vllm-gpu": "worker"}
+    for name in ("prefill", "decode", "decode-vllm-gpu", "prefill-vllm-cpu"):
+        worker = services[name]
+        assert worker["command"][-4:] == ["--worker-slots", "/slots", "--worker-slot-nats-dir", "/secrets/nats"]
+        assert worker["volumes"][-2:] == ["secrets:/secrets:ro", "slots:/slots"]
+        assert not [key for key in worker["environment"] if key.startswith("TANDEM_NATS_")]
+        assert worker["depends_on"]["secrets"] == {"condition": "service_completed_successfully"}
+    users = {"orchestrator": "orchestrator", "metrics": "metrics", "router": "router"}
     for name, user in users.items():
         service = services[name]
         assert "secrets:/secrets:ro" in service["volumes"]
@@ -89,3 +98,14 @@ def test_secure_by_default_with_paths_only(definition) -> None:
     external = msgspec.structs.replace(definition, nats=msgspec.structs.replace(definition.nats, url="nats://b:4222"))
     assert not [key for key in compose_document(external)["services"]["router"]["environment"]
                 if key.startswith("TANDEM_NATS_")]
+    decode = compose_document(external)["services"]["decode"]  # slots for ids only: its NATS is not ours
+    assert decode["command"][-2:] == ["--worker-slots", "/slots"]
+
+
+def test_the_worker_slot_count_is_a_render_option_and_a_compose_variable(definition) -> None:
+    command = compose_document(definition, worker_slots=16)["services"]["secrets"]["command"]
+    assert command[command.index("--worker-slots") + 1] == "${TANDEM_WORKER_SLOTS:-16}"
+    assert "TANDEM_WORKER_SLOTS=16 docker compose up -d --force-recreate" in render_compose(definition)
+    assert compose_document(definition)["volumes"]["slots"] == {}
+    with pytest.raises(ValueError):
+        compose_document(definition, worker_slots=0)

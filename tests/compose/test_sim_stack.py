@@ -1,9 +1,11 @@
 """The compose file on a real Docker engine, default profile (sim engine): secure by default
 (the router wants the API key the secrets service made, NATS refuses anonymous clients, no
 secret shows in the compose configuration or the containers' settings), the OpenAI API on
-the published port through a prefill/decode pair, a decode worker added with `--scale`
-taking traffic, a worker stopped mid-request draining with no failed request, and
-`down -v` leaving nothing behind. The tests run in order on one stack."""
+the published port through a prefill/decode pair, every worker under its own worker slot
+whose credentials cannot read another worker's requests nor drain it, a decode worker added
+with `--scale` claiming a slot of its own and taking traffic, a worker stopped mid-request
+draining with no failed request and, started again, claiming a slot again, and `down -v`
+leaving nothing behind. The tests run in order on one stack."""
 
 from __future__ import annotations
 
@@ -87,7 +89,7 @@ def test_nats_refuses_anonymous_clients(sim_stack: ComposeStack) -> None:
 
 def test_no_secret_in_the_compose_configuration_or_the_containers(sim_stack: ComposeStack) -> None:
     secrets = [client(sim_stack).api_key]
-    for user in ("router", "worker", "orchestrator", "metrics", "operator"):
+    for user in ("router", "worker-w01", "worker-w02", "orchestrator", "metrics", "operator"):
         creds = sim_stack.exec("router", "cat", f"/secrets/nats/creds/{user}.creds").stdout
         secrets.append(creds.split('password = "', 1)[1].split('"', 1)[0])
     assert all(len(secret) >= 32 for secret in secrets)
@@ -101,6 +103,9 @@ def test_no_secret_in_the_compose_configuration_or_the_containers(sim_stack: Com
     assert "TANDEM_API_KEYS_FILE=/secrets/api-keys.jsonl" in router_env
     assert "TANDEM_NATS_CREDS_FILE=/secrets/nats/creds/router.creds" in router_env
     assert not any(secret in router_env for secret in secrets)
+    worker_env = sim_stack.exec("decode", "env").stdout
+    assert "TANDEM_NATS_" not in worker_env  # a worker finds its files through the slot it claims
+    assert not any(secret in worker_env for secret in secrets)
 
 
 def test_openai_api_through_a_prefill_decode_pair(sim_stack: ComposeStack) -> None:
@@ -132,12 +137,67 @@ def test_openai_api_through_a_prefill_decode_pair(sim_stack: ComposeStack) -> No
     assert len(decode) == 1 and decode[0]["kv_pulled_tokens_total"] > 0
 
 
+SLOT_IDS = {f"w{index:02d}" for index in range(1, 9)}  # the default 8 worker slots
+
+# With one worker slot's files (argv[1]), from inside the compose network: subscribe to
+# another slot's generate requests (argv[2]), then to its own, then publish a drain to the
+# other one; print what the server said to each. nats-py runs the error callback before it
+# reads the answer to a later PING, so after two flushes every refusal has been seen.
+AS_A_WORKER = """
+import asyncio, ssl, sys, nats
+from shared.nats_secrets import read_credentials
+from shared.nats_security import user_files
+from shared.subjects import Subjects
+me, other = sys.argv[1], sys.argv[2]
+subjects = Subjects("tandem")
+files = user_files("/secrets/nats", "worker-" + me)
+errors = []
+async def on_error(error):
+    errors.append(str(error))
+async def outcome(action):
+    errors.clear()
+    await action()
+    await client.flush()
+    await client.flush()
+    return "refused" if any("permissions violation" in error.lower() for error in errors) else "allowed"
+async def main():
+    global client
+    creds = read_credentials(files["creds_file"])
+    tls = ssl.create_default_context(cafile=files["tls_ca_file"])
+    tls.load_cert_chain(files["tls_cert_file"], files["tls_key_file"])
+    client = await nats.connect("nats://nats:4222", user=creds.user, password=creds.password, tls=tls,
+                                tls_handshake_first=True, error_cb=on_error, allow_reconnect=False,
+                                inbox_prefix="_INBOX.worker-" + me)
+    print("read other:", await outcome(lambda: client.subscribe(subjects.generate(other))))
+    print("read own:", await outcome(lambda: client.subscribe(subjects.generate(me))))
+    print("drain other:", await outcome(lambda: client.publish(subjects.control(other, "drain"), b"")))
+    await client.close()
+asyncio.run(main())
+"""
+
+
+def test_each_worker_has_its_own_slot_whose_credentials_reach_no_other_worker(sim_stack: ComposeStack) -> None:
+    (prefill,) = sim_stack.wait_workers("prefill", 1)
+    (decode,) = sim_stack.wait_workers("decode", 1)
+    assert prefill != decode and {prefill, decode} <= SLOT_IDS
+    held = sim_stack.exec("decode", "ls", "/slots").stdout.split()
+    assert sorted(held) == sorted(f"{slot}.lock" for slot in SLOT_IDS)
+    result = sim_stack.exec("router", "python", "-c", AS_A_WORKER, prefill, decode)
+    assert result.stdout.splitlines() == ["read other: refused", "read own: allowed", "drain other: refused"], \
+        result.stdout + result.stderr
+    # the decode worker was neither drained nor robbed of a request: it still serves
+    reply = client(sim_stack).completions.create(model="tiny", prompt=long_prompt(), max_tokens=4)
+    assert reply.usage.completion_tokens == 4
+    assert set(sim_stack.workers("decode")) == {decode}
+
+
 def test_a_scaled_decode_worker_receives_traffic(sim_stack: ComposeStack) -> None:
     first = set(sim_stack.workers("decode"))
     sim_stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "decode=2")
     assert len(sim_stack.containers("decode")) == 2
     sim_stack.wait_ready(serving_workers=2)
     (added,) = set(sim_stack.wait_workers("decode", 2)) - first
+    assert added in SLOT_IDS and added not in sim_stack.workers("prefill")  # a slot of its own
 
     api = client(sim_stack)
     with ThreadPoolExecutor(8) as pool:
@@ -185,6 +245,18 @@ def test_stopping_a_worker_drains_it(sim_stack: ComposeStack) -> None:
     assert "draining" in run(["docker", "logs", stopped]).stderr + run(["docker", "logs", stopped]).stdout
     reply = api.completions.create(model="tiny", prompt=long_prompt(), max_tokens=4)  # the other one serves on
     assert reply.usage.completion_tokens == 4
+
+
+def test_a_restarted_worker_claims_a_slot_again(sim_stack: ComposeStack) -> None:
+    """The drained container's slot was let go with its process; started again, it takes one."""
+    stopped = run(["docker", "ps", "-q", "--filter", "status=exited",
+                   "--filter", f"label=com.docker.compose.project={sim_stack.project}",
+                   "--filter", "label=com.docker.compose.service=decode"]).stdout.split()
+    assert len(stopped) == 1
+    run(["docker", "start", stopped[0]])
+    sim_stack.wait_ready(serving_workers=2)
+    workers = set(sim_stack.wait_workers("decode", 2)) | set(sim_stack.workers("prefill"))
+    assert len(workers) >= 3 and workers <= SLOT_IDS
 
 
 def test_down_leaves_nothing_behind(sim_stack: ComposeStack) -> None:

@@ -167,7 +167,7 @@ def test_router_replicas_follow_the_definition(definition) -> None:
 
 def test_commands_are_the_compose_stacks(definition) -> None:
     """Both renderers build command lines with the same helper: only the NATS host and the
-    worker id differ."""
+    worker id (compose: a worker slot) differ."""
     compose = compose_document(definition)["services"]
     documents = k8s_documents(definition)
     for name in ("orchestrator", "metrics", "router", "prefill", "decode"):
@@ -175,7 +175,8 @@ def test_commands_are_the_compose_stacks(definition) -> None:
         args = [arg.replace("tandem-nats", "nats") for arg in args]
         if "--worker-id" in args:
             args = args[:args.index("--worker-id")]
-        assert args == compose[name]["command"]
+        command = compose[name]["command"]
+        assert args == (command[:command.index("--worker-slots")] if "--worker-slots" in command else command)
 
 
 def test_vllm_option_gpus_model_volume_and_tracing(definition) -> None:
