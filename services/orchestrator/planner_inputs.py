@@ -77,7 +77,7 @@ def _uncached_rate(history: Sequence[LoadSnapshot]) -> float:
 
 def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str, Sequence[LoadSnapshot]],
                    samples: Sequence[RecordSample], touches: Sequence[OperatorTouch], *,
-                   prefill_capacity_tok_s: float) -> ClusterSnapshot:
+                   prefill_capacity_tok_s: float, paused: str = "") -> ClusterSnapshot:
     prefill_ids = planned_workers(members, WorkerRole.PREFILL)
     decode_ids = planned_workers(members, WorkerRole.DECODE)
     prefill_latest = [s for s in (_latest(loads.get(w, ())) for w in prefill_ids) if s is not None]
@@ -101,4 +101,4 @@ def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str
         itl_p90_ms=p90([s.itl_ms for s in samples if s.itl_ms is not None]),
         decode_occupancy=sum(s.running for s in decode_latest) / slots if slots else 0.0,
         kv_usage=_kv_usage(decode_latest))
-    return ClusterSnapshot(prefill=prefill, decode=decode, operator_touches=list(touches))
+    return ClusterSnapshot(prefill=prefill, decode=decode, operator_touches=list(touches), paused=paused)
