@@ -41,7 +41,9 @@ def role_pressure(role: WorkerRole, load: RoleLoad, slos: Slos, thresholds: Thre
                                 f"{load.prefill_capacity_tok_s:.0f} tok/s"))
         return _worst(latency, utilisation)
     return _worst(
-        (load.itl_p90_ms / slos.itl_p90_ms, f"ITL p90 {load.itl_p90_ms:.1f} ms vs SLO {slos.itl_p90_ms:.1f} ms"),
+        (load.itl_p90_ms / slos.itl_p90_ms, f"ITL p90 {load.itl_p90_ms:.1f} ms vs SLO {slos.itl_p90_ms:.1f} ms"
+                                            + (f" (queue p90 {load.queue_time_p90_ms:.0f} ms)"
+                                               if load.queue_time_p90_ms > 0 else "")),
         [(load.decode_occupancy / thresholds.occupancy_target,
           f"decode batch occupancy {load.decode_occupancy:.0%} vs target {thresholds.occupancy_target:.0%}"),
          (load.kv_usage / thresholds.kv_target, f"KV usage {load.kv_usage:.0%} vs target {thresholds.kv_target:.0%}")])
