@@ -221,7 +221,8 @@ class PlannedCluster:
                 self.push(now + self.options.handoff_ms / 1000, "handoff", handed)
             elif finished:
                 self.decode_of[seq.request].assigned -= 1
-                self.samples.append(RecordSample(at=now, ttft_ms=outcome.ttft_s * 1000, itl_ms=outcome.itl_s * 1000))
+                self.samples.append(RecordSample(at=now, ttft_ms=outcome.ttft_s * 1000, itl_ms=outcome.itl_s * 1000,
+                                                 arrived_at=outcome.arrival.at_s))
         if worker.engine.has_work:
             self._start_step(now, worker)
         else:
@@ -253,7 +254,8 @@ class PlannedCluster:
             history[:] = [s for s in history if s.ts >= now - setup.window_s]
             loads[w.worker_id] = history
         self.samples = [s for s in self.samples if s.at >= now - setup.window_s]
-        snapshot = build_snapshot(members, loads, self.samples, [], prefill_capacity_tok_s=setup.prefill_capacity_tok_s)
+        snapshot = build_snapshot(members, loads, self.samples, [], prefill_capacity_tok_s=setup.prefill_capacity_tok_s,
+                                  since=self.state.last_action_at)
         decision = decide(snapshot, setup.slos, self.state, now, setup.config)
         self.state = decision.state
         for action in decision.actions:

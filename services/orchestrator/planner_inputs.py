@@ -12,6 +12,8 @@ window, and the request records of the window reduced to `RecordSample`s.
   mean gap of one request), batch occupancy (running / max_num_seqs over the decode
   workers, latest snapshots); a worker's load is its running sequences;
 - both: KV usage of the fullest worker (latest snapshot);
+- after an action (`since`), only records of requests that arrived after it count: the ones
+  that queued before it show the old split's backlog, not the new split;
 - queue time p90 per role, from the records' `queue_s` (the router's wait from arrival until
   the request was routed): a disaggregated request queued for its prefill worker, a single
   one for the worker that served it (its role as the members say now). Records without one
@@ -36,6 +38,7 @@ class RecordSample:
     queue_ms: float | None = None  # the router's queue time (None: the record has none)
     flow: str = ""  # "single" | "disaggregated"
     worker_id: str | None = None  # the worker that served it (a single flow's queue is that worker's role's)
+    arrived_at: float | None = None  # when the request arrived (the same clock as `at`: heard less its duration)
 
 
 def sample(record: RequestRecord, at: float) -> RecordSample | None:
@@ -47,7 +50,7 @@ def sample(record: RequestRecord, at: float) -> RecordSample | None:
         itl_ms = max(0.0, record.duration_s - record.ttft_s) / (record.completion_tokens - 1) * 1000.0
     queue_ms = record.queue_s * 1000.0 if record.queue_s is not None else None
     return RecordSample(at=at, ttft_ms=record.ttft_s * 1000.0, itl_ms=itl_ms, queue_ms=queue_ms, flow=record.flow,
-                        worker_id=record.worker_id)
+                        worker_id=record.worker_id, arrived_at=at - record.duration_s)
 
 
 def p90(values: Sequence[float]) -> float:
@@ -84,7 +87,12 @@ def _uncached_rate(history: Sequence[LoadSnapshot]) -> float:
 
 def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str, Sequence[LoadSnapshot]],
                    samples: Sequence[RecordSample], touches: Sequence[OperatorTouch], *,
-                   prefill_capacity_tok_s: float, paused: str = "") -> ClusterSnapshot:
+                   prefill_capacity_tok_s: float, paused: str = "", since: float | None = None) -> ClusterSnapshot:
+    """`since`: the planner's last action; the latency figures leave out requests that arrived
+    before it (they queued on the cluster as it was: a backlog the action's capacity is
+    draining, which would make the role look as hot as before the action)."""
+    if since is not None:
+        samples = [s for s in samples if s.arrived_at is None or s.arrived_at >= since]
     prefill_ids = planned_workers(members, WorkerRole.PREFILL)
     decode_ids = planned_workers(members, WorkerRole.DECODE)
     prefill_latest = [s for s in (_latest(loads.get(w, ())) for w in prefill_ids) if s is not None]

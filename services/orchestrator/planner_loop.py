@@ -213,7 +213,8 @@ class PlannerLoop:
             return await self._undecided(f"waiting for the first load snapshot of {', '.join(unseen)}: no decision",
                                          paused)
         snapshot = build_snapshot(members, self._history, list(self._samples), list(self._touches.values()),
-                                  prefill_capacity_tok_s=self._config.prefill_capacity_tok_s, paused=paused)
+                                  prefill_capacity_tok_s=self._config.prefill_capacity_tok_s, paused=paused,
+                                  since=self.state.last_action_at)
         decision = decide(snapshot, self._slos, self.state, now, self._planner)
         self.state = decision.state
         event = PlannerDecision(ts=self._wall(), actions=decision.actions, notes=decision.notes,

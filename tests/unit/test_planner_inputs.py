@@ -94,3 +94,15 @@ def test_queue_times_from_the_records_go_to_the_role_that_queued() -> None:
     # a record from before the field existed decodes, without a queue time
     old = msgspec.json.encode({k: v for k, v in msgspec.to_builtins(record(0.5, 1.5, 11)).items() if k != "queue_s"})
     assert msgspec.json.decode(old, type=RequestRecord).queue_s is None
+
+
+def test_after_an_action_only_requests_that_arrived_since_count() -> None:
+    members = {"p1": member("p1", WorkerRole.PREFILL), "d1": member("d1", WorkerRole.DECODE)}
+    loads = {"p1": [load("p1", 0.0)], "d1": [load("d1", 0.0)]}
+    # heard at 100 s: one queued 3 s before the action at 98 s (TTFT 3 s), one arrived after it (TTFT 0.4 s)
+    backlog, fresh = sample(record(3.0, 4.0, 11), at=100.0), sample(record(0.4, 1.4, 11), at=100.0)
+    assert backlog is not None and fresh is not None and backlog.arrived_at == 96.0
+    everything = build_snapshot(members, loads, [backlog, fresh], [], prefill_capacity_tok_s=0.0)
+    assert everything.prefill.ttft_p90_ms == pytest.approx(3000)
+    since = build_snapshot(members, loads, [backlog, fresh], [], prefill_capacity_tok_s=0.0, since=98.0)
+    assert since.prefill.ttft_p90_ms == pytest.approx(400) and since.decode.itl_p90_ms == pytest.approx(100)
