@@ -107,7 +107,6 @@ class _Tick:
         state = PlannerState(last_action_at=self.now, worker_last_action=last, trends=trends)
         return Decision(actions=[action], notes=self.notes, state=state, pressures=pressures)
 
-
     def paused(self) -> Decision:
         """No action while another operation changes the cluster; every sustain run restarts, so
         an action after it needs its signal held for `sustain_s` on the cluster it left."""

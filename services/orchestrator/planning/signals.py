@@ -49,11 +49,6 @@ def role_pressure(role: WorkerRole, load: RoleLoad, slos: Slos, thresholds: Thre
          (load.kv_usage / thresholds.kv_target, f"KV usage {load.kv_usage:.0%} vs target {thresholds.kv_target:.0%}")])
 
 
-def without_one(pressure: float, count: int) -> float:
-    """The pressure once one of `count` workers leaves, assuming load spreads evenly (inf if none left)."""
-    return pressure * count / (count - 1) if count > 1 else float("inf")
-
-
 def after_one_fewer(pressure: Pressure, count: int) -> float:
     """The role's pressure once one of `count` workers leaves (inf if none would be left).
 
