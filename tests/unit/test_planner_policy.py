@@ -90,7 +90,7 @@ def test_cold_role_scales_down_its_least_loaded_worker():
 
 
 def test_cooldown_spaces_actions_on_sustained_pressure():
-    hot = snapshot(prefill=1, decode=1, ttft=3000.0, occupancy=0.6)
+    hot = snapshot(prefill=1, decode=1, ttft=3000.0, demand=9_000.0, occupancy=0.6)
     actions, _, decision = run([hot] * 60)  # 300 s of unrelieved pressure
     times = [at for at, _ in actions]
     assert all(later - earlier >= CONFIG.global_cooldown_s for earlier, later in zip(times, times[1:]))
@@ -99,14 +99,14 @@ def test_cooldown_spaces_actions_on_sustained_pressure():
 
 
 def test_budget_per_role_respected():
-    actions, _, decision = run([snapshot(prefill=4, decode=1, ttft=3000.0, occupancy=0.6)] * 20)
+    actions, _, decision = run([snapshot(prefill=4, decode=1, ttft=3000.0, demand=36_000.0, occupancy=0.6)] * 20)
     assert actions == []
     assert any("budget reached (4 prefill of max 4" in note for note in decision.notes)
 
 
 def test_cooldown_note_after_an_action():
-    _, state, _ = run([snapshot(ttft=3000.0, occupancy=0.6)] * 7)
-    decision = decide(snapshot(ttft=3000.0, occupancy=0.6), SLOS, state, 7 * TICK_S, CONFIG)
+    _, state, _ = run([snapshot(ttft=3000.0, demand=18_000.0, occupancy=0.6)] * 7)
+    decision = decide(snapshot(ttft=3000.0, demand=18_000.0, occupancy=0.6), SLOS, state, 7 * TICK_S, CONFIG)
     assert decision.actions == [] and any(note.startswith("cooldown: last action") for note in decision.notes)
 
 
@@ -158,7 +158,7 @@ def test_operator_hold_stops_every_action():
 
 
 def test_decision_event_round_trips_on_the_wire():
-    actions, _, decision = run([snapshot(ttft=2500.0, occupancy=0.6)] * 8)
+    actions, _, decision = run([snapshot(ttft=2500.0, demand=18_000.0, occupancy=0.6)] * 8)
     event = PlannerDecision(ts=40.0, actions=decision.actions + [a for _, a in actions], notes=decision.notes)
     decoded = msgspec.json.decode(msgspec.json.encode(event), type=PlannerDecision)
     assert decoded == event and isinstance(decoded.actions[0], ScaleUp)
@@ -202,7 +202,7 @@ def test_a_cold_role_keeps_its_worker_while_the_other_role_is_hot():
     # decode cold from the start; prefill turns hot just before decode's cold run is sustained:
     # the decode worker is kept and then switched to prefill, never stopped
     cold_decode = dict(prefill=2, decode=3, itl=10.0, occupancy=0.1)
-    series = [snapshot(ttft=500.0, **cold_decode)] * 5 + [snapshot(ttft=2000.0, **cold_decode)] * 10
+    series = [snapshot(ttft=500.0, **cold_decode)] * 5 + [snapshot(ttft=2000.0, demand=18_000.0, **cold_decode)] * 10
     actions, _, _ = run(series)
     assert [type(action) for _, action in actions] == [SwitchRole]
     at, action = actions[0]
@@ -230,3 +230,18 @@ def test_a_manual_command_wins_over_the_planner_during_its_hold():
     series = [snapshot(prefill=3, ttft=200.0, demand=3000.0, itl=80.0, occupancy=0.95, touches=touches)] * 10
     actions, _, _ = run(series)
     assert [action.worker_id for _, action in actions] == ["p2"]
+
+
+def test_a_prefill_backlog_that_drains_by_itself_gets_no_worker():
+    # TTFT over the SLO (requests queued before a switch), demand at 0.6 of capacity: the 100
+    # queued tokens drain in 0.0125 s at the spare 8k tok/s; no relief, and a note says why
+    draining = [snapshot(ttft=2000.0, demand=12_000.0, occupancy=0.2)] * 10
+    actions, _, decision = run(draining)
+    assert actions == []
+    assert any("capacity covers demand (0.60) and its 100 queued prompt tokens drain in 0.0 s" in note
+               for note in decision.notes), decision.notes
+    # the same latency with a queue that takes longer than `sustain_s` to drain (50 s): relief
+    long_queue = msgspec.structs.replace(draining[0], prefill=msgspec.structs.replace(
+        draining[0].prefill, workers=[WorkerLoad(worker_id="p0", load=400_000.0), WorkerLoad(worker_id="p1")]))
+    actions, _, _ = run([long_queue] * 10)
+    assert [type(action) for _, action in actions] == [SwitchRole]

@@ -11,7 +11,8 @@ Order of business, at most one action per tick:
 4. a worker count over the budget is trimmed first;
 5. a role hot for `sustain_s` gets relief: a switch of the other role's least-loaded worker
    when that role is not hot and stays below `hot_exit` with one fewer worker (cheap: no
-   new process), else a scale-up within the budget;
+   new process), else a scale-up within the budget; not a prefill role hot on its latency
+   alone whose capacity covers its demand and whose queue drains within `sustain_s`;
 6. a role cold for `sustain_s` gives up its least-loaded worker when it stays below
    `hot_exit` without it and keeps its minimum, unless the other role is hot: then the
    worker is kept for a switch (stopping it would leave the hot role a slower scale-up).
@@ -160,6 +161,10 @@ def _relieve_hot(tick: _Tick) -> Decision | None:
     for role in hot:
         pressure = tick.pressures[role]
         why = f"{role.value} pressure {pressure.value:.2f} for {tick.held_s(tick.hot(role)):.0f} s: {pressure.why}"
+        draining = _draining(tick, role)
+        if draining is not None:
+            tick.notes.append(f"{why}; {draining}")
+            continue
         donor = _other(role)
         donor_after = after_one_fewer(tick.pressures[donor], tick.count(donor))
         room = tick.count(role) < budget.role_max(role)
@@ -177,6 +182,24 @@ def _relieve_hot(tick: _Tick) -> Decision | None:
         tick.notes.append(f"{why}; budget reached ({tick.count(role)} {role.value} of max "
                           f"{budget.role_max(role)}, {tick.total()} workers of max {budget.max_total})")
     return None
+
+
+def _draining(tick: _Tick, role: WorkerRole) -> str | None:
+    """Why a hot prefill role needs no worker more, or None: its capacity covers its demand
+    (utilisation under `hot_exit`) and its queued prompt tokens drain within `sustain_s` at the
+    spare capacity, so its latency is a backlog going away (e.g. from before the last action),
+    which another worker would not shorten by much and would leave one too many after."""
+    pressure, load = tick.pressures[role], tick.loads[role]
+    if role is not WorkerRole.PREFILL or pressure.utilisation is None \
+            or pressure.utilisation >= tick.config.thresholds.hot_exit:
+        return None
+    backlog = sum(worker.load for worker in load.workers)
+    spare = load.prefill_capacity_tok_s - load.prefill_demand_tok_s
+    drain_s = backlog / spare if spare > 0 else float("inf")
+    if drain_s > tick.config.thresholds.sustain_s:
+        return None
+    return (f"no relief: capacity covers demand ({pressure.utilisation:.2f}) and its {backlog:.0f} queued "
+            f"prompt tokens drain in {drain_s:.1f} s")
 
 
 def _release_cold(tick: _Tick) -> Decision | None:
