@@ -106,6 +106,7 @@ class PlannerSetup:
     interval_s: float = 2.0
     window_s: float = 10.0
     start_s: float = 5.0  # a new worker's start-up, before it serves
+    prefill_capacity_tok_s: float = 0.0  # one prefill worker's throughput, as the operator configures it (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,7 @@ class PlannedCluster:
         self.phase_of: dict[int, str] = {}  # request -> "prefill" | "decode"
         self.decode_of: dict[int, SimWorker] = {}
         self.samples: list[RecordSample] = []
+        self.history: dict[str, list[LoadSnapshot]] = {}  # each worker's load snapshots of the window
         self.state = PlannerState()
         self.actions: list[dict] = []
         for _ in range(prefill):
@@ -219,7 +221,8 @@ class PlannedCluster:
                 self.push(now + self.options.handoff_ms / 1000, "handoff", handed)
             elif finished:
                 self.decode_of[seq.request].assigned -= 1
-                self.samples.append(RecordSample(at=now, ttft_ms=outcome.ttft_s * 1000, itl_ms=outcome.itl_s * 1000))
+                self.samples.append(RecordSample(at=now, ttft_ms=outcome.ttft_s * 1000, itl_ms=outcome.itl_s * 1000,
+                                                 arrived_at=outcome.arrival.at_s))
         if worker.engine.has_work:
             self._start_step(now, worker)
         else:
@@ -241,14 +244,18 @@ class PlannedCluster:
                 worker_id=w.worker_id, role=w.role, model="sim", engine="sim", block_size=self.options.worker.block_size,
                 compat_hash="", capacity=capacity, status=WorkerStatus.ACTIVE, started_at=0.0, heartbeat_at=now)
             engine = w.engine
-            loads[w.worker_id] = [LoadSnapshot(
+            history = self.history.setdefault(w.worker_id, [])
+            history.append(LoadSnapshot(
                 worker_id=w.worker_id, seq=0, ts=now, running=len(engine.running), waiting=len(engine.waiting),
                 kv_total_blocks=self.options.worker.kv_blocks,
                 kv_used_blocks=self.options.worker.kv_blocks - engine.free_blocks, kv_cached_blocks=0,
                 prompt_tokens_total=w.uncached_total, cached_tokens_total=0, generated_tokens_total=0,
-                pending_prefill_tokens=engine.pending_prefill_tokens())]
+                pending_prefill_tokens=engine.pending_prefill_tokens()))
+            history[:] = [s for s in history if s.ts >= now - setup.window_s]
+            loads[w.worker_id] = history
         self.samples = [s for s in self.samples if s.at >= now - setup.window_s]
-        snapshot = build_snapshot(members, loads, self.samples, [], prefill_capacity_tok_s=0.0)
+        snapshot = build_snapshot(members, loads, self.samples, [], prefill_capacity_tok_s=setup.prefill_capacity_tok_s,
+                                  since=self.state.last_action_at)
         decision = decide(snapshot, setup.slos, self.state, now, setup.config)
         self.state = decision.state
         for action in decision.actions:

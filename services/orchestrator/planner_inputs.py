@@ -11,9 +11,13 @@ window, and the request records of the window reduced to `RecordSample`s.
 - decode: ITL p90 of the window's records ((duration - TTFT) / (completion tokens - 1), the
   mean gap of one request), batch occupancy (running / max_num_seqs over the decode
   workers, latest snapshots); a worker's load is its running sequences;
-- both: KV usage of the fullest worker (latest snapshot).
-
-The records carry no queue time, so `queue_time_p90_ms` stays 0.
+- both: KV usage of the fullest worker (latest snapshot);
+- after an action (`since`), only records of requests that arrived after it count: the ones
+  that queued before it show the old split's backlog, not the new split;
+- queue time p90 per role, from the records' `queue_s` (the router's wait from arrival until
+  the request was routed): a disaggregated request queued for its prefill worker, a single
+  one for the worker that served it (its role as the members say now). Records without one
+  (refused, or from a router that does not send it) count for neither.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ class RecordSample:
     at: float  # when the orchestrator heard it (its clock)
     ttft_ms: float | None
     itl_ms: float | None
+    queue_ms: float | None = None  # the router's queue time (None: the record has none)
+    flow: str = ""  # "single" | "disaggregated"
+    worker_id: str | None = None  # the worker that served it (a single flow's queue is that worker's role's)
+    arrived_at: float | None = None  # when the request arrived (the same clock as `at`: heard less its duration)
 
 
 def sample(record: RequestRecord, at: float) -> RecordSample | None:
@@ -40,7 +48,9 @@ def sample(record: RequestRecord, at: float) -> RecordSample | None:
     itl_ms = None
     if record.completion_tokens > 1:
         itl_ms = max(0.0, record.duration_s - record.ttft_s) / (record.completion_tokens - 1) * 1000.0
-    return RecordSample(at=at, ttft_ms=record.ttft_s * 1000.0, itl_ms=itl_ms)
+    queue_ms = record.queue_s * 1000.0 if record.queue_s is not None else None
+    return RecordSample(at=at, ttft_ms=record.ttft_s * 1000.0, itl_ms=itl_ms, queue_ms=queue_ms, flow=record.flow,
+                        worker_id=record.worker_id, arrived_at=at - record.duration_s)
 
 
 def p90(values: Sequence[float]) -> float:
@@ -77,7 +87,12 @@ def _uncached_rate(history: Sequence[LoadSnapshot]) -> float:
 
 def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str, Sequence[LoadSnapshot]],
                    samples: Sequence[RecordSample], touches: Sequence[OperatorTouch], *,
-                   prefill_capacity_tok_s: float) -> ClusterSnapshot:
+                   prefill_capacity_tok_s: float, paused: str = "", since: float | None = None) -> ClusterSnapshot:
+    """`since`: the planner's last action; the latency figures leave out requests that arrived
+    before it (they queued on the cluster as it was: a backlog the action's capacity is
+    draining, which would make the role look as hot as before the action)."""
+    if since is not None:
+        samples = [s for s in samples if s.arrived_at is None or s.arrived_at >= since]
     prefill_ids = planned_workers(members, WorkerRole.PREFILL)
     decode_ids = planned_workers(members, WorkerRole.DECODE)
     prefill_latest = [s for s in (_latest(loads.get(w, ())) for w in prefill_ids) if s is not None]
@@ -89,16 +104,22 @@ def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str
             return WorkerLoad(worker_id=worker_id)
         return WorkerLoad(worker_id=worker_id, load=float(latest.pending_prefill_tokens if prefill else latest.running))
 
+    def queue_p90(ids: list[str], disaggregated: bool) -> float:
+        return p90([s.queue_ms for s in samples if s.queue_ms is not None and (
+            (disaggregated and s.flow == "disaggregated") or (s.flow == "single" and s.worker_id in ids))])
+
     slots = sum(members[w].capacity.max_num_seqs for w in decode_ids if _latest(loads.get(w, ())) is not None)
     prefill = RoleLoad(
         workers=[worker_load(w, True) for w in prefill_ids],
         ttft_p90_ms=p90([s.ttft_ms for s in samples if s.ttft_ms is not None]),
+        queue_time_p90_ms=queue_p90(prefill_ids, True),
         prefill_demand_tok_s=sum(_uncached_rate(loads.get(w, ())) for w in prefill_ids),
         prefill_capacity_tok_s=prefill_capacity_tok_s * len(prefill_ids),
         kv_usage=_kv_usage(prefill_latest))
     decode = RoleLoad(
         workers=[worker_load(w, False) for w in decode_ids],
         itl_p90_ms=p90([s.itl_ms for s in samples if s.itl_ms is not None]),
+        queue_time_p90_ms=queue_p90(decode_ids, False),
         decode_occupancy=sum(s.running for s in decode_latest) / slots if slots else 0.0,
         kv_usage=_kv_usage(decode_latest))
-    return ClusterSnapshot(prefill=prefill, decode=decode, operator_touches=list(touches))
+    return ClusterSnapshot(prefill=prefill, decode=decode, operator_touches=list(touches), paused=paused)

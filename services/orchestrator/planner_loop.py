@@ -9,6 +9,10 @@ router's request records (`requests.events`) over the last `window_s`, calls the
   without actions: the notes say what it chose not to do), logs each action with its reason,
   and counts decisions by action kind in `counts` (the orchestrator exposes no metrics
   endpoint: the counts are for tests and the log);
+- while a rolling upgrade runs (`rolling_upgrade.upgrade_running`), the snapshot says so
+  (`ClusterSnapshot.paused`): the decision takes no action and its notes say why; every
+  sustain run restarts, so the planner resumes once the upgrade ended and a signal held
+  `sustain_s` on the upgraded cluster;
 - while a role has no active worker, or a planned worker has sent no load snapshot yet (the planner just started, or the
   worker just joined), it publishes a note and decides nothing: its idle-looking figures
   would start a cold trend;
@@ -45,6 +49,7 @@ from services.orchestrator.planning import (
     Thresholds,
     decide,
 )
+from services.orchestrator.rolling_upgrade import upgrade_running
 from shared.bus import Bus
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
@@ -199,14 +204,17 @@ class PlannerLoop:
         members = dict(self._members())
         if self._acting is not None and not self._acting.done():
             return await self._undecided(f"still carrying out {self._acting_on}: no decision")
+        paused = "a rolling upgrade is running" if upgrade_running(self._control) else ""
         empty = [role.value for role in (WorkerRole.PREFILL, WorkerRole.DECODE) if not planned_workers(members, role)]
         if empty:  # an empty role has no figures: its trends would start on nothing
-            return await self._undecided(f"no active {' or '.join(empty)} worker: no decision")
+            return await self._undecided(f"no active {' or '.join(empty)} worker: no decision", paused)
         unseen = [w for w in planned_workers(members) if not self._history.get(w)]
         if unseen:  # deciding without a worker's load would read it as idle
-            return await self._undecided(f"waiting for the first load snapshot of {', '.join(unseen)}: no decision")
+            return await self._undecided(f"waiting for the first load snapshot of {', '.join(unseen)}: no decision",
+                                         paused)
         snapshot = build_snapshot(members, self._history, list(self._samples), list(self._touches.values()),
-                                  prefill_capacity_tok_s=self._config.prefill_capacity_tok_s)
+                                  prefill_capacity_tok_s=self._config.prefill_capacity_tok_s, paused=paused,
+                                  since=self.state.last_action_at)
         decision = decide(snapshot, self._slos, self.state, now, self._planner)
         self.state = decision.state
         event = PlannerDecision(ts=self._wall(), actions=decision.actions, notes=decision.notes,
@@ -226,8 +234,9 @@ class PlannerLoop:
                 self._acting = asyncio.create_task(self._carry_out(action), name="planner-action")
         return event
 
-    async def _undecided(self, note: str) -> PlannerDecision:
-        event = PlannerDecision(ts=self._wall(), dry_run=self._config.dry_run, notes=[note])
+    async def _undecided(self, note: str, paused: str = "") -> PlannerDecision:
+        notes = [f"{paused}: no planner action until it ends", note] if paused else [note]
+        event = PlannerDecision(ts=self._wall(), dry_run=self._config.dry_run, notes=notes)
         self.last = event
         self.counts["undecided"] += 1
         await self._bus.client.publish(self._subjects.planner_decisions, encode(event))

@@ -62,6 +62,11 @@ class StepFailed(Exception):
 _upgrading: weakref.WeakSet[ControlPlane] = weakref.WeakSet()
 
 
+def upgrade_running(control: ControlPlane) -> bool:
+    """Whether `control` is carrying out a rolling upgrade now (the planner takes no action meanwhile)."""
+    return control in _upgrading
+
+
 async def rolling_upgrade(control: ControlPlane, command: UpgradeWorkers) -> CommandOutcome:
     if control in _upgrading:
         return CommandOutcome(outcome="refused", reason="an upgrade is already running")

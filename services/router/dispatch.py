@@ -184,7 +184,8 @@ class Dispatcher:
             routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold,
                                        span=route_span)
         if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one
-            self._metrics.observe_queue(routed.plan.computing_worker_id, self._clock() - params.arrived_at, span)
+            params.route.queue_s = max(0.0, self._clock() - params.arrived_at)
+            self._metrics.observe_queue(routed.plan.computing_worker_id, params.route.queue_s, span)
         if isinstance(routed, RouteRefusal):  # decode-first, and no worker holds enough of the prompt
             span.set_attributes({"tandem.flow": "none", "tandem.route_reason": routed.reason,
                                  "tandem.cached_tokens": routed.cached_tokens})

@@ -44,6 +44,7 @@ class RouteNote:
     # copy continues only on workers of that hash, so one answer never mixes two model versions
     # (a retry before the first token may go to any build, and sets it anew); "": not routed yet
     compat_hash: str = ""
+    queue_s: float | None = None  # arrival until it was routed (its first routing; None: never routed)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class RequestRecorder:
             request_id=request.request_id, model=request.model, worker_id=worker_id, outcome=outcome,
             finish_reason=finish_reason, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
             completion_tokens=usage.completion_tokens, ttft_s=ttft_s, duration_s=duration_s,
-            flow=route.flow, reason=route.reason)
+            flow=route.flow, reason=route.reason, queue_s=route.queue_s)
         try:
             await self.bus.client.publish(self.subjects.request_events, encode(record))
         except Exception as error:  # NATS reconnecting: the record is lost, the request is not

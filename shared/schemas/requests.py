@@ -18,3 +18,4 @@ class RequestRecord(Message, tag="request_record", kw_only=True):
     duration_s: float
     flow: str = ""  # the routing decision's flow: "single" | "disaggregated" | "none"; "": not routed
     reason: str = ""  # the routing decision's reason (the policy's words)
+    queue_s: float | None = None  # arrival to routed, in the router (waits for a worker, admission); None: not routed

@@ -184,3 +184,28 @@ async def test_an_idle_prefill_worker_is_drained_and_leaves(bus: Bus, bus_config
         await wait_for(lambda: len(planner.outcomes) == 1, 15, "the scale-down's outcome")
         assert planner.outcomes[0].ok and planner.outcomes[0].reason.startswith("drained and left"), planner.outcomes
         assert workers["p1"].stopped.is_set() and orchestrator.control.registration("p1") is None
+
+
+async def test_no_action_while_a_rolling_upgrade_runs_and_the_planner_resumes_after(
+        bus: Bus, bus_config: BusConfig, monkeypatch) -> None:
+    """The decode bottleneck of the first test, during a rolling upgrade (marked as running on the
+    orchestrator's control plane): every decision says why it does nothing; once the upgrade is
+    over, the planner switches a prefill worker as before."""
+    import services.orchestrator.planner_loop as planner_loop
+
+    upgrading = {"now": True}
+    monkeypatch.setattr(planner_loop, "upgrade_running", lambda control: upgrading["now"])
+    async with cluster(bus, bus_config, dry_run=False) as (orchestrator, workers, events):
+        note = "a rolling upgrade is running: no planner action until it ends"
+        # decode's occupancy is over its target from the first tick: sustained (0.5 s) many times over
+        await wait_for(lambda: sum(note in e.notes and e.pressures.get("decode", 0) > 1.0 for e in events) >= 10,
+                       10, lambda: f"ten paused ticks with decode hot; heard {events[-1:]}")
+        assert not any(e.actions for e in events)
+        planner = orchestrator.planner
+        assert planner is not None and planner.outcomes == []
+        upgrading["now"] = False
+        switched = switch_in(events)
+        await wait_for(lambda: switched() is not None, 20, lambda: f"a role switch; heard {events[-1:]}")
+        action = switched()
+        assert action is not None and action.to_role is WorkerRole.DECODE
+        assert note not in next(e for e in events if action in e.actions).notes

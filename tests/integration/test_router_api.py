@@ -166,6 +166,8 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
     assert records[0].outcome == "ok" and records[0].worker_id == "w1" and records[0].completion_tokens == 3
     assert records[0].request_id.startswith("cmpl-") and records[0].ttft_s is not None
     assert records[0].flow == "single" and records[0].reason  # the routing decision, for the collector
+    queue_s = records[0].queue_s  # its wait in the router before it was routed (the planner's queue time)
+    assert queue_s is not None and 0.0 <= queue_s <= records[0].duration_s
 
     # malformed bus traffic is counted and dropped; the router keeps serving
     await bus.client.publish(bus_config.subjects.load("w1"), b"\x01garbage")

@@ -23,3 +23,8 @@ def test_short_run_reports_every_arm(tmp_path, capsys) -> None:
     planner = arms["planner"]
     assert planner["actions"] and all(action["reason"] for action in planner["actions"])
     assert arms["static 1p3d"]["actions"] == []
+    assert set(document["phase_check"]) == {"prefill-heavy", "decode-heavy", "mixed"}
+    assert set(document["phase_check"]["mixed"]) == {"1p3d", "3p1d"}
+    summary = document["summary"]
+    assert summary["errors"] == 0 and summary["best_static"] in ("static 1p3d", "static 3p1d")
+    assert summary["planner_attainment"] == planner["overall"]["attainment"]

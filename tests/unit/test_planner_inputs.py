@@ -64,3 +64,45 @@ def test_the_snapshot_reads_each_role() -> None:
     assert snapshot.decode.itl_p90_ms == pytest.approx(100)
     assert snapshot.decode.kv_usage == pytest.approx(0.7)
     assert snapshot.operator_touches == [touch]
+
+
+def test_queue_times_from_the_records_go_to_the_role_that_queued() -> None:
+    import msgspec
+
+    from services.orchestrator.planning import Slos, Thresholds
+    from services.orchestrator.planning.signals import role_pressure
+
+    members = {"p1": member("p1", WorkerRole.PREFILL), "d1": member("d1", WorkerRole.DECODE),
+               "b1": member("b1", WorkerRole.BOTH)}
+    loads = {"p1": [load("p1", 0.0)], "d1": [load("d1", 0.0)]}
+
+    def queued(queue_s: float | None, flow: str, worker_id: str) -> RequestRecord:
+        return msgspec.structs.replace(record(0.5, 1.5, 11), queue_s=queue_s, flow=flow, worker_id=worker_id)
+
+    records = [queued(q / 100, "disaggregated", "d1") for q in range(1, 11)]  # 10..100 ms before prefill
+    records += [queued(0.3, "single", "d1"), queued(0.2, "single", "d1")]  # served whole by the decode worker
+    records += [queued(5.0, "single", "b1"),  # a `both` worker's: not planned
+                queued(None, "disaggregated", "d1")]  # an older router's record: no queue time
+    samples = [s for s in (sample(r, at=1.0) for r in records) if s is not None]
+    assert samples[0].queue_ms == pytest.approx(10) and samples[-1].queue_ms is None
+    snapshot = build_snapshot(members, loads, samples, [], prefill_capacity_tok_s=0.0)
+    assert snapshot.prefill.queue_time_p90_ms == pytest.approx(90)
+    assert snapshot.decode.queue_time_p90_ms == pytest.approx(300)
+    slos = Slos(ttft_p90_ms=1000, itl_p90_ms=200)
+    assert "(queue p90 90 ms)" in role_pressure(WorkerRole.PREFILL, snapshot.prefill, slos, Thresholds()).why
+    assert "(queue p90 300 ms)" in role_pressure(WorkerRole.DECODE, snapshot.decode, slos, Thresholds()).why
+    # a record from before the field existed decodes, without a queue time
+    old = msgspec.json.encode({k: v for k, v in msgspec.to_builtins(record(0.5, 1.5, 11)).items() if k != "queue_s"})
+    assert msgspec.json.decode(old, type=RequestRecord).queue_s is None
+
+
+def test_after_an_action_only_requests_that_arrived_since_count() -> None:
+    members = {"p1": member("p1", WorkerRole.PREFILL), "d1": member("d1", WorkerRole.DECODE)}
+    loads = {"p1": [load("p1", 0.0)], "d1": [load("d1", 0.0)]}
+    # heard at 100 s: one queued 3 s before the action at 98 s (TTFT 3 s), one arrived after it (TTFT 0.4 s)
+    backlog, fresh = sample(record(3.0, 4.0, 11), at=100.0), sample(record(0.4, 1.4, 11), at=100.0)
+    assert backlog is not None and fresh is not None and backlog.arrived_at == 96.0
+    everything = build_snapshot(members, loads, [backlog, fresh], [], prefill_capacity_tok_s=0.0)
+    assert everything.prefill.ttft_p90_ms == pytest.approx(3000)
+    since = build_snapshot(members, loads, [backlog, fresh], [], prefill_capacity_tok_s=0.0, since=98.0)
+    assert since.prefill.ttft_p90_ms == pytest.approx(400) and since.decode.itl_p90_ms == pytest.approx(100)

@@ -53,6 +53,7 @@ class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     decode: RoleLoad
     operator_touches: list[OperatorTouch] = []
     operator_hold_until: float | None = None  # an operator said: no planner actions until then
+    paused: str = ""  # an operation the planner must not interfere with ("a rolling upgrade is running"): no actions
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True):

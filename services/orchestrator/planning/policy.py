@@ -3,16 +3,19 @@
 Order of business, at most one action per tick:
 
 1. update each role's hot and cold trends (hysteresis, `signals.track`);
-2. an operator hold stops everything; operator-touched workers are left alone for
+2. a pause (a rolling upgrade is running) stops everything and restarts every sustain run;
+   an operator hold stops everything; operator-touched workers are left alone for
    `operator_hold_s` (noted every tick, so the event says why the planner did not touch them);
 3. a global cooldown after any action, and a per-worker cooldown, let the last action show
    its effect before the next;
 4. a worker count over the budget is trimmed first;
 5. a role hot for `sustain_s` gets relief: a switch of the other role's least-loaded worker
    when that role is not hot and stays below `hot_exit` with one fewer worker (cheap: no
-   new process), else a scale-up within the budget;
+   new process), else a scale-up within the budget; not a prefill role hot on its latency
+   alone whose capacity covers its demand and whose queue drains within `sustain_s`;
 6. a role cold for `sustain_s` gives up its least-loaded worker when it stays below
-   `hot_exit` without it and keeps its minimum.
+   `hot_exit` without it and keeps its minimum, unless the other role is hot: then the
+   worker is kept for a switch (stopping it would leave the hot role a slower scale-up).
 
 After an action the acted-on trends restart their sustain clock: the next action on the same
 signal needs it held again, with the new capacity in place.
@@ -29,7 +32,7 @@ from services.orchestrator.planning.model import (
     Slos,
     Trend,
 )
-from services.orchestrator.planning.signals import Pressure, role_pressure, sustained, track, without_one
+from services.orchestrator.planning.signals import Pressure, after_one_fewer, role_pressure, sustained, track
 from shared.schemas.membership import WorkerRole
 from shared.schemas.planner import PlannerAction, ScaleDown, ScaleUp, SwitchRole
 
@@ -105,6 +108,16 @@ class _Tick:
         state = PlannerState(last_action_at=self.now, worker_last_action=last, trends=trends)
         return Decision(actions=[action], notes=self.notes, state=state, pressures=pressures)
 
+    def paused(self) -> Decision:
+        """No action while another operation changes the cluster; every sustain run restarts, so
+        an action after it needs its signal held for `sustain_s` on the cluster it left."""
+        trends = {key: Trend(active=trend.active, held_since=self.now) if trend.held_since is not None else trend
+                  for key, trend in self.trends.items()}
+        state = PlannerState(last_action_at=self.state.last_action_at,
+                             worker_last_action=self.state.worker_last_action, trends=trends)
+        pressures = {role.value: round(self.pressures[role].value, 4) for role in ROLES}
+        return Decision(actions=[], notes=self.notes, state=state, pressures=pressures)
+
 
 def _key(role: WorkerRole, hot: bool) -> str:
     return f"{role.value}.{'hot' if hot else 'cold'}"
@@ -113,6 +126,9 @@ def _key(role: WorkerRole, hot: bool) -> str:
 def decide(snapshot: ClusterSnapshot, slos: Slos, state: PlannerState, now: float,
            config: PlannerConfig = PlannerConfig()) -> Decision:
     tick = _Tick(snapshot, slos, state, now, config)
+    if snapshot.paused:
+        tick.notes.append(f"{snapshot.paused}: no planner action until it ends")
+        return tick.paused()
     if snapshot.operator_hold_until is not None and now < snapshot.operator_hold_until:
         tick.notes.append(f"operator hold for {snapshot.operator_hold_until - now:.0f} s more: no actions")
         return tick.decision(None)
@@ -145,8 +161,12 @@ def _relieve_hot(tick: _Tick) -> Decision | None:
     for role in hot:
         pressure = tick.pressures[role]
         why = f"{role.value} pressure {pressure.value:.2f} for {tick.held_s(tick.hot(role)):.0f} s: {pressure.why}"
+        draining = _draining(tick, role)
+        if draining is not None:
+            tick.notes.append(f"{why}; {draining}")
+            continue
         donor = _other(role)
-        donor_after = without_one(tick.pressures[donor].value, tick.count(donor))
+        donor_after = after_one_fewer(tick.pressures[donor], tick.count(donor))
         room = tick.count(role) < budget.role_max(role)
         if room and not tick.hot(donor).active and tick.count(donor) > budget.role_min(donor) \
                 and donor_after < th.hot_exit:
@@ -164,13 +184,35 @@ def _relieve_hot(tick: _Tick) -> Decision | None:
     return None
 
 
+def _draining(tick: _Tick, role: WorkerRole) -> str | None:
+    """Why a hot prefill role needs no worker more, or None: its capacity covers its demand
+    (utilisation under `hot_exit`) and its queued prompt tokens drain within `sustain_s` at the
+    spare capacity, so its latency is a backlog going away (e.g. from before the last action),
+    which another worker would not shorten by much and would leave one too many after."""
+    pressure, load = tick.pressures[role], tick.loads[role]
+    if role is not WorkerRole.PREFILL or pressure.utilisation is None \
+            or pressure.utilisation >= tick.config.thresholds.hot_exit:
+        return None
+    backlog = sum(worker.load for worker in load.workers)
+    spare = load.prefill_capacity_tok_s - load.prefill_demand_tok_s
+    drain_s = backlog / spare if spare > 0 else float("inf")
+    if drain_s > tick.config.thresholds.sustain_s:
+        return None
+    return (f"no relief: capacity covers demand ({pressure.utilisation:.2f}) and its {backlog:.0f} queued "
+            f"prompt tokens drain in {drain_s:.1f} s")
+
+
 def _release_cold(tick: _Tick) -> Decision | None:
     th, budget = tick.config.thresholds, tick.config.budget
     cold = sorted((role for role in ROLES if sustained(tick.cold(role), tick.now, th.sustain_s)),
                   key=lambda role: tick.pressures[role].value)
     for role in cold:
-        after = without_one(tick.pressures[role].value, tick.count(role))
+        after = after_one_fewer(tick.pressures[role], tick.count(role))
         if tick.hot(role).active or tick.count(role) <= budget.role_min(role) or after >= th.hot_exit:
+            continue
+        if tick.hot(_other(role)).active:  # the other role may need this worker: a switch, not a stop
+            tick.notes.append(f"{role.value} is cold but {_other(role).value} is hot: keeping its workers "
+                              f"to switch rather than stop")
             continue
         for worker_id in tick.movable(role)[:1]:
             reason = (f"{role.value} pressure {tick.pressures[role].value:.2f} for "
