@@ -15,13 +15,16 @@ app = typer.Typer(help="Docker Compose: the stack definition as a compose file."
 def render(
     stack: Annotated[str, typer.Option(help="Stack definition (TOML); default: the packaged local stack.")] = "",
     output: Annotated[str, typer.Option("--output", "-o", help="Write here instead of stdout.")] = "",
+    docker_launcher: Annotated[bool, typer.Option(
+        help="The orchestrator starts workers for `tandem ctl add` as containers: it mounts the Docker "
+             "socket, which is root on the host (docs/compose.md).")] = False,
 ) -> None:
     """Print the compose file of a stack definition."""
     from launch.compose import render_compose
     from launch.definition import DefinitionError, default_definition_path, load_definition
 
     try:
-        text = render_compose(load_definition(stack or default_definition_path()))
+        text = render_compose(load_definition(stack or default_definition_path()), docker_launcher=docker_launcher)
     except DefinitionError as error:
         typer.secho(f"error: {error}", fg="red", err=True)
         raise typer.Exit(2) from None

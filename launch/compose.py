@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from launch.argv import setting_flags
 from launch.compose_args import ContainerArgs
+from launch.compose_launcher import with_docker_launcher
 from launch.compose_observability import OTLP_TRACES_ENDPOINT, observability_services
 from launch.compose_secrets import (
     SECRETS_DIR,
@@ -90,13 +92,15 @@ HEADER = """\
 """
 
 
-def render_compose(definition: StackDefinition) -> str:
+def render_compose(definition: StackDefinition, *, docker_launcher: bool = False) -> str:
     """The compose file's text for `definition`."""
-    return HEADER + to_yaml(compose_document(definition))
+    return HEADER + to_yaml(compose_document(definition, docker_launcher=docker_launcher))
 
 
-def compose_document(definition: StackDefinition) -> dict[str, object]:
-    """The compose file as data: services and volumes."""
+def compose_document(definition: StackDefinition, *, docker_launcher: bool = False) -> dict[str, object]:
+    """The compose file as data: services and volumes. `docker_launcher`: the orchestrator
+    starts workers for `tandem ctl add` as containers (`launch.compose_launcher`; it mounts
+    the Docker socket)."""
     definition = checked(definition, definition.name)
     nats_url = definition.nats.url or f"nats://{NATS}:{NATS_PORT}"
     model_dir = definition.model_dir or TINY_MODEL_DIR
@@ -124,7 +128,18 @@ def compose_document(definition: StackDefinition) -> dict[str, object]:
             if group.count > 0:
                 services[group.name + profile.suffix] = _worker(profile, definition, group, args)
     services.update(observability_services())
+    if docker_launcher:
+        services[ORCHESTRATOR] = _orchestrator_with_docker_launcher(services[ORCHESTRATOR], definition, args)
     return {"services": services, "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}, SECRETS_VOLUME: {}}}
+
+
+def _orchestrator_with_docker_launcher(orchestrator: object, definition: StackDefinition,
+                                      args: ContainerArgs) -> dict[str, object]:
+    """Its launched workers: like the first worker group's sim-profile service."""
+    assert isinstance(orchestrator, dict) and definition.workers
+    group = definition.workers[0]
+    return with_docker_launcher(orchestrator, _worker(TANDEM, definition, group, args), engine=group.engine,
+                                model_dir=args.model_dir, worker_settings=setting_flags(group.settings))
 
 
 def _secrets_service(definition: StackDefinition) -> dict[str, object]:
