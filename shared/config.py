@@ -369,8 +369,10 @@ class DockerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
     mounts: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     compose_container: str = ""
+    engine_timeout_s: float = 120.0  # one engine call (creating a container copies the image on vfs)
 
     def validate(self) -> None:
+        _require(self.engine_timeout_s > 0, "the Docker engine timeout must be positive")
         _require(self.host.startswith(("unix://", "tcp://", "ssh://", "npipe://")),
                  f"docker host {self.host!r} must be a unix://, tcp://, ssh:// or npipe:// address")
         _require(bool(self.image), "the docker launcher needs an image (--worker-image)")

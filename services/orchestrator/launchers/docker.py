@@ -24,6 +24,7 @@ from docker.errors import DockerException, ImageNotFound, NotFound
 
 from services.orchestrator.launchers.base import LaunchedWorker, LaunchError, WorkerLaunch
 from services.orchestrator.launchers.docker_target import (
+    ENGINE_ERRORS,
     ROLE_LABEL,
     STACK_LABEL,
     WORKER_LABEL,
@@ -75,16 +76,17 @@ class DockerLauncher:
                 mounts=list(target.mounts), network=target.network, init=True, detach=True)
         except ImageNotFound as error:
             raise LaunchError(f"image {target.image} is not on the Docker engine (build or pull it first)") from error
-        except DockerException as error:
-            if getattr(getattr(error, "response", None), "status_code", 0) == 409:
+        except ENGINE_ERRORS as error:
+            if isinstance(error, DockerException) and \
+                    getattr(getattr(error, "response", None), "status_code", 0) == 409:
                 raise LaunchError(f"container name {name} is taken (docker rm -f {name} if it is a leftover)") \
                     from error
             raise LaunchError(f"could not create worker {spec.worker_id}'s container: {one_line(error)}") from error
         try:
             container.start()
             container.reload()
-        except DockerException as error:
-            with contextlib.suppress(DockerException):
+        except ENGINE_ERRORS as error:
+            with contextlib.suppress(*ENGINE_ERRORS):
                 container.remove(force=True)
             raise LaunchError(f"could not start worker {spec.worker_id}'s container: {one_line(error)}") from error
         return LaunchedWorker(worker_id=spec.worker_id, role=spec.role, pid=int(container.attrs["State"]["Pid"] or 0),
@@ -96,7 +98,7 @@ class DockerLauncher:
         client = self._engine[0]
         try:
             status = await asyncio.to_thread(_stop_container, client, handle.container_id, timeout_s)
-        except DockerException as error:
+        except ENGINE_ERRORS as error:
             log.warning("could not stop worker %s's container %s: %s", handle.worker_id, handle.container_id[:12],
                         one_line(error))
             status = None
@@ -118,7 +120,7 @@ class DockerLauncher:
 
         try:
             return (await asyncio.to_thread(tail)).rstrip("\n")
-        except DockerException as error:
+        except ENGINE_ERRORS as error:
             return f"(no log: {one_line(error)})"
 
     def list(self) -> list[LaunchedWorker]:
@@ -143,7 +145,7 @@ class DockerLauncher:
 
         try:
             adopted = await asyncio.to_thread(scan)
-        except (DockerException, KeyError, ValueError) as error:
+        except (*ENGINE_ERRORS, KeyError, ValueError) as error:
             raise LaunchError(f"could not list the stack's worker containers: {one_line(error)}") from error
         for handle in adopted:
             self._workers[handle.worker_id] = handle
@@ -154,6 +156,13 @@ class DockerLauncher:
 
     async def stop_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self.stop_worker(handle, timeout_s) for handle in self.list()))
+        if self._engine is not None:
+            # A container the engine made after its call timed out is labelled but not known here.
+            client, target = self._engine
+            try:
+                await asyncio.to_thread(_remove_labelled, client, target.stack)
+            except ENGINE_ERRORS as error:
+                log.warning("docker launcher: could not look for stray worker containers: %s", one_line(error))
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
@@ -197,7 +206,7 @@ class DockerLauncher:
                 # A container started while the engine was listing is running, listed or not.
                 self._running = {container.id for container in found if container.id} | self._started
                 reported = False
-            except DockerException as error:
+            except ENGINE_ERRORS as error:
                 if not reported:
                     log.warning("docker launcher: could not list the running workers: %s", one_line(error))
                     reported = True
@@ -216,3 +225,8 @@ def _stop_container(client: docker.DockerClient, container_id: str, timeout_s: f
     container.remove(force=True)
     return status
 
+
+def _remove_labelled(client: docker.DockerClient, stack: str) -> None:
+    for container in client.containers.list(all=True, filters={"label": f"{STACK_LABEL}={stack}"}):
+        log.warning("docker launcher: removing stray worker container %s", container.name)
+        container.remove(force=True)

@@ -11,11 +11,13 @@ the launched workers join the stack whatever project name it was started under.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import docker
 from docker.errors import DockerException, NotFound
 from docker.types import Mount
+from requests.exceptions import RequestException
 
 from services.orchestrator.launchers.base import LaunchError
 from shared.config import DockerLauncherConfig
@@ -26,7 +28,9 @@ ROLE_LABEL = "tandem.role"
 COMPOSE_PROJECT = "com.docker.compose.project"
 COMPOSE_NETWORK = "com.docker.compose.network"
 COMPOSE_VOLUME = "com.docker.compose.volume"
-ENGINE_TIMEOUT_S = 30  # one engine call (a container's stop adds its own grace on top)
+# What an engine call can fail with: the engine's answers, and its connection's own errors
+# (a read timeout on a busy engine).
+ENGINE_ERRORS = (DockerException, RequestException)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +54,9 @@ def one_line(error: BaseException) -> str:
 
 def connect(config: DockerLauncherConfig) -> docker.DockerClient:
     try:
-        client = docker.DockerClient(base_url=config.host, timeout=ENGINE_TIMEOUT_S)
+        client = docker.DockerClient(base_url=config.host, timeout=math.ceil(config.engine_timeout_s))
         client.ping()
-    except DockerException as error:
+    except ENGINE_ERRORS as error:
         raise LaunchError(f"the Docker engine at {config.host} does not answer: {one_line(error)}") from error
     return client
 
@@ -67,7 +71,7 @@ def resolve(client: docker.DockerClient, config: DockerLauncherConfig, namespace
         client.networks.get(network)
     except NotFound as error:
         raise LaunchError(f"the Docker network {network!r} does not exist") from error
-    except DockerException as error:
+    except ENGINE_ERRORS as error:
         raise LaunchError(f"the Docker engine at {config.host} failed: {one_line(error)}") from error
     mounts = tuple(_mount(client, spec, project) for spec in config.mounts)
     environment = dict(entry.partition("=")[::2] for entry in config.env)
@@ -81,7 +85,7 @@ def _compose_project(client: docker.DockerClient, container: str) -> str:
         labels = client.containers.get(container).labels
     except NotFound as error:
         raise LaunchError(f"the orchestrator's own container {container!r} is not on this engine") from error
-    except DockerException as error:
+    except ENGINE_ERRORS as error:
         raise LaunchError(f"could not inspect the orchestrator's container {container!r}: {one_line(error)}") \
             from error
     project = labels.get(COMPOSE_PROJECT, "")
@@ -104,13 +108,13 @@ def _mount(client: docker.DockerClient, spec: str, project: str) -> Mount:
         try:
             found = client.volumes.list(filters={"label": [f"{COMPOSE_PROJECT}={project}",
                                                            f"{COMPOSE_VOLUME}={source}"]})
-        except DockerException as error:
+        except ENGINE_ERRORS as error:
             raise LaunchError(f"could not list the Docker volumes: {one_line(error)}") from error
         source = _named(found, f"{project}_{source}")
     try:
         client.volumes.get(source)
     except NotFound as error:
         raise LaunchError(f"the Docker volume {source!r} does not exist (mount {spec!r})") from error
-    except DockerException as error:
+    except ENGINE_ERRORS as error:
         raise LaunchError(f"could not inspect the Docker volume {source!r}: {one_line(error)}") from error
     return Mount(target, source, type="volume", read_only=read_only)
