@@ -17,6 +17,9 @@ def render(
     output: Annotated[str, typer.Option("--output", "-o", help="Write here instead of stdout.")] = "",
     worker_slots: Annotated[int, typer.Option(
         help="Worker slots (a NATS user each; one per running worker) when TANDEM_WORKER_SLOTS is unset.")] = 8,
+    docker_launcher: Annotated[bool, typer.Option(
+        help="The orchestrator starts workers for `tandem ctl add` as containers: it mounts the Docker "
+             "socket, which is root on the host (docs/compose-launcher.md).")] = False,
 ) -> None:
     """Print the compose file of a stack definition."""
     from launch.compose import render_compose
@@ -25,7 +28,8 @@ def render(
     if worker_slots < 1:
         raise typer.BadParameter("at least one worker slot is needed", param_hint="--worker-slots")
     try:
-        text = render_compose(load_definition(stack or default_definition_path()), worker_slots=worker_slots)
+        text = render_compose(load_definition(stack or default_definition_path()), worker_slots=worker_slots,
+                              docker_launcher=docker_launcher)
     except DefinitionError as error:
         typer.secho(f"error: {error}", fg="red", err=True)
         raise typer.Exit(2) from None

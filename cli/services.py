@@ -201,11 +201,20 @@ def orchestrator(
     nats_replicas: NatsReplicas = 1,
     heartbeat_interval: Heartbeat = 0.5,
     ttl: Ttl = 3.0,
-    launcher: Annotated[str, typer.Option(help="How `tandem ctl add` starts workers: none | local.")] = "none",
+    launcher: Annotated[str, typer.Option(help="How `tandem ctl add` starts workers: none | local | docker.")] = "none",
     worker_engine: Annotated[str, typer.Option(help="Engine of the workers it starts.")] = "sim",
     worker_model_dir: Annotated[str, typer.Option(help="Model directory of the workers it starts.")] = "",
     worker_log_dir: Annotated[str, typer.Option(help="Log directory of the workers it starts.")] = ".tandem/logs",
     worker_args: Annotated[str, typer.Option(help="Further `tandem worker` flags for the workers it starts.")] = "",
+    docker_host: Annotated[str, typer.Option(help="Docker launcher: the engine's address.")] = \
+        "unix:///var/run/docker.sock",
+    worker_image: Annotated[str, typer.Option(help="Docker launcher: the workers' image.")] = "",
+    worker_network: Annotated[str, typer.Option(help="Docker launcher: the workers' network.")] = "",
+    worker_mount: Annotated[list[str], typer.Option(help="Docker launcher: SOURCE:/path[:ro] (repeat).")] = [],  # noqa: B006
+    worker_env: Annotated[list[str], typer.Option(help="Docker launcher: NAME=/file/path (repeat).")] = [],  # noqa: B006
+    worker_compose: Annotated[bool, typer.Option(
+        help="Docker launcher: network and volume names are the compose file's, in the compose project of "
+             "the container this orchestrator runs in.")] = False,
     min_serving_workers: Annotated[int, typer.Option(help="Refuse commands leaving fewer active decode workers.")] = 1,
     min_prefill_workers: Annotated[int, typer.Option(help="Refuse commands leaving fewer active prefill workers.")] = 0,
     max_workers: Annotated[int, typer.Option(help="Worker budget for `add` (0: none).")] = 0,
@@ -229,9 +238,17 @@ def orchestrator(
     carries out `tandem ctl` commands (cordon, drain, set-role, add, remove); with --planner,
     runs the SLO planner, which switches roles, adds and removes workers (see docs/planner.md)."""
     import shlex
+    import socket
 
     from services.orchestrator.main import run_orchestrator
-    from shared.config import ConfigError, OrchestratorConfig, PlannerLoopConfig, WorkerLauncherConfig, WorkerLimits
+    from shared.config import (
+        ConfigError,
+        DockerLauncherConfig,
+        OrchestratorConfig,
+        PlannerLoopConfig,
+        WorkerLauncherConfig,
+        WorkerLimits,
+    )
 
     setup_logging(log_level)
     config = OrchestratorConfig(bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
@@ -244,7 +261,14 @@ def orchestrator(
                                                     max_serving_workers=max_serving_workers),
                                 launcher=WorkerLauncherConfig(kind=launcher, engine=worker_engine,  # type: ignore[arg-type]
                                                               model_dir=worker_model_dir, log_dir=worker_log_dir,
-                                                              worker_args=tuple(shlex.split(worker_args))),
+                                                              worker_args=tuple(shlex.split(worker_args)),
+                                                              docker=DockerLauncherConfig(
+                                                                  host=docker_host, image=worker_image,
+                                                                  network=worker_network, mounts=tuple(worker_mount),
+                                                                  env=tuple(worker_env),
+                                                                  # a container's host name is its id
+                                                                  compose_container=socket.gethostname()
+                                                                  if worker_compose else "")),
                                 planner=PlannerLoopConfig(enabled=planner, dry_run=planner_dry_run,
                                                           interval_s=planner_interval, window_s=planner_window,
                                                           ttft_p90_ms=ttft_p90_ms, itl_p90_ms=itl_p90_ms,
@@ -252,8 +276,8 @@ def orchestrator(
                                                           global_cooldown_s=planner_cooldown,
                                                           max_workers=planner_max_workers),
                                 tracing=tracing_config(trace_exporter, otlp_endpoint))
-    if launcher not in ("none", "local"):
-        raise typer.BadParameter("must be none or local", param_hint="--launcher")
+    if launcher not in ("none", "local", "docker"):
+        raise typer.BadParameter("must be none, local or docker", param_hint="--launcher")
     try:
         config.validate()
     except ConfigError as error:

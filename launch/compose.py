@@ -25,7 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from launch.argv import setting_flags
 from launch.compose_args import ContainerArgs
+from launch.compose_launcher import with_docker_launcher
 from launch.compose_observability import OTLP_TRACES_ENDPOINT, observability_services
 from launch.compose_secrets import (
     DEFAULT_WORKER_SLOTS,
@@ -100,13 +102,17 @@ HEADER = """\
 """
 
 
-def render_compose(definition: StackDefinition, *, worker_slots: int = DEFAULT_WORKER_SLOTS) -> str:
+def render_compose(definition: StackDefinition, *, worker_slots: int = DEFAULT_WORKER_SLOTS,
+                   docker_launcher: bool = False) -> str:
     """The compose file's text for `definition` (`worker_slots`: unless TANDEM_WORKER_SLOTS says)."""
-    return HEADER + to_yaml(compose_document(definition, worker_slots=worker_slots))
+    return HEADER + to_yaml(compose_document(definition, worker_slots=worker_slots, docker_launcher=docker_launcher))
 
 
-def compose_document(definition: StackDefinition, *, worker_slots: int = DEFAULT_WORKER_SLOTS) -> dict[str, object]:
-    """The compose file as data: services and volumes."""
+def compose_document(definition: StackDefinition, *, worker_slots: int = DEFAULT_WORKER_SLOTS,
+                     docker_launcher: bool = False) -> dict[str, object]:
+    """The compose file as data: services and volumes. `docker_launcher`: the orchestrator
+    starts workers for `tandem ctl add` as containers (`launch.compose_launcher`; it mounts
+    the Docker socket)."""
     definition = checked(definition, definition.name)
     nats_url = definition.nats.url or f"nats://{NATS}:{NATS_PORT}"
     model_dir = definition.model_dir or TINY_MODEL_DIR
@@ -134,8 +140,26 @@ def compose_document(definition: StackDefinition, *, worker_slots: int = DEFAULT
             if group.count > 0:
                 services[group.name + profile.suffix] = _worker(profile, definition, group, args)
     services.update(observability_services())
+    if docker_launcher:
+        services[ORCHESTRATOR] = _orchestrator_with_docker_launcher(services[ORCHESTRATOR], definition, args)
     return {"services": services,
             "volumes": {MODEL_VOLUME: {}, NATS_VOLUME: {}, SECRETS_VOLUME: {}, SLOTS_VOLUME: {}}}
+
+
+def _orchestrator_with_docker_launcher(orchestrator: object, definition: StackDefinition,
+                                       args: ContainerArgs) -> dict[str, object]:
+    """Its launched workers: like the first worker group's sim-profile service."""
+    assert isinstance(orchestrator, dict) and definition.workers
+    group = definition.workers[0]
+    return with_docker_launcher(orchestrator, _worker(TANDEM, definition, group, args), engine=group.engine,
+                                model_dir=args.model_dir,
+                                worker_settings=[*setting_flags(group.settings), *_slot_flags(definition)])
+
+
+def _slot_flags(definition: StackDefinition) -> list[str]:
+    """A worker's id and NATS user: a slot it claims when it starts (`shared.worker_slots`);
+    a launched worker's `--worker-id` claims that very slot."""
+    return ["--worker-slots", SLOTS_DIR, *([] if definition.nats.url else ["--worker-slot-nats-dir", nats_dir_path()])]
 
 
 def _secrets_service(definition: StackDefinition, worker_slots: int) -> dict[str, object]:
@@ -190,8 +214,8 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
             args: ContainerArgs) -> dict[str, object]:
     engine = profile.engine or group.engine
     # The worker id and NATS user: a slot each replica claims when it starts (`shared.worker_slots`).
-    slots = ["--worker-slots", SLOTS_DIR, *([] if definition.nats.url else ["--worker-slot-nats-dir", nats_dir_path()])]
-    service = _tandem_service(profile, definition, [*args.worker(group, engine), *slots], group.depends_on,
+    service = _tandem_service(profile, definition, [*args.worker(group, engine), *_slot_flags(definition)],
+                              group.depends_on,
                               model=True)
     service["volumes"] = [*service["volumes"], f"{SLOTS_VOLUME}:{SLOTS_DIR}"]  # type: ignore[list-item]
     service["profiles"] = [profile.profile]

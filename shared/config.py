@@ -7,6 +7,7 @@ below `main` reads the environment. `validate()` fails fast with a clear message
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -364,20 +365,65 @@ class WorkerLimits(msgspec.Struct, kw_only=True, frozen=True):
                      self.max_serving_workers) >= 0, "worker limits must not be negative")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DOCKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+class DockerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Where and how the Docker launcher runs worker containers: the engine's address, the
+    image, the network, the mounts (`SOURCE:TARGET[:ro]`, SOURCE a volume or an absolute
+    host path) and the environment (`NAME=/a/file/path`: paths only, a container's
+    environment is visible to whoever may inspect it). With `compose_container` (the
+    orchestrator's own container), the network and the volumes are the compose file's
+    names, looked up in that container's compose project."""
+
+    host: str = "unix:///var/run/docker.sock"
+    image: str = ""
+    network: str = ""
+    mounts: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    compose_container: str = ""
+    engine_timeout_s: float = 120.0  # one engine call (creating a container copies the image on vfs)
+
+    def validate(self) -> None:
+        _require(self.engine_timeout_s > 0, "the Docker engine timeout must be positive")
+        _require(self.host.startswith(("unix://", "tcp://", "ssh://", "npipe://")),
+                 f"docker host {self.host!r} must be a unix://, tcp://, ssh:// or npipe:// address")
+        _require(bool(self.image), "the docker launcher needs an image (--worker-image)")
+        _require(bool(_DOCKER_NAME.fullmatch(self.network)),
+                 f"the docker launcher needs a network name (--worker-network), not {self.network!r}")
+        for mount in self.mounts:
+            parts = mount.split(":")
+            _require(len(parts) in (2, 3) and all(parts[:2]) and parts[1].startswith("/")
+                     and (len(parts) == 2 or parts[2] in ("ro", "rw"))
+                     and (parts[0].startswith("/") or bool(_DOCKER_NAME.fullmatch(parts[0]))),
+                     f"mount {mount!r} must be SOURCE:/container/path[:ro|rw] (SOURCE a volume or /host/path)")
+        for entry in self.env:
+            name, _, value = entry.partition("=")
+            _require(bool(_ENV_NAME.fullmatch(name)), f"worker environment {entry!r} must be NAME=/file/path")
+            _require(value.startswith("/") and "\n" not in value,
+                     f"worker environment {name} must be an absolute file path (never a secret itself)")
+
+
 class WorkerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
     """How the orchestrator starts workers for AddWorker: "none" refuses, "local" runs
-    `tandem worker` child processes on this machine."""
+    `tandem worker` child processes on this machine, "docker" runs them as containers
+    (`docker`: where and how)."""
 
-    kind: Literal["none", "local"] = "none"
+    kind: Literal["none", "local", "docker"] = "none"
     engine: str = "sim"
     model_dir: str = ""
     log_dir: str = ".tandem/logs"
     worker_args: tuple[str, ...] = ()  # further `tandem worker` flags, given as they are
     start_timeout_s: float = 60.0
+    docker: DockerLauncherConfig = DockerLauncherConfig()
 
     def validate(self) -> None:
-        _require(self.kind == "none" or bool(self.model_dir), "the local launcher needs a model directory")
+        _require(self.kind in ("none", "local", "docker"), f"launcher {self.kind!r} must be none, local or docker")
+        _require(self.kind == "none" or bool(self.model_dir), f"the {self.kind} launcher needs a model directory")
         _require(self.start_timeout_s > 0, "the worker start timeout must be positive")
+        if self.kind == "docker":
+            self.docker.validate()
 
 
 class PlannerLoopConfig(msgspec.Struct, kw_only=True, frozen=True):

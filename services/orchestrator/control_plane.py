@@ -75,6 +75,13 @@ class ControlPlane:
         self._subscription = None
 
     async def start(self) -> None:
+        try:
+            for handle in await self.launcher.recover():
+                self._launched[handle.worker_id] = handle
+                log.info("worker %s: adopted from an earlier run (%s)", handle.worker_id,
+                         handle.container_id or f"pid {handle.pid}")
+        except LaunchError as error:  # the engine is away: adds will say so too
+            log.warning("could not look for workers of an earlier run: %s", error)
         self._subscription = await self._bus.client.subscribe(self._subjects.orchestrator_commands,
                                                               cb=self._on_command)
         await self._bus.client.flush()
@@ -257,7 +264,7 @@ class ControlPlane:
         if await self.wait_until(settled, timeout_s, poll_s=0.1) and self.launcher.alive(handle):
             return self._done(worker_id, f"started (pid {handle.pid}) and registered")
         why = "exited" if not self.launcher.alive(handle) else f"did not register within {timeout_s:g} s"
-        tail = self.launcher.log_tail(handle)
+        tail = await self.launcher.log_tail(handle)
         self._launched.pop(worker_id, None)
         await self.launcher.stop_worker(handle, self._config.command_timeout_s)
         return CommandOutcome(outcome="failed", worker_id=worker_id, reason=f"worker {worker_id} {why}:\n{tail}")

@@ -1,6 +1,7 @@
 """Worker launchers: how the orchestrator starts and stops worker processes for AddWorker
 and RemoveWorker. `Launcher` is the contract (base.py); `LocalProcessLauncher` runs
-`tandem worker` children on this machine; `NoLauncher` starts nothing (the orchestrator
+`tandem worker` children on this machine; `DockerLauncher` runs them as containers on a
+Docker engine (the compose stack's orchestrator); `NoLauncher` starts nothing (the orchestrator
 refuses AddWorker). `build_launcher` picks one from `WorkerLauncherConfig.kind`.
 """
 
@@ -13,6 +14,10 @@ from shared.config import OrchestratorConfig
 def build_launcher(config: OrchestratorConfig) -> Launcher:
     if config.launcher.kind == "local":
         return LocalProcessLauncher(config)
+    if config.launcher.kind == "docker":
+        from services.orchestrator.launchers.docker import DockerLauncher  # the SDK only where it is used
+
+        return DockerLauncher(config)
     return NoLauncher()
 
 

@@ -27,7 +27,8 @@ class WorkerLaunch:
 class LaunchedWorker:
     worker_id: str
     role: WorkerRole  # the role it was started in (a later SetRole may change it)
-    pid: int
+    pid: int  # the worker's process (for a container: its main process on the host, 0 once unknown)
+    container_id: str = ""  # the Docker launcher's container; empty for a process
 
 
 class Launcher(Protocol):
@@ -42,10 +43,16 @@ class Launcher(Protocol):
 
     def alive(self, handle: LaunchedWorker) -> bool: ...
 
-    def log_tail(self, handle: LaunchedWorker, lines: int = 20) -> str: ...
+    async def log_tail(self, handle: LaunchedWorker, lines: int = 20) -> str: ...
 
     def list(self) -> list[LaunchedWorker]:
         """The workers this launcher started that have not been stopped."""
+        ...
+
+    async def recover(self) -> list[LaunchedWorker]:
+        """Workers an earlier run of this orchestrator started that still run (a container
+        outlives an orchestrator killed outright), adopted so `list` and `stop_worker` cover
+        them; raises `LaunchError` when the launcher cannot tell."""
         ...
 
     async def stop_all(self, timeout_s: float) -> None: ...

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from services.orchestrator.launchers.base import LaunchedWorker, LaunchError, WorkerLaunch
+from services.orchestrator.launchers.worker_command import worker_command
 from shared.config import OrchestratorConfig
 from shared.lifecycle import die_with_parent
 
@@ -24,14 +25,7 @@ from shared.lifecycle import die_with_parent
 def worker_argv(config: OrchestratorConfig, spec: WorkerLaunch) -> list[str]:
     """The command line of one worker (the `tandem worker` command, run by module path:
     the orchestrator must not import the CLI layer, only start it)."""
-    launcher, membership = config.launcher, config.membership
-    return [sys.executable, "-m", "cli.main", "worker",
-            "--nats-url", config.bus.nats_url, "--namespace", config.bus.namespace,
-            "--nats-replicas", str(config.bus.replicas),
-            "--heartbeat-interval", str(membership.heartbeat_interval_s), "--ttl", str(membership.ttl_s),
-            "--worker-id", spec.worker_id, "--role", spec.role.value,
-            "--engine", launcher.engine, "--model-dir", launcher.model_dir, *launcher.worker_args,
-            *spec.extra_args]
+    return [sys.executable, "-m", "cli.main", *worker_command(config, spec)]
 
 
 class LocalProcessLauncher:
@@ -80,7 +74,7 @@ class LocalProcessLauncher:
         entry = self._processes.get(handle.worker_id)
         return entry is not None and entry[0] == handle and entry[1].returncode is None
 
-    def log_tail(self, handle: LaunchedWorker, lines: int = 20) -> str:
+    async def log_tail(self, handle: LaunchedWorker, lines: int = 20) -> str:
         try:
             text = (self._log_dir / f"{handle.worker_id}.log").read_text(errors="replace")
         except OSError:
@@ -89,6 +83,9 @@ class LocalProcessLauncher:
 
     def list(self) -> list[LaunchedWorker]:
         return [handle for handle, _ in self._processes.values()]
+
+    async def recover(self) -> list[LaunchedWorker]:
+        return []  # children die with the orchestrator: an earlier run left none
 
     async def stop_all(self, timeout_s: float) -> None:
         await asyncio.gather(*(self.stop_worker(handle, timeout_s) for handle in self.list()))

@@ -16,10 +16,13 @@ class NoLauncher:
     def alive(self, handle: LaunchedWorker) -> bool:
         return False
 
-    def log_tail(self, handle: LaunchedWorker, lines: int = 20) -> str:
+    async def log_tail(self, handle: LaunchedWorker, lines: int = 20) -> str:
         return ""
 
     def list(self) -> list[LaunchedWorker]:
+        return []
+
+    async def recover(self) -> list[LaunchedWorker]:
         return []
 
     async def stop_all(self, timeout_s: float) -> None:
