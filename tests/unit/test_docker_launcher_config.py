@@ -85,8 +85,10 @@ def test_the_compose_docker_launcher_is_opt_in_and_follows_the_worker_services()
     assert values("--worker-mount") == worker["volumes"]
     assert values("--worker-env") == [f"{name}={value}" for name, value in worker["environment"].items()
                                       if value.startswith("/")]
-    assert any(entry.startswith("TANDEM_NATS_CREDS_FILE=/secrets/") for entry in values("--worker-env"))
-    assert values("--worker-model-dir") == ["/models/tiny"] and values("--worker-args") == ["--sim-speedup 1.0"]
+    assert not any(entry.startswith("TANDEM_NATS_") for entry in values("--worker-env"))  # a slot's user, not env
+    assert values("--worker-model-dir") == ["/models/tiny"]
+    assert values("--worker-args") == ["--sim-speedup 1.0 --worker-slots /slots --worker-slot-nats-dir /secrets/nats"]
+    assert "slots:/slots" in values("--worker-mount")
     assert "${TANDEM_DOCKER_SOCKET:-/var/run/docker.sock}:/var/run/docker.sock" in orchestrator["volumes"]
     assert orchestrator["group_add"] == ["${TANDEM_DOCKER_GID:-0}"]
     # only the orchestrator changes
