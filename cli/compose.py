@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from cli.options import print_rendered
 
 app = typer.Typer(help="Docker Compose: the stack definition as a compose file.", no_args_is_help=True)
 
@@ -23,20 +24,11 @@ def render(
 ) -> None:
     """Print the compose file of a stack definition."""
     from launch.compose import render_compose
-    from launch.definition import DefinitionError, default_definition_path, load_definition
 
     if worker_slots < 1:
         raise typer.BadParameter("at least one worker slot is needed", param_hint="--worker-slots")
-    try:
-        text = render_compose(load_definition(stack or default_definition_path()), worker_slots=worker_slots,
-                              docker_launcher=docker_launcher)
-    except DefinitionError as error:
-        typer.secho(f"error: {error}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    if output:
-        Path(output).write_text(text)
-    else:
-        typer.echo(text, nl=False)
+    print_rendered(stack, output, lambda definition: render_compose(definition, worker_slots=worker_slots,
+                                                                    docker_launcher=docker_launcher))
 
 
 @app.command("secrets")

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from cli.options import print_rendered
+
 app = typer.Typer(help="Kubernetes: the stack definition as manifests, and their Secrets.", no_args_is_help=True)
 
 KubeNamespace = Annotated[str, typer.Option(help="The Kubernetes namespace the stack runs in.")]
@@ -30,21 +32,12 @@ def render(
     otlp_endpoint: Annotated[str, typer.Option(help="OTLP/HTTP traces endpoint; default: no tracing.")] = "",
 ) -> None:
     """Print the Kubernetes manifests of a stack definition (no Secret in them)."""
-    from launch.definition import DefinitionError, default_definition_path, load_definition
     from launch.k8s import K8sOptions, render_k8s
 
     options = K8sOptions(image=image, worker_image=worker_image, nats_image=nats_image, engine=engine,
                          kube_namespace=kube_namespace, gpus_per_worker=gpus_per_worker, nats_storage=nats_storage,
                          model_storage=model_storage, otlp_endpoint=otlp_endpoint)
-    try:
-        text = render_k8s(load_definition(stack or default_definition_path()), options)
-    except DefinitionError as error:
-        typer.secho(f"error: {error}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    if output:
-        Path(output).write_text(text)
-    else:
-        typer.echo(text, nl=False)
+    print_rendered(stack, output, lambda definition: render_k8s(definition, options))
 
 
 @app.command("secrets")

@@ -1,12 +1,14 @@
 """Options and helpers shared by the service commands: one definition of each common flag
 (`--nats-url`, `--namespace`, membership and tracing), the typed config pieces built from
-them, and how a service's coroutine runs (a config error exits 2, Ctrl-C is quiet).
+them, how a service's coroutine runs (a config error exits 2, Ctrl-C is quiet), and how a
+rendered stack definition is printed or written (compose, Kubernetes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -77,6 +79,22 @@ def tracing_config(exporter: str, endpoint: str):
     if exporter not in ("none", "otlp", "console"):
         raise typer.BadParameter("must be none, otlp or console", param_hint="--trace-exporter")
     return TracingConfig(exporter=exporter, otlp_endpoint=endpoint)  # type: ignore[arg-type]
+
+
+def print_rendered(stack: str, output: str, render) -> None:
+    """`render` (a stack definition -> text) of the definition at `stack` (default: the
+    packaged one), written to `output` or printed; a bad definition is one line, exit 2."""
+    from launch.definition import DefinitionError, default_definition_path, load_definition
+
+    try:
+        text = render(load_definition(stack or default_definition_path()))
+    except DefinitionError as error:
+        typer.secho(f"error: {error}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    if output:
+        Path(output).write_text(text)
+    else:
+        typer.echo(text, nl=False)
 
 
 def run_service(coro) -> None:

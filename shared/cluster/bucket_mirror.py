@@ -124,7 +124,7 @@ class BucketMirror:
                     await asyncio.sleep(READ_RETRY_S)
                     continue
                 # the watcher may have seen it meanwhile, with a newer value: it had the last word
-                if entry.value is not None and pending(key) and self._confirm(key):
+                if entry.value is not None and pending(key) and self.confirm(key):
                     self.values[key] = entry.value
                     self._emit(key, entry.value)
                 return
@@ -132,12 +132,9 @@ class BucketMirror:
         await asyncio.gather(*(read(key) for key in list(self.unconfirmed)))
 
     def confirm(self, key: str) -> bool:
-        """The caller has its own proof that `key` is current (a live worker's load report):
-        confirmed now, its pending removal called off; whether it was unconfirmed."""
-        return self._confirm(key)
-
-    def _confirm(self, key: str) -> bool:
-        """The watcher saw `key`: confirmed, its pending removal called off; whether it was unconfirmed."""
+        """`key` is current (the watcher or a direct read saw it, or the caller has its own
+        proof, e.g. a live worker's load report): confirmed, its pending removal called off;
+        whether it was unconfirmed."""
         removal = self._removals.pop(key, None)
         if removal is not None:
             removal.cancel()
@@ -188,7 +185,7 @@ class BucketMirror:
                             self._remove_missing(key)
                         for key, value in initial.items():
                             # a confirmed key is reported even unchanged: its readers may wait for it
-                            if self._confirm(key) | (self.values.get(key) != value):
+                            if self.confirm(key) | (self.values.get(key) != value):
                                 self.values[key] = value
                                 self._emit(key, value)
                         self._synced.set()
@@ -198,7 +195,7 @@ class BucketMirror:
                         if not deleted:
                             initial[entry.key] = entry.value
                         continue
-                    self._confirm(entry.key)
+                    self.confirm(entry.key)
                     if deleted:
                         if self.values.pop(entry.key, None) is not None:
                             self._emit(entry.key, None)
