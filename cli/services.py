@@ -121,6 +121,9 @@ def router(
     hot_load_factor: Annotated[float, typer.Option(
         help="Replicate a prefix onto another worker once each of its holders carries more than this x "
              "the mean load of the serving workers (0: never).")] = 1.5,
+    replica_share_slack: Annotated[float, typer.Option(
+        help="... and only while the prefix's share of recent requests is more than its holders can carry, "
+             "each (1 + this) / serving workers of the traffic (negative: the load alone decides).")] = 0.2,
     bounded_affinity: Annotated[bool, typer.Option(
         help="A tenant holding most of its prompt on some workers stays on them until its prefix is hot "
              "(off: the per-request cost alone decides).")] = True,
@@ -165,6 +168,7 @@ def router(
                             prefix_pull=prefix_pull, transfer_weight=transfer_weight,
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
                             queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
+                            replica_share_slack=replica_share_slack if replica_share_slack >= 0 else None,
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
                             home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes,
                             shortlist_workers=shortlist_workers)

@@ -262,6 +262,9 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # a prefix whose every holder carries more than this x the serving workers' mean load is
     # hot and replicated: a non-holder pulling it pays no eviction cost (0: never)
     hot_load_factor: float = 1.5
+    # ... and only while the prefix's share of recent requests is more than its holders can
+    # carry, each (1 + this) / serving workers of the traffic (None: the load alone decides)
+    replica_share_slack: float | None = 0.2
     # a tenant holding most of its prompt on some workers stays on them until the prefix is hot
     # (False: the plain per-request cost decides, and a queue can push it off its holders)
     bounded_affinity: bool = True
@@ -297,6 +300,8 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
                      "decode_weight", "hot_load_factor", "home_slack_tokens"):
             _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
+        _require(self.replica_share_slack is None or self.replica_share_slack >= 0,
+                 "routing replica_share_slack must not be negative")
         _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
         _require(self.shortlist_workers == 0 or self.shortlist_workers >= 4,
                  "shortlist_workers must be 0 (off) or at least 4")

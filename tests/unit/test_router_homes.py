@@ -72,6 +72,26 @@ def test_moving_a_prefix_moves_its_whole_count_and_a_leaving_worker_unhomes_its_
     assert homes.homed_share() == {"a": 0.0} or homes.homed_share() == {}
 
 
+def test_a_prefixs_share_of_recent_requests_follows_traffic_and_leaves_with_its_worker() -> None:
+    homes = PrefixHomes(horizon=1000)
+    assert homes.share(1) == 0.0
+    for _ in range(3):
+        homes.record(1, "a")
+    homes.record(2, "b")
+    assert homes.share(1) == pytest.approx(0.75, abs=0.01) and homes.share(2) == pytest.approx(0.25, abs=0.01)
+    homes.record(1, "b")  # moving home keeps the prefix's count
+    assert homes.share(1) == pytest.approx(0.8, abs=0.01)
+    homes.forget("b")  # both were homed on b: nothing is left
+    assert homes.share(1) == 0.0 and homes.share(2) == 0.0
+    homes.record(3, "a")
+    assert homes.share(3) == pytest.approx(1.0)
+    decaying = PrefixHomes(horizon=10)
+    decaying.record(1, "a")
+    for _ in range(50):
+        decaying.record(2, "a")
+    assert decaying.share(1) < 0.01
+
+
 def test_only_the_most_recent_prefixes_are_remembered() -> None:
     homes = PrefixHomes(max_tracked=3)
     for key in range(5):

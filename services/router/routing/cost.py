@@ -34,6 +34,13 @@ What the terms buy, together:
   go (`candidates.Candidates.affine`), and the plain costs pick the copy's worker, one
   with room or a cold victim first: a copy never comes free where it evicts a prefix in
   use (a burst of one tenant's requests must not push another active tenant out).
+  A queue is a moment's figure, and a copy evicts another tenant for good: so a prefix is
+  copied only while its holders cannot carry the traffic homed on them, each at most
+  `(1 + replica_share_slack) / serving workers` of the recent requests: either the prefix's
+  own share needs more copies than it has (`copies_needed`), or every holder is
+  overcommitted by the prefixes homed on it and this one is a minor tenant there (at most
+  half its homed share), which moves out and leaves the worker to its major ones. A tenant
+  whose share its worker can carry queues there rather than spread.
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is
@@ -43,6 +50,7 @@ merely predicted to compute, which might not exist yet when the pull reads them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -115,20 +123,52 @@ def eviction_cost(routing: RoutingConfig, new_tokens: int, free_tokens: int | No
 HOT_MIN_EXCESS = 2  # requests above the mean a holder must carry before its prefix counts as hot
 
 
+def copies_needed(share: float, workers: int, slack: float) -> int:
+    """How many workers a prefix drawing `share` of the requests needs, when each carries at
+    most `(1 + slack) / workers` of them (at least one, at most `workers`)."""
+    if workers <= 0:
+        return 0
+    cap = (1.0 + slack) / workers
+    return min(workers, max(1, math.ceil(share / cap - 1e-9)))
+
+
+def holders_overcommitted(routing: RoutingConfig, holders: Sequence[WorkerView], workers: int,
+                          prefix_share: float | None, homed_share: Mapping[str, float]) -> bool:
+    """Whether the traffic on the prefix's holders is more than they can carry, so the prefix
+    may be copied: it needs more copies than it has (`copies_needed`), or every holder's
+    homed share is over the per-worker cap and the prefix is a minor tenant on each (at
+    most half of it). True when the shares are unknown or `replica_share_slack` is None."""
+    slack = routing.replica_share_slack
+    if prefix_share is None or slack is None:
+        return True
+    if len(holders) < copies_needed(prefix_share, workers, slack):
+        return True
+    cap = (1.0 + slack) / workers
+    return all(homed_share.get(holder.worker_id, 0.0) > cap
+               and prefix_share <= homed_share.get(holder.worker_id, 0.0) / 2 for holder in holders)
+
+
 def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_tokens: Mapping[str, int],
-                  prompt_tokens: int) -> bool:
+                  prompt_tokens: int, prefix_share: float | None = None,
+                  homed_share: Mapping[str, float] | None = None) -> bool:
     """Every one of `workers` holding (or predicted to hold) the longest cached prefix of the
     prompt is overloaded, relative to the mean of `workers`: it carries more than
     `hot_load_factor` x their mean requests (and at least `HOT_MIN_EXCESS` more), or more
     than `hot_load_factor` x their mean queued prefill tokens (and at least one prompt's
-    worth more). The prefix then needs another copy. False without a cached prefix among
-    them, or with `hot_load_factor` 0."""
+    worth more); and, when the prefix's share of the recent requests is known
+    (`prefix_share`), its holders are overcommitted (`holders_overcommitted`). The prefix
+    then needs another copy. False without a cached prefix among them, or with
+    `hot_load_factor` 0."""
     if routing.hot_load_factor <= 0 or not workers:
         return False
     by_id = {worker.worker_id: worker for worker in workers}
     longest = max((min(tokens, prompt_tokens) for worker_id, tokens in cached_tokens.items() if worker_id in by_id),
                   default=0)
     if longest <= 0:
+        return False
+    holders = [by_id[worker_id] for worker_id, tokens in cached_tokens.items()
+               if worker_id in by_id and min(tokens, prompt_tokens) == longest]
+    if not holders_overcommitted(routing, holders, len(workers), prefix_share, homed_share or {}):
         return False
     mean_load = sum(worker.predicted_load for worker in workers) / len(workers)
     mean_queued = sum(worker.predicted_prefill_tokens for worker in workers) / len(workers)
@@ -138,8 +178,7 @@ def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_
     def overloaded(worker: WorkerView) -> bool:
         return worker.predicted_load >= load_bound or worker.predicted_prefill_tokens >= queued_bound
 
-    return all(overloaded(by_id[worker_id]) for worker_id, tokens in cached_tokens.items()
-               if worker_id in by_id and min(tokens, prompt_tokens) == longest)
+    return all(overloaded(holder) for holder in holders)
 
 
 def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerView, *,

@@ -40,6 +40,7 @@ class PrefixHomes:
         self._step = 0
         self._prefixes: OrderedDict[int, tuple[str, float, int]] = OrderedDict()  # key -> home, count, at step
         self._workers: dict[str, tuple[float, int]] = {}  # worker -> summed counts, at step
+        self._total = (0.0, 0)  # every tracked prefix's summed count, at step
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
@@ -47,6 +48,13 @@ class PrefixHomes:
     def home(self, prefix_key: int) -> str | None:
         entry = self._prefixes.get(prefix_key)
         return entry[0] if entry is not None else None
+
+    def share(self, prefix_key: int) -> float:
+        """The prefix's share of the recent requests (0.0 when not tracked): how much of the
+        cluster's traffic one copy of it draws."""
+        entry = self._prefixes.get(prefix_key)
+        total = self._now(*self._total)
+        return min(1.0, self._now(entry[1], entry[2]) / total) if entry is not None and total > 0 else 0.0
 
     def record(self, prefix_key: int, worker_id: str) -> None:
         """A prompt with this prefix was routed to `worker_id`: its home now, one more request."""
@@ -59,9 +67,11 @@ class PrefixHomes:
         count += 1.0
         self._prefixes[prefix_key] = (worker_id, count, self._step)
         self._add(worker_id, count)
+        self._total = (self._now(*self._total) + 1.0, self._step)
         if len(self._prefixes) > self._max_tracked:
             old_home, old_count, at_step = self._prefixes.popitem(last=False)[1]
             self._add(old_home, -self._now(old_count, at_step))
+            self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
 
     def _add(self, worker_id: str, count: float) -> None:
         total, at_step = self._workers.get(worker_id, (0.0, self._step))
@@ -71,7 +81,8 @@ class PrefixHomes:
         """A worker left: its prefixes have no home until routed again."""
         self._workers.pop(worker_id, None)
         for prefix_key in [key for key, entry in self._prefixes.items() if entry[0] == worker_id]:
-            del self._prefixes[prefix_key]
+            _, count, at_step = self._prefixes.pop(prefix_key)
+            self._total = (max(0.0, self._now(*self._total) - self._now(count, at_step)), self._step)
 
     def homed_share(self) -> dict[str, float]:
         """Per worker, the share of recent requests whose prefixes are homed there."""

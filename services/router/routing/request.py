@@ -38,6 +38,7 @@ class RouteRequest:
     # whose prefixes live there (`homes.PrefixHomes`); empty: unknown
     home_worker: str | None = None
     homed_share: Mapping[str, float] = field(default_factory=dict)
+    prefix_share: float | None = None  # the prefix's share of recent requests (`homes`); None: unknown
 
     @property
     def max_tokens(self) -> int:
