@@ -27,7 +27,7 @@ def worker(worker_id: str, **overrides) -> WorkerView:
 def route(homes: PrefixHomes, key: int, cached: dict[str, int] | None = None) -> RouteRequest:
     return RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, cached_tokens=cached or {},
                         held_tokens=cached or {}, prefix_key=key, home_worker=homes.home(key),
-                        homed_share=homes.shares())
+                        homed_share=homes.shares(), prefix_share=homes.share(key))
 
 
 def pick(workers: list[WorkerView], request: RouteRequest, routing: RoutingConfig = RoutingConfig()) -> str:
@@ -122,6 +122,27 @@ def test_a_busy_home_is_left_for_the_worker_with_the_least_homed_traffic() -> No
     homes.record(4, "a")
     workers = [worker("a", reported_prefill_tokens=6000), worker("b"), worker("c"), worker("d")]
     assert pick(workers, route(homes, 4)) == "d"  # a is busy; d has no homed traffic yet
+
+
+def test_an_evicted_minor_tenant_leaves_an_overcommitted_home_and_the_major_one_stays() -> None:
+    """a is home to prefixes 1 (the major tenant) and 4 (a minor one): together 0.6 of the
+    traffic on 4 workers (cap 0.3). a is not busy; still, prefix 4's prompt must be computed
+    anyway, so it moves to the worker with the least homed traffic, and its home with it.
+    Prefix 1 stays; so does everything with the share rule off."""
+    homes = PrefixHomes()
+    for _ in range(10):
+        homes.record(1, "a")
+    for _ in range(2):
+        homes.record(4, "a")
+    for key, name in ((2, "b"), (3, "c"), (5, "b"), (6, "c"), (7, "d")):
+        for _ in range(2):
+            homes.record(key, name)
+    workers = [worker(name) for name in "abcd"]
+    assert homes.share(4) < homes.homed_share()["a"] / 2
+    assert pick(workers, route(homes, 4)) == "d"
+    assert pick(workers, route(homes, 1)) == "a"
+    by_load = RoutingConfig(replica_share_slack=None)
+    assert pick(workers, route(homes, 4), by_load) == "a"
 
 
 def test_a_prompt_mostly_held_somewhere_ignores_its_home() -> None:

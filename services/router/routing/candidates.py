@@ -20,7 +20,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost, prefix_is_hot
+from services.router.routing.cost import (
+    Holders,
+    PrefillPlan,
+    decode_cost,
+    minor_tenant,
+    plan_prefill,
+    prefill_cost,
+    prefix_is_hot,
+)
 from services.router.routing.eligibility import Eligible
 from services.router.routing.home import HomeHints, prefer_home
 from services.router.routing.recency import victim_values
@@ -118,11 +126,20 @@ class Candidates:
     def _home(self, parts: Sequence[Single]) -> Single:
         request, routing = self.request, self.routing
         assert request.prefix_key is not None
-        hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share) if routing.sticky_homes \
+        hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
+                          leave_home=self._leave_home(len(parts))) if routing.sticky_homes \
             else HomeHints(request.prefix_key)
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
+
+    def _leave_home(self, workers: int) -> bool:
+        """The prefix's home draws more than one worker's part of the traffic (the cap of
+        `cost.copies_needed`) and this prefix at most half of that: a minor tenant there."""
+        request, slack = self.request, self.routing.replica_share_slack
+        if request.home_worker is None or request.prefix_share is None or slack is None or workers < 2:
+            return False
+        return minor_tenant(request.prefix_share, request.homed_share.get(request.home_worker, 0.0), workers, slack)
 
     def affine(self, parts: Sequence[Single]) -> Sequence[Single]:
         """Bounded-load affinity: when some of `parts` hold at least half of the prompt, only

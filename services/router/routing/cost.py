@@ -132,6 +132,13 @@ def copies_needed(share: float, workers: int, slack: float) -> int:
     return min(workers, max(1, math.ceil(share / cap - 1e-9)))
 
 
+def minor_tenant(prefix_share: float, homed_share: float, workers: int, slack: float) -> bool:
+    """Whether a worker whose homed prefixes draw `homed_share` of the recent requests is
+    overcommitted (over `(1 + slack) / workers`) and a prefix drawing `prefix_share` is a
+    minor tenant there (at most half of it), which may leave for the major ones' sake."""
+    return homed_share > (1.0 + slack) / workers and prefix_share <= homed_share / 2
+
+
 def holders_overcommitted(routing: RoutingConfig, holders: Sequence[WorkerView], workers: int,
                           prefix_share: float | None, homed_share: Mapping[str, float]) -> bool:
     """Whether the traffic on the prefix's holders is more than they can carry, so the prefix
@@ -143,9 +150,8 @@ def holders_overcommitted(routing: RoutingConfig, holders: Sequence[WorkerView],
         return True
     if len(holders) < copies_needed(prefix_share, workers, slack):
         return True
-    cap = (1.0 + slack) / workers
-    return all(homed_share.get(holder.worker_id, 0.0) > cap
-               and prefix_share <= homed_share.get(holder.worker_id, 0.0) / 2 for holder in holders)
+    return all(minor_tenant(prefix_share, homed_share.get(holder.worker_id, 0.0), workers, slack)
+               for holder in holders)
 
 
 def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_tokens: Mapping[str, int],

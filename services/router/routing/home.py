@@ -6,8 +6,11 @@ tenants than its cache holds, and LRU evicts everyone's prefixes (churn). With a
 prompts go back to one worker per prefix, whose cache then keeps its own tenants:
 
 1. the prefix's learned home (`homes.PrefixHomes`: the worker that served it last), unless
-   that one is busy (its queued prefill far above the mean, as for a hot prefix) or cannot
-   take the request;
+   that one is busy (its queued prefill far above the mean, as for a hot prefix), cannot
+   take the request, or is overcommitted (the prefixes homed there draw more than one
+   worker's part of the traffic) with this prefix a minor tenant there: the prompt must be
+   computed anyway, so moving it costs nothing, and the home sheds load for its major
+   tenants (the partition rebalances as the prefixes' shares become known);
 2. otherwise a new home among the candidates costing at most `slack` more than the cheapest
    and queueing at most the mean: the one whose homed prefixes bring the smallest share of
    recent requests (a balanced partition by traffic), ties broken by rendezvous hashing of
@@ -38,16 +41,17 @@ class HomeHints:
     prefix_key: int
     home: str | None = None  # the worker that served the prefix last
     homed_share: Mapping[str, float] = field(default_factory=dict)  # per worker, its prefixes' traffic share
+    leave_home: bool = False  # the home is overcommitted and this prefix a minor tenant there
 
 
 def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id: Callable[[Part], str],
                 queued: Callable[[Part], float], hints: HomeHints, slack: float, busy_factor: float,
                 busy_margin: float) -> Part:
     """Of `parts` (non-empty): the learned home unless busy (queued prefill past `busy_factor`
-    x the mean and `busy_margin` above it); else a new, balanced home among the
-    near-cheapest; the cheapest when none qualifies."""
+    x the mean and `busy_margin` above it) or to be left (`HomeHints.leave_home`); else a
+    new, balanced home among the near-cheapest; the cheapest when none qualifies."""
     mean_queued = sum(queued(part) for part in parts) / len(parts)
-    if hints.home is not None:
+    if hints.home is not None and not hints.leave_home:
         busy = max(busy_factor * mean_queued, mean_queued + busy_margin)
         for part in parts:
             if worker_id(part) == hints.home and queued(part) <= busy:
