@@ -215,7 +215,8 @@ class VllmPush:
                                 blocks=len(targets), blocks_ok=kept, bytes=kept * self._block_nbytes(),
                                 duration_s=time.monotonic() - started,
                                 pulled_tokens=prepared.pulled_tokens, recomputed_tokens=prepared.recomputed_tokens,
-                                reason="" if not bad else f"{len(bad)} block(s) failed or did not verify")
+                                reason="" if not bad else f"{len(failed)} block(s) not written, "
+                                f"{len(bad) - len(failed & set(bad))} did not verify")
         return message.first_token, prepared, record
 
     def _block_nbytes(self) -> int:

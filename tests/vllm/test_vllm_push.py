@@ -36,9 +36,10 @@ from tests.waiting import wait_for  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 PUSH = ("--pd-transfer", "push")
-# The prefill worker's writes skip a quarter of the blocks (chosen by the reader's block id)
-# and report them failed.
-WRITE_FAULTS = ("--kv-fault-fail-fraction", "0.25", "--kv-fault-seed", "11")
+# The prefill worker's writes skip a quarter of the blocks (chosen by the reader's block id):
+# some reported failed, others reported written (only the reader's checksums catch those).
+WRITE_FAULTS = ("--kv-fault-fail-fraction", "0.15", "--kv-fault-corrupt-fraction", "0.1", "--kv-fault-seed", "11")
+REASON = re.compile(r"(\d+) block\(s\) not written, (\d+) did not verify")
 PUSH_LINE = re.compile(r"push (\S+) to d1: (\d+) of (\d+) block\(s\) written.*later layer was computed: (\[[^\]]*\])")
 
 
@@ -166,10 +167,13 @@ class TestPushFaults:
             expected_computed += len(prompt) + 1 - record.blocks_ok * BLOCK
         failed = [r for r in records if r.outcome == "failed"]
         assert failed and len(failed) < len(records), "the injection must break some pushes and spare others"
+        reasons = [tuple(map(int, REASON.search(r.reason).groups())) for r in failed]
+        assert sum(n for n, _ in reasons) and sum(n for _, n in reasons), (
+            f"both kinds of broken write, reported and caught by checksum: {reasons}")
         after = {name: await observer.settled("d1", name) for name in before}
         assert after["computed_prompt_tokens_total"] - before["computed_prompt_tokens_total"] == expected_computed
         assert after["kv_recomputed_tokens_total"] - before["kv_recomputed_tokens_total"] == sum(
             r.recomputed_tokens for r in records)
         print(f"\n{len(failed)} of {len(records)} pushes lost blocks; blocks kept/pushed: "
-              f"{[(r.blocks_ok, r.blocks) for r in records]}")
+              f"{[(r.blocks_ok, r.blocks) for r in records]}; (not written, did not verify): {reasons}")
         await observer.assert_clean()
