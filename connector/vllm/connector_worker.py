@@ -11,7 +11,9 @@ against the holder's checksum (`connector.block_reader`) and the retry of blocks
 failed (`connector.retry`, once, bounded in time, in the same step) are the sim reader's;
 blocks that still failed go to vLLM through `get_block_ids_with_load_errors` and the request through
 `get_finished` in the same step (vLLM rolls it back to its first failed block), and
-every pull ends in exactly one `Loaded` report to the Tandem worker.
+every pull ends in exactly one `Loaded` report to the Tandem worker. Pushes (the writer's
+per-layer writes, from vLLM's save hook) are `connector_push.PushWrites`, over the same
+agent and pages.
 """
 
 from __future__ import annotations
