@@ -102,7 +102,7 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
 
     # ---- push mode ----------------------------------------------------------------
 
-    def push_receiver(self, request: GenerateRequest) -> PushReceiver:
+    async def push_receiver(self, request: GenerateRequest) -> PushReceiver:
         """Decode side: pin one block per full prompt block for the writer (none if the pool
         cannot spare them: then the writer sends nothing and this worker computes all)."""
         count = len(request.token_ids) // self.block_size

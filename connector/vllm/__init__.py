@@ -7,7 +7,7 @@ picture of vLLM's processes.
 
 - `tandem_connector`: the `KVConnectorBase_V1` vLLM loads (`kv_connector_module_path`),
   and the model worker's RPC extension; `connector_scheduler` / `connector_worker`: its
-  two sides;
+  two sides; `connector_push`: the worker side's layer-by-layer push writes;
 - `settings`: the connector's settings (`KvConnectorOptions`), pure data;
 - `kv_pages`: vLLM's KV allocation as NIXL pages, checksums (pure);
 - `kv_wire`: the messages crossing vLLM's process boundaries (pure);
@@ -16,7 +16,8 @@ picture of vLLM's processes.
 - `engine_port`: what the data plane asks of the vLLM engine;
 - `holder`, `worker_kv`: the worker's KV data plane for vLLM (`VllmKvHolder`,
   `VllmWorkerKv`), speaking the same NATS protocol as the sim's, with the same
-  `connector.lease_client.LeaseClient`, `connector.block_reader` and `connector.faults`.
+  `connector.lease_client.LeaseClient`, `connector.block_reader` and `connector.faults`;
+  `push`: its push mode (reader and writer, the sim's `PushTarget` / `PushDone` protocol).
 
 `settings`, `kv_pages`, `kv_wire`, `kv_reports` and `engine_port` import no vLLM, so they
 are testable without it.

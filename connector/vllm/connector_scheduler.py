@@ -15,24 +15,41 @@ beyond a non-blocking report).
   get one extra reference each (`BlockPool.touch`, the same reference a prefix-cache hit
   takes), so vLLM neither evicts nor reuses them, and the block ids go out with the final
   output. No delayed free: vLLM would step the engine every millisecond until it ended.
-- Control requests (`PinOrder`, `UnpinOrder`) arrive as pre-aborted requests and are
-  applied in `on_new_request`. The Tandem worker owns lease lifetimes (grant, release,
-  expiry); this side only counts references, keyed by the worker's keys.
+- Push, writer: a request whose order has a `PushOrder` gets a `PushSpec` in each step's
+  metadata that completes prompt blocks (from the scheduler output: the request's blocks
+  and the tokens this step computes); its prompt's last step also names the blocks found
+  in the local prefix cache at admission (never computed here: written whole) and asks
+  for the outcome (`final`).
+- Push, reader (`AllocOrder`, `CommitOrder`): fresh blocks are taken from the pool and
+  pinned for the writer; once the Tandem worker has verified what was written, the
+  leading good blocks are cached under the prompt's block hashes (the control request
+  carries the prompt), so the request itself, added next, finds them in the prefix cache
+  and computes only the rest. No scheduled request waits meanwhile: an engine with only
+  a waiting load would step without pause for the whole prefill on the other side.
+- Control requests (`PinOrder`, `UnpinOrder`, `AllocOrder`, `CommitOrder`) arrive as
+  pre-aborted requests and are applied in `on_new_request`. The Tandem worker owns lease
+  lifetimes (grant, release, expiry); this side only counts references, keyed by the
+  worker's keys.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import (
+    AllocOrder,
+    CommitOrder,
     Held,
     LoadSpec,
     Pinned,
     PinOrder,
+    PushOrder,
+    PushSpec,
     TransferOrder,
     UnpinOrder,
     control_of,
@@ -44,11 +61,24 @@ if TYPE_CHECKING:
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
 
 _HOLDABLE = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+@dataclass
+class _Push:
+    """A pushing request, as its steps are scheduled."""
+
+    transfer_id: str
+    order: PushOrder
+    num_prompt_tokens: int
+    block_ids: list[int] = field(default_factory=list)  # the request's blocks (group 0)
+    reused: int | None = None  # leading blocks cached here at its first step (never computed)
+    final_sent: bool = False
 
 
 class SchedulerSide:
@@ -62,6 +92,7 @@ class SchedulerSide:
         self._loading: dict[str, tuple[Request, int]] = {}  # request id -> (request, local tokens)
         self._loads: list[LoadSpec] = []  # for the next step's metadata
         self._pins: dict[str, list[KVCacheBlock]] = {}  # key -> referenced blocks
+        self._pushes: dict[str, _Push] = {}  # request id -> push (writer side)
 
     @property
     def pinned_blocks(self) -> int:
@@ -80,10 +111,17 @@ class SchedulerSide:
             case UnpinOrder(keys=keys):
                 for key in keys:
                     self._unpin(key)
+            case AllocOrder(key=key, count=count):
+                self._allocate(key, count)
+            case CommitOrder(key=key, count=count):
+                self._commit(key, count, request)
             case None:
                 order = order_of(request.kv_transfer_params)
                 if order is not None:
                     self._orders[request.request_id] = order
+                    if order.push is not None:
+                        self._pushes[request.request_id] = _Push(order.transfer_id, order.push,
+                                                                 request.num_prompt_tokens)
 
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens the pull brings beyond the `num_computed_tokens` cached here (block-aligned)."""
@@ -120,6 +158,52 @@ class SchedulerSide:
         loads, self._loads = self._loads, []
         return loads
 
+    def take_pushes(self, output: SchedulerOutput) -> list[PushSpec]:
+        """What this step writes of each pushing request it computes."""
+        if not self._pushes:
+            return []
+        specs: list[PushSpec] = []
+        scheduled = output.num_scheduled_tokens
+        for new in output.scheduled_new_reqs:
+            push = self._pushes.get(new.req_id)
+            if push is not None:
+                push.block_ids = list(new.block_ids[0])
+                self._push_step(new.req_id, push, new.num_computed_tokens, scheduled.get(new.req_id, 0), specs)
+        cached = output.scheduled_cached_reqs
+        for index, req_id in enumerate(cached.req_ids):
+            push = self._pushes.get(req_id)
+            if push is None:
+                continue
+            new_ids = cached.new_block_ids[index]
+            if new_ids is not None:
+                if req_id in cached.resumed_req_ids:
+                    push.block_ids = list(new_ids[0])
+                else:
+                    push.block_ids.extend(new_ids[0])
+            self._push_step(req_id, push, cached.num_computed_tokens[index], scheduled.get(req_id, 0), specs)
+        return specs
+
+    def _push_step(self, request_id: str, push: _Push, computed: int, scheduled: int, specs: list[PushSpec]) -> None:
+        if push.final_sent or scheduled <= 0:
+            return
+        target = push.order.block_ids
+        if push.reused is None:
+            push.reused = computed // self.block_size
+        end = computed + scheduled
+        # Blocks whose last token this step computes: their every layer is final as that
+        # layer's attention ends in this step's forward pass.
+        indices = list(range(computed // self.block_size, min(end // self.block_size, len(target))))
+        final = end >= push.num_prompt_tokens
+        whole = list(range(min(push.reused, len(target)))) if final else []
+        if not indices and not final:
+            return
+        push.final_sent = final
+        specs.append(PushSpec(
+            request_id=request_id, transfer_id=push.transfer_id, agent_name=push.order.agent_name,
+            agent_metadata=push.order.agent_metadata, target_block_ids=target, indices=indices,
+            local_block_ids=[push.block_ids[index] for index in indices], whole_indices=whole,
+            whole_local_block_ids=[push.block_ids[index] for index in whole], final=final))
+
     def on_output(self, finished_recving: set[str]) -> None:
         """After vLLM applied a step's loads (and rolled back failed ones): make its prompt-token
         statistics say what was loaded rather than what was promised."""
@@ -136,6 +220,7 @@ class SchedulerSide:
         self._planned.discard(request.request_id)
         self._local_blocks.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
+        self._pushes.pop(request.request_id, None)
         order = self._orders.pop(request.request_id, None)
         if order is None or not order.hold_key or request.status not in _HOLDABLE:
             return None
@@ -159,6 +244,31 @@ class SchedulerSide:
         if found:
             self._pin(key, found)
         self._reports.send(Pinned(key=key, block_ids=found))
+
+    def _allocate(self, key: str, count: int) -> None:
+        """Fresh blocks for a writer to fill (none if the pool cannot spare them)."""
+        pool = self._block_pool
+        assert pool is not None, "the block pool is bound before any request"
+        blocks: list[KVCacheBlock] = []
+        if 0 < count <= pool.get_num_free_blocks():
+            blocks = pool.get_new_blocks(count)  # one reference each: ours until unpinned
+            self._pins.setdefault(key, []).extend(blocks)
+        self._reports.send(Pinned(key=key, block_ids=[block.block_id for block in blocks]))
+
+    def _commit(self, key: str, count: int, request: Request) -> None:
+        """Cache the first `count` blocks under `key` as the request's prompt blocks (they
+        stay pinned); unpin the others."""
+        pool = self._block_pool
+        assert pool is not None
+        blocks = self._pins.pop(key, [])
+        count = min(count, len(blocks), len(request.block_hashes))
+        kept, dropped = blocks[:count], blocks[count:]
+        if kept:
+            pool.cache_full_blocks(request, kept, 0, count, self.block_size, 0)
+            self._pins[key] = kept
+        if dropped:
+            pool.free_blocks(dropped)
+        self._reports.send(Pinned(key=key, block_ids=[block.block_id for block in kept]))
 
     def _pin(self, key: str, block_ids: list[int]) -> None:
         pool = self._block_pool

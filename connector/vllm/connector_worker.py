@@ -11,7 +11,9 @@ against the holder's checksum (`connector.block_reader`) and the retry of blocks
 failed (`connector.retry`, once, bounded in time, in the same step) are the sim reader's;
 blocks that still failed go to vLLM through `get_block_ids_with_load_errors` and the request through
 `get_finished` in the same step (vLLM rolls it back to its first failed block), and
-every pull ends in exactly one `Loaded` report to the Tandem worker.
+every pull ends in exactly one `Loaded` report to the Tandem worker. Pushes (the writer's
+per-layer writes, from vLLM's save hook) are `connector_push.PushWrites`, over the same
+agent and pages.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from connector.block_reader import verified_blocks
 from connector.faults import ReadFaults
 from connector.nixl_agent import KvAgent
 from connector.retry import retry_sync
+from connector.vllm.connector_push import PushWrites
 from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
 from connector.vllm.kv_reports import ReportSender
-from connector.vllm.kv_wire import Loaded, LoadSpec
+from connector.vllm.kv_wire import Loaded, LoadSpec, PushSpec
 from shared.config import KvFaultConfig, KvRetryConfig
 
 if TYPE_CHECKING:
@@ -73,6 +76,8 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._loaded: set[str] = set()  # vLLM request ids whose load ended this step
         self.loads = 0  # pulls performed, for diagnostics
+        self.pushes = PushWrites(lambda: self.agent, self._require_geometry, self._ensure_peer, self._checksum,
+                                 faults, reports, agent_config.default_timeout_s)
 
     @property
     def agent(self) -> KvAgent:
@@ -99,11 +104,32 @@ class WorkerSide:
             raise
         self._agent, self._geometry, self._backing = agent, geometry, backing
         self._pages = buffer.reshape(geometry.num_pages, geometry.page_nbytes)
+        # Each layer's tensor is a view at its layer's offset in the one allocation.
+        base = storage.data_ptr()
+        layer_nbytes = geometry.num_blocks * geometry.page_nbytes
+        self.pushes.bind_layers({name: (tensor.data_ptr() - base) // layer_nbytes
+                                 for name, tensor in kv_caches.items()})
         log.info("Tandem KV agent %s: %d layers x %d blocks of %d-byte pages registered",
                  self._agent_name, geometry.num_layers, geometry.num_blocks, geometry.page_nbytes)
 
+    def _require_geometry(self) -> PageGeometry:
+        assert self._geometry is not None, "register_kv_caches() first"
+        return self._geometry
+
     def metadata(self) -> bytes:
         return self.agent.metadata()
+
+    # ---- pushes (see connector_push) ----------------------------------------------------
+
+    def begin_pushes(self, specs: list[PushSpec]) -> None:
+        if specs:
+            self.pushes.begin(specs)
+
+    def layer_computed(self, layer_name: str) -> None:
+        self.pushes.layer_computed(layer_name)
+
+    def end_pushes(self) -> None:
+        self.pushes.end()
 
     def checksums(self, block_ids: list[int]) -> list[int]:
         return [self._checksum(block_id) for block_id in block_ids]
@@ -113,6 +139,7 @@ class WorkerSide:
         return block_checksum(self._pages, self._geometry, block_id)
 
     def close(self) -> None:
+        self.pushes.close()
         if self._agent is not None:
             self._agent.close()
             self._agent = None

@@ -5,10 +5,11 @@ worker that talks to the connector's two sides in vLLM's processes:
 
 - settings out: the `KVTransferConfig` naming the connector, its report endpoint and the
   NIXL agent's name (fresh per start, so readers notice a restarted engine);
-- control requests: `pin_prefix` (lease a cached prefix) and `unpin`, as pre-aborted vLLM
-  requests, answered (pins) on the report socket;
+- control requests: `pin_prefix` (lease a cached prefix) and `unpin`, and for a push's
+  reader `allocate` (blocks for the writer) and `commit` (cache what verified), as
+  pre-aborted vLLM requests, answered (pins) on the report socket;
 - `collective_rpc` to the model worker: the agent's metadata, block checksums;
-- reports in: `Pinned` and `Loaded` resolve the futures waiting for them.
+- reports in: `Pinned`, `Loaded` and `Pushed` resolve the futures waiting for them.
 
 Every wait is bounded by `control_timeout_s`; a report that arrives after its waiter gave
 up is dropped (for a pin, the waiter has already asked for the unpin).
@@ -31,10 +32,13 @@ from vllm.v1.engine import EngineCoreRequest
 
 from connector.vllm.kv_reports import ReportReceiver
 from connector.vllm.kv_wire import (
+    AllocOrder,
+    CommitOrder,
     ControlOrder,
     Loaded,
     Pinned,
     PinOrder,
+    Pushed,
     Report,
     UnpinOrder,
     control_params,
@@ -75,6 +79,7 @@ class ConnectorLink:
         self._control_prefix = f"tandem-ctl-{uuid.uuid4().hex[:8]}"
         self._pins: dict[str, asyncio.Future[Pinned]] = {}
         self._loads: dict[str, asyncio.Future[Loaded]] = {}
+        self._pushes: dict[str, asyncio.Future[Pushed]] = {}
         self._tasks: set[asyncio.Task] = set()
         self.late_reports = 0  # reports whose waiter had given up (or never existed)
 
@@ -102,7 +107,7 @@ class ConnectorLink:
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
         await self._receiver.stop()
-        for waiter in [*self._pins.values(), *self._loads.values()]:
+        for waiter in [*self._pins.values(), *self._loads.values(), *self._pushes.values()]:
             waiter.cancel()
         self._llm = None
 
@@ -125,10 +130,23 @@ class ConnectorLink:
     async def pin_prefix(self, key: str, token_ids: list[int]) -> list[int]:
         """Pin the longest cached prefix of `token_ids` under `key`: its block ids (maybe none).
         On timeout the pin is undone (`unpin` is idempotent) and Timeout raised."""
+        return await self._pinning(PinOrder(key=key), key, token_ids)
+
+    async def allocate(self, key: str, count: int) -> list[int]:
+        """A push's reader: `count` fresh blocks pinned under `key` (none if the pool cannot
+        spare them). On timeout the pin is undone and Timeout raised."""
+        return await self._pinning(AllocOrder(key=key, count=count), key, [0])
+
+    async def commit(self, key: str, count: int, token_ids: list[int]) -> list[int]:
+        """A push's reader: cache the first `count` blocks under `key` as the prompt
+        `token_ids`' full blocks (still pinned), unpin the rest; the cached block ids."""
+        return await self._pinning(CommitOrder(key=key, count=count), key, token_ids)
+
+    async def _pinning(self, order: ControlOrder, key: str, token_ids: list[int]) -> list[int]:
         waiter = asyncio.get_running_loop().create_future()
         self._pins[key] = waiter
         try:
-            await self._control(PinOrder(key=key), token_ids)
+            await self._control(order, token_ids)
             pinned = await asyncio.wait_for(asyncio.shield(waiter), self.options.control_timeout_s)
         except BaseException:
             self.unpin_soon([key])
@@ -187,6 +205,27 @@ class ConnectorLink:
     def forget_load(self, transfer_id: str) -> None:
         self._loads.pop(transfer_id, None)
 
+    # ---- pushes (writer) ---------------------------------------------------------------------
+
+    def expect_push(self, transfer_id: str) -> asyncio.Future[Pushed]:
+        """Register before the request is added: the report comes before its first output."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._pushes[transfer_id] = waiter
+        return waiter
+
+    async def wait_push(self, transfer_id: str, waiter: asyncio.Future[Pushed]) -> Pushed | None:
+        """The push's report, or None if none came within the control timeout."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), self.options.control_timeout_s)
+        except TimeoutError:
+            log.warning("no push report for %s within %gs", transfer_id, self.options.control_timeout_s)
+            return None
+        finally:
+            self.forget_push(transfer_id)
+
+    def forget_push(self, transfer_id: str) -> None:
+        self._pushes.pop(transfer_id, None)
+
     # ---- reports -------------------------------------------------------------------------
 
     def _on_report(self, report: Report) -> None:
@@ -195,6 +234,8 @@ class ConnectorLink:
                 waiter = self._pins.get(key)
             case Loaded(transfer_id=transfer_id):
                 waiter = self._loads.get(transfer_id)
+            case Pushed(transfer_id=transfer_id):
+                waiter = self._pushes.get(transfer_id)
         if waiter is None or waiter.done():
             self.late_reports += 1
             log.info("KV connector report nobody waits for: %r", report)

@@ -5,12 +5,14 @@ Three processes take part (see `tandem_connector` for the whole picture): the Ta
 connector's worker side, with the KV cache and the NIXL agent).
 
 - in, with a generate request: a `TransferOrder` in vLLM's `kv_transfer_params` (hold the
-  prompt's blocks when it finishes; pull blocks from a holder before computing);
+  prompt's blocks when it finishes; pull blocks from a holder before computing; push the
+  prompt's blocks, layer by layer, into a decode worker's as they are computed);
 - in, as a control request (a pre-aborted vLLM request: it reaches the scheduler side's
-  `on_new_request` without being scheduled): `PinOrder` / `UnpinOrder`;
+  `on_new_request` without being scheduled): `PinOrder` / `UnpinOrder`, and for a push's
+  reader `AllocOrder` (fresh blocks for the writer) / `CommitOrder` (cache what verified);
 - out, with the final output: `Held` (the pinned prompt blocks) in `kv_transfer_params`;
-- out, on the report socket (ZMQ PUSH -> the worker's PULL): `Pinned`, `Loaded`;
-- scheduler side -> worker side, in the step's connector metadata: `LoadSpec`.
+- out, on the report socket (ZMQ PUSH -> the worker's PULL): `Pinned`, `Loaded`, `Pushed`;
+- scheduler side -> worker side, in the step's connector metadata: `LoadSpec`, `PushSpec`.
 
 Schema evolution: new fields get defaults; types never change.
 """
@@ -36,10 +38,20 @@ class PullOrder(msgspec.Struct, frozen=True, kw_only=True):
     checksums: list[int]  # CRC-32 per block, computed by the holder when it granted the lease
 
 
+class PushOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """Write the prompt's full blocks into a reader's blocks as each layer is computed."""
+
+    agent_name: str
+    agent_metadata: bytes  # the reader's NIXL agent metadata
+    block_ids: list[int]  # the reader's, one per full prompt block (token order); maybe fewer
+
+
 class TransferOrder(msgspec.Struct, frozen=True, kw_only=True):
     transfer_id: str  # Tandem's request id: vLLM renames requests internally
     hold_key: str = ""  # non-empty: pin the prompt's full blocks under this key when it finishes
     pull: PullOrder | None = None
+    push: PushOrder | None = None
+    release_key: str = ""  # non-empty: the worker unpins this key once the request was admitted
 
 
 class PinOrder(msgspec.Struct, frozen=True, kw_only=True, tag="pin"):
@@ -52,7 +64,24 @@ class UnpinOrder(msgspec.Struct, frozen=True, kw_only=True, tag="unpin"):
     keys: list[str]  # unknown keys are ignored: unpinning is idempotent
 
 
-ControlOrder = PinOrder | UnpinOrder
+class AllocOrder(msgspec.Struct, frozen=True, kw_only=True, tag="alloc"):
+    """A push's reader: take `count` free blocks and pin them under `key` (answered by
+    `Pinned`, no blocks if the pool cannot spare them)."""
+
+    key: str
+    count: int
+
+
+class CommitOrder(msgspec.Struct, frozen=True, kw_only=True, tag="commit"):
+    """A push's reader: the first `count` blocks pinned under `key` hold the control
+    request's prompt blocks (written and verified): cache them under its block hashes.
+    They stay pinned; blocks after `count` are unpinned (answered by `Pinned`: the cached)."""
+
+    key: str
+    count: int
+
+
+ControlOrder = PinOrder | UnpinOrder | AllocOrder | CommitOrder
 
 
 class Held(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,7 +114,32 @@ class Loaded(msgspec.Struct, frozen=True, kw_only=True, tag="loaded"):
         return self.ok.index(False) if False in self.ok else len(self.ok)
 
 
-Report = Pinned | Loaded
+class LayerWritten(msgspec.Struct, frozen=True, kw_only=True):
+    """Timing of one push write in the model worker, in seconds since the push's first
+    write was queued: `computed_s` when the layer's KV was final (vLLM's save hook), then
+    the write's start and end on the writer thread. `layer` -1: whole (reused) blocks."""
+
+    layer: int
+    blocks: int
+    computed_s: float
+    started_s: float
+    done_s: float
+    ok: bool
+
+
+class Pushed(msgspec.Struct, frozen=True, kw_only=True, tag="pushed"):
+    """The one outcome of a push, sent by the writer's worker side in the step that
+    computed the prompt's last token, before that step's output."""
+
+    transfer_id: str
+    ok: list[bool]  # per target block: every layer written
+    checksums: list[int]  # per target block, of the writer's own copy (0 where not written)
+    nbytes: int = 0
+    reason: str = ""
+    writes: list[LayerWritten] = []
+
+
+Report = Pinned | Loaded | Pushed
 
 
 class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,6 +155,24 @@ class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
     local_block_ids: list[int]
     checksums: list[int]
     cached_blocks: int
+
+
+class PushSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What one step writes of one push: each layer of the prompt blocks this step
+    completes (`indices` into the target, with the local blocks), as vLLM computes that layer;
+    on the prompt's last step (`final`) also the blocks reused from the prefix cache
+    (`whole_*`, never computed here), then the outcome goes out (`Pushed`)."""
+
+    request_id: str  # vLLM's (internal) request id
+    transfer_id: str
+    agent_name: str
+    agent_metadata: bytes
+    target_block_ids: list[int]
+    indices: list[int]
+    local_block_ids: list[int]
+    whole_indices: list[int] = []
+    whole_local_block_ids: list[int] = []
+    final: bool = False
 
 
 # ---- kv_transfer_params helpers -----------------------------------------------------------

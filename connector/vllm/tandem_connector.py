@@ -17,7 +17,9 @@ Scheduler-side methods (EngineCore): `on_new_request`, `get_num_new_matched_toke
 (asynchronous loads), `update_state_after_alloc`, `build_connector_meta`,
 `update_connector_output`, `request_finished`.
 Worker-side methods (model worker): `register_kv_caches`, `start_load_kv`, `get_finished`,
-`get_block_ids_with_load_errors`; saves are no-ops (holders keep blocks by reference).
+`get_block_ids_with_load_errors`; `save_kv_layer` (after each layer's attention) writes
+that layer of a push's completed blocks, `wait_for_save` (end of the forward pass) ends a
+push's step and, on its last, sends the outcome (holders keep blocks by reference).
 The model worker also gains `TandemWorkerExtension`'s methods (vLLM's
 `worker_extension_cls`), which the Tandem worker calls with `collective_rpc`.
 
@@ -42,7 +44,7 @@ from connector.agent_types import KvAgentConfig
 from connector.vllm.connector_scheduler import SchedulerSide
 from connector.vllm.connector_worker import WorkerSide, page_geometry
 from connector.vllm.kv_reports import ReportSender
-from connector.vllm.kv_wire import LoadSpec
+from connector.vllm.kv_wire import LoadSpec, PushSpec
 from connector.vllm.settings import KvConnectorOptions
 
 if TYPE_CHECKING:
@@ -70,8 +72,9 @@ class ConnectorSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TandemMetadata(KVConnectorMetadata):
-    def __init__(self, loads: list[LoadSpec]) -> None:
+    def __init__(self, loads: list[LoadSpec], pushes: list[PushSpec] | None = None) -> None:
         self.loads = loads
+        self.pushes = pushes or []
 
 
 class TandemConnector(KVConnectorBase_V1):
@@ -114,14 +117,23 @@ class TandemConnector(KVConnectorBase_V1):
         if metadata.loads:
             self.worker_side.load(metadata.loads)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        # Before the forward pass (vLLM starts asynchronous loads only after it): the
+        # step's pushes must be known when the first layer's save hook runs.
+        super().bind_connector_metadata(connector_metadata)
+        if isinstance(connector_metadata, TandemMetadata):
+            self.worker_side.begin_pushes(connector_metadata.pushes)
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # a loading request is not in the forward pass: vLLM waits for get_finished()
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        return  # nothing to save: holders keep blocks by reference
+        # Called by vLLM's attention op after each layer (CPU too: `maybe_transfer_kv_layer`
+        # wraps `unified_attention_with_output`); holders keep blocks by reference, pushes write.
+        self.worker_side.layer_computed(layer_name)
 
     def wait_for_save(self) -> None:
-        return
+        self.worker_side.end_pushes()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return None, self.worker_side.take_loaded() or None
@@ -150,7 +162,7 @@ class TandemConnector(KVConnectorBase_V1):
         self.scheduler_side.after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        return TandemMetadata(self.scheduler_side.take_loads())
+        return TandemMetadata(self.scheduler_side.take_loads(), self.scheduler_side.take_pushes(scheduler_output))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if connector_output.finished_recving:

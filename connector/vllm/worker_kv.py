@@ -11,7 +11,9 @@ first step and vLLM computes the rest. The pull's `Loaded` report comes back bef
 request's first output (`_on_loaded`): the lease is released with its outcome and the
 transfer record published from there. A hold is vLLM's pin adopted by a lease (`hold()`).
 
-Push mode is not supported with vLLM: such requests fail with UNAVAILABLE.
+Push mode (`connector.vllm.push`): the reader's blocks are allocated and, once verified,
+cached in vLLM by control requests; the writer's connector writes each layer of the
+prompt's blocks from vLLM's per-layer save hook.
 """
 
 from __future__ import annotations
@@ -27,17 +29,19 @@ from opentelemetry import trace
 
 from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
-from connector.spans import end_transfer_span, tracer
+from connector.spans import end_transfer_span, tracer, transfer_attributes
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.holder import VllmKvHolder
 from connector.vllm.kv_wire import Loaded, PullOrder, TransferOrder
+from connector.vllm.push import VllmPush, VllmPushReceiver, VllmPushWriter
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
-from shared.codec import MalformedCounter
+from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
-from shared.errors import Unavailable
+from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferOutcome, TransferRecord
+from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,8 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
                                   lease_ttl_s=settings.lease_ttl_s)
         self._hold_keys = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
+        self._push = VllmPush(config.worker_id, engine, block_size=block_size, compat_hash=compat_hash,
+                              push_wait_s=settings.push_wait_s)
 
     async def stop(self) -> None:
         await super().stop()
@@ -223,28 +229,51 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         staged = self.engine.unstage(request_id)
         if staged is not None and staged.on_loaded is not None:
             staged.on_loaded(None, "cancelled")
+        if staged is not None and staged.order.release_key:  # pushed blocks the request never took
+            self.engine.kv_link.unpin_soon([staged.order.release_key])
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # ---- push mode: not with vLLM ---------------------------------------------------------
+    # ---- push mode (see connector.vllm.push) ---------------------------------------------
 
-    def push_receiver(self, request: GenerateRequest):
-        raise Unavailable(f"worker {self.worker_id} (vLLM) does not support push mode; pull instead")
-
-    def push_writer(self, request: GenerateRequest, target: PushTarget):
-        raise Unavailable(f"worker {self.worker_id} (vLLM) does not support push mode; pull instead")
-
-    async def await_push(self, request: GenerateRequest, receiver) -> tuple[int, Prepared]:
-        raise Unavailable(f"worker {self.worker_id} (vLLM) does not support push mode")
-
-    async def ensure_push_peer(self, target: PushTarget) -> bool:
-        return False
-
-    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
-        return
+    async def push_receiver(self, request: GenerateRequest) -> VllmPushReceiver:
+        """Decode side: vLLM pins one fresh block per full prompt block for the writer (none
+        if its pool cannot spare them: then the writer sends nothing and vLLM computes all)."""
+        return await self._push.receiver(request)
 
     def deliver_push(self, message: PushDone) -> None:
-        return
+        self._push.deliver(message)
+
+    async def await_push(self, request: GenerateRequest, receiver: VllmPushReceiver) -> tuple[int, Prepared]:
+        """Wait for the writer; cache what verified. Returns the first token (the writer's)."""
+        with tracer.start_as_current_span("kv.push.receive", attributes={
+                "tandem.kv.kind": "push", "tandem.kv.blocks": len(receiver.target.block_ids)}) as span:
+            first_token, prepared, record = await self._push.receive(request, receiver)
+            span.set_attributes(transfer_attributes(record))
+        self._count(prepared)
+        await self._publish(record)
+        return first_token, prepared
+
+    def push_writer(self, request: GenerateRequest, target: PushTarget) -> VllmPushWriter:
+        if target.compat_hash != self.compat_hash:
+            raise InvalidArgument(f"KV layout mismatch: the reader {target.reader_worker_id} has compatibility "
+                                  f"hash {target.compat_hash}, {self.worker_id} has {self.compat_hash}")
+        return self._push.writer(request, target)
+
+    async def ensure_push_peer(self, target: PushTarget) -> bool:
+        """The reader's agent metadata; then the push is staged with the engine."""
+        writer = self._push.take_writer(target.transfer_id)
+        if not await self.leases.ensure_agent(target.reader_worker_id, target.agent_name):
+            return False
+        metadata = self.peers.metadata_of(target.agent_name)
+        assert metadata is not None
+        if writer is not None:
+            writer.stage(metadata)
+        return True
+
+    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
+        await self._bus.client.publish(self._subjects.control(target.reader_worker_id, "push_done"), encode(message),
+                                       headers=inject_headers() or None)

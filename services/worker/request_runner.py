@@ -125,7 +125,7 @@ class RequestRunner:
             raise TandemError(f"worker {self.worker_id} has no KV data plane", code=ErrorCode.UNAVAILABLE)
         plan.hold = params.hold_for_decode
         if params.await_push:
-            receiver = self.kv.push_receiver(request)
+            receiver = await self.kv.push_receiver(request)
             await sender.kv_target(receiver.target)
             first_token, plan.prepared = await self.kv.await_push(request, receiver)
             plan.token_ids = [*request.token_ids, first_token]

@@ -3,7 +3,7 @@ against a real nats-server and real prefill/decode workers (sim engines pushing 
 in-memory transport: these tests run without NIXL): decode worker asked first, the same
 text as one worker, a failed prefill cancels the waiting decode, a decode worker that
 refuses before its `KvTarget` means the prefill worker is never asked, and a pair with a
-pull-only engine (one advertising the vLLM engine's capabilities) falls back to pull."""
+pull-only engine falls back to pull."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from services.worker.engines import engine_spec
 from shared.config import BusConfig, RoutingConfig
 from shared.schemas import WorkerRole
+from shared.schemas.membership import EngineCapabilities
 from shared.tokenizer import Tokenizer
 from tests.integration.router_cluster import (
     DEADLINE_S,
@@ -118,12 +119,19 @@ async def test_a_decode_worker_refusing_means_no_prefill(router: Router, start_p
     await wait_until_idle(router)
 
 
-@pytest.mark.parametrize("engines", [("sim", "vllm"), ("vllm", "sim")])
-async def test_a_pair_with_a_vllm_worker_falls_back_to_pull(router: Router, start_pd, engines: tuple[str, str]
-                                                            ) -> None:
-    # real sim workers; the one standing for a vLLM worker advertises the vLLM engine's capabilities
-    prefill, decode = await start_pd(prefill={"capabilities": engine_spec(engines[0]).capabilities},
-                                     decode={"capabilities": engine_spec(engines[1]).capabilities})
+PULL_ONLY = EngineCapabilities(kv_pull=True, kv_push=False)
+
+
+def capabilities_of(engine: str) -> EngineCapabilities:
+    return PULL_ONLY if engine == "pull-only" else engine_spec(engine).capabilities
+
+
+@pytest.mark.parametrize("engines", [("sim", "pull-only"), ("pull-only", "sim")])
+async def test_a_pair_with_a_pull_only_worker_falls_back_to_pull(router: Router, start_pd,
+                                                                 engines: tuple[str, str]) -> None:
+    # real sim workers; the pull-only one advertises an engine that cannot push
+    prefill, decode = await start_pd(prefill={"capabilities": capabilities_of(engines[0])},
+                                     decode={"capabilities": capabilities_of(engines[1])})
     await wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body())
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 12

@@ -46,13 +46,14 @@ def vllm_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, specs: 
                       engine="vllm", ttl_s=3.0, start_timeout_s=240.0)
 
 
-def pd_pair(nats_server: EmbeddedNats, model_dir: str, log_dir: Path,
-            decode_args: tuple[str, ...] = ()) -> Iterator[LocalStack]:
+def pd_pair(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, decode_args: tuple[str, ...] = (), *,
+            prefill_args: tuple[str, ...] = (), router_args: tuple[str, ...] = ()) -> Iterator[LocalStack]:
     """A started 1P1D stack (p1 on the first core, d1 on the second, every request split;
     leases far longer than any test waits), stopped at the end with nothing left behind."""
-    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0, *LONG_LEASES)),
+    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=vllm_args(0, *LONG_LEASES, *prefill_args)),
              WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=vllm_args(1, *LONG_LEASES, *decode_args)))
-    with running(vllm_stack(nats_server, model_dir, log_dir, specs, router_args=ALWAYS_DISAGGREGATE)) as stack:
+    with running(vllm_stack(nats_server, model_dir, log_dir, specs,
+                            router_args=(*ALWAYS_DISAGGREGATE, *router_args))) as stack:
         yield stack
 
 

@@ -24,7 +24,12 @@ process's end of it. The engine implements the data plane's port
   before any token leaves;
 - a hold: the final output names the prompt blocks vLLM pinned; the stream adds their
   checksums and keeps them for `take_held()` until it is closed, then unpins what nobody
-  took (and, if the request ended without its final output, unpins in case vLLM pinned).
+  took (and, if the request ended without its final output, unpins in case vLLM pinned);
+- a push's writer: the order travels to the connector, which writes the prompt's blocks
+  as vLLM computes them (the data plane waits for the outcome);
+- a push's reader (`release_key`): the pushed blocks are cached and pinned in vLLM before
+  the request is added; the stream unpins them once the request was admitted (its first
+  output), or when it ends without one.
 """
 
 from __future__ import annotations
@@ -144,8 +149,10 @@ class VllmEngine:
             await self._llm.abort(list(self._streams))
         await self._close()
 
-    def generate(self, request_id: str, token_ids: list[int],
-                 sampling: SamplingParams) -> AsyncGenerator[EngineOutput, None]:
+    def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
+                 on_layer: object = None) -> AsyncGenerator[EngineOutput, None]:
+        """`on_layer` (a sim push writer's hook) is not used: vLLM's own connector writes a
+        push, from the order staged for the request."""
         if self._llm is None or self._stopping or self._llm.errored:
             raise Unavailable("the vLLM engine is not running")
         if request_id in self._streams:
@@ -264,6 +271,7 @@ class VllmEngine:
         order = staged.order if staged is not None else None
         # Registered before the request is added: the report can overtake the first output.
         load_waiter = self.kv_link.expect_load(order.transfer_id) if order and order.pull else None
+        release_key = order.release_key if order is not None else ""
         # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
         outputs = llm.generate(engine_input, _sampling_params(sampling, order), request_id,
                                trace_headers=inject_headers() if self.options.otlp_traces_endpoint else None)
@@ -275,6 +283,9 @@ class VllmEngine:
         try:
             async for output in outputs:
                 self._awaiting_first_output.pop(request_id, None)
+                if release_key:  # admitted: its prefix-cache hit holds the pushed blocks now
+                    self.kv_link.unpin_soon([release_key])
+                    release_key = ""
                 if load_waiter is not None:
                     assert staged is not None and staged.on_loaded is not None and order is not None
                     report = await self.kv_link.wait_load(order.transfer_id, load_waiter)
@@ -312,6 +323,8 @@ class VllmEngine:
             if not finished:
                 # vLLM's own generator aborts the request when closed before its end.
                 await outputs.aclose()
+            if release_key:
+                self.kv_link.unpin_soon([release_key])
             if load_waiter is not None:  # ended before its first output: the pull never ran here
                 assert staged is not None and staged.on_loaded is not None and order is not None
                 self.kv_link.forget_load(order.transfer_id)

@@ -53,7 +53,7 @@ def launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
 VLLM = EngineSpec(
     name="vllm",
     summary="vLLM (AsyncLLM in the worker) with Tandem's KV connector",
-    capabilities=EngineCapabilities(kv_pull=True, kv_push=False),  # the connector pulls only
+    capabilities=EngineCapabilities(kv_pull=True, kv_push=True),  # pull, and push (connector.vllm.push)
     build_engine=build_engine,
     build_data_plane=build_data_plane,
     requires_module="vllm",

@@ -1,0 +1,219 @@
+"""Push mode in the writer's model worker (the worker side of Tandem's vLLM connector).
+
+A step's `PushSpec`s arrive with its connector metadata, bound before the forward pass
+(`begin`; vLLM calls `start_load_kv` after it for asynchronous loads). After each attention
+layer vLLM calls the connector's `save_kv_layer` (`layer_computed`): that layer of every
+block the step completes is final, and its pages are queued for a NIXL WRITE into the
+reader's blocks. One writer thread performs the writes in order while the model thread
+goes on to the next layer, so layer k travels while layer k+1 is computed. At the end of
+the forward pass (`end`, vLLM's `wait_for_save`) a push whose prompt is complete writes,
+whole, the blocks the engine reused from its prefix cache (never computed, so no layer
+hook named them) and any block a layer hook missed, waits for every write (bounded),
+checksums its own copy of each block and sends the one `Pushed` report, before the step's
+output (the first token) leaves the engine.
+
+Faults (`connector.faults`, chosen by the reader's block id, as the sim's writer does):
+a block chosen to fail is not written and is reported failed; one chosen to corrupt is
+not written but reported written (only the reader's checksum catches it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+
+import numpy as np
+
+from connector.faults import chosen
+from connector.nixl_agent import KvAgent
+from connector.vllm.kv_pages import PageGeometry, page_ids
+from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_wire import LayerWritten, Pushed, PushSpec
+from shared.config import KvFaultConfig
+
+log = logging.getLogger(__name__)
+
+
+class _Push:
+    """One push across the steps that compute its prompt."""
+
+    def __init__(self, spec: PushSpec, num_layers: int) -> None:
+        self.transfer_id = spec.transfer_id
+        self.agent_name = spec.agent_name
+        self.target = spec.target_block_ids
+        self.num_layers = num_layers
+        self.started = time.perf_counter()
+        self.local: dict[int, int] = {}  # target index -> local block id
+        self.layers: dict[int, int] = {}  # target index -> layers queued
+        self.failed: set[int] = set()
+        self.writes: list[Future[None]] = []
+        self.timings: list[LayerWritten] = []
+        self.nbytes = 0
+        self.reason = ""
+        self.lock = threading.Lock()
+
+    def since(self, at: float) -> float:
+        return at - self.started
+
+
+class _Step:
+    """What one step of one push writes per layer (blocks chosen to fail left out)."""
+
+    def __init__(self, push: _Push, indices: list[int], local: list[int], remote: list[int]) -> None:
+        self.push = push
+        self.indices = indices
+        self.local = local
+        self.remote = remote
+
+
+class PushWrites:
+    def __init__(self, agent: Callable[[], KvAgent], geometry: Callable[[], PageGeometry],
+                 ensure_peer: Callable[[str, bytes], None], checksum: Callable[[int], int],
+                 faults: KvFaultConfig, reports: ReportSender, timeout_s: float) -> None:
+        self._agent = agent
+        self._geometry = geometry
+        self._ensure_peer = ensure_peer
+        self._checksum = checksum
+        self._faults = faults
+        self._reports = reports
+        self._timeout_s = timeout_s
+        self._layer_of: dict[str, int] = {}
+        self._pushes: dict[str, _Push] = {}  # transfer id -> push
+        self._steps: list[_Step] = []
+        self._finals: list[tuple[_Push, PushSpec]] = []
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-push")
+        self.pushes = 0  # completed, for diagnostics
+
+    def bind_layers(self, layer_of: dict[str, int]) -> None:
+        self._layer_of = dict(layer_of)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+    # ---- one step -----------------------------------------------------------------------
+
+    def begin(self, specs: list[PushSpec]) -> None:
+        self._steps, self._finals = [], []
+        geometry = self._geometry()
+        for spec in specs:
+            push = self._pushes.get(spec.transfer_id)
+            if push is None:
+                push = self._pushes[spec.transfer_id] = _Push(spec, geometry.num_layers)
+            if spec.final:
+                self._finals.append((push, spec))
+            if not spec.indices or push.reason:
+                continue
+            try:
+                self._ensure_peer(spec.agent_name, spec.agent_metadata)
+            except Exception as error:  # the reader's agent is unusable: nothing can be written
+                push.reason = f"reader agent unusable: {error}"
+                continue
+            keep = self._keep(push, spec.indices)
+            for index, local in zip(spec.indices, spec.local_block_ids):
+                push.local[index] = local
+            step = _Step(push, [spec.indices[i] for i in keep], [spec.local_block_ids[i] for i in keep],
+                         [push.target[spec.indices[i]] for i in keep])
+            if step.indices:
+                self._steps.append(step)
+
+    def layer_computed(self, layer_name: str) -> None:
+        """vLLM's save hook, after one layer's attention: queue that layer's writes."""
+        layer = self._layer_of.get(layer_name)
+        if layer is None or not self._steps:
+            return
+        computed = time.perf_counter()
+        for step in self._steps:
+            for index in step.indices:
+                step.push.layers[index] = step.push.layers.get(index, 0) + 1
+            step.push.writes.append(self._thread.submit(
+                self._write, step.push, layer, step.indices, step.local, step.remote, computed))
+
+    def end(self) -> None:
+        """End of the forward pass: finish the pushes whose prompt is complete."""
+        self._steps = []
+        finals, self._finals = self._finals, []
+        for push, spec in finals:
+            self._finish(push, spec)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _keep(self, push: _Push, indices: list[int]) -> list[int]:
+        """Positions in `indices` to write; blocks chosen to fail are marked failed."""
+        faults = self._faults
+        keep = []
+        for position, index in enumerate(indices):
+            remote = push.target[index]
+            if chosen(faults.seed, "fail", remote, faults.fail_fraction):
+                push.failed.add(index)
+            elif not chosen(faults.seed, "corrupt", remote, faults.corrupt_fraction):
+                keep.append(position)
+        return keep
+
+    def _write(self, push: _Push, layer: int | None, indices: list[int], local: list[int], remote: list[int],
+               computed: float) -> None:
+        """On the writer thread: one layer (or every layer: None) of these blocks."""
+        started = time.perf_counter()
+        geometry = self._geometry()
+        agent = self._agent()
+        result = None
+        peer_pool = agent.peer_pool(push.agent_name)
+        if peer_pool is not None:
+            remote_blocks = peer_pool.num_blocks // geometry.num_layers
+            if layer is None:
+                local_pages = page_ids(local, geometry.num_layers, geometry.num_blocks)
+                remote_pages = page_ids(remote, geometry.num_layers, remote_blocks)
+            else:
+                local_pages = np.asarray(local, dtype=np.int64) + layer * geometry.num_blocks
+                remote_pages = np.asarray(remote, dtype=np.int64) + layer * remote_blocks
+            result = agent.write_blocks(push.agent_name, remote_pages, local_pages, timeout_s=self._timeout_s)
+        ok = result is not None and result.ok
+        with push.lock:
+            push.timings.append(LayerWritten(
+                layer=-1 if layer is None else layer, blocks=len(local), computed_s=push.since(computed),
+                started_s=push.since(started), done_s=push.since(time.perf_counter()), ok=ok))
+            if ok:
+                push.nbytes += result.nbytes
+            else:
+                push.failed.update(indices)
+                push.reason = push.reason or (result.detail if result is not None else "reader agent unknown")
+
+    def _finish(self, push: _Push, spec: PushSpec) -> None:
+        for index, local in zip(spec.whole_indices, spec.whole_local_block_ids):
+            push.local[index] = local
+        # Reused blocks, and any block a layer hook missed: every layer at once.
+        missing = [index for index in sorted(push.local) if push.layers.get(index, 0) < push.num_layers]
+        if missing and not push.reason:
+            try:
+                self._ensure_peer(spec.agent_name, spec.agent_metadata)
+            except Exception as error:
+                push.reason = f"reader agent unusable: {error}"
+        if missing and not push.reason:
+            keep = self._keep(push, missing)
+            indices = [missing[i] for i in keep]
+            if indices:
+                push.writes.append(self._thread.submit(
+                    self._write, push, None, indices, [push.local[index] for index in indices],
+                    [push.target[index] for index in indices], time.perf_counter()))
+        done, pending = wait_futures(push.writes, timeout=self._timeout_s)
+        for future in done:
+            if future.exception() is not None:
+                log.warning("push %s: a write raised: %s", push.transfer_id, future.exception())
+                push.failed.update(range(len(push.target)))
+        if pending:
+            push.failed.update(range(len(push.target)))
+            push.reason = push.reason or "writes not complete in time"
+        if push.reason:
+            push.failed.update(push.local)
+        del self._pushes[push.transfer_id]
+        ok = [index in push.local and index not in push.failed for index in range(len(push.target))]
+        checksums = [self._checksum(push.local[index]) if index in push.local else 0
+                     for index in range(len(push.target))]
+        with push.lock:
+            timings = sorted(push.timings, key=lambda t: (t.started_s, t.layer))
+        self.pushes += 1
+        self._reports.send(Pushed(transfer_id=push.transfer_id, ok=ok, checksums=checksums, nbytes=push.nbytes,
+                                  reason=push.reason, writes=timings))

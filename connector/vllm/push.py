@@ -1,0 +1,238 @@
+"""Push mode between vLLM workers, the Tandem worker's half (runs on the worker's loop).
+The same protocol as the sim's (`connector.push`): the reader announces a `PushTarget`,
+the writer fills it layer by layer and sends `PushDone` (first token, one checksum per
+block); the reader verifies, keeps what verified and computes the rest.
+
+Reader (`VllmPushReceiver`): vLLM's scheduler side pins one fresh block per full prompt
+block (`kv_link.allocate`: a control request, no scheduled request waits meanwhile). When
+`PushDone` arrives the blocks are checksummed in the model worker and compared with the
+writer's; the leading verified blocks are cached in vLLM under the prompt's block hashes
+(`kv_link.commit`) and stay pinned until the request (prompt + first token), added next,
+was admitted: it finds them in the prefix cache and computes only the rest (vLLM's computed
+prefix has no holes: from the first failed block on, everything is computed).
+
+Writer (`VllmPushWriter`): the push is staged with the engine as part of the request's
+`TransferOrder`; vLLM's connector writes each layer of each completed prompt block from
+its per-layer save hook, the reused blocks whole at the prompt's last step, and reports
+`Pushed` (per-block outcome, checksums, per-layer timings) before the first token leaves
+the engine. `finish()` turns that into `PushDone` and logs the per-layer timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+from opentelemetry import trace
+
+from connector.block_reader import verified_blocks
+from connector.dataplane import Prepared
+from connector.push import LayerWrite
+from connector.spans import tracer
+from connector.vllm.engine_port import VllmKvEngine
+from connector.vllm.kv_wire import LayerWritten, Pushed, PushOrder, TransferOrder
+from shared.errors import Timeout, Unavailable
+from shared.schemas.generate import GenerateRequest
+from shared.schemas.transfer import PushDone, PushTarget, TransferRecord
+
+log = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def overlapped_layers(writes: list[LayerWritten]) -> list[int]:
+    """Layers k whose write started before layer k+1 of the same step was computed, so
+    it was in flight while layer k+1 was (layer k+1's compute ends at its `computed_s`)."""
+    layered = sorted((w for w in writes if w.layer >= 0), key=lambda w: w.computed_s)
+    found = []
+    for index, write in enumerate(layered):
+        following = next((w for w in layered[index + 1:] if w.layer == write.layer + 1), None)
+        if following is not None and write.started_s < following.computed_s:
+            found.append(write.layer)
+    return found
+
+
+def describe_writes(writes: list[LayerWritten]) -> str:
+    """One line: per write, layer (W: whole blocks), blocks, computed / written ms."""
+    return " ".join(f"{'W' if w.layer < 0 else w.layer}:{w.blocks}b@{w.computed_s * 1e3:.1f}"
+                    f"/{w.started_s * 1e3:.1f}-{w.done_s * 1e3:.1f}{'' if w.ok else '!'}" for w in writes)
+
+
+class VllmPushReceiver:
+    def __init__(self, target: PushTarget, key: str) -> None:
+        self.target = target
+        self.key = key  # the pin of the target blocks in vLLM
+        self.done: asyncio.Future[PushDone] = asyncio.get_running_loop().create_future()
+        self.claimed = False  # await_push took it (else it expires)
+
+    def deliver(self, message: PushDone) -> None:
+        if not self.done.done():
+            self.done.set_result(message)
+
+
+class VllmPushWriter:
+    """What the worker's request runner drives (the sim writer's interface)."""
+
+    def __init__(self, request_id: str, target: PushTarget, engine: VllmKvEngine) -> None:
+        self.request_id = request_id
+        self.target = target
+        self._engine = engine
+        self._waiter: asyncio.Future[Pushed] | None = None
+        self.timings: list[LayerWrite] = []
+        self.writes: list[LayerWritten] = []
+        self.on_layer = None  # vLLM's connector writes from its own per-layer hook
+        self._span = tracer.start_span("kv.push", attributes={
+            "tandem.kv.kind": "push", "tandem.kv.peer_worker_id": target.reader_worker_id,
+            "tandem.kv.transfer_id": target.transfer_id, "tandem.kv.blocks": len(target.block_ids)})
+
+    def stage(self, agent_metadata: bytes) -> None:
+        order = TransferOrder(transfer_id=self.target.transfer_id, push=PushOrder(
+            agent_name=self.target.agent_name, agent_metadata=agent_metadata, block_ids=self.target.block_ids))
+        self._engine.stage(self.request_id, order)
+        self._waiter = self._engine.kv_link.expect_push(self.target.transfer_id)
+
+    def send_reused(self, prompt_hashes: list[int], num_layers: int) -> None:
+        return  # the connector writes the reused blocks itself, at the prompt's last step
+
+    async def finish(self, first_token: int | None) -> PushDone:
+        count = len(self.target.block_ids)
+        report = None
+        if self._waiter is not None:
+            report = await self._engine.kv_link.wait_push(self.target.transfer_id, self._waiter)
+            self._waiter = None
+        if report is None:
+            failed, checksums, reason = list(range(count)), [0] * count, "no push report"
+        else:
+            failed = [index for index, ok in enumerate(report.ok) if not ok]
+            checksums, reason = report.checksums, report.reason
+            self.writes = report.writes
+            self.timings = [LayerWrite(layer=None if w.layer < 0 else w.layer, blocks=w.blocks, queued_s=w.computed_s,
+                                       done_s=w.done_s, ok=w.ok) for w in report.writes]
+            log.info("push %s to %s: %d of %d block(s) written, %d byte(s); layers written while a later layer "
+                     "was computed: %s; writes (layer:blocks@computed/started-done ms): %s",
+                     self.target.transfer_id, self.target.reader_worker_id, count - len(failed), count,
+                     report.nbytes, overlapped_layers(report.writes), describe_writes(report.writes))
+        outcome = "done" if not failed else "failed"
+        self._span.set_attributes({"tandem.kv.outcome": outcome, "tandem.kv.blocks_failed": len(failed),
+                                   "tandem.kv.writes": len(self.writes), "tandem.kv.reason": reason,
+                                   "tandem.kv.bytes": report.nbytes if report is not None else 0})
+        self._span.end()
+        return PushDone(transfer_id=self.target.transfer_id, outcome=outcome, checksums=checksums,
+                        first_token=first_token, failed_blocks=failed)
+
+    def abort(self) -> None:
+        self._engine.kv_link.forget_push(self.target.transfer_id)
+        self._engine.unstage(self.request_id)  # generate() never took it, if it did not run
+        if self._span.is_recording():
+            self._span.set_attribute("tandem.kv.outcome", "aborted")
+            self._span.end()
+
+
+class VllmPush:
+    def __init__(self, worker_id: str, engine: VllmKvEngine, *, block_size: int, compat_hash: str,
+                 push_wait_s: float) -> None:
+        self.worker_id = worker_id
+        self.engine = engine
+        self.block_size = block_size
+        self.compat_hash = compat_hash
+        self.push_wait_s = push_wait_s
+        self._receivers: dict[str, VllmPushReceiver] = {}
+        self._writers: dict[str, VllmPushWriter] = {}  # transfer id -> writer, until staged
+        self._keys = itertools.count(1)
+
+    # ---- reader ---------------------------------------------------------------------------
+
+    async def receiver(self, request: GenerateRequest) -> VllmPushReceiver:
+        link = self.engine.kv_link
+        count = len(request.token_ids) // self.block_size
+        key = f"{request.request_id}#push{next(self._keys)}"
+        block_ids = await link.allocate(key, count) if count else []
+        target = PushTarget(reader_worker_id=self.worker_id, agent_name=link.agent_name,
+                            transfer_id=request.request_id, compat_hash=self.compat_hash, block_ids=block_ids)
+        receiver = VllmPushReceiver(target, key)
+        self._receivers[target.transfer_id] = receiver
+        # A receiver nobody waits on (the request failed before await_push) gives its blocks back.
+        asyncio.get_running_loop().call_later(2 * self.push_wait_s + 5.0, self._expire, receiver)
+        return receiver
+
+    def _expire(self, receiver: VllmPushReceiver) -> None:
+        if not receiver.claimed:
+            self._receivers.pop(receiver.target.transfer_id, None)
+            self.engine.kv_link.unpin_soon([receiver.key])
+
+    def deliver(self, message: PushDone) -> None:
+        receiver = self._receivers.get(message.transfer_id)
+        if receiver is not None:
+            receiver.deliver(message)
+
+    async def receive(self, request: GenerateRequest,
+                      receiver: VllmPushReceiver) -> tuple[int, Prepared, TransferRecord]:
+        receiver.claimed = True
+        link = self.engine.kv_link
+        started = time.monotonic()
+        try:
+            message = await asyncio.wait_for(asyncio.shield(receiver.done), self.push_wait_s)
+        except TimeoutError:
+            link.unpin_soon([receiver.key])
+            raise Timeout(f"no push from the prefill worker within {self.push_wait_s:g}s") from None
+        except BaseException:
+            link.unpin_soon([receiver.key])
+            raise
+        finally:
+            self._receivers.pop(receiver.target.transfer_id, None)
+        if message.first_token is None:
+            link.unpin_soon([receiver.key])
+            raise Unavailable(f"the prefill worker failed: {message.outcome}")
+        targets = receiver.target.block_ids
+        failed = set(message.failed_blocks)
+        landed = [message.outcome in ("done", "failed") and index not in failed for index in range(len(targets))]
+        try:
+            ours = dict(zip(targets, await link.checksums(targets))) if any(landed) else {}
+            ok = verified_blocks(landed, targets, message.checksums, lambda block_id: ours[block_id])
+            kept = ok.index(False) if False in ok else len(ok)
+            cached = await link.commit(receiver.key, kept, request.token_ids) if targets else []
+        except BaseException:
+            link.unpin_soon([receiver.key])
+            raise
+        kept = len(cached)
+        prepared = Prepared(pulled_tokens=kept * self.block_size,
+                            recomputed_tokens=(len(targets) - kept) * self.block_size,
+                            recomputed_blocks=len(targets) - kept)
+        if cached:  # pinned until the request is admitted (the engine unpins)
+            self.engine.stage(request.request_id, TransferOrder(transfer_id=request.request_id,
+                                                                release_key=receiver.key))
+            prepared.staged_request_id = request.request_id
+        bad = [index for index, good in enumerate(ok) if not good]
+        trace.get_current_span().set_attributes({"tandem.kv.blocks_failed": len(bad),
+                                                 "tandem.kv.failed_blocks": bad})
+        if bad:
+            log.warning("%s: push of %s: %d of %d block(s) failed (%d not written); vLLM computes from block %d on",
+                        self.worker_id, request.request_id, len(bad), len(targets), len(failed), kept)
+        record = TransferRecord(worker_id=self.worker_id, request_id=request.request_id, kind="push",
+                                peer_worker_id="", outcome="done" if not bad else "failed",
+                                blocks=len(targets), blocks_ok=kept, bytes=kept * self._block_nbytes(),
+                                duration_s=time.monotonic() - started,
+                                pulled_tokens=prepared.pulled_tokens, recomputed_tokens=prepared.recomputed_tokens,
+                                reason="" if not bad else f"{len(failed)} block(s) not written, "
+                                f"{len(bad) - len(failed & set(bad))} did not verify")
+        return message.first_token, prepared, record
+
+    def _block_nbytes(self) -> int:
+        """One block's KV in every layer, from the engine's layout (0 if it has none)."""
+        layout = getattr(getattr(self.engine, "info", None), "layout", None)
+        if layout is None:
+            return 0
+        itemsize = _DTYPE_BYTES.get(layout.dtype, 0)
+        return 2 * layout.num_layers * layout.num_kv_heads * layout.head_size * layout.block_size * itemsize
+
+    # ---- writer ---------------------------------------------------------------------------
+
+    def writer(self, request: GenerateRequest, target: PushTarget) -> VllmPushWriter:
+        writer = VllmPushWriter(request.request_id, target, self.engine)
+        self._writers[target.transfer_id] = writer
+        return writer
+
+    def take_writer(self, transfer_id: str) -> VllmPushWriter | None:
+        return self._writers.pop(transfer_id, None)
