@@ -14,6 +14,7 @@ from services.router.routing.cost import (
     affinity_margin,
     copies_needed,
     eviction_cost,
+    minor_tenant,
     prefill_cost,
     prefix_is_hot,
     pull_cost,
@@ -167,41 +168,37 @@ def test_copies_needed_splits_a_share_over_workers_each_carrying_at_most_the_cap
 
 def test_a_busy_holder_keeps_a_tenant_whose_share_it_can_carry() -> None:
     """A queue is a moment's figure: the holder is busy, but the prefix draws 0.26 of the
-    requests and its worker carries no other homed traffic to speak of, so one copy is
-    enough and it queues there. Past the per-worker cap (0.3 of 4 workers) it is copied."""
+    requests, which one worker carries (the cap is 0.3 of 4 workers), so it queues there.
+    Past the cap it is copied."""
     busy = [worker("a", reported_load=12), worker("b", reported_load=2), worker("c", reported_load=10),
             worker("d", reported_load=0)]
-    homed = {"a": 0.28, "b": 0.24, "c": 0.24, "d": 0.24}
-    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, homed)
-    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.32, homed)
-    # two holders carry up to 0.6, and one of them is not even busy
-    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX, "c": PREFIX}, PROMPT, 0.5, homed)
+    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26)
+    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.32)
+    # two holders carry up to 0.6
+    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX, "c": PREFIX}, PROMPT, 0.5)
+    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX, "c": PREFIX}, PROMPT, 0.7)
     # unknown share, or the share rule off: the load alone decides, as before
-    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, None, homed)
+    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, None)
     by_load = msgspec.structs.replace(ROUTING, replica_share_slack=None)
-    assert prefix_is_hot(by_load, busy, {"a": PREFIX}, PROMPT, 0.26, homed)
+    assert prefix_is_hot(by_load, busy, {"a": PREFIX}, PROMPT, 0.26)
     # never hot when the holder is not busy, whatever the share
-    assert not prefix_is_hot(ROUTING, busy, {"b": PREFIX}, PROMPT, 0.9, homed)
+    assert not prefix_is_hot(ROUTING, busy, {"b": PREFIX}, PROMPT, 0.9)
+    # in a decision: the tenant stays on its busy holder, or is copied once it needs two
+    # (every cache full, the holder's queue long enough that a copy would be cheaper)
+    workers = [worker("holder", reported_load=12, reported_prefill_tokens=4000), worker("b", reported_load=2),
+               worker("c", reported_load=2)]
+    assert plan_of(workers, tenant_request({"holder": PREFIX}, prefix_share=0.3), DEFAULT).worker_id == "holder"
+    copied = plan_of(workers, tenant_request({"holder": PREFIX}, prefix_share=0.6), DEFAULT)
+    assert copied.worker_id != "holder" and copied.prompt is not None and copied.prompt.holder_id == "holder"
 
 
-def test_a_minor_tenant_leaves_an_overcommitted_busy_holder_and_the_major_one_stays() -> None:
-    """Worker a is home to 0.4 of the requests (over the 0.3 cap): its minor tenant (0.07)
-    may be copied elsewhere while a is busy, its major tenant (0.26) may not."""
-    busy = [worker("a", reported_load=12), worker("b", reported_load=2), worker("c", reported_load=2),
-            worker("d", reported_load=2)]
-    homed = {"a": 0.4, "b": 0.2, "c": 0.2, "d": 0.2}
-    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.07, homed)
-    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, homed)
-    # within the cap, the minor tenant stays too
-    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.07, {**homed, "a": 0.29})
-    # every cache is full and a's queue is long: the minor tenant pulls its prefix to another
-    # worker (paying for what it evicts there), the major one waits on a
-    workers = [worker("a", reported_load=12, reported_prefill_tokens=4000), worker("b", reported_load=2),
-               worker("c", reported_load=2), worker("d", reported_load=2)]
-    minor = plan_of(workers, tenant_request({"a": PREFIX}, prefix_share=0.07, homed_share=homed), DEFAULT)
-    assert minor.worker_id != "a" and minor.prompt is not None and minor.prompt.holder_id == "a"
-    major = plan_of(workers, tenant_request({"a": PREFIX}, prefix_share=0.26, homed_share=homed), DEFAULT)
-    assert major.worker_id == "a"
+def test_a_minor_tenant_is_a_small_share_of_an_overcommitted_worker() -> None:
+    # 4 workers, slack 0.2: the cap is 0.3
+    assert minor_tenant(0.07, 0.4, 4, 0.2)
+    assert not minor_tenant(0.07, 0.29, 4, 0.2)  # within the cap: nobody need leave
+    assert not minor_tenant(0.26, 0.4, 4, 0.2)  # the major tenant
+    assert not minor_tenant(0.17, 0.38, 4, 0.2)  # under half of it, but a large tenant still
+    assert minor_tenant(0.1, 0.6, 4, 0.2)
 
 
 # ---- the plain baseline and the pinned policy -----------------------------------------------

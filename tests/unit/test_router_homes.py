@@ -145,6 +145,23 @@ def test_an_evicted_minor_tenant_leaves_an_overcommitted_home_and_the_major_one_
     assert pick(workers, route(homes, 4), by_load) == "a"
 
 
+def test_a_busy_home_keeps_a_tenant_it_can_carry_and_a_hot_one_may_leave() -> None:
+    """Four workers, four prefixes with equal shares (0.25 each, under the 0.3 cap): a's queue
+    is long for a moment, but the tenant stays; by load alone it would leave. A prefix that
+    draws more than one worker carries (0.55) leaves a busy home as before."""
+    homes = PrefixHomes()
+    for key, name in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
+        for _ in range(5):
+            homes.record(key, name)
+    workers = [worker("a", reported_prefill_tokens=6000), worker("b"), worker("c"), worker("d")]
+    assert pick(workers, route(homes, 1)) == "a"
+    assert pick(workers, route(homes, 1), RoutingConfig(replica_share_slack=None)) != "a"
+    for _ in range(15):
+        homes.record(1, "a")  # prefix 1 now draws 20 of 35 requests
+    assert homes.share(1) > 0.5
+    assert pick(workers, route(homes, 1)) != "a"
+
+
 def test_a_prompt_mostly_held_somewhere_ignores_its_home() -> None:
     homes = PrefixHomes()
     homes.record(6, "a")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from services.router.routing.cost import (
     Holders,
     PrefillPlan,
+    copies_needed,
     decode_cost,
     minor_tenant,
     plan_prefill,
@@ -30,7 +31,7 @@ from services.router.routing.cost import (
     prefix_is_hot,
 )
 from services.router.routing.eligibility import Eligible
-from services.router.routing.home import HomeHints, prefer_home
+from services.router.routing.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
 from services.router.routing.recency import victim_values
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
@@ -74,7 +75,7 @@ class Candidates:
         self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
         # a hot prefix (every holder busy) may be copied: bounded affinity lets go of it
         self.replicate = prefix_is_hot(routing, eligible.serving, request.cached_tokens, request.prompt_tokens,
-                                       request.prefix_share, request.homed_share)
+                                       request.prefix_share)
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
@@ -127,19 +128,22 @@ class Candidates:
         request, routing = self.request, self.routing
         assert request.prefix_key is not None
         hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
-                          leave_home=self._leave_home(len(parts))) if routing.sticky_homes \
+                          leave=self._leave_home(len(parts))) if routing.sticky_homes \
             else HomeHints(request.prefix_key)
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
 
-    def _leave_home(self, workers: int) -> bool:
-        """The prefix's home draws more than one worker's part of the traffic (the cap of
-        `cost.copies_needed`) and this prefix at most half of that: a minor tenant there."""
+    def _leave_home(self, workers: int) -> str:
+        """When the prefix's learned home is given up (`home.HomeHints.leave`): LEAVE where it
+        is a minor tenant of an overcommitted home; IF_BUSY where the shares are unknown or
+        the prefix draws more than one worker carries; STAY otherwise."""
         request, slack = self.request, self.routing.replica_share_slack
         if request.home_worker is None or request.prefix_share is None or slack is None or workers < 2:
-            return False
-        return minor_tenant(request.prefix_share, request.homed_share.get(request.home_worker, 0.0), workers, slack)
+            return IF_BUSY
+        if minor_tenant(request.prefix_share, request.homed_share.get(request.home_worker, 0.0), workers, slack):
+            return LEAVE
+        return IF_BUSY if copies_needed(request.prefix_share, workers, slack) > 1 else STAY
 
     def affine(self, parts: Sequence[Single]) -> Sequence[Single]:
         """Bounded-load affinity: when some of `parts` hold at least half of the prompt, only

@@ -35,12 +35,11 @@ What the terms buy, together:
   with room or a cold victim first: a copy never comes free where it evicts a prefix in
   use (a burst of one tenant's requests must not push another active tenant out).
   A queue is a moment's figure, and a copy evicts another tenant for good: so a prefix is
-  copied only while its holders cannot carry the traffic homed on them, each at most
-  `(1 + replica_share_slack) / serving workers` of the recent requests: either the prefix's
-  own share needs more copies than it has (`copies_needed`), or every holder is
-  overcommitted by the prefixes homed on it and this one is a minor tenant there (at most
-  half its homed share), which moves out and leaves the worker to its major ones. A tenant
-  whose share its worker can carry queues there rather than spread.
+  copied only while its own share of the recent requests is more than its holders can
+  carry, each at most `(1 + replica_share_slack) / serving workers` of it
+  (`copies_needed`). A tenant whose share one worker can carry queues there rather than
+  spread; an overcommitted worker sheds its minor tenants when their prompts are computed
+  anyway (`home`), not by copying them.
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is
@@ -134,29 +133,26 @@ def copies_needed(share: float, workers: int, slack: float) -> int:
 
 def minor_tenant(prefix_share: float, homed_share: float, workers: int, slack: float) -> bool:
     """Whether a worker whose homed prefixes draw `homed_share` of the recent requests is
-    overcommitted (over `(1 + slack) / workers`) and a prefix drawing `prefix_share` is a
-    minor tenant there (at most half of it), which may leave for the major ones' sake."""
-    return homed_share > (1.0 + slack) / workers and prefix_share <= homed_share / 2
+    overcommitted (over the cap, `(1 + slack) / workers`) and a prefix drawing
+    `prefix_share` is a minor tenant there (at most half of it, and under half the cap),
+    which may leave for the major ones' sake."""
+    cap = (1.0 + slack) / workers
+    return homed_share > cap and prefix_share <= homed_share / 2 and prefix_share < cap / 2
 
 
 def holders_overcommitted(routing: RoutingConfig, holders: Sequence[WorkerView], workers: int,
-                          prefix_share: float | None, homed_share: Mapping[str, float]) -> bool:
-    """Whether the traffic on the prefix's holders is more than they can carry, so the prefix
-    may be copied: it needs more copies than it has (`copies_needed`), or every holder's
-    homed share is over the per-worker cap and the prefix is a minor tenant on each (at
-    most half of it). True when the shares are unknown or `replica_share_slack` is None."""
+                          prefix_share: float | None) -> bool:
+    """Whether the prefix draws more of the traffic than its holders can carry, each at most
+    `(1 + replica_share_slack) / workers` of it (`copies_needed`), so it may be copied.
+    True when its share is unknown or `replica_share_slack` is None."""
     slack = routing.replica_share_slack
     if prefix_share is None or slack is None:
         return True
-    if len(holders) < copies_needed(prefix_share, workers, slack):
-        return True
-    return all(minor_tenant(prefix_share, homed_share.get(holder.worker_id, 0.0), workers, slack)
-               for holder in holders)
+    return len(holders) < copies_needed(prefix_share, workers, slack)
 
 
 def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_tokens: Mapping[str, int],
-                  prompt_tokens: int, prefix_share: float | None = None,
-                  homed_share: Mapping[str, float] | None = None) -> bool:
+                  prompt_tokens: int, prefix_share: float | None = None) -> bool:
     """Every one of `workers` holding (or predicted to hold) the longest cached prefix of the
     prompt is overloaded, relative to the mean of `workers`: it carries more than
     `hot_load_factor` x their mean requests (and at least `HOT_MIN_EXCESS` more), or more
@@ -174,7 +170,7 @@ def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_
         return False
     holders = [by_id[worker_id] for worker_id, tokens in cached_tokens.items()
                if worker_id in by_id and min(tokens, prompt_tokens) == longest]
-    if not holders_overcommitted(routing, holders, len(workers), prefix_share, homed_share or {}):
+    if not holders_overcommitted(routing, holders, len(workers), prefix_share):
         return False
     mean_load = sum(worker.predicted_load for worker in workers) / len(workers)
     mean_queued = sum(worker.predicted_prefill_tokens for worker in workers) / len(workers)

@@ -6,11 +6,14 @@ tenants than its cache holds, and LRU evicts everyone's prefixes (churn). With a
 prompts go back to one worker per prefix, whose cache then keeps its own tenants:
 
 1. the prefix's learned home (`homes.PrefixHomes`: the worker that served it last), unless
-   that one is busy (its queued prefill far above the mean, as for a hot prefix), cannot
-   take the request, or is overcommitted (the prefixes homed there draw more than one
-   worker's part of the traffic) with this prefix a minor tenant there: the prompt must be
-   computed anyway, so moving it costs nothing, and the home sheds load for its major
-   tenants (the partition rebalances as the prefixes' shares become known);
+   that one cannot take the request, or `HomeHints.leave` says otherwise: `LEAVE` where the
+   home is overcommitted (the prefixes homed there draw more than one worker's part of the
+   traffic) and this prefix is a minor tenant there (the prompt must be computed anyway, so
+   moving it costs nothing, and the home sheds load for its major tenants: the partition
+   rebalances as the prefixes' shares become known); `IF_BUSY` where the shares are
+   unknown or the prefix draws more than one worker can carry: then a busy home (its
+   queued prefill far above the mean) is left too; `STAY` otherwise, busy or not (a
+   moment's queue is no reason to move a tenant its worker can carry);
 2. otherwise a new home among the candidates costing at most `slack` more than the cheapest
    and queueing at most the mean: the one whose homed prefixes bring the smallest share of
    recent requests (a balanced partition by traffic), ties broken by rendezvous hashing of
@@ -28,6 +31,9 @@ from typing import TypeVar
 Part = TypeVar("Part")
 
 
+LEAVE, IF_BUSY, STAY = "leave", "if_busy", "stay"  # `HomeHints.leave`
+
+
 def home_score(prefix_key: int, worker_id: str) -> int:
     """Rendezvous weight of `worker_id` for the prefix `prefix_key`: stable across processes."""
     digest = hashlib.blake2b(f"{prefix_key}:{worker_id}".encode(), digest_size=8).digest()
@@ -41,18 +47,19 @@ class HomeHints:
     prefix_key: int
     home: str | None = None  # the worker that served the prefix last
     homed_share: Mapping[str, float] = field(default_factory=dict)  # per worker, its prefixes' traffic share
-    leave_home: bool = False  # the home is overcommitted and this prefix a minor tenant there
+    leave: str = "if_busy"  # LEAVE, IF_BUSY or STAY: when the learned home is given up
 
 
 def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id: Callable[[Part], str],
                 queued: Callable[[Part], float], hints: HomeHints, slack: float, busy_factor: float,
                 busy_margin: float) -> Part:
     """Of `parts` (non-empty): the learned home unless busy (queued prefill past `busy_factor`
-    x the mean and `busy_margin` above it) or to be left (`HomeHints.leave_home`); else a
+    x the mean and `busy_margin` above it, where `hints.leave` is IF_BUSY) or to be left
+    (`LEAVE`); else a
     new, balanced home among the near-cheapest; the cheapest when none qualifies."""
     mean_queued = sum(queued(part) for part in parts) / len(parts)
-    if hints.home is not None and not hints.leave_home:
-        busy = max(busy_factor * mean_queued, mean_queued + busy_margin)
+    if hints.home is not None and hints.leave != LEAVE:
+        busy = max(busy_factor * mean_queued, mean_queued + busy_margin) if hints.leave == IF_BUSY else float("inf")
         for part in parts:
             if worker_id(part) == hints.home and queued(part) <= busy:
                 return part
