@@ -91,7 +91,7 @@ def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int,
 
 
 def _new_index(workload: _Workload, *, verify_hashes: bool = False) -> KvIndex:
-    index = KvIndex(verify_hashes=verify_hashes)
+    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as the router builds it (kv_view)
     for name in workload.fleet.names:
         index.add_worker(name, workload.fleet.block_size)
     return index
