@@ -53,26 +53,27 @@ class Runs:
     def dropped_real(self, blocks: list[int]) -> None:
         """The worker no longer holds these real blocks (one event's, in its order): each must
         be a leaf once the others are gone, else the worker opens."""
+        tails = self.tails
+        kids = self.kids  # never holds a zero
         pending = blocks
         while pending and self.closed:
-            left = [block for block in pending if not self._pop_tail(block)]
+            left = []
+            for block in pending:
+                run = tails.get(block)
+                if run is None or block in kids:
+                    left.append(block)  # not a tail, or has kids: maybe once the others are gone
+                    continue
+                del tails[block]
+                length = run[2] - 1
+                if length:
+                    run[2] = length
+                    tails[run[1][length - 1]] = run
+                else:
+                    self._unhang(run[0])
             if len(left) == len(pending):
                 self.open()
                 return
             pending = left[::-1]  # a parent listed before its child: retried after it
-
-    def _pop_tail(self, block: int) -> bool:
-        run = self.tails.get(block)
-        if run is None or self.kids.get(block):
-            return False
-        del self.tails[block]
-        length = run[2] - 1
-        if length:
-            run[2] = length
-            self.tails[run[1][length - 1]] = run
-        else:
-            self._unhang(run[0])
-        return True
 
     def _unhang(self, parent: int | None) -> None:
         if parent is None:
