@@ -33,8 +33,8 @@ else, and without it, it scans the chain (`kv_index_match`). Trusting differs on
 worker that sends a wrong hash mid-chain: the scan stops there, bisection may not.
 Invariant: bit w is set in `_holders[t]` iff t is one of worker w's real blocks (a value
 of `tandem_of`) or one of its speculative blocks; the two sets are disjoint.
-Memory: ~150-160 bytes per indexed (worker, block), measured by `tandem bench index`
-(`bytes_per_block`, 1M blocks over 16-1024 workers).
+Memory: ~160-170 bytes per indexed (worker, block), measured by `tandem bench index`
+(`bytes_per_block`, 1M blocks over 16-1024 workers; the runs take ~15 of them).
 
 Sequence numbers (`shared.cluster.sequence`): a batch out of order (a lost batch, a
 restarted worker) or a `BlockStored` whose parent the index does not know is a gap. The
@@ -505,6 +505,10 @@ class KvIndex:
 
     def workers(self) -> list[str]:
         return list(self._workers)
+
+    def open_workers(self) -> list[str]:
+        """Workers whose chains `match` scans linearly (`kv_index_runs`: not closed)."""
+        return [worker.worker_id for worker in self._workers.values() if not worker.runs.closed]
 
     def unsynced_workers(self) -> list[str]:
         return self._sequences.unsynced()

@@ -162,4 +162,5 @@ def test_a_snapshot_rebuilds_the_runs() -> None:
     assert index.match(CHAINS[0]) == {"a": 3}
     index.ingest(KvEventBatch(worker_id="a", seq=4, ts=0.0, events=[removed(0, 2)]))  # prompt 1's run hangs under it
     assert index._open != 0
+    assert index.open_workers() == ["a"]
     assert index.match(CHAINS[1]) == reference(index, CHAINS[1]) == {"a": 2}
