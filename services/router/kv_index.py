@@ -60,7 +60,7 @@ from operator import and_, ne
 from services.router.kv_index_diff import snapshot_diff
 from services.router.kv_index_match import drop_points, linear_drop_points, overlaps_of
 from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, WorkerIndexStats, object_bytes
-from services.router.kv_index_runs import Runs
+from services.router.kv_index_runs import OpenMask, Runs
 from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.cluster.sequence import SequenceTracker, SyncState
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
@@ -77,7 +77,7 @@ class _Worker:
                  "speculative", "rejected_blocks", "orphaned_blocks", "mismatched_blocks",
                  "unverified_blocks", "runs")
 
-    def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes, trust_chains: bool) -> None:
+    def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes, runs: Runs) -> None:
         self.worker_id = worker_id
         self.slot = slot
         self.bit = 1 << slot
@@ -90,7 +90,7 @@ class _Worker:
         self.orphaned_blocks = 0
         self.mismatched_blocks = 0  # verification: chain hashes sent that differ from the tokens'
         self.unverified_blocks = 0  # verification: chain hashes sent without token ids to check
-        self.runs = Runs(trust_chains)
+        self.runs = runs
 
 
 class KvIndex:
@@ -105,7 +105,7 @@ class KvIndex:
         self._expiry: list[tuple[float, int, _Worker, list[int]]] = []  # a heap
         self._expiry_order = count()
         self._sequences = SequenceTracker()
-        self._open = 0  # bits of workers whose blocks are not closed under "parent of" (`kv_index_runs`)
+        self._open = OpenMask()  # workers whose blocks are not closed under "parent of" (`kv_index_runs`)
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -119,7 +119,7 @@ class KvIndex:
                 return
             self.remove_worker(worker_id)  # hashes under the old config mean nothing now
         slot = heapq.heappop(self._free_slots) if self._free_slots else len(self._by_slot)
-        worker = _Worker(worker_id, slot, block_size, salt, self.trust_chains)
+        worker = _Worker(worker_id, slot, block_size, salt, Runs(self.trust_chains, 1 << slot, self._open))
         if slot == len(self._by_slot):
             self._by_slot.append(worker)
         else:
@@ -139,7 +139,7 @@ class KvIndex:
             self._drop_bit(block_hash, worker.bit)
         worker.speculative = {}
         self._by_slot[worker.slot] = None
-        self._open &= ~worker.bit
+        self._open.mask &= ~worker.bit
         heapq.heappush(self._free_slots, worker.slot)
         config = (worker.block_size, worker.salt)
         self._configs[config] -= 1
@@ -156,7 +156,6 @@ class KvIndex:
         if events and type(events[0]) is AllBlocksCleared and not self.verify_hashes:
             replaced = self._replace(worker, events)
             if replaced is not None:  # a snapshot, applied as its difference from the worker's view
-                self._settle(worker)
                 step = self._sequences.observe(batch.worker_id, batch.seq, resynced=True)
                 return IngestResult(IngestOutcome.APPLIED, synced=step.synced, resync_needed=step.resync_needed,
                                     stored_blocks=replaced)
@@ -176,19 +175,12 @@ class KvIndex:
                 assert type(event) is AllBlocksCleared, f"unknown KV event {event!r}"
                 self._clear_real(worker)
                 cleared = True
-        self._settle(worker)
         step = self._sequences.observe(batch.worker_id, batch.seq, resynced=cleared, lost=lost)
         gap = not step.synced and (step.out_of_order or lost)
         outcome = IngestOutcome.GAP if gap else IngestOutcome.APPLIED
         return IngestResult(outcome, synced=step.synced, resync_needed=step.resync_needed,
                             stored_blocks=stored, removed_blocks=removed, rejected_blocks=rejected,
                             orphaned_blocks=orphaned, mismatched_blocks=mismatched)
-
-    def _settle(self, worker: _Worker) -> None:
-        """Keep `_open` in step with the worker's runs."""
-        if worker.runs.closed is not bool(self._open & worker.bit):
-            return
-        self._open ^= worker.bit
 
     def _store(self, worker: _Worker, event: BlockStored) -> tuple[int, int, int, bool, int]:
         """Apply one `BlockStored`; returns block counts (stored, rejected, orphaned), whether
@@ -440,7 +432,6 @@ class KvIndex:
                 expired += 1
         for worker, block_hashes in dropped.items():  # once all are gone: a parent may go with its child
             worker.runs.dropped_speculative(block_hashes)
-            self._settle(worker)
         return expired
 
     # ---- queries ------------------------------------------------------------------------
@@ -457,7 +448,7 @@ class KvIndex:
         first = get(block_hashes[0], 0)
         if not first:
             return {}
-        if self.trust_chains and not first & self._open:
+        if self.trust_chains and not first & self._open.mask:
             return overlaps_of(drop_points(get, block_hashes, first), self._by_slot)
         return overlaps_of(linear_drop_points(get, block_hashes), self._by_slot)
 

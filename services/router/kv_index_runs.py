@@ -25,17 +25,30 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 
-class Runs:
-    __slots__ = ("enabled", "closed", "tails", "kids", "spec_parent")
+class OpenMask:
+    """The bits of the index's open workers, kept by their `Runs` as they open and close."""
 
-    def __init__(self, enabled: bool) -> None:
+    __slots__ = ("mask",)
+
+    def __init__(self) -> None:
+        self.mask = 0
+
+
+class Runs:
+    __slots__ = ("enabled", "closed", "tails", "kids", "spec_parent", "bit", "open_mask")
+
+    def __init__(self, enabled: bool, bit: int, open_mask: OpenMask) -> None:
         self.enabled = enabled  # off: always open, nothing kept
         self.closed = enabled
+        self.bit = bit
+        self.open_mask = open_mask
         self.tails: dict[int, list] = {}  # run tail -> [parent (None: root), chain, length held]
         self.kids: dict[int, int] = {}
         self.spec_parent: dict[int, int | None] = {}  # kept when open too: a reset needs it
 
     def open(self) -> None:
+        if self.closed:
+            self.open_mask.mask |= self.bit
         self.closed = False
         self.tails = {}
         self.kids = {}
@@ -124,6 +137,10 @@ class Runs:
                 if self.closed and not held(parent):
                     self.closed = False
         self.kids = kids if self.closed else {}
+        if self.closed:
+            self.open_mask.mask &= ~self.bit
+        elif self.enabled:
+            self.open_mask.mask |= self.bit
 
     def rebuild(self, parents: list[int | None], chain_runs: list[list[int]], tandem_of: dict[int, int],
                 held: Callable[[int], bool], ambiguous: bool) -> None:

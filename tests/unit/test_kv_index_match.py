@@ -89,6 +89,9 @@ def test_match_equals_the_naive_reference_under_random_events(operations) -> Non
             index.remove_worker(worker_id)
             index.add_worker(worker_id, 1)
             seq[worker_id] = 0
+        open_bits = index._open.mask  # kept in step with the workers' runs
+        assert sorted(index.open_workers()) == [worker_id for worker_id in WORKERS
+                                                if open_bits >> index._workers[worker_id].slot & 1]
         for query in CHAINS:
             expected = reference(index, query)
             assert index.match(query) == expected
@@ -138,7 +141,7 @@ def test_a_chain_evicted_parent_first_in_one_event_keeps_the_worker_closed() -> 
     index = trusted_index(stored(0, 0, 6, chain_hashes=True), stored(5, 4, 6, chain_hashes=True),
                           BlockRemoved(block_hashes=gone))
     assert index.match(CHAINS[5]) == reference(index, CHAINS[5]) == {"a": 1}
-    assert index._open == 0  # every drop was a leaf once the others had gone
+    assert index._open.mask == 0  # every drop was a leaf once the others had gone
 
 
 def test_a_prediction_under_an_evicted_real_block_opens_the_worker() -> None:
@@ -148,19 +151,19 @@ def test_a_prediction_under_an_evicted_real_block_opens_the_worker() -> None:
     assert index.match(CHAINS[0]) == reference(index, CHAINS[0]) == {"a": 2}
     index.expire(10.0)
     index.ingest(KvEventBatch(worker_id="a", seq=3, ts=0.0, events=[AllBlocksCleared()]))
-    assert index._open == 0  # a clear closes it again
+    assert index._open.mask == 0  # a clear closes it again
 
 
 def test_a_snapshot_rebuilds_the_runs() -> None:
     index = trusted_index(stored(0, 0, 6, chain_hashes=True))
     index.ingest(KvEventBatch(worker_id="a", seq=2, ts=0.0, events=[
         AllBlocksCleared(), stored(0, 0, 4, chain_hashes=True), stored(1, 3, 5, chain_hashes=True)]))
-    assert index._open == 0
+    assert index._open.mask == 0
     assert index.match(CHAINS[1]) == {"a": 5}
     index.ingest(KvEventBatch(worker_id="a", seq=3, ts=0.0, events=[removed(0, 3)]))  # block 3 of prompt 0: a leaf
-    assert index._open == 0
+    assert index._open.mask == 0
     assert index.match(CHAINS[0]) == {"a": 3}
     index.ingest(KvEventBatch(worker_id="a", seq=4, ts=0.0, events=[removed(0, 2)]))  # prompt 1's run hangs under it
-    assert index._open != 0
+    assert index._open.mask != 0
     assert index.open_workers() == ["a"]
     assert index.match(CHAINS[1]) == reference(index, CHAINS[1]) == {"a": 2}
