@@ -68,6 +68,8 @@ class Runs:
         be a leaf once the others are gone, else the worker opens."""
         tails = self.tails
         kids = self.kids  # never holds a zero
+        if len(blocks) > 1 and self.closed and self._dropped_tail_segment(blocks):
+            return
         pending = blocks
         while pending and self.closed:
             left = []
@@ -87,6 +89,25 @@ class Runs:
                 self.open()
                 return
             pending = left[::-1]  # a parent listed before its child: retried after it
+
+    def _dropped_tail_segment(self, blocks: list[int]) -> bool:
+        """The common eviction, at C speed: `blocks` is the tail of one run, tail first, and
+        nothing else hangs under them. Whether it was (and is now dropped)."""
+        run = self.tails.get(blocks[0])
+        if run is None or len(blocks) > run[2]:
+            return False
+        length = run[2] - len(blocks)
+        segment = run[1][length:run[2]]
+        segment.reverse()
+        if segment != blocks or not self.kids.keys().isdisjoint(blocks):
+            return False
+        del self.tails[blocks[0]]
+        if length:
+            run[2] = length
+            self.tails[run[1][length - 1]] = run
+        else:
+            self._unhang(run[0])
+        return True
 
     def _unhang(self, parent: int | None) -> None:
         if parent is None:
