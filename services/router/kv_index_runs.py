@@ -66,9 +66,25 @@ class Runs:
     def dropped_real(self, blocks: list[int]) -> None:
         """The worker no longer holds these real blocks (one event's, in its order): each must
         be a leaf once the others are gone, else the worker opens."""
+        if not self.closed:
+            return
         tails = self.tails
         kids = self.kids  # never holds a zero
-        if len(blocks) > 1 and self.closed and self._dropped_tail_segment(blocks):
+        if len(blocks) == 1:  # engines often evict one block an event
+            block = blocks[0]
+            run = tails.get(block)
+            if run is None or block in kids:
+                self.open()
+                return
+            del tails[block]
+            length = run[2] - 1
+            if length:
+                run[2] = length
+                tails[run[1][length - 1]] = run
+            else:
+                self._unhang(run[0])
+            return
+        if self._dropped_tail_segment(blocks):
             return
         pending = blocks
         while pending and self.closed:
