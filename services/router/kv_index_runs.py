@@ -16,8 +16,8 @@ drop that keeps a worker closed, and the one engines make: they evict from the t
   None for the chain's first block, which is the root: predictions are requests' chains).
 Work is per event, not per block, on the store path (two dict writes). A drop
 that is not a leaf, a store under a parent the worker does not hold, or anything that makes
-blocks ambiguous (two engine hashes of one block) *opens* the worker: `match` scans linearly
-for it until a clear or a snapshot rebuilds its runs.
+blocks ambiguous (two engine hashes of one block) *opens* the worker: `match` scans any chain
+whose first block it holds linearly, until a clear or a snapshot rebuilds its runs.
 """
 
 from __future__ import annotations
