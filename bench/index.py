@@ -2,6 +2,7 @@
 
 The workload (`bench.index_workload`): a simulated fleet's KV events, with Tandem's chain
 hashes in every `BlockStored` as workers send them (Dynamo is handed the same hashes).
+Tandem's index is built as the router builds it (`trust_chains`: `match` bisects chains).
 
 Per fleet size the events and queries are built once; then each round, on a fresh
 `KvIndex` and a fresh `RadixTree`:
@@ -91,7 +92,7 @@ def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int,
 
 
 def _new_index(workload: _Workload, *, verify_hashes: bool = False) -> KvIndex:
-    index = KvIndex(verify_hashes=verify_hashes)
+    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as the router builds it (kv_view)
     for name in workload.fleet.names:
         index.add_worker(name, workload.fleet.block_size)
     return index
@@ -164,7 +165,8 @@ def _match_round(workload: _Workload, index: KvIndex, tree) -> dict:
               f"overlap for {disagree_best} and on some worker's for {disagree_any} of {len(workload.query_chains)} "
               f"queries", file=sys.stderr)
     row = {"tandem_match_p50_ms": _ms(float(np.percentile(tandem_ns, 50)), ns=True),
-           "tandem_match_p99_ms": _ms(float(np.percentile(tandem_ns, 99)), ns=True)}
+           "tandem_match_p99_ms": _ms(float(np.percentile(tandem_ns, 99)), ns=True),
+           "tandem_open_workers": len(index.open_workers())}  # scanned linearly, not bisected
     if tree is not None:
         row |= {"dynamo_match_p50_ms": _ms(float(np.percentile(dynamo_ns, 50)), ns=True),
                 "dynamo_match_p99_ms": _ms(float(np.percentile(dynamo_ns, 99)), ns=True),

@@ -17,7 +17,7 @@ blocks where the two differ are counted (`mismatched_blocks`: a worker's bug). E
 only link a stored event to its parent and name the blocks a `BlockRemoved` drops: each
 worker keeps engine -> Tandem.
 
-Layout (why `match` is one pass over the request's chain):
+Layout (why `match` looks up few of the request's blocks):
 - `_holders: dict[tandem hash, int]`: a bitmask of the worker slots holding the block,
   really or speculatively. Worker ids are interned to small slots (lowest free first) so
   masks stay as short as the fleet; a block with one holder stores that worker's own
@@ -25,11 +25,16 @@ Layout (why `match` is one pass over the request's chain):
 - per worker: `tandem_of` (engine hash -> Tandem hash: removals, parents, purge),
   `speculative` (Tandem hash -> expires_at) and `extra_refs` (Tandem hash -> how many
   more engine hashes of this worker map to it; empty unless the engine hashes keys that
-  Tandem does not, e.g. LoRA or multimodal extras).
+  Tandem does not, e.g. LoRA or multimodal extras), and `runs` (`kv_index_runs`): whether
+  each block it holds has its parent held too, so that its bit is monotone along a chain.
+With `trust_chains` (the router's setting: each hash covers its prefix, as workers compute
+them), `match` bisects the chain when every worker holding its first block is closed so;
+else, and without it, it scans the chain (`kv_index_match`). Trusting differs only for a
+worker that sends a wrong hash mid-chain: the scan stops there, bisection may not.
 Invariant: bit w is set in `_holders[t]` iff t is one of worker w's real blocks (a value
 of `tandem_of`) or one of its speculative blocks; the two sets are disjoint.
-Memory: ~150-160 bytes per indexed (worker, block), measured by `tandem bench index`
-(`bytes_per_block`, 1M blocks over 16-1024 workers).
+Memory: ~160-170 bytes per indexed (worker, block), measured by `tandem bench index`
+(`bytes_per_block`, 1M blocks over 16-1024 workers; the runs take ~15 of them).
 
 Sequence numbers (`shared.cluster.sequence`): a batch out of order (a lost batch, a
 restarted worker) or a `BlockStored` whose parent the index does not know is a gap. The
@@ -48,14 +53,14 @@ reported is skipped (vLLM re-announces hits).
 from __future__ import annotations
 
 import heapq
-import sys
-from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import accumulate, count, islice, repeat, takewhile
-from operator import and_, ne, neg
+from itertools import count, islice, repeat
+from operator import and_, ne
 
 from services.router.kv_index_diff import snapshot_diff
-from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, WorkerIndexStats
+from services.router.kv_index_match import drop_points, linear_drop_points, overlaps_of
+from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, WorkerIndexStats, object_bytes
+from services.router.kv_index_runs import OpenMask, Runs
 from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.cluster.sequence import SequenceTracker, SyncState
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
@@ -70,9 +75,9 @@ def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"
 class _Worker:
     __slots__ = ("worker_id", "slot", "bit", "block_size", "salt", "tandem_of", "extra_refs",
                  "speculative", "rejected_blocks", "orphaned_blocks", "mismatched_blocks",
-                 "unverified_blocks")
+                 "unverified_blocks", "runs")
 
-    def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes) -> None:
+    def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes, runs: Runs) -> None:
         self.worker_id = worker_id
         self.slot = slot
         self.bit = 1 << slot
@@ -85,11 +90,13 @@ class _Worker:
         self.orphaned_blocks = 0
         self.mismatched_blocks = 0  # verification: chain hashes sent that differ from the tokens'
         self.unverified_blocks = 0  # verification: chain hashes sent without token ids to check
+        self.runs = runs
 
 
 class KvIndex:
-    def __init__(self, *, verify_hashes: bool = False) -> None:
+    def __init__(self, *, verify_hashes: bool = False, trust_chains: bool = False) -> None:
         self.verify_hashes = verify_hashes
+        self.trust_chains = trust_chains
         self._holders: dict[int, int] = {}
         self._workers: dict[str, _Worker] = {}
         self._by_slot: list[_Worker | None] = []
@@ -98,6 +105,7 @@ class KvIndex:
         self._expiry: list[tuple[float, int, _Worker, list[int]]] = []  # a heap
         self._expiry_order = count()
         self._sequences = SequenceTracker()
+        self._open = OpenMask()  # workers whose blocks are not closed under "parent of" (`kv_index_runs`)
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -111,7 +119,7 @@ class KvIndex:
                 return
             self.remove_worker(worker_id)  # hashes under the old config mean nothing now
         slot = heapq.heappop(self._free_slots) if self._free_slots else len(self._by_slot)
-        worker = _Worker(worker_id, slot, block_size, salt)
+        worker = _Worker(worker_id, slot, block_size, salt, Runs(self.trust_chains, 1 << slot, self._open))
         if slot == len(self._by_slot):
             self._by_slot.append(worker)
         else:
@@ -131,6 +139,7 @@ class KvIndex:
             self._drop_bit(block_hash, worker.bit)
         worker.speculative = {}
         self._by_slot[worker.slot] = None
+        self._open.mask &= ~worker.bit
         heapq.heappush(self._free_slots, worker.slot)
         config = (worker.block_size, worker.salt)
         self._configs[config] -= 1
@@ -192,6 +201,7 @@ class KvIndex:
         tandem_of = worker.tandem_of
         head = 0
         unlinked = False
+        parent_hash: int | None
         if engine_hashes[0] in tandem_of:
             # Blocks announced again (vLLM can re-announce prefix-cache hits): a known engine
             # hash of this worker names the same tokens, so the known head is not re-hashed.
@@ -199,7 +209,7 @@ class KvIndex:
             head = known.index(False) if False in known else blocks
             if head == blocks:
                 return 0, 0, 0, False, 0
-            parent_hash: int | None = tandem_of[engine_hashes[head - 1]]
+            parent_hash = tandem_of[engine_hashes[head - 1]]
             engine_hashes = engine_hashes[head:]
         elif event.parent_block_hash is None:
             parent_hash = ROOT_PARENT
@@ -220,17 +230,22 @@ class KvIndex:
             tandem = chain[head:] if head else chain
             if self.verify_hashes:
                 worker.unverified_blocks += len(tandem)
-        return self._insert(worker, engine_hashes, tandem), 0, 0, unlinked, mismatched
+        if unlinked:
+            worker.runs.open()  # blocks under a parent the worker does not hold (as far as the index knows)
+        run_parent = parent_hash if head or event.parent_block_hash is not None else None
+        return self._insert(worker, engine_hashes, tandem, run_parent), 0, 0, unlinked, mismatched
 
-    def _insert(self, worker: _Worker, engine_hashes: list[int], tandem: list[int]) -> int:
+    def _insert(self, worker: _Worker, engine_hashes: list[int], tandem: list[int], parent: int | None) -> int:
         """Index blocks the worker stored (engine hash -> Tandem hash); returns how many.
 
         The common cases run in C (dict views, map, zip): blocks no worker holds get the
         worker's own bit object; blocks only other workers hold get their mask or'ed with it.
         Blocks the worker holds already (a prediction, or another engine hash of the same
-        tokens) take the loop."""
+        tokens) take the loop. `parent`: the worker's block the chain hangs under (None: the root)."""
         tandem_of = worker.tandem_of
+        runs = worker.runs
         if not tandem_of.keys().isdisjoint(engine_hashes):  # rare: a known block past the head
+            runs.open()  # the run skips blocks it holds already: leaves can no longer be told
             fresh = [(engine_hash, block_hash) for engine_hash, block_hash in zip(engine_hashes, tandem)
                      if engine_hash not in tandem_of]
             engine_hashes = [engine_hash for engine_hash, _ in fresh]
@@ -242,6 +257,7 @@ class KvIndex:
             promoted = speculative.keys() & tandem
             for block_hash in promoted:
                 del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
+                runs.unspeculated(block_hash)
         else:
             promoted = set()
         if holders.keys().isdisjoint(tandem):  # the common case: blocks no worker holds yet
@@ -259,7 +275,12 @@ class KvIndex:
                         holders[block_hash] = mask | bit
                     elif block_hash not in promoted:  # another engine hash of this worker, same tokens
                         extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
+                        runs.open()
         tandem_of.update(zip(engine_hashes, tandem))
+        if runs.closed and tandem:  # `Runs.stored`, inline: once per event on the ingest path
+            runs.tails[tandem[-1]] = [parent, tandem, len(tandem)]
+            if parent is not None:
+                runs.kids[parent] = runs.kids.get(parent, 0) + 1
         return len(tandem)
 
     def _replace(self, worker: _Worker, events: list[KvEvent]) -> int | None:
@@ -273,6 +294,7 @@ class KvIndex:
         size = worker.block_size
         engine_runs: list[list[int]] = []
         chain_runs: list[list[int]] = []
+        parents: list[int | None] = []
         for event in islice(events, 1, None):
             if type(event) is not BlockStored or event.block_size != size:
                 return None
@@ -281,6 +303,7 @@ class KvIndex:
                 return None
             engine_runs.append(event.block_hashes)
             chain_runs.append(hashes)
+            parents.append(event.parent_block_hash)
         diff = snapshot_diff(worker.tandem_of, engine_runs, chain_runs)
         if diff is None:
             return None
@@ -292,9 +315,11 @@ class KvIndex:
         bit = worker.bit
         speculative = worker.speculative
         extra_refs = worker.extra_refs
+        runs = worker.runs
         for engine_hash, block_hash in zip(added_engine, added_chain):
             if block_hash in speculative:
                 del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
+                runs.unspeculated(block_hash)
             else:
                 mask = holders.get(block_hash)
                 if mask is None:
@@ -304,29 +329,36 @@ class KvIndex:
                 else:  # another engine hash of this worker, same tokens
                     extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
             tandem_of[engine_hash] = block_hash
+        worker.runs.rebuild(parents, chain_runs, tandem_of, lambda block_hash: bool(holders.get(block_hash, 0) & bit),
+                            ambiguous=bool(extra_refs))
         return len(tandem_of)
 
     def _remove(self, worker: _Worker, engine_hashes: list[int]) -> int:
         tandem_of = worker.tandem_of
         removed = 0
+        dropped: list[int] = []
         for engine_hash in engine_hashes:
             block_hash = tandem_of.pop(engine_hash, None)
             if block_hash is None:
                 continue  # never indexed (an orphan) or already removed: removal is idempotent
-            self._release(worker, block_hash)
+            if self._release(worker, block_hash):
+                dropped.append(block_hash)
             removed += 1
+        if dropped:
+            worker.runs.dropped_real(dropped)
         return removed
 
-    def _release(self, worker: _Worker, block_hash: int) -> None:
-        """One engine hash of `worker` no longer maps to `block_hash`."""
+    def _release(self, worker: _Worker, block_hash: int) -> bool:
+        """One engine hash of `worker` no longer maps to `block_hash`; whether the block went."""
         extra = worker.extra_refs.get(block_hash)
         if extra:
             if extra == 1:
                 del worker.extra_refs[block_hash]
             else:
                 worker.extra_refs[block_hash] = extra - 1
-            return
+            return False
         self._drop_bit(block_hash, worker.bit)
+        return True
 
     def _drop_bit(self, block_hash: int, bit: int) -> None:
         mask = self._holders[block_hash]
@@ -344,11 +376,13 @@ class KvIndex:
             self._drop_bit(block_hash, worker.bit)
         worker.tandem_of = {}
         worker.extra_refs = {}
+        worker.runs.reset(worker.speculative.__contains__)
 
     # ---- speculation --------------------------------------------------------------------
 
     def add_speculative(self, worker_id: str, block_hashes: Sequence[int], expires_at: float) -> int:
-        """Predict that `worker_id` will hold `block_hashes` (a request was just routed there).
+        """Predict that `worker_id` will hold `block_hashes` (a request was just routed there:
+        its chain, from the first block; `kv_index_runs` takes that block for a root).
 
         Until `expires_at`, `match` counts them, so sibling requests that arrive before the
         worker's events follow the first one. A real `BlockStored` supersedes a prediction;
@@ -361,8 +395,8 @@ class KvIndex:
         bit = worker.bit
         speculative = worker.speculative
         touched: list[int] = []
-        added = 0
-        for block_hash in block_hashes:
+        added_at: list[int] = []
+        for position, block_hash in enumerate(block_hashes):
             mask = holders.get(block_hash, 0)
             if mask & bit:
                 previous = speculative.get(block_hash)
@@ -373,14 +407,16 @@ class KvIndex:
             holders[block_hash] = mask | bit if mask else bit
             speculative[block_hash] = expires_at
             touched.append(block_hash)
-            added += 1
+            added_at.append(position)
         if touched:
             heapq.heappush(self._expiry, (expires_at, next(self._expiry_order), worker, touched))
-        return added
+        worker.runs.speculated(block_hashes, added_at)
+        return len(added_at)
 
     def expire(self, now: float) -> int:
         """Drop speculative blocks whose time has come; returns how many."""
         expired = 0
+        dropped: dict[_Worker, list[int]] = {}
         while self._expiry and self._expiry[0][0] <= now:
             _, _, worker, block_hashes = heapq.heappop(self._expiry)
             if self._workers.get(worker.worker_id) is not worker:
@@ -392,7 +428,10 @@ class KvIndex:
                     continue  # became real, or a later prediction extended it
                 del speculative[block_hash]
                 self._drop_bit(block_hash, worker.bit)
+                dropped.setdefault(worker, []).append(block_hash)
                 expired += 1
+        for worker, block_hashes in dropped.items():  # once all are gone: a parent may go with its child
+            worker.runs.dropped_speculative(block_hashes)
         return expired
 
     # ---- queries ------------------------------------------------------------------------
@@ -400,27 +439,22 @@ class KvIndex:
     def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Per worker, how many leading blocks of the chain it holds (only workers with >= 1).
 
-        The running AND of the holders' masks along the chain is computed in C (map,
-        accumulate, takewhile) and stops at the first block no remaining worker holds. As
-        bits can only drop out, the masks never grow as integers: each worker's overlap is
-        found by bisecting for where its group's mask changes, not by a Python loop per block.
-        """
-        live = list(takewhile(bool, accumulate(map(self._holders.get, block_hashes, repeat(0)), and_)))
-        overlaps: dict[str, int] = {}
-        end = len(live)
-        start = 0
-        while start < end:
-            mask = live[start]
-            stop = bisect_right(live, -mask, start, end, key=neg)
-            dropped = mask ^ live[stop] if stop < end else mask
-            while dropped:
-                low = dropped & -dropped
-                worker = self._by_slot[low.bit_length() - 1]
-                assert worker is not None, "index invariant: a set bit has a worker"
-                overlaps[worker.worker_id] = stop
-                dropped ^= low
-            start = stop
-        return overlaps
+        With `trust_chains`, if every worker holding the first block is closed
+        (`kv_index_runs`), by bisection: O(log n) lookups per point where some drop out;
+        otherwise the linear scan (`kv_index_match`)."""
+        if not block_hashes:
+            return {}
+        get = self._holders.get
+        first = get(block_hashes[0], 0)
+        if not first:
+            return {}
+        if self.trust_chains and not first & self._open.mask:
+            return overlaps_of(drop_points(get, block_hashes, first), self._by_slot)
+        return overlaps_of(linear_drop_points(get, block_hashes), self._by_slot)
+
+    def _match_linear(self, block_hashes: Sequence[int]) -> dict[str, int]:
+        """`match` by the linear scan, whatever the workers (for tests)."""
+        return overlaps_of(linear_drop_points(self._holders.get, block_hashes), self._by_slot)
 
     def held_prefix(self, worker_id: str, block_hashes: Sequence[int], overlap: int) -> int:
         """Of the first `overlap` blocks of the chain (as `match` found for `worker_id`), how
@@ -452,23 +486,20 @@ class KvIndex:
     def memory_bytes(self) -> int:
         """Bytes of the index's tables and the ints in them, each object once. O(blocks):
         for benchmarks and debugging, not for a metrics loop."""
-        seen: set[int] = set()
-
-        def sized(objects) -> int:
-            size = 0
-            for obj in objects:
-                if id(obj) not in seen:
-                    seen.add(id(obj))
-                    size += sys.getsizeof(obj)
-            return size
-
-        tables = [self._holders]
+        tables: list[dict] = [self._holders]
+        runs: list[list] = []
         for worker in self._workers.values():
-            tables += [worker.tandem_of, worker.extra_refs, worker.speculative]
-        return sum(sys.getsizeof(table) + sized(table.keys()) + sized(table.values()) for table in tables)
+            tables += [worker.tandem_of, worker.extra_refs, worker.speculative, worker.runs.tails, worker.runs.kids,
+                       worker.runs.spec_parent]
+            runs += worker.runs.tails.values()
+        return object_bytes(tables, runs)
 
     def workers(self) -> list[str]:
         return list(self._workers)
+
+    def open_workers(self) -> list[str]:
+        """Workers whose chains `match` scans linearly (`kv_index_runs`: not closed)."""
+        return [worker.worker_id for worker in self._workers.values() if not worker.runs.closed]
 
     def unsynced_workers(self) -> list[str]:
         return self._sequences.unsynced()

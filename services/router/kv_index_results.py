@@ -6,6 +6,7 @@ KV-event adapter (`kv_view`: a result that asks for a resync) and its metrics.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from enum import Enum
 
@@ -58,3 +59,19 @@ class IndexStats:
     @property
     def unsynced_workers(self) -> tuple[str, ...]:
         return tuple(worker.worker_id for worker in self.workers if not worker.synced)
+
+
+def object_bytes(tables: list[dict], lists: list[list]) -> int:
+    """Bytes of the dicts and lists and of the objects in them, each object once."""
+    seen: set[int] = set()
+
+    def sized(objects) -> int:
+        size = 0
+        for obj in objects:
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                size += sys.getsizeof(obj)
+        return size
+
+    return (sum(sys.getsizeof(table) + sized(table.keys()) + sized(table.values()) for table in tables)
+            + sum(sys.getsizeof(items) + sized(items) for items in lists))

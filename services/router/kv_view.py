@@ -84,7 +84,7 @@ class KvView:
         self._subjects = subjects
         self._batches: Codec[KvEventBatch] = Codec(KvEventBatch, malformed)
         self._resync_interval_s = resync_interval_s
-        self.index = KvIndex(verify_hashes=verify_hashes)
+        self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
         self.recency = CacheRecency()
         self.homes = PrefixHomes()
         self._block_sizes: dict[str, int] = {}
