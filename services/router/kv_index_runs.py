@@ -75,14 +75,8 @@ class Runs:
             run = tails.get(block)
             if run is None or block in kids:
                 self.open()
-                return
-            del tails[block]
-            length = run[2] - 1
-            if length:
-                run[2] = length
-                tails[run[1][length - 1]] = run
             else:
-                self._unhang(run[0])
+                self._pop_tail(block, run)
             return
         if self._dropped_tail_segment(blocks):
             return
@@ -93,18 +87,22 @@ class Runs:
                 run = tails.get(block)
                 if run is None or block in kids:
                     left.append(block)  # not a tail, or has kids: maybe once the others are gone
-                    continue
-                del tails[block]
-                length = run[2] - 1
-                if length:
-                    run[2] = length
-                    tails[run[1][length - 1]] = run
                 else:
-                    self._unhang(run[0])
+                    self._pop_tail(block, run)
             if len(left) == len(pending):
                 self.open()
                 return
             pending = left[::-1]  # a parent listed before its child: retried after it
+
+    def _pop_tail(self, block: int, run: list) -> None:
+        """Drop `block`, the tail of `run`: the run ends one block earlier, or is gone."""
+        del self.tails[block]
+        length = run[2] - 1
+        if length:
+            run[2] = length
+            self.tails[run[1][length - 1]] = run
+        else:
+            self._unhang(run[0])
 
     def _dropped_tail_segment(self, blocks: list[int]) -> bool:
         """The common eviction, at C speed: `blocks` is the tail of one run, tail first, and

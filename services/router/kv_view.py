@@ -53,6 +53,11 @@ class PromptCache:
         prompt is shorter than a block."""
         return self.chains[min(self.chains)][0] if self.chains else None
 
+    @property
+    def block_tokens(self) -> int:
+        """The prompt's tokens in full blocks: the KV its prefix keeps where it is computed."""
+        return max((size * len(chain) for size, chain in self.chains.items()), default=0)
+
 
 class VictimAges(Mapping[str, "float | None"]):
     """`CacheRecency.victim_age` per worker, computed on first access (only the workers whose
@@ -177,10 +182,13 @@ class KvView:
     def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float) -> None:
         """`worker_id` was just routed the prompt: count its blocks there until its own events
         arrive (or `ttl_s` passes), so sibling requests follow it; the prompt's prefix is now
-        its most recently used one."""
+        its most recently used one, and its home unless that home still holds most of the
+        prompt (then `worker_id` got a copy: `homes.PrefixHomes.record`)."""
         if cache.prefix_key is not None:
             self.recency.touch(worker_id, cache.prefix_key, now)
-            self.homes.record(cache.prefix_key, worker_id)
+            home = self.homes.home(cache.prefix_key)
+            copy = home is not None and home != worker_id and 2 * cache.cached_tokens.get(home, 0) >= cache.block_tokens
+            self.homes.record(cache.prefix_key, worker_id, cache.block_tokens, copy=copy)
         block_size = self._block_sizes.get(worker_id)
         if block_size is not None and block_size in cache.chains:
             self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)

@@ -14,10 +14,12 @@ from services.router.routing.cost import (
     affinity_margin,
     copies_needed,
     eviction_cost,
+    homes_overflow,
     minor_tenant,
     prefill_cost,
     prefix_is_hot,
     pull_cost,
+    share_cap,
 )
 from shared.config import RoutingConfig
 from shared.schemas import LoadSnapshot, WorkerRole, WorkerStatus
@@ -199,6 +201,14 @@ def test_a_minor_tenant_is_a_small_share_of_an_overcommitted_worker() -> None:
     assert not minor_tenant(0.26, 0.4, 4, 0.2)  # the major tenant
     assert not minor_tenant(0.17, 0.38, 4, 0.2)  # under half of it, but a large tenant still
     assert minor_tenant(0.1, 0.6, 4, 0.2)
+
+
+def test_the_share_cap_and_a_home_whose_prefixes_overflow_its_kv() -> None:
+    assert share_cap(4, 0.2) == pytest.approx(0.3) and share_cap(2, 0.0) == pytest.approx(0.5)
+    assert homes_overflow(worker("a"), 4401)  # the test workers hold 4400 tokens
+    assert not homes_overflow(worker("a"), 4400)
+    assert not homes_overflow(worker("a"), None)  # unknown homed tokens
+    assert not homes_overflow(worker("a", kv_capacity_tokens=0), 10_000)  # unknown pool
 
 
 # ---- the plain baseline and the pinned policy -----------------------------------------------

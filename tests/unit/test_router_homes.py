@@ -27,7 +27,7 @@ def worker(worker_id: str, **overrides) -> WorkerView:
 def route(homes: PrefixHomes, key: int, cached: dict[str, int] | None = None) -> RouteRequest:
     return RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, cached_tokens=cached or {},
                         held_tokens=cached or {}, prefix_key=key, home_worker=homes.home(key),
-                        homed_share=homes.shares(), prefix_share=homes.share(key))
+                        homed_share=homes.shares(), prefix_share=homes.share(key), homed_tokens=homes.tokens())
 
 
 def pick(workers: list[WorkerView], request: RouteRequest, routing: RoutingConfig = RoutingConfig()) -> str:
@@ -99,6 +99,37 @@ def test_only_the_most_recent_prefixes_are_remembered() -> None:
     assert [homes.home(key) for key in range(5)] == [None, None, "a", "a", "a"]
     with pytest.raises(ValueError):
         PrefixHomes(horizon=0)
+
+
+def test_a_copy_served_elsewhere_counts_at_the_home_which_stays() -> None:
+    homes = PrefixHomes(horizon=10_000)
+    homes.record(1, "a", 1000)
+    homes.record(1, "b", 1000, copy=True)  # b was sent a copy while a still holds the prefix
+    assert homes.home(1) == "a" and homes.homed_share() == {"a": 1.0}
+    homes.record(1, "b", 1000)  # computed on b: b is its home now
+    assert homes.home(1) == "b" and homes.homed_share()["b"] == pytest.approx(1.0)
+    homes.record(2, "c", 500, copy=True)  # a first request has no home to keep
+    assert homes.home(2) == "c"
+
+
+def test_homed_tokens_count_the_live_prefixes_homed_on_each_worker() -> None:
+    """The KV each worker's live homed prompts keep there: it follows a prefix that moves,
+    drops one whose recent requests have decayed away, one forgotten as too old, and a
+    worker that left; the per-worker mapping lists only workers with homed prefixes."""
+    homes = PrefixHomes(horizon=10, max_tracked=3)
+    homes.record(1, "a", 1000)
+    homes.record(2, "a", 500)
+    homes.record(3, "b", 700)
+    assert (homes.homed_tokens("a"), homes.homed_tokens("b"), homes.homed_tokens("c")) == (1500, 700, 0)
+    homes.record(2, "b", 600)  # moved: its latest prompt counts, on its new home
+    assert (homes.homed_tokens("a"), homes.homed_tokens("b")) == (1000, 1300)
+    for _ in range(20):
+        homes.record(3, "b", 700)  # prefixes 1 and 2 see no requests: decayed below LIVE_COUNT
+    assert (homes.homed_tokens("a"), homes.homed_tokens("b")) == (0, 700)
+    homes.record(4, "c", 100)  # a fourth prefix: the least recently routed (1) is forgotten
+    assert homes.home(1) is None and dict(homes.tokens()) == {"b": 700, "c": 100}
+    homes.forget("b")
+    assert dict(homes.tokens()) == {"c": 100}
 
 
 # ---- going home -----------------------------------------------------------------------------
@@ -186,3 +217,53 @@ def test_a_new_home_is_only_chosen_among_the_least_queued() -> None:
     workers = [worker("a"), dataclasses.replace(worker("b"), outstanding_prefill_tokens=3000, in_flight=2)]
     assert pick(workers, route(homes, 2)) == "a"
     assert pick(workers, route(homes, 2), msgspec.structs.replace(RoutingConfig(), home_slack_tokens=0)) == "a"
+
+
+def test_a_cached_minor_tenant_moves_off_an_overcommitted_overflowing_home_where_its_share_fits() -> None:
+    """Prefix 4 is a minor tenant of a (a's prefixes draw 0.55 of the traffic, the cap is 0.3)
+    and still cached there, but a's two homed prompts need more KV than a holds: it moves all
+    the same, once, to the worker with the least homed traffic; the major tenant stays. Where
+    a's cache holds both, or no other worker has room for its share, it stays."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, name, count in ((1, "a", 10), (4, "a", 2), (2, "b", 2), (5, "b", 2), (3, "c", 2), (6, "c", 2),
+                             (7, "d", 2)):
+        for _ in range(count):
+            homes.record(key, name, PROMPT)
+    assert homes.homed_tokens("a") == 2 * PROMPT
+    small = [worker(name, kv_capacity_tokens=2048) for name in "abcd"]
+    assert pick(small, route(homes, 4, {"a": 1024})) == "d"
+    assert pick(small, route(homes, 1, {"a": 1024})) == "a"
+    assert pick(small, route(homes, 4, {"a": 1024}), RoutingConfig(replica_share_slack=None)) == "a"
+    roomy = [worker(name, kv_capacity_tokens=4096) for name in "abcd"]
+    assert pick(roomy, route(homes, 4, {"a": 1024})) == "a"
+    crowded = PrefixHomes(horizon=10_000)
+    for key, name, count in ((1, "a", 10), (4, "a", 2), (2, "b", 10), (3, "c", 10), (5, "d", 10)):
+        for _ in range(count):
+            crowded.record(key, name, PROMPT)
+    assert pick(small, route(crowded, 4, {"a": 1024})) == "a"
+
+
+def test_a_busy_home_lets_a_minor_tenant_go_though_it_is_not_overcommitted() -> None:
+    """a's prefixes draw 0.25 of the traffic (under the 0.3 cap), prefix 4 a quarter of that:
+    with a's queue long, 4's evicted prompt is computed elsewhere; with a idle, at home."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, name, count in ((1, "a", 6), (4, "a", 2), (2, "b", 8), (3, "c", 8), (5, "d", 8)):
+        for _ in range(count):
+            homes.record(key, name)
+    assert homes.homed_share()["a"] < 0.3
+    busy = [worker("a", reported_prefill_tokens=6000), worker("b"), worker("c"), worker("d")]
+    assert pick(busy, route(homes, 4)) != "a"
+    assert pick([worker(name) for name in "abcd"], route(homes, 4)) == "a"
+
+
+def test_a_new_home_skips_a_cheaper_worker_its_share_would_overcommit() -> None:
+    """Prefix 4 leaves its overcommitted home a. b holds a third of its prompt, so b is the
+    cheapest by more than the slack; but b's prefixes already draw 0.31 of the traffic, so 4
+    goes to d, which has room (and to b with the share rule off, leaving a because it is busy)."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, name, count in ((1, "a", 10), (4, "a", 2), (2, "b", 10), (3, "c", 10)):
+        for _ in range(count):
+            homes.record(key, name)
+    workers = [worker("a", reported_prefill_tokens=6000), worker("b"), worker("c"), worker("d")]
+    assert pick(workers, route(homes, 4, {"b": 384})) == "d"
+    assert pick(workers, route(homes, 4, {"b": 384}), RoutingConfig(replica_share_slack=None)) == "b"

@@ -60,7 +60,17 @@ async def push_record(observer: Observer, seen: int, length: int):
     return record
 
 
-class TestPush:
+class ObservedStack:
+    """A class's stack (its own `stack` fixture) watched by one observer."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    async def observer(cls, stack: LocalStack) -> AsyncIterator[Observer]:
+        async with observing(stack) as watcher:
+            yield watcher
+
+
+class TestPush(ObservedStack):
     @pytest.fixture(scope="class")
     @classmethod
     def log_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -71,12 +81,6 @@ class TestPush:
     def stack(cls, references: References, nats_server: EmbeddedNats, tiny_model_dir: str,
               log_dir: Path) -> Iterator[LocalStack]:
         yield from pd_pair(nats_server, tiny_model_dir, log_dir, router_args=PUSH)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    async def observer(cls, stack: LocalStack) -> AsyncIterator[Observer]:
-        async with observing(stack) as watcher:
-            yield watcher
 
     async def test_pushed_output_equals_a_single_engine(self, stack: LocalStack, observer: Observer,
                                                         references: References, tiny_model_dir: str,
@@ -134,19 +138,13 @@ class TestPush:
         print([ln for ln in text.splitlines() if "push " in ln and "writes (layer" in ln][-1][:2000])
 
 
-class TestPushFaults:
+class TestPushFaults(ObservedStack):
     @pytest.fixture(scope="class")
     @classmethod
     def stack(cls, references: References, nats_server: EmbeddedNats, tiny_model_dir: str,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-1p1d-push-faults"),
                            prefill_args=WRITE_FAULTS, router_args=PUSH)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    async def observer(cls, stack: LocalStack) -> AsyncIterator[Observer]:
-        async with observing(stack) as watcher:
-            yield watcher
 
     async def test_failed_writes_are_computed_and_output_is_identical(self, stack: LocalStack, observer: Observer,
                                                                      references: References, tiny_model_dir: str,

@@ -25,10 +25,12 @@ from services.router.routing.cost import (
     PrefillPlan,
     copies_needed,
     decode_cost,
+    homes_overflow,
     minor_tenant,
     plan_prefill,
     prefill_cost,
     prefix_is_hot,
+    share_cap,
 )
 from services.router.routing.eligibility import Eligible
 from services.router.routing.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
@@ -128,22 +130,31 @@ class Candidates:
         request, routing = self.request, self.routing
         assert request.prefix_key is not None
         hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
-                          leave=self._leave_home(len(parts))) if routing.sticky_homes \
+                          leave=self._leave_home(len(parts)), prefix_share=request.prefix_share,
+                          share_cap=self._share_cap(len(parts))) if routing.sticky_homes \
             else HomeHints(request.prefix_key)
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
 
+    def _share_cap(self, workers: int) -> float | None:
+        slack = self.routing.replica_share_slack
+        return None if slack is None or workers < 2 else share_cap(workers, slack)
+
     def _leave_home(self, workers: int) -> str:
         """When the prefix's learned home is given up (`home.HomeHints.leave`): LEAVE where it
-        is a minor tenant of an overcommitted home; IF_BUSY where the shares are unknown or
-        the prefix draws more than one worker carries; STAY otherwise."""
+        is a minor tenant of an overcommitted home; IF_BUSY where the shares are unknown, the
+        prefix draws more than one worker carries, or at most half of its home's traffic (the
+        home exists for its other tenants); STAY otherwise."""
         request, slack = self.request, self.routing.replica_share_slack
         if request.home_worker is None or request.prefix_share is None or slack is None or workers < 2:
             return IF_BUSY
-        if minor_tenant(request.prefix_share, request.homed_share.get(request.home_worker, 0.0), workers, slack):
+        homed = request.homed_share.get(request.home_worker, 0.0)
+        if minor_tenant(request.prefix_share, homed, workers, slack):
             return LEAVE
-        return IF_BUSY if copies_needed(request.prefix_share, workers, slack) > 1 else STAY
+        if copies_needed(request.prefix_share, workers, slack) > 1 or 2 * request.prefix_share <= homed:
+            return IF_BUSY
+        return STAY
 
     def affine(self, parts: Sequence[Single]) -> Sequence[Single]:
         """Bounded-load affinity: when some of `parts` hold at least half of the prompt, only
@@ -166,19 +177,39 @@ class Candidates:
         free = part.worker.free_kv_tokens
         return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
 
-    def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
-        singles = self.affine([self.single(worker) for worker in workers])
-        if not singles:
-            return None
-        if self.weak:
-            return self._home(singles)
-        return min(singles, key=lambda single: single.key)
+    def rehomes(self, parts: Sequence[Single]) -> bool:
+        """Whether the prefix, though cached, leaves its learned home now: it is a minor tenant
+        there (`cost.minor_tenant`: the prefixes homed there draw more than one worker carries),
+        the prompts homed there need more KV than the home holds (`cost.homes_overflow`), and
+        another of `parts` has room for its share. Moving it costs one computed prompt;
+        leaving it lets the home's major tenants and it evict one another (and queue) for as
+        long as the traffic lasts. Cold starts place tenants before their shares are known,
+        so this is how the partition rebalances once they are."""
+        request, slack = self.request, self.routing.replica_share_slack
+        home = request.home_worker
+        if (not self.routing.sticky_homes or request.prefix_key is None or home is None
+                or request.prefix_share is None or slack is None or len(parts) < 2):
+            return False
+        if not minor_tenant(request.prefix_share, request.homed_share.get(home, 0.0), len(parts), slack):
+            return False
+        if not any(part.worker.worker_id == home and homes_overflow(part.worker, request.homed_tokens.get(home))
+                   for part in parts):
+            return False
+        cap = share_cap(len(parts), slack)
+        return any(part.worker.worker_id != home
+                   and request.homed_share.get(part.worker.worker_id, 0.0) + request.prefix_share <= cap
+                   for part in parts)
 
-    def best_part(self, parts: Sequence[Single]) -> Single:
-        """The cheapest of the (non-empty) prefill `parts`; for a weakly cached prompt, its home."""
-        if self.weak:
-            return self._home(parts)
-        return min(parts, key=lambda part: part.key)
+    def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
+        return self.best_part([self.single(worker) for worker in workers]) if workers else None
+
+    def best_part(self, parts: Sequence[Single]) -> Single | None:
+        """The cheapest of `parts` after bounded affinity (`affine`); for a weakly cached
+        prompt, or a prefix that leaves its home (`rehomes`), its home (`_home`)."""
+        if self.weak or self.rehomes(parts):
+            return self._home(parts) if parts else None
+        parts = self.affine(parts)
+        return min(parts, key=lambda part: part.key) if parts else None
 
     def best_pair(self, prefill_workers: Sequence[WorkerView], decode_workers: Sequence[WorkerView]) -> Pair | None:
         """The cheapest pair: the cost splits into a prefill part and a decode part, so per
@@ -186,7 +217,8 @@ class Candidates:
         by_hash: dict[str, list[Single]] = {}
         for worker in prefill_workers:
             by_hash.setdefault(worker.compat_hash, []).append(self.prefill_part(worker))
-        best_prefill = {compat_hash: self.best_part(self.affine(parts)) for compat_hash, parts in by_hash.items()}
+        best_prefill = {compat_hash: best for compat_hash, parts in by_hash.items()
+                        if (best := self.best_part(parts)) is not None}
         best_decode: dict[str, tuple[float, WorkerView]] = {}
         for worker in decode_workers:
             cost = decode_cost(self.routing, worker)

@@ -122,21 +122,31 @@ def eviction_cost(routing: RoutingConfig, new_tokens: int, free_tokens: int | No
 HOT_MIN_EXCESS = 2  # requests above the mean a holder must carry before its prefix counts as hot
 
 
+def share_cap(workers: int, slack: float) -> float:
+    """The most of the requests one of `workers` should carry: `(1 + slack) / workers`."""
+    return (1.0 + slack) / workers
+
+
 def copies_needed(share: float, workers: int, slack: float) -> int:
     """How many workers a prefix drawing `share` of the requests needs, when each carries at
-    most `(1 + slack) / workers` of them (at least one, at most `workers`)."""
+    most `share_cap` of them (at least one, at most `workers`)."""
     if workers <= 0:
         return 0
-    cap = (1.0 + slack) / workers
-    return min(workers, max(1, math.ceil(share / cap - 1e-9)))
+    return min(workers, max(1, math.ceil(share / share_cap(workers, slack) - 1e-9)))
+
+
+def homes_overflow(worker: WorkerView, homed_tokens: int | None) -> bool:
+    """Whether the prefixes homed on `worker` keep more KV than its pool holds (so they evict
+    one another there); False where either is unknown."""
+    return homed_tokens is not None and worker.kv_capacity_tokens > 0 and homed_tokens > worker.kv_capacity_tokens
 
 
 def minor_tenant(prefix_share: float, homed_share: float, workers: int, slack: float) -> bool:
     """Whether a worker whose homed prefixes draw `homed_share` of the recent requests is
-    overcommitted (over the cap, `(1 + slack) / workers`) and a prefix drawing
-    `prefix_share` is a minor tenant there (at most half of it, and under half the cap),
-    which may leave for the major ones' sake."""
-    cap = (1.0 + slack) / workers
+    overcommitted (over `share_cap`) and a prefix drawing `prefix_share` is a minor tenant
+    there (at most half of it, and under half the cap), which may leave for the major ones'
+    sake."""
+    cap = share_cap(workers, slack)
     return homed_share > cap and prefix_share <= homed_share / 2 and prefix_share < cap / 2
 
 

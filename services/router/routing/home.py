@@ -11,11 +11,18 @@ prompts go back to one worker per prefix, whose cache then keeps its own tenants
    traffic) and this prefix is a minor tenant there (the prompt must be computed anyway, so
    moving it costs nothing, and the home sheds load for its major tenants: the partition
    rebalances as the prefixes' shares become known); `IF_BUSY` where the shares are
-   unknown or the prefix draws more than one worker can carry: then a busy home (its
-   queued prefill far above the mean) is left too; `STAY` otherwise, busy or not (a
-   moment's queue is no reason to move a tenant its worker can carry);
-2. otherwise a new home among the candidates costing at most `slack` more than the cheapest
-   and queueing at most the mean: the one whose homed prefixes bring the smallest share of
+   unknown, the prefix draws more than one worker can carry, or at most half of its home's
+   traffic: then a busy home (its queued prefill far above the mean) is left too; `STAY`
+   otherwise, busy or not (a moment's queue is no reason to move its major tenant off a
+   worker that can carry it). A minor tenant of an overcommitted home whose homed prompts
+   also need more KV than it holds leaves even while cached there
+   (`candidates.Candidates.rehomes`): they would evict one another for as long as the
+   traffic lasts;
+2. otherwise a new home among the candidates that the prefix's share would not push past
+   one worker's part of the traffic (where its share is known; all candidates when none
+   has room: a moment's short queue does not draw a tenant onto a worker whose other
+   tenants already fill it), costing at most `slack` more than the cheapest of them and
+   queueing at most the mean: the one whose homed prefixes bring the smallest share of
    recent requests (a balanced partition by traffic), ties broken by rendezvous hashing of
    the prompt's first block (stable across processes, so router replicas agree when they
    know no more). A burst of distinct new prompts still spreads evenly (the mean bound).
@@ -47,7 +54,17 @@ class HomeHints:
     prefix_key: int
     home: str | None = None  # the worker that served the prefix last
     homed_share: Mapping[str, float] = field(default_factory=dict)  # per worker, its prefixes' traffic share
-    leave: str = "if_busy"  # LEAVE, IF_BUSY or STAY: when the learned home is given up
+    leave: str = IF_BUSY  # LEAVE, IF_BUSY or STAY: when the learned home is given up
+    # the prefix's own share and the most one worker should carry (`cost.share_cap`): a new
+    # home is sought first among workers that stay under the cap with it (None: unknown)
+    prefix_share: float | None = None
+    share_cap: float | None = None
+
+    def has_room(self, worker_id: str) -> bool:
+        """Whether homing the prefix on `worker_id` keeps that worker's share under the cap."""
+        if self.prefix_share is None or self.share_cap is None:
+            return True
+        return self.homed_share.get(worker_id, 0.0) + self.prefix_share <= self.share_cap
 
 
 def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id: Callable[[Part], str],
@@ -55,16 +72,19 @@ def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id:
                 busy_margin: float) -> Part:
     """Of `parts` (non-empty): the learned home unless busy (queued prefill past `busy_factor`
     x the mean and `busy_margin` above it, where `hints.leave` is IF_BUSY) or to be left
-    (`LEAVE`); else a
-    new, balanced home among the near-cheapest; the cheapest when none qualifies."""
+    (`LEAVE`); else a new, balanced home among the near-cheapest of the workers queueing at
+    most the mean with room for the prefix's share (`HomeHints.has_room`; of all of them
+    when none has room); the cheapest when none qualifies."""
     mean_queued = sum(queued(part) for part in parts) / len(parts)
     if hints.home is not None and hints.leave != LEAVE:
         busy = max(busy_factor * mean_queued, mean_queued + busy_margin) if hints.leave == IF_BUSY else float("inf")
         for part in parts:
             if worker_id(part) == hints.home and queued(part) <= busy:
                 return part
-    cheapest = min(parts, key=cost)
-    near = [part for part in parts if cost(part) <= cost(cheapest) + slack and queued(part) <= mean_queued]
+    roomy = [part for part in parts if queued(part) <= mean_queued and hints.has_room(worker_id(part))]
+    pool = roomy or parts
+    cheapest = min(pool, key=cost)
+    near = [part for part in pool if cost(part) <= cost(cheapest) + slack and queued(part) <= mean_queued]
     if not near:
         return cheapest
     return min(near, key=lambda part: (hints.homed_share.get(worker_id(part), 0.0),

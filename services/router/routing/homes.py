@@ -16,6 +16,10 @@ timescale) and each worker the summed shares of the prefixes homed there; the ne
 the worker with the smallest such sum among the near-cheapest (see
 `candidates.Candidates.best_single`).
 
+Each worker also keeps the prompt tokens of its live homed prefixes (`homed_tokens`): when
+they exceed its KV pool, its tenants evict one another there, and a minor one is better
+moved than left to thrash.
+
 Callers: the router's KV view (`record` on each routed prompt) and the routing request
 (`RouteRequest.home_worker`, `RouteRequest.homed_share`).
 """
@@ -27,6 +31,7 @@ from collections.abc import Iterator, Mapping
 
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
+LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on its home in `homed_tokens`
 
 
 class PrefixHomes:
@@ -38,8 +43,10 @@ class PrefixHomes:
         self._keep = 1.0 - 1.0 / horizon  # per routed request
         self._max_tracked = max_tracked
         self._step = 0
-        self._prefixes: OrderedDict[int, tuple[str, float, int]] = OrderedDict()  # key -> home, count, at step
+        # key -> home, count, at step, and its prompt's tokens (the KV it keeps on its home)
+        self._prefixes: OrderedDict[int, tuple[str, float, int, int]] = OrderedDict()
         self._workers: dict[str, tuple[float, int]] = {}  # worker -> summed counts, at step
+        self._members: dict[str, set[int]] = {}  # worker -> the prefix keys homed there
         self._total = (0.0, 0)  # every tracked prefix's summed count, at step
 
     def _now(self, value: float, at_step: int) -> float:
@@ -56,21 +63,28 @@ class PrefixHomes:
         total = self._now(*self._total)
         return min(1.0, self._now(entry[1], entry[2]) / total) if entry is not None and total > 0 else 0.0
 
-    def record(self, prefix_key: int, worker_id: str) -> None:
-        """A prompt with this prefix was routed to `worker_id`: its home now, one more request."""
+    def record(self, prefix_key: int, worker_id: str, tokens: int = 0, *, copy: bool = False) -> None:
+        """A prompt of `tokens` with this prefix was routed to `worker_id`: its home now, one
+        more request. With `copy` (`worker_id` was sent a copy of a prefix its home still
+        holds), the request counts at the prefix's home, which stays."""
         self._step += 1
         count = 0.0
         entry = self._prefixes.pop(prefix_key, None)
+        if entry is not None and copy:
+            worker_id = entry[0]
         if entry is not None:
             count = self._now(entry[1], entry[2])
             self._add(entry[0], -count)
+            self._members[entry[0]].discard(prefix_key)
         count += 1.0
-        self._prefixes[prefix_key] = (worker_id, count, self._step)
+        self._prefixes[prefix_key] = (worker_id, count, self._step, tokens)
         self._add(worker_id, count)
+        self._members.setdefault(worker_id, set()).add(prefix_key)
         self._total = (self._now(*self._total) + 1.0, self._step)
         if len(self._prefixes) > self._max_tracked:
-            old_home, old_count, at_step = self._prefixes.popitem(last=False)[1]
+            old_key, (old_home, old_count, at_step, _) = self._prefixes.popitem(last=False)
             self._add(old_home, -self._now(old_count, at_step))
+            self._members[old_home].discard(old_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
 
     def _add(self, worker_id: str, count: float) -> None:
@@ -80,8 +94,8 @@ class PrefixHomes:
     def forget(self, worker_id: str) -> None:
         """A worker left: its prefixes have no home until routed again."""
         self._workers.pop(worker_id, None)
-        for prefix_key in [key for key, entry in self._prefixes.items() if entry[0] == worker_id]:
-            _, count, at_step = self._prefixes.pop(prefix_key)
+        for prefix_key in self._members.pop(worker_id, set()):
+            _, count, at_step, _ = self._prefixes.pop(prefix_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(count, at_step)), self._step)
 
     def homed_share(self) -> dict[str, float]:
@@ -90,9 +104,23 @@ class PrefixHomes:
         total = sum(counts.values())
         return {worker_id: count / total for worker_id, count in counts.items()} if total > 0 else {}
 
+    def homed_workers(self) -> list[str]:
+        return [worker_id for worker_id, keys in self._members.items() if keys]
+
     def shares(self) -> Mapping[str, float]:
         """`homed_share`, computed on first access (most prompts never ask)."""
         return LazyShares(self)
+
+    def homed_tokens(self, worker_id: str) -> int:
+        """The KV the live prefixes homed on `worker_id` keep there: the tokens of the last
+        prompt of each prefix with at least `LIVE_COUNT` recent requests (decayed)."""
+        prefixes = self._prefixes
+        return sum(entry[3] for key in self._members.get(worker_id, ())
+                   if self._now((entry := prefixes[key])[1], entry[2]) >= LIVE_COUNT)
+
+    def tokens(self) -> Mapping[str, int]:
+        """`homed_tokens` per worker, computed on access (only a rebalancing check asks)."""
+        return HomedTokens(self)
 
 
 class LazyShares(Mapping[str, float]):
@@ -113,3 +141,18 @@ class LazyShares(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._all())
+
+
+
+class HomedTokens(Mapping[str, int]):
+    def __init__(self, homes: PrefixHomes) -> None:
+        self._homes = homes
+
+    def __getitem__(self, worker_id: str) -> int:
+        return self._homes.homed_tokens(worker_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._homes.homed_workers())
+
+    def __len__(self) -> int:
+        return len(self._homes.homed_workers())

@@ -39,6 +39,9 @@ class RouteRequest:
     home_worker: str | None = None
     homed_share: Mapping[str, float] = field(default_factory=dict)
     prefix_share: float | None = None  # the prefix's share of recent requests (`homes`); None: unknown
+    # per worker, the KV tokens its live homed prefixes keep there (`homes.PrefixHomes.tokens`);
+    # absent: unknown
+    homed_tokens: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def max_tokens(self) -> int:
