@@ -81,9 +81,6 @@ class Candidates:
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
-        # the workers the home logic chose (`_home`): the one that computes the prompt becomes
-        # its prefix's home even where the old home still holds it (`RoutePlan.new_home`)
-        self.homes_chosen: set[str] = set()
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -136,11 +133,9 @@ class Candidates:
                           leave=self._leave_home(len(parts)), prefix_share=request.prefix_share,
                           share_cap=self._share_cap(len(parts))) if routing.sticky_homes \
             else HomeHints(request.prefix_key)
-        chosen = prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
-                             lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
-                             routing.hot_load_factor, request.prompt_tokens)
-        self.homes_chosen.add(chosen.worker.worker_id)
-        return chosen
+        return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
+                           lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
+                           routing.hot_load_factor, request.prompt_tokens)
 
     def _share_cap(self, workers: int) -> float | None:
         slack = self.routing.replica_share_slack

@@ -66,10 +66,6 @@ class RoutePlan:
     prompt: PrefillPlan | None = field(default=None, compare=False)
     transfer: KvTransferMode | None = field(default=None, compare=False)  # None: no decode part
     cost: float = field(default=0.0, compare=False)
-    # the computing worker was chosen as the prompt's prefix's home (a weakly cached prompt, or
-    # a tenant moving out): it is the home now, even where the old one still holds the prefix
-    # (else a worker sent a copy of a prefix its home holds leaves the home where it is)
-    new_home: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         assert (self.flow == "disaggregated") == (self.prefill_worker_id is not None), self
@@ -104,7 +100,7 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
     if selection.prefill is None:
         single = candidates.single(selection.worker)
         return RoutePlan("single", selection.reason, selection.worker.worker_id, prompt=single.plan,
-                         cost=single.cost, new_home=selection.worker.worker_id in candidates.homes_chosen)
+                         cost=single.cost)
     pair = candidates.pair(selection.prefill, selection.worker)
     prompt = pair.prefill.plan
     transfer = None
@@ -112,5 +108,4 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
         transfer = kv_transfer_mode(candidates.routing, selection.prefill, selection.worker,
                                     prefix_pull=prompt.holder_id is not None)
     return RoutePlan("disaggregated", selection.reason, selection.worker.worker_id,
-                     prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost,
-                     new_home=selection.prefill.worker_id in candidates.homes_chosen)
+                     prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost)
