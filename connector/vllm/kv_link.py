@@ -23,7 +23,7 @@ import logging
 import os
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
 from vllm.config import KVTransferConfig
@@ -57,6 +57,43 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+R = TypeVar("R", Loaded, Pushed)
+
+
+class AwaitedReports(Generic[R]):
+    """Reports of one kind (`kind`), awaited by transfer id, each wait bounded by `timeout_s`."""
+
+    def __init__(self, kind: str, timeout_s: float) -> None:
+        self.kind = kind
+        self.timeout_s = timeout_s
+        self._waiters: dict[str, asyncio.Future[R]] = {}
+
+    def expect(self, transfer_id: str) -> asyncio.Future[R]:
+        """Register before the request is added: the report may come before its first output."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters[transfer_id] = waiter
+        return waiter
+
+    async def wait(self, transfer_id: str, waiter: asyncio.Future[R]) -> R | None:
+        """The report, or None if none came within the timeout."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), self.timeout_s)
+        except TimeoutError:
+            log.warning("no %s report for %s within %gs", self.kind, transfer_id, self.timeout_s)
+            return None
+        finally:
+            self.forget(transfer_id)
+
+    def forget(self, transfer_id: str) -> None:
+        self._waiters.pop(transfer_id, None)
+
+    def get(self, transfer_id: str) -> asyncio.Future[R] | None:
+        return self._waiters.get(transfer_id)
+
+    def cancel_all(self) -> None:
+        for waiter in self._waiters.values():
+            waiter.cancel()
+
 
 class HeldBlocks(msgspec.Struct, frozen=True, kw_only=True):
     """A finished request's prompt blocks, pinned in vLLM under `key`, with their checksums."""
@@ -78,8 +115,8 @@ class ConnectorLink:
         self._control_ids = itertools.count(1)
         self._control_prefix = f"tandem-ctl-{uuid.uuid4().hex[:8]}"
         self._pins: dict[str, asyncio.Future[Pinned]] = {}
-        self._loads: dict[str, asyncio.Future[Loaded]] = {}
-        self._pushes: dict[str, asyncio.Future[Pushed]] = {}
+        self.loads: AwaitedReports[Loaded] = AwaitedReports("load", options.control_timeout_s)  # pulls
+        self.pushes: AwaitedReports[Pushed] = AwaitedReports("push", options.control_timeout_s)  # writers
         self._tasks: set[asyncio.Task] = set()
         self.late_reports = 0  # reports whose waiter had given up (or never existed)
 
@@ -107,8 +144,10 @@ class ConnectorLink:
         for task in list(self._tasks):
             await asyncio.gather(task, return_exceptions=True)
         await self._receiver.stop()
-        for waiter in [*self._pins.values(), *self._loads.values(), *self._pushes.values()]:
+        for waiter in self._pins.values():
             waiter.cancel()
+        self.loads.cancel_all()
+        self.pushes.cancel_all()
         self._llm = None
 
     # ---- the model worker ----------------------------------------------------------------
@@ -184,48 +223,6 @@ class ConnectorLink:
             data_parallel_rank=None, abort_immediately=True)
         await llm.engine_core.add_request_async(request)
 
-    # ---- loads ---------------------------------------------------------------------------
-
-    def expect_load(self, transfer_id: str) -> asyncio.Future[Loaded]:
-        """Register before the request is added: the report may come before the first output."""
-        waiter = asyncio.get_running_loop().create_future()
-        self._loads[transfer_id] = waiter
-        return waiter
-
-    async def wait_load(self, transfer_id: str, waiter: asyncio.Future[Loaded]) -> Loaded | None:
-        """The pull's report, or None if none came within the control timeout."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiter), self.options.control_timeout_s)
-        except TimeoutError:
-            log.warning("no load report for %s within %gs", transfer_id, self.options.control_timeout_s)
-            return None
-        finally:
-            self.forget_load(transfer_id)
-
-    def forget_load(self, transfer_id: str) -> None:
-        self._loads.pop(transfer_id, None)
-
-    # ---- pushes (writer) ---------------------------------------------------------------------
-
-    def expect_push(self, transfer_id: str) -> asyncio.Future[Pushed]:
-        """Register before the request is added: the report comes before its first output."""
-        waiter = asyncio.get_running_loop().create_future()
-        self._pushes[transfer_id] = waiter
-        return waiter
-
-    async def wait_push(self, transfer_id: str, waiter: asyncio.Future[Pushed]) -> Pushed | None:
-        """The push's report, or None if none came within the control timeout."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiter), self.options.control_timeout_s)
-        except TimeoutError:
-            log.warning("no push report for %s within %gs", transfer_id, self.options.control_timeout_s)
-            return None
-        finally:
-            self.forget_push(transfer_id)
-
-    def forget_push(self, transfer_id: str) -> None:
-        self._pushes.pop(transfer_id, None)
-
     # ---- reports -------------------------------------------------------------------------
 
     def _on_report(self, report: Report) -> None:
@@ -233,9 +230,9 @@ class ConnectorLink:
             case Pinned(key=key):
                 waiter = self._pins.get(key)
             case Loaded(transfer_id=transfer_id):
-                waiter = self._loads.get(transfer_id)
+                waiter = self.loads.get(transfer_id)
             case Pushed(transfer_id=transfer_id):
-                waiter = self._pushes.get(transfer_id)
+                waiter = self.pushes.get(transfer_id)
         if waiter is None or waiter.done():
             self.late_reports += 1
             log.info("KV connector report nobody waits for: %r", report)

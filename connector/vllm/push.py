@@ -91,7 +91,7 @@ class VllmPushWriter:
         order = TransferOrder(transfer_id=self.target.transfer_id, push=PushOrder(
             agent_name=self.target.agent_name, agent_metadata=agent_metadata, block_ids=self.target.block_ids))
         self._engine.stage(self.request_id, order)
-        self._waiter = self._engine.kv_link.expect_push(self.target.transfer_id)
+        self._waiter = self._engine.kv_link.pushes.expect(self.target.transfer_id)
 
     def send_reused(self, prompt_hashes: list[int], num_layers: int) -> None:
         return  # the connector writes the reused blocks itself, at the prompt's last step
@@ -100,7 +100,7 @@ class VllmPushWriter:
         count = len(self.target.block_ids)
         report = None
         if self._waiter is not None:
-            report = await self._engine.kv_link.wait_push(self.target.transfer_id, self._waiter)
+            report = await self._engine.kv_link.pushes.wait(self.target.transfer_id, self._waiter)
             self._waiter = None
         if report is None:
             failed, checksums, reason = list(range(count)), [0] * count, "no push report"
@@ -123,7 +123,7 @@ class VllmPushWriter:
                         first_token=first_token, failed_blocks=failed)
 
     def abort(self) -> None:
-        self._engine.kv_link.forget_push(self.target.transfer_id)
+        self._engine.kv_link.pushes.forget(self.target.transfer_id)
         self._engine.unstage(self.request_id)  # generate() never took it, if it did not run
         if self._span.is_recording():
             self._span.set_attribute("tandem.kv.outcome", "aborted")

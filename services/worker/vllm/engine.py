@@ -270,7 +270,7 @@ class VllmEngine:
             raise
         order = staged.order if staged is not None else None
         # Registered before the request is added: the report can overtake the first output.
-        load_waiter = self.kv_link.expect_load(order.transfer_id) if order and order.pull else None
+        load_waiter = self.kv_link.loads.expect(order.transfer_id) if order and order.pull else None
         release_key = order.release_key if order is not None else ""
         # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
         outputs = llm.generate(engine_input, _sampling_params(sampling, order), request_id,
@@ -288,7 +288,7 @@ class VllmEngine:
                     release_key = ""
                 if load_waiter is not None:
                     assert staged is not None and staged.on_loaded is not None and order is not None
-                    report = await self.kv_link.wait_load(order.transfer_id, load_waiter)
+                    report = await self.kv_link.loads.wait(order.transfer_id, load_waiter)
                     load_waiter = None
                     staged.on_loaded(report, "" if report is not None else "no load report")
                 completion = output.outputs[0]
@@ -327,7 +327,7 @@ class VllmEngine:
                 self.kv_link.unpin_soon([release_key])
             if load_waiter is not None:  # ended before its first output: the pull never ran here
                 assert staged is not None and staged.on_loaded is not None and order is not None
-                self.kv_link.forget_load(order.transfer_id)
+                self.kv_link.loads.forget(order.transfer_id)
                 staged.on_loaded(None, "cancelled")
             if order is not None and order.hold_key:
                 # Not taken by take_held(), or the request ended before its held blocks were
