@@ -22,6 +22,7 @@ from bench.routing.oracle import Oracle
 from bench.routing.workloads import EngineShape
 
 PIN_HEADER = "X-Tandem-Worker"
+LEARN_PER_GROUP = 4  # oracle-learned: requests per tenant counted before it places them by share
 
 
 def kv_aware_settings(shape: EngineShape) -> dict:
@@ -35,6 +36,7 @@ class Arm:
     system: str  # which launcher starts it: "tandem" (a LocalStack), or an external system's name
     settings: dict = field(default_factory=dict)  # the system's router settings
     oracle: bool = False  # the client pins every request to the oracle's pick
+    learn_per_group: int = 0  # > 0: the oracle learns the shares from this many requests per group first
     baseline: str = ""  # the arm this one's gain is measured against (its own system's plain baseline)
 
 
@@ -50,6 +52,9 @@ def arms(shape: EngineShape, kv_overrides: Mapping[str, object] | None = None) -
         Arm("round-robin-plain", "tandem", {"routing_policy": "round-robin", "prefix_pull": False}),
         Arm("round-robin-pull", "tandem", {"routing_policy": "round-robin"}, baseline="round-robin-plain"),
         Arm("oracle", "tandem", {"routing_policy": "pinned"}, oracle=True, baseline="round-robin-plain"),
+        # the oracle without foreknowledge of the popularity: what learning it costs (a reference)
+        Arm("oracle-learned", "tandem", {"routing_policy": "pinned"}, oracle=True,
+            learn_per_group=LEARN_PER_GROUP, baseline="round-robin-plain"),
         Arm("dynamo-kv", "dynamo", {"router_mode": "kv"}, baseline="dynamo-round-robin"),
         Arm("dynamo-round-robin", "dynamo", {"router_mode": "round-robin"}),
     )}

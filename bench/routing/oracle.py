@@ -8,6 +8,14 @@ onto ceil(share / cap) workers, its share split evenly. A group that fits nowher
 wherever it goes: its requests weigh `miss_cost` times a cached one's, and it goes to the
 worker with the most spare load, so the misses spread instead of piling onto one worker.
 
+With `learn_requests` (the `oracle-learned` arm), the oracle does not know the shares up
+front: it places each group on first sight onto the worker with the fewest groups (share-blind,
+as a router that has seen nothing would), counts the requests, and once it has counted
+`learn_requests` of them places every group again as above with the shares it counted (the
+prefix sizes, miss costs and cache sizes it still knows). It shows what a policy that must
+learn the popularity can reach in a run of this length: where it falls far behind the
+oracle, the oracle's edge is its foreknowledge.
+
 Per request, `Oracle.pick` takes the group's worker with the fewest outstanding requests
 (the bench client counts its own: it is the only client); a unique prompt, or a group with no
 placement, goes to the least-outstanding worker. Groups first seen at run time (conversations)
@@ -18,7 +26,9 @@ here with the router's `pinned` policy).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -77,20 +87,55 @@ def assign(groups: Mapping[str, GroupSpec], workers: Sequence[str], capacity_tok
 
 class Oracle:
     def __init__(self, workers: Sequence[str], capacity_tokens: int, groups: Mapping[str, GroupSpec], *,
-                 dynamic_spec: GroupSpec | None = None, slack: float = DEFAULT_LOAD_SLACK) -> None:
+                 dynamic_spec: GroupSpec | None = None, slack: float = DEFAULT_LOAD_SLACK,
+                 learn_requests: int = 0) -> None:
         if not workers:
             raise ValueError("the oracle needs at least one worker")
+        if learn_requests < 0:
+            raise ValueError("learn_requests must not be negative")
+        if learn_requests and groups and dynamic_spec is not None:
+            raise ValueError("an oracle learns the shares of the groups known up front: give no dynamic_spec too")
         self.workers = list(workers)
         self.capacity_tokens = capacity_tokens
         self.cap = load_cap(len(self.workers), slack)
         self.dynamic_spec = dynamic_spec  # the spec of a group first seen at run time
-        self.placement, self.plans = assign(groups, self.workers, capacity_tokens, self.cap)
         self._dynamic: set[str] = set()
+        self._groups = dict(groups)
+        self._learning = learn_requests > 0 and bool(groups)
+        self._learn_requests = learn_requests
+        self.counted: Counter[str] = Counter()  # requests per known group while learning
+        if self._learning:
+            self.placement: dict[str, list[str]] = {}
+            self.plans = {worker: WorkerPlan() for worker in self.workers}
+        else:
+            self.placement, self.plans = assign(groups, self.workers, capacity_tokens, self.cap)
+
+    @property
+    def learning(self) -> bool:
+        return self._learning
+
+    def _count(self, group: str) -> None:
+        """One more request of a known group while learning; at `learn_requests`, place every
+        known group again with the counted shares."""
+        self.counted[group] += 1
+        if self.counted.total() < self._learn_requests:
+            if group not in self.placement:  # share-blind: the worker with the fewest groups
+                fewest = min(self.workers, key=lambda worker: len(self.plans[worker].groups))
+                self.plans[fewest].groups[group] = 0.0
+                self.placement[group] = [fewest]
+            return
+        total = self.counted.total()
+        learned = {name: dataclasses.replace(spec, share=self.counted[name] / total)
+                   for name, spec in self._groups.items()}
+        self.placement, self.plans = assign(learned, self.workers, self.capacity_tokens, self.cap)
+        self._learning = False
 
     def workers_of(self, group: str | None) -> list[str]:
         """The workers that serve `group` (placing a new one); empty for a unique prompt."""
         if group is None:
             return []
+        if self._learning and group in self._groups:
+            self._count(group)
         if group not in self.placement:
             if self.dynamic_spec is None:
                 return []

@@ -11,6 +11,9 @@ it needs did not run or has no figure):
 - `gain_vs_dynamo` (when Dynamo's arms ran): kv-aware's P90 gain over round-robin-plain >=
   Dynamo's KV router's gain over its own round-robin (each router against its own plain
   baseline on its own engines; absolute figures of the two systems are not compared).
+With the `oracle-learned` arm (the oracle learning the shares first), `p90_vs_learned_oracle`
+gives kv-aware's P90 over that arm's, for reference: not a check, no `pass`, not in the
+point's outcome.
 `gains` gives each arm's P90 gain over its own system's plain baseline (`Arm.baseline`).
 Called by `bench.routing.sweep`.
 """
@@ -56,6 +59,9 @@ def verdict(point: SweepPoint, rows: Mapping[str, Mapping]) -> dict:
                                     "pass": None if tandem is None or dynamo is None else tandem >= dynamo}
     outcomes = [check["pass"] for check in checks.values()]
     checks["pass"] = None if None in outcomes else all(outcomes)
+    learned_p90 = _figure(rows.get("oracle-learned"), "ttft_p90_ms")
+    if kv_p90 is not None and learned_p90:
+        checks["p90_vs_learned_oracle"] = {"ratio": round(kv_p90 / learned_p90, 3)}
     return checks
 
 

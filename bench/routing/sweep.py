@@ -63,8 +63,10 @@ class SweepSetup:
     kv_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
-def oracle_for(point: SweepPoint, shape: EngineShape, sizing: PointSizing, worker_ids: Sequence[str]) -> Oracle:
-    """The oracle of one point on workers `worker_ids`: tenants placed up front,
+def oracle_for(point: SweepPoint, shape: EngineShape, sizing: PointSizing, worker_ids: Sequence[str],
+               learn_per_group: int = 0) -> Oracle:
+    """The oracle of one point on workers `worker_ids`: tenants placed up front (or, with
+    `learn_per_group`, by the shares counted over that many requests per tenant),
     conversations on first sight. A request that misses its prefix weighs what prefilling it
     costs over prefilling only its own part."""
     cached_s = shape.uncached_request_s(point.query_tokens)
@@ -73,7 +75,8 @@ def oracle_for(point: SweepPoint, shape: EngineShape, sizing: PointSizing, worke
     dynamic = (GroupSpec(sizing.conversation_tokens, (1 - point.unique_share) / sizing.live_conversations,
                          shape.uncached_request_s(sizing.conversation_tokens) / cached_s)
                if point.turns > 1 else None)
-    return Oracle(worker_ids, int(sizing.kv_tokens_per_worker * ORACLE_CACHE_ROOM), groups, dynamic_spec=dynamic)
+    return Oracle(worker_ids, int(sizing.kv_tokens_per_worker * ORACLE_CACHE_ROOM), groups, dynamic_spec=dynamic,
+                  learn_requests=learn_per_group * len(groups))
 
 
 def routing_for(arm: Arm, point: SweepPoint, shape: EngineShape, sizing: PointSizing,
@@ -82,7 +85,7 @@ def routing_for(arm: Arm, point: SweepPoint, shape: EngineShape, sizing: PointSi
         return NoPinning()
     if not system.worker_ids:
         raise LaunchError(f"arm {arm.name}: the system lists no worker ids to pin to")
-    return Pinning(oracle_for(point, shape, sizing, system.worker_ids))
+    return Pinning(oracle_for(point, shape, sizing, system.worker_ids, arm.learn_per_group))
 
 
 def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm, launcher: Launcher | None) -> dict:

@@ -93,3 +93,31 @@ def test_conversations_are_placed_on_first_sight_and_released_at_their_end() -> 
 def test_an_oracle_needs_workers() -> None:
     with pytest.raises(ValueError, match="at least one worker"):
         Oracle([], 1000, {})
+
+
+def test_a_learning_oracle_places_share_blind_then_by_the_shares_it_counted() -> None:
+    groups = {"hot": GroupSpec(1000, 0.7), **{f"cold-{index}": GroupSpec(1000, 0.1) for index in range(3)}}
+    knowing = Oracle(["w1", "w2"], 3000, groups)
+    oracle = Oracle(["w1", "w2"], 3000, groups, learn_requests=8)
+    assert oracle.learning and oracle.placement == {}
+    # first sight, share-blind: each group onto the worker with the fewest groups
+    assert [oracle.workers_of(name)[0] for name in ("cold-0", "cold-1", "hot", "cold-2")] == ["w1", "w2", "w1", "w2"]
+    for _ in range(3):
+        assert oracle.workers_of("hot") == ["w1"]  # counted, still where it was placed
+    assert oracle.learning and oracle.counted.total() == 7
+    oracle.workers_of("hot")  # the 8th: hot drew 5 of 8, the cold ones 1 each
+    assert not oracle.learning
+    assert oracle.placement == knowing.placement  # the counted shares order the groups as the true ones do
+    assert len(oracle.placement["hot"]) == 2  # 5/8 is more than one worker carries: two copies
+    assert sum(plan.load for plan in oracle.plans.values()) == pytest.approx(1.0)
+    oracle.workers_of("hot")
+    assert oracle.counted.total() == 8  # learning is over: no more counting
+
+
+def test_a_learning_oracle_rejects_a_bad_budget_and_learns_only_groups_known_up_front() -> None:
+    with pytest.raises(ValueError, match="negative"):
+        Oracle(WORKERS, 1000, uniform(2, 100), learn_requests=-1)
+    with pytest.raises(ValueError, match="dynamic_spec"):
+        Oracle(WORKERS, 1000, uniform(2, 100), dynamic_spec=GroupSpec(100, 0.1), learn_requests=4)
+    conversations = Oracle(WORKERS, 3000, {}, dynamic_spec=GroupSpec(1000, 0.05), learn_requests=4)
+    assert not conversations.learning and conversations.workers_of("conv-1")  # nothing to learn: as without

@@ -25,6 +25,15 @@ def test_a_point_passes_when_kv_aware_is_close_to_the_oracle_and_beats_plain() -
     assert checks["cached_share_vs_oracle"]["relative_gap"] == 0.044 and checks["pass"] is True
 
 
+def test_the_learned_oracle_is_a_reference_ratio_outside_the_points_outcome() -> None:
+    rows = {"kv-aware": row(150, 200, 0.86), "round-robin-plain": row(900, 1500, 0.3), "oracle": row(100, 180, 0.9)}
+    without = verdict(SweepPoint("p", kv_pressure=1.2), rows)
+    assert "p90_vs_learned_oracle" not in without and without["pass"] is False
+    checks = verdict(SweepPoint("p", kv_pressure=1.2), {**rows, "oracle-learned": row(160, 300, 0.8)})
+    assert checks["p90_vs_learned_oracle"] == {"ratio": 0.938}
+    assert checks["p90_vs_oracle"]["pass"] is False and checks["pass"] is False  # the oracle still judges
+
+
 def test_each_check_fails_on_its_own() -> None:
     point = SweepPoint("p", kv_pressure=0.7)
     worse_tail = verdict(point, {"kv-aware": row(120, 1600, 0.9), "round-robin-plain": row(900, 1500, 0.3),
@@ -106,6 +115,9 @@ def test_arms_map_to_router_settings_and_the_oracle_pins_by_header() -> None:
     assert by_name["round-robin-pull"].settings == {"routing_policy": "round-robin"}
     assert by_name["kv-aware"].settings == kv_aware_settings(SHAPE) == {"routing_policy": "kv-aware"}
     assert by_name["oracle"].settings == {"routing_policy": "pinned"} and by_name["oracle"].oracle
+    learned = by_name["oracle-learned"]
+    assert learned.settings == {"routing_policy": "pinned"} and learned.oracle and learned.learn_per_group > 0
+    assert by_name["oracle"].learn_per_group == 0
     assert NoPinning().begin("tenant-0") == ({}, None)
     pinning = Pinning(Oracle(["w1", "w2"], 1000, {"t": GroupSpec(100, 0.5)}))
     headers, worker = pinning.begin("t")
