@@ -22,11 +22,12 @@ Layout (why `match` looks up few of the request's blocks):
   really or speculatively. Worker ids are interned to small slots (lowest free first) so
   masks stay as short as the fleet; a block with one holder stores that worker's own
   `bit` object, so it costs no int of its own.
-- per worker: `tandem_of` (engine hash -> Tandem hash: removals, parents, purge),
-  `speculative` (Tandem hash -> expires_at) and `extra_refs` (Tandem hash -> how many
-  more engine hashes of this worker map to it; empty unless the engine hashes keys that
-  Tandem does not, e.g. LoRA or multimodal extras), and `runs` (`kv_index_runs`): whether
-  each block it holds has its parent held too, so that its bit is monotone along a chain.
+- per worker (`kv_index_worker.IndexedWorker`): `tandem_of` (engine hash -> Tandem hash:
+  removals, parents, purge), `speculative` (Tandem hash -> expires_at) and `extra_refs`
+  (Tandem hash -> how many more engine hashes of this worker map to it; empty unless the
+  engine hashes keys that Tandem does not, e.g. LoRA or multimodal extras), and `runs`
+  (`kv_index_runs`): whether each block it holds has its parent held too, so that its bit
+  is monotone along a chain.
 With `trust_chains` (the router's setting: each hash covers its prefix, as workers compute
 them), `match` bisects the chain when every worker holding its first block is closed so;
 else, and without it, it scans the chain (`kv_index_match`). Trusting differs only for a
@@ -44,7 +45,7 @@ while `unsynced_workers()` lists the worker). A batch with `AllBlocksCleared` re
 follows the clear is the worker's whole state, in which an unknown parent is no gap (its
 parent was evicted); blocks that cannot be hashed without it are skipped and counted as
 orphaned. A snapshot (a batch that opens with the clear) whose events all carry chain
-hashes is applied as a difference (`_replace`, `kv_index_diff`): only the blocks that changed
+hashes is applied as a difference (`kv_index_worker.apply_snapshot`, `kv_index_diff`): only the blocks that changed
 are touched, so resyncing a worker of 1M blocks costs a few sorts of u64 arrays, not 2M dict
 updates in Python. A block announced again under an engine hash the worker already
 reported is skipped (vLLM re-announces hits).
@@ -54,16 +55,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from itertools import count, islice, repeat
+from itertools import count, repeat
 from operator import and_, ne
 
-from services.router.kv_index_diff import snapshot_diff
 from services.router.kv_index_match import drop_points, linear_drop_points, overlaps_of
-from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, WorkerIndexStats, object_bytes
+from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, object_bytes
 from services.router.kv_index_runs import OpenMask, Runs
+from services.router.kv_index_worker import IndexedWorker, apply_snapshot, drop_bit, release, worker_stats
 from shared.block_hash import ROOT_PARENT, block_hash_chain
-from shared.cluster.sequence import SequenceTracker, SyncState
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
+from shared.cluster.sequence import SequenceTracker
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
 
 
 def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"", *,
@@ -72,37 +73,16 @@ def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"
     return block_hash_chain(token_ids, block_size, parent_hash=parent_hash, salt=salt)
 
 
-class _Worker:
-    __slots__ = ("worker_id", "slot", "bit", "block_size", "salt", "tandem_of", "extra_refs",
-                 "speculative", "rejected_blocks", "orphaned_blocks", "mismatched_blocks",
-                 "unverified_blocks", "runs")
-
-    def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes, runs: Runs) -> None:
-        self.worker_id = worker_id
-        self.slot = slot
-        self.bit = 1 << slot
-        self.block_size = block_size
-        self.salt = salt
-        self.tandem_of: dict[int, int] = {}
-        self.extra_refs: dict[int, int] = {}
-        self.speculative: dict[int, float] = {}
-        self.rejected_blocks = 0
-        self.orphaned_blocks = 0
-        self.mismatched_blocks = 0  # verification: chain hashes sent that differ from the tokens'
-        self.unverified_blocks = 0  # verification: chain hashes sent without token ids to check
-        self.runs = runs
-
-
 class KvIndex:
     def __init__(self, *, verify_hashes: bool = False, trust_chains: bool = False) -> None:
         self.verify_hashes = verify_hashes
         self.trust_chains = trust_chains
         self._holders: dict[int, int] = {}
-        self._workers: dict[str, _Worker] = {}
-        self._by_slot: list[_Worker | None] = []
+        self._workers: dict[str, IndexedWorker] = {}
+        self._by_slot: list[IndexedWorker | None] = []
         self._free_slots: list[int] = []  # a heap: reuse the lowest slot to keep masks short
         self._configs: dict[tuple[int, bytes], int] = {}  # (block_size, salt) -> workers
-        self._expiry: list[tuple[float, int, _Worker, list[int]]] = []  # a heap
+        self._expiry: list[tuple[float, int, IndexedWorker, list[int]]] = []  # a heap
         self._expiry_order = count()
         self._sequences = SequenceTracker()
         self._open = OpenMask()  # workers whose blocks are not closed under "parent of" (`kv_index_runs`)
@@ -119,7 +99,7 @@ class KvIndex:
                 return
             self.remove_worker(worker_id)  # hashes under the old config mean nothing now
         slot = heapq.heappop(self._free_slots) if self._free_slots else len(self._by_slot)
-        worker = _Worker(worker_id, slot, block_size, salt, Runs(self.trust_chains, 1 << slot, self._open))
+        worker = IndexedWorker(worker_id, slot, block_size, salt, Runs(self.trust_chains, 1 << slot, self._open))
         if slot == len(self._by_slot):
             self._by_slot.append(worker)
         else:
@@ -136,7 +116,7 @@ class KvIndex:
         self._sequences.forget(worker_id)
         self._clear_real(worker)
         for block_hash in worker.speculative:
-            self._drop_bit(block_hash, worker.bit)
+            drop_bit(self._holders, block_hash, worker.bit)
         worker.speculative = {}
         self._by_slot[worker.slot] = None
         self._open.mask &= ~worker.bit
@@ -154,7 +134,7 @@ class KvIndex:
             return IngestResult(IngestOutcome.UNKNOWN_WORKER, synced=False, resync_needed=False)
         events = batch.events
         if events and type(events[0]) is AllBlocksCleared and not self.verify_hashes:
-            replaced = self._replace(worker, events)
+            replaced = apply_snapshot(worker, self._holders, events)
             if replaced is not None:  # a snapshot, applied as its difference from the worker's view
                 step = self._sequences.observe(batch.worker_id, batch.seq, resynced=True)
                 return IngestResult(IngestOutcome.APPLIED, synced=step.synced, resync_needed=step.resync_needed,
@@ -182,7 +162,7 @@ class KvIndex:
                             stored_blocks=stored, removed_blocks=removed, rejected_blocks=rejected,
                             orphaned_blocks=orphaned, mismatched_blocks=mismatched)
 
-    def _store(self, worker: _Worker, event: BlockStored) -> tuple[int, int, int, bool, int]:
+    def _store(self, worker: IndexedWorker, event: BlockStored) -> tuple[int, int, int, bool, int]:
         """Apply one `BlockStored`; returns block counts (stored, rejected, orphaned), whether
         its parent was unknown, and how many worker-sent chain hashes verification refuted."""
         engine_hashes = event.block_hashes
@@ -235,7 +215,7 @@ class KvIndex:
         run_parent = parent_hash if head or event.parent_block_hash is not None else None
         return self._insert(worker, engine_hashes, tandem, run_parent), 0, 0, unlinked, mismatched
 
-    def _insert(self, worker: _Worker, engine_hashes: list[int], tandem: list[int], parent: int | None) -> int:
+    def _insert(self, worker: IndexedWorker, engine_hashes: list[int], tandem: list[int], parent: int | None) -> int:
         """Index blocks the worker stored (engine hash -> Tandem hash); returns how many.
 
         The common cases run in C (dict views, map, zip): blocks no worker holds get the
@@ -283,57 +263,7 @@ class KvIndex:
                 runs.kids[parent] = runs.kids.get(parent, 0) + 1
         return len(tandem)
 
-    def _replace(self, worker: _Worker, events: list[KvEvent]) -> int | None:
-        """Apply a snapshot (`AllBlocksCleared`, then `BlockStored`s with chain hashes) as the
-        difference from what the worker holds (`kv_index_diff`): after a short gap, few of its
-        blocks changed. Returns the blocks it holds after, or None, with nothing changed, for a
-        batch that is no such snapshot or a worker that holds nothing yet (applied event by
-        event, which costs the same when every block is new)."""
-        if not worker.tandem_of:
-            return None
-        size = worker.block_size
-        engine_runs: list[list[int]] = []
-        chain_runs: list[list[int]] = []
-        parents: list[int | None] = []
-        for event in islice(events, 1, None):
-            if type(event) is not BlockStored or event.block_size != size:
-                return None
-            hashes = event.chain_hashes
-            if hashes is None or len(hashes) != len(event.block_hashes):
-                return None
-            engine_runs.append(event.block_hashes)
-            chain_runs.append(hashes)
-            parents.append(event.parent_block_hash)
-        diff = snapshot_diff(worker.tandem_of, engine_runs, chain_runs)
-        if diff is None:
-            return None
-        gone, added_engine, added_chain = diff
-        tandem_of = worker.tandem_of
-        for engine_hash in gone:
-            self._release(worker, tandem_of.pop(engine_hash))
-        holders = self._holders
-        bit = worker.bit
-        speculative = worker.speculative
-        extra_refs = worker.extra_refs
-        runs = worker.runs
-        for engine_hash, block_hash in zip(added_engine, added_chain):
-            if block_hash in speculative:
-                del speculative[block_hash]  # a real block supersedes the prediction; its bit stays
-                runs.unspeculated(block_hash)
-            else:
-                mask = holders.get(block_hash)
-                if mask is None:
-                    holders[block_hash] = bit
-                elif not mask & bit:
-                    holders[block_hash] = mask | bit
-                else:  # another engine hash of this worker, same tokens
-                    extra_refs[block_hash] = extra_refs.get(block_hash, 0) + 1
-            tandem_of[engine_hash] = block_hash
-        worker.runs.rebuild(parents, chain_runs, tandem_of, lambda block_hash: bool(holders.get(block_hash, 0) & bit),
-                            ambiguous=bool(extra_refs))
-        return len(tandem_of)
-
-    def _remove(self, worker: _Worker, engine_hashes: list[int]) -> int:
+    def _remove(self, worker: IndexedWorker, engine_hashes: list[int]) -> int:
         tandem_of = worker.tandem_of
         removed = 0
         dropped: list[int] = []
@@ -341,39 +271,18 @@ class KvIndex:
             block_hash = tandem_of.pop(engine_hash, None)
             if block_hash is None:
                 continue  # never indexed (an orphan) or already removed: removal is idempotent
-            if self._release(worker, block_hash):
+            if release(worker, self._holders, block_hash):
                 dropped.append(block_hash)
             removed += 1
         if dropped:
             worker.runs.dropped_real(dropped)
         return removed
 
-    def _release(self, worker: _Worker, block_hash: int) -> bool:
-        """One engine hash of `worker` no longer maps to `block_hash`; whether the block went."""
-        extra = worker.extra_refs.get(block_hash)
-        if extra:
-            if extra == 1:
-                del worker.extra_refs[block_hash]
-            else:
-                worker.extra_refs[block_hash] = extra - 1
-            return False
-        self._drop_bit(block_hash, worker.bit)
-        return True
-
-    def _drop_bit(self, block_hash: int, bit: int) -> None:
-        mask = self._holders[block_hash]
-        assert mask & bit, "index invariant: a worker's block has its bit set"
-        mask ^= bit
-        if mask:
-            self._holders[block_hash] = mask
-        else:
-            del self._holders[block_hash]
-
-    def _clear_real(self, worker: _Worker) -> None:
+    def _clear_real(self, worker: IndexedWorker) -> None:
         """Drop every block the worker reported; its speculative blocks stay (requests in flight)."""
         block_hashes = worker.tandem_of.values()
         for block_hash in set(block_hashes) if worker.extra_refs else block_hashes:
-            self._drop_bit(block_hash, worker.bit)
+            drop_bit(self._holders, block_hash, worker.bit)
         worker.tandem_of = {}
         worker.extra_refs = {}
         worker.runs.reset(worker.speculative.__contains__)
@@ -416,7 +325,7 @@ class KvIndex:
     def expire(self, now: float) -> int:
         """Drop speculative blocks whose time has come; returns how many."""
         expired = 0
-        dropped: dict[_Worker, list[int]] = {}
+        dropped: dict[IndexedWorker, list[int]] = {}
         while self._expiry and self._expiry[0][0] <= now:
             _, _, worker, block_hashes = heapq.heappop(self._expiry)
             if self._workers.get(worker.worker_id) is not worker:
@@ -427,7 +336,7 @@ class KvIndex:
                 if expires_at is None or expires_at > now:
                     continue  # became real, or a later prediction extended it
                 del speculative[block_hash]
-                self._drop_bit(block_hash, worker.bit)
+                drop_bit(self._holders, block_hash, worker.bit)
                 dropped.setdefault(worker, []).append(block_hash)
                 expired += 1
         for worker, block_hashes in dropped.items():  # once all are gone: a parent may go with its child
@@ -505,15 +414,5 @@ class KvIndex:
         return self._sequences.unsynced()
 
     def stats(self) -> IndexStats:
-        workers = tuple(
-            WorkerIndexStats(worker_id=worker.worker_id, block_size=worker.block_size,
-                             blocks=len(worker.tandem_of) - sum(worker.extra_refs.values()),
-                             speculative_blocks=len(worker.speculative),
-                             synced=self._sequences.state(worker.worker_id) is not SyncState.UNSYNCED,
-                             last_seq=self._sequences.last_seq(worker.worker_id) or 0,
-                             rejected_blocks=worker.rejected_blocks,
-                             orphaned_blocks=worker.orphaned_blocks,
-                             mismatched_blocks=worker.mismatched_blocks,
-                             unverified_blocks=worker.unverified_blocks)
-            for worker in self._workers.values())
+        workers = tuple(worker_stats(worker, self._sequences) for worker in self._workers.values())
         return IndexStats(workers=workers, total_blocks=len(self._holders))
