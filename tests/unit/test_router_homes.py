@@ -7,9 +7,11 @@ import dataclasses
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
-from services.router.routing.homes import PrefixHomes
+from services.router.routing.homes import LIVE_COUNT, PrefixHomes
 from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
@@ -130,6 +132,31 @@ def test_homed_tokens_count_the_live_prefixes_homed_on_each_worker() -> None:
     assert homes.home(1) is None and dict(homes.tokens()) == {"b": 700, "c": 100}
     homes.forget("b")
     assert dict(homes.tokens()) == {"c": 100}
+
+
+def _walked_tokens(homes: PrefixHomes, worker_id: str) -> int:
+    """`homed_tokens` by its definition: a walk over the worker's prefixes, summing the tokens
+    of those whose decayed count is still at least LIVE_COUNT."""
+    return sum(tokens for key, (home, count, at_step, tokens) in homes._prefixes.items()
+               if home == worker_id and homes._now(count, at_step) >= LIVE_COUNT)
+
+
+@settings(max_examples=200, deadline=None)
+@given(horizon=st.integers(1, 12), max_tracked=st.integers(1, 6),
+       steps=st.lists(st.one_of(
+           st.tuples(st.just("record"), st.integers(0, 7), st.sampled_from("abc"), st.integers(1, 900),
+                     st.booleans()),
+           st.tuples(st.just("forget"), st.sampled_from("abc"))), max_size=60))
+def test_homed_tokens_kept_as_prefixes_are_routed_equal_the_walk_over_them(horizon, max_tracked, steps) -> None:
+    homes = PrefixHomes(horizon=horizon, max_tracked=max_tracked)
+    for step in steps:
+        if step[0] == "record":
+            _, key, worker_id, tokens, copy = step
+            homes.record(key, worker_id, tokens, copy=copy)
+        else:
+            homes.forget(step[1])
+        for worker_id in "abc":
+            assert homes.homed_tokens(worker_id) == _walked_tokens(homes, worker_id)
 
 
 # ---- going home -----------------------------------------------------------------------------

@@ -18,7 +18,9 @@ the worker with the smallest such sum among the near-cheapest (see
 
 Each worker also keeps the prompt tokens of its live homed prefixes (`homed_tokens`): when
 they exceed its KV pool, its tenants evict one another there, and a minor one is better
-moved than left to thrash.
+moved than left to thrash. The sums are kept as prefixes are routed: each live prefix has
+the step at which its decayed count falls below `LIVE_COUNT` in a heap, popped as steps
+pass, so asking costs no walk over the prefixes (there may be tens of thousands).
 
 Callers: the router's KV view (`record` on each routed prompt) and the routing request
 (`RouteRequest.home_worker`, `RouteRequest.homed_share`).
@@ -26,6 +28,8 @@ Callers: the router's KV view (`record` on each routed prompt) and the routing r
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 
@@ -48,9 +52,38 @@ class PrefixHomes:
         self._workers: dict[str, tuple[float, int]] = {}  # worker -> summed counts, at step
         self._members: dict[str, set[int]] = {}  # worker -> the prefix keys homed there
         self._total = (0.0, 0)  # every tracked prefix's summed count, at step
+        self._live_tokens: dict[str, int] = {}  # worker -> the tokens of its live homed prefixes
+        self._deaths: list[tuple[int, int, int]] = []  # heap: (step it stops being live, key, its at_step)
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
+
+    def _death(self, count: float, at_step: int) -> int:
+        """The first step at which `count` (as of `at_step`) has decayed below `LIVE_COUNT`."""
+        if count < LIVE_COUNT:
+            return at_step
+        if self._keep <= 0.0:
+            return at_step + 1
+        step = at_step + int(math.log(LIVE_COUNT / count) / math.log(self._keep))
+        while step > at_step and count * self._keep ** (step - 1 - at_step) < LIVE_COUNT:
+            step -= 1
+        while count * self._keep ** (step - at_step) >= LIVE_COUNT:
+            step += 1
+        return step
+
+    def _bury(self) -> None:
+        """Take the prefixes whose counts have decayed below `LIVE_COUNT` out of the live sums."""
+        deaths = self._deaths
+        while deaths and deaths[0][0] <= self._step:
+            _, key, at_step = heapq.heappop(deaths)
+            entry = self._prefixes.get(key)
+            if entry is not None and entry[2] == at_step:  # else routed again (or forgotten) since
+                self._live_tokens[entry[0]] -= entry[3]
+
+    def _unlive(self, entry: tuple[str, float, int, int]) -> None:
+        """A tracked entry is replaced or dropped: out of its home's live sum if still live."""
+        if self._death(entry[1], entry[2]) > self._step:
+            self._live_tokens[entry[0]] -= entry[3]
 
     def home(self, prefix_key: int) -> str | None:
         entry = self._prefixes.get(prefix_key)
@@ -68,11 +101,13 @@ class PrefixHomes:
         more request. With `copy` (`worker_id` was sent a copy of a prefix its home still
         holds), the request counts at the prefix's home, which stays."""
         self._step += 1
+        self._bury()
         count = 0.0
         entry = self._prefixes.pop(prefix_key, None)
         if entry is not None and copy:
             worker_id = entry[0]
         if entry is not None:
+            self._unlive(entry)
             count = self._now(entry[1], entry[2])
             self._add(entry[0], -count)
             self._members[entry[0]].discard(prefix_key)
@@ -80,9 +115,15 @@ class PrefixHomes:
         self._prefixes[prefix_key] = (worker_id, count, self._step, tokens)
         self._add(worker_id, count)
         self._members.setdefault(worker_id, set()).add(prefix_key)
+        death = self._death(count, self._step)
+        if death > self._step:
+            self._live_tokens[worker_id] = self._live_tokens.get(worker_id, 0) + tokens
+            heapq.heappush(self._deaths, (death, prefix_key, self._step))
         self._total = (self._now(*self._total) + 1.0, self._step)
         if len(self._prefixes) > self._max_tracked:
-            old_key, (old_home, old_count, at_step, _) = self._prefixes.popitem(last=False)
+            old_key, old_entry = self._prefixes.popitem(last=False)
+            old_home, old_count, at_step, _ = old_entry
+            self._unlive(old_entry)
             self._add(old_home, -self._now(old_count, at_step))
             self._members[old_home].discard(old_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
@@ -94,6 +135,7 @@ class PrefixHomes:
     def forget(self, worker_id: str) -> None:
         """A worker left: its prefixes have no home until routed again."""
         self._workers.pop(worker_id, None)
+        self._live_tokens.pop(worker_id, None)  # its entries' heap items find them gone
         for prefix_key in self._members.pop(worker_id, set()):
             _, count, at_step, _ = self._prefixes.pop(prefix_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(count, at_step)), self._step)
@@ -114,9 +156,8 @@ class PrefixHomes:
     def homed_tokens(self, worker_id: str) -> int:
         """The KV the live prefixes homed on `worker_id` keep there: the tokens of the last
         prompt of each prefix with at least `LIVE_COUNT` recent requests (decayed)."""
-        prefixes = self._prefixes
-        return sum(entry[3] for key in self._members.get(worker_id, ())
-                   if self._now((entry := prefixes[key])[1], entry[2]) >= LIVE_COUNT)
+        self._bury()
+        return self._live_tokens.get(worker_id, 0)
 
     def tokens(self) -> Mapping[str, int]:
         """`homed_tokens` per worker, computed on access (only a rebalancing check asks)."""
