@@ -147,7 +147,10 @@ def _walked_tokens(homes: PrefixHomes, worker_id: str) -> int:
            st.tuples(st.just("record"), st.integers(0, 7), st.sampled_from("abc"), st.integers(1, 900),
                      st.booleans()),
            st.tuples(st.just("forget"), st.sampled_from("abc"))), max_size=60))
-def test_homed_tokens_kept_as_prefixes_are_routed_equal_the_walk_over_them(horizon, max_tracked, steps) -> None:
+def test_homed_tokens_and_shares_kept_as_prefixes_are_routed_equal_the_walk_over_them(horizon, max_tracked,
+                                                                                      steps) -> None:
+    """The live tokens kept per worker equal the walk over its prefixes; one worker's share
+    asked alone (O(1)) equals its share among all of them."""
     homes = PrefixHomes(horizon=horizon, max_tracked=max_tracked)
     for step in steps:
         if step[0] == "record":
@@ -155,8 +158,10 @@ def test_homed_tokens_kept_as_prefixes_are_routed_equal_the_walk_over_them(horiz
             homes.record(key, worker_id, tokens, copy=copy)
         else:
             homes.forget(step[1])
+        every = homes.homed_share()
         for worker_id in "abc":
             assert homes.homed_tokens(worker_id) == _walked_tokens(homes, worker_id)
+            assert homes.shares().get(worker_id, 0.0) == pytest.approx(every.get(worker_id, 0.0), abs=1e-9)
 
 
 # ---- going home -----------------------------------------------------------------------------

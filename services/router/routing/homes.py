@@ -146,11 +146,22 @@ class PrefixHomes:
         total = sum(counts.values())
         return {worker_id: count / total for worker_id, count in counts.items()} if total > 0 else {}
 
+    def worker_share(self, worker_id: str) -> float:
+        """`homed_share()[worker_id]` without computing every worker's (KeyError for a worker
+        with no homed prefixes on record, or with nothing tracked): the worker's summed count over
+        every tracked prefix's, which is the sum of the workers' counts up to rounding."""
+        entry = self._workers.get(worker_id)
+        total = self._now(*self._total)
+        if entry is None or total <= 0:
+            raise KeyError(worker_id)
+        return min(1.0, self._now(*entry) / total)
+
     def homed_workers(self) -> list[str]:
         return [worker_id for worker_id, keys in self._members.items() if keys]
 
     def shares(self) -> Mapping[str, float]:
-        """`homed_share`, computed on first access (most prompts never ask)."""
+        """`homed_share` as a mapping: one worker's share is computed when asked for
+        (`worker_share`), all of them on first iteration."""
         return LazyShares(self)
 
     def homed_tokens(self, worker_id: str) -> int:
@@ -175,7 +186,9 @@ class LazyShares(Mapping[str, float]):
         return self._shares
 
     def __getitem__(self, worker_id: str) -> float:
-        return self._all()[worker_id]
+        if self._shares is None:  # one worker's share costs O(1); all of them, O(workers)
+            return self._homes.worker_share(worker_id)
+        return self._shares[worker_id]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._all())
