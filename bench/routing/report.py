@@ -15,12 +15,15 @@ With the `oracle-learned` arm (the oracle learning the shares first), `p90_vs_le
 gives kv-aware's P90 over that arm's, for reference: not a check, no `pass`, not in the
 point's outcome.
 `gains` gives each arm's P90 gain over its own system's plain baseline (`Arm.baseline`).
-Called by `bench.routing.sweep`.
+With repeated runs of a point (`--repeats`), `over_repeats` holds each check's figure per run
+(a ratio of two arms run side by side in that repeat) and judges its median; `median_gains`
+gives each arm's median gain. Called by `bench.routing.sweep`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 
 from bench.routing.family import SweepPoint
 
@@ -77,6 +80,65 @@ def gains(rows: Mapping[str, Mapping], baselines: Mapping[str, str]) -> dict[str
         if arm not in rows or not baseline:
             continue
         result[arm] = _gain(rows[arm], rows.get(baseline))
+    return result
+
+
+# per check: its figure in one run's verdict, and whether a figure passes
+_REPEATED_CHECKS: dict[str, tuple[Callable[[Mapping], float | None], Callable[[float, Mapping], bool]]] = {
+    "p99_vs_plain": (lambda check: _ratio(check["kv_aware_ms"], check["plain_ms"]),
+                     lambda value, check: value <= 1.0),
+    "p90_vs_oracle": (lambda check: check["ratio"], lambda value, check: value <= check["limit"]),
+    "cached_share_vs_oracle": (lambda check: check["relative_gap"], lambda value, check: value <= check["limit"]),
+    "gain_vs_dynamo": (lambda check: _ratio(check["tandem_gain"], check["dynamo_gain"]),
+                       lambda value, check: value >= 1.0),
+}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 3) if numerator is not None and denominator else None
+
+
+def _spread(values: Sequence[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values)}
+
+
+def over_repeats(runs: Sequence[Mapping]) -> dict:
+    """One point's checks over its repeated runs (each a `verdict`): per check, its figure in
+    each run (`p99_vs_plain`: kv-aware P99 / plain's; `p90_vs_oracle`: the ratio;
+    `cached_share_vs_oracle`: the relative gap; `gain_vs_dynamo`: Tandem's gain / Dynamo's),
+    their median and spread, how many runs passed, and a pass judged on the median (None
+    where a run lacks the figure). The learned oracle's ratio: its median and spread only."""
+    if not runs:
+        return {"pass": None, "repeats": 0}
+    checks: dict[str, dict] = {}
+    for name, (figure, passes) in _REPEATED_CHECKS.items():
+        if not all(name in run for run in runs):
+            continue
+        values = [figure(run[name]) for run in runs]
+        check = {"per_repeat": values, "passed_repeats": sum(run[name]["pass"] is True for run in runs)}
+        if None in values:
+            check["pass"] = None
+        else:
+            check |= _spread(values)
+            check["pass"] = passes(check["median"], runs[0][name])
+        if "limit" in runs[0][name]:
+            check["limit"] = runs[0][name]["limit"]
+        checks[name] = check
+    outcomes = [check["pass"] for check in checks.values()]
+    checks["pass"] = None if None in outcomes else all(outcomes)
+    if all("p90_vs_learned_oracle" in run for run in runs):
+        ratios = [run["p90_vs_learned_oracle"]["ratio"] for run in runs]
+        checks["p90_vs_learned_oracle"] = {"per_repeat": ratios, **_spread(ratios)}
+    checks["repeats"] = len(runs)
+    return checks
+
+
+def median_gains(runs: Sequence[Mapping[str, float | None]]) -> dict[str, float | None]:
+    """Each arm's median P90 gain over its repeated runs (`gains` of each); None where a run has none."""
+    result: dict[str, float | None] = {}
+    for arm in runs[0] if runs else {}:
+        values = [run.get(arm) for run in runs]
+        result[arm] = None if None in values else round(statistics.median(values), 3)
     return result
 
 

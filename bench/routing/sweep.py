@@ -3,12 +3,15 @@
 Every point of the family (`bench.routing.family`: `DEFAULT_SWEEP`, or `QUICK_SWEEP` with
 `--quick`) runs through every arm (`bench.routing.arms`: kv-aware, round-robin without and
 with prefix pull, the oracle), each on a freshly started system (`bench.routing.systems`),
-with the same seeded requests; the arm order rotates from point to point. Per row: TTFT
+with the same seeded requests; the arm order rotates from run to run. With `--repeats N`
+each point runs N times through every arm (alternated: one run of each arm, then the next
+repeat), and its verdict judges the median of each check's per-run ratio, with the spread
+(the machine may be shared and noisy; one short run's P90 rests on a dozen requests). Per row: TTFT
 percentiles, errors, throughput, cached share split into local hits and pulled tokens, pulled,
 recomputed and computed prompt tokens, evictions, load imbalance. Per point a verdict
 (`bench.routing.report`).
 
-    tandem bench routing --sweep [--quick] [--points few-large,bursts] [--arms kv-aware,oracle]
+    tandem bench routing --sweep [--quick] [--points few-large,bursts] [--arms kv-aware,oracle] [--repeats 3]
 
 prints one JSON document (`{"config", "points", "arms", "results", "verdicts", "gains",
 "summary", "pass"}`) on stdout, progress on stderr. Not a test.
@@ -41,7 +44,7 @@ from bench.routing.family import (
 )
 from bench.routing.main import model_dir_or_tiny, parse_names
 from bench.routing.oracle import GroupSpec, Oracle
-from bench.routing.report import gains, summary, table, verdict
+from bench.routing.report import gains, median_gains, over_repeats, summary, table, verdict
 from bench.routing.sweep_drive import PointRun, drive_point
 from bench.routing.systems import LAUNCHERS, Launcher, LaunchError, LaunchSpec, System, cpu_seconds
 from bench.routing.workloads import EngineShape
@@ -61,6 +64,7 @@ class SweepSetup:
     duration_s: float
     drain_s: float
     kv_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    repeats: int = 1  # runs of each point through every arm
 
 
 def oracle_for(point: SweepPoint, shape: EngineShape, sizing: PointSizing, worker_ids: Sequence[str],
@@ -88,17 +92,22 @@ def routing_for(arm: Arm, point: SweepPoint, shape: EngineShape, sizing: PointSi
     return Pinning(oracle_for(point, shape, sizing, system.worker_ids, arm.learn_per_group))
 
 
-def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm, launcher: Launcher | None) -> dict:
+def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm, launcher: Launcher | None,
+            repeat: int = 0) -> dict:
     row = {"point": point.name, "arm": arm.name, "system": arm.system, "settings": arm.settings}
+    label = f"{point.name}-{arm.name}"
+    if setup.repeats > 1:
+        row["repeat"] = repeat
+        label += f"-{repeat}"
     if launcher is None:
         return {**row, "error": f"no launcher for system {arm.system!r}"}
     shape = setup.shape
     offered = (f"{sizing.users} users" if point.closed_loop else f"{sizing.rate_rps:.1f} req/s")
-    progress(f"{point.name} / {arm.name}: {shape.workers} workers x {sizing.kv_blocks} KV blocks, {offered} "
+    progress(f"{point.name} / {arm.name}{f' / repeat {repeat}' if setup.repeats > 1 else ''}: {shape.workers} workers x {sizing.kv_blocks} KV blocks, {offered} "
              f"for {setup.duration_s:g}s ({json.dumps(arm.settings)})")
-    spec = LaunchSpec(label=f"{point.name}-{arm.name}", arm=arm, shape=shape, kv_blocks=sizing.kv_blocks,
+    spec = LaunchSpec(label=label, arm=arm, shape=shape, kv_blocks=sizing.kv_blocks,
                       model_dir=setup.model_dir, worker_settings=setup.worker_settings,
-                      log_dir=setup.log_root / f"{point.name}-{arm.name}")
+                      log_dir=setup.log_root / label)
     run = PointRun(point=point, shape=shape, sizing=sizing, vocab_size=setup.vocab_size, seed=setup.seed,
                    duration_s=setup.duration_s, drain_s=setup.drain_s)
     try:
@@ -128,20 +137,32 @@ def run_sweep(setup: SweepSetup, points: Sequence[SweepPoint], arm_names: Sequen
     rows: list[dict] = []
     verdicts: dict[str, dict] = {}
     point_gains: dict[str, dict] = {}
-    for index, point in enumerate(points):
+    runs = 0
+    for point in points:
         point.check(setup.shape.max_model_len)
         sizing = size_point(point, setup.shape)
-        point_rows = {name: run_arm(setup, point, sizing, by_name[name], launchers.get(by_name[name].system))
-                      for name in rotated(list(arm_names), index)}
-        rows.extend(point_rows[name] for name in arm_names)
-        verdicts[point.name] = verdict(point, point_rows)
-        point_gains[point.name] = gains(point_rows, {name: by_name[name].baseline for name in arm_names})
+        repeat_verdicts: list[dict] = []
+        repeat_gains: list[dict] = []
+        for repeat in range(setup.repeats):
+            point_rows = {name: run_arm(setup, point, sizing, by_name[name], launchers.get(by_name[name].system),
+                                        repeat)
+                          for name in rotated(list(arm_names), runs)}
+            runs += 1
+            rows.extend(point_rows[name] for name in arm_names)
+            repeat_verdicts.append(verdict(point, point_rows))
+            repeat_gains.append(gains(point_rows, {name: by_name[name].baseline for name in arm_names}))
+        if setup.repeats > 1:
+            verdicts[point.name] = over_repeats(repeat_verdicts)
+            point_gains[point.name] = median_gains(repeat_gains)
+        else:
+            verdicts[point.name], point_gains[point.name] = repeat_verdicts[0], repeat_gains[0]
     outcomes = [check["pass"] for check in verdicts.values()]
     return {
         "bench": "routing-sweep",
         "config": {"workers": setup.shape.workers, "duration_s": setup.duration_s, "drain_s": setup.drain_s,
                    "sim_speedup": setup.shape.sim_speedup, "profile": setup.shape.profile.name, "seed": setup.seed,
-                   "block_size": setup.shape.block_size, "max_model_len": setup.shape.max_model_len},
+                   "block_size": setup.shape.block_size, "max_model_len": setup.shape.max_model_len,
+                   "repeats": setup.repeats},
         "points": {point.name: {**dataclasses.asdict(point), "sizing": dataclasses.asdict(size_point(point, setup.shape))}
                    for point in points},
         "arms": {name: {"system": by_name[name].system, "settings": by_name[name].settings,
@@ -161,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS))
     parser.add_argument("--workers", type=int, default=4, help="sim workers of role both")
     parser.add_argument("--duration", type=float, default=0.0, help="seconds of arrivals per run")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each point through every arm; verdicts judge the median per-run ratios")
     parser.add_argument("--drain", type=float, default=20.0,
                         help="seconds to wait for answers after the last arrival; later ones are errors")
     parser.add_argument("--sim-speedup", type=float, default=0.25)
@@ -179,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"bench_routing: --kv-settings is not JSON: {error}") from error
     if not isinstance(kv_overrides, dict):
         raise SystemExit("bench_routing: --kv-settings must be a JSON object")
+    if args.repeats < 1:
+        raise SystemExit(f"bench_routing: --repeats must be at least 1, got {args.repeats}")
     from services.worker.sim.profile import load_profile
     from shared.tokenizer import Tokenizer
 
@@ -198,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup = SweepSetup(shape=shape, model_dir=model_dir, vocab_size=Tokenizer.from_model_dir(model_dir).vocab_size,
                        log_root=state_dir / "logs" / "sweep", worker_settings=worker_settings, seed=args.seed,
                        duration_s=args.duration or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S),
-                       drain_s=args.drain, kv_overrides=kv_overrides)
+                       drain_s=args.drain, kv_overrides=kv_overrides, repeats=args.repeats)
     started = time.monotonic()
     document = run_sweep(setup, points, arm_names)
     document["config"]["wall_s"] = round(time.monotonic() - started, 1)

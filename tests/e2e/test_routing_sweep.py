@@ -1,5 +1,6 @@
-"""The routing sweep end to end: one tiny point through kv-aware and the plain round-robin
-baseline, each on a fresh local stack of sim workers; the JSON document's shape."""
+"""The routing sweep end to end: one tiny point, twice, through kv-aware and the plain
+round-robin baseline, each run on a fresh local stack of sim workers; the JSON document's
+shape, and the point's verdict over both repeats."""
 
 from __future__ import annotations
 
@@ -29,18 +30,23 @@ def test_a_tiny_sweep_runs_every_arm_without_errors(tiny_model_dir: str, tmp_pat
     setup = SweepSetup(shape=shape, model_dir=tiny_model_dir,
                        vocab_size=Tokenizer.from_model_dir(tiny_model_dir).vocab_size, log_root=tmp_path,
                        worker_settings={"block_size": 16, "max_num_batched_tokens": 512, "max_model_len": 1024},
-                       seed=0, duration_s=3.0, drain_s=15.0)
+                       seed=0, duration_s=3.0, drain_s=15.0, repeats=2)
     document = json.loads(json.dumps(run_sweep(setup, [TINY], ARMS)))
     assert set(document) >= {"config", "points", "arms", "results", "verdicts", "gains", "summary", "pass"}
-    assert [(row["point"], row["arm"]) for row in document["results"]] == [("tiny", arm) for arm in ARMS]
+    assert [(row["point"], row["arm"], row["repeat"]) for row in document["results"]] == [
+        ("tiny", arm, repeat) for repeat in (0, 1) for arm in ARMS]
+    assert {path.name for path in tmp_path.iterdir()} == {f"tiny-{arm}-{repeat}" for arm in ARMS for repeat in (0, 1)}
     for row in document["results"]:
         assert "error" not in row, row
         assert all(row[name] is not None for name in ROW_FIGURES), row
         assert row["errors"] == 0 and row["requests"] > 0
         assert 0 < row["cached_share"] <= 1 and row["local_share"] + row["pulled_share"] == pytest.approx(
             row["cached_share"], abs=1e-3)
-    plain = document["results"][1]
-    assert plain["pulled_tokens"] == 0, "the plain baseline must not pull prefixes"
+    for plain in document["results"][1::2]:
+        assert plain["pulled_tokens"] == 0, "the plain baseline must not pull prefixes"
     checks = document["verdicts"]["tiny"]
-    assert checks["p99_vs_plain"]["pass"] is not None and checks["p90_vs_oracle"]["pass"] is None  # no oracle arm
+    assert checks["repeats"] == 2 and document["config"]["repeats"] == 2
+    assert len(checks["p99_vs_plain"]["per_repeat"]) == 2 and checks["p99_vs_plain"]["pass"] is not None
+    assert checks["p90_vs_oracle"]["pass"] is None  # no oracle arm
+    assert document["gains"]["tiny"]["kv-aware"] is not None
     assert document["points"]["tiny"]["sizing"]["kv_blocks"] > 0
