@@ -136,6 +136,10 @@ def router(
     sticky_homes: Annotated[bool, typer.Option(
         help="A prefix's home is the worker that served it last, unless busy; new homes balance the recent "
              "traffic homed on each worker (off: rendezvous hashing only).")] = True,
+    resident_homes: Annotated[bool, typer.Option(
+        help="Where prefixes need more KV than the cluster holds, only the most requested ones that fit "
+             "claim KV on their homes: new homes go where their prompts fit, and a worker whose resident "
+             "prefixes overflow its KV sheds a minor one (off: every recently used prefix claims KV).")] = True,
     shortlist_workers: Annotated[int, typer.Option(
         help="Past this many workers, cost a request only against its prefix's holders, its home and "
              "workers drawn at random, up to this many (0: every worker).")] = 16,
@@ -171,6 +175,7 @@ def router(
                             replica_share_slack=replica_share_slack if replica_share_slack >= 0 else None,
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
                             home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes,
+                            resident_homes=resident_homes,
                             shortlist_workers=shortlist_workers)
     config = RouterConfig(host=host, port=port, reuse_port=reuse_port, instance_port=instance_port,
                           model_dir=model_dir, served_model_name=served_model_name,

@@ -281,6 +281,11 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # is busy; a new home balances the recent traffic of the prefixes homed on each worker
     # (False: rendezvous hashing only)
     sticky_homes: bool = True
+    # ... and where the live prefixes need more KV than the cluster holds, only the most
+    # requested ones that fit (`routing.homes`: resident) claim KV on their homes: a new home
+    # for a resident prefix is sought where its prompt fits beside the residents, and a worker
+    # whose residents overflow its KV sheds a minor one (False: every live prefix claims KV)
+    resident_homes: bool = True
     # past this many workers a request is costed only against its prefix's holders, its home
     # and workers drawn at random, up to this many (`routing.shortlist`; 0: always every worker)
     shortlist_workers: int = 16

@@ -226,7 +226,8 @@ class Dispatcher:
                                  home_worker=self._kv_view.homes.home(cache.prefix_key) if cache.prefix_key else None,
                                  homed_share=self._kv_view.homes.shares(),
                                  prefix_share=self._kv_view.homes.share(cache.prefix_key) if cache.prefix_key else None,
-                                 homed_tokens=self._kv_view.homes.tokens())
+                                 homed_tokens=self._kv_view.homes.tokens(resident=self._routing.resident_homes),
+                                 resident_prefixes=self._kv_view.homes.residents())
             views, outcome = self._decide(route, excluded, params.route.compat_hash)
             self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
             self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)

@@ -112,9 +112,11 @@ class KvView:
 
     # ---- membership (called by the worker pool) -----------------------------------------
 
-    def worker_joined(self, worker_id: str, block_size: int) -> None:
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None:
+        """`kv_tokens`: its KV pool (0: unknown), which bounds the prefixes it keeps resident."""
         self._block_sizes[worker_id] = block_size
         self.index.add_worker(worker_id, block_size)
+        self.homes.set_capacity(worker_id, kv_tokens)
 
     def worker_left(self, worker_id: str) -> None:
         self._block_sizes.pop(worker_id, None)

@@ -135,7 +135,7 @@ def transfer_group(registration: WorkerRegistration) -> str:
 
 
 class MembershipListener(Protocol):
-    def worker_joined(self, worker_id: str, block_size: int) -> None: ...
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None: ...
 
     def worker_left(self, worker_id: str) -> None: ...
 
@@ -286,7 +286,8 @@ class WorkerPool:
             return
         if self._listener is not None and event.change is not MemberChange.UPDATED:
             self._listener.worker_left(worker_id)  # a restarted worker's cache is gone
-            self._listener.worker_joined(worker_id, registration.block_size)
+            self._listener.worker_joined(worker_id, registration.block_size,
+                                         kv_tokens=registration.capacity.kv_blocks * registration.block_size)
         state = self._workers.get(worker_id)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
-from services.router.routing.homes import LIVE_COUNT, PrefixHomes
+from services.router.routing.homes import LIVE_COUNT, RESIDENCY_EVERY, RESIDENT_FILL, PrefixHomes
 from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
@@ -26,10 +26,13 @@ def worker(worker_id: str, **overrides) -> WorkerView:
     return WorkerView(**fields)
 
 
-def route(homes: PrefixHomes, key: int, cached: dict[str, int] | None = None) -> RouteRequest:
+def route(homes: PrefixHomes, key: int, cached: dict[str, int] | None = None, *, resident: bool = True) -> RouteRequest:
+    """`resident`: as the router with `resident_homes` (off: every live prefix's tokens count)."""
     return RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, cached_tokens=cached or {},
                         held_tokens=cached or {}, prefix_key=key, home_worker=homes.home(key),
-                        homed_share=homes.shares(), prefix_share=homes.share(key), homed_tokens=homes.tokens())
+                        homed_share=homes.shares(), prefix_share=homes.share(key),
+                        homed_tokens=homes.tokens(resident=resident),
+                        resident_prefixes=homes.residents())
 
 
 def pick(workers: list[WorkerView], request: RouteRequest, routing: RoutingConfig = RoutingConfig()) -> str:
@@ -299,3 +302,151 @@ def test_a_new_home_skips_a_cheaper_worker_its_share_would_overcommit() -> None:
     workers = [worker("a", reported_prefill_tokens=6000), worker("b"), worker("c"), worker("d")]
     assert pick(workers, route(homes, 4, {"b": 384})) == "d"
     assert pick(workers, route(homes, 4, {"b": 384}), RoutingConfig(replica_share_slack=None)) == "b"
+
+
+# ---- resident prefixes ----------------------------------------------------------------------
+
+
+def sized(homes: PrefixHomes, workers: str, kv_tokens: int = 2560) -> PrefixHomes:
+    for name in workers:
+        homes.set_capacity(name, kv_tokens)
+    return homes
+
+
+def test_only_the_most_requested_prefixes_that_fit_in_the_cluster_are_resident() -> None:
+    """12 live prompts of 1088 tokens on 4 workers of 2560: 75% of the cluster's KV holds 7 of
+    them. The 7 most requested are resident and count in their homes' tokens; the other 5
+    miss wherever they go and count nowhere. Without any KV pool known, every live one counts."""
+    assert RESIDENT_FILL == 0.75
+    homes = PrefixHomes(horizon=10_000)
+    for key in range(12):
+        for _ in range(20 - key):  # prefix 0 the most requested
+            homes.record(key, "abcd"[key % 4], PROMPT)
+    assert homes.homed_tokens("a") == 3 * PROMPT  # no pool known: 0, 4 and 8, all live
+    sized(homes, "abcd")
+    assert [key for key in range(12) if homes.resident(key)] == list(range(7))
+    assert [key in homes.residents() for key in (6, 7)] == [True, False]
+    assert {name: homes.homed_tokens(name) for name in "abcd"} == {"a": 2 * PROMPT, "b": 2 * PROMPT,
+                                                                  "c": 2 * PROMPT, "d": PROMPT}
+    assert homes.homed_tokens("a", resident=False) == 3 * PROMPT
+    assert not homes.resident(99)  # never seen
+
+
+def test_residents_are_ranked_again_as_popularity_shifts_and_moves_count_at_once() -> None:
+    """A resident prefix that moves counts on its new home at once; a transient one that
+    becomes popular is resident from the next ranking (`RESIDENCY_EVERY` routed requests)."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, count in ((1, 9), (2, 8), (3, 7), (4, 6), (5, 2)):
+        for _ in range(count):
+            homes.record(key, "a" if key < 3 else "b", PROMPT)
+    assert not homes.limited()  # no KV pool known: every live prefix counts
+    sized(homes, "ab", kv_tokens=2600)  # 5 prompts need 5440 of 5200 tokens: 75% holds 3
+    assert homes.limited()
+    assert [homes.resident(key) for key in range(1, 6)] == [True, True, True, False, False]
+    homes.record(2, "b", PROMPT)  # moved: a keeps prefix 1 only
+    assert (homes.homed_tokens("a"), homes.homed_tokens("b")) == (PROMPT, 2 * PROMPT)
+    for _ in range(RESIDENCY_EVERY + 10):
+        homes.record(5, "a", PROMPT)  # prefix 5 is the most requested now
+    assert homes.resident(5) and not homes.resident(3)
+    assert (homes.homed_tokens("a"), homes.homed_tokens("b")) == (2 * PROMPT, PROMPT)
+
+
+def test_prompts_seen_once_fill_the_cluster_but_claim_no_kv() -> None:
+    """Unique prompts (each seen once) are live and take the cluster past its KV, but only
+    recurring prefixes are resident; a cold cluster, everything seen once, has none yet.
+    Where the live prompts all fit, every one counts."""
+    homes = sized(PrefixHomes(horizon=10_000), "ab", kv_tokens=2600)
+    for key in (1, 2, 3):
+        homes.record(key, "a", PROMPT)
+    assert not homes.limited() and homes.homed_tokens("a") == 3 * PROMPT
+    for key in range(100, 100 + RESIDENCY_EVERY):
+        homes.record(key, "b", PROMPT)  # unique prompts, once each (ranked again after as many)
+    assert homes.limited() and homes.homed_tokens("a") == homes.homed_tokens("b") == 0
+    for key in (1, 2, 3):
+        for _ in range(RESIDENCY_EVERY):
+            homes.record(key, "a", PROMPT)
+    assert homes.homed_tokens("a") == 3 * PROMPT and homes.homed_tokens("b") == 0
+    assert homes.homed_tokens("b", resident=False) == RESIDENCY_EVERY * PROMPT
+
+
+def test_a_resident_minor_tenant_leaves_a_home_whose_residents_overflow_its_kv_for_one_it_fits_on() -> None:
+    """10 recurring prompts on 4 workers of 2560 tokens: 7 are resident. a's three resident
+    prompts need 3264 of its 2560 tokens, though a's prefixes draw only 0.27 of the traffic
+    (not overcommitted). Prefix 2, cached on a and a quarter of a's traffic, moves to d, the
+    one worker with room for both its share and its prompt (b's residents fill it, c has no
+    room for the share); the major tenant stays; with `resident_homes` off, prefix 2 stays too."""
+    homes = sized(PrefixHomes(horizon=10_000), "abcd")
+    for key, name, count in ((1, "a", 7), (2, "a", 3), (3, "a", 3), (4, "b", 10), (7, "b", 3), (5, "c", 10),
+                             (8, "c", 2), (6, "d", 6), (9, "d", 2), (10, "d", 2)):
+        for _ in range(count):
+            homes.record(key, name, PROMPT)
+    assert homes.limited() and [key for key in range(1, 11) if homes.resident(key)] == [1, 2, 3, 4, 5, 6, 7]
+    assert homes.homed_share()["a"] < 0.3 and homes.homed_tokens("a") == 3 * PROMPT
+    workers = [worker(name) for name in "abcd"]
+    assert pick(workers, route(homes, 2, {"a": 1024})) == "d"
+    assert pick(workers, route(homes, 1, {"a": 1024})) == "a"
+    off = RoutingConfig(resident_homes=False)
+    assert pick(workers, route(homes, 2, {"a": 1024}, resident=False), off) == "a"
+
+
+def test_a_transient_prefix_stays_on_a_home_whose_residents_fit() -> None:
+    """Past the cluster's KV a transient prefix misses wherever it goes: a's residents fit in
+    its KV, so prefix 4 stays. Counting every live prefix (`resident_homes` off), a overflows
+    and prefix 4, a minor tenant of an overcommitted home, leaves for b."""
+    homes = sized(PrefixHomes(horizon=10_000), "ab")  # 5 prompts need 5440 of 5120 tokens: 3 resident
+    for key, name, count in ((1, "a", 9), (2, "a", 8), (3, "b", 7), (4, "a", 2), (5, "b", 2)):
+        for _ in range(count):
+            homes.record(key, name, PROMPT)
+    assert not homes.resident(4) and homes.homed_tokens("a") == 2 * PROMPT
+    workers = [worker(name) for name in "ab"]
+    assert pick(workers, route(homes, 4, {"a": 1024})) == "a"
+    off = RoutingConfig(resident_homes=False)
+    assert pick(workers, route(homes, 4, {"a": 1024}, resident=False), off) == "b"
+
+
+def test_a_resident_prefix_leaving_its_home_goes_where_its_prompt_fits() -> None:
+    """Prefix 2, evicted, leaves its overcommitted home a. b's prefixes draw the least traffic
+    but its two resident prompts leave no room for a third; c has room for both its share and
+    its prompt, so it goes to c (to b with `resident_homes` off)."""
+    homes = sized(PrefixHomes(horizon=10_000), "abcd")
+    for key, name, count in ((1, "a", 10), (2, "a", 3), (3, "b", 3), (4, "b", 3), (5, "c", 7), (6, "d", 9),
+                             (7, "d", 2), (8, "d", 2), (9, "d", 2), (10, "d", 2)):
+        for _ in range(count):
+            homes.record(key, name, PROMPT)
+    assert homes.limited() and all(homes.resident(key) for key in range(1, 7))
+    workers = [worker(name) for name in "abcd"]
+    assert pick(workers, route(homes, 2)) == "c"
+    assert pick(workers, route(homes, 2, resident=False), RoutingConfig(resident_homes=False)) == "b"
+
+
+def _walked_resident_tokens(homes: PrefixHomes, worker_id: str) -> int:
+    residents = homes._residents or set()
+    return sum(homes._prefixes[key][3] for key in residents if homes._prefixes[key][0] == worker_id)
+
+
+@settings(max_examples=200, deadline=None)
+@given(horizon=st.integers(1, 12), max_tracked=st.integers(1, 6),
+       steps=st.lists(st.one_of(
+           st.tuples(st.just("record"), st.integers(0, 7), st.sampled_from("abc"), st.integers(1, 900),
+                     st.booleans()),
+           st.tuples(st.just("capacity"), st.sampled_from("abc"), st.integers(0, 3000)),
+           st.tuples(st.just("forget"), st.sampled_from("abc"))), max_size=60))
+def test_resident_tokens_kept_as_prefixes_are_routed_equal_the_walk_over_the_residents(horizon, max_tracked,
+                                                                                      steps) -> None:
+    """Between rankings, the resident tokens kept per worker as prefixes move, fade and are
+    forgotten equal the walk over the resident prefixes' current homes, and every resident
+    prefix is live."""
+    homes = PrefixHomes(horizon=horizon, max_tracked=max_tracked)
+    for step in steps:
+        if step[0] == "record":
+            _, key, worker_id, tokens, copy = step
+            homes.record(key, worker_id, tokens, copy=copy)
+        elif step[0] == "capacity":
+            homes.set_capacity(step[1], step[2])
+        else:
+            homes.forget(step[1])
+        for worker_id in "abc":
+            tokens = homes.homed_tokens(worker_id)
+            if homes._residents is not None:
+                assert tokens == _walked_resident_tokens(homes, worker_id)
+                assert homes._residents <= homes._live

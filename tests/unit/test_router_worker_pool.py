@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from services.router.kv_view import KvView
 from services.router.worker_pool import WorkerPool
 from shared.codec import MalformedCounter, encode
 from shared.errors import Disconnected
@@ -38,9 +39,11 @@ def view(pool: WorkerPool, worker_id: str):
 class Listener:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.kv_tokens: dict[str, int] = {}
 
-    def worker_joined(self, worker_id: str, block_size: int) -> None:
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None:
         self.calls.append(("joined", worker_id))
+        self.kv_tokens[worker_id] = kv_tokens
 
     def worker_left(self, worker_id: str) -> None:
         self.calls.append(("left", worker_id))
@@ -62,6 +65,7 @@ def test_membership_heartbeats_restarts_and_leaves() -> None:
     put(pool, "w1", started_at=1.0, heartbeat_at=2.0)  # a heartbeat
     assert routed.lost is None and view(pool, "w1").reported_load == 1
     assert listener.calls == [("left", "w1"), ("joined", "w1")]  # indexed afresh when it joins
+    assert listener.kv_tokens == {"w1": 64 * 16}  # its KV pool, which bounds the prefixes kept resident
 
     put(pool, "w1", started_at=5.0, heartbeat_at=5.0)  # a new process under the same id
     assert isinstance(routed.lost, Disconnected) and "restarted" in str(routed.lost)
@@ -130,3 +134,16 @@ def test_after_a_reconnect_a_load_report_confirms_its_worker() -> None:
     assert pool._members.unconfirmed == {"w2"}
     report(pool, "w1", seq=2, running=0, pending_prefill_tokens=0)  # already confirmed: nothing changes
     assert [view.worker_id for view in pool.views()] == ["w1"]
+
+
+def test_the_kv_view_bounds_the_resident_prefixes_by_the_members_kv_pools() -> None:
+    """Two recurring prompts of 1500 tokens on a member of 2000: past the cluster's KV. Once
+    the member leaves, its pool and its prefixes go with it."""
+    kv_view = KvView(None, Subjects(), MalformedCounter())  # type: ignore[arg-type]
+    kv_view.worker_joined("w1", 16, kv_tokens=2000)
+    for _ in range(3):
+        kv_view.homes.record(1, "w1", 1500)
+        kv_view.homes.record(2, "w1", 1500)
+    assert kv_view.homes.limited() and kv_view.homes.homed_tokens("w1") == 1500
+    kv_view.worker_left("w1")
+    assert not kv_view.homes.limited() and kv_view.homes.homed_tokens("w1") == 0

@@ -126,16 +126,36 @@ class Candidates:
         return (self.request.prefix_key is not None and self.routing.home_slack_tokens > 0
                 and 2 * max(self.request.cached_tokens.values(), default=0) < self.request.prompt_tokens)
 
-    def _home(self, parts: Sequence[Single]) -> Single:
+    def _home(self, parts: Sequence[Single], leaving: bool) -> Single:
+        """`leaving`: the prefix leaves its learned home (`rehomes`)."""
         request, routing = self.request, self.routing
         assert request.prefix_key is not None
         hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
-                          leave=self._leave_home(len(parts)), prefix_share=request.prefix_share,
-                          share_cap=self._share_cap(len(parts))) if routing.sticky_homes \
+                          leave=LEAVE if leaving else self._leave_home(len(parts)), prefix_share=request.prefix_share,
+                          share_cap=self._share_cap(len(parts)), fits=self._fits(parts)) if routing.sticky_homes \
             else HomeHints(request.prefix_key)
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
+
+    @property
+    def _past_kv(self) -> bool:
+        """`resident_homes` applies: the live prefixes need more KV than the cluster holds."""
+        return self.routing.resident_homes and self.request.kv_limited
+
+    def _fits(self, parts: Sequence[Single]) -> frozenset[str] | None:
+        """Past the cluster's KV (`_past_kv`), for a resident prefix, the workers of `parts` whose KV holds its
+        prompt beside their resident homed prefixes' (its home: beside the others'); None
+        otherwise (a transient prefix misses wherever it goes)."""
+        if not self._past_kv or not self.request.resident:
+            return None
+        return frozenset(part.worker.worker_id for part in parts if self._fits_on(part.worker))
+
+    def _fits_on(self, worker: WorkerView) -> bool:
+        request = self.request
+        adds = 0 if worker.worker_id == request.home_worker else request.prompt_tokens
+        return (worker.kv_capacity_tokens <= 0
+                or request.homed_tokens.get(worker.worker_id, 0) + adds <= worker.kv_capacity_tokens)
 
     def _share_cap(self, workers: int) -> float | None:
         slack = self.routing.replica_share_slack
@@ -178,10 +198,12 @@ class Candidates:
         return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
 
     def rehomes(self, parts: Sequence[Single]) -> bool:
-        """Whether the prefix, though cached, leaves its learned home now: it is a minor tenant
-        there (`cost.minor_tenant`: the prefixes homed there draw more than one worker carries),
-        the prompts homed there need more KV than the home holds (`cost.homes_overflow`), and
-        another of `parts` has room for its share. Moving it costs one computed prompt;
+        """Whether the prefix, cached or not, leaves its learned home now: it is a minor tenant
+        there (`cost.minor_tenant`: the prefixes homed there draw more than one worker carries;
+        past the cluster's KV, `_past_kv`, also a resident prefix drawing at most half of its
+        home's traffic), the prompts homed there need more KV than the home holds
+        (`cost.homes_overflow`; past the cluster's KV, the resident ones), and another of
+        `parts` has room for its share (and its prompt, `_fits_on`). Moving it costs one computed prompt;
         leaving it lets the home's major tenants and it evict one another (and queue) for as
         long as the traffic lasts. Cold starts place tenants before their shares are known,
         so this is how the partition rebalances once they are."""
@@ -190,7 +212,10 @@ class Candidates:
         if (not self.routing.sticky_homes or request.prefix_key is None or home is None
                 or request.prefix_share is None or slack is None or len(parts) < 2):
             return False
-        if not minor_tenant(request.prefix_share, request.homed_share.get(home, 0.0), len(parts), slack):
+        homed = request.homed_share.get(home, 0.0)
+        minor = minor_tenant(request.prefix_share, homed, len(parts), slack)
+        shed = 2 * request.prefix_share <= homed and self._past_kv and request.resident
+        if not (minor or shed):
             return False
         if not any(part.worker.worker_id == home and homes_overflow(part.worker, request.homed_tokens.get(home))
                    for part in parts):
@@ -198,6 +223,7 @@ class Candidates:
         cap = share_cap(len(parts), slack)
         return any(part.worker.worker_id != home
                    and request.homed_share.get(part.worker.worker_id, 0.0) + request.prefix_share <= cap
+                   and (minor or self._fits_on(part.worker))
                    for part in parts)
 
     def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
@@ -206,8 +232,9 @@ class Candidates:
     def best_part(self, parts: Sequence[Single]) -> Single | None:
         """The cheapest of `parts` after bounded affinity (`affine`); for a weakly cached
         prompt, or a prefix that leaves its home (`rehomes`), its home (`_home`)."""
-        if self.weak or self.rehomes(parts):
-            return self._home(parts) if parts else None
+        leaving = self.rehomes(parts)
+        if self.weak or leaving:
+            return self._home(parts, leaving) if parts else None
         parts = self.affine(parts)
         return min(parts, key=lambda part: part.key) if parts else None
 

@@ -59,12 +59,18 @@ class HomeHints:
     # home is sought first among workers that stay under the cap with it (None: unknown)
     prefix_share: float | None = None
     share_cap: float | None = None
+    # the workers where the prefix's prompt fits beside their resident homed prefixes' (a
+    # resident prefix's new home is sought among them first); None: anywhere
+    fits: frozenset[str] | None = None
 
     def has_room(self, worker_id: str) -> bool:
         """Whether homing the prefix on `worker_id` keeps that worker's share under the cap."""
         if self.prefix_share is None or self.share_cap is None:
             return True
         return self.homed_share.get(worker_id, 0.0) + self.prefix_share <= self.share_cap
+
+    def fits_on(self, worker_id: str) -> bool:
+        return self.fits is None or worker_id in self.fits
 
 
 def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id: Callable[[Part], str],
@@ -73,7 +79,8 @@ def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id:
     """Of `parts` (non-empty): the learned home unless busy (queued prefill past `busy_factor`
     x the mean and `busy_margin` above it, where `hints.leave` is IF_BUSY) or to be left
     (`LEAVE`); else a new, balanced home among the near-cheapest of the workers queueing at
-    most the mean with room for the prefix's share (`HomeHints.has_room`; of all of them
+    most the mean with room for the prefix's share (`HomeHints.has_room`) and its prompt
+    (`HomeHints.fits_on`; those with room for its share when none has both; all of them
     when none has room); the cheapest when none qualifies."""
     mean_queued = sum(queued(part) for part in parts) / len(parts)
     if hints.home is not None and hints.leave != LEAVE:
@@ -82,7 +89,7 @@ def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id:
             if worker_id(part) == hints.home and queued(part) <= busy:
                 return part
     roomy = [part for part in parts if queued(part) <= mean_queued and hints.has_room(worker_id(part))]
-    pool = roomy or parts
+    pool = [part for part in roomy if hints.fits_on(worker_id(part))] or roomy or parts
     cheapest = min(pool, key=cost)
     near = [part for part in pool if cost(part) <= cost(cheapest) + slack and queued(part) <= mean_queued]
     if not near:

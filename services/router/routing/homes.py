@@ -22,6 +22,18 @@ moved than left to thrash. The sums are kept as prefixes are routed: each live p
 the step at which its decayed count falls below `LIVE_COUNT` in a heap, popped as steps
 pass, so asking costs no walk over the prefixes (there may be tens of thousands).
 
+When the live prefixes need more KV than the whole cluster holds (`limited`), some of them
+miss wherever they go, and counting them in `homed_tokens` would make every worker look
+overfull (so every minor tenant would look worth moving, and no worker would look roomy for
+a new home). So only the *resident* prefixes count there: the most requested of the
+recurring ones (at least `RESIDENT_COUNT` recent requests: a prompt seen once claims no KV)
+whose prompts fit in `RESIDENT_FILL` of the cluster's KV (the rest is for the others'
+misses, unique prompts and decoding), ranked anew every `RESIDENCY_EVERY` routed requests;
+the others are *transient* (`resident` is False for them). A cold cluster, whose prefixes
+have all been seen once, has no residents yet: none overflows a worker, so none is moved on
+shares that one request each cannot tell apart. Where the live prefixes all fit, or no
+worker's KV pool is known, every live prefix counts.
+
 Callers: the router's KV view (`record` on each routed prompt) and the routing request
 (`RouteRequest.home_worker`, `RouteRequest.homed_share`).
 """
@@ -31,11 +43,14 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
 LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on its home in `homed_tokens`
+RESIDENT_COUNT = 1.5  # recent requests (decayed) that make a prefix recurring: a unique prompt claims no KV
+RESIDENT_FILL = 0.75  # of the cluster's KV, what resident prefixes' prompts may keep once not all fit
+RESIDENCY_EVERY = 16  # routed requests between two rankings of the resident prefixes
 
 
 class PrefixHomes:
@@ -54,6 +69,11 @@ class PrefixHomes:
         self._total = (0.0, 0)  # every tracked prefix's summed count, at step
         self._live_tokens: dict[str, int] = {}  # worker -> the tokens of its live homed prefixes
         self._deaths: list[tuple[int, int, int]] = []  # heap: (step it stops being live, key, its at_step)
+        self._live: set[int] = set()  # the live prefixes' keys
+        self._capacity: dict[str, int] = {}  # worker -> its KV pool, in tokens
+        self._residents: set[int] | None = None  # None: not `limited`, every live prefix counts
+        self._resident_tokens: dict[str, int] = {}  # worker -> the tokens of its resident homed prefixes
+        self._ranked_at: int | None = None  # None: to be ranked (capacity or membership changed)
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
@@ -79,11 +99,21 @@ class PrefixHomes:
             entry = self._prefixes.get(key)
             if entry is not None and entry[2] == at_step:  # else routed again (or forgotten) since
                 self._live_tokens[entry[0]] -= entry[3]
+                self._live.discard(key)
+                self._unreside(key, entry)
 
-    def _unlive(self, entry: tuple[str, float, int, int]) -> None:
+    def _unlive(self, key: int, entry: tuple[str, float, int, int]) -> None:
         """A tracked entry is replaced or dropped: out of its home's live sum if still live."""
         if self._death(entry[1], entry[2]) > self._step:
             self._live_tokens[entry[0]] -= entry[3]
+            self._live.discard(key)
+        self._unreside(key, entry)
+
+    def _unreside(self, key: int, entry: tuple[str, float, int, int]) -> None:
+        """A resident prefix's entry is replaced or dropped: out of its home's resident sum."""
+        if self._residents is not None and key in self._residents:
+            self._residents.discard(key)
+            self._resident_tokens[entry[0]] -= entry[3]
 
     def home(self, prefix_key: int) -> str | None:
         entry = self._prefixes.get(prefix_key)
@@ -104,10 +134,12 @@ class PrefixHomes:
         self._bury()
         count = 0.0
         entry = self._prefixes.pop(prefix_key, None)
+        residents = self._residents
+        resident = residents is not None and prefix_key in residents
         if entry is not None and copy:
             worker_id = entry[0]
         if entry is not None:
-            self._unlive(entry)
+            self._unlive(prefix_key, entry)
             count = self._now(entry[1], entry[2])
             self._add(entry[0], -count)
             self._members[entry[0]].discard(prefix_key)
@@ -118,12 +150,16 @@ class PrefixHomes:
         death = self._death(count, self._step)
         if death > self._step:
             self._live_tokens[worker_id] = self._live_tokens.get(worker_id, 0) + tokens
+            self._live.add(prefix_key)
             heapq.heappush(self._deaths, (death, prefix_key, self._step))
+            if residents is not None and resident:  # it stays resident, at its (new) home, until the next ranking
+                residents.add(prefix_key)
+                self._resident_tokens[worker_id] = self._resident_tokens.get(worker_id, 0) + tokens
         self._total = (self._now(*self._total) + 1.0, self._step)
         if len(self._prefixes) > self._max_tracked:
             old_key, old_entry = self._prefixes.popitem(last=False)
             old_home, old_count, at_step, _ = old_entry
-            self._unlive(old_entry)
+            self._unlive(old_key, old_entry)
             self._add(old_home, -self._now(old_count, at_step))
             self._members[old_home].discard(old_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
@@ -136,15 +172,22 @@ class PrefixHomes:
         """A worker left: its prefixes have no home until routed again."""
         self._workers.pop(worker_id, None)
         self._live_tokens.pop(worker_id, None)  # its entries' heap items find them gone
+        self._capacity.pop(worker_id, None)
+        self._residents, self._ranked_at = None, None
         for prefix_key in self._members.pop(worker_id, set()):
+            self._live.discard(prefix_key)
             _, count, at_step, _ = self._prefixes.pop(prefix_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(count, at_step)), self._step)
 
     def homed_share(self) -> dict[str, float]:
-        """Per worker, the share of recent requests whose prefixes are homed there."""
-        counts = {worker_id: self._now(total, at_step) for worker_id, (total, at_step) in self._workers.items()}
-        total = sum(counts.values())
-        return {worker_id: count / total for worker_id, count in counts.items()} if total > 0 else {}
+        """Per worker, the share of recent requests whose prefixes are homed there (over every
+        tracked prefix's count, as `worker_share`: the sum of the workers' counts may differ
+        from it by rounding, and a lone worker left with a rounding residue then has none)."""
+        total = self._now(*self._total)
+        if total <= 0:
+            return {}
+        return {worker_id: min(1.0, self._now(count, at_step) / total)
+                for worker_id, (count, at_step) in self._workers.items()}
 
     def worker_share(self, worker_id: str) -> float:
         """`homed_share()[worker_id]` without computing every worker's (KeyError for a worker
@@ -164,15 +207,69 @@ class PrefixHomes:
         (`worker_share`), all of them on first iteration."""
         return LazyShares(self)
 
-    def homed_tokens(self, worker_id: str) -> int:
-        """The KV the live prefixes homed on `worker_id` keep there: the tokens of the last
-        prompt of each prefix with at least `LIVE_COUNT` recent requests (decayed)."""
-        self._bury()
-        return self._live_tokens.get(worker_id, 0)
+    def set_capacity(self, worker_id: str, kv_tokens: int) -> None:
+        """`worker_id`'s KV pool holds `kv_tokens` (0: unknown)."""
+        if kv_tokens > 0:
+            self._capacity[worker_id] = kv_tokens
+        else:
+            self._capacity.pop(worker_id, None)
+        self._residents, self._ranked_at = None, None
 
-    def tokens(self) -> Mapping[str, int]:
+    def _rank(self) -> set[int] | None:
+        """The resident prefixes, or None where every live one counts (not `limited`), ranked
+        anew when `RESIDENCY_EVERY` requests have been routed since the last ranking."""
+        self._bury()
+        if self._ranked_at is not None and self._step - self._ranked_at < RESIDENCY_EVERY:
+            return self._residents
+        self._ranked_at = self._step
+        capacity = sum(self._capacity.values())
+        prefixes = self._prefixes
+        if not capacity or sum(self._live_tokens.values()) <= capacity:
+            self._residents = None
+            return None
+        recurring = [key for key in self._live if self._now(prefixes[key][1], prefixes[key][2]) >= RESIDENT_COUNT]
+        budget = RESIDENT_FILL * capacity
+        residents: set[int] = set()
+        tokens: dict[str, int] = {}
+        used = 0
+        # every live count decays alike: the counts as of their own steps rank like today's
+        for key in sorted(recurring, key=lambda key: -prefixes[key][1] * self._keep ** (self._step - prefixes[key][2])):
+            home, _, _, prompt_tokens = prefixes[key]
+            if used + prompt_tokens <= budget:
+                used += prompt_tokens
+                residents.add(key)
+                tokens[home] = tokens.get(home, 0) + prompt_tokens
+        self._residents, self._resident_tokens = residents, tokens
+        return residents
+
+    def limited(self) -> bool:
+        """Whether the live prefixes need more KV than the cluster holds, so only some of them
+        are resident."""
+        return self._rank() is not None
+
+    def resident(self, prefix_key: int) -> bool:
+        """Whether the prefix is among the resident ones (its KV is worth keeping on its home);
+        every live one is where not `limited`."""
+        residents = self._rank()
+        return prefix_key in self._live if residents is None else prefix_key in residents
+
+    def homed_tokens(self, worker_id: str, *, resident: bool = True) -> int:
+        """The KV the resident prefixes homed on `worker_id` keep there: the tokens of the last
+        prompt of each. Without `resident`, or where not `limited`: of every live prefix (at
+        least `LIVE_COUNT` recent requests, decayed)."""
+        if not resident or self._rank() is None:
+            self._bury()
+            return self._live_tokens.get(worker_id, 0)
+        return self._resident_tokens.get(worker_id, 0)
+
+    def tokens(self, *, resident: bool = True) -> Mapping[str, int]:
         """`homed_tokens` per worker, computed on access (only a rebalancing check asks)."""
-        return HomedTokens(self)
+        return HomedTokens(self, resident)
+
+    def residents(self) -> Residents:
+        """The resident prefixes' keys (`resident`) and whether the cluster is `limited`,
+        ranked on access."""
+        return Residents(self)
 
 
 class LazyShares(Mapping[str, float]):
@@ -198,12 +295,25 @@ class LazyShares(Mapping[str, float]):
 
 
 
-class HomedTokens(Mapping[str, int]):
+class Residents(Container[int]):
     def __init__(self, homes: PrefixHomes) -> None:
         self._homes = homes
 
+    def __contains__(self, prefix_key: object) -> bool:
+        return isinstance(prefix_key, int) and self._homes.resident(prefix_key)
+
+    @property
+    def limited(self) -> bool:
+        return self._homes.limited()
+
+
+class HomedTokens(Mapping[str, int]):
+    def __init__(self, homes: PrefixHomes, resident: bool) -> None:
+        self._homes = homes
+        self._resident = resident
+
     def __getitem__(self, worker_id: str) -> int:
-        return self._homes.homed_tokens(worker_id)
+        return self._homes.homed_tokens(worker_id, resident=self._resident)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._homes.homed_workers())

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from services.router.routing.homes import Residents
+
 RefusalReason = Literal[
     "overloaded",  # every candidate worker is past its queue limit: try again later (429)
     "cache_threshold",  # no worker holds enough of the prompt for the request's cache-hit threshold
@@ -42,6 +44,19 @@ class RouteRequest:
     # per worker, the KV tokens its live homed prefixes keep there (`homes.PrefixHomes.tokens`);
     # absent: unknown
     homed_tokens: Mapping[str, int] = field(default_factory=dict)
+    # where the live prefixes need more KV than the cluster holds (`limited`), the ones
+    # whose KV is worth keeping on their homes (`homes.PrefixHomes.resident`); None: unknown
+    resident_prefixes: Residents | None = None
+
+    @property
+    def kv_limited(self) -> bool:
+        """Whether only some of the live prefixes can stay cached in the cluster."""
+        return self.resident_prefixes is not None and self.resident_prefixes.limited
+
+    @property
+    def resident(self) -> bool:
+        """Whether the prompt's prefix is resident (True where unknown)."""
+        return self.prefix_key is None or self.resident_prefixes is None or self.prefix_key in self.resident_prefixes
 
     @property
     def max_tokens(self) -> int:
