@@ -116,13 +116,18 @@ class _WorkerState(WorkerLoad[InFlight]):
             outstanding_prefill_tokens=self.outstanding_prefill_tokens + remote.prefill_tokens,
             outstanding_prefill_at_report=self.outstanding_prefill_at_report + at_report.prefill_tokens,
             kv_push=registration.capabilities.kv_push,
-            kv_capacity_tokens=registration.capacity.kv_blocks * registration.block_size,
+            kv_capacity_tokens=kv_pool_tokens(registration),
             reported_free_kv_tokens=None if load is None else free_kv_tokens(load, registration.block_size),
         )
 
     def abort_all(self, error: TandemError) -> None:
         for in_flight in list(self.in_flight.values()):
             in_flight.abort(error)
+
+
+def kv_pool_tokens(registration: WorkerRegistration) -> int:
+    """The tokens the worker's KV pool holds."""
+    return registration.capacity.kv_blocks * registration.block_size
 
 
 def transfer_group(registration: WorkerRegistration) -> str:
@@ -287,7 +292,7 @@ class WorkerPool:
         if self._listener is not None and event.change is not MemberChange.UPDATED:
             self._listener.worker_left(worker_id)  # a restarted worker's cache is gone
             self._listener.worker_joined(worker_id, registration.block_size,
-                                         kv_tokens=registration.capacity.kv_blocks * registration.block_size)
+                                         kv_tokens=kv_pool_tokens(registration))
         state = self._workers.get(worker_id)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
-from services.router.routing.homes import LIVE_COUNT, RESIDENCY_EVERY, RESIDENT_FILL, PrefixHomes
+from services.router.routing.homes import LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.residency import RESIDENT_FILL
 from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 

@@ -25,11 +25,10 @@ pass, so asking costs no walk over the prefixes (there may be tens of thousands)
 When the live prefixes need more KV than the whole cluster holds (`limited`), some of them
 miss wherever they go, and counting them in `homed_tokens` would make every worker look
 overfull (so every minor tenant would look worth moving, and no worker would look roomy for
-a new home). So only the *resident* prefixes count there: the most requested of the
-recurring ones (at least `RESIDENT_COUNT` recent requests: a prompt seen once claims no KV)
-whose prompts fit in `RESIDENT_FILL` of the cluster's KV (the rest is for the others'
-misses, unique prompts and decoding), ranked anew every `RESIDENCY_EVERY` routed requests;
-the others are *transient* (`resident` is False for them). A cold cluster, whose prefixes
+a new home). So only the *resident* prefixes count there (`residency.rank_residents`: the
+most requested recurring ones that fit in part of the cluster's KV), ranked anew every
+`RESIDENCY_EVERY` routed requests; the others are *transient* (`resident` is False for
+them). A cold cluster, whose prefixes
 have all been seen once, has no residents yet: none overflows a worker, so none is moved on
 shares that one request each cannot tell apart. Where the live prefixes all fit, or no
 worker's KV pool is known, every live prefix counts.
@@ -45,11 +44,11 @@ import math
 from collections import OrderedDict
 from collections.abc import Container, Iterator, Mapping
 
+from services.router.routing.residency import rank_residents
+
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
 LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on its home in `homed_tokens`
-RESIDENT_COUNT = 1.5  # recent requests (decayed) that make a prefix recurring: a unique prompt claims no KV
-RESIDENT_FILL = 0.75  # of the cluster's KV, what resident prefixes' prompts may keep once not all fit
 RESIDENCY_EVERY = 16  # routed requests between two rankings of the resident prefixes
 
 
@@ -223,24 +222,14 @@ class PrefixHomes:
             return self._residents
         self._ranked_at = self._step
         capacity = sum(self._capacity.values())
-        prefixes = self._prefixes
         if not capacity or sum(self._live_tokens.values()) <= capacity:
             self._residents = None
             return None
-        recurring = [key for key in self._live if self._now(prefixes[key][1], prefixes[key][2]) >= RESIDENT_COUNT]
-        budget = RESIDENT_FILL * capacity
-        residents: set[int] = set()
-        tokens: dict[str, int] = {}
-        used = 0
-        # every live count decays alike: the counts as of their own steps rank like today's
-        for key in sorted(recurring, key=lambda key: -prefixes[key][1] * self._keep ** (self._step - prefixes[key][2])):
-            home, _, _, prompt_tokens = prefixes[key]
-            if used + prompt_tokens <= budget:
-                used += prompt_tokens
-                residents.add(key)
-                tokens[home] = tokens.get(home, 0) + prompt_tokens
-        self._residents, self._resident_tokens = residents, tokens
-        return residents
+        prefixes = self._prefixes
+        live = ((key, prefixes[key][0], self._now(prefixes[key][1], prefixes[key][2]), prefixes[key][3])
+                for key in self._live)
+        self._residents, self._resident_tokens = rank_residents(live, capacity)
+        return self._residents
 
     def limited(self) -> bool:
         """Whether the live prefixes need more KV than the cluster holds, so only some of them
