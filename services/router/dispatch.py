@@ -272,7 +272,8 @@ class Dispatcher:
         decode = None
         if plan.decode_worker_id is not None:
             decode = self._pool.begin(plan.decode_worker_id, params.request_id)
-        self._kv_view.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s)
+        self._kv_view.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s,
+                              moves_home=plan.moves_home)
         self._pool.shared_load.predicted(computing, cache.chains, self._routing.speculative_ttl_s)
         prefix = None
         if plan.prompt is not None and plan.prompt.holder_id is not None:

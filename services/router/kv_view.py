@@ -181,15 +181,18 @@ class KvView:
         """Per worker (on access), seconds since its least recently used prefix was routed."""
         return VictimAges(self.recency, self.index, now)
 
-    def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float) -> None:
+    def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float, *,
+                moves_home: bool = False) -> None:
         """`worker_id` was just routed the prompt: count its blocks there until its own events
         arrive (or `ttl_s` passes), so sibling requests follow it; the prompt's prefix is now
         its most recently used one, and its home unless that home still holds most of the
-        prompt (then `worker_id` got a copy: `homes.PrefixHomes.record`)."""
+        prompt (then `worker_id` got a copy: `homes.PrefixHomes.record`) and the prefix was
+        not sent there to leave it (`moves_home`)."""
         if cache.prefix_key is not None:
             self.recency.touch(worker_id, cache.prefix_key, now)
             home = self.homes.home(cache.prefix_key)
-            copy = home is not None and home != worker_id and 2 * cache.cached_tokens.get(home, 0) >= cache.block_tokens
+            copy = (not moves_home and home is not None and home != worker_id
+                    and 2 * cache.cached_tokens.get(home, 0) >= cache.block_tokens)
             self.homes.record(cache.prefix_key, worker_id, cache.block_tokens, copy=copy)
         block_size = self._block_sizes.get(worker_id)
         if block_size is not None and block_size in cache.chains:

@@ -269,6 +269,9 @@ def test_a_cached_minor_tenant_moves_off_an_overcommitted_overflowing_home_where
     small = [worker(name, kv_capacity_tokens=2048) for name in "abcd"]
     assert pick(small, route(homes, 4, {"a": 1024})) == "d"
     assert pick(small, route(homes, 1, {"a": 1024})) == "a"
+    moved, stayed = decide(small, route(homes, 4, {"a": 1024})), decide(small, route(homes, 1, {"a": 1024}))
+    assert isinstance(moved, RoutePlan) and isinstance(stayed, RoutePlan)
+    assert moved.moves_home and not stayed.moves_home  # a, which still holds it, must not keep it as a copy
     assert pick(small, route(homes, 4, {"a": 1024}), RoutingConfig(replica_share_slack=None)) == "a"
     roomy = [worker(name, kv_capacity_tokens=4096) for name in "abcd"]
     assert pick(roomy, route(homes, 4, {"a": 1024})) == "a"

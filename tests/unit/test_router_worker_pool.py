@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from services.router.kv_view import KvView
+from services.router.kv_view import KvView, PromptCache
 from services.router.worker_pool import WorkerPool
 from shared.codec import MalformedCounter, encode
 from shared.errors import Disconnected
@@ -147,3 +147,19 @@ def test_the_kv_view_bounds_the_resident_prefixes_by_the_members_kv_pools() -> N
     assert kv_view.homes.limited() and kv_view.homes.homed_tokens("w1") == 1500
     kv_view.worker_left("w1")
     assert not kv_view.homes.limited() and kv_view.homes.homed_tokens("w1") == 0
+
+
+def test_a_prefix_sent_to_leave_its_home_moves_there_though_the_home_still_holds_it() -> None:
+    """w1 holds the prompt and is its home: a request served by w2 is a copy (the home stays)
+    unless the routing sent it there to leave w1 (`moves_home`); then w2 is the home."""
+    kv_view = KvView(None, Subjects(), MalformedCounter())  # type: ignore[arg-type]
+    for worker_id in ("w1", "w2"):
+        kv_view.worker_joined(worker_id, 16, kv_tokens=4096)
+    chain = list(range(100, 164))  # 64 blocks of 16: 1024 tokens
+    held = PromptCache({16: chain}, {"w1": 1024}, {"w1": 1024})
+    kv_view.predict("w1", PromptCache({16: chain}, {}, {}), now=0.0, ttl_s=1.0)
+    assert kv_view.homes.home(100) == "w1"
+    kv_view.predict("w2", held, now=1.0, ttl_s=1.0)
+    assert kv_view.homes.home(100) == "w1"
+    kv_view.predict("w2", held, now=2.0, ttl_s=1.0, moves_home=True)
+    assert kv_view.homes.home(100) == "w2"

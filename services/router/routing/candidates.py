@@ -81,6 +81,7 @@ class Candidates:
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
+        self.new_homes: set[str] = set()  # workers picked as the prefix's new home when it leaves its home (`rehomes`)
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -231,10 +232,17 @@ class Candidates:
 
     def best_part(self, parts: Sequence[Single]) -> Single | None:
         """The cheapest of `parts` after bounded affinity (`affine`); for a weakly cached
-        prompt, or a prefix that leaves its home (`rehomes`), its home (`_home`)."""
+        prompt, or a prefix that leaves its home (`rehomes`), its home (`_home`): a new one
+        for a leaving prefix, noted in `new_homes` (its old home may still hold the prompt,
+        and the move must not be taken for a copy)."""
         leaving = self.rehomes(parts)
         if self.weak or leaving:
-            return self._home(parts, leaving) if parts else None
+            if not parts:
+                return None
+            chosen = self._home(parts, leaving)
+            if leaving and chosen.worker.worker_id != self.request.home_worker:
+                self.new_homes.add(chosen.worker.worker_id)
+            return chosen
         parts = self.affine(parts)
         return min(parts, key=lambda part: part.key) if parts else None
 

@@ -66,6 +66,9 @@ class RoutePlan:
     prompt: PrefillPlan | None = field(default=None, compare=False)
     transfer: KvTransferMode | None = field(default=None, compare=False)  # None: no decode part
     cost: float = field(default=0.0, compare=False)
+    # the prompt's prefix leaves its home for the computing worker (`Candidates.rehomes`): the
+    # KV view records a move there, not a copy, though the old home may still hold the prompt
+    moves_home: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         assert (self.flow == "disaggregated") == (self.prefill_worker_id is not None), self
@@ -100,7 +103,7 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
     if selection.prefill is None:
         single = candidates.single(selection.worker)
         return RoutePlan("single", selection.reason, selection.worker.worker_id, prompt=single.plan,
-                         cost=single.cost)
+                         cost=single.cost, moves_home=selection.worker.worker_id in candidates.new_homes)
     pair = candidates.pair(selection.prefill, selection.worker)
     prompt = pair.prefill.plan
     transfer = None
@@ -108,4 +111,5 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
         transfer = kv_transfer_mode(candidates.routing, selection.prefill, selection.worker,
                                     prefix_pull=prompt.holder_id is not None)
     return RoutePlan("disaggregated", selection.reason, selection.worker.worker_id,
-                     prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost)
+                     prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost,
+                     moves_home=selection.prefill.worker_id in candidates.new_homes)
