@@ -81,7 +81,7 @@ class Candidates:
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
-        self.new_homes: set[str] = set()  # workers picked as the prefix's new home when it leaves its home (`rehomes`)
+        self.new_homes: set[str] = set()  # picked as the prefix's new home as it leaves its home (`rehomes`)
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -145,9 +145,9 @@ class Candidates:
         return self.routing.resident_homes and self.request.kv_limited
 
     def _fits(self, parts: Sequence[Single]) -> frozenset[str] | None:
-        """Past the cluster's KV (`_past_kv`), for a resident prefix, the workers of `parts` whose KV holds its
-        prompt beside their resident homed prefixes' (its home: beside the others'); None
-        otherwise (a transient prefix misses wherever it goes)."""
+        """Past the cluster's KV (`_past_kv`), for a resident prefix, the workers of `parts`
+        whose KV holds its prompt beside their resident homed prefixes' (its home: beside the
+        others'); None otherwise (a transient prefix misses wherever it goes)."""
         if not self._past_kv or not self.request.resident:
             return None
         return frozenset(part.worker.worker_id for part in parts if self._fits_on(part.worker))
@@ -204,10 +204,10 @@ class Candidates:
         past the cluster's KV, `_past_kv`, also a resident prefix drawing at most half of its
         home's traffic), the prompts homed there need more KV than the home holds
         (`cost.homes_overflow`; past the cluster's KV, the resident ones), and another of
-        `parts` has room for its share (and its prompt, `_fits_on`). Moving it costs one computed prompt;
-        leaving it lets the home's major tenants and it evict one another (and queue) for as
-        long as the traffic lasts. Cold starts place tenants before their shares are known,
-        so this is how the partition rebalances once they are."""
+        `parts` has room for its share (and its prompt, `_fits_on`). Moving it costs one
+        computed prompt; leaving it lets the home's major tenants and it evict one another
+        (and queue) for as long as the traffic lasts. Cold starts place tenants before their
+        shares are known, so this is how the partition rebalances once they are."""
         request, slack = self.request, self.routing.replica_share_slack
         home = request.home_worker
         if (not self.routing.sticky_homes or request.prefix_key is None or home is None

@@ -28,9 +28,8 @@ overfull (so every minor tenant would look worth moving, and no worker would loo
 a new home). So only the *resident* prefixes count there (`residency.rank_residents`: the
 most requested recurring ones that fit in part of the cluster's KV), ranked anew every
 `RESIDENCY_EVERY` routed requests; the others are *transient* (`resident` is False for
-them). A cold cluster, whose prefixes
-have all been seen once, has no residents yet: none overflows a worker, so none is moved on
-shares that one request each cannot tell apart. Where the live prefixes all fit, or no
+them). A cold cluster, whose prefixes have all been seen once, has no residents yet: none
+overflows a worker, so none is moved on shares that one request each cannot tell apart. Where the live prefixes all fit, or no
 worker's KV pool is known, every live prefix counts.
 
 Callers: the router's KV view (`record` on each routed prompt) and the routing request
@@ -281,7 +280,6 @@ class LazyShares(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._all())
-
 
 
 class Residents(Container[int]):
