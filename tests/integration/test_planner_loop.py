@@ -10,7 +10,7 @@ nothing."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
@@ -69,10 +69,11 @@ async def long_generations(bus: Bus, bus_config: BusConfig, worker_id: str, coun
 
 @contextlib.asynccontextmanager
 async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: float = 0.5,
-                  load: bool = True) -> AsyncIterator[Cluster]:
+                  load: bool = True, records: Sequence[RequestRecord] = ()) -> AsyncIterator[Cluster]:
     """p1, p2 (prefill) and d1 (decode) with d1's batch full, then the orchestrator and its
     planner (so that its first tick sees the load: the idle prefill workers' cold trend and
-    the decode worker's hot one start together)."""
+    the decode worker's hot one start together). `records` reach the router-records window
+    as soon as the orchestrator listens, before any trend can be sustained."""
     events: list[PlannerDecision] = []
 
     async def heard(msg) -> None:
@@ -94,6 +95,9 @@ async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: flo
         orchestrator = OrchestratorService(config, orchestrator_bus)
         await orchestrator.start()
         stack.push_async_callback(orchestrator.stop)
+        for record in records:
+            await bus.client.publish(bus_config.subjects.request_events, encode(record))
+        await bus.client.flush()
         await wait_for(lambda: set(orchestrator.control.worker_ids()) >= set(workers), 5, "all workers registered")
         yield orchestrator, workers, events
 
@@ -163,9 +167,9 @@ async def test_slow_tokens_in_the_router_records_make_decode_hot(bus: Bus, bus_c
     worker (dry run: published, not started)."""
     slow = RequestRecord(request_id="r", model="tiny", worker_id="d1", outcome="ok", finish_reason="length",
                          prompt_tokens=40, cached_tokens=0, completion_tokens=101, ttft_s=1.0, duration_s=301.0)
-    async with cluster(bus, bus_config, dry_run=True, sustain_s=2.0, load=False) as (orchestrator, workers, events):
-        for _ in range(5):
-            await bus.client.publish(bus_config.subjects.request_events, encode(slow))  # 3 s a token
+    records = [slow] * 5  # 3 s a token
+    async with cluster(bus, bus_config, dry_run=True, sustain_s=2.0, load=False, records=records) as (
+            orchestrator, workers, events):
         await wait_for(lambda: any(e.actions for e in events), 20, lambda: f"an action; heard {events[-1:]}")
         action = next(a for e in events for a in e.actions)
         assert isinstance(action, ScaleUp) and action.role is WorkerRole.DECODE, action
