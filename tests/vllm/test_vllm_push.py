@@ -110,7 +110,9 @@ class TestPush(ObservedStack):
         tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
         client: openai.AsyncOpenAI = openai_client(stack.router_url, timeout=120)
         prompt = prompt_of(9000, 700, tokenizer.vocab_size)
+        seen = len(observer.records)
         first = await complete(client, tokenizer.model_name, prompt, 4)
+        await push_record(observer, seen, len(prompt))  # in before the next one's (it may follow the answer)
         seen = len(observer.records)
         computed_before = await observer.settled("d1", "computed_prompt_tokens_total")
         # The decode worker cached the first push too: ask for a prompt that extends it, so
