@@ -100,11 +100,21 @@ class Bus:
         await self.close()
 
     async def close(self) -> None:
-        if not self.client.is_closed:
+        """Drain the connection (what was published is flushed) within 5 s where it is up;
+        else, or past that, just close it. Never raises: with the server gone (reconnecting)
+        there is nothing to flush, and closing must not keep a stopping service alive."""
+        if self.client.is_closed:
+            return
+        if self.client.is_connected:
             try:
                 await asyncio.wait_for(self.client.drain(), 5.0)
-            except Exception:
-                await self.client.close()
+                return
+            except Exception as error:
+                log.info("%s: NATS drain failed (%s): closing", self.name, error)
+        try:
+            await self.client.close()
+        except Exception as error:  # its transport may be gone already
+            log.info("%s: NATS close: %s", self.name, error)
 
 
 class BusConnectError(ConfigError):

@@ -46,7 +46,7 @@ from services.worker.request_runner import RequestRunner
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import WorkerConfig
-from shared.errors import ErrorCode
+from shared.errors import Disconnected, ErrorCode
 from shared.kv_event_batches import split_events
 from shared.lifecycle import reraise_if_cancelling
 from shared.request_plane import FrameSender
@@ -171,6 +171,8 @@ class WorkerService:
                 task.cancel()
             await asyncio.gather(*self._loops, return_exceptions=True)
             try:
+                if not self.bus.client.is_connected:  # each call would wait out its timeout
+                    raise Disconnected("not connected to NATS")
                 for sub in self._subscriptions:
                     await sub.unsubscribe()
                 if self._members is not None:
@@ -233,6 +235,8 @@ class WorkerService:
         return await self.bus.key_value(self.subjects.members_bucket, ttl_s=self.config.membership.bucket_ttl_s)
 
     async def _register(self) -> None:
+        if not self.bus.client.is_connected:  # a KV put would wait out its timeout: the heartbeat after reconnecting carries it
+            raise Disconnected("not connected to NATS")
         value = encode(self.registration())
         try:
             await self._members.put(self.worker_id, value)
