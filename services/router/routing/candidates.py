@@ -131,10 +131,16 @@ class Candidates:
         """`leaving`: the prefix leaves its learned home (`rehomes`)."""
         request, routing = self.request, self.routing
         assert request.prefix_key is not None
-        hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
-                          leave=LEAVE if leaving else self._leave_home(len(parts)), prefix_share=request.prefix_share,
-                          share_cap=self._share_cap(len(parts)), fits=self._fits(parts)) if routing.sticky_homes \
-            else HomeHints(request.prefix_key)
+        leave = LEAVE if leaving else self._leave_home(len(parts))
+        if not routing.sticky_homes:
+            hints = HomeHints(request.prefix_key)
+        elif self._transient:  # its home shares out misses: balanced among the transients' own
+            hints = HomeHints(request.prefix_key, request.home_worker, request.transient_share, leave=leave,
+                              prefix_share=request.prefix_share)
+        else:
+            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share, leave=leave,
+                              prefix_share=request.prefix_share, share_cap=self._share_cap(len(parts)),
+                              fits=self._fits(parts))
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
@@ -143,6 +149,26 @@ class Candidates:
     def _past_kv(self) -> bool:
         """`resident_homes` applies: the live prefixes need more KV than the cluster holds."""
         return self.routing.resident_homes and self.request.kv_limited
+
+    @property
+    def _transient(self) -> bool:
+        """Past the cluster's KV (`_past_kv`), the prefix recurs but is not resident
+        (`RouteRequest.transient`): it misses wherever it goes, and its home is where that
+        load falls."""
+        return self._past_kv and self.request.transient
+
+    def _transients_unbalanced(self, parts: Sequence[Single]) -> bool:
+        """For a `_transient` prefix: the transients homed on its home draw more than twice its
+        share more than another of `parts`' do. Moving it there then leaves its home at least
+        as loaded with misses as the new one, so no transient moves straight back."""
+        request = self.request
+        home = request.home_worker
+        if not self._transient or home is None or request.prefix_share is None:
+            return False
+        shares = request.transient_share
+        lightest = min((shares.get(part.worker.worker_id, 0.0) for part in parts if part.worker.worker_id != home),
+                       default=None)
+        return lightest is not None and shares.get(home, 0.0) - lightest > 2 * request.prefix_share
 
     def _fits(self, parts: Sequence[Single]) -> frozenset[str] | None:
         """Past the cluster's KV (`_past_kv`), for a resident prefix, the workers of `parts`
@@ -207,12 +233,17 @@ class Candidates:
         `parts` has room for its share (and its prompt, `_fits_on`). Moving it costs one
         computed prompt; leaving it lets the home's major tenants and it evict one another
         (and queue) for as long as the traffic lasts. Cold starts place tenants before their
-        shares are known, so this is how the partition rebalances once they are."""
+        shares are known, so this is how the partition rebalances once they are. A transient
+        prefix (`_transient`) also leaves a home overloaded with transients' misses
+        (`_transients_unbalanced`): it misses wherever it goes, so moving it costs little, and
+        a worker that computes several transients' prompts at once evicts its own residents."""
         request, slack = self.request, self.routing.replica_share_slack
         home = request.home_worker
         if (not self.routing.sticky_homes or request.prefix_key is None or home is None
                 or request.prefix_share is None or slack is None or len(parts) < 2):
             return False
+        if self._transients_unbalanced(parts):
+            return True
         homed = request.homed_share.get(home, 0.0)
         minor = minor_tenant(request.prefix_share, homed, len(parts), slack)
         shed = 2 * request.prefix_share <= homed and self._past_kv and request.resident

@@ -28,7 +28,9 @@ overfull (so every minor tenant would look worth moving, and no worker would loo
 a new home). So only the *resident* prefixes count there (`residency.rank_residents`: the
 most requested recurring ones that fit in part of the cluster's KV), ranked anew every
 `RESIDENCY_EVERY` routed requests; the others are *transient* (`resident` is False for
-them). A cold cluster, whose prefixes have all been seen once, has no residents yet: none
+them; `transient` is True for the recurring ones). They miss wherever they go, so it is
+their load, not their KV, that their homes must share out: `transient_shares` gives each
+worker's part of the recent requests that its recurring transients draw. A cold cluster, whose prefixes have all been seen once, has no residents yet: none
 overflows a worker, so none is moved on shares that one request each cannot tell apart. Where the live prefixes all fit, or no
 worker's KV pool is known, every live prefix counts.
 
@@ -43,7 +45,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Container, Iterator, Mapping
 
-from services.router.routing.residency import rank_residents
+from services.router.routing.residency import RESIDENT_COUNT, rank_residents
 
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
@@ -72,6 +74,7 @@ class PrefixHomes:
         self._residents: set[int] | None = None  # None: not `limited`, every live prefix counts
         self._resident_tokens: dict[str, int] = {}  # worker -> the tokens of its resident homed prefixes
         self._ranked_at: int | None = None  # None: to be ranked (capacity or membership changed)
+        self._transient_shares: tuple[int, dict[str, float]] | None = None  # at step, per worker
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
@@ -171,7 +174,7 @@ class PrefixHomes:
         self._workers.pop(worker_id, None)
         self._live_tokens.pop(worker_id, None)  # its entries' heap items find them gone
         self._capacity.pop(worker_id, None)
-        self._residents, self._ranked_at = None, None
+        self._residents, self._ranked_at, self._transient_shares = None, None, None
         for prefix_key in self._members.pop(worker_id, set()):
             self._live.discard(prefix_key)
             _, count, at_step, _ = self._prefixes.pop(prefix_key)
@@ -211,7 +214,7 @@ class PrefixHomes:
             self._capacity[worker_id] = kv_tokens
         else:
             self._capacity.pop(worker_id, None)
-        self._residents, self._ranked_at = None, None
+        self._residents, self._ranked_at, self._transient_shares = None, None, None
 
     def _rank(self) -> set[int] | None:
         """The resident prefixes, or None where every live one counts (not `limited`), ranked
@@ -240,6 +243,35 @@ class PrefixHomes:
         every live one is where not `limited`."""
         residents = self._rank()
         return prefix_key in self._live if residents is None else prefix_key in residents
+
+    def transient(self, prefix_key: int) -> bool:
+        """Whether the prefix is a recurring one (at least `RESIDENT_COUNT` recent requests)
+        that is not resident, where the cluster is `limited`: it misses wherever it goes."""
+        residents = self._rank()
+        if residents is None or prefix_key in residents or prefix_key not in self._live:
+            return False
+        _, count, at_step, _ = self._prefixes[prefix_key]
+        return self._now(count, at_step) >= RESIDENT_COUNT
+
+    def transient_shares(self) -> dict[str, float]:
+        """Per worker, the share of the recent requests that the `transient` prefixes homed
+        there draw (no entry: none); empty where not `limited`. Walks the live prefixes, once
+        per routed request at most."""
+        residents = self._rank()
+        total = self._now(*self._total)
+        if residents is None or total <= 0:
+            return {}
+        if self._transient_shares is not None and self._transient_shares[0] == self._step:
+            return self._transient_shares[1]
+        shares: dict[str, float] = {}
+        for key in self._live:
+            if key not in residents:
+                home, count, at_step, _ = self._prefixes[key]
+                recent = self._now(count, at_step)
+                if recent >= RESIDENT_COUNT:
+                    shares[home] = shares.get(home, 0.0) + recent / total
+        self._transient_shares = (self._step, shares)
+        return shares
 
     def homed_tokens(self, worker_id: str, *, resident: bool = True) -> int:
         """The KV the resident prefixes homed on `worker_id` keep there: the tokens of the last
@@ -292,6 +324,12 @@ class Residents(Container[int]):
     @property
     def limited(self) -> bool:
         return self._homes.limited()
+
+    def transient(self, prefix_key: int) -> bool:
+        return self._homes.transient(prefix_key)
+
+    def transient_shares(self) -> dict[str, float]:
+        return self._homes.transient_shares()
 
 
 class HomedTokens(Mapping[str, int]):

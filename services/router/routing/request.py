@@ -59,6 +59,19 @@ class RouteRequest:
         return self.prefix_key is None or self.resident_prefixes is None or self.prefix_key in self.resident_prefixes
 
     @property
+    def transient(self) -> bool:
+        """Whether the prompt's prefix recurs but is not resident where the cluster is limited
+        (`homes.PrefixHomes.transient`): it misses wherever it goes."""
+        return (self.prefix_key is not None and self.resident_prefixes is not None
+                and self.resident_prefixes.transient(self.prefix_key))
+
+    @property
+    def transient_share(self) -> Mapping[str, float]:
+        """Per worker, the recent traffic share of its transient homed prefixes (empty: unknown,
+        or the cluster is not limited)."""
+        return self.resident_prefixes.transient_shares() if self.resident_prefixes is not None else {}
+
+    @property
     def max_tokens(self) -> int:
         return self.total_tokens - self.prompt_tokens
 
