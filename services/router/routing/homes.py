@@ -74,7 +74,7 @@ class PrefixHomes:
         self._residents: set[int] | None = None  # None: not `limited`, every live prefix counts
         self._resident_tokens: dict[str, int] = {}  # worker -> the tokens of its resident homed prefixes
         self._ranked_at: int | None = None  # None: to be ranked (capacity or membership changed)
-        self._transient_shares: tuple[int, dict[str, float]] | None = None  # at step, per worker
+        self._transient_shares: dict[str, float] | None = None  # None: to be counted
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
@@ -139,6 +139,8 @@ class PrefixHomes:
         resident = residents is not None and prefix_key in residents
         if entry is not None and copy:
             worker_id = entry[0]
+        if entry is not None and entry[0] != worker_id:
+            self._transient_shares = None
         if entry is not None:
             self._unlive(prefix_key, entry)
             count = self._now(entry[1], entry[2])
@@ -222,7 +224,7 @@ class PrefixHomes:
         self._bury()
         if self._ranked_at is not None and self._step - self._ranked_at < RESIDENCY_EVERY:
             return self._residents
-        self._ranked_at = self._step
+        self._ranked_at, self._transient_shares = self._step, None
         capacity = sum(self._capacity.values())
         if not capacity or sum(self._live_tokens.values()) <= capacity:
             self._residents = None
@@ -255,23 +257,23 @@ class PrefixHomes:
 
     def transient_shares(self) -> dict[str, float]:
         """Per worker, the share of the recent requests that the `transient` prefixes homed
-        there draw (no entry: none); empty where not `limited`. Walks the live prefixes, once
-        per routed request at most."""
+        there draw (no entry: none); empty where not `limited`. Counted over the live prefixes
+        when the residents are ranked or a prefix changes home, so at most `RESIDENCY_EVERY`
+        routed requests old."""
         residents = self._rank()
         total = self._now(*self._total)
         if residents is None or total <= 0:
             return {}
-        if self._transient_shares is not None and self._transient_shares[0] == self._step:
-            return self._transient_shares[1]
-        shares: dict[str, float] = {}
-        for key in self._live:
-            if key not in residents:
-                home, count, at_step, _ = self._prefixes[key]
-                recent = self._now(count, at_step)
-                if recent >= RESIDENT_COUNT:
-                    shares[home] = shares.get(home, 0.0) + recent / total
-        self._transient_shares = (self._step, shares)
-        return shares
+        if self._transient_shares is None:
+            shares: dict[str, float] = {}
+            for key in self._live:
+                if key not in residents:
+                    home, count, at_step, _ = self._prefixes[key]
+                    recent = self._now(count, at_step)
+                    if recent >= RESIDENT_COUNT:
+                        shares[home] = shares.get(home, 0.0) + recent / total
+            self._transient_shares = shares
+        return self._transient_shares
 
     def homed_tokens(self, worker_id: str, *, resident: bool = True) -> int:
         """The KV the resident prefixes homed on `worker_id` keep there: the tokens of the last
