@@ -1,12 +1,14 @@
 """Transient prefixes on plain data: past the cluster's KV, the recurring prefixes that are not
 resident miss wherever they go (`routing.homes.PrefixHomes.transient`), so their homes share
-out misses, and a home overloaded with them gives one up (`routing.candidates`)."""
+out misses, and a home overloaded with them gives one up (`routing.candidates`); which
+prefixes are resident holds as close counts wander (`routing.residency`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.router.routing.homes import PrefixHomes
+from services.router.routing.homes import RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.residency import RESIDENT_FILL, RESIDENT_HOLD, rank_residents
 from shared.config import RoutingConfig
 from tests.unit.test_router_homes import PROMPT, pick, route, sized, worker
 
@@ -67,3 +69,25 @@ def test_a_resident_prefix_is_not_moved_for_the_transients_balance() -> None:
                   "abcd")
     assert homes.resident(7) and not homes.transient(7)
     assert pick([worker(name) for name in "abcd"], route(homes, 7)) == "a"
+
+
+def test_a_resident_stays_one_until_another_prefix_draws_half_as_much_again() -> None:
+    """Room for one of two prompts: the resident (10 requests) stays one against 14, and gives
+    way at 16 (over `RESIDENT_HOLD` x 10). Without incumbents the most requested wins."""
+    assert RESIDENT_HOLD == 1.5
+    budget = int(PROMPT / RESIDENT_FILL) + 1  # its `RESIDENT_FILL` holds one prompt
+    assert rank_residents([(1, "a", 10.0, PROMPT), (2, "b", 14.0, PROMPT)], budget, {1})[0] == {1}
+    assert rank_residents([(1, "a", 10.0, PROMPT), (2, "b", 16.0, PROMPT)], budget, {1})[0] == {2}
+    assert rank_residents([(1, "a", 10.0, PROMPT), (2, "b", 14.0, PROMPT)], budget)[0] == {2}
+
+
+def test_the_residents_hold_across_rankings_as_close_counts_wander() -> None:
+    """Prefixes 1 and 2, of the same popularity, take turns being ahead; with room for one,
+    the first ranked resident stays resident through every later ranking."""
+    homes = sized(PrefixHomes(horizon=10_000), "a", kv_tokens=int(1.5 * PROMPT / RESIDENT_FILL))
+    recorded(homes, ((1, "a", 3), (2, "a", 2), (3, "a", 2)))  # 3 live prompts: room for one
+    assert homes.limited() and homes.resident(1)
+    for turn in range(6):
+        leader = 2 if turn % 2 == 0 else 1
+        recorded(homes, ((leader, "a", RESIDENCY_EVERY // 2 + 2), (3 - leader, "a", RESIDENCY_EVERY // 2 - 2)))
+        assert homes.resident(1) and not homes.resident(2), turn

@@ -232,7 +232,7 @@ class PrefixHomes:
         prefixes = self._prefixes
         live = ((key, prefixes[key][0], self._now(prefixes[key][1], prefixes[key][2]), prefixes[key][3])
                 for key in self._live)
-        self._residents, self._resident_tokens = rank_residents(live, capacity)
+        self._residents, self._resident_tokens = rank_residents(live, capacity, self._residents or frozenset())
         return self._residents
 
     def limited(self) -> bool:
