@@ -9,6 +9,7 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -72,8 +73,10 @@ async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: flo
                   load: bool = True, records: Sequence[RequestRecord] = ()) -> AsyncIterator[Cluster]:
     """p1, p2 (prefill) and d1 (decode) with d1's batch full, then the orchestrator and its
     planner (so that its first tick sees the load: the idle prefill workers' cold trend and
-    the decode worker's hot one start together). `records` reach the router-records window
-    as soon as the orchestrator listens, before any trend can be sustained."""
+    the decode worker's hot one start together). `records` are published as soon as the
+    orchestrator listens, before any trend can be sustained, and again every half second
+    while the cluster runs: a steady stream of such requests, never aged out of the
+    planner's window however late its first decision comes."""
     events: list[PlannerDecision] = []
 
     async def heard(msg) -> None:
@@ -95,11 +98,24 @@ async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: flo
         orchestrator = OrchestratorService(config, orchestrator_bus)
         await orchestrator.start()
         stack.push_async_callback(orchestrator.stop)
+        if records:
+            streaming = asyncio.create_task(stream(bus, bus_config, records))
+            stack.push_async_callback(cancel, streaming)
+        await wait_for(lambda: set(orchestrator.control.worker_ids()) >= set(workers), 5, "all workers registered")
+        yield orchestrator, workers, events
+
+
+async def stream(bus: Bus, bus_config: BusConfig, records: Sequence[RequestRecord]) -> None:
+    while True:
         for record in records:
             await bus.client.publish(bus_config.subjects.request_events, encode(record))
         await bus.client.flush()
-        await wait_for(lambda: set(orchestrator.control.worker_ids()) >= set(workers), 5, "all workers registered")
-        yield orchestrator, workers, events
+        await asyncio.sleep(0.5)
+
+
+async def cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def stop_worker(worker: WorkerService) -> None:
