@@ -131,19 +131,21 @@ class Candidates:
         """`leaving`: the prefix leaves its learned home (`rehomes`)."""
         request, routing = self.request, self.routing
         assert request.prefix_key is not None
-        leave = LEAVE if leaving else self._leave_home(len(parts))
         if not routing.sticky_homes:
             hints = HomeHints(request.prefix_key)
         elif self._transient:  # its home shares out misses: balanced among the transients' own
-            hints = HomeHints(request.prefix_key, request.home_worker, request.transient_share, leave=leave,
-                              prefix_share=request.prefix_share)
+            hints = HomeHints(request.prefix_key, request.home_worker, request.transient_share,
+                              leave=self._leave(leaving, parts), prefix_share=request.prefix_share)
         else:
-            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share, leave=leave,
-                              prefix_share=request.prefix_share, share_cap=self._share_cap(len(parts)),
-                              fits=self._fits(parts))
+            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
+                              leave=self._leave(leaving, parts), prefix_share=request.prefix_share,
+                              share_cap=self._share_cap(len(parts)), fits=self._fits(parts))
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
+
+    def _leave(self, leaving: bool, parts: Sequence[Single]) -> str:
+        return LEAVE if leaving else self._leave_home(len(parts))
 
     @property
     def _past_kv(self) -> bool:

@@ -30,9 +30,10 @@ most requested recurring ones that fit in part of the cluster's KV), ranked anew
 `RESIDENCY_EVERY` routed requests; the others are *transient* (`resident` is False for
 them; `transient` is True for the recurring ones). They miss wherever they go, so it is
 their load, not their KV, that their homes must share out: `transient_shares` gives each
-worker's part of the recent requests that its recurring transients draw. A cold cluster, whose prefixes have all been seen once, has no residents yet: none
-overflows a worker, so none is moved on shares that one request each cannot tell apart. Where the live prefixes all fit, or no
-worker's KV pool is known, every live prefix counts.
+worker's part of the recent requests that its recurring transients draw. A cold cluster,
+whose prefixes have all been seen once, has no residents yet: none overflows a worker, so
+none is moved on shares that one request each cannot tell apart. Where the live prefixes
+all fit, or no worker's KV pool is known, every live prefix counts.
 
 Callers: the router's KV view (`record` on each routed prompt) and the routing request
 (`RouteRequest.home_worker`, `RouteRequest.homed_share`).
