@@ -193,7 +193,8 @@ class KvView:
             home = self.homes.home(cache.prefix_key)
             copy = (not moves_home and home is not None and home != worker_id
                     and 2 * cache.cached_tokens.get(home, 0) >= cache.block_tokens)
-            self.homes.record(cache.prefix_key, worker_id, cache.block_tokens, copy=copy)
+            computed = max(0, cache.block_tokens - cache.cached_tokens.get(worker_id, 0))
+            self.homes.record(cache.prefix_key, worker_id, cache.block_tokens, computed=computed, copy=copy)
         block_size = self._block_sizes.get(worker_id)
         if block_size is not None and block_size in cache.chains:
             self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)

@@ -141,31 +141,45 @@ def test_homed_tokens_count_the_live_prefixes_homed_on_each_worker() -> None:
 def _walked_tokens(homes: PrefixHomes, worker_id: str) -> int:
     """`homed_tokens` by its definition: a walk over the worker's prefixes, summing the tokens
     of those whose decayed count is still at least LIVE_COUNT."""
-    return sum(tokens for key, (home, count, at_step, tokens) in homes._prefixes.items()
+    return sum(tokens for key, (home, count, at_step, tokens, _) in homes._prefixes.items()
                if home == worker_id and homes._now(count, at_step) >= LIVE_COUNT)
+
+
+def _walked_work(homes: PrefixHomes) -> dict[str, float]:
+    """`work_shares` by its definition: per worker, the decayed work of its prefixes."""
+    work: dict[str, float] = {}
+    for home, _, at_step, _, value in homes._prefixes.values():
+        work[home] = work.get(home, 0.0) + homes._now(value, at_step)
+    return work
 
 
 @settings(max_examples=200, deadline=None)
 @given(horizon=st.integers(1, 12), max_tracked=st.integers(1, 6),
        steps=st.lists(st.one_of(
            st.tuples(st.just("record"), st.integers(0, 7), st.sampled_from("abc"), st.integers(1, 900),
-                     st.booleans()),
+                     st.booleans(), st.integers(0, 900)),
            st.tuples(st.just("forget"), st.sampled_from("abc"))), max_size=60))
 def test_homed_tokens_and_shares_kept_as_prefixes_are_routed_equal_the_walk_over_them(horizon, max_tracked,
                                                                                       steps) -> None:
     """The live tokens kept per worker equal the walk over its prefixes; one worker's share
-    asked alone (O(1)) equals its share among all of them."""
+    asked alone (O(1)) equals its share among all of them; the work kept per worker equals
+    the walk over its prefixes' work."""
     homes = PrefixHomes(horizon=horizon, max_tracked=max_tracked)
     for step in steps:
         if step[0] == "record":
-            _, key, worker_id, tokens, copy = step
-            homes.record(key, worker_id, tokens, copy=copy)
+            _, key, worker_id, tokens, copy, computed = step
+            homes.record(key, worker_id, tokens, computed=computed, copy=copy)
         else:
             homes.forget(step[1])
         every = homes.homed_share()
+        walked = _walked_work(homes)
+        total = sum(walked.values())
+        work = homes.work_shares()
         for worker_id in "abc":
             assert homes.homed_tokens(worker_id) == _walked_tokens(homes, worker_id)
             assert homes.shares().get(worker_id, 0.0) == pytest.approx(every.get(worker_id, 0.0), abs=1e-9)
+            assert work.get(worker_id, 0.0) == pytest.approx(walked.get(worker_id, 0.0) / total if total else 0.0,
+                                                             abs=1e-9)
 
 
 # ---- going home -----------------------------------------------------------------------------

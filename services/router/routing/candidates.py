@@ -133,8 +133,8 @@ class Candidates:
         assert request.prefix_key is not None
         if not routing.sticky_homes:
             hints = HomeHints(request.prefix_key)
-        elif self._transient:  # its home shares out misses: balanced among the transients' own
-            hints = HomeHints(request.prefix_key, request.home_worker, request.transient_share,
+        elif self._transient:  # its home computes its misses: balanced by the work homed on each
+            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_work,
                               leave=self._leave(leaving, parts), prefix_share=request.prefix_share)
         else:
             hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
@@ -160,17 +160,19 @@ class Candidates:
         return self._past_kv and self.request.transient
 
     def _transients_unbalanced(self, parts: Sequence[Single]) -> bool:
-        """For a `_transient` prefix: the transients homed on its home draw more than twice its
-        share more than another of `parts`' do. Moving it there then leaves its home at least
-        as loaded with misses as the new one, so no transient moves straight back."""
+        """For a `_transient` prefix: the prefixes homed on its home bring more than twice its
+        share of the recent work more than another of `parts`' do (`RouteRequest.homed_work`:
+        a miss weighs several hits). Moving it there then leaves its home at least as loaded as
+        the new one, so no transient moves straight back."""
         request = self.request
         home = request.home_worker
-        if not self._transient or home is None or request.prefix_share is None:
+        own = request.prefix_work if self._transient else None
+        if home is None or own is None:
             return False
-        shares = request.transient_share
-        lightest = min((shares.get(part.worker.worker_id, 0.0) for part in parts if part.worker.worker_id != home),
+        work = request.homed_work
+        lightest = min((work.get(part.worker.worker_id, 0.0) for part in parts if part.worker.worker_id != home),
                        default=None)
-        return lightest is not None and shares.get(home, 0.0) - lightest > 2 * request.prefix_share
+        return lightest is not None and work.get(home, 0.0) - lightest > 2 * own
 
     def _fits(self, parts: Sequence[Single]) -> frozenset[str] | None:
         """Past the cluster's KV (`_past_kv`), for a resident prefix, the workers of `parts`
@@ -236,7 +238,7 @@ class Candidates:
         computed prompt; leaving it lets the home's major tenants and it evict one another
         (and queue) for as long as the traffic lasts. Cold starts place tenants before their
         shares are known, so this is how the partition rebalances once they are. A transient
-        prefix (`_transient`) also leaves a home overloaded with transients' misses
+        prefix (`_transient`) also leaves a home whose prefixes bring far more work than another's
         (`_transients_unbalanced`): it misses wherever it goes, so moving it costs little, and
         a worker that computes several transients' prompts at once evicts its own residents."""
         request, slack = self.request, self.routing.replica_share_slack

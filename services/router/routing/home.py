@@ -27,8 +27,8 @@ prompts go back to one worker per prefix, whose cache then keeps its own tenants
    the prompt's first block (stable across processes, so router replicas agree when they
    know no more). A burst of distinct new prompts still spreads evenly (the mean bound).
    For a transient prefix (past the cluster's KV, recurring but not resident: it misses
-   wherever it goes) the shares are those of the transients alone, and there is no cap: its
-   home is where its misses are computed (`candidates.Candidates`).
+   wherever it goes) the shares are of the recent work, a miss weighing several hits, and
+   there is no cap: its home is where its misses are computed (`candidates.Candidates`).
 """
 
 from __future__ import annotations

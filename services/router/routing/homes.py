@@ -29,8 +29,11 @@ a new home). So only the *resident* prefixes count there (`residency.rank_reside
 most requested recurring ones that fit in part of the cluster's KV), ranked anew every
 `RESIDENCY_EVERY` routed requests; the others are *transient* (`resident` is False for
 them; `transient` is True for the recurring ones). They miss wherever they go, so it is
-their load, not their KV, that their homes must share out: `transient_shares` gives each
-worker's part of the recent requests that its recurring transients draw. A cold cluster,
+their load, not their KV, that their homes must share out. A miss costs several hits (a
+whole prompt against its unshared tail), so that load is counted as *work*: each request
+adds the prompt tokens its worker is predicted to compute plus `REQUEST_OVERHEAD_TOKENS`
+(its engine steps' fixed cost), decayed as the counts are, and `work_shares` gives each
+worker's part of the recent work of its homed prefixes, resident or not. A cold cluster,
 whose prefixes have all been seen once, has no residents yet: none overflows a worker, so
 none is moved on shares that one request each cannot tell apart. Where the live prefixes
 all fit, or no worker's KV pool is known, every live prefix counts.
@@ -52,6 +55,9 @@ DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
 LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on its home in `homed_tokens`
 RESIDENCY_EVERY = 16  # routed requests between two rankings of the resident prefixes
+# a request's work beyond the prompt tokens it computes (its engine steps' fixed cost), in prompt
+# tokens: a 1088-token miss then weighs 6.2 hits of 64 computed tokens
+REQUEST_OVERHEAD_TOKENS = 128
 
 
 class PrefixHomes:
@@ -63,9 +69,11 @@ class PrefixHomes:
         self._keep = 1.0 - 1.0 / horizon  # per routed request
         self._max_tracked = max_tracked
         self._step = 0
-        # key -> home, count, at step, and its prompt's tokens (the KV it keeps on its home)
-        self._prefixes: OrderedDict[int, tuple[str, float, int, int]] = OrderedDict()
+        # key -> home, count, at step, its prompt's tokens (the KV it keeps on its home), and its
+        # work (decayed as the count)
+        self._prefixes: OrderedDict[int, tuple[str, float, int, int, float]] = OrderedDict()
         self._workers: dict[str, tuple[float, int]] = {}  # worker -> summed counts, at step
+        self._work: dict[str, tuple[float, int]] = {}  # worker -> summed work, at step
         self._members: dict[str, set[int]] = {}  # worker -> the prefix keys homed there
         self._total = (0.0, 0)  # every tracked prefix's summed count, at step
         self._live_tokens: dict[str, int] = {}  # worker -> the tokens of its live homed prefixes
@@ -75,7 +83,6 @@ class PrefixHomes:
         self._residents: set[int] | None = None  # None: not `limited`, every live prefix counts
         self._resident_tokens: dict[str, int] = {}  # worker -> the tokens of its resident homed prefixes
         self._ranked_at: int | None = None  # None: to be ranked (capacity or membership changed)
-        self._transient_shares: dict[str, float] | None = None  # None: to be counted
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
@@ -104,14 +111,14 @@ class PrefixHomes:
                 self._live.discard(key)
                 self._unreside(key, entry)
 
-    def _unlive(self, key: int, entry: tuple[str, float, int, int]) -> None:
+    def _unlive(self, key: int, entry: tuple[str, float, int, int, float]) -> None:
         """A tracked entry is replaced or dropped: out of its home's live sum if still live."""
         if self._death(entry[1], entry[2]) > self._step:
             self._live_tokens[entry[0]] -= entry[3]
             self._live.discard(key)
         self._unreside(key, entry)
 
-    def _unreside(self, key: int, entry: tuple[str, float, int, int]) -> None:
+    def _unreside(self, key: int, entry: tuple[str, float, int, int, float]) -> None:
         """A resident prefix's entry is replaced or dropped: out of its home's resident sum."""
         if self._residents is not None and key in self._residents:
             self._residents.discard(key)
@@ -128,28 +135,29 @@ class PrefixHomes:
         total = self._now(*self._total)
         return min(1.0, self._now(entry[1], entry[2]) / total) if entry is not None and total > 0 else 0.0
 
-    def record(self, prefix_key: int, worker_id: str, tokens: int = 0, *, copy: bool = False) -> None:
-        """A prompt of `tokens` with this prefix was routed to `worker_id`: its home now, one
-        more request. With `copy` (`worker_id` was sent a copy of a prefix its home still
-        holds), the request counts at the prefix's home, which stays."""
+    def record(self, prefix_key: int, worker_id: str, tokens: int = 0, *, computed: int = 0,
+               copy: bool = False) -> None:
+        """A prompt of `tokens` with this prefix, `computed` of them predicted uncached there,
+        was routed to `worker_id`: its home now, one more request. With `copy` (`worker_id` was
+        sent a copy of a prefix its home still holds), the request counts at the prefix's home,
+        which stays."""
         self._step += 1
         self._bury()
-        count = 0.0
+        count = work = 0.0
         entry = self._prefixes.pop(prefix_key, None)
         residents = self._residents
         resident = residents is not None and prefix_key in residents
         if entry is not None and copy:
             worker_id = entry[0]
-        if entry is not None and entry[0] != worker_id:
-            self._transient_shares = None
         if entry is not None:
             self._unlive(prefix_key, entry)
-            count = self._now(entry[1], entry[2])
-            self._add(entry[0], -count)
+            count, work = self._now(entry[1], entry[2]), self._now(entry[4], entry[2])
+            self._add(entry[0], -count, -work)
             self._members[entry[0]].discard(prefix_key)
         count += 1.0
-        self._prefixes[prefix_key] = (worker_id, count, self._step, tokens)
-        self._add(worker_id, count)
+        work += computed + REQUEST_OVERHEAD_TOKENS
+        self._prefixes[prefix_key] = (worker_id, count, self._step, tokens, work)
+        self._add(worker_id, count, work)
         self._members.setdefault(worker_id, set()).add(prefix_key)
         death = self._death(count, self._step)
         if death > self._step:
@@ -162,25 +170,28 @@ class PrefixHomes:
         self._total = (self._now(*self._total) + 1.0, self._step)
         if len(self._prefixes) > self._max_tracked:
             old_key, old_entry = self._prefixes.popitem(last=False)
-            old_home, old_count, at_step, _ = old_entry
+            old_home, old_count, at_step, _, old_work = old_entry
             self._unlive(old_key, old_entry)
-            self._add(old_home, -self._now(old_count, at_step))
+            self._add(old_home, -self._now(old_count, at_step), -self._now(old_work, at_step))
             self._members[old_home].discard(old_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
 
-    def _add(self, worker_id: str, count: float) -> None:
+    def _add(self, worker_id: str, count: float, work: float) -> None:
         total, at_step = self._workers.get(worker_id, (0.0, self._step))
         self._workers[worker_id] = (max(0.0, self._now(total, at_step) + count), self._step)
+        total, at_step = self._work.get(worker_id, (0.0, self._step))
+        self._work[worker_id] = (max(0.0, self._now(total, at_step) + work), self._step)
 
     def forget(self, worker_id: str) -> None:
         """A worker left: its prefixes have no home until routed again."""
         self._workers.pop(worker_id, None)
+        self._work.pop(worker_id, None)
         self._live_tokens.pop(worker_id, None)  # its entries' heap items find them gone
         self._capacity.pop(worker_id, None)
-        self._residents, self._ranked_at, self._transient_shares = None, None, None
+        self._residents, self._ranked_at = None, None
         for prefix_key in self._members.pop(worker_id, set()):
             self._live.discard(prefix_key)
-            _, count, at_step, _ = self._prefixes.pop(prefix_key)
+            _, count, at_step, _, _ = self._prefixes.pop(prefix_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(count, at_step)), self._step)
 
     def homed_share(self) -> dict[str, float]:
@@ -217,7 +228,7 @@ class PrefixHomes:
             self._capacity[worker_id] = kv_tokens
         else:
             self._capacity.pop(worker_id, None)
-        self._residents, self._ranked_at, self._transient_shares = None, None, None
+        self._residents, self._ranked_at = None, None
 
     def _rank(self) -> set[int] | None:
         """The resident prefixes, or None where every live one counts (not `limited`), ranked
@@ -225,7 +236,7 @@ class PrefixHomes:
         self._bury()
         if self._ranked_at is not None and self._step - self._ranked_at < RESIDENCY_EVERY:
             return self._residents
-        self._ranked_at, self._transient_shares = self._step, None
+        self._ranked_at = self._step
         capacity = sum(self._capacity.values())
         if not capacity or sum(self._live_tokens.values()) <= capacity:
             self._residents = None
@@ -253,28 +264,21 @@ class PrefixHomes:
         residents = self._rank()
         if residents is None or prefix_key in residents or prefix_key not in self._live:
             return False
-        _, count, at_step, _ = self._prefixes[prefix_key]
+        _, count, at_step, _, _ = self._prefixes[prefix_key]
         return self._now(count, at_step) >= RESIDENT_COUNT
 
-    def transient_shares(self) -> dict[str, float]:
-        """Per worker, the share of the recent requests that the `transient` prefixes homed
-        there draw (no entry: none); empty where not `limited`. Counted over the live prefixes
-        when the residents are ranked or a prefix changes home, so at most `RESIDENCY_EVERY`
-        routed requests old."""
-        residents = self._rank()
-        total = self._now(*self._total)
-        if residents is None or total <= 0:
-            return {}
-        if self._transient_shares is None:
-            shares: dict[str, float] = {}
-            for key in self._live:
-                if key not in residents:
-                    home, count, at_step, _ = self._prefixes[key]
-                    recent = self._now(count, at_step)
-                    if recent >= RESIDENT_COUNT:
-                        shares[home] = shares.get(home, 0.0) + recent / total
-            self._transient_shares = shares
-        return self._transient_shares
+    def work_shares(self) -> dict[str, float]:
+        """Per worker, its homed prefixes' share of the recent work (each request: the prompt
+        tokens computed, plus `REQUEST_OVERHEAD_TOKENS`); empty with no work on record."""
+        work = {worker_id: self._now(*entry) for worker_id, entry in self._work.items()}
+        total = sum(work.values())
+        return {worker_id: value / total for worker_id, value in work.items()} if total > 0 else {}
+
+    def work_share(self, prefix_key: int) -> float | None:
+        """The prefix's share of the recent work (None: not tracked, or no work on record)."""
+        entry = self._prefixes.get(prefix_key)
+        total = sum(self._now(*work) for work in self._work.values())
+        return min(1.0, self._now(entry[4], entry[2]) / total) if entry is not None and total > 0 else None
 
     def homed_tokens(self, worker_id: str, *, resident: bool = True) -> int:
         """The KV the resident prefixes homed on `worker_id` keep there: the tokens of the last
@@ -331,8 +335,11 @@ class Residents(Container[int]):
     def transient(self, prefix_key: int) -> bool:
         return self._homes.transient(prefix_key)
 
-    def transient_shares(self) -> dict[str, float]:
-        return self._homes.transient_shares()
+    def work_shares(self) -> dict[str, float]:
+        return self._homes.work_shares()
+
+    def work_share(self, prefix_key: int) -> float | None:
+        return self._homes.work_share(prefix_key)
 
 
 class HomedTokens(Mapping[str, int]):

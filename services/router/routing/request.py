@@ -66,10 +66,17 @@ class RouteRequest:
                 and self.resident_prefixes.transient(self.prefix_key))
 
     @property
-    def transient_share(self) -> Mapping[str, float]:
-        """Per worker, the recent traffic share of its transient homed prefixes (empty: unknown,
-        or the cluster is not limited)."""
-        return self.resident_prefixes.transient_shares() if self.resident_prefixes is not None else {}
+    def homed_work(self) -> Mapping[str, float]:
+        """Per worker, its homed prefixes' share of the recent work, misses weighing more than
+        hits (`homes.PrefixHomes.work_shares`; empty: unknown)."""
+        return self.resident_prefixes.work_shares() if self.resident_prefixes is not None else {}
+
+    @property
+    def prefix_work(self) -> float | None:
+        """The prefix's share of the recent work (`homes.PrefixHomes.work_share`; None: unknown)."""
+        if self.prefix_key is None or self.resident_prefixes is None:
+            return None
+        return self.resident_prefixes.work_share(self.prefix_key)
 
     @property
     def max_tokens(self) -> int:
