@@ -285,8 +285,8 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # requested ones that fit (`routing.homes`: resident) claim KV on their homes: a new home
     # for a resident prefix is sought where its prompt fits beside the residents, and a worker
     # whose residents overflow its KV sheds a minor one; the recurring others (transient: they
-    # miss wherever they go) are homed so that their traffic is balanced among themselves
-    # (False: every live prefix claims KV)
+    # miss wherever they go) are homed so that each worker's recent work is balanced, a miss
+    # weighing several hits (False: every live prefix claims KV)
     resident_homes: bool = True
     # past this many workers a request is costed only against its prefix's holders, its home
     # and workers drawn at random, up to this many (`routing.shortlist`; 0: always every worker)
