@@ -153,7 +153,7 @@ class PrefixHomes:
             self._unlive(prefix_key, entry)
             count, work = self._now(entry[1], entry[2]), self._now(entry[4], entry[2])
             self._add(entry[0], -count, -work)
-            self._members[entry[0]].discard(prefix_key)
+            self._unhome(entry[0], prefix_key)
         count += 1.0
         work += computed + REQUEST_OVERHEAD_TOKENS
         self._prefixes[prefix_key] = (worker_id, count, self._step, tokens, work)
@@ -173,8 +173,16 @@ class PrefixHomes:
             old_home, old_count, at_step, _, old_work = old_entry
             self._unlive(old_key, old_entry)
             self._add(old_home, -self._now(old_count, at_step), -self._now(old_work, at_step))
-            self._members[old_home].discard(old_key)
+            self._unhome(old_home, old_key)
             self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
+
+    def _unhome(self, worker_id: str, prefix_key: int) -> None:
+        """The prefix is no longer homed on `worker_id`; a worker left with none has no count
+        or work (not the rounding residue of taking theirs out)."""
+        members = self._members[worker_id]
+        members.discard(prefix_key)
+        if not members:
+            self._workers[worker_id] = self._work[worker_id] = (0.0, self._step)
 
     def _add(self, worker_id: str, count: float, work: float) -> None:
         total, at_step = self._workers.get(worker_id, (0.0, self._step))
