@@ -118,6 +118,9 @@ def router(
         help="Cost model: per prompt token queued for prefill ahead of the request.")] = 0.5,
     decode_weight: Annotated[float, typer.Option(
         help="Cost model: for a worker whose batch is full (running+waiting = max_num_seqs).")] = 1024.0,
+    request_overhead_tokens: Annotated[float, typer.Option(
+        help="Cost model: a request's work beyond the prompt tokens it computes (its engine steps' fixed "
+             "cost), in prompt tokens; transient prefixes are homed to balance each worker's work.")] = 128.0,
     hot_load_factor: Annotated[float, typer.Option(
         help="Replicate a prefix onto another worker once each of its holders carries more than this x "
              "the mean load of the serving workers (0: never).")] = 1.5,
@@ -171,7 +174,8 @@ def router(
                             max_queue_factor=max_queue_factor, pd_transfer=pd_transfer,  # type: ignore[arg-type]
                             prefix_pull=prefix_pull, transfer_weight=transfer_weight,
                             pull_fixed_tokens=pull_fixed_tokens, eviction_weight=eviction_weight,
-                            queue_weight=queue_weight, decode_weight=decode_weight, hot_load_factor=hot_load_factor,
+                            queue_weight=queue_weight, decode_weight=decode_weight,
+                            request_overhead_tokens=request_overhead_tokens, hot_load_factor=hot_load_factor,
                             replica_share_slack=replica_share_slack if replica_share_slack >= 0 else None,
                             bounded_affinity=bounded_affinity, cold_victims=cold_victims,
                             home_slack_tokens=home_slack_tokens, sticky_homes=sticky_homes,

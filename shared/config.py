@@ -259,6 +259,9 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     eviction_weight: float = 0.5  # per cached token that new KV would push out of a full cache
     queue_weight: float = 0.5  # per prompt token queued for prefill ahead of it on that worker
     decode_weight: float = 1024.0  # for a serving/decode worker whose batch is full (running+waiting = max_num_seqs)
+    # a request's work beyond the prompt tokens it computes (its engine steps' fixed cost): where
+    # transient prefixes are homed, a miss of 1088 tokens then weighs about 6 hits of 64
+    request_overhead_tokens: float = 128.0
     # a prefix whose every holder carries more than this x the serving workers' mean load is
     # hot and replicated: a non-holder pulling it pays no eviction cost (0: never)
     hot_load_factor: float = 1.5
@@ -305,7 +308,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
-                     "decode_weight", "hot_load_factor", "home_slack_tokens"):
+                     "decode_weight", "request_overhead_tokens", "hot_load_factor", "home_slack_tokens"):
             _require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         _require(self.replica_share_slack is None or self.replica_share_slack >= 0,
                  "routing replica_share_slack must not be negative")

@@ -85,7 +85,8 @@ class RouterRuntime:
         served_model = config.served_model_name or tokenizer.model_name
         subjects = config.bus.subjects
         bus = await connect(config.bus, "tandem-router")
-        kv_view = KvView(bus, subjects, self.malformed, verify_hashes=config.verify_kv_hashes)
+        kv_view = KvView(bus, subjects, self.malformed, verify_hashes=config.verify_kv_hashes,
+                         request_overhead_tokens=config.routing.request_overhead_tokens)
         pool = WorkerPool(bus, subjects, self.malformed,
                           bucket_ttl_s=config.membership.bucket_ttl_s,
                           reconnect_grace_s=config.membership.ttl_s,  # one TTL to re-register after a restart

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from services.router.kv_index import KvIndex, block_hashes_for
-from services.router.routing.homes import PrefixHomes
+from services.router.routing.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
 from services.router.routing.recency import CacheRecency
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
@@ -84,14 +84,15 @@ class VictimAges(Mapping[str, "float | None"]):
 
 class KvView:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
-                 resync_interval_s: float = 1.0, verify_hashes: bool = False) -> None:
+                 resync_interval_s: float = 1.0, verify_hashes: bool = False,
+                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS) -> None:
         self._bus = bus
         self._subjects = subjects
         self._batches: Codec[KvEventBatch] = Codec(KvEventBatch, malformed)
         self._resync_interval_s = resync_interval_s
         self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
         self.recency = CacheRecency()
-        self.homes = PrefixHomes()
+        self.homes = PrefixHomes(overhead_tokens=request_overhead_tokens)
         self._block_sizes: dict[str, int] = {}
         self._subscription = None
         self._resync_task: asyncio.Task[None] | None = None

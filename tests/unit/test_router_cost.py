@@ -247,11 +247,14 @@ def test_weights_are_times_over_the_time_of_one_prompt_token() -> None:
     assert weights["transfer_weight"] == pytest.approx(0.2621, abs=1e-4)
     assert weights["pull_fixed_tokens"] == pytest.approx(40.0)
     assert weights["decode_weight"] == pytest.approx(2 * (1 + 8 + 6.4) / 0.05)
+    assert weights["request_overhead_tokens"] == pytest.approx((1 + 8) / 0.05)
     # a sim slowed to a quarter: engine times stretch, the network does not
     slow = calibrated_weights(EngineTiming(0.05, 1.0, 8.0, 0.1, 64, speedup=0.25), transfer)
     assert slow["pull_fixed_tokens"] == pytest.approx(10.0)
     assert slow["transfer_weight"] == pytest.approx(weights["transfer_weight"] / 4, abs=1e-4)
     assert slow["decode_weight"] == weights["decode_weight"]
+    assert slow["request_overhead_tokens"] == weights["request_overhead_tokens"]
+    RoutingConfig(**weights).validate()  # every figure is a valid router setting (an unknown name: TypeError)
     with pytest.raises(ValueError):
         EngineTiming(0.0, 1.0, 8.0, 0.1, 64)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.routing.homes import REQUEST_OVERHEAD_TOKENS, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.homes import DEFAULT_OVERHEAD_TOKENS, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.residency import RESIDENT_FILL, RESIDENT_HOLD, rank_residents
 from shared.config import RoutingConfig
 from tests.unit.test_router_homes import PROMPT, pick, route, sized, worker
@@ -42,11 +42,11 @@ def test_recurring_prefixes_that_are_not_resident_are_transient() -> None:
 
 
 def test_work_weighs_a_miss_as_its_computed_prompt_and_follows_a_prefix_that_moves() -> None:
-    """Each request's work is the prompt tokens it computes plus `REQUEST_OVERHEAD_TOKENS`: a
+    """Each request's work is the prompt tokens it computes plus its fixed cost (the default): a
     worker serving 6 hits brings less work than one serving 2 misses. A prefix that moves
     takes its work with it; a worker that leaves takes its prefixes'."""
     homes = recorded(PrefixHomes(horizon=10_000), ((1, "a", 6), (2, "b", 2)), misses=frozenset({2}))
-    hit, miss = HIT + REQUEST_OVERHEAD_TOKENS, PROMPT + REQUEST_OVERHEAD_TOKENS
+    hit, miss = HIT + DEFAULT_OVERHEAD_TOKENS, PROMPT + DEFAULT_OVERHEAD_TOKENS
     total = 6 * hit + 2 * miss
     assert homes.work_shares() == {"a": pytest.approx(6 * hit / total, rel=5e-3),
                                    "b": pytest.approx(2 * miss / total, rel=5e-3)}
@@ -58,6 +58,18 @@ def test_work_weighs_a_miss_as_its_computed_prompt_and_follows_a_prefix_that_mov
     assert homes.work_shares()["c"] == pytest.approx(3 * miss / (total + miss), rel=5e-3)
     homes.forget("c")
     assert homes.work_shares() == {"a": pytest.approx(1.0, rel=5e-3), "b": 0.0}
+
+
+def test_the_fixed_cost_of_a_request_is_configured() -> None:
+    """With no fixed cost a miss weighs its computed prompt over a hit's (17 hits); with a
+    large one, requests weigh nearly alike; a negative one is refused."""
+    counts = ((1, "a", 6), (2, "b", 2))
+    bare = recorded(PrefixHomes(horizon=10_000, overhead_tokens=0), counts, misses=frozenset({2}))
+    assert bare.work_shares()["b"] == pytest.approx(2 * PROMPT / (6 * HIT + 2 * PROMPT), rel=5e-3)
+    heavy = recorded(PrefixHomes(horizon=10_000, overhead_tokens=100_000), counts, misses=frozenset({2}))
+    assert heavy.work_shares()["b"] == pytest.approx(0.25, abs=0.01)
+    with pytest.raises(ValueError, match="overhead_tokens"):
+        PrefixHomes(overhead_tokens=-1)
 
 
 # 4 workers of 2560 tokens: 75% of the cluster's KV holds 7 prompts, the residents 1 to 7; a's

@@ -7,14 +7,17 @@ compute one prompt token. Every other term is a time divided by that one:
 - `pull_fixed_tokens`: one pull's fixed cost (the lease round trip, the hand-off);
 - `decode_weight`: what a full batch adds to a new request's time to first token: it waits
   for the step in progress and computes in a step that also carries every running
-  sequence (two steps of `decode_base + max_num_seqs x decode_per_seq`).
+  sequence (two steps of `decode_base + max_num_seqs x decode_per_seq`);
+- `request_overhead_tokens`: a request's work beyond the prompt tokens it computes: the
+  fixed part of one engine step (`step_overhead + decode_base`).
 
 The inputs are plain numbers: an engine's timing profile (the sim's `TimingProfile`, or a
 profile measured on a real engine) and a measured transfer (`tandem bench transfer`). Wall
 times that do not scale with an engine's speed (the network, NATS) are given in wall
 milliseconds with the engine's `speedup` (a sim slowed or sped up), so the ratio stays true
 on the machine that runs it. Who calls it: the routing benchmark, and operators who turn
-the figures into the router's `--transfer-weight`, `--pull-fixed-tokens`, `--decode-weight`.
+the figures into the router's `--transfer-weight`, `--pull-fixed-tokens`, `--decode-weight`,
+`--request-overhead-tokens`.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class TransferTiming:
 
 
 def calibrated_weights(engine: EngineTiming, transfer: TransferTiming) -> dict[str, float]:
-    """`RoutingConfig` fields (transfer_weight, pull_fixed_tokens, decode_weight) for these timings."""
+    """`RoutingConfig` fields (transfer_weight, pull_fixed_tokens, decode_weight,
+    request_overhead_tokens) for these timings."""
     per_token_ms = engine.wall_ms_per_prompt_token
     transfer_ms_per_token = transfer.kv_bytes_per_token / (transfer.gbps * 1e9) * 1e3
     full_step_ms = engine.step_overhead_ms + engine.decode_base_ms + engine.max_num_seqs * engine.decode_ms_per_seq
@@ -60,4 +64,6 @@ def calibrated_weights(engine: EngineTiming, transfer: TransferTiming) -> dict[s
         "transfer_weight": round(transfer_ms_per_token / per_token_ms, 4),
         "pull_fixed_tokens": round(transfer.round_trip_ms / per_token_ms, 1),
         "decode_weight": round(2 * full_step_ms / engine.prefill_ms_per_token, 1),
+        "request_overhead_tokens": round((engine.step_overhead_ms + engine.decode_base_ms)
+                                         / engine.prefill_ms_per_token, 1),
     }

@@ -31,8 +31,8 @@ most requested recurring ones that fit in part of the cluster's KV), ranked anew
 them; `transient` is True for the recurring ones). They miss wherever they go, so it is
 their load, not their KV, that their homes must share out. A miss costs several hits (a
 whole prompt against its unshared tail), so that load is counted as *work*: each request
-adds the prompt tokens its worker is predicted to compute plus `REQUEST_OVERHEAD_TOKENS`
-(its engine steps' fixed cost), decayed as the counts are, and `work_shares` gives each
+adds the prompt tokens its worker is predicted to compute plus `overhead_tokens` (its
+engine steps' fixed cost, `RoutingConfig.request_overhead_tokens`), decayed as the counts are, and `work_shares` gives each
 worker's part of the recent work of its homed prefixes, resident or not. A cold cluster,
 whose prefixes have all been seen once, has no residents yet: none overflows a worker, so
 none is moved on shares that one request each cannot tell apart. Where the live prefixes
@@ -57,15 +57,19 @@ LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on
 RESIDENCY_EVERY = 16  # routed requests between two rankings of the resident prefixes
 # a request's work beyond the prompt tokens it computes (its engine steps' fixed cost), in prompt
 # tokens: a 1088-token miss then weighs 6.2 hits of 64 computed tokens
-REQUEST_OVERHEAD_TOKENS = 128
+DEFAULT_OVERHEAD_TOKENS = 128.0
 
 
 class PrefixHomes:
     """Per prefix key, its home worker and decayed request count; per worker, their sum."""
 
-    def __init__(self, horizon: int = DEFAULT_HORIZON, max_tracked: int = MAX_TRACKED) -> None:
+    def __init__(self, horizon: int = DEFAULT_HORIZON, max_tracked: int = MAX_TRACKED,
+                 overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS) -> None:
         if horizon < 1 or max_tracked < 1:
             raise ValueError("horizon and max_tracked must be at least 1")
+        if overhead_tokens < 0:
+            raise ValueError("overhead_tokens must not be negative")
+        self.overhead_tokens = overhead_tokens
         self._keep = 1.0 - 1.0 / horizon  # per routed request
         self._max_tracked = max_tracked
         self._step = 0
@@ -155,7 +159,7 @@ class PrefixHomes:
             self._add(entry[0], -count, -work)
             self._unhome(entry[0], prefix_key)
         count += 1.0
-        work += computed + REQUEST_OVERHEAD_TOKENS
+        work += computed + self.overhead_tokens
         self._prefixes[prefix_key] = (worker_id, count, self._step, tokens, work)
         self._add(worker_id, count, work)
         self._members.setdefault(worker_id, set()).add(prefix_key)
@@ -277,7 +281,7 @@ class PrefixHomes:
 
     def work_shares(self) -> dict[str, float]:
         """Per worker, its homed prefixes' share of the recent work (each request: the prompt
-        tokens computed, plus `REQUEST_OVERHEAD_TOKENS`); empty with no work on record."""
+        tokens computed, plus `overhead_tokens`); empty with no work on record."""
         work = {worker_id: self._now(*entry) for worker_id, entry in self._work.items()}
         total = sum(work.values())
         return {worker_id: value / total for worker_id, value in work.items()} if total > 0 else {}
