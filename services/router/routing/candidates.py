@@ -77,7 +77,7 @@ class Candidates:
         self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
         # a hot prefix (every holder busy) may be copied: bounded affinity lets go of it
         self.replicate = prefix_is_hot(routing, eligible.serving, request.cached_tokens, request.prompt_tokens,
-                                       request.prefix_share)
+                                       request.prefix_share, holds_all=request.kv_holds_all)
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
