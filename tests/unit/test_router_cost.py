@@ -195,15 +195,17 @@ def test_a_busy_holder_keeps_a_tenant_whose_share_it_can_carry() -> None:
     assert copied.worker_id != "holder" and copied.prompt is not None and copied.prompt.holder_id == "holder"
 
 
-def test_where_the_cluster_holds_every_live_prefix_the_load_alone_makes_a_prefix_hot() -> None:
-    """A burst on one tenant's holder: where the cluster's KV holds every live prefix, a copy
-    pushes out nothing that cannot be cached again, so the busy holder lets go of a tenant
-    whose share it could carry; past the cluster's KV (or where that is unknown) it keeps it."""
+def test_where_the_cluster_holds_every_live_prefix_the_load_alone_makes_a_minor_tenant_hot() -> None:
+    """A burst on a holder of several tenants: where the cluster's KV holds every live prefix,
+    a copy pushes out nothing that cannot be cached again, so the busy holder lets go of a
+    minor tenant (at most half of its home's traffic) whose share it could carry. Past the
+    cluster's KV (or where that is unknown), and for a tenant that is most of its home's
+    traffic, the share rule holds and it queues there."""
     busy = [worker("a", reported_load=12), worker("b", reported_load=2), worker("c", reported_load=10),
             worker("d", reported_load=0)]
-    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, holds_all=True)
-    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, holds_all=False)
-    assert not prefix_is_hot(ROUTING, busy, {"b": PREFIX}, PROMPT, 0.26, holds_all=True)  # b is not busy
+    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, by_load=True)
+    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, by_load=False)
+    assert not prefix_is_hot(ROUTING, busy, {"b": PREFIX}, PROMPT, 0.26, by_load=True)  # b is not busy
     # in a decision: the request's residents say whether the cluster holds every live prefix
     workers = [worker("holder", reported_load=12, reported_prefill_tokens=4000), worker("b", reported_load=2),
                worker("c", reported_load=2)]
@@ -214,14 +216,22 @@ def test_where_the_cluster_holds_every_live_prefix_the_load_alone_makes_a_prefix
         for _ in range(3):
             homes.record(key, "holder", PROMPT)
     assert homes.holds_all()
-    fits = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents())
+    homed = {"holder": 0.6, "b": 0.2, "c": 0.2}
+    fits = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents(),
+                          home_worker="holder", homed_share=homed)
     copied = plan_of(workers, fits, DEFAULT)
     assert copied.worker_id != "holder" and copied.prompt is not None and copied.prompt.holder_id == "holder"
+    major = tenant_request({"holder": PREFIX}, prefix_share=0.31, resident_prefixes=homes.residents(),
+                           home_worker="holder", homed_share=homed)
+    assert plan_of(workers, major, DEFAULT).worker_id == "holder"  # most of its home's traffic
+    unhomed = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents())
+    assert plan_of(workers, unhomed, DEFAULT).worker_id == "holder"  # its home's traffic unknown
     for key in range(3, 12):  # 11 live prompts of 1600 tokens: more than 3 x 4400
         for _ in range(3):
             homes.record(key, "b", PROMPT)
     assert not homes.holds_all()
-    past_kv = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents())
+    past_kv = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents(),
+                             home_worker="holder", homed_share=homed)
     assert plan_of(workers, past_kv, DEFAULT).worker_id == "holder"
     unsized = PrefixHomes()
     unsized.record(1, "holder", PROMPT)
