@@ -126,8 +126,7 @@ def router(
              "the mean load of the serving workers (0: never).")] = 1.5,
     replica_share_slack: Annotated[float, typer.Option(
         help="... and only while the prefix's share of recent requests is more than its holders can carry, "
-             "each (1 + this) / serving workers of the traffic (negative: the load alone decides, as it does "
-             "for a minor tenant of its home where the cluster's KV holds every prefix in use).")] = 0.2,
+             "each (1 + this) / serving workers of the traffic (negative: the load alone decides).")] = 0.2,
     bounded_affinity: Annotated[bool, typer.Option(
         help="A tenant holding most of its prompt on some workers stays on them until its prefix is hot "
              "(off: the per-request cost alone decides).")] = True,

@@ -266,8 +266,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     # hot and replicated: a non-holder pulling it pays no eviction cost (0: never)
     hot_load_factor: float = 1.5
     # ... and only while the prefix's share of recent requests is more than its holders can
-    # carry, each (1 + this) / serving workers of the traffic (None: the load alone decides, as
-    # it does for a minor tenant of its home where the cluster's KV holds every live prefix)
+    # carry, each (1 + this) / serving workers of the traffic (None: the load alone decides)
     replica_share_slack: float | None = 0.2
     # a tenant holding most of its prompt on some workers stays on them until the prefix is hot
     # (False: the plain per-request cost decides, and a queue can push it off its holders)

@@ -21,7 +21,6 @@ from services.router.routing.cost import (
     pull_cost,
     share_cap,
 )
-from services.router.routing.homes import PrefixHomes
 from shared.config import RoutingConfig
 from shared.schemas import LoadSnapshot, WorkerRole, WorkerStatus
 
@@ -193,49 +192,6 @@ def test_a_busy_holder_keeps_a_tenant_whose_share_it_can_carry() -> None:
     assert plan_of(workers, tenant_request({"holder": PREFIX}, prefix_share=0.3), DEFAULT).worker_id == "holder"
     copied = plan_of(workers, tenant_request({"holder": PREFIX}, prefix_share=0.6), DEFAULT)
     assert copied.worker_id != "holder" and copied.prompt is not None and copied.prompt.holder_id == "holder"
-
-
-def test_where_the_cluster_holds_every_live_prefix_the_load_alone_makes_a_minor_tenant_hot() -> None:
-    """A burst on a holder of several tenants: where the cluster's KV holds every live prefix,
-    a copy pushes out nothing that cannot be cached again, so the busy holder lets go of a
-    minor tenant (at most half of its home's traffic) whose share it could carry. Past the
-    cluster's KV (or where that is unknown), and for a tenant that is most of its home's
-    traffic, the share rule holds and it queues there."""
-    busy = [worker("a", reported_load=12), worker("b", reported_load=2), worker("c", reported_load=10),
-            worker("d", reported_load=0)]
-    assert prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, by_load=True)
-    assert not prefix_is_hot(ROUTING, busy, {"a": PREFIX}, PROMPT, 0.26, by_load=False)
-    assert not prefix_is_hot(ROUTING, busy, {"b": PREFIX}, PROMPT, 0.26, by_load=True)  # b is not busy
-    # in a decision: the request's residents say whether the cluster holds every live prefix
-    workers = [worker("holder", reported_load=12, reported_prefill_tokens=4000), worker("b", reported_load=2),
-               worker("c", reported_load=2)]
-    homes = PrefixHomes(horizon=10_000)
-    for name in ("holder", "b", "c"):
-        homes.set_capacity(name, 4400)
-    for key in (1, 2):
-        for _ in range(3):
-            homes.record(key, "holder", PROMPT)
-    assert homes.holds_all()
-    homed = {"holder": 0.6, "b": 0.2, "c": 0.2}
-    fits = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents(),
-                          home_worker="holder", homed_share=homed)
-    copied = plan_of(workers, fits, DEFAULT)
-    assert copied.worker_id != "holder" and copied.prompt is not None and copied.prompt.holder_id == "holder"
-    major = tenant_request({"holder": PREFIX}, prefix_share=0.31, resident_prefixes=homes.residents(),
-                           home_worker="holder", homed_share=homed)
-    assert plan_of(workers, major, DEFAULT).worker_id == "holder"  # most of its home's traffic
-    unhomed = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents())
-    assert plan_of(workers, unhomed, DEFAULT).worker_id == "holder"  # its home's traffic unknown
-    for key in range(3, 12):  # 11 live prompts of 1600 tokens: more than 3 x 4400
-        for _ in range(3):
-            homes.record(key, "b", PROMPT)
-    assert not homes.holds_all()
-    past_kv = tenant_request({"holder": PREFIX}, prefix_share=0.3, resident_prefixes=homes.residents(),
-                             home_worker="holder", homed_share=homed)
-    assert plan_of(workers, past_kv, DEFAULT).worker_id == "holder"
-    unsized = PrefixHomes()
-    unsized.record(1, "holder", PROMPT)
-    assert not unsized.holds_all()  # no KV pool known
 
 
 def test_a_minor_tenant_is_a_small_share_of_an_overcommitted_worker() -> None:

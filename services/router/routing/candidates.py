@@ -77,24 +77,11 @@ class Candidates:
         self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
         # a hot prefix (every holder busy) may be copied: bounded affinity lets go of it
         self.replicate = prefix_is_hot(routing, eligible.serving, request.cached_tokens, request.prompt_tokens,
-                                       request.prefix_share, by_load=self._spreads_by_load)
+                                       request.prefix_share)
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
         self.new_homes: set[str] = set()  # picked as the prefix's new home as it leaves its home (`rehomes`)
-
-    @property
-    def _spreads_by_load(self) -> bool:
-        """Whether the load alone makes the prefix hot (`cost.prefix_is_hot`): the cluster's KV
-        holds every live prefix (`RouteRequest.kv_holds_all`) and the prefix draws at most
-        half of its home's traffic. A busy worker of many small tenants then sheds some of a
-        burst by copying them, and the copy's target pushes out its least recently used
-        prefix, which fits again elsewhere. A worker's one large tenant keeps the share rule:
-        a copy of it would push out the target's own."""
-        request = self.request
-        if not request.kv_holds_all or request.home_worker is None or request.prefix_share is None:
-            return False
-        return 2 * request.prefix_share <= request.homed_share.get(request.home_worker, 0.0)
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)

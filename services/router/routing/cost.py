@@ -34,16 +34,12 @@ What the terms buy, together:
   go (`candidates.Candidates.affine`), and the plain costs pick the copy's worker, one
   with room or a cold victim first: a copy never comes free where it evicts a prefix in
   use (a burst of one tenant's requests must not push another active tenant out).
-  Once the live prefixes need more KV than the cluster holds, a queue is a moment's figure
-  and a copy evicts another tenant for good: so a prefix is then copied only while its own
-  share of the recent requests is more than its holders can carry, each at most
-  `(1 + replica_share_slack) / serving workers` of it (`copies_needed`). A tenant whose
-  share one worker can carry queues there rather than spread; an overcommitted worker
-  sheds its minor tenants when their prompts are computed anyway (`home`), not by copying
-  them. Where the cluster's KV holds every live prefix, the load alone decides for a minor
-  tenant of its home: a burst on a worker of many small tenants spreads some of them, and
-  what a copy pushes out fits again elsewhere (a worker's one large tenant keeps the share
-  rule: its copy would push out another worker's own).
+  A queue is a moment's figure, and a copy evicts another tenant for good: so a prefix is
+  copied only while its own share of the recent requests is more than its holders can
+  carry, each at most `(1 + replica_share_slack) / serving workers` of it
+  (`copies_needed`). A tenant whose share one worker can carry queues there rather than
+  spread; an overcommitted worker sheds its minor tenants when their prompts are computed
+  anyway (`home`), not by copying them.
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is
@@ -166,16 +162,15 @@ def holders_overcommitted(routing: RoutingConfig, holders: Sequence[WorkerView],
 
 
 def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_tokens: Mapping[str, int],
-                  prompt_tokens: int, prefix_share: float | None = None, *, by_load: bool = False) -> bool:
+                  prompt_tokens: int, prefix_share: float | None = None) -> bool:
     """Every one of `workers` holding (or predicted to hold) the longest cached prefix of the
     prompt is overloaded, relative to the mean of `workers`: it carries more than
     `hot_load_factor` x their mean requests (and at least `HOT_MIN_EXCESS` more), or more
     than `hot_load_factor` x their mean queued prefill tokens (and at least one prompt's
     worth more); and, when the prefix's share of the recent requests is known
-    (`prefix_share`), its holders are overcommitted (`holders_overcommitted`), unless the
-    load alone decides (`by_load`: the caller knows a copy pushes out nothing the cluster
-    cannot cache again, see `candidates.Candidates`). The prefix then needs another copy.
-    False without a cached prefix among them, or with `hot_load_factor` 0."""
+    (`prefix_share`), its holders are overcommitted (`holders_overcommitted`). The prefix
+    then needs another copy. False without a cached prefix among them, or with
+    `hot_load_factor` 0."""
     if routing.hot_load_factor <= 0 or not workers:
         return False
     by_id = {worker.worker_id: worker for worker in workers}
@@ -185,7 +180,7 @@ def prefix_is_hot(routing: RoutingConfig, workers: Sequence[WorkerView], cached_
         return False
     holders = [by_id[worker_id] for worker_id, tokens in cached_tokens.items()
                if worker_id in by_id and min(tokens, prompt_tokens) == longest]
-    if not by_load and not holders_overcommitted(routing, holders, len(workers), prefix_share):
+    if not holders_overcommitted(routing, holders, len(workers), prefix_share):
         return False
     mean_load = sum(worker.predicted_load for worker in workers) / len(workers)
     mean_queued = sum(worker.predicted_prefill_tokens for worker in workers) / len(workers)

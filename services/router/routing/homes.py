@@ -264,11 +264,6 @@ class PrefixHomes:
         are resident."""
         return self._rank() is not None
 
-    def holds_all(self) -> bool:
-        """Whether the cluster's KV is known to hold every live prefix: some worker's KV pool is
-        known and the cluster is not `limited`."""
-        return bool(self._capacity) and not self.limited()
-
     def resident(self, prefix_key: int) -> bool:
         """Whether the prefix is among the resident ones (its KV is worth keeping on its home);
         every live one is where not `limited`."""
@@ -348,10 +343,6 @@ class Residents(Container[int]):
     @property
     def limited(self) -> bool:
         return self._homes.limited()
-
-    @property
-    def holds_all(self) -> bool:
-        return self._homes.holds_all()
 
     def transient(self, prefix_key: int) -> bool:
         return self._homes.transient(prefix_key)

@@ -54,11 +54,6 @@ class RouteRequest:
         return self.resident_prefixes is not None and self.resident_prefixes.limited
 
     @property
-    def kv_holds_all(self) -> bool:
-        """Whether the cluster's KV is known to hold every live prefix (False where unknown)."""
-        return self.resident_prefixes is not None and self.resident_prefixes.holds_all
-
-    @property
     def resident(self) -> bool:
         """Whether the prompt's prefix is resident (True where unknown)."""
         return self.prefix_key is None or self.resident_prefixes is None or self.prefix_key in self.resident_prefixes
