@@ -32,11 +32,12 @@ them; `transient` is True for the recurring ones). They miss wherever they go, s
 their load, not their KV, that their homes must share out. A miss costs several hits (a
 whole prompt against its unshared tail), so that load is counted as *work*: each request
 adds the prompt tokens its worker is predicted to compute plus `overhead_tokens` (its
-engine steps' fixed cost, `RoutingConfig.request_overhead_tokens`), decayed as the counts are, and `work_shares` gives each
-worker's part of the recent work of its homed prefixes, resident or not. A cold cluster,
-whose prefixes have all been seen once, has no residents yet: none overflows a worker, so
-none is moved on shares that one request each cannot tell apart. Where the live prefixes
-all fit, or no worker's KV pool is known, every live prefix counts.
+engine steps' fixed cost, `RoutingConfig.request_overhead_tokens`), decayed as the counts
+are, and `work_shares` gives each worker's part of the recent work of its homed prefixes,
+resident or not. A cold cluster, whose prefixes have all been seen once, has no residents
+yet: none overflows a worker, so none is moved on shares that one request each cannot tell
+apart. Where the live prefixes all fit, or no worker's KV pool is known, every live prefix
+counts.
 
 Callers: the router's KV view (`record` on each routed prompt) and the routing request
 (`RouteRequest.home_worker`, `RouteRequest.homed_share`).
