@@ -107,13 +107,20 @@ def test_only_the_most_recent_prefixes_are_remembered() -> None:
         PrefixHomes(horizon=0)
 
 
-def test_a_copy_served_elsewhere_counts_at_the_home_which_stays() -> None:
+def test_a_copy_served_elsewhere_keeps_the_home_and_counts_where_it_was_served() -> None:
     homes = PrefixHomes(horizon=10_000)
     homes.record(1, "a", 1000)
     homes.record(1, "b", 1000, copy=True)  # b was sent a copy while a still holds the prefix
-    assert homes.home(1) == "a" and homes.homed_share() == {"a": 1.0}
+    assert homes.home(1) == "a" and homes.share(1) == pytest.approx(1.0)
+    assert homes.homed_share() == pytest.approx({"a": 0.5, "b": 0.5}, rel=1e-3)  # b carried one of the two requests
+    assert homes.worker_share("b") == pytest.approx(0.5, rel=1e-3)  # b has no homed prefix, but carries the copy's
+    assert homes.homed_tokens("a") == 1000 and homes.homed_tokens("b") == 0  # its KV is counted at its home
+    homes.record(1, "b", 1000, copy=True)
+    assert homes.homed_share() == pytest.approx({"a": 1 / 3, "b": 2 / 3}, rel=1e-3)
     homes.record(1, "b", 1000)  # computed on b: b is its home now
-    assert homes.home(1) == "b" and homes.homed_share()["b"] == pytest.approx(1.0)
+    assert homes.home(1) == "b" and homes.homed_share() == pytest.approx({"a": 0.0, "b": 1.0})
+    homes.forget("b")  # b left: neither its prefix nor the copies it served count anywhere
+    assert "b" not in homes.homed_share()
     homes.record(2, "c", 500, copy=True)  # a first request has no home to keep
     assert homes.home(2) == "c"
 
@@ -271,9 +278,9 @@ def test_a_new_home_is_only_chosen_among_the_least_queued() -> None:
 
 def test_a_cached_minor_tenant_moves_off_an_overcommitted_overflowing_home_where_its_share_fits() -> None:
     """Prefix 4 is a minor tenant of a (a's prefixes draw 0.55 of the traffic, the cap is 0.3)
-    and still cached there, but a's two homed prompts need more KV than a holds: it moves all
-    the same, once, to the worker with the least homed traffic; the major tenant stays. Where
-    a's cache holds both, or no other worker has room for its share, it stays."""
+    and still cached there, and a's two homed prompts need more KV than a holds: it moves, once,
+    to the worker with the least homed traffic, though its prompt fits there no better; the
+    major tenant stays. Where no other worker has room for its share, it stays."""
     homes = PrefixHomes(horizon=10_000)
     for key, name, count in ((1, "a", 10), (4, "a", 2), (2, "b", 2), (5, "b", 2), (3, "c", 2), (6, "c", 2),
                              (7, "d", 2)):
@@ -287,13 +294,29 @@ def test_a_cached_minor_tenant_moves_off_an_overcommitted_overflowing_home_where
     assert isinstance(moved, RoutePlan) and isinstance(stayed, RoutePlan)
     assert moved.moves_home and not stayed.moves_home  # a, which still holds it, must not keep it as a copy
     assert pick(small, route(homes, 4, {"a": 1024}), RoutingConfig(replica_share_slack=None)) == "a"
-    roomy = [worker(name, kv_capacity_tokens=4096) for name in "abcd"]
-    assert pick(roomy, route(homes, 4, {"a": 1024})) == "a"
     crowded = PrefixHomes(horizon=10_000)
     for key, name, count in ((1, "a", 10), (4, "a", 2), (2, "b", 10), (3, "c", 10), (5, "d", 10)):
         for _ in range(count):
             crowded.record(key, name, PROMPT)
     assert pick(small, route(crowded, 4, {"a": 1024})) == "a"
+
+
+def test_a_cached_minor_tenant_of_a_home_overcommitted_by_traffic_moves_where_its_prompt_fits() -> None:
+    """a's cache holds both its prompts, but its prefixes draw 0.55 of the traffic: its requests
+    queue there behind one another. Prefix 4, a minor tenant, moves to a worker with room for
+    both its share and its prompt: d, not b (the least traffic, but no room for a third
+    prompt). Where no other worker has room for its prompt, it stays; the major tenant stays."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, name, count in ((1, "a", 10), (4, "a", 2), (2, "b", 1), (5, "b", 1), (3, "c", 2), (6, "c", 2),
+                             (7, "d", 2)):
+        for _ in range(count):
+            homes.record(key, name, PROMPT)
+    roomy = [worker(name, kv_capacity_tokens=2 * PROMPT) for name in "abcd"]
+    moved = decide(roomy, route(homes, 4, {"a": 1024}))
+    assert isinstance(moved, RoutePlan) and moved.worker_id == "d" and moved.moves_home
+    assert pick(roomy, route(homes, 1, {"a": 1024})) == "a"
+    homes.record(8, "d", PROMPT)  # d's cache now holds two prompts as well: no room anywhere
+    assert pick(roomy, route(homes, 4, {"a": 1024})) == "a"
 
 
 def test_a_busy_home_lets_a_minor_tenant_go_though_it_is_not_overcommitted() -> None:

@@ -39,6 +39,11 @@ from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
 from shared.config import RoutingConfig
 
+# why a prefix leaves its home (`Candidates.leaves`)
+OVERFLOW = "overflow"  # its home's prompts overflow its KV
+TRAFFIC = "traffic"  # a minor tenant of a home that carries more than one worker's part of the traffic
+TRANSIENTS = "transients"  # a transient prefix, its home's transients bring far more work than another's
+
 
 def load_order(worker: WorkerView) -> tuple[float, int, str]:
     return worker.relative_load, worker.last_routed, worker.worker_id
@@ -127,8 +132,8 @@ class Candidates:
         return (self.request.prefix_key is not None and self.routing.home_slack_tokens > 0
                 and 2 * max(self.request.cached_tokens.values(), default=0) < self.request.prompt_tokens)
 
-    def _home(self, parts: Sequence[Single], leaving: bool) -> Single:
-        """`leaving`: the prefix leaves its learned home (`rehomes`)."""
+    def _home(self, parts: Sequence[Single], leaving: str | None) -> Single:
+        """`leaving`: why the prefix leaves its learned home (`leaves`), None where it does not."""
         request, routing = self.request, self.routing
         assert request.prefix_key is not None
         if not routing.sticky_homes:
@@ -139,13 +144,13 @@ class Candidates:
         else:
             hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
                               leave=self._leave(leaving, parts), prefix_share=request.prefix_share,
-                              share_cap=self._share_cap(len(parts)), fits=self._fits(parts))
+                              share_cap=self._share_cap(len(parts)), fits=self._fits(parts, leaving == TRAFFIC and not self.weak))
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
 
-    def _leave(self, leaving: bool, parts: Sequence[Single]) -> str:
-        return LEAVE if leaving else self._leave_home(len(parts))
+    def _leave(self, leaving: str | None, parts: Sequence[Single]) -> str:
+        return LEAVE if leaving is not None else self._leave_home(len(parts))
 
     @property
     def _past_kv(self) -> bool:
@@ -174,11 +179,13 @@ class Candidates:
                        default=None)
         return lightest is not None and work.get(home, 0.0) - lightest > 2 * own
 
-    def _fits(self, parts: Sequence[Single]) -> frozenset[str] | None:
-        """Past the cluster's KV (`_past_kv`), for a resident prefix, the workers of `parts`
-        whose KV holds its prompt beside their resident homed prefixes' (its home: beside the
-        others'); None otherwise (a transient prefix misses wherever it goes)."""
-        if not self._past_kv or not self.request.resident:
+    def _fits(self, parts: Sequence[Single], must_fit: bool = False) -> frozenset[str] | None:
+        """Where the prefix must fit (`must_fit`: a cached prefix leaves a home that holds it,
+        and must not evict elsewhere what it spares there), or past the cluster's KV
+        (`_past_kv`) for a resident prefix, the workers of `parts` whose KV holds its prompt
+        beside their (resident) homed prefixes' (its home: beside the others'); None otherwise
+        (a transient prefix misses wherever it goes)."""
+        if not must_fit and (not self._past_kv or not self.request.resident):
             return None
         return frozenset(part.worker.worker_id for part in parts if self._fits_on(part.worker))
 
@@ -229,15 +236,22 @@ class Candidates:
         return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
 
     def rehomes(self, parts: Sequence[Single]) -> bool:
-        """Whether the prefix, cached or not, leaves its learned home now: it is a minor tenant
-        there (`cost.minor_tenant`: the prefixes homed there draw more than one worker carries;
-        past the cluster's KV, `_past_kv`, also a resident prefix drawing at most half of its
-        home's traffic), the prompts homed there need more KV than the home holds
-        (`cost.homes_overflow`; past the cluster's KV, the resident ones), and another of
-        `parts` has room for its share (and its prompt, `_fits_on`). Moving it costs one
-        computed prompt; leaving it lets the home's major tenants and it evict one another
-        (and queue) for as long as the traffic lasts. Cold starts place tenants before their
-        shares are known, so this is how the partition rebalances once they are. A transient
+        return self.leaves(parts) is not None
+
+    def leaves(self, parts: Sequence[Single]) -> str | None:
+        """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC or
+        TRANSIENTS; None: it stays): it is a minor tenant
+        there (`cost.minor_tenant`: its home carries more than one worker's part of the
+        traffic) and another of `parts` has room for its share and its prompt (`_fits_on`);
+        or the prompts homed there need more KV than the home holds (`cost.homes_overflow`;
+        past the cluster's KV, the resident ones), it is a minor tenant or (past the cluster's
+        KV, `_past_kv`) a resident prefix drawing at most half of its home's traffic, and
+        another of `parts` has room for its share (and, for the latter, its prompt). Moving it
+        costs one computed prompt; leaving it queues the home's requests behind one another
+        (and lets its tenants evict one another) for as long as the traffic lasts, since
+        bounded affinity keeps a cached prefix's requests on its holder while the prefix draws
+        no more than one worker carries. Cold starts place tenants before their shares are
+        known, so this is how the partition rebalances once they are. A transient
         prefix (`_transient`) also leaves a home whose prefixes bring far more work than another's
         (`_transients_unbalanced`): it misses wherever it goes, so moving it costs little, and
         a worker that computes several transients' prompts at once evicts its own residents."""
@@ -245,22 +259,24 @@ class Candidates:
         home = request.home_worker
         if (not self.routing.sticky_homes or request.prefix_key is None or home is None
                 or request.prefix_share is None or slack is None or len(parts) < 2):
-            return False
+            return None
         if self._transients_unbalanced(parts):
-            return True
+            return TRANSIENTS
         homed = request.homed_share.get(home, 0.0)
         minor = minor_tenant(request.prefix_share, homed, len(parts), slack)
         shed = 2 * request.prefix_share <= homed and self._past_kv and request.resident
         if not (minor or shed):
-            return False
-        if not any(part.worker.worker_id == home and homes_overflow(part.worker, request.homed_tokens.get(home))
-                   for part in parts):
-            return False
+            return None
+        overflow = any(part.worker.worker_id == home and homes_overflow(part.worker, request.homed_tokens.get(home))
+                       for part in parts)
+        if not (overflow or minor):
+            return None
         cap = share_cap(len(parts), slack)
-        return any(part.worker.worker_id != home
+        room = any(part.worker.worker_id != home
                    and request.homed_share.get(part.worker.worker_id, 0.0) + request.prefix_share <= cap
-                   and (minor or self._fits_on(part.worker))
+                   and ((minor and overflow) or self._fits_on(part.worker))
                    for part in parts)
+        return (OVERFLOW if overflow else TRAFFIC) if room else None
 
     def best_single(self, workers: Sequence[WorkerView]) -> Single | None:
         return self.best_part([self.single(worker) for worker in workers]) if workers else None
@@ -270,12 +286,12 @@ class Candidates:
         prompt, or a prefix that leaves its home (`rehomes`), its home (`_home`): a new one
         for a leaving prefix, noted in `new_homes` (its old home may still hold the prompt,
         and the move must not be taken for a copy)."""
-        leaving = self.rehomes(parts)
-        if self.weak or leaving:
+        leaving = self.leaves(parts)
+        if self.weak or leaving is not None:
             if not parts:
                 return None
             chosen = self._home(parts, leaving)
-            if leaving and chosen.worker.worker_id != self.request.home_worker:
+            if leaving is not None and chosen.worker.worker_id != self.request.home_worker:
                 self.new_homes.add(chosen.worker.worker_id)
             return chosen
         parts = self.affine(parts)

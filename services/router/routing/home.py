@@ -14,10 +14,11 @@ prompts go back to one worker per prefix, whose cache then keeps its own tenants
    unknown, the prefix draws more than one worker can carry, or at most half of its home's
    traffic: then a busy home (its queued prefill far above the mean) is left too; `STAY`
    otherwise, busy or not (a moment's queue is no reason to move its major tenant off a
-   worker that can carry it). A minor tenant of an overcommitted home whose homed prompts
-   also need more KV than it holds leaves even while cached there
-   (`candidates.Candidates.rehomes`): they would evict one another for as long as the
-   traffic lasts;
+   worker that can carry it). A minor tenant of an overcommitted home leaves even while
+   cached there (`candidates.Candidates.leaves`), for a worker with room for its prompt (or
+   for any with room for its share where the home's prompts also need more KV than it
+   holds): bounded affinity would keep its requests queueing there, and the tenants evicting
+   one another, for as long as the traffic lasts;
 2. otherwise a new home among the candidates that the prefix's share would not push past
    one worker's part of the traffic (where its share is known; all candidates when none
    has room: a moment's short queue does not draw a tenant onto a worker whose other

@@ -14,7 +14,10 @@ partition balanced by traffic, not by count, each prefix carries its share of th
 requests (a count that decays by `1 - 1/horizon` per routed request: scale-free, no
 timescale) and each worker the summed shares of the prefixes homed there; the new home is
 the worker with the smallest such sum among the near-cheapest (see
-`candidates.Candidates.best_single`).
+`candidates.Candidates.best_single`). A request served by a copy of a popular prefix (on
+another worker than its home) counts where it was served in those sums (`homed_share`),
+though the prefix keeps its home: the copy's worker carries that traffic, and counted at
+the home it would make the home look overcommitted and the copy's worker light.
 
 Each worker also keeps the prompt tokens of its live homed prefixes (`homed_tokens`): when
 they exceed its KV pool, its tenants evict one another there, and a minor one is better
@@ -55,6 +58,7 @@ from services.router.routing.residency import RESIDENT_COUNT, rank_residents
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
 LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on its home in `homed_tokens`
+COPY_FORGOTTEN = 0.01  # a prefix's copies' requests (decayed) below which they are no longer counted
 RESIDENCY_EVERY = 16  # routed requests between two rankings of the resident prefixes
 # a request's work beyond the prompt tokens it computes (its engine steps' fixed cost), in prompt
 # tokens: a 1088-token miss then weighs 6.2 hits of 64 computed tokens
@@ -88,6 +92,10 @@ class PrefixHomes:
         self._residents: set[int] | None = None  # None: not `limited`, every live prefix counts
         self._resident_tokens: dict[str, int] = {}  # worker -> the tokens of its resident homed prefixes
         self._ranked_at: int | None = None  # None: to be ranked (capacity or membership changed)
+        # prefix key -> worker -> its requests served by a copy on that worker (not its home),
+        # decayed as the counts, at step: only for prefixes copied recently (a few popular ones)
+        self._copies: dict[int, dict[str, tuple[float, int]]] = {}
+        self._copied_at: tuple[int, dict[str, float]] | None = None  # `_copied()` as of a step
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
@@ -144,8 +152,8 @@ class PrefixHomes:
                copy: bool = False) -> None:
         """A prompt of `tokens` with this prefix, `computed` of them predicted uncached there,
         was routed to `worker_id`: its home now, one more request. With `copy` (`worker_id` was
-        sent a copy of a prefix its home still holds), the request counts at the prefix's home,
-        which stays."""
+        sent a copy of a prefix its home still holds), the prefix's home stays, and the request
+        counts where it was served (`homed_share`)."""
         self._step += 1
         self._bury()
         count = work = 0.0
@@ -153,6 +161,9 @@ class PrefixHomes:
         residents = self._residents
         resident = residents is not None and prefix_key in residents
         if entry is not None and copy:
+            if worker_id != entry[0]:
+                served = self._copies.setdefault(prefix_key, {})
+                served[worker_id] = (self._now(*served.get(worker_id, (0.0, self._step))) + 1.0, self._step)
             worker_id = entry[0]
         if entry is not None:
             self._unlive(prefix_key, entry)
@@ -179,7 +190,33 @@ class PrefixHomes:
             self._unlive(old_key, old_entry)
             self._add(old_home, -self._now(old_count, at_step), -self._now(old_work, at_step))
             self._unhome(old_home, old_key)
+            self._copies.pop(old_key, None)
             self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
+
+    def _copied(self) -> dict[str, float]:
+        """Per worker, the recent requests it served for copies of prefixes homed elsewhere,
+        less those that copies of its homed prefixes served elsewhere (prefixes whose copies
+        have decayed away are dropped)."""
+        if self._copied_at is not None and self._copied_at[0] == self._step:
+            return self._copied_at[1]
+        copied: dict[str, float] = {}
+        for prefix_key in list(self._copies):
+            home = self._prefixes[prefix_key][0]
+            served = {worker_id: self._now(*entry) for worker_id, entry in self._copies[prefix_key].items()}
+            if sum(served.values()) < COPY_FORGOTTEN:
+                del self._copies[prefix_key]
+                continue
+            for worker_id, count in served.items():
+                if worker_id != home:  # it became the prefix's home since: the count is there now
+                    copied[worker_id] = copied.get(worker_id, 0.0) + count
+                    copied[home] = copied.get(home, 0.0) - count
+        self._copied_at = (self._step, copied)
+        return copied
+
+    def _carried(self, worker_id: str, copied: Mapping[str, float]) -> float:
+        """The recent requests `worker_id` carried for its homed prefixes and for copies."""
+        homed = self._workers.get(worker_id)
+        return max(0.0, (self._now(*homed) if homed is not None else 0.0) + copied.get(worker_id, 0.0))
 
     def _unhome(self, worker_id: str, prefix_key: int) -> None:
         """The prefix is no longer homed on `worker_id`; a worker left with none has no count
@@ -199,33 +236,39 @@ class PrefixHomes:
         """A worker left: its prefixes have no home until routed again."""
         self._workers.pop(worker_id, None)
         self._work.pop(worker_id, None)
+        for served in self._copies.values():
+            served.pop(worker_id, None)
+        self._copied_at = None
         self._live_tokens.pop(worker_id, None)  # its entries' heap items find them gone
         self._capacity.pop(worker_id, None)
         self._residents, self._ranked_at = None, None
         for prefix_key in self._members.pop(worker_id, set()):
             self._live.discard(prefix_key)
             _, count, at_step, _, _ = self._prefixes.pop(prefix_key)
+            self._copies.pop(prefix_key, None)
             self._total = (max(0.0, self._now(*self._total) - self._now(count, at_step)), self._step)
 
     def homed_share(self) -> dict[str, float]:
-        """Per worker, the share of recent requests whose prefixes are homed there (over every
-        tracked prefix's count, as `worker_share`: the sum of the workers' counts may differ
-        from it by rounding, and a lone worker left with a rounding residue then has none)."""
+        """Per worker, the share of recent requests it carried: those of the prefixes homed
+        there, a copy's counted where it was served (over every tracked prefix's count, as
+        `worker_share`: the sum of the workers' counts may differ from it by rounding, and a
+        lone worker left with a rounding residue then has none)."""
         total = self._now(*self._total)
         if total <= 0:
             return {}
-        return {worker_id: min(1.0, self._now(count, at_step) / total)
-                for worker_id, (count, at_step) in self._workers.items()}
+        copied = self._copied()
+        return {worker_id: min(1.0, self._carried(worker_id, copied) / total)
+                for worker_id in {*self._workers, *copied}}
 
     def worker_share(self, worker_id: str) -> float:
         """`homed_share()[worker_id]` without computing every worker's (KeyError for a worker
-        with no homed prefixes on record, or with nothing tracked): the worker's summed count over
-        every tracked prefix's, which is the sum of the workers' counts up to rounding."""
-        entry = self._workers.get(worker_id)
-        total = self._now(*self._total)
-        if entry is None or total <= 0:
+        with no homed prefixes or copies on record, or with nothing tracked): the worker's
+        carried count over every tracked prefix's, which is the sum of the workers' counts up
+        to rounding."""
+        total, copied = self._now(*self._total), self._copied()
+        if (worker_id not in self._workers and worker_id not in copied) or total <= 0:
             raise KeyError(worker_id)
-        return min(1.0, self._now(*entry) / total)
+        return min(1.0, self._carried(worker_id, copied) / total)
 
     def homed_workers(self) -> list[str]:
         return [worker_id for worker_id, keys in self._members.items() if keys]
