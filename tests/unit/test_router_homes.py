@@ -125,6 +125,18 @@ def test_a_copy_served_elsewhere_keeps_the_home_and_counts_where_it_was_served()
     assert homes.home(2) == "c"
 
 
+def test_past_the_clusters_kv_a_copy_counts_at_the_home() -> None:
+    """The live prefixes need more KV than the cluster holds: a copy's requests count at the
+    prefix's home, as its own do."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, name in ((1, "a"), (2, "a"), (3, "b")):
+        homes.record(key, name, 1000)
+    homes.record(1, "b", 1000, copy=True)
+    assert homes.homed_share() == pytest.approx({"a": 0.5, "b": 0.5}, rel=1e-3)
+    sized(homes, "ab", 1000)  # three live prompts of 1000 tokens, 2000 in the cluster
+    assert homes.limited() and homes.homed_share() == pytest.approx({"a": 0.75, "b": 0.25}, rel=1e-3)
+
+
 def test_homed_tokens_count_the_live_prefixes_homed_on_each_worker() -> None:
     """The KV each worker's live homed prompts keep there: it follows a prefix that moves,
     drops one whose recent requests have decayed away, one forgotten as too old, and a
@@ -316,6 +328,20 @@ def test_a_cached_minor_tenant_of_a_home_overcommitted_by_traffic_moves_where_it
     assert isinstance(moved, RoutePlan) and moved.worker_id == "d" and moved.moves_home
     assert pick(roomy, route(homes, 1, {"a": 1024})) == "a"
     homes.record(8, "d", PROMPT)  # d's cache now holds two prompts as well: no room anywhere
+    assert pick(roomy, route(homes, 4, {"a": 1024})) == "a"
+
+
+def test_past_the_clusters_kv_a_cached_minor_tenant_does_not_move_on_traffic_alone() -> None:
+    """As above, with one more live prompt than the cluster's KV holds: a move would cost a
+    miss, and a's prompts fit in its KV, so prefix 4 stays."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, name, count in ((1, "a", 10), (4, "a", 2), (2, "b", 1), (5, "b", 1), (3, "c", 2), (6, "c", 2),
+                             (7, "d", 2), (8, "d", 1), (9, "d", 1)):
+        for _ in range(count):
+            homes.record(key, name, PROMPT)
+    sized(homes, "abcd", 2 * PROMPT)
+    assert homes.limited() and homes.resident(4) and homes.homed_tokens("a") == 2 * PROMPT
+    roomy = [worker(name, kv_capacity_tokens=2 * PROMPT) for name in "abcd"]
     assert pick(roomy, route(homes, 4, {"a": 1024})) == "a"
 
 

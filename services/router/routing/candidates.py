@@ -242,7 +242,10 @@ class Candidates:
         """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC or
         TRANSIENTS; None: it stays): it is a minor tenant
         there (`cost.minor_tenant`: its home carries more than one worker's part of the
-        traffic) and another of `parts` has room for its share and its prompt (`_fits_on`);
+        traffic), another of `parts` has room for its share and its prompt (`_fits_on`), and
+        the live prefixes fit in the cluster's KV (`RouteRequest.kv_limited`: past it, a move
+        costs a miss, and the overflow rules below apply; moved on traffic there too, the
+        sim sweep's overfull point cached less);
         or the prompts homed there need more KV than the home holds (`cost.homes_overflow`;
         past the cluster's KV, the resident ones), it is a minor tenant or (past the cluster's
         KV, `_past_kv`) a resident prefix drawing at most half of its home's traffic, and
@@ -269,7 +272,7 @@ class Candidates:
             return None
         overflow = any(part.worker.worker_id == home and homes_overflow(part.worker, request.homed_tokens.get(home))
                        for part in parts)
-        if not (overflow or minor):
+        if not (overflow or (minor and not request.kv_limited)):
             return None
         cap = share_cap(len(parts), slack)
         room = any(part.worker.worker_id != home
