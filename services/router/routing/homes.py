@@ -19,8 +19,8 @@ another worker than its home) counts where it was served in those sums (`homed_s
 though the prefix keeps its home: the copy's worker carries that traffic, and counted at
 the home it would make the home look overcommitted and the copy's worker light. Past the
 cluster's KV (`limited`, below) they count at the home: counted where served there, the
-sim sweep's overfull point cached less (0.68 to 0.71 of the prompt tokens against 0.73 to
-0.76) and queued more.
+sim sweep's overfull point cached less (0.68 to 0.75 of the prompt tokens over 3 runs,
+against 0.73 to 0.76) and its P90 rose (586 to 1163 ms, against 570 to 706).
 
 Each worker also keeps the prompt tokens of its live homed prefixes (`homed_tokens`): when
 they exceed its KV pool, its tenants evict one another there, and a minor one is better
