@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
-from services.router.routing.homes import LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.homes import COPY_FORGOTTEN, LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.residency import RESIDENT_FILL
 from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
@@ -172,6 +172,50 @@ def _walked_work(homes: PrefixHomes) -> dict[str, float]:
     return work
 
 
+class CopiesServed:
+    """The test's own record of the requests served by copies: per (prefix, worker), the steps
+    at which `worker` served a copy of the prefix while it was homed elsewhere. Dropped with
+    a forgotten worker, with the prefixes homed on it, and with a prefix no longer tracked."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[int, str], list[int]] = {}
+
+    def record(self, homes: PrefixHomes, key: int, worker_id: str, copy: bool) -> None:
+        home = homes.home(key)
+        if copy and home is not None and worker_id != home:
+            self.steps.setdefault((key, worker_id), []).append(homes._step + 1)
+
+    def forget(self, homes: PrefixHomes, worker_id: str) -> None:
+        gone = {key for key, (home, *_) in homes._prefixes.items() if home == worker_id}
+        self.steps = {(key, served): steps for (key, served), steps in self.steps.items()
+                      if served != worker_id and key not in gone}
+
+    def untracked(self, homes: PrefixHomes) -> None:
+        self.steps = {entry: steps for entry, steps in self.steps.items() if entry[0] in homes._prefixes}
+
+    def carried(self, homes: PrefixHomes) -> dict[str, float]:
+        """`homed_share` by its definition (times the total): per worker, the decayed counts of
+        its homed prefixes, plus the requests it served for copies of prefixes homed elsewhere,
+        less those that copies of its own prefixes served elsewhere."""
+        carried: dict[str, float] = {}
+        for home, count, at_step, _, _ in homes._prefixes.values():
+            carried[home] = carried.get(home, 0.0) + homes._now(count, at_step)
+        decayed = {entry: sum(homes._keep ** (homes._step - step) for step in steps)
+                   for entry, steps in self.steps.items()}
+        per_prefix: dict[int, float] = {}
+        for (key, _), served in decayed.items():
+            per_prefix[key] = per_prefix.get(key, 0.0) + served
+        faded = {key for key, served in per_prefix.items() if served < COPY_FORGOTTEN}  # as PrefixHomes drops them
+        self.steps = {entry: steps for entry, steps in self.steps.items() if entry[0] not in faded}
+        for (key, worker_id), steps in self.steps.items():
+            home = homes._prefixes[key][0]
+            if worker_id != home:
+                served = decayed[key, worker_id]
+                carried[worker_id] = carried.get(worker_id, 0.0) + served
+                carried[home] -= served
+        return carried
+
+
 @settings(max_examples=200, deadline=None)
 @given(horizon=st.integers(1, 12), max_tracked=st.integers(1, 6),
        steps=st.lists(st.one_of(
@@ -181,20 +225,28 @@ def _walked_work(homes: PrefixHomes) -> dict[str, float]:
 def test_homed_tokens_and_shares_kept_as_prefixes_are_routed_equal_the_walk_over_them(horizon, max_tracked,
                                                                                       steps) -> None:
     """The live tokens kept per worker equal the walk over its prefixes; one worker's share
-    asked alone (O(1)) equals its share among all of them; the work kept per worker equals
-    the walk over its prefixes' work."""
+    asked alone (O(1)) equals its share among all of them, and the walk over its prefixes and
+    the copies it served (or its prefixes' copies served elsewhere); the work kept per worker
+    equals the walk over its prefixes' work."""
     homes = PrefixHomes(horizon=horizon, max_tracked=max_tracked)
+    copies = CopiesServed()
     for step in steps:
         if step[0] == "record":
             _, key, worker_id, tokens, copy, computed = step
+            copies.record(homes, key, worker_id, copy)
             homes.record(key, worker_id, tokens, computed=computed, copy=copy)
+            copies.untracked(homes)
         else:
+            copies.forget(homes, step[1])
             homes.forget(step[1])
         every = homes.homed_share()
         walked = _walked_work(homes)
         total = sum(walked.values())
         work = homes.work_shares()
+        carried, tracked = copies.carried(homes), homes._now(*homes._total)
         for worker_id in "abc":
+            assert every.get(worker_id, 0.0) == pytest.approx(
+                min(1.0, max(0.0, carried.get(worker_id, 0.0)) / tracked) if tracked > 0 else 0.0, abs=1e-9)
             assert homes.homed_tokens(worker_id) == _walked_tokens(homes, worker_id)
             assert homes.shares().get(worker_id, 0.0) == pytest.approx(every.get(worker_id, 0.0), abs=1e-9)
             assert work.get(worker_id, 0.0) == pytest.approx(walked.get(worker_id, 0.0) / total if total else 0.0,
@@ -489,6 +541,20 @@ def test_a_resident_prefix_leaving_its_home_goes_where_its_prompt_fits() -> None
 def _walked_resident_tokens(homes: PrefixHomes, worker_id: str) -> int:
     residents = homes._residents or set()
     return sum(homes._prefixes[key][3] for key in residents if homes._prefixes[key][0] == worker_id)
+
+
+def _walked_carried(homes: PrefixHomes) -> dict[str, float]:
+    """`homed_share` by its definition (times the total): per worker, the decayed counts of
+    its homed prefixes, plus the requests it served for copies of prefixes homed elsewhere,
+    less those that copies of its own prefixes served elsewhere."""
+    carried: dict[str, float] = {}
+    for key, (home, count, at_step, _, _) in homes._prefixes.items():
+        carried[home] = carried.get(home, 0.0) + homes._now(count, at_step)
+        for worker_id, served in homes._copies.get(key, {}).items():
+            if worker_id != home:
+                carried[worker_id] = carried.get(worker_id, 0.0) + homes._now(*served)
+                carried[home] -= homes._now(*served)
+    return carried
 
 
 @settings(max_examples=200, deadline=None)
