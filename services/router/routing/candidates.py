@@ -86,7 +86,7 @@ class Candidates:
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
-        self.new_homes: set[str] = set()  # picked as the prefix's new home as it leaves its home (`rehomes`)
+        self.new_homes: set[str] = set()  # picked as the prefix's new home as it leaves its home (`leaves`)
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -142,9 +142,10 @@ class Candidates:
             hints = HomeHints(request.prefix_key, request.home_worker, request.homed_work,
                               leave=self._leave(leaving, parts), prefix_share=request.prefix_share)
         else:
+            must_fit = leaving == TRAFFIC and not self.weak
             hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
                               leave=self._leave(leaving, parts), prefix_share=request.prefix_share,
-                              share_cap=self._share_cap(len(parts)), fits=self._fits(parts, leaving == TRAFFIC and not self.weak))
+                              share_cap=self._share_cap(len(parts)), fits=self._fits(parts, must_fit))
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
@@ -235,30 +236,26 @@ class Candidates:
         free = part.worker.free_kv_tokens
         return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
 
-    def rehomes(self, parts: Sequence[Single]) -> bool:
-        return self.leaves(parts) is not None
-
     def leaves(self, parts: Sequence[Single]) -> str | None:
         """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC or
-        TRANSIENTS; None: it stays): it is a minor tenant
-        there (`cost.minor_tenant`: its home carries more than one worker's part of the
-        traffic), another of `parts` has room for its share and its prompt (`_fits_on`), and
-        the live prefixes fit in the cluster's KV (`RouteRequest.kv_limited`: past it, a move
-        costs a miss, and the overflow rules below apply; with this rule there too, and copies
-        counted where served, the sim sweep's overfull point cached 0.70 to 0.71 of the prompt
-        tokens against 0.73 to 0.76);
-        or the prompts homed there need more KV than the home holds (`cost.homes_overflow`;
-        past the cluster's KV, the resident ones), it is a minor tenant or (past the cluster's
-        KV, `_past_kv`) a resident prefix drawing at most half of its home's traffic, and
-        another of `parts` has room for its share (and, for the latter, its prompt). Moving it
-        costs one computed prompt; leaving it queues the home's requests behind one another
-        (and lets its tenants evict one another) for as long as the traffic lasts, since
-        bounded affinity keeps a cached prefix's requests on its holder while the prefix draws
-        no more than one worker carries. Cold starts place tenants before their shares are
-        known, so this is how the partition rebalances once they are. A transient
-        prefix (`_transient`) also leaves a home whose prefixes bring far more work than another's
-        (`_transients_unbalanced`): it misses wherever it goes, so moving it costs little, and
-        a worker that computes several transients' prompts at once evicts its own residents."""
+        TRANSIENTS; None: it stays): it is a minor tenant there (`cost.minor_tenant`: its home
+        carries more than one worker's part of the traffic), another of `parts` has room for its
+        share and its prompt (`_fits_on`), and the live prefixes fit in the cluster's KV
+        (`RouteRequest.kv_limited`: past it, a move costs a miss, and the overflow rules below
+        apply; with this rule there too, and copies counted where served, the sim sweep's
+        overfull point cached 0.70 to 0.71 of the prompt tokens against 0.73 to 0.76); or the
+        prompts homed there need more KV than the home holds (`cost.homes_overflow`; past the
+        cluster's KV, the resident ones), it is a minor tenant or (past the cluster's KV,
+        `_past_kv`) a resident prefix drawing at most half of its home's traffic, and another of
+        `parts` has room for its share (and, for the latter, its prompt). Moving it costs one
+        computed prompt; leaving it queues the home's requests behind one another (and lets its
+        tenants evict one another) for as long as the traffic lasts, since bounded affinity
+        keeps a cached prefix's requests on its holder while the prefix draws no more than one
+        worker carries. Cold starts place tenants before their shares are known, so this is how
+        the partition rebalances once they are. A transient prefix (`_transient`) also leaves a
+        home whose prefixes bring far more work than another's (`_transients_unbalanced`): it
+        misses wherever it goes, so moving it costs little, and a worker that computes several
+        transients' prompts at once evicts its own residents."""
         request, slack = self.request, self.routing.replica_share_slack
         home = request.home_worker
         if (not self.routing.sticky_homes or request.prefix_key is None or home is None
@@ -287,7 +284,7 @@ class Candidates:
 
     def best_part(self, parts: Sequence[Single]) -> Single | None:
         """The cheapest of `parts` after bounded affinity (`affine`); for a weakly cached
-        prompt, or a prefix that leaves its home (`rehomes`), its home (`_home`): a new one
+        prompt, or a prefix that leaves its home (`leaves`), its home (`_home`): a new one
         for a leaving prefix, noted in `new_homes` (its old home may still hold the prompt,
         and the move must not be taken for a copy)."""
         leaving = self.leaves(parts)

@@ -257,9 +257,9 @@ class PrefixHomes:
 
     def homed_share(self) -> dict[str, float]:
         """Per worker, the share of recent requests it carried: those of the prefixes homed
-        there, a copy's counted where it was served unless `limited` (over every tracked prefix's count, as
-        `worker_share`: the sum of the workers' counts may differ from it by rounding, and a
-        lone worker left with a rounding residue then has none)."""
+        there, a copy's counted where it was served unless `limited` (over every tracked
+        prefix's count, as `worker_share`: the sum of the workers' counts may differ from it
+        by rounding, and a lone worker left with a rounding residue then has none)."""
         total = self._now(*self._total)
         if total <= 0:
             return {}
@@ -373,7 +373,7 @@ class LazyShares(Mapping[str, float]):
         return self._shares
 
     def __getitem__(self, worker_id: str) -> float:
-        if self._shares is None:  # one worker's share costs O(1); all of them, O(workers)
+        if self._shares is None:  # one worker's share costs O(1) (the copies' sums: once a request); all, O(workers)
             return self._homes.worker_share(worker_id)
         return self._shares[worker_id]
 

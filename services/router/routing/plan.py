@@ -66,7 +66,7 @@ class RoutePlan:
     prompt: PrefillPlan | None = field(default=None, compare=False)
     transfer: KvTransferMode | None = field(default=None, compare=False)  # None: no decode part
     cost: float = field(default=0.0, compare=False)
-    # the prompt's prefix leaves its home for the computing worker (`Candidates.rehomes`): the
+    # the prompt's prefix leaves its home for the computing worker (`Candidates.leaves`): the
     # KV view records a move there, not a copy, though the old home may still hold the prompt
     moves_home: bool = field(default=False, compare=False)
 
