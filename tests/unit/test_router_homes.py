@@ -114,11 +114,14 @@ def test_a_copy_served_elsewhere_keeps_the_home_and_counts_where_it_was_served()
     assert homes.home(1) == "a" and homes.share(1) == pytest.approx(1.0)
     assert homes.homed_share() == pytest.approx({"a": 0.5, "b": 0.5}, rel=1e-3)  # b carried one of the two requests
     assert homes.worker_share("b") == pytest.approx(0.5, rel=1e-3)  # b has no homed prefix, but carries the copy's
-    assert homes.homed_tokens("a") == 1000 and homes.homed_tokens("b") == 0  # its KV is counted at its home
+    # its KV is counted at its home, and where the copy holds it (b served a live request's worth)
+    assert homes.homed_tokens("a") == 1000 and homes.homed_tokens("b") == 1000
+    assert dict(homes.tokens()) == {"a": 1000, "b": 1000}
     homes.record(1, "b", 1000, copy=True)
     assert homes.homed_share() == pytest.approx({"a": 1 / 3, "b": 2 / 3}, rel=1e-3)
     homes.record(1, "b", 1000)  # computed on b: b is its home now
     assert homes.home(1) == "b" and homes.homed_share() == pytest.approx({"a": 0.0, "b": 1.0})
+    assert homes.homed_tokens("b") == 1000 and homes.homed_tokens("a") == 0  # no copy elsewhere now
     homes.forget("b")  # b left: neither its prefix nor the copies it served count anywhere
     assert "b" not in homes.homed_share()
     homes.record(2, "c", 500, copy=True)  # a first request has no home to keep
@@ -127,14 +130,18 @@ def test_a_copy_served_elsewhere_keeps_the_home_and_counts_where_it_was_served()
 
 def test_past_the_clusters_kv_a_copy_counts_at_the_home() -> None:
     """The live prefixes need more KV than the cluster holds: a copy's requests count at the
-    prefix's home, as its own do."""
+    prefix's home, as its own do, and its KV is not counted where it was served (without
+    `resident`, each worker's live homed prompts alone)."""
     homes = PrefixHomes(horizon=10_000)
     for key, name in ((1, "a"), (2, "a"), (3, "b")):
         homes.record(key, name, 1000)
     homes.record(1, "b", 1000, copy=True)
     assert homes.homed_share() == pytest.approx({"a": 0.5, "b": 0.5}, rel=1e-3)
+    assert homes.homed_tokens("b") == 2000  # its own prompt and the copy
     sized(homes, "ab", 1000)  # three live prompts of 1000 tokens, 2000 in the cluster
     assert homes.limited() and homes.homed_share() == pytest.approx({"a": 0.75, "b": 0.25}, rel=1e-3)
+    assert homes.homed_tokens("b", resident=False) == 1000 and dict(homes.tokens(resident=False)) == {
+        "a": 2000, "b": 1000}
 
 
 def test_homed_tokens_count_the_live_prefixes_homed_on_each_worker() -> None:
@@ -193,6 +200,16 @@ class CopiesServed:
     def untracked(self, homes: PrefixHomes) -> None:
         self.steps = {entry: steps for entry, steps in self.steps.items() if entry[0] in homes._prefixes}
 
+    def held(self, homes: PrefixHomes, worker_id: str) -> int:
+        """The tokens of the prefixes homed elsewhere that `worker_id` holds as live copies
+        (it served at least LIVE_COUNT of their requests, decayed), where not `limited`
+        (call after `carried`, which drops the faded copies as PrefixHomes does)."""
+        if homes.limited():
+            return 0
+        return sum(homes._prefixes[key][3] for (key, served), steps in self.steps.items()
+                   if served == worker_id != homes._prefixes[key][0]
+                   and sum(homes._keep ** (homes._step - step) for step in steps) >= LIVE_COUNT)
+
     def carried(self, homes: PrefixHomes) -> dict[str, float]:
         """`homed_share` by its definition (times the total): per worker, the decayed counts of
         its homed prefixes, plus the requests it served for copies of prefixes homed elsewhere,
@@ -247,7 +264,7 @@ def test_homed_tokens_and_shares_kept_as_prefixes_are_routed_equal_the_walk_over
         for worker_id in "abc":
             assert every.get(worker_id, 0.0) == pytest.approx(
                 min(1.0, max(0.0, carried.get(worker_id, 0.0)) / tracked) if tracked > 0 else 0.0, abs=1e-9)
-            assert homes.homed_tokens(worker_id) == _walked_tokens(homes, worker_id)
+            assert homes.homed_tokens(worker_id) == _walked_tokens(homes, worker_id) + copies.held(homes, worker_id)
             assert homes.shares().get(worker_id, 0.0) == pytest.approx(every.get(worker_id, 0.0), abs=1e-9)
             assert work.get(worker_id, 0.0) == pytest.approx(walked.get(worker_id, 0.0) / total if total else 0.0,
                                                              abs=1e-9)
@@ -381,6 +398,56 @@ def test_a_cached_minor_tenant_of_a_home_overcommitted_by_traffic_moves_where_it
     assert pick(roomy, route(homes, 1, {"a": 1024})) == "a"
     homes.record(8, "d", PROMPT)  # d's cache now holds two prompts as well: no room anywhere
     assert pick(roomy, route(homes, 4, {"a": 1024})) == "a"
+
+
+def crowded_homes() -> PrefixHomes:
+    """a homes three prompts (its whole KV in `crowded_workers`), b one, c and d two each; a's
+    prefixes draw the least traffic per prefix, so a is under the share cap (0.3 of 4 workers)."""
+    homes = PrefixHomes(horizon=10_000)
+    for key, name, count in ((1, "a", 10), (2, "a", 10), (3, "a", 10), (4, "b", 30), (5, "c", 20), (6, "c", 20),
+                             (7, "d", 20), (8, "d", 20)):
+        for _ in range(count):
+            homes.record(key, name, PROMPT)
+    return homes
+
+
+def crowded_workers(**overrides) -> list[WorkerView]:
+    return [worker(name, kv_capacity_tokens=3 * PROMPT, **overrides.get(name, {})) for name in "abcd"]
+
+
+def test_an_evicted_prefix_leaves_a_home_too_full_to_hold_it_for_a_roomier_worker() -> None:
+    """Prefix 3 was evicted from its home a, whose three homed prompts fill its KV: taking it
+    back would evict another of a's tenants. It goes to b, the one worker that holds fewer
+    homed prompt tokens with it than a does now (c and d would hold as many), though a is
+    neither busy nor over the share cap; and stays there (b is not full with it). Still
+    cached on a, it is not moved."""
+    homes = crowded_homes()
+    assert homes.homed_share()["a"] < 0.3 and homes.homed_tokens("a") == 3 * PROMPT
+    plan = decide(crowded_workers(), route(homes, 3))
+    assert isinstance(plan, RoutePlan) and plan.worker_id == "b"
+    homes.record(3, "b", PROMPT)
+    assert homes.homed_tokens("b") == 2 * PROMPT
+    assert pick(crowded_workers(), route(homes, 3)) == "b"
+    assert pick(crowded_workers(), route(crowded_homes(), 3, {"a": 1024})) == "a"
+    without_b = [view for view in crowded_workers() if view.worker_id != "b"]
+    assert pick(without_b, route(crowded_homes(), 3)) == "a"  # c or d would be as full as a is
+
+
+def test_a_crowded_home_is_kept_where_no_roomier_worker_has_room_for_the_share() -> None:
+    """As above, with b's prefix drawing 0.24 of the traffic: prefix 3 would push b past the
+    cap, and no other worker is roomier, so a computes it again."""
+    homes = crowded_homes()
+    for _ in range(5):
+        homes.record(4, "b", PROMPT)
+    assert homes.homed_share()["b"] + homes.share(3) > 0.3
+    assert pick(crowded_workers(), route(homes, 3)) == "a"
+
+
+def test_a_prefix_leaving_a_crowded_home_goes_where_it_fits_though_that_worker_queues_more() -> None:
+    """b, the only roomier worker, queues more prefill than the mean for a moment: the prefix
+    still goes there (a queue passes; a full cache keeps evicting), not to c or d."""
+    queued = crowded_workers(b=dict(reported_prefill_tokens=2000, in_flight=1))
+    assert pick(queued, route(crowded_homes(), 3)) == "b"
 
 
 def test_past_the_clusters_kv_a_cached_minor_tenant_does_not_move_on_traffic_alone() -> None:

@@ -43,6 +43,7 @@ from shared.config import RoutingConfig
 OVERFLOW = "overflow"  # its home's prompts overflow its KV
 TRAFFIC = "traffic"  # a minor tenant of a home that carries more than one worker's part of the traffic
 TRANSIENTS = "transients"  # a transient prefix, its home's transients bring far more work than another's
+CROWDED = "crowded"  # a weakly cached prefix, its home's prompts leave no room for another, another's do
 
 
 def load_order(worker: WorkerView) -> tuple[float, int, str]:
@@ -141,11 +142,16 @@ class Candidates:
         elif self._transient:  # its home computes its misses: balanced by the work homed on each
             hints = HomeHints(request.prefix_key, request.home_worker, request.homed_work,
                               leave=self._leave(leaving, parts), prefix_share=request.prefix_share)
+        elif leaving == CROWDED:
+            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share, leave=LEAVE,
+                              prefix_share=request.prefix_share, share_cap=self._share_cap(len(parts)),
+                              fits=self._roomier(parts), fit_first=True)
         else:
             must_fit = leaving == TRAFFIC and not self.weak
             hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
                               leave=self._leave(leaving, parts), prefix_share=request.prefix_share,
-                              share_cap=self._share_cap(len(parts)), fits=self._fits(parts, must_fit))
+                              share_cap=self._share_cap(len(parts)), fits=self._fits(parts, must_fit),
+                              fit_first=must_fit)
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
                            lambda part: part.worker.predicted_prefill_tokens, hints, routing.home_slack_tokens,
                            routing.hot_load_factor, request.prompt_tokens)
@@ -196,6 +202,32 @@ class Candidates:
         return (worker.kv_capacity_tokens <= 0
                 or request.homed_tokens.get(worker.worker_id, 0) + adds <= worker.kv_capacity_tokens)
 
+    def _crowded(self, parts: Sequence[Single]) -> bool:
+        """For a weakly cached prefix (`weak`: its home no longer holds it, so its prompt is
+        computed wherever it goes) within the cluster's KV: its home's homed prompts (`_fits_on`)
+        leave no room there for one more, and another of `parts` with room for its share would
+        hold fewer prompt tokens with it than the home holds now (`_roomier`)."""
+        request = self.request
+        home = next((part.worker for part in parts if part.worker.worker_id == request.home_worker), None)
+        if home is None or not self.weak or request.kv_limited or home.kv_capacity_tokens <= 0:
+            return False
+        adds = request.prompt_tokens
+        return (request.homed_tokens.get(home.worker_id, 0) + adds > home.kv_capacity_tokens
+                and bool(self._roomier(parts)))
+
+    def _roomier(self, parts: Sequence[Single]) -> frozenset[str]:
+        """The workers of `parts` other than the prefix's home with room for its share that
+        would hold fewer homed prompt tokens with its prompt than its home holds now: moving
+        it there lowers the fuller of the two, so it never moves straight back."""
+        request = self.request
+        crowd = request.homed_tokens.get(request.home_worker, 0) if request.home_worker is not None else 0
+        cap = self._share_cap(len(parts))
+        share = request.prefix_share or 0.0
+        return frozenset(part.worker.worker_id for part in parts
+                         if part.worker.worker_id != request.home_worker
+                         and request.homed_tokens.get(part.worker.worker_id, 0) + request.prompt_tokens < crowd
+                         and (cap is None or request.homed_share.get(part.worker.worker_id, 0.0) + share <= cap))
+
     def _share_cap(self, workers: int) -> float | None:
         slack = self.routing.replica_share_slack
         return None if slack is None or workers < 2 else share_cap(workers, slack)
@@ -237,8 +269,8 @@ class Candidates:
         return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
 
     def leaves(self, parts: Sequence[Single]) -> str | None:
-        """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC or
-        TRANSIENTS; None: it stays): it is a minor tenant there (`cost.minor_tenant`: its home
+        """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC,
+        TRANSIENTS or CROWDED; None: it stays): it is a minor tenant there (`cost.minor_tenant`: its home
         carries more than one worker's part of the traffic), another of `parts` has room for its
         share and its prompt (`_fits_on`), and the live prefixes fit in the cluster's KV
         (`RouteRequest.kv_limited`: past it, a move costs a miss, and the overflow rules below
@@ -255,7 +287,9 @@ class Candidates:
         the partition rebalances once they are. A transient prefix (`_transient`) also leaves a
         home whose prefixes bring far more work than another's (`_transients_unbalanced`): it
         misses wherever it goes, so moving it costs little, and a worker that computes several
-        transients' prompts at once evicts its own residents."""
+        transients' prompts at once evicts its own residents. A weakly cached prefix within the
+        cluster's KV leaves a home too full to hold it (`_crowded`): the home evicted it for
+        want of room, and taking it back would evict the next of its tenants."""
         request, slack = self.request, self.routing.replica_share_slack
         home = request.home_worker
         if (not self.routing.sticky_homes or request.prefix_key is None or home is None
@@ -263,6 +297,13 @@ class Candidates:
             return None
         if self._transients_unbalanced(parts):
             return TRANSIENTS
+        return self._overcommitted(parts) or (CROWDED if self._crowded(parts) else None)
+
+    def _overcommitted(self, parts: Sequence[Single]) -> str | None:
+        """OVERFLOW or TRAFFIC where `leaves` says so (None otherwise)."""
+        request, slack = self.request, self.routing.replica_share_slack
+        home = request.home_worker
+        assert request.prefix_share is not None and slack is not None
         homed = request.homed_share.get(home, 0.0)
         minor = minor_tenant(request.prefix_share, homed, len(parts), slack)
         shed = 2 * request.prefix_share <= homed and self._past_kv and request.resident

@@ -66,6 +66,9 @@ class HomeHints:
     # the workers where the prefix's prompt fits beside their resident homed prefixes' (a
     # resident prefix's new home is sought among them first); None: anywhere
     fits: frozenset[str] | None = None
+    # the prefix must fit: a worker of `fits` with room for its share is preferred to one that
+    # merely queues less than the mean (a moment's queue passes; an overfull cache thrashes)
+    fit_first: bool = False
 
     def has_room(self, worker_id: str) -> bool:
         """Whether homing the prefix on `worker_id` keeps that worker's share under the cap."""
@@ -84,8 +87,9 @@ def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id:
     x the mean and `busy_margin` above it, where `hints.leave` is IF_BUSY) or to be left
     (`LEAVE`); else a new, balanced home among the near-cheapest of the workers queueing at
     most the mean with room for the prefix's share (`HomeHints.has_room`) and its prompt
-    (`HomeHints.fits_on`; those with room for its share when none has both; all of them
-    when none has room); the cheapest when none qualifies."""
+    (`HomeHints.fits_on`; with `HomeHints.fit_first`, next any with room for both; then
+    those with room for its share; all of them when none has room); the cheapest when none
+    qualifies."""
     mean_queued = sum(queued(part) for part in parts) / len(parts)
     if hints.home is not None and hints.leave != LEAVE:
         busy = max(busy_factor * mean_queued, mean_queued + busy_margin) if hints.leave == IF_BUSY else float("inf")
@@ -93,7 +97,9 @@ def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id:
             if worker_id(part) == hints.home and queued(part) <= busy:
                 return part
     roomy = [part for part in parts if queued(part) <= mean_queued and hints.has_room(worker_id(part))]
-    pool = [part for part in roomy if hints.fits_on(worker_id(part))] or roomy or parts
+    fitting = [part for part in parts if hints.has_room(worker_id(part)) and hints.fits_on(worker_id(part))]
+    pool = ([part for part in roomy if hints.fits_on(worker_id(part))] or (fitting if hints.fit_first else [])
+            or roomy or parts)
     cheapest = min(pool, key=cost)
     near = [part for part in pool if cost(part) <= cost(cheapest) + slack and queued(part) <= mean_queued]
     if not near:

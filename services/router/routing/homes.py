@@ -22,11 +22,13 @@ cluster's KV (`limited`, below) they count at the home: counted where served the
 sim sweep's overfull point cached less (0.68 to 0.75 of the prompt tokens over 3 runs,
 against 0.73 to 0.76) and its P90 rose (586 to 1163 ms, against 570 to 706).
 
-Each worker also keeps the prompt tokens of its live homed prefixes (`homed_tokens`): when
-they exceed its KV pool, its tenants evict one another there, and a minor one is better
-moved than left to thrash. The sums are kept as prefixes are routed: each live prefix has
-the step at which its decayed count falls below `LIVE_COUNT` in a heap, popped as steps
-pass, so asking costs no walk over the prefixes (there may be tens of thousands).
+Each worker also keeps the prompt tokens of its live homed prefixes (`homed_tokens`; where
+not `limited`, also of the live copies it holds): when they exceed its KV pool, its tenants
+evict one another there, and a minor one is better moved than left to thrash. The sums
+are kept as prefixes are routed: each live prefix has the step at which its decayed count
+falls below `LIVE_COUNT` in a heap, popped as steps pass, so asking costs no walk over the
+prefixes (there may be tens of thousands; the copies, a few popular prefixes, are summed
+once a step).
 
 When the live prefixes need more KV than the whole cluster holds (`limited`), some of them
 miss wherever they go, and counting them in `homed_tokens` would make every worker look
@@ -55,6 +57,7 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Container, Iterator, Mapping
+from dataclasses import dataclass
 
 from services.router.routing.residency import RESIDENT_COUNT, rank_residents
 
@@ -98,7 +101,7 @@ class PrefixHomes:
         # prefix key -> worker -> its requests served by a copy on that worker (not its home),
         # decayed as the counts, at step: only for prefixes copied recently (a few popular ones)
         self._copies: dict[int, dict[str, tuple[float, int]]] = {}
-        self._copied_at: tuple[int, dict[str, float]] | None = None  # `_copied()` as of a step
+        self._copied_at: tuple[int, CopySums] | None = None  # `_copy_sums()` as of a step
 
     def _now(self, value: float, at_step: int) -> float:
         return value * self._keep ** (self._step - at_step)
@@ -198,23 +201,28 @@ class PrefixHomes:
 
     def _copied(self) -> dict[str, float]:
         """Per worker, the recent requests it served for copies of prefixes homed elsewhere,
-        less those that copies of its homed prefixes served elsewhere (prefixes whose copies
-        have decayed away are dropped)."""
+        less those that copies of its homed prefixes served elsewhere."""
+        return self._copy_sums().requests
+
+    def _copy_sums(self) -> CopySums:
+        """`CopySums` as of this step (prefixes whose copies have decayed away are dropped)."""
         if self._copied_at is not None and self._copied_at[0] == self._step:
             return self._copied_at[1]
-        copied: dict[str, float] = {}
+        sums = CopySums({}, {})
         for prefix_key in list(self._copies):
-            home = self._prefixes[prefix_key][0]
+            home, _, _, tokens, _ = self._prefixes[prefix_key]
             served = {worker_id: self._now(*entry) for worker_id, entry in self._copies[prefix_key].items()}
             if sum(served.values()) < COPY_FORGOTTEN:
                 del self._copies[prefix_key]
                 continue
             for worker_id, count in served.items():
                 if worker_id != home:  # it became the prefix's home since: the count is there now
-                    copied[worker_id] = copied.get(worker_id, 0.0) + count
-                    copied[home] = copied.get(home, 0.0) - count
-        self._copied_at = (self._step, copied)
-        return copied
+                    sums.requests[worker_id] = sums.requests.get(worker_id, 0.0) + count
+                    sums.requests[home] = sums.requests.get(home, 0.0) - count
+                    if count >= LIVE_COUNT:
+                        sums.tokens[worker_id] = sums.tokens.get(worker_id, 0) + tokens
+        self._copied_at = (self._step, sums)
+        return sums
 
     def _copies_counted(self) -> dict[str, float]:
         """`_copied()` where copies count where they were served (the cluster is not `limited`)."""
@@ -346,11 +354,22 @@ class PrefixHomes:
     def homed_tokens(self, worker_id: str, *, resident: bool = True) -> int:
         """The KV the resident prefixes homed on `worker_id` keep there: the tokens of the last
         prompt of each. Without `resident`, or where not `limited`: of every live prefix (at
-        least `LIVE_COUNT` recent requests, decayed)."""
-        if not resident or self._rank() is None:
-            self._bury()
-            return self._live_tokens.get(worker_id, 0)
-        return self._resident_tokens.get(worker_id, 0)
+        least `LIVE_COUNT` recent requests, decayed); where not `limited`, also of each prefix
+        homed elsewhere that `worker_id` holds as a live copy (it served at least `LIVE_COUNT`
+        of its recent requests): that KV is held there, and a home chosen as if it were free
+        would overfill the worker's cache (as the requests, copies count where they are
+        served)."""
+        limited = self._rank() is not None
+        if resident and limited:
+            return self._resident_tokens.get(worker_id, 0)
+        self._bury()
+        homed = self._live_tokens.get(worker_id, 0)
+        return homed if limited else homed + self._copy_sums().tokens.get(worker_id, 0)
+
+    def token_workers(self) -> list[str]:
+        """The workers `homed_tokens` may count tokens on: those with homed prefixes or copies."""
+        copies = [] if self._rank() is not None else self._copy_sums().tokens
+        return list({*self.homed_workers(), *copies})
 
     def tokens(self, *, resident: bool = True) -> Mapping[str, int]:
         """`homed_tokens` per worker, computed on access (only a rebalancing check asks)."""
@@ -360,6 +379,16 @@ class PrefixHomes:
         """The resident prefixes' keys (`resident`) and whether the cluster is `limited`,
         ranked on access."""
         return Residents(self)
+
+
+@dataclass(frozen=True, slots=True)
+class CopySums:
+    """Per worker, from the recent copies (`PrefixHomes._copies`): the requests it served for
+    copies of prefixes homed elsewhere less those copies of its own prefixes served elsewhere
+    (`requests`), and the prompt tokens of the live copies it holds (`tokens`)."""
+
+    requests: dict[str, float]
+    tokens: dict[str, int]
 
 
 class LazyShares(Mapping[str, float]):
@@ -414,7 +443,7 @@ class HomedTokens(Mapping[str, int]):
         return self._homes.homed_tokens(worker_id, resident=self._resident)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._homes.homed_workers())
+        return iter(self._homes.token_workers())
 
     def __len__(self) -> int:
-        return len(self._homes.homed_workers())
+        return len(self._homes.token_workers())
