@@ -450,6 +450,22 @@ def test_a_prefix_leaving_a_crowded_home_goes_where_it_fits_though_that_worker_q
     assert pick(queued, route(crowded_homes(), 3)) == "b"
 
 
+def test_past_the_clusters_kv_a_crowded_home_computes_its_evicted_prefix_again() -> None:
+    """As in the crowded test, with five more rare prefixes on c and d: 13 live prompts on KV for
+    12, so only some prefixes can stay cached anywhere. Prefix 3 is resident, and the overflow
+    rules judge a move by the resident prefixes (a's fit its KV), not the crowding of homed
+    prompts: it is computed at home. Without the KV known, it goes to b as before."""
+    homes = crowded_homes()
+    for key in range(9, 14):
+        for _ in range(2):
+            homes.record(key, "cd"[key % 2], PROMPT)
+    sized(homes, "abcd", 3 * PROMPT)
+    request = route(homes, 3)
+    assert request.kv_limited and request.resident and request.homed_tokens["a"] == 3 * PROMPT
+    assert pick(crowded_workers(), request) == "a"
+    assert pick(crowded_workers(), dataclasses.replace(request, resident_prefixes=None)) == "b"
+
+
 def test_past_the_clusters_kv_a_cached_minor_tenant_does_not_move_on_traffic_alone() -> None:
     """As above, with one more live prompt than the cluster's KV holds: a move would cost a
     miss, and a's prompts fit in its KV, so prefix 4 stays."""
