@@ -196,9 +196,12 @@ class Candidates:
             return None
         return frozenset(part.worker.worker_id for part in parts if self._fits_on(part.worker))
 
-    def _fits_on(self, worker: WorkerView) -> bool:
+    def _fits_on(self, worker: WorkerView, adds: int | None = None) -> bool:
+        """Whether `worker`'s KV holds its homed prompts and `adds` more tokens (by default the
+        prefix's prompt, none on its home, where it is counted already)."""
         request = self.request
-        adds = 0 if worker.worker_id == request.home_worker else request.prompt_tokens
+        if adds is None:
+            adds = 0 if worker.worker_id == request.home_worker else request.prompt_tokens
         return (worker.kv_capacity_tokens <= 0
                 or request.homed_tokens.get(worker.worker_id, 0) + adds <= worker.kv_capacity_tokens)
 
@@ -209,11 +212,9 @@ class Candidates:
         hold fewer prompt tokens with it than the home holds now (`_roomier`)."""
         request = self.request
         home = next((part.worker for part in parts if part.worker.worker_id == request.home_worker), None)
-        if home is None or not self.weak or request.kv_limited or home.kv_capacity_tokens <= 0:
+        if home is None or not self.weak or request.kv_limited:
             return False
-        adds = request.prompt_tokens
-        return (request.homed_tokens.get(home.worker_id, 0) + adds > home.kv_capacity_tokens
-                and bool(self._roomier(parts)))
+        return not self._fits_on(home, request.prompt_tokens) and bool(self._roomier(parts))
 
     def _roomier(self, parts: Sequence[Single]) -> frozenset[str]:
         """The workers of `parts` other than the prefix's home with room for its share that

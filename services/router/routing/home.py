@@ -97,9 +97,10 @@ def prefer_home(parts: Sequence[Part], cost: Callable[[Part], float], worker_id:
             if worker_id(part) == hints.home and queued(part) <= busy:
                 return part
     roomy = [part for part in parts if queued(part) <= mean_queued and hints.has_room(worker_id(part))]
-    fitting = [part for part in parts if hints.has_room(worker_id(part)) and hints.fits_on(worker_id(part))]
-    pool = ([part for part in roomy if hints.fits_on(worker_id(part))] or (fitting if hints.fit_first else [])
-            or roomy or parts)
+    pool = [part for part in roomy if hints.fits_on(worker_id(part))]
+    if not pool and hints.fit_first:
+        pool = [part for part in parts if hints.has_room(worker_id(part)) and hints.fits_on(worker_id(part))]
+    pool = pool or roomy or parts
     cheapest = min(pool, key=cost)
     near = [part for part in pool if cost(part) <= cost(cheapest) + slack and queued(part) <= mean_queued]
     if not near:

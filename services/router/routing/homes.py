@@ -199,11 +199,6 @@ class PrefixHomes:
             self._copies.pop(old_key, None)
             self._total = (max(0.0, self._now(*self._total) - self._now(old_count, at_step)), self._step)
 
-    def _copied(self) -> dict[str, float]:
-        """Per worker, the recent requests it served for copies of prefixes homed elsewhere,
-        less those that copies of its homed prefixes served elsewhere."""
-        return self._copy_sums().requests
-
     def _copy_sums(self) -> CopySums:
         """`CopySums` as of this step (prefixes whose copies have decayed away are dropped)."""
         if self._copied_at is not None and self._copied_at[0] == self._step:
@@ -225,8 +220,10 @@ class PrefixHomes:
         return sums
 
     def _copies_counted(self) -> dict[str, float]:
-        """`_copied()` where copies count where they were served (the cluster is not `limited`)."""
-        return self._copied() if self._rank() is None else {}
+        """Where copies count where they were served (the cluster is not `limited`): per worker,
+        the recent requests it served for copies of prefixes homed elsewhere, less those that
+        copies of its homed prefixes served elsewhere (`CopySums.requests`); else none."""
+        return self._copy_sums().requests if self._rank() is None else {}
 
     def _carried(self, worker_id: str, copied: Mapping[str, float]) -> float:
         """The recent requests `worker_id` carried for its homed prefixes and for copies."""
