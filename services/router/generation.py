@@ -170,6 +170,9 @@ class Generation:
                  stage.replace("_", " "), error.message, len(self._token_ids))
         await self._release_source(cancel=True)
         self._attempts += 1
+        # why the next attempt exists: its `router.resume` span carries the same attempt number
+        self._span.add_event("router.worker_lost", {"tandem.lost_worker_id": lost, "tandem.stage": stage,
+                                                    "tandem.error": error.message, "tandem.attempt": self._attempts - 1})
         try:
             source = await self._resumer.resume(self.params, list(self._token_ids), self._excluded, self._attempts - 1,
                                                 self._span)
