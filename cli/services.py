@@ -375,6 +375,11 @@ def worker(
     caller_check_interval: Annotated[float, typer.Option(
         help="Seconds between two checks that a long request's caller (a router) is still there; "
              "a request whose caller is gone is cancelled. 0: never checked.")] = 5.0,
+    restarts: Annotated[int, typer.Option(
+        help="Set by a launcher that started this worker again: how often it did (registered, "
+             "shown by `tandem status`).")] = 0,
+    last_exit: Annotated[str, typer.Option(
+        help="Set with --restarts: how the worker's previous process ended.")] = "",
     nats_url: NatsUrl = "nats://127.0.0.1:4222",
     namespace: Namespace = "tandem",
     nats_creds_file: NatsCreds = "",
@@ -391,6 +396,7 @@ def worker(
     """Run an engine worker that serves one engine on NATS."""
     import msgspec
 
+    from services.worker.engine import ENGINE_FAILED_EXIT, EngineFailed
     from services.worker.engines import engine_names
     from services.worker.main import run_worker
     from shared.config import KvFaultConfig, KvRetryConfig, KvTransferConfig, WorkerConfig, WorkerSlotsConfig
@@ -418,12 +424,16 @@ def worker(
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file, nats_replicas),
                           membership=membership_config(heartbeat_interval, ttl), load_interval_s=load_interval,
-                          caller_check_interval_s=caller_check_interval,
+                          caller_check_interval_s=caller_check_interval, restarts=restarts, last_exit=last_exit,
                           tracing=tracing_config(trace_exporter, otlp_endpoint))
     if worker_slots:  # the id and NATS files: the slot's, claimed when the worker starts
         config = msgspec.structs.replace(config, slots=WorkerSlotsConfig(directory=worker_slots,
                                                                          nats_dir=worker_slot_nats_dir))
-    run_service(run_worker(config))
+    try:
+        run_service(run_worker(config))
+    except EngineFailed as error:  # the worker left the cluster already; its launcher may restart it
+        typer.secho(f"error: {error}", fg="red", err=True)
+        raise typer.Exit(ENGINE_FAILED_EXIT) from None
 
 
 @app.command()

@@ -2,7 +2,8 @@
 collector's `/cluster` JSON (`services.metrics.cluster_view.ClusterStatus`).
 
 One row per worker, grouped by role: status, load (running / waiting), KV blocks used /
-total, leases, request and transfer rates, engine, model and compatibility hash; workers
+total, leases, request and transfer rates, engine, model, compatibility hash and restarts
+(with how the previous process ended); workers
 gone lately and the latest errors below. `--json` prints the collector's answer as it is
 (for machines); `--watch` redraws every `--interval` seconds until Ctrl-C. A collector that
 cannot be reached, answers an error or answers something else than the cluster JSON is a
@@ -94,6 +95,7 @@ def workers_table(status: ClusterStatus) -> Table:
     table.add_column("engine")
     table.add_column("model")
     table.add_column("compat", no_wrap=True)
+    table.add_column("restarts", overflow="fold")
     by_id = {worker.worker_id: worker for worker in status.workers}
     for group in status.roles:
         for worker_id in group.worker_ids:
@@ -105,7 +107,7 @@ def workers_table(status: ClusterStatus) -> Table:
                 str(worker.running), str(worker.waiting),
                 f"{worker.kv_used_blocks}/{worker.kv_total_blocks} ({_percent(worker.kv_usage)})",
                 str(worker.active_leases), f"{rates.requests_per_s if rates else 0.0:.1f}",
-                worker.engine, worker.model, worker.compat_hash[:12])
+                worker.engine, worker.model, worker.compat_hash[:12], _restarts(worker.restarts, worker.last_exit))
         table.add_section()
     return table
 
@@ -147,3 +149,10 @@ def status(
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass
+
+
+def _restarts(restarts: int, last_exit: str) -> Text:
+    """"0", or the count with how the previous process ended."""
+    if not restarts:
+        return Text("0")
+    return Text(f"{restarts} (last: {last_exit})" if last_exit else str(restarts), style="yellow")

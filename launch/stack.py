@@ -82,9 +82,13 @@ class LocalStack:
         # the router's NATS user (when secured) is the same for every replica
         return self.launcher.start(name, args, self._env("router"))
 
-    def start_worker(self, spec: WorkerSpec) -> ManagedProcess:
-        return self.launcher.start(spec.worker_id, argv.worker_args(self.config, self.nats_url, spec),
-                                   self._env(spec.worker_id))
+    def start_worker(self, spec: WorkerSpec, *, restarts: int = 0, last_exit: str = "") -> ManagedProcess:
+        """`spec`'s worker; a restarted one also registers how often it was restarted and
+        how its predecessor ended."""
+        args = argv.worker_args(self.config, self.nats_url, spec)
+        if restarts:
+            args += ["--restarts", str(restarts), "--last-exit", last_exit]
+        return self.launcher.start(spec.worker_id, args, self._env(spec.worker_id))
 
     def _env(self, name: str) -> dict[str, str] | None:
         return service_env(self.nats_security, name)

@@ -2,7 +2,8 @@
 readable status table.
 
 The definition is `launch/stacks/local.toml` unless `--stack` names another; the flags
-override its worker counts, ports, engine, NATS and model (`UpOptions`). Ctrl-C or SIGTERM
+override its worker counts, ports, engine, NATS and model (`UpOptions`). A worker that
+exits on its own is started again (`launch.supervisor`). Ctrl-C or SIGTERM
 stops every process in order (workers drain first); a failure while starting stops
 whatever had started and prints the failing service's log tail.
 """
@@ -23,6 +24,7 @@ from launch.api_keys import with_stack_keys
 from launch.definition import DefinitionError, checked, default_definition_path, load_definition, with_overrides
 from launch.plan import plan_stack
 from launch.stack import LocalStack
+from launch.supervisor import SUPERVISE_POLL_S, WorkerSupervisor
 from shared.nats_auth import has_userinfo, redact_url
 from shared.schemas import WorkerRole
 
@@ -136,8 +138,10 @@ def run_up(options: UpOptions) -> int:
     console.print(f"logs: {config.log_dir}   Ctrl-C stops", soft_wrap=True)
     print(f"{stack.router_url}/v1", flush=True)
     try:
-        while True:
-            time.sleep(3600)
+        supervisor = WorkerSupervisor(stack, lambda line: console.print(line, soft_wrap=True))
+        while True:  # a worker that exits on its own is started again, within bounds
+            time.sleep(SUPERVISE_POLL_S)
+            supervisor.tick()
     except KeyboardInterrupt:
         pass
     finally:

@@ -191,6 +191,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     # every this often, a request running longer asks its caller's inbox whether anyone still
     # listens (a router that died leaves none): if not, it is cancelled; 0: never asked
     caller_check_interval_s: float = 5.0
+    restarts: int = 0  # set by a launcher that restarted this worker, registered for people
+    last_exit: str = ""  # how the previous process of this worker ended
     kv_transfer: KvTransferConfig = KvTransferConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()

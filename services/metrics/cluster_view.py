@@ -82,6 +82,8 @@ class WorkerView(msgspec.Struct, kw_only=True):
     engine: str = ""
     compat_hash: str = ""  # equal hashes can exchange KV blocks
     started_at: float = 0.0
+    restarts: int = 0  # times its launcher started it again
+    last_exit: str = ""  # how its previous process ended
 
 
 class Totals(msgspec.Struct, kw_only=True):
@@ -295,6 +297,8 @@ def _worker_view(worker: _Worker, kv_sequences: SequenceTracker) -> WorkerView:
         engine=registration.engine,
         compat_hash=registration.compat_hash,
         started_at=registration.started_at,
+        restarts=registration.restarts,
+        last_exit=registration.last_exit,
     )
 
 

@@ -113,3 +113,15 @@ class Engine(Protocol):
     def take_kv_events(self) -> list[KvEvent]: ...
 
     def kv_snapshot(self) -> list[BlockStored]: ...
+
+    async def wait_failed(self) -> str:
+        """Returns, with why, once the engine can no longer serve (its processes died, it
+        ran out of memory); never returns while it is healthy or being stopped."""
+        ...
+
+
+class EngineFailed(Exception):
+    """The engine died under a running worker: the worker left the cluster and exits non-zero."""
+
+
+ENGINE_FAILED_EXIT = 3  # `tandem worker`'s exit status when its engine died

@@ -1,4 +1,5 @@
-"""Wiring for the worker: config -> engine -> service, until SIGTERM/SIGINT or a Drain. With
+"""Wiring for the worker: config -> engine -> service, until SIGTERM/SIGINT, a Drain, or the
+engine's death (the worker leaves the cluster at once and exits non-zero: `EngineFailed`). With
 worker slots (`WorkerConfig.slots`) it first claims one, runs under its id and NATS user, and
 holds it until it exits."""
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.worker.engine import Engine
+from services.worker.engine import Engine, EngineFailed
 from services.worker.engine_spec import EngineSpec
 from services.worker.engines import engine_spec
 from services.worker.service import WorkerService
@@ -80,9 +81,14 @@ async def _run(config: WorkerConfig, ready: asyncio.Event | None) -> None:
         with stop_on_signals() as stop_requested:
             stopped = asyncio.create_task(service.stopped.wait())
             requested = asyncio.create_task(stop_requested.wait())
-            await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            requested.cancel()
+            failed = asyncio.create_task(engine.wait_failed())
+            await asyncio.wait({stopped, requested, failed}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (stopped, requested, failed):
+                task.cancel()
+            if failed.done() and not failed.cancelled() and not service.stopped.is_set():
+                why = failed.result()
+                await service.leave_now(why)
+                raise EngineFailed(f"worker {config.worker_id}: {why}")
             if not service.stopped.is_set():
                 log.info("worker %s stopping: draining %d in-flight request(s)", config.worker_id, service.inflight)
                 await service.stop()

@@ -22,7 +22,8 @@
   status DRAINING while draining (CORDONED while cordoned), `generation` bumped by each
   admin change; the key is deleted on graceful stop. A drain waits for in-flight requests,
   then for the KV leases it holds to end (a reader mid-pull finishes), within its deadline. `stop()` stops the
-  loops, the data plane and the engine even when NATS is already gone.
+  loops, the data plane and the engine even when NATS is already gone. An engine that
+  died makes the worker `leave_now()`: deregistered at once, no drain.
 
 The engine is anything that implements `services.worker.engine.Engine`.
 """
@@ -167,18 +168,37 @@ class WorkerService:
         """Graceful stop: drain, deregister, flush events, stop the engine."""
         try:
             await self.drain()
-            for task in self._loops:
-                task.cancel()
-            await asyncio.gather(*self._loops, return_exceptions=True)
-            try:
-                if not self.bus.client.is_connected:  # each call would wait out its timeout
-                    raise Disconnected("not connected to NATS")
-                for sub in self._subscriptions:
-                    await sub.unsubscribe()
-                if self._members is not None:
-                    await self._members.delete(self.worker_id)
-            except Exception as error:  # NATS already gone: the orchestrator's TTL removes us
-                log.warning("could not deregister %s: %s", self.worker_id, error)
+            await self._deregister()
+        finally:
+            await self._release()
+
+    async def leave_now(self, why: str) -> None:
+        """The engine died: out of the membership at once (routers resume this worker's
+        requests elsewhere, as for a killed worker, not after the heartbeat TTL), its
+        requests ended, everything stopped. No drain: nothing can finish here."""
+        log.error("worker %s leaves the cluster now: %s", self.worker_id, why)
+        try:
+            await self._deregister()
+            await self._finish_work(0.0)  # cancels what still runs
+        finally:
+            await self._release()
+
+    async def _deregister(self) -> None:
+        for task in self._loops:  # the heartbeat would register the worker again
+            task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        try:
+            if not self.bus.client.is_connected:  # each call would wait out its timeout
+                raise Disconnected("not connected to NATS")
+            for sub in self._subscriptions:
+                await sub.unsubscribe()
+            if self._members is not None:
+                await self._members.delete(self.worker_id)
+        except Exception as error:  # NATS already gone: the orchestrator's TTL removes us
+            log.warning("could not deregister %s: %s", self.worker_id, error)
+
+    async def _release(self) -> None:
+        try:
             if self.kv is not None:
                 await self.kv.stop()
         finally:
@@ -220,6 +240,8 @@ class WorkerService:
             heartbeat_at=time.time(),
             pid=os.getpid(),
             generation=self._admin.generation,
+            restarts=self.config.restarts,
+            last_exit=self.config.last_exit,
         )
 
     async def heartbeat(self) -> None:

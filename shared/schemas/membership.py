@@ -54,6 +54,10 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     # Bumped by the worker on every change of role or admin status, so a consumer can tell
     # a fresh registration from a heartbeat of the old one (the orchestrator waits on it).
     generation: int = 0
+    # Set by a launcher that restarted the worker (`tandem up`): how often, and how the
+    # process before this one ended ("exit 3: ...the vLLM engine died").
+    restarts: int = 0
+    last_exit: str = ""
 
 
 class MembershipChange(Message, tag="membership_change", kw_only=True):

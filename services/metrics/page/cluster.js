@@ -85,7 +85,9 @@ function workerRow(worker, activity) {
     el("td", { class: "num" }, rate(rates.requests_per_s)),
     el("td", { class: "num" }, `${rate(rates.transfers_in_per_s)} / ${rate(rates.transfers_out_per_s)}`),
     el("td", { class: "num" }, percent(worker.prefix_hit_rate)),
-    el("td", { class: "hash", title: worker.compat_hash }, (worker.compat_hash || "").slice(0, 10)));
+    el("td", { class: "hash", title: worker.compat_hash }, (worker.compat_hash || "").slice(0, 10)),
+    el("td", { class: worker.restarts ? "num restarted" : "num", title: worker.last_exit || "" },
+      worker.restarts ? `${worker.restarts} (${worker.last_exit || "?"})` : "0"));
 }
 
 function renderRoles(status) {
@@ -97,7 +99,7 @@ function renderRoles(status) {
         el("small", {}, ` ${totals.workers} worker${totals.workers === 1 ? "" : "s"} · running ${totals.running}` +
           ` · waiting ${totals.waiting} · KV ${percent(totals.kv_usage)}`)),
       table(["worker", "status", "engine", "KV blocks", "running", "waiting", "leases", "req/s",
-        "transfers in/out /s", "prefix hits", "compat"],
+        "transfers in/out /s", "prefix hits", "compat", "restarts (last exit)"],
         group.worker_ids.map((id) => workerRow(byId.get(id), status.activity)), { class: "workers" }));
   });
   replace("roles", groups.length ? groups : emptyNote("No worker registered."));

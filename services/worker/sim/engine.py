@@ -103,6 +103,11 @@ class SimEngine:
     async def abort(self, request_id: str) -> None:
         self._abort_now(request_id)
 
+    async def wait_failed(self) -> str:
+        """The simulated engine lives in the worker's process: it never dies on its own."""
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
     def load(self) -> EngineLoad:
         return self.scheduler.load()
 

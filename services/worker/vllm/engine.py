@@ -55,10 +55,11 @@ from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
 from connector.vllm.kv_wire import TransferOrder, held_of, order_params
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
+from services.worker.vllm.attention import attention_isa
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
 from services.worker.vllm.options import VllmEngineOptions
-from services.worker.vllm.processes import child_pids, engine_processes, reap_processes
+from services.worker.vllm.processes import child_pids, engine_processes, reap_processes, wait_engine_failure
 from services.worker.vllm.stats import EngineStats
 from shared.compat import KvLayout
 from shared.config import ConfigError
@@ -139,13 +140,14 @@ class VllmEngine:
         except BaseException:
             await self._close()
             raise
-        log.info("vLLM engine up: model %s, %d KV blocks of %d tokens, layout %s",
-                 self._info.model, self._info.kv_blocks, self._info.block_size, self._info.compat_hash)
+        log.info("vLLM engine up: model %s, %d KV blocks of %d tokens, layout %s, attention kernel %s",
+                 self._info.model, self._info.kv_blocks, self._info.block_size, self._info.compat_hash,
+                 attention_isa(self._llm.vllm_config))
 
     async def stop(self) -> None:
         """Abort every request (each stream gets a final "abort" output), then shut vLLM down."""
         self._stopping = True
-        if self._llm is not None and self._streams:
+        if self._llm is not None and self._streams and not self._llm.errored:  # a dead engine aborts nothing
             await self._llm.abort(list(self._streams))
         await self._close()
 
@@ -165,6 +167,12 @@ class VllmEngine:
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and request_id in self._streams:
             await self._llm.abort(request_id)
+
+    async def wait_failed(self) -> str:
+        assert self._llm is not None, "the vLLM engine was not started"
+        llm = self._llm
+        return await wait_engine_failure(self._processes, lambda: "vLLM's engine core died" if llm.errored else None,
+                                         lambda: self._stopping)
 
     def load(self) -> EngineLoad:
         total = self.info.kv_blocks

@@ -7,10 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 import psutil
 
 log = logging.getLogger(__name__)
+
+# How often a running engine's processes are looked at: a dead engine leaves the routing
+# pool within about this (plus a membership update).
+WATCH_POLL_S = 0.1
 
 
 def child_pids() -> set[int]:
@@ -39,3 +44,35 @@ async def reap_processes(processes: list[psutil.Process], timeout_s: float) -> N
             process.kill()
     if alive:
         await asyncio.to_thread(psutil.wait_procs, alive, timeout_s)
+
+
+def gone(processes: list[psutil.Process], names: dict[int, str]) -> str | None:
+    """Which of vLLM's processes (`names`: pid -> its name at start) is no longer running
+    (exited, killed, a zombie its parent has not reaped), said for a log line; None while
+    all run."""
+    for process in processes:
+        try:
+            running = process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            running = False
+        if not running:
+            return f"vLLM's process {names.get(process.pid, 'VLLM')} (pid {process.pid}) is gone"
+    return None
+
+
+async def wait_engine_failure(processes: list[psutil.Process], errored: Callable[[], str | None],
+                              stopping: Callable[[], bool], poll_s: float = WATCH_POLL_S) -> str:
+    """Returns, with why, once vLLM can no longer serve: one of its processes is gone (a
+    model worker killed, SIGILL, out of memory) or `errored()` (AsyncLLM saw its engine
+    die) says so. Polls; never returns while `stopping()` (a stop ends the processes)."""
+    names = {}
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names[process.pid] = process.name()
+    while True:
+        await asyncio.sleep(poll_s)
+        if stopping():
+            continue
+        why = errored() or await asyncio.to_thread(gone, processes, names)
+        if why:
+            return why
