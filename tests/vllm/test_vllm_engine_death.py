@@ -1,0 +1,168 @@
+"""A vLLM engine that dies under its worker, and the host's attention kernel.
+
+One 1P1D stack of real vLLM (CPU) engines for the module, watched by `tandem up`'s worker
+supervisor. While 16 streams run, the decode worker's vLLM model-worker process (not the
+Tandem worker) is SIGKILLed: every stream completes or ends with an explicit error, none
+hangs; the worker leaves the routing pool within a second and exits non-zero; the
+supervisor starts it again and it serves within its first start's time plus 10 s; no KV
+block or lease is left behind.
+
+The kernel test holds on every host: where the CPU has AMX, each vLLM process asked for AMX
+tile state and vLLM runs its AMX attention kernel (bfloat16) on short and long prompts;
+elsewhere it runs another kernel and says there is no AMX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import openai
+import psutil
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
+
+from connector.vllm.amx import cpu_has_amx  # noqa: E402
+from launch.stack import LocalStack  # noqa: E402
+from launch.supervisor import WorkerSupervisor  # noqa: E402
+from services.worker.engine import ENGINE_FAILED_EXIT  # noqa: E402
+from shared.bus import connect  # noqa: E402
+from shared.schemas import MembershipChange  # noqa: E402
+from shared.schemas.orchestrator import ListWorkers  # noqa: E402
+from shared.subjects import Subjects  # noqa: E402
+from shared.tokenizer import Tokenizer  # noqa: E402
+from tests.e2e.control_plane_helpers import command  # noqa: E402
+from tests.stack_fixtures import collect  # noqa: E402
+from tests.vllm.conftest import pd_pair  # noqa: E402
+from tests.vllm.observer import Observer, complete, observing  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+STREAMS = 16
+STREAM_TOKENS = 1500  # long enough to be cut: the kill comes once every stream has tokens
+
+
+@pytest.fixture(scope="module")
+def stack(nats_server, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-engine-death"))
+
+
+@pytest.fixture(scope="module")
+async def observer(stack: LocalStack) -> AsyncIterator[Observer]:
+    async with observing(stack) as watcher:
+        yield watcher
+
+
+def _model_worker(worker_pid: int) -> psutil.Process:
+    """The vLLM process that runs the model for the Tandem worker `worker_pid` (its
+    deepest "VLLM" descendant: the engine core's own child)."""
+    engine = [p for p in psutil.Process(worker_pid).children(recursive=True) if p.name().startswith("VLLM")]
+    assert engine, "the worker has no vLLM processes"
+    return max(engine, key=lambda process: len(process.parents()))
+
+
+async def test_each_host_runs_its_attention_kernel_with_amx_state_where_the_cpu_has_it(
+        stack: LocalStack, openai_client, tiny_model_dir: str) -> None:
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    client = openai_client(stack.router_url, timeout=120)
+    for length in (3, 17, 300):  # the short ones are those that died on AMX hosts
+        prompt = [5 + (i * 13) % 400 for i in range(length)]
+        assert await complete(client, tokenizer.model_name, prompt, 8)
+    for worker_id in ("p1", "d1"):
+        log = stack.worker(worker_id).log_path.read_text(errors="replace")
+        [kernel] = re.findall(r"attention kernel (\w+)", log)
+        if cpu_has_amx():
+            assert kernel == "amx", log[-3000:]
+            granted = re.findall(r"AMX tile state granted to pid (\d+)", log)
+            # the engine core and its model worker, each before any model code ran
+            assert len(set(granted)) >= 2, log[-3000:]
+            assert "refused AMX tile state" not in log
+        else:  # said by the worker and by each of vLLM's processes
+            assert kernel != "amx" and len(set(re.findall(r"no AMX on this CPU \(pid (\d+)", log))) >= 3, log[-3000:]
+        assert stack.worker(worker_id).alive
+
+
+async def test_a_killed_model_worker_takes_its_worker_out_and_the_supervisor_brings_it_back(
+        stack: LocalStack, observer: Observer, openai_client, tiny_model_dir: str) -> None:
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    client = openai_client(stack.router_url, timeout=120)
+    decode = stack.worker("d1")
+    first_start_s = await _start_seconds(stack, "d1")
+    said: list[str] = []
+    supervisor = WorkerSupervisor(stack, said.append)
+    bus = await connect(stack.nats_url, "engine-death-test")
+    changes: list[MembershipChange] = await collect(bus, MembershipChange,
+                                                    Subjects(stack.config.namespace).membership_changes)
+    tokens_seen = [0] * STREAMS
+
+    async def stream(index: int) -> str:
+        prompt = [7 + (index * 31 + i * 3) % 450 for i in range(150 + index * 5)]
+        try:
+            chunks = await client.completions.create(model=tokenizer.model_name, prompt=prompt, stream=True,
+                                                     max_tokens=STREAM_TOKENS, temperature=0,
+                                                     extra_body={"ignore_eos": True})
+            async for chunk in chunks:
+                tokens_seen[index] += bool(chunk.choices)  # a piece of text (a token may have none)
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    return chunk.choices[0].finish_reason
+            return "ended without a finish reason"  # a stream cut short silently: the test fails on it
+        except openai.APIError as error:  # an explicit error: what a failed request must give
+            return f"error {type(error).__name__}"
+
+    async def supervise() -> None:
+        while True:
+            supervisor.tick()
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(supervise())
+    try:
+        streams = [asyncio.create_task(stream(index)) for index in range(STREAMS)]
+        # the engine decodes them all now (the client may read well behind it)
+        await wait_for(lambda: min(tokens_seen) >= 1 and observer.loads.latest["d1"].running >= STREAMS // 2, 120,
+                       "the decode worker running the streams")
+        victim = _model_worker(decode.pid)
+        killed_at = time.monotonic()
+        victim.kill()
+        await wait_for(lambda: any(c.kind == "removed" and c.worker_id == "d1" for c in changes), 30,
+                       "the decode worker to leave the cluster")
+        left_s = time.monotonic() - killed_at
+        outcomes = await asyncio.wait_for(asyncio.gather(*streams), 120)  # none hangs
+        await wait_for(lambda: not decode.alive, 30, "the dead engine's worker to exit")
+        assert decode.popen.returncode == ENGINE_FAILED_EXIT, decode.log_tail()
+        await wait_for(lambda: stack.worker("d1") is not decode and stack.worker("d1").alive, 30,
+                       "the supervisor to start the worker again")
+        await wait_for(lambda: any(c.kind == "joined" and c.worker_id == "d1" and c.registration is not None
+                                   and c.registration.restarts == 1 for c in changes),
+                       first_start_s + 30, "the restarted worker's registration")
+        prompt = [9 + i % 300 for i in range(40)]
+        assert await complete(client, tokenizer.model_name, prompt, 8)
+        back_s = time.monotonic() - killed_at
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await bus.close()
+    assert all(o in ("length", "stop") or o.startswith("error ") for o in outcomes), outcomes
+    assert any(o.startswith("error ") for o in outcomes), f"the kill came after every stream had ended: {said}"
+    assert left_s <= 1.0, f"the dead engine's worker left the routing pool after {left_s:.2f} s"
+    assert back_s <= first_start_s + 10, (back_s, first_start_s, said)
+    [joined] = [c for c in changes if c.kind == "joined" and c.worker_id == "d1"]
+    assert joined.registration is not None and "exit 3" in joined.registration.last_exit, joined
+    assert any("started again (restart 1)" in line for line in said), said
+    await observer.assert_clean()
+    print(f"\nmodel worker killed: d1 out of the pool in {left_s:.2f} s, serving again after {back_s:.1f} s "
+          f"(first start {first_start_s:.1f} s); streams: "
+          f"{sorted((o, outcomes.count(o)) for o in set(outcomes))}; {said}")
+
+
+async def _start_seconds(stack: LocalStack, worker_id: str) -> float:
+    """How long the worker took from its process's creation to serving (its registration's
+    start, stamped once the engine is up)."""
+    listing = await command(stack, ListWorkers())
+    [registration] = [s.registration for s in listing.workers if s.registration.worker_id == worker_id]
+    return registration.started_at - psutil.Process(stack.worker(worker_id).pid).create_time()
