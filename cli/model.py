@@ -17,3 +17,23 @@ def model_tiny(out_dir: Annotated[Path, typer.Argument(help="Directory to write 
 
     generate_tiny_model(str(out_dir))
     typer.echo(f"tiny model written to {out_dir}")
+
+
+@app.command("random")
+def model_random(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    shape: Annotated[str, typer.Option(help="Model shape: tiny, llama-135m (SmolLM-135M's), llama-0.5b.")] = "tiny",
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+) -> None:
+    """Generate a random-weight Llama of a real model's shape (local BPE tokenizer, no download)."""
+    from shared.model_shapes import shape_named
+    from shared.tiny_model import generate_tiny_model
+
+    try:
+        chosen = shape_named(shape)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--shape") from None
+    typer.echo(f"writing a {shape} model ({chosen.parameters() / 1e6:.0f}M parameters, float32) to {out_dir}",
+               err=True)
+    generate_tiny_model(str(out_dir), seed=seed, **chosen.as_arguments())
+    typer.echo(f"{shape} model written to {out_dir}")

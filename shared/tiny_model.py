@@ -4,7 +4,8 @@ No model hub is reachable from the machines Tandem is developed on, so the proje
 its own model directory: a byte-level BPE tokenizer trained with `tokenizers` on the
 packaged corpus (`shared/corpus/*.txt`), a Llama `config.json`, and random float32
 weights in `model.safetensors`. vLLM loads it like any Llama; random weights give
-varied but reproducible greedy text.
+varied but reproducible greedy text. The same generator writes the larger shapes of
+`shared.model_shapes` (real models' layer counts and widths, random weights).
 
 The output is a pure function of the arguments (same arguments, byte-identical files),
 so two workers that generate the same directory agree on every token id.
