@@ -58,6 +58,38 @@ async def observer(stack: LocalStack) -> AsyncIterator[Observer]:
         yield watcher
 
 
+async def _stream(client: openai.AsyncOpenAI, model: str, index: int, tokens_seen: list[int]) -> str:
+    """One long streamed completion: its finish reason, or "error <kind>" for an explicit error."""
+    prompt = [7 + (index * 31 + i * 3) % 450 for i in range(150 + index * 5)]
+    try:
+        chunks = await client.completions.create(model=model, prompt=prompt, stream=True, max_tokens=STREAM_TOKENS,
+                                                 temperature=0, extra_body={"ignore_eos": True})
+        async for chunk in chunks:
+            tokens_seen[index] += bool(chunk.choices)  # a piece of text (a token may have none)
+            if chunk.choices and chunk.choices[0].finish_reason:
+                return chunk.choices[0].finish_reason
+        return "ended without a finish reason"  # a stream cut short silently: the test fails on it
+    except openai.APIError as error:  # an explicit error: what a failed request must give
+        return f"error {type(error).__name__}"
+
+
+@contextlib.asynccontextmanager
+async def _supervising(supervisor: WorkerSupervisor) -> AsyncIterator[None]:
+    """`tandem up`'s loop, ticking the supervisor while the block runs."""
+    async def supervise() -> None:
+        while True:
+            supervisor.tick()
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(supervise())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 def _model_worker(worker_pid: int) -> psutil.Process:
     """The vLLM process that runs the model for the Tandem worker `worker_pid` (its
     deepest "VLLM" descendant: the engine core's own child)."""
@@ -99,53 +131,31 @@ async def test_a_killed_model_worker_takes_its_worker_out_and_the_supervisor_bri
     changes: list[MembershipChange] = await collect(bus, MembershipChange,
                                                     Subjects(stack.config.namespace).membership_changes)
     tokens_seen = [0] * STREAMS
-
-    async def stream(index: int) -> str:
-        prompt = [7 + (index * 31 + i * 3) % 450 for i in range(150 + index * 5)]
-        try:
-            chunks = await client.completions.create(model=tokenizer.model_name, prompt=prompt, stream=True,
-                                                     max_tokens=STREAM_TOKENS, temperature=0,
-                                                     extra_body={"ignore_eos": True})
-            async for chunk in chunks:
-                tokens_seen[index] += bool(chunk.choices)  # a piece of text (a token may have none)
-                if chunk.choices and chunk.choices[0].finish_reason:
-                    return chunk.choices[0].finish_reason
-            return "ended without a finish reason"  # a stream cut short silently: the test fails on it
-        except openai.APIError as error:  # an explicit error: what a failed request must give
-            return f"error {type(error).__name__}"
-
-    async def supervise() -> None:
-        while True:
-            supervisor.tick()
-            await asyncio.sleep(0.1)
-
-    watcher = asyncio.create_task(supervise())
     try:
-        streams = [asyncio.create_task(stream(index)) for index in range(STREAMS)]
-        # the engine decodes them all now (the client may read well behind it)
-        await wait_for(lambda: min(tokens_seen) >= 1 and observer.loads.latest["d1"].running >= STREAMS // 2, 120,
-                       "the decode worker running the streams")
-        victim = _model_worker(decode.pid)
-        killed_at = time.monotonic()
-        victim.kill()
-        await wait_for(lambda: any(c.kind == "removed" and c.worker_id == "d1" for c in changes), 30,
-                       "the decode worker to leave the cluster")
-        left_s = time.monotonic() - killed_at
-        outcomes = await asyncio.wait_for(asyncio.gather(*streams), 120)  # none hangs
-        await wait_for(lambda: not decode.alive, 30, "the dead engine's worker to exit")
-        assert decode.popen.returncode == ENGINE_FAILED_EXIT, decode.log_tail()
-        await wait_for(lambda: stack.worker("d1") is not decode and stack.worker("d1").alive, 30,
-                       "the supervisor to start the worker again")
-        await wait_for(lambda: any(c.kind == "joined" and c.worker_id == "d1" and c.registration is not None
-                                   and c.registration.restarts == 1 for c in changes),
-                       first_start_s + 30, "the restarted worker's registration")
-        prompt = [9 + i % 300 for i in range(40)]
-        assert await complete(client, tokenizer.model_name, prompt, 8)
-        back_s = time.monotonic() - killed_at
+        async with _supervising(supervisor):
+            streams = [asyncio.create_task(_stream(client, tokenizer.model_name, index, tokens_seen))
+                       for index in range(STREAMS)]
+            # the engine decodes them all now (the client may read well behind it)
+            await wait_for(lambda: min(tokens_seen) >= 1 and observer.loads.latest["d1"].running >= STREAMS // 2, 120,
+                           "the decode worker running the streams")
+            victim = _model_worker(decode.pid)
+            killed_at = time.monotonic()
+            victim.kill()
+            await wait_for(lambda: any(c.kind == "removed" and c.worker_id == "d1" for c in changes), 30,
+                           "the decode worker to leave the cluster")
+            left_s = time.monotonic() - killed_at
+            outcomes = await asyncio.wait_for(asyncio.gather(*streams), 120)  # none hangs
+            await wait_for(lambda: not decode.alive, 30, "the dead engine's worker to exit")
+            assert decode.popen.returncode == ENGINE_FAILED_EXIT, decode.log_tail()
+            await wait_for(lambda: stack.worker("d1") is not decode and stack.worker("d1").alive, 30,
+                           "the supervisor to start the worker again")
+            await wait_for(lambda: any(c.kind == "joined" and c.worker_id == "d1" and c.registration is not None
+                                       and c.registration.restarts == 1 for c in changes),
+                           first_start_s + 30, "the restarted worker's registration")
+            prompt = [9 + i % 300 for i in range(40)]
+            assert await complete(client, tokenizer.model_name, prompt, 8)
+            back_s = time.monotonic() - killed_at
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
         await bus.close()
     assert all(o in ("length", "stop") or o.startswith("error ") for o in outcomes), outcomes
     assert any(o.startswith("error ") for o in outcomes), f"the kill came after every stream had ended: {said}"
