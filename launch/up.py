@@ -121,7 +121,10 @@ def run_up(options: UpOptions) -> int:
         console.print(f"[red]error:[/] {error}")
         return 2
     stack = LocalStack(config)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the stack the way Ctrl-C does
+    # SIGTERM stops the stack the way Ctrl-C does; SIGINT is set too, since a process started
+    # in the background by a script inherits SIGINT ignored, and would never stop on it.
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, _interrupt)
     try:
         with console.status("starting NATS, orchestrator, metrics, workers and router"):
             stack.start()  # stops what it started if it fails or is interrupted

@@ -23,16 +23,23 @@ def test_tandem_up_serves_and_stops_cleanly(tmp_path: Path, tiny_model_dir: str)
     assert len(processes) >= 6  # nats, orchestrator, metrics, 2 workers, router
 
 
+def test_tandem_up_started_in_the_background_still_stops_on_ctrl_c(tmp_path: Path, tiny_model_dir: str) -> None:
+    """A script's background job (`tandem up &`) starts with SIGINT ignored."""
+    serve_and_stop(tmp_path, tiny_model_dir, "--engine", "sim", ctrl_c=True, sigint_ignored=True)
+
+
 def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s: float = 60,
-                   ctrl_c: bool = False) -> list[int]:
-    """Start `tandem up`, ask for a completion and a streamed chat answer, then SIGTERM it, or
-    with `ctrl_c` SIGINT its whole process group as a terminal's Ctrl-C does; it must exit 0
-    with every process it started (engines' own included) gone. Returns those pids."""
+                   ctrl_c: bool = False, sigint_ignored: bool = False) -> list[int]:
+    """Start `tandem up` (with `sigint_ignored`, as a background job of a script), ask for a
+    completion and a streamed chat answer, then SIGTERM it, or with `ctrl_c` SIGINT its whole
+    process group as a terminal's Ctrl-C does; it must exit 0 with every process it started
+    (engines' own included) gone. Returns those pids."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     up = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--port", "0", "--metrics-port", "0",
                            "--model", model_dir, "--state-dir", str(state_dir), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
-                          start_new_session=True)
+                          start_new_session=True,
+                          preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
     descendants: list[int] = []
     try:
         url = _first_line(up, start_timeout_s)  # the only line on stdout: the API URL, once everything is up
@@ -51,7 +58,12 @@ def serve_and_stop(state_dir: Path, model_dir: str, *args: str, start_timeout_s:
             os.killpg(up.pid, signal.SIGINT)
         else:
             up.send_signal(signal.SIGTERM)
-        code = up.wait(90)
+        try:
+            code = up.wait(90)
+        except subprocess.TimeoutExpired:
+            up.kill()  # its children follow it (parent-death signal)
+            up.wait()
+            raise AssertionError("tandem up did not stop within 90 s of the signal") from None
     assert code == 0
     wait_for_sync(lambda: not any(pid_alive(pid) for pid in descendants), 10,
                   lambda: f"every process tandem up started to exit (left: {[p for p in descendants if pid_alive(p)]})",
