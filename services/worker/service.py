@@ -20,7 +20,8 @@
 - membership: the registration is put in the members bucket at start, every heartbeat
   and at once after a NATS reconnect (a restarted server may have lost the bucket);
   status DRAINING while draining (CORDONED while cordoned), `generation` bumped by each
-  admin change; the key is deleted on graceful stop. A drain waits for in-flight requests,
+  admin change; the key is deleted on graceful stop, and no heartbeat (its own or a
+  fleet ticker's) puts it back after that. A drain waits for in-flight requests,
   then for the KV leases it holds to end (a reader mid-pull finishes), within its deadline. `stop()` stops the
   loops, the data plane and the engine even when NATS is already gone. An engine that
   died makes the worker `leave_now()`: deregistered at once, no drain.
@@ -100,6 +101,8 @@ class WorkerService:
         self._subscriptions: list = []
         self._loops: list[asyncio.Task[None]] = []
         self._members = None
+        self._membership = asyncio.Lock()  # one registration put or delete at a time, in order
+        self._left = False  # deregistered (or deregistering): no heartbeat registers it again
         self._drain_task: asyncio.Task[None] | None = None  # a Drain message's drain-then-stop
         self.stopped = asyncio.Event()
 
@@ -184,7 +187,10 @@ class WorkerService:
             await self._release()
 
     async def _deregister(self) -> None:
-        for task in self._loops:  # the heartbeat would register the worker again
+        # From here no heartbeat registers the worker again: not its own loops (cancelled),
+        # nor a fleet's ticker calling `heartbeat()` while the engine stops.
+        self._left = True
+        for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         try:
@@ -192,8 +198,9 @@ class WorkerService:
                 raise Disconnected("not connected to NATS")
             for sub in self._subscriptions:
                 await sub.unsubscribe()
-            if self._members is not None:
-                await self._members.delete(self.worker_id)
+            async with self._membership:  # after a put already under way, never before it
+                if self._members is not None:
+                    await self._members.delete(self.worker_id)
         except Exception as error:  # NATS already gone: the orchestrator's TTL removes us
             log.warning("could not deregister %s: %s", self.worker_id, error)
 
@@ -259,12 +266,15 @@ class WorkerService:
     async def _register(self) -> None:
         if not self.bus.client.is_connected:  # a KV put would wait out its timeout: the heartbeat after reconnecting carries it
             raise Disconnected("not connected to NATS")
-        value = encode(self.registration())
-        try:
-            await self._members.put(self.worker_id, value)
-        except Exception:  # e.g. a restarted NATS lost the bucket: bind (re-create) and retry once
-            self._members = await self._bind_members()
-            await self._members.put(self.worker_id, value)
+        async with self._membership:
+            if self._left:
+                return
+            value = encode(self.registration())
+            try:
+                await self._members.put(self.worker_id, value)
+            except Exception:  # e.g. a restarted NATS lost the bucket: bind (re-create) and retry once
+                self._members = await self._bind_members()
+                await self._members.put(self.worker_id, value)
 
     async def _register_after_reconnect(self) -> None:
         if not self.stopped.is_set() and self._members is not None:

@@ -221,3 +221,39 @@ async def test_a_request_whose_caller_is_gone_is_cancelled_and_a_live_callers_is
         assert service.callers.orphans_cancelled == 1
     finally:
         await service.stop()
+
+
+class SlowStoppingEngine(SimEngine):
+    """A sim engine whose stop waits until the test lets it finish."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stopping = asyncio.Event()
+        self.may_stop = asyncio.Event()
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        await self.may_stop.wait()
+        await super().stop()
+
+
+async def test_a_heartbeat_while_the_engine_stops_does_not_register_the_worker_again(
+        bus: Bus, bus_config: BusConfig) -> None:
+    """A fleet's ticker heartbeats its workers from outside (`start(timers=False)`) until each
+    has stopped; one that beats after the deregistration, while the engine still stops (slow
+    on a loaded host), must not put the worker back in the members bucket for good."""
+    config = WorkerConfig(worker_id="w-leaving", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
+                          membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0))
+    engine = SlowStoppingEngine(config, model_name="tiny", vocab_size=512)
+    await engine.start()
+    service = WorkerService(config, engine, bus)
+    await service.start(timers=False)
+    members = await bus.key_value(bus_config.subjects.members_bucket)
+    await members.get("w-leaving")
+    stopping = asyncio.create_task(service.stop())
+    await asyncio.wait_for(engine.stopping.wait(), 5)  # deregistered, the engine not yet stopped
+    await service.heartbeat()
+    engine.may_stop.set()
+    await asyncio.wait_for(stopping, 5)
+    with pytest.raises(KeyNotFoundError):
+        await members.get("w-leaving")
