@@ -44,7 +44,10 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     """A byte-level BPE with exactly `vocab_size` ids; `<unk>`=0, `<s>`=1, `</s>`=2.
 
     The corpus yields a few thousand merges; a larger vocabulary is padded with reserved
-    special tokens (as Llama 3 does) so the tokenizer and the embedding always agree.
+    tokens so the tokenizer and the embedding always agree. Unlike Llama 3's, they are not
+    special: a random model's greedy output lands on them most of the time (46,000 of the
+    real shapes' 49,152 ids), and each must still stream as text, or a benchmark sees
+    tokens with no text and cannot time them.
     """
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(SPECIAL_TOKENS) + len(alphabet):
@@ -58,8 +61,7 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     tokenizer.train_from_iterator(corpus_texts(), trainer)
     missing = vocab_size - tokenizer.get_vocab_size()
     if missing > 0:
-        tokenizer.add_special_tokens([AddedToken(f"<|reserved_{i}|>", special=True)
-                                      for i in range(missing)])
+        tokenizer.add_tokens([AddedToken(f"<|reserved_{i}|>", special=False) for i in range(missing)])
     assert tokenizer.get_vocab_size() == vocab_size
     assert [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS] == [UNK_ID, BOS_ID, EOS_ID]
     return tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from shared.tiny_model import generate_tiny_model, llama_weight_shapes
+from shared.tiny_model import EOS_ID, generate_tiny_model, llama_weight_shapes
 from shared.tokenizer import FIXED_CHAT_TEMPLATE, Tokenizer, render_chat
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -65,6 +65,11 @@ def test_vocab_size_matches_config(model_dir: Path, tmp_path: Path) -> None:
     generate_tiny_model(str(tmp_path / "big"), vocab_size=4000)
     big = Tokenizer.from_model_dir(str(tmp_path / "big"))
     assert big.vocab_size == big._backend.get_vocab_size() == 4000
+    # They are not special: a random model's output lands on them, and it must stream text.
+    last = big.decode([3999], skip_special_tokens=True)
+    assert last.startswith("<|reserved_") and last.endswith("|>")
+    assert big.encode(last + last) == [3999, 3999]
+    assert big.decode([EOS_ID], skip_special_tokens=True) == ""
 
 
 def test_tokenizer_round_trips_text(model_dir: Path) -> None:
