@@ -21,7 +21,9 @@ carries over. Workers are launched with this interpreter: run mode B with
 `--engine vllm` from the vLLM venv. Prompts are seeded random words, distinct from their
 first words on (`--shared-prefix-tokens` gives them a common opening); `--warmup` requests
 with other prompts go first and are not measured. Requests stream with temperature 0 and
-ask the server for a final usage chunk (the token counts).
+ask the server for a final usage chunk (the token counts). The stacks' services take their
+other settings from `TANDEM_*` variables as usual (`TANDEM_PD_TRANSFER=push` for push); each
+topology's figures include the router's count of disaggregated requests by KV transfer mode.
 
 Prints one JSON document on stdout (mode A: `{"config", "results"}`; mode B: `{"config",
 "topologies", "ratios"}`, ratios being the first topology's figure over the second's),
@@ -35,6 +37,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -53,6 +56,7 @@ from launch.plan import StackConfig, plan_stack
 from launch.stack import LocalStack
 
 DISAGGREGATED_METRIC = "tandem_router_disaggregated_requests_total"
+_TRANSFER_MODE_LINE = re.compile(r'tandem_router_kv_transfer_mode_total\{mode="(\w+)"\} (\S+)')
 
 
 def _progress(message: str) -> None:
@@ -176,7 +180,9 @@ def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareS
         try:
             _, figures = asyncio.run(run_serve(stack.router_url, workload, count_tokens=count_tokens,
                                                label=topology.name))
-            figures["disaggregated_requests"] = _disaggregated(stack.router_url)  # warm-up included
+            metrics = _router_metrics(stack.router_url)  # warm-up included in both
+            figures["disaggregated_requests"] = _disaggregated(metrics)
+            figures["kv_transfer_modes"] = _transfer_modes(metrics)
         except httpx.HTTPError as error:  # no model list: nothing was measured
             _progress(f"{topology.name}: the run failed: {error!r}")
             results[topology.name] = {"error": f"run failed: {error!r}"[:500]}
@@ -191,16 +197,33 @@ def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareS
             "ratios": ratios(first, second) if "error" not in first and "error" not in second else {}}
 
 
-def _disaggregated(router_url: str) -> int | None:
-    """Requests the router served with a prefill and a decode worker, from its /metrics."""
+def _router_metrics(router_url: str) -> str | None:
+    """The router's /metrics text; None when it does not answer."""
     try:
-        text = httpx.get(f"{router_url}/metrics", timeout=10).text
+        return httpx.get(f"{router_url}/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
-    for line in text.splitlines():
+
+
+def _disaggregated(metrics: str | None) -> int | None:
+    """Requests the router served with a prefill and a decode worker."""
+    if metrics is None:
+        return None
+    for line in metrics.splitlines():
         if line.startswith(DISAGGREGATED_METRIC + " "):
             return int(float(line.split()[1]))
     return 0
+
+
+def _transfer_modes(metrics: str | None) -> dict[str, int] | None:
+    """Disaggregated requests by how the prompt's KV reached the decode worker (pull, push)."""
+    if metrics is None:
+        return None
+    modes: dict[str, int] = {}
+    for line in metrics.splitlines():
+        if match := _TRANSFER_MODE_LINE.fullmatch(line):
+            modes[match.group(1)] = int(float(match.group(2)))
+    return modes
 
 
 def _model_dir(model_dir: str, state_dir: Path) -> str:

@@ -63,4 +63,6 @@ def test_mode_b_compares_disaggregated_and_single_workers(tiny_model_dir: str, t
         check_percentiles(results)
     assert document["topologies"]["1p1d"]["disaggregated_requests"] == 5  # warm-up included
     assert document["topologies"]["2x1"]["disaggregated_requests"] == 0
+    assert document["topologies"]["1p1d"]["kv_transfer_modes"] == {"pull": 5}  # the router's default
+    assert document["topologies"]["2x1"]["kv_transfer_modes"] == {}
     assert document["ratios"]["ttft_p50"] is not None and document["ratios"]["output_throughput"] is not None
