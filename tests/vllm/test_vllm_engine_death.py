@@ -44,7 +44,7 @@ from tests.waiting import wait_for  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 STREAMS = 16
-STREAM_TOKENS = 1500  # long enough to be cut: the kill comes once every stream has tokens
+STREAM_TOKENS = 1500  # long enough to be cut: the kill comes with most of them still to make
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +58,13 @@ async def observer(stack: LocalStack) -> AsyncIterator[Observer]:
         yield watcher
 
 
-async def _stream(client: openai.AsyncOpenAI, model: str, index: int, tokens_seen: list[int]) -> str:
+async def _stream(client: openai.AsyncOpenAI, model: str, index: int) -> str:
     """One long streamed completion: its finish reason, or "error <kind>" for an explicit error."""
     prompt = [7 + (index * 31 + i * 3) % 450 for i in range(150 + index * 5)]
     try:
         chunks = await client.completions.create(model=model, prompt=prompt, stream=True, max_tokens=STREAM_TOKENS,
                                                  temperature=0, extra_body={"ignore_eos": True})
         async for chunk in chunks:
-            tokens_seen[index] += bool(chunk.choices)  # a piece of text (a token may have none)
             if chunk.choices and chunk.choices[0].finish_reason:
                 return chunk.choices[0].finish_reason
         return "ended without a finish reason"  # a stream cut short silently: the test fails on it
@@ -88,6 +87,14 @@ async def _supervising(supervisor: WorkerSupervisor) -> AsyncIterator[None]:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+def _mid_stream(observer: Observer, generated_before: int) -> bool:
+    """The decode worker's latest report shows every stream decoding there, and less than
+    half of their tokens made."""
+    load = observer.loads.latest["d1"]
+    made = load.generated_tokens_total - generated_before
+    return load.running >= STREAMS and 0 < made <= STREAMS * STREAM_TOKENS // 2
 
 
 def _model_worker(worker_pid: int) -> psutil.Process:
@@ -130,14 +137,17 @@ async def test_a_killed_model_worker_takes_its_worker_out_and_the_supervisor_bri
     bus = await connect(stack.nats_url, "engine-death-test")
     changes: list[MembershipChange] = await collect(bus, MembershipChange,
                                                     Subjects(stack.config.namespace).membership_changes)
-    tokens_seen = [0] * STREAMS
     try:
         async with _supervising(supervisor):
-            streams = [asyncio.create_task(_stream(client, tokenizer.model_name, index, tokens_seen))
+            await observer.loads.fresh_reports(["d1"])
+            generated_before = observer.counter("d1", "generated_tokens_total")
+            streams = [asyncio.create_task(_stream(client, tokenizer.model_name, index))
                        for index in range(STREAMS)]
-            # the engine decodes them all now (the client may read well behind it)
-            await wait_for(lambda: min(tokens_seen) >= 1 and observer.loads.latest["d1"].running >= STREAMS // 2, 120,
-                           "the decode worker running the streams")
+            # The kill comes while the engine has most of the streams' tokens still to make, by
+            # its own reports (every 0.25 s): the client may read far behind the engine, and on
+            # a slow host waiting for the client let the engine end every stream first.
+            await wait_for(lambda: _mid_stream(observer, generated_before), 120,
+                           lambda: f"the decode worker running the streams: {observer.loads.latest.get('d1')}")
             victim = _model_worker(decode.pid)
             killed_at = time.monotonic()
             victim.kill()
