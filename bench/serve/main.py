@@ -49,7 +49,7 @@ import httpx
 
 from bench.serve.client import Api, LoadPlan, RequestShape, make_client, run_requests, served_model
 from bench.serve.prompts import PromptSpec, TokenCounter, arrival_offsets, build_prompts, one_token_per_word
-from bench.serve.stats import RequestRecord, ratios, summarize
+from bench.serve.stats import RequestRecord, Slo, ratios, summarize
 from bench.serve.topology import Topology, parse_topologies, stack_definition
 from launch.definition import Settings
 from launch.plan import StackConfig, plan_stack
@@ -75,6 +75,7 @@ class ServeWorkload:
     warmup: int = 2
     timeout_s: float = 300.0
     ignore_eos: bool = False
+    slo: Slo | None = None  # goodput under it, when given
 
     def plan(self) -> LoadPlan:
         if self.request_rate is None:
@@ -86,7 +87,8 @@ class ServeWorkload:
         return {"num_prompts": prompts.count, "prompt_tokens": prompts.prompt_tokens,
                 "shared_prefix_tokens": prompts.shared_prefix_tokens, "seed": prompts.seed,
                 **{field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                   if field.name not in ("prompts", "concurrency")},
+                   if field.name not in ("prompts", "concurrency", "slo")},
+                "slo": dataclasses.asdict(self.slo) if self.slo else None,
                 "concurrency": self.concurrency if self.request_rate is None else None}  # open loop: none
 
 
@@ -120,7 +122,7 @@ async def run_serve(url: str, workload: ServeWorkload, model: str = "",
             _progress(f"{label}: warm-up {len(records) - failed}/{len(records)} ok")
         records, duration_s = await run_requests(client, shape, measured, workload.plan(),
                                                  Progress(label, len(measured)))
-    return model, summarize(records, duration_s, spec.prompt_tokens)
+    return model, summarize(records, duration_s, spec.prompt_tokens, workload.slo)
 
 
 def tokenizer_counter(model_dir: str) -> TokenCounter:
@@ -259,6 +261,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request before it is an error")
     parser.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (vLLM, Tandem; not OpenAI)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slo-ttft-ms", type=float, default=None,
+                        help="with --slo-itl-ms: report goodput, the requests/s within both bounds")
+    parser.add_argument("--slo-itl-ms", type=float, default=None,
+                        help="the SLO's bound on a request's time per output token after the first")
     parser.add_argument("--engine", choices=engine_names(), default="sim", help="mode B: worker engine")
     parser.add_argument("--model-dir", default="", help="mode B: model directory (default: a generated tiny model)")
     parser.add_argument("--state-dir", default=".tandem/bench-serve", help="mode B: logs and the generated model")
@@ -278,12 +284,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return multiturn_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
+    if (args.slo_ttft_ms is None) != (args.slo_itl_ms is None):
+        parser.error("--slo-ttft-ms and --slo-itl-ms go together")
     try:
+        slo = Slo(args.slo_ttft_ms, args.slo_itl_ms) if args.slo_ttft_ms is not None else None
         workload = ServeWorkload(
             prompts=PromptSpec(count=args.num_prompts, prompt_tokens=args.prompt_tokens,
                                shared_prefix_tokens=args.shared_prefix_tokens, seed=args.seed),
             max_tokens=args.max_tokens, api=args.api, concurrency=args.concurrency or 1,
-            request_rate=args.request_rate, warmup=args.warmup, timeout_s=args.timeout, ignore_eos=args.ignore_eos)
+            request_rate=args.request_rate, warmup=args.warmup, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
+            slo=slo)
         topologies = parse_topologies(args.compare) if args.compare else []
     except ValueError as error:
         parser.error(str(error))

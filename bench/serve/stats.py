@@ -9,6 +9,9 @@ A `RequestRecord` holds what the client saw of one request as `time.monotonic()`
   TPOT, from the token count, is per token.
 - TPOT: (end-to-end - TTFT) / (output tokens - 1), per request with at least 2 tokens.
 - Throughputs: tokens (or requests) of successful requests over the run's duration.
+- SLO (when given): a request meets it when it succeeded, its TTFT is within the TTFT
+  bound and its TPOT (mean time per token after the first) within the ITL bound; goodput
+  is the requests that met it per second, attainment their share of all requests.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ RATIO_METRICS = {  # ratio name -> (figure, key inside it)
     "itl_p50": ("itl_ms", "p50"), "itl_p90": ("itl_ms", "p90"),
     "tpot_p50": ("tpot_ms", "p50"), "e2e_p50": ("e2e_ms", "p50"), "e2e_p90": ("e2e_ms", "p90"),
     "request_throughput": ("request_throughput", None), "output_throughput": ("output_throughput_tok_s", None),
+    "goodput": ("slo", "goodput_rps"), "slo_attainment": ("slo", "attainment"),
 }
 
 
@@ -60,6 +64,23 @@ class RequestRecord:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Per-request latency bounds, in milliseconds."""
+
+    ttft_ms: float
+    itl_ms: float
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms <= 0 or self.itl_ms <= 0:
+            raise ValueError("SLO bounds must be positive milliseconds")
+
+    def met_by(self, record: RequestRecord) -> bool:
+        if not record.ok or record.ttft_s is None or record.ttft_s * 1000.0 > self.ttft_ms:
+            return False
+        return record.tpot_s is None or record.tpot_s * 1000.0 <= self.itl_ms
+
+
 def distribution_ms(values_s: list[float]) -> dict[str, float | int | None]:
     """Count, mean and percentiles in milliseconds (None when there are no values)."""
     figures: dict[str, float | int | None] = {"count": len(values_s)}
@@ -72,9 +93,10 @@ def distribution_ms(values_s: list[float]) -> dict[str, float | int | None]:
     return figures
 
 
-def summarize(records: list[RequestRecord], duration_s: float, nominal_prompt_tokens: int) -> dict:
+def summarize(records: list[RequestRecord], duration_s: float, nominal_prompt_tokens: int,
+              slo: Slo | None = None) -> dict:
     """The result document of one run. Prompt tokens come from the server's usage, else
-    `nominal_prompt_tokens` per request."""
+    `nominal_prompt_tokens` per request; with `slo`, the goodput under it."""
     done = [record for record in records if record.ok]
     output_tokens = sum(record.output_tokens for record in done)
     prompt_tokens = sum(record.prompt_tokens if record.prompt_tokens is not None else nominal_prompt_tokens
@@ -83,7 +105,7 @@ def summarize(records: list[RequestRecord], duration_s: float, nominal_prompt_to
     def per_second(amount: float) -> float:
         return round(amount / duration_s, 3) if duration_s > 0 else 0.0
 
-    return {
+    figures = {
         "requests": len(records),
         "completed": len(done),
         "errors": len(records) - len(done),
@@ -100,6 +122,12 @@ def summarize(records: list[RequestRecord], duration_s: float, nominal_prompt_to
         "tpot_ms": distribution_ms([record.tpot_s for record in done if record.tpot_s is not None]),
         "e2e_ms": distribution_ms([record.e2e_s for record in done if record.e2e_s is not None]),
     }
+    if slo is not None:
+        met = sum(slo.met_by(record) for record in records)
+        figures["slo"] = {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms, "met": met,
+                          "attainment": round(met / len(records), 3) if records else None,
+                          "goodput_rps": per_second(met)}
+    return figures
 
 
 def ratios(first: dict, second: dict) -> dict[str, float | None]:

@@ -6,7 +6,7 @@ import pytest
 
 from bench.serve.main import ServeWorkload
 from bench.serve.prompts import DISTINCT_HEAD_WORDS, PromptSpec, arrival_offsets, build_prompts, word_pool
-from bench.serve.stats import RequestRecord, distribution_ms, ratios, summarize
+from bench.serve.stats import RequestRecord, Slo, distribution_ms, ratios, summarize
 from bench.serve.topology import ALWAYS_DISAGGREGATE, parse_topologies, parse_topology, worker_specs
 from launch.argv import worker_args
 from launch.plan import StackConfig
@@ -115,6 +115,21 @@ def test_summary_counts_errors_and_throughput_of_successes_only() -> None:
     assert summary["total_token_throughput"] == 78.5
     assert summary["ttft_ms"]["count"] == 2 and summary["itl_ms"]["count"] == 3
     assert summary["text_chunks"] == 5
+
+
+def test_goodput_counts_requests_within_both_slo_bounds_over_all_requests() -> None:
+    records = [_record(0.0, [0.1, 0.2, 0.3], tokens=3),  # TTFT 100 ms, TPOT ~100 ms: met
+               _record(0.0, [0.3, 0.35], tokens=2),  # TTFT 300 ms: missed
+               _record(0.0, [0.1, 0.5], tokens=2),  # TPOT ~401 ms: missed
+               _record(0.0, [0.2], tokens=1),  # one token: TTFT alone counts, met
+               RequestRecord(sent_at=0.0, error="http 500")]  # a failure never meets it
+    summary = summarize(records, duration_s=2.0, nominal_prompt_tokens=50, slo=Slo(ttft_ms=250, itl_ms=150))
+    assert summary["slo"] == {"ttft_ms": 250, "itl_ms": 150, "met": 2, "attainment": 0.4, "goodput_rps": 1.0}
+    assert "slo" not in summarize(records, duration_s=2.0, nominal_prompt_tokens=50)
+    assert ratios(summary, {"slo": {"goodput_rps": 2.0, "attainment": 0.8}})["goodput"] == 0.5
+    for bad in ((0, 10), (10, -1)):
+        with pytest.raises(ValueError, match="positive"):
+            Slo(*bad)
 
 
 def test_ratios_are_first_over_second() -> None:
