@@ -82,7 +82,14 @@ endif
 	$(VLLM_VENV)/bin/pip install -q --no-deps nixl-cu12==1.5.1
 	touch $@
 
-install-vllm: $(VLLM_VENV)/.installed
+# vllm-router (PyPI), the peer `tandem bench serve --compare ...,2xvllm` measures Tandem
+# against: a Rust binary whose Python wrapper needs orjson beside vLLM's own packages.
+VLLM_ROUTER_PINS := vllm-router==0.1.17 orjson==3.13.0
+$(VLLM_VENV)/.vllm-router-0.1.17: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(VLLM_ROUTER_PINS)
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.vllm-router-0.1.17
 
 test-vllm: install-vllm
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm

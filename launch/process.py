@@ -74,9 +74,12 @@ class LocalLauncher:
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
         """Start `python -m cli.main <args>` (`tandem <args>`) as child `name`."""
+        return self.start_program(name, [sys.executable, "-m", "cli.main", *args], env)
+
+    def start_program(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
+        """Start any program as child `name` (a benchmark's peer system)."""
         if name in self.processes and self.processes[name].alive:
             raise ValueError(f"a process named {name!r} is already running")
-        argv = [sys.executable, "-m", "cli.main", *args]
         log_path = self.log_dir / f"{name}.log"
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(log_path, "ab") as log_file:

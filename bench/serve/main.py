@@ -8,9 +8,11 @@ Mode A drives any OpenAI-compatible endpoint:
 
 Mode B runs the same workload on fresh local stacks, one topology after the other, and
 sets them side by side ("1p1d": one prefill and one decode worker, every request
-disaggregated; "2x1": two workers serving whole requests; generally "NpMd" and "Nx1"):
+disaggregated; "2x1": two workers serving whole requests; generally "NpMd" and "Nx1";
+"2xvllm": the peer, two plain vLLM servers behind vllm-router, `bench.serve.peer`):
 
     tandem bench serve --compare 1p1d,2x1 --engine sim|vllm [--model-dir DIR] ...
+    tandem bench serve --compare 1p1d,2x1,2xvllm --engine vllm --model-dir DIR ...
 
 `tandem bench serve multiturn ...` runs multi-turn conversations with the prefix pull on
 and off (`bench.serve.multiturn`).
@@ -48,12 +50,14 @@ from pathlib import Path
 import httpx
 
 from bench.serve.client import Api, LoadPlan, RequestShape, make_client, run_requests, served_model
+from bench.serve.peer import PeerPlan, PeerStack
 from bench.serve.prompts import PromptSpec, TokenCounter, arrival_offsets, build_prompts, one_token_per_word
 from bench.serve.stats import RequestRecord, Slo, ratios, summarize
 from bench.serve.topology import Topology, parse_topologies, stack_definition
 from launch.definition import Settings
 from launch.plan import StackConfig, plan_stack
 from launch.stack import LocalStack
+from services.worker.vllm.options import VllmEngineOptions
 
 DISAGGREGATED_METRIC = "tandem_router_disaggregated_requests_total"
 _TRANSFER_MODE_LINE = re.compile(r'tandem_router_kv_transfer_mode_total\{mode="(\w+)"\} (\S+)')
@@ -163,16 +167,35 @@ def stack_config(setup: CompareSetup, topology: Topology) -> StackConfig:
                       start_timeout_s=setup.start_timeout_s)
 
 
+def peer_stack(setup: CompareSetup, topology: Topology) -> PeerStack:
+    """The "Nxvllm" peer: plain vLLM servers with the Tandem workers' engine settings."""
+    from services.worker.engines import engine_spec
+
+    engine = VllmEngineOptions(model_dir=setup.model_dir, kv_cache_gib=setup.vllm_kv_cache_gib,
+                               **{key: value for key, value in setup.worker_settings.items() if key == "max_model_len"})
+    log_dir = setup.log_root / topology.name
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return PeerStack(PeerPlan(topology.peer, engine, sorted(os.sched_getaffinity(0))), log_dir,
+                     setup.start_timeout_s or engine_spec("vllm").start_timeout_s)
+
+
+def _stack(setup: CompareSetup, topology: Topology) -> LocalStack | PeerStack:
+    if topology.peer:
+        _progress(f"{topology.name}: starting {topology.peer} plain vLLM servers behind vllm-router")
+        return peer_stack(setup, topology)
+    config = stack_config(setup, topology)
+    _progress(f"{topology.name}: starting {len(config.workers)} {setup.engine} workers "
+              f"({', '.join(spec.role.value for spec in config.workers)})")
+    shutil.rmtree(config.log_dir, ignore_errors=True)
+    return LocalStack(config)
+
+
 def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareSetup) -> dict:
     """Each topology's results (or the reason it has none), then first-over-second ratios."""
     count_tokens = tokenizer_counter(setup.model_dir)
     results: dict[str, dict] = {}
     for topology in topologies:
-        config = stack_config(setup, topology)
-        _progress(f"{topology.name}: starting {len(config.workers)} {setup.engine} workers "
-                  f"({', '.join(spec.role.value for spec in config.workers)})")
-        shutil.rmtree(config.log_dir, ignore_errors=True)
-        stack = LocalStack(config)
+        stack = _stack(setup, topology)
         try:
             stack.start()
         except (RuntimeError, TimeoutError) as error:  # this topology says so; the others still run
@@ -182,7 +205,7 @@ def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareS
         try:
             _, figures = asyncio.run(run_serve(stack.router_url, workload, count_tokens=count_tokens,
                                                label=topology.name))
-            metrics = _router_metrics(stack.router_url)  # warm-up included in both
+            metrics = None if topology.peer else _router_metrics(stack.router_url)  # warm-up included in both
             figures["disaggregated_requests"] = _disaggregated(metrics)
             figures["kv_transfer_modes"] = _transfer_modes(metrics)
         except httpx.HTTPError as error:  # no model list: nothing was measured
@@ -243,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem bench serve", description=__doc__.splitlines()[0])
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="mode A: an OpenAI-compatible server (http://HOST:PORT)")
-    target.add_argument("--compare", help="mode B: topologies on local stacks, e.g. 1p1d,2x1")
+    target.add_argument("--compare", help="mode B: topologies on local stacks, e.g. 1p1d,2x1,2xvllm")
     parser.add_argument("--model", default="", help="mode A: model name (default: the first of /v1/models)")
     parser.add_argument("--api-key-file", default="", help="mode A: a file holding the server's API key "
                                                            "(`tandem up`: STATE_DIR/api-key)")
@@ -297,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         topologies = parse_topologies(args.compare) if args.compare else []
     except ValueError as error:
         parser.error(str(error))
+    if any(topology.peer for topology in topologies) and args.engine != "vllm":
+        parser.error("an Nxvllm peer is compared with vLLM workers: add --engine vllm")
     if workload.max_tokens < 1 or workload.concurrency < 1 or (workload.request_rate or 1) <= 0:
         parser.error("--max-tokens, --concurrency and --request-rate must be positive")
     config = workload.config()

@@ -4,6 +4,8 @@ stack definition (`launch.definition`).
 - "NpMd": N prefill and M decode workers; the router disaggregates every request
   (`local_prefill_tokens = 0`: no prompt is short enough to stay on the decode worker).
 - "Nx1": N workers of role both, each serving whole requests (N single-engine replicas).
+- "Nxvllm": not Tandem but its peer, N plain vLLM servers behind vllm-router
+  (round-robin), as `bench.serve.peer` runs them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from shared.schemas import WorkerRole
 
 _DISAGGREGATED = re.compile(r"(\d+)p(\d+)d")
 _REPLICAS = re.compile(r"(\d+)x1")
+_PEER = re.compile(r"(\d+)xvllm")
 ALWAYS_DISAGGREGATE: Settings = {"local_prefill_tokens": 0}
 
 
@@ -28,6 +31,7 @@ class Topology:
     prefill: int = 0
     decode: int = 0
     single: int = 0  # workers of role both
+    peer: int = 0  # plain vLLM servers behind vllm-router (no Tandem)
 
     @property
     def router_settings(self) -> Settings:
@@ -46,7 +50,11 @@ def parse_topology(name: str) -> Topology:
         if int(match.group(1)) < 1:
             raise ValueError(f"topology {name!r}: needs at least one worker")
         return Topology(name=text, single=int(match.group(1)))
-    raise ValueError(f"unknown topology {name!r}: use NpMd (e.g. 1p1d) or Nx1 (e.g. 2x1)")
+    if match := _PEER.fullmatch(text):
+        if int(match.group(1)) < 1:
+            raise ValueError(f"topology {name!r}: needs at least one vLLM server")
+        return Topology(name=text, peer=int(match.group(1)))
+    raise ValueError(f"unknown topology {name!r}: use NpMd (e.g. 1p1d), Nx1 (e.g. 2x1) or Nxvllm (e.g. 2xvllm)")
 
 
 def parse_topologies(value: str) -> list[Topology]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from bench.serve.main import ServeWorkload
+from bench.serve.peer import PeerPlan, router_argv, server_argv
 from bench.serve.prompts import DISTINCT_HEAD_WORDS, PromptSpec, arrival_offsets, build_prompts, word_pool
 from bench.serve.stats import RequestRecord, Slo, distribution_ms, ratios, summarize
-from bench.serve.topology import ALWAYS_DISAGGREGATE, parse_topologies, parse_topology, worker_specs
+from bench.serve.topology import ALWAYS_DISAGGREGATE, Topology, parse_topologies, parse_topology, worker_specs
 from launch.argv import worker_args
 from launch.plan import StackConfig
+from services.worker.vllm.options import VllmEngineOptions
 from shared.schemas import WorkerRole
 
 # ---- prompts ---------------------------------------------------------------------------------
@@ -152,7 +154,8 @@ def test_topology_names() -> None:
     assert [role for _, role in roles("3x1")] == [WorkerRole.BOTH] * 3
     assert parse_topology("2p2d").router_settings == ALWAYS_DISAGGREGATE
     assert parse_topology("2x1").router_settings == {}
-    for bad in ("", "1p", "0p1d", "1p0d", "0x1", "2x2", "tp2"):
+    assert parse_topology("2xVLLM") == Topology(name="2xvllm", peer=2)
+    for bad in ("", "1p", "0p1d", "1p0d", "0x1", "2x2", "tp2", "0xvllm", "vllm"):
         with pytest.raises(ValueError):
             parse_topology(bad)
 
@@ -172,3 +175,19 @@ def test_vllm_workers_are_pinned_round_robin() -> None:
     worker = worker_args(StackConfig(model_dir="m", workers=specs), "nats://n", specs[0])
     assert worker[-4:] == ["--max-model-len", "4096", "--vllm-kv-cache-gib", "0.5"]  # after the engine's: they win
     assert all(spec.engine_args == () for spec in worker_specs(parse_topology("2x1"), "sim", cores=[0]))
+
+
+def test_the_vllm_peer_gets_the_workers_engine_settings_one_core_each() -> None:
+    options = VllmEngineOptions(model_dir="/models/m", kv_cache_gib=0.5, max_model_len=4096)
+    argv = server_argv(options, 9001, python="py")
+    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert (flags["--port"], flags["--model"], flags["--served-model-name"]) == ("9001", "/models/m", "m")
+    assert flags["--kv-cache-memory-bytes"] == str(1 << 29) and flags["--max-model-len"] == "4096"
+    assert flags["--max-num-batched-tokens"] == str(options.max_num_batched_tokens)
+    assert {"--enforce-eager", "--enable-prefix-caching"} <= set(argv) and "--block-size" not in argv
+    assert [PeerPlan(2, options, cores=[5, 4]).core_of(index) for index in range(3)] == ["4", "5", "4"]
+    assert PeerPlan(1, options).core_of(0) == "auto"
+    router = router_argv("vllm-router", 9000, 9009, ["http://127.0.0.1:9001", "http://127.0.0.1:9002"])
+    assert router[router.index("--policy") + 1] == "round_robin"
+    assert router[router.index("--worker-urls") + 1:] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
