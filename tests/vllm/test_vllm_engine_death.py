@@ -89,12 +89,25 @@ async def _supervising(supervisor: WorkerSupervisor) -> AsyncIterator[None]:
             await watcher
 
 
-def _mid_stream(observer: Observer, generated_before: int) -> bool:
-    """The decode worker's latest report shows every stream decoding there, and less than
-    half of their tokens made."""
-    load = observer.loads.latest["d1"]
-    made = load.generated_tokens_total - generated_before
-    return load.running >= STREAMS and 0 < made <= STREAMS * STREAM_TOKENS // 2
+class _DecodeProgress:
+    """The decode worker's load reports since the streams began, as (running, waiting,
+    tokens made): when to kill, and what the test saw if that moment never came."""
+
+    def __init__(self, observer: Observer, generated_before: int) -> None:
+        self.observer, self.generated_before = observer, generated_before
+        self.seen: list[tuple[int, int, int, int]] = []  # (seq, running, waiting, made)
+
+    def mid_stream(self) -> bool:
+        """At least half the streams decoding there, and less than half of all their tokens
+        made: those streams have most of theirs still to come."""
+        load = self.observer.loads.latest["d1"]
+        made = load.generated_tokens_total - self.generated_before
+        if not self.seen or self.seen[-1][0] != load.seq:
+            self.seen.append((load.seq, load.running, load.waiting, made))
+        return load.running >= STREAMS // 2 and 0 < made <= STREAMS * STREAM_TOKENS // 2
+
+    def __str__(self) -> str:
+        return f"the decode worker's reports (running, waiting, made): {[seen[1:] for seen in self.seen[-60:]]}"
 
 
 def _model_worker(worker_pid: int) -> psutil.Process:
@@ -145,9 +158,12 @@ async def test_a_killed_model_worker_takes_its_worker_out_and_the_supervisor_bri
                        for index in range(STREAMS)]
             # The kill comes while the engine has most of the streams' tokens still to make, by
             # its own reports (every 0.25 s): the client may read far behind the engine, and on
-            # a slow host waiting for the client let the engine end every stream first.
-            await wait_for(lambda: _mid_stream(observer, generated_before), 120,
-                           lambda: f"the decode worker running the streams: {observer.loads.latest.get('d1')}")
+            # a slow host waiting for the client let the engine end every stream first. Not
+            # every stream need be running at once: on a slow host the first may end before
+            # the last one's KV has arrived.
+            progress = _DecodeProgress(observer, generated_before)
+            await wait_for(progress.mid_stream, 120, lambda: f"the decode worker running the streams: {progress}")
+            killed_during = progress.seen[-1][1:]
             victim = _model_worker(decode.pid)
             killed_at = time.monotonic()
             victim.kill()
@@ -175,7 +191,7 @@ async def test_a_killed_model_worker_takes_its_worker_out_and_the_supervisor_bri
     assert joined.registration is not None and "exit 3" in joined.registration.last_exit, joined
     assert any("started again (restart 1)" in line for line in said), said
     await observer.assert_clean()
-    print(f"\nmodel worker killed: d1 out of the pool in {left_s:.2f} s, serving again after {back_s:.1f} s "
+    print(f"\nmodel worker killed at (running, waiting, made) {killed_during}: d1 out of the pool in {left_s:.2f} s, serving again after {back_s:.1f} s "
           f"(first start {first_start_s:.1f} s); streams: "
           f"{sorted((o, outcomes.count(o)) for o in set(outcomes))}; {said}")
 
