@@ -25,13 +25,16 @@ from services.router.http_input import InputGuard
 from services.router.http_tracing import TraceMiddleware
 from services.router.kv_view import KvView
 from services.router.metrics import RouterMetrics
-from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from services.router.model_cards import model_list
+from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelList
 from services.router.records import Clock, RequestRecorder
 from services.router.routing import build_policy
 from services.router.routing.eligibility import can_serve
 from services.router.serving import ServingContext, watched
 from services.router.serving_chat import ChatServing
 from services.router.serving_completions import CompletionsServing
+from services.router.serving_tokenize import TokenizeServing
+from services.router.tokenize_routes import build_tokenize_routes
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import WorkerPool
 from shared.bus import Bus, connect
@@ -57,6 +60,7 @@ class _Started:
         self.context = context
         self.completions = CompletionsServing(context)
         self.chat = ChatServing(context)
+        self.tokenize = TokenizeServing(context)
 
 
 class RouterRuntime:
@@ -140,7 +144,7 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model) for model in runtime.started.context.models()])
+        return model_list(runtime.started.context)
 
     @router.get("/health")
     async def health() -> JSONResponse:
@@ -185,6 +189,7 @@ def create_app(config: RouterConfig) -> FastAPI:
     app = FastAPI(title="Tandem router", lifespan=runtime.lifespan, **_no_framework_telemetry())
     install_error_handlers(app, on_rejected=runtime.count_rejected)
     app.include_router(build_routes(runtime))
+    app.include_router(build_tokenize_routes(lambda: runtime.started.tokenize))
     # the generate endpoints' fast path; what it does not accept goes on to the routes above
     app.add_middleware(GenerateRoutes, completions=lambda: runtime.started.completions.create,
                        chat=lambda: runtime.started.chat.create)

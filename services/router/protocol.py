@@ -261,6 +261,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now)
     owned_by: str = "tandem"
+    max_model_len: int | None = None  # the model's context length, as vLLM's cards carry it (`model_cards`)
 
 
 class ModelList(BaseModel):

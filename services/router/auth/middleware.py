@@ -3,8 +3,9 @@
 `create_app` installs `ApiKeyMiddleware` inside the tracing middleware (so the request's
 span is current and a refusal is traced too) and outside the input guard (so a request
 without a valid key is refused before its body is read). What it guards:
-- `/v1/*`: a valid key within its limits; the key's name goes on the span
-  (`tandem.api_key`) and into `tandem_router_api_key_requests{key, outcome}`;
+- `/v1/*`, `/tokenize` and `/detokenize`: a valid key within its limits; the key's name goes
+  on the span (`tandem.api_key`) and into `tandem_router_api_key_requests{key, outcome}`
+  (vLLM's server leaves its tokenizer routes open; here the whole API needs a key);
 - `/metrics`: a valid key when `metrics_auth` is `api-key` (no limits), else open;
 - everything else (`/health`, `/ready`): open, for probes.
 The concurrency slot a request holds is released once its answer, streamed or not, ended.
@@ -31,6 +32,7 @@ from shared.config import ConfigError, RouterConfig
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/v1/"
+API_PATHS = frozenset({"/tokenize", "/detokenize"})  # the API's routes outside /v1 (vLLM's paths)
 METRICS_PATH = "/metrics"
 
 
@@ -65,7 +67,7 @@ class ApiKeyMiddleware:
             return
         path = scope["path"]
         gate = self.gate
-        if path.startswith(API_PREFIX):
+        if path.startswith(API_PREFIX) or path in API_PATHS:
             now = gate.clock()
             verdict = authorize(gate.watcher.table(now), gate.limiter, _authorization(scope), now)
         elif path == METRICS_PATH and gate.guard_metrics:

@@ -1,0 +1,93 @@
+"""`/tokenize` and `/detokenize`: the router's tokenizer and chat template, no worker involved.
+
+The token ids `/tokenize` answers are the ones the generate endpoints would send a worker
+for the same prompt or chat (with `add_special_tokens` at what those endpoints use: true
+for a prompt; for a chat, the template's own special tokens, and the tokenizer's BOS when
+sent true, never twice). `max_model_len` is the model's context length as `/v1/models`
+shows it (`model_cards`). `/detokenize` keeps special tokens in the text, as vLLM's does,
+so that a tokenize / detokenize round trip gives the prompt back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.router.errors import BadRequest
+from services.router.model_cards import max_model_len
+from services.router.protocol_tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from services.router.serving import ServingContext
+
+# Decoding this many tokens takes long enough to be worth a thread hop (as
+# `serving.TOKENIZE_IN_THREAD_CHARS` for encoding).
+DETOKENIZE_IN_THREAD_TOKENS = 4_096
+
+
+class TokenizeServing:
+    def __init__(self, context: ServingContext) -> None:
+        self._context = context
+
+    def _model(self, requested: str | None) -> str:
+        context = self._context
+        return context.resolve_model(context.served_model if requested is None else requested)
+
+    async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        model = self._model(body.model)
+        tokenizer = self._context.tokenizer
+        text = self._chat_prompt(body) if isinstance(body, TokenizeChatRequest) else body.prompt
+        token_ids = await self._context.tokenize(text)  # with BOS when the model's tokenizer adds one
+        if tokenizer.add_bos and not body.add_special_tokens:
+            token_ids = token_ids[1:]  # the one BOS `encode` added; a BOS the text spells stays
+        elif isinstance(body, TokenizeChatRequest):
+            token_ids = without_double_bos(token_ids, tokenizer.bos_token_id)
+        return TokenizeResponse(count=len(token_ids), max_model_len=max_model_len(self._context, model),
+                                tokens=token_ids)
+
+    def _chat_prompt(self, body: TokenizeChatRequest) -> str:
+        """The chat as the chat endpoint renders it (`serving_chat`)."""
+        messages = [{"role": message.role, "content": message.text} for message in body.messages]
+        try:
+            prompt = self._context.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=body.add_generation_prompt_now)
+        except Exception as error:  # a template may reject a conversation (e.g. roles out of order)
+            raise BadRequest(f"the chat template cannot render these messages: {error}", param="messages") from error
+        if body.continue_final_message:
+            return open_final_message(prompt, messages[-1]["content"])
+        return prompt
+
+    async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        self._model(body.model)
+        tokenizer = self._context.tokenizer
+        out_of_vocabulary = [token for token in body.tokens if token >= tokenizer.vocab_size]
+        if out_of_vocabulary:
+            raise BadRequest(f"Token id {out_of_vocabulary[0]} is out of vocabulary: token ids lie in "
+                             f"[0, {tokenizer.vocab_size})", param="tokens")
+        if len(body.tokens) >= DETOKENIZE_IN_THREAD_TOKENS:
+            text = await asyncio.to_thread(tokenizer.decode, body.tokens, skip_special_tokens=False)
+        else:
+            text = tokenizer.decode(body.tokens, skip_special_tokens=False)
+        return DetokenizeResponse(prompt=text)
+
+
+def without_double_bos(token_ids: list[int], bos_token_id: int | None) -> list[int]:
+    # A template that renders BOS itself, encoded by a tokenizer that adds BOS too, would
+    # start with two; the chat endpoint sends one (`serving_chat`).
+    if bos_token_id is not None and token_ids[:2] == [bos_token_id, bos_token_id]:
+        return token_ids[1:]
+    return token_ids
+
+
+def open_final_message(prompt: str, final_content: str) -> str:
+    """`prompt` cut right after the last message's content, so that the model continues it
+    (what Hugging Face's `continue_final_message` does, and vLLM with it)."""
+    for content in (final_content, final_content.strip()):  # some templates strip messages
+        end = prompt.rfind(content)
+        if end >= 0:
+            return prompt[:end + len(content)]
+    raise BadRequest("continue_final_message: the chat template does not render the final message's content "
+                     "as sent", param="continue_final_message")
