@@ -8,6 +8,9 @@
   read, or as soon as a body sent without one passes the limit.
 - Depth: a JSON body nested deeper than `MAX_JSON_DEPTH` arrays or objects is a 400 before
   any parser recurses into it (no request field nests more than a few levels).
+- Encoding: a body that is not valid UTF-8 (JSON's one encoding, RFC 8259), in a key or a
+  value alike, is a 400 naming the first bad byte; the JSON parsers would raise
+  `UnicodeDecodeError`, which no handler expects.
 
 Every refusal is an OpenAI error body. `create_app` installs `InputGuard` outermost but
 for tracing.
@@ -48,6 +51,18 @@ def json_depth_exceeds(body: bytes, limit: int) -> bool:
         elif byte in (0x5D, 0x7D):
             depth -= 1
     return False
+
+
+def utf8_error(body: bytes | bytearray) -> str | None:
+    """Why `body` is not valid UTF-8 (a lone continuation byte, a truncated or overlong
+    sequence, an encoded surrogate, 0xFF, ...), or None when it is."""
+    if body.isascii():
+        return None  # nearly every body: no decoding needed
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"the request body is not valid UTF-8: {error.reason} at byte {error.start} ({body[error.start]:#04x})"
+    return None
 
 
 def _error_body(message: str, code: str) -> bytes:
@@ -99,6 +114,10 @@ class InputGuard:
                 break
         if json_depth_exceeds(body, MAX_JSON_DEPTH):
             await _answer(send, 400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", "invalid_argument")
+            return
+        not_utf8 = utf8_error(body)
+        if not_utf8 is not None:
+            await _answer(send, 400, not_utf8, "invalid_argument")
             return
         await self.app(scope, replay_body(bytes(body), receive), send)
 

@@ -2,11 +2,13 @@
 against a real router with two real sim workers on a real nats-server.
 
 Hypothesis generates request bodies (valid-looking ones with hostile field values, random
-JSON, random bytes, truncated JSON) under random content types, on every route and with
-wrong methods; the hand-written cases are the known troublemakers (lone surrogates,
-integers past 64 bits, NaN and infinities, deep nesting, huge bodies, missing content
-type, 405s). Every answer must be below 500 with an OpenAI error body when it is an error,
-no connection may fail, and afterwards the router is idle and still serves.
+JSON, random bytes, truncated JSON, JSON with invalid UTF-8 spliced into a key or a value)
+under random content types, on every route and with wrong methods; the hand-written cases
+are the known troublemakers (lone surrogates, invalid UTF-8 of every kind in keys and in
+values on every POST endpoint, integers past 64 bits, NaN and infinities, deep nesting,
+huge bodies, missing content type, 405s). Every answer must be below 500 with an OpenAI
+error body when it is an error, no connection may fail, and afterwards the router is idle
+and still serves.
 """
 
 from __future__ import annotations
@@ -24,8 +26,16 @@ from tests.integration.router_cluster import MODEL_DIR_NAME, Router, wait_for_wo
 
 GENERATED = int(os.environ.get("TANDEM_HTTP_FUZZ_CASES", "1000"))
 CONCURRENCY = 16
-ROUTES = ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics", "/nowhere"]
+POST_ROUTES = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
+ROUTES = [*POST_ROUTES, "/v1/models", "/health", "/ready", "/metrics", "/nowhere"]
 SURROGATES = ["\ud800", "\udfff", "a\udc80b", "\ud83d"]  # lone halves: not encodable as UTF-8
+INVALID_UTF8 = [  # bytes no UTF-8 text holds
+    b"\x80", b"\xbf\x80\xbf",  # lone continuation bytes
+    b"\xc3", b"\xe2\x82", b"\xf0\x9f\x98",  # multi-byte sequences cut short
+    b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf",  # overlong encodings
+    b"\xff", b"\xfe\xff",  # never in UTF-8
+    b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80",  # a surrogate, past U+10FFFF, a 5-byte form
+]
 
 # ---- what hypothesis draws -----------------------------------------------------------
 
@@ -71,6 +81,17 @@ def optional_fields(fields: dict) -> st.SearchStrategy[dict]:
 
 completion_bodies = st.builds(lambda base, prompt: {**base, "prompt": prompt}, optional_fields(sampling), prompts)
 chat_bodies = st.builds(lambda base, chat: {**base, "messages": chat}, optional_fields(sampling), messages)
+flags = st.one_of(st.booleans(), json_values)
+tokenize_options = {"model": sampling["model"], "add_special_tokens": flags, "return_token_strs": flags}
+tokenize_bodies = st.one_of(
+    st.builds(lambda base, prompt: {**base, "prompt": prompt}, optional_fields(tokenize_options), prompts),
+    st.builds(lambda base, chat: {**base, "messages": chat},
+              optional_fields({**tokenize_options, "add_generation_prompt": flags, "continue_final_message": flags,
+                               "chat_template": st.one_of(texts, json_values)}), messages))
+detokenize_bodies = st.builds(lambda base, tokens: {**base, "tokens": tokens},
+                              optional_fields({"model": sampling["model"]}),
+                              st.one_of(st.lists(st.integers(-5, 3000), max_size=8), st.lists(numbers, max_size=3),
+                                        json_values))
 content_types = st.sampled_from([None, "application/json", "application/json; charset=utf-8",
                                  "application/x-www-form-urlencoded", "text/plain", "multipart/form-data",
                                  "application/xml", "application/vnd.api+json", "garbage/\u00e9"])
@@ -81,17 +102,29 @@ def encode(value) -> bytes:
     return json.dumps(value, allow_nan=True).encode()
 
 
+def with_invalid_utf8(body: bytes, bad: bytes, at: int) -> bytes:
+    """`bad` spliced in after one of `body`'s quotes (inside a key or a string value)."""
+    quotes = [index + 1 for index, byte in enumerate(body) if byte == 0x22]
+    if not quotes:
+        return bad + body
+    cut = quotes[at % len(quotes)]
+    return body[:cut] + bad + body[cut:]
+
+
 plausible = st.fixed_dictionaries(  # a valid request with a little hostility: served, or a clear 4xx
     {"model": st.just(MODEL_DIR_NAME), "prompt": st.one_of(st.text(min_size=1, max_size=30), texts),
      "max_tokens": st.integers(1, 4)},
     optional={"stream": st.booleans(), "temperature": st.floats(0, 2), "seed": st.one_of(st.integers(0, 9), numbers),
               "stop": texts, "stop_token_ids": st.lists(st.integers(0, 400), max_size=2)})
+json_bodies = st.one_of(completion_bodies, chat_bodies, tokenize_bodies, detokenize_bodies).map(encode)
 bodies = st.one_of(
     plausible.map(encode), completion_bodies.map(encode), chat_bodies.map(encode), json_values.map(encode), st.binary(max_size=64),
     st.builds(lambda body, cut: body[:cut], completion_bodies.map(encode), st.integers(0, 200)),  # truncated
+    tokenize_bodies.map(encode), detokenize_bodies.map(encode),
+    st.builds(with_invalid_utf8, json_bodies, st.sampled_from(INVALID_UTF8), st.integers(0, 50)),
 )
 cases_strategy = st.tuples(st.sampled_from(["POST"] * 20 + ["GET", "PUT", "DELETE", "PATCH"]),
-                           st.sampled_from(ROUTES[:2] * 12 + ROUTES[2:]),
+                           st.sampled_from(POST_ROUTES[:2] * 12 + POST_ROUTES[2:] * 4 + ROUTES[len(POST_ROUTES):]),
                            st.one_of(st.just("application/json"), st.just(None), content_types), bodies)
 
 
@@ -125,6 +158,19 @@ def raw(text: str) -> bytes:
 
 
 J = "application/json"
+# Per POST endpoint, a valid body with a place (%s) in a key and one in a string value.
+UTF8_SITES = {
+    "/v1/completions": (b'{"model": "tiny-router", "pro%smpt": "hi", "max_tokens": 2}',
+                        b'{"model": "tiny-router", "prompt": "hi %s there", "max_tokens": 2}'),
+    "/v1/chat/completions": (b'{"model": "tiny-router", "messages": [{"role": "user", "con%stent": "hi"}]}',
+                             b'{"model": "tiny-router", "messages": [{"role": "user", "content": "%s"}]}'),
+    "/tokenize": (b'{"%sprompt": "hi"}', b'{"model": "tiny-router", "prompt": "hi%s"}'),
+    "/detokenize": (b'{"tokens%s": [1, 2]}', b'{"model": "tiny-%srouter", "tokens": [1, 2]}'),
+}
+INVALID_UTF8_CASES: list[tuple[str, str, str | None, bytes, int]] = [
+    ("POST", path, content_type, site % bad, 400)
+    for path, sites in UTF8_SITES.items() for site in sites for bad in INVALID_UTF8
+    for content_type in (J, None)]
 ADVERSARIAL: list[tuple[str, str, str | None, bytes, int]] = [  # method, path, content type, body, status
     ("POST", "/v1/completions", J, body(prompt="\ud800"), 400),
     ("POST", "/v1/completions", J, body(prompt="ok \udfff ok"), 400),
@@ -188,6 +234,21 @@ ADVERSARIAL: list[tuple[str, str, str | None, bytes, int]] = [  # method, path, 
     ("PUT", "/health", J, raw("{}"), 405),
     ("POST", "/v1/completions", J, body(prompt="hi", stream=True, stop_token_ids=[2**64]), 400),
     ("POST", "/v1/completions", J, body(prompt="hi", stream=True, seed=2**63 - 1), 200),
+    ("POST", "/tokenize", J, encode({"prompt": "\ud800"}), 400),
+    ("POST", "/tokenize", J, encode({"messages": [{"role": "user", "content": "a\udc80b"}]}), 400),
+    ("POST", "/tokenize", J, encode({"model": MODEL_DIR_NAME, "prompt": "x" * 100_000}), 200),
+    ("POST", "/tokenize", J, encode({"prompt": ["\ud800"]}), 400),
+    ("POST", "/tokenize", J, raw('{"prompt": "hi", "add_special_tokens": NaN}'), 400),
+    ("POST", "/tokenize", J, raw("[" * 100_000 + "]" * 100_000), 400),
+    ("POST", "/tokenize", None, encode({"prompt": "hi"}), 200),
+    ("POST", "/detokenize", J, encode({"tokens": [2**64]}), 400),
+    ("POST", "/detokenize", J, encode({"tokens": [-(2**70)]}), 400),
+    ("POST", "/detokenize", J, encode({"tokens": [2**31 - 1]}), 400),  # a wire-sized id, out of vocabulary
+    ("POST", "/detokenize", J, encode({"tokens": list(range(2000)) * 5}), 200),  # decoded in a thread
+    ("POST", "/detokenize", J, raw('{"tokens": [1e400]}'), 400),
+    ("GET", "/tokenize", None, b"", 405),
+    ("PUT", "/detokenize", J, raw("{}"), 405),
+    *INVALID_UTF8_CASES,
 ]
 
 

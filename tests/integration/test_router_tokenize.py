@@ -191,6 +191,11 @@ BAD_INPUT = [  # path, body, status, param, a fragment of the message
     ("/tokenize", b'{"prompt": ', 400, None, "Invalid JSON"),
     ("/tokenize", b"[1]", 400, None, "JSON object"),
     ("/detokenize", b'{"tokens": [1', 400, None, "Invalid JSON"),
+    ("/tokenize", b'{"prompt": "a\xffb"}', 400, None, "not valid UTF-8"),
+    ("/detokenize", b'{"tok\xc0\xafens": [1]}', 400, None, "not valid UTF-8"),
+    ("/v1/completions", b'{"model": "tiny-router", "prompt": "\xe2\x82"}', 400, None, "not valid UTF-8"),
+    ("/v1/chat/completions", b'{"model": "tiny-router", "messages": [{"\x80role": "user"}]}', 400, None,
+     "not valid UTF-8"),
 ]
 
 
