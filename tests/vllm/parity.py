@@ -1,0 +1,203 @@
+"""Parity with vLLM's own OpenAI server: the same request asked of it and of Tandem, the
+answers compared field by field.
+
+- `vllm_openai_server(options, log_dir)`: vLLM's OpenAI server (`python -m
+  vllm.entrypoints.openai.api_server`, what `vllm serve` runs) as a child process on a
+  free port, with a Tandem vLLM worker's engine settings (`bench.serve.peer.server_argv`:
+  the benchmark's peer runs the same server); yields its URL once `/health` answers, and
+  at the end stops it (SIGTERM, SIGKILL past a deadline) and checks that neither it nor
+  any process it started (vLLM's EngineCore and model worker) is left.
+- `ParityCase`: one named request, the openai client's keyword arguments as plain data
+  (vLLM-only fields under `extra_body`, as a vLLM user sends them).
+- `ask(client, case, model, stream=...)`: the case's answer reduced to the fields both
+  servers must agree on (`Answer`); streamed answers are concatenated, with every
+  `finish_reason` and `usage` block the stream carried (`stream_options.include_usage`).
+- `differences(reference, answer)`: the fields that differ, one line each.
+
+Two engines never run at once (the test machine has two cores): a module asks every case of
+the vLLM server first, stops it, then starts Tandem and compares case by case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import openai
+import psutil
+
+from bench.serve.peer import HOST, server_argv
+from launch.process import LocalLauncher
+from launch.readiness import free_port, wait_http_ok
+from services.worker.vllm.options import VllmEngineOptions
+from tests.stack_fixtures import group_members
+
+SERVER_NAME = "vllm-openai"
+STOP_TIMEOUT_S = 15.0
+
+
+# ---- vLLM's own server ---------------------------------------------------------------
+
+
+@contextmanager
+def vllm_openai_server(options: VllmEngineOptions, log_dir: str | Path,
+                       start_timeout_s: float = 120.0) -> Iterator[str]:
+    """vLLM's OpenAI server with `options`' engine settings, pinned to
+    `options.cpu_threads_bind`; yields its base URL (no `/v1`)."""
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        # vLLM-CPU lets this legacy variable override --kv-cache-memory-bytes; Tandem's
+        # workers drop it (services/worker/vllm/environment.py), so the server must not see it.
+        raise RuntimeError("unset VLLM_CPU_KVCACHE_SPACE: the KV cache size comes from the engine options")
+    launcher = LocalLauncher(log_dir)
+    port = free_port(HOST)
+    server = launcher.start_program(SERVER_NAME, server_argv(options, port),
+                                    {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind})
+    descendants: list[psutil.Process] = []
+    try:
+        url = f"http://{HOST}:{port}"
+        wait_http_ok(server, f"{url}/health", start_timeout_s)
+        yield url
+    finally:
+        descendants = _descendants(server.pid)  # EngineCore and its model worker, taken before the stop
+        launcher.stop_all(timeout_s=STOP_TIMEOUT_S)
+    left = [process.pid for process in descendants if _alive(process)] + group_members(server.pid)
+    assert not left, f"processes of vLLM's OpenAI server left behind: {sorted(set(left))}"
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# ---- cases and answers ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    """One request: `request` holds the openai client's keyword arguments, except `model`
+    and the streaming ones, which `ask` adds. `expect` names fields of vLLM's own answer
+    that make the case mean what its name says (a stop case that stops), checked before
+    any comparison: a model or kernel change that loses them shows up, not a hollow pass."""
+
+    id: str
+    endpoint: Literal["completions", "chat"]
+    request: Mapping[str, Any]
+    expect: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What both servers must agree on. Left out on purpose, because they legitimately
+    differ: `id`, `created`, `system_fingerprint` (vLLM's version), chunk boundaries of a
+    stream (vLLM holds back text that may start a stop string), and the vLLM extensions
+    Tandem does not implement (`stop_reason`, `token_ids`, `usage.prompt_tokens_details`,
+    which vLLM leaves null unless --enable-prompt-tokens-details and Tandem fills)."""
+
+    model: str
+    objects: tuple[str, ...]  # the distinct `object` values, in order
+    indexes: tuple[int, ...]  # the distinct choice indexes, in order
+    text: str  # streamed: every chunk's text (chat: delta content) concatenated
+    finish_reasons: tuple[str, ...]  # every non-null finish_reason, in order: one in a sound answer
+    usages: tuple[TokenCounts, ...]  # every usage block, in order: one (streamed: the last chunk's)
+    roles: tuple[str, ...] = ()  # chat: the message's role, or every role a delta carries
+
+    def value_of(self, name: str) -> Any:
+        """A field, or a derived one an `expect` may name: the (only) finish_reason and usage."""
+        if name == "finish_reason":
+            return self.finish_reasons[-1] if self.finish_reasons else None
+        if name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            return getattr(self.usages[-1], name) if self.usages else None
+        return getattr(self, name)
+
+
+async def ask(client: openai.AsyncOpenAI, case: ParityCase, model: str, *, stream: bool) -> Answer:
+    """The case's request, streamed (with the usage chunk) or not, reduced to an `Answer`."""
+    request: dict[str, Any] = {**case.request, "model": model}
+    if stream:
+        request |= {"stream": True, "stream_options": {"include_usage": True}}
+    if case.endpoint == "chat":
+        reply = await client.chat.completions.create(**request)
+    else:
+        reply = await client.completions.create(**request)
+    if stream:
+        return await streamed_answer(reply)
+    return whole_answer(reply)
+
+
+def whole_answer(reply: Any) -> Answer:
+    """A non-streamed completion or chat completion."""
+    chat = reply.object == "chat.completion"
+    texts = [(choice.message.content or "") if chat else choice.text for choice in reply.choices]
+    return Answer(model=reply.model, objects=(reply.object,), indexes=tuple(c.index for c in reply.choices),
+                  text="".join(texts),
+                  finish_reasons=tuple(c.finish_reason for c in reply.choices if c.finish_reason is not None),
+                  usages=(_counts(reply.usage),) if reply.usage is not None else (),
+                  roles=tuple(c.message.role for c in reply.choices) if chat else ())
+
+
+async def streamed_answer(stream: Any) -> Answer:
+    """A streamed completion or chat completion, read to its end."""
+    models: list[str] = []
+    objects: list[str] = []
+    indexes: list[int] = []
+    texts: list[str] = []
+    finish_reasons: list[str] = []
+    usages: list[TokenCounts] = []
+    roles: list[str] = []
+    async for chunk in stream:
+        models.append(chunk.model)
+        objects.append(chunk.object)
+        if chunk.usage is not None:
+            usages.append(_counts(chunk.usage))
+        for choice in chunk.choices:
+            indexes.append(choice.index)
+            if chunk.object == "chat.completion.chunk":
+                texts.append(choice.delta.content or "")
+                roles += [choice.delta.role] if choice.delta.role else []
+            else:
+                texts.append(choice.text)
+            finish_reasons += [choice.finish_reason] if choice.finish_reason is not None else []
+    assert len(set(models)) <= 1, f"a stream named several models: {set(models)}"
+    return Answer(model=models[0] if models else "", objects=_distinct(objects), indexes=_distinct(indexes),
+                  text="".join(texts), finish_reasons=tuple(finish_reasons), usages=tuple(usages), roles=tuple(roles))
+
+
+def _counts(usage: Any) -> TokenCounts:
+    return TokenCounts(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+
+
+def _distinct(values: list[Any]) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(values))
+
+
+def differences(reference: Answer, answer: Answer) -> list[str]:
+    """One line per field where `answer` differs from `reference` (vLLM's)."""
+    return [f"{item.name}: vLLM {getattr(reference, item.name)!r}, Tandem {getattr(answer, item.name)!r}"
+            for item in dataclasses.fields(Answer) if getattr(reference, item.name) != getattr(answer, item.name)]
+
+
+def unmet_expectations(case: ParityCase, reference: Answer) -> list[str]:
+    """The case's `expect` fields that vLLM's own answer does not have."""
+    return [f"{name}: expected {value!r}, vLLM answered {reference.value_of(name)!r}"
+            for name, value in case.expect.items() if reference.value_of(name) != value]

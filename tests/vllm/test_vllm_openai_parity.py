@@ -1,0 +1,146 @@
+"""Tandem answers like vLLM's own OpenAI server: the same OpenAI requests, on the same
+generated tiny model, asked of `python -m vllm.entrypoints.openai.api_server` and of a
+Tandem stack with vLLM workers in P/D (1 prefill + 1 decode, every request split), compared
+field by field (text, finish_reason, usage, model, object, choice index, chat role),
+streamed and not (tests/vllm/parity.py says what is compared and what legitimately differs).
+
+The box has two cores: vLLM's server runs first, on the first core with a Tandem worker's
+engine settings, answers every case, and is stopped; only then does the P/D pair start
+(prefill on the first core, decode on the second). Greedy decoding (temperature 0, a fixed
+seed) makes the answers deterministic.
+
+`CASES` is data: one row per request. To cover a new field (logit_bias, top_k, logprobs,
+...), append a row; vLLM-only fields go under `extra_body`. `expect` keyword arguments name
+what vLLM's own answer must show for the row to mean what its name says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
+
+from bench.serve.main import DISAGGREGATED_METRIC  # noqa: E402
+from launch.stack import LocalStack  # noqa: E402
+from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
+from shared.nats_server import EmbeddedNats  # noqa: E402
+from tests.vllm.conftest import cores, pd_pair  # noqa: E402
+from tests.vllm.parity import Answer, ParityCase, ask, differences, unmet_expectations, vllm_openai_server  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+GREEDY = {"temperature": 0, "seed": 1234}
+KV_CACHE_GIB = 0.25  # what pd_pair's workers get (tests/vllm/conftest.py `vllm_args`)
+STREAMING = (False, True)
+
+# The tiny model's greedy answers (random weights) decide which prompts exercise what:
+FOX = "The quick brown fox jumps over the lazy dog."  # 18 tokens; " By iceatic|iff| strid| bed ..."
+LONG_TEXT = " ".join([FOX] * 20)  # 2 full KV blocks (128 tokens): the decode worker pulls them
+BUBBLES = " bubbles"  # one token; its greedy answer ends with EOS as its 28th token
+TOKENS = [5, 100, 200, 300, 400, 500, 600, 700, 800]  # "~~iad?oking| bo| en ..."; " bo" is id 447
+LONG_TOKENS = list(range(300, 600))
+STORY = [{"role": "user", "content": "Tell me a story about a fox."}]  # " atmos?nect its... sc| Fres" (id 1201)
+
+
+def completion(case_id: str, request: dict[str, Any], **expect: Any) -> ParityCase:
+    return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect)
+
+
+def chat(case_id: str, request: dict[str, Any], **expect: Any) -> ParityCase:
+    return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect)
+
+
+CASES = [
+    completion("text-max-tokens-1", {"prompt": FOX, "max_tokens": 1}, completion_tokens=1),
+    completion("text-max-tokens-40", {"prompt": FOX, "max_tokens": 40}, finish_reason="length"),
+    completion("long-text", {"prompt": LONG_TEXT, "max_tokens": 16}),
+    completion("tokens-max-tokens-1", {"prompt": TOKENS, "max_tokens": 1}, completion_tokens=1),
+    completion("tokens-max-tokens-16", {"prompt": TOKENS, "max_tokens": 16}, finish_reason="length"),
+    completion("tokens-max-tokens-40", {"prompt": TOKENS, "max_tokens": 40}, finish_reason="length"),
+    completion("long-tokens", {"prompt": LONG_TOKENS, "max_tokens": 16}),
+    completion("eos", {"prompt": BUBBLES, "max_tokens": 40}, finish_reason="stop", completion_tokens=28),
+    completion("ignore-eos", {"prompt": BUBBLES, "max_tokens": 40, "extra_body": {"ignore_eos": True}},
+               finish_reason="length", completion_tokens=40),
+    completion("stop-string-across-tokens", {"prompt": FOX, "max_tokens": 16, "stop": "iff str"},
+               finish_reason="stop", text=" By iceatic"),
+    completion("stop-string-list", {"prompt": FOX, "max_tokens": 16, "stop": ["no such text", " bed"]},
+               finish_reason="stop"),
+    chat("max-tokens-16", {"messages": STORY, "max_tokens": 16}, finish_reason="length"),
+    chat("max-completion-tokens-1", {"messages": STORY, "max_completion_tokens": 1}, completion_tokens=1),
+    chat("stop-string", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"]}, finish_reason="stop"),
+]
+
+
+# Rows on which Tandem differs from vLLM today (reported, not yet fixed): each goes back
+# into CASES once Tandem answers like vLLM.
+LEFT_OUT = [
+    # The answer's last token ends with an incomplete UTF-8 character (FOX's 16th token,
+    # STORY's 40th): vLLM's detokenizer (tokenizers' DecodeStream) never emits it, Tandem's
+    # router flushes it as U+FFFD at the end (services/router/detokenizer.py `flush`).
+    completion("text-max-tokens-16", {"prompt": FOX, "max_tokens": 16}, finish_reason="length"),
+    chat("max-tokens-40", {"messages": STORY, "max_tokens": 40}, finish_reason="length"),
+    # A stop token id ends the answer: vLLM leaves its text out (unless
+    # include_stop_str_in_output), Tandem's text ends with it ("~~iad?oking bo" for
+    # "~~iad?oking"); usage agrees (the stop token counts as a completion token).
+    completion("stop-token-ids", {"prompt": TOKENS, "max_tokens": 16, "extra_body": {"stop_token_ids": [447]}},
+               finish_reason="stop", completion_tokens=6),
+    chat("stop-token-ids", {"messages": STORY, "max_tokens": 16, "extra_body": {"stop_token_ids": [1201]}},
+         finish_reason="stop"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_name(tiny_model_dir: str) -> str:
+    return VllmEngineOptions(model_dir=tiny_model_dir).model_name  # both serve the directory's name
+
+
+@pytest.fixture(scope="module")
+async def vllm_answers(tiny_model_dir: str, model_name: str,
+                       tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Answer]:
+    """vLLM's own server's answer to every case, streamed and not; the server is stopped
+    (nothing of it left) before this returns."""
+    options = VllmEngineOptions(model_dir=tiny_model_dir, cpu_threads_bind=str(cores()[0]),
+                                kv_cache_gib=KV_CACHE_GIB)
+    answers: dict[tuple[str, bool], Answer] = {}
+    with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai")) as url:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            for case in CASES:
+                for stream in STREAMING:
+                    answers[case.id, stream] = await ask(client, case, model_name, stream=stream)
+    return answers
+
+
+@pytest.fixture(scope="module")
+def pd_stack(vllm_answers: dict, nats_server: EmbeddedNats, tiny_model_dir: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """Starts only once vLLM's server is gone (it depends on its answers)."""
+    yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("parity-1p1d"))
+
+
+async def disaggregated_requests(router_url: str) -> int:
+    """The router's count of requests served by a prefill and a decode worker."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{router_url}/metrics")).text
+    lines = [line for line in metrics.splitlines() if line.startswith(DISAGGREGATED_METRIC + " ")]
+    return int(float(lines[0].split()[1])) if lines else 0
+
+
+@pytest.mark.parametrize("stream", STREAMING, ids=("whole", "streamed"))
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_answers: dict[tuple[str, bool], Answer],
+                                        pd_stack: LocalStack, openai_client, model_name: str) -> None:
+    reference = vllm_answers[case.id, stream]
+    unmet = unmet_expectations(case, reference)
+    assert not unmet, f"{case.id}: vLLM's answer no longer exercises what the case is for: {unmet}"
+    split_before = await disaggregated_requests(pd_stack.router_url)
+
+    answer = await ask(openai_client(pd_stack.router_url, timeout=120), case, model_name, stream=stream)
+
+    assert await disaggregated_requests(pd_stack.router_url) == split_before + 1, "the request was not split"
+    mismatched = differences(reference, answer)
+    assert not mismatched, f"{case.id} ({'streamed' if stream else 'whole'}): " + "; ".join(mismatched)
