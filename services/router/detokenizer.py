@@ -26,6 +26,20 @@ class TokenDecoder(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+class SpecialTokenDecoder(Protocol):
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str: ...
+
+
+class SpecialTokensKept:
+    """A decoder that writes special tokens' text too (`skip_special_tokens: false`)."""
+
+    def __init__(self, decoder: SpecialTokenDecoder) -> None:
+        self._decoder = decoder
+
+    def decode(self, ids: list[int]) -> str:
+        return self._decoder.decode(ids, skip_special_tokens=False)
+
+
 class IncrementalDetokenizer:
     def __init__(self, decoder: TokenDecoder, prompt_ids: Sequence[int] = ()) -> None:
         self._decoder = decoder

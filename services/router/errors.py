@@ -103,6 +103,8 @@ def validation_message(error: RequestValidationError) -> tuple[str, str | None]:
         if tag_at < len(location):
             union_members.setdefault(param, []).append(_type_name(str(location[tag_at])))
         message = str(detail.get("msg", "invalid value")).removeprefix("Value error, ")
+        if kind == "extra_forbidden":
+            message = "not a field of this endpoint (OpenAI's API nor vLLM's server defines it here)"
         by_field.setdefault(param, []).append(message)
     problems = []
     for param, messages in by_field.items():

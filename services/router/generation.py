@@ -26,7 +26,7 @@ from typing import Protocol
 
 from opentelemetry import trace
 
-from services.router.detokenizer import IncrementalDetokenizer, TokenDecoder
+from services.router.detokenizer import IncrementalDetokenizer, SpecialTokensKept, TokenDecoder
 from services.router.metrics import RouterMetrics
 from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.stop_strings import StopStringMatcher
@@ -72,6 +72,8 @@ class Generation:
         self._attempts = 1  # sources opened for this request
         self._excluded: set[str] = set()  # workers lost by this request
         self._token_ids: list[int] = []  # every token generated so far, over all sources
+        if not params.skip_special_tokens:
+            decoder = SpecialTokensKept(decoder)
         self._detokenizer = IncrementalDetokenizer(decoder, params.prompt_ids)
         self._stops = StopStringMatcher(params.stop)
         self._metrics = metrics

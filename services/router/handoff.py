@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import msgspec
-
 from services.router.kv_view import PrefixSource
 from services.router.records import GenerationParams
 from shared.schemas import Finished, GenerateRequest, SamplingParams
@@ -34,7 +32,7 @@ from shared.schemas.transfer import KvHandle, KvTransferParams, PushTarget
 
 
 def _decode_sampling(params: GenerationParams) -> SamplingParams:
-    return msgspec.structs.replace(params.sampling, max_tokens=params.sampling.max_tokens - 1)
+    return params.sampling.continued(1)
 
 
 class HandOff(Protocol):

@@ -1,10 +1,10 @@
 """The OpenAI HTTP protocol the router speaks: request, response and chunk models.
 
 Requests are validated strictly (a string where a number belongs is a 400, not a silent
-coercion); unknown fields are ignored, as OpenAI's own API and vLLM's server do, so that
-clients sending optional knobs Tandem does not implement still work. Fields that would
-change the shape of the answer (`n`, `logprobs`, `echo`, `best_of`) are refused unless
-left at their defaults. Every field is bounded to what the bus can carry: text must be
+coercion). Nothing is silently ignored: every field OpenAI's API or vLLM's server defines is
+honoured, or refused with a 400 naming it unless it has its default (`request_fields`, the
+table these models are built from), and a field neither defines is a 400 naming it, as
+OpenAI's own API answers. Every field is bounded to what the bus can carry: text must be
 encodable as UTF-8 (a lone surrogate such as "\\ud800" is a 400, never a failure later),
 integers fit the wire (`seed` a signed 64-bit integer, token ids non-negative 32-bit ones),
 and floats are finite where a range bounds them. Response models are plain (built by the
@@ -14,9 +14,11 @@ router, never parsed).
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from services.router.request_fields import Endpoint, RequestField, fields_of
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 TOKEN_ID_MAX = 2**31 - 1
@@ -37,7 +39,7 @@ TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(_Request):
@@ -53,20 +55,24 @@ class SamplingFields(_Request):
     stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    # vLLM extensions that benchmark clients send
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    user: Text | None = None  # no effect: the client's own end-user id
+    # vLLM's extensions of the sampling parameters
+    top_k: int | None = Field(default=None, ge=-1, le=TOKEN_ID_MAX)  # -1 or 0: every token
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
+    min_tokens: int = Field(default=0, ge=0, le=TOKEN_ID_MAX)
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
+    bad_words: list[Text] | None = None
+    allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
+    skip_special_tokens: bool = True
     # Tandem extension, decode-first: serve only from a worker already holding at least this
     # share of the prompt's KV; otherwise answer at once with finish_reason "cache_threshold".
     cache_hit_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-
-    @field_validator("n")
-    @classmethod
-    def _single_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"must be 1 (one choice per request), got {n}")
-        return n
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> "SamplingFields":
@@ -86,34 +92,33 @@ class SamplingFields(_Request):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class CompletionRequest(SamplingFields):
+def _same_value(value: object, allowed: object) -> bool:
+    if isinstance(value, bool) or isinstance(allowed, bool):  # True is not 1 here
+        return type(value) is type(allowed) and value == allowed
+    return value == allowed
+
+
+def _refuse_unless_default(field: RequestField) -> Any:
+    def check(value: object) -> object:
+        if value is not None and not any(_same_value(value, allowed) for allowed in field.allowed):
+            raise ValueError(f"not supported by Tandem{': ' + field.note if field.note else ''}; "
+                             f"remove it or send its default")
+        return value
+
+    return (Annotated[Any, AfterValidator(check)], None)
+
+
+def _with_refused_fields(model: type[BaseModel], endpoint: Endpoint) -> Any:
+    """`model` plus the endpoint's refused fields (any value but a default is a 400 naming it)."""
+    refused = fields_of(endpoint, "refused unless default")
+    return create_model(model.__name__.removeprefix("_"), __base__=model, __module__=__name__,
+                        **{name: _refuse_unless_default(field) for name, field in refused.items()})
+
+
+class _CompletionRequest(SamplingFields):
     # a string, a list of token ids, or a batch of exactly one of either
     prompt: Text | list[int] | list[Text] | list[list[int]]
     max_tokens: int | None = None
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("not supported")
-        return echo
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, logprobs: int | None) -> int | None:
-        if logprobs is not None:
-            raise ValueError("not supported")
-        return logprobs
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_best_of(cls, best_of: int | None) -> int | None:
-        if best_of not in (None, 1):
-            raise ValueError(f"must be 1, got {best_of}")
-        return best_of
 
     @field_validator("prompt")
     @classmethod
@@ -149,31 +154,19 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class _ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, logprobs: bool) -> bool:
-        if logprobs:
-            raise ValueError("not supported")
-        return logprobs
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, top_logprobs: int | None) -> int | None:
-        if top_logprobs is not None:
-            raise ValueError("not supported")
-        return top_logprobs
 
     @property
     def requested_max_tokens(self) -> int | None:
         # max_tokens is deprecated in favour of max_completion_tokens; the new one wins
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+CompletionRequest = _with_refused_fields(_CompletionRequest, "completions")
+ChatCompletionRequest = _with_refused_fields(_ChatCompletionRequest, "chat")
 
 
 # ---- responses -----------------------------------------------------------------------

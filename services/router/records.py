@@ -54,6 +54,7 @@ class GenerationParams(RequestIdentity):
     stop: tuple[str, ...]
     cache_hit_threshold: float | None = None  # decode-first; None: the router's default
     route_hint: str | None = None  # the worker the client named (X-Tandem-Worker); the pinned policy's input
+    skip_special_tokens: bool = True  # the answer's text leaves special tokens out
     route: RouteNote = field(default_factory=RouteNote, compare=False)  # shared by its resumed copies
 
 

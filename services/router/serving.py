@@ -86,8 +86,38 @@ class ServingContext:
 
     def sampling(self, body: SamplingFields, max_tokens: int) -> SamplingParams:
         temperature = OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
-        return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=body.seed,
-                              stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+        if body.min_tokens > max_tokens:
+            raise BadRequest(f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens})",
+                             param="min_tokens")
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, seed=body.seed,
+            stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+            top_p=1.0 if body.top_p is None else body.top_p, top_k=max(0, body.top_k or 0),
+            min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            min_tokens=body.min_tokens, logit_bias=self._logit_bias(body.logit_bias),
+            bad_words=[word for word in body.bad_words or () if word],
+            allowed_token_ids=self._vocabulary_ids(body.allowed_token_ids, "allowed_token_ids"))
+
+    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
+        if not bias:
+            return {}
+        try:
+            token_ids = [int(key) for key in bias]
+        except ValueError:
+            raise BadRequest("logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
+        self._vocabulary_ids(token_ids, "logit_bias")
+        return dict(zip(token_ids, bias.values(), strict=True))
+
+    def _vocabulary_ids(self, token_ids: list[int] | None, param: str) -> list[int] | None:
+        if token_ids is None:
+            return None
+        vocab_size = self.tokenizer.vocab_size
+        outside = [token for token in token_ids if not 0 <= token < vocab_size]
+        if outside:
+            raise BadRequest(f"token ids must lie in [0, {vocab_size}), got {outside[:5]}", param=param)
+        return list(token_ids)
 
     def params(self, identity: RequestIdentity, body: SamplingFields, model: str, prompt_ids: list[int],
                max_tokens: int, route_hint: str | None = None) -> GenerationParams:
@@ -95,7 +125,8 @@ class ServingContext:
         return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
                                 arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
                                 sampling=self.sampling(body, max_tokens), stop=body.stop_strings,
-                                cache_hit_threshold=body.cache_hit_threshold, route_hint=route_hint)
+                                cache_hit_threshold=body.cache_hit_threshold, route_hint=route_hint,
+                                skip_special_tokens=body.skip_special_tokens)
 
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,

@@ -20,11 +20,52 @@ FinishReason = Literal["stop", "length", "abort", "cache_threshold"]
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
+    """How a request samples, as vLLM's `SamplingParams` means each field (the router has
+    validated ranges). Defaults change nothing: an engine that cannot model a field refuses
+    a request that sets it (`modelled_fields`)."""
+
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    top_p: float = 1.0
+    top_k: int = 0  # 0: every token
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] = {}
+    bad_words: list[str] = []
+    allowed_token_ids: list[int] | None = None
+
+    def non_default_fields(self) -> list[str]:
+        """The fields set away from their defaults (`max_tokens` and `temperature` always count)."""
+        return [name for name in self.__struct_fields__
+                if name in ("max_tokens", "temperature") or getattr(self, name) != _DEFAULTS[name]]
+
+    @property
+    def depends_on_output_history(self) -> bool:
+        """Whether the next token depends on which earlier tokens were *generated* rather than
+        given: penalties on output counts, multi-token bad words, and a seeded random stream.
+        An engine continuing such a request from `prompt + generated` would sample otherwise
+        than the engine that began it, so it is served whole by one engine."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.bad_words
+                    or (self.seed is not None and self.temperature > 0))
+
+    def continued(self, generated: int) -> "SamplingParams":
+        """The parameters for the rest of a request after `generated` tokens came from elsewhere
+        (a P/D hand-off, a resume): fewer tokens to make, and fewer before a stop may end it."""
+        return msgspec.structs.replace(self, max_tokens=self.max_tokens - generated,
+                                       min_tokens=max(0, self.min_tokens - generated))
+
+    def first_token_only(self) -> "SamplingParams":
+        """The parameters of a prefill part: one token, sampled as the whole request's first."""
+        return msgspec.structs.replace(self, max_tokens=1, min_tokens=min(self.min_tokens, 1))
+
+
+_DEFAULTS = {name: getattr(SamplingParams(), name) for name in SamplingParams.__struct_fields__}
 
 
 class GenerateRequest(Message, tag="generate", kw_only=True):

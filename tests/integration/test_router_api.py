@@ -211,7 +211,23 @@ BAD_INPUT = [
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "integer"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "at least 1"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": 257}, 400, "max_tokens", "at most 256"),
-    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "n": 2}, 400, "n", "must be 1"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "n": 2}, 400, "n", "one choice per request"),
+    # nothing silently ignored: a field Tandem does not honour, or one nobody defines, is named
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "suffix": "x"}, 400, "suffix", "not supported"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "echo": True}, 400, "echo", "not supported"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "response_format": {"type": "json_object"}},
+     400, "response_format", "not supported"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "frobnicate": 1}, 400, "frobnicate",
+     "not a field"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias",
+     "token ids"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias",
+     "100"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": 2, "min_tokens": 3}, 400,
+     "min_tokens", "must not exceed max_tokens"),
+    # the sim engine refuses what its token model cannot honour, naming it
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "top_k": 5, "logit_bias": {"5": 1}}, 400, None,
+     "the sim engine does not model top_k, logit_bias"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "temperature": 3}, 400, "temperature", "2"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ["a", "b"]}, 400, "prompt", "batches are not supported"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ""}, 400, "prompt", "empty"),
@@ -227,6 +243,11 @@ BAD_INPUT = [
                               "max_completion_tokens": -1}, 400, "max_completion_tokens", "at least 1"),
     ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model",
      "does not exist"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
+     "not supported"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "logprobs": True}, 400, "logprobs", "not supported"),
 ]
 
 

@@ -10,6 +10,7 @@ caller waits).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from services.router.routing.candidates import Candidates
@@ -31,10 +32,14 @@ def decide(workers: Sequence[WorkerView], request: RouteRequest, routing: Routin
     allowed = eligible(workers, request, routing)
     if not isinstance(allowed, Eligible):
         return allowed
+    if request.one_engine:
+        allowed = dataclasses.replace(allowed, prefill=[], prefill_exists=False)
     candidates = Candidates(workers, request, routing, allowed)
     if policy is None:
         policy = build_policy(routing)
     selection = policy.select(candidates)
     if isinstance(selection, RouteRefusal):
         return selection
+    if request.one_engine and selection.reason == "no_prefill_worker":  # not a baseline's or a threshold's pick
+        selection = dataclasses.replace(selection, reason="one_engine_sampling")
     return build_plan(selection, candidates)

@@ -42,6 +42,7 @@ RouteReason = Literal[
     "no_prefill_worker",  # single: no ACTIVE prefill worker of the model can take the prompt
     "no_decode_worker",  # single: prefill workers exist, but no ACTIVE decode worker can take the request
     "compat_hash_mismatch",  # single: prefill and decode workers exist, but no two share a hash
+    "one_engine_sampling",  # single: the request samples on its output history (`RouteRequest.one_engine`)
 ]
 
 

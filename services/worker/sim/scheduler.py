@@ -38,7 +38,14 @@ from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.request import SimRequest
-from services.worker.sim.tokens import DEFAULT_FIRST_NORMAL_TOKEN, finish_reason, fold_token, fold_tokens, next_token
+from services.worker.sim.tokens import (
+    DEFAULT_FIRST_NORMAL_TOKEN,
+    finish_reason,
+    fold_token,
+    fold_tokens,
+    next_token,
+    refuse_unmodelled,
+)
 from shared.block_hash import ROOT_PARENT, block_hash_chain, hash_block
 from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams
@@ -95,6 +102,7 @@ class Scheduler:
         if request_id in self._requests:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         check_request(token_ids, sampling, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        refuse_unmodelled(sampling)
         prompt_len = len(token_ids)
         # The last generated token needs no KV slot.
         blocks_needed = -(-(prompt_len + sampling.max_tokens - 1) // self.block_size)

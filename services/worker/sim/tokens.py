@@ -15,6 +15,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
+from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -39,6 +40,18 @@ def fold_tokens(token_ids: Iterable[int], state: int = HISTORY_ROOT) -> int:
     for token_id in token_ids:
         state = _mix64(((state ^ token_id) + _GOLDEN) & _MASK64)
     return state
+
+
+# What the sim's token model honours; a request setting any other sampling field is refused.
+MODELLED_FIELDS = frozenset({"max_tokens", "temperature", "seed", "stop_token_ids", "ignore_eos"})
+
+
+def refuse_unmodelled(sampling: SamplingParams) -> None:
+    """Raise InvalidArgument naming the sampling fields the sim's token model cannot honour."""
+    unmodelled = [name for name in sampling.non_default_fields() if name not in MODELLED_FIELDS]
+    if unmodelled:
+        raise InvalidArgument(f"the sim engine does not model {', '.join(unmodelled)}: its tokens are a function "
+                              f"of the history; serve such requests with the vllm engine")
 
 
 def next_token(state: int, sampling: SamplingParams, vocab_size: int,

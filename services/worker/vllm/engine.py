@@ -268,20 +268,21 @@ class VllmEngine:
             if request_id in self._streams:
                 raise InvalidArgument(f"duplicate request id {request_id!r}")
             llm = self._llm
+            order = staged.order if staged is not None else None
             try:
                 (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
-            except VLLMValidationError as error:
+                vllm_sampling = _sampling_params(sampling, order)
+            except (VLLMValidationError, ValueError) as error:  # vLLM checks its sampling fields too
                 raise InvalidArgument(str(error)) from error
         except BaseException:
             if staged is not None and staged.on_loaded is not None:
                 staged.on_loaded(None, "cancelled")  # never reached vLLM
             raise
-        order = staged.order if staged is not None else None
         # Registered before the request is added: the report can overtake the first output.
         load_waiter = self.kv_link.loads.expect(order.transfer_id) if order and order.pull else None
         release_key = order.release_key if order is not None else ""
         # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
-        outputs = llm.generate(engine_input, _sampling_params(sampling, order), request_id,
+        outputs = llm.generate(engine_input, vllm_sampling, request_id,
                                trace_headers=inject_headers() if self.options.otlp_traces_endpoint else None)
         self._streams.add(request_id)
         self._awaiting_first_output[request_id] = len(token_ids)
@@ -388,6 +389,11 @@ def _sampling_params(sampling: SamplingParams, order: TransferOrder | None = Non
     return VllmSamplingParams(
         max_tokens=sampling.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids), ignore_eos=sampling.ignore_eos,
+        top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
+        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty, min_tokens=sampling.min_tokens,
+        logit_bias=dict(sampling.logit_bias) or None, bad_words=list(sampling.bad_words) or None,
+        allowed_token_ids=sampling.allowed_token_ids,
         output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)
 
 

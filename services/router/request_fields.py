@@ -1,0 +1,151 @@
+"""Every request field of the two generate endpoints, and what Tandem does with it. Pure.
+
+The OpenAI API and vLLM's server (its pinned version) define the fields; each one is
+- "honoured": it changes the answer as vLLM's server would (through vLLM's own sampling on
+  the vllm engine; the sim engine refuses sampling fields its token model cannot honour, with
+  a 400 naming them and the engine);
+- "no effect": accepted, changes nothing in vLLM's server either (for example `user`);
+- "refused unless default": a 400 naming the field unless it has one of `allowed` (a client
+  that sends `n: 1` or `echo: false` still works).
+A field in neither endpoint's table is a 400 naming it (as OpenAI's API answers an unknown
+argument), never silently ignored. `protocol` builds its request models from this table, and
+the README's table is `markdown_table()` (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Status = Literal["honoured", "no effect", "refused unless default"]
+Endpoint = Literal["completions", "chat"]
+BOTH: tuple[Endpoint, ...] = ("completions", "chat")
+
+
+@dataclass(frozen=True)
+class RequestField:
+    name: str
+    status: Status
+    endpoints: tuple[Endpoint, ...] = BOTH
+    allowed: tuple[object, ...] = (None,)  # refused unless default: the values accepted
+    note: str = ""
+
+
+_HONOURED = [
+    RequestField("model", "honoured"),
+    RequestField("prompt", "honoured", ("completions",), note="a string, token ids, or a batch of exactly one"),
+    RequestField("messages", "honoured", ("chat",), note="text content; the model's chat template"),
+    RequestField("max_tokens", "honoured"),
+    RequestField("max_completion_tokens", "honoured", ("chat",)),
+    RequestField("temperature", "honoured"),
+    RequestField("top_p", "honoured"),
+    RequestField("top_k", "honoured"),
+    RequestField("min_p", "honoured"),
+    RequestField("seed", "honoured", note="seeded random sampling runs on one engine, never split"),
+    RequestField("stop", "honoured"),
+    RequestField("stop_token_ids", "honoured"),
+    RequestField("ignore_eos", "honoured"),
+    RequestField("min_tokens", "honoured"),
+    RequestField("presence_penalty", "honoured", note="runs on one engine, never split"),
+    RequestField("frequency_penalty", "honoured", note="runs on one engine, never split"),
+    RequestField("repetition_penalty", "honoured"),
+    RequestField("logit_bias", "honoured", note="token id (as a string) to a bias in [-100, 100]"),
+    RequestField("bad_words", "honoured", note="runs on one engine, never split"),
+    RequestField("allowed_token_ids", "honoured"),
+    RequestField("skip_special_tokens", "honoured"),
+    RequestField("stream", "honoured"),
+    RequestField("stream_options", "honoured", note="include_usage"),
+    RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
+                                                         "share of the prompt's KV"),
+]
+
+_NO_EFFECT = [
+    RequestField("user", "no effect", note="an end-user id for the client's own records"),
+]
+
+
+def _refused(name: str, *allowed: object, endpoints: tuple[Endpoint, ...] = BOTH, note: str = "") -> RequestField:
+    return RequestField(name, "refused unless default", endpoints, allowed or (None,), note)
+
+
+_REFUSED = [
+    _refused("n", None, 1, note="one choice per request"),
+    _refused("best_of", None, 1, endpoints=("completions",)),
+    _refused("echo", None, False),
+    _refused("logprobs", None, endpoints=("completions",)),
+    _refused("logprobs", None, False, endpoints=("chat",)),
+    _refused("top_logprobs", None, 0, endpoints=("chat",)),
+    _refused("suffix", None, endpoints=("completions",), note="vLLM's server refuses it too"),
+    _refused("response_format", None, {"type": "text"}),
+    _refused("structured_outputs", None),
+    _refused("tools", None, []),
+    _refused("tool_choice", None, "none", endpoints=("chat",)),
+    _refused("parallel_tool_calls", None, True, endpoints=("chat",)),
+    _refused("reasoning_effort", None, endpoints=("chat",)),
+    _refused("include_reasoning", None, True, endpoints=("chat",)),
+    _refused("add_generation_prompt", None, True, endpoints=("chat",)),
+    _refused("continue_final_message", None, False, endpoints=("chat",)),
+    _refused("documents", None, endpoints=("chat",)),
+    _refused("chat_template", None, endpoints=("chat",)),
+    _refused("chat_template_kwargs", None, endpoints=("chat",)),
+    _refused("media_io_kwargs", None, endpoints=("chat",)),
+    _refused("mm_processor_kwargs", None, endpoints=("chat",)),
+    _refused("return_prompt_text", None, False, endpoints=("chat",)),
+    _refused("prompt_embeds", None, endpoints=("completions",)),
+    _refused("add_special_tokens", None),
+    _refused("use_beam_search", None, False),
+    _refused("length_penalty", None, 1.0),
+    _refused("include_stop_str_in_output", None, False),
+    _refused("spaces_between_special_tokens", None, True),
+    _refused("truncate_prompt_tokens", None),
+    _refused("truncation_side", None),
+    _refused("prompt_logprobs", None),
+    _refused("logprob_token_ids", None),
+    _refused("watermarking", None),
+    _refused("repetition_detection", None),
+    _refused("thinking_token_budget", None),
+    _refused("priority", None, 0),
+    _refused("request_id", None),
+    _refused("session_id", None),
+    _refused("return_tokens_as_token_ids", None, False),
+    _refused("return_token_ids", None, False),
+    _refused("return_token_offsets", None, False),
+    _refused("routed_experts_prompt_start", None),
+    _refused("mm_payload", None),
+    _refused("return_mm_kwargs", None, False),
+    _refused("cache_salt", None),
+    _refused("kv_transfer_params", None),
+    _refused("ec_transfer_params", None),
+    _refused("vllm_xargs", None),
+    _refused("stream_interval", None, 1),
+]
+
+FIELDS: tuple[RequestField, ...] = (*_HONOURED, *_NO_EFFECT, *_REFUSED)
+
+
+def fields_of(endpoint: Endpoint, status: Status | None = None) -> dict[str, RequestField]:
+    """The endpoint's fields by name (of one status, when given)."""
+    return {field.name: field for field in FIELDS
+            if endpoint in field.endpoints and (status is None or field.status == status)}
+
+
+def _allowed_text(field: RequestField) -> str:
+    import json
+
+    return ", ".join("absent" if value is None else json.dumps(value) for value in field.allowed)
+
+
+def markdown_table() -> str:
+    """The README's table: one row per field and endpoint set."""
+    rows = ["| field | completions | chat | status | note |", "|---|---|---|---|---|"]
+    for field in sorted(FIELDS, key=lambda field: (field.status != "honoured", field.status, field.name)):
+        note = field.note
+        if field.status == "refused unless default":
+            note = "; ".join(part for part in (f"accepted: {_allowed_text(field)}", note) if part)
+        marks = ["yes" if endpoint in field.endpoints else "" for endpoint in BOTH]
+        rows.append(f"| `{field.name}` | {marks[0]} | {marks[1]} | {field.status} | {note} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

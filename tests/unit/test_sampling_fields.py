@@ -1,0 +1,91 @@
+"""The request fields of the generate endpoints (`services.router.request_fields`): the request
+models are built from the table, the README shows it, nothing is silently ignored; and the
+sampling parameters a continuation (P/D hand-off, resume) gets, and when a request is served
+whole on one engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.request_fields import FIELDS, fields_of, markdown_table
+from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
+from services.worker.sim.tokens import MODELLED_FIELDS, refuse_unmodelled
+from shared.errors import InvalidArgument
+from shared.schemas import SamplingParams, WorkerRole, WorkerStatus
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "m", "prompt": "hi"}
+
+
+@pytest.mark.parametrize(("model", "endpoint"), [(CompletionRequest, "completions"), (ChatCompletionRequest, "chat")])
+def test_every_declared_field_is_in_the_table_and_every_table_field_is_declared(model, endpoint) -> None:
+    assert set(model.model_fields) == set(fields_of(endpoint))
+
+
+def test_the_readme_shows_the_table_as_the_code_has_it() -> None:
+    assert markdown_table() in README.read_text(), "regenerate it: python -m services.router.request_fields"
+
+
+@pytest.mark.parametrize("field", [field for field in FIELDS if field.status == "refused unless default"],
+                         ids=lambda field: f"{field.name}-{'-'.join(field.endpoints)}")
+def test_a_refused_field_is_accepted_at_its_default_and_named_otherwise(field) -> None:
+    for endpoint in field.endpoints:
+        model, base = (CompletionRequest, COMPLETION) if endpoint == "completions" else (ChatCompletionRequest, CHAT)
+        for allowed in field.allowed:
+            model.model_validate({**base, field.name: allowed})
+        with pytest.raises(ValidationError) as refused:
+            model.model_validate({**base, field.name: "something else"})
+        assert refused.value.errors()[0]["loc"] == (field.name,)
+        assert "not supported by Tandem" in refused.value.errors()[0]["msg"]
+
+
+def test_true_is_not_one_and_an_unknown_field_is_refused() -> None:
+    with pytest.raises(ValidationError, match="n\n"):
+        CompletionRequest.model_validate({**COMPLETION, "n": True})
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        ChatCompletionRequest.model_validate({**CHAT, "prompt": "a completions field"})
+
+
+def test_a_continuation_makes_fewer_tokens_and_needs_fewer_before_a_stop() -> None:
+    sampling = SamplingParams(max_tokens=10, min_tokens=4, top_k=5, logit_bias={7: 2.0})
+    assert sampling.continued(3) == SamplingParams(max_tokens=7, min_tokens=1, top_k=5, logit_bias={7: 2.0})
+    assert sampling.continued(6).min_tokens == 0
+    assert sampling.first_token_only() == SamplingParams(max_tokens=1, min_tokens=1, top_k=5, logit_bias={7: 2.0})
+    assert SamplingParams(max_tokens=10).first_token_only().min_tokens == 0
+
+
+@pytest.mark.parametrize(("sampling", "one_engine"), [
+    (SamplingParams(), False),
+    (SamplingParams(temperature=0.8), False),  # unseeded: any engine samples as well as another
+    (SamplingParams(seed=3), False),  # greedy: the seed changes nothing
+    (SamplingParams(temperature=0.8, seed=3), True),  # the seeded stream would restart on the decode engine
+    (SamplingParams(presence_penalty=0.5), True),
+    (SamplingParams(frequency_penalty=-0.5), True),
+    (SamplingParams(bad_words=["hello world"]), True),
+    (SamplingParams(repetition_penalty=1.3, min_tokens=3, logit_bias={1: 5.0}, top_k=3), False),
+])
+def test_sampling_on_the_output_history_is_served_by_one_engine(sampling: SamplingParams, one_engine: bool) -> None:
+    assert sampling.depends_on_output_history is one_engine
+    workers = [WorkerView(worker_id=worker_id, model="m", role=role, status=WorkerStatus.ACTIVE, max_num_seqs=8,
+                          max_model_len=1024, reported_load=0, in_flight=0, in_flight_at_report=0, last_routed=0,
+                          compat_hash="h")
+               for worker_id, role in (("p", WorkerRole.PREFILL), ("d", WorkerRole.DECODE))]
+    request = RouteRequest(model="m", prompt_tokens=500, total_tokens=600, one_engine=sampling.depends_on_output_history)
+    plan = decide(workers, request)
+    assert isinstance(plan, RoutePlan)
+    if one_engine:
+        assert (plan.flow, plan.reason, plan.worker_id) == ("single", "one_engine_sampling", "d")
+    else:
+        assert (plan.flow, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "p", "d")
+
+
+def test_the_sim_engine_refuses_what_its_token_model_cannot_honour_naming_each_field() -> None:
+    refuse_unmodelled(SamplingParams(max_tokens=5, temperature=0.7, seed=1, stop_token_ids=[3], ignore_eos=True))
+    with pytest.raises(InvalidArgument, match="the sim engine does not model top_p, min_tokens"):
+        refuse_unmodelled(SamplingParams(top_p=0.5, min_tokens=2))
+    assert MODELLED_FIELDS < set(SamplingParams.__struct_fields__)
