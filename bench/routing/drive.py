@@ -101,7 +101,7 @@ async def run_conversations(run: Run, workload: ConversationsWorkload, shape: En
                     answer, state = answer_tokens(state, workload.max_tokens, run.vocab_size)
                     if check:
                         detokenizer = IncrementalDetokenizer(Tokenizer.from_model_dir(run.model_dir), prompt)
-                        if detokenizer.push(answer) + detokenizer.flush() != outcome.text:
+                        if detokenizer.push(answer) + detokenizer.finish() != outcome.text:
                             mismatches.append(conversation)
                     message = workload.user_message(run.vocab_size, run.seed, conversation, turn)
                     prompt = prompt + answer + message

@@ -9,7 +9,9 @@ completes, or until `flush()` at the end of the request. The window's text befor
 tokens is the previous step's result, so a step costs one decode (two when the window
 restarts, every ~20 tokens).
 
-The concatenation of every delta plus `flush()` equals decoding the whole output.
+The concatenation of every delta equals decoding the whole output, less a character that
+never completed at its end: that is dropped when the request ends, as vLLM's own
+detokenizer drops it (`finish()`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,18 @@ WINDOW_TOKENS = 24  # the decoding window's longest span before it restarts
 
 class TokenDecoder(Protocol):
     def decode(self, ids: list[int]) -> str: ...
+
+
+def answer_text(decoder: TokenDecoder, token_ids: Sequence[int]) -> str:
+    """The text an answer of exactly `token_ids` shows: all of it, less a character that never
+    completed at its end (what `IncrementalDetokenizer` emits in total, however the tokens came)."""
+    ids = list(token_ids)
+    while ids:
+        text = decoder.decode(ids)
+        if not text.endswith(REPLACEMENT_CHAR):
+            return text
+        ids.pop()
+    return ""
 
 
 class SpecialTokenDecoder(Protocol):
@@ -51,20 +65,28 @@ class IncrementalDetokenizer:
     def push(self, token_ids: Sequence[int]) -> str:
         """The text that `token_ids` add, minus any incomplete trailing character."""
         self._ids.extend(token_ids)
-        return self._advance(final=False)
+        return self._advance()
 
-    def flush(self) -> str:
-        """Whatever is still held back: the request ended, the character never completes."""
-        return self._advance(final=True)
+    def finish(self) -> str:
+        """The request ended: of the text still held back, what the tokens before the last
+        incomplete character add (decoded token by token, as vLLM's detokenizer emits); the
+        character that never completed is dropped, as vLLM's server drops it."""
+        held = self._ids[self._read_offset:]
+        for count in range(len(held) - 1, 0, -1):
+            self._ids = self._ids[:self._read_offset + count]
+            text = self._advance()
+            if text:
+                return text
+        return ""
 
-    def _advance(self, *, final: bool) -> str:
+    def _advance(self) -> str:
         if self._read_offset == len(self._ids):
             return ""
         if self._prefix_text is None:
             self._prefix_text = self._decoder.decode(self._ids[:self._read_offset])
         prefix_text = self._prefix_text
         full_text = self._decoder.decode(self._ids)
-        if len(full_text) <= len(prefix_text) or (full_text.endswith(REPLACEMENT_CHAR) and not final):
+        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR):
             return ""
         delta = full_text[len(prefix_text):]
         # The window grows by what was just emitted (its text is the next step's prefix, no

@@ -76,6 +76,7 @@ class Generation:
             decoder = SpecialTokensKept(decoder)
         self._detokenizer = IncrementalDetokenizer(decoder, params.prompt_ids)
         self._stops = StopStringMatcher(params.stop)
+        self._stop_token_ids = params.stop_token_ids
         self._metrics = metrics
         self._recorder = recorder
         self._clock = clock
@@ -128,12 +129,12 @@ class Generation:
                 if pieces:
                     final = self._final = Final("".join(pieces) + final.text, final.finish_reason, final.usage)
                 return final
-            text = self._stops.push(self._detokenizer.push(frame.token_ids))
+            text, unused = self._text_of(frame.token_ids)
             if self._stops.stopped:
                 await self._source.cancel()
                 pieces.append(text)
-                return self._finish("".join(pieces), "stop",
-                                    TokenUsage(len(self.params.prompt_ids), self._completion_tokens, cached_tokens=0))
+                return self._finish("".join(pieces), "stop", TokenUsage(
+                    len(self.params.prompt_ids), self._completion_tokens - unused, cached_tokens=0))
             if text:
                 pieces.append(text)
             if pieces and not self._source.frames_ready:
@@ -212,6 +213,25 @@ class Generation:
         self._last_token_at = now
         self._completion_tokens += count
 
+    def _text_of(self, token_ids: list[int]) -> tuple[str, int]:
+        """The text a frame adds, up to a stop string if one completes in it, and how many of
+        its tokens came after the one that completed it (not counted, as vLLM counts)."""
+        if not self.params.stop or len(token_ids) == 1:
+            return self._stops.push(self._detokenizer.push(self._shown(token_ids))), 0
+        pieces = []
+        for index in range(len(token_ids)):
+            pieces.append(self._stops.push(self._detokenizer.push(self._shown(token_ids[index:index + 1]))))
+            if self._stops.stopped:
+                return "".join(pieces), len(token_ids) - index - 1
+        return "".join(pieces), 0
+
+    def _shown(self, token_ids: list[int]) -> list[int]:
+        """The tokens whose text the answer shows: a stop token's text is left out, as vLLM's
+        server leaves it (a stop token always ends the request: it is the frame's last)."""
+        if token_ids and token_ids[-1] in self._stop_token_ids:
+            return token_ids[:-1]
+        return token_ids
+
     def _finish_from_worker(self) -> Final:
         finished = self._source.finished
         assert finished is not None
@@ -222,7 +242,7 @@ class Generation:
             usage = TokenUsage(prompt_tokens, self._completion_tokens, min(finished.cached_tokens, prompt_tokens))
         else:
             usage = TokenUsage(finished.prompt_tokens, finished.completion_tokens, finished.cached_tokens)
-        text = self._stops.push(self._detokenizer.flush())
+        text = self._stops.push(self._detokenizer.finish())
         if self._stops.stopped:
             return self._finish(text, "stop", usage)
         return self._finish(text + self._stops.flush(), finished.finish_reason, usage)

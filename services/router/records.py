@@ -55,6 +55,13 @@ class GenerationParams(RequestIdentity):
     cache_hit_threshold: float | None = None  # decode-first; None: the router's default
     route_hint: str | None = None  # the worker the client named (X-Tandem-Worker); the pinned policy's input
     skip_special_tokens: bool = True  # the answer's text leaves special tokens out
+    eos_token_id: int | None = None  # the model's end of sequence, a stop token unless ignore_eos
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The tokens that end the request when generated (the answer leaves out their text)."""
+        eos = () if self.eos_token_id is None or self.sampling.ignore_eos else (self.eos_token_id,)
+        return frozenset((*self.sampling.stop_token_ids, *eos))
     route: RouteNote = field(default_factory=RouteNote, compare=False)  # shared by its resumed copies
 
 

@@ -126,7 +126,8 @@ class ServingContext:
                                 arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
                                 sampling=self.sampling(body, max_tokens), stop=body.stop_strings,
                                 cache_hit_threshold=body.cache_hit_threshold, route_hint=route_hint,
-                                skip_special_tokens=body.skip_special_tokens)
+                                skip_special_tokens=body.skip_special_tokens,
+                                eos_token_id=self.tokenizer.eos_token_id)
 
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,

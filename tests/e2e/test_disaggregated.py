@@ -80,7 +80,7 @@ async def reference(tokenizer: Tokenizer, prompt_ids: list[list[int]], max_token
 def as_router_text(tokenizer: Tokenizer, prompt: list[int], completion: list[int]) -> str:
     """The completion's text as the router renders it: decoded in the prompt's context."""
     detokenizer = IncrementalDetokenizer(tokenizer, prompt)
-    return detokenizer.push(completion) + detokenizer.flush()
+    return detokenizer.push(completion) + detokenizer.finish()
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -15,6 +15,7 @@ import openai
 import pytest
 from nats.aio.msg import Msg
 
+from services.router.detokenizer import answer_text
 from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
@@ -38,7 +39,7 @@ PROMPT = "Hello there, tell me about the river that runs past the old mill in th
 async def expected_text(worker: SimWorker, tokenizer: Tokenizer, count: int) -> str:
     """The sim's answer to the latest of `count` requests the worker has received."""
     await wait_for(lambda: len(worker.requests) == count, DEADLINE_S, f"request {count} at {worker.worker_id}")
-    return tokenizer.decode(reference_tokens(worker.requests[-1], tokenizer.vocab_size))
+    return answer_text(tokenizer, reference_tokens(worker.requests[-1], tokenizer.vocab_size))
 
 
 def a_stop_string(text: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from services.router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, answer_text
 from services.router.stop_strings import StopStringMatcher
 
 
@@ -26,7 +26,7 @@ def byte_tokens(text: str) -> tuple[ByteDecoder, list[int]]:
 
 def stream(detokenizer: IncrementalDetokenizer, ids: list[int], per_push: int = 1) -> list[str]:
     deltas = [detokenizer.push(ids[i:i + per_push]) for i in range(0, len(ids), per_push)]
-    return [*deltas, detokenizer.flush()]
+    return [*deltas, detokenizer.finish()]
 
 
 @pytest.mark.parametrize("per_push", [1, 2, 3])
@@ -50,12 +50,12 @@ def test_context_from_the_prompt_keeps_leading_spaces() -> None:
     assert "".join(deltas) == " world again"
 
 
-def test_an_incomplete_character_at_the_end_is_flushed() -> None:
+def test_an_incomplete_character_at_the_end_is_dropped_as_vllm_drops_it() -> None:
     decoder = ByteDecoder({0: b"ok", 1: "é".encode()[:1]})
     detokenizer = IncrementalDetokenizer(decoder)
     assert detokenizer.push([0]) == "ok"
     assert detokenizer.push([1]) == ""  # held back: may complete later
-    assert detokenizer.flush() == REPLACEMENT_CHAR  # it never did
+    assert detokenizer.finish() == ""  # it never did: dropped
 
 
 def test_real_tokenizer_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -127,3 +127,11 @@ def test_no_stop_strings_passes_text_through() -> None:
     matcher = StopStringMatcher(["", ""])
     assert matcher.push("anything") == "anything"
     assert matcher.flush() == ""
+
+
+@pytest.mark.parametrize("per_push", [1, 2, 4])
+def test_the_answer_ends_at_the_last_complete_character_however_the_tokens_arrive(per_push: int) -> None:
+    # "ok" then the first two bytes of a 3-byte character: vLLM shows "ok", per token
+    decoder = ByteDecoder({0: b"o", 1: b"k", 2: "日".encode()[:1], 3: "日".encode()[1:2]})
+    ids = [0, 1, 2, 3]
+    assert "".join(stream(IncrementalDetokenizer(decoder), ids, per_push)) == "ok" == answer_text(decoder, ids)

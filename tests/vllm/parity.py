@@ -97,6 +97,9 @@ class ParityCase:
     endpoint: Literal["completions", "chat"]
     request: Mapping[str, Any]
     expect: Mapping[str, Any] = field(default_factory=dict)
+    # False: the request samples on its output history, so the router serves it on one
+    # engine (`SamplingParams.depends_on_output_history`), never split
+    split: bool = True
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,21 @@ LONG_TOKENS = list(range(300, 600))
 STORY = [{"role": "user", "content": "Tell me a story about a fox."}]  # " atmos?nect its... sc| Fres" (id 1201)
 
 
-def completion(case_id: str, request: dict[str, Any], **expect: Any) -> ParityCase:
-    return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect)
+def completion(case_id: str, request: dict[str, Any], *, split: bool = True, **expect: Any) -> ParityCase:
+    return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect, split)
 
 
-def chat(case_id: str, request: dict[str, Any], **expect: Any) -> ParityCase:
-    return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect)
+def chat(case_id: str, request: dict[str, Any], *, split: bool = True, **expect: Any) -> ParityCase:
+    return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect, split)
+
+
+def vllm_fields(**fields: Any) -> dict[str, Any]:
+    return {"extra_body": fields}
+
+
+# Deterministic without greedy decoding: random sampling (temperature 1, no seed) whose
+# filter keeps one token, so any engine picks the same one.
+SAMPLED = {"temperature": 1.0, "seed": None}
 
 
 CASES = [
@@ -73,24 +82,32 @@ CASES = [
     chat("max-tokens-16", {"messages": STORY, "max_tokens": 16}, finish_reason="length"),
     chat("max-completion-tokens-1", {"messages": STORY, "max_completion_tokens": 1}, completion_tokens=1),
     chat("stop-string", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"]}, finish_reason="stop"),
-]
-
-
-# Rows on which Tandem differs from vLLM today (reported, not yet fixed): each goes back
-# into CASES once Tandem answers like vLLM.
-LEFT_OUT = [
     # The answer's last token ends with an incomplete UTF-8 character (FOX's 16th token,
-    # STORY's 40th): vLLM's detokenizer (tokenizers' DecodeStream) never emits it, Tandem's
-    # router flushes it as U+FFFD at the end (services/router/detokenizer.py `flush`).
+    # STORY's 40th): vLLM never shows it, nor does Tandem.
     completion("text-max-tokens-16", {"prompt": FOX, "max_tokens": 16}, finish_reason="length"),
     chat("max-tokens-40", {"messages": STORY, "max_tokens": 40}, finish_reason="length"),
-    # A stop token id ends the answer: vLLM leaves its text out (unless
-    # include_stop_str_in_output), Tandem's text ends with it ("~~iad?oking bo" for
-    # "~~iad?oking"); usage agrees (the stop token counts as a completion token).
-    completion("stop-token-ids", {"prompt": TOKENS, "max_tokens": 16, "extra_body": {"stop_token_ids": [447]}},
+    # A stop token id ends the answer, its text left out (it counts as a completion token).
+    completion("stop-token-ids", {"prompt": TOKENS, "max_tokens": 16, **vllm_fields(stop_token_ids=[447])},
                finish_reason="stop", completion_tokens=6),
-    chat("stop-token-ids", {"messages": STORY, "max_tokens": 16, "extra_body": {"stop_token_ids": [1201]}},
+    chat("stop-token-ids", {"messages": STORY, "max_tokens": 16, **vllm_fields(stop_token_ids=[1201])},
          finish_reason="stop"),
+    # Sampling fields, through vLLM's sampler on both workers of the split.
+    completion("logit-bias", {"prompt": FOX, "max_tokens": 8, "logit_bias": {"447": 100}}, text=" bo" * 8),
+    chat("logit-bias", {"messages": STORY, "max_tokens": 8, "logit_bias": {"1201": 100}}, completion_tokens=8),
+    completion("repetition-penalty", {"prompt": TOKENS, "max_tokens": 24, **vllm_fields(repetition_penalty=1.8)}),
+    completion("min-tokens-past-eos", {"prompt": BUBBLES, "max_tokens": 40, **vllm_fields(min_tokens=34)}),
+    completion("allowed-token-ids", {"prompt": TOKENS, "max_tokens": 12,
+                                     **vllm_fields(allowed_token_ids=[447, 1201, 500, 600])}),
+    completion("top-k-1", {"prompt": TOKENS, "max_tokens": 16, **SAMPLED, **vllm_fields(top_k=1)}),
+    completion("min-p-1", {"prompt": FOX, "max_tokens": 16, **SAMPLED, **vllm_fields(min_p=1.0)}),
+    completion("top-p-tiny", {"prompt": LONG_TOKENS, "max_tokens": 16, **SAMPLED, "top_p": 1e-6}),
+    completion("skip-special-tokens-false", {"prompt": BUBBLES, "max_tokens": 40,
+                                             **vllm_fields(skip_special_tokens=False)}, finish_reason="stop"),
+    # Sampling on the output history: served by one engine, never split.
+    completion("presence-penalty", {"prompt": TOKENS, "max_tokens": 24, "presence_penalty": 1.5}, split=False),
+    chat("frequency-penalty", {"messages": STORY, "max_tokens": 24, "frequency_penalty": 1.9}, split=False),
+    completion("bad-words", {"prompt": TOKENS, "max_tokens": 16, **vllm_fields(bad_words=[" bo"])}, split=False),
+    completion("seeded-sampling", {"prompt": FOX, "max_tokens": 24, "temperature": 0.9, "seed": 7}, split=False),
 ]
 
 
@@ -141,6 +158,7 @@ async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_ans
 
     answer = await ask(openai_client(pd_stack.router_url, timeout=120), case, model_name, stream=stream)
 
-    assert await disaggregated_requests(pd_stack.router_url) == split_before + 1, "the request was not split"
+    split = await disaggregated_requests(pd_stack.router_url) - split_before
+    assert split == int(case.split), f"{case.id}: split {split} times, expected {int(case.split)}"
     mismatched = differences(reference, answer)
     assert not mismatched, f"{case.id} ({'streamed' if stream else 'whole'}): " + "; ".join(mismatched)

@@ -33,7 +33,7 @@ def prompt_of(seed: int, length: int, vocab_size: int) -> list[int]:
 def as_router_text(tokenizer: Tokenizer, prompt: list[int], completion: list[int]) -> str:
     """A completion's text as the router renders it: decoded in the prompt's context."""
     detokenizer = IncrementalDetokenizer(tokenizer, prompt)
-    return detokenizer.push(completion) + detokenizer.flush()
+    return detokenizer.push(completion) + detokenizer.finish()
 
 
 @dataclass
