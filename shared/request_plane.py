@@ -33,6 +33,7 @@ from shared.schemas.generate import (
     FinishReason,
     KvTarget,
     ResponseFrame,
+    TokenLogprobs,
     Tokens,
 )
 from shared.schemas.transfer import KvHandle, PushTarget
@@ -250,8 +251,8 @@ class FrameSender:
     async def kv_target(self, target: PushTarget) -> None:
         await self._send(KvTarget(seq=self._seq, target=target))
 
-    async def tokens(self, token_ids: list[int]) -> None:
-        await self._send(Tokens(seq=self._seq, token_ids=token_ids))
+    async def tokens(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None = None) -> None:
+        await self._send(Tokens(seq=self._seq, token_ids=token_ids, logprobs=logprobs))
 
     async def finished(self, finish_reason: FinishReason, *, prompt_tokens: int, cached_tokens: int,
                        completion_tokens: int, kv_handle: KvHandle | None = None, pulled_tokens: int = 0,

@@ -32,7 +32,7 @@ from services.router.records import OUTCOME_OK, Clock, GenerationParams, Request
 from services.router.stop_strings import StopStringMatcher
 from services.router.token_source import TokenSource
 from shared.errors import Disconnected, ErrorCode, Reconnected, StreamGap, TandemError, Unavailable
-from shared.schemas import Tokens
+from shared.schemas import TokenLogprobs, Tokens
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ WORKER_LOST = (Disconnected, Unavailable, StreamGap)
 @dataclass(frozen=True)
 class Delta:
     text: str
+    logprobs: tuple[TokenLogprobs, ...] = ()  # of the piece's tokens, when the request asked
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Final:
     text: str  # the last piece of text (may be empty)
     finish_reason: str
     usage: TokenUsage
+    logprobs: tuple[TokenLogprobs, ...] = ()
 
 
 class Resumer(Protocol):
@@ -113,6 +115,7 @@ class Generation:
             error, self._deferred_error = self._deferred_error, None
             raise error
         pieces: list[str] = []
+        positions: list[TokenLogprobs] = []  # the log-probabilities of the pieces' tokens
         while True:
             if self._primed is not None:
                 frame, self._primed = self._primed, None
@@ -123,22 +126,27 @@ class Generation:
                     if not pieces:
                         raise
                     self._deferred_error = error  # the text before the failure reaches the client first
-                    return Delta("".join(pieces))
+                    return Delta("".join(pieces), tuple(positions))
             if frame is None:
                 final = self._finish_from_worker()
-                if pieces:
-                    final = self._final = Final("".join(pieces) + final.text, final.finish_reason, final.usage)
+                final = self._final = Final("".join(pieces) + final.text, final.finish_reason, final.usage,
+                                            tuple(positions))
                 return final
             text, unused = self._text_of(frame.token_ids)
+            if frame.logprobs:
+                positions.extend(frame.logprobs[:len(frame.token_ids) - unused])
             if self._stops.stopped:
                 await self._source.cancel()
                 pieces.append(text)
-                return self._finish("".join(pieces), "stop", TokenUsage(
-                    len(self.params.prompt_ids), self._completion_tokens - unused, cached_tokens=0))
+                self._final = Final("".join(pieces), "stop", TokenUsage(
+                    len(self.params.prompt_ids), self._completion_tokens - unused, cached_tokens=0),
+                    tuple(positions))
+                self._outcome = OUTCOME_OK
+                return self._final
             if text:
                 pieces.append(text)
             if pieces and not self._source.frames_ready:
-                return Delta("".join(pieces))
+                return Delta("".join(pieces), tuple(positions))
 
     async def _next_frame(self) -> Tokens | None:
         """The next token frame; None once the worker sent `Finished`."""

@@ -22,6 +22,7 @@ from services.router.request_fields import Endpoint, RequestField, fields_of
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 TOKEN_ID_MAX = 2**31 - 1
+MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM's server allows by default
 
 
 def _utf8_encodable(text: str) -> str:
@@ -91,6 +92,12 @@ class SamplingFields(_Request):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def logprobs_top(self) -> int | None:
+        """How many top log-probabilities per token the answer shows; None: none (each endpoint
+        spells it its own way)."""
+        return None
+
 
 def _same_value(value: object, allowed: object) -> bool:
     if isinstance(value, bool) or isinstance(allowed, bool):  # True is not 1 here
@@ -119,6 +126,11 @@ class _CompletionRequest(SamplingFields):
     # a string, a list of token ids, or a batch of exactly one of either
     prompt: Text | list[int] | list[Text] | list[list[int]]
     max_tokens: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # and this many top ones per token
+
+    @property
+    def logprobs_top(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -158,6 +170,18 @@ class _ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "_ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def logprobs_top(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -190,7 +214,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
 
@@ -211,7 +235,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
 
 

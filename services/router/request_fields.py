@@ -53,6 +53,8 @@ _HONOURED = [
     RequestField("bad_words", "honoured", note="runs on one engine, never split"),
     RequestField("allowed_token_ids", "honoured"),
     RequestField("skip_special_tokens", "honoured"),
+    RequestField("logprobs", "honoured", note="completions: how many top ones (0-20); chat: true or false"),
+    RequestField("top_logprobs", "honoured", ("chat",), note="0-20, with logprobs: true"),
     RequestField("stream", "honoured"),
     RequestField("stream_options", "honoured", note="include_usage"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
@@ -72,9 +74,6 @@ _REFUSED = [
     _refused("n", None, 1, note="one choice per request"),
     _refused("best_of", None, 1, endpoints=("completions",)),
     _refused("echo", None, False),
-    _refused("logprobs", None, endpoints=("completions",)),
-    _refused("logprobs", None, False, endpoints=("chat",)),
-    _refused("top_logprobs", None, 0, endpoints=("chat",)),
     _refused("suffix", None, endpoints=("completions",), note="vLLM's server refuses it too"),
     _refused("response_format", None, {"type": "text"}),
     _refused("structured_outputs", None),

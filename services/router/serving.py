@@ -30,7 +30,7 @@ from services.router.sse import SSE_DONE, DisconnectWatch, SseResponse
 from services.router.worker_pool import WorkerPool
 from shared.config import RouterConfig
 from shared.errors import ErrorCode, TandemError
-from shared.schemas import SamplingParams
+from shared.schemas import SamplingParams, TokenLogprobs
 from shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,8 @@ class ServingContext:
             repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
             min_tokens=body.min_tokens, logit_bias=self._logit_bias(body.logit_bias),
             bad_words=[word for word in body.bad_words or () if word],
-            allowed_token_ids=self._vocabulary_ids(body.allowed_token_ids, "allowed_token_ids"))
+            allowed_token_ids=self._vocabulary_ids(body.allowed_token_ids, "allowed_token_ids"),
+            logprobs=body.logprobs_top)
 
     def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
         if not bias:
@@ -152,10 +153,10 @@ class ResponseFormat(Protocol):
     `services.router.sse`)."""
 
     def opening_chunks(self) -> list[bytes]: ...
-    def text_chunk(self, text: str) -> bytes: ...
-    def final_chunk(self, text: str, finish_reason: str) -> bytes: ...
+    def text_chunk(self, piece: Delta) -> bytes: ...
+    def final_chunk(self, piece: Final) -> bytes: ...
     def usage_chunk(self, usage: Usage) -> bytes: ...
-    def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel: ...
+    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel: ...
 
 
 def api_usage(usage: TokenUsage) -> Usage:
@@ -179,14 +180,17 @@ async def respond(generation: Generation, response_format: ResponseFormat, *, st
         return SseResponse(_events(generation, response_format, first, include_usage), generation.close)
     try:
         pieces: list[str] = []
+        logprobs: list[TokenLogprobs] = []
         piece = first
         while isinstance(piece, Delta):
             pieces.append(piece.text)
+            logprobs.extend(piece.logprobs)
             piece = await generation.next()
         pieces.append(piece.text)
+        logprobs.extend(piece.logprobs)
     finally:
         await generation.close()
-    body = response_format.response("".join(pieces), piece.finish_reason, api_usage(piece.usage))
+    body = response_format.response("".join(pieces), piece.finish_reason, api_usage(piece.usage), logprobs)
     return Response(body.model_dump_json(), media_type="application/json")
 
 
@@ -197,7 +201,7 @@ async def _events(generation: Generation, response_format: ResponseFormat, first
     piece = first
     try:
         while isinstance(piece, Delta):
-            chunk = response_format.text_chunk(piece.text)
+            chunk = response_format.text_chunk(piece)
             if opening:
                 chunk, opening = b"".join((*opening, chunk)), []
             yield chunk, False
@@ -209,7 +213,7 @@ async def _events(generation: Generation, response_format: ResponseFormat, first
         log.exception("stream of %s failed", generation.params.request_id)
         yield sse(ErrorResponse(error=error_info(TandemError(f"internal error: {type(error).__name__}")))), True
         return
-    tail = [*opening, response_format.final_chunk(piece.text, piece.finish_reason)]
+    tail = [*opening, response_format.final_chunk(piece)]
     if include_usage:
         tail.append(response_format.usage_chunk(api_usage(piece.usage)))
     tail.append(SSE_DONE)

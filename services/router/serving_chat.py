@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+import msgspec
 from fastapi.responses import Response
 from pydantic import BaseModel
 
 from services.router.errors import BadRequest
+from services.router.generation import Delta, Final
+from services.router.logprobs import LogprobsRenderer
 from services.router.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -18,37 +22,46 @@ from services.router.protocol import (
 from services.router.records import GenerationParams
 from services.router.serving import ServingContext, respond
 from services.router.sse import ChunkPrefix, finish_json, text_json
+from shared.schemas import TokenLogprobs
 
 ENDPOINT = "chat"
 
 
 class ChatFormat:
-    def __init__(self, request_id: str, model: str, created: int) -> None:
+    def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None) -> None:
         self.request_id = request_id
         self.model = model
         self.created = created
         self._prefix = ChunkPrefix(request_id, "chat.completion.chunk", created, model)
+        self._logprobs = logprobs
 
-    def _chunk(self, delta_json: bytes, finish_reason: str | None = None) -> bytes:
-        return self._prefix.choice(b"".join((b'{"index":0,"delta":', delta_json, b',"logprobs":null,"finish_reason":',
-                                             finish_json(finish_reason), b"}")))
+    def _chunk(self, delta_json: bytes, finish_reason: str | None = None,
+               positions: Sequence[TokenLogprobs] | None = None) -> bytes:
+        logprobs = b"null"
+        if self._logprobs is not None and positions is not None:
+            logprobs = msgspec.json.encode({"content": self._logprobs.chat(positions)})
+        return self._prefix.choice(b"".join((b'{"index":0,"delta":', delta_json, b',"logprobs":', logprobs,
+                                             b',"finish_reason":', finish_json(finish_reason), b"}")))
 
     def opening_chunks(self) -> list[bytes]:
         return [self._chunk(b'{"role":"assistant","content":""}')]
 
-    def text_chunk(self, text: str) -> bytes:
-        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")))
+    def text_chunk(self, piece: Delta) -> bytes:
+        return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), None, piece.logprobs)
 
-    def final_chunk(self, text: str, finish_reason: str) -> bytes:
-        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")), finish_reason)
+    def final_chunk(self, piece: Final) -> bytes:
+        return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), piece.finish_reason,
+                           piece.logprobs)
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return self._prefix.usage(usage.model_dump_json().encode())
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel:
+    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
+        rendered = {"content": self._logprobs.chat(logprobs)} if self._logprobs is not None else None
         return ChatCompletionResponse(
             id=self.request_id, model=self.model, created=self.created, usage=usage,
-            choices=[ChatChoice(message=ChatResponseMessage(content=text), finish_reason=finish_reason)])
+            choices=[ChatChoice(message=ChatResponseMessage(content=text), finish_reason=finish_reason,
+                                logprobs=rendered)])
 
 
 class ChatServing:
@@ -74,7 +87,8 @@ class ChatServing:
             return context.params(identity, body, model, prompt_ids, max_tokens, route_hint)
 
         generation = await context.start(identity, prepare)
-        return await respond(generation, ChatFormat(identity.request_id, body.model, int(time.time())),
+        renderer = None if body.logprobs_top is None else LogprobsRenderer(context.tokenizer, body.logprobs_top)
+        return await respond(generation, ChatFormat(identity.request_id, body.model, int(time.time()), renderer),
                              stream=body.stream, include_usage=body.include_usage)
 
 

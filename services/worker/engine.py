@@ -22,7 +22,7 @@ import msgspec
 
 from shared.compat import KvLayout
 from shared.errors import InvalidArgument
-from shared.schemas.generate import FinishReason, SamplingParams
+from shared.schemas.generate import FinishReason, SamplingParams, TokenLogprobs
 from shared.schemas.kv_events import BlockStored, KvEvent
 
 
@@ -46,6 +46,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class EngineOutput(msgspec.Struct, kw_only=True):
     token_ids: list[int]  # tokens new since the previous output
+    logprobs: list[TokenLogprobs] | None = None  # one per new token, when the request asked
     finish_reason: FinishReason | None = None  # set on the last output only
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache

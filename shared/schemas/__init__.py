@@ -40,6 +40,7 @@ from shared.schemas.generate import (
     KvTarget,
     ResponseFrame,
     SamplingParams,
+    TokenLogprobs,
     Tokens,
 )
 from shared.schemas.kv_events import (
@@ -121,6 +122,7 @@ __all__ = [
     "RouterLoad",
     "ResponseFrame",
     "SamplingParams",
+    "TokenLogprobs",
     "Tokens",
     "EngineCapabilities",
     "WorkerCapacity",

@@ -19,6 +19,15 @@ from shared.schemas.transfer import KvHandle, KvTransferParams, PushTarget
 FinishReason = Literal["stop", "length", "abort", "cache_threshold"]
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
+    """Log-probabilities at one position of an answer: the sampled token first, then the most
+    likely ones (vLLM's order; the sampled one may appear again among them), with ranks."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     """How a request samples, as vLLM's `SamplingParams` means each field (the router has
     validated ranges). Defaults change nothing: an engine that cannot model a field refuses
@@ -39,6 +48,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     logit_bias: dict[int, float] = {}
     bad_words: list[str] = []
     allowed_token_ids: list[int] | None = None
+    logprobs: int | None = None  # per generated token, its log-probability and this many top ones
 
     def non_default_fields(self) -> list[str]:
         """The fields set away from their defaults (`max_tokens` and `temperature` always count)."""
@@ -85,6 +95,7 @@ class Accepted(Message, tag="accepted", kw_only=True):
 class Tokens(Message, tag="tokens", kw_only=True):
     seq: int
     token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked
 
 
 class Finished(Message, tag="finished", kw_only=True):

@@ -248,7 +248,9 @@ BAD_INPUT = [
                               "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
      "not supported"),
     ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
-                              "logprobs": True}, 400, "logprobs", "not supported"),
+                              "logprobs": True}, 400, None, "the sim engine does not model logprobs"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2}, 400, None, "top_logprobs needs logprobs: true"),
 ]
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from services.router.generation import Delta, Final
 from services.router.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -16,10 +17,12 @@ from services.router.protocol import (
     PromptTokensDetails,
     Usage,
 )
+from services.router.records import TokenUsage
 from services.router.serving_chat import ChatFormat
 from services.router.serving_completions import CompletionFormat
 
 CREATED = 1_700_000_000
+TOKENS = TokenUsage(prompt_tokens=7, completion_tokens=3, cached_tokens=0)
 TEXTS = ["plain", "", ' quotes " and \\ backslash', "new\nline\ttab", "ünïcode 🙂 漢字", "\u0001 control"]
 USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10, prompt_tokens_details=PromptTokensDetails(cached_tokens=2))
 
@@ -34,11 +37,11 @@ def _event(chunk: bytes) -> str:
 def test_completion_chunks_are_the_models_json(text: str) -> None:
     spelled = CompletionFormat("cmpl-1", "the/model", CREATED)
     model = CompletionChunk(id="cmpl-1", model="the/model", created=CREATED, choices=[CompletionChoice(text=text)])
-    assert _event(spelled.text_chunk(text)) == model.model_dump_json()
+    assert _event(spelled.text_chunk(Delta(text))) == model.model_dump_json()
     final = CompletionChunk(id="cmpl-1", model="the/model", created=CREATED,
                             choices=[CompletionChoice(text=text, finish_reason="length")])
-    assert _event(spelled.final_chunk(text, "length")) == final.model_dump_json()
-    json.loads(_event(spelled.text_chunk(text)))  # valid JSON, whatever the text
+    assert _event(spelled.final_chunk(Final(text, "length", TOKENS))) == final.model_dump_json()
+    json.loads(_event(spelled.text_chunk(Delta(text))))  # valid JSON, whatever the text
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -50,8 +53,8 @@ def test_chat_chunks_are_the_models_json(text: str) -> None:
                                    choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)]).model_dump_json()
 
     assert [_event(c) for c in spelled.opening_chunks()] == [chunk(ChatDelta(role="assistant", content=""))]
-    assert _event(spelled.text_chunk(text)) == chunk(ChatDelta(content=text))
-    assert _event(spelled.final_chunk(text, "stop")) == chunk(ChatDelta(content=text), "stop")
+    assert _event(spelled.text_chunk(Delta(text))) == chunk(ChatDelta(content=text))
+    assert _event(spelled.final_chunk(Final(text, "stop", TOKENS))) == chunk(ChatDelta(content=text), "stop")
 
 
 def test_usage_chunks_are_the_models_json() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from services.router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, answer_text
+from services.router.logprobs import LogprobsRenderer
 from services.router.stop_strings import StopStringMatcher
+from shared.schemas import TokenLogprobs
 
 
 class ByteDecoder:
@@ -135,3 +137,24 @@ def test_the_answer_ends_at_the_last_complete_character_however_the_tokens_arriv
     decoder = ByteDecoder({0: b"o", 1: b"k", 2: "日".encode()[:1], 3: "日".encode()[1:2]})
     ids = [0, 1, 2, 3]
     assert "".join(stream(IncrementalDetokenizer(decoder), ids, per_push)) == "ok" == answer_text(decoder, ids)
+
+
+class SpecialByteDecoder(ByteDecoder):
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return super().decode(ids)
+
+
+def test_logprobs_show_each_tokens_text_completing_split_characters_from_the_sampled_context() -> None:
+    # "é" is two bytes, one token each: the first shows "" (incomplete), the second "é"
+    first, second = "é".encode()[:1], "é".encode()[1:]
+    decoder = SpecialByteDecoder({0: b"a", 1: first, 2: second, 3: b"b"})
+    renderer = LogprobsRenderer(decoder, top=1)
+    positions = [TokenLogprobs([0, 3], [-0.1, -2.5], [1, 2]), TokenLogprobs([1], [-0.2], [1]),
+                 TokenLogprobs([2, 0], [-float("inf"), -0.3], [5, 1])]
+    completion = renderer.completion(positions)
+    assert completion == {"tokens": ["a", "", "é"], "token_logprobs": [-0.1, -0.2, -9999.0],
+                          "top_logprobs": [{"a": -0.1, "b": -2.5}, {"": -0.2}, {"é": -9999.0, "a": -0.3}],
+                          "text_offset": [0, 1, 1]}
+    chat = LogprobsRenderer(decoder, top=1).chat(positions[:1])
+    assert chat == [{"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": [
+        {"token": "a", "logprob": -0.1, "bytes": [97]}]}]

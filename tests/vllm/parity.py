@@ -124,6 +124,8 @@ class Answer:
     finish_reasons: tuple[str, ...]  # every non-null finish_reason, in order: one in a sound answer
     usages: tuple[TokenCounts, ...]  # every usage block, in order: one (streamed: the last chunk's)
     roles: tuple[str, ...] = ()  # chat: the message's role, or every role a delta carries
+    # every token's log-probabilities, in order (`logprob_entries`); values compare to 1e-3
+    logprobs: tuple[tuple[Any, ...], ...] = ()
 
     def value_of(self, name: str) -> Any:
         """A field, or a derived one an `expect` may name: the (only) finish_reason and usage."""
@@ -148,6 +150,33 @@ async def ask(client: openai.AsyncOpenAI, case: ParityCase, model: str, *, strea
     return whole_answer(reply)
 
 
+LOGPROB_TOLERANCE = 1e-3
+
+
+def logprob_entries(logprobs: Any) -> list[tuple[Any, ...]]:
+    """A choice's `logprobs`, one tuple per token: completions (token, logprob, top as sorted
+    (token, logprob) pairs, text offset); chat (token, logprob, bytes, top as (token, logprob,
+    bytes) in order)."""
+    if logprobs is None:
+        return []
+    if getattr(logprobs, "content", None) is not None:
+        return [(entry.token, entry.logprob, tuple(entry.bytes or ()),
+                 tuple((top.token, top.logprob, tuple(top.bytes or ())) for top in entry.top_logprobs))
+                for entry in logprobs.content]
+    return [(token, logprob, tuple(sorted((top or {}).items())), offset)
+            for token, logprob, top, offset in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs,
+                                                   logprobs.text_offset, strict=True)]
+
+
+def _close(reference: Any, value: Any) -> bool:
+    """Equal, floats to `LOGPROB_TOLERANCE`, through tuples."""
+    if isinstance(reference, float) and isinstance(value, float):
+        return abs(reference - value) <= LOGPROB_TOLERANCE
+    if isinstance(reference, tuple) and isinstance(value, tuple):
+        return len(reference) == len(value) and all(map(_close, reference, value))
+    return reference == value
+
+
 def whole_answer(reply: Any) -> Answer:
     """A non-streamed completion or chat completion."""
     chat = reply.object == "chat.completion"
@@ -156,7 +185,8 @@ def whole_answer(reply: Any) -> Answer:
                   text="".join(texts),
                   finish_reasons=tuple(c.finish_reason for c in reply.choices if c.finish_reason is not None),
                   usages=(_counts(reply.usage),) if reply.usage is not None else (),
-                  roles=tuple(c.message.role for c in reply.choices) if chat else ())
+                  roles=tuple(c.message.role for c in reply.choices) if chat else (),
+                  logprobs=tuple(entry for c in reply.choices for entry in logprob_entries(c.logprobs)))
 
 
 async def streamed_answer(stream: Any) -> Answer:
@@ -168,6 +198,7 @@ async def streamed_answer(stream: Any) -> Answer:
     finish_reasons: list[str] = []
     usages: list[TokenCounts] = []
     roles: list[str] = []
+    logprobs: list[tuple[Any, ...]] = []
     async for chunk in stream:
         models.append(chunk.model)
         objects.append(chunk.object)
@@ -181,9 +212,11 @@ async def streamed_answer(stream: Any) -> Answer:
             else:
                 texts.append(choice.text)
             finish_reasons += [choice.finish_reason] if choice.finish_reason is not None else []
+            logprobs += logprob_entries(choice.logprobs)
     assert len(set(models)) <= 1, f"a stream named several models: {set(models)}"
     return Answer(model=models[0] if models else "", objects=_distinct(objects), indexes=_distinct(indexes),
-                  text="".join(texts), finish_reasons=tuple(finish_reasons), usages=tuple(usages), roles=tuple(roles))
+                  text="".join(texts), finish_reasons=tuple(finish_reasons), usages=tuple(usages), roles=tuple(roles),
+                  logprobs=tuple(logprobs))
 
 
 def _counts(usage: Any) -> TokenCounts:
@@ -196,8 +229,18 @@ def _distinct(values: list[Any]) -> tuple[Any, ...]:
 
 def differences(reference: Answer, answer: Answer) -> list[str]:
     """One line per field where `answer` differs from `reference` (vLLM's)."""
-    return [f"{item.name}: vLLM {getattr(reference, item.name)!r}, Tandem {getattr(answer, item.name)!r}"
-            for item in dataclasses.fields(Answer) if getattr(reference, item.name) != getattr(answer, item.name)]
+    return [_difference(item.name, getattr(reference, item.name), getattr(answer, item.name))
+            for item in dataclasses.fields(Answer) if not _close(getattr(reference, item.name), getattr(answer, item.name))]
+
+
+def _difference(name: str, reference: Any, value: Any) -> str:
+    """The field's two values; for long sequences, their lengths and first differing items."""
+    if isinstance(reference, tuple) and isinstance(value, tuple) and max(len(reference), len(value)) > 4:
+        first = next((index for index, (a, b) in enumerate(zip(reference, value)) if not _close(a, b)),
+                     min(len(reference), len(value)))
+        return (f"{name}: {len(reference)} items from vLLM, {len(value)} from Tandem; from item {first}: "
+                f"vLLM {reference[first:first + 2]!r}, Tandem {value[first:first + 2]!r}")
+    return f"{name}: vLLM {reference!r}, Tandem {value!r}"
 
 
 def unmet_expectations(case: ParityCase, reference: Answer) -> list[str]:

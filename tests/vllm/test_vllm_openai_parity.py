@@ -108,6 +108,14 @@ CASES = [
     chat("frequency-penalty", {"messages": STORY, "max_tokens": 24, "frequency_penalty": 1.9}, split=False),
     completion("bad-words", {"prompt": TOKENS, "max_tokens": 16, **vllm_fields(bad_words=[" bo"])}, split=False),
     completion("seeded-sampling", {"prompt": FOX, "max_tokens": 24, "temperature": 0.9, "seed": 7}, split=False),
+    # Log-probabilities of every token, computed by the worker that generated it.
+    completion("logprobs-0", {"prompt": FOX, "max_tokens": 16, "logprobs": 0}),
+    completion("logprobs-5", {"prompt": LONG_TOKENS, "max_tokens": 12, "logprobs": 5}),
+    completion("logprobs-stop-string", {"prompt": FOX, "max_tokens": 16, "logprobs": 2, "stop": "iff str"},
+               finish_reason="stop"),
+    completion("logprobs-eos", {"prompt": BUBBLES, "max_tokens": 40, "logprobs": 1}, finish_reason="stop"),
+    chat("logprobs", {"messages": STORY, "max_tokens": 16, "logprobs": True}),
+    chat("top-logprobs-3", {"messages": STORY, "max_tokens": 40, "logprobs": True, "top_logprobs": 3}),
 ]
 
 

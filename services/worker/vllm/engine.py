@@ -46,20 +46,19 @@ from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import RequestOutputKind
-from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
-from connector.vllm.kv_wire import TransferOrder, held_of, order_params
+from connector.vllm.kv_wire import TransferOrder, held_of
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
 from services.worker.vllm.attention import attention_isa
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
 from services.worker.vllm.options import VllmEngineOptions
 from services.worker.vllm.processes import child_pids, engine_processes, reap_processes, wait_engine_failure
+from services.worker.vllm.sampling import token_logprobs, vllm_sampling_params
 from services.worker.vllm.stats import EngineStats
 from shared.compat import KvLayout
 from shared.config import ConfigError
@@ -271,7 +270,7 @@ class VllmEngine:
             order = staged.order if staged is not None else None
             try:
                 (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
-                vllm_sampling = _sampling_params(sampling, order)
+                vllm_sampling = vllm_sampling_params(sampling, order)
             except (VLLMValidationError, ValueError) as error:  # vLLM checks its sampling fields too
                 raise InvalidArgument(str(error)) from error
         except BaseException:
@@ -303,9 +302,10 @@ class VllmEngine:
                 completion = output.outputs[0]
                 new_tokens = list(completion.token_ids)
                 completion_tokens += len(new_tokens)
+                logprobs = token_logprobs(completion.logprobs, len(new_tokens))
                 if not output.finished:
                     if new_tokens:
-                        yield EngineOutput(token_ids=new_tokens)
+                        yield EngineOutput(token_ids=new_tokens, logprobs=logprobs)
                     continue
                 finished = True
                 reason = _FINISH_REASONS.get(completion.finish_reason or "")
@@ -316,7 +316,7 @@ class VllmEngine:
                     await self._keep_held(request_id, output)
                 # An abort can race a finish that vLLM's scheduler saw first (and pinned).
                 hold_settled = reason != "abort"
-                yield EngineOutput(token_ids=new_tokens, finish_reason=reason,
+                yield EngineOutput(token_ids=new_tokens, logprobs=logprobs, finish_reason=reason,
                                    prompt_tokens=len(token_ids), cached_tokens=output.num_cached_tokens or 0,
                                    completion_tokens=completion_tokens)
         except VLLMValidationError as error:
@@ -382,19 +382,6 @@ class VllmEngine:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
-
-
-def _sampling_params(sampling: SamplingParams, order: TransferOrder | None = None) -> VllmSamplingParams:
-    extra = {"kv_transfer_params": order_params(order)} if order is not None else None
-    return VllmSamplingParams(
-        max_tokens=sampling.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
-        stop_token_ids=list(sampling.stop_token_ids), ignore_eos=sampling.ignore_eos,
-        top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
-        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-        repetition_penalty=sampling.repetition_penalty, min_tokens=sampling.min_tokens,
-        logit_bias=dict(sampling.logit_bias) or None, bad_words=list(sampling.bad_words) or None,
-        allowed_token_ids=sampling.allowed_token_ids,
-        output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)
 
 
 def kv_engine_tag(device_type: str) -> str:

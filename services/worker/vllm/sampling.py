@@ -1,0 +1,33 @@
+"""Tandem's sampling parameters as vLLM's, and vLLM's log-probabilities as Tandem's."""
+
+from __future__ import annotations
+
+from vllm.logprobs import Logprob
+from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+from connector.vllm.kv_wire import TransferOrder, order_params
+from shared.schemas.generate import SamplingParams, TokenLogprobs
+
+
+def vllm_sampling_params(sampling: SamplingParams, order: TransferOrder | None = None) -> VllmSamplingParams:
+    extra = {"kv_transfer_params": order_params(order)} if order is not None else None
+    return VllmSamplingParams(
+        max_tokens=sampling.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
+        stop_token_ids=list(sampling.stop_token_ids), ignore_eos=sampling.ignore_eos,
+        top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
+        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty, min_tokens=sampling.min_tokens,
+        logit_bias=dict(sampling.logit_bias) or None, bad_words=list(sampling.bad_words) or None,
+        allowed_token_ids=sampling.allowed_token_ids, logprobs=sampling.logprobs,
+        output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)
+
+
+def token_logprobs(positions: list[dict[int, Logprob]] | None, new_tokens: int) -> list[TokenLogprobs] | None:
+    """vLLM's log-probabilities of the output's new tokens (a delta output carries theirs only)."""
+    if positions is None:
+        return None
+    assert len(positions) == new_tokens, (len(positions), new_tokens)
+    return [TokenLogprobs(token_ids=list(position), logprobs=[entry.logprob for entry in position.values()],
+                          ranks=[entry.rank if entry.rank is not None else 0 for entry in position.values()])
+            for position in positions]
