@@ -89,7 +89,14 @@ $(VLLM_VENV)/.vllm-router-0.1.17: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/pip install -q --no-deps $(VLLM_ROUTER_PINS)
 	touch $@
 
-install-vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.vllm-router-0.1.17
+# lm-evaluation-harness: the OpenAI parity tests run a log-likelihood task through it against
+# vLLM's own server and against Tandem (its dependencies leave vLLM's pins as they are).
+LM_EVAL_PIN := lm-eval[api]==0.4.13
+$(VLLM_VENV)/.lm-eval-0.4.13: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/pip install -q '$(LM_EVAL_PIN)'
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.vllm-router-0.1.17 $(VLLM_VENV)/.lm-eval-0.4.13
 
 test-vllm: install-vllm
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm

@@ -251,8 +251,10 @@ class FrameSender:
     async def kv_target(self, target: PushTarget) -> None:
         await self._send(KvTarget(seq=self._seq, target=target))
 
-    async def tokens(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None = None) -> None:
-        await self._send(Tokens(seq=self._seq, token_ids=token_ids, logprobs=logprobs))
+    async def tokens(self, token_ids: list[int], logprobs: list[TokenLogprobs] | None = None,
+                     prompt_logprobs: list[TokenLogprobs | None] | None = None) -> None:
+        await self._send(Tokens(seq=self._seq, token_ids=token_ids, logprobs=logprobs,
+                                prompt_logprobs=prompt_logprobs))
 
     async def finished(self, finish_reason: FinishReason, *, prompt_tokens: int, cached_tokens: int,
                        completion_tokens: int, kv_handle: KvHandle | None = None, pulled_tokens: int = 0,

@@ -217,6 +217,8 @@ class Dispatcher:
             now = self._clock()
             decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
             cache = self._kv_view.prompt_cache(params.prompt_ids, now)
+            if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
+                cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={})
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),

@@ -86,6 +86,8 @@ class Generation:
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._completion_tokens = 0
+        # the prompt's log-probabilities, once the first frame brought them (when the request asked)
+        self.prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
         self._primed: Tokens | None = None  # the first frame, pulled by prime()
         self._deferred_error: TandemError | None = None  # raised by the next next(), after the text before it
         self._outcome: str | None = None  # set as soon as the request's fate is known
@@ -165,6 +167,8 @@ class Generation:
                 raise
             self._token_ids.extend(frame.token_ids)
             self._on_tokens(len(frame.token_ids))
+            if frame.prompt_logprobs is not None and self.prompt_logprobs is None:
+                self.prompt_logprobs = tuple(frame.prompt_logprobs)
             return frame
 
     async def _resume(self, error: TandemError) -> bool:

@@ -56,6 +56,25 @@ class LogprobsRenderer:
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
 
+    def prompt(self, prompt_ids: Sequence[int], positions: Sequence[TokenLogprobs | None]) -> dict[str, Any]:
+        """The prompt's positions of an echoed completion (the first has no log-probability),
+        each token's text in the context of the prompt's tokens before it (not counting the
+        first), as vLLM's server renders them; the answer's positions follow (`completion`)."""
+        answer_context, self._context = self._context, []
+        rendered: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, position in zip(prompt_ids, positions, strict=True):
+            if position is None:
+                text = self._decoder.decode([token_id], skip_special_tokens=False)
+                part = {"tokens": [text], "token_logprobs": [None], "top_logprobs": [None],
+                        "text_offset": [self._text_offset]}
+                self._text_offset += len(text)
+            else:
+                part = self.completion([position])
+            for key, values in part.items():
+                rendered[key].extend(values)
+        self._context = answer_context
+        return rendered
+
     def chat(self, positions: Sequence[TokenLogprobs]) -> list[dict[str, Any]]:
         content = []
         for position in positions:

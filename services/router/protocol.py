@@ -98,6 +98,11 @@ class SamplingFields(_Request):
         spells it its own way)."""
         return None
 
+    @property
+    def prompt_logprobs_top(self) -> int | None:
+        """The same for the prompt's tokens (an echoed completion's)."""
+        return None
+
 
 def _same_value(value: object, allowed: object) -> bool:
     if isinstance(value, bool) or isinstance(allowed, bool):  # True is not 1 here
@@ -127,6 +132,11 @@ class _CompletionRequest(SamplingFields):
     prompt: Text | list[int] | list[Text] | list[list[int]]
     max_tokens: int | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # and this many top ones per token
+    echo: bool = False  # the answer starts with the prompt (and its log-probabilities, with logprobs)
+
+    @property
+    def prompt_logprobs_top(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     @property
     def logprobs_top(self) -> int | None:

@@ -55,6 +55,8 @@ _HONOURED = [
     RequestField("skip_special_tokens", "honoured"),
     RequestField("logprobs", "honoured", note="completions: how many top ones (0-20); chat: true or false"),
     RequestField("top_logprobs", "honoured", ("chat",), note="0-20, with logprobs: true"),
+    RequestField("echo", "honoured", ("completions",), note="with logprobs, the prompt's log-probabilities too; "
+                                                              "runs on one engine, computing the whole prompt"),
     RequestField("stream", "honoured"),
     RequestField("stream_options", "honoured", note="include_usage"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
@@ -73,7 +75,7 @@ def _refused(name: str, *allowed: object, endpoints: tuple[Endpoint, ...] = BOTH
 _REFUSED = [
     _refused("n", None, 1, note="one choice per request"),
     _refused("best_of", None, 1, endpoints=("completions",)),
-    _refused("echo", None, False),
+    _refused("echo", None, False, endpoints=("chat",)),
     _refused("suffix", None, endpoints=("completions",), note="vLLM's server refuses it too"),
     _refused("response_format", None, {"type": "text"}),
     _refused("structured_outputs", None),

@@ -99,7 +99,7 @@ class ServingContext:
             min_tokens=body.min_tokens, logit_bias=self._logit_bias(body.logit_bias),
             bad_words=[word for word in body.bad_words or () if word],
             allowed_token_ids=self._vocabulary_ids(body.allowed_token_ids, "allowed_token_ids"),
-            logprobs=body.logprobs_top)
+            logprobs=body.logprobs_top, prompt_logprobs=body.prompt_logprobs_top)
 
     def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
         if not bias:

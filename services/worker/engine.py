@@ -47,6 +47,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
 class EngineOutput(msgspec.Struct, kw_only=True):
     token_ids: list[int]  # tokens new since the previous output
     logprobs: list[TokenLogprobs] | None = None  # one per new token, when the request asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # the first output's, when asked
     finish_reason: FinishReason | None = None  # set on the last output only
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache

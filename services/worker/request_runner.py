@@ -81,7 +81,7 @@ class RequestRunner:
                         await self.kv.send_push_done(plan.writer.target, done)
                         plan.writer = None
                     if output.token_ids:
-                        await sender.tokens(output.token_ids, output.logprobs)
+                        await sender.tokens(output.token_ids, output.logprobs, output.prompt_logprobs)
                     if output.finished:
                         span.set_attribute("tandem.cached_tokens", output.cached_tokens)
                         await sender.finished(output.finish_reason, prompt_tokens=output.prompt_tokens,

@@ -48,7 +48,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     logit_bias: dict[int, float] = {}
     bad_words: list[str] = []
     allowed_token_ids: list[int] | None = None
-    logprobs: int | None = None  # per generated token, its log-probability and this many top ones
+    logprobs: int | None = None  # per generated token, its log-probabilities and this many top ones
+    prompt_logprobs: int | None = None  # the same per prompt token (the first has none)
 
     def non_default_fields(self) -> list[str]:
         """The fields set away from their defaults (`max_tokens` and `temperature` always count)."""
@@ -60,9 +61,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
         """Whether the next token depends on which earlier tokens were *generated* rather than
         given: penalties on output counts, multi-token bad words, and a seeded random stream.
         An engine continuing such a request from `prompt + generated` would sample otherwise
-        than the engine that began it, so it is served whole by one engine."""
+        than the engine that began it, so it is served whole by one engine. So is a request
+        for prompt log-probabilities: only the engine that computes the whole prompt has them."""
         return bool(self.presence_penalty or self.frequency_penalty or self.bad_words
-                    or (self.seed is not None and self.temperature > 0))
+                    or (self.seed is not None and self.temperature > 0) or self.prompt_logprobs is not None)
 
     def continued(self, generated: int) -> "SamplingParams":
         """The parameters for the rest of a request after `generated` tokens came from elsewhere
@@ -96,6 +98,8 @@ class Tokens(Message, tag="tokens", kw_only=True):
     seq: int
     token_ids: list[int]
     logprobs: list[TokenLogprobs] | None = None  # one per token, when the request asked
+    # the request's first frame, when it asked for prompt log-probabilities: one per prompt token
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class Finished(Message, tag="finished", kw_only=True):

@@ -215,7 +215,8 @@ BAD_INPUT = [
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "n": 2}, 400, "n", "one choice per request"),
     # nothing silently ignored: a field Tandem does not honour, or one nobody defines, is named
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "suffix": "x"}, 400, "suffix", "not supported"),
-    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "echo": True}, 400, "echo", "not supported"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "echo": True}, 400, "echo", "not supported"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "response_format": {"type": "json_object"}},
      400, "response_format", "not supported"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "frobnicate": 1}, 400, "frobnicate",

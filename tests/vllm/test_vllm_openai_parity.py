@@ -16,7 +16,10 @@ what vLLM's own answer must show for the row to mean what its name says.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +33,7 @@ from launch.stack import LocalStack  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from tests.vllm.conftest import cores, pd_pair  # noqa: E402
+from tests.vllm.lm_eval_task import Scores, run_lm_eval, write_task  # noqa: E402
 from tests.vllm.parity import Answer, ParityCase, ask, differences, unmet_expectations, vllm_openai_server  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -116,6 +120,12 @@ CASES = [
     completion("logprobs-eos", {"prompt": BUBBLES, "max_tokens": 40, "logprobs": 1}, finish_reason="stop"),
     chat("logprobs", {"messages": STORY, "max_tokens": 16, "logprobs": True}),
     chat("top-logprobs-3", {"messages": STORY, "max_tokens": 40, "logprobs": True, "top_logprobs": 3}),
+    # Echo: the prompt, and its tokens' log-probabilities (lm-evaluation-harness's log-likelihood
+    # requests), computed by the one engine that computes the whole prompt.
+    completion("echo", {"prompt": FOX, "max_tokens": 4, "echo": True}),
+    completion("echo-logprobs-1", {"prompt": FOX, "max_tokens": 1, "echo": True, "logprobs": 1}, split=False),
+    completion("echo-tokens-logprobs-3", {"prompt": LONG_TOKENS, "max_tokens": 6, "echo": True, "logprobs": 3},
+               split=False),
 ]
 
 
@@ -125,10 +135,22 @@ def model_name(tiny_model_dir: str) -> str:
 
 
 @pytest.fixture(scope="module")
-async def vllm_answers(tiny_model_dir: str, model_name: str,
-                       tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Answer]:
-    """vLLM's own server's answer to every case, streamed and not; the server is stopped
-    (nothing of it left) before this returns."""
+def lm_eval_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (make install-vllm installs it)")
+    return write_task(tmp_path_factory.mktemp("lm-eval-task"))
+
+
+@dataclass
+class VllmReference:
+    answers: dict[tuple[str, bool], Answer]
+    lm_eval: Scores
+
+
+@pytest.fixture(scope="module")
+async def vllm_reference(tiny_model_dir: str, model_name: str, lm_eval_task: Path,
+                         tmp_path_factory: pytest.TempPathFactory) -> VllmReference:
+    """vLLM's own server's answer to every case, streamed and not, and lm-eval's scores
+    through it; the server is stopped (nothing of it left) before this returns."""
     options = VllmEngineOptions(model_dir=tiny_model_dir, cpu_threads_bind=str(cores()[0]),
                                 kv_cache_gib=KV_CACHE_GIB)
     answers: dict[tuple[str, bool], Answer] = {}
@@ -137,11 +159,13 @@ async def vllm_answers(tiny_model_dir: str, model_name: str,
             for case in CASES:
                 for stream in STREAMING:
                     answers[case.id, stream] = await ask(client, case, model_name, stream=stream)
-    return answers
+        scores = await asyncio.to_thread(run_lm_eval, f"{url}/v1/completions", model_name, tiny_model_dir,
+                                         lm_eval_task)
+    return VllmReference(answers, scores)
 
 
 @pytest.fixture(scope="module")
-def pd_stack(vllm_answers: dict, nats_server: EmbeddedNats, tiny_model_dir: str,
+def pd_stack(vllm_reference: VllmReference, nats_server: EmbeddedNats, tiny_model_dir: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Starts only once vLLM's server is gone (it depends on its answers)."""
     yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("parity-1p1d"))
@@ -157,9 +181,9 @@ async def disaggregated_requests(router_url: str) -> int:
 
 @pytest.mark.parametrize("stream", STREAMING, ids=("whole", "streamed"))
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_answers: dict[tuple[str, bool], Answer],
+async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_reference: VllmReference,
                                         pd_stack: LocalStack, openai_client, model_name: str) -> None:
-    reference = vllm_answers[case.id, stream]
+    reference = vllm_reference.answers[case.id, stream]
     unmet = unmet_expectations(case, reference)
     assert not unmet, f"{case.id}: vLLM's answer no longer exercises what the case is for: {unmet}"
     split_before = await disaggregated_requests(pd_stack.router_url)
@@ -170,3 +194,18 @@ async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_ans
     assert split == int(case.split), f"{case.id}: split {split} times, expected {int(case.split)}"
     mismatched = differences(reference, answer)
     assert not mismatched, f"{case.id} ({'streamed' if stream else 'whole'}): " + "; ".join(mismatched)
+
+
+async def test_lm_eval_scores_a_log_likelihood_task_as_against_vllm(vllm_reference: VllmReference,
+                                                                    pd_stack: LocalStack, tiny_model_dir: str,
+                                                                    model_name: str, lm_eval_task: Path) -> None:
+    """lm-evaluation-harness's `local-completions` runs a multiple-choice task (log-likelihoods
+    of 48 choices from echoed prompts) against Tandem to the same scores as against vLLM's server."""
+    scores = await asyncio.to_thread(run_lm_eval, f"{pd_stack.router_url}/v1/completions", model_name,
+                                     tiny_model_dir, lm_eval_task)
+    reference = vllm_reference.lm_eval
+    assert len(scores.loglikelihoods) == len(reference.loglikelihoods) == 48
+    assert scores.metrics == reference.metrics
+    worst = max(abs(ours - theirs) for ours, theirs in zip(scores.loglikelihoods, reference.loglikelihoods))
+    assert worst <= 1e-3 * 20, f"log-likelihoods differ by up to {worst} (sums of ~20 tokens' log-probabilities)"
+

@@ -58,12 +58,12 @@ from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
 from services.worker.vllm.options import VllmEngineOptions
 from services.worker.vllm.processes import child_pids, engine_processes, reap_processes, wait_engine_failure
-from services.worker.vllm.sampling import token_logprobs, vllm_sampling_params
+from services.worker.vllm.sampling import prompt_token_logprobs, token_logprobs, vllm_sampling_params
 from services.worker.vllm.stats import EngineStats
 from shared.compat import KvLayout
 from shared.config import ConfigError
 from shared.errors import InvalidArgument, TandemError, Unavailable
-from shared.schemas.generate import FinishReason, SamplingParams
+from shared.schemas.generate import FinishReason, SamplingParams, TokenLogprobs
 from shared.schemas.kv_events import BlockStored, KvEvent
 from shared.tracing import inject_headers
 
@@ -288,6 +288,7 @@ class VllmEngine:
         finished = False
         hold_settled = False  # the final output's held blocks are stored, or there were none
         completion_tokens = 0
+        prompt_parts: list[TokenLogprobs | None] = []
         try:
             async for output in outputs:
                 self._awaiting_first_output.pop(request_id, None)
@@ -303,9 +304,15 @@ class VllmEngine:
                 new_tokens = list(completion.token_ids)
                 completion_tokens += len(new_tokens)
                 logprobs = token_logprobs(completion.logprobs, len(new_tokens))
+                # a prompt's log-probabilities may come in parts (chunked prefill): all go with its first token
+                prompt_logprobs = None
+                if output.prompt_logprobs:
+                    prompt_parts.extend(prompt_token_logprobs(output.prompt_logprobs) or ())
+                if prompt_parts and new_tokens:
+                    prompt_logprobs, prompt_parts = prompt_parts, []
                 if not output.finished:
                     if new_tokens:
-                        yield EngineOutput(token_ids=new_tokens, logprobs=logprobs)
+                        yield EngineOutput(token_ids=new_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
                     continue
                 finished = True
                 reason = _FINISH_REASONS.get(completion.finish_reason or "")
@@ -316,7 +323,8 @@ class VllmEngine:
                     await self._keep_held(request_id, output)
                 # An abort can race a finish that vLLM's scheduler saw first (and pinned).
                 hold_settled = reason != "abort"
-                yield EngineOutput(token_ids=new_tokens, logprobs=logprobs, finish_reason=reason,
+                yield EngineOutput(token_ids=new_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                   finish_reason=reason,
                                    prompt_tokens=len(token_ids), cached_tokens=output.num_cached_tokens or 0,
                                    completion_tokens=completion_tokens)
         except VLLMValidationError as error:

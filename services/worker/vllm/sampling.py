@@ -20,6 +20,7 @@ def vllm_sampling_params(sampling: SamplingParams, order: TransferOrder | None =
         repetition_penalty=sampling.repetition_penalty, min_tokens=sampling.min_tokens,
         logit_bias=dict(sampling.logit_bias) or None, bad_words=list(sampling.bad_words) or None,
         allowed_token_ids=sampling.allowed_token_ids, logprobs=sampling.logprobs,
+        prompt_logprobs=sampling.prompt_logprobs,
         output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)
 
 
@@ -28,6 +29,16 @@ def token_logprobs(positions: list[dict[int, Logprob]] | None, new_tokens: int) 
     if positions is None:
         return None
     assert len(positions) == new_tokens, (len(positions), new_tokens)
-    return [TokenLogprobs(token_ids=list(position), logprobs=[entry.logprob for entry in position.values()],
-                          ranks=[entry.rank if entry.rank is not None else 0 for entry in position.values()])
-            for position in positions]
+    return [_position(position) for position in positions]
+
+
+def prompt_token_logprobs(positions: list[dict[int, Logprob] | None] | None) -> list[TokenLogprobs | None] | None:
+    """vLLM's prompt log-probabilities (the first position has none)."""
+    if positions is None:
+        return None
+    return [None if position is None else _position(position) for position in positions]
+
+
+def _position(position: dict[int, Logprob]) -> TokenLogprobs:
+    return TokenLogprobs(token_ids=list(position), logprobs=[entry.logprob for entry in position.values()],
+                         ranks=[entry.rank if entry.rank is not None else 0 for entry in position.values()])
