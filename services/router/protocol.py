@@ -23,6 +23,8 @@ from services.router.request_fields import Endpoint, RequestField, fields_of
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 TOKEN_ID_MAX = 2**31 - 1
 MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM's server allows by default
+MAX_CHOICES = 64  # choices per request (n, times the prompts of a batch)
+MAX_PROMPTS = MAX_CHOICES
 
 
 def _utf8_encodable(text: str) -> str:
@@ -56,6 +58,7 @@ class SamplingFields(_Request):
     stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)  # choices per prompt
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -74,6 +77,12 @@ class SamplingFields(_Request):
     # Tandem extension, decode-first: serve only from a worker already holding at least this
     # share of the prompt's KV; otherwise answer at once with finish_reason "cache_threshold".
     cache_hit_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _choices_need_sampling(self) -> "SamplingFields":
+        if self.n > 1 and self.temperature == 0:  # as vLLM's server refuses: they would all be the same
+            raise ValueError(f"n must be 1 when using greedy sampling (temperature 0), got {self.n}")
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> "SamplingFields":
@@ -144,17 +153,27 @@ class _CompletionRequest(SamplingFields):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[int] | list[str] | list[list[int]]):
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and len(prompt) != 1:
-            raise ValueError(f"batches are not supported: send one prompt, not {len(prompt)}")
+    def _bounded_batch(cls, prompt: str | list[int] | list[str] | list[list[int]]):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) and len(prompt) > MAX_PROMPTS:
+            raise ValueError(f"a batch holds at most {MAX_PROMPTS} prompts, got {len(prompt)}")
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("the prompt is empty")
         return prompt
 
+    @model_validator(mode="after")
+    def _bounded_choices(self) -> "_CompletionRequest":
+        if len(self.prompts) * self.n > MAX_CHOICES:
+            raise ValueError(f"a request answers at most {MAX_CHOICES} choices (prompts x n), "
+                             f"got {len(self.prompts)} x {self.n}")
+        return self
+
     @property
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts: one, or each of a batch (answered in order, `n` choices each)."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            return prompt[0]  # type: ignore[return-value]  # a batch of one
-        return prompt  # type: ignore[return-value]
+            return list(prompt)  # type: ignore[arg-type]
+        return [prompt]  # type: ignore[list-item]
 
 
 class TextContentPart(_Request):

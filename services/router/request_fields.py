@@ -33,7 +33,9 @@ class RequestField:
 
 _HONOURED = [
     RequestField("model", "honoured"),
-    RequestField("prompt", "honoured", ("completions",), note="a string, token ids, or a batch of exactly one"),
+    RequestField("prompt", "honoured", ("completions",), note="a string, token ids, or a batch of either "
+                                                                "(each prompt routed on its own, answered in order)"),
+    RequestField("n", "honoured", note="choices per prompt, each routed on its own (seeded: seed + i)"),
     RequestField("messages", "honoured", ("chat",), note="text content; the model's chat template"),
     RequestField("max_tokens", "honoured"),
     RequestField("max_completion_tokens", "honoured", ("chat",)),
@@ -73,8 +75,7 @@ def _refused(name: str, *allowed: object, endpoints: tuple[Endpoint, ...] = BOTH
 
 
 _REFUSED = [
-    _refused("n", None, 1, note="one choice per request"),
-    _refused("best_of", None, 1, endpoints=("completions",)),
+    _refused("best_of", None, 1, endpoints=("completions",), note="vLLM's server (0.32) no longer has it"),
     _refused("echo", None, False, endpoints=("chat",)),
     _refused("suffix", None, endpoints=("completions",), note="vLLM's server refuses it too"),
     _refused("response_format", None, {"type": "text"}),

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.types import Receive
@@ -121,11 +122,15 @@ class ServingContext:
         return list(token_ids)
 
     def params(self, identity: RequestIdentity, body: SamplingFields, model: str, prompt_ids: list[int],
-               max_tokens: int, route_hint: str | None = None) -> GenerationParams:
-        """A validated request as the dispatcher takes it (both generate endpoints)."""
+               max_tokens: int, route_hint: str | None = None, *, sample: int = 0) -> GenerationParams:
+        """A validated request as the dispatcher takes it (both generate endpoints); the
+        `sample`-th choice of its prompt samples with the seed + `sample`, as vLLM's server's."""
+        sampling = self.sampling(body, max_tokens)
+        if sample and sampling.seed is not None:
+            sampling = msgspec.structs.replace(sampling, seed=sampling.seed + sample)
         return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
                                 arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
-                                sampling=self.sampling(body, max_tokens), stop=body.stop_strings,
+                                sampling=sampling, stop=body.stop_strings,
                                 cache_hit_threshold=body.cache_hit_threshold, route_hint=route_hint,
                                 skip_special_tokens=body.skip_special_tokens,
                                 eos_token_id=self.tokenizer.eos_token_id)

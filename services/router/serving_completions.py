@@ -6,8 +6,9 @@ has none), which the worker that computed the prompt sends with the first token.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +16,11 @@ import msgspec
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from services.router.choices import Choice, close_all, respond_choices
 from services.router.generation import Delta, Final, Generation
 from services.router.logprobs import LogprobsRenderer
 from services.router.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
-from services.router.records import GenerationParams
+from services.router.records import GenerationParams, RequestIdentity
 from services.router.serving import ServingContext, respond
 from services.router.sse import ChunkPrefix, finish_json, text_json
 from shared.schemas import TokenLogprobs
@@ -35,7 +37,9 @@ class EchoedPrompt:
 
 class CompletionFormat:
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
-                 echo: EchoedPrompt | None = None) -> None:
+                 echo: EchoedPrompt | None = None, index: int = 0) -> None:
+        self.index = index  # the choice's
+        self._index_json = b'{"index":' + str(index).encode()
         self.request_id = request_id
         self.model = model
         self.created = created
@@ -67,16 +71,22 @@ class CompletionFormat:
     def _choice(self, text: str, finish_reason: str | None, positions: Sequence[TokenLogprobs]) -> bytes:
         text, rendered = self._with_echo(text, positions)
         logprobs = b"null" if rendered is None else msgspec.json.encode(rendered)
-        return self._prefix.choice(b"".join((b'{"index":0,"text":', text_json(text), b',"logprobs":', logprobs,
+        return self._prefix.choice(b"".join((self._index_json, b',"text":', text_json(text), b',"logprobs":', logprobs,
                                              b',"finish_reason":', finish_json(finish_reason), b"}")))
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return self._prefix.usage(usage.model_dump_json().encode())
 
-    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
+    def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> CompletionChoice:
         text, rendered = self._with_echo(text, logprobs)
+        return CompletionChoice(index=self.index, text=text, finish_reason=finish_reason, logprobs=rendered)
+
+    def response_of(self, choices: list[Any], usage: Usage) -> BaseModel:
         return CompletionResponse(id=self.request_id, model=self.model, created=self.created, usage=usage,
-                                  choices=[CompletionChoice(text=text, finish_reason=finish_reason, logprobs=rendered)])
+                                  choices=choices)
+
+    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
+        return self.response_of([self.choice(text, finish_reason, logprobs)], usage)
 
 
 def _extend(rendered: dict[str, list[Any]], part: dict[str, list[Any]]) -> None:
@@ -91,26 +101,48 @@ class CompletionsServing:
     async def create(self, body: CompletionRequest, route_hint: str | None = None) -> Response:
         context = self._context
         identity = context.identity("cmpl", ENDPOINT, body.model)
+        created = int(time.time())
+        prompts = body.prompts
+        if len(prompts) == 1 and body.n == 1:
+            generation = await context.start(identity, self._prepare(identity, body, prompts[0], 0, route_hint))
+            spelled = self._format(identity.request_id, body, created, prompts[0], generation, 0)
+            return await respond(generation, spelled, stream=body.stream, include_usage=body.include_usage)
+        choices: list[Choice] = []
+        try:
+            for prompt_index, prompt in enumerate(prompts):
+                for sample in range(body.n):
+                    index = prompt_index * body.n + sample
+                    own = dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}")
+                    generation = await context.start(own, self._prepare(own, body, prompt, sample, route_hint))
+                    choices.append(Choice(generation, self._format(identity.request_id, body, created, prompt,
+                                                                   generation, index), prompt_index))
+        except BaseException:
+            await close_all(choices)
+            raise
+        return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
+
+    def _prepare(self, identity: RequestIdentity, body: CompletionRequest, prompt: str | list[int], sample: int,
+                 route_hint: str | None) -> Callable[[], Awaitable[GenerationParams]]:
+        """The validation of one choice's request: the `sample`-th of its prompt's (seed + sample)."""
+        context = self._context
 
         async def prepare() -> GenerationParams:
             model = context.resolve_model(body.model)
-            prompt = body.single_prompt
-            if isinstance(prompt, str):
-                prompt_ids = await context.tokenize(prompt)
-            else:
-                prompt_ids = list(prompt)
+            prompt_ids = await context.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
             prompt_ids = context.check_prompt_ids(prompt_ids, "prompt")
             max_tokens = context.max_tokens(body.max_tokens, "max_tokens")
-            return context.params(identity, body, model, prompt_ids, max_tokens, route_hint)
+            return context.params(identity, body, model, prompt_ids, max_tokens, route_hint, sample=sample)
 
-        generation = await context.start(identity, prepare)
-        renderer = None if body.logprobs_top is None else LogprobsRenderer(context.tokenizer, body.logprobs_top)
+        return prepare
+
+    def _format(self, request_id: str, body: CompletionRequest, created: int, prompt: str | list[int],
+                generation: Generation, index: int) -> CompletionFormat:
+        tokenizer = self._context.tokenizer
+        renderer = None if body.logprobs_top is None else LogprobsRenderer(tokenizer, body.logprobs_top)
         echo = None
         if body.echo:
-            prompt = body.single_prompt
             prompt_ids = generation.params.prompt_ids
-            echo = EchoedPrompt(prompt if isinstance(prompt, str) else context.tokenizer.decode(prompt_ids),
-                                prompt_ids, generation)
-        spelled = CompletionFormat(identity.request_id, body.model, int(time.time()), renderer, echo)
-        return await respond(generation, spelled, stream=body.stream, include_usage=body.include_usage)
+            echo = EchoedPrompt(prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids), prompt_ids,
+                                generation)
+        return CompletionFormat(request_id, body.model, created, renderer, echo, index)
 

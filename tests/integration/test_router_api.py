@@ -83,6 +83,35 @@ async def test_completions_streaming_and_not(router: Router, start_worker, token
     assert again.usage.prompt_tokens_details.cached_tokens == full_blocks * BLOCK_SIZE  # the worker's prefix cache
 
 
+async def test_a_batch_of_prompts_with_n_choices_each_answers_every_choice_in_order(
+        router: Router, start_worker, tokenizer: Tokenizer) -> None:
+    worker = await start_worker()
+    await wait_for_workers(router, 1)
+    prompts = ["The river runs", "A fox jumps over"]
+    batch = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompts, n=3, max_tokens=4,
+                                                   temperature=0.7, seed=11)
+    assert [choice.index for choice in batch.choices] == list(range(6))
+    sent = {(tuple(request.token_ids), request.sampling.seed): request for request in worker.requests}
+    for choice in batch.choices:
+        prompt_ids = tokenizer.encode(prompts[choice.index // 3])
+        request = sent[tuple(prompt_ids), 11 + choice.index % 3]  # the i-th choice of a prompt: seed + i
+        assert choice.text == answer_text(tokenizer, reference_tokens(request, tokenizer.vocab_size))
+    assert batch.usage.prompt_tokens == sum(len(tokenizer.encode(prompt)) for prompt in prompts)  # each once
+    assert batch.usage.completion_tokens == 6 * 4
+
+    stream = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompts, n=2, max_tokens=3,
+                                                    stream=True, stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    texts = {index: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == index)
+             for index in range(4)}
+    assert texts[0] == texts[1] and texts[2] == texts[3]  # greedy: a prompt's choices agree
+    finished = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finished) == [0, 1, 2, 3] and chunks[-1].usage.completion_tokens == 4 * 3
+    chat = await router.client.chat.completions.create(model=MODEL_DIR_NAME, n=2, max_tokens=3,
+                                                       messages=[{"role": "user", "content": "Hello"}])
+    assert [choice.index for choice in chat.choices] == [0, 1] and chat.usage.completion_tokens == 6
+
+
 async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: Tokenizer) -> None:
     worker = await start_worker()
     await wait_for_workers(router, 1)
@@ -212,7 +241,11 @@ BAD_INPUT = [
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": "5"}, 400, "max_tokens", "integer"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "at least 1"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "max_tokens": 257}, 400, "max_tokens", "at most 256"),
-    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "n": 2}, 400, "n", "one choice per request"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "n": 0}, 400, "n", "greater than or equal to 1"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "n": 2, "temperature": 0}, 400, None,
+     "greedy sampling"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ["a"] * 9, "n": 8}, 400, None, "at most 64 choices"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "best_of": 2}, 400, "best_of", "no longer"),
     # nothing silently ignored: a field Tandem does not honour, or one nobody defines, is named
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "suffix": "x"}, 400, "suffix", "not supported"),
     ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
@@ -231,7 +264,7 @@ BAD_INPUT = [
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "top_k": 5, "logit_bias": {"5": 1}}, 400, None,
      "the sim engine does not model top_k, logit_bias"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "temperature": 3}, 400, "temperature", "2"),
-    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ["a", "b"]}, 400, "prompt", "batches are not supported"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ["a", ""]}, 400, "prompt", "empty"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": ""}, 400, "prompt", "empty"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": [1, 999999]}, 400, "prompt", "token ids"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "hi", "stream": "yes"}, 400, "stream", "boolean"),

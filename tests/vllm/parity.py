@@ -97,9 +97,10 @@ class ParityCase:
     endpoint: Literal["completions", "chat"]
     request: Mapping[str, Any]
     expect: Mapping[str, Any] = field(default_factory=dict)
-    # False: the request samples on its output history, so the router serves it on one
-    # engine (`SamplingParams.depends_on_output_history`), never split
-    split: bool = True
+    # How many of its choices the router splits between a prefill and a decode worker (True:
+    # its one choice; False: none, as it samples on its output history, which one engine
+    # serves whole: `SamplingParams.depends_on_output_history`)
+    split: bool | int = True
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ async def ask(client: openai.AsyncOpenAI, case: ParityCase, model: str, *, strea
 
 
 LOGPROB_TOLERANCE = 1e-3
+CHOICE_SEPARATOR = "\n<next choice>\n"  # between the texts of several choices, in index order
 
 
 def logprob_entries(logprobs: Any) -> list[tuple[Any, ...]]:
@@ -182,7 +184,7 @@ def whole_answer(reply: Any) -> Answer:
     chat = reply.object == "chat.completion"
     texts = [(choice.message.content or "") if chat else choice.text for choice in reply.choices]
     return Answer(model=reply.model, objects=(reply.object,), indexes=tuple(c.index for c in reply.choices),
-                  text="".join(texts),
+                  text=CHOICE_SEPARATOR.join(texts),
                   finish_reasons=tuple(c.finish_reason for c in reply.choices if c.finish_reason is not None),
                   usages=(_counts(reply.usage),) if reply.usage is not None else (),
                   roles=tuple(c.message.role for c in reply.choices) if chat else (),
@@ -190,33 +192,33 @@ def whole_answer(reply: Any) -> Answer:
 
 
 async def streamed_answer(stream: Any) -> Answer:
-    """A streamed completion or chat completion, read to its end."""
+    """A streamed completion or chat completion, read to its end. Several choices' chunks
+    interleave as they come: each field is gathered per choice, then joined in index order."""
     models: list[str] = []
     objects: list[str] = []
-    indexes: list[int] = []
-    texts: list[str] = []
-    finish_reasons: list[str] = []
+    per_choice: dict[int, dict[str, list[Any]]] = {}
     usages: list[TokenCounts] = []
-    roles: list[str] = []
-    logprobs: list[tuple[Any, ...]] = []
     async for chunk in stream:
         models.append(chunk.model)
         objects.append(chunk.object)
         if chunk.usage is not None:
             usages.append(_counts(chunk.usage))
         for choice in chunk.choices:
-            indexes.append(choice.index)
+            own = per_choice.setdefault(choice.index, {"texts": [], "finish": [], "roles": [], "logprobs": []})
             if chunk.object == "chat.completion.chunk":
-                texts.append(choice.delta.content or "")
-                roles += [choice.delta.role] if choice.delta.role else []
+                own["texts"].append(choice.delta.content or "")
+                own["roles"] += [choice.delta.role] if choice.delta.role else []
             else:
-                texts.append(choice.text)
-            finish_reasons += [choice.finish_reason] if choice.finish_reason is not None else []
-            logprobs += logprob_entries(choice.logprobs)
+                own["texts"].append(choice.text)
+            own["finish"] += [choice.finish_reason] if choice.finish_reason is not None else []
+            own["logprobs"] += logprob_entries(choice.logprobs)
     assert len(set(models)) <= 1, f"a stream named several models: {set(models)}"
-    return Answer(model=models[0] if models else "", objects=_distinct(objects), indexes=_distinct(indexes),
-                  text="".join(texts), finish_reasons=tuple(finish_reasons), usages=tuple(usages), roles=tuple(roles),
-                  logprobs=tuple(logprobs))
+    ordered = [per_choice[index] for index in sorted(per_choice)]
+    return Answer(model=models[0] if models else "", objects=_distinct(objects), indexes=tuple(sorted(per_choice)),
+                  text=CHOICE_SEPARATOR.join("".join(own["texts"]) for own in ordered),
+                  finish_reasons=tuple(reason for own in ordered for reason in own["finish"]), usages=tuple(usages),
+                  roles=tuple(role for own in ordered for role in own["roles"]),
+                  logprobs=tuple(entry for own in ordered for entry in own["logprobs"]))
 
 
 def _counts(usage: Any) -> TokenCounts:

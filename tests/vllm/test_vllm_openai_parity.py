@@ -51,11 +51,11 @@ LONG_TOKENS = list(range(300, 600))
 STORY = [{"role": "user", "content": "Tell me a story about a fox."}]  # " atmos?nect its... sc| Fres" (id 1201)
 
 
-def completion(case_id: str, request: dict[str, Any], *, split: bool = True, **expect: Any) -> ParityCase:
+def completion(case_id: str, request: dict[str, Any], *, split: bool | int = True, **expect: Any) -> ParityCase:
     return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect, split)
 
 
-def chat(case_id: str, request: dict[str, Any], *, split: bool = True, **expect: Any) -> ParityCase:
+def chat(case_id: str, request: dict[str, Any], *, split: bool | int = True, **expect: Any) -> ParityCase:
     return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect, split)
 
 
@@ -126,6 +126,13 @@ CASES = [
     completion("echo-logprobs-1", {"prompt": FOX, "max_tokens": 1, "echo": True, "logprobs": 1}, split=False),
     completion("echo-tokens-logprobs-3", {"prompt": LONG_TOKENS, "max_tokens": 6, "echo": True, "logprobs": 3},
                split=False),
+    # Several choices: n per prompt, prompts of a batch, each choice routed (and split) on its own.
+    completion("n-3-top-k-1", {"prompt": FOX, "max_tokens": 8, "n": 3, **SAMPLED, **vllm_fields(top_k=1)}, split=3),
+    completion("n-2-seeded", {"prompt": TOKENS, "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 5}, split=0),
+    completion("batch-2", {"prompt": [FOX, BUBBLES], "max_tokens": 8}, split=2),
+    completion("batch-2-n-2-logprobs", {"prompt": [TOKENS, LONG_TOKENS], "max_tokens": 5, "n": 2, "logprobs": 1,
+                                        **SAMPLED, **vllm_fields(top_k=1)}, split=4),
+    chat("n-2", {"messages": STORY, "max_tokens": 8, "n": 2, **SAMPLED, **vllm_fields(top_k=1)}, split=2),
 ]
 
 

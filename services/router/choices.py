@@ -1,0 +1,141 @@
+"""An answer of several choices: `n` per prompt, for each prompt of a batch, as vLLM's server
+gives them. Each choice is a `Generation` of its own (routed on its own, resumed on its own);
+choice `prompt_index * n + i` is the i-th of that prompt's.
+
+- Whole: every choice's text, in index order, and one usage: the prompt tokens of each prompt
+  once, the completion tokens of every choice.
+- Streamed: each choice's chunks carry its index, in the order they arrive (a chat stream
+  opens with each choice's role chunk); then, with `include_usage`, the usage chunk and
+  `[DONE]`.
+The status is decided once every choice has its first piece: a choice refused or failed
+before any byte is the request's error. After that, a failing choice ends the stream with an
+SSE error event, and the other choices are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from services.router.errors import error_info
+from services.router.generation import Delta, Final, Generation
+from services.router.protocol import ErrorResponse, Usage
+from services.router.records import TokenUsage
+from services.router.serving import ResponseFormat, api_usage, sse
+from services.router.sse import SSE_DONE, SseResponse
+from shared.errors import TandemError
+from shared.schemas import TokenLogprobs
+
+log = logging.getLogger(__name__)
+
+
+class ChoiceFormat(ResponseFormat, Protocol):
+    def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> Any: ...
+    def response_of(self, choices: list[Any], usage: Usage) -> BaseModel: ...
+
+
+@dataclass
+class Choice:
+    generation: Generation
+    spelled: ChoiceFormat  # its index's format
+    prompt_index: int
+
+
+def total_usage(choices: Sequence[Choice], finals: Sequence[Final]) -> Usage:
+    """Each prompt's tokens once (its first choice's count), every choice's completion tokens."""
+    prompts: dict[int, TokenUsage] = {}
+    for choice, final in zip(choices, finals, strict=True):
+        prompts.setdefault(choice.prompt_index, final.usage)
+    return api_usage(TokenUsage(prompt_tokens=sum(usage.prompt_tokens for usage in prompts.values()),
+                                completion_tokens=sum(final.usage.completion_tokens for final in finals),
+                                cached_tokens=sum(usage.cached_tokens for usage in prompts.values())))
+
+
+async def respond_choices(choices: list[Choice], *, stream: bool, include_usage: bool) -> Response:
+    try:
+        firsts = await asyncio.gather(*(choice.generation.next() for choice in choices))
+    except BaseException:
+        await close_all(choices)
+        raise
+    if stream:
+        return SseResponse(_events(choices, list(firsts), include_usage), lambda: close_all(choices))
+    try:
+        answers = await asyncio.gather(*(_whole(choice, first) for choice, first in zip(choices, firsts, strict=True)))
+    finally:
+        await close_all(choices)
+    finals = [final for _, final, _ in answers]
+    spelled = [choice.spelled.choice(text, final.finish_reason, logprobs)
+               for choice, (text, final, logprobs) in zip(choices, answers, strict=True)]
+    body = choices[0].spelled.response_of(spelled, total_usage(choices, finals))
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+async def close_all(choices: Sequence[Choice]) -> None:
+    await asyncio.gather(*(choice.generation.close() for choice in choices), return_exceptions=True)
+
+
+async def _whole(choice: Choice, first: Delta | Final) -> tuple[str, Final, list[TokenLogprobs]]:
+    pieces: list[str] = []
+    logprobs: list[TokenLogprobs] = []
+    piece = first
+    while isinstance(piece, Delta):
+        pieces.append(piece.text)
+        logprobs.extend(piece.logprobs)
+        piece = await choice.generation.next()
+    pieces.append(piece.text)
+    logprobs.extend(piece.logprobs)
+    return "".join(pieces), piece, logprobs
+
+
+async def _pieces(choice: Choice, first: Delta | Final, queue: asyncio.Queue) -> None:
+    """Every piece of one choice into `queue` as (choice, piece or error), its final one last."""
+    piece: Delta | Final = first
+    try:
+        while True:
+            await queue.put((choice, piece))
+            if isinstance(piece, Final):
+                return
+            piece = await choice.generation.next()
+    except TandemError as error:
+        await queue.put((choice, error))
+    except Exception as error:  # a bug: still an explicit error for the client
+        log.exception("a choice of %s failed", choice.generation.params.request_id)
+        await queue.put((choice, TandemError(f"internal error: {type(error).__name__}")))
+
+
+async def _events(choices: list[Choice], firsts: list[Delta | Final],
+                  include_usage: bool) -> AsyncIterator[tuple[bytes, bool]]:
+    queue: asyncio.Queue = asyncio.Queue()
+    tasks = [asyncio.create_task(_pieces(choice, first, queue)) for choice, first in zip(choices, firsts, strict=True)]
+    finals: dict[int, Final] = {}
+    opening = [chunk for choice in choices for chunk in choice.spelled.opening_chunks()]
+    try:
+        while len(finals) < len(choices):
+            choice, piece = await queue.get()
+            if isinstance(piece, TandemError):
+                yield sse(ErrorResponse(error=error_info(piece))), True
+                return
+            if isinstance(piece, Final):
+                finals[choices.index(choice)] = piece
+                chunk = choice.spelled.final_chunk(piece)
+            else:
+                chunk = choice.spelled.text_chunk(piece)
+            if opening:
+                chunk, opening = b"".join((*opening, chunk)), []
+            yield chunk, False
+        tail = []
+        if include_usage:
+            ordered = [finals[index] for index in range(len(choices))]
+            tail.append(choices[0].spelled.usage_chunk(total_usage(choices, ordered)))
+        tail.append(SSE_DONE)
+        yield b"".join(tail), True
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
