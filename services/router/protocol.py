@@ -49,6 +49,42 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaSpec(_Request):
+    name: Text = "response"
+    description: Text | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is needed with type json_schema, and only with it")
+        return self
+
+
+class StructuredOutputs(_Request):
+    """vLLM's `structured_outputs`: exactly one form."""
+
+    json_: dict[str, Any] | Text | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: Text | None = None
+    choice: list[Text] | None = Field(default=None, min_length=1)
+    grammar: Text | None = None
+    disable_any_whitespace: bool = False  # JSON without whitespace between its tokens
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "StructuredOutputs":
+        forms = [self.json_, self.json_object or None, self.regex, self.choice, self.grammar]
+        if sum(form is not None for form in forms) != 1:
+            raise ValueError("name exactly one of json, json_object, regex, choice, grammar")
+        return self
+
+
 class SamplingFields(_Request):
     """Fields both generate endpoints share."""
 
@@ -74,9 +110,18 @@ class SamplingFields(_Request):
     bad_words: list[Text] | None = None
     allowed_token_ids: list[TokenId] | None = Field(default=None, min_length=1)
     skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     # Tandem extension, decode-first: serve only from a worker already holding at least this
     # share of the prompt's KV; otherwise answer at once with finish_reason "cache_threshold".
     cache_hit_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _one_structure(self) -> "SamplingFields":
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise ValueError("send response_format or structured_outputs, not both")
+        return self
 
     @model_validator(mode="after")
     def _choices_need_sampling(self) -> "SamplingFields":

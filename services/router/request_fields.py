@@ -55,6 +55,10 @@ _HONOURED = [
     RequestField("bad_words", "honoured", note="runs on one engine, never split"),
     RequestField("allowed_token_ids", "honoured"),
     RequestField("skip_special_tokens", "honoured"),
+    RequestField("response_format", "honoured", note="text, json_object, json_schema: vLLM's structured output "
+                                                     "on one engine (not split)"),
+    RequestField("structured_outputs", "honoured", note="vLLM's: json, json_object, regex, choice or grammar "
+                                                        "(and disable_any_whitespace); one engine"),
     RequestField("logprobs", "honoured", note="completions: how many top ones (0-20); chat: true or false"),
     RequestField("top_logprobs", "honoured", ("chat",), note="0-20, with logprobs: true"),
     RequestField("echo", "honoured", ("completions",), note="with logprobs, the prompt's log-probabilities too; "
@@ -78,8 +82,6 @@ _REFUSED = [
     _refused("best_of", None, 1, endpoints=("completions",), note="vLLM's server (0.32) no longer has it"),
     _refused("echo", None, False, endpoints=("chat",)),
     _refused("suffix", None, endpoints=("completions",), note="vLLM's server refuses it too"),
-    _refused("response_format", None, {"type": "text"}),
-    _refused("structured_outputs", None),
     _refused("tools", None, []),
     _refused("tool_choice", None, "none", endpoints=("chat",)),
     _refused("parallel_tool_calls", None, True, endpoints=("chat",)),

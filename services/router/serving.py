@@ -11,6 +11,7 @@ cancels the request on the worker (`watched`, `services.router.sse`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +33,7 @@ from services.router.worker_pool import WorkerPool
 from shared.config import RouterConfig
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import SamplingParams, TokenLogprobs
+from shared.schemas.generate import StructuredOutput
 from shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,7 @@ class ServingContext:
             min_tokens=body.min_tokens, logit_bias=self._logit_bias(body.logit_bias),
             bad_words=[word for word in body.bad_words or () if word],
             allowed_token_ids=self._vocabulary_ids(body.allowed_token_ids, "allowed_token_ids"),
-            logprobs=body.logprobs_top, prompt_logprobs=body.prompt_logprobs_top)
+            logprobs=body.logprobs_top, prompt_logprobs=body.prompt_logprobs_top, structured=structured_output(body))
 
     def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
         if not bias:
@@ -151,6 +153,21 @@ class ServingContext:
             await self.recorder.record(identity, outcome=ErrorCode.CANCELLED.value)
             raise
         return await self.dispatcher.dispatch(params)
+
+
+def structured_output(body: SamplingFields) -> StructuredOutput | None:
+    """The form `response_format` or `structured_outputs` asks of the output (None: free text)."""
+    form, wanted = body.response_format, body.structured_outputs
+    if form is not None and form.type == "json_object":
+        return StructuredOutput(json_object=True)
+    if form is not None and form.json_schema is not None:
+        return StructuredOutput(json_schema=json.dumps(form.json_schema.schema_))
+    if wanted is None:
+        return None
+    schema = wanted.json_
+    return StructuredOutput(json_schema=schema if isinstance(schema, str) or schema is None else json.dumps(schema),
+                            json_object=bool(wanted.json_object), regex=wanted.regex, choice=wanted.choice,
+                            grammar=wanted.grammar, disable_any_whitespace=wanted.disable_any_whitespace)
 
 
 class ResponseFormat(Protocol):

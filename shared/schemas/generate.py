@@ -28,6 +28,19 @@ class TokenLogprobs(msgspec.Struct, array_like=True, frozen=True):
     ranks: list[int]
 
 
+class StructuredOutput(msgspec.Struct, kw_only=True, frozen=True):
+    """The output's form, enforced by vLLM's structured-output backend: exactly one of a JSON
+    schema (its JSON text), any JSON object, a regular expression, one of some strings, or a
+    grammar (EBNF/Lark text)."""
+
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    disable_any_whitespace: bool = False  # JSON: no whitespace between tokens
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     """How a request samples, as vLLM's `SamplingParams` means each field (the router has
     validated ranges). Defaults change nothing: an engine that cannot model a field refuses
@@ -50,6 +63,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     allowed_token_ids: list[int] | None = None
     logprobs: int | None = None  # per generated token, its log-probabilities and this many top ones
     prompt_logprobs: int | None = None  # the same per prompt token (the first has none)
+    structured: StructuredOutput | None = None
 
     def non_default_fields(self) -> list[str]:
         """The fields set away from their defaults (`max_tokens` and `temperature` always count)."""
@@ -62,9 +76,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
         given: penalties on output counts, multi-token bad words, and a seeded random stream.
         An engine continuing such a request from `prompt + generated` would sample otherwise
         than the engine that began it, so it is served whole by one engine. So is a request
-        for prompt log-probabilities: only the engine that computes the whole prompt has them."""
+        for prompt log-probabilities (only the engine that computes the whole prompt has them),
+        and one for structured output (the grammar's state lives in the engine that began it)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.bad_words
-                    or (self.seed is not None and self.temperature > 0) or self.prompt_logprobs is not None)
+                    or (self.seed is not None and self.temperature > 0) or self.prompt_logprobs is not None
+                    or self.structured is not None)
+
+    @property
+    def resumable_mid_answer(self) -> bool:
+        """Whether another engine may continue the answer from `prompt + generated` after a
+        worker loss: not for structured output, whose grammar would restart there (the
+        request ends with an explicit error instead of output that breaks its form)."""
+        return self.structured is None
 
     def continued(self, generated: int) -> "SamplingParams":
         """The parameters for the rest of a request after `generated` tokens came from elsewhere

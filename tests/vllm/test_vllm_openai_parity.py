@@ -17,6 +17,7 @@ what vLLM's own answer must show for the row to mean what its name says.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,10 @@ BUBBLES = " bubbles"  # one token; its greedy answer ends with EOS as its 28th t
 TOKENS = [5, 100, 200, 300, 400, 500, 600, 700, 800]  # "~~iad?oking| bo| en ..."; " bo" is id 447
 LONG_TOKENS = list(range(300, 600))
 STORY = [{"role": "user", "content": "Tell me a story about a fox."}]  # " atmos?nect its... sc| Fres" (id 1201)
+VERDICT = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]},
+                                            "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+           "required": ["answer", "score"], "additionalProperties": False}
+VERDICT_PATTERN = r'\{"answer": "(yes|no)", "score": [0-9]\}'  # VERDICT's JSON, as a regular expression
 
 
 def completion(case_id: str, request: dict[str, Any], *, split: bool | int = True, **expect: Any) -> ParityCase:
@@ -133,6 +138,19 @@ CASES = [
     completion("batch-2-n-2-logprobs", {"prompt": [TOKENS, LONG_TOKENS], "max_tokens": 5, "n": 2, "logprobs": 1,
                                         **SAMPLED, **vllm_fields(top_k=1)}, split=4),
     chat("n-2", {"messages": STORY, "max_tokens": 8, "n": 2, **SAMPLED, **vllm_fields(top_k=1)}, split=2),
+    # Structured output, by vLLM's backend on the one engine that serves the request whole.
+    # (random weights: the JSON grammar lets the model write whitespace to the end, as it does on vLLM)
+    chat("json-schema", {"messages": STORY, "max_tokens": 32, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}}, split=False),
+    chat("json-schema-no-whitespace", {"messages": STORY, "max_tokens": 32, **vllm_fields(structured_outputs={
+        "json": VERDICT, "disable_any_whitespace": True})}, split=False),
+    completion("json-object", {"prompt": FOX, "max_tokens": 24, **vllm_fields(response_format={"type": "json_object"})},
+               split=False),
+    completion("regex", {"prompt": FOX, "max_tokens": 16, **vllm_fields(structured_outputs={"regex": "[a-z]{3,6}!"})},
+               split=False, finish_reason="stop"),
+    completion("choice", {"prompt": TOKENS, "max_tokens": 8,
+                          **vllm_fields(structured_outputs={"choice": ["yes", "no", "maybe"]})},
+               split=False, finish_reason="stop"),
 ]
 
 
@@ -215,4 +233,24 @@ async def test_lm_eval_scores_a_log_likelihood_task_as_against_vllm(vllm_referen
     assert scores.metrics == reference.metrics
     worst = max(abs(ours - theirs) for ours, theirs in zip(scores.loglikelihoods, reference.loglikelihoods))
     assert worst <= 1e-3 * 20, f"log-likelihoods differ by up to {worst} (sums of ~20 tokens' log-probabilities)"
+
+
+async def test_json_schema_output_parses_and_validates_every_time(pd_stack: LocalStack, openai_client,
+                                                                  model_name: str) -> None:
+    """20 chats on different topics, each constrained to the JSON form of `VERDICT` (as a
+    regular expression): every answer is JSON valid against the schema. Served by one engine
+    each (the grammar's state is that engine's), not split. (With the schema itself, the random
+    weights write whitespace until max_tokens, on vLLM's own server too: `json-schema` rows.)"""
+    jsonschema = pytest.importorskip("jsonschema")
+    client = openai_client(pd_stack.router_url, timeout=120)
+    split_before = await disaggregated_requests(pd_stack.router_url)
+    for topic in range(20):
+        reply = await client.chat.completions.create(
+            model=model_name, max_tokens=64, temperature=0,
+            messages=[{"role": "user", "content": f"Is topic number {topic} interesting? Answer as JSON."}],
+            extra_body={"structured_outputs": {"regex": VERDICT_PATTERN}})
+        content = reply.choices[0].message.content
+        assert reply.choices[0].finish_reason == "stop", (topic, content)
+        jsonschema.validate(json.loads(content), VERDICT)
+    assert await disaggregated_requests(pd_stack.router_url) == split_before
 

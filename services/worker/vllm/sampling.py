@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from vllm.logprobs import Logprob
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
 from connector.vllm.kv_wire import TransferOrder, order_params
-from shared.schemas.generate import SamplingParams, TokenLogprobs
+from shared.schemas.generate import SamplingParams, StructuredOutput, TokenLogprobs
 
 
 def vllm_sampling_params(sampling: SamplingParams, order: TransferOrder | None = None) -> VllmSamplingParams:
@@ -20,7 +22,7 @@ def vllm_sampling_params(sampling: SamplingParams, order: TransferOrder | None =
         repetition_penalty=sampling.repetition_penalty, min_tokens=sampling.min_tokens,
         logit_bias=dict(sampling.logit_bias) or None, bad_words=list(sampling.bad_words) or None,
         allowed_token_ids=sampling.allowed_token_ids, logprobs=sampling.logprobs,
-        prompt_logprobs=sampling.prompt_logprobs,
+        prompt_logprobs=sampling.prompt_logprobs, structured_outputs=_structured(sampling.structured),
         output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)
 
 
@@ -42,3 +44,12 @@ def prompt_token_logprobs(positions: list[dict[int, Logprob] | None] | None) -> 
 def _position(position: dict[int, Logprob]) -> TokenLogprobs:
     return TokenLogprobs(token_ids=list(position), logprobs=[entry.logprob for entry in position.values()],
                          ranks=[entry.rank if entry.rank is not None else 0 for entry in position.values()])
+
+
+def _structured(structured: StructuredOutput | None) -> StructuredOutputsParams | None:
+    if structured is None:
+        return None
+    return StructuredOutputsParams(
+        json=json.loads(structured.json_schema) if structured.json_schema is not None else None,
+        json_object=True if structured.json_object else None, regex=structured.regex, choice=structured.choice,
+        grammar=structured.grammar, disable_any_whitespace=structured.disable_any_whitespace)
