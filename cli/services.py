@@ -357,6 +357,8 @@ def worker(
         help="vLLM on CPU: 'auto', 'nobind' or core ids like '0-3'; pin engines to different cores.")] = "auto",
     vllm_block_size: Annotated[int, typer.Option(help="vLLM: KV block size in tokens; 0: the platform's.")] = 0,
     vllm_eager: Annotated[bool, typer.Option(help="vLLM: eager mode (no CUDA graph capture).")] = True,
+    vllm_json_whitespace: Annotated[bool, typer.Option(
+        help="vLLM: structured JSON output may hold whitespace between tokens.")] = True,
     kv_transfer: Annotated[bool, typer.Option(help="KV data plane (NIXL): P/D hand-off, prefix pull.")] = True,
     kv_lease_ttl: Annotated[float, typer.Option(help="Seconds a holder keeps blocks for a reader.")] = 10.0,
     kv_fault_fail_fraction: Annotated[float, typer.Option(help="Fault injection: blocks reported failed.")] = 0.0,
@@ -413,6 +415,7 @@ def worker(
                           max_model_len=max_model_len, sim_profile=sim_profile, sim_speedup=sim_speedup,
                           vllm_kv_cache_gib=vllm_kv_cache_gib, vllm_cpu_threads_bind=vllm_cpu_threads_bind,
                           vllm_block_size=vllm_block_size, vllm_enforce_eager=vllm_eager,
+                          vllm_json_any_whitespace=vllm_json_whitespace,
                           kv_transfer=KvTransferConfig(
                               enabled=kv_transfer, lease_ttl_s=kv_lease_ttl,
                               faults=KvFaultConfig(fail_fraction=kv_fault_fail_fraction,

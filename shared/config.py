@@ -185,6 +185,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     vllm_cpu_threads_bind: str = "auto"  # "auto", "nobind" or cores like "0-3"; pin engines apart
     vllm_block_size: int = 0  # 0: the platform's choice (128 on CPU)
     vllm_enforce_eager: bool = True  # False lets vLLM capture CUDA graphs on a GPU
+    # structured JSON output may hold whitespace between its tokens (vLLM's default); an
+    # engine setting in vLLM, not a request's
+    vllm_json_any_whitespace: bool = True
     load_interval_s: float = 0.25
     kv_event_interval_s: float = 0.02
     drain_timeout_s: float = 30.0

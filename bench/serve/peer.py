@@ -50,6 +50,8 @@ def server_argv(options: VllmEngineOptions, port: int, python: str = sys.executa
         argv += ["--block-size", str(options.block_size)]
     if options.enforce_eager:
         argv.append("--enforce-eager")
+    if not options.json_any_whitespace:
+        argv += ["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
     return argv
 
 

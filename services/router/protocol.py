@@ -75,7 +75,15 @@ class StructuredOutputs(_Request):
     regex: Text | None = None
     choice: list[Text] | None = Field(default=None, min_length=1)
     grammar: Text | None = None
-    disable_any_whitespace: bool = False  # JSON without whitespace between its tokens
+    disable_any_whitespace: bool = False  # an engine setting in vLLM: refused per request
+
+    @field_validator("disable_any_whitespace")
+    @classmethod
+    def _engine_setting(cls, disable: bool) -> bool:
+        if disable:
+            raise ValueError("whitespace in structured JSON is the workers' setting (tandem worker "
+                             "--no-vllm-json-whitespace), as vLLM's engine reads it; vLLM's server ignores it here")
+        return disable
 
     @model_validator(mode="after")
     def _one_form(self) -> "StructuredOutputs":

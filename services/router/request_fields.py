@@ -57,8 +57,8 @@ _HONOURED = [
     RequestField("skip_special_tokens", "honoured"),
     RequestField("response_format", "honoured", note="text, json_object, json_schema: vLLM's structured output "
                                                      "on one engine (not split)"),
-    RequestField("structured_outputs", "honoured", note="vLLM's: json, json_object, regex, choice or grammar "
-                                                        "(and disable_any_whitespace); one engine"),
+    RequestField("structured_outputs", "honoured", note="vLLM's: json, json_object, regex, choice or grammar; "
+                                                        "one engine (disable_any_whitespace: a worker setting)"),
     RequestField("logprobs", "honoured", note="completions: how many top ones (0-20); chat: true or false"),
     RequestField("top_logprobs", "honoured", ("chat",), note="0-20, with logprobs: true"),
     RequestField("echo", "honoured", ("completions",), note="with logprobs, the prompt's log-probabilities too; "

@@ -167,7 +167,7 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
     schema = wanted.json_
     return StructuredOutput(json_schema=schema if isinstance(schema, str) or schema is None else json.dumps(schema),
                             json_object=bool(wanted.json_object), regex=wanted.regex, choice=wanted.choice,
-                            grammar=wanted.grammar, disable_any_whitespace=wanted.disable_any_whitespace)
+                            grammar=wanted.grammar)
 
 
 class ResponseFormat(Protocol):

@@ -38,7 +38,6 @@ class StructuredOutput(msgspec.Struct, kw_only=True, frozen=True):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
-    disable_any_whitespace: bool = False  # JSON: no whitespace between tokens
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):

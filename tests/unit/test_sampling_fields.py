@@ -89,3 +89,21 @@ def test_the_sim_engine_refuses_what_its_token_model_cannot_honour_naming_each_f
     with pytest.raises(InvalidArgument, match="the sim engine does not model top_p, min_tokens"):
         refuse_unmodelled(SamplingParams(top_p=0.5, min_tokens=2))
     assert MODELLED_FIELDS < set(SamplingParams.__struct_fields__)
+
+
+def test_whitespace_in_structured_json_is_a_worker_setting_not_a_request_field() -> None:
+    with pytest.raises(ValidationError, match="--no-vllm-json-whitespace"):
+        CompletionRequest.model_validate({**COMPLETION, "structured_outputs": {"json": {}, "disable_any_whitespace": True}})
+    CompletionRequest.model_validate({**COMPLETION, "structured_outputs": {"json": {}, "disable_any_whitespace": False}})
+
+
+def test_a_worker_without_json_whitespace_tells_vllm_so_and_its_peer_server_too(tmp_path: Path) -> None:
+    from bench.serve.peer import server_argv
+    from services.worker.vllm.options import VllmEngineOptions
+    from shared.config import WorkerConfig
+
+    config = WorkerConfig(worker_id="w", engine="vllm", model_dir=str(tmp_path), vllm_json_any_whitespace=False)
+    options = VllmEngineOptions.from_worker_config(config)
+    assert options.json_any_whitespace is False
+    assert server_argv(options, 8000)[-2:] == ["--structured-outputs-config",
+                                                '{"backend": "xgrammar", "disable_any_whitespace": true}']

@@ -53,7 +53,6 @@ STORY = [{"role": "user", "content": "Tell me a story about a fox."}]  # " atmos
 VERDICT = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]},
                                             "score": {"type": "integer", "minimum": 0, "maximum": 9}},
            "required": ["answer", "score"], "additionalProperties": False}
-VERDICT_PATTERN = r'\{"answer": "(yes|no)", "score": [0-9]\}'  # VERDICT's JSON, as a regular expression
 
 
 def completion(case_id: str, request: dict[str, Any], *, split: bool | int = True, **expect: Any) -> ParityCase:
@@ -139,11 +138,12 @@ CASES = [
                                         **SAMPLED, **vllm_fields(top_k=1)}, split=4),
     chat("n-2", {"messages": STORY, "max_tokens": 8, "n": 2, **SAMPLED, **vllm_fields(top_k=1)}, split=2),
     # Structured output, by vLLM's backend on the one engine that serves the request whole.
-    # (random weights: the JSON grammar lets the model write whitespace to the end, as it does on vLLM)
+    # (both engines leave whitespace out of JSON: random weights would write it to the end)
     chat("json-schema", {"messages": STORY, "max_tokens": 32, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}}, split=False),
-    chat("json-schema-no-whitespace", {"messages": STORY, "max_tokens": 32, **vllm_fields(structured_outputs={
-        "json": VERDICT, "disable_any_whitespace": True})}, split=False),
+        "type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}}, split=False,
+         finish_reason="stop"),
+    completion("structured-json", {"prompt": FOX, "max_tokens": 32, **vllm_fields(structured_outputs={
+        "json": VERDICT})}, split=False, finish_reason="stop"),
     completion("json-object", {"prompt": FOX, "max_tokens": 24, **vllm_fields(response_format={"type": "json_object"})},
                split=False),
     completion("regex", {"prompt": FOX, "max_tokens": 16, **vllm_fields(structured_outputs={"regex": "[a-z]{3,6}!"})},
@@ -177,7 +177,7 @@ async def vllm_reference(tiny_model_dir: str, model_name: str, lm_eval_task: Pat
     """vLLM's own server's answer to every case, streamed and not, and lm-eval's scores
     through it; the server is stopped (nothing of it left) before this returns."""
     options = VllmEngineOptions(model_dir=tiny_model_dir, cpu_threads_bind=str(cores()[0]),
-                                kv_cache_gib=KV_CACHE_GIB)
+                                kv_cache_gib=KV_CACHE_GIB, json_any_whitespace=False)
     answers: dict[tuple[str, bool], Answer] = {}
     with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai")) as url:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
@@ -193,7 +193,9 @@ async def vllm_reference(tiny_model_dir: str, model_name: str, lm_eval_task: Pat
 def pd_stack(vllm_reference: VllmReference, nats_server: EmbeddedNats, tiny_model_dir: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Starts only once vLLM's server is gone (it depends on its answers)."""
-    yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("parity-1p1d"))
+    no_json_whitespace = ("--no-vllm-json-whitespace",)  # as the vLLM server's engine
+    yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("parity-1p1d"),
+                       decode_args=no_json_whitespace, prefill_args=no_json_whitespace)
 
 
 async def disaggregated_requests(router_url: str) -> int:
@@ -237,10 +239,10 @@ async def test_lm_eval_scores_a_log_likelihood_task_as_against_vllm(vllm_referen
 
 async def test_json_schema_output_parses_and_validates_every_time(pd_stack: LocalStack, openai_client,
                                                                   model_name: str) -> None:
-    """20 chats on different topics, each constrained to the JSON form of `VERDICT` (as a
-    regular expression): every answer is JSON valid against the schema. Served by one engine
-    each (the grammar's state is that engine's), not split. (With the schema itself, the random
-    weights write whitespace until max_tokens, on vLLM's own server too: `json-schema` rows.)"""
+    """20 chats on different topics with `response_format` `json_schema`: every answer is JSON
+    valid against the schema. Served by one engine each (the grammar's state is that engine's),
+    not split. The workers leave whitespace out of structured JSON (--no-vllm-json-whitespace):
+    with it allowed, random weights write whitespace until max_tokens, on vLLM's server too."""
     jsonschema = pytest.importorskip("jsonschema")
     client = openai_client(pd_stack.router_url, timeout=120)
     split_before = await disaggregated_requests(pd_stack.router_url)
@@ -248,7 +250,7 @@ async def test_json_schema_output_parses_and_validates_every_time(pd_stack: Loca
         reply = await client.chat.completions.create(
             model=model_name, max_tokens=64, temperature=0,
             messages=[{"role": "user", "content": f"Is topic number {topic} interesting? Answer as JSON."}],
-            extra_body={"structured_outputs": {"regex": VERDICT_PATTERN}})
+            response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}})
         content = reply.choices[0].message.content
         assert reply.choices[0].finish_reason == "stop", (topic, content)
         jsonschema.validate(json.loads(content), VERDICT)

