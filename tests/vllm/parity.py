@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -65,8 +66,15 @@ def vllm_openai_server(options: VllmEngineOptions, log_dir: str | Path,
     finally:
         descendants = _descendants(server.pid)  # EngineCore and its model worker, taken before the stop
         launcher.stop_all(timeout_s=STOP_TIMEOUT_S)
-    left = [process.pid for process in descendants if _alive(process)] + group_members(server.pid)
+    # the server is gone; its engine processes exit once they see it: a bounded wait
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while (left := _left_behind(descendants, server.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not left, f"processes of vLLM's OpenAI server left behind: {sorted(set(left))}"
+
+
+def _left_behind(descendants: list[psutil.Process], server_pid: int) -> list[int]:
+    return [process.pid for process in descendants if _alive(process)] + group_members(server_pid)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
