@@ -27,7 +27,7 @@ from services.router.errors import error_info
 from services.router.generation import Delta, Final, Generation
 from services.router.protocol import ErrorResponse, Usage
 from services.router.records import TokenUsage
-from services.router.serving import ResponseFormat, api_usage, sse
+from services.router.serving import ResponseFormat, api_usage, sse, whole_answer
 from services.router.sse import SSE_DONE, SseResponse
 from shared.errors import TandemError
 from shared.schemas import TokenLogprobs
@@ -66,7 +66,8 @@ async def respond_choices(choices: list[Choice], *, stream: bool, include_usage:
     if stream:
         return SseResponse(_events(choices, list(firsts), include_usage), lambda: close_all(choices))
     try:
-        answers = await asyncio.gather(*(_whole(choice, first) for choice, first in zip(choices, firsts, strict=True)))
+        answers = await asyncio.gather(*(whole_answer(choice.generation, first)
+                                         for choice, first in zip(choices, firsts, strict=True)))
     finally:
         await close_all(choices)
     finals = [final for _, final, _ in answers]
@@ -78,19 +79,6 @@ async def respond_choices(choices: list[Choice], *, stream: bool, include_usage:
 
 async def close_all(choices: Sequence[Choice]) -> None:
     await asyncio.gather(*(choice.generation.close() for choice in choices), return_exceptions=True)
-
-
-async def _whole(choice: Choice, first: Delta | Final) -> tuple[str, Final, list[TokenLogprobs]]:
-    pieces: list[str] = []
-    logprobs: list[TokenLogprobs] = []
-    piece = first
-    while isinstance(piece, Delta):
-        pieces.append(piece.text)
-        logprobs.extend(piece.logprobs)
-        piece = await choice.generation.next()
-    pieces.append(piece.text)
-    logprobs.extend(piece.logprobs)
-    return "".join(pieces), piece, logprobs
 
 
 async def _pieces(choice: Choice, first: Delta | Final, queue: asyncio.Queue) -> None:

@@ -191,6 +191,20 @@ def sse(message: BaseModel) -> bytes:
     return f"data: {message.model_dump_json()}\n\n".encode()
 
 
+async def whole_answer(generation: Generation, first: Delta | Final) -> tuple[str, Final, list[TokenLogprobs]]:
+    """The rest of an answer after its `first` piece: its text, final piece and log-probabilities."""
+    pieces: list[str] = []
+    logprobs: list[TokenLogprobs] = []
+    piece = first
+    while isinstance(piece, Delta):
+        pieces.append(piece.text)
+        logprobs.extend(piece.logprobs)
+        piece = await generation.next()
+    pieces.append(piece.text)
+    logprobs.extend(piece.logprobs)
+    return "".join(pieces), piece, logprobs
+
+
 async def respond(generation: Generation, response_format: ResponseFormat, *, stream: bool,
                   include_usage: bool) -> Response:
     try:
@@ -201,18 +215,10 @@ async def respond(generation: Generation, response_format: ResponseFormat, *, st
     if stream:
         return SseResponse(_events(generation, response_format, first, include_usage), generation.close)
     try:
-        pieces: list[str] = []
-        logprobs: list[TokenLogprobs] = []
-        piece = first
-        while isinstance(piece, Delta):
-            pieces.append(piece.text)
-            logprobs.extend(piece.logprobs)
-            piece = await generation.next()
-        pieces.append(piece.text)
-        logprobs.extend(piece.logprobs)
+        text, final, logprobs = await whole_answer(generation, first)
     finally:
         await generation.close()
-    body = response_format.response("".join(pieces), piece.finish_reason, api_usage(piece.usage), logprobs)
+    body = response_format.response(text, final.finish_reason, api_usage(final.usage), logprobs)
     return Response(body.model_dump_json(), media_type="application/json")
 
 
