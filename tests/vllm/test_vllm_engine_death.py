@@ -98,16 +98,23 @@ class _DecodeProgress:
         self.seen: list[tuple[int, int, int, int]] = []  # (seq, running, waiting, made)
 
     def mid_stream(self) -> bool:
-        """At least half the streams decoding there, and less than half of all their tokens
-        made: those streams have most of theirs still to come."""
+        """Streams decoding there, and less than half of all their tokens made: those streams
+        have most of theirs still to come. Half the streams decoding at once is the moment
+        sought; once a quarter of all tokens are made without it (a slow host's prefills
+        trail its decodes, so the first streams end before the last ones arrive), any
+        stream decoding will do."""
         load = self.observer.loads.latest["d1"]
         made = load.generated_tokens_total - self.generated_before
         if not self.seen or self.seen[-1][0] != load.seq:
             self.seen.append((load.seq, load.running, load.waiting, made))
-        return load.running >= STREAMS // 2 and 0 < made <= STREAMS * STREAM_TOKENS // 2
+        all_tokens = STREAMS * STREAM_TOKENS
+        enough_running = STREAMS // 2 if made < all_tokens // 4 else 1
+        return load.running >= enough_running and 0 < made <= all_tokens // 2
 
     def __str__(self) -> str:
-        return f"the decode worker's reports (running, waiting, made): {[seen[1:] for seen in self.seen[-60:]]}"
+        most_running = max((seen[1] for seen in self.seen), default=0)
+        return (f"the decode worker's reports (running, waiting, made), at most {most_running} running: "
+                f"{[seen[1:] for seen in self.seen[:40]]} ... {[seen[1:] for seen in self.seen[-10:]]}")
 
 
 def _model_worker(worker_pid: int) -> psutil.Process:
