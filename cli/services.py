@@ -149,6 +149,9 @@ def router(
     max_queue_factor: Annotated[float, typer.Option(
         help="Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
              "0: off.")] = 4.0,
+    tool_call_parser: Annotated[str, typer.Option(
+        help="How the model writes tool calls (hermes, llama3_json, mistral): lets chats use tool_choice "
+             "auto, with the calls read from the answer. Empty: tool_choice auto is refused.")] = "",
     verify_kv_hashes: Annotated[bool, typer.Option(
         help="Recompute the chain hash of every block workers announce from its token ids, index that one, "
              "and count the blocks whose sent hash differs (tandem_router_kv_hash_mismatch_blocks_total); "
@@ -184,6 +187,7 @@ def router(
     config = RouterConfig(host=host, port=port, reuse_port=reuse_port, instance_port=instance_port,
                           model_dir=model_dir, served_model_name=served_model_name,
                           max_tokens_limit=max_tokens_limit, routing=routing, verify_kv_hashes=verify_kv_hashes,
+                          tool_call_parser=tool_call_parser,
                           bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
                                          nats_key_file, nats_replicas),
                           api_keys_file=api_keys_file, metrics_auth=metrics_auth,  # type: ignore[arg-type]

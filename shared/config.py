@@ -338,6 +338,10 @@ def _check_metrics_auth(metrics_auth: str, api_keys_file: str) -> None:
     _require(metrics_auth == "open" or bool(api_keys_file), "metrics_auth api-key needs an API key file")
 
 
+# The ways of writing tool calls in an answer the router reads (services.router.tool_parsers).
+TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
+
+
 class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -355,6 +359,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     api_keys_file: str = ""  # a key file (`shared.api_keys`) guards /v1/*; empty: the API is open
     metrics_auth: MetricsAuth = "open"  # whether /metrics needs a key too ("api-key")
     verify_kv_hashes: bool = False  # recompute workers' chain hashes from token ids, count mismatches
+    tool_call_parser: str = ""  # how the model writes tool calls (TOOL_CALL_FORMATS); empty: no auto tool choice
     routing: RoutingConfig = RoutingConfig()
     bus: BusConfig = BusConfig()
     membership: MembershipConfig = MembershipConfig()
@@ -367,6 +372,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         _require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
         _require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
         _require(self.max_attempts >= 1, "max_attempts must be at least 1")
+        _require(self.tool_call_parser in ("", *TOOL_CALL_FORMATS),
+                 f"tool_call_parser must be one of {', '.join(TOOL_CALL_FORMATS)} (or empty)")
         _check_metrics_auth(self.metrics_auth, self.api_keys_file)
         self.routing.validate()
 

@@ -9,21 +9,39 @@ requests and detokenize output, and by workers to learn the vocabulary and limit
 from __future__ import annotations
 
 import json
-import logging
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
 
 from shared.errors import InvalidArgument
 
-log = logging.getLogger(__name__)
-
-# The Jinja spelling of `render_chat`, shipped in the tiny model's tokenizer_config.json so
-# that vLLM (which renders with Jinja) and Tandem (which may not have jinja2) agree.
+# The tiny model's chat template, shipped in its tokenizer_config.json so that vLLM and
+# Tandem render alike: `<|role|>\ncontent\n` per message (`render_chat`, without Jinja),
+# and with tools, Hermes-style tool calls: the functions listed in a system turn first, a
+# past call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, a tool's answer
+# inside `<tool_response>`.
 FIXED_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|>\\n# Tools\\nYou may call functions. Their signatures, within "
+    "<tools></tools>:\\n<tools>\\n' }}"
+    "{% for tool in tools %}{{ '{\"name\": ' + (tool['function']['name'] | tojson) + ', \"description\": ' "
+    "+ (tool['function']['description'] | tojson) + ', \"parameters\": ' "
+    "+ (tool['function']['parameters'] | tojson) + '}\\n' }}{% endfor %}"
+    "{{ '</tools>\\nTo call one, answer <tool_call>{\"name\": <function name>, \"arguments\": "
+    "<arguments as a JSON object>}</tool_call>\\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] is defined %}"
+    "{{ '<|assistant|>\\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}{{ '<tool_call>{\"name\": ' + (call['function']['name'] | tojson) "
+    "+ ', \"arguments\": ' + (call['function']['arguments'] | tojson) + '}</tool_call>' }}{% endfor %}"
+    "{{ '\\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|tool|>\\n<tool_response>' + (message['content'] or '') + '</tool_response>\\n' }}"
+    "{% else %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
@@ -53,7 +71,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self._special_tokens = special_tokens or {}
-        self._jinja_template = _compile(chat_template, model_name)
+        self._jinja_template = compile_chat_template(chat_template)
 
     @classmethod
     def from_model_dir(cls, path: str) -> "Tokenizer":
@@ -112,29 +130,42 @@ class Tokenizer:
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], *,
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
                             add_generation_prompt: bool = True) -> str:
-        """The prompt text for a chat; the model's Jinja template when jinja2 is present."""
-        if self._jinja_template is None:
+        """The prompt text for a chat (and the tools it may call), by the model's template.
+
+        The tiny model's template without tools, on messages of only a role and text, is
+        `render_chat` (the same text, without Jinja)."""
+        plain = not tools and all(message.keys() <= {"role", "content"} for message in messages)
+        if self._jinja_template is None and tools:
+            raise InvalidArgument(f"{self.model_name} has no chat template to show tools to")
+        if self._jinja_template is None or (plain and self.chat_template == FIXED_CHAT_TEMPLATE):
             return render_chat(messages, add_generation_prompt=add_generation_prompt)
-        return self._jinja_template.render(messages=messages,
+        return self._jinja_template.render(messages=messages, tools=tools,
                                            add_generation_prompt=add_generation_prompt,
                                            **self._special_tokens)
 
 
-def _compile(chat_template: str | None, model_name: str) -> Any:
-    """The model's chat template compiled with Jinja, or None to use `render_chat`."""
-    if chat_template is None or chat_template == FIXED_CHAT_TEMPLATE:
+def compile_chat_template(chat_template: str | None) -> Any:
+    """The model's chat template compiled as transformers compiles it (so prompts match what
+    vLLM renders), or None for a model without one (`render_chat`)."""
+    if chat_template is None:
         return None
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        log.warning("jinja2 is not installed: rendering %s chats with the fixed template, "
-                    "not the model's own chat_template", model_name)
-        return None
-    # The environment options transformers uses, so prompts match what vLLM renders.
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
     return environment.from_string(chat_template)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson escapes HTML characters; templates expect plain JSON
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
 
 
 def _read_json(path: Path, *, missing_ok: bool = False) -> dict[str, Any]:

@@ -16,47 +16,31 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 
+from services.router.protocol_base import INT64_MAX, INT64_MIN, TOKEN_ID_MAX, Request, Text, TokenId
+from services.router.protocol_messages import ChatMessage, NamedToolChoice, ToolDefinition
 from services.router.request_fields import Endpoint, RequestField, fields_of
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-TOKEN_ID_MAX = 2**31 - 1
 MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM's server allows by default
 MAX_CHOICES = 64  # choices per request (n, times the prompts of a batch)
 MAX_PROMPTS = MAX_CHOICES
 
-
-def _utf8_encodable(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"must be valid Unicode text: a lone surrogate at position {error.start}") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_utf8_encodable)]  # a string the tokenizer and the bus can carry
-TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
-
 # ---- requests ------------------------------------------------------------------------
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class StreamOptions(_Request):
+class StreamOptions(Request):
     include_usage: bool = False
 
 
-class JsonSchemaSpec(_Request):
+class JsonSchemaSpec(Request):
     name: Text = "response"
     description: Text | None = None
     schema_: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(Request):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
 
@@ -67,7 +51,7 @@ class ResponseFormat(_Request):
         return self
 
 
-class StructuredOutputs(_Request):
+class StructuredOutputs(Request):
     """vLLM's `structured_outputs`: exactly one form."""
 
     json_: dict[str, Any] | Text | None = Field(default=None, alias="json")
@@ -93,7 +77,7 @@ class StructuredOutputs(_Request):
         return self
 
 
-class SamplingFields(_Request):
+class SamplingFields(Request):
     """Fields both generate endpoints share."""
 
     model: Text
@@ -229,37 +213,46 @@ class _CompletionRequest(SamplingFields):
         return [prompt]  # type: ignore[list-item]
 
 
-class TextContentPart(_Request):
-    type: Literal["text"]
-    text: Text
-
-
-class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextContentPart] | None = None
-    name: Text | None = None
-
-    @property
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
 class _ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools
+    parallel_tool_calls: bool | None = True
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> "_ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_among_tools(self) -> "_ChatCompletionRequest":
+        if self.tools == []:
+            raise ValueError("tools must not be an empty array: name at least one tool or leave it out")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools and \
+                self.tool_choice.function.name not in {tool.function.name for tool in self.tools}:
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools")
+        forms = (self.structured_outputs, self.response_format if self.response_format is None
+                 or self.response_format.type != "text" else None)
+        if self.chosen_tools in ("required", "named") and any(form is not None for form in forms):
+            raise ValueError("a required or named tool call already gives the answer its form: "
+                             "send structured output or such a tool_choice, not both")
+        return self
+
+    @property
+    def chosen_tools(self) -> Literal["none", "auto", "required", "named"]:
+        """How the answer uses the tools: none, maybe (auto), at least one call, or the named one."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return "required" if self.tool_choice == "required" else "auto"
 
     @property
     def logprobs_top(self) -> int | None:
@@ -311,7 +304,9 @@ class CompletionResponse(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    # the calls the answer made (id, type, function: name and arguments); left out when none
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda calls: not calls)
 
 
 class ChatChoice(BaseModel):

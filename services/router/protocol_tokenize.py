@@ -8,7 +8,8 @@ template writes its own special tokens). Validation is as strict as the generate
 endpoints' (`services.router.protocol`), and nothing is silently ignored: a field vLLM's
 models do not define is a 400 naming it, and so is one Tandem cannot honour unless it has
 its default: a chat template sent with the request (vLLM refuses one too unless told to
-trust it), template keyword arguments, tools, multimodal options, and token strings.
+trust it), template keyword arguments, multimodal options, and token strings. Tools are
+rendered into a chat as `/v1/chat/completions` renders them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.router.protocol import ChatMessage, Text, TokenId
+from services.router.protocol_messages import ToolDefinition
 
 # vLLM refuses one too, unless started with --trust-request-chat-template (Tandem has no such flag)
 UNTRUSTED_TEMPLATE = "not supported: the router renders chats with the model's own template"
@@ -54,9 +56,9 @@ class TokenizeChatRequest(_TokenizeRequest):
     continue_final_message: bool = False  # leave the last message open, for the model to continue
     add_special_tokens: bool = False  # on top of what the chat template writes
     chat_template: Text | None = None
-    # The router renders the model's template with its defaults, text only, without tools.
+    # The router renders the model's template with its defaults (and the tools, as a chat would).
     chat_template_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_unless_empty)] = None
-    tools: Annotated[list[Any] | None, AfterValidator(_unless_empty)] = None
+    tools: list[ToolDefinition] | None = None
     media_io_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_unless_empty)] = None
     mm_processor_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_unless_empty)] = None
 

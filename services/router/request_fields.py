@@ -36,7 +36,8 @@ _HONOURED = [
     RequestField("prompt", "honoured", ("completions",), note="a string, token ids, or a batch of either "
                                                                 "(each prompt routed on its own, answered in order)"),
     RequestField("n", "honoured", note="choices per prompt, each routed on its own (seeded: seed + i)"),
-    RequestField("messages", "honoured", ("chat",), note="text content; the model's chat template"),
+    RequestField("messages", "honoured", ("chat",), note="text content, past tool calls and tool answers; "
+                                                        "the model's chat template"),
     RequestField("max_tokens", "honoured"),
     RequestField("max_completion_tokens", "honoured", ("chat",)),
     RequestField("temperature", "honoured"),
@@ -63,6 +64,10 @@ _HONOURED = [
     RequestField("top_logprobs", "honoured", ("chat",), note="0-20, with logprobs: true"),
     RequestField("echo", "honoured", ("completions",), note="with logprobs, the prompt's log-probabilities too; "
                                                               "runs on one engine, computing the whole prompt"),
+    RequestField("tools", "honoured", ("chat",), note="functions, rendered by the model's chat template"),
+    RequestField("tool_choice", "honoured", ("chat",), note="none, auto (needs the router's --tool-call-parser), "
+                                                           "required or a named function; forced calls: one engine"),
+    RequestField("parallel_tool_calls", "honoured", ("chat",), note="false: at most one call"),
     RequestField("stream", "honoured"),
     RequestField("stream_options", "honoured", note="include_usage"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
@@ -82,9 +87,7 @@ _REFUSED = [
     _refused("best_of", None, 1, endpoints=("completions",), note="vLLM's server (0.32) no longer has it"),
     _refused("echo", None, False, endpoints=("chat",)),
     _refused("suffix", None, endpoints=("completions",), note="vLLM's server refuses it too"),
-    _refused("tools", None, []),
-    _refused("tool_choice", None, "none", endpoints=("chat",)),
-    _refused("parallel_tool_calls", None, True, endpoints=("chat",)),
+    _refused("tools", None, [], endpoints=("completions",), note="tool calls are a chat's"),
     _refused("reasoning_effort", None, endpoints=("chat",)),
     _refused("include_reasoning", None, True, endpoints=("chat",)),
     _refused("add_generation_prompt", None, True, endpoints=("chat",)),

@@ -229,10 +229,11 @@ async def _events(generation: Generation, response_format: ResponseFormat, first
     piece = first
     try:
         while isinstance(piece, Delta):
-            chunk = response_format.text_chunk(piece)
+            chunk = response_format.text_chunk(piece)  # empty: nothing to send yet (a tool call may begin)
             if opening:
                 chunk, opening = b"".join((*opening, chunk)), []
-            yield chunk, False
+            if chunk:
+                yield chunk, False
             piece = await generation.next()
     except TandemError as error:
         yield sse(ErrorResponse(error=error_info(error))), True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -22,17 +23,22 @@ from services.router.protocol import (
     ChatResponseMessage,
     Usage,
 )
+from services.router.protocol_messages import NamedToolChoice
 from services.router.records import GenerationParams, RequestIdentity
 from services.router.serving import ServingContext, respond
 from services.router.sse import ChunkPrefix, finish_json, text_json
+from services.router.tool_calls import KEEPS_SPECIAL_TOKENS, ToolCalling, ToolStream
+from services.router.tool_parsers import FORMATS
+from shared.errors import TandemError
 from shared.schemas import TokenLogprobs
+from shared.schemas.generate import StructuredOutput
 
 ENDPOINT = "chat"
 
 
 class ChatFormat:
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
-                 index: int = 0) -> None:
+                 index: int = 0, tools: ToolCalling | None = None) -> None:
         self.index = index  # the choice's
         self._index_json = b'{"index":' + str(index).encode()
         self.request_id = request_id
@@ -40,6 +46,9 @@ class ChatFormat:
         self.created = created
         self._prefix = ChunkPrefix(request_id, "chat.completion.chunk", created, model)
         self._logprobs = logprobs
+        self._tools = tools
+        self._tool_stream = ToolStream(tools) if tools is not None else None
+        self._held: list[TokenLogprobs] = []  # the log-probabilities of text held back (a call may begin there)
 
     def _chunk(self, delta_json: bytes, finish_reason: str | None = None,
                positions: Sequence[TokenLogprobs] | None = None) -> bytes:
@@ -53,19 +62,38 @@ class ChatFormat:
         return [self._chunk(b'{"role":"assistant","content":""}')]
 
     def text_chunk(self, piece: Delta) -> bytes:
-        return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), None, piece.logprobs)
+        if self._tool_stream is None:
+            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), None, piece.logprobs)
+        self._held.extend(piece.logprobs)
+        text = self._tool_stream.add(piece.text)
+        if not text:
+            return b""
+        positions, self._held = self._held, []
+        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")), None, positions)
 
     def final_chunk(self, piece: Final) -> bytes:
-        return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), piece.finish_reason,
-                           piece.logprobs)
+        if self._tool_stream is None:
+            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), piece.finish_reason,
+                               piece.logprobs)
+        rest, answer = self._tool_stream.finish(piece.text, piece.finish_reason)
+        positions = [*self._held, *piece.logprobs]
+        if not answer.calls:
+            return self._chunk(b"".join((b'{"content":', text_json(rest), b"}")), answer.finish_reason, positions)
+        calls = msgspec.json.encode({"tool_calls": [{"index": index, **call} for index, call in enumerate(answer.calls)]})
+        text = self._chunk(b"".join((b'{"content":', text_json(rest), b"}"))) if rest else b""
+        return text + self._chunk(calls, answer.finish_reason, positions)
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return self._prefix.usage(usage.model_dump_json().encode())
 
     def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> ChatChoice:
         rendered = {"content": self._logprobs.chat(logprobs)} if self._logprobs is not None else None
-        return ChatChoice(index=self.index, message=ChatResponseMessage(content=text), finish_reason=finish_reason,
-                          logprobs=rendered)
+        message = ChatResponseMessage(content=text)
+        if self._tools is not None:
+            answer = self._tools.answer(text, finish_reason)
+            message = ChatResponseMessage(content=answer.content, tool_calls=answer.calls)
+            finish_reason = answer.finish_reason
+        return ChatChoice(index=self.index, message=message, finish_reason=finish_reason, logprobs=rendered)
 
     def response_of(self, choices: list[Any], usage: Usage) -> BaseModel:
         return ChatCompletionResponse(id=self.request_id, model=self.model, created=self.created, usage=usage,
@@ -100,7 +128,21 @@ class ChatServing:
 
     def _format(self, request_id: str, body: ChatCompletionRequest, created: int, index: int) -> ChatFormat:
         renderer = None if body.logprobs_top is None else LogprobsRenderer(self._context.tokenizer, body.logprobs_top)
-        return ChatFormat(request_id, body.model, created, renderer, index)
+        return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body))
+
+    def _tool_calling(self, body: ChatCompletionRequest) -> ToolCalling | None:
+        """The request's tool calling; None without tools. Auto needs the router's format."""
+        if not body.tools:
+            return None
+        parser = self._context.config.tool_call_parser
+        if body.chosen_tools == "auto" and not parser:
+            raise BadRequest('tool_choice "auto" (the default with tools) needs a router started with '
+                             "--tool-call-parser (hermes, llama3_json or mistral), as vLLM's server needs "
+                             '--tool-call-parser; or send tool_choice "none", "required" or a named function',
+                             param="tool_choice")
+        named = body.tool_choice.function.name if isinstance(body.tool_choice, NamedToolChoice) else None
+        return ToolCalling(body.chosen_tools, {tool.function.name: tool.function.parameters for tool in body.tools},
+                           named, body.parallel_tool_calls is not False, FORMATS.get(parser))
 
     def _prepare(self, identity: RequestIdentity, body: ChatCompletionRequest, sample: int,
                  route_hint: str | None) -> Callable[[], Awaitable[GenerationParams]]:
@@ -110,18 +152,35 @@ class ChatServing:
 
         async def prepare() -> GenerationParams:
             model = context.resolve_model(body.model)
-            messages = [{"role": message.role, "content": message.text} for message in body.messages]
+            messages = [message.template_message() for message in body.messages]
+            tools = [tool.template_tool() for tool in body.tools] if body.tools else None
             try:
-                prompt = context.tokenizer.apply_chat_template(messages)
+                prompt = context.tokenizer.apply_chat_template(messages, tools=tools)
+            except TandemError:
+                raise
             except Exception as error:  # a template may reject a conversation (e.g. roles out of order)
                 raise BadRequest(f"the chat template cannot render these messages: {error}",
                                  param="messages") from error
             prompt_ids = _without_double_bos(await context.tokenize(prompt), context.tokenizer.bos_token_id)
             prompt_ids = context.check_prompt_ids(prompt_ids, "messages")
             max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)
-            return context.params(identity, body, model, prompt_ids, max_tokens, route_hint, sample=sample)
+            params = context.params(identity, body, model, prompt_ids, max_tokens, route_hint, sample=sample)
+            return _with_tool_calling(params, self._tool_calling(body), context.config.tool_call_parser)
 
         return prepare
+
+
+def _with_tool_calling(params: GenerationParams, calling: ToolCalling | None, parser: str) -> GenerationParams:
+    """A forced tool choice holds the answer to its JSON schema; formats whose call markers
+    are special tokens keep special tokens in the text (as vLLM's server does for them)."""
+    if calling is None or calling.use == "none":
+        return params
+    schema = calling.forced_schema()
+    sampling = params.sampling if schema is None else msgspec.structs.replace(
+        params.sampling, structured=StructuredOutput(json_schema=json.dumps(schema)))
+    keeps_special = parser in KEEPS_SPECIAL_TOKENS
+    return dataclasses.replace(params, sampling=sampling,
+                               skip_special_tokens=params.skip_special_tokens and not keeps_special)
 
 
 def _without_double_bos(prompt_ids: list[int], bos_token_id: int | None) -> list[int]:

@@ -22,6 +22,7 @@ from services.router.protocol_tokenize import (
     TokenizeResponse,
 )
 from services.router.serving import ServingContext
+from shared.errors import TandemError
 
 # Decoding this many tokens takes long enough to be worth a thread hop (as
 # `serving.TOKENIZE_IN_THREAD_CHARS` for encoding).
@@ -50,10 +51,13 @@ class TokenizeServing:
 
     def _chat_prompt(self, body: TokenizeChatRequest) -> str:
         """The chat as the chat endpoint renders it (`serving_chat`)."""
-        messages = [{"role": message.role, "content": message.text} for message in body.messages]
+        messages = [message.template_message() for message in body.messages]
+        tools = [tool.template_tool() for tool in body.tools] if body.tools else None
         try:
             prompt = self._context.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=body.add_generation_prompt_now)
+                messages, tools=tools, add_generation_prompt=body.add_generation_prompt_now)
+        except TandemError:
+            raise
         except Exception as error:  # a template may reject a conversation (e.g. roles out of order)
             raise BadRequest(f"the chat template cannot render these messages: {error}", param="messages") from error
         if body.continue_final_message:

@@ -133,6 +133,25 @@ async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: T
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(worker.requests[-1].token_ids)
 
 
+async def test_a_chat_shows_its_tools_and_past_calls_to_the_template(router: Router, start_worker,
+                                                                        tokenizer: Tokenizer) -> None:
+    worker = await start_worker()
+    await wait_for_workers(router, 1)
+    messages = [{"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call-1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call-1", "content": "Snow, -3 C"}]
+    chat = await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=messages, tools=[TOOL],
+                                                       tool_choice="none", max_tokens=4)
+    assert chat.choices[0].message.content == await expected_text(worker, tokenizer, 1)
+    assert not chat.choices[0].message.tool_calls and chat.choices[0].finish_reason == "length"
+    prompt = tokenizer.decode(worker.requests[-1].token_ids)
+    assert '{"name": "get_weather", "description": "The weather in a city", "parameters": {"type": "object"' in prompt
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>' in prompt
+    assert "<tool_response>Snow, -3 C</tool_response>" in prompt
+
+
 async def test_stop_string_truncates_and_cancels_the_worker(router: Router, start_worker,
                                                           tokenizer: Tokenizer) -> None:
     worker = await start_worker()
@@ -232,6 +251,10 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
 
 # ---- bad input -----------------------------------------------------------------------
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
 BAD_INPUT = [
     ("/v1/completions", b'{"model": "tiny-router", "prompt": ', 400, None, "Invalid JSON"),
     ("/v1/completions", b'[1, 2]', 400, None, "JSON object"),
@@ -283,12 +306,27 @@ BAD_INPUT = [
     ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model",
      "does not exist"),
     ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
-                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
-     "not supported"),
-    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
                               "logprobs": True}, 400, None, "the sim engine does not model logprobs"),
     ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
                               "top_logprobs": 2}, 400, None, "top_logprobs needs logprobs: true"),
+    # tools: auto (the default with tools) needs the router's tool-call format; choices among the tools
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [TOOL]}, 400, "tool_choice", "needs a router started with --tool-call-parser"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tools": []}, 400, None, "tools must not be an empty array"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tool_choice": "required"}, 400, None, "tool_choice needs tools"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     400, None, "tool_choice names 'nope', which is not among the tools"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     400, None, "send structured output or such a tool_choice, not both"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     400, "tools.0.function.parameters", "valid dictionary"),
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "x", "tools": [TOOL]}, 400, "tools",
+     "tool calls are a chat's"),
 ]
 
 

@@ -185,7 +185,7 @@ BAD_INPUT = [  # path, body, status, param, a fragment of the message
     ("/tokenize", {"messages": [{"role": "user", "content": "\udc00"}]}, 400, "messages.0.content", ""),
     ("/tokenize", {"messages": CHAT, "chat_template": "{{ 1 }}"}, 400, "chat_template", "own template"),
     ("/tokenize", {"messages": CHAT, "chat_template_kwargs": {"x": 1}}, 400, "chat_template_kwargs", "not supported"),
-    ("/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    ("/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools.0.function", "Field required"),
     ("/tokenize", {"messages": CHAT, "continue_final_message": True, "add_generation_prompt": True}, 400, None,
      "Cannot set both"),
     ("/tokenize", b'{"prompt": ', 400, None, "Invalid JSON"),

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from shared.tiny_model import EOS_ID, generate_tiny_model, llama_weight_shapes
-from shared.tokenizer import FIXED_CHAT_TEMPLATE, Tokenizer, render_chat
+from shared.tokenizer import FIXED_CHAT_TEMPLATE, Tokenizer, compile_chat_template, render_chat
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json")
@@ -102,6 +102,23 @@ def test_chat_template(model_dir: Path) -> None:
     assert render_chat(messages, add_generation_prompt=False) == "<|system|>\nBe brief.\n<|user|>\nHi\n"
     stored = json.loads((model_dir / "tokenizer_config.json").read_text())
     assert stored["chat_template"] == FIXED_CHAT_TEMPLATE
+
+
+def test_the_template_renders_plain_chats_as_render_chat_and_tools_hermes_style(model_dir: Path) -> None:
+    tokenizer = Tokenizer.from_model_dir(str(model_dir))
+    template = compile_chat_template(FIXED_CHAT_TEMPLATE)
+    plain = [{"role": "system", "content": "Be <b>rief</b> & kind."}, {"role": "user", "content": "Hi\n{x}"}]
+    for prompt in (True, False):  # the fast path says what the template says
+        assert template.render(messages=plain, tools=None, add_generation_prompt=prompt) == \
+            render_chat(plain, add_generation_prompt=prompt)
+    tool = {"type": "function", "function": {"name": "f", "description": None, "parameters": {"a": "<é>"}}}
+    chat = [*plain, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "content": "ok", "tool_call_id": "1"}]
+    text = tokenizer.apply_chat_template(chat, tools=[tool])
+    assert text.startswith("<|system|>\n# Tools\n") and '{"name": "f", "description": null, "parameters": {"a": "<é>"}}' in text
+    assert '<|assistant|>\n<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n<|tool|>\n' in text
+    assert text.endswith("<tool_response>ok</tool_response>\n<|assistant|>\n")
 
 
 def test_missing_model_dir_is_a_clear_error(tmp_path: Path) -> None:

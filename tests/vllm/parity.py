@@ -11,7 +11,8 @@ answers compared field by field.
   (vLLM-only fields under `extra_body`, as a vLLM user sends them).
 - `ask(client, case, model, stream=...)`: the case's answer reduced to the fields both
   servers must agree on (`Answer`); streamed answers are concatenated, with every
-  `finish_reason` and `usage` block the stream carried (`stream_options.include_usage`).
+  `finish_reason` and `usage` block the stream carried (`stream_options.include_usage`),
+  and tool calls gathered from their pieces as OpenAI clients gather them.
 - `differences(reference, answer)`: the fields that differ, one line each.
 
 Two engines never run at once (the test machine has two cores): a module asks every case of
@@ -46,18 +47,19 @@ STOP_TIMEOUT_S = 15.0
 
 
 @contextmanager
-def vllm_openai_server(options: VllmEngineOptions, log_dir: str | Path,
+def vllm_openai_server(options: VllmEngineOptions, log_dir: str | Path, server_args: tuple[str, ...] = (),
+                       server_env: Mapping[str, str] | None = None,
                        start_timeout_s: float = 120.0) -> Iterator[str]:
-    """vLLM's OpenAI server with `options`' engine settings, pinned to
-    `options.cpu_threads_bind`; yields its base URL (no `/v1`)."""
+    """vLLM's OpenAI server with `options`' engine settings (and its own `server_args` and
+    environment), pinned to `options.cpu_threads_bind`; yields its base URL (no `/v1`)."""
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         # vLLM-CPU lets this legacy variable override --kv-cache-memory-bytes; Tandem's
         # workers drop it (services/worker/vllm/environment.py), so the server must not see it.
         raise RuntimeError("unset VLLM_CPU_KVCACHE_SPACE: the KV cache size comes from the engine options")
     launcher = LocalLauncher(log_dir)
     port = free_port(HOST)
-    server = launcher.start_program(SERVER_NAME, server_argv(options, port),
-                                    {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind})
+    server = launcher.start_program(SERVER_NAME, [*server_argv(options, port), *server_args],
+                                    {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind, **(server_env or {})})
     descendants: list[psutil.Process] = []
     try:
         url = f"http://{HOST}:{port}"
@@ -135,6 +137,8 @@ class Answer:
     roles: tuple[str, ...] = ()  # chat: the message's role, or every role a delta carries
     # every token's log-probabilities, in order (`logprob_entries`); values compare to 1e-3
     logprobs: tuple[tuple[Any, ...], ...] = ()
+    # chat: every tool call, in order, as (type, function name, arguments); ids are random
+    tool_calls: tuple[tuple[str, str, str], ...] = ()
 
     def value_of(self, name: str) -> Any:
         """A field, or a derived one an `expect` may name: the (only) finish_reason and usage."""
@@ -196,7 +200,9 @@ def whole_answer(reply: Any) -> Answer:
                   finish_reasons=tuple(c.finish_reason for c in reply.choices if c.finish_reason is not None),
                   usages=(_counts(reply.usage),) if reply.usage is not None else (),
                   roles=tuple(c.message.role for c in reply.choices) if chat else (),
-                  logprobs=tuple(entry for c in reply.choices for entry in logprob_entries(c.logprobs)))
+                  logprobs=tuple(entry for c in reply.choices for entry in logprob_entries(c.logprobs)),
+                  tool_calls=tuple((call.type, call.function.name, call.function.arguments)
+                                   for c in reply.choices if chat for call in c.message.tool_calls or ()))
 
 
 async def streamed_answer(stream: Any) -> Answer:
@@ -212,10 +218,12 @@ async def streamed_answer(stream: Any) -> Answer:
         if chunk.usage is not None:
             usages.append(_counts(chunk.usage))
         for choice in chunk.choices:
-            own = per_choice.setdefault(choice.index, {"texts": [], "finish": [], "roles": [], "logprobs": []})
+            own = per_choice.setdefault(choice.index, {"texts": [], "finish": [], "roles": [], "logprobs": [],
+                                                       "calls": {}})
             if chunk.object == "chat.completion.chunk":
                 own["texts"].append(choice.delta.content or "")
                 own["roles"] += [choice.delta.role] if choice.delta.role else []
+                _add_call_pieces(own["calls"], choice.delta.tool_calls or ())
             else:
                 own["texts"].append(choice.text)
             own["finish"] += [choice.finish_reason] if choice.finish_reason is not None else []
@@ -226,7 +234,20 @@ async def streamed_answer(stream: Any) -> Answer:
                   text=CHOICE_SEPARATOR.join("".join(own["texts"]) for own in ordered),
                   finish_reasons=tuple(reason for own in ordered for reason in own["finish"]), usages=tuple(usages),
                   roles=tuple(role for own in ordered for role in own["roles"]),
-                  logprobs=tuple(entry for own in ordered for entry in own["logprobs"]))
+                  logprobs=tuple(entry for own in ordered for entry in own["logprobs"]),
+                  tool_calls=tuple((call["type"], call["name"], call["arguments"])
+                                   for own in ordered for _, call in sorted(own["calls"].items())))
+
+
+def _add_call_pieces(calls: dict[int, dict[str, str]], pieces: Any) -> None:
+    """A stream's tool-call pieces, gathered per call index as OpenAI clients gather them:
+    the type and name once, the arguments' pieces concatenated."""
+    for piece in pieces:
+        call = calls.setdefault(piece.index, {"type": "", "name": "", "arguments": ""})
+        call["type"] = piece.type or call["type"]
+        if piece.function is not None:
+            call["name"] += piece.function.name or ""
+            call["arguments"] += piece.function.arguments or ""
 
 
 def _counts(usage: Any) -> TokenCounts:

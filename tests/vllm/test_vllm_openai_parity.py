@@ -9,6 +9,10 @@ engine settings, answers every case, and is stopped; only then does the P/D pair
 (prefill on the first core, decode on the second). Greedy decoding (temperature 0, a fixed
 seed) makes the answers deterministic.
 
+Both servers read tool calls in the Hermes format (the tiny model's template writes them
+so): vLLM's with --enable-auto-tool-choice --tool-call-parser hermes, Tandem's router with
+--tool-call-parser hermes.
+
 `CASES` is data: one row per request. To cover a new field (logit_bias, top_k, logprobs,
 ...), append a row; vLLM-only fields go under `extra_body`. `expect` keyword arguments name
 what vLLM's own answer must show for the row to mean what its name says.
@@ -66,6 +70,25 @@ def chat(case_id: str, request: dict[str, Any], *, split: bool | int = True, **e
 def vllm_fields(**fields: Any) -> dict[str, Any]:
     return {"extra_body": fields}
 
+
+# Tools, rendered by the tiny model's template (Hermes-style calls) on both servers; both read
+# calls in the Hermes format (vLLM: --enable-auto-tool-choice --tool-call-parser hermes).
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, for some days",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima", "Pune"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "description": "The time now", "parameters": {}}}
+TOOLS = [WEATHER, CLOCK]
+TOOL_HISTORY = [*STORY, {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}}]},
+    {"role": "tool", "tool_call_id": "call-1", "content": "Snow, then sun."}]
+VLLM_TOOL_PARSER = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+# vLLM 0.32 constrains tool calls by default with a structural tag in the model's own call
+# format (xgrammar); Tandem holds a forced choice to the JSON schema vLLM used before, which
+# vLLM's server still uses with this setting off.
+VLLM_JSON_SCHEMA_TOOL_CALLS = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
+TANDEM_TOOL_PARSER = ("--tool-call-parser", "hermes")
 
 # Deterministic without greedy decoding: random sampling (temperature 1, no seed) whose
 # filter keeps one token, so any engine picks the same one.
@@ -151,6 +174,18 @@ CASES = [
     completion("choice", {"prompt": TOKENS, "max_tokens": 8,
                           **vllm_fields(structured_outputs={"choice": ["yes", "no", "maybe"]})},
                split=False, finish_reason="stop"),
+    # Tool calling: tools in the prompt (usage counts them), calls read from the answer or
+    # forced by a required or named choice (structured output: one engine).
+    chat("tools-choice-none", {"messages": STORY, "max_tokens": 12, "tools": TOOLS, "tool_choice": "none"}),
+    chat("tools-auto", {"messages": STORY, "max_tokens": 12, "tools": TOOLS}),
+    chat("tools-history", {"messages": TOOL_HISTORY, "max_tokens": 12, "tools": TOOLS, "tool_choice": "none"}),
+    chat("tools-required-one", {"messages": STORY, "max_tokens": 64, "tools": TOOLS, "tool_choice": "required",
+                                "parallel_tool_calls": False}, split=False, finish_reason="tool_calls"),
+    chat("tools-required", {"messages": TOOL_HISTORY, "max_tokens": 64, "tools": TOOLS, "tool_choice": "required"},
+         split=False),
+    chat("tools-named", {"messages": STORY, "max_tokens": 48, "tools": TOOLS,
+                         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+         split=False, finish_reason="stop"),
 ]
 
 
@@ -179,7 +214,8 @@ async def vllm_reference(tiny_model_dir: str, model_name: str, lm_eval_task: Pat
     options = VllmEngineOptions(model_dir=tiny_model_dir, cpu_threads_bind=str(cores()[0]),
                                 kv_cache_gib=KV_CACHE_GIB, json_any_whitespace=False)
     answers: dict[tuple[str, bool], Answer] = {}
-    with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai")) as url:
+    with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai"), VLLM_TOOL_PARSER,
+                            VLLM_JSON_SCHEMA_TOOL_CALLS) as url:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
             for case in CASES:
                 for stream in STREAMING:
@@ -195,7 +231,7 @@ def pd_stack(vllm_reference: VllmReference, nats_server: EmbeddedNats, tiny_mode
     """Starts only once vLLM's server is gone (it depends on its answers)."""
     no_json_whitespace = ("--no-vllm-json-whitespace",)  # as the vLLM server's engine
     yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("parity-1p1d"),
-                       decode_args=no_json_whitespace, prefill_args=no_json_whitespace)
+                       decode_args=no_json_whitespace, prefill_args=no_json_whitespace, router_args=TANDEM_TOOL_PARSER)
 
 
 async def disaggregated_requests(router_url: str) -> int:
@@ -256,3 +292,21 @@ async def test_json_schema_output_parses_and_validates_every_time(pd_stack: Loca
         jsonschema.validate(json.loads(content), VERDICT)
     assert await disaggregated_requests(pd_stack.router_url) == split_before
 
+
+
+async def test_a_required_tool_call_has_arguments_that_parse_as_json(pd_stack: LocalStack, openai_client,
+                                                                     model_name: str) -> None:
+    """`tool_choice: required` on 10 chats: each answer holds tool calls of the tools offered,
+    whose arguments parse as JSON objects valid against the tool's parameters."""
+    jsonschema = pytest.importorskip("jsonschema")
+    client = openai_client(pd_stack.router_url, timeout=120)
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] or {"type": "object"} for tool in TOOLS}
+    for topic in range(10):
+        reply = await client.chat.completions.create(
+            model=model_name, max_tokens=64, temperature=0, tools=TOOLS, tool_choice="required",
+            parallel_tool_calls=False,
+            messages=[{"role": "user", "content": f"What should I pack for trip number {topic}?"}])
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, (topic, choice)
+        for call in choice.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])

@@ -1,0 +1,98 @@
+"""A chat's messages and tools as `/v1/chat/completions` takes them, and each message as the
+chat template sees it (as vLLM's server hands it over: content as one string, a past tool
+call's arguments as an object)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field
+
+from services.router.protocol_base import Request, Text
+
+
+class TextContentPart(Request):
+    type: Literal["text"]
+    text: Text
+
+
+class CalledFunction(Request):
+    name: Text
+    arguments: Text | None = None  # a JSON object, as text
+
+
+class MessageToolCall(Request):
+    """A call an assistant message made earlier in the chat."""
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ChatMessage(Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextContentPart] | None = None
+    name: Text | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's
+    tool_call_id: Text | None = None  # a tool's answer: to which call
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    @property
+    def plain(self) -> bool:
+        """Only a role and text: what a template without tools renders."""
+        return self.name is None and not self.tool_calls and self.tool_call_id is None
+
+    def template_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": call.type,
+                                      "function": {"name": call.function.name,
+                                                   "arguments": _arguments_object(call.function.arguments)}}
+                                     for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _arguments_object(arguments: str | None) -> dict[str, Any]:
+    """A past call's arguments as templates take them: an object (malformed or not an
+    object: empty, as vLLM's server does, so the chat can go on)."""
+    try:
+        parsed = json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+class FunctionDefinition(Request):
+    name: Text = Field(min_length=1)
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments
+    strict: bool | None = None
+
+
+class ToolDefinition(Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+    def template_tool(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+class FunctionName(Request):
+    name: Text
+
+
+class NamedToolChoice(Request):
+    type: Literal["function"] = "function"
+    function: FunctionName
