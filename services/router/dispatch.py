@@ -157,10 +157,10 @@ class Dispatcher:
             return _answered(params, "length")
         if not generated:  # nothing answered yet: a plain retry, on any model build
             params.route.compat_hash = ""
+        appended, sampling = params.sampling.continue_after(generated)
         continued = dataclasses.replace(
             params, request_id=f"{params.request_id}-r{attempt}",  # the worker may still know the first id
-            prompt_ids=[*params.prompt_ids, *generated],
-            sampling=params.sampling.continued(len(generated)))
+            prompt_ids=[*params.prompt_ids, *appended], sampling=sampling)
         # The continuation's routing and parts are children of this span, which ends once the
         # continuation is sent (its parts go on under it).
         resume_span = tracer.start_span("router.resume", context=trace.set_span_in_context(span), attributes={
@@ -222,7 +222,8 @@ class Dispatcher:
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
-                                 one_engine=params.sampling.depends_on_output_history,
+                                 one_engine=params.sampling.needs_whole_prompt,
+                                 replays=params.sampling.depends_on_output_history,
                                  route_hint=params.route_hint, prefix_key=cache.prefix_key,
                                  victim_age_s=self._kv_view.victim_ages(now),
                                  home_worker=self._kv_view.homes.home(cache.prefix_key) if cache.prefix_key else None,

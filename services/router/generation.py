@@ -177,10 +177,6 @@ class Generation:
         if not isinstance(error, Reconnected):  # the router's own reconnect: the worker may serve it again
             self._excluded.add(lost)
         stage = "mid_stream" if self._token_ids else "before_first_token"
-        if self._token_ids and not self.params.sampling.resumable_mid_answer:
-            log.info("%s lost worker %s mid-answer; its structured output cannot go on elsewhere",
-                     self.params.request_id, lost)
-            return False
         if self._resumer is None or self._attempts >= self._max_attempts:
             if self._resumer is not None:
                 self._metrics.resumes.labels(stage, "failed").inc()

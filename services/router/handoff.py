@@ -10,7 +10,10 @@ requests the hand-off names.
   full block). Unless the request is over (the first token was a stop token, `max_tokens`
   was 1, or the prefill worker ended it otherwise), the decode worker then gets
   `prompt + [first]`, `max_tokens - 1` and the handle as its `source`; it pulls the blocks,
-  releases the lease itself, computes only what is missing, and streams the rest.
+  releases the lease itself, computes only what is missing, and streams the rest. A request
+  that samples on its output history (`SamplingParams.depends_on_output_history`) keeps its
+  prompt and has the decode worker replay the first token instead (`replayed`), so its
+  penalties, seeded stream or grammar see the same history as on one engine.
 - `PushHandOff` (decode first): the decode worker gets the prompt with `max_tokens - 1`
   and `await_push`: it allocates blocks for the prompt's KV, answers with a `KvTarget`
   frame, and waits (bounded, on its side) for the writer's `PushDone`, which carries the
@@ -18,7 +21,8 @@ requests the hand-off names.
   `push_to`: it writes each layer's blocks into the decode worker's as it computes them,
   streams the first token, and sends `PushDone`. The decode worker commits the blocks that
   verified, recomputes the others, and streams the remaining tokens. There is no lease:
-  the blocks are the decode worker's from the start.
+  the blocks are the decode worker's from the start. (Replaying requests always pull: the
+  first token must exist before the decode part starts.)
 """
 
 from __future__ import annotations
@@ -27,12 +31,8 @@ from typing import Protocol
 
 from services.router.kv_view import PrefixSource
 from services.router.records import GenerationParams
-from shared.schemas import Finished, GenerateRequest, SamplingParams
+from shared.schemas import Finished, GenerateRequest
 from shared.schemas.transfer import KvHandle, KvTransferParams, PushTarget
-
-
-def _decode_sampling(params: GenerationParams) -> SamplingParams:
-    return params.sampling.continued(1)
 
 
 class HandOff(Protocol):
@@ -73,9 +73,9 @@ class PullHandOff:
                        lease: KvHandle | None) -> GenerateRequest:
         # Without a handle (no full block in the prompt) the decode worker computes everything.
         transfer = KvTransferParams(source=lease) if lease is not None else None
+        appended, sampling = params.sampling.continue_after(first_token_ids)
         return GenerateRequest(request_id=params.request_id, model=params.model,
-                               token_ids=[*params.prompt_ids, *first_token_ids], sampling=_decode_sampling(params),
-                               kv_transfer=transfer)
+                               token_ids=[*params.prompt_ids, *appended], sampling=sampling, kv_transfer=transfer)
 
     def continues_after(self, prefill_done: Finished) -> bool:
         return prefill_done.finish_reason == "length"  # not after a stop token or an abort
@@ -93,7 +93,7 @@ class PushHandOff:
     def decode_request(self, params: GenerationParams, first_token_ids: list[int],
                        lease: KvHandle | None) -> GenerateRequest:
         return GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
-                               sampling=_decode_sampling(params), kv_transfer=KvTransferParams(await_push=True))
+                               sampling=params.sampling.continued(1), kv_transfer=KvTransferParams(await_push=True))
 
     def continues_after(self, prefill_done: Finished) -> bool:
         return True  # a stop token as the first token is the decode worker's to see (it ends with "stop")

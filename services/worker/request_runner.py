@@ -9,11 +9,12 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+import msgspec
 from opentelemetry import trace
 
 from connector.dataplane import DataPlane, Prepared
 from connector.push import PushWriter
-from services.worker.engine import Engine
+from services.worker.engine import Engine, EngineOutput
 from shared.block_hash import block_hash_chain
 from shared.errors import ErrorCode, TandemError
 from shared.request_plane import FrameSender
@@ -68,7 +69,9 @@ class RequestRunner:
                     # admission could deadlock a full pool (queued requests each pinning blocks
                     # the others need); unpinned, the worst case is an eviction and a recompute.
                     self.kv.release_pins(plan.prepared)
+                replay = ReplayedTokens(len(plan.sampling.replayed))
                 async for output in outputs:
+                    output = replay.left_out(output)
                     handle = None
                     if output.finished and plan.hold:
                         handle = self.kv.hold(request)  # before any await: the blocks could be evicted
@@ -146,3 +149,23 @@ async def _quietly(coro) -> None:
         await coro
     except Exception as error:
         log.debug("could not send final frame: %s", error)
+
+
+class ReplayedTokens:
+    """Leaves out of an engine's outputs the tokens it made again (`SamplingParams.replayed`):
+    another engine already sent them."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._left = count
+
+    def left_out(self, output: EngineOutput) -> EngineOutput:
+        if not self.count:
+            return output
+        skip = min(self._left, len(output.token_ids))
+        self._left -= skip
+        return msgspec.structs.replace(
+            output, token_ids=output.token_ids[skip:],
+            logprobs=output.logprobs[skip:] if output.logprobs is not None else None,
+            completion_tokens=max(0, output.completion_tokens - self.count) if output.finished
+            else output.completion_tokens)

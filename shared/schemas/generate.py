@@ -63,6 +63,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     logprobs: int | None = None  # per generated token, its log-probabilities and this many top ones
     prompt_logprobs: int | None = None  # the same per prompt token (the first has none)
     structured: StructuredOutput | None = None
+    # The answer's tokens another engine already made and sent: this engine makes them again
+    # first (forced, one step each) so that what samples on the output history (penalties,
+    # bad words, a seeded stream, a grammar) has the same history; they are not sent again.
+    replayed: list[int] = []
 
     def non_default_fields(self) -> list[str]:
         """The fields set away from their defaults (`max_tokens` and `temperature` always count)."""
@@ -72,25 +76,30 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def depends_on_output_history(self) -> bool:
         """Whether the next token depends on which earlier tokens were *generated* rather than
-        given: penalties on output counts, multi-token bad words, and a seeded random stream.
-        An engine continuing such a request from `prompt + generated` would sample otherwise
-        than the engine that began it, so it is served whole by one engine. So is a request
-        for prompt log-probabilities (only the engine that computes the whole prompt has them),
-        and one for structured output (the grammar's state lives in the engine that began it)."""
+        given: penalties on output counts, multi-token bad words, a seeded random stream, and
+        structured output (the grammar's state follows the answer). An engine continuing
+        such a request replays the tokens already made (`continue_after`)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.bad_words
-                    or (self.seed is not None and self.temperature > 0) or self.prompt_logprobs is not None
-                    or self.structured is not None)
+                    or (self.seed is not None and self.temperature > 0) or self.structured is not None)
 
     @property
-    def resumable_mid_answer(self) -> bool:
-        """Whether another engine may continue the answer from `prompt + generated` after a
-        worker loss: not for structured output, whose grammar would restart there (the
-        request ends with an explicit error instead of output that breaks its form)."""
-        return self.structured is None
+    def needs_whole_prompt(self) -> bool:
+        """Prompt log-probabilities: only an engine that computes the whole prompt has them, so
+        one engine serves the request whole."""
+        return self.prompt_logprobs is not None
+
+    def continue_after(self, generated: list[int]) -> tuple[list[int], "SamplingParams"]:
+        """How another engine continues after `generated` tokens came from elsewhere (a P/D
+        hand-off, a resume): the tokens to append to its prompt, and its parameters. Sampling
+        on the output history replays them (the prompt stays); otherwise they join the prompt,
+        with fewer tokens to make and fewer before a stop may end it."""
+        if self.depends_on_output_history:
+            return [], msgspec.structs.replace(self, replayed=[*generated])
+        return [*generated], self.continued(len(generated))
 
     def continued(self, generated: int) -> "SamplingParams":
-        """The parameters for the rest of a request after `generated` tokens came from elsewhere
-        (a P/D hand-off, a resume): fewer tokens to make, and fewer before a stop may end it."""
+        """The parameters for the rest of a request after `generated` tokens that join its
+        prompt: fewer tokens to make, and fewer before a stop may end it."""
         return msgspec.structs.replace(self, max_tokens=self.max_tokens - generated,
                                        min_tokens=max(0, self.min_tokens - generated))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from pydantic import ValidationError
 
@@ -14,8 +15,10 @@ from services.router.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.request_fields import FIELDS, fields_of, markdown_table
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.worker.sim.tokens import MODELLED_FIELDS, refuse_unmodelled
+from shared.config import RoutingConfig
 from shared.errors import InvalidArgument
 from shared.schemas import SamplingParams, WorkerRole, WorkerStatus
+from shared.schemas.generate import StructuredOutput
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -59,29 +62,46 @@ def test_a_continuation_makes_fewer_tokens_and_needs_fewer_before_a_stop() -> No
     assert SamplingParams(max_tokens=10).first_token_only().min_tokens == 0
 
 
-@pytest.mark.parametrize(("sampling", "one_engine"), [
+@pytest.mark.parametrize(("sampling", "replays"), [
     (SamplingParams(), False),
     (SamplingParams(temperature=0.8), False),  # unseeded: any engine samples as well as another
     (SamplingParams(seed=3), False),  # greedy: the seed changes nothing
-    (SamplingParams(temperature=0.8, seed=3), True),  # the seeded stream would restart on the decode engine
+    (SamplingParams(temperature=0.8, seed=3), True),  # the seeded stream must draw for the first token too
     (SamplingParams(presence_penalty=0.5), True),
     (SamplingParams(frequency_penalty=-0.5), True),
     (SamplingParams(bad_words=["hello world"]), True),
+    (SamplingParams(structured=StructuredOutput(regex="[a-z]+")), True),  # the grammar follows the answer
     (SamplingParams(repetition_penalty=1.3, min_tokens=3, logit_bias={1: 5.0}, top_k=3), False),
 ])
-def test_sampling_on_the_output_history_is_served_by_one_engine(sampling: SamplingParams, one_engine: bool) -> None:
-    assert sampling.depends_on_output_history is one_engine
+def test_sampling_on_the_output_history_replays_the_first_token_on_a_decode_part_that_pulls(
+        sampling: SamplingParams, replays: bool) -> None:
+    assert sampling.depends_on_output_history is replays
+    appended, continued = sampling.continue_after([11])
+    if replays:  # the prompt stays; the decode engine makes the first token again, then the rest
+        assert appended == [] and continued == msgspec.structs.replace(sampling, replayed=[11])
+    else:
+        assert appended == [11] and continued == sampling.continued(1)
+    workers = [WorkerView(worker_id=worker_id, model="m", role=role, status=WorkerStatus.ACTIVE, max_num_seqs=8,
+                          max_model_len=1024, reported_load=0, in_flight=0, in_flight_at_report=0, last_routed=0,
+                          compat_hash="h", kv_push=True)
+               for worker_id, role in (("p", WorkerRole.PREFILL), ("d", WorkerRole.DECODE))]
+    request = RouteRequest(model="m", prompt_tokens=500, total_tokens=600, replays=sampling.depends_on_output_history)
+    plan = decide(workers, request, RoutingConfig(pd_transfer="push"))
+    assert isinstance(plan, RoutePlan)
+    assert (plan.flow, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "p", "d")
+    assert plan.transfer == ("pull" if replays else "push")  # the first token exists before the decode part
+
+
+def test_prompt_log_probabilities_are_served_by_one_engine() -> None:
+    sampling = SamplingParams(prompt_logprobs=1)
+    assert sampling.needs_whole_prompt and not SamplingParams(logprobs=2).needs_whole_prompt
     workers = [WorkerView(worker_id=worker_id, model="m", role=role, status=WorkerStatus.ACTIVE, max_num_seqs=8,
                           max_model_len=1024, reported_load=0, in_flight=0, in_flight_at_report=0, last_routed=0,
                           compat_hash="h")
                for worker_id, role in (("p", WorkerRole.PREFILL), ("d", WorkerRole.DECODE))]
-    request = RouteRequest(model="m", prompt_tokens=500, total_tokens=600, one_engine=sampling.depends_on_output_history)
-    plan = decide(workers, request)
+    plan = decide(workers, RouteRequest(model="m", prompt_tokens=500, total_tokens=600, one_engine=True))
     assert isinstance(plan, RoutePlan)
-    if one_engine:
-        assert (plan.flow, plan.reason, plan.worker_id) == ("single", "one_engine_sampling", "d")
-    else:
-        assert (plan.flow, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "p", "d")
+    assert (plan.flow, plan.reason, plan.worker_id) == ("single", "one_engine_sampling", "d")
 
 
 def test_the_sim_engine_refuses_what_its_token_model_cannot_honour_naming_each_field() -> None:

@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import msgspec
 import numpy as np
 import pytest
 
 from connector.port import KvPort
 from services.worker.engine import Engine, EngineOutput
+from services.worker.request_runner import ReplayedTokens
 from services.worker.sim.engine import SimEngine
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.tokens import generate_tokens
@@ -270,3 +272,16 @@ async def test_a_pull_between_two_engines_gives_the_same_tokens_and_corrupt_kv_d
         corrupt = tokens_of(await collect(reader, "r2", PROMPT, sampling))
         assert len(corrupt) == 8 and corrupt != expected
         assert reader.load().kv_used_blocks == 0 and holder.load().kv_used_blocks == 0
+
+
+async def test_replayed_tokens_come_first_and_the_rest_follows_them_as_on_one_engine() -> None:
+    sampling = SamplingParams(max_tokens=12, temperature=0.9, seed=5)
+    async with running_engine() as engine:
+        whole = [t for output in await collect(engine, "whole", PROMPT, sampling) for t in output.token_ids]
+        replayed = msgspec.structs.replace(sampling, replayed=whole[:3])
+        outputs = await collect(engine, "replay", PROMPT, replayed)
+    assert [t for output in outputs for t in output.token_ids] == whole  # made again, then the same rest
+    assert outputs[-1].completion_tokens == 12
+    kept = ReplayedTokens(3)  # what the worker sends of them: the rest only, counted as such
+    sent = [kept.left_out(output) for output in outputs]
+    assert [t for output in sent for t in output.token_ids] == whole[3:] and sent[-1].completion_tokens == 9

@@ -108,8 +108,8 @@ class ParityCase:
     request: Mapping[str, Any]
     expect: Mapping[str, Any] = field(default_factory=dict)
     # How many of its choices the router splits between a prefill and a decode worker (True:
-    # its one choice; False: none, as it samples on its output history, which one engine
-    # serves whole: `SamplingParams.depends_on_output_history`)
+    # its one choice; False: none, as it asks for its prompt's log-probabilities, which one
+    # engine computing the whole prompt serves: `SamplingParams.needs_whole_prompt`)
     split: bool | int = True
 
 

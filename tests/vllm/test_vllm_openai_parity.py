@@ -134,11 +134,11 @@ CASES = [
     completion("top-p-tiny", {"prompt": LONG_TOKENS, "max_tokens": 16, **SAMPLED, "top_p": 1e-6}),
     completion("skip-special-tokens-false", {"prompt": BUBBLES, "max_tokens": 40,
                                              **vllm_fields(skip_special_tokens=False)}, finish_reason="stop"),
-    # Sampling on the output history: served by one engine, never split.
-    completion("presence-penalty", {"prompt": TOKENS, "max_tokens": 24, "presence_penalty": 1.5}, split=False),
-    chat("frequency-penalty", {"messages": STORY, "max_tokens": 24, "frequency_penalty": 1.9}, split=False),
-    completion("bad-words", {"prompt": TOKENS, "max_tokens": 16, **vllm_fields(bad_words=[" bo"])}, split=False),
-    completion("seeded-sampling", {"prompt": FOX, "max_tokens": 24, "temperature": 0.9, "seed": 7}, split=False),
+    # Sampling on the output history, split: the decode worker replays the first token.
+    completion("presence-penalty", {"prompt": TOKENS, "max_tokens": 24, "presence_penalty": 1.5}),
+    chat("frequency-penalty", {"messages": STORY, "max_tokens": 24, "frequency_penalty": 1.9}),
+    completion("bad-words", {"prompt": TOKENS, "max_tokens": 16, **vllm_fields(bad_words=[" bo"])}),
+    completion("seeded-sampling", {"prompt": FOX, "max_tokens": 24, "temperature": 0.9, "seed": 7}),
     # Log-probabilities of every token, computed by the worker that generated it.
     completion("logprobs-0", {"prompt": FOX, "max_tokens": 16, "logprobs": 0}),
     completion("logprobs-5", {"prompt": LONG_TOKENS, "max_tokens": 12, "logprobs": 5}),
@@ -155,37 +155,35 @@ CASES = [
                split=False),
     # Several choices: n per prompt, prompts of a batch, each choice routed (and split) on its own.
     completion("n-3-top-k-1", {"prompt": FOX, "max_tokens": 8, "n": 3, **SAMPLED, **vllm_fields(top_k=1)}, split=3),
-    completion("n-2-seeded", {"prompt": TOKENS, "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 5}, split=0),
+    completion("n-2-seeded", {"prompt": TOKENS, "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 5}, split=2),
     completion("batch-2", {"prompt": [FOX, BUBBLES], "max_tokens": 8}, split=2),
     completion("batch-2-n-2-logprobs", {"prompt": [TOKENS, LONG_TOKENS], "max_tokens": 5, "n": 2, "logprobs": 1,
                                         **SAMPLED, **vllm_fields(top_k=1)}, split=4),
     chat("n-2", {"messages": STORY, "max_tokens": 8, "n": 2, **SAMPLED, **vllm_fields(top_k=1)}, split=2),
-    # Structured output, by vLLM's backend on the one engine that serves the request whole.
+    # Structured output, by vLLM's backend on both workers of the split (the decode worker
+    # replays the first token through the grammar).
     # (both engines leave whitespace out of JSON: random weights would write it to the end)
     chat("json-schema", {"messages": STORY, "max_tokens": 32, "response_format": {
-        "type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}}, split=False,
-         finish_reason="stop"),
+        "type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}}, finish_reason="stop"),
     completion("structured-json", {"prompt": FOX, "max_tokens": 32, **vllm_fields(structured_outputs={
-        "json": VERDICT})}, split=False, finish_reason="stop"),
-    completion("json-object", {"prompt": FOX, "max_tokens": 24, **vllm_fields(response_format={"type": "json_object"})},
-               split=False),
+        "json": VERDICT})}, finish_reason="stop"),
+    completion("json-object", {"prompt": FOX, "max_tokens": 24, **vllm_fields(response_format={"type": "json_object"})}),
     completion("regex", {"prompt": FOX, "max_tokens": 16, **vllm_fields(structured_outputs={"regex": "[a-z]{3,6}!"})},
-               split=False, finish_reason="stop"),
+               finish_reason="stop"),
     completion("choice", {"prompt": TOKENS, "max_tokens": 8,
                           **vllm_fields(structured_outputs={"choice": ["yes", "no", "maybe"]})},
-               split=False, finish_reason="stop"),
+               finish_reason="stop"),
     # Tool calling: tools in the prompt (usage counts them), calls read from the answer or
-    # forced by a required or named choice (structured output: one engine).
+    # forced by a required or named choice (structured output, split as above).
     chat("tools-choice-none", {"messages": STORY, "max_tokens": 12, "tools": TOOLS, "tool_choice": "none"}),
     chat("tools-auto", {"messages": STORY, "max_tokens": 12, "tools": TOOLS}),
     chat("tools-history", {"messages": TOOL_HISTORY, "max_tokens": 12, "tools": TOOLS, "tool_choice": "none"}),
     chat("tools-required-one", {"messages": STORY, "max_tokens": 64, "tools": TOOLS, "tool_choice": "required",
-                                "parallel_tool_calls": False}, split=False, finish_reason="tool_calls"),
-    chat("tools-required", {"messages": TOOL_HISTORY, "max_tokens": 64, "tools": TOOLS, "tool_choice": "required"},
-         split=False),
+                                "parallel_tool_calls": False}, finish_reason="tool_calls"),
+    chat("tools-required", {"messages": TOOL_HISTORY, "max_tokens": 64, "tools": TOOLS, "tool_choice": "required"}),
     chat("tools-named", {"messages": STORY, "max_tokens": 48, "tools": TOOLS,
                          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-         split=False, finish_reason="stop"),
+         finish_reason="stop"),
 ]
 
 
@@ -276,9 +274,10 @@ async def test_lm_eval_scores_a_log_likelihood_task_as_against_vllm(vllm_referen
 async def test_json_schema_output_parses_and_validates_every_time(pd_stack: LocalStack, openai_client,
                                                                   model_name: str) -> None:
     """20 chats on different topics with `response_format` `json_schema`: every answer is JSON
-    valid against the schema. Served by one engine each (the grammar's state is that engine's),
-    not split. The workers leave whitespace out of structured JSON (--no-vllm-json-whitespace):
-    with it allowed, random weights write whitespace until max_tokens, on vLLM's server too."""
+    valid against the schema, each split between the prefill and the decode worker (the decode
+    worker replays the first token through the grammar). The workers leave whitespace out of
+    structured JSON (--no-vllm-json-whitespace): with it allowed, random weights write
+    whitespace until max_tokens, on vLLM's server too."""
     jsonschema = pytest.importorskip("jsonschema")
     client = openai_client(pd_stack.router_url, timeout=120)
     split_before = await disaggregated_requests(pd_stack.router_url)
@@ -290,16 +289,17 @@ async def test_json_schema_output_parses_and_validates_every_time(pd_stack: Loca
         content = reply.choices[0].message.content
         assert reply.choices[0].finish_reason == "stop", (topic, content)
         jsonschema.validate(json.loads(content), VERDICT)
-    assert await disaggregated_requests(pd_stack.router_url) == split_before
+    assert await disaggregated_requests(pd_stack.router_url) == split_before + 20
 
 
 
 async def test_a_required_tool_call_has_arguments_that_parse_as_json(pd_stack: LocalStack, openai_client,
                                                                      model_name: str) -> None:
-    """`tool_choice: required` on 10 chats: each answer holds tool calls of the tools offered,
-    whose arguments parse as JSON objects valid against the tool's parameters."""
+    """`tool_choice: required` on 10 chats, each split: each answer holds tool calls of the
+    tools offered, whose arguments parse as JSON objects valid against the tool's parameters."""
     jsonschema = pytest.importorskip("jsonschema")
     client = openai_client(pd_stack.router_url, timeout=120)
+    split_before = await disaggregated_requests(pd_stack.router_url)
     schemas = {tool["function"]["name"]: tool["function"]["parameters"] or {"type": "object"} for tool in TOOLS}
     for topic in range(10):
         reply = await client.chat.completions.create(
@@ -310,3 +310,4 @@ async def test_a_required_tool_call_has_arguments_that_parse_as_json(pd_stack: L
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, (topic, choice)
         for call in choice.message.tool_calls:
             jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    assert await disaggregated_requests(pd_stack.router_url) == split_before + 10

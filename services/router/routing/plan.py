@@ -15,7 +15,8 @@ moves between them; the router's flow executor (`services.router.flow`) runs any
 How KV moves (`kv_transfer_mode`): "pull" always works; "push" (`RoutingConfig.pd_transfer`)
 only where both engines' data planes implement it (their advertised capabilities) and no
 cached prefix is to be pulled onto the prefill worker first (a pushing prefill worker
-pulls none; the plan's cost assumed the pull).
+pulls none; the plan's cost assumed the pull), and the request does not replay its first
+token on the decode worker (`RouteRequest.replays`: the token must exist before that part).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ RouteReason = Literal[
     "no_prefill_worker",  # single: no ACTIVE prefill worker of the model can take the prompt
     "no_decode_worker",  # single: prefill workers exist, but no ACTIVE decode worker can take the request
     "compat_hash_mismatch",  # single: prefill and decode workers exist, but no two share a hash
-    "one_engine_sampling",  # single: the request samples on its output history (`RouteRequest.one_engine`)
+    "one_engine_sampling",  # single: the request needs its whole prompt computed there (`RouteRequest.one_engine`)
 ]
 
 
@@ -92,9 +93,9 @@ class RoutePlan:
 
 
 def kv_transfer_mode(routing: RoutingConfig, prefill: WorkerView, decode: WorkerView, *,
-                     prefix_pull: bool) -> KvTransferMode:
+                     prefix_pull: bool, replays: bool = False) -> KvTransferMode:
     """How a disaggregated pair hands the prompt's KV over (see the module's docstring)."""
-    if routing.pd_transfer == "push" and not prefix_pull and prefill.kv_push and decode.kv_push:
+    if routing.pd_transfer == "push" and not (prefix_pull or replays) and prefill.kv_push and decode.kv_push:
         return "push"
     return "pull"
 
@@ -110,7 +111,7 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
     transfer = None
     if candidates.request.max_tokens > 1:
         transfer = kv_transfer_mode(candidates.routing, selection.prefill, selection.worker,
-                                    prefix_pull=prompt.holder_id is not None)
+                                    prefix_pull=prompt.holder_id is not None, replays=candidates.request.replays)
     return RoutePlan("disaggregated", selection.reason, selection.worker.worker_id,
                      prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost,
                      moves_home=selection.prefill.worker_id in candidates.new_homes)

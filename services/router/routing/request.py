@@ -30,9 +30,12 @@ class RouteRequest:
     held_tokens: Mapping[str, int] = field(default_factory=dict)
     cache_hit_threshold: float = 0.0  # decode-first when > 0
     admit: bool = True  # False: already admitted once (a request resumed elsewhere)
-    # the request's sampling depends on which tokens were generated (penalties, bad words,
-    # a seeded random stream): one engine serves it whole, never a prefill/decode pair
+    # the request asks for its prompt's log-probabilities: one engine computes the whole
+    # prompt and serves it whole, never a prefill/decode pair
     one_engine: bool = False
+    # the request samples on its output history (penalties, bad words, a seeded stream, a
+    # grammar): a decode part replays the first token, so the prefill part goes first (pull)
+    replays: bool = False
     draw: float = 0.0  # a uniform draw in [0, 1) from the caller's seeded generator (random policy)
     route_hint: str | None = None  # a worker id the client asked for (only the pinned policy reads it)
     prefix_key: int | None = None  # the hash of the prompt's first block (its prefix's home); None: shorter

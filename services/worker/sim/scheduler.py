@@ -319,7 +319,9 @@ class Scheduler:
             request.kv_checked = True
             request.kv_corrupt = not self._kv_intact(request)
         state = fold_token(request.history_state, CORRUPT_KV_MARK) if request.kv_corrupt else request.history_state
-        token_id = next_token(state, request.sampling, self.vocab_size, self.first_normal_token)
+        made, replayed = request.num_output_tokens, request.sampling.replayed
+        token_id = replayed[made] if made < len(replayed) else \
+            next_token(state, request.sampling, self.vocab_size, self.first_normal_token)
         request.token_ids.append(token_id)
         request.history_state = fold_token(request.history_state, token_id)
         size = self.block_size

@@ -43,7 +43,7 @@ def fold_tokens(token_ids: Iterable[int], state: int = HISTORY_ROOT) -> int:
 
 
 # What the sim's token model honours; a request setting any other sampling field is refused.
-MODELLED_FIELDS = frozenset({"max_tokens", "temperature", "seed", "stop_token_ids", "ignore_eos"})
+MODELLED_FIELDS = frozenset({"max_tokens", "temperature", "seed", "stop_token_ids", "ignore_eos", "replayed"})
 
 
 def refuse_unmodelled(sampling: SamplingParams) -> None:

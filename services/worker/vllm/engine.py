@@ -228,9 +228,9 @@ class VllmEngine:
             kv_cache_memory_bytes=options.kv_cache_bytes, block_size=options.block_size,
             enable_prefix_caching=True, enforce_eager=options.enforce_eager,
             structured_outputs_config=sampling.structured_outputs_config(options.json_any_whitespace),
+            logits_processors=sampling.LOGITS_PROCESSORS,
             otlp_traces_endpoint=options.otlp_traces_endpoint or None,
-            # Default loggers off; Tandem's own logger below still turns stats on.
-            disable_log_stats=True,
+            disable_log_stats=True,  # default loggers off; Tandem's own logger below still turns stats on
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True, publisher="zmq", endpoint=endpoints.publish,
                 replay_endpoint=endpoints.replay, buffer_steps=options.kv_event_buffer_steps, topic=""),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from vllm.config import StructuredOutputsConfig
 from vllm.logprobs import Logprob
@@ -10,11 +11,17 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 
 from connector.vllm.kv_wire import TransferOrder, order_params
+from services.worker.vllm.replay import REPLAY_PROCESSOR, REPLAYED_ARG
 from shared.schemas.generate import SamplingParams, StructuredOutput, TokenLogprobs
+
+# The engine's own logits processors, by name (vLLM loads them in its engine process).
+LOGITS_PROCESSORS = [REPLAY_PROCESSOR]
 
 
 def vllm_sampling_params(sampling: SamplingParams, order: TransferOrder | None = None) -> VllmSamplingParams:
-    extra = {"kv_transfer_params": order_params(order)} if order is not None else None
+    extra: dict[str, Any] = {"kv_transfer_params": order_params(order)} if order is not None else {}
+    if sampling.replayed:
+        extra[REPLAYED_ARG] = list(sampling.replayed)
     return VllmSamplingParams(
         max_tokens=sampling.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
         stop_token_ids=list(sampling.stop_token_ids), ignore_eos=sampling.ignore_eos,
@@ -24,7 +31,7 @@ def vllm_sampling_params(sampling: SamplingParams, order: TransferOrder | None =
         logit_bias=dict(sampling.logit_bias) or None, bad_words=list(sampling.bad_words) or None,
         allowed_token_ids=sampling.allowed_token_ids, logprobs=sampling.logprobs,
         prompt_logprobs=sampling.prompt_logprobs, structured_outputs=_structured(sampling.structured),
-        output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra)
+        output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra or None)
 
 
 def token_logprobs(positions: list[dict[int, Logprob]] | None, new_tokens: int) -> list[TokenLogprobs] | None:
