@@ -1,5 +1,5 @@
 """The request fields of the generate endpoints (`services.router.request_fields`): the request
-models are built from the table, the README shows it, nothing is silently ignored; and the
+models are built from the table, docs/openai-api.md shows it, nothing is silently ignored; and the
 sampling parameters a continuation (P/D hand-off, resume) gets, and when a request is served
 whole on one engine."""
 
@@ -20,7 +20,7 @@ from shared.errors import InvalidArgument
 from shared.schemas import SamplingParams, WorkerRole, WorkerStatus
 from shared.schemas.generate import StructuredOutput
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPENAI_API_DOC = Path(__file__).resolve().parents[2] / "docs" / "openai-api.md"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
 
@@ -30,8 +30,9 @@ def test_every_declared_field_is_in_the_table_and_every_table_field_is_declared(
     assert set(model.model_fields) == set(fields_of(endpoint))
 
 
-def test_the_readme_shows_the_table_as_the_code_has_it() -> None:
-    assert markdown_table() in README.read_text(), "regenerate it: python -m services.router.request_fields"
+def test_the_openai_api_doc_shows_the_table_as_the_code_has_it() -> None:
+    assert markdown_table() in OPENAI_API_DOC.read_text(), (
+        "docs/openai-api.md's table is not the code's: regenerate it: python -m services.router.request_fields")
 
 
 @pytest.mark.parametrize("field", [field for field in FIELDS if field.status == "refused unless default"],
