@@ -9,7 +9,7 @@ The OpenAI API and vLLM's server (its pinned version) define the fields; each on
   that sends `n: 1` or `echo: false` still works).
 A field in neither endpoint's table is a 400 naming it (as OpenAI's API answers an unknown
 argument), never silently ignored. `protocol` builds its request models from this table, and
-the README's table is `markdown_table()` (a test keeps them equal).
+the table in docs/openai-api.md is `markdown_table()` (a test keeps them equal).
 """
 
 from __future__ import annotations
@@ -44,29 +44,29 @@ _HONOURED = [
     RequestField("top_p", "honoured"),
     RequestField("top_k", "honoured"),
     RequestField("min_p", "honoured"),
-    RequestField("seed", "honoured", note="seeded random sampling runs on one engine, never split"),
+    RequestField("seed", "honoured", note="seeded random sampling; split, the decode worker replays the first token"),
     RequestField("stop", "honoured"),
     RequestField("stop_token_ids", "honoured"),
     RequestField("ignore_eos", "honoured"),
     RequestField("min_tokens", "honoured"),
-    RequestField("presence_penalty", "honoured", note="runs on one engine, never split"),
-    RequestField("frequency_penalty", "honoured", note="runs on one engine, never split"),
+    RequestField("presence_penalty", "honoured", note="split, the decode worker replays the first token"),
+    RequestField("frequency_penalty", "honoured", note="split, the decode worker replays the first token"),
     RequestField("repetition_penalty", "honoured"),
     RequestField("logit_bias", "honoured", note="token id (as a string) to a bias in [-100, 100]"),
-    RequestField("bad_words", "honoured", note="runs on one engine, never split"),
+    RequestField("bad_words", "honoured", note="split, the decode worker replays the first token"),
     RequestField("allowed_token_ids", "honoured"),
     RequestField("skip_special_tokens", "honoured"),
     RequestField("response_format", "honoured", note="text, json_object, json_schema: vLLM's structured output "
-                                                     "on one engine (not split)"),
-    RequestField("structured_outputs", "honoured", note="vLLM's: json, json_object, regex, choice or grammar; "
-                                                        "one engine (disable_any_whitespace: a worker setting)"),
+                                                     "(split: the decode worker replays the first token)"),
+    RequestField("structured_outputs", "honoured", note="vLLM's: json, json_object, regex, choice or grammar "
+                                                        "(disable_any_whitespace: a worker setting)"),
     RequestField("logprobs", "honoured", note="completions: how many top ones (0-20); chat: true or false"),
     RequestField("top_logprobs", "honoured", ("chat",), note="0-20, with logprobs: true"),
     RequestField("echo", "honoured", ("completions",), note="with logprobs, the prompt's log-probabilities too; "
                                                               "runs on one engine, computing the whole prompt"),
     RequestField("tools", "honoured", ("chat",), note="functions, rendered by the model's chat template"),
     RequestField("tool_choice", "honoured", ("chat",), note="none, auto (needs the router's --tool-call-parser), "
-                                                           "required or a named function; forced calls: one engine"),
+                                                           "required or a named function (held to a JSON schema)"),
     RequestField("parallel_tool_calls", "honoured", ("chat",), note="false: at most one call"),
     RequestField("stream", "honoured"),
     RequestField("stream_options", "honoured", note="include_usage"),
@@ -143,7 +143,7 @@ def _allowed_text(field: RequestField) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table: one row per field and endpoint set."""
+    """The table docs/openai-api.md shows: one row per field and endpoint set."""
     rows = ["| field | completions | chat | status | note |", "|---|---|---|---|---|"]
     for field in sorted(FIELDS, key=lambda field: (field.status != "honoured", field.status, field.name)):
         note = field.note
