@@ -3,15 +3,17 @@ main thread, between and around forward passes.
 
 It owns the engine's NIXL agent (`connector.nixl_agent.KvAgent`, progress thread with a
 non-zero delay: it must not spin), registered once over vLLM's whole KV allocation as
-layer-major pages (`kv_pages`). A pull (`LoadSpec`) is read in `start_load_kv` of the step
-that planned it (after that step's forward pass; the pulling request is not in it), in
-the calling thread: NIXL copies inside the posting call on one host, bounded by the
-transfer timeout. Fault injection (`connector.faults`) and the verification of each block
-against the holder's checksum (`connector.block_reader`) and the retry of blocks that
-failed (`connector.retry`, once, bounded in time, in the same step) are the sim reader's;
-blocks that still failed go to vLLM through `get_block_ids_with_load_errors` and the request through
-`get_finished` in the same step (vLLM rolls it back to its first failed block), and
-every pull ends in exactly one `Loaded` report to the Tandem worker. Pushes (the writer's
+layer-major pages (`kv_pages`). A pull (`LoadSpec`) starts in `start_load_kv` of the step
+that planned it and is read on the connector's loader thread (one pull at a time; NIXL
+copies inside the posting call on one host, bounded by the transfer timeout), so the
+requests decoding here go on meanwhile; the pulling request waits in vLLM until
+`get_finished` names it, in the first step after its pull ended. Fault injection
+(`connector.faults`), the verification of each block against the holder's checksum
+(`connector.block_reader`) and the retry of blocks that failed (`connector.retry`, once,
+bounded in time, on the same thread) are the sim reader's; blocks that still failed go to
+vLLM through `get_block_ids_with_load_errors` in the step whose `get_finished` names the
+request (vLLM rolls it back to its first failed block), and every pull ends in exactly
+one `Loaded` report to the Tandem worker, sent from the engine thread. Pushes (the writer's
 per-layer writes, from vLLM's save hook) are `connector_push.PushWrites`, over the same
 agent and pages.
 """
@@ -19,7 +21,9 @@ agent and pages.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -74,7 +78,11 @@ class WorkerSide:
         self._backing: torch.Tensor | None = None  # keeps the view's memory referenced
         self._peers: dict[str, bytes] = {}  # agent name -> metadata added
         self._load_errors: set[int] = set()
-        self._loaded: set[str] = set()  # vLLM request ids whose load ended this step
+        # Pulls run one at a time on a thread of their own, beside the forward passes: the
+        # streams decoding here go on while a new request's KV arrives.
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-kv-load")
+        self._done_lock = threading.Lock()
+        self._done: list[tuple[str, Loaded, list[int]]] = []  # ended pulls: request id, report, failed blocks
         self.loads = 0  # pulls performed, for diagnostics
         self.pushes = PushWrites(lambda: self.agent, self._require_geometry, self._ensure_peer, self._checksum,
                                  faults, reports, agent_config.default_timeout_s)
@@ -139,6 +147,7 @@ class WorkerSide:
         return block_checksum(self._pages, self._geometry, block_id)
 
     def close(self) -> None:
+        self._loader.shutdown(wait=True, cancel_futures=True)
         self.pushes.close()
         if self._agent is not None:
             self._agent.close()
@@ -148,24 +157,43 @@ class WorkerSide:
 
     def load(self, specs: list[LoadSpec]) -> None:
         for spec in specs:
-            self._reports.send(self._load(spec))
-            if spec.local_block_ids:  # only then is vLLM waiting for it (an asynchronous load)
-                self._loaded.add(spec.request_id)
+            if not spec.local_block_ids:  # nothing to read: vLLM is not waiting for it
+                self._reports.send(self._load(spec)[0])
+            else:
+                self._loader.submit(self._load_in_background, spec)
+
+    def _load_in_background(self, spec: LoadSpec) -> None:
+        try:
+            report, failed = self._load(spec)
+        except Exception as error:  # a bug: the request still hears, every block failed
+            log.exception("pull %s failed", spec.transfer_id)
+            report = Loaded(ok=[False] * len(spec.local_block_ids), reason=f"internal error: {error}",
+                            transfer_id=spec.transfer_id, lease_id=spec.lease_id, cached_blocks=spec.cached_blocks)
+            failed = list(spec.local_block_ids)
+        with self._done_lock:
+            self._done.append((spec.request_id, report, failed))
 
     def take_loaded(self) -> set[str]:
-        loaded, self._loaded = self._loaded, set()
-        return loaded
+        """The requests whose loads ended since the last step (vLLM's `get_finished`); their
+        failed blocks become this step's load errors, and their reports leave from here (the
+        engine thread owns the report socket)."""
+        with self._done_lock:
+            done, self._done = self._done, []
+        for _, report, failed in done:
+            self._reports.send(report)
+            self._load_errors.update(failed)
+        return {request_id for request_id, _, _ in done}
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
-    def _load(self, spec: LoadSpec) -> Loaded:
+    def _load(self, spec: LoadSpec) -> tuple[Loaded, list[int]]:
         started = time.perf_counter()
         count = len(spec.local_block_ids)
         report = dict(transfer_id=spec.transfer_id, lease_id=spec.lease_id, cached_blocks=spec.cached_blocks)
         if count == 0:
-            return Loaded(ok=[], reason="every block was cached locally", **report)
+            return Loaded(ok=[], reason="every block was cached locally", **report), []
         self.loads += 1
         timeout_s = self._agent_config.default_timeout_s
         ok, nbytes, reason = self._read(spec, list(range(count)), timeout_s)
@@ -183,11 +211,10 @@ class WorkerSide:
             reason = reason if False in ok else ""
         failed = [block_id for block_id, good in zip(spec.local_block_ids, ok) if not good]
         if failed:
-            self._load_errors.update(failed)
             log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes from the first",
                         spec.transfer_id, len(failed), count, reason)
         return Loaded(ok=ok, nbytes=moved[0], duration_s=time.perf_counter() - started, reason=reason,
-                      retried=retry.retried, recovered=retry.recovered, **report)
+                      retried=retry.retried, recovered=retry.recovered, **report), failed
 
     def _read(self, spec: LoadSpec, indices: list[int], timeout_s: float) -> tuple[list[bool], int, str]:
         """Read the blocks at `indices` of the spec: per block, whether its bytes landed and
