@@ -45,11 +45,6 @@ class ChatMessage(Request):
             return self.content
         return "".join(part.text for part in self.content)
 
-    @property
-    def plain(self) -> bool:
-        """Only a role and text: what a template without tools renders."""
-        return self.name is None and not self.tool_calls and self.tool_call_id is None
-
     def template_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.text}
         if self.name is not None:

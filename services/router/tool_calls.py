@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from services.router.tool_call_spans import streamed_required_calls
@@ -120,7 +120,6 @@ class ToolStream:
     calling: ToolCalling
     text: str = ""
     sent: int = 0
-    held_logprobs: list[Any] = field(default_factory=list)
 
     def add(self, piece: str) -> str:
         """The text to send now, `piece` having come."""
