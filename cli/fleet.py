@@ -7,30 +7,18 @@ from typing import Annotated
 
 import typer
 
-from cli.options import (
-    Exporter,
-    Heartbeat,
-    LogLevel,
-    Namespace,
-    NatsCa,
-    NatsCert,
-    NatsCreds,
-    NatsKey,
-    NatsUrl,
-    OtlpEndpoint,
-    Ttl,
-    bus_config,
-    membership_config,
-    run_service,
-    setup_logging,
-    tracing_config,
-)
+from cli.config_options import config_options
+from cli.options import LogLevel, run_service, setup_logging
+from shared.config import BusConfig, ConfigError, KvTransferConfig, MembershipConfig, TracingConfig, WorkerConfig
 from shared.schemas import WorkerRole
 
 app = typer.Typer()
 
 
 @app.command("worker-fleet")
+@config_options("bus", BusConfig, exclude=("replicas",))
+@config_options("membership", MembershipConfig)
+@config_options("tracing", TracingConfig)
 def worker_fleet(
     count: Annotated[int, typer.Option(help="Workers in the fleet.")] = 16,
     id_prefix: Annotated[str, typer.Option(help="Worker ids: this prefix and a 4-digit index.")] = "sim-",
@@ -54,22 +42,16 @@ def worker_fleet(
         help="Seconds between each worker's sweeps for expired KV leases (a timer per worker).")] = 1.0,
     load_interval: Annotated[float, typer.Option(help="Seconds between each worker's load snapshots.")] = 1.0,
     kv_event_interval: Annotated[float, typer.Option(help="Seconds between KV event flushes.")] = 0.02,
-    nats_url: NatsUrl = "nats://127.0.0.1:4222",
-    namespace: Namespace = "tandem",
-    nats_creds_file: NatsCreds = "",
-    nats_ca_file: NatsCa = "",
-    nats_cert_file: NatsCert = "",
-    nats_key_file: NatsKey = "",
-    heartbeat_interval: Heartbeat = 0.5,
-    ttl: Ttl = 3.0,
-    trace_exporter: Exporter = "none",
-    otlp_endpoint: OtlpEndpoint = "",
+    *,
+    bus: BusConfig,
+    membership: MembershipConfig,
+    tracing: TracingConfig,
     log_level: LogLevel = "info",
 ) -> None:
     """Run COUNT simulated workers in one process, each with its own id, registration, KV pool,
     events and subjects, sharing the NATS connections and one heartbeat ticker."""
+    from services.worker.config import FleetConfig
     from services.worker.fleet import run_fleet
-    from shared.config import ConfigError, FleetConfig, KvTransferConfig, WorkerConfig
 
     setup_logging(log_level)
     worker = WorkerConfig(worker_id="template", role=role, engine=engine, model_dir=model_dir,
@@ -79,10 +61,7 @@ def worker_fleet(
                           load_interval_s=load_interval, kv_event_interval_s=kv_event_interval,
                           kv_transfer=KvTransferConfig(enabled=kv_transfer, transport="memory",
                                                        lease_sweep_interval_s=kv_lease_sweep_interval),
-                          bus=bus_config(nats_url, namespace, nats_creds_file, nats_ca_file, nats_cert_file,
-                                         nats_key_file),
-                          membership=membership_config(heartbeat_interval, ttl),
-                          tracing=tracing_config(trace_exporter, otlp_endpoint))
+                          bus=bus, membership=membership, tracing=tracing)
     config = FleetConfig(worker=worker, count=count, id_prefix=id_prefix, first_index=first_index,
                          connections=connections, start_concurrency=start_concurrency)
     if not model_dir:

@@ -24,8 +24,9 @@ import msgspec
 from bench.plan.engine_model import EngineModel, SeqModel
 from bench.plan.workload import Arrival, PlanWorkload, arrivals
 from bench.serve.stats import distribution_ms
+from services.router.config import RoutingConfig
 from services.worker.sim.profile import TimingProfile
-from shared.config import RoutingConfig, WorkerConfig
+from shared.config import WorkerConfig
 
 
 class StackOverheads(msgspec.Struct, frozen=True, kw_only=True):

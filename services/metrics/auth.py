@@ -19,9 +19,10 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.metrics.config import MetricsConfig
 from shared.api_keys import KeyFileError, presented_key
 from shared.api_keys_file import KeyFileWatcher
-from shared.config import ConfigError, MetricsConfig
+from shared.config import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import sys
 
 from services.metrics.auth import guard_pages
 from services.metrics.cluster_page import PAGE_PATH
+from services.metrics.config import MetricsConfig
 from services.metrics.http_api import HttpServer, build_app
 from services.metrics.service import MetricsService
 from shared.bus import connect
-from shared.config import MetricsConfig
 from shared.lifecycle import stop_on_signals
 
 

@@ -18,13 +18,13 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.metrics.cluster_view import ClusterView
+from services.metrics.config import MetricsConfig
 from services.metrics.exposition import TransferMetrics, build_registry
 from shared.bus import Bus
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import Codec, MalformedCounter, encode
-from shared.config import MetricsConfig
 from shared.prometheus import headers_exemplar
 from shared.schemas import KvEventBatch, KvSnapshotRequest, RequestRecord, TransferRecord
 

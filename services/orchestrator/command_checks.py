@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.config import WorkerLimits
+from services.orchestrator.config import WorkerLimits
 from shared.schemas import WorkerRegistration, WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import (
     AddWorker,

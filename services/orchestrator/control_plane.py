@@ -30,11 +30,11 @@ import msgspec
 from nats.aio.msg import Msg
 
 from services.orchestrator.command_checks import refusal
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers import LaunchedWorker, Launcher, LaunchError, WorkerLaunch
 from services.orchestrator.rolling_upgrade import rolling_upgrade
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
-from shared.config import OrchestratorConfig
 from shared.schemas import ControlReply, Cordon, Drain, SetRole, Uncordon, WorkerRegistration, WorkerStatus
 from shared.schemas.control import control_kind
 from shared.schemas.orchestrator import (

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.service import OrchestratorService
 from shared.bus import connect
-from shared.config import OrchestratorConfig
 from shared.lifecycle import stop_on_signals
 
 

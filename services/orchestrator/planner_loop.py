@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 
 from nats.aio.msg import Msg
 
+from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig
 from services.orchestrator.control_plane import ControlPlane
 from services.orchestrator.planner_inputs import RecordSample, build_snapshot, planned_workers, sample
 from services.orchestrator.planning import (
@@ -54,7 +55,6 @@ from shared.bus import Bus
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.codec import Codec, MalformedCounter, encode
-from shared.config import OrchestratorConfig, PlannerLoopConfig
 from shared.lifecycle import reraise_if_cancelling
 from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration, WorkerRole
 from shared.schemas.orchestrator import (

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import msgspec
 from nats.js.errors import KeyDeletedError, KeyWrongLastSequenceError, NotFoundError
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.control_plane import ControlPlane
 from services.orchestrator.launchers import Launcher, build_launcher
 from services.orchestrator.membership import MembershipTable
@@ -35,7 +36,6 @@ from shared.bus import Bus
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import Codec, MalformedCounter, encode
-from shared.config import OrchestratorConfig
 from shared.lifecycle import reraise_if_cancelling
 from shared.schemas import WorkerRegistration
 

@@ -28,7 +28,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.config import WorkerLimits
+from services.orchestrator.config import WorkerLimits
 from shared.schemas import WorkerRole, WorkerStatus
 
 PAIRED_ROLES = (WorkerRole.PREFILL, WorkerRole.DECODE)

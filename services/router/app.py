@@ -18,6 +18,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from services.router.auth.middleware import install_api_keys
+from services.router.config import RouterConfig
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
 from services.router.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
@@ -39,7 +40,7 @@ from services.router.worker_link import WorkerLink
 from services.router.worker_pool import WorkerPool
 from shared.bus import Bus, connect
 from shared.codec import MalformedCounter
-from shared.config import ConfigError, RouterConfig
+from shared.config import ConfigError
 from shared.request_plane import ResponseInbox
 from shared.tokenizer import Tokenizer
 

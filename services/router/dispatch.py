@@ -36,6 +36,7 @@ import time
 
 from opentelemetry import trace
 
+from services.router.config import RoutingConfig
 from services.router.detokenizer import TokenDecoder
 from services.router.errors import BadRequest, TooManyRequests
 from services.router.flow import CommittedPlan, FlowExecutor
@@ -58,7 +59,6 @@ from services.router.spans import end_span
 from services.router.token_source import Answered, TokenSource
 from services.router.worker_link import WorkerLink
 from services.router.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
-from shared.config import RoutingConfig
 from shared.errors import ErrorCode, TandemError, Unavailable
 from shared.schemas import Finished, RoutedPrompt
 

@@ -23,9 +23,10 @@ from collections.abc import Callable
 import uvicorn
 
 from services.router.app import create_app
+from services.router.config import RouterConfig
 from services.router.event_loop import event_loop_factory
 from shared.bus import connect
-from shared.config import ConfigError, RouterConfig
+from shared.config import ConfigError
 from shared.tracing import setup_tracing
 
 GRACEFUL_SHUTDOWN_S = 5.0  # open streams get this long to finish when the router stops

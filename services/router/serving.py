@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.types import Receive
 
+from services.router.config import RouterConfig
 from services.router.dispatch import Dispatcher
 from services.router.errors import BadRequest, ModelNotFound, error_info
 from services.router.generation import Delta, Final, Generation
@@ -30,7 +31,6 @@ from services.router.protocol import ErrorResponse, PromptTokensDetails, Samplin
 from services.router.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.sse import SSE_DONE, DisconnectWatch, SseResponse
 from services.router.worker_pool import WorkerPool
-from shared.config import RouterConfig
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import SamplingParams, TokenLogprobs
 from shared.schemas.generate import StructuredOutput

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from services.worker.config import FleetConfig
 from services.worker.fleet_ticker import FleetTicker
 from services.worker.main import build_kv
 from services.worker.service import WorkerService
@@ -33,7 +34,6 @@ from services.worker.sim.engine import SimEngine
 from services.worker.sim.profile import load_profile
 from services.worker.sim.spec import SIM
 from shared.bus import Bus, connect
-from shared.config import FleetConfig
 from shared.lifecycle import reraise_if_cancelling, stop_on_signals
 from shared.tokenizer import Tokenizer
 from shared.tracing import setup_tracing

@@ -26,11 +26,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
+from services.metrics.config import MetricsConfig
 from services.metrics.service import MetricsService
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.service import OrchestratorService
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
-from shared.config import BusConfig, MembershipConfig, MetricsConfig, OrchestratorConfig
+from shared.config import BusConfig, MembershipConfig
 from shared.schemas import GenerateRequest, KvEventBatch, LoadSnapshot, SamplingParams
 from shared.schemas.generate import Failed, ResponseFrame
 from shared.schemas.transfer import LeaseRefused, LeaseReply, LeaseRequest

@@ -22,10 +22,11 @@ import time
 import httpx
 import pytest
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.service import OrchestratorService
 from services.router.main import RouterServer
 from shared.bus import connect
-from shared.config import BusConfig, MembershipConfig, OrchestratorConfig
+from shared.config import BusConfig, MembershipConfig
 from shared.nats_server import EmbeddedNats
 from shared.tokenizer import Tokenizer
 from tests.integration.router_cluster import (

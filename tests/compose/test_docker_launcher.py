@@ -26,9 +26,9 @@ import pytest
 from launch.compose import render_compose
 from launch.compose_secrets import nats_env
 from launch.definition import default_definition_path, load_definition
+from services.orchestrator.config import DockerLauncherConfig, OrchestratorConfig, WorkerLauncherConfig
 from services.orchestrator.launchers import LaunchError, WorkerLaunch
 from services.orchestrator.launchers.docker import DockerLauncher
-from shared.config import DockerLauncherConfig, OrchestratorConfig, WorkerLauncherConfig
 from shared.schemas import WorkerRole
 from tests.compose.docker_stack import ROOT, ComposeStack, base_image, compose_command, prepare_context, run
 

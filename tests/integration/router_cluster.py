@@ -27,6 +27,7 @@ import openai
 import pytest
 from nats.aio.msg import Msg
 
+from services.router.config import RouterConfig
 from services.router.main import RouterServer
 from services.worker.engines import engine_spec
 from services.worker.main import build_kv
@@ -34,7 +35,7 @@ from services.worker.service import WorkerService
 from services.worker.sim.tokens import generate_tokens
 from shared.bus import Bus, connect
 from shared.codec import Codec
-from shared.config import BusConfig, KvFaultConfig, KvTransferConfig, MembershipConfig, RouterConfig, WorkerConfig
+from shared.config import BusConfig, KvFaultConfig, KvTransferConfig, MembershipConfig, WorkerConfig
 from shared.request_plane import open_stream
 from shared.schemas import Cancel, ControlMessage, GenerateRequest, SamplingParams, WorkerRole
 from shared.schemas.membership import EngineCapabilities

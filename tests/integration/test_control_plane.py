@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.orchestrator.config import OrchestratorConfig, WorkerLauncherConfig
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
-from shared.config import BusConfig, MembershipConfig, OrchestratorConfig, WorkerConfig, WorkerLauncherConfig
+from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.request_plane import open_stream
 from shared.schemas import (
     GenerateRequest,

@@ -14,12 +14,13 @@ import pytest
 from nats.js.kv import KeyValue
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.metrics.config import MetricsConfig
 from services.metrics.http_api import HttpServer, build_app
 from services.metrics.main import run_metrics
 from services.metrics.service import MetricsService
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
-from shared.config import BusConfig, MetricsConfig
+from shared.config import BusConfig
 from shared.schemas import (
     AllBlocksCleared,
     BlockStored,
@@ -216,8 +217,8 @@ async def test_run_metrics_announces_its_port(
 
 
 async def test_transfer_records_become_prometheus_metrics(bus: Bus, bus_config: BusConfig) -> None:
+    from services.metrics.config import MetricsConfig
     from services.metrics.service import MetricsService
-    from shared.config import MetricsConfig
     from shared.schemas import TransferRecord
 
     service = MetricsService(MetricsConfig(bus=bus_config, port=0), bus)

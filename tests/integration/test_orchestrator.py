@@ -12,12 +12,13 @@ import pytest
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.main import run_orchestrator
 from services.orchestrator.service import OrchestratorService
 from shared.bus import Bus, connect
 from shared.cluster.bucket_mirror import BucketMirror
 from shared.codec import Codec, encode
-from shared.config import BusConfig, MembershipConfig, OrchestratorConfig
+from shared.config import BusConfig, MembershipConfig
 from shared.schemas import MembershipChange, WorkerCapacity, WorkerRegistration, WorkerRole
 from tests.waiting import wait_for
 

@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
-from shared.config import BusConfig, MembershipConfig, OrchestratorConfig, PlannerLoopConfig, WorkerConfig
+from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.request_plane import ResponseStream, open_stream
 from shared.schemas import GenerateRequest, RequestRecord, SamplingParams, WorkerRole
 from shared.schemas.orchestrator import CommandOutcome, CordonWorker, UncordonWorker

@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.config import BusConfig, KvFaultConfig, RoutingConfig
+from services.router.config import RoutingConfig
+from shared.config import BusConfig, KvFaultConfig
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
 from tests.integration.router_cluster import (

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.router.config import RoutingConfig
 from services.worker.engines import engine_spec
-from shared.config import BusConfig, RoutingConfig
+from shared.config import BusConfig
 from shared.schemas import WorkerRole
 from shared.schemas.membership import EngineCapabilities
 from shared.tokenizer import Tokenizer

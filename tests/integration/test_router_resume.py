@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
-from shared.config import BusConfig, RoutingConfig
+from services.router.config import RoutingConfig
+from shared.config import BusConfig
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
 from tests.integration.router_cluster import (

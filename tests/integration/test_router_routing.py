@@ -15,9 +15,10 @@ import httpx
 import openai
 import pytest
 
+from services.router.config import RoutingConfig
 from shared.bus import Bus
 from shared.codec import Codec, encode
-from shared.config import BusConfig, RoutingConfig
+from shared.config import BusConfig
 from shared.request_plane import open_stream
 from shared.schemas import Cancel, GenerateRequest, LoadSnapshot, SamplingParams, WorkerRole
 from shared.tokenizer import Tokenizer

@@ -24,12 +24,14 @@ import time
 import tracemalloc
 
 from services.metrics.cluster_view import ClusterView
+from services.router.config import RoutingConfig
 from services.router.kv_index import KvIndex
 from services.router.routing import RouteRequest, build_policy, decide
 from services.router.worker_pool import _WorkerState
+from services.worker.config import FleetConfig
 from services.worker.fleet import WorkerFleet
 from shared.bus import connect
-from shared.config import BusConfig, FleetConfig, KvTransferConfig, RoutingConfig, WorkerConfig
+from shared.config import BusConfig, KvTransferConfig, WorkerConfig
 from shared.nats_server import EmbeddedNats
 from shared.schemas import KvEventBatch, LoadSnapshot, WorkerCapacity, WorkerRegistration, WorkerRole, WorkerStatus
 from shared.schemas.kv_events import BlockStored

@@ -12,11 +12,12 @@ import msgspec
 import pytest
 from nats.js.errors import KeyNotFoundError
 
+from services.worker.config import FleetConfig
 from services.worker.fleet import WorkerFleet
 from services.worker.fleet_ticker import slice_groups
 from shared.bus import Bus
 from shared.codec import Codec, encode
-from shared.config import BusConfig, ConfigError, FleetConfig, MembershipConfig, WorkerConfig
+from shared.config import BusConfig, ConfigError, MembershipConfig, WorkerConfig
 from shared.request_plane import open_stream
 from shared.schemas import Drain, GenerateRequest, KvEventBatch, LoadSnapshot, SamplingParams, WorkerRegistration
 from tests.waiting import wait_for

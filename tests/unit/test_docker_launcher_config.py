@@ -8,9 +8,10 @@ import pytest
 
 from launch.compose import compose_document
 from launch.definition import default_definition_path, load_definition
+from services.orchestrator.config import DockerLauncherConfig, OrchestratorConfig, WorkerLauncherConfig
 from services.orchestrator.launchers import LaunchedWorker, LaunchError, WorkerLaunch, build_launcher
 from services.orchestrator.launchers.docker import DockerLauncher
-from shared.config import BusConfig, ConfigError, DockerLauncherConfig, OrchestratorConfig, WorkerLauncherConfig
+from shared.config import BusConfig, ConfigError
 from shared.schemas import WorkerRole
 
 GOOD = DockerLauncherConfig(image="tandem:latest", network="tandem_default", mounts=("models:/models:ro",),

@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 
 from services.orchestrator.command_checks import refusal
+from services.orchestrator.config import OrchestratorConfig, WorkerLauncherConfig, WorkerLimits
 from services.orchestrator.launchers import WorkerLaunch, worker_argv
+from services.router.config import RoutingConfig
 from services.router.routing.eligibility import eligible
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
 from shared.codec import Codec, encode
-from shared.config import BusConfig, OrchestratorConfig, RoutingConfig, WorkerLauncherConfig, WorkerLimits
+from shared.config import BusConfig
 from shared.schemas import WorkerCapacity, WorkerRegistration, WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import (
     AddWorker,

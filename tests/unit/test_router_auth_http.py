@@ -13,11 +13,12 @@ from fastapi import FastAPI
 
 from services.router.app import create_app
 from services.router.auth.middleware import install_api_keys
+from services.router.config import RouterConfig
 from services.router.metrics import RouterMetrics
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import write_key_file
 from shared.codec import MalformedCounter
-from shared.config import ConfigError, RouterConfig
+from shared.config import ConfigError
 
 
 class Clock:

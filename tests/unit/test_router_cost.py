@@ -8,6 +8,7 @@ import dataclasses
 import msgspec
 import pytest
 
+from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.router.routing.cost import (
     PrefillPlan,
@@ -21,7 +22,6 @@ from services.router.routing.cost import (
     pull_cost,
     share_cap,
 )
-from shared.config import RoutingConfig
 from shared.schemas import LoadSnapshot, WorkerRole, WorkerStatus
 
 DEFAULT = RoutingConfig()

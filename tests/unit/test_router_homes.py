@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.router.routing.homes import COPY_FORGOTTEN, LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.residency import RESIDENT_FILL
-from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
 PROMPT = 1088

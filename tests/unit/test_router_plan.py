@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, Selection, WorkerView, build_plan, decide
 from services.router.routing.candidates import Candidates
 from services.router.routing.eligibility import Eligible, eligible
-from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
 PREFILL, DECODE, BOTH = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH

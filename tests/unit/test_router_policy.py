@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from services.router.config import RoutingConfig
 from services.router.routing import (
     RoutePlan,
     RouteRefusal,
@@ -18,7 +19,7 @@ from services.router.routing import (
     kv_transfer_mode,
 )
 from services.router.routing.cost import Holders, plan_prefill
-from shared.config import ConfigError, RoutingConfig
+from shared.config import ConfigError
 from shared.schemas import WorkerRole, WorkerStatus
 
 PREFILL, DECODE, BOTH = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH

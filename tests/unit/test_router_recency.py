@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.router.routing.cost import eviction_cost
 from services.router.routing.recency import CacheRecency, victim_values
-from shared.config import RoutingConfig
 from shared.schemas import WorkerRole, WorkerStatus
 
 ROUTING = RoutingConfig(cold_victims=True)  # off by default; these tests are about it

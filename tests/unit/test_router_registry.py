@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.router.app import create_app
+from services.router.config import RouterConfig, RoutingConfig
 from services.router.routing import (
     RoutePlan,
     RouteRequest,
@@ -18,7 +19,7 @@ from services.router.routing import (
 )
 from services.router.routing.candidates import Candidates
 from services.router.routing.policy import PolicySpec
-from shared.config import ConfigError, RouterConfig, RoutingConfig
+from shared.config import ConfigError
 from shared.schemas import WorkerRole, WorkerStatus
 
 

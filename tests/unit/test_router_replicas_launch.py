@@ -16,8 +16,9 @@ from launch.definition import (
 )
 from launch.plan import plan_stack
 from launch.stack import router_names
+from services.router.config import RouterConfig
 from services.router.main import bind_socket
-from shared.config import ConfigError, RouterConfig
+from shared.config import ConfigError
 
 WORKERS = [{"name": "worker", "role": "both", "count": 1}]
 

@@ -8,9 +8,10 @@ import random
 
 import pytest
 
+from services.router.config import RoutingConfig
 from services.router.routing import RouteRequest
 from services.router.routing.shortlist import shortlist
-from shared.config import ConfigError, RoutingConfig
+from shared.config import ConfigError
 
 FLEET = [f"w{index}" for index in range(1024)]
 ROUTING = RoutingConfig(shortlist_workers=16)

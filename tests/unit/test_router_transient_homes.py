@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.router.config import RoutingConfig
 from services.router.routing.homes import DEFAULT_OVERHEAD_TOKENS, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.residency import RESIDENT_FILL, RESIDENT_HOLD, rank_residents
-from shared.config import RoutingConfig
 from tests.unit.test_router_homes import PROMPT, pick, route, sized, worker
 
 HIT = 64  # prompt tokens a cached prompt computes (a miss computes all of `PROMPT`)

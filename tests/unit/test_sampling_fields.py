@@ -11,11 +11,11 @@ import msgspec
 import pytest
 from pydantic import ValidationError
 
+from services.router.config import RoutingConfig
 from services.router.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.request_fields import FIELDS, fields_of, markdown_table
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.worker.sim.tokens import MODELLED_FIELDS, refuse_unmodelled
-from shared.config import RoutingConfig
 from shared.errors import InvalidArgument
 from shared.schemas import SamplingParams, WorkerRole, WorkerStatus
 from shared.schemas.generate import StructuredOutput

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from services.router.config import TOOL_CALL_FORMATS
 from services.router.tool_calls import ToolCalling, ToolStream
 from services.router.tool_parsers import FORMATS, ParsedCall
-from shared.config import TOOL_CALL_FORMATS
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 FUNCTIONS = {"get_weather": WEATHER, "get_time": None}

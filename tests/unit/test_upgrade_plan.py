@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services.orchestrator.command_checks import refusal
+from services.orchestrator.config import OrchestratorConfig, WorkerLauncherConfig, WorkerLimits
 from services.orchestrator.launchers import WorkerLaunch, worker_argv
 from services.orchestrator.upgrade_plan import (
     AddStep,
@@ -18,7 +19,6 @@ from services.orchestrator.upgrade_plan import (
     plan_upgrade,
 )
 from shared.codec import Codec, encode
-from shared.config import OrchestratorConfig, WorkerLauncherConfig, WorkerLimits
 from shared.schemas import WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import CommandOutcome, CommandProgress, OrchestratorCommand, UpgradeWorkers
 

@@ -5,10 +5,10 @@ Docker engine (the compose stack's orchestrator); `NoLauncher` starts nothing (t
 refuses AddWorker). `build_launcher` picks one from `WorkerLauncherConfig.kind`.
 """
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers.base import LaunchedWorker, Launcher, LaunchError, WorkerLaunch
 from services.orchestrator.launchers.local_process import LocalProcessLauncher, worker_argv
 from services.orchestrator.launchers.none import NoLauncher
-from shared.config import OrchestratorConfig
 
 
 def build_launcher(config: OrchestratorConfig) -> Launcher:

@@ -22,6 +22,7 @@ import math
 import docker
 from docker.errors import DockerException, ImageNotFound, NotFound
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers.base import LaunchedWorker, LaunchError, WorkerLaunch
 from services.orchestrator.launchers.docker_target import (
     ENGINE_ERRORS,
@@ -34,7 +35,6 @@ from services.orchestrator.launchers.docker_target import (
     resolve,
 )
 from services.orchestrator.launchers.worker_command import worker_command
-from shared.config import OrchestratorConfig
 from shared.schemas import WorkerRole
 
 log = logging.getLogger(__name__)

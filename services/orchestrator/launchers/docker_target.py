@@ -2,16 +2,18 @@
 calls: the launcher runs them in a thread): the image, the network, the mounts, the
 stack's label and the containers' name prefix.
 
-Without `compose_container` the config's names are the engine's own. With it (the
-orchestrator's own container, in a compose stack) they are the compose file's: the
-container's `com.docker.compose.project` label names the project, whose network and
-volumes compose labels with their names in the file (`default`, `models`, `secrets`), so
-the launched workers join the stack whatever project name it was started under.
+Without `compose` the config's names are the engine's own. With it (the orchestrator runs
+in a container of a compose stack) they are the compose file's: the orchestrator's own
+container (its host name is its id) has a `com.docker.compose.project` label naming the
+project, whose network and volumes compose labels with their names in the file (`default`,
+`models`, `secrets`), so the launched workers join the stack whatever project name it was
+started under.
 """
 
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import dataclass
 
 import docker
@@ -19,8 +21,8 @@ from docker.errors import DockerException, NotFound
 from docker.types import Mount
 from requests.exceptions import RequestException
 
+from services.orchestrator.config import DockerLauncherConfig
 from services.orchestrator.launchers.base import LaunchError
-from shared.config import DockerLauncherConfig
 
 STACK_LABEL = "tandem.stack"
 WORKER_LABEL = "tandem.worker"
@@ -64,7 +66,7 @@ def connect(config: DockerLauncherConfig) -> docker.DockerClient:
 def resolve(client: docker.DockerClient, config: DockerLauncherConfig, namespace: str) -> DockerTarget:
     """The target of `config`'s names on this engine; `LaunchError` for what is not there."""
     try:
-        project = _compose_project(client, config.compose_container) if config.compose_container else ""
+        project = _compose_project(client, socket.gethostname()) if config.compose else ""
         network = _named(client.networks.list(filters={"label": [f"{COMPOSE_PROJECT}={project}",
                                                                  f"{COMPOSE_NETWORK}={config.network}"]}),
                          f"{project}_{config.network}") if project else config.network

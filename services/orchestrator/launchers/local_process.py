@@ -16,9 +16,9 @@ import signal
 import sys
 from pathlib import Path
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers.base import LaunchedWorker, LaunchError, WorkerLaunch
 from services.orchestrator.launchers.worker_command import worker_command
-from shared.config import OrchestratorConfig
 from shared.lifecycle import die_with_parent
 
 

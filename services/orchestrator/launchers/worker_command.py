@@ -4,8 +4,8 @@ flags, then the command's own (later flags win)."""
 
 from __future__ import annotations
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers.base import WorkerLaunch
-from shared.config import OrchestratorConfig
 
 
 def worker_command(config: OrchestratorConfig, spec: WorkerLaunch) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.router.config import RoutingConfig
 from services.router.routing.cost import (
     Holders,
     PrefillPlan,
@@ -37,7 +38,6 @@ from services.router.routing.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer
 from services.router.routing.recency import victim_values
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
-from shared.config import RoutingConfig
 
 # why a prefix leaves its home (`Candidates.leaves`)
 OVERFLOW = "overflow"  # its home's prompts overflow its KV

@@ -53,8 +53,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from services.router.config import RoutingConfig
 from services.router.routing.view import WorkerView
-from shared.config import RoutingConfig
 from shared.schemas.membership import WorkerStatus
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from services.router.config import RoutingConfig
 from services.router.routing.candidates import Candidates
 from services.router.routing.eligibility import Eligible, eligible
 from services.router.routing.plan import RoutePlan, build_plan
@@ -20,7 +21,6 @@ from services.router.routing.policy import RoutingPolicy
 from services.router.routing.registry import build_policy
 from services.router.routing.request import RouteRefusal, RouteRequest
 from services.router.routing.view import WorkerView
-from shared.config import RoutingConfig
 
 DEFAULT_ROUTING = RoutingConfig()
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.router.config import RoutingConfig
 from services.router.routing.request import RouteRefusal, RouteRequest
 from services.router.routing.view import WorkerView
-from shared.config import RoutingConfig
 from shared.schemas.membership import WorkerRole, WorkerStatus
 
 SERVING_ROLES = frozenset({WorkerRole.BOTH, WorkerRole.DECODE})

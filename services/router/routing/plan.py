@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from services.router.config import RoutingConfig
 from services.router.routing.candidates import Candidates
 from services.router.routing.cost import PrefillPlan
 from services.router.routing.view import WorkerView
-from shared.config import RoutingConfig
 
 Flow = Literal["single", "disaggregated"]
 KvTransferMode = Literal["pull", "push"]

@@ -8,12 +8,13 @@ unknown `RoutingConfig.policy` fails then, with the registered names); help text
 
 from __future__ import annotations
 
+from services.router.config import RoutingConfig
 from services.router.routing.policies.kv_aware import KV_AWARE
 from services.router.routing.policies.pinned import PINNED
 from services.router.routing.policies.random_pick import RANDOM
 from services.router.routing.policies.round_robin import ROUND_ROBIN
 from services.router.routing.policy import PolicySpec, RoutingPolicy
-from shared.config import ConfigError, RoutingConfig
+from shared.config import ConfigError
 
 POLICIES: tuple[PolicySpec, ...] = (
     KV_AWARE,

@@ -20,8 +20,8 @@ import heapq
 import random
 from collections.abc import Sequence
 
+from services.router.config import RoutingConfig
 from services.router.routing.request import RouteRequest
-from shared.config import RoutingConfig
 
 
 def shortlist(worker_ids: Sequence[str], request: RouteRequest, routing: RoutingConfig,

@@ -1,0 +1,180 @@
+"""The router's config (`tandem router`): its HTTP front door (`RouterConfig`) and how it picks
+a request's workers (`RoutingConfig`, read by `services.router.routing`). Each field that is a
+flag declares it (`shared.config_fields`); adding a routing knob is adding a field here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from shared.config import (
+    METRICS_AUTH_HELP,
+    BusConfig,
+    MembershipConfig,
+    MetricsAuth,
+    TracingConfig,
+    check_metrics_auth,
+    require,
+)
+from shared.config_fields import flag
+
+
+def _none_if_negative(slack: float) -> float | None:
+    return slack if slack >= 0 else None
+
+
+class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """How the router picks a request's workers (`services.router.routing`): the policy, the
+    cost model's weights, admission. Costs are in prompt-token equivalents."""
+
+    # A name in the router's policy registry (`services.router.routing.registry`), checked
+    # when the router starts: a baseline replaces only the choice of worker (pulls and
+    # admission still apply)
+    policy: Annotated[str, flag(
+        "A registered routing policy: kv-aware (cost model), or one for benchmarks (round-robin, random, pinned).",
+        name="--routing-policy", doc="pinned: the worker the `X-Tandem-Worker` header names.")] = "kv-aware"
+    seed: Annotated[int, flag("Seed of the random policy.", name="--routing-seed")] = 0
+    # Cost model weights (`services.router.routing.cost`), calibratable from an engine's timing
+    # profile and measured transfer bandwidth (`services.router.routing.calibration`)
+    prefill_weight: float = 1.0  # per prompt token the computing worker must compute
+    transfer_weight: Annotated[float, flag(
+        "Cost model: per prompt token pulled from another worker's cache, in prompt-token equivalents "
+        "(`tandem bench calibrate` style figures: transfer time / prefill time per token).")] = 0.1
+    # the lease round trip and hand-off, in token equivalents
+    pull_fixed_tokens: Annotated[float, flag("Cost model: the fixed cost of one prefix pull.")] = 32.0
+    eviction_weight: Annotated[float, flag(
+        "Cost model: per cached token that a request's new KV would push out of a full cache.")] = 0.5
+    queue_weight: Annotated[float, flag("Cost model: per prompt token queued for prefill ahead of the request.")] = 0.5
+    decode_weight: Annotated[float, flag(
+        "Cost model: for a worker whose batch is full (running+waiting = max_num_seqs).")] = 1024.0
+    # where transient prefixes are homed, a miss of 1088 tokens then weighs about 6 hits of 64
+    request_overhead_tokens: Annotated[float, flag(
+        "Cost model: a request's work beyond the prompt tokens it computes (its engine steps' fixed cost), in "
+        "prompt tokens; transient prefixes are homed to balance each worker's work.")] = 128.0
+    # a hot prefix is replicated: a non-holder pulling it pays no eviction cost
+    hot_load_factor: Annotated[float, flag(
+        "Replicate a prefix onto another worker once each of its holders carries more than this x the mean load "
+        "of the serving workers (0: never).")] = 1.5
+    replica_share_slack: Annotated[float | None, flag(
+        "... and only while the prefix's share of recent requests is more than its holders can carry, each "
+        "(1 + this) / serving workers of the traffic (negative: the load alone decides).",
+        option_type=float, parse=_none_if_negative)] = 0.2
+    # off, a queue can push a tenant off its holders
+    bounded_affinity: Annotated[bool, flag(
+        "A tenant holding most of its prompt on some workers stays on them until its prefix is hot (off: the "
+        "per-request cost alone decides).")] = True
+    # Off by default: with one active tenant per worker, its last use is Poisson noise, and the
+    # weighting then lets a burst evict a tenant that is merely between requests
+    cold_victims: Annotated[bool, flag(
+        "On full caches, weigh the eviction cost by how recently each worker's least recently used prefix was "
+        "routed (off, the default: every full cache weighs the same).")] = False
+    prefix_pull: Annotated[bool, flag(
+        "Let a worker pull a cached prompt prefix from another worker instead of computing it (off: a plain "
+        "baseline for benchmarks).")] = True
+    home_slack_tokens: Annotated[float, flag(
+        "A prompt no worker holds half of goes to its prefix's home worker; a new home costs at most this much "
+        "more than the cheapest (0: homes off).")] = 256.0
+    sticky_homes: Annotated[bool, flag(
+        "A prefix's home is the worker that served it last, unless busy; new homes balance the recent traffic "
+        "homed on each worker (off: rendezvous hashing only).")] = True
+    # `routing.homes`: the resident prefixes claim KV; the recurring others (transient: they miss
+    # wherever they go) are homed so that each worker's recent work is balanced, a miss weighing
+    # several hits
+    resident_homes: Annotated[bool, flag(
+        "Where prefixes need more KV than the cluster holds, only the most requested ones that fit claim KV on "
+        "their homes: new homes go where their prompts fit, and a worker whose resident prefixes overflow its "
+        "KV sheds a minor one (off: every recently used prefix claims KV).")] = True
+    # `routing.shortlist`
+    shortlist_workers: Annotated[int, flag(
+        "Past this many workers, cost a request only against its prefix's holders, its home and workers drawn "
+        "at random, up to this many (0: every worker).")] = 16
+    local_prefill_tokens: Annotated[int, flag(
+        "A decode worker computes a prompt itself when fewer tokens than this are uncached there (0: always "
+        "disaggregate when a prefill/decode pair exists).", env="TANDEM_LOCAL_PREFILL_TOKENS")] = 256
+    prefill_busy_tokens: int = 8192  # a prefill worker with this many prompt tokens queued is busy
+    cache_hit_threshold: Annotated[float, flag(
+        "Decode-first default for requests that name none: serve only from a worker already holding this share "
+        "of the prompt's KV, else answer finish_reason 'cache_threshold'. 0: off.",
+        env="TANDEM_CACHE_HIT_THRESHOLD")] = 0.0
+    max_queue_factor: Annotated[float, flag(
+        "Admission control: answer 429 once every worker has running+waiting >= max_num_seqs x this. "
+        "0: off.")] = 4.0
+    retry_after_s: int = 1  # the Retry-After of a 429
+    speculative_ttl_s: float = 5.0  # how long a routed prompt counts as cached on its worker without events
+    # `services.router.routing.plan.kv_transfer_mode`
+    pd_transfer: Annotated[Literal["pull", "push"], flag(
+        "How a disaggregated request's prompt KV reaches the decode worker: pull (prefill first, the decode "
+        "worker reads it), or push (the decode worker allocates first, the prefill worker writes each layer as "
+        "it computes; pairs whose engines cannot push fall back to pull).", env="TANDEM_PD_TRANSFER",
+        doc="Counted by `tandem_router_kv_transfer_mode_total{mode}`.")] = "pull"
+
+    def validate(self) -> None:
+        for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
+                     "decode_weight", "request_overhead_tokens", "hot_load_factor", "home_slack_tokens"):
+            require(getattr(self, name) >= 0, f"routing {name} must not be negative")
+        require(self.replica_share_slack is None or self.replica_share_slack >= 0,
+                "routing replica_share_slack must not be negative")
+        require(self.local_prefill_tokens >= 0, "local_prefill_tokens must not be negative")
+        require(self.shortlist_workers == 0 or self.shortlist_workers >= 4,
+                "shortlist_workers must be 0 (off) or at least 4")
+        require(self.prefill_busy_tokens > 0, "prefill_busy_tokens must be positive")
+        require(0.0 <= self.cache_hit_threshold <= 1.0, "cache_hit_threshold must lie in [0, 1]")
+        require(self.max_queue_factor == 0 or self.max_queue_factor >= 1,
+                "max_queue_factor must be 0 (off) or at least 1")
+        require(self.retry_after_s >= 1, "retry_after_s must be at least 1")
+        require(self.speculative_ttl_s > 0, "speculative_ttl_s must be positive")
+        require(bool(self.policy), "routing policy must be named")
+        require(self.pd_transfer in ("pull", "push"), "pd_transfer must be pull or push")
+
+
+# The ways of writing tool calls in an answer the router reads (services.router.tool_parsers).
+TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
+
+
+class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
+    bus: BusConfig = BusConfig()
+    host: Annotated[str, flag("Address to listen on.", env="TANDEM_HOST")] = "127.0.0.1"
+    port: Annotated[int, flag("HTTP port; 0 picks a free one.", env="TANDEM_PORT")] = 8000
+    # several routers on one port (SO_REUSEPORT, Linux): the kernel spreads connections over them
+    reuse_port: Annotated[bool, flag("Share the port with other routers of the cluster (SO_REUSEPORT, Linux).")] = \
+        False
+    instance_port: Annotated[int | None, flag(
+        "Also listen on this port, this router alone (health checks of one replica); 0 picks one.")] = None
+    # tokenizer (and chat template) come from here
+    model_dir: Annotated[str, flag("Model directory (tokenizer).", env="TANDEM_MODEL_DIR")] = ""
+    served_model_name: Annotated[str, flag("The model's name in the API; empty: the tokenizer's.")] = ""
+    max_tokens_limit: Annotated[int, flag("Largest max_tokens a request may ask for.")] = 4096
+    default_max_tokens: int = 16
+    accept_timeout_s: float = 2.0
+    idle_timeout_s: float = 60.0
+    worker_wait_s: float = 5.0  # how long a request waits for a worker to appear
+    max_attempts: int = 3  # workers one request may be sent to (refused, lost, resumed mid-stream)
+    routing: RoutingConfig = RoutingConfig()
+    tool_call_parser: Annotated[str, flag(  # one of TOOL_CALL_FORMATS
+        "How the model writes tool calls (hermes, llama3_json, mistral): lets chats use tool_choice auto, with "
+        "the calls read from the answer. Empty: tool_choice auto is refused.")] = ""
+    verify_kv_hashes: Annotated[bool, flag(
+        "Recompute the chain hash of every block workers announce from its token ids, index that one, and count "
+        "the blocks whose sent hash differs (tandem_router_kv_hash_mismatch_blocks_total); slower ingest, for "
+        "checking a worker's hashing.")] = False
+    api_keys_file: Annotated[str, flag(  # a key file (`shared.api_keys`)
+        "API key file (`tandem keys create`): /v1/* needs `Authorization: Bearer <key>`; reloaded when it "
+        "changes. Empty: the API is open.", env="TANDEM_API_KEYS_FILE",
+        doc="See [Authentication](security.md#authentication).")] = ""
+    metrics_auth: Annotated[MetricsAuth, flag(METRICS_AUTH_HELP)] = "open"  # whether /metrics needs a key too
+    membership: MembershipConfig = MembershipConfig()
+    tracing: TracingConfig = TracingConfig()
+
+    def validate(self) -> None:
+        require(0 <= self.port < 65536, "port must be in [0, 65535]")
+        require(self.instance_port is None or 0 <= self.instance_port < 65536, "instance port must be in [0, 65535]")
+        require(not self.reuse_port or self.port > 0, "routers sharing a port need that port (not 0)")
+        require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
+        require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
+        require(self.max_attempts >= 1, "max_attempts must be at least 1")
+        require(self.tool_call_parser in ("", *TOOL_CALL_FORMATS),
+                f"tool_call_parser must be one of {', '.join(TOOL_CALL_FORMATS)} (or empty)")
+        check_metrics_auth(self.metrics_auth, self.api_keys_file)
+        self.routing.validate()
