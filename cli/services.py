@@ -127,7 +127,8 @@ def worker(config: WorkerConfig, log_level: LogLevel = "info") -> None:
         raise typer.Exit(ENGINE_FAILED_EXIT) from None
 
 
-# The service commands' configs, and the fields that get no flag
+# The service commands' configs, and the fields that get no flag, in the flag reference's order
+# (`cli.flag_reference`)
 SERVICE_CONFIGS: tuple[tuple[str, type, tuple[str, ...]], ...] = (
     ("router", RouterConfig, ()), ("worker", WorkerConfig, ()), ("orchestrator", OrchestratorConfig, ()),
     ("metrics", MetricsConfig, METRICS_EXCLUDED))

@@ -1,10 +1,12 @@
 """Config fields as flags (`shared.config_fields`, `cli.config_options`): a field's flag
 metadata makes the command option, the option builds the config (nested configs, tuples,
 `--no-` switches, a flag's own parse), excluded fields keep their defaults; the service
-commands take exactly their configs' flags."""
+commands take exactly their configs' flags, and docs/configuration.md shows the table the
+fields make."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
@@ -12,9 +14,12 @@ import typer
 from typer.testing import CliRunner
 
 from cli.config_options import config_options
+from cli.flag_reference import markdown_table
 from cli.services import SERVICE_CONFIGS
 from shared.config import ConfigError
 from shared.config_fields import config_flags, flag
+
+CONFIGURATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def _even(value: int) -> int:
@@ -83,3 +88,7 @@ def test_each_service_command_takes_its_configs_flags_and_the_log_level() -> Non
         options = [param.opts[0] for param in commands[service].params]
         assert options == [field_flag.flag.name for field_flag in config_flags(config_type, exclude)] + ["--log-level"]
 
+
+def test_the_configuration_doc_shows_the_flag_table_as_the_fields_make_it() -> None:
+    assert markdown_table() in CONFIGURATION_DOC.read_text(), (
+        "docs/configuration.md's flag reference is not the fields': regenerate it: python -m cli.flag_reference")
