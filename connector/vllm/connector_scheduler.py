@@ -11,10 +11,12 @@ beyond a non-blocking report).
   anything, so no forward pass is wasted. A request plans at most one load, even if
   preempted. vLLM counts a request's prompt tokens (loaded, cached, computed) when it is
   admitted; after a rollback `on_output` corrects that count to what was really loaded.
-- Hold: when a request with a `hold_key` finishes (not aborted), its prompt's full blocks
-  get one extra reference each (`BlockPool.touch`, the same reference a prefix-cache hit
-  takes), so vLLM neither evicts nor reuses them, and the block ids go out with the final
-  output. No delayed free: vLLM would step the engine every millisecond until it ended.
+- Hold: when a request with a `hold_key` finishes (not aborted), its prompt's blocks (the
+  full ones, and the partial last one after at least one full block) get one extra
+  reference each (`BlockPool.touch`, the same reference a prefix-cache hit takes), so vLLM
+  neither evicts nor reuses them, and the block ids go out with the final output. A pull
+  of a held partial block leaves the decode worker one token to compute, not the rest of
+  a block. No delayed free: vLLM would step the engine every millisecond until it ended.
 - Push, writer: a request whose order has a `PushOrder` gets a `PushSpec` in each step's
   metadata that completes prompt blocks (from the scheduler output: the request's blocks
   and the tokens this step computes); its prompt's last step also names the blocks found
@@ -128,11 +130,13 @@ class SchedulerSide:
         order = self._orders.get(request.request_id)
         if order is None or order.pull is None or request.request_id in self._planned:
             return 0
-        # vLLM computes at least one token of every prompt: never claim the last one.
-        usable = min(len(order.pull.block_ids), (request.num_tokens - 1) // self.block_size)
-        local = num_computed_tokens // self.block_size
-        self._local_blocks[request.request_id] = local
-        return max(0, usable - local) * self.block_size
+        pull = order.pull
+        held = len(pull.block_ids) * self.block_size - (self.block_size - pull.tail_tokens if pull.tail_tokens else 0)
+        # vLLM computes at least one token of every prompt: never claim the last one. A claim
+        # may end inside a block (vLLM loads the block whole and computes from there).
+        usable = min(held, request.num_tokens - 1)
+        self._local_blocks[request.request_id] = num_computed_tokens // self.block_size
+        return max(0, usable - num_computed_tokens)
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         order = self._orders.get(request.request_id)
@@ -141,7 +145,7 @@ class SchedulerSide:
         self._planned.add(request.request_id)
         pull = order.pull
         first = self._local_blocks.pop(request.request_id, 0)
-        count = num_external_tokens // self.block_size
+        count = -(-(first * self.block_size + num_external_tokens) // self.block_size) - first
         (block_ids,) = blocks.get_block_ids()
         if count:
             self._loading[request.request_id] = (request, first * self.block_size)
@@ -224,11 +228,13 @@ class SchedulerSide:
         order = self._orders.pop(request.request_id, None)
         if order is None or not order.hold_key or request.status not in _HOLDABLE:
             return None
-        full = block_ids[: request.num_prompt_tokens // self.block_size]
+        full, tail_tokens = divmod(request.num_prompt_tokens, self.block_size)
         if not full:
             return None
-        self._pin(order.hold_key, full)
-        return held_params(Held(key=order.hold_key, block_ids=list(full)))
+        held = block_ids[: full + 1 if tail_tokens else full]
+        self._pin(order.hold_key, held)
+        return held_params(Held(key=order.hold_key, block_ids=list(held),
+                                tail_tokens=tail_tokens if len(held) > full else 0))
 
     # ---- pins ------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ The protocol is `connector.holder.LeaseHolder`'s (NATS request/reply on `kv.leas
 blocks live in vLLM's processes, so pinning is a message to the engine, not a call:
 
 - a hold (`grant_held`): vLLM pinned the prompt's blocks when the prefill finished; the
-  lease adopts that pin;
+  lease adopts that pin (a partial last block is the handle's `tail`, for the decode part);
 - a prefix lease (`LeaseRequest`): the tokens of the longest prefix the KV-event mirror
   knows are sent to vLLM as a pin control request; vLLM pins what is really still cached
   (the mirror may lag) and the lease covers that;
@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from connector.holder import LeaseHolder
 from connector.leases import Lease
 from shared.bus import Bus
 from shared.codec import MalformedCounter
-from shared.schemas.transfer import KvHandle
+from shared.schemas.transfer import KvHandle, KvTail
 from shared.subjects import Subjects
 
 if TYPE_CHECKING:
@@ -43,9 +45,15 @@ class VllmKvHolder(LeaseHolder):
         self._prefix_ids = itertools.count(1)
 
     def grant_held(self, reader_worker_id: str, held: HeldBlocks, block_hashes: list[int]) -> KvHandle:
-        """Adopt the pin vLLM took when a prefill finished; the lease now decides its end."""
-        return self._lease_pinned(reader_worker_id, held.key, held.block_ids, block_hashes, held.checksums,
-                                  self.lease_ttl_s)
+        """Adopt the pin vLLM took when a prefill finished; the lease now decides its end. A
+        partial last block goes in the handle's `tail`."""
+        full = len(held.block_ids) - (1 if held.tail_tokens else 0)
+        handle = self._lease_pinned(reader_worker_id, held.key, held.block_ids[:full], block_hashes,
+                                    held.checksums[:full], self.lease_ttl_s)
+        if not held.tail_tokens:
+            return handle
+        tail = KvTail(block_id=held.block_ids[full], checksum=held.checksums[full], tokens=held.tail_tokens)
+        return msgspec.structs.replace(handle, tail=tail)
 
     async def grant_prefix(self, reader_worker_id: str, block_hashes: list[int], ttl_s: float) -> KvHandle | None:
         """Pin the longest prefix of `block_hashes` still cached in vLLM; None if there is none."""

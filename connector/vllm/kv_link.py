@@ -101,6 +101,7 @@ class HeldBlocks(msgspec.Struct, frozen=True, kw_only=True):
     key: str
     block_ids: list[int]
     checksums: list[int]
+    tail_tokens: int = 0  # non-zero: the last block is partial, with this many prompt tokens
 
 
 class ConnectorLink:

@@ -36,6 +36,7 @@ class PullOrder(msgspec.Struct, frozen=True, kw_only=True):
     agent_metadata: bytes  # the holder's NIXL agent metadata (added once per agent name)
     block_ids: list[int]
     checksums: list[int]  # CRC-32 per block, computed by the holder when it granted the lease
+    tail_tokens: int = 0  # non-zero: the last block is a prompt's partial block, with this many tokens
 
 
 class PushOrder(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,7 +49,7 @@ class PushOrder(msgspec.Struct, frozen=True, kw_only=True):
 
 class TransferOrder(msgspec.Struct, frozen=True, kw_only=True):
     transfer_id: str  # Tandem's request id: vLLM renames requests internally
-    hold_key: str = ""  # non-empty: pin the prompt's full blocks under this key when it finishes
+    hold_key: str = ""  # non-empty: pin the prompt's blocks under this key when it finishes
     pull: PullOrder | None = None
     push: PushOrder | None = None
     release_key: str = ""  # non-empty: the worker unpins this key once the request was admitted
@@ -86,7 +87,8 @@ ControlOrder = PinOrder | UnpinOrder | AllocOrder | CommitOrder
 
 class Held(msgspec.Struct, frozen=True, kw_only=True):
     key: str
-    block_ids: list[int]  # the prompt's full blocks, in token order
+    block_ids: list[int]  # the prompt's blocks, in token order
+    tail_tokens: int = 0  # non-zero: the last block is partial, with this many prompt tokens
 
 
 class Pinned(msgspec.Struct, frozen=True, kw_only=True, tag="pinned"):

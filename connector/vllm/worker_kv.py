@@ -72,10 +72,23 @@ class _Pull:
         self.span = span  # `kv.pull`, ended with the outcome
         self.handle = handle
         self.kind = kind
-        self.wanted = wanted  # blocks of the handle the prompt can use
+        self.wanted = wanted  # blocks of the handle the prompt can use, its tail included
+        self.tail_tokens = 0  # non-zero: the last wanted block is the handle's partial tail
+        self.first = 0  # leading wanted blocks found in the local prefix cache (not read)
         self.prepared = prepared
         self.started = time.monotonic()
         self.order: PullOrder | None = None  # what the engine is asked to read
+
+    def tokens(self, blocks: int, *, after: int) -> int:
+        """Prompt tokens in `blocks` wanted blocks from block `after` on."""
+        tokens = blocks * self.block_size
+        if self.tail_tokens and blocks and after + blocks == self.wanted:
+            tokens -= self.block_size - self.tail_tokens
+        return tokens
+
+    @property
+    def block_size(self) -> int:
+        return self.handle.block_size
 
 
 class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
@@ -144,17 +157,25 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         """The pull to stage; None when there is nothing to read (its outcome is then final)."""
         await self.leases.refuse_if_incompatible(handle)
         wanted = min(len(handle.block_ids), len(request.token_ids) // self.block_size)
-        pull = _Pull(request.request_id, handle, kind, wanted, prepared, span)
+        tail = handle.tail
+        # The tail only follows all the full blocks, for a prompt that goes on past it.
+        tail_tokens = tail.tokens if tail is not None and wanted == len(handle.block_ids) and (
+            len(request.token_ids) >= wanted * self.block_size + tail.tokens) else 0
+        pull = _Pull(request.request_id, handle, kind, wanted + bool(tail_tokens), prepared, span)
+        pull.tail_tokens = tail_tokens
         if wanted == 0:
             self._finish(pull, "done", [], 0, 0, 0, reason="no full block of the prompt")
             return None
         if not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
-            self._finish(pull, "failed", list(range(wanted)), 0, wanted, 0, reason="holder unreachable")
+            self._finish(pull, "failed", list(range(pull.wanted)), 0, pull.wanted, 0, reason="holder unreachable")
             return None
         metadata = self.peers.metadata_of(handle.agent_name)
         assert metadata is not None
+        block_ids, checksums = handle.block_ids[:wanted], handle.checksums[:wanted]
+        if pull.tail_tokens and tail is not None:
+            block_ids, checksums = [*block_ids, tail.block_id], [*checksums, tail.checksum]
         pull.order = PullOrder(lease_id=handle.lease_id, agent_name=handle.agent_name, agent_metadata=metadata,
-                               block_ids=handle.block_ids[:wanted], checksums=handle.checksums[:wanted])
+                               block_ids=block_ids, checksums=checksums, tail_tokens=pull.tail_tokens)
         return pull
 
     def _on_loaded(self, pull: _Pull, report: Loaded | None, why_none: str) -> None:
@@ -165,7 +186,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
             recomputed = 0 if outcome == "cancelled" else pull.wanted
             self._finish(pull, outcome, [], 0, recomputed, 0, reason=why_none)
             return
-        first = report.cached_blocks
+        first = pull.first = report.cached_blocks
         failed = [first + index for index, ok in enumerate(report.ok) if not ok]
         used = report.used_blocks
         self._finish(pull, "failed" if failed else "done", failed, used, len(report.ok) - used, report.nbytes,
@@ -176,8 +197,8 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
                 retried: int = 0, recovered: int = 0) -> None:
         """Count the pull, then release its lease and publish its record (in the background:
         this runs on the engine's output path)."""
-        pull.prepared.pulled_tokens = blocks_ok * self.block_size
-        pull.prepared.recomputed_tokens = blocks_recomputed * self.block_size
+        pull.prepared.pulled_tokens = pull.tokens(blocks_ok, after=pull.first)
+        pull.prepared.recomputed_tokens = pull.tokens(blocks_recomputed, after=pull.first + blocks_ok)
         pull.prepared.recomputed_blocks = blocks_recomputed
         pull.prepared.retried_blocks, pull.prepared.recovered_blocks = retried, recovered
         self._count(pull.prepared)

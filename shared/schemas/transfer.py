@@ -26,6 +26,16 @@ from shared.schemas.common import Message
 TransferOutcome = Literal["done", "failed", "cancelled", "expired", "refused"]
 
 
+class KvTail(msgspec.Struct, kw_only=True, frozen=True):
+    """A prompt's last, partial block, held after its full blocks for the same request's
+    decode part: it has no chain hash (only full blocks are indexed or shared), so only a
+    reader continuing that prompt may use it."""
+
+    block_id: int
+    checksum: int
+    tokens: int  # prompt tokens it holds, 0 < tokens < block_size
+
+
 class KvHandle(msgspec.Struct, kw_only=True, frozen=True):
     """Blocks a holder keeps for a reader, under `lease_id`, in token order."""
 
@@ -38,10 +48,11 @@ class KvHandle(msgspec.Struct, kw_only=True, frozen=True):
     block_hashes: list[int]  # Tandem's chain hashes, one per block
     checksums: list[int]  # per block, over its bytes: the reader verifies what it got
     ttl_s: float
+    tail: KvTail | None = None  # after the full blocks (a P/D hand-off of a vLLM prefill)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.block_ids) * self.block_size
+        return len(self.block_ids) * self.block_size + (self.tail.tokens if self.tail is not None else 0)
 
 
 class PushTarget(msgspec.Struct, kw_only=True, frozen=True):

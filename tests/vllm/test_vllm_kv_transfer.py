@@ -239,16 +239,18 @@ class TestPullPath:
             computed_before = decode.engine.stats.computed_prompt_tokens_total
             got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
             assert got == expected, f"prompt of {length} tokens"
-            full = length // BLOCK
+            full, partial = divmod(length, BLOCK)
             handle = p_done.kv_handle
             assert (handle is None) == (full == 0)
+            held = 0 if handle is None else length  # the full blocks and the partial last one
             if handle is not None:
                 assert len(handle.block_ids) == full and handle.block_hashes == block_hash_chain(prompt, BLOCK)
-                assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (full * BLOCK, 0), f"prompt of {length}"
-            # vLLM's own counters: the decode worker prefilled only the tail (partial block + first token).
+                assert (handle.tail.tokens if handle.tail is not None else 0) == partial
+                assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (length, 0), f"prompt of {length}"
+            # vLLM's own counters: the decode worker computed what no held block covers (the first token).
             await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                           == length + 1 - full * BLOCK, 5, f"vLLM counted the tail of the {length}-token prompt")
-            assert d_done.cached_tokens == full * BLOCK
+                           == length + 1 - held, 5, f"vLLM counted the rest of the {length}-token prompt")
+            assert d_done.cached_tokens == held
         await pair.assert_clean()
         expected_pulls = sum(1 for length in LENGTHS if length >= BLOCK)
         # a pull's record goes out when the holder answered its release, maybe after the request ended
@@ -267,9 +269,13 @@ class TestPullPath:
         expected, _ = await pair.generate(pair.prefill, extended, 4)
         got, p_done, d_done = await pair.disaggregated(extended, 4)
         assert got == expected
-        assert p_done.kv_handle is not None and len(p_done.kv_handle.block_ids) == 7
-        assert d_done.pulled_tokens == 3 * BLOCK and d_done.cached_tokens == 7 * BLOCK
-        assert sorted(r.blocks for r in await pair.records_since(seen, 2)) == [3, 4]
+        handle = p_done.kv_handle
+        assert handle is not None and len(handle.block_ids) == 7 and handle.tail is not None
+        assert handle.tail.tokens == 900 - 7 * BLOCK
+        # 3 full blocks and the partial one read; vLLM counts the 4 cached ones too
+        assert d_done.pulled_tokens == 900 - 4 * BLOCK and d_done.cached_tokens == 900
+        # 600 tokens: 4 full blocks and a partial one; 900: 3 more and a partial one
+        assert sorted(r.blocks for r in await pair.records_since(seen, 2)) == [4, 5]
         await pair.assert_clean()
 
 
@@ -334,15 +340,16 @@ class TestPullPath:
                        == len(turn2) - held * BLOCK, 5, "vLLM counted only the new tokens")
         [record] = await pair.records_since(seen)
         assert record.kind == "prefix_pull" and record.outcome == "done"
-        # The decode worker caches every full block of turn 2 already: it reads nothing and
-        # releases the lease at once.
+        # The decode worker caches every full block of turn 2 already: it reads only the
+        # partial last block.
         handle = done.kv_handle
         assert handle is not None and len(handle.block_ids) == len(turn2) // BLOCK
+        assert handle.tail is not None and handle.tail.tokens == len(turn2) % BLOCK > 0
         rest, d_done = await pair.generate(pair.decode, turn2 + got[:1], 7, KvTransferParams(source=handle))
         assert rest == expected[1:]
-        assert d_done.pulled_tokens == 0 and d_done.recomputed_tokens == 0
+        assert d_done.pulled_tokens == len(turn2) % BLOCK and d_done.recomputed_tokens == 0
         await wait_for(lambda: pair.records[-1].kind == "pull", 5, "the decode worker's record")
-        assert (pair.records[-1].outcome, pair.records[-1].blocks) == ("done", 0)
+        assert (pair.records[-1].outcome, pair.records[-1].blocks) == ("done", 1)
         await pair.assert_clean()
 
 
@@ -368,10 +375,19 @@ SLOW_READS = KvTransferConfig(faults=KvFaultConfig(delay_s=2.0), lease_ttl_s=1.0
 
 
 def injected_failures(handle: KvHandle) -> list[int]:
-    """Indices of the handle's blocks the decode worker's reads break."""
-    return [index for index, block_id in enumerate(handle.block_ids)
+    """Indices of the handle's blocks (its partial last one included) the decode worker's reads break."""
+    return [index for index, block_id in enumerate(held_block_ids(handle))
             if chosen(READ_FAULTS.seed, "fail", block_id, READ_FAULTS.fail_fraction)
             or chosen(READ_FAULTS.seed, "corrupt", block_id, READ_FAULTS.corrupt_fraction)]
+
+
+def held_block_ids(handle: KvHandle) -> list[int]:
+    return handle.block_ids + ([handle.tail.block_id] if handle.tail is not None else [])
+
+
+def tokens_in(handle: KvHandle, blocks: int) -> int:
+    """Prompt tokens in the handle's first `blocks` blocks, its partial last one included."""
+    return min(blocks * BLOCK, handle.num_tokens)
 
 
 class TestFaults:
@@ -400,21 +416,22 @@ class TestFaults:
             assert got == expected, f"prompt of {length} tokens"
             handle = p_done.kv_handle
             assert handle is not None
-            blocks = len(handle.block_ids)
+            blocks = len(held_block_ids(handle))
             failed = injected_failures(handle)
             # vLLM's computed prefix has no holes: it keeps the blocks before the first failure
             # and computes from there on.
             kept = failed[0] if failed else blocks
-            assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (kept * BLOCK, (blocks - kept) * BLOCK)
+            pulled = tokens_in(handle, kept)
+            assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (pulled, length - pulled)
             [record] = await pair.records_since(seen)
             assert (record.outcome, record.blocks, record.blocks_ok) == (
                 "failed" if failed else "done", blocks, kept)
             # permanent faults: every failed block was read once more, in vain
             assert (record.blocks_retried, record.blocks_recovered) == (len(failed), 0)
             # vLLM's own counters of the prompt tokens it prefilled and took as cached.
-            assert d_done.cached_tokens == kept * BLOCK
+            assert d_done.cached_tokens == pulled
             await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                           == length + 1 - kept * BLOCK, 5, f"vLLM counted the recomputation ({length} tokens)")
+                           == length + 1 - pulled, 5, f"vLLM counted the recomputation ({length} tokens)")
             if not failed:
                 clean += 1
             elif failed == list(range(kept, blocks)):
@@ -423,7 +440,7 @@ class TestFaults:
                 mid_prompt += 1  # good blocks after a failed one were recomputed too
         assert clean and tail_only and mid_prompt, (clean, tail_only, mid_prompt)
         assert decode.kv.recomputed_tokens_total == sum(r.recomputed_tokens for r in pair.records)
-        assert decode.kv.blocks_recomputed_total * BLOCK == decode.kv.recomputed_tokens_total
+        assert decode.kv.blocks_recomputed_total == sum(r.blocks - r.blocks_ok for r in pair.records)
         assert decode.kv.blocks_retried_total == sum(r.blocks_retried for r in pair.records) > 0
         assert decode.kv.blocks_recovered_total == 0
         assert pair.prefill.kv.holder.leases.outcomes["failed"] == tail_only + mid_prompt
@@ -475,14 +492,14 @@ class TestRetry:
             got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
             assert got == expected, f"prompt of {length} tokens"
             assert p_done.kv_handle is not None
-            blocks = len(p_done.kv_handle.block_ids)
-            assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (blocks * BLOCK, 0)
+            blocks = len(held_block_ids(p_done.kv_handle))
+            assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (length, 0)
             [record] = await pair.records_since(seen)
             assert (record.outcome, record.blocks_ok) == ("done", blocks)
             assert record.blocks_retried == record.blocks_recovered
-            # vLLM computed only what no block covers (the partial block and the first token)
+            # vLLM computed only what no block covers (the first token)
             await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                           == length + 1 - blocks * BLOCK, 5, f"vLLM's count ({length} tokens)")
+                           == 1, 5, f"vLLM's count ({length} tokens)")
         assert decode.kv.blocks_retried_total == decode.kv.blocks_recovered_total == sum(
             r.blocks_retried for r in pair.records) > 0, "the injection should have failed some blocks"
         assert decode.kv.blocks_recomputed_total == decode.kv.recomputed_tokens_total == 0

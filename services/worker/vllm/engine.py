@@ -365,7 +365,8 @@ class VllmEngine:
             log.warning("not holding the blocks of %s: %s", request_id, error)
             self.kv_link.unpin_soon([held.key])
             return
-        self._held[request_id] = HeldBlocks(key=held.key, block_ids=held.block_ids, checksums=checksums)
+        self._held[request_id] = HeldBlocks(key=held.key, block_ids=held.block_ids, checksums=checksums,
+                                            tail_tokens=held.tail_tokens)
 
     async def _reap(self) -> None:
         processes, self._processes = self._processes, []
