@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 
 from bench.index_workload import Chunk, Fleet, Snapshot
-from services.router.kv_index import KvIndex, block_hashes_for
+from services.router.kv.index import KvIndex, block_hashes_for
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, KvEventBatch
 
 INGEST_RATIO_GOAL = 1.1
@@ -92,7 +92,7 @@ def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int,
 
 
 def _new_index(workload: _Workload, *, verify_hashes: bool = False) -> KvIndex:
-    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as the router builds it (kv_view)
+    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as the router builds it (services.router.kv.view)
     for name in workload.fleet.names:
         index.add_worker(name, workload.fleet.block_size)
     return index

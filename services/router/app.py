@@ -24,7 +24,7 @@ from services.router.errors import install_error_handlers
 from services.router.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
 from services.router.http_input import InputGuard
 from services.router.http_tracing import TraceMiddleware
-from services.router.kv_view import KvView
+from services.router.kv.view import KvView
 from services.router.metrics import RouterMetrics
 from services.router.model_cards import model_list
 from services.router.protocol import ChatCompletionRequest, CompletionRequest, ModelList

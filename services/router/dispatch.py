@@ -41,7 +41,7 @@ from services.router.detokenizer import TokenDecoder
 from services.router.errors import BadRequest, TooManyRequests
 from services.router.flow import CommittedPlan, FlowExecutor
 from services.router.generation import Generation
-from services.router.kv_view import KvView, PromptCache
+from services.router.kv.view import KvView, PromptCache
 from services.router.metrics import RouterMetrics
 from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.routing import (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from services.router.handoff import HandOff, PullHandOff, PushHandOff
-from services.router.kv_view import PrefixSource
+from services.router.kv.view import PrefixSource
 from services.router.metrics import RouterMetrics
 from services.router.records import GenerationParams
 from services.router.routing import RoutePlan

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.router.kv_view import PrefixSource
+from services.router.kv.view import PrefixSource
 from services.router.records import GenerationParams
 from shared.schemas import Finished, GenerateRequest
 from shared.schemas.transfer import KvHandle, KvTransferParams, PushTarget

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.router.kv_index import IndexStats
+from services.router.kv.index import IndexStats
 from services.router.routing import WorkerView
 from shared.codec import MalformedCounter
 from shared.prometheus import render, trace_exemplar

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.router.kv_index import KvIndex
+from services.router.kv.index import KvIndex
 from services.worker.service import WorkerService
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.router.kv_index import IngestOutcome, KvIndex, block_hashes_for
+from services.router.kv.index import IngestOutcome, KvIndex, block_hashes_for
 from shared.block_hash import block_hash_chain
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from services.router.kv_index import IngestOutcome, KvIndex, block_hashes_for
-from services.router.kv_index_diff import snapshot_diff
+from services.router.kv.index import IngestOutcome, KvIndex, block_hashes_for
+from services.router.kv.index_diff import snapshot_diff
 from services.router.metrics import RouterMetrics
 from shared.codec import MalformedCounter
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.router.kv_index import KvIndex
-from services.router.kv_index_match import drop_points
+from services.router.kv.index import KvIndex
+from services.router.kv.index_match import drop_points
 from shared.block_hash import block_hash_chain
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 

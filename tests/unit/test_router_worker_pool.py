@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from services.router.kv_view import KvView, PromptCache
+from services.router.kv.view import KvView, PromptCache
 from services.router.worker_pool import WorkerPool
 from shared.codec import MalformedCounter, encode
 from shared.errors import Disconnected

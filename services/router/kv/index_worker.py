@@ -1,13 +1,13 @@
-"""One worker's part of the KV index (`kv_index`): its tables, and the changes that touch
+"""One worker's part of the KV index (`index`): its tables, and the changes that touch
 only them and the shared holder masks. Pure and synchronous.
 
 - `IndexedWorker`: a worker's slot and bit in the holder masks, its engine -> Tandem map
   (`tandem_of`), extra engine hashes of the same tokens (`extra_refs`), predictions
-  (`speculative`), its runs (`kv_index_runs`) and its error counters;
+  (`speculative`), its runs (`index_runs`) and its error counters;
 - `drop_bit` / `release`: a block leaves a worker (the mask loses the worker's bit; the
   entry goes with the last holder);
 - `apply_snapshot`: a snapshot applied as its difference from what the worker holds
-  (`kv_index_diff`): after a short gap, few of its blocks changed;
+  (`index_diff`): after a short gap, few of its blocks changed;
 - `worker_stats`: the figures `KvIndex.stats` reports per worker.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from itertools import islice
 
-from services.router.kv_index_diff import snapshot_diff
-from services.router.kv_index_results import WorkerIndexStats
-from services.router.kv_index_runs import Runs
+from services.router.kv.index_diff import snapshot_diff
+from services.router.kv.index_results import WorkerIndexStats
+from services.router.kv.index_runs import Runs
 from shared.cluster.sequence import SequenceTracker, SyncState
 from shared.schemas.kv_events import BlockStored, KvEvent
 
@@ -68,7 +68,7 @@ def release(worker: IndexedWorker, holders: dict[int, int], block_hash: int) -> 
 
 def apply_snapshot(worker: IndexedWorker, holders: dict[int, int], events: list[KvEvent]) -> int | None:
     """Apply a snapshot (`AllBlocksCleared`, then `BlockStored`s with chain hashes) as the
-    difference from what the worker holds (`kv_index_diff`). Returns the blocks it holds
+    difference from what the worker holds (`index_diff`). Returns the blocks it holds
     after, or None, with nothing changed, for a batch that is no such snapshot or a worker
     that holds nothing yet (applied event by event, which costs the same when every block
     is new)."""

@@ -1,7 +1,7 @@
 """What the KV index reports: per-batch `IngestResult`s and `IndexStats`. Plain data.
 
-Produced by `KvIndex.ingest` and `KvIndex.stats` (`kv_index`); read by the router's
-KV-event adapter (`kv_view`: a result that asks for a resync) and its metrics.
+Produced by `KvIndex.ingest` and `KvIndex.stats` (`index`); read by the router's
+KV-event adapter (`view`: a result that asks for a resync) and its metrics.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A Tandem hash covers its whole prefix, so along a request's chain block i's pare
 i - 1. If every block a worker holds (really or speculatively) has its parent held too (the
 worker is *closed*), its bit in `KvIndex._holders` is monotone along any chain: held up to
 some position, never after. `match` then needs only O(log n) lookups per point where a worker
-drops out (`kv_index_match.drop_points`), not one per block.
+drops out (`index_match.drop_points`), not one per block.
 
 `Runs` keeps, per worker, what it takes to know whether a dropped block was a leaf (the only
 drop that keeps a worker closed, and the one engines make: they evict from the tail):

@@ -6,7 +6,7 @@ workers of `mask` holding exactly `position` leading blocks.
   holds. As bits can only drop out, the masks never grow as integers: each group's drop point
   is found by bisecting the running masks, not by a Python loop per block.
 - `drop_points`: holders whose bits are monotone along the chain (closed workers,
-  `kv_index_runs`): O(log n) lookups per drop point.
+  `index_runs`): O(log n) lookups per drop point.
 """
 
 from __future__ import annotations

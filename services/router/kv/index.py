@@ -1,7 +1,7 @@
 """KV index: which Tandem block hashes each worker holds. Pure and synchronous.
 
 Callers: the router's KV-event adapter feeds `ingest(KvEventBatch)` and sends the
-`KvSnapshotRequest` an `IngestResult` (`kv_index_results`) asks for; membership calls
+`KvSnapshotRequest` an `IngestResult` (`index_results`) asks for; membership calls
 `add_worker` / `remove_worker`; the routing policy asks `match(block_hashes)` on the
 request hot path (and `held_prefix` for the part a worker could lend) and records its
 decision with `add_speculative(..., expires_at)`; each routing calls `expire(now)`.
@@ -22,15 +22,15 @@ Layout (why `match` looks up few of the request's blocks):
   really or speculatively. Worker ids are interned to small slots (lowest free first) so
   masks stay as short as the fleet; a block with one holder stores that worker's own
   `bit` object, so it costs no int of its own.
-- per worker (`kv_index_worker.IndexedWorker`): `tandem_of` (engine hash -> Tandem hash:
+- per worker (`index_worker.IndexedWorker`): `tandem_of` (engine hash -> Tandem hash:
   removals, parents, purge), `speculative` (Tandem hash -> expires_at) and `extra_refs`
   (Tandem hash -> how many more engine hashes of this worker map to it; empty unless the
   engine hashes keys that Tandem does not, e.g. LoRA or multimodal extras), and `runs`
-  (`kv_index_runs`): whether each block it holds has its parent held too, so that its bit
+  (`index_runs`): whether each block it holds has its parent held too, so that its bit
   is monotone along a chain.
 With `trust_chains` (the router's setting: each hash covers its prefix, as workers compute
 them), `match` bisects the chain when every worker holding its first block is closed so;
-else, and without it, it scans the chain (`kv_index_match`). Trusting differs only for a
+else, and without it, it scans the chain (`index_match`). Trusting differs only for a
 worker that sends a wrong hash mid-chain: the scan stops there, bisection may not.
 Invariant: bit w is set in `_holders[t]` iff t is one of worker w's real blocks (a value
 of `tandem_of`) or one of its speculative blocks; the two sets are disjoint.
@@ -45,7 +45,7 @@ while `unsynced_workers()` lists the worker). A batch with `AllBlocksCleared` re
 follows the clear is the worker's whole state, in which an unknown parent is no gap (its
 parent was evicted); blocks that cannot be hashed without it are skipped and counted as
 orphaned. A snapshot (a batch that opens with the clear) whose events all carry chain
-hashes is applied as a difference (`kv_index_worker.apply_snapshot`, `kv_index_diff`): only the blocks that changed
+hashes is applied as a difference (`index_worker.apply_snapshot`, `index_diff`): only the blocks that changed
 are touched, so resyncing a worker of 1M blocks costs a few sorts of u64 arrays, not 2M dict
 updates in Python. A block announced again under an engine hash the worker already
 reported is skipped (vLLM re-announces hits).
@@ -58,10 +58,10 @@ from collections.abc import Sequence
 from itertools import count, repeat
 from operator import and_, ne
 
-from services.router.kv_index_match import drop_points, linear_drop_points, overlaps_of
-from services.router.kv_index_results import IndexStats, IngestOutcome, IngestResult, object_bytes
-from services.router.kv_index_runs import OpenMask, Runs
-from services.router.kv_index_worker import IndexedWorker, apply_snapshot, drop_bit, release, worker_stats
+from services.router.kv.index_match import drop_points, linear_drop_points, overlaps_of
+from services.router.kv.index_results import IndexStats, IngestOutcome, IngestResult, object_bytes
+from services.router.kv.index_runs import OpenMask, Runs
+from services.router.kv.index_worker import IndexedWorker, apply_snapshot, drop_bit, release, worker_stats
 from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.cluster.sequence import SequenceTracker
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
@@ -85,7 +85,7 @@ class KvIndex:
         self._expiry: list[tuple[float, int, IndexedWorker, list[int]]] = []  # a heap
         self._expiry_order = count()
         self._sequences = SequenceTracker()
-        self._open = OpenMask()  # workers whose blocks are not closed under "parent of" (`kv_index_runs`)
+        self._open = OpenMask()  # workers whose blocks are not closed under "parent of" (`index_runs`)
 
     # ---- membership ---------------------------------------------------------------------
 
@@ -291,7 +291,7 @@ class KvIndex:
 
     def add_speculative(self, worker_id: str, block_hashes: Sequence[int], expires_at: float) -> int:
         """Predict that `worker_id` will hold `block_hashes` (a request was just routed there:
-        its chain, from the first block; `kv_index_runs` takes that block for a root).
+        its chain, from the first block; `index_runs` takes that block for a root).
 
         Until `expires_at`, `match` counts them, so sibling requests that arrive before the
         worker's events follow the first one. A real `BlockStored` supersedes a prediction;
@@ -349,8 +349,8 @@ class KvIndex:
         """Per worker, how many leading blocks of the chain it holds (only workers with >= 1).
 
         With `trust_chains`, if every worker holding the first block is closed
-        (`kv_index_runs`), by bisection: O(log n) lookups per point where some drop out;
-        otherwise the linear scan (`kv_index_match`)."""
+        (`index_runs`), by bisection: O(log n) lookups per point where some drop out;
+        otherwise the linear scan (`index_match`)."""
         if not block_hashes:
             return {}
         get = self._holders.get
@@ -407,7 +407,7 @@ class KvIndex:
         return list(self._workers)
 
     def open_workers(self) -> list[str]:
-        """Workers whose chains `match` scans linearly (`kv_index_runs`: not closed)."""
+        """Workers whose chains `match` scans linearly (`index_runs`: not closed)."""
         return [worker.worker_id for worker in self._workers.values() if not worker.runs.closed]
 
     def unsynced_workers(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""What a worker's snapshot changes in the KV index (`kv_index`), on sorted arrays. Pure.
+"""What a worker's snapshot changes in the KV index (`index`), on sorted arrays. Pure.
 
 A resync after a short gap finds a worker's snapshot mostly equal to what the index holds:
 of 1M blocks, a few thousand were evicted or added. Finding them with Python sets costs
