@@ -21,6 +21,8 @@ from services.router.auth.middleware import install_api_keys
 from services.router.config import RouterConfig
 from services.router.dispatch import Dispatcher
 from services.router.errors import install_error_handlers
+from services.router.fleet.worker_link import WorkerLink
+from services.router.fleet.worker_pool import WorkerPool
 from services.router.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
 from services.router.http_input import InputGuard
 from services.router.http_tracing import TraceMiddleware
@@ -36,8 +38,6 @@ from services.router.serving_chat import ChatServing
 from services.router.serving_completions import CompletionsServing
 from services.router.serving_tokenize import TokenizeServing
 from services.router.tokenize_routes import build_tokenize_routes
-from services.router.worker_link import WorkerLink
-from services.router.worker_pool import WorkerPool
 from shared.bus import Bus, connect
 from shared.codec import MalformedCounter
 from shared.config import ConfigError

@@ -39,6 +39,8 @@ from opentelemetry import trace
 from services.router.config import RoutingConfig
 from services.router.detokenizer import TokenDecoder
 from services.router.errors import BadRequest, TooManyRequests
+from services.router.fleet.worker_link import WorkerLink
+from services.router.fleet.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
 from services.router.flow import CommittedPlan, FlowExecutor
 from services.router.generation import Generation
 from services.router.kv.view import KvView, PromptCache
@@ -57,8 +59,6 @@ from services.router.routing import (
 from services.router.routing.shortlist import shortlist
 from services.router.spans import end_span
 from services.router.token_source import Answered, TokenSource
-from services.router.worker_link import WorkerLink
-from services.router.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
 from shared.errors import ErrorCode, TandemError, Unavailable
 from shared.schemas import Finished, RoutedPrompt
 

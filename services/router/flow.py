@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from services.router.fleet.worker_link import WorkerLink
+from services.router.fleet.worker_pool import InFlight
 from services.router.handoff import HandOff, PullHandOff, PushHandOff
 from services.router.kv.view import PrefixSource
 from services.router.metrics import RouterMetrics
@@ -30,8 +32,6 @@ from services.router.routing import RoutePlan
 from services.router.spans import span_headers
 from services.router.token_source import TokenSource, WorkerPart
 from services.router.two_part import TwoPartStream
-from services.router.worker_link import WorkerLink
-from services.router.worker_pool import InFlight
 from shared.schemas import GenerateRequest
 
 

@@ -35,13 +35,13 @@ from collections.abc import AsyncIterator
 import msgspec
 from opentelemetry import trace
 
+from services.router.fleet.worker_link import WorkerLink
+from services.router.fleet.worker_pool import InFlight
 from services.router.handoff import HandOff
 from services.router.metrics import RouterMetrics
 from services.router.records import OUTCOME_OK, GenerationParams
 from services.router.spans import child_span, end_span, span_headers
 from services.router.token_source import WorkerPart
-from services.router.worker_link import WorkerLink
-from services.router.worker_pool import InFlight
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import Finished, GenerateRequest, Tokens
 from shared.schemas.transfer import KvHandle, PushTarget

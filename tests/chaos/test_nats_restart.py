@@ -87,7 +87,7 @@ def kill(nats: EmbeddedNats) -> None:
 @pytest.mark.parametrize("run", range(RUNS))
 async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_load(
         run: int, tmp_path, model_dir: str, tokenizer: Tokenizer, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="services.router.worker_pool")
+    caplog.set_level(logging.INFO, logger="services.router.fleet.worker_pool")
     caplog.set_level(logging.INFO, logger="services.orchestrator.service")
     nats = EmbeddedNats(str(tmp_path / "nats")).start()
     bus_config = BusConfig(nats_url=nats.url, namespace=f"chaos{run}")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from services.router.shared_load import NO_REMOTE_LOAD, RemoteLoad
-from services.router.shared_load_link import SharedLoadLink
+from services.router.fleet.shared_load import NO_REMOTE_LOAD, RemoteLoad
+from services.router.fleet.shared_load_link import SharedLoadLink
 from shared.bus import connect
 from shared.codec import MalformedCounter
 from shared.config import BusConfig

@@ -25,9 +25,9 @@ import tracemalloc
 
 from services.metrics.cluster_view import ClusterView
 from services.router.config import RoutingConfig
+from services.router.fleet.worker_pool import _WorkerState
 from services.router.kv.index import KvIndex
 from services.router.routing import RouteRequest, build_policy, decide
-from services.router.worker_pool import _WorkerState
 from services.worker.config import FleetConfig
 from services.worker.fleet import WorkerFleet
 from shared.bus import connect

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from services.router.shared_load import NO_REMOTE_LOAD, PeerLoads, RemoteLoad
-from services.router.shared_load_link import SharedLoadLink
+from services.router.fleet.shared_load import NO_REMOTE_LOAD, PeerLoads, RemoteLoad
+from services.router.fleet.shared_load_link import SharedLoadLink
 from shared.codec import MalformedCounter, encode
 from shared.schemas import RoutedLoad, RoutedPrompt, RouterLoad
 from tests.unit.test_router_worker_pool import pool_with, report, view

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from services.router.fleet.worker_pool import WorkerPool
 from services.router.kv.view import KvView, PromptCache
-from services.router.worker_pool import WorkerPool
 from shared.codec import MalformedCounter, encode
 from shared.errors import Disconnected
 from shared.schemas import LoadSnapshot, WorkerCapacity, WorkerRegistration, WorkerRole

@@ -1,6 +1,6 @@
 """The predicted-load ledger: what this router has routed to one worker and not yet seen end.
 
-Pure and synchronous (no I/O, no clock). The worker pool (`services.router.worker_pool`,
+Pure and synchronous (no I/O, no clock). The worker pool (`services.router.fleet.worker_pool`,
 the NATS adapter) keeps one `WorkerLoad` per member and calls it at each step of a
 request's life on that worker:
 

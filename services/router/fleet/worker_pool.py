@@ -36,10 +36,10 @@ import time
 from collections.abc import Collection
 from typing import Protocol
 
+from services.router.fleet.shared_load import NO_REMOTE_LOAD, RemoteLoad
+from services.router.fleet.shared_load_link import SharedLoadLink
 from services.router.routing.ledger import Ticket, WorkerLoad
 from services.router.routing.view import WorkerView
-from services.router.shared_load import NO_REMOTE_LOAD, RemoteLoad
-from services.router.shared_load_link import SharedLoadLink
 from shared.bus import Bus
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent

@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.router.shared_load import PeerLoads, RemoteLoad
+from services.router.fleet.shared_load import PeerLoads, RemoteLoad
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.schemas import RoutedLoad, RoutedPrompt, RouterLoad

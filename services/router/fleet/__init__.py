@@ -1,0 +1,9 @@
+"""The router's fleet room: the workers as this router sees them, and its link to them.
+
+`worker_pool` mirrors membership and load and counts this router's own work in flight in
+each worker's predicted-load ledger (`routing.ledger`); `shared_load` (pure) merges the
+other routers' load, which `shared_load_link` publishes and receives over NATS;
+`worker_link` sends generate streams, cancels and lease releases. Read by the flows
+(`flows.dispatch`, `flows.token_source`, the two-part flow) and wired by the app's
+lifespan. Below the flows; beside `kv`, which it never imports; above `routing`.
+"""
