@@ -23,9 +23,9 @@ from typing import Any, Protocol
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from services.router.errors import error_info
 from services.router.generation import Delta, Final, Generation
-from services.router.protocol import ErrorResponse, Usage
+from services.router.openai.errors import error_info
+from services.router.openai.protocol import ErrorResponse, Usage
 from services.router.records import TokenUsage
 from services.router.serving import ResponseFormat, api_usage, sse, whole_answer
 from services.router.sse import SSE_DONE, SseResponse

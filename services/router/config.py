@@ -129,7 +129,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.pd_transfer in ("pull", "push"), "pd_transfer must be pull or push")
 
 
-# The ways of writing tool calls in an answer the router reads (services.router.tool_parsers).
+# The ways of writing tool calls in an answer the router reads (services.router.openai.tool_parsers).
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 
 

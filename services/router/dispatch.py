@@ -38,13 +38,13 @@ from opentelemetry import trace
 
 from services.router.config import RoutingConfig
 from services.router.detokenizer import TokenDecoder
-from services.router.errors import BadRequest, TooManyRequests
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
 from services.router.flow import CommittedPlan, FlowExecutor
 from services.router.generation import Generation
 from services.router.kv.view import KvView, PromptCache
 from services.router.metrics import RouterMetrics
+from services.router.openai.errors import BadRequest, TooManyRequests
 from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.routing import (
     RoutePlan,

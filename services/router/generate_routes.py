@@ -20,9 +20,9 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.router.errors import tandem_error_response
 from services.router.http_input import replay_body
-from services.router.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.openai.errors import tandem_error_response
+from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.serving import watched
 from shared.errors import TandemError
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.router.protocol import ModelCard, ModelList
+from services.router.openai.protocol import ModelCard, ModelList
 from services.router.routing import WorkerView, context_limit
 from services.router.serving import ServingContext
 

@@ -13,22 +13,22 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from services.router.choices import Choice, close_all, respond_choices
-from services.router.errors import BadRequest
 from services.router.generation import Delta, Final
-from services.router.logprobs import LogprobsRenderer
-from services.router.protocol import (
+from services.router.openai.errors import BadRequest
+from services.router.openai.logprobs import LogprobsRenderer
+from services.router.openai.protocol import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
     Usage,
 )
-from services.router.protocol_messages import NamedToolChoice
+from services.router.openai.protocol_messages import NamedToolChoice
+from services.router.openai.tool_calls import KEEPS_SPECIAL_TOKENS, ToolCalling, ToolStream
+from services.router.openai.tool_parsers import FORMATS
 from services.router.records import GenerationParams, RequestIdentity
 from services.router.serving import ServingContext, respond
 from services.router.sse import ChunkPrefix, finish_json, text_json
-from services.router.tool_calls import KEEPS_SPECIAL_TOKENS, ToolCalling, ToolStream
-from services.router.tool_parsers import FORMATS
 from shared.errors import TandemError
 from shared.schemas import TokenLogprobs
 from shared.schemas.generate import StructuredOutput

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
-from services.router.errors import BadRequest
 from services.router.model_cards import max_model_len
-from services.router.protocol_tokenize import (
+from services.router.openai.errors import BadRequest
+from services.router.openai.protocol_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,

@@ -16,8 +16,8 @@ from fastapi import APIRouter, Body
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from services.router.errors import BadRequest
-from services.router.protocol_tokenize import (
+from services.router.openai.errors import BadRequest
+from services.router.openai.protocol_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,

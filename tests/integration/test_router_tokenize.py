@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.router.errors import BadRequest
+from services.router.openai.errors import BadRequest
 from services.router.serving_tokenize import open_final_message, without_double_bos
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import write_key_file

@@ -1,5 +1,5 @@
 """SSE chunks spelled as bytes (`services.router.sse` via the endpoints' formats) are the JSON
-the response models in `services.router.protocol` give: same keys, same order, same values."""
+the response models in `services.router.openai.protocol` give: same keys, same order, same values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from services.router.generation import Delta, Final
-from services.router.protocol import (
+from services.router.openai.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,

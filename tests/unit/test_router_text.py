@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, answer_text
-from services.router.logprobs import LogprobsRenderer
+from services.router.openai.logprobs import LogprobsRenderer
 from services.router.stop_strings import StopStringMatcher
 from shared.schemas import TokenLogprobs
 

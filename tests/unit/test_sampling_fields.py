@@ -1,4 +1,4 @@
-"""The request fields of the generate endpoints (`services.router.request_fields`): the request
+"""The request fields of the generate endpoints (`services.router.openai.request_fields`): the request
 models are built from the table, docs/openai-api.md shows it, nothing is silently ignored; and the
 sampling parameters a continuation (P/D hand-off, resume) gets, and when a request is served
 whole on one engine."""
@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.router.config import RoutingConfig
-from services.router.protocol import ChatCompletionRequest, CompletionRequest
-from services.router.request_fields import FIELDS, fields_of, markdown_table
+from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.openai.request_fields import FIELDS, fields_of, markdown_table
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.worker.sim.tokens import MODELLED_FIELDS, refuse_unmodelled
 from shared.errors import InvalidArgument
@@ -32,7 +32,7 @@ def test_every_declared_field_is_in_the_table_and_every_table_field_is_declared(
 
 def test_the_openai_api_doc_shows_the_table_as_the_code_has_it() -> None:
     assert markdown_table() in OPENAI_API_DOC.read_text(), (
-        "docs/openai-api.md's table is not the code's: regenerate it: python -m services.router.request_fields")
+        "docs/openai-api.md's table is not the code's: regenerate it: python -m services.router.openai.request_fields")
 
 
 @pytest.mark.parametrize("field", [field for field in FIELDS if field.status == "refused unless default"],

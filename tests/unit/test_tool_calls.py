@@ -8,8 +8,8 @@ import json
 import pytest
 
 from services.router.config import TOOL_CALL_FORMATS
-from services.router.tool_calls import ToolCalling, ToolStream
-from services.router.tool_parsers import FORMATS, ParsedCall
+from services.router.openai.tool_calls import ToolCalling, ToolStream
+from services.router.openai.tool_parsers import FORMATS, ParsedCall
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 FUNCTIONS = {"get_weather": WEATHER, "get_time": None}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.request_fields import fields_of
+from services.router.openai.request_fields import fields_of
 
 protocol = pytest.importorskip("vllm.entrypoints.openai.completion.protocol")
 chat_protocol = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")

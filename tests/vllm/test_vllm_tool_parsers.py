@@ -18,9 +18,9 @@ from vllm.tool_parsers.llama_tool_parser import Llama3JsonToolParser  # noqa: E4
 from vllm.tool_parsers.streaming import extract_required_tool_call_streaming  # noqa: E402
 from vllm.tool_parsers.utils import get_json_schema_from_tools  # noqa: E402
 
-from services.router.tool_call_spans import streamed_required_calls  # noqa: E402
-from services.router.tool_calls import ToolCalling  # noqa: E402
-from services.router.tool_parsers import FORMATS  # noqa: E402
+from services.router.openai.tool_call_spans import streamed_required_calls  # noqa: E402
+from services.router.openai.tool_calls import ToolCalling  # noqa: E402
+from services.router.openai.tool_parsers import FORMATS  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},

@@ -23,8 +23,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from services.router.tool_call_spans import streamed_required_calls
-from services.router.tool_parsers import ParsedCall, ToolCallFormat
+from services.router.openai.tool_call_spans import streamed_required_calls
+from services.router.openai.tool_parsers import ParsedCall, ToolCallFormat
 
 ToolUse = Literal["none", "auto", "required", "named"]
 # formats whose markers are special tokens: a tool request keeps special tokens in the text

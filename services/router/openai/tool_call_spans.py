@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from services.router.tool_parsers import ParsedCall
+from services.router.openai.tool_parsers import ParsedCall
 
 
 @dataclass

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 
-from services.router.protocol_base import INT64_MAX, INT64_MIN, TOKEN_ID_MAX, Request, Text, TokenId
-from services.router.protocol_messages import ChatMessage, NamedToolChoice, ToolDefinition
-from services.router.request_fields import Endpoint, RequestField, fields_of
+from services.router.openai.protocol_base import INT64_MAX, INT64_MIN, TOKEN_ID_MAX, Request, Text, TokenId
+from services.router.openai.protocol_messages import ChatMessage, NamedToolChoice, ToolDefinition
+from services.router.openai.request_fields import Endpoint, RequestField, fields_of
 
 MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM's server allows by default
 MAX_CHOICES = 64  # choices per request (n, times the prompts of a batch)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from services.router.protocol_base import Request, Text
+from services.router.openai.protocol_base import Request, Text
 
 
 class TextContentPart(Request):

@@ -5,7 +5,7 @@
 `POST /detokenize` takes `DetokenizeRequest` and answers `DetokenizeResponse`. Field names
 and defaults are vLLM's (`add_special_tokens` is true for a prompt, false for a chat, whose
 template writes its own special tokens). Validation is as strict as the generate
-endpoints' (`services.router.protocol`), and nothing is silently ignored: a field vLLM's
+endpoints' (`services.router.openai.protocol`), and nothing is silently ignored: a field vLLM's
 models do not define is a 400 naming it, and so is one Tandem cannot honour unless it has
 its default: a chat template sent with the request (vLLM refuses one too unless told to
 trust it), template keyword arguments, multimodal options, and token strings. Tools are
@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.router.protocol import ChatMessage, Text, TokenId
-from services.router.protocol_messages import ToolDefinition
+from services.router.openai.protocol import ChatMessage, Text, TokenId
+from services.router.openai.protocol_messages import ToolDefinition
 
 # vLLM refuses one too, unless started with --trust-request-chat-template (Tandem has no such flag)
 UNTRUSTED_TEMPLATE = "not supported: the router renders chats with the model's own template"
