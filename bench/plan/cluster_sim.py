@@ -1,7 +1,7 @@
 """A discrete-event simulation of a disaggregated cluster of sim workers (pure, faster than
 real time): the planner's what-if model and `tandem plan`'s predictor.
 
-One request's walk, as the router runs it in pull mode (`services.router.handoff`):
+One request's walk, as the router runs it in pull mode (`services.router.flows.handoff`):
 arrival; the router picks a prefill worker (least cost: uncached prompt tokens plus
 `queue_weight` x its queued prefill tokens, the router's own weights, so a worker holding
 the shared prefix wins when its queue allows) and a decode worker (fewest requests

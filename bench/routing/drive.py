@@ -72,7 +72,7 @@ async def run_tenants(run: Run, workload: TenantsWorkload, concurrency: int) -> 
 async def run_conversations(run: Run, workload: ConversationsWorkload, shape: EngineShape) -> dict:
     """Users start over one think-and-answer cycle (not measured: every first turn of that
     phase misses for every policy), then turns sent during the window are measured."""
-    from services.router.detokenizer import IncrementalDetokenizer
+    from services.router.flows.detokenizer import IncrementalDetokenizer
     from shared.tokenizer import Tokenizer
 
     log = RunLog()

@@ -19,9 +19,10 @@ from fastapi.responses import JSONResponse, Response
 
 from services.router.auth.middleware import install_api_keys
 from services.router.config import RouterConfig
-from services.router.dispatch import Dispatcher
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import WorkerPool
+from services.router.flows.dispatch import Dispatcher
+from services.router.flows.records import Clock, RequestRecorder
 from services.router.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
 from services.router.http_input import InputGuard
 from services.router.http_tracing import TraceMiddleware
@@ -30,7 +31,6 @@ from services.router.metrics import RouterMetrics
 from services.router.model_cards import model_list
 from services.router.openai.errors import install_error_handlers
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
-from services.router.records import Clock, RequestRecorder
 from services.router.routing import build_policy
 from services.router.routing.eligibility import can_serve
 from services.router.serving import ServingContext, watched

@@ -24,12 +24,12 @@ from pydantic import BaseModel
 from starlette.types import Receive
 
 from services.router.config import RouterConfig
-from services.router.dispatch import Dispatcher
 from services.router.fleet.worker_pool import WorkerPool
-from services.router.generation import Delta, Final, Generation
+from services.router.flows.dispatch import Dispatcher
+from services.router.flows.generation import Delta, Final, Generation
+from services.router.flows.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.openai.errors import BadRequest, ModelNotFound, error_info
 from services.router.openai.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
-from services.router.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.sse import SSE_DONE, DisconnectWatch, SseResponse
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import SamplingParams, TokenLogprobs

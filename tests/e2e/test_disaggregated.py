@@ -19,7 +19,7 @@ import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
-from services.router.detokenizer import IncrementalDetokenizer
+from services.router.flows.detokenizer import IncrementalDetokenizer
 from services.worker.sim.engine import SimEngine
 from shared.config import WorkerConfig
 from shared.nats_server import EmbeddedNats

@@ -15,7 +15,7 @@ import openai
 import pytest
 from nats.aio.msg import Msg
 
-from services.router.detokenizer import answer_text
+from services.router.flows.detokenizer import answer_text
 from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from services.router.generation import Delta, Final
+from services.router.flows.generation import Delta, Final
+from services.router.flows.records import TokenUsage
 from services.router.openai.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -17,7 +18,6 @@ from services.router.openai.protocol import (
     PromptTokensDetails,
     Usage,
 )
-from services.router.records import TokenUsage
 from services.router.serving_chat import ChatFormat
 from services.router.serving_completions import CompletionFormat
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, answer_text
+from services.router.flows.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, answer_text
+from services.router.flows.stop_strings import StopStringMatcher
 from services.router.openai.logprobs import LogprobsRenderer
-from services.router.stop_strings import StopStringMatcher
 from shared.schemas import TokenLogprobs
 
 

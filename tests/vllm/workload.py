@@ -11,7 +11,7 @@ import random
 import uuid
 from dataclasses import dataclass, field
 
-from services.router.detokenizer import IncrementalDetokenizer
+from services.router.flows.detokenizer import IncrementalDetokenizer
 from shared.bus import Bus
 from shared.request_plane import open_stream
 from shared.schemas import GenerateRequest, SamplingParams

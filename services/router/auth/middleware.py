@@ -22,10 +22,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.router.auth.decision import Denial, Granted, authenticate, authorize
 from services.router.auth.limits import KeyLimiter, Outcome
 from services.router.config import RouterConfig
+from services.router.flows.spans import name_api_key
 from services.router.metrics import RouterMetrics
 from services.router.openai.errors import error_response, error_type
 from services.router.openai.protocol import ErrorInfo
-from services.router.spans import name_api_key
 from shared.api_keys import KeyFileError
 from shared.api_keys_file import KeyFileWatcher
 from shared.config import ConfigError

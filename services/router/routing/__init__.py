@@ -10,7 +10,7 @@ One request goes through `decide()` in stages:
    listed by name in `registry`) selects one worker or a (prefill, decode) pair;
 4. the plan (`plan`): the selected workers, the prompt's KV plan (held, pulled from a
    holder, computed) and, for a decode part, whether its KV is pulled or pushed. The
-   router's one flow executor (`services.router.flow`) runs any plan.
+   router's one flow executor (`services.router.flows.executor`) runs any plan.
 
 Beside it, `ledger` is the predicted-load account the worker pool keeps per worker (route,
 first token, finish), and `view` the `WorkerView` every stage reads.

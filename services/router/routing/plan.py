@@ -1,7 +1,7 @@
 """The answer of routing: a `RoutePlan`, and how it is built from a policy's `Selection`.
 
 Pure and synchronous. A plan names every worker a request needs and how the prompt's KV
-moves between them; the router's flow executor (`services.router.flow`) runs any plan:
+moves between them; the router's flow executor (`services.router.flows.executor`) runs any plan:
 
 - "single": one worker serves the whole request. It computes the prompt, after pulling a
   cached prefix from a holder when `prompt.holder_id` names one (a *prefix pull*).

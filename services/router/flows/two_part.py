@@ -1,6 +1,6 @@
 """The two-part flow of a disaggregated plan (XpYd): a `TokenSource` made of a prefill part
 and, unless one token is all the client asked for, a decode part. The plan's `HandOff`
-(`services.router.handoff`: pull or push) says which part is asked first and with what.
+(`services.router.flows.handoff`: pull or push) says which part is asked first and with what.
 
 The prefill part streams exactly one token, yielded the moment it arrives: the client sees
 it before the decode part has produced anything. The request's `Finished` merges both
@@ -37,11 +37,11 @@ from opentelemetry import trace
 
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import InFlight
-from services.router.handoff import HandOff
+from services.router.flows.handoff import HandOff
+from services.router.flows.records import OUTCOME_OK, GenerationParams
+from services.router.flows.spans import child_span, end_span, span_headers
+from services.router.flows.token_source import WorkerPart
 from services.router.metrics import RouterMetrics
-from services.router.records import OUTCOME_OK, GenerationParams
-from services.router.spans import child_span, end_span, span_headers
-from services.router.token_source import WorkerPart
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import Finished, GenerateRequest, Tokens
 from shared.schemas.transfer import KvHandle, PushTarget

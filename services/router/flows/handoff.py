@@ -1,6 +1,6 @@
 """How a disaggregated request's prompt KV moves from its prefill part to its decode part:
 one `HandOff` per transfer mode of a `RoutePlan`, read by the flow executor's two-part
-stream (`services.router.two_part`), which runs the parts in the order and with the
+stream (`services.router.flows.two_part`), which runs the parts in the order and with the
 requests the hand-off names.
 
 - `PullHandOff` (prefill first): the prefill worker gets the prompt with `max_tokens=1`
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from services.router.flows.records import GenerationParams
 from services.router.kv.view import PrefixSource
-from services.router.records import GenerationParams
 from shared.schemas import Finished, GenerateRequest
 from shared.schemas.transfer import KvHandle, KvTransferParams, PushTarget
 

@@ -26,11 +26,11 @@ from typing import Protocol
 
 from opentelemetry import trace
 
-from services.router.detokenizer import IncrementalDetokenizer, SpecialTokensKept, TokenDecoder
+from services.router.flows.detokenizer import IncrementalDetokenizer, SpecialTokensKept, TokenDecoder
+from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
+from services.router.flows.stop_strings import StopStringMatcher
+from services.router.flows.token_source import TokenSource
 from services.router.metrics import RouterMetrics
-from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
-from services.router.stop_strings import StopStringMatcher
-from services.router.token_source import TokenSource
 from shared.errors import Disconnected, ErrorCode, Reconnected, StreamGap, TandemError, Unavailable
 from shared.schemas import TokenLogprobs, Tokens
 

@@ -4,12 +4,12 @@ Called by the `Dispatcher` once a plan is committed (its workers counted in flig
 blocks predicted): `FlowExecutor.start()` records the plan on the request's span and in
 the metrics, opens the plan's parts, and sends whatever goes first.
 
-- A single-worker plan is one `WorkerPart` (`services.router.token_source`): the whole
+- A single-worker plan is one `WorkerPart` (`services.router.flows.token_source`): the whole
   request on one worker, pulling a cached prefix from a holder first when the plan names
   one; its trace context is the router span's own.
-- A disaggregated plan is a `TwoPartStream` (`services.router.two_part`): a prefill part
+- A disaggregated plan is a `TwoPartStream` (`services.router.flows.two_part`): a prefill part
   and a decode part, each with a child span, run in the order the plan's KV transfer mode
-  names (`services.router.handoff`: pull, prefill first; push, decode first).
+  names (`services.router.flows.handoff`: pull, prefill first; push, decode first).
 
 If sending fails (NATS down) or the caller is cancelled meanwhile, the source is closed
 (its in-flight slots freed) before the error propagates.
@@ -24,14 +24,14 @@ from opentelemetry import trace
 
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import InFlight
-from services.router.handoff import HandOff, PullHandOff, PushHandOff
+from services.router.flows.handoff import HandOff, PullHandOff, PushHandOff
+from services.router.flows.records import GenerationParams
+from services.router.flows.spans import span_headers
+from services.router.flows.token_source import TokenSource, WorkerPart
+from services.router.flows.two_part import TwoPartStream
 from services.router.kv.view import PrefixSource
 from services.router.metrics import RouterMetrics
-from services.router.records import GenerationParams
 from services.router.routing import RoutePlan
-from services.router.spans import span_headers
-from services.router.token_source import TokenSource, WorkerPart
-from services.router.two_part import TwoPartStream
 from shared.schemas import GenerateRequest
 
 

@@ -5,8 +5,8 @@ A `TokenSource` yields `Tokens` frames and keeps the request's `Finished` once i
 everything the source holds (streams, in-flight slots, leases), always, exactly once.
 
 - `WorkerPart`: one generate request on one worker. A single-worker plan is one part; a
-  disaggregated plan is two (`services.router.two_part`); the flow executor
-  (`services.router.flow`) builds them.
+  disaggregated plan is two (`services.router.flows.two_part`); the flow executor
+  (`services.router.flows.executor`) builds them.
 - `Answered`: no worker at all; the request is over before it starts (the decode-first
   cache-hit threshold was not met, or a resumed request had nothing left to generate).
 """

@@ -8,7 +8,7 @@ its first token), and the prompt's blocks are predicted on the computing worker
 (`KvView.predict`: speculative index entries), so siblings that arrive before its KV
 events follow it; the other routers of the cluster are told both (`WorkerPool.shared_load`),
 and their routings are predicted here alike. Only then does the flow executor
-(`services.router.flow`) run the plan:
+(`services.router.flows.executor`) run the plan:
 one worker, or a prefill and a decode worker, pulling a cached prefix from a holder when
 the plan names one.
 
@@ -37,15 +37,17 @@ import time
 from opentelemetry import trace
 
 from services.router.config import RoutingConfig
-from services.router.detokenizer import TokenDecoder
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
-from services.router.flow import CommittedPlan, FlowExecutor
-from services.router.generation import Generation
+from services.router.flows.detokenizer import TokenDecoder
+from services.router.flows.executor import CommittedPlan, FlowExecutor
+from services.router.flows.generation import Generation
+from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
+from services.router.flows.spans import end_span
+from services.router.flows.token_source import Answered, TokenSource
 from services.router.kv.view import KvView, PromptCache
 from services.router.metrics import RouterMetrics
 from services.router.openai.errors import BadRequest, TooManyRequests
-from services.router.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.routing import (
     RoutePlan,
     RouteRefusal,
@@ -57,8 +59,6 @@ from services.router.routing import (
     decide,
 )
 from services.router.routing.shortlist import shortlist
-from services.router.spans import end_span
-from services.router.token_source import Answered, TokenSource
 from shared.errors import ErrorCode, TandemError, Unavailable
 from shared.schemas import Finished, RoutedPrompt
 
