@@ -8,7 +8,7 @@ Only the SHA-256 of each key is stored: keys are 256 random bits (`KEY_PREFIX` +
 characters), so a fast hash is enough (no password stretching needed) and the file is no
 secret worth stealing. `rps`/`burst` (a token bucket) and `max_concurrent` are optional
 per-key limits; absent means unlimited. Names are what logs, spans and metric labels show,
-never the key. The router (`services.router.auth`) and the metrics collector read the same
+never the key. The router (`services.router.http.auth`) and the metrics collector read the same
 format; `shared.api_keys_file` reads, writes and watches the file.
 """
 

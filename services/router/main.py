@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import uvicorn
 
-from services.router.app import create_app
 from services.router.config import RouterConfig
 from services.router.event_loop import event_loop_factory
+from services.router.http.app import create_app
 from shared.bus import connect
 from shared.config import ConfigError
 from shared.tracing import setup_tracing

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.router.http.serving_tokenize import open_final_message, without_double_bos
 from services.router.openai.errors import BadRequest
-from services.router.serving_tokenize import open_final_message, without_double_bos
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import write_key_file
 from shared.config import BusConfig

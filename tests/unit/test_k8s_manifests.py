@@ -137,9 +137,9 @@ def test_every_workload_has_probes_on_its_real_ports(definition) -> None:
 def test_router_and_collector_answer_the_probed_paths() -> None:
     """The probed paths are routes the services serve (not guarded by API keys)."""
     from services.metrics.auth import OPEN_PATHS
-    from services.router.auth.middleware import METRICS_PATH
+    from services.router.http.auth.middleware import METRICS_PATH
 
-    app_source = (Path(__file__).resolve().parents[2] / "services" / "router" / "app.py").read_text()
+    app_source = (Path(__file__).resolve().parents[2] / "services" / "router" / "http" / "app.py").read_text()
     assert '@router.get("/health")' in app_source and '@router.get("/ready")' in app_source
     assert "/health" in OPEN_PATHS and METRICS_PATH == "/metrics"
 

@@ -15,8 +15,8 @@ from cli.main import app as cli_app
 from launch.api_keys import guarded, stack_keys, with_stack_keys
 from launch.definition import DefinitionError
 from launch.plan import StackConfig
-from services.router.auth.decision import INVALID, MISSING, Denial, Granted, authorize
-from services.router.auth.limits import KeyLimiter, Outcome, TokenBucket, retry_after
+from services.router.http.auth.decision import INVALID, MISSING, Denial, Granted, authorize
+from services.router.http.auth.limits import KeyLimiter, Outcome, TokenBucket, retry_after
 from shared.api_keys import ApiKey, KeyFileError, KeyTable, hash_key, parse_key_file, presented_key, render_key_file
 from shared.api_keys_file import KeyFileWatcher, new_key, read_key_file, write_key_file
 

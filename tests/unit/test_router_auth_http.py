@@ -11,9 +11,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from services.router.app import create_app
-from services.router.auth.middleware import install_api_keys
 from services.router.config import RouterConfig
+from services.router.http.app import create_app
+from services.router.http.auth.middleware import install_api_keys
 from services.router.metrics import RouterMetrics
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import write_key_file

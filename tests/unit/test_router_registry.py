@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.app import create_app
 from services.router.config import RouterConfig, RoutingConfig
+from services.router.http.app import create_app
 from services.router.routing import (
     RoutePlan,
     RouteRequest,

@@ -1,4 +1,4 @@
-"""SSE chunks spelled as bytes (`services.router.sse` via the endpoints' formats) are the JSON
+"""SSE chunks spelled as bytes (`services.router.http.sse` via the endpoints' formats) are the JSON
 the response models in `services.router.openai.protocol` give: same keys, same order, same values."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import pytest
 
 from services.router.flows.generation import Delta, Final
 from services.router.flows.records import TokenUsage
+from services.router.http.serving_chat import ChatFormat
+from services.router.http.serving_completions import CompletionFormat
 from services.router.openai.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -18,8 +20,6 @@ from services.router.openai.protocol import (
     PromptTokensDetails,
     Usage,
 )
-from services.router.serving_chat import ChatFormat
-from services.router.serving_completions import CompletionFormat
 
 CREATED = 1_700_000_000
 TOKENS = TokenUsage(prompt_tokens=7, completion_tokens=3, cached_tokens=0)

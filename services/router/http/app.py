@@ -17,27 +17,27 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.router.auth.middleware import install_api_keys
 from services.router.config import RouterConfig
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import WorkerPool
 from services.router.flows.dispatch import Dispatcher
 from services.router.flows.records import Clock, RequestRecorder
-from services.router.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
-from services.router.http_input import InputGuard
-from services.router.http_tracing import TraceMiddleware
+from services.router.http.auth.middleware import install_api_keys
+from services.router.http.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
+from services.router.http.input import InputGuard
+from services.router.http.model_cards import model_list
+from services.router.http.serving import ServingContext, watched
+from services.router.http.serving_chat import ChatServing
+from services.router.http.serving_completions import CompletionsServing
+from services.router.http.serving_tokenize import TokenizeServing
+from services.router.http.tokenize_routes import build_tokenize_routes
+from services.router.http.tracing import TraceMiddleware
 from services.router.kv.view import KvView
 from services.router.metrics import RouterMetrics
-from services.router.model_cards import model_list
 from services.router.openai.errors import install_error_handlers
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
 from services.router.routing import build_policy
 from services.router.routing.eligibility import can_serve
-from services.router.serving import ServingContext, watched
-from services.router.serving_chat import ChatServing
-from services.router.serving_completions import CompletionsServing
-from services.router.serving_tokenize import TokenizeServing
-from services.router.tokenize_routes import build_tokenize_routes
 from shared.bus import Bus, connect
 from shared.codec import MalformedCounter
 from shared.config import ConfigError

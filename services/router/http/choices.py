@@ -25,10 +25,10 @@ from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import TokenUsage
+from services.router.http.serving import ResponseFormat, api_usage, sse, whole_answer
+from services.router.http.sse import SSE_DONE, SseResponse
 from services.router.openai.errors import error_info
 from services.router.openai.protocol import ErrorResponse, Usage
-from services.router.serving import ResponseFormat, api_usage, sse, whole_answer
-from services.router.sse import SSE_DONE, SseResponse
 from shared.errors import TandemError
 from shared.schemas import TokenLogprobs
 

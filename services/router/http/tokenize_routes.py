@@ -4,7 +4,7 @@ A `/tokenize` body is a completion prompt or a chat, told apart by `messages` as
 union of the two models does; it is validated here against the one it is, so that a
 refusal names the field as the generate endpoints' do (a pydantic union would prefix
 every field with the member's name). Both routes are guarded by the router's API keys
-like `/v1/*` (`services.router.auth.middleware`); the work is `TokenizeServing`'s.
+like `/v1/*` (`services.router.http.auth.middleware`); the work is `TokenizeServing`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from services.router.http.serving_tokenize import TokenizeServing
 from services.router.openai.errors import BadRequest
 from services.router.openai.protocol_tokenize import (
     DetokenizeRequest,
@@ -25,7 +26,6 @@ from services.router.openai.protocol_tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from services.router.serving_tokenize import TokenizeServing
 
 TOKENIZE_PATHS = ("/tokenize", "/detokenize")
 

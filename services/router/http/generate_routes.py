@@ -20,10 +20,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.router.http_input import replay_body
+from services.router.http.input import replay_body
+from services.router.http.serving import watched
 from services.router.openai.errors import tandem_error_response
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest
-from services.router.serving import watched
 from shared.errors import TandemError
 
 ROUTE_HINT_HEADER = "x-tandem-worker"  # a worker id; only the pinned routing policy reads it

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.router.http.serving import ServingContext
 from services.router.openai.protocol import ModelCard, ModelList
 from services.router.routing import WorkerView, context_limit
-from services.router.serving import ServingContext
 
 
 def max_model_len(context: ServingContext, model: str, views: Sequence[WorkerView] | None = None) -> int:

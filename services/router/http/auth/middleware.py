@@ -19,10 +19,10 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.router.auth.decision import Denial, Granted, authenticate, authorize
-from services.router.auth.limits import KeyLimiter, Outcome
 from services.router.config import RouterConfig
 from services.router.flows.spans import name_api_key
+from services.router.http.auth.decision import Denial, Granted, authenticate, authorize
+from services.router.http.auth.limits import KeyLimiter, Outcome
 from services.router.metrics import RouterMetrics
 from services.router.openai.errors import error_response, error_type
 from services.router.openai.protocol import ErrorInfo

@@ -16,13 +16,13 @@ import msgspec
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from services.router.choices import Choice, close_all, respond_choices
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
+from services.router.http.choices import Choice, close_all, respond_choices
+from services.router.http.serving import ServingContext, respond
+from services.router.http.sse import ChunkPrefix, finish_json, text_json
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
-from services.router.serving import ServingContext, respond
-from services.router.sse import ChunkPrefix, finish_json, text_json
 from shared.schemas import TokenLogprobs
 
 ENDPOINT = "completions"

@@ -1,6 +1,6 @@
 """The router's HTTP span: one per API request, the root of the request's trace in Tandem.
 
-`TraceMiddleware` (pure ASGI, installed by `services.router.app.create_app`) continues a
+`TraceMiddleware` (pure ASGI, installed by `services.router.http.app.create_app`) continues a
 client's incoming W3C `traceparent` (else starts a new trace), makes the span current for
 the whole exchange (the dispatcher's `router.generate` and everything after it are its
 descendants), names the trace in the response headers (`x-trace-id`, and W3C

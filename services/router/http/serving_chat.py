@@ -12,9 +12,11 @@ import msgspec
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from services.router.choices import Choice, close_all, respond_choices
 from services.router.flows.generation import Delta, Final
 from services.router.flows.records import GenerationParams, RequestIdentity
+from services.router.http.choices import Choice, close_all, respond_choices
+from services.router.http.serving import ServingContext, respond
+from services.router.http.sse import ChunkPrefix, finish_json, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import (
@@ -27,8 +29,6 @@ from services.router.openai.protocol import (
 from services.router.openai.protocol_messages import NamedToolChoice
 from services.router.openai.tool_calls import KEEPS_SPECIAL_TOKENS, ToolCalling, ToolStream
 from services.router.openai.tool_parsers import FORMATS
-from services.router.serving import ServingContext, respond
-from services.router.sse import ChunkPrefix, finish_json, text_json
 from shared.errors import TandemError
 from shared.schemas import TokenLogprobs
 from shared.schemas.generate import StructuredOutput

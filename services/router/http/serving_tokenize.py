@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.router.model_cards import max_model_len
+from services.router.http.model_cards import max_model_len
+from services.router.http.serving import ServingContext
 from services.router.openai.errors import BadRequest
 from services.router.openai.protocol_tokenize import (
     DetokenizeRequest,
@@ -21,7 +22,6 @@ from services.router.openai.protocol_tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from services.router.serving import ServingContext
 from shared.errors import TandemError
 
 # Decoding this many tokens takes long enough to be worth a thread hop (as

@@ -5,7 +5,7 @@ The answer's status is decided only after the first piece of output (or the fail
 is known, so a request that fails before any byte is sent gets a proper error status;
 once streaming, a failure is an SSE error event `data: {"error": {...}}` and the stream
 ends without `[DONE]`, never a silently truncated success. A client that goes away
-cancels the request on the worker (`watched`, `services.router.sse`).
+cancels the request on the worker (`watched`, `services.router.http.sse`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from services.router.fleet.worker_pool import WorkerPool
 from services.router.flows.dispatch import Dispatcher
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
+from services.router.http.sse import SSE_DONE, DisconnectWatch, SseResponse
 from services.router.openai.errors import BadRequest, ModelNotFound, error_info
 from services.router.openai.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
-from services.router.sse import SSE_DONE, DisconnectWatch, SseResponse
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import SamplingParams, TokenLogprobs
 from shared.schemas.generate import StructuredOutput
@@ -172,7 +172,7 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
 
 class ResponseFormat(Protocol):
     """How one endpoint spells its answer: whole (a model), or streamed (SSE chunks as bytes,
-    `services.router.sse`)."""
+    `services.router.http.sse`)."""
 
     def opening_chunks(self) -> list[bytes]: ...
     def text_chunk(self, piece: Delta) -> bytes: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.router.auth.limits import KeyLimiter, Outcome
+from services.router.http.auth.limits import KeyLimiter, Outcome
 from shared.api_keys import ApiKey, KeyTable, presented_key
 
 MISSING, INVALID = "missing_key", "invalid_key"
