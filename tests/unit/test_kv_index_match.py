@@ -1,4 +1,4 @@
-"""`KvIndex.match` by bisection (`trust_chains`, `kv_index_runs`) against a naive reference on
+"""`KvIndex.match` by bisection (`trust_chains`, `kv.index_runs`) against a naive reference on
 plain data: per worker, the leading blocks of the chain it holds, block by block."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Routing: which worker(s) serve a request, and how its prompt's KV moves. Pure and synchronous.
 
-No I/O and no clock anywhere in this package: the router's adapters (`worker_pool`,
-`kv_view`, `dispatch`) feed it plain data and act on its answers.
+No I/O and no clock anywhere in this package: the router's adapters (`fleet.worker_pool`,
+`kv.view`, `flows.dispatch`) feed it plain data and act on its answers.
 
 One request goes through `decide()` in stages:
 1. eligibility (`eligibility`): which workers may take it at all, and admission control;
