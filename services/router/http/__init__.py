@@ -9,5 +9,5 @@ with msgspec and handed to the serving classes without FastAPI's routing. `servi
 `serving_completions`, `serving_chat`, `serving_tokenize`, `choices`, `model_cards`)
 checks and tokenizes a request, opens its `flows.generation` through the dispatcher, and
 answers it as one JSON body or as an SSE stream (`sse`). The top room: it may import every
-other room, and none imports it.
+other room, and no room imports it (only `main` does).
 """
