@@ -1,5 +1,5 @@
 """Every field of vLLM's own OpenAI request models (the pinned vLLM) has a status in Tandem's
-table (`services.router.request_fields`): none can be sent to Tandem and silently ignored."""
+table (`services.router.openai.request_fields`): none can be sent to Tandem and silently ignored."""
 
 from __future__ import annotations
 
