@@ -79,7 +79,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     sticky_homes: Annotated[bool, flag(
         "A prefix's home is the worker that served it last, unless busy; new homes balance the recent traffic "
         "homed on each worker (off: rendezvous hashing only).")] = True
-    # `routing.homes`: the resident prefixes claim KV; the recurring others (transient: they miss
+    # `routing.placement.homes`: the resident prefixes claim KV; the recurring others (transient: they miss
     # wherever they go) are homed so that each worker's recent work is balanced, a miss weighing
     # several hits
     resident_homes: Annotated[bool, flag(

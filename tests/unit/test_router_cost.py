@@ -263,7 +263,7 @@ def test_weights_are_times_over_the_time_of_one_prompt_token() -> None:
 
 
 def test_a_cold_prompt_goes_to_its_prefixs_home_among_the_near_cheapest() -> None:
-    from services.router.routing.home import home_score
+    from services.router.routing.placement.home import home_score
 
     workers = [worker(name, reported_load=load) for name, load in (("a", 1), ("b", 0), ("c", 1), ("d", 2))]
     homes = {}
@@ -279,7 +279,7 @@ def test_a_cold_prompt_goes_to_its_prefixs_home_among_the_near_cheapest() -> Non
 
 
 def test_a_busy_home_is_skipped_and_a_warm_prompt_ignores_homes() -> None:
-    from services.router.routing.home import home_score
+    from services.router.routing.placement.home import home_score
 
     key = 7
     home = max("abcd", key=lambda name: home_score(key, name))

@@ -1,5 +1,5 @@
 """Prefix homes on plain data: the learned home and the traffic each worker's prefixes bring
-(`routing.homes`), and how a weakly cached prompt goes home (`routing.home`)."""
+(`routing.placement.homes`), and how a weakly cached prompt goes home (`routing.placement.home`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
-from services.router.routing.homes import COPY_FORGOTTEN, LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
-from services.router.routing.residency import RESIDENT_FILL
+from services.router.routing.placement.homes import COPY_FORGOTTEN, LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.placement.residency import RESIDENT_FILL
 from shared.schemas import WorkerRole, WorkerStatus
 
 PROMPT = 1088

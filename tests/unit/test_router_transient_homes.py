@@ -1,16 +1,16 @@
 """Transient prefixes on plain data: past the cluster's KV, the recurring prefixes that are not
-resident miss wherever they go (`routing.homes.PrefixHomes.transient`), so their homes are
+resident miss wherever they go (`routing.placement.homes.PrefixHomes.transient`), so their homes are
 balanced by work, a miss weighing several hits (`PrefixHomes.work_shares`), and a home that
 brings far more work than another gives one up (`routing.candidates`); which prefixes are
-resident holds as close counts wander (`routing.residency`)."""
+resident holds as close counts wander (`routing.placement.residency`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from services.router.config import RoutingConfig
-from services.router.routing.homes import DEFAULT_OVERHEAD_TOKENS, RESIDENCY_EVERY, PrefixHomes
-from services.router.routing.residency import RESIDENT_FILL, RESIDENT_HOLD, rank_residents
+from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.placement.residency import RESIDENT_FILL, RESIDENT_HOLD, rank_residents
 from tests.unit.test_router_homes import PROMPT, pick, route, sized, worker
 
 HIT = 64  # prompt tokens a cached prompt computes (a miss computes all of `PROMPT`)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from nats.aio.msg import Msg
 
 from services.router.kv.index import KvIndex, block_hashes_for
-from services.router.routing.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
+from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
 from services.router.routing.recency import CacheRecency
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode

@@ -13,7 +13,9 @@ One request goes through `decide()` in stages:
    router's one flow executor (`services.router.flows.executor`) runs any plan.
 
 Beside it, `ledger` is the predicted-load account the worker pool keeps per worker (route,
-first token, finish), and `view` the `WorkerView` every stage reads.
+first token, finish), `view` the `WorkerView` every stage reads, and `placement/` the
+prefixes' homes (which worker a prefix goes back to, which prefixes stay resident) that the
+KV view keeps and the scoring reads.
 """
 
 from services.router.routing.decide import decide

@@ -34,7 +34,7 @@ from services.router.routing.cost import (
     share_cap,
 )
 from services.router.routing.eligibility import Eligible
-from services.router.routing.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
+from services.router.routing.placement.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
 from services.router.routing.recency import victim_values
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
@@ -129,7 +129,7 @@ class Candidates:
     @property
     def weak(self) -> bool:
         """No worker holds (or is predicted to hold) half of the prompt: it goes to its
-        prefix's home (`home`), when the prompt is at least a block long and homes are on."""
+        prefix's home (`placement.home`), when the prompt is at least a block long and homes are on."""
         return (self.request.prefix_key is not None and self.routing.home_slack_tokens > 0
                 and 2 * max(self.request.cached_tokens.values(), default=0) < self.request.prompt_tokens)
 
@@ -234,7 +234,7 @@ class Candidates:
         return None if slack is None or workers < 2 else share_cap(workers, slack)
 
     def _leave_home(self, workers: int) -> str:
-        """When the prefix's learned home is given up (`home.HomeHints.leave`): LEAVE where it
+        """When the prefix's learned home is given up (`placement.home.HomeHints.leave`): LEAVE where it
         is a minor tenant of an overcommitted home; IF_BUSY where the shares are unknown, the
         prefix draws more than one worker carries, or at most half of its home's traffic (the
         home exists for its other tenants); STAY otherwise."""

@@ -39,7 +39,7 @@ What the terms buy, together:
   carry, each at most `(1 + replica_share_slack) / serving workers` of it
   (`copies_needed`). A tenant whose share one worker can carry queues there rather than
   spread; an overcommitted worker sheds its minor tenants when their prompts are computed
-  anyway (`home`), not by copying them.
+  anyway (`placement.home`), not by copying them.
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is

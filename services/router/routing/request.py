@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.router.routing.homes import Residents
+from services.router.routing.placement.home_views import Residents
 
 RefusalReason = Literal[
     "overloaded",  # every candidate worker is past its queue limit: try again later (429)
@@ -43,15 +43,15 @@ class RouteRequest:
     # (`recency.CacheRecency`; None or absent: unknown). May be computed on access.
     victim_age_s: Mapping[str, float | None] = field(default_factory=dict)
     # The worker that served this prefix last, and per worker the share of recent requests
-    # whose prefixes live there (`homes.PrefixHomes`); empty: unknown
+    # whose prefixes live there (`placement.homes.PrefixHomes`); empty: unknown
     home_worker: str | None = None
     homed_share: Mapping[str, float] = field(default_factory=dict)
-    prefix_share: float | None = None  # the prefix's share of recent requests (`homes`); None: unknown
-    # per worker, the KV tokens its live homed prefixes keep there (`homes.PrefixHomes.tokens`);
+    prefix_share: float | None = None  # the prefix's share of recent requests (`placement.homes`); None: unknown
+    # per worker, the KV tokens its live homed prefixes keep there (`placement.homes.PrefixHomes.tokens`);
     # absent: unknown
     homed_tokens: Mapping[str, int] = field(default_factory=dict)
     # where the live prefixes need more KV than the cluster holds (`limited`), the ones
-    # whose KV is worth keeping on their homes (`homes.PrefixHomes.resident`); None: unknown
+    # whose KV is worth keeping on their homes (`placement.homes.PrefixHomes.resident`); None: unknown
     resident_prefixes: Residents | None = None
 
     @property
@@ -67,19 +67,19 @@ class RouteRequest:
     @property
     def transient(self) -> bool:
         """Whether the prompt's prefix recurs but is not resident where the cluster is limited
-        (`homes.PrefixHomes.transient`): it misses wherever it goes."""
+        (`placement.homes.PrefixHomes.transient`): it misses wherever it goes."""
         return (self.prefix_key is not None and self.resident_prefixes is not None
                 and self.resident_prefixes.transient(self.prefix_key))
 
     @property
     def homed_work(self) -> Mapping[str, float]:
         """Per worker, its homed prefixes' share of the recent work, misses weighing more than
-        hits (`homes.PrefixHomes.work_shares`; empty: unknown)."""
+        hits (`placement.homes.PrefixHomes.work_shares`; empty: unknown)."""
         return self.resident_prefixes.work_shares() if self.resident_prefixes is not None else {}
 
     @property
     def prefix_work(self) -> float | None:
-        """The prefix's share of the recent work (`homes.PrefixHomes.work_share`; None: unknown)."""
+        """The prefix's share of the recent work (`placement.homes.PrefixHomes.work_share`; None: unknown)."""
         if self.prefix_key is None or self.resident_prefixes is None:
             return None
         return self.resident_prefixes.work_share(self.prefix_key)

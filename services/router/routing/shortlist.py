@@ -5,7 +5,7 @@ at a thousand workers that is milliseconds per request in Python. Past `shortlis
 workers, a request is costed only against the workers that can matter to it:
 - the holders of its longest cached prefixes (at most half the shortlist, longest first):
   affinity and pulls need nobody else;
-- its prefix's home (`homes`), for a prompt whose KV was evicted;
+- its prefix's home (`placement.homes`), for a prompt whose KV was evicted;
 - workers drawn uniformly at random to fill the shortlist: for load, the best of a few
   random choices balances almost as well as the best of all ("power of d choices"), and
   different requests see different samples, so no worker is left out for long.
