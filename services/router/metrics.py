@@ -95,6 +95,28 @@ class _WorkerLoadCollector(Collector):
 class RouterMetrics:
     def __init__(self, malformed: MalformedCounter) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._add_request_metrics()
+        self._add_routing_metrics()
+        self._add_flow_metrics()
+        self._add_load_metrics()
+        self._add_auth_metrics()
+        self.registry.register(_MalformedCollector(malformed))
+        self._kv_index = _KvIndexCollector()
+        self.registry.register(self._kv_index)
+        self._loads = _WorkerLoadCollector()
+        self.registry.register(self._loads)
+        self._roles: dict[str, str] = {}  # a worker's role never changes under its id
+        # Label sets of rare events exist from the start at 0, so a rate over them is 0, not absent.
+        for stage in ("before_first_token", "mid_stream"):
+            for result in ("resumed", "failed"):
+                self.resumes.labels(stage, result)
+        for result in ("released", "already_ended", "unreachable"):
+            self.lease_releases.labels(result)
+
+    # Each group's metrics are created in the order of the exposition (the registry's order).
+
+    def _add_request_metrics(self) -> None:
+        """Requests by outcome, their latencies by role, and their tokens."""
         self.requests = Counter("tandem_router_requests", "Requests by endpoint and outcome",
                                 ["endpoint", "outcome"], registry=self.registry)
         self.ttft = Histogram("tandem_router_time_to_first_token_seconds",
@@ -115,6 +137,9 @@ class RouterMetrics:
                                      "Prompt tokens served from a prefix cache", registry=self.registry)
         self.completion_tokens = Counter("tandem_router_completion_tokens", "Generated tokens",
                                          registry=self.registry)
+
+    def _add_routing_metrics(self) -> None:
+        """The routing decisions: by flow and reason, and how long each took."""
         # flow "none": no worker was asked (reasons "overloaded": 429, "cache_threshold")
         self.route_decisions = Counter("tandem_router_route_decisions", "Routing decisions by flow and reason",
                                        ["flow", "reason"], registry=self.registry)
@@ -126,6 +151,10 @@ class RouterMetrics:
             "tandem_router_route_decision_cpu_seconds",
             "CPU time of routing one request (the same work; without the time the process waited for a core)",
             buckets=_ROUTE_DECISION_BUCKETS, registry=self.registry)
+
+    def _add_flow_metrics(self) -> None:
+        """How requests' parts went between workers: resumes, prefix pulls, disaggregation,
+        KV transfers and the leases released for readers that never came."""
         self.resumes = Counter(
             "tandem_router_resumes",
             "Requests re-routed after losing their worker, by stage (before_first_token, mid_stream) and result",
@@ -149,9 +178,15 @@ class RouterMetrics:
         self.lease_releases = Counter("tandem_router_kv_lease_releases",
                                       "KV leases the router released for readers that never came, by result",
                                       ["result"], registry=self.registry)
+
+    def _add_load_metrics(self) -> None:
+        """Requests in flight and the workers the router knows."""
         self.in_flight = Gauge("tandem_router_in_flight_requests", "Requests routed and not yet ended",
                                registry=self.registry)
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
+
+    def _add_auth_metrics(self) -> None:
+        """API requests by key, and those refused for want of a valid key."""
         # One `key` label value per key in the key file: bounded by the file, never the key itself.
         self.api_key_requests = Counter("tandem_router_api_key_requests",
                                         "API requests by key name and outcome (accepted, rate_limited, "
@@ -159,18 +194,6 @@ class RouterMetrics:
         self.auth_rejected = Counter("tandem_router_auth_rejected_requests",
                                      "API requests refused with 401, by reason (missing_key, invalid_key)",
                                      ["reason"], registry=self.registry)
-        self.registry.register(_MalformedCollector(malformed))
-        self._kv_index = _KvIndexCollector()
-        self.registry.register(self._kv_index)
-        self._loads = _WorkerLoadCollector()
-        self.registry.register(self._loads)
-        self._roles: dict[str, str] = {}  # a worker's role never changes under its id
-        # Label sets of rare events exist from the start at 0, so a rate over them is 0, not absent.
-        for stage in ("before_first_token", "mid_stream"):
-            for result in ("resumed", "failed"):
-                self.resumes.labels(stage, result)
-        for result in ("released", "already_ended", "unreachable"):
-            self.lease_releases.labels(result)
 
     def count_api_key(self, name: str, outcome: str) -> None:
         self.api_key_requests.labels(name, outcome).inc()
