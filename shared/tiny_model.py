@@ -136,7 +136,25 @@ def generate_tiny_model(
                                  num_layers=num_layers, num_heads=num_heads,
                                  num_kv_heads=num_kv_heads, head_dim=head_dim,
                                  intermediate_size=intermediate_size)
-    config = {
+    config = llama_config(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                          num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                          intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
+    generation_config = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID}
+
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".model.", suffix=".tmp", delete=False) as tmp:
+        tmp_name = tmp.name
+    save_file(random_weights(shapes, seed), tmp_name, metadata={"format": "pt"})
+    os.replace(tmp_name, path / "model.safetensors")
+    _write_atomic(path / "tokenizer.json", tokenizer.to_str())
+    _write_atomic(path / "tokenizer_config.json", _json(tokenizer_config(max_position_embeddings)))
+    _write_atomic(path / "generation_config.json", _json(generation_config))
+    _write_atomic(path / "config.json", _json(config))
+
+
+def llama_config(*, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, intermediate_size: int, max_position_embeddings: int) -> dict[str, object]:
+    """The model's `config.json`: a float32 `LlamaForCausalLM` with untied embeddings."""
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": vocab_size,
@@ -159,7 +177,11 @@ def generate_tiny_model(
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
     }
-    tokenizer_config = {
+
+
+def tokenizer_config(max_position_embeddings: int) -> dict[str, object]:
+    """The tokenizer's `tokenizer_config.json`: no BOS or EOS added, Tandem's fixed chat template."""
+    return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": SPECIAL_TOKENS[BOS_ID],
         "eos_token": SPECIAL_TOKENS[EOS_ID],
@@ -170,16 +192,6 @@ def generate_tiny_model(
         "model_max_length": max_position_embeddings,
         "chat_template": FIXED_CHAT_TEMPLATE,
     }
-    generation_config = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID}
-
-    with tempfile.NamedTemporaryFile(dir=path, prefix=".model.", suffix=".tmp", delete=False) as tmp:
-        tmp_name = tmp.name
-    save_file(random_weights(shapes, seed), tmp_name, metadata={"format": "pt"})
-    os.replace(tmp_name, path / "model.safetensors")
-    _write_atomic(path / "tokenizer.json", tokenizer.to_str())
-    _write_atomic(path / "tokenizer_config.json", _json(tokenizer_config))
-    _write_atomic(path / "generation_config.json", _json(generation_config))
-    _write_atomic(path / "config.json", _json(config))
 
 
 def is_complete_model_dir(path: Path) -> bool:
