@@ -20,9 +20,9 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from launch.api_keys import with_stack_keys
+from launch.api_keys import StackKeys, with_stack_keys
 from launch.definition import DefinitionError, checked, default_definition_path, load_definition, with_overrides
-from launch.plan import plan_stack
+from launch.plan import StackConfig, plan_stack
 from launch.stack import LocalStack
 from launch.supervisor import SUPERVISE_POLL_S, WorkerSupervisor
 from shared.nats_auth import has_userinfo, redact_url
@@ -84,39 +84,13 @@ def engine_problems(engines: list[str]) -> list[str]:
 
 def run_up(options: UpOptions) -> int:
     console = Console(stderr=True)
-    given = ((WorkerRole.PREFILL, options.prefill), (WorkerRole.DECODE, options.decode),
-             (WorkerRole.BOTH, options.workers))
-    counts = {role: count for role, count in given if count is not None}
-    if any(count < 0 for count in counts.values()):
-        console.print("[red]error:[/] worker counts cannot be negative")
+    counts = _worker_counts(options)
+    flag_error = _flag_error(options, counts)
+    if flag_error:
+        console.print(f"[red]error:[/] {flag_error}")
         return 2
-    if options.routers is not None and options.routers < 1:
-        console.print("[red]error:[/] at least one router is needed")
-        return 2
-    problems = engine_problems([options.engine] if options.engine else [])
-    if problems:
-        console.print(f"[red]error:[/] {problems[0]}")
-        return 2
-    state = Path(options.state_dir)
     try:
-        definition = with_overrides(load_definition(options.stack or default_definition_path()),
-                                    engine=options.engine, counts=counts, router_host=options.host,
-                                    router_port=options.port, metrics_port=options.metrics_port,
-                                    nats_url=options.nats_url, routers=options.routers)
-        checked(definition, options.stack or "tandem up")
-        problems = engine_problems(sorted({group.engine for group in definition.workers if group.count}))
-        if problems:
-            console.print(f"[red]error:[/] {problems[0]}")
-            return 2
-        model_dir = options.model or definition.model_dir
-        definition = with_overrides(definition, model_dir=_model_dir(model_dir, state, console))
-        config = plan_stack(definition, log_dir=str(state / "logs"), cores=sorted(os.sched_getaffinity(0)))
-        if has_userinfo(config.nats_url):
-            raise DefinitionError("no user or password in the NATS URL (it would show in process lists): "
-                                  "give a credentials file in TANDEM_NATS_CREDS_FILE")
-        if options.nats_security and not config.nats_url:
-            config = msgspec.structs.replace(config, nats_security_dir=str(state / "nats-auth"))
-        config, keys = with_stack_keys(config, state, options.api_keys_file)
+        config, keys = _stack_config(options, counts, console)
     except DefinitionError as error:
         console.print(f"[red]error:[/] {error}")
         return 2
@@ -134,12 +108,65 @@ def run_up(options: UpOptions) -> int:
     except KeyboardInterrupt:
         console.print("interrupted while starting; stopped.")
         return 130
+    _print_entrances(console, stack, config.log_dir, keys)
+    _supervise_until_stopped(console, stack)
+    return 0
+
+
+def _worker_counts(options: UpOptions) -> dict[WorkerRole, int]:
+    """The worker counts the flags give, per role (a role without its flag is absent)."""
+    given = ((WorkerRole.PREFILL, options.prefill), (WorkerRole.DECODE, options.decode),
+             (WorkerRole.BOTH, options.workers))
+    return {role: count for role, count in given if count is not None}
+
+
+def _flag_error(options: UpOptions, counts: dict[WorkerRole, int]) -> str:
+    """Why the flags alone cannot make a stack (empty: they can)."""
+    if any(count < 0 for count in counts.values()):
+        return "worker counts cannot be negative"
+    if options.routers is not None and options.routers < 1:
+        return "at least one router is needed"
+    problems = engine_problems([options.engine] if options.engine else [])
+    return problems[0] if problems else ""
+
+
+def _stack_config(options: UpOptions, counts: dict[WorkerRole, int],
+                  console: Console) -> tuple[StackConfig, StackKeys]:
+    """The stack to start: the definition with the flags' overrides, planned on this machine's
+    cores, its model generated if none is given, its NATS secured and its router's keys set.
+    Raises `DefinitionError` for a stack that cannot run here."""
+    state = Path(options.state_dir)
+    definition = with_overrides(load_definition(options.stack or default_definition_path()),
+                                engine=options.engine, counts=counts, router_host=options.host,
+                                router_port=options.port, metrics_port=options.metrics_port,
+                                nats_url=options.nats_url, routers=options.routers)
+    checked(definition, options.stack or "tandem up")
+    problems = engine_problems(sorted({group.engine for group in definition.workers if group.count}))
+    if problems:
+        raise DefinitionError(problems[0])
+    model_dir = options.model or definition.model_dir
+    definition = with_overrides(definition, model_dir=_model_dir(model_dir, state, console))
+    config = plan_stack(definition, log_dir=str(state / "logs"), cores=sorted(os.sched_getaffinity(0)))
+    if has_userinfo(config.nats_url):
+        raise DefinitionError("no user or password in the NATS URL (it would show in process lists): "
+                              "give a credentials file in TANDEM_NATS_CREDS_FILE")
+    if options.nats_security and not config.nats_url:
+        config = msgspec.structs.replace(config, nats_security_dir=str(state / "nats-auth"))
+    return with_stack_keys(config, state, options.api_keys_file)
+
+
+def _print_entrances(console: Console, stack: LocalStack, log_dir: str, keys: StackKeys) -> None:
+    """The status table and where to reach the stack; the API's URL alone on stdout, for scripts."""
     console.print(_status_table(stack))
     console.print(f"OpenAI-compatible API: [bold]{stack.router_url}/v1[/]", soft_wrap=True)
     console.print(f"Cluster page:          [bold]{cluster_page_url(stack)}[/]", soft_wrap=True)
     console.print(f"API key (Bearer):      {keys.key_file or f'a key from {keys.keys_file}'}", soft_wrap=True)
-    console.print(f"logs: {config.log_dir}   Ctrl-C stops", soft_wrap=True)
+    console.print(f"logs: {log_dir}   Ctrl-C stops", soft_wrap=True)
     print(f"{stack.router_url}/v1", flush=True)
+
+
+def _supervise_until_stopped(console: Console, stack: LocalStack) -> None:
+    """Restart workers that exit on their own until Ctrl-C or SIGTERM, then stop the stack in order."""
     try:
         supervisor = WorkerSupervisor(stack, lambda line: console.print(line, soft_wrap=True))
         while True:  # a worker that exits on its own is started again, within bounds
@@ -153,7 +180,6 @@ def run_up(options: UpOptions) -> int:
         with console.status("stopping (workers drain first)"):
             stack.stop()
         console.print("Tandem stopped; no process left behind.")
-    return 0
 
 
 def cluster_page_url(stack: LocalStack) -> str:
