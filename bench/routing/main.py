@@ -165,12 +165,7 @@ def parse_names(value: str, allowed: Sequence[str], what: str) -> list[str]:
     return names
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--sweep" in argv:  # the workload family against an oracle: its own flags
-        from bench.routing.sweep import main as sweep_main
-
-        return sweep_main([arg for arg in argv if arg != "--sweep"])
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem bench routing", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=8, help="sim workers of role both")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per policy")
@@ -198,7 +193,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run: 8 s of arrivals per policy")
     parser.add_argument("--json", action="store_true", help="accepted; stdout is always one JSON document")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--sweep" in argv:  # the workload family against an oracle: its own flags
+        from bench.routing.sweep import main as sweep_main
+
+        return sweep_main([arg for arg in argv if arg != "--sweep"])
+    args = _parser().parse_args(argv)
     policies = parse_names(args.policies, POLICIES, "policy")
     workload_names = parse_names(args.workloads, WORKLOADS, "workload")
     duration_s = 8.0 if args.quick else args.duration
