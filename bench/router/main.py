@@ -117,6 +117,44 @@ def _systems(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[
     return names
 
 
+def _start_systems(running: ExitStack, args: argparse.Namespace, names: Sequence[str], model_dir: str,
+                   state_dir: Path, engines: EngineSetup) -> list[RouterSystem]:
+    """The systems `names` asks for, started in `running` (which stops them): one Tandem system
+    per router count, then Dynamo."""
+    systems: list[RouterSystem] = []
+    if "tandem" in names:
+        for routers in args.routers:
+            _progress(f"starting Tandem: {routers} router(s), {args.workers} sim workers at {args.speedup:g}x")
+            system = running.enter_context(tandem_system(routers, model_dir, state_dir / f"logs-tandem-{routers}",
+                                                         engines))
+            systems.append(RouterSystem(name=tandem_label(routers), base_urls=system.base_urls,
+                                        model=system.model, router_pids=system.router_pids))
+    if "dynamo" in names:
+        _progress(f"starting Dynamo: frontend (kv router), {args.workers} mocker workers at {args.speedup:g}x")
+        systems.append(running.enter_context(dynamo_system(model_dir, state_dir / "logs-dynamo", engines,
+                                                           venv=args.dynamo_venv or None)))
+    return systems
+
+
+def _document(config: dict, duration_s: float, load_at_start: float, rounds: list[dict], labels: list[str]) -> dict:
+    """The JSON document: the config, the host's load, per system its summary over the rounds,
+    the ratios between systems, and every round's figures."""
+    return {
+        "config": config,
+        "duration_s": round(duration_s, 1),
+        # the box's own load says how much the figures can be trusted (other work shares its cores)
+        "host": {"cpus": os.cpu_count(), "load_average_1m_start": round(load_at_start, 2),
+                 "load_average_1m_end": round(os.getloadavg()[0], 2)},
+        "systems": {label: system_summary(rounds, label) for label in labels},
+        "ratios": {**{f"{label}/dynamo": ratios(rounds, label, "dynamo")
+                      for label in labels if label != "dynamo" and "dynamo" in labels},
+                   # several routers against one (requests/s: the scaling; p50: what it costs)
+                   **{f"{label}/tandem": ratios(rounds, label, "tandem")
+                      for label in labels if label.startswith("tandem-") and "tandem" in labels}},
+        "rounds": rounds,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -144,18 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_at_start = os.getloadavg()
     rounds: list[dict] = []
     with ExitStack() as running:
-        systems: list[RouterSystem] = []
-        if "tandem" in names:
-            for routers in args.routers:
-                _progress(f"starting Tandem: {routers} router(s), {args.workers} sim workers at {args.speedup:g}x")
-                system = running.enter_context(tandem_system(routers, model_dir, state_dir / f"logs-tandem-{routers}",
-                                                             engines))
-                systems.append(RouterSystem(name=tandem_label(routers), base_urls=system.base_urls,
-                                            model=system.model, router_pids=system.router_pids))
-        if "dynamo" in names:
-            _progress(f"starting Dynamo: frontend (kv router), {args.workers} mocker workers at {args.speedup:g}x")
-            systems.append(running.enter_context(dynamo_system(model_dir, state_dir / "logs-dynamo", engines,
-                                                               venv=args.dynamo_venv or None)))
+        systems = _start_systems(running, args, names, model_dir, state_dir, engines)
         if args.warmup:
             for system in systems:
                 _progress(f"warming up {system.name} ({args.warmup} requests)")
@@ -165,20 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rounds.append(run_round(systems, phases, round_index))
         labels = [system.name for system in systems]
 
-    document = {
-        "config": config,
-        "duration_s": round(time.monotonic() - started, 1),
-        # the box's own load says how much the figures can be trusted (other work shares its cores)
-        "host": {"cpus": os.cpu_count(), "load_average_1m_start": round(load_at_start[0], 2),
-                 "load_average_1m_end": round(os.getloadavg()[0], 2)},
-        "systems": {label: system_summary(rounds, label) for label in labels},
-        "ratios": {**{f"{label}/dynamo": ratios(rounds, label, "dynamo")
-                      for label in labels if label != "dynamo" and "dynamo" in labels},
-                   # several routers against one (requests/s: the scaling; p50: what it costs)
-                   **{f"{label}/tandem": ratios(rounds, label, "tandem")
-                      for label in labels if label.startswith("tandem-") and "tandem" in labels}},
-        "rounds": rounds,
-    }
+    document = _document(config, time.monotonic() - started, load_at_start[0], rounds, labels)
     if "tandem/dynamo" in document["ratios"]:
         document["goals"] = goals(document["ratios"]["tandem/dynamo"])
     text = json.dumps(document, indent=1)
