@@ -198,38 +198,8 @@ def run_transfer_bench(*, num_blocks: int = 1024, block_nbytes: int = 16 * 1024,
     holder = context.Process(target=_holder_main, name=HOLDER, daemon=True,
                              args=(holder_conn, num_blocks, block_nbytes, seed, config))
     holder.start()
-    report: dict[str, Any] = {}
     try:
-        if not conn.poll(60):
-            raise RuntimeError("the holder process sent no metadata within 60 s")
-        holder_metadata = conn.recv_bytes()
-        pool = np.zeros(num_blocks * block_nbytes, dtype=np.uint8)
-        expected = pool_pattern(num_blocks, block_nbytes, seed)
-        rng = np.random.default_rng(seed + 1)
-        layouts = {
-            "adjacent": (np.arange(num_blocks), np.arange(num_blocks)),
-            "scattered": (rng.permutation(num_blocks), rng.permutation(num_blocks)),
-        }
-        with KvAgent(READER, config) as agent:
-            agent.register_pool(pool, block_nbytes)
-            agent.add_peer(HOLDER, holder_metadata)
-            conn.send_bytes(agent.metadata())
-            raw = _RawReader(agent, HOLDER)
-            try:
-                report["layouts"] = {name: _measure_layout(agent, raw, expected, pool, remote, local, repeats)
-                                     for name, (remote, local) in layouts.items()}
-            finally:
-                raw.close()
-            # Both processes idle with a registered pool and a connected peer.
-            reader_cpu = process_cpu_seconds()
-            started = time.perf_counter()
-            conn.send(idle_seconds)
-            if not conn.poll(idle_seconds + 30):
-                raise RuntimeError("the holder process did not report its idle CPU")
-            report["idle_cpu_percent"] = round(conn.recv(), 3)
-            report["idle_cpu_percent_reader"] = round(
-                100.0 * (process_cpu_seconds() - reader_cpu) / (time.perf_counter() - started), 3)
-        conn.send("stop")
+        report = _read_from_holder(conn, num_blocks, block_nbytes, repeats, idle_seconds, seed, config)
     finally:
         holder.join(10)
         if holder.is_alive():
@@ -237,8 +207,7 @@ def run_transfer_bench(*, num_blocks: int = 1024, block_nbytes: int = 16 * 1024,
             holder.join()
     if compare_stock_agent:
         report["idle_cpu_percent_stock_nixl_agent"] = round(_stock_idle_cpu(context, idle_seconds), 3)
-    layouts_report = report["layouts"]
-    report = {
+    return {
         "bench": "transfer",
         "nixl": _nixl_version(),
         "backends": list(config.backends),
@@ -252,10 +221,48 @@ def run_transfer_bench(*, num_blocks: int = 1024, block_nbytes: int = 16 * 1024,
         "goals": {
             "ratio_min": GOAL_RATIO,
             "idle_cpu_percent_max": GOAL_IDLE_CPU_PERCENT,
-            "met": all(layout["ratio"] >= GOAL_RATIO and layout["verified"] for layout in layouts_report.values())
+            "met": all(layout["ratio"] >= GOAL_RATIO and layout["verified"] for layout in report["layouts"].values())
             and report["idle_cpu_percent"] < GOAL_IDLE_CPU_PERCENT,
         },
     }
+
+
+def _read_from_holder(conn: Connection, num_blocks: int, block_nbytes: int, repeats: int, idle_seconds: float,
+                      seed: int, config: KvAgentConfig) -> dict[str, Any]:
+    """The reader's side, the holder process running: each layout's reads timed and verified,
+    then both processes' CPU while idle with a registered pool and a connected peer; the
+    holder is told to stop."""
+    report: dict[str, Any] = {}
+    if not conn.poll(60):
+        raise RuntimeError("the holder process sent no metadata within 60 s")
+    holder_metadata = conn.recv_bytes()
+    pool = np.zeros(num_blocks * block_nbytes, dtype=np.uint8)
+    expected = pool_pattern(num_blocks, block_nbytes, seed)
+    rng = np.random.default_rng(seed + 1)
+    layouts = {
+        "adjacent": (np.arange(num_blocks), np.arange(num_blocks)),
+        "scattered": (rng.permutation(num_blocks), rng.permutation(num_blocks)),
+    }
+    with KvAgent(READER, config) as agent:
+        agent.register_pool(pool, block_nbytes)
+        agent.add_peer(HOLDER, holder_metadata)
+        conn.send_bytes(agent.metadata())
+        raw = _RawReader(agent, HOLDER)
+        try:
+            report["layouts"] = {name: _measure_layout(agent, raw, expected, pool, remote, local, repeats)
+                                 for name, (remote, local) in layouts.items()}
+        finally:
+            raw.close()
+        # Both processes idle with a registered pool and a connected peer.
+        reader_cpu = process_cpu_seconds()
+        started = time.perf_counter()
+        conn.send(idle_seconds)
+        if not conn.poll(idle_seconds + 30):
+            raise RuntimeError("the holder process did not report its idle CPU")
+        report["idle_cpu_percent"] = round(conn.recv(), 3)
+        report["idle_cpu_percent_reader"] = round(
+            100.0 * (process_cpu_seconds() - reader_cpu) / (time.perf_counter() - started), 3)
+    conn.send("stop")
     return report
 
 
