@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
-from services.router.routing.placement.homes import COPY_FORGOTTEN, LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.placement.copies import COPY_FORGOTTEN
+from services.router.routing.placement.homes import LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.placement.residency import RESIDENT_FILL
 from shared.schemas import WorkerRole, WorkerStatus
 

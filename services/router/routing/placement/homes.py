@@ -57,15 +57,14 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from services.router.routing.placement.copies import CopySums, sum_copies
 from services.router.routing.placement.home_views import HomedTokens, LazyShares, Residents
 from services.router.routing.placement.residency import RESIDENT_COUNT, rank_residents
 
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
 LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on its home in `homed_tokens`
-COPY_FORGOTTEN = 0.01  # a prefix's copies' requests (decayed) below which they are no longer counted
 RESIDENCY_EVERY = 16  # routed requests between two rankings of the resident prefixes
 # a request's work beyond the prompt tokens it computes (its engine steps' fixed cost), in prompt
 # tokens: a 1088-token miss then weighs 6.2 hits of 64 computed tokens
@@ -204,19 +203,7 @@ class PrefixHomes:
         """`CopySums` as of this step (prefixes whose copies have decayed away are dropped)."""
         if self._copied_at is not None and self._copied_at[0] == self._step:
             return self._copied_at[1]
-        sums = CopySums({}, {})
-        for prefix_key in list(self._copies):
-            home, _, _, tokens, _ = self._prefixes[prefix_key]
-            served = {worker_id: self._now(*entry) for worker_id, entry in self._copies[prefix_key].items()}
-            if sum(served.values()) < COPY_FORGOTTEN:
-                del self._copies[prefix_key]
-                continue
-            for worker_id, count in served.items():
-                if worker_id != home:  # it became the prefix's home since: the count is there now
-                    sums.requests[worker_id] = sums.requests.get(worker_id, 0.0) + count
-                    sums.requests[home] = sums.requests.get(home, 0.0) - count
-                    if count >= LIVE_COUNT:
-                        sums.tokens[worker_id] = sums.tokens.get(worker_id, 0) + tokens
+        sums = sum_copies(self._copies, self._prefixes, self._now, LIVE_COUNT)
         self._copied_at = (self._step, sums)
         return sums
 
@@ -377,13 +364,3 @@ class PrefixHomes:
         """The resident prefixes' keys (`resident`) and whether the cluster is `limited`,
         ranked on access."""
         return Residents(self)
-
-
-@dataclass(frozen=True, slots=True)
-class CopySums:
-    """Per worker, from the recent copies (`PrefixHomes._copies`): the requests it served for
-    copies of prefixes homed elsewhere less those copies of its own prefixes served elsewhere
-    (`requests`), and the prompt tokens of the live copies it holds (`tokens`)."""
-
-    requests: dict[str, float]
-    tokens: dict[str, int]
