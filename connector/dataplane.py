@@ -1,9 +1,9 @@
 """The data-plane interface the worker service calls, and what both engines' data planes share.
 
 `DataPlane` is the contract: `services/worker/service.py` (`WorkerService`) starts and
-stops it, reads its counters for the load snapshot and hands it push messages;
-`services/worker/request_runner.py` (`RequestRunner`) calls, per request, before the
-engine runs it:
+stops it, reads its counters for the load snapshot and hands it push messages; each
+request's `connector.kv_session.KvSession` (opened by `RequestRunner`) calls, around the
+engine's run:
 
 - `prepare()` (pull what `kv_transfer` names), then `release_pins()` once the engine took
   the request, and again when it ends;

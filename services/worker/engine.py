@@ -20,6 +20,7 @@ from typing import Protocol
 
 import msgspec
 
+from connector.port import LayerHook
 from shared.compat import KvLayout
 from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams, TokenLogprobs
@@ -106,7 +107,11 @@ class Engine(Protocol):
 
     async def stop(self) -> None: ...
 
-    def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> AsyncIterator[EngineOutput]: ...
+    def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
+                 on_layer: LayerHook | None = None) -> AsyncIterator[EngineOutput]:
+        """The request's outputs; `on_layer` (a push writer's, `KvSession.on_layer`) is called as
+        each layer of prompt blocks is final, by engines whose KV a Tandem port reads."""
+        ...
 
     async def abort(self, request_id: str) -> None: ...
 
