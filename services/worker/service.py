@@ -12,7 +12,7 @@
   request, so a switch keeps the engine and its prefix cache, and what was taken in the
   old role (requests, held KV leases) simply runs to its end.
 - KV data plane (optional `connector.dataplane.DataPlane`): leases and transfers, see connector/.
-- events: KV event batches and load snapshots, each stream numbered from 1.
+- events: KV event batches and load snapshots, each stream numbered from 1 (`event_streams`).
 - periodic work (heartbeat, KV event flush, load snapshot) runs on three timers of the
   service's own, or, with `start(timers=False)`, is driven from outside through
   `heartbeat()`, `flush_kv_events()` and `publish_load()` (a fleet of workers in one
@@ -44,12 +44,12 @@ from services.worker import admin_state
 from services.worker.admin_state import AdminState
 from services.worker.caller_watch import CallerWatch
 from services.worker.engine import Engine
+from services.worker.event_streams import WorkerEvents
 from services.worker.request_runner import RequestRunner
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import Disconnected, ErrorCode
-from shared.kv_event_batches import split_events
 from shared.lifecycle import reraise_if_cancelling
 from shared.request_plane import FrameSender
 from shared.schemas import (
@@ -60,9 +60,7 @@ from shared.schemas import (
     Cordon,
     Drain,
     GenerateRequest,
-    KvEventBatch,
     KvSnapshotRequest,
-    LoadSnapshot,
     PushDone,
     SetRole,
     Uncordon,
@@ -75,8 +73,6 @@ from shared.schemas.membership import EngineCapabilities
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_PAYLOAD = 1024 * 1024  # a NATS server's default, when the client has not heard one
-BATCH_HEADROOM_BYTES = 1024  # the batch's own fields and the message's framing
 
 
 class WorkerService:
@@ -96,8 +92,7 @@ class WorkerService:
         self.callers = CallerWatch(config.worker_id, config.caller_check_interval_s)
         self._admin = AdminState(role=config.role)
         self._started_at = time.time()
-        self._kv_seq = 0
-        self._load_seq = 0
+        self._events = WorkerEvents(config.worker_id, bus, self.subjects, engine, kv)
         self._subscriptions: list = []
         self._loops: list[asyncio.Task[None]] = []
         self._members = None
@@ -138,8 +133,8 @@ class WorkerService:
         self.bus.on_reconnect(self._register_after_reconnect)
         self._loops = [] if not timers else [
             asyncio.create_task(self._every(self.config.membership.heartbeat_interval_s, self._register)),
-            asyncio.create_task(self._every(self.config.kv_event_interval_s, self._publish_kv_events)),
-            asyncio.create_task(self._every(self.config.load_interval_s, self._publish_load)),
+            asyncio.create_task(self._every(self.config.kv_event_interval_s, self._events.publish_kv_events)),
+            asyncio.create_task(self._every(self.config.load_interval_s, self._events.publish_load)),
         ]
         if timers and self.callers.interval_s > 0:
             self._loops.append(asyncio.create_task(self._every(self.callers.interval_s, self.callers.sweep)))
@@ -211,7 +206,7 @@ class WorkerService:
         finally:
             await self.engine.stop()  # whatever failed above, the engine (vLLM: processes) stops
         with contextlib.suppress(Exception):
-            await self._publish_kv_events()
+            await self._events.publish_kv_events()
         self.stopped.set()
 
     async def _every(self, interval_s: float, action) -> None:
@@ -255,10 +250,10 @@ class WorkerService:
         await self._register()
 
     async def flush_kv_events(self) -> None:
-        await self._publish_kv_events()
+        await self._events.publish_kv_events()
 
     async def publish_load(self) -> None:
-        await self._publish_load()
+        await self._events.publish_load()
 
     async def _bind_members(self):
         return await self.bus.key_value(self.subjects.members_bucket, ttl_s=self.config.membership.bucket_ttl_s)
@@ -279,47 +274,6 @@ class WorkerService:
     async def _register_after_reconnect(self) -> None:
         if not self.stopped.is_set() and self._members is not None:
             await self._register()
-
-    async def _publish_kv_events(self, events=None) -> None:
-        events = self.engine.take_kv_events() if events is None else events
-        if not events:
-            return
-        subject = self.subjects.kv_events(self.worker_id)
-        batch = KvEventBatch(worker_id=self.worker_id, seq=self._kv_seq + 1, ts=time.time(), events=events)
-        data = encode(batch)
-        budget = (self.bus.client.max_payload or DEFAULT_MAX_PAYLOAD) - BATCH_HEADROOM_BYTES
-        if len(data) <= budget:
-            self._kv_seq += 1
-            await self.bus.client.publish(subject, data)
-            return
-        for part in split_events(events, budget):  # a large snapshot: several messages, numbered on
-            self._kv_seq += 1
-            await self.bus.client.publish(subject, encode(KvEventBatch(
-                worker_id=self.worker_id, seq=self._kv_seq, ts=batch.ts, events=part)))
-
-    async def _publish_load(self) -> None:
-        load = self.engine.load()
-        self._load_seq += 1
-        snapshot = LoadSnapshot(
-            worker_id=self.worker_id, seq=self._load_seq, ts=time.time(),
-            running=load.running, waiting=load.waiting,
-            kv_total_blocks=load.kv_total_blocks, kv_used_blocks=load.kv_used_blocks,
-            kv_cached_blocks=load.kv_cached_blocks,
-            prompt_tokens_total=load.prompt_tokens_total, cached_tokens_total=load.cached_tokens_total,
-            generated_tokens_total=load.generated_tokens_total,
-            pending_prefill_tokens=load.pending_prefill_tokens,
-            computed_prompt_tokens_total=load.computed_prompt_tokens_total,
-            external_prompt_tokens_total=load.external_prompt_tokens_total,
-            kv_evicted_blocks_total=load.kv_evicted_blocks_total,
-            kv_evicted_missed_blocks_total=load.kv_evicted_missed_blocks_total,
-            active_leases=self.kv.active_leases if self.kv else 0,
-            kv_pulled_tokens_total=self.kv.pulled_tokens_total if self.kv else 0,
-            kv_recomputed_tokens_total=self.kv.recomputed_tokens_total if self.kv else 0,
-            kv_blocks_retried_total=self.kv.blocks_retried_total if self.kv else 0,
-            kv_blocks_recovered_total=self.kv.blocks_recovered_total if self.kv else 0,
-            kv_blocks_recomputed_total=self.kv.blocks_recomputed_total if self.kv else 0,
-        )
-        await self.bus.client.publish(self.subjects.load(self.worker_id), encode(snapshot))
 
     # ---- request plane ---------------------------------------------------------------
 
@@ -368,8 +322,8 @@ class WorkerService:
                 if self.kv is not None:
                     self.kv.deliver_push(message)
             case KvSnapshotRequest():
-                await self._publish_kv_events()  # flush what is buffered, then re-announce all
-                await self._publish_kv_events([AllBlocksCleared(), *self.engine.kv_snapshot()])
+                await self._events.publish_kv_events()  # flush what is buffered, then re-announce all
+                await self._events.publish_kv_events([AllBlocksCleared(), *self.engine.kv_snapshot()])
             case None:
                 pass
 
