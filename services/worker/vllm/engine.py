@@ -39,6 +39,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import psutil
 import vllm
@@ -49,6 +50,7 @@ from vllm.outputs import RequestOutput
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from connector.port import LayerHook
 from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
 from connector.vllm.kv_wire import TransferOrder, held_of
@@ -58,13 +60,14 @@ from services.worker.vllm.attention import attention_isa
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
 from services.worker.vllm.options import VllmEngineOptions
+from services.worker.vllm.outputs import OutputReader
 from services.worker.vllm.processes import child_pids, engine_processes, reap_processes, wait_engine_failure
-from services.worker.vllm.sampling import prompt_token_logprobs, token_logprobs, vllm_sampling_params
+from services.worker.vllm.sampling import vllm_sampling_params
 from services.worker.vllm.stats import EngineStats
 from shared.compat import KvLayout
 from shared.config import ConfigError
 from shared.errors import InvalidArgument, TandemError, Unavailable
-from shared.schemas.generate import FinishReason, SamplingParams, TokenLogprobs
+from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
 from shared.tracing import inject_headers
 
@@ -72,7 +75,6 @@ log = logging.getLogger(__name__)
 
 ENGINE_EXIT_TIMEOUT_S = 20.0  # after vLLM's shutdown, for its processes to be gone
 
-_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 class VllmEngine:
     def __init__(self, options: VllmEngineOptions) -> None:
@@ -151,10 +153,10 @@ class VllmEngine:
             await self._llm.abort(list(self._streams))
         await self._close()
 
-    def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                 on_layer: object = None) -> AsyncGenerator[EngineOutput, None]:
-        """`on_layer` (a sim push writer's hook) is not used: vLLM's own connector writes a
-        push, from the order staged for the request."""
+    def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
+                 on_layer: LayerHook | None = None) -> AsyncGenerator[EngineOutput, None]:
+        """`on_layer` is not used: vLLM's own connector writes a push, from the order staged
+        for the request."""
         if self._llm is None or self._stopping or self._llm.errored:
             raise Unavailable("the vLLM engine is not running")
         if request_id in self._streams:
@@ -260,25 +262,29 @@ class VllmEngine:
         """The sim engine's limits, so both engines refuse the same requests the same way."""
         check_request(token_ids, sampling, vocab_size=self.info.vocab_size, max_model_len=self.info.max_model_len)
 
-    async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                      staged: StagedTransfer | None) -> AsyncGenerator[EngineOutput, None]:
+    def _vllm_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
+                      staged: StagedTransfer | None) -> tuple[AsyncLLM, Any, vllm.SamplingParams]:
+        """The engine, vLLM's input and sampling parameters of a request about to be added."""
         try:
             # Re-checked here: the engine may have stopped, or the id been taken, since generate().
             if self._llm is None or self._stopping:
                 raise Unavailable("the vLLM engine is stopping")
             if request_id in self._streams:
                 raise InvalidArgument(f"duplicate request id {request_id!r}")
-            llm = self._llm
-            order = staged.order if staged is not None else None
             try:
-                (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
-                vllm_sampling = vllm_sampling_params(sampling, order)
+                (engine_input,) = self._llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
+                return self._llm, engine_input, vllm_sampling_params(sampling, staged.order if staged else None)
             except (VLLMValidationError, ValueError) as error:  # vLLM checks its sampling fields too
                 raise InvalidArgument(str(error)) from error
         except BaseException:
             if staged is not None and staged.on_loaded is not None:
                 staged.on_loaded(None, "cancelled")  # never reached vLLM
             raise
+
+    async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
+                      staged: StagedTransfer | None) -> AsyncGenerator[EngineOutput, None]:
+        llm, engine_input, vllm_sampling = self._vllm_request(request_id, token_ids, sampling, staged)
+        order = staged.order if staged is not None else None
         # Registered before the request is added: the report can overtake the first output.
         load_waiter = self.kv_link.loads.expect(order.transfer_id) if order and order.pull else None
         release_key = order.release_key if order is not None else ""
@@ -289,8 +295,7 @@ class VllmEngine:
         self._awaiting_first_output[request_id] = len(token_ids)
         finished = False
         hold_settled = False  # the final output's held blocks are stored, or there were none
-        completion_tokens = 0
-        prompt_parts: list[TokenLogprobs | None] = []
+        reader = OutputReader(request_id, len(token_ids))
         try:
             async for output in outputs:
                 self._awaiting_first_output.pop(request_id, None)
@@ -302,33 +307,16 @@ class VllmEngine:
                     report = await self.kv_link.loads.wait(order.transfer_id, load_waiter)
                     load_waiter = None
                     staged.on_loaded(report, "" if report is not None else "no load report")
-                completion = output.outputs[0]
-                new_tokens = list(completion.token_ids)
-                completion_tokens += len(new_tokens)
-                logprobs = token_logprobs(completion.logprobs, len(new_tokens))
-                # a prompt's log-probabilities may come in parts (chunked prefill): all go with its first token
-                prompt_logprobs = None
-                if output.prompt_logprobs:
-                    prompt_parts.extend(prompt_token_logprobs(output.prompt_logprobs) or ())
-                if prompt_parts and new_tokens:
-                    prompt_logprobs, prompt_parts = prompt_parts, []
-                if not output.finished:
-                    if new_tokens:
-                        yield EngineOutput(token_ids=new_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                finished = output.finished
+                engine_output = reader.read(output)
+                if engine_output is None:
                     continue
-                finished = True
-                reason = _FINISH_REASONS.get(completion.finish_reason or "")
-                if reason is None:
-                    raise TandemError(f"vLLM ended request {request_id!r} with "
-                                      f"finish reason {completion.finish_reason!r}")
-                if order is not None and order.hold_key:
-                    await self._keep_held(request_id, output)
-                # An abort can race a finish that vLLM's scheduler saw first (and pinned).
-                hold_settled = reason != "abort"
-                yield EngineOutput(token_ids=new_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                   finish_reason=reason,
-                                   prompt_tokens=len(token_ids), cached_tokens=output.num_cached_tokens or 0,
-                                   completion_tokens=completion_tokens)
+                if finished:
+                    if order is not None and order.hold_key:
+                        await self._keep_held(request_id, output)
+                    # An abort can race a finish that vLLM's scheduler saw first (and pinned).
+                    hold_settled = engine_output.finish_reason != "abort"
+                yield engine_output
         except VLLMValidationError as error:
             finished = True
             raise InvalidArgument(str(error)) from error
