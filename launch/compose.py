@@ -40,6 +40,7 @@ from launch.compose_secrets import (
 )
 from launch.compose_yaml import to_yaml
 from launch.definition import METRICS, NATS, ORCHESTRATOR, ROUTER, StackDefinition, WorkerGroup, checked
+from services.worker.engines import engine_spec
 
 MODEL_VOLUME, NATS_VOLUME, SECRETS_VOLUME = "models", "nats-data", "secrets"
 SLOTS_VOLUME = "slots"  # the worker slots' lock files: written by the workers, so not in secrets
@@ -222,8 +223,9 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
     service["stop_grace_period"] = profile.stop_grace
     if group.count != 1:
         service["deploy"] = {"replicas": group.count}
-    if engine != "sim":
-        service["shm_size"] = "1gb"
+    shm_size = engine_spec(engine).deployment.shm_size
+    if shm_size:
+        service["shm_size"] = shm_size
     if profile.gpu:
         service.setdefault("deploy", {})["resources"] = {  # type: ignore[index]
             "reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}

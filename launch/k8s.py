@@ -52,6 +52,7 @@ from launch.k8s_objects import (
     service,
 )
 from launch.k8s_secrets import SECRETS_MOUNT, secrets_volume
+from services.worker.engines import engine_spec
 from shared.nats_auth import SHARED_WORKER
 
 MODELS_MOUNT, TINY_MODEL_DIR = "/models", "/models/tiny"
@@ -60,8 +61,6 @@ METRICS_HEALTH = "/health"  # open even when the collector guards /metrics
 WORKER = "worker"
 _DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 
-SIM_WORKER = Resources("500m", "512Mi", "2", "2Gi")
-VLLM_WORKER = Resources("4", "16Gi", "16", "32Gi")
 ROUTER_RESOURCES = Resources("500m", "512Mi", "2", "2Gi")
 CONTROL_RESOURCES = Resources("100m", "256Mi", "1", "1Gi")
 
@@ -130,10 +129,11 @@ def k8s_problems(definition: StackDefinition, options: K8sOptions) -> list[str]:
                     ("name", definition.name, 63), ("--kube-namespace", options.kube_namespace, 63),
                     *[("worker group", group.name, 63 - len(APP) - 1) for group in definition.workers]]
                 if not _DNS_LABEL.fullmatch(value) or len(value) > limit]
-    engines = sorted({group.engine for group in definition.workers if group.engine != "sim"})
+    engines = sorted({group.engine for group in definition.workers
+                      if not engine_spec(group.engine).deployment.in_tandem_image})
     if engines and not options.worker_image:
         problems.append(f"workers run {', '.join(engines)}: name their image with --worker-image "
-                        f"(the Tandem image has the sim engine only)")
+                        f"(the Tandem image does not have them)")
     if options.gpus_per_worker < 0:
         problems.append(f"--gpus-per-worker {options.gpus_per_worker}: cannot be negative")
     return problems
@@ -186,22 +186,21 @@ class _Pods:
                 service(self._meta(ROUTER), selector_labels(self.definition.name, ROUTER), [("http", router.port)])]
 
     def worker(self, group: WorkerGroup) -> dict[str, object]:
-        engine = group.engine
-        sim = engine == "sim"
+        deployment = engine_spec(group.engine).deployment
         image = self.options.worker_image or self.options.image
-        resources = SIM_WORKER if sim else VLLM_WORKER
-        if self.options.gpus_per_worker:
-            resources = Resources(resources.cpu_request, resources.memory_request, resources.cpu_limit,
-                                  resources.memory_limit, gpus=self.options.gpus_per_worker)
+        resources = Resources(deployment.cpu_request, deployment.memory_request, deployment.cpu_limit,
+                              deployment.memory_limit, gpus=self.options.gpus_per_worker)
         # Each replica's worker id is its pod's name (Kubernetes expands $(POD_NAME)).
         command = [*self.args.worker(group), "--worker-id", "$(POD_NAME)"]
         container = self._container(WORKER, image, command, resources)
         container["env"].insert(0, {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-        # vLLM loads a model before it joins: a long start before the liveness probe counts.
-        container["startupProbe"] = nats_connected_probe(NATS_PORT, period_s=5, failures=60 if sim else 180)
+        # An engine that loads a model before it joins gets a long start before the liveness probe counts.
+        container["startupProbe"] = nats_connected_probe(NATS_PORT, period_s=5,
+                                                         failures=deployment.start_grace_s // 5)
         container["readinessProbe"] = nats_connected_probe(NATS_PORT)
         container["livenessProbe"] = nats_connected_probe(NATS_PORT, failures=6)
-        spec = self._pod_spec(container, WORKER, grace_s=60 if sim else 180, model=True, shm=not sim)
+        spec = self._pod_spec(container, WORKER, grace_s=deployment.stop_grace_s, model=True,
+                              shm=bool(deployment.shm_size))
         pod_labels = {ROLE_LABEL: group.role.value}
         return self._deployment(WORKER, spec, replicas=group.count, strategy=rolling(), group=group.name,
                                 pod_labels=pod_labels)

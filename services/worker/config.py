@@ -32,6 +32,10 @@ class FleetConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.first_index >= 0, "the first index must not be negative")
         require(self.connections > 0, "a fleet needs at least one NATS connection")
         require(self.start_concurrency > 0, "start concurrency must be positive")
-        require(self.worker.engine == "sim", "a fleet runs simulated workers only (--engine sim)")
+        from services.worker.engines import ENGINES, engine_spec  # the registry imports no engine
+
+        in_fleet = [name for name, spec in ENGINES.items() if spec.deployment.in_fleet]
+        require(engine_spec(self.worker.engine).deployment.in_fleet,
+                f"a fleet runs {' or '.join(in_fleet)} workers only (--engine {in_fleet[0]})")
         self.worker_config(self.first_index).validate()
         self.worker_config(self.first_index + self.count - 1).validate()

@@ -1,6 +1,7 @@
-"""What an engine registers: `EngineSpec`, its name, capabilities, builders and launch
-needs. Each engine package defines one in its `spec` module; `services.worker.engines`
-lists them."""
+"""What an engine registers: `EngineSpec`, its name, capabilities, builders, launch needs
+and deployment facts (`EngineDeployment`: image, shared memory, resources, whether many
+workers of it share a process). Each engine package defines one in its `spec` module;
+`services.worker.engines` lists them."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ def no_launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineDeployment:
+    """What a deployment (compose, Kubernetes, a worker fleet) gives this engine's workers."""
+
+    in_tandem_image: bool = True  # False: the worker's image is named separately (--worker-image)
+    shm_size: str = ""  # the container's /dev/shm ("": Docker's default)
+    cpu_request: str = "500m"  # Kubernetes requests and limits of one worker's container
+    memory_request: str = "512Mi"
+    cpu_limit: str = "2"
+    memory_limit: str = "2Gi"
+    start_grace_s: int = 300  # Kubernetes: how long a worker may take to join before it is restarted
+    stop_grace_s: int = 60  # Kubernetes: how long a stopping worker may take
+    in_fleet: bool = False  # many workers of it may share one process (`tandem worker-fleet`)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSpec:
     name: str
     summary: str  # one line for help texts
@@ -36,6 +52,7 @@ class EngineSpec:
     # Per-worker flags a launcher adds for the worker at `index` given the usable cores
     # (e.g. pinning CPU engines one per core).
     launch_args: Callable[[int, Sequence[int]], tuple[str, ...]] = field(default=no_launch_args)
+    deployment: EngineDeployment = EngineDeployment()
 
     def problem(self) -> str | None:
         """Why this Python cannot run the engine, or None."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.worker.engine_spec import EngineSpec
+from services.worker.engine_spec import EngineDeployment, EngineSpec
 from shared.config import ConfigError
 from shared.schemas.membership import EngineCapabilities
 
@@ -38,4 +38,5 @@ SIM = EngineSpec(
     capabilities=EngineCapabilities(kv_pull=True, kv_push=True),
     build_engine=build_engine,
     build_data_plane=build_data_plane,
+    deployment=EngineDeployment(in_fleet=True),
 )

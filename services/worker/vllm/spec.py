@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from services.worker.engine_spec import EngineSpec
+from services.worker.engine_spec import EngineDeployment, EngineSpec
 from shared.config import ConfigError
 from shared.schemas.membership import EngineCapabilities
 
@@ -60,4 +60,7 @@ VLLM = EngineSpec(
     install_hint="`make run` installs it in .venv-vllm (or `make install-vllm`, then use .venv-vllm/bin/tandem)",
     start_timeout_s=START_TIMEOUT_S,
     launch_args=launch_args,
+    # vLLM's processes share tensors through /dev/shm; the Tandem image has the sim engine only.
+    deployment=EngineDeployment(in_tandem_image=False, shm_size="1gb", cpu_request="4", memory_request="16Gi",
+                                cpu_limit="16", memory_limit="32Gi", start_grace_s=900, stop_grace_s=180),
 )
