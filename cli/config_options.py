@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Optional, Union, cast, get_args, get_origin
 
 import typer
 
@@ -72,7 +72,8 @@ def config_options(parameter: str, config_type: type, *, exclude: tuple[str, ...
 
         run.__name__, run.__qualname__, run.__doc__ = command.__name__, command.__qualname__, command.__doc__
         run.__module__ = command.__module__
-        run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        # typer reads the options from the signature; a function's type does not declare the attribute.
+        cast(Any, run).__signature__ = inspect.Signature(parameters)
         return run
 
     return decorate

@@ -217,17 +217,19 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
     # The worker id and NATS user: a slot each replica claims when it starts (`shared.worker_slots`).
     service = _tandem_service(profile, definition, [*args.worker(group, engine), *_slot_flags(definition)],
                               group.depends_on,
-                              model=True)
-    service["volumes"] = [*service["volumes"], f"{SLOTS_VOLUME}:{SLOTS_DIR}"]  # type: ignore[list-item]
+                              model=True, volumes=(f"{SLOTS_VOLUME}:{SLOTS_DIR}",))
     service["profiles"] = [profile.profile]
     service["stop_grace_period"] = profile.stop_grace
+    deploy: dict[str, object] = {}
     if group.count != 1:
-        service["deploy"] = {"replicas": group.count}
+        service["deploy"] = deploy
+        deploy["replicas"] = group.count
     shm_size = engine_spec(engine).deployment.shm_size
     if shm_size:
         service["shm_size"] = shm_size
     if profile.gpu:
-        service.setdefault("deploy", {})["resources"] = {  # type: ignore[index]
+        service["deploy"] = deploy
+        deploy["resources"] = {
             "reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
     return service
 
@@ -235,7 +237,7 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
 def _tandem_service(profile: EngineProfile, definition: StackDefinition, command: list[str],
                     depends_on: tuple[str, ...], *, nats_user: str = "", health_url: str = "",
                     ports: list[str] | None = None, model: bool = False,
-                    extra_env: Mapping[str, str] | None = None) -> dict[str, object]:
+                    extra_env: Mapping[str, str] | None = None, volumes: tuple[str, ...] = ()) -> dict[str, object]:
     service = _image(profile)
     service["command"] = command
     environment = {"TANDEM_LOG_LEVEL": "${TANDEM_LOG_LEVEL:-info}",
@@ -250,7 +252,8 @@ def _tandem_service(profile: EngineProfile, definition: StackDefinition, command
     service["environment"] = environment
     if ports:
         service["ports"] = ports
-    service["volumes"] = [*([f"{MODEL_VOLUME}:/models:ro"] if model else []), f"{SECRETS_VOLUME}:{SECRETS_DIR}:ro"]
+    service["volumes"] = [*([f"{MODEL_VOLUME}:/models:ro"] if model else []), f"{SECRETS_VOLUME}:{SECRETS_DIR}:ro",
+                          *volumes]
     service["depends_on"] = _depends_on(definition, depends_on, model)
     service["init"] = True  # signals reach the service; its children are reaped
     service["restart"] = "on-failure"  # not after a drain's clean exit

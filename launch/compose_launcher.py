@@ -12,6 +12,7 @@ whoever controls it is root on the host, hence opt-in. Its user joins the socket
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 COMPOSE_NETWORK = "default"  # the project's network, as the compose file names it
@@ -27,18 +28,25 @@ def with_docker_launcher(orchestrator: dict[str, object], worker: dict[str, obje
     assert isinstance(environment, dict)
     paths = [f"{name}={value}" for name, value in environment.items()
              if isinstance(value, str) and value.startswith("/")]  # file paths only, never a setting's value
-    command = [*orchestrator["command"], "--launcher", "docker", "--worker-compose",  # type: ignore[misc]
+    command = [*_list_entry(orchestrator, "command"), "--launcher", "docker", "--worker-compose",
                "--worker-image", worker["image"], "--worker-network", COMPOSE_NETWORK,
                "--worker-engine", engine, "--worker-model-dir", model_dir]
-    for mount in worker.get("volumes", []):  # type: ignore[attr-defined]
+    for mount in _list_entry(worker, "volumes", optional=True):
         command += ["--worker-mount", mount]
     for entry in paths:
         command += ["--worker-env", entry]
     if worker_settings:
         command += ["--worker-args", shlex.join(worker_settings)]
     service["command"] = command
-    service["volumes"] = [*orchestrator.get("volumes", []),  # type: ignore[misc]
+    service["volumes"] = [*_list_entry(orchestrator, "volumes", optional=True),
                           f"${{TANDEM_DOCKER_SOCKET:-{DOCKER_SOCKET}}}:{DOCKER_SOCKET}"]
     service["group_add"] = ["${TANDEM_DOCKER_GID:-0}"]
     service["stop_grace_period"] = LAUNCHER_STOP_GRACE
     return service
+
+
+def _list_entry(service: Mapping[str, object], key: str, *, optional: bool = False) -> list[object]:
+    """A rendered service's list (its command, its volumes); `optional`: [] where it has none."""
+    value = service.get(key, []) if optional else service[key]
+    assert isinstance(value, list), f"{key}: {value!r}"
+    return value

@@ -229,7 +229,8 @@ class _Pods:
     def _pod_spec(self, container: dict[str, object], component: str, *, grace_s: int, model: bool = False,
                   api_keys: bool = False, shm: bool = False) -> dict[str, object]:
         volumes: list[dict[str, object]] = []
-        mounts: list[dict[str, object]] = container["volumeMounts"]  # type: ignore[assignment]
+        mounts: list[dict[str, object]] = []
+        container["volumeMounts"] = mounts  # replaces `_container`'s empty list, in its place
         init: list[dict[str, object]] = []
         secrets = secrets_volume("secrets", "" if self.definition.nats.url else _nats_user(component),
                                  api_keys=api_keys)

@@ -60,7 +60,7 @@ def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
 
 def has_trace_context(headers: Mapping[str, str] | None) -> bool:
     """Whether a message carries a sender's trace context (then its handling gets a span)."""
-    return bool(headers) and "traceparent" in headers  # type: ignore[operator]
+    return headers is not None and "traceparent" in headers
 
 
 def trace_id_hex(span: trace.Span | None = None) -> str:

@@ -32,12 +32,12 @@ def _ints(text: str) -> tuple[int, ...]:
 def _batches(text: str) -> tuple[tuple[int, int], ...]:
     """"2x1024,4x512": batches of equal chunks (sequences x tokens each); "" for none."""
     try:
-        pairs = tuple(tuple(int(n) for n in part.lower().split("x")) for part in text.split(",") if part.strip())
+        pairs = [tuple(int(n) for n in part.lower().split("x")) for part in text.split(",") if part.strip()]
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected BATCHxLENGTH,..., got {text!r}") from error
     if any(len(pair) != 2 or min(pair) < 1 for pair in pairs):
         raise argparse.ArgumentTypeError(f"expected BATCHxLENGTH,..., got {text!r}")
-    return pairs  # type: ignore[return-value]
+    return tuple((batch, length) for batch, length in pairs)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

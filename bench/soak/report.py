@@ -80,9 +80,9 @@ def percentiles_ms(values_s: Sequence[float]) -> dict:
 
 def request_figures(results: Sequence[RequestResult], duration_s: float) -> dict:
     ok = [result for result in results if result.outcome == "ok"]
-    by_kind: dict[str, dict[str, int]] = {}
+    by_kind: dict[str, Counter[str]] = {}
     for result in results:
-        by_kind.setdefault(result.kind, Counter())[result.outcome] += 1  # type: ignore[index]
+        by_kind.setdefault(result.kind, Counter())[result.outcome] += 1
     return {
         "total": len(results),
         "by_outcome": dict(Counter(result.outcome for result in results)),

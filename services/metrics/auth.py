@@ -66,7 +66,7 @@ def guard_pages(app: FastAPI, config: MetricsConfig) -> None:
         watcher = KeyFileWatcher(config.api_keys_file)
     except KeyFileError as error:
         raise ConfigError(str(error)) from None
-    app.add_middleware(CollectorAuth, watcher=watcher, clock=time.monotonic,  # type: ignore[arg-type]
+    app.add_middleware(CollectorAuth, watcher=watcher, clock=time.monotonic,
                        guard_metrics=config.metrics_auth == "api-key")
     log.info("cluster pages guarded by the API keys in %s; /metrics %s", config.api_keys_file,
              "too" if config.metrics_auth == "api-key" else "open")
