@@ -14,9 +14,8 @@ import httpx
 import msgspec
 
 from bench.routing.workloads import Outcome
-from bench.serve.client import error_code, make_client
+from bench.serve.client import DataEvents, make_client
 
-_chunk = msgspec.json.Decoder()
 REQUEST_TIMEOUT_S = 300.0
 
 
@@ -37,20 +36,8 @@ async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[
             "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     try:
         async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
-            if response.status_code != 200:
-                await response.aread()
-                outcome.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[6:]
-                if payload == "[DONE]":
-                    break
-                chunk = _chunk.decode(payload)
-                if "error" in chunk:
-                    outcome.error = f"stream {error_code(payload)}"
-                    return
+            stream = DataEvents(response)
+            async for chunk in stream.events():
                 for choice in chunk.get("choices") or ():
                     text = choice.get("text")
                     if text:
@@ -62,6 +49,9 @@ async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[
                     answer_ids += (chunk.get("nvext") or {}).get("completion_token_ids") or []
                 if chunk.get("usage"):
                     outcome.completion_tokens = chunk["usage"]["completion_tokens"]
+            if stream.error:
+                outcome.error = stream.error
+                return
         if outcome.completion_tokens != max_tokens:
             outcome.error = f"{outcome.completion_tokens} of {max_tokens} tokens"
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,25 +71,16 @@ async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt:
     try:
         async with asyncio.timeout(shape.timeout_s):
             async with client.stream("POST", path, json=body) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    record.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
-                    return
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    chunk = _json.decode(payload)
-                    if chunk.get("error"):
-                        record.error = f"stream {error_code(payload)}".rstrip()
-                        return
-                    texts = [_text(choice) for choice in chunk.get("choices") or ()]
+                stream = DataEvents(response)
+                async for chunk in stream.events():
+                    texts = [choice_text(choice) for choice in chunk.get("choices") or ()]
                     if any(texts):
                         record.text_chunk_at.append(time.monotonic())
                         record.text.extend(texts)
                     usage = chunk.get("usage") or usage
+                if stream.error:
+                    record.error = stream.error
+                    return
         record.ended_at = time.monotonic()
     except (TimeoutError, httpx.TimeoutException):
         record.error = "timeout"
@@ -108,7 +99,38 @@ async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt:
         record.output_tokens = len(record.text_chunk_at)
 
 
-def _text(choice: dict) -> str:
+class DataEvents:
+    """A streamed answer's `data:` events, decoded, up to `[DONE]`. An error status or an
+    error event ends them early, with a short reason in `error`; `done`: `[DONE]` came (a
+    stream that ends without it was cut)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.error = ""
+        self.done = False
+
+    async def events(self) -> AsyncIterator[dict]:
+        response = self.response
+        if response.status_code != 200:
+            await response.aread()
+            self.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
+            return
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                self.done = True
+                return
+            event = _json.decode(payload)
+            if event.get("error"):
+                self.error = f"stream {error_code(payload)}".rstrip()
+                return
+            yield event
+
+
+def choice_text(choice: dict) -> str:
+    """A streamed choice's text: a chat delta's content or a completion's text."""
     if "delta" in choice:  # chat
         return (choice.get("delta") or {}).get("content") or ""
     return choice.get("text") or ""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Literal
 
 import httpx
 import msgspec
 
-from bench.serve.client import error_code
+from bench.serve.client import DataEvents, choice_text, error_code
 from bench.soak.workload import SoakRequest
 
 Outcome = Literal["ok", "cancelled", "error"]
@@ -93,41 +94,27 @@ async def _stream(client: httpx.AsyncClient, model: str, request: SoakRequest, r
     chunks = 0
     finish_reason = None
     async with client.stream("POST", path, json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            result.error = f"http {response.status_code} {error_code(response.content)}".rstrip()
-            return
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                if finish_reason is None:
-                    result.error = "stream ended without a finish reason"
+        stream = DataEvents(response)
+        async with aclosing(stream.events()) as events:
+            async for event in events:
+                for choice in event.get("choices") or ():
+                    if choice_text(choice):
+                        chunks += 1
+                        if result.ttft_s is None:
+                            result.ttft_s = time.monotonic() - result.sent_at
+                    finish_reason = choice.get("finish_reason") or finish_reason
+                usage = event.get("usage")
+                if usage:
+                    result.output_tokens = int(usage.get("completion_tokens") or 0)
+                if request.cancel_after_chunks is not None and chunks >= request.cancel_after_chunks \
+                        and finish_reason is None:
+                    result.outcome = "cancelled"  # leaving the block closes the connection: the router cancels
                     return
-                result.outcome = "ok"
-                return
-            event = _json.decode(payload)
-            if event.get("error"):
-                result.error = f"stream {error_code(payload)}".rstrip()
-                return
-            for choice in event.get("choices") or ():
-                if _text(choice):
-                    chunks += 1
-                    if result.ttft_s is None:
-                        result.ttft_s = time.monotonic() - result.sent_at
-                finish_reason = choice.get("finish_reason") or finish_reason
-            usage = event.get("usage")
-            if usage:
-                result.output_tokens = int(usage.get("completion_tokens") or 0)
-            if request.cancel_after_chunks is not None and chunks >= request.cancel_after_chunks \
-                    and finish_reason is None:
-                result.outcome = "cancelled"  # leaving the block closes the connection: the router cancels
-                return
-    result.error = "stream cut before [DONE]"
-
-
-def _text(choice: dict) -> str:
-    if "delta" in choice:
-        return (choice.get("delta") or {}).get("content") or ""
-    return choice.get("text") or ""
+    if stream.error:
+        result.error = stream.error
+    elif not stream.done:
+        result.error = "stream cut before [DONE]"
+    elif finish_reason is None:
+        result.error = "stream ended without a finish reason"
+    else:
+        result.outcome = "ok"
