@@ -4,6 +4,7 @@ imbalance, hot-prefix replication, the plain baseline without pulls, and the pin
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import msgspec
 import pytest
@@ -22,7 +23,8 @@ from services.router.routing.cost import (
     pull_cost,
     share_cap,
 )
-from shared.schemas import LoadSnapshot, WorkerRole, WorkerStatus
+from shared.schemas import LoadSnapshot, WorkerStatus
+from tests.unit.worker_views import worker_view
 
 DEFAULT = RoutingConfig()
 ROUTING = RoutingConfig(cold_victims=True)
@@ -30,12 +32,8 @@ PREFIX = 1536  # a tenant's shared prefix
 PROMPT = PREFIX + 64
 
 
-def worker(worker_id: str, **overrides) -> WorkerView:
-    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE,
-                  max_num_seqs=64, max_model_len=4096, reported_load=0, in_flight=0, in_flight_at_report=0,
-                  last_routed=0, compat_hash="h", kv_capacity_tokens=4400, reported_free_kv_tokens=0)
-    fields.update(overrides)
-    return WorkerView(**fields)
+worker = partial(worker_view, max_num_seqs=64, max_model_len=4096, kv_capacity_tokens=4400,
+                 reported_free_kv_tokens=0)
 
 
 def tenant_request(holders: dict[str, int], **fields) -> RouteRequest:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import msgspec
 import pytest
@@ -15,17 +16,13 @@ from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.router.routing.placement.copies import COPY_FORGOTTEN
 from services.router.routing.placement.homes import LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.placement.residency import RESIDENT_FILL
-from shared.schemas import WorkerRole, WorkerStatus
+from tests.unit.worker_views import worker_view
 
 PROMPT = 1088
 
 
-def worker(worker_id: str, **overrides) -> WorkerView:
-    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE,
-                  max_num_seqs=64, max_model_len=4096, reported_load=0, in_flight=0, in_flight_at_report=0,
-                  last_routed=0, compat_hash="h", kv_capacity_tokens=2560, reported_free_kv_tokens=0)
-    fields.update(overrides)
-    return WorkerView(**fields)
+worker = partial(worker_view, max_num_seqs=64, max_model_len=4096, kv_capacity_tokens=2560,
+                 reported_free_kv_tokens=0)
 
 
 def route(homes: PrefixHomes, key: int, cached: dict[str, int] | None = None, *, resident: bool = True) -> RouteRequest:

@@ -4,23 +4,21 @@ part and how its KV moves (pull, push, or none for a one-token request), and the
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, Selection, WorkerView, build_plan, decide
 from services.router.routing.candidates import Candidates
 from services.router.routing.eligibility import Eligible, eligible
-from shared.schemas import WorkerRole, WorkerStatus
+from shared.schemas import WorkerRole
+from tests.unit.worker_views import worker_view
 
 PREFILL, DECODE, BOTH = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
 
 
-def worker(worker_id: str, **overrides) -> WorkerView:
-    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE, max_num_seqs=8,
-                  max_model_len=1024, reported_load=0, in_flight=0, in_flight_at_report=0, last_routed=0,
-                  compat_hash="h", kv_push=True)
-    fields.update(overrides)
-    return WorkerView(**fields)
+worker = partial(worker_view, kv_push=True)
 
 
 def request(max_tokens: int = 100, **fields) -> RouteRequest:

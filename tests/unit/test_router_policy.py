@@ -21,16 +21,12 @@ from services.router.routing import (
 from services.router.routing.cost import Holders, plan_prefill
 from shared.config import ConfigError
 from shared.schemas import WorkerRole, WorkerStatus
+from tests.unit.worker_views import worker_view
 
 PREFILL, DECODE, BOTH = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
 
 
-def worker(worker_id: str, **overrides) -> WorkerView:
-    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE,
-                  max_num_seqs=8, max_model_len=1024, reported_load=0, in_flight=0, in_flight_at_report=0,
-                  last_routed=0, compat_hash="h")
-    fields.update(overrides)
-    return WorkerView(**fields)
+worker = worker_view
 
 
 # Long enough that a prefill/decode hand-off pays off when nothing is cached.

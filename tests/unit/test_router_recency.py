@@ -3,25 +3,23 @@ goes, and when a tenant may leave the workers holding its prefix."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.router.routing.cost import eviction_cost
 from services.router.routing.recency import CacheRecency, victim_values
-from shared.schemas import WorkerRole, WorkerStatus
+from tests.unit.worker_views import worker_view
 
 ROUTING = RoutingConfig(cold_victims=True)  # off by default; these tests are about it
 PREFIX = 1024
 PROMPT = PREFIX + 64
 
 
-def worker(worker_id: str, **overrides) -> WorkerView:
-    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE,
-                  max_num_seqs=64, max_model_len=4096, reported_load=0, in_flight=0, in_flight_at_report=0,
-                  last_routed=0, compat_hash="h", kv_capacity_tokens=2560, reported_free_kv_tokens=0)
-    fields.update(overrides)
-    return WorkerView(**fields)
+worker = partial(worker_view, max_num_seqs=64, max_model_len=4096, kv_capacity_tokens=2560,
+                 reported_free_kv_tokens=0)
 
 
 def plan_of(workers: list[WorkerView], route: RouteRequest) -> RoutePlan:

@@ -11,7 +11,6 @@ from services.router.routing import (
     RoutePlan,
     RouteRequest,
     Selection,
-    WorkerView,
     decide,
     policy_names,
     policy_spec,
@@ -20,15 +19,9 @@ from services.router.routing import (
 from services.router.routing.candidates import Candidates
 from services.router.routing.policy import PolicySpec
 from shared.config import ConfigError
-from shared.schemas import WorkerRole, WorkerStatus
+from tests.unit.worker_views import worker_view
 
-
-def worker(worker_id: str, **overrides) -> WorkerView:
-    fields = dict(worker_id=worker_id, model="m", role=WorkerRole.BOTH, status=WorkerStatus.ACTIVE, max_num_seqs=8,
-                  max_model_len=1024, reported_load=0, in_flight=0, in_flight_at_report=0, last_routed=0,
-                  compat_hash="h")
-    fields.update(overrides)
-    return WorkerView(**fields)
+worker = worker_view
 
 
 def test_the_registered_policies() -> None:
