@@ -7,7 +7,6 @@ its process is gone.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import pytest
 
 from launch.stack import LocalStack
 from shared.bus import connect
-from shared.nats_server import EmbeddedNats
+from shared.nats_server import EmbeddedNats, pid_alive
 from shared.schemas import RequestRecord, WorkerRole
 from shared.schemas.orchestrator import AddWorker, ListWorkers, RemoveWorker
 from shared.subjects import Subjects
@@ -41,14 +40,6 @@ def launcher_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_fact
         yield local
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def test_add_and_remove_a_worker_through_the_launcher(launcher_stack: LocalStack, tiny_model_dir: str,
                                                             openai_client) -> None:
     stack = launcher_stack
@@ -62,7 +53,7 @@ async def test_add_and_remove_a_worker_through_the_launcher(launcher_stack: Loca
         [summary] = added.workers
         assert summary.launched and summary.registration.role is WorkerRole.DECODE
         pid = summary.registration.pid
-        assert _alive(pid)
+        assert pid_alive(pid)
 
         table = await asyncio.to_thread(subprocess.run, [
             sys.executable, "-m", "cli.main", "ctl", "workers", "--nats-url", stack.nats_url,
@@ -83,7 +74,7 @@ async def test_add_and_remove_a_worker_through_the_launcher(launcher_stack: Loca
 
         removed = await command(stack, RemoveWorker(worker_id="added-1", deadline_s=10), timeout_s=40)
         assert removed.ok, removed
-        await wait_for(lambda: not _alive(pid), 5, "the removed worker's process to be gone")
+        await wait_for(lambda: not pid_alive(pid), 5, "the removed worker's process to be gone")
         listing = await command(stack, ListWorkers())
         assert [s.registration.worker_id for s in listing.workers] == ["w1"]
 

@@ -11,7 +11,6 @@ membership changes each worker's version); only v2 workers are left."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 from launch.stack import LocalStack
 from shared.bus import Bus, connect
 from shared.codec import encode
-from shared.nats_server import EmbeddedNats
+from shared.nats_server import EmbeddedNats, pid_alive
 from shared.schemas import MembershipChange, RequestRecord, TransferRecord, WorkerRole
 from shared.schemas.orchestrator import (
     AddWorker,
@@ -68,14 +67,6 @@ def v1_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: p
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # OpenTelemetry's batch processor setting, in ms
     with running(stack) as local:
         yield local
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
@@ -148,7 +139,7 @@ async def test_rolling_upgrade_under_load_keeps_every_request_on_one_version(
         assert sorted(r.role.value for r in left.values()) == ["decode", "prefill"], left
         assert {r.model_version for r in left.values()} == {"v2"}, left
         assert all(s.launched for s in listing.workers)
-        await wait_for(lambda: not any(_alive(pid) for pid in old_pids), 10, "the v1 processes to exit")
+        await wait_for(lambda: not any(pid_alive(pid) for pid in old_pids), 10, "the v1 processes to exit")
 
         # Every request went to a prefill and a decode worker of one version.
         version = {c.worker_id: c.registration.model_version for c in changes if c.registration is not None}
