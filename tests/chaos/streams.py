@@ -1,5 +1,5 @@
-"""What the worker-loss chaos tests share: greedy token prompts, their expected answers,
-streamed completions through the official `openai` client, and the check of each outcome.
+"""What the worker-loss chaos tests share: their stack, greedy token prompts, their expected
+answers, streamed completions through the official `openai` client, and the check of each outcome.
 
 A stream ends in one of two acceptable ways: complete, with exactly the text an undisturbed
 run gives (the sim engine's tokens are a function of the token history, so a request
@@ -13,17 +13,32 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import openai
 
+from launch.plan import WorkerSpec
+from launch.stack import LocalStack
 from services.worker.sim.engine import SimEngine
 from shared.config import WorkerConfig
+from shared.nats_server import EmbeddedNats
 from shared.schemas import SamplingParams
 from shared.tokenizer import Tokenizer
-from tests.e2e.test_disaggregated import as_router_text, metric
+from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric
+from tests.stack_fixtures import make_stack, running
+
+
+@contextmanager
+def worker_loss_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, specs: tuple[WorkerSpec, ...], *,
+                      ttl_s: float) -> Iterator[LocalStack]:
+    """A running stack of `specs` workers, every request disaggregated, members lost after `ttl_s`."""
+    with running(make_stack(nats_server, model_dir, log_dir, workers=0, specs=specs,
+                            router_args=ALWAYS_DISAGGREGATE, ttl_s=ttl_s)) as stack:
+        yield stack
 
 
 @dataclass

@@ -33,9 +33,9 @@ from tests.chaos.streams import (
     router_metric,
     start_streams,
     token_prompts,
+    worker_loss_stack,
 )
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
-from tests.stack_fixtures import make_stack, observing, running
+from tests.stack_fixtures import observing
 from tests.waiting import wait_for
 
 STREAMS = 200
@@ -51,8 +51,7 @@ SPECS = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL),
 
 @pytest.fixture
 def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path) -> Iterator[LocalStack]:
-    with running(make_stack(nats_server, tiny_model_dir, tmp_path / "logs", workers=0, specs=SPECS,
-                            router_args=ALWAYS_DISAGGREGATE, ttl_s=TTL_S)) as local:
+    with worker_loss_stack(nats_server, tiny_model_dir, tmp_path / "logs", SPECS, ttl_s=TTL_S) as local:
         yield local
 
 
