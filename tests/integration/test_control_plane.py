@@ -14,7 +14,6 @@ import pytest
 from services.orchestrator.config import OrchestratorConfig, WorkerLauncherConfig
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
-from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
@@ -36,6 +35,7 @@ from shared.schemas.orchestrator import (
     SetWorkerRole,
     UncordonWorker,
 )
+from tests.integration.sim_workers import start_sim_worker
 from tests.waiting import wait_for
 
 MEMBERSHIP = MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0)
@@ -46,12 +46,7 @@ async def start_worker(bus_config: BusConfig, worker_id: str, role: WorkerRole) 
     config = WorkerConfig(worker_id=worker_id, role=role, bus=bus_config, kv_blocks=64, block_size=16,
                           sim_speedup=20, membership=MEMBERSHIP, load_interval_s=0.05, kv_event_interval_s=0.01,
                           drain_timeout_s=5.0)
-    engine = SimEngine(config, model_name="tiny", vocab_size=512)
-    await engine.start()
-    bus = await connect(bus_config.nats_url, f"worker-{worker_id}")
-    service = WorkerService(config, engine, bus)
-    await service.start()
-    return service
+    return await start_sim_worker(config, await connect(bus_config.nats_url, f"worker-{worker_id}"))
 
 
 @pytest.fixture

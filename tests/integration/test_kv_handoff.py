@@ -27,6 +27,7 @@ from shared.errors import InvalidArgument
 from shared.request_plane import open_stream
 from shared.schemas import Finished, GenerateRequest, KvTransferParams, SamplingParams, TransferRecord
 from tests.waiting import wait_for
+from tests.worker_answers import whole_answer
 
 BLOCK = 16
 
@@ -69,13 +70,7 @@ class Cluster:
                        kv: KvTransferParams | None = None, model: str = "tiny") -> tuple[list[int], Finished]:
         request = GenerateRequest(request_id=f"r{time.monotonic_ns()}", model=model, token_ids=prompt,
                                   sampling=SamplingParams(max_tokens=max_tokens), kv_transfer=kv)
-        stream = await open_stream(self.bus, self.bus_config.subjects.generate(worker_id), request)
-        try:
-            tokens = [t async for frame in stream.frames() for t in frame.token_ids]
-        finally:
-            await stream.close()
-        assert stream.finished is not None
-        return tokens, stream.finished
+        return await whole_answer(self.bus, self.bus_config.subjects.generate(worker_id), request)
 
     async def disaggregated(self, prefill: str, decode: str, prompt: list[int], max_tokens: int
                             ) -> tuple[list[int], Finished, Finished]:

@@ -19,8 +19,6 @@ from pathlib import Path
 import nats
 import pytest
 
-from services.worker.service import WorkerService
-from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, BusConnectError, client_ssl_context, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
@@ -31,6 +29,7 @@ from shared.request_plane import FrameSender, ResponseInbox
 from shared.schemas import Cancel, Drain, KvSnapshotRequest, WorkerStatus
 from shared.schemas.transfer import LeaseAck, LeaseRefused, LeaseRelease, LeaseReply, LeaseRequest
 from shared.subjects import Subjects
+from tests.integration.sim_workers import start_sim_worker
 from tests.integration.test_kv_handoff import start_worker, worker_config
 from tests.waiting import wait_for
 
@@ -261,10 +260,7 @@ async def test_a_worker_drops_a_control_message_of_another_kind(secured, users) 
                           kv_blocks=64, sim_speedup=20, membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                           kv_event_interval_s=0.01)
     bus = await connect(config.bus, "worker-w1")
-    engine = SimEngine(config, model_name="tiny", vocab_size=512)
-    await engine.start()
-    worker = WorkerService(config, engine, bus)
-    await worker.start()
+    worker = await start_sim_worker(config, bus)
     try:
         router = await users("router")
         events = await Inbox().subscribe(router, SUBJECTS.kv_events("w1"))

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
-from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
@@ -24,6 +23,7 @@ from shared.request_plane import ResponseStream, open_stream
 from shared.schemas import GenerateRequest, RequestRecord, SamplingParams, WorkerRole
 from shared.schemas.orchestrator import CommandOutcome, CordonWorker, UncordonWorker
 from shared.schemas.planner import PlannerDecision, ScaleDown, ScaleUp, SwitchRole
+from tests.integration.sim_workers import start_sim_worker
 from tests.waiting import wait_for
 
 MEMBERSHIP = MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0)
@@ -36,12 +36,7 @@ async def start_worker(bus_config: BusConfig, worker_id: str, role: WorkerRole) 
     config = WorkerConfig(worker_id=worker_id, role=role, bus=bus_config, kv_blocks=1024, block_size=16,
                           max_num_seqs=DECODE_SLOTS, sim_speedup=1, membership=MEMBERSHIP, load_interval_s=0.05,
                           kv_event_interval_s=0.01, drain_timeout_s=5.0)
-    engine = SimEngine(config, model_name="tiny", vocab_size=512)
-    await engine.start()
-    bus = await connect(bus_config.nats_url, f"worker-{worker_id}")
-    service = WorkerService(config, engine, bus)
-    await service.start()
-    return service
+    return await start_sim_worker(config, await connect(bus_config.nats_url, f"worker-{worker_id}"))
 
 
 def planner(dry_run: bool, sustain_s: float) -> PlannerLoopConfig:

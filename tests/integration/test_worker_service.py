@@ -32,7 +32,9 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerStatus,
 )
+from tests.integration.sim_workers import start_sim_worker
 from tests.waiting import wait_for
+from tests.worker_answers import whole_answer
 
 
 @pytest.fixture
@@ -40,28 +42,16 @@ async def worker(bus: Bus, bus_config: BusConfig) -> AsyncIterator[WorkerService
     config = WorkerConfig(worker_id="w1", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                           load_interval_s=0.05, kv_event_interval_s=0.01)
-    engine = SimEngine(config, model_name="tiny", vocab_size=512)
-    await engine.start()
-    service = WorkerService(config, engine, bus)
-    await service.start()
+    service = await start_sim_worker(config, bus)
     yield service
     if not service.stopped.is_set():
         await service.stop()
-    assert engine.load().kv_used_blocks == 0, "blocks leaked"
+    assert service.engine.load().kv_used_blocks == 0, "blocks leaked"
 
 
 def request(request_id: str, tokens: list[int], max_tokens: int = 8, model: str = "tiny") -> GenerateRequest:
     return GenerateRequest(request_id=request_id, model=model, token_ids=tokens,
                            sampling=SamplingParams(max_tokens=max_tokens))
-
-
-async def collect(bus: Bus, subject: str, message: GenerateRequest) -> tuple[list[int], object]:
-    stream = await open_stream(bus, subject, message)
-    try:
-        tokens = [t async for frame in stream.frames() for t in frame.token_ids]
-    finally:
-        await stream.close()
-    return tokens, stream.finished
 
 
 async def test_generate_registers_and_publishes_events(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
@@ -78,9 +68,9 @@ async def test_generate_registers_and_publishes_events(worker: WorkerService, bu
     assert registration.compat_hash == worker.engine.info.compat_hash
 
     prompt = list(range(3, 3 + 40))
-    tokens, finished = await collect(bus, subjects.generate("w1"), request("r1", prompt))
+    tokens, finished = await whole_answer(bus, subjects.generate("w1"), request("r1", prompt))
     assert len(tokens) == 8 and finished.finish_reason == "length" and finished.prompt_tokens == 40
-    again, finished_again = await collect(bus, subjects.generate("w1"), request("r2", prompt))
+    again, finished_again = await whole_answer(bus, subjects.generate("w1"), request("r2", prompt))
     assert again == tokens
     assert finished_again.cached_tokens == 32  # two full blocks of the prompt were cached
 
@@ -102,12 +92,12 @@ def collector(items: list, codec: Codec):
 async def test_errors_are_explicit(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
     subject = bus_config.subjects.generate("w1")
     with pytest.raises(NotFound):
-        await collect(bus, subject, request("r-model", [5, 6], model="other"))
+        await whole_answer(bus, subject, request("r-model", [5, 6], model="other"))
     with pytest.raises(InvalidArgument):
-        await collect(bus, subject, request("r-long", [5] * 4000))
+        await whole_answer(bus, subject, request("r-long", [5] * 4000))
     await bus.client.publish(subject, b"\x00garbage", reply=bus.client.new_inbox())
     await bus.client.publish(bus_config.subjects.control("w1", "cancel"), b"\x93garbage")
-    tokens, _ = await collect(bus, subject, request("r-ok", [5, 6, 7]))  # still serving
+    tokens, _ = await whole_answer(bus, subject, request("r-ok", [5, 6, 7]))  # still serving
     assert len(tokens) == 8
     await wait_for(lambda: worker.malformed.total == 2, what="malformed count")
 
@@ -129,7 +119,7 @@ async def test_cancel_frees_blocks(worker: WorkerService, bus: Bus, bus_config: 
 
 async def test_snapshot_request_reannounces_blocks(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
     subjects = bus_config.subjects
-    await collect(bus, subjects.generate("w1"), request("r1", list(range(3, 3 + 48))))
+    await whole_answer(bus, subjects.generate("w1"), request("r1", list(range(3, 3 + 48))))
     batches: list[KvEventBatch] = []
     codec = Codec(KvEventBatch)
     await bus.client.subscribe(subjects.kv_events("w1"), cb=collector(batches, codec))
@@ -142,12 +132,12 @@ async def test_snapshot_request_reannounces_blocks(worker: WorkerService, bus: B
 
 async def test_drain_finishes_inflight_then_deregisters(worker: WorkerService, bus: Bus, bus_config: BusConfig) -> None:
     subjects = bus_config.subjects
-    running = asyncio.create_task(collect(bus, subjects.generate("w1"), request("r-drain", [4, 5, 6], max_tokens=40)))
+    running = asyncio.create_task(whole_answer(bus, subjects.generate("w1"), request("r-drain", [4, 5, 6], max_tokens=40)))
     await wait_for(lambda: worker.inflight == 1, what="request in flight")
     await bus.client.publish(subjects.control("w1", "drain"), encode(Drain(deadline_s=10)))
     await wait_for(lambda: worker.registration().status is WorkerStatus.DRAINING, what="draining")
     with pytest.raises(Unavailable):
-        await collect(bus, subjects.generate("w1"), request("r-new", [4, 5]))
+        await whole_answer(bus, subjects.generate("w1"), request("r-new", [4, 5]))
     tokens, finished = await running
     assert len(tokens) == 40 and finished.finish_reason == "length"  # in-flight work finished
     await asyncio.wait_for(worker.stopped.wait(), 5)
@@ -165,11 +155,11 @@ async def test_without_a_data_plane_prefix_hints_are_ignored_and_handoffs_refuse
     hinted = GenerateRequest(request_id="r-hint", model="tiny", token_ids=list(range(3, 40)),
                              sampling=SamplingParams(max_tokens=4),
                              kv_transfer=KvTransferParams(prefix_holder="w9", prefix_hashes=[1, 2]))
-    tokens, finished = await collect(bus, subject, hinted)  # computed here: the same answer
+    tokens, finished = await whole_answer(bus, subject, hinted)  # computed here: the same answer
     assert len(tokens) == 4 and finished.pulled_tokens == 0
     held = msgspec.structs.replace(hinted, request_id="r-hold", kv_transfer=KvTransferParams(hold_for_decode=True))
     with pytest.raises(NoDataPlane, match="no KV data plane"):
-        await collect(bus, subject, held)
+        await whole_answer(bus, subject, held)
     members = await bus.key_value(bus_config.subjects.members_bucket)
     assert Codec(WorkerRegistration).decode((await members.get("w1")).value).kv_transfer is False
 
@@ -178,10 +168,7 @@ async def test_stop_after_the_nats_connection_closed_still_stops_everything(bus_
     own_bus = await connect(bus_config.nats_url, "test-worker-closed")
     config = WorkerConfig(worker_id="w-closed", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0), load_interval_s=0.05)
-    engine = SimEngine(config, model_name="tiny", vocab_size=512)
-    await engine.start()
-    service = WorkerService(config, engine, own_bus)
-    await service.start()
+    service = await start_sim_worker(config, own_bus)
     await own_bus.client.close()  # NATS gone for good: draining cannot re-register
     await asyncio.wait_for(service.stop(), 10)  # does not raise
     assert service.stopped.is_set()
@@ -195,10 +182,7 @@ async def test_a_request_whose_caller_is_gone_is_cancelled_and_a_live_callers_is
     `max_tokens`; a caller that is still there answers the probes and gets its whole answer."""
     config = WorkerConfig(worker_id="w-probe", bus=bus_config, kv_blocks=256, block_size=16, sim_speedup=5,
                           caller_check_interval_s=0.2, membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0))
-    engine = SimEngine(config, model_name="tiny", vocab_size=512)
-    await engine.start()
-    service = WorkerService(config, engine, bus)
-    await service.start()
+    service = await start_sim_worker(config, bus)
     subject = bus_config.subjects.generate("w-probe")
     try:
         caller = await connect(bus_config.nats_url, "test-doomed-caller")
@@ -206,10 +190,10 @@ async def test_a_request_whose_caller_is_gone_is_cancelled_and_a_live_callers_is
         await anext(stream.frames())  # running
         await caller.close()  # gone without a cancel
         await wait_for(lambda: service.inflight == 0, 5.0, "the orphaned request to be cancelled")
-        assert service.callers.orphans_cancelled == 1 and engine.load().kv_used_blocks == 0
+        assert service.callers.orphans_cancelled == 1 and service.engine.load().kv_used_blocks == 0
 
         started = time.monotonic()
-        tokens, finished = await collect(bus, subject, request("r-live", list(range(3, 60)), max_tokens=400))
+        tokens, finished = await whole_answer(bus, subject, request("r-live", list(range(3, 60)), max_tokens=400))
         assert len(tokens) == 400 and finished.finish_reason == "length"
         inbox = await ResponseInbox(bus).open()  # the router's way: one subscription for all its streams
         shared = ResponseStream(bus, subject, accept_timeout_s=2.0, idle_timeout_s=10.0, inbox=inbox)

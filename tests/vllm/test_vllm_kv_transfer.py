@@ -39,10 +39,10 @@ from shared.codec import Codec, encode  # noqa: E402
 from shared.config import BusConfig, KvFaultConfig, KvTransferConfig, MembershipConfig, WorkerConfig  # noqa: E402
 from shared.errors import InvalidArgument  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
-from shared.request_plane import open_stream  # noqa: E402
 from shared.schemas import Finished, GenerateRequest, KvTransferParams, SamplingParams, TransferRecord  # noqa: E402
 from shared.schemas.transfer import KvHandle, LeaseRefused, LeaseReply, LeaseRequest  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
+from tests.worker_answers import whole_answer  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed in this venv")
 
@@ -147,13 +147,7 @@ class Pair:
         request = GenerateRequest(request_id=f"r-{uuid.uuid4().hex[:8]}", model="tiny", token_ids=prompt,
                                   sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
                                   kv_transfer=kv)
-        stream = await open_stream(self.bus, self.bus_config.subjects.generate(worker.worker_id), request)
-        try:
-            tokens = [t async for frame in stream.frames() for t in frame.token_ids]
-        finally:
-            await stream.close()
-        assert stream.finished is not None
-        return tokens, stream.finished
+        return await whole_answer(self.bus, self.bus_config.subjects.generate(worker.worker_id), request)
 
     async def disaggregated(self, prompt: list[int], max_tokens: int) -> tuple[list[int], Finished, Finished]:
         """The router's prefill-first flow: P computes the prompt and holds its blocks, D pulls them."""
