@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 
@@ -35,48 +38,57 @@ def load(worker_id: str, seq: int, ts: float) -> LoadSnapshot:
                         generated_tokens_total=0, pending_prefill_tokens=0)
 
 
+@asynccontextmanager
+async def own_server(tmp_path: Path, namespace: str) -> AsyncIterator[tuple[EmbeddedNats, Bus, Bus, str]]:
+    """A nats-server of the test's own (the test restarts it), the mirror's connection, the
+    workers' connection, and the members bucket's name."""
+    nats = EmbeddedNats(str(tmp_path / "nats")).start()
+    bus = await connect(nats.url, "test-mirror")
+    writer = await connect(nats.url, "test-worker")
+    try:
+        yield nats, bus, writer, BusConfig(nats_url=nats.url, namespace=namespace).subjects.members_bucket
+    finally:
+        await bus.close()
+        await writer.close()
+        nats.stop()
+        shutil.rmtree(tmp_path / "nats", ignore_errors=True)
+
+
 async def next_event(events: asyncio.Queue[MemberEvent]) -> tuple[MemberChange, str]:
     event = await asyncio.wait_for(events.get(), DEADLINE_S)
     return event.change, event.worker_id
 
 
 async def test_membership_mirror_follows_the_bucket_across_a_server_restart(tmp_path) -> None:
-    nats = EmbeddedNats(str(tmp_path / "nats")).start()  # own server: this test restarts it
-    bus = await connect(nats.url, "test-mirror")
-    writer = await connect(nats.url, "test-worker")
-    bucket = BusConfig(nats_url=nats.url, namespace="mirror").subjects.members_bucket
-    events: asyncio.Queue[MemberEvent] = asyncio.Queue()
-    malformed = MalformedCounter()
-    mirror = MembershipMirror(bus, bucket, events.put_nowait, malformed)
-    try:
-        members = await writer.key_value(bucket)
-        await members.put("w1", encode(registration("w1", started_at=1.0)))
-        await mirror.start()  # the members already there are reported before start() returns
-        assert events.get_nowait().change is MemberChange.JOINED
-        await members.put("w1", encode(registration("w1", started_at=1.0)))  # a heartbeat
-        await members.put("junk", b"\xc1")
-        await members.put("w1", encode(registration("w1", started_at=2.0)))
-        await members.put("w2", encode(registration("w2", started_at=1.0)))
-        await members.delete("w2")
-        assert [await next_event(events) for _ in range(4)] == [
-            (MemberChange.UPDATED, "w1"), (MemberChange.RESTARTED, "w1"),
-            (MemberChange.JOINED, "w2"), (MemberChange.LEFT, "w2")]
-        assert malformed.total == 1
+    async with own_server(tmp_path, "mirror") as (nats, bus, writer, bucket):
+        events: asyncio.Queue[MemberEvent] = asyncio.Queue()
+        malformed = MalformedCounter()
+        mirror = MembershipMirror(bus, bucket, events.put_nowait, malformed)
+        try:
+            members = await writer.key_value(bucket)
+            await members.put("w1", encode(registration("w1", started_at=1.0)))
+            await mirror.start()  # the members already there are reported before start() returns
+            assert events.get_nowait().change is MemberChange.JOINED
+            await members.put("w1", encode(registration("w1", started_at=1.0)))  # a heartbeat
+            await members.put("junk", b"\xc1")
+            await members.put("w1", encode(registration("w1", started_at=2.0)))
+            await members.put("w2", encode(registration("w2", started_at=1.0)))
+            await members.delete("w2")
+            assert [await next_event(events) for _ in range(4)] == [
+                (MemberChange.UPDATED, "w1"), (MemberChange.RESTARTED, "w1"),
+                (MemberChange.JOINED, "w2"), (MemberChange.LEFT, "w2")]
+            assert malformed.total == 1
 
-        await asyncio.to_thread(nats.stop)
-        await asyncio.to_thread(nats.start)  # same port; the memory bucket starts empty
-        # The recreated watcher finds the bucket empty: w1 is gone, then its next heartbeat is a join.
-        assert await next_event(events) == (MemberChange.LEFT, "w1")
-        members = await writer.key_value(bucket)
-        await members.put("w1", encode(registration("w1", started_at=2.0)))
-        assert await next_event(events) == (MemberChange.JOINED, "w1")
-        assert set(mirror.members) == {"w1"}
-    finally:
-        await mirror.stop()
-        await bus.close()
-        await writer.close()
-        nats.stop()
-        shutil.rmtree(tmp_path / "nats", ignore_errors=True)
+            await asyncio.to_thread(nats.stop)
+            await asyncio.to_thread(nats.start)  # same port; the memory bucket starts empty
+            # The recreated watcher finds the bucket empty: w1 is gone, then its next heartbeat is a join.
+            assert await next_event(events) == (MemberChange.LEFT, "w1")
+            members = await writer.key_value(bucket)
+            await members.put("w1", encode(registration("w1", started_at=2.0)))
+            assert await next_event(events) == (MemberChange.JOINED, "w1")
+            assert set(mirror.members) == {"w1"}
+        finally:
+            await mirror.stop()
 
 
 @pytest.mark.parametrize("member", [True, False])
@@ -110,37 +122,30 @@ async def test_load_stream_drops_stale_and_malformed_snapshots(bus: Bus, bus_con
 
 
 async def test_with_a_grace_a_server_restart_removes_only_members_not_put_back(tmp_path) -> None:
-    nats = EmbeddedNats(str(tmp_path / "nats")).start()  # own server: this test restarts it
-    bus = await connect(nats.url, "test-mirror")
-    writer = await connect(nats.url, "test-worker")
-    bucket = BusConfig(nats_url=nats.url, namespace="grace").subjects.members_bucket
-    events: asyncio.Queue[MemberEvent] = asyncio.Queue()
-    mirror = MembershipMirror(bus, bucket, events.put_nowait, MalformedCounter(), grace_s=1.0)
-    try:
-        members = await writer.key_value(bucket)
-        for worker_id in ("w1", "w2"):
-            await members.put(worker_id, encode(registration(worker_id, started_at=1.0)))
-        await mirror.start()
-        assert {events.get_nowait().worker_id for _ in range(2)} == {"w1", "w2"}
+    async with own_server(tmp_path, "grace") as (nats, bus, writer, bucket):
+        events: asyncio.Queue[MemberEvent] = asyncio.Queue()
+        mirror = MembershipMirror(bus, bucket, events.put_nowait, MalformedCounter(), grace_s=1.0)
+        try:
+            members = await writer.key_value(bucket)
+            for worker_id in ("w1", "w2"):
+                await members.put(worker_id, encode(registration(worker_id, started_at=1.0)))
+            await mirror.start()
+            assert {events.get_nowait().worker_id for _ in range(2)} == {"w1", "w2"}
 
-        await asyncio.to_thread(nats.stop)
-        await asyncio.to_thread(nats.start)  # same port; the memory bucket starts empty
-        # both stay members, unconfirmed (not to be routed to) until their registration is back
-        await wait_for(lambda: mirror.unconfirmed == {"w1", "w2"}, DEADLINE_S, "both members unconfirmed")
-        assert set(mirror.members) == {"w1", "w2"} and events.empty()
-        members = await writer.key_value(bucket)
-        await members.put("w1", encode(registration("w1", started_at=1.0)))  # w1 re-registers
-        assert await next_event(events) == (MemberChange.UPDATED, "w1")
-        assert mirror.unconfirmed == {"w2"}
-        # w2 never comes back: removed once the grace is over, and only then
-        assert await next_event(events) == (MemberChange.LEFT, "w2")
-        assert set(mirror.members) == {"w1"} and not mirror.unconfirmed
-    finally:
-        await mirror.stop()
-        await bus.close()
-        await writer.close()
-        nats.stop()
-        shutil.rmtree(tmp_path / "nats", ignore_errors=True)
+            await asyncio.to_thread(nats.stop)
+            await asyncio.to_thread(nats.start)  # same port; the memory bucket starts empty
+            # both stay members, unconfirmed (not to be routed to) until their registration is back
+            await wait_for(lambda: mirror.unconfirmed == {"w1", "w2"}, DEADLINE_S, "both members unconfirmed")
+            assert set(mirror.members) == {"w1", "w2"} and events.empty()
+            members = await writer.key_value(bucket)
+            await members.put("w1", encode(registration("w1", started_at=1.0)))  # w1 re-registers
+            assert await next_event(events) == (MemberChange.UPDATED, "w1")
+            assert mirror.unconfirmed == {"w2"}
+            # w2 never comes back: removed once the grace is over, and only then
+            assert await next_event(events) == (MemberChange.LEFT, "w2")
+            assert set(mirror.members) == {"w1"} and not mirror.unconfirmed
+        finally:
+            await mirror.stop()
 
 
 async def test_load_stream_refuses_timestamps_from_the_far_future(bus: Bus, bus_config: BusConfig) -> None:
