@@ -114,6 +114,16 @@ class EmbeddedNats:
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """SIGKILL the server (no goodbye to clients or routes), keeping its store and port:
+        start() brings it back."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        if self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -230,13 +240,7 @@ class NatsCluster:
 
     def kill(self, index: int) -> None:
         """SIGKILL one server (no goodbye to clients or routes); its store stays."""
-        server = self.servers[index]
-        assert server.process is not None
-        server.process.kill()
-        server.process.wait()
-        if server.process.stderr:
-            server.process.stderr.close()
-        server.process = None
+        self.servers[index].kill()
 
     def restart(self, index: int, timeout_s: float = 20.0) -> None:
         """Start a killed or stopped server again, on the same ports and store."""

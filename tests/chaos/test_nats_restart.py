@@ -74,16 +74,6 @@ async def stream_completion(http: httpx.AsyncClient, index: int, progress: dict[
             "ended_at": time.monotonic()}
 
 
-def kill(nats: EmbeddedNats) -> None:
-    """SIGKILL the server (no graceful shutdown), keeping its store directory and port."""
-    assert nats.process is not None
-    nats.process.kill()
-    nats.process.wait()
-    if nats.process.stderr:
-        nats.process.stderr.close()
-    nats.process = None
-
-
 @pytest.mark.parametrize("run", range(RUNS))
 async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_load(
         run: int, tmp_path, model_dir: str, tokenizer: Tokenizer, caplog: pytest.LogCaptureFixture) -> None:
@@ -129,7 +119,7 @@ async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_lo
             await wait_for(lambda: len(progress) == STREAMS and min(progress.values()) >= 3, DEADLINE_S,
                            lambda: f"every stream under way (progress {progress})")
             assert not any(stream.done() for stream in streams), f"streams too short ({undisturbed_s:.2f}s)"
-            await asyncio.to_thread(kill, nats)
+            await asyncio.to_thread(nats.kill)
             await asyncio.sleep(1.0)
             await asyncio.to_thread(nats.start)  # same port, same store directory
             restarted_at = time.monotonic()
