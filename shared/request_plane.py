@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 
 from shared.bus import Bus
@@ -49,7 +50,7 @@ class ResponseInbox:
     def __init__(self, bus: Bus) -> None:
         self._bus = bus
         self._prefix = ""
-        self._sub = None
+        self._sub: Subscription | None = None
         self._queues: dict[str, asyncio.Queue[Msg | TandemError]] = {}
         self._next_token = 0
 
@@ -60,10 +61,7 @@ class ResponseInbox:
 
     async def close(self) -> None:
         if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:
-                pass  # connection already closed: nothing left to release
+            await _unsubscribe(self._sub)
             self._sub = None
 
     def register(self, queue: asyncio.Queue[Msg | TandemError]) -> str:
@@ -99,7 +97,7 @@ class ResponseStream:
         self._queue: asyncio.Queue[Msg | TandemError] = asyncio.Queue()
         self._inbox = inbox
         self._reply = ""
-        self._sub = None
+        self._sub: Subscription | None = None
         self._next_seq = 0
         self.accepted: Accepted | None = None
         self.finished: Finished | None = None
@@ -128,10 +126,7 @@ class ResponseStream:
             self._inbox.unregister(self._reply)
             self._reply = ""
         if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:
-                pass  # connection already closed: nothing left to release
+            await _unsubscribe(self._sub)
             self._sub = None
 
     @property
@@ -203,6 +198,13 @@ async def _answer_probe(msg: Msg) -> None:
         await msg.respond(b"")
     except Exception:
         pass  # connection going away: the worker's probe times out and asks again later
+
+
+async def _unsubscribe(subscription: Subscription) -> None:
+    try:
+        await subscription.unsubscribe()
+    except Exception:
+        pass  # connection already closed: nothing left to release
 
 
 async def open_stream(
