@@ -188,6 +188,13 @@ class ComposeStack:
             time.sleep(0.5)
         return workers
 
+    def wait_generated(self, role: str, worker_id: str, timeout_s: float) -> None:
+        """Until the metrics collector counts a generated token for `worker_id` of `role`."""
+        deadline = time.monotonic() + timeout_s
+        while self.workers(role)[worker_id]["generated_tokens_total"] == 0:
+            assert time.monotonic() < deadline, f"{worker_id} never generated a token: {self.workers(role)}"
+            time.sleep(0.5)
+
     def router_metric(self, name: str) -> float:
         return metric_total(http_text(self.router_url + "/metrics"), name)
 

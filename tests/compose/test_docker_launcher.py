@@ -129,10 +129,7 @@ def test_ctl_add_starts_a_worker_container_that_serves(launcher_stack: LauncherS
         replies = list(pool.map(lambda _: api.completions.create(model="tiny", prompt="hello " * 40, max_tokens=16),
                                 range(16)))
     assert all(reply.usage.completion_tokens == 16 for reply in replies)
-    deadline = time.monotonic() + 15
-    while stack.workers("decode")[ADDED]["generated_tokens_total"] == 0:
-        assert time.monotonic() < deadline, f"{ADDED} never generated a token: {stack.workers('decode')}"
-        time.sleep(0.5)
+    stack.wait_generated("decode", ADDED, timeout_s=15)
 
 
 def test_an_orchestrator_killed_and_restarted_adopts_its_worker(launcher_stack: LauncherStack) -> None:

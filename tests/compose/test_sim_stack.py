@@ -204,10 +204,7 @@ def test_a_scaled_decode_worker_receives_traffic(sim_stack: ComposeStack) -> Non
         replies = list(pool.map(lambda _: api.completions.create(model="tiny", prompt=long_prompt(), max_tokens=32),
                                 range(16)))
     assert all(reply.usage.completion_tokens == 32 for reply in replies)
-    deadline = time.monotonic() + 10
-    while sim_stack.workers("decode")[added]["generated_tokens_total"] == 0:
-        assert time.monotonic() < deadline, f"{added} never generated a token: {sim_stack.workers('decode')}"
-        time.sleep(0.5)
+    sim_stack.wait_generated("decode", added, timeout_s=10)
 
 
 def test_stopping_a_worker_drains_it(sim_stack: ComposeStack) -> None:
