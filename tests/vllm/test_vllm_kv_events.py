@@ -29,7 +29,9 @@ def _publisher(endpoints: KvEventEndpoints, buffer_steps: int = 100):
                                        buffer_steps=buffer_steps)
 
 
-def _batch(block_hash: int, parent: int | None):
+def _batch(block_hash: int):
+    """One stored block chained to the previous hash (block 1 opens the chain)."""
+    parent = block_hash - 1 if block_hash > 1 else None
     event = kv_events.BlockStored(block_hashes=[block_hash], parent_block_hash=parent,
                                   token_ids=[block_hash] * BS, block_size=BS, lora_id=None,
                                   medium="GPU", lora_name=None)
@@ -37,19 +39,20 @@ def _batch(block_hash: int, parent: int | None):
 
 
 async def _publish_until_received(publisher, bridge: KvEventBridge, first_hash: int) -> int:
-    """Publish chained batches until the bridge has heard one (a SUB socket joins late);
-    returns the next block hash."""
+    """Publish chained batches until the bridge has heard one (a SUB socket joins late) and
+    then caught up with all of them; returns the next block hash."""
     next_hash = [first_hash]
 
     def publish_one_more() -> bool:
         if bridge.counters.batches:
             return True
         block_hash = next_hash[0]
-        publisher.publish(_batch(block_hash, block_hash - 1 if block_hash > 1 else None))
+        publisher.publish(_batch(block_hash))
         next_hash[0] += 1
         return False
 
     await wait_for(publish_one_more, 10, "the bridge to hear a batch", interval_s=0.05)
+    await _all_received(bridge, next_hash[0] - 1)
     return next_hash[0]
 
 
@@ -64,13 +67,19 @@ async def _buffered_for_replay(publisher, batches: int) -> None:
                    f"{batches} batches in the publisher's replay buffer")
 
 
+async def _published_unheard(publisher, batches: int) -> None:
+    """Blocks 1 to `batches` published while nobody listens: lost on PUB, kept for replay."""
+    for block_hash in range(1, batches + 1):
+        publisher.publish(_batch(block_hash))
+    await _buffered_for_replay(publisher, batches)
+
+
 async def test_live_events_pass_through(endpoints: KvEventEndpoints) -> None:
     publisher = _publisher(endpoints)
     bridge = KvEventBridge(endpoints, block_size=BS)
     await bridge.start()
     try:
         next_hash = await _publish_until_received(publisher, bridge, 1)
-        await _all_received(bridge, next_hash - 1)
         stored = [event for event in bridge.take_events() if isinstance(event, BlockStored)]
         # Batches sent before the subscription took hold are replayed: nothing is missing.
         assert [event.block_hashes[0] for event in stored] == list(range(1, next_hash))
@@ -83,14 +92,11 @@ async def test_live_events_pass_through(endpoints: KvEventEndpoints) -> None:
 
 async def test_gap_is_recovered_from_the_replay_buffer(endpoints: KvEventEndpoints) -> None:
     publisher = _publisher(endpoints)
-    for block_hash in range(1, 6):  # nobody listens yet: lost on PUB, kept for replay
-        publisher.publish(_batch(block_hash, block_hash - 1 if block_hash > 1 else None))
-    await _buffered_for_replay(publisher, 5)
+    await _published_unheard(publisher, 5)
     bridge = KvEventBridge(endpoints, block_size=BS)
     await bridge.start()
     try:
         next_hash = await _publish_until_received(publisher, bridge, 6)
-        await _all_received(bridge, next_hash - 1)
         assert bridge.counters.gaps >= 1 and bridge.counters.unrecoverable_gaps == 0
         assert bridge.counters.replayed_batches >= 5
         events = bridge.take_events()
@@ -103,14 +109,11 @@ async def test_gap_is_recovered_from_the_replay_buffer(endpoints: KvEventEndpoin
 
 async def test_gap_beyond_the_replay_buffer_clears_and_continues(endpoints: KvEventEndpoints) -> None:
     publisher = _publisher(endpoints, buffer_steps=2)
-    for block_hash in range(1, 6):
-        publisher.publish(_batch(block_hash, block_hash - 1 if block_hash > 1 else None))
-    await _buffered_for_replay(publisher, 5)
+    await _published_unheard(publisher, 5)
     bridge = KvEventBridge(endpoints, block_size=BS)
     await bridge.start()
     try:
         next_hash = await _publish_until_received(publisher, bridge, 6)
-        await _all_received(bridge, next_hash - 1)
         assert bridge.counters.unrecoverable_gaps == 1
         events = bridge.take_events()
         assert isinstance(events[0], AllBlocksCleared)
