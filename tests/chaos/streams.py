@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
@@ -32,13 +32,17 @@ from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, me
 from tests.stack_fixtures import make_stack, running
 
 
-@contextmanager
-def worker_loss_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, specs: tuple[WorkerSpec, ...], *,
-                      ttl_s: float) -> Iterator[LocalStack]:
-    """A running stack of `specs` workers, every request disaggregated, members lost after `ttl_s`."""
-    with running(make_stack(nats_server, model_dir, log_dir, workers=0, specs=specs,
-                            router_args=ALWAYS_DISAGGREGATE, ttl_s=ttl_s)) as stack:
-        yield stack
+def worker_loss_stack(specs: tuple[WorkerSpec, ...], *, ttl_s: float) -> Callable[..., Iterator[LocalStack]]:
+    """A test module's `stack` fixture: a running stack of `specs` workers, every request
+    disaggregated, members lost after `ttl_s`."""
+
+    @pytest.fixture
+    def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path: Path) -> Iterator[LocalStack]:
+        with running(make_stack(nats_server, tiny_model_dir, tmp_path / "logs", workers=0, specs=specs,
+                                router_args=ALWAYS_DISAGGREGATE, ttl_s=ttl_s)) as local:
+            yield local
+
+    return stack
 
 
 @dataclass

@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
-from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
 from tests.chaos.streams import (
@@ -49,10 +45,7 @@ SPECS = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL),
          WorkerSpec(worker_id="d2", role=WorkerRole.DECODE, extra_args=DECODE_ARGS))
 
 
-@pytest.fixture
-def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path) -> Iterator[LocalStack]:
-    with worker_loss_stack(nats_server, tiny_model_dir, tmp_path / "logs", SPECS, ttl_s=TTL_S) as local:
-        yield local
+stack = worker_loss_stack(SPECS, ttl_s=TTL_S)
 
 
 async def test_decode_worker_killed_mid_stream(stack: LocalStack, tiny_model_dir: str, openai_client) -> None:
