@@ -28,6 +28,15 @@ def stop_on_signals(signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signa
                 loop.remove_signal_handler(sig)
 
 
+async def serve_until_signalled(ready: asyncio.Event | None = None) -> None:
+    """Tell `ready` (where a caller waits for it) that the service is up, then wait for
+    SIGTERM/SIGINT; the caller's cleanup runs after."""
+    if ready is not None:
+        ready.set()
+    with stop_on_signals() as stopped:
+        await stopped.wait()
+
+
 def reraise_if_cancelling(error: BaseException | None = None) -> None:
     """In a periodic or retry loop: raise `CancelledError` if this task was asked to stop.
 

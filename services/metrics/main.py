@@ -16,7 +16,7 @@ from services.metrics.config import MetricsConfig
 from services.metrics.http_api import HttpServer, build_app
 from services.metrics.service import MetricsService
 from shared.bus import connect
-from shared.lifecycle import stop_on_signals
+from shared.lifecycle import serve_until_signalled
 
 
 async def run_metrics(config: MetricsConfig, *, ready: asyncio.Event | None = None) -> None:
@@ -32,10 +32,7 @@ async def run_metrics(config: MetricsConfig, *, ready: asyncio.Event | None = No
         await http.start()
         print(f"tandem-metrics listening on {http.url}", file=sys.stderr, flush=True)
         print(f"tandem-metrics cluster page: {http.url}{PAGE_PATH}", file=sys.stderr, flush=True)
-        if ready is not None:
-            ready.set()
-        with stop_on_signals() as stopped:
-            await stopped.wait()
+        await serve_until_signalled(ready)
     finally:
         await http.stop()
         await service.stop()

@@ -10,7 +10,7 @@ import asyncio
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.service import OrchestratorService
 from shared.bus import connect
-from shared.lifecycle import stop_on_signals
+from shared.lifecycle import serve_until_signalled
 
 
 async def run_orchestrator(config: OrchestratorConfig, *, ready: asyncio.Event | None = None) -> None:
@@ -20,10 +20,7 @@ async def run_orchestrator(config: OrchestratorConfig, *, ready: asyncio.Event |
     service = OrchestratorService(config, bus)
     try:
         await service.start()
-        if ready is not None:
-            ready.set()
-        with stop_on_signals() as stopped:
-            await stopped.wait()
+        await serve_until_signalled(ready)
     finally:
         await service.stop()
         await bus.close()
