@@ -10,7 +10,7 @@ from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.errors import StreamGap, Timeout, Unavailable
-from shared.request_plane import FrameSender, open_stream
+from shared.request_plane import FrameSender, ResponseStream, open_stream
 from shared.schemas import GenerateRequest, Tokens
 
 requests: Codec[GenerateRequest] = Codec(GenerateRequest)
@@ -34,6 +34,14 @@ async def serve_once(bus: Bus, subject: str, behaviour: str) -> None:
     await bus.client.subscribe(subject, cb=handler)
 
 
+async def ends_with(stream: ResponseStream, error: type[Exception]) -> None:
+    """Reading `stream` to its end raises `error`; the stream is closed after."""
+    with pytest.raises(error):
+        async for _ in stream.frames():
+            pass
+    await stream.close()
+
+
 async def test_frames_arrive_in_order(bus: Bus, bus_config: BusConfig) -> None:
     subject = bus_config.subjects.generate("w1")
     await serve_once(bus, subject, "ok")
@@ -48,10 +56,7 @@ async def test_gap_is_an_error(bus: Bus, bus_config: BusConfig) -> None:
     subject = bus_config.subjects.generate("w1")
     await serve_once(bus, subject, "gap")
     stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[1]))
-    with pytest.raises(StreamGap):
-        async for _ in stream.frames():
-            pass
-    await stream.close()
+    await ends_with(stream, StreamGap)
 
 
 async def test_silent_worker_is_a_timeout(bus: Bus, bus_config: BusConfig) -> None:
@@ -59,20 +64,14 @@ async def test_silent_worker_is_a_timeout(bus: Bus, bus_config: BusConfig) -> No
     await serve_once(bus, subject, "silent")
     stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[1]),
                                idle_timeout_s=0.3)
-    with pytest.raises(Timeout):
-        async for _ in stream.frames():
-            pass
-    await stream.close()
+    await ends_with(stream, Timeout)
 
 
 async def test_nobody_listening_is_unavailable(bus: Bus, bus_config: BusConfig) -> None:
     stream = await open_stream(bus, bus_config.subjects.generate("nobody"),
                                GenerateRequest(request_id="r", model="m", token_ids=[1]),
                                accept_timeout_s=0.3)
-    with pytest.raises(Unavailable):
-        async for _ in stream.frames():
-            pass
-    await stream.close()
+    await ends_with(stream, Unavailable)
 
 
 async def test_abort_from_outside_ends_the_stream(bus: Bus, bus_config: BusConfig) -> None:
@@ -82,7 +81,4 @@ async def test_abort_from_outside_ends_the_stream(bus: Bus, bus_config: BusConfi
     await serve_once(bus, subject, "silent")
     stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[1]))
     asyncio.get_running_loop().call_later(0.1, stream.abort, Disconnected("worker w1 left"))
-    with pytest.raises(Disconnected):
-        async for _ in stream.frames():
-            pass
-    await stream.close()
+    await ends_with(stream, Disconnected)
