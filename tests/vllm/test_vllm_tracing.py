@@ -62,9 +62,10 @@ async def test_pd_request_through_vllm_is_one_trace_with_vllms_span(traced_pd: t
     _, prefill = part(found, generate, "router.prefill", "p1")
     _, decode = part(found, generate, "router.decode", "d1")
     grant = found.child(prefill, "kv.lease.grant", **{"tandem.kv.reader_worker_id": "decode"})
-    assert grant.attributes["tandem.kv.blocks"] == len(prompt) // BLOCK
+    assert grant.attributes["tandem.kv.blocks"] == len(prompt) // BLOCK  # the full blocks (the partial one rides along)
     pull = found.child(decode, "kv.pull", **{"tandem.kv.kind": "pull", "tandem.kv.peer_worker_id": "p1"})
-    assert pull.attributes["tandem.kv.outcome"] == "done" and pull.attributes["tandem.kv.blocks_ok"] == 2
+    # the 2 full blocks and the prompt's partial last one
+    assert pull.attributes["tandem.kv.outcome"] == "done" and pull.attributes["tandem.kv.blocks_ok"] == 3
     assert pull.attributes["tandem.kv.bytes"] > 0
     assert found.child(pull, "kv.lease.release").service == "tandem-worker-p1"
     # vLLM's own request span, joined under each worker's span (made by the worker's tracer provider)
