@@ -289,7 +289,7 @@ def _nixl_version() -> str:
         return package
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=1024)
     parser.add_argument("--block-bytes", type=int, default=16 * 1024)
@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
                                 idle_seconds=args.idle_seconds, compare_stock_agent=not args.no_stock,
                                 config=KvAgentConfig(progress_delay_us=args.progress_delay_us))
     print(json.dumps(report, indent=None if args.json else 2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

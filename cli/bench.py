@@ -1,7 +1,11 @@
 """`tandem bench ...`: each benchmark parses its own flags (they pass through untouched,
-`--help` included) and prints one JSON document on stdout, progress on stderr."""
+`--help` included) and prints one JSON document on stdout, progress on stderr. The command
+exits with the status its benchmark's `main(argv) -> int` returns."""
 
 from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
 
 import typer
 
@@ -9,66 +13,31 @@ app = typer.Typer(help="Benchmarks: each prints one JSON document on stdout, pro
                   no_args_is_help=True)
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
-
-@app.command("transfer", context_settings=PASSTHROUGH)
-def bench_transfer(ctx: typer.Context) -> None:
-    """KV transfer: Tandem's connector vs plain NIXL READ, and idle CPU (--help for options)."""
-    from bench.transfer import main as bench_main
-
-    bench_main(list(ctx.args))
-
-
-@app.command("index", context_settings=PASSTHROUGH)
-def bench_index(ctx: typer.Context) -> None:
-    """KV index: ingest and match vs NVIDIA Dynamo's RadixTree, same events (--help for options)."""
-    from bench.index import main as bench_main
-
-    bench_main(list(ctx.args))
-
-
-@app.command("routing", context_settings=PASSTHROUGH)
-def bench_routing(ctx: typer.Context) -> None:
-    """Routing: KV-aware vs round-robin vs random on a local stack of sim workers (--help for options)."""
-    from bench.routing.main import main as bench_main
-
-    bench_main(list(ctx.args))
+# (subcommand, the module whose `main` runs it, its help line); imported only when run
+BENCHMARKS = (
+    ("transfer", "bench.transfer", "KV transfer: Tandem's connector vs plain NIXL READ, and idle CPU"),
+    ("index", "bench.index", "KV index: ingest and match vs NVIDIA Dynamo's RadixTree, same events"),
+    ("routing", "bench.routing.main",
+     "Routing: KV-aware vs round-robin vs random on a local stack of sim workers"),
+    ("planner", "bench.planner.main",
+     "SLO planner vs static P:D splits on a shifting workload, simulated sim workers"),
+    ("serve", "bench.serve.main",
+     "Serving: TTFT, ITL, TPOT, throughput against a URL, or topologies side by side"),
+    ("calibrate", "bench.calibrate.main",
+     "Sim timing profile: time a Llama-shaped model with PyTorch (GPU if any) and fit it"),
+    ("soak", "bench.soak.main",
+     "Soak: a local stack under a mixed workload for minutes; RSS, errors, leftovers, verdict"),
+    ("router", "bench.router.main",
+     "Router cost: requests/s, latency and router CPU per request, Tandem vs Dynamo's frontend"),
+)
 
 
-@app.command("planner", context_settings=PASSTHROUGH)
-def bench_planner(ctx: typer.Context) -> None:
-    """SLO planner vs static P:D splits on a shifting workload, simulated sim workers (--help for options)."""
-    from bench.planner.main import main as bench_main
+def _runner(module: str) -> Callable[[typer.Context], None]:
+    def run(ctx: typer.Context) -> None:
+        raise typer.Exit(importlib.import_module(module).main(list(ctx.args)))
 
-    raise typer.Exit(bench_main(list(ctx.args)))
-
-
-@app.command("serve", context_settings=PASSTHROUGH)
-def bench_serve(ctx: typer.Context) -> None:
-    """Serving: TTFT, ITL, TPOT, throughput against a URL, or topologies side by side (--help for options)."""
-    from bench.serve.main import main as bench_main
-
-    raise typer.Exit(bench_main(list(ctx.args)))
+    return run
 
 
-@app.command("calibrate", context_settings=PASSTHROUGH)
-def bench_calibrate(ctx: typer.Context) -> None:
-    """Sim timing profile: time a Llama-shaped model with PyTorch (GPU if any) and fit it (--help for options)."""
-    from bench.calibrate.main import main as bench_main
-
-    raise typer.Exit(bench_main(list(ctx.args)))
-
-
-@app.command("soak", context_settings=PASSTHROUGH)
-def bench_soak(ctx: typer.Context) -> None:
-    """Soak: a local stack under a mixed workload for minutes; RSS, errors, leftovers, verdict (--help for options)."""
-    from bench.soak.main import main as bench_main
-
-    raise typer.Exit(bench_main(list(ctx.args)))
-
-
-@app.command("router", context_settings=PASSTHROUGH)
-def bench_router(ctx: typer.Context) -> None:
-    """Router cost: requests/s, latency and router CPU per request, Tandem vs Dynamo's frontend (--help for options)."""
-    from bench.router.main import main as bench_main
-
-    raise typer.Exit(bench_main(list(ctx.args)))
+for _name, _module, _help in BENCHMARKS:
+    app.command(_name, help=f"{_help} (--help for options).", context_settings=PASSTHROUGH)(_runner(_module))
