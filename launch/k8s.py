@@ -192,8 +192,7 @@ class _Pods:
                               deployment.memory_limit, gpus=self.options.gpus_per_worker)
         # Each replica's worker id is its pod's name (Kubernetes expands $(POD_NAME)).
         command = [*self.args.worker(group), "--worker-id", "$(POD_NAME)"]
-        container = self._container(WORKER, image, command, resources)
-        container["env"].insert(0, {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        container = self._container(WORKER, image, command, resources, field_env={"POD_NAME": "metadata.name"})
         # An engine that loads a model before it joins gets a long start before the liveness probe counts.
         container["startupProbe"] = nats_connected_probe(NATS_PORT, period_s=5,
                                                          failures=deployment.start_grace_s // 5)
@@ -213,7 +212,9 @@ class _Pods:
                          "resources": {"requests": {"storage": self.options.model_storage}}}}
 
     def _container(self, component: str, image: str, command: list[str], resources: Resources, *,
-                   extra_env: dict[str, str] | None = None) -> dict[str, object]:
+                   extra_env: dict[str, str] | None = None,
+                   field_env: dict[str, str] | None = None) -> dict[str, object]:
+        """`field_env`: variables set from the pod's own fields (`metadata.name`, ...), first in `env`."""
         environment = {"TANDEM_LOG_LEVEL": self.options.log_level,
                        "TANDEM_TRACE_EXPORTER": "otlp" if self.options.otlp_endpoint else "none"}
         if self.options.otlp_endpoint:
@@ -221,9 +222,12 @@ class _Pods:
         if not self.definition.nats.url:  # the embedded NATS: this service's user, paths under /secrets
             environment.update(nats_env(_nats_user(component), SECRETS_MOUNT))
         environment.update(extra_env or {})
+        env: list[dict[str, object]] = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                                        for name, path in (field_env or {}).items()]
+        env.extend({"name": name, "value": value} for name, value in environment.items())
         # The image's entrypoint is `tandem`: the command line is its arguments.
         return {"name": component, "image": image, "imagePullPolicy": self.options.image_pull_policy,
-                "args": command, "env": [{"name": name, "value": value} for name, value in environment.items()],
+                "args": command, "env": env,
                 "resources": resources.spec(), "securityContext": container_security(), "volumeMounts": []}
 
     def _pod_spec(self, container: dict[str, object], component: str, *, grace_s: int, model: bool = False,
