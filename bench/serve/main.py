@@ -168,7 +168,8 @@ def stack_config(setup: CompareSetup, topology: Topology) -> StackConfig:
 
 
 def peer_stack(setup: CompareSetup, topology: Topology) -> PeerStack:
-    """The "Nxvllm" peer: plain vLLM servers with the Tandem workers' engine settings."""
+    """The "Nxvllm" peer: plain vLLM servers with the Tandem workers' engine settings (`main`
+    runs a peer only beside vLLM workers), given as long to start as such a worker."""
     from services.worker.engines import engine_spec
 
     engine = VllmEngineOptions(model_dir=setup.model_dir, kv_cache_gib=setup.vllm_kv_cache_gib,
@@ -176,7 +177,7 @@ def peer_stack(setup: CompareSetup, topology: Topology) -> PeerStack:
     log_dir = setup.log_root / topology.name
     shutil.rmtree(log_dir, ignore_errors=True)
     return PeerStack(PeerPlan(topology.peer, engine, sorted(os.sched_getaffinity(0))), log_dir,
-                     setup.start_timeout_s or engine_spec("vllm").start_timeout_s)
+                     setup.start_timeout_s or engine_spec(setup.engine).start_timeout_s)
 
 
 def _stack(setup: CompareSetup, topology: Topology) -> LocalStack | PeerStack:

@@ -69,7 +69,7 @@ class SoakConfig:
 
 
 def stack_config(config: SoakConfig, model_dir: str, log_dir: Path) -> StackConfig:
-    settings = {"sim_speedup": config.sim_speedup} if config.engine == "sim" else {}
+    settings = {"sim_speedup": config.sim_speedup}  # a worker's flag that engines other than the sim ignore
     workers = (*(WorkerSpec(worker_id=f"p{i + 1}", role=WorkerRole.PREFILL, settings=settings)
                  for i in range(config.prefill)),
                *(WorkerSpec(worker_id=f"d{i + 1}", role=WorkerRole.DECODE if config.prefill else WorkerRole.BOTH,
