@@ -25,7 +25,7 @@ from connector.retry import BlockRetry, retry_async
 from connector.spans import block_failures
 from connector.transport import KvTransport, TransferResult
 from shared.config import KvRetryConfig
-from shared.schemas.transfer import KvHandle, TransferOutcome, TransferRecord
+from shared.schemas.transfer import KvHandle, TransferKind, TransferOutcome, TransferRecord
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class KvPuller:
         self._retry = retry
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
 
-    async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: str = "pull") -> PullOutcome:
+    async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: TransferKind = "pull") -> PullOutcome:
         """Bring the handle's blocks into the local cache; always releases the lease."""
         started = time.monotonic()
         await self.leases.refuse_if_incompatible(handle)
@@ -163,9 +163,9 @@ class KvPuller:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _record(self, request_id: str, handle: KvHandle, kind: str, outcome: TransferOutcome, blocks: int,
+    def _record(self, request_id: str, handle: KvHandle, kind: TransferKind, outcome: TransferOutcome, blocks: int,
                 blocks_ok: int, nbytes: int, started: float, *, reason: str = "") -> TransferRecord:
-        return TransferRecord(worker_id=self.worker_id, request_id=request_id, kind=kind,  # type: ignore[arg-type]
+        return TransferRecord(worker_id=self.worker_id, request_id=request_id, kind=kind,
                               peer_worker_id=handle.holder_worker_id, outcome=outcome, blocks=blocks,
                               blocks_ok=blocks_ok, bytes=nbytes, duration_s=time.monotonic() - started,
                               pulled_tokens=blocks_ok * self.block_size,

@@ -30,7 +30,7 @@ from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument, Timeout, Unavailable
 from shared.schemas.generate import GenerateRequest
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferRecord
 from shared.tracing import inject_headers
 
 
@@ -65,6 +65,7 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         params = request.kv_transfer
         if params is None:
             return Prepared()
+        kind: TransferKind
         if params.source is not None:
             kind, holder = "pull", params.source.holder_worker_id
         elif params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:

@@ -40,7 +40,7 @@ from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferOutcome, TransferRecord
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferOutcome, TransferRecord
 from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class PeerAgents:
 class _Pull:
     """A pull staged with the engine, until its outcome is known."""
 
-    def __init__(self, request_id: str, handle: KvHandle, kind: str, wanted: int, prepared: Prepared,
+    def __init__(self, request_id: str, handle: KvHandle, kind: TransferKind, wanted: int, prepared: Prepared,
                  span: trace.Span) -> None:
         self.request_id = request_id
         self.span = span  # `kv.pull`, ended with the outcome
@@ -124,7 +124,8 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         prepared = Prepared()
         if params is None:
             return prepared
-        handle, kind = params.source, "pull"
+        kind: TransferKind = "pull"
+        handle = params.source
         pulls_prefix = params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id
         pull = None
         if handle is not None or pulls_prefix:
@@ -152,7 +153,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         prepared.staged_request_id = request.request_id
         return prepared
 
-    async def _plan_pull(self, request: GenerateRequest, handle: KvHandle, kind: str, prepared: Prepared,
+    async def _plan_pull(self, request: GenerateRequest, handle: KvHandle, kind: TransferKind, prepared: Prepared,
                          span: trace.Span) -> _Pull | None:
         """The pull to stage; None when there is nothing to read (its outcome is then final)."""
         await self.leases.refuse_if_incompatible(handle)
@@ -202,7 +203,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         pull.prepared.recomputed_blocks = blocks_recomputed
         pull.prepared.retried_blocks, pull.prepared.recovered_blocks = retried, recovered
         self._count(pull.prepared)
-        record = TransferRecord(worker_id=self.worker_id, request_id=pull.request_id, kind=pull.kind,  # type: ignore[arg-type]
+        record = TransferRecord(worker_id=self.worker_id, request_id=pull.request_id, kind=pull.kind,
                                 peer_worker_id=pull.handle.holder_worker_id, outcome=outcome,
                                 blocks=pull.wanted if asked is None else asked, blocks_ok=blocks_ok, bytes=nbytes,
                                 duration_s=time.monotonic() - pull.started,

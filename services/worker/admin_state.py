@@ -12,9 +12,9 @@ heartbeat. Called by `WorkerService` for `SetRole`, `Cordon`, `Uncordon` and `Dr
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from shared.schemas import Cordon, Drain, SetRole, Uncordon, WorkerRole, WorkerStatus
+from shared.schemas.control import ControlOutcome
 
 AdminMessage = SetRole | Cordon | Uncordon | Drain
 
@@ -28,7 +28,7 @@ class AdminState:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    outcome: Literal["applied", "unchanged", "refused"]
+    outcome: ControlOutcome
     state: AdminState  # the state after the message (the old one unless applied)
     reason: str = ""
 

@@ -68,7 +68,7 @@ from shared.schemas import (
     WorkerRegistration,
     WorkerStatus,
 )
-from shared.schemas.control import control_kind
+from shared.schemas.control import ControlOutcome, control_kind
 from shared.schemas.membership import EngineCapabilities
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ class WorkerService:
             case None:
                 pass
 
-    async def _apply_admin(self, message: admin_state.AdminMessage) -> tuple[str, str]:
+    async def _apply_admin(self, message: admin_state.AdminMessage) -> tuple[ControlOutcome, str]:
         """Change role or status, and announce it at once (not at the next heartbeat)."""
         transition = admin_state.apply(self._admin, message)
         if transition.outcome != "applied":
@@ -347,10 +347,10 @@ class WorkerService:
             return "applied", f"not announced yet: {error}"
         return "applied", reason
 
-    async def _reply(self, msg: Msg, outcome: str, reason: str = "") -> None:
+    async def _reply(self, msg: Msg, outcome: ControlOutcome, reason: str = "") -> None:
         if not msg.reply:
             return
-        reply = ControlReply(outcome=outcome, reason=reason, role=self._admin.role,  # type: ignore[arg-type]
+        reply = ControlReply(outcome=outcome, reason=reason, role=self._admin.role,
                              status=self._admin.status, generation=self._admin.generation)
         try:
             await self.bus.client.publish(msg.reply, encode(reply))

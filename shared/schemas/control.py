@@ -48,11 +48,14 @@ class Uncordon(Message, tag="uncordon", kw_only=True):
     """Take new work again after a `Cordon`. Answered with a `ControlReply`."""
 
 
+ControlOutcome = Literal["applied", "unchanged", "refused"]
+
+
 class ControlReply(Message, tag="control_reply", kw_only=True):
     """A worker's answer to an admin control message: `applied` (the registration carrying
     it is in the members bucket), `unchanged` (it already was so) or `refused` (with why)."""
 
-    outcome: Literal["applied", "unchanged", "refused"]
+    outcome: ControlOutcome
     reason: str = ""
     role: WorkerRole
     status: WorkerStatus

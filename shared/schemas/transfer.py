@@ -147,12 +147,15 @@ LeaseMessage = LeaseRequest | LeaseRelease | LeaseExtend | AgentInfoRequest
 LeaseReply = LeaseGrant | LeaseRefused | LeaseAck | AgentInfo
 
 
+TransferKind = Literal["pull", "push", "prefix_pull"]
+
+
 class TransferRecord(Message, tag="transfer_record", kw_only=True):
     """One hand-off as seen by the reader (published on `kv.transfers.<worker>`)."""
 
     worker_id: str
     request_id: str
-    kind: Literal["pull", "push", "prefix_pull"]
+    kind: TransferKind
     peer_worker_id: str
     outcome: TransferOutcome
     blocks: int  # blocks asked for

@@ -252,13 +252,14 @@ class BlockManager:
         pending = list(reversed(roots))
         while pending:
             block = pending.pop()
+            chain: list[int] = []
             event = BlockStored(block_hashes=[], parent_block_hash=block.parent_hash, token_ids=[],
-                                block_size=self.block_size, chain_hashes=[])
+                                block_size=self.block_size, chain_hashes=chain)
             events.append(event)
             while True:
                 assert block.block_hash is not None
                 event.block_hashes.append(block.block_hash)
-                event.chain_hashes.append(block.block_hash)  # type: ignore[union-attr]
+                chain.append(block.block_hash)
                 event.token_ids.extend(block.token_ids)
                 following = children.get(block.block_hash)
                 if not following:
@@ -296,9 +297,10 @@ class BlockManager:
 
     def _announce(self, block: KvBlock, event: BlockStored) -> None:
         assert block.block_hash is not None and not block.announced
+        assert event.chain_hashes is not None  # the sim's events always carry chain hashes
         block.announced = True
         event.block_hashes.append(block.block_hash)
-        event.chain_hashes.append(block.block_hash)  # type: ignore[union-attr]
+        event.chain_hashes.append(block.block_hash)
         event.token_ids.extend(block.token_ids)
 
     def _announce_deferred(self, parent_hash: int) -> None:

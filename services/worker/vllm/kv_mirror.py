@@ -101,8 +101,9 @@ class KvBlockMirror:
                 block = self._blocks[block_hash]
                 event.block_hashes.append(block_hash)
                 event.token_ids.extend(block.token_ids)
-                if event.chain_hashes is not None:  # a child of a known chain is known
-                    event.chain_hashes.append(block.tandem_hash)  # type: ignore[arg-type]
+                if event.chain_hashes is not None:
+                    assert block.tandem_hash is not None  # a child of a known chain is known
+                    event.chain_hashes.append(block.tandem_hash)
                 following = children.get(block_hash)
                 if not following:
                     break
@@ -142,8 +143,9 @@ class KvBlockMirror:
                     passed.append(run)
                 run.block_hashes.append(block_hash)
                 run.token_ids.extend(tokens)
-                if run.chain_hashes is not None:  # the run's later blocks chain from its first
-                    run.chain_hashes.append(tandem_hash)  # type: ignore[arg-type]
+                if run.chain_hashes is not None:
+                    assert tandem_hash is not None  # the run's later blocks chain from its first
+                    run.chain_hashes.append(tandem_hash)
             parent = block_hash
         return passed
 
