@@ -61,6 +61,7 @@ from services.router.routing import (
 from services.router.routing.shortlist import shortlist
 from shared.errors import ErrorCode, TandemError, Unavailable
 from shared.schemas import Finished, RoutedPrompt
+from shared.schemas.generate import FinishReason
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("tandem.router")
@@ -87,8 +88,8 @@ def _note_route(params: GenerationParams, span: trace.Span, flow: str, reason: s
         params.route.flow, params.route.reason = flow, reason
 
 
-def _answered(params: GenerationParams, finish_reason: str, cached_tokens: int = 0) -> Answered:
-    return Answered(Finished(seq=0, finish_reason=finish_reason,  # type: ignore[arg-type]
+def _answered(params: GenerationParams, finish_reason: FinishReason, cached_tokens: int = 0) -> Answered:
+    return Answered(Finished(seq=0, finish_reason=finish_reason,
                              prompt_tokens=len(params.prompt_ids), cached_tokens=cached_tokens,
                              completion_tokens=0))
 
