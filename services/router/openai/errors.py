@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,6 +23,7 @@ from services.router.openai.protocol import ErrorInfo, ErrorResponse
 from shared.errors import ErrorCode, InvalidArgument, NotFound, Overloaded, TandemError
 
 log = logging.getLogger(__name__)
+_E = TypeVar("_E", bound=Exception)
 
 
 class BadRequest(InvalidArgument):
@@ -65,7 +67,7 @@ def error_info(error: TandemError) -> ErrorInfo:
     return ErrorInfo(message=error.message, type=error_type(error.http_status), param=param, code=code)
 
 
-def error_response(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, info: ErrorInfo, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status, headers=headers)
 
 
@@ -144,7 +146,18 @@ def install_error_handlers(app: FastAPI, *, on_rejected: Callable[[str, str], No
         return error_response(500, ErrorInfo(message=f"internal error: {type(error).__name__}", type="server_error",
                                              code=ErrorCode.INTERNAL.value))
 
-    app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
-    app.add_exception_handler(TandemError, tandem_error)  # type: ignore[arg-type]
-    app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
+    _on_error(app, RequestValidationError, invalid_request)
+    _on_error(app, TandemError, tandem_error)
+    _on_error(app, HTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
+
+
+def _on_error(app: FastAPI, kind: type[_E], handler: Callable[[Request, _E], Awaitable[JSONResponse]]) -> None:
+    """`app.add_exception_handler(kind, handler)`, typed: Starlette declares every handler as
+    taking any `Exception`, and calls the one registered for the error's class (or a base)."""
+
+    async def on_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, kind), error
+        return await handler(request, error)
+
+    app.add_exception_handler(kind, on_error)

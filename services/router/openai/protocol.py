@@ -14,7 +14,7 @@ router, never parsed).
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 
@@ -209,8 +209,9 @@ class _CompletionRequest(SamplingFields):
         """The prompts: one, or each of a batch (answered in order, `n` choices each)."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            return list(prompt)  # type: ignore[arg-type]
-        return [prompt]  # type: ignore[list-item]
+            # validation admits only batches all of one kind: texts, or token id lists
+            return list(cast("list[str] | list[list[int]]", prompt))
+        return [cast("str | list[int]", prompt)]
 
 
 class _ChatCompletionRequest(SamplingFields):

@@ -121,5 +121,5 @@ def install_api_keys(app: FastAPI, config: RouterConfig, metrics: RouterMetrics,
     table = watcher.table(clock())
     log.info("router API guarded by the API keys in %s (%d: %s); /metrics %s", config.api_keys_file, len(table),
              ", ".join(table.names) or "none yet", "needs a key" if config.metrics_auth == "api-key" else "open")
-    app.add_middleware(ApiKeyMiddleware,  # type: ignore[arg-type]
+    app.add_middleware(ApiKeyMiddleware,
                        gate=ApiKeyGate(watcher, metrics, clock, guard_metrics=config.metrics_auth == "api-key"))
