@@ -127,6 +127,11 @@ def summary(arms: list[dict]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["live"]:  # the same question on real engines, in real time (bench.planner.live)
+        from bench.planner.live import main as live_main
+
+        return live_main(argv[1:])
     args = _parser().parse_args(argv)
     budget = args.workers
     if budget < 2:
