@@ -11,9 +11,16 @@ publisher that cannot compute them (a block whose parent's chain is unknown) lea
 `None`, and routers compute the chain from `token_ids`. Routers in verification mode
 recompute every chain from `token_ids` and count the blocks whose hash differs, so
 publishers send `token_ids` too; an event with `chain_hashes` may leave them empty.
+
+A consumer that does not read the token ids decodes a batch as `KvEventBatchWithoutTokens`:
+the same tags and fields but `token_ids`, which msgspec skips without building an int per
+token (a struct ignores fields it does not declare). Decoding them is most of a batch's cost:
+16 ints per block where the hashes are 2. Its events read as ones sent without token ids.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import msgspec
 
@@ -44,3 +51,25 @@ class KvEventBatch(Message, tag="kv_batch", kw_only=True):
     seq: int
     ts: float
     events: list[KvEvent]
+
+
+class BlockStoredWithoutTokens(msgspec.Struct, tag="stored", kw_only=True):
+    """A `BlockStored` decoded without its token ids (skipped on the wire, not validated)."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    block_size: int
+    chain_hashes: list[int] | None = None
+    token_ids: ClassVar[tuple[int, ...]] = ()  # not decoded: read as an event sent without them
+
+
+KvEventWithoutTokens = BlockStoredWithoutTokens | BlockRemoved | AllBlocksCleared
+
+
+class KvEventBatchWithoutTokens(Message, tag="kv_batch", kw_only=True):
+    """A `KvEventBatch` decoded without its events' token ids."""
+
+    worker_id: str
+    seq: int
+    ts: float
+    events: list[KvEventWithoutTokens]

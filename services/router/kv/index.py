@@ -64,7 +64,16 @@ from services.router.kv.index_store import store_event
 from services.router.kv.index_worker import IndexedWorker, apply_snapshot, drop_bit, release, worker_stats
 from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.cluster.sequence import SequenceTracker
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from shared.schemas.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    BlockStoredWithoutTokens,
+    KvEventBatch,
+    KvEventBatchWithoutTokens,
+)
+
+_STORED = (BlockStored, BlockStoredWithoutTokens)
 
 
 def block_hashes_for(token_ids: Sequence[int], block_size: int, salt: bytes = b"", *,
@@ -128,7 +137,9 @@ class KvIndex:
 
     # ---- events -------------------------------------------------------------------------
 
-    def ingest(self, batch: KvEventBatch) -> IngestResult:
+    def ingest(self, batch: KvEventBatch | KvEventBatchWithoutTokens) -> IngestResult:
+        """Apply a worker's batch (decoded without token ids where the index does not read them:
+        `batch_decode`)."""
         worker = self._workers.get(batch.worker_id)
         if worker is None:
             return IngestResult(IngestOutcome.UNKNOWN_WORKER, synced=False, resync_needed=False)
@@ -142,7 +153,7 @@ class KvIndex:
         stored = removed = rejected = orphaned = mismatched = 0
         cleared = lost = False  # lost: a block's parent is unknown, and no clear came first
         for event in events:
-            if type(event) is BlockStored:
+            if isinstance(event, _STORED):
                 event_stored, event_rejected, event_orphaned, unlinked, event_mismatched = store_event(
                     worker, self._holders, event, self.verify_hashes)
                 stored += event_stored

@@ -13,10 +13,10 @@ from operator import and_, ne
 
 from services.router.kv.index_worker import IndexedWorker
 from shared.block_hash import ROOT_PARENT, block_hash_chain
-from shared.schemas.kv_events import BlockStored
+from shared.schemas.kv_events import BlockStored, BlockStoredWithoutTokens
 
 
-def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStored,
+def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStored | BlockStoredWithoutTokens,
                 verify_hashes: bool) -> tuple[int, int, int, bool, int]:
     """Apply one `BlockStored` of `worker` (`verify_hashes`: `KvIndex.verify_hashes`); returns
     block counts (stored, rejected, orphaned), whether its parent was unknown, and how many
@@ -25,11 +25,13 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
     blocks = len(engine_hashes)
     chain = event.chain_hashes
     size = worker.block_size
-    tokens_fit = len(event.token_ids) == blocks * size
     if chain is not None and len(chain) != blocks:
         chain = None  # malformed: fall back to the token ids, if they fit
-    hashed_here = chain is None or (verify_hashes and tokens_fit)
-    if event.block_size != size or (hashed_here and not tokens_fit):
+    # The token ids are read only to hash or verify the chain here: an event whose chain is
+    # indexed as sent may come without them (`batch_decode` skips them on the wire).
+    tokens_fit = (chain is None or verify_hashes) and len(event.token_ids) == blocks * size
+    hashed_here = chain is None or tokens_fit  # verification without fitting token ids: as sent
+    if event.block_size != size or (chain is None and not tokens_fit):
         worker.rejected_blocks += blocks
         return 0, blocks, 0, False, 0
     if not blocks:

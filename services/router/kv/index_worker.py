@@ -13,13 +13,14 @@ only them and the shared holder masks. Pure and synchronous.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import islice
 
 from services.router.kv.index_diff import snapshot_diff
 from services.router.kv.index_results import WorkerIndexStats
 from services.router.kv.index_runs import Runs
 from shared.cluster.sequence import SequenceTracker, SyncState
-from shared.schemas.kv_events import BlockStored, KvEvent
+from shared.schemas.kv_events import BlockStored, BlockStoredWithoutTokens, KvEvent, KvEventWithoutTokens
 
 
 class IndexedWorker:
@@ -66,7 +67,8 @@ def release(worker: IndexedWorker, holders: dict[int, int], block_hash: int) -> 
     return True
 
 
-def apply_snapshot(worker: IndexedWorker, holders: dict[int, int], events: list[KvEvent]) -> int | None:
+def apply_snapshot(worker: IndexedWorker, holders: dict[int, int],
+                   events: Sequence[KvEvent | KvEventWithoutTokens]) -> int | None:
     """Apply a snapshot (`AllBlocksCleared`, then `BlockStored`s with chain hashes) as the
     difference from what the worker holds (`index_diff`). Returns the blocks it holds
     after, or None, with nothing changed, for a batch that is no such snapshot or a worker
@@ -79,7 +81,7 @@ def apply_snapshot(worker: IndexedWorker, holders: dict[int, int], events: list[
     chain_runs: list[list[int]] = []
     parents: list[int | None] = []
     for event in islice(events, 1, None):
-        if type(event) is not BlockStored or event.block_size != size:
+        if not isinstance(event, (BlockStored, BlockStoredWithoutTokens)) or event.block_size != size:
             return None
         hashes = event.chain_hashes
         if hashes is None or len(hashes) != len(event.block_hashes):

@@ -1,8 +1,9 @@
 """The router's view of where KV blocks live: the pure `KvIndex`, fed from the bus.
 
-Adapter: subscribes to every worker's KV event stream, follows membership (a worker that
-joins is indexed with its block size; one that leaves or restarts is purged), and asks a
-worker for a snapshot while its stream is out of sync (a gap), on a timer until it is.
+Adapter: subscribes to every worker's KV event stream (decoded by `batch_decode`), follows
+membership (a worker that joins is indexed with its block size; one that leaves or restarts
+is purged), and asks a worker for a snapshot while its stream is out of sync (a gap), on a
+timer until it is.
 The dispatcher asks `prompt_cache()` how much of a prompt each worker holds (the policy
 weighs it), names the blocks to pull from a holder (`prefix_source()`), and records each
 routing as a prediction (`predict()`: speculative index entries with a TTL).
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
+from services.router.kv.batch_decode import KvBatchDecoder
 from services.router.kv.index import KvIndex, block_hashes_for
 from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
 from services.router.routing.recency import CacheRecency
 from shared.bus import Bus
-from shared.codec import Codec, MalformedCounter, encode
-from shared.schemas import KvEventBatch, KvSnapshotRequest, KvTransferParams
+from shared.codec import MalformedCounter, encode
+from shared.schemas import KvSnapshotRequest, KvTransferParams
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ class KvView:
                  request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS) -> None:
         self._bus = bus
         self._subjects = subjects
-        self._batches: Codec[KvEventBatch] = Codec(KvEventBatch, malformed)
+        self._batches = KvBatchDecoder(malformed, verify_hashes=verify_hashes)  # token ids only where read
         self._resync_interval_s = resync_interval_s
         self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
         self.recency = CacheRecency()
