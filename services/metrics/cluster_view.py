@@ -42,6 +42,7 @@ from shared.schemas import (
     WorkerRole,
     WorkerStatus,
 )
+from shared.schemas.kv_events import BlockStoredWithoutTokens, KvEventBatchWithoutTokens
 
 
 class WorkerView(msgspec.Struct, kw_only=True):
@@ -177,14 +178,14 @@ class ClusterView:
         if worker is not None:
             worker.load = snapshot
 
-    def apply_kv(self, batch: KvEventBatch) -> bool:
-        """Apply a batch; True when the worker must be asked for a KV snapshot."""
+    def apply_kv(self, batch: KvEventBatch | KvEventBatchWithoutTokens) -> bool:
+        """Apply a batch (its token ids are not read); True when the worker must be asked for a KV snapshot."""
         worker = self._member(batch.worker_id)
         if worker is None:
             return False
         for event in batch.events:
             match event:
-                case BlockStored(block_hashes=hashes):
+                case BlockStored(block_hashes=hashes) | BlockStoredWithoutTokens(block_hashes=hashes):
                     worker.stored.update(hashes)
                 case BlockRemoved(block_hashes=hashes):
                     worker.stored.difference_update(hashes)

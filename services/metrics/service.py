@@ -26,7 +26,8 @@ from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import Codec, MalformedCounter, encode
 from shared.prometheus import headers_exemplar
-from shared.schemas import KvEventBatch, KvSnapshotRequest, RequestRecord, TransferRecord
+from shared.schemas import KvSnapshotRequest, RequestRecord, TransferRecord
+from shared.schemas.kv_events import KvEventBatchWithoutTokens
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ class MetricsService:
         self.registry, self._histograms = build_registry(self.view, self.malformed)
         self._roles: dict[str, str] = {}  # members' roles, for per-role transfer times
         self.transfer_metrics = TransferMetrics(self.registry, self._roles.get)
-        self._kv_batches: Codec[KvEventBatch] = Codec(KvEventBatch, self.malformed["kv_events"])
+        # The view reads engine block hashes only: token ids are skipped, not decoded.
+        self._kv_batches: Codec[KvEventBatchWithoutTokens] = Codec(KvEventBatchWithoutTokens,
+                                                                   self.malformed["kv_events"])
         self._records: Codec[RequestRecord] = Codec(RequestRecord, self.malformed["requests"])
         self._transfers: Codec[TransferRecord] = Codec(TransferRecord, self.malformed["kv_transfers"])
         self.snapshot_requests_sent = 0

@@ -1,7 +1,7 @@
 """The router's KV batch decoding (`services.router.kv.batch_decode`): batches whose stored
 events carry usable chains are decoded without token ids and leave the index as the full
 decode does; an event without a chain, or with one of the wrong length, and verification
-mode decode the batch in full."""
+mode decode the batch in full; the metrics collector's view reads batches without token ids."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import random
 import msgspec
 import pytest
 
+from services.metrics.cluster_view import ClusterView
 from services.router.kv.batch_decode import KvBatchDecoder, needs_token_ids
 from services.router.kv.index import KvIndex, block_hashes_for
-from shared.codec import MalformedCounter, encode
+from shared.codec import Codec, MalformedCounter, encode
 from shared.schemas.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -20,6 +21,7 @@ from shared.schemas.kv_events import (
     KvEventBatch,
     KvEventBatchWithoutTokens,
 )
+from tests.unit.test_cluster_view import registration
 from tests.unit.test_kv_index import BLOCK, FakeEngine, tokens
 from tests.unit.test_kv_index_hashes import wrong_at
 
@@ -201,3 +203,20 @@ def test_a_malformed_batch_is_counted_once_and_dropped() -> None:
     assert decoder.decode_or_none(b"\xc1", SUBJECT) is None
     assert decoder.decode_or_none(encode(BlockRemoved(block_hashes=[1])), SUBJECT) is None
     assert malformed.by_subject[SUBJECT] == 2
+
+
+# ---- the metrics collector --------------------------------------------------------------------
+
+
+def test_the_cluster_view_counts_blocks_of_batches_decoded_without_token_ids() -> None:
+    engine = FakeEngine("w1", chain_hashes=True)
+    batches = random_stream(9, [engine])
+    codecs: list[Codec] = [Codec(KvEventBatch), Codec(KvEventBatchWithoutTokens)]
+    views = [ClusterView(), ClusterView()]
+    for view in views:
+        view.apply_registration(registration("w1"))
+    for batch in batches:
+        asks = [view.apply_kv(codec.decode(encode(batch))) for view, codec in zip(views, codecs)]
+        assert asks[0] == asks[1]
+    full, lean = (view.snapshot().workers[0] for view in views)
+    assert full == lean and full.kv_stored_blocks > 0
