@@ -13,6 +13,10 @@ Per fleet size the events and queries are built once; then each round, on a fres
   batch ingested cold (the worker was empty), after a gap (1% of its chains changed: the
   bulk swap), and the same snapshot applied event by event; Dynamo: `clear_all_blocks`
   and the snapshot's events; then the worker's removal.
+Tandem ingests the batches as the router decodes them from the wire (`KvBatchDecoder`:
+without token ids where the index does not read them); each round also times that decoding
+of every batch, token ids included, so that decode plus ingest per CPU second compares with
+Dynamo's `apply_event`, which parses its JSON events itself.
 Rates are per wall second (and per CPU second of the process); the ratio is Tandem's
 ingest rate over Dynamo's, per round; the summary gives medians and spreads (min, max)
 over the rounds. The box may be shared and noisy: compare within a round.
@@ -43,10 +47,13 @@ import msgspec
 import numpy as np
 
 from bench.index_workload import Chunk, Fleet, Snapshot
+from services.router.kv.batch_decode import KvBatchDecoder
 from services.router.kv.index import KvIndex, block_hashes_for
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, KvEventBatch
+from shared.codec import encode
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, KvEventBatch, KvEventBatchWithoutTokens
 
 INGEST_RATIO_GOAL = 1.1
+DECODE_AND_INGEST_RATIO_GOAL = 1.5  # Tandem's decode + ingest per CPU second over Dynamo's, token ids sent
 
 
 def _load_radix_tree() -> type | None:
@@ -79,6 +86,8 @@ class _Workload:
     snapshot_changed: Snapshot
     blocks: int
     events: int
+    payloads: list[list[bytes]]  # each chunk's batches on the wire, token ids included
+    router_batches: list[list[KvEventBatch | KvEventBatchWithoutTokens]]  # as the router decodes them
 
 
 def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int, queries: int, seed: int,
@@ -87,8 +96,17 @@ def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int,
     chunks = list(fleet.chunks(total_blocks))
     query_chains = [block_hashes_for(fleet.query(), block_size) for _ in range(queries)]
     snapshot = Snapshot("resync", resync_blocks, block_size, seed + 1)
+    payloads = [[encode(batch) for batch in chunk.batches] for chunk in chunks]
     return _Workload(fleet, chunks, query_chains, snapshot, snapshot.changed(),
-                     blocks=sum(chunk.blocks for chunk in chunks), events=sum(len(chunk.batches) for chunk in chunks))
+                     blocks=sum(chunk.blocks for chunk in chunks), events=sum(len(chunk.batches) for chunk in chunks),
+                     payloads=payloads, router_batches=[_router_decoded(each) for each in payloads])
+
+
+def _router_decoded(payloads: list[bytes]) -> list[KvEventBatch | KvEventBatchWithoutTokens]:
+    decode = KvBatchDecoder().decode_or_none
+    batches = [decode(payload, "bench") for payload in payloads]
+    assert all(batches), "the workload's batches decode"
+    return batches  # type: ignore[return-value]
 
 
 def _new_index(workload: _Workload, *, verify_hashes: bool = False) -> KvIndex:
@@ -105,7 +123,7 @@ def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
         ingest = index.ingest
         apply_event = tree.apply_event if tree is not None else None
 
-        def tandem(batches=chunk.batches) -> None:
+        def tandem(batches=workload.router_batches[number]) -> None:
             for batch in batches:
                 ingest(batch)
 
@@ -215,25 +233,41 @@ def _verify_ingest_s(workload: _Workload) -> float:
     return wall
 
 
+def _decode_round(workload: _Workload, ingest_row: dict) -> dict:
+    """The router's decoding of every batch (token ids sent), per CPU second: with this round's
+    ingest, decode plus ingest, and its ratio to Dynamo's `apply_event` (which parses JSON)."""
+    decode = KvBatchDecoder().decode_or_none
+    cpu = _timed(lambda: [decode(payload, "bench") for payloads in workload.payloads for payload in payloads])[1]
+    seconds_per_block = 1 / ingest_row["tandem_ingest_blocks_per_cpu_s"] + cpu / workload.blocks
+    row = {"tandem_decode_ns_per_block_with_token_ids": round(cpu / workload.blocks * 1e9),
+           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(1 / seconds_per_block)}
+    if "dynamo_ingest_blocks_per_cpu_s" in ingest_row:
+        row["decode_and_ingest_ratio_cpu_with_token_ids"] = round(
+            1 / seconds_per_block / ingest_row["dynamo_ingest_blocks_per_cpu_s"], 3)
+    return row
+
+
 def _wire_costs(workload: _Workload) -> dict:
-    """What the router's adapter pays before `ingest`: msgpack decoding, per block (not timed in ingest)."""
-    decoder = msgspec.msgpack.Decoder(KvEventBatch)
+    """What the router's adapter pays before `ingest`, per block: decoding with its decoder
+    (`KvBatchDecoder`), and (`full_decode_`) decoding every field, token ids included."""
+    decoders = {"": KvBatchDecoder().decode_or_none,
+                "full_": lambda payload, _subject, decode=msgspec.msgpack.Decoder(KvEventBatch).decode: decode(payload)}
     batches = workload.chunks[0].batches
     blocks = workload.chunks[0].blocks
-    with_tokens = [msgspec.msgpack.encode(batch) for batch in batches]
-    without = [msgspec.msgpack.encode(msgspec.structs.replace(batch, events=[
+    with_tokens = workload.payloads[0]
+    without = [encode(msgspec.structs.replace(batch, events=[
         msgspec.structs.replace(event, token_ids=[]) for event in batch.events])) for batch in batches]
-    row = {}
-    for name, payloads in (("with_token_ids", with_tokens), ("chain_hashes_only", without)):
-        cpu = _timed(lambda payloads=payloads: [decoder.decode(payload) for payload in payloads])[1]
-        row[f"event_bytes_per_block_{name}"] = round(sum(map(len, payloads)) / blocks, 1)
-        row[f"decode_ns_per_block_{name}"] = round(cpu / blocks * 1e9)
     sample = Snapshot("resync", 100_000, workload.fleet.block_size, 0)
-    for name, token_ids in (("with_token_ids", True), ("chain_hashes_only", False)):
-        payload = msgspec.msgpack.encode(sample.batch(seq=1, token_ids=token_ids))
-        cpu = _timed(lambda payload=payload: decoder.decode(payload))[1]
-        row[f"snapshot_bytes_per_block_{name}"] = round(len(payload) / sample.blocks, 1)
-        row[f"snapshot_decode_ns_per_block_{name}"] = round(cpu / sample.blocks * 1e9)
+    row = {}
+    for name, payloads, token_ids in (("with_token_ids", with_tokens, True), ("chain_hashes_only", without, False)):
+        snapshot = encode(sample.batch(seq=1, token_ids=token_ids))
+        row[f"event_bytes_per_block_{name}"] = round(sum(map(len, payloads)) / blocks, 1)
+        row[f"snapshot_bytes_per_block_{name}"] = round(len(snapshot) / sample.blocks, 1)
+        for prefix, decode in decoders.items():
+            cpu = _timed(lambda payloads=payloads, decode=decode: [decode(payload, "bench") for payload in payloads])[1]
+            row[f"{prefix}decode_ns_per_block_{name}"] = round(cpu / blocks * 1e9)
+            cpu = _timed(lambda snapshot=snapshot, decode=decode: decode(snapshot, "bench"))[1]
+            row[f"{prefix}snapshot_decode_ns_per_block_{name}"] = round(cpu / sample.blocks * 1e9)
     return row
 
 
@@ -248,7 +282,8 @@ SUMMARY_KEYS = ("tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ing
                 "tandem_ingest_blocks_per_cpu_s", "dynamo_ingest_blocks_per_cpu_s", "chunk_ratio_min",
                 "tandem_match_p99_ms", "dynamo_match_p99_ms", "tandem_match_p50_ms", "dynamo_match_p50_ms",
                 "tandem_resync_after_gap_s", "tandem_resync_cold_s", "tandem_resync_event_by_event_s",
-                "dynamo_resync_after_gap_s")
+                "dynamo_resync_after_gap_s", "tandem_decode_ns_per_block_with_token_ids",
+                "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids", "decode_and_ingest_ratio_cpu_with_token_ids")
 
 
 def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None) -> dict:
@@ -264,14 +299,16 @@ def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None
         for number in range(args.rounds):
             index = _new_index(workload)
             tree = radix_tree() if radix_tree is not None else None
-            row = {"round": number} | _ingest_round(workload, index, tree) | _match_round(workload, index, tree)
+            row = {"round": number} | _ingest_round(workload, index, tree)
+            row |= _decode_round(workload, row) | _match_round(workload, index, tree)
             if number == 0:  # before the resync: a million blocks come and go, and dicts keep their size
                 bytes_per_block = round(index.memory_bytes() / workload.blocks)
                 distinct_blocks = index.stats().total_blocks
             row |= _resync_round(workload, index, tree)
             rounds.append(row)
             print(f"  round {number}: " + ", ".join(f"{key}={row[key]}" for key in (
-                "tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ingest_ratio", "tandem_match_p99_ms",
+                "tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ingest_ratio",
+                "decode_and_ingest_ratio_cpu_with_token_ids", "tandem_match_p99_ms",
                 "dynamo_match_p99_ms", "tandem_resync_after_gap_s") if key in row), file=sys.stderr)
             del index, tree
         verify_wall = _verify_ingest_s(workload)
@@ -280,14 +317,19 @@ def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None
             summary |= _spread(rounds, key)
         if radix_tree is not None:
             summary["ingest_ratio_goal_met_every_round"] = all(row["ingest_ratio"] >= INGEST_RATIO_GOAL for row in rounds)
+            summary["decode_and_ingest_ratio_goal_met_every_round"] = all(
+                row["decode_and_ingest_ratio_cpu_with_token_ids"] >= DECODE_AND_INGEST_RATIO_GOAL for row in rounds)
             summary["match_p99_goal_met_every_round"] = all(
                 row["tandem_match_p99_ms"] <= row["dynamo_match_p99_ms"] for row in rounds)
         wire = _wire_costs(workload)
         # Dynamo parses its JSON events inside apply_event; Tandem's adapter decodes msgpack before
-        # ingest. Ingest with that decoding, per CPU second (derived from the medians):
-        for payload in ("with_token_ids", "chain_hashes_only"):
-            seconds = 1 / summary["tandem_ingest_blocks_per_cpu_s_median"] + wire[f"decode_ns_per_block_{payload}"] / 1e9
-            summary[f"tandem_decode_and_ingest_blocks_per_cpu_s_{payload}"] = round(1 / seconds)
+        # ingest. Ingest with that decoding, per CPU second: the rounds' median with the router's
+        # decoder; the others derived from the median ingest rate and the first chunk's decoding.
+        summary["tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids"] = round(summary[
+            "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids_median"])
+        for name in ("full_decode_ns_per_block_with_token_ids", "decode_ns_per_block_chain_hashes_only"):
+            seconds = 1 / summary["tandem_ingest_blocks_per_cpu_s_median"] + wire[name] / 1e9
+            summary["tandem_" + name.replace("_ns_per_block", "_and_ingest_blocks_per_cpu_s")] = round(1 / seconds)
         return {"workers": workers, "blocks": workload.blocks, "events": workload.events,
                 "distinct_blocks": distinct_blocks, "bytes_per_block": bytes_per_block,
                 "verify_ingest_blocks_per_s": round(workload.blocks / verify_wall),
