@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 import typer
@@ -25,6 +25,7 @@ from shared.schemas import WorkerRole
 from shared.schemas.orchestrator import (
     AddWorker,
     CommandOutcome,
+    CommandProgress,
     CordonWorker,
     DrainWorker,
     ListWorkers,
@@ -37,11 +38,15 @@ from shared.schemas.orchestrator import (
 )
 from shared.subjects import Subjects
 
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
 app = typer.Typer(help="Operate a running cluster through its orchestrator.", no_args_is_help=True)
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the orchestrator's answer.")]
 Deadline = Annotated[float, typer.Option("--deadline", help="Seconds the worker may take to finish its work.")]
 Force = Annotated[bool, typer.Option("--force", help="Even if it leaves too few decode workers.")]
 _outcomes = msgspec.msgpack.Decoder(CommandOutcome)
+_progress = msgspec.msgpack.Decoder(CommandProgress)
 
 
 @app.callback()
@@ -53,24 +58,38 @@ def nats_files(ctx: typer.Context,
 
 
 async def send(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float,
-               files: dict[str, str] | None = None) -> CommandOutcome:
-    """The orchestrator's answer to `command` (raises TimeoutError / connection errors)."""
+               files: dict[str, str] | None = None, *, progress: bool = False) -> CommandOutcome:
+    """The orchestrator's answer to `command` (raises TimeoutError / connection errors);
+    `progress`: printing each `CommandProgress` the orchestrator publishes meanwhile."""
     from shared.bus import connect
 
+    subjects = Subjects(namespace)
     bus = await connect(bus_config(nats_url, namespace, **(files or {})), "tandem-ctl")
     try:
-        reply = await bus.client.request(Subjects(namespace).orchestrator_commands, encode(command), timeout=timeout_s)
+        if progress:
+            await bus.client.subscribe(subjects.orchestrator_progress, cb=_print_progress)
+        reply = await bus.client.request(subjects.orchestrator_commands, encode(command), timeout=timeout_s)
         return _outcomes.decode(reply.data)
     finally:
         await bus.close()
 
 
+async def _print_progress(msg: Msg) -> None:
+    try:
+        step = _progress.decode(msg.data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return
+    detail = f": {step.detail}" if step.detail else ""
+    typer.secho(f"[{step.index}/{step.total}] {step.step} {step.outcome}{detail}",
+                fg="green" if step.outcome == "ok" else "red")
+
+
 def _issue(ctx: typer.Context,
            command: OrchestratorCommand, nats_url: str, namespace: str,
-           timeout_s: float) -> CommandOutcome:
+           timeout_s: float, *, progress: bool = False) -> CommandOutcome:
     files = ctx.obj if isinstance(ctx.obj, dict) else {}  # `nats_files`, the group's options
     try:
-        return asyncio.run(send(command, nats_url, namespace, timeout_s, files))
+        return asyncio.run(send(command, nats_url, namespace, timeout_s, files, progress=progress))
     except Exception as error:
         typer.secho(f"no answer from the orchestrator at {nats_url} ({namespace}): {type(error).__name__} {error}",
                     fg="red", err=True)
@@ -112,29 +131,29 @@ def workers(ctx: typer.Context,
     Console().print(workers_table(outcome.workers))
 
 
-@app.command()
-def cordon(ctx: typer.Context,
-           worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
-           timeout: Timeout = 15.0) -> None:
-    """Send the worker no new work; it keeps its in-flight work and stays."""
-    _report(_issue(ctx, CordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
+def _admin_command(name: str, kind: type[CordonWorker] | type[UncordonWorker], summary: str) -> None:
+    def run(ctx: typer.Context,
+            worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+            timeout: Timeout = 15.0) -> None:
+        _report(_issue(ctx, kind(worker_id=worker_id), nats_url, namespace, timeout))
+
+    app.command(name, help=summary)(run)
 
 
-@app.command()
-def uncordon(ctx: typer.Context,
-             worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
-             timeout: Timeout = 15.0) -> None:
-    """Let a cordoned worker take new work again."""
-    _report(_issue(ctx, UncordonWorker(worker_id=worker_id), nats_url, namespace, timeout))
+def _leave_command(name: str, kind: type[DrainWorker] | type[RemoveWorker], summary: str) -> None:
+    def run(ctx: typer.Context,
+            worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+            deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
+        _report(_issue(ctx, kind(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace,
+                       timeout))
+
+    app.command(name, help=summary)(run)
 
 
-@app.command()
-def drain(ctx: typer.Context,
-          worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
-          deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
-    """Drain the worker: no new work, finish requests and held KV leases, then leave."""
-    _report(_issue(ctx, DrainWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace,
-                   timeout))
+_admin_command("cordon", CordonWorker, "Send the worker no new work; it keeps its in-flight work and stays.")
+_admin_command("uncordon", UncordonWorker, "Let a cordoned worker take new work again.")
+_leave_command("drain", DrainWorker,
+               "Drain the worker: no new work, finish requests and held KV leases, then leave.")
 
 
 @app.command("set-role")
@@ -156,40 +175,7 @@ def add(ctx: typer.Context,
     _report(_issue(ctx, AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
 
 
-@app.command()
-def remove(ctx: typer.Context,
-           worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
-           deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
-    """Drain a worker and stop its process (if the orchestrator started it)."""
-    _report(_issue(ctx, RemoveWorker(worker_id=worker_id, deadline_s=deadline, force=force), nats_url, namespace,
-                   timeout))
-
-
-async def send_with_progress(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float,
-                             files: dict[str, str] | None = None) -> CommandOutcome:
-    """`send`, printing each `CommandProgress` the orchestrator publishes meanwhile."""
-    from shared.bus import connect
-    from shared.schemas.orchestrator import CommandProgress
-
-    progress = msgspec.msgpack.Decoder(CommandProgress)
-
-    async def on_progress(msg) -> None:
-        try:
-            step = progress.decode(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return
-        detail = f": {step.detail}" if step.detail else ""
-        typer.secho(f"[{step.index}/{step.total}] {step.step} {step.outcome}{detail}",
-                    fg="green" if step.outcome == "ok" else "red")
-
-    subjects = Subjects(namespace)
-    bus = await connect(bus_config(nats_url, namespace, **(files or {})), "tandem-ctl")
-    try:
-        await bus.client.subscribe(subjects.orchestrator_progress, cb=on_progress)
-        reply = await bus.client.request(subjects.orchestrator_commands, encode(command), timeout=timeout_s)
-        return _outcomes.decode(reply.data)
-    finally:
-        await bus.close()
+_leave_command("remove", RemoveWorker, "Drain a worker and stop its process (if the orchestrator started it).")
 
 
 def _role_settings(items: list[str]) -> dict[str, list[str]]:
@@ -219,11 +205,4 @@ def upgrade(ctx: typer.Context,
     decode worker at a time (add, wait until active, drain the old pair)."""
     command = UpgradeWorkers(model_version=model_version, worker_args=shlex.split(worker_args),
                              role_args=_role_settings(role_settings), model=model, deadline_s=deadline)
-    try:
-        files = ctx.obj if isinstance(ctx.obj, dict) else {}
-        outcome = asyncio.run(send_with_progress(command, nats_url, namespace, timeout, files))
-    except Exception as error:
-        typer.secho(f"no answer from the orchestrator at {nats_url} ({namespace}): {type(error).__name__} {error}",
-                    fg="red", err=True)
-        raise typer.Exit(2) from None
-    _report(outcome)
+    _report(_issue(ctx, command, nats_url, namespace, timeout, progress=True))
