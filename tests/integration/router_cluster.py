@@ -372,3 +372,19 @@ async def start_worker(bus: Bus, bus_config: BusConfig, model_dir: str, tokenize
 def reference_tokens(request: GenerateRequest, vocab_size: int) -> list[int]:
     """What the sim engine answers `request` with, wherever it runs."""
     return generate_tokens(request.token_ids, request.sampling, vocab_size)[0]
+
+
+@pytest.fixture
+async def start_pd(start_worker: Callable[..., Awaitable[SimWorker]]
+                   ) -> Callable[..., Awaitable[tuple[SimWorker, SimWorker]]]:
+    """Start a prefill and a decode worker (ids "p1", "d1" unless given), each with its own
+    `start_worker` options."""
+
+    async def start(prefill: dict | None = None, decode: dict | None = None) -> tuple[SimWorker, SimWorker]:
+        prefill = {"worker_id": "p1", **(prefill or {})}
+        decode = {"worker_id": "d1", **(decode or {})}
+        prefill_worker = await start_worker(prefill.pop("worker_id"), role=WorkerRole.PREFILL, **prefill)
+        decode_worker = await start_worker(decode.pop("worker_id"), role=WorkerRole.DECODE, **decode)
+        return prefill_worker, decode_worker
+
+    return start

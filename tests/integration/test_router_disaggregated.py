@@ -28,7 +28,6 @@ from tests.integration.router_cluster import (
     DEADLINE_S,
     MODEL_DIR_NAME,
     Router,
-    SimWorker,
     metrics_text,
     reference_tokens,
     router_config,
@@ -49,20 +48,6 @@ async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]
     config = router_config(bus_config, model_dir, routing=RoutingConfig(local_prefill_tokens=0))
     async with running_router(config) as running:
         yield running
-
-
-@pytest.fixture
-async def start_pd(start_worker):
-    """Start a prefill and a decode worker (ids "p1", "d1" unless given)."""
-
-    async def start(prefill: dict | None = None, decode: dict | None = None) -> tuple[SimWorker, SimWorker]:
-        prefill = {"worker_id": "p1", **(prefill or {})}
-        decode = {"worker_id": "d1", **(decode or {})}
-        prefill_worker = await start_worker(prefill.pop("worker_id"), role=WorkerRole.PREFILL, **prefill)
-        decode_worker = await start_worker(decode.pop("worker_id"), role=WorkerRole.DECODE, **decode)
-        return prefill_worker, decode_worker
-
-    return start
 
 
 def body(**fields) -> dict:

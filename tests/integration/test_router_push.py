@@ -14,14 +14,12 @@ import pytest
 from services.router.config import RoutingConfig
 from services.worker.engines import engine_spec
 from shared.config import BusConfig
-from shared.schemas import WorkerRole
 from shared.schemas.membership import EngineCapabilities
 from shared.tokenizer import Tokenizer
 from tests.integration.router_cluster import (
     DEADLINE_S,
     MODEL_DIR_NAME,
     Router,
-    SimWorker,
     metrics_text,
     router_config,
     running_router,
@@ -38,19 +36,6 @@ async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]
     config = router_config(bus_config, model_dir, routing=RoutingConfig(local_prefill_tokens=0, pd_transfer="push"))
     async with running_router(config) as running:
         yield running
-
-
-@pytest.fixture
-def start_pd(start_worker):
-    """A prefill worker "p1" and a decode worker "d1"."""
-
-    async def start(prefill: dict | None = None, decode: dict | None = None) -> tuple[SimWorker, SimWorker]:
-        workers = []
-        for worker_id, role, options in (("p1", WorkerRole.PREFILL, prefill), ("d1", WorkerRole.DECODE, decode)):
-            workers.append(await start_worker(worker_id, role=role, **(options or {})))
-        return workers[0], workers[1]
-
-    return start
 
 
 def body(**fields) -> dict:
