@@ -30,6 +30,7 @@ from shared.schemas import SamplingParams
 from shared.tokenizer import Tokenizer
 from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric
 from tests.stack_fixtures import make_stack, running
+from tests.waiting import wait_for
 
 
 def worker_loss_stack(specs: tuple[WorkerSpec, ...], *, ttl_s: float) -> Callable[..., Iterator[LocalStack]]:
@@ -150,6 +151,20 @@ def check_outcomes(outcomes: Sequence[StreamOutcome], expected: Sequence[str]) -
 async def router_health(router_url: str) -> dict:
     async with httpx.AsyncClient() as http:
         return (await http.get(f"{router_url}/health", timeout=5)).json()
+
+
+async def router_members(router_url: str) -> list[str]:
+    """The worker ids the router counts as members."""
+    return (await router_health(router_url))["workers"]
+
+
+async def wait_router_idle(router_url: str, timeout_s: float = 10) -> None:
+    """Wait until the router has nothing in flight."""
+
+    async def idle() -> bool:
+        return (await router_health(router_url))["in_flight"] == 0
+
+    await wait_for(idle, timeout_s, "the router to have nothing in flight")
 
 
 async def router_metric(router_url: str, name: str, **labels: str) -> float:

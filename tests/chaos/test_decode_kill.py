@@ -25,10 +25,11 @@ from shared.tokenizer import Tokenizer
 from tests.chaos.streams import (
     all_ended,
     check_outcomes,
-    router_health,
+    router_members,
     router_metric,
     start_streams,
     token_prompts,
+    wait_router_idle,
     worker_loss_stack,
 )
 from tests.stack_fixtures import observing
@@ -89,9 +90,5 @@ async def test_decode_worker_killed_mid_stream(stack: LocalStack, tiny_model_dir
         # nothing leaked on the survivors, nothing left in flight at the router
         observer.workers = ("p1", "d2")
         await observer.assert_clean(timeout_s=20)
-        await wait_for(lambda: _router_idle(stack.router_url), 10, "the router to have nothing in flight")
-        assert "d1" not in (await router_health(stack.router_url))["workers"]
-
-
-async def _router_idle(router_url: str) -> bool:
-    return (await router_health(router_url))["in_flight"] == 0
+        await wait_router_idle(stack.router_url)
+        assert "d1" not in await router_members(stack.router_url)

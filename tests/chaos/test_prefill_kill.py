@@ -29,10 +29,11 @@ from tests.chaos.streams import (
     all_ended,
     check_outcomes,
     expected_texts,
-    router_health,
+    router_members,
     router_metric,
     start_streams,
     token_prompts,
+    wait_router_idle,
     worker_loss_stack,
 )
 from tests.stack_fixtures import observing
@@ -99,12 +100,8 @@ async def test_prefill_worker_killed_mid_transfer(stack: LocalStack, tiny_model_
         # nothing leaked on the survivors, nothing left in flight at the router
         observer.workers = ("p2", "d1", "d2")
         await observer.assert_clean(timeout_s=20)
-        await wait_for(lambda: _router_idle(stack.router_url), 10, "the router to have nothing in flight")
+        await wait_router_idle(stack.router_url)
 
 
 async def _without(router_url: str, worker_id: str) -> bool:
-    return worker_id not in (await router_health(router_url))["workers"]
-
-
-async def _router_idle(router_url: str) -> bool:
-    return (await router_health(router_url))["in_flight"] == 0
+    return worker_id not in await router_members(router_url)

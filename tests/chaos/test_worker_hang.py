@@ -25,10 +25,11 @@ from tests.chaos.streams import (
     all_ended,
     check_outcomes,
     expected_texts,
-    router_health,
+    router_members,
     router_metric,
     start_streams,
     token_prompts,
+    wait_router_idle,
     worker_loss_stack,
 )
 from tests.stack_fixtures import observing
@@ -52,10 +53,6 @@ SPECS = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL), WorkerSpec(worker_
 stack = worker_loss_stack(SPECS, ttl_s=TTL_S)
 
 
-async def _members(router_url: str) -> list[str]:
-    return (await router_health(router_url))["workers"]
-
-
 async def test_decode_worker_stopped_past_its_ttl(stack: LocalStack, tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
     prompts = token_prompts(tokenizer, STREAMS + 2 * NEW, seed=5)
@@ -77,7 +74,7 @@ async def test_decode_worker_stopped_past_its_ttl(stack: LocalStack, tiny_model_
             await all_ended(tasks + new_tasks, outcomes + new_outcomes, stopped_at + END_BOUND_S,
                             f"{END_BOUND_S}s after d1 stopped")
             ended_s = max(outcome.ended_at or stopped_at for outcome in outcomes + new_outcomes) - stopped_at
-            assert await _members(stack.router_url) == ["d2", "p1"], "d1 came back while stopped"
+            assert await router_members(stack.router_url) == ["d2", "p1"], "d1 came back while stopped"
         finally:
             d1.send_signal(signal.SIGCONT)
         resumed_at = time.monotonic()
@@ -102,16 +99,12 @@ async def test_decode_worker_stopped_past_its_ttl(stack: LocalStack, tiny_model_
         assert time.monotonic() - resumed_at < 60
 
         await observer.assert_clean(timeout_s=20)
-        await wait_for(lambda: _router_idle(stack.router_url), 10, "the router to have nothing in flight")
+        await wait_router_idle(stack.router_url)
 
 
 async def _gone(router_url: str) -> bool:
-    return "d1" not in await _members(router_url)
+    return "d1" not in await router_members(router_url)
 
 
 async def _back(router_url: str) -> bool:
-    return "d1" in await _members(router_url)
-
-
-async def _router_idle(router_url: str) -> bool:
-    return (await router_health(router_url))["in_flight"] == 0
+    return "d1" in await router_members(router_url)
