@@ -8,5 +8,6 @@ imports it.
 - `process`: child processes (own session, parent-death signal, log file each);
 - `readiness`: health endpoints and membership registrations, waited on with a deadline;
 - `stack`: `LocalStack`, one running stack (the end-to-end tests and benchmarks use it too);
+- `load_reports`: `LatestLoads`, each worker's latest load report off the bus, for a stack's observers;
 - `up`: `tandem up`.
 """

@@ -25,12 +25,13 @@ from typing import Any
 
 import pytest
 
+from launch.load_reports import LatestLoads
 from launch.plan import StackConfig, WorkerSpec
 from launch.stack import LocalStack
 from shared.bus import Bus, connect
 from shared.codec import Codec
 from shared.nats_server import EmbeddedNats
-from shared.schemas import LoadSnapshot, TransferRecord
+from shared.schemas import TransferRecord
 from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
 from tests.waiting import wait_for
@@ -133,21 +134,8 @@ async def records_arrived(records: list, count: int, timeout_s: float = 5.0) -> 
     await wait_for(lambda: len(records) >= count, timeout_s, lambda: f"{count} records ({len(records)} arrived)")
 
 
-class LoadWatcher:
-    """The latest load report of every worker, read straight off the bus."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, LoadSnapshot] = {}
-
-    async def start(self, bus: Bus, subject: str) -> None:
-        codec: Codec[LoadSnapshot] = Codec(LoadSnapshot)
-
-        async def on_load(msg) -> None:
-            snapshot = codec.decode_or_none(msg.data, msg.subject)
-            if snapshot is not None:
-                self.latest[snapshot.worker_id] = snapshot
-
-        await bus.client.subscribe(subject, cb=on_load)
+class LoadWatcher(LatestLoads):
+    """The latest load report of every worker, read straight off the bus, and waits on them."""
 
     def idle(self, worker_ids: list[str]) -> bool:
         snaps = [self.latest.get(w) for w in worker_ids]

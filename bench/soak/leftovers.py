@@ -15,28 +15,12 @@ import time
 import httpx
 
 from bench.soak.report import Leftovers
-from shared.bus import Bus
-from shared.codec import Codec
-from shared.schemas import LoadSnapshot
-from shared.subjects import Subjects
+from launch.load_reports import LatestLoads
 
 POLL_S = 0.1
 
 
-class LoadReports:
-    def __init__(self) -> None:
-        self.latest: dict[str, LoadSnapshot] = {}
-
-    async def start(self, bus: Bus, namespace: str) -> None:
-        codec: Codec[LoadSnapshot] = Codec(LoadSnapshot)
-
-        async def on_load(msg) -> None:
-            snapshot = codec.decode_or_none(msg.data, msg.subject)
-            if snapshot is not None:
-                self.latest[snapshot.worker_id] = snapshot
-
-        await bus.client.subscribe(Subjects(namespace).load_all, cb=on_load)
-
+class LoadReports(LatestLoads):
     def leftovers(self, workers: list[str], router_in_flight: int | None, settle_s: float | None) -> Leftovers:
         latest = {worker: self.latest[worker] for worker in workers if worker in self.latest}
         return Leftovers(leases={w: s.active_leases for w, s in latest.items()},

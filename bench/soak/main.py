@@ -38,6 +38,7 @@ from launch.plan import StackConfig, WorkerSpec
 from launch.stack import LocalStack
 from shared.bus import connect
 from shared.schemas import WorkerRole
+from shared.subjects import Subjects
 
 PROGRESS_EVERY_S = 10.0
 
@@ -91,7 +92,7 @@ async def drive(stack: LocalStack, config: SoakConfig, bounds: Bounds) -> dict:
     bus = await connect(stack.nats_url, "bench-soak")
     try:
         reports = LoadReports()
-        await reports.start(bus, stack.config.namespace)
+        await reports.start(bus, Subjects(stack.config.namespace).load_all)
         async with make_client(stack.router_url, config.request_timeout_s) as http:
             model = await served_model(http)
             maker = RequestMaker(config.seed, config.mix)
