@@ -13,9 +13,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from shared.lifecycle import die_with_parent
+
+
+def start_or_undo(start: Callable[[], None], undo: Callable[[], None]) -> None:
+    """`start()`; if it fails (KeyboardInterrupt too), `undo()` first, so that nothing it
+    started stays running, then the failure goes on."""
+    try:
+        start()
+    except BaseException:
+        undo()
+        raise
 
 
 class ManagedProcess:

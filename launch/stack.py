@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from launch import argv
 from launch.plan import StackConfig, WorkerSpec
-from launch.process import LocalLauncher, ManagedProcess
+from launch.process import LocalLauncher, ManagedProcess, start_or_undo
 from launch.readiness import free_port, wait_http_ok, wait_registered
 from launch.secure_nats import operator_bus, service_env, start_embedded_nats
 from shared.nats_security import NatsSecurity
@@ -43,11 +43,7 @@ class LocalStack:
         self.start_timeout_s = config.resolved_start_timeout_s()
 
     def start(self) -> None:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        start_or_undo(self._start, self.stop)
 
     def _start(self) -> None:
         config = self.config

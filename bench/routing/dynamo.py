@@ -68,7 +68,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.routing.dynamo_timing import write_profile_npz
-from launch.process import ManagedProcess
+from launch.process import ManagedProcess, start_or_undo
 from launch.readiness import free_port
 from services.worker.sim.profile import TimingProfile
 from shared.lifecycle import die_with_parent
@@ -217,11 +217,7 @@ class DynamoStack:
         self.stop()
 
     def start(self) -> DynamoStack:
-        try:
-            self._start()
-        except BaseException:  # also KeyboardInterrupt: nothing stays running
-            self.stop()
-            raise
+        start_or_undo(self._start, self.stop)
         return self
 
     def _start(self) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.process import LocalLauncher, ManagedProcess
+from launch.process import LocalLauncher, ManagedProcess, start_or_undo
 from launch.readiness import free_port, wait_http_ok
 from services.worker.vllm.options import VllmEngineOptions
 
@@ -82,11 +82,7 @@ class PeerStack:
         self.router_url = ""
 
     def start(self) -> None:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        start_or_undo(self._start, self.stop)
 
     def _start(self) -> None:
         binary = router_binary()

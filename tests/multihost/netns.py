@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launch.process import start_or_undo
+
 
 def ip(*args: str, check: bool = True) -> str:
     result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
@@ -88,11 +90,7 @@ class SimulatedHosts:
         return ("ip", "netns", "exec", self.hub_namespace)
 
     def __enter__(self) -> SimulatedHosts:
-        try:
-            self._create()
-        except BaseException:
-            self.delete()
-            raise
+        start_or_undo(self._create, self.delete)
         return self
 
     def __exit__(self, *exc: object) -> None:
