@@ -321,8 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         topologies = parse_topologies(args.compare) if args.compare else []
     except ValueError as error:
         parser.error(str(error))
-    if any(topology.peer for topology in topologies) and args.engine != "vllm":
-        parser.error("an Nxvllm peer is compared with vLLM workers: add --engine vllm")
+    from services.worker.engines import engine_spec
+
+    if any(topology.peer for topology in topologies) and not engine_spec(args.engine).has_plain_server:
+        parser.error(f"an Nxvllm peer runs beside workers whose engine has a plain server of its own, "
+                     f"not {args.engine}: add --engine vllm")
     if workload.max_tokens < 1 or workload.concurrency < 1 or (workload.request_rate or 1) <= 0:
         parser.error("--max-tokens, --concurrency and --request-rate must be positive")
     config = workload.config()

@@ -53,6 +53,8 @@ class EngineSpec:
     # (e.g. pinning CPU engines one per core).
     launch_args: Callable[[int, Sequence[int]], tuple[str, ...]] = field(default=no_launch_args)
     deployment: EngineDeployment = EngineDeployment()
+    # The engine's own OpenAI server runs as a benchmark's peer (`tandem bench serve`'s Nxvllm).
+    has_plain_server: bool = False
 
     def problem(self) -> str | None:
         """Why this Python cannot run the engine, or None."""

@@ -63,4 +63,5 @@ VLLM = EngineSpec(
     # vLLM's processes share tensors through /dev/shm; the Tandem image has the sim engine only.
     deployment=EngineDeployment(in_tandem_image=False, shm_size="1gb", cpu_request="4", memory_request="16Gi",
                                 cpu_limit="16", memory_limit="32Gi", start_grace_s=900, stop_grace_s=180),
+    has_plain_server=True,  # `vllm serve`
 )
