@@ -16,8 +16,9 @@ round to round) through two phases with the same client and prompts:
 
 Prints one JSON document on stdout (`bench.router.report`: per round, per system median and
 spread, the ratio Tandem/Dynamo's median and spread, the goals); progress goes to stderr.
-`--routers 1,2,4` asks for Tandem stacks with that many router processes, each its own
-system; only 1 runs today.
+`--routers 1,2,4` runs a Tandem stack with that many router processes on one port for each
+count, each its own system (CPU per request summed over its routers), and the ratio of each
+to the one-router stack.
 """
 
 from __future__ import annotations
