@@ -30,16 +30,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import msgspec
+from nats.aio.msg import Msg
 
 from bench.planner.main import run_arm as simulate
 from bench.planner.sim import Arrival, Phase, PlannerSetup, SimOptions, arrivals
@@ -52,7 +55,11 @@ from launch.plan import plan_stack
 from launch.stack import LocalStack
 from services.orchestrator.planning import Budget, PlannerConfig, Slos, Thresholds
 from services.worker.sim.profile import load_profile
+from shared.bus import connect
+from shared.codec import Codec
 from shared.config import WorkerConfig
+from shared.schemas.planner import PlannerDecision
+from shared.subjects import Subjects
 
 REQUEST_TIMEOUT_S = 600.0
 WARMUP_REQUESTS = 2
@@ -107,9 +114,10 @@ def prompts_for(requests: list[Arrival], count_tokens: TokenCounter, seed: int) 
                           count_tokens)[0] for arrival in requests]
 
 
-async def drive(url: str, requests: list[Arrival], prompts: list[str], warmup: list[str]) -> list[RequestRecord]:
+async def drive(stack: LocalStack, requests: list[Arrival], prompts: list[str], warmup: list[str],
+                watch: PlannerWatch | None) -> list[RequestRecord]:
     """Warm-up requests one by one, then every arrival at its offset; the records, in arrival order."""
-    async with make_client(url, REQUEST_TIMEOUT_S) as client:
+    async with make_client(stack.router_url, REQUEST_TIMEOUT_S) as client, watching(stack, watch):
         model = await served_model(client)
 
         def shape(max_tokens: int) -> RequestShape:
@@ -120,6 +128,8 @@ async def drive(url: str, requests: list[Arrival], prompts: list[str], warmup: l
             await stream_request(client, shape(8), prompt, RequestRecord(sent_at=time.monotonic()))
         records = [RequestRecord(sent_at=0.0) for _ in requests]
         start = time.monotonic()
+        if watch is not None:
+            watch.started()
 
         async def send(arrival: Arrival, prompt: str, record: RequestRecord) -> None:
             await asyncio.sleep(max(0.0, start + arrival.at_s - time.monotonic()))
@@ -137,9 +147,50 @@ def figures(records: list[RequestRecord], slo: Slo, duration_s: float) -> dict:
     ttft = distribution_ms([record.ttft_s for record in done if record.ttft_s is not None])
     tpot = distribution_ms([record.tpot_s for record in done if record.tpot_s is not None])
     return {"requests": len(records), "completed": len(done), "errors": len(records) - len(done),
+            "error_kinds": dict(Counter(record.error or "unfinished" for record in records if not record.ok)),
             "attainment": round(met / len(records), 4) if records else None,
             "goodput_rps": round(met / duration_s, 3), "ttft_p50_ms": ttft["p50"], "ttft_p90_ms": ttft["p90"],
             "itl_p90_ms": tpot["p90"]}
+
+
+class PlannerWatch:
+    """The planner's ticks over a run (its `planner.decisions` events): every tick that acts,
+    and every `every_s` one that does not, with its notes and pressures (why it did not)."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.ticks: list[dict] = []
+        self._codec: Codec[PlannerDecision] = Codec(PlannerDecision)
+        self._start = time.monotonic()
+        self._last_idle = -every_s
+
+    def started(self) -> None:
+        self._start = time.monotonic()
+
+    async def on_decision(self, msg: Msg) -> None:
+        decision = self._codec.decode(msg.data)
+        at = time.monotonic() - self._start
+        if not decision.actions and at - self._last_idle < self.every_s:
+            return
+        if not decision.actions:
+            self._last_idle = at
+        self.ticks.append({"at_s": round(at, 1), "actions": [repr(action) for action in decision.actions],
+                           "notes": decision.notes, "pressures": {role: round(value, 2) for role, value
+                                                                  in decision.pressures.items()}})
+
+
+@contextlib.asynccontextmanager
+async def watching(stack: LocalStack, watch: PlannerWatch | None) -> AsyncIterator[None]:
+    """`watch` subscribed to the stack's planner decisions meanwhile (nothing when None)."""
+    if watch is None:
+        yield
+        return
+    bus = await connect(stack.operator_bus, "bench-planner-live")
+    try:
+        await bus.client.subscribe(Subjects(stack.config.namespace).planner_decisions, cb=watch.on_decision)
+        yield
+    finally:
+        await bus.close()
 
 
 def planner_lines(log_path: Path) -> list[str]:
@@ -163,7 +214,8 @@ def run_arm(arm: Arm, setup: LiveSetup, plan: list[Phase], requests: list[Arriva
         return {"arm": arm.name, "error": f"stack did not start: {error}"[:500]}
     try:
         started = time.monotonic()
-        records = asyncio.run(drive(stack.router_url, requests, prompts, warmup))
+        watch = PlannerWatch() if arm.planner else None
+        records = asyncio.run(drive(stack, requests, prompts, warmup, watch))
         wall_s = time.monotonic() - started
     finally:
         stack.stop()
@@ -171,8 +223,9 @@ def run_arm(arm: Arm, setup: LiveSetup, plan: list[Phase], requests: list[Arriva
               "overall": figures(records, setup.slo, sum(phase.duration_s for phase in plan)),
               "phases": {phase.name: figures([r for r, a in zip(records, requests) if a.phase == phase.name],
                                              setup.slo, phase.duration_s) for phase in plan}}
-    if arm.planner:
+    if watch is not None:
         report["planner_log"] = planner_lines(setup.log_root / arm.name / "orchestrator.log")
+        report["planner_ticks"] = watch.ticks
     overall = report["overall"]
     _progress(f"{arm.name}: attainment {overall['attainment']}, TTFT p90 {overall['ttft_p90_ms']} ms, "
               f"ITL p90 {overall['itl_p90_ms']} ms, {overall['errors']} errors")
@@ -226,6 +279,13 @@ def _split(text: str) -> tuple[int, int]:
     return prefill, decode
 
 
+def worker_settings(args: argparse.Namespace) -> dict:
+    settings = {"vllm_kv_cache_gib": args.vllm_kv_cache_gib}
+    if args.vllm_cpu_threads_bind:
+        settings["vllm_cpu_threads_bind"] = args.vllm_cpu_threads_bind
+    return settings
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem bench planner live", description=__doc__.splitlines()[0])
     parser.add_argument("--engine", default="vllm", help="the workers' engine")
@@ -241,7 +301,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sustain-s", type=float, default=8.0, help="the planner's sustain")
     parser.add_argument("--cooldown-s", type=float, default=15.0, help="the planner's global cooldown")
     parser.add_argument("--sim-profile", default="", help="timing profile for the simulated prediction (none: skip)")
+    parser.add_argument("--simulate-only", action="store_true", help="only the simulated prediction (no stacks)")
     parser.add_argument("--vllm-kv-cache-gib", type=float, default=0.5)
+    parser.add_argument("--vllm-cpu-threads-bind", default="",
+                        help="vLLM workers' thread binding (default: one core each, round-robin); 'nobind' with "
+                             "OMP_NUM_THREADS=1 lets the OS share the cores among busy engines, so that a role's "
+                             "share follows its worker count")
     parser.add_argument("--start-timeout", type=float, default=0.0, help="seconds for a stack to start")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--state-dir", default=".tandem/bench-planner-live", help="logs and the generated model")
@@ -249,11 +314,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from bench.serve.main import _model_dir, tokenizer_counter
+def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[LiveSetup, list[Phase], list[Arm]]:
+    from bench.serve.main import _model_dir
 
-    parser = _parser()
-    args = parser.parse_args(argv)
     try:
         plan = [_phase("decode-heavy", args.decode_phase, args.phase_s),
                 _phase("prefill-heavy", args.prefill_phase, args.phase_s)]
@@ -265,28 +328,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     if sum(start) != args.workers or any(sum(split) != args.workers for split in splits):
         parser.error(f"every split and --start must add up to --workers ({args.workers})")
+    if args.simulate_only and not args.sim_profile:
+        parser.error("--simulate-only needs --sim-profile")
     state_dir = Path(args.state_dir)
-    setup = LiveSetup(engine=args.engine, model_dir=_model_dir(args.model_dir, state_dir), log_root=state_dir / "logs",
-                      slo=slo, seed=args.seed, worker_settings={"vllm_kv_cache_gib": args.vllm_kv_cache_gib},
+    model_dir = args.model_dir if args.simulate_only else _model_dir(args.model_dir, state_dir)
+    setup = LiveSetup(engine=args.engine, model_dir=model_dir, log_root=state_dir / "logs",
+                      slo=slo, seed=args.seed, worker_settings=worker_settings(args),
                       planner_settings=planner_settings(slo, args.workers, sustain_s=args.sustain_s,
                                                         cooldown_s=args.cooldown_s),
                       start_timeout_s=args.start_timeout)
     arms = [Arm(f"static {p}p{d}d", p, d) for p, d in splits] + [Arm("planner", *start, planner=True)]
-    requests = arrivals(plan, args.seed)
+    return setup, plan, arms
+
+
+def run_live(setup: LiveSetup, plan: list[Phase], arms: list[Arm]) -> list[dict]:
+    from bench.serve.main import tokenizer_counter
+
+    requests = arrivals(plan, setup.seed)
     count_tokens = tokenizer_counter(setup.model_dir)
-    prompts = prompts_for(requests, count_tokens, args.seed)
-    warmup = build_prompts(PromptSpec(count=WARMUP_REQUESTS, prompt_tokens=64, seed=args.seed + 999), count_tokens)
-    _progress(f"{len(requests)} requests over {len(plan)} phases of {args.phase_s:g} s; arms: "
+    prompts = prompts_for(requests, count_tokens, setup.seed)
+    warmup = build_prompts(PromptSpec(count=WARMUP_REQUESTS, prompt_tokens=64, seed=setup.seed + 999), count_tokens)
+    _progress(f"{len(requests)} requests over {len(plan)} phases of {plan[0].duration_s:g} s; arms: "
               + ", ".join(arm.name for arm in arms))
-    reports = [run_arm(arm, setup, plan, requests, prompts, warmup) for arm in arms]
-    document = {"benchmark": "planner-live", "engine": setup.engine, "model_dir": setup.model_dir,
-                "workers": args.workers, "seed": args.seed, "slos": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms},
-                "phases": [dataclasses.asdict(phase) for phase in plan],
-                "planner_settings": setup.planner_settings, "summary": summary(reports), "arms": reports}
+    return [run_arm(arm, setup, plan, requests, prompts, warmup) for arm in arms]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    setup, plan, arms = _setup(args, parser)
+    slo = setup.slo
+    document: dict = {"benchmark": "planner-live", "engine": setup.engine, "model_dir": setup.model_dir,
+                      "workers": args.workers, "seed": args.seed, "slos": {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms},
+                      "phases": [dataclasses.asdict(phase) for phase in plan],
+                      "planner_settings": setup.planner_settings}
+    if not args.simulate_only:
+        reports = run_live(setup, plan, arms)
+        document |= {"summary": summary(reports), "arms": reports}
     if args.sim_profile:
-        document["simulated"] = {"profile": args.sim_profile, "arms": predicted(
-            arms, plan, setup, args.sim_profile, args.sustain_s, args.cooldown_s)}
-        document["simulated"]["summary"] = summary(document["simulated"]["arms"])
+        simulated = predicted(arms, plan, setup, args.sim_profile, args.sustain_s, args.cooldown_s)
+        document["simulated"] = {"profile": args.sim_profile, "summary": summary(simulated), "arms": simulated}
     text = json.dumps(document, indent=1)
     print(text)
     if args.out:

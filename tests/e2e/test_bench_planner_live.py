@@ -33,7 +33,9 @@ def test_live_run_reports_every_arm_beside_its_prediction(tiny_model_dir: str, t
         assert set(arm["phases"]) == {"decode-heavy", "prefill-heavy"}
         assert sum(phase["requests"] for phase in arm["phases"].values()) == requests
     assert any("planner on" in line for line in arms["planner"]["planner_log"]), arms["planner"]["planner_log"]
-    assert "planner_log" not in arms["static 1p1d"]
+    ticks = arms["planner"]["planner_ticks"]  # its decisions as the bus carried them
+    assert ticks and all(set(tick) == {"at_s", "actions", "notes", "pressures"} for tick in ticks)
+    assert "planner_log" not in arms["static 1p1d"] and "planner_ticks" not in arms["static 1p1d"]
     assert document["summary"]["errors"] == 0 and document["summary"]["best_static"] == "static 1p1d"
     simulated = document["simulated"]
     assert [arm["arm"] for arm in simulated["arms"]] == ["static 1p1d", "planner"]

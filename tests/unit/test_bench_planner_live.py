@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from bench.planner.live import _phase, figures, planner_lines, prompts_for, summary
+from bench.planner.live import _phase, figures, main, planner_lines, prompts_for, summary
 from bench.planner.sim import Phase, arrivals
 from bench.serve.stats import RequestRecord, Slo
 
@@ -55,3 +56,17 @@ def test_planner_lines_keep_decisions_not_idle_ticks(tmp_path) -> None:
     log.write_text("planner on (x)\nplanner: no action (pressures {})\nplanner: switch_role applied: p -> d\nother\n")
     assert planner_lines(log) == ["planner on (x)", "planner: switch_role applied: p -> d"]
     assert planner_lines(tmp_path / "missing.log") == []
+
+
+def test_simulate_only_predicts_every_arm_without_a_stack(capsys) -> None:
+    assert main(["--simulate-only", "--sim-profile", "default", "--phase-s", "20"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert "arms" not in document
+    assert [arm["arm"] for arm in document["simulated"]["arms"]] == ["static 1p2d", "static 2p1d", "planner"]
+    assert document["simulated"]["summary"]["errors"] == 0
+    assert [phase["name"] for phase in document["phases"]] == ["decode-heavy", "prefill-heavy"]
+
+
+def test_simulate_only_needs_a_profile() -> None:
+    with pytest.raises(SystemExit):
+        main(["--simulate-only"])
