@@ -234,13 +234,15 @@ def run_arm(arm: Arm, setup: LiveSetup, plan: list[Phase], requests: list[Arriva
 
 def predicted(arms: list[Arm], plan: list[Phase], setup: LiveSetup, profile: str, sustain_s: float,
               cooldown_s: float) -> list[dict]:
-    """The simulated bench's run of the same phases, arms and SLOs on `profile` (simulated time)."""
+    """The simulated bench's run of the same phases, arms and SLOs on `profile` (simulated time),
+    its planner only switching roles, as the live stacks' (their orchestrator has no launcher)."""
     slos = Slos(ttft_p90_ms=setup.slo.ttft_ms, itl_p90_ms=setup.slo.itl_ms)
     options = SimOptions(profile=load_profile(profile), worker=WorkerConfig(worker_id="sim"))
     budget = max(arm.prefill + arm.decode for arm in arms)
     planner = PlannerSetup(slos=slos, interval_s=1.0, window_s=20.0, config=PlannerConfig(
         budget=Budget(max_prefill=budget - 1, max_decode=budget - 1, max_total=budget),
-        thresholds=Thresholds(sustain_s=sustain_s), global_cooldown_s=cooldown_s, operator_hold_s=0.0))
+        thresholds=Thresholds(sustain_s=sustain_s), global_cooldown_s=cooldown_s, operator_hold_s=0.0,
+        can_add_workers=False))  # as the live stacks' orchestrator: no launcher, so it only switches roles
     out = []
     for arm in arms:
         report = simulate(arm.prefill, arm.decode, plan, setup.seed, options, slos, planner if arm.planner else None)

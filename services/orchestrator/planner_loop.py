@@ -69,12 +69,12 @@ from shared.schemas.planner import PlannerAction, PlannerDecision, ScaleDown, Sc
 log = logging.getLogger(__name__)
 
 
-def planner_config(config: PlannerLoopConfig) -> PlannerConfig:
+def planner_config(config: PlannerLoopConfig, *, can_add_workers: bool = True) -> PlannerConfig:
     return PlannerConfig(budget=Budget(max_prefill=config.max_workers - 1, max_decode=config.max_workers - 1,
                                        max_total=config.max_workers),
                          thresholds=Thresholds(sustain_s=config.sustain_s),
                          global_cooldown_s=config.global_cooldown_s, worker_cooldown_s=config.worker_cooldown_s,
-                         operator_hold_s=config.operator_hold_s)
+                         operator_hold_s=config.operator_hold_s, can_add_workers=can_add_workers)
 
 
 def command_for(action: PlannerAction, drain_deadline_s: float) -> OrchestratorCommand:
@@ -104,7 +104,8 @@ class PlannerLoop:
         self._clock = clock
         self._wall = wall
         self._slos = Slos(ttft_p90_ms=self._config.ttft_p90_ms, itl_p90_ms=self._config.itl_p90_ms)
-        self._planner = planner_config(self._config)
+        # the orchestrator without a launcher cannot start a worker: the planner only switches roles
+        self._planner = planner_config(self._config, can_add_workers=config.launcher.kind != "none")
         self.state = PlannerState()
         self.counts: Counter[str] = Counter()  # decisions by action kind ("none": no action)
         self.last: PlannerDecision | None = None

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig
+from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig, WorkerLauncherConfig
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
 from shared.bus import Bus, connect
@@ -66,7 +66,8 @@ async def long_generations(bus: Bus, bus_config: BusConfig, worker_id: str, coun
 
 @contextlib.asynccontextmanager
 async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: float = 0.5,
-                  load: bool = True, records: Sequence[RequestRecord] = ()) -> AsyncIterator[Cluster]:
+                  load: bool = True, records: Sequence[RequestRecord] = (),
+                  launcher: str = "local") -> AsyncIterator[Cluster]:
     """p1, p2 (prefill) and d1 (decode) with d1's batch full, then the orchestrator and its
     planner (so that its first tick sees the load: the idle prefill workers' cold trend and
     the decode worker's hot one start together). `records` are published as soon as the
@@ -89,8 +90,10 @@ async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: flo
             await stack.enter_async_context(long_generations(bus, bus_config, "d1", DECODE_SLOTS))
         orchestrator_bus = await connect(bus_config.nats_url, "orchestrator")
         stack.push_async_callback(orchestrator_bus.close)
+        # a launcher (none is started here) lets the planner add and stop workers, not only switch
         config = OrchestratorConfig(bus=bus_config, membership=MEMBERSHIP, command_timeout_s=2.0,
-                                    planner=planner(dry_run, sustain_s))
+                                    planner=planner(dry_run, sustain_s),
+                                    launcher=WorkerLauncherConfig(kind=launcher, model_dir="unused-model-dir"))
         orchestrator = OrchestratorService(config, orchestrator_bus)
         await orchestrator.start()
         stack.push_async_callback(orchestrator.stop)
@@ -200,6 +203,17 @@ async def test_an_idle_prefill_worker_is_drained_and_leaves(bus: Bus, bus_config
         await wait_for(lambda: len(planner.outcomes) == 1, 15, "the scale-down's outcome")
         assert planner.outcomes[0].ok and planner.outcomes[0].reason.startswith("drained and left"), planner.outcomes
         assert workers["p1"].stopped.is_set() and orchestrator.control.registration("p1") is None
+
+
+async def test_without_a_launcher_an_idle_worker_is_kept(bus: Bus, bus_config: BusConfig) -> None:
+    """No launcher could bring a stopped worker back: the planner keeps the idle prefill
+    worker (to switch it later) and says why, instead of draining it away for good."""
+    async with cluster(bus, bus_config, dry_run=False, load=False, launcher="none") as (orchestrator, workers, events):
+        kept = "prefill is cold: keeping its workers (no launcher would bring one back)"
+        await wait_for(lambda: any(kept in note for e in events for note in e.notes), 20,
+                       lambda: f"the note {kept!r}; heard {events[-1:]}")
+        assert not any(e.actions for e in events)
+        assert set(orchestrator.control.worker_ids()) == set(workers)
 
 
 async def test_no_action_while_a_rolling_upgrade_runs_and_the_planner_resumes_after(

@@ -89,6 +89,17 @@ def test_cold_role_scales_down_its_least_loaded_worker():
     assert "0.10 with one fewer" in action.reason  # TTFT at 3 % of capacity: the fixed cost stays
 
 
+def test_without_a_launcher_the_planner_only_switches_roles():
+    switch_only = msgspec.structs.replace(CONFIG, can_add_workers=False)
+    cold, _, decision = run([snapshot(prefill=3, ttft=100.0, demand=1000.0)] * 10, config=switch_only)
+    assert cold == [] and "prefill is cold: keeping its workers (no launcher would bring one back)" in decision.notes
+    burst, _, decision = run([snapshot(ttft=2500.0, demand=19_000.0, occupancy=0.54)] * 8, config=switch_only)
+    assert burst == [] and any("no launcher to add a prefill worker" in note for note in decision.notes)
+    switched, _, _ = run([snapshot(prefill=3, ttft=200.0, demand=3000.0, itl=80.0, occupancy=0.95)] * 10,
+                         config=switch_only)
+    assert [type(action) for _, action in switched] == [SwitchRole]
+
+
 def test_cooldown_spaces_actions_on_sustained_pressure():
     hot = snapshot(prefill=1, decode=1, ttft=3000.0, demand=9_000.0, occupancy=0.6)
     actions, _, decision = run([hot] * 60)  # 300 s of unrelieved pressure

@@ -91,6 +91,9 @@ class PlannerConfig(msgspec.Struct, frozen=True, kw_only=True):
     global_cooldown_s: float = 60.0  # after any action, before the next
     worker_cooldown_s: float = 300.0  # after an action on a worker, before another on it
     operator_hold_s: float = 600.0  # the planner leaves an operator-touched worker alone this long
+    # False: no launcher can start a worker (the orchestrator runs without one), so the planner
+    # only switches roles: a worker it stopped could never come back when its role turns hot.
+    can_add_workers: bool = True
 
 
 class Trend(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,6 +17,9 @@ Order of business, at most one action per tick:
    `hot_exit` without it and keeps its minimum, unless the other role is hot: then the
    worker is kept for a switch (stopping it would leave the hot role a slower scale-up).
 
+Without a launcher (`PlannerConfig.can_add_workers` false) the planner neither adds nor
+stops workers: it only switches roles, as a stopped worker could never be brought back.
+
 After an action the acted-on trends restart their sustain clock: the next action on the same
 signal needs it held again, with the new capacity in place.
 """
@@ -177,8 +180,11 @@ def _relieve_hot(tick: _Tick) -> Decision | None:
                 action = SwitchRole(worker_id=candidates[0], from_role=donor, to_role=role, reason=reason)
                 return tick.decision(action, (role, donor), candidates[0])
             tick.notes.append(f"{why}; no {donor.value} worker free to switch (operator hold or cooldown)")
-        if room and tick.total() < budget.max_total:
+        if room and tick.total() < budget.max_total and tick.config.can_add_workers:
             return tick.decision(ScaleUp(role=role, reason=why), (role,))
+        if room and tick.total() < budget.max_total:
+            tick.notes.append(f"{why}; no launcher to add a {role.value} worker, and no worker to switch")
+            continue
         tick.notes.append(f"{why}; budget reached ({tick.count(role)} {role.value} of max "
                           f"{budget.role_max(role)}, {tick.total()} workers of max {budget.max_total})")
     return None
@@ -213,6 +219,9 @@ def _release_cold(tick: _Tick) -> Decision | None:
         if tick.hot(_other(role)).active:  # the other role may need this worker: a switch, not a stop
             tick.notes.append(f"{role.value} is cold but {_other(role).value} is hot: keeping its workers "
                               f"to switch rather than stop")
+            continue
+        if not tick.config.can_add_workers:  # a stopped worker could not come back: keep it to switch
+            tick.notes.append(f"{role.value} is cold: keeping its workers (no launcher would bring one back)")
             continue
         for worker_id in tick.movable(role)[:1]:
             reason = (f"{role.value} pressure {tick.pressures[role].value:.2f} for "
