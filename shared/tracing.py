@@ -54,6 +54,13 @@ def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
     return carrier
 
 
+def span_context_headers(span: trace.Span) -> dict[str, str]:
+    """Headers carrying `span`'s context, without making it current."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
 def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
     return _propagator.extract(dict(headers or {}))
 

@@ -235,9 +235,10 @@ class RouterMetrics:
             return
         per_token = gap_s / tokens
         itl = self.itl.labels(self.role_of(worker_id))
-        exemplar = trace_exemplar(span)
-        for _ in range(tokens):
-            itl.observe(per_token, exemplar=exemplar)
+        # The n observations fall in one bucket, whose exemplar is its latest: set it once.
+        itl.observe(per_token, exemplar=trace_exemplar(span))
+        for _ in range(tokens - 1):
+            itl.observe(per_token)
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
         """The samples and their content type (OpenMetrics, with exemplars, if `accept` asks)."""

@@ -43,7 +43,7 @@ from services.router.flows.detokenizer import TokenDecoder
 from services.router.flows.executor import CommittedPlan, FlowExecutor
 from services.router.flows.generation import Generation
 from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
-from services.router.flows.spans import end_span
+from services.router.flows.spans import child_span, end_span
 from services.router.flows.token_source import Answered, TokenSource
 from services.router.kv.view import KvView, PromptCache
 from services.router.metrics import RouterMetrics
@@ -64,7 +64,6 @@ from shared.schemas import Finished, RoutedPrompt
 from shared.schemas.generate import FinishReason
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("tandem.router")
 
 
 def _outcome(error: BaseException) -> str:
@@ -121,7 +120,7 @@ class Dispatcher:
 
     async def dispatch(self, params: GenerationParams) -> Generation:
         """A generation that has produced its first output; raises `TandemError`."""
-        span = tracer.start_span("router.generate", attributes={
+        span = child_span("router.generate", trace.get_current_span(), attributes={
             "tandem.request_id": params.request_id, "tandem.prompt_tokens": len(params.prompt_ids),
             "tandem.max_tokens": params.sampling.max_tokens})
         threshold = params.cache_hit_threshold
@@ -164,7 +163,7 @@ class Dispatcher:
             prompt_ids=[*params.prompt_ids, *appended], sampling=sampling)
         # The continuation's routing and parts are children of this span, which ends once the
         # continuation is sent (its parts go on under it).
-        resume_span = tracer.start_span("router.resume", context=trace.set_span_in_context(span), attributes={
+        resume_span = child_span("router.resume", span, attributes={
             "tandem.request_id": continued.request_id, "tandem.attempt": attempt,
             "tandem.generated_tokens": len(generated), "tandem.excluded_workers": sorted(excluded)})
         try:
@@ -180,7 +179,8 @@ class Dispatcher:
 
     async def _open_routed(self, params: GenerationParams, excluded: set[str], deadline: float, span: trace.Span,
                            *, admit: bool, threshold: float) -> TokenSource:
-        with tracer.start_as_current_span("router.route", context=trace.set_span_in_context(span)) as route_span:
+        route_span = child_span("router.route", span)
+        with trace.use_span(route_span, end_on_exit=route_span is not span):
             routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold,
                                        span=route_span)
         if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one

@@ -30,9 +30,9 @@ class TraceMiddleware:
         incoming = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
                     if name in (b"traceparent", b"tracestate")}
         method, path = scope["method"], scope["path"]
-        with tracer.start_as_current_span(f"{method} {path}", context=extract_context(incoming),
-                                          kind=SpanKind.SERVER,
-                                          attributes={"http.request.method": method, "url.path": path}) as span:
+        span = tracer.start_span(f"{method} {path}", context=extract_context(incoming) if incoming else None,
+                                 kind=SpanKind.SERVER, attributes={"http.request.method": method, "url.path": path})
+        with trace.use_span(span, end_on_exit=True):
             trace_id = trace_id_hex(span)  # "" only where no tracer provider was set up (library use)
             trace_headers = [(TRACE_ID_HEADER.encode(), trace_id.encode()),
                              (b"traceresponse", traceresponse(span).encode())] if trace_id else []
