@@ -140,7 +140,7 @@ def transfer_group(registration: WorkerRegistration) -> str:
 
 
 class MembershipListener(Protocol):
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None: ...
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None: ...
 
     def worker_left(self, worker_id: str) -> None: ...
 
@@ -292,7 +292,7 @@ class WorkerPool:
         if self._listener is not None and event.change is not MemberChange.UPDATED:
             self._listener.worker_left(worker_id)  # a restarted worker's cache is gone
             self._listener.worker_joined(worker_id, registration.block_size,
-                                         kv_tokens=kv_pool_tokens(registration))
+                                         kv_tokens=kv_pool_tokens(registration), model=registration.model)
         state = self._workers.get(worker_id)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)

@@ -102,7 +102,7 @@ class RouterRuntime:
             await pool.start()
             self.metrics.watch_workers(lambda: len(pool))
             self.metrics.watch_pool(pool.views)
-            self.metrics.watch_kv_index(kv_view.index.stats)
+            self.metrics.watch_kv_index(kv_view.stats)
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
             recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
             inbox = await ResponseInbox(bus).open()  # one subscription for every generate stream's frames
