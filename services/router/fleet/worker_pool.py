@@ -211,6 +211,11 @@ class WorkerPool:
     def models(self) -> list[str]:
         return sorted({state.registration.model for state in self._workers.values()})
 
+    def model_dirs(self, model: str) -> list[str]:
+        """The model directories `model`'s workers registered (where its tokenizer is), sorted."""
+        return sorted({state.registration.model_dir for state in self._workers.values()
+                       if state.registration.model == model and state.registration.model_dir})
+
     @property
     def in_flight(self) -> int:
         """Requests routed and not yet ended (a disaggregated one may hold two workers)."""

@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from opentelemetry import trace
 
@@ -95,14 +96,15 @@ def _answered(params: GenerationParams, finish_reason: FinishReason, cached_toke
 
 
 class Dispatcher:
-    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView, decoder: TokenDecoder,
+    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView,
+                 decoders: Callable[[str], TokenDecoder],
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
                  routing: RoutingConfig = RoutingConfig(), policy: RoutingPolicy | None = None,
                  max_attempts: int = 3) -> None:
         self._flows = FlowExecutor(link, metrics)
         self._pool = pool
         self._kv_view = kv_view
-        self._decoder = decoder
+        self._decoders = decoders  # a model's name -> its tokenizer
         self._random = random.Random(routing.seed)  # the random baseline policy's draws
         self._sample = random.Random(routing.seed + 1)  # a large fleet's shortlist draws
         self._metrics = metrics
@@ -141,7 +143,7 @@ class Dispatcher:
             await self._recorder.record(params, outcome=_outcome(error),
                                         usage=TokenUsage(len(params.prompt_ids), 0, 0), span=span)
             raise
-        generation = Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
+        generation = Generation(params=params, source=source, decoder=self._decoders(params.model), metrics=self._metrics,
                                 recorder=self._recorder, clock=self._clock, span=span, resumer=self,
                                 max_attempts=self._max_attempts)
         try:
