@@ -71,3 +71,33 @@ def test_an_unreadable_model_directory_is_unavailable(tiny_model_dir: str, tmp_p
 def test_workers_that_name_no_directory_get_the_routers_tokenizer(tiny_model_dir: str) -> None:
     models = catalog(tiny_model_dir, {"alias": []})
     assert asyncio.run(models.resolve("alias")).tokenizer is models.default.tokenizer
+
+
+def test_a_models_tokenizer_loads_once_for_concurrent_requests(tiny_model_dir: str, small_vocab_dir: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    loads: list[str] = []
+    load = Tokenizer.from_model_dir
+
+    def counted(path: str) -> Tokenizer:
+        loads.append(path)
+        return load(path)
+
+    models = catalog(tiny_model_dir, {"small": [small_vocab_dir]})
+    monkeypatch.setattr(Tokenizer, "from_model_dir", counted)
+
+    async def many() -> list[ServedModel]:
+        return await asyncio.gather(*(models.resolve("small") for _ in range(5)))
+
+    first = asyncio.run(many())
+    again = asyncio.run(models.resolve("small"))  # another event loop: the loaded tokenizer is kept
+    assert loads == [small_vocab_dir]
+    assert {id(served.tokenizer) for served in [*first, again]} == {id(again.tokenizer)}
+
+
+def test_a_directory_that_fails_is_tried_again(tiny_model_dir: str, small_vocab_dir: str, tmp_path: Path) -> None:
+    later = tmp_path / "later"
+    models = catalog(tiny_model_dir, {"later": [str(later)]})
+    with pytest.raises(Unavailable):
+        asyncio.run(models.resolve("later"))
+    generate_tiny_model(str(later), vocab_size=1024)  # the directory appears (a mount, a copy finished)
+    assert asyncio.run(models.resolve("later")).tokenizer.vocab_size == 1024

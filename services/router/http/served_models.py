@@ -35,7 +35,8 @@ class ServedModels:
     def __init__(self, default: ServedModel, pool: WorkerPool) -> None:
         self.default = default
         self._pool = pool
-        self._loads: dict[str, asyncio.Future[Tokenizer]] = {}  # model directory -> its tokenizer (loading or loaded)
+        self._tokenizers: dict[str, Tokenizer] = {}  # by model directory, once loaded
+        self._loading: dict[str, asyncio.Future[Tokenizer]] = {}  # by model directory, while it loads
         self._resolved: dict[str, ServedModel] = {default.name: default}
 
     def names(self) -> list[str]:
@@ -63,18 +64,29 @@ class ServedModels:
         """The first of `directories` whose tokenizer loads."""
         failures = []
         for directory in directories:
-            load = self._loads.get(directory)
-            if load is None:
-                load = self._loads[directory] = asyncio.ensure_future(
-                    asyncio.to_thread(Tokenizer.from_model_dir, directory))
             try:
-                tokenizer = await asyncio.shield(load)
-            except (OSError, ValueError) as error:
-                if self._loads.get(directory) is load:
-                    del self._loads[directory]  # tried again by the next request
+                return await self._load(directory)
+            except Exception as error:  # missing, incomplete or corrupt: named in the 503
                 failures.append(f"{directory}: {error}")
-                continue
-            return tokenizer
         log.warning("no tokenizer for model %s: %s", model, "; ".join(failures))
         raise Unavailable(f"the router cannot read the tokenizer of model {model!r} from the model directory its "
                           f"workers registered ({'; '.join(failures)})")
+
+    async def _load(self, directory: str) -> Tokenizer:
+        """The directory's tokenizer, loaded once in a thread (requests arriving meanwhile wait
+        for that load; a failed load is tried again by the next request)."""
+        tokenizer = self._tokenizers.get(directory)
+        if tokenizer is not None:
+            return tokenizer
+        load = self._loading.get(directory)
+        if load is None:
+            load = self._loading[directory] = asyncio.ensure_future(
+                asyncio.to_thread(Tokenizer.from_model_dir, directory))
+            load.add_done_callback(lambda done: self._loaded(directory, done))
+        return await asyncio.shield(load)  # a request cancelled meanwhile leaves the load to the others
+
+    def _loaded(self, directory: str, load: asyncio.Future[Tokenizer]) -> None:
+        if self._loading.get(directory) is load:
+            del self._loading[directory]
+        if not load.cancelled() and load.exception() is None:
+            self._tokenizers[directory] = load.result()
