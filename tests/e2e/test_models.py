@@ -5,8 +5,9 @@ The router's own model is `tiny` (its `--model-dir`); `small` (a vocabulary of 1
 instead of 2048) is served only because its workers register it, with their model
 directory: the router tokenizes its prompts with its own tokenizer. Every answer equals a
 single sim engine of that model fed the same tokens; each model's requests are prefilled
-by its own prefill worker and pulled by its own decode worker; the same token ids sent to
-both models are a prefix cache hit for neither across models.
+by its own prefill worker. The same token ids sent to both models (the same chain hashes)
+are never found cached across models by the router's KV index: its routing span
+(`tandem.max_cached_tokens`, exported to a test OTLP receiver) says what the index matched.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from shared.schemas import WorkerRole
 from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
 from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric, metrics_when, reference
-from tests.stack_fixtures import make_stack, running
+from tests.e2e.test_tracing import BLOCK, ClientSpan, received_trace, run_stack
+from tests.otlp_receiver import OtlpReceiver
+from tests.stack_fixtures import make_stack
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -46,14 +49,39 @@ def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def two_model_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_dir: str,
-                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+                    tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver) -> Iterator[LocalStack]:
     specs = (WorkerSpec(worker_id="tiny-p", role=WorkerRole.PREFILL),
              WorkerSpec(worker_id="tiny-d", role=WorkerRole.DECODE),
              WorkerSpec(worker_id="small-p", role=WorkerRole.PREFILL, model_dir=small_model_dir),
              WorkerSpec(worker_id="small-d", role=WorkerRole.DECODE, model_dir=small_model_dir))
-    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("models-logs"), workers=0,
-                            router_args=ALWAYS_DISAGGREGATE, specs=specs)) as stack:
-        yield stack
+    tracing = ("--trace-exporter", "otlp", "--otlp-endpoint", receiver.endpoint)  # the router's spans only
+    yield from run_stack(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("models-logs"), workers=0,
+                                    router_args=(*ALWAYS_DISAGGREGATE, *tracing), specs=specs))
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    otlp = OtlpReceiver().start()
+    yield otlp
+    otlp.stop()
+
+
+async def complete(client: openai.AsyncOpenAI, model: str, prompt: str | list[int], traceparent: str = "") -> str:
+    headers = {"traceparent": traceparent} if traceparent else None
+    reply = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                            extra_headers=headers)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == MAX_TOKENS
+    return reply.choices[0].text
+
+
+async def collector(http: httpx.AsyncClient, stack: LocalStack) -> str:
+    return (await http.get(f"{stack.metrics_url}/metrics")).text
+
+
+def prefilled(collector_text: str) -> dict[str, float]:
+    """Prompt tokens each model's prefill worker processed, from the metrics collector."""
+    return {model: metric(collector_text, "tandem_worker_prompt_tokens_total", worker=f"{model}-p")
+            for model in ("tiny", "small")}
 
 
 def chat_prompt_ids(tokenizer: Tokenizer) -> list[int]:
@@ -81,25 +109,18 @@ async def test_two_models_answer_each_as_its_own_engine(two_model_stack: LocalSt
     client = openai_client(two_model_stack.router_url)
     tokenizers = {"tiny": Tokenizer.from_model_dir(tiny_model_dir), "small": Tokenizer.from_model_dir(small_model_dir)}
     assert tokenizers["tiny"].vocab_size != tokenizers["small"].vocab_size
-    async with httpx.AsyncClient() as http:
-        assert await served_models(http, two_model_stack.router_url) == {"tiny": 2048, "small": 2048}
     prompt_ids = {model: [tokenizer.encode(text) for text in TEXTS] for model, tokenizer in tokenizers.items()}
     assert prompt_ids["tiny"] != prompt_ids["small"], "the two vocabularies tokenize the texts alike"
-    # the same token ids for both models: the same chain hashes, which must not match across models
-    shared_ids = [3 + (i * 37 + 5) % 1000 for i in range(160)]
-
-    async def ask(model: str, prompt: str | list[int]) -> tuple[str, int]:
-        reply = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
-        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == MAX_TOKENS
-        return reply.choices[0].text, reply.usage.prompt_tokens_details.cached_tokens
+    async with httpx.AsyncClient() as http:
+        assert await served_models(http, two_model_stack.router_url) == {"tiny": 2048, "small": 2048}
+        router_before = (await http.get(f"{two_model_stack.router_url}/metrics")).text
+        prefilled_before = prefilled((await http.get(f"{two_model_stack.metrics_url}/metrics")).text)
 
     for model, tokenizer in tokenizers.items():
-        expected = await reference(tokenizer, [*prompt_ids[model], shared_ids], MAX_TOKENS)
-        answers = await asyncio.gather(*(ask(model, text) for text in TEXTS))
-        for ids, (text, _), tokens in zip(prompt_ids[model], answers, expected):
+        expected = await reference(tokenizer, prompt_ids[model], MAX_TOKENS)
+        answers = await asyncio.gather(*(complete(client, model, text) for text in TEXTS))
+        for ids, text, tokens in zip(prompt_ids[model], answers, expected):
             assert text == as_router_text(tokenizer, ids, tokens), model
-        text, cached = await ask(model, shared_ids)  # `tiny` first: `small` must not find its blocks
-        assert text == as_router_text(tokenizer, shared_ids, expected[-1]) and cached == 0, model
         chat = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": TEXTS[0]}],
                                                     max_tokens=MAX_TOKENS, temperature=0)
         chat_ids = chat_prompt_ids(tokenizer)
@@ -107,23 +128,46 @@ async def test_two_models_answer_each_as_its_own_engine(two_model_stack: LocalSt
         assert chat.choices[0].message.content == as_router_text(tokenizer, chat_ids, chat_tokens), model
 
     async with httpx.AsyncClient() as http:
-        router_metrics = (await http.get(f"{two_model_stack.router_url}/metrics")).text
-        requests = 2 * (len(TEXTS) + 2)
-        assert metric(router_metrics, "tandem_router_route_decisions_total", flow="disaggregated") == requests
-        assert metric(router_metrics, "tandem_router_prefix_pulls_total") == 0
-
-        async def collector() -> str:
-            return (await http.get(f"{two_model_stack.metrics_url}/metrics")).text
+        router_after = (await http.get(f"{two_model_stack.router_url}/metrics")).text
+        for name, labels, change in (("tandem_router_route_decisions_total", {"flow": "disaggregated"}, 2 * 4),
+                                     ("tandem_router_prefix_pulls_total", {}, 0)):
+            assert metric(router_after, name, **labels) - metric(router_before, name, **labels) == change, name
 
         # each model's prompts were prefilled on its own prefill worker, and no other's
-        prompt_tokens = {model: sum(map(len, prompt_ids[model])) + len(shared_ids) + len(chat_prompt_ids(tokenizer))
-                         for model, tokenizer in tokenizers.items()}
+        sent = {model: sum(map(len, prompt_ids[model])) + len(chat_prompt_ids(tokenizer))
+                for model, tokenizer in tokenizers.items()}
 
-        def prefilled(text: str) -> dict[str, float]:
-            return {model: metric(text, "tandem_worker_prompt_tokens_total", worker=f"{model}-p") for model in tokenizers}
+        def prefilled_since(text: str) -> dict[str, float]:
+            return {model: tokens - prefilled_before[model] for model, tokens in prefilled(text).items()}
 
-        await metrics_when(collector, lambda text: prefilled(text) == prompt_tokens,
-                           lambda text: f"prompt tokens per prefill worker {prefilled(text)} == {prompt_tokens}")
+        await metrics_when(lambda: collector(http, two_model_stack), lambda text: prefilled_since(text) == sent,
+                           lambda text: f"prompt tokens per prefill worker {prefilled_since(text)} == {sent}")
+
+
+async def test_the_kv_index_never_matches_across_models(two_model_stack: LocalStack, receiver: OtlpReceiver,
+                                                       tiny_model_dir: str, small_model_dir: str,
+                                                       openai_client) -> None:
+    """The same token ids (the same chain hashes) sent to `tiny`, then `small`, then `tiny`
+    again: the router finds none of them cached for `small`, and all of them for `tiny`."""
+    client = openai_client(two_model_stack.router_url)
+    tokenizers = {"tiny": Tokenizer.from_model_dir(tiny_model_dir), "small": Tokenizer.from_model_dir(small_model_dir)}
+    async with httpx.AsyncClient() as http:
+        await served_models(http, two_model_stack.router_url)
+    shared_ids = [3 + (i * 37 + 5) % 1000 for i in range(10 * BLOCK)]
+    expected = {model: (await reference(tokenizer, [shared_ids], MAX_TOKENS))[0]
+                for model, tokenizer in tokenizers.items()}
+
+    async def cached_at_routing(model: str) -> int:
+        """The most of the prompt the router's KV index found cached on any worker for `model`."""
+        span = ClientSpan()
+        text = await complete(client, model, shared_ids, traceparent=span.traceparent)
+        assert text == as_router_text(tokenizers[model], shared_ids, expected[model]), model
+        found = await received_trace(receiver, span, {"router.route"})
+        return found.only("router.route").attributes["tandem.max_cached_tokens"]
+
+    assert await cached_at_routing("tiny") == 0
+    assert await cached_at_routing("small") == 0  # `tiny`'s workers hold (or are predicted to hold) all of it
+    assert await cached_at_routing("tiny") == len(shared_ids)
 
 
 async def test_tokenize_uses_the_named_models_tokenizer(two_model_stack: LocalStack, tiny_model_dir: str,
