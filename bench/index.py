@@ -110,7 +110,7 @@ def _router_decoded(payloads: list[bytes]) -> list[KvEventBatch | KvEventBatchWi
 
 
 def _new_index(workload: _Workload, *, verify_hashes: bool = False) -> KvIndex:
-    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as the router builds it (services.router.kv.view)
+    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as the router builds it (services.router.kv.model_kv)
     for name in workload.fleet.names:
         index.add_worker(name, workload.fleet.block_size)
     return index

@@ -11,11 +11,18 @@ app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 
 
 @app.command("tiny")
-def model_tiny(out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")]) -> None:
+def model_tiny(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    vocab_size: Annotated[int, typer.Option(help="Token ids of its tokenizer: another size is another vocabulary "
+                                                 "(a second model behind one router).")] = 2048,
+) -> None:
     """Generate a tiny Llama-architecture model (random weights, local BPE tokenizer)."""
     from shared.tiny_model import generate_tiny_model
 
-    generate_tiny_model(str(out_dir))
+    try:
+        generate_tiny_model(str(out_dir), vocab_size=vocab_size)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--vocab-size") from None
     typer.echo(f"tiny model written to {out_dir}")
 
 

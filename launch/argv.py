@@ -46,5 +46,5 @@ def router_args(config: StackConfig, nats_url: str, port: int) -> list[str]:
 
 def worker_args(config: StackConfig, nats_url: str, spec: WorkerSpec) -> list[str]:
     return ["worker", *_bus(config, nats_url), *_membership(config), "--worker-id", spec.worker_id,
-            "--role", spec.role.value, "--engine", config.worker_engine(spec), "--model-dir", config.model_dir,
+            "--role", spec.role.value, "--engine", config.worker_engine(spec), "--model-dir", spec.model_dir or config.model_dir,
             *spec.engine_args, *setting_flags(spec.settings), *spec.extra_args]

@@ -23,6 +23,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     engine_args: tuple[str, ...] = ()  # the engine's per-worker launch options; settings may override them
     settings: Settings = {}
     extra_args: tuple[str, ...] = ()  # `tandem worker` flags given as they are, after the settings
+    model_dir: str = ""  # the model it serves; empty: the stack's (a router serves every model its workers register)
 
 
 class StackConfig(msgspec.Struct, frozen=True, kw_only=True):

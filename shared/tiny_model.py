@@ -129,9 +129,8 @@ def generate_tiny_model(
         return
     if num_heads % num_kv_heads:
         raise ValueError("num_heads must be a multiple of num_kv_heads")
+    tokenizer = train_tokenizer(vocab_size)  # refuses a vocabulary too small before any file is made
     path.mkdir(parents=True, exist_ok=True)
-
-    tokenizer = train_tokenizer(vocab_size)
     shapes = llama_weight_shapes(vocab_size=vocab_size, hidden_size=hidden_size,
                                  num_layers=num_layers, num_heads=num_heads,
                                  num_kv_heads=num_kv_heads, head_dim=head_dim,

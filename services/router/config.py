@@ -142,9 +142,12 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         False
     instance_port: Annotated[int | None, flag(
         "Also listen on this port, this router alone (health checks of one replica); 0 picks one.")] = None
-    # tokenizer (and chat template) come from here
-    model_dir: Annotated[str, flag("Model directory (tokenizer).", env="TANDEM_MODEL_DIR")] = ""
-    served_model_name: Annotated[str, flag("The model's name in the API; empty: the tokenizer's.")] = ""
+    # the router's own model: served with no worker up; every other model its workers register is
+    # served with the tokenizer of the model directory they register (`http.served_models`)
+    model_dir: Annotated[str, flag(
+        "The router's own model directory (tokenizer, chat template); the other models its workers register come "
+        "with theirs.", env="TANDEM_MODEL_DIR")] = ""
+    served_model_name: Annotated[str, flag("The router's own model's name in the API; empty: the tokenizer's.")] = ""
     max_tokens_limit: Annotated[int, flag("Largest max_tokens a request may ask for.")] = 4096
     default_max_tokens: int = 16
     accept_timeout_s: float = 2.0

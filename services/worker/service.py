@@ -233,6 +233,7 @@ class WorkerService:
             block_size=info.block_size,
             compat_hash=info.compat_hash,
             model_version=info.layout.model_version,
+            model_dir=os.path.abspath(self.config.model_dir) if self.config.model_dir else "",
             kv_transfer=self.kv is not None,
             capabilities=self.capabilities,
             capacity=WorkerCapacity(kv_blocks=info.kv_blocks, max_num_seqs=info.max_num_seqs,

@@ -44,6 +44,9 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     block_size: int
     compat_hash: str  # equal hashes can exchange KV blocks
     model_version: str = ""  # the version label in the compat hash (rolling upgrades tell versions apart by it)
+    # Where the worker read its model (absolute; "": not said): a router serving several models
+    # takes this model's tokenizer and chat template from there
+    model_dir: str = ""
     capacity: WorkerCapacity
     kv_transfer: bool = True  # False: no KV data plane (never paired, never asked to pull or lend)
     capabilities: EngineCapabilities = EngineCapabilities()

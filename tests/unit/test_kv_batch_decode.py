@@ -42,7 +42,7 @@ class UnreadTokens(list):
 
 
 def router_index(*engines: FakeEngine, verify_hashes: bool = False) -> KvIndex:
-    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as `KvView` builds it
+    index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # as `ModelKv` builds it
     for engine in engines:
         index.add_worker(engine.worker_id, engine.block_size, engine.salt)
     return index

@@ -168,6 +168,18 @@ def test_two_model_versions_at_once_pair_only_within_a_version() -> None:
     assert all(view.in_flight == 4 for view in workers)  # both versions took their share
 
 
+def test_two_models_pair_only_within_a_model_even_with_equal_hashes() -> None:
+    """A prefill worker of one model never pairs with a decode worker of another, even the
+    lightest, and even if their compatibility hashes were equal."""
+    workers = [worker("p-a", role=PREFILL, model="a", reported_load=3), worker("d-a", role=DECODE, model="a", reported_load=3),
+               worker("p-b", role=PREFILL, model="b"), worker("d-b", role=DECODE, model="b")]
+    for model in ("a", "b"):
+        assert decide(workers, request(model=model)) == pair(f"p-{model}", f"d-{model}")
+    crossed = [workers[1], workers[2]]  # model a's decode worker, model b's prefill worker
+    assert decide(crossed, request(model="a")) == single("no_prefill_worker", "d-a")
+    assert decide(crossed, request(model="b")) is None
+
+
 def test_no_compatible_pair_falls_back_to_single_worker_serving() -> None:
     workers = [worker("p", role=PREFILL, compat_hash="a"), worker("d", role=DECODE, compat_hash="b", reported_load=1),
                worker("both", role=BOTH, compat_hash="b", reported_load=2)]

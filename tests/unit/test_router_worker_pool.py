@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from services.router.fleet.worker_pool import WorkerPool
-from services.router.kv.view import KvView, PromptCache
+from services.router.kv.model_kv import ModelKv, PromptCache
 from shared.codec import MalformedCounter, encode
 from shared.errors import Disconnected
 from shared.schemas import LoadSnapshot, WorkerCapacity, WorkerRegistration, WorkerRole
@@ -41,7 +41,7 @@ class Listener:
         self.calls: list[tuple[str, str]] = []
         self.kv_tokens: dict[str, int] = {}
 
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None:
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
         self.calls.append(("joined", worker_id))
         self.kv_tokens[worker_id] = kv_tokens
 
@@ -139,7 +139,7 @@ def test_after_a_reconnect_a_load_report_confirms_its_worker() -> None:
 def test_the_kv_view_bounds_the_resident_prefixes_by_the_members_kv_pools() -> None:
     """Two recurring prompts of 1500 tokens on a member of 2000: past the cluster's KV. Once
     the member leaves, its pool and its prefixes go with it."""
-    kv_view = KvView(None, Subjects(), MalformedCounter())  # type: ignore[arg-type]
+    kv_view = ModelKv()
     kv_view.worker_joined("w1", 16, kv_tokens=2000)
     for _ in range(3):
         kv_view.homes.record(1, "w1", 1500)
@@ -152,7 +152,7 @@ def test_the_kv_view_bounds_the_resident_prefixes_by_the_members_kv_pools() -> N
 def test_a_prefix_sent_to_leave_its_home_moves_there_though_the_home_still_holds_it() -> None:
     """w1 holds the prompt and is its home: a request served by w2 is a copy (the home stays)
     unless the routing sent it there to leave w1 (`moves_home`); then w2 is the home."""
-    kv_view = KvView(None, Subjects(), MalformedCounter())  # type: ignore[arg-type]
+    kv_view = ModelKv()
     for worker_id in ("w1", "w2"):
         kv_view.worker_joined(worker_id, 16, kv_tokens=4096)
     chain = list(range(100, 164))  # 64 blocks of 16: 1024 tokens

@@ -140,7 +140,7 @@ def transfer_group(registration: WorkerRegistration) -> str:
 
 
 class MembershipListener(Protocol):
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None: ...
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None: ...
 
     def worker_left(self, worker_id: str) -> None: ...
 
@@ -210,6 +210,11 @@ class WorkerPool:
     @property
     def models(self) -> list[str]:
         return sorted({state.registration.model for state in self._workers.values()})
+
+    def model_dirs(self, model: str) -> list[str]:
+        """The model directories `model`'s workers registered (where its tokenizer is), sorted."""
+        return sorted({state.registration.model_dir for state in self._workers.values()
+                       if state.registration.model == model and state.registration.model_dir})
 
     @property
     def in_flight(self) -> int:
@@ -292,7 +297,7 @@ class WorkerPool:
         if self._listener is not None and event.change is not MemberChange.UPDATED:
             self._listener.worker_left(worker_id)  # a restarted worker's cache is gone
             self._listener.worker_joined(worker_id, registration.block_size,
-                                         kv_tokens=kv_pool_tokens(registration))
+                                         kv_tokens=kv_pool_tokens(registration), model=registration.model)
         state = self._workers.get(worker_id)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)

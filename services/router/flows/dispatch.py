@@ -5,7 +5,7 @@ policy plan (`services.router.routing.decide`), then commits the plan with no aw
 between, so concurrent requests see each other: the plan's workers are counted in flight
 (`WorkerPool.begin`; the computing worker with the prompt tokens it must compute, until
 its first token), and the prompt's blocks are predicted on the computing worker
-(`KvView.predict`: speculative index entries), so siblings that arrive before its KV
+(`ModelKv.predict`, in the model's KV namespace: speculative index entries), so siblings that arrive before its KV
 events follow it; the other routers of the cluster are told both (`WorkerPool.shared_load`),
 and their routings are predicted here alike. Only then does the flow executor
 (`services.router.flows.executor`) run the plan:
@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 
 from opentelemetry import trace
 
@@ -45,7 +46,7 @@ from services.router.flows.generation import Generation
 from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
 from services.router.flows.spans import child_span, end_span
 from services.router.flows.token_source import Answered, TokenSource
-from services.router.kv.view import KvView, PromptCache
+from services.router.kv.view import KvView, ModelKv, PromptCache
 from services.router.metrics import RouterMetrics
 from services.router.openai.errors import BadRequest, TooManyRequests
 from services.router.routing import (
@@ -94,14 +95,15 @@ def _answered(params: GenerationParams, finish_reason: FinishReason, cached_toke
 
 
 class Dispatcher:
-    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView, decoder: TokenDecoder,
+    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView,
+                 decoders: Callable[[str], TokenDecoder],
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
                  routing: RoutingConfig = RoutingConfig(), policy: RoutingPolicy | None = None,
                  max_attempts: int = 3) -> None:
         self._flows = FlowExecutor(link, metrics)
         self._pool = pool
         self._kv_view = kv_view
-        self._decoder = decoder
+        self._decoders = decoders  # a model's name -> its tokenizer
         self._random = random.Random(routing.seed)  # the random baseline policy's draws
         self._sample = random.Random(routing.seed + 1)  # a large fleet's shortlist draws
         self._metrics = metrics
@@ -114,9 +116,12 @@ class Dispatcher:
         pool.shared_load.on_peer_prediction = self._peer_routed
 
     def _peer_routed(self, prompt: RoutedPrompt) -> None:
-        """Another router routed a prompt: its blocks are predicted on that worker here too."""
-        self._kv_view.predict(prompt.worker_id, PromptCache(dict(prompt.chains), {}, {}), self._clock(),
-                              min(prompt.ttl_s, self._routing.speculative_ttl_s))
+        """Another router routed a prompt: its blocks are predicted on that worker here too (in
+        its model's namespace)."""
+        kv = self._kv_view.of_worker(prompt.worker_id)
+        if kv is not None:
+            kv.predict(prompt.worker_id, PromptCache(dict(prompt.chains), {}, {}), self._clock(),
+                       min(prompt.ttl_s, self._routing.speculative_ttl_s))
 
     async def dispatch(self, params: GenerationParams) -> Generation:
         """A generation that has produced its first output; raises `TandemError`."""
@@ -137,7 +142,7 @@ class Dispatcher:
             await self._recorder.record(params, outcome=_outcome(error),
                                         usage=TokenUsage(len(params.prompt_ids), 0, 0), span=span)
             raise
-        generation = Generation(params=params, source=source, decoder=self._decoder, metrics=self._metrics,
+        generation = Generation(params=params, source=source, decoder=self._decoders(params.model), metrics=self._metrics,
                                 recorder=self._recorder, clock=self._clock, span=span, resumer=self,
                                 max_attempts=self._max_attempts)
         try:
@@ -217,7 +222,8 @@ class Dispatcher:
         while True:
             now = self._clock()
             decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
-            cache = self._kv_view.prompt_cache(params.prompt_ids, now)
+            kv = self._kv_view.model(params.model)  # only the model's own workers' KV can match
+            cache = kv.prompt_cache(params.prompt_ids, now)
             if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
                 cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={})
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
@@ -226,12 +232,12 @@ class Dispatcher:
                                  one_engine=params.sampling.needs_whole_prompt,
                                  replays=params.sampling.depends_on_output_history,
                                  route_hint=params.route_hint, prefix_key=cache.prefix_key,
-                                 victim_age_s=self._kv_view.victim_ages(now),
-                                 home_worker=self._kv_view.homes.home(cache.prefix_key) if cache.prefix_key else None,
-                                 homed_share=self._kv_view.homes.shares(),
-                                 prefix_share=self._kv_view.homes.share(cache.prefix_key) if cache.prefix_key else None,
-                                 homed_tokens=self._kv_view.homes.tokens(resident=self._routing.resident_homes),
-                                 resident_prefixes=self._kv_view.homes.residents())
+                                 victim_age_s=kv.victim_ages(now),
+                                 home_worker=kv.homes.home(cache.prefix_key) if cache.prefix_key else None,
+                                 homed_share=kv.homes.shares(),
+                                 prefix_share=kv.homes.share(cache.prefix_key) if cache.prefix_key else None,
+                                 homed_tokens=kv.homes.tokens(resident=self._routing.resident_homes),
+                                 resident_prefixes=kv.homes.residents())
             views, outcome = self._decide(route, excluded, params.route.compat_hash)
             self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
             self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
@@ -246,7 +252,7 @@ class Dispatcher:
                     span.set_attributes({"tandem.cached_tokens": outcome.prompt.cached_tokens,
                                          "tandem.pulled_tokens": outcome.prompt.pulled_tokens,
                                          "tandem.uncached_tokens": outcome.prompt.uncached_tokens})
-                return self._commit(params, outcome, cache)
+                return self._commit(params, outcome, kv, cache)
             if isinstance(outcome, RouteRefusal):
                 _note_route(params, span, "none", outcome.reason)
                 self._metrics.route_decisions.labels("none", outcome.reason).inc()
@@ -267,7 +273,7 @@ class Dispatcher:
                                   f"(waited {self._worker_wait_s:g}s)")
             await self._pool.wait_for_change(remaining)
 
-    def _commit(self, params: GenerationParams, plan: RoutePlan, cache: PromptCache) -> CommittedPlan:
+    def _commit(self, params: GenerationParams, plan: RoutePlan, kv: ModelKv, cache: PromptCache) -> CommittedPlan:
         """Count the plan's workers and predict its blocks: synchronous, right after `decide`."""
         self._metrics.route_decisions.labels(plan.flow, plan.reason).inc()
         computing = plan.computing_worker_id
@@ -276,13 +282,12 @@ class Dispatcher:
         decode = None
         if plan.decode_worker_id is not None:
             decode = self._pool.begin(plan.decode_worker_id, params.request_id)
-        self._kv_view.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s,
-                              moves_home=plan.moves_home)
+        kv.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s, moves_home=plan.moves_home)
         self._pool.shared_load.predicted(computing, cache.chains, self._routing.speculative_ttl_s)
         prefix = None
         if plan.prompt is not None and plan.prompt.holder_id is not None:
-            prefix = self._kv_view.prefix_source(cache, plan.prompt.holder_id,
-                                                 plan.prompt.cached_tokens + plan.prompt.pulled_tokens)
+            prefix = kv.prefix_source(cache, plan.prompt.holder_id,
+                                      plan.prompt.cached_tokens + plan.prompt.pulled_tokens)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: %s (%s) on %s%s, cost %.1f, %d of %d prompt tokens uncached, prefix %s, cached %s",
                       params.request_id, plan.flow, plan.reason, plan.worker_id,

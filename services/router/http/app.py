@@ -1,7 +1,8 @@
 """The router's FastAPI app: routes and the lifespan that wires the adapters together.
 
 `create_app(config)` builds an app whose lifespan connects to NATS, mirrors the workers
-(`WorkerPool`), and loads the tokenizer from `config.model_dir`. Routes stay thin: they
+(`WorkerPool`), and loads the router's own model's tokenizer from `config.model_dir` (the
+other models' come from their workers' registrations: `served_models`). Routes stay thin: they
 hand the parsed body to the endpoint's serving class. The state the lifespan builds lives
 in a typed `RouterRuntime`, not in `app.state`.
 """
@@ -26,6 +27,7 @@ from services.router.http.auth.middleware import install_api_keys
 from services.router.http.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
 from services.router.http.input import InputGuard
 from services.router.http.model_cards import model_list
+from services.router.http.served_models import ServedModel, ServedModels
 from services.router.http.serving import ServingContext, watched
 from services.router.http.serving_chat import ChatServing
 from services.router.http.serving_completions import CompletionsServing
@@ -87,7 +89,7 @@ class RouterRuntime:
         if not config.model_dir:
             raise ConfigError("the router needs a model directory (for its tokenizer)")
         tokenizer = Tokenizer.from_model_dir(config.model_dir)
-        served_model = config.served_model_name or tokenizer.model_name
+        own_model = ServedModel(config.served_model_name or tokenizer.model_name, tokenizer)
         subjects = config.bus.subjects
         bus = await connect(config.bus, "tandem-router")
         kv_view = KvView(bus, subjects, self.malformed, verify_hashes=config.verify_kv_hashes,
@@ -102,7 +104,7 @@ class RouterRuntime:
             await pool.start()
             self.metrics.watch_workers(lambda: len(pool))
             self.metrics.watch_pool(pool.views)
-            self.metrics.watch_kv_index(kv_view.index.stats)
+            self.metrics.watch_kv_index(kv_view.stats)
             self.metrics.in_flight.set_function(lambda: pool.in_flight)
             recorder = RequestRecorder(bus=bus, subjects=subjects, metrics=self.metrics, clock=self.clock)
             inbox = await ResponseInbox(bus).open()  # one subscription for every generate stream's frames
@@ -110,14 +112,16 @@ class RouterRuntime:
             link = WorkerLink(bus, subjects, self.malformed, accept_timeout_s=config.accept_timeout_s,
                               idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s,
                               inbox=inbox)
-            dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, decoder=tokenizer, metrics=self.metrics,
+            catalog = ServedModels(own_model, pool)
+            dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view,
+                                    decoders=lambda model: catalog.resolved(model).tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
                                     routing=config.routing, policy=self.policy,
                                     max_attempts=config.max_attempts)
-            context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
+            context = ServingContext(config=config, catalog=catalog, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
             self._started = _Started(bus, pool, context)
-            log.info("router serving %s; %d workers known", served_model, len(pool))
+            log.info("router serving %s; %d workers known", ", ".join(catalog.names()), len(pool))
             yield
         finally:
             self._started = None
@@ -162,7 +166,7 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
         """Readiness (liveness is /health): 503 until NATS is connected and an active worker that
         finishes requests (decode or both) serves the router's model."""
         started = runtime.started
-        model = started.context.served_model
+        model = started.context.catalog.default.name
         serving = sorted(view.worker_id for view in started.pool.views() if can_serve(view, model))
         is_ready = started.bus.client.is_connected and bool(serving)
         body = {"status": "ready" if is_ready else "not ready", "model": model, "serving_workers": serving}

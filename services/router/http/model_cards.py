@@ -2,9 +2,10 @@
 
 A card's `max_model_len` (as vLLM's cards carry it) is the longest context that a worker
 able to serve the model registered (`WorkerCapacity.max_model_len`): the limit the
-dispatcher holds a request to. With no such worker up, it is the model's own limit from
-the router's model directory (`max_position_embeddings`): the router tokenizes every model
-with that one tokenizer, and a worker cannot offer more than its model does.
+dispatcher holds a request to. With no such worker up, it is the longest any of the
+model's workers (a prefill worker) registered, and with none, the model's own limit from
+its tokenizer's model directory (`max_position_embeddings`; the router's own model is
+served with no worker up): a worker cannot offer more than its model does.
 `/tokenize` answers the same figure.
 """
 
@@ -19,8 +20,11 @@ from services.router.routing import WorkerView, context_limit
 
 def max_model_len(context: ServingContext, model: str, views: Sequence[WorkerView] | None = None) -> int:
     """`model`'s context length now; `views`: the pool's, when the caller has them already."""
-    limit = context_limit(context.pool.views() if views is None else views, model)
-    return context.tokenizer.max_model_len if limit is None else limit
+    views = context.pool.views() if views is None else views
+    limit = context_limit(views, model)
+    if limit is None:
+        limit = max((view.max_model_len for view in views if view.model == model), default=None)
+    return context.catalog.default.tokenizer.max_model_len if limit is None else limit
 
 
 def model_list(context: ServingContext) -> ModelList:

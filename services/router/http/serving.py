@@ -28,8 +28,9 @@ from services.router.fleet.worker_pool import WorkerPool
 from services.router.flows.dispatch import Dispatcher
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
+from services.router.http.served_models import ServedModel, ServedModels
 from services.router.http.sse import SSE_DONE, DisconnectWatch, SseResponse
-from services.router.openai.errors import BadRequest, ModelNotFound, error_info
+from services.router.openai.errors import BadRequest, error_info
 from services.router.openai.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import SamplingParams, TokenLogprobs
@@ -48,20 +49,21 @@ class ServingContext:
     """Everything the endpoints need, built once by the app's lifespan."""
 
     config: RouterConfig
-    tokenizer: Tokenizer
-    served_model: str
+    catalog: ServedModels  # each served model with its tokenizer
     pool: WorkerPool
     dispatcher: Dispatcher
     recorder: RequestRecorder
     clock: Clock
 
     def models(self) -> list[str]:
-        return sorted({self.served_model, *self.pool.models})
+        return self.catalog.names()
 
-    def resolve_model(self, model: str) -> str:
-        if model == self.served_model or model in self.pool.models:
-            return model
-        raise ModelNotFound(model, self.models())
+    async def resolve_model(self, model: str) -> ServedModel:
+        return await self.catalog.resolve(model)
+
+    def tokenizer_of(self, model: str) -> Tokenizer:
+        """The tokenizer of a model a request was resolved to (`resolve_model`)."""
+        return self.catalog.resolved(model).tokenizer
 
     def max_tokens(self, requested: int | None, param: str) -> int:
         if requested is None:
@@ -73,21 +75,23 @@ class ServingContext:
                              param=param)
         return requested
 
-    async def tokenize(self, text: str) -> list[int]:
+    @staticmethod
+    async def tokenize(tokenizer: Tokenizer, text: str) -> list[int]:
         if len(text) >= TOKENIZE_IN_THREAD_CHARS:
-            return await asyncio.to_thread(self.tokenizer.encode, text)
-        return self.tokenizer.encode(text)
+            return await asyncio.to_thread(tokenizer.encode, text)
+        return tokenizer.encode(text)
 
-    def check_prompt_ids(self, prompt_ids: list[int], param: str) -> list[int]:
+    @staticmethod
+    def check_prompt_ids(tokenizer: Tokenizer, prompt_ids: list[int], param: str) -> list[int]:
         if not prompt_ids:
             raise BadRequest("the prompt is empty", param=param)
-        vocab_size = self.tokenizer.vocab_size
+        vocab_size = tokenizer.vocab_size
         out_of_range = [token for token in prompt_ids if not 0 <= token < vocab_size]
         if out_of_range:
             raise BadRequest(f"token ids must lie in [0, {vocab_size}), got {out_of_range[:5]}", param=param)
         return prompt_ids
 
-    def sampling(self, body: SamplingFields, max_tokens: int) -> SamplingParams:
+    def sampling(self, body: SamplingFields, max_tokens: int, vocab_size: int) -> SamplingParams:
         temperature = OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
         if body.min_tokens > max_tokens:
             raise BadRequest(f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens})",
@@ -99,43 +103,24 @@ class ServingContext:
             min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-            min_tokens=body.min_tokens, logit_bias=self._logit_bias(body.logit_bias),
+            min_tokens=body.min_tokens, logit_bias=_logit_bias(body.logit_bias, vocab_size),
             bad_words=[word for word in body.bad_words or () if word],
-            allowed_token_ids=self._vocabulary_ids(body.allowed_token_ids, "allowed_token_ids"),
+            allowed_token_ids=_vocabulary_ids(body.allowed_token_ids, "allowed_token_ids", vocab_size),
             logprobs=body.logprobs_top, prompt_logprobs=body.prompt_logprobs_top, structured=structured_output(body))
 
-    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float]:
-        if not bias:
-            return {}
-        try:
-            token_ids = [int(key) for key in bias]
-        except ValueError:
-            raise BadRequest("logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
-        self._vocabulary_ids(token_ids, "logit_bias")
-        return dict(zip(token_ids, bias.values(), strict=True))
-
-    def _vocabulary_ids(self, token_ids: list[int] | None, param: str) -> list[int] | None:
-        if token_ids is None:
-            return None
-        vocab_size = self.tokenizer.vocab_size
-        outside = [token for token in token_ids if not 0 <= token < vocab_size]
-        if outside:
-            raise BadRequest(f"token ids must lie in [0, {vocab_size}), got {outside[:5]}", param=param)
-        return list(token_ids)
-
-    def params(self, identity: RequestIdentity, body: SamplingFields, model: str, prompt_ids: list[int],
+    def params(self, identity: RequestIdentity, body: SamplingFields, model: ServedModel, prompt_ids: list[int],
                max_tokens: int, route_hint: str | None = None, *, sample: int = 0) -> GenerationParams:
         """A validated request as the dispatcher takes it (both generate endpoints); the
         `sample`-th choice of its prompt samples with the seed + `sample`, as vLLM's server's."""
-        sampling = self.sampling(body, max_tokens)
+        sampling = self.sampling(body, max_tokens, model.tokenizer.vocab_size)
         if sample and sampling.seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=sampling.seed + sample)
-        return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model,
+        return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model.name,
                                 arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
                                 sampling=sampling, stop=body.stop_strings,
                                 cache_hit_threshold=body.cache_hit_threshold, route_hint=route_hint,
                                 skip_special_tokens=body.skip_special_tokens,
-                                eos_token_id=self.tokenizer.eos_token_id)
+                                eos_token_id=model.tokenizer.eos_token_id)
 
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,
@@ -153,6 +138,26 @@ class ServingContext:
             await self.recorder.record(identity, outcome=ErrorCode.CANCELLED.value)
             raise
         return await self.dispatcher.dispatch(params)
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    if not bias:
+        return {}
+    try:
+        token_ids = [int(key) for key in bias]
+    except ValueError:
+        raise BadRequest("logit_bias keys must be token ids (integers as strings)", param="logit_bias") from None
+    _vocabulary_ids(token_ids, "logit_bias", vocab_size)
+    return dict(zip(token_ids, bias.values(), strict=True))
+
+
+def _vocabulary_ids(token_ids: list[int] | None, param: str, vocab_size: int) -> list[int] | None:
+    if token_ids is None:
+        return None
+    outside = [token for token in token_ids if not 0 <= token < vocab_size]
+    if outside:
+        raise BadRequest(f"token ids must lie in [0, {vocab_size}), got {outside[:5]}", param=param)
+    return list(token_ids)
 
 
 def structured_output(body: SamplingFields) -> StructuredOutput | None:

@@ -127,7 +127,8 @@ class ChatServing:
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
     def _format(self, request_id: str, body: ChatCompletionRequest, created: int, index: int) -> ChatFormat:
-        renderer = None if body.logprobs_top is None else LogprobsRenderer(self._context.tokenizer, body.logprobs_top)
+        renderer = None if body.logprobs_top is None else LogprobsRenderer(self._context.tokenizer_of(body.model),
+                                                                           body.logprobs_top)
         return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body))
 
     def _tool_calling(self, body: ChatCompletionRequest) -> ToolCalling | None:
@@ -151,18 +152,19 @@ class ChatServing:
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
 
         async def prepare() -> GenerationParams:
-            model = context.resolve_model(body.model)
+            model = await context.resolve_model(body.model)
+            tokenizer = model.tokenizer
             messages = [message.template_message() for message in body.messages]
             tools = [tool.template_tool() for tool in body.tools] if body.tools else None
             try:
-                prompt = context.tokenizer.apply_chat_template(messages, tools=tools)
+                prompt = tokenizer.apply_chat_template(messages, tools=tools)
             except TandemError:
                 raise
             except Exception as error:  # a template may reject a conversation (e.g. roles out of order)
                 raise BadRequest(f"the chat template cannot render these messages: {error}",
                                  param="messages") from error
-            prompt_ids = _without_double_bos(await context.tokenize(prompt), context.tokenizer.bos_token_id)
-            prompt_ids = context.check_prompt_ids(prompt_ids, "messages")
+            prompt_ids = _without_double_bos(await context.tokenize(tokenizer, prompt), tokenizer.bos_token_id)
+            prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "messages")
             max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)
             params = context.params(identity, body, model, prompt_ids, max_tokens, route_hint, sample=sample)
             return _with_tool_calling(params, self._tool_calling(body), context.config.tool_call_parser)

@@ -127,9 +127,10 @@ class CompletionsServing:
         context = self._context
 
         async def prepare() -> GenerationParams:
-            model = context.resolve_model(body.model)
-            prompt_ids = await context.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-            prompt_ids = context.check_prompt_ids(prompt_ids, "prompt")
+            model = await context.resolve_model(body.model)
+            tokenizer = model.tokenizer
+            prompt_ids = await context.tokenize(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+            prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "prompt")
             max_tokens = context.max_tokens(body.max_tokens, "max_tokens")
             return context.params(identity, body, model, prompt_ids, max_tokens, route_hint, sample=sample)
 
@@ -137,7 +138,7 @@ class CompletionsServing:
 
     def _format(self, request_id: str, body: CompletionRequest, created: int, prompt: str | list[int],
                 generation: Generation, index: int) -> CompletionFormat:
-        tokenizer = self._context.tokenizer
+        tokenizer = self._context.tokenizer_of(generation.params.model)
         renderer = None if body.logprobs_top is None else LogprobsRenderer(tokenizer, body.logprobs_top)
         echo = None
         if body.echo:

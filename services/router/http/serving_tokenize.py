@@ -1,4 +1,5 @@
-"""`/tokenize` and `/detokenize`: the router's tokenizer and chat template, no worker involved.
+"""`/tokenize` and `/detokenize`: the model's tokenizer and chat template (`served_models`; no model
+named: the router's own), no worker involved.
 
 The token ids `/tokenize` answers are the ones the generate endpoints would send a worker
 for the same prompt or chat (with `add_special_tokens` at what those endpoints use: true
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from services.router.http.model_cards import max_model_len
+from services.router.http.served_models import ServedModel
 from services.router.http.serving import ServingContext
 from services.router.openai.errors import BadRequest
 from services.router.openai.protocol_tokenize import (
@@ -23,6 +25,7 @@ from services.router.openai.protocol_tokenize import (
     TokenizeResponse,
 )
 from shared.errors import TandemError
+from shared.tokenizer import Tokenizer
 
 # Decoding this many tokens takes long enough to be worth a thread hop (as
 # `serving.TOKENIZE_IN_THREAD_CHARS` for encoding).
@@ -33,28 +36,29 @@ class TokenizeServing:
     def __init__(self, context: ServingContext) -> None:
         self._context = context
 
-    def _model(self, requested: str | None) -> str:
+    async def _model(self, requested: str | None) -> ServedModel:
+        """The named model; none named: the router's own (`--model-dir`)."""
         context = self._context
-        return context.resolve_model(context.served_model if requested is None else requested)
+        return await context.resolve_model(context.catalog.default.name if requested is None else requested)
 
     async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
-        model = self._model(body.model)
-        tokenizer = self._context.tokenizer
-        text = self._chat_prompt(body) if isinstance(body, TokenizeChatRequest) else body.prompt
-        token_ids = await self._context.tokenize(text)  # with BOS when the model's tokenizer adds one
+        model = await self._model(body.model)
+        tokenizer = model.tokenizer
+        text = self._chat_prompt(tokenizer, body) if isinstance(body, TokenizeChatRequest) else body.prompt
+        token_ids = await self._context.tokenize(tokenizer, text)  # with BOS when the model's tokenizer adds one
         if tokenizer.add_bos and not body.add_special_tokens:
             token_ids = token_ids[1:]  # the one BOS `encode` added; a BOS the text spells stays
         elif isinstance(body, TokenizeChatRequest):
             token_ids = without_double_bos(token_ids, tokenizer.bos_token_id)
-        return TokenizeResponse(count=len(token_ids), max_model_len=max_model_len(self._context, model),
+        return TokenizeResponse(count=len(token_ids), max_model_len=max_model_len(self._context, model.name),
                                 tokens=token_ids)
 
-    def _chat_prompt(self, body: TokenizeChatRequest) -> str:
+    def _chat_prompt(self, tokenizer: Tokenizer, body: TokenizeChatRequest) -> str:
         """The chat as the chat endpoint renders it (`serving_chat`)."""
         messages = [message.template_message() for message in body.messages]
         tools = [tool.template_tool() for tool in body.tools] if body.tools else None
         try:
-            prompt = self._context.tokenizer.apply_chat_template(
+            prompt = tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=body.add_generation_prompt_now)
         except TandemError:
             raise
@@ -65,8 +69,7 @@ class TokenizeServing:
         return prompt
 
     async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
-        self._model(body.model)
-        tokenizer = self._context.tokenizer
+        tokenizer = (await self._model(body.model)).tokenizer
         out_of_vocabulary = [token for token in body.tokens if token >= tokenizer.vocab_size]
         if out_of_vocabulary:
             raise BadRequest(f"Token id {out_of_vocabulary[0]} is out of vocabulary: token ids lie in "

@@ -1,87 +1,33 @@
-"""The router's view of where KV blocks live: the pure `KvIndex`, fed from the bus.
+"""The router's view of where KV blocks live: one pure `ModelKv` per served model, fed from the bus.
 
 Adapter: subscribes to every worker's KV event stream (decoded by `batch_decode`), follows
-membership (a worker that joins is indexed with its block size; one that leaves or restarts
-is purged), and asks a worker for a snapshot while its stream is out of sync (a gap), on a
-timer until it is.
-The dispatcher asks `prompt_cache()` how much of a prompt each worker holds (the policy
-weighs it), names the blocks to pull from a holder (`prefix_source()`), and records each
-routing as a prediction (`predict()`: speculative index entries with a TTL).
+membership (a worker that joins is indexed in its model's namespace with its block size; one
+that leaves or restarts is purged), and asks a worker for a snapshot while its stream is out
+of sync (a gap), on a timer until it is. A worker's events go only into its model's index.
+The dispatcher asks `model(name)` for a request's namespace (`model_kv.ModelKv`): how much
+of a prompt each of that model's workers holds (`prompt_cache()`), the blocks to pull from
+a holder (`prefix_source()`), and each routing recorded as a prediction (`predict()`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 
 from services.router.kv.batch_decode import KvBatchDecoder
-from services.router.kv.index import KvIndex, block_hashes_for
-from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
-from services.router.routing.recency import CacheRecency
+from services.router.kv.index import IndexStats
+from services.router.kv.model_kv import ModelKv, PrefixSource, PromptCache
+from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
-from shared.schemas import KvSnapshotRequest, KvTransferParams
+from shared.schemas import KvSnapshotRequest
 from shared.subjects import Subjects
 
+__all__ = ["KvView", "ModelKv", "PrefixSource", "PromptCache"]
+
 log = logging.getLogger(__name__)
-
-
-class PrefixSource:
-    __slots__ = ("worker_id", "block_hashes")
-
-    def __init__(self, worker_id: str, block_hashes: list[int]) -> None:
-        self.worker_id = worker_id
-        self.block_hashes = block_hashes
-
-    def as_params(self, **others: object) -> KvTransferParams:
-        return KvTransferParams(prefix_holder=self.worker_id, prefix_hashes=self.block_hashes, **others)
-
-
-@dataclass(frozen=True, slots=True)
-class PromptCache:
-    """What the KV index says about one prompt, in tokens."""
-
-    chains: dict[int, list[int]]  # block size -> the prompt's Tandem hash chain
-    cached_tokens: dict[str, int]  # per worker: leading tokens held or predicted (speculative)
-    held_tokens: dict[str, int]  # per worker: leading tokens it reported holding
-
-    @property
-    def prefix_key(self) -> int | None:
-        """The hash of the prompt's first block (smallest block size in use); None when the
-        prompt is shorter than a block."""
-        return self.chains[min(self.chains)][0] if self.chains else None
-
-    @property
-    def block_tokens(self) -> int:
-        """The prompt's tokens in full blocks: the KV its prefix keeps where it is computed."""
-        return max((size * len(chain) for size, chain in self.chains.items()), default=0)
-
-
-class VictimAges(Mapping[str, "float | None"]):
-    """`CacheRecency.victim_age` per worker, computed on first access (only the workers whose
-    cache a prompt would overflow are asked) against the KV index."""
-
-    def __init__(self, recency: CacheRecency, index: KvIndex, now: float) -> None:
-        self._recency = recency
-        self._index = index
-        self._now = now
-        self._ages: dict[str, float | None] = {}
-
-    def __getitem__(self, worker_id: str) -> float | None:
-        if worker_id not in self._ages:
-            self._ages[worker_id] = self._recency.victim_age(
-                worker_id, lambda prefix_key: self._index.holds(worker_id, prefix_key), self._now)
-        return self._ages[worker_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._ages)
-
-    def __len__(self) -> int:
-        return len(self._ages)
 
 
 class KvView:
@@ -92,10 +38,10 @@ class KvView:
         self._subjects = subjects
         self._batches = KvBatchDecoder(malformed, verify_hashes=verify_hashes)  # token ids only where read
         self._resync_interval_s = resync_interval_s
-        self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
-        self.recency = CacheRecency()
-        self.homes = PrefixHomes(overhead_tokens=request_overhead_tokens)
-        self._block_sizes: dict[str, int] = {}
+        self._verify_hashes = verify_hashes
+        self._request_overhead_tokens = request_overhead_tokens
+        self._models: dict[str, ModelKv] = {}
+        self._model_of: dict[str, str] = {}  # worker id -> the model whose namespace indexes it
         self._subscription = None
         self._resync_task: asyncio.Task[None] | None = None
 
@@ -113,19 +59,44 @@ class KvView:
             except Exception:  # connection already closed: nothing left to release
                 pass
 
+    # ---- namespaces ------------------------------------------------------------------------
+
+    def model(self, model: str) -> ModelKv:
+        """`model`'s namespace (empty until its workers join)."""
+        namespace = self._models.get(model)
+        if namespace is None:
+            namespace = self._models[model] = ModelKv(verify_hashes=self._verify_hashes,
+                                                      request_overhead_tokens=self._request_overhead_tokens)
+        return namespace
+
+    def of_worker(self, worker_id: str) -> ModelKv | None:
+        """The namespace indexing `worker_id`; None for a worker not (or no longer) a member."""
+        model = self._model_of.get(worker_id)
+        return None if model is None else self._models.get(model)
+
+    def stats(self) -> IndexStats:
+        """Every namespace's index together (a worker is in one namespace only)."""
+        parts = [namespace.index.stats() for namespace in self._models.values()]
+        return IndexStats(workers=tuple(worker for part in parts for worker in part.workers),
+                          total_blocks=sum(part.total_blocks for part in parts))
+
     # ---- membership (called by the worker pool) -----------------------------------------
 
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None:
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
         """`kv_tokens`: its KV pool (0: unknown), which bounds the prefixes it keeps resident."""
-        self._block_sizes[worker_id] = block_size
-        self.index.add_worker(worker_id, block_size)
-        self.homes.set_capacity(worker_id, kv_tokens)
+        if self._model_of.get(worker_id, model) != model:
+            self.worker_left(worker_id)  # now serving another model: nothing it held counts there
+        self._model_of[worker_id] = model
+        self.model(model).worker_joined(worker_id, block_size, kv_tokens)
 
     def worker_left(self, worker_id: str) -> None:
-        self._block_sizes.pop(worker_id, None)
-        self.index.remove_worker(worker_id)
-        self.recency.forget(worker_id)
-        self.homes.forget(worker_id)
+        model = self._model_of.pop(worker_id, None)
+        namespace = None if model is None else self._models.get(model)
+        if namespace is None:
+            return
+        namespace.worker_left(worker_id)
+        if not namespace.worker_ids:
+            del self._models[model]  # a model with no worker keeps no homes nor predictions
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -133,7 +104,10 @@ class KvView:
         batch = self._batches.decode_or_none(msg.data, msg.subject)
         if batch is None:
             return
-        result = self.index.ingest(batch)
+        namespace = self.of_worker(batch.worker_id)
+        if namespace is None:
+            return  # not a member: as the index ignores a worker it does not know
+        result = namespace.index.ingest(batch)
         if result.mismatched_blocks:  # only in verification mode: a worker hashes differently
             log.warning("%d block(s) from %s carry a chain hash their token ids refute",
                         result.mismatched_blocks, batch.worker_id)
@@ -150,54 +124,6 @@ class KvView:
     async def _resync_forever(self) -> None:
         while True:
             await asyncio.sleep(self._resync_interval_s)
-            for worker_id in self.index.unsynced_workers():
-                await self._ask_snapshot(worker_id)
-
-    # ---- queries and predictions (synchronous, on the request path) -------------------------
-
-    def prompt_cache(self, prompt_ids: list[int], now: float) -> PromptCache:
-        """Where the prompt's leading blocks live (predictions due by `now` dropped first):
-        one hash chain per block size in use."""
-        self.index.expire(now)
-        chains: dict[int, list[int]] = {}
-        cached: dict[str, int] = {}
-        held: dict[str, int] = {}
-        for block_size in set(self._block_sizes.values()):
-            if len(prompt_ids) < block_size:
-                continue
-            chain = chains[block_size] = block_hashes_for(prompt_ids, block_size)
-            for worker_id, blocks in self.index.match(chain).items():
-                if self._block_sizes.get(worker_id) != block_size:
-                    continue
-                cached[worker_id] = blocks * block_size
-                held[worker_id] = self.index.held_prefix(worker_id, chain, blocks) * block_size
-        return PromptCache(chains, cached, held)
-
-    def prefix_source(self, cache: PromptCache, holder_id: str, tokens: int) -> PrefixSource | None:
-        """The blocks covering the prompt's first `tokens` tokens, to pull from `holder_id`."""
-        block_size = self._block_sizes.get(holder_id)
-        if block_size is None or block_size not in cache.chains or tokens < block_size:
-            return None
-        return PrefixSource(holder_id, cache.chains[block_size][: tokens // block_size])
-
-    def victim_ages(self, now: float) -> VictimAges:
-        """Per worker (on access), seconds since its least recently used prefix was routed."""
-        return VictimAges(self.recency, self.index, now)
-
-    def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float, *,
-                moves_home: bool = False) -> None:
-        """`worker_id` was just routed the prompt: count its blocks there until its own events
-        arrive (or `ttl_s` passes), so sibling requests follow it; the prompt's prefix is now
-        its most recently used one, and its home unless that home still holds most of the
-        prompt (then `worker_id` got a copy: `homes.PrefixHomes.record`) and the prefix was
-        not sent there to leave it (`moves_home`)."""
-        if cache.prefix_key is not None:
-            self.recency.touch(worker_id, cache.prefix_key, now)
-            home = self.homes.home(cache.prefix_key)
-            copy = (not moves_home and home is not None and home != worker_id
-                    and 2 * cache.cached_tokens.get(home, 0) >= cache.block_tokens)
-            computed = max(0, cache.block_tokens - cache.cached_tokens.get(worker_id, 0))
-            self.homes.record(cache.prefix_key, worker_id, cache.block_tokens, computed=computed, copy=copy)
-        block_size = self._block_sizes.get(worker_id)
-        if block_size is not None and block_size in cache.chains:
-            self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)
+            for namespace in list(self._models.values()):
+                for worker_id in namespace.index.unsynced_workers():
+                    await self._ask_snapshot(worker_id)

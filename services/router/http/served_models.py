@@ -1,0 +1,92 @@
+"""The models the router serves, each with its own tokenizer and chat template.
+
+The router's own model (`--model-dir`, named `--served-model-name` or after its directory)
+is always served, with the tokenizer loaded at start. Every other model is one its workers
+register: its tokenizer comes from the model directory in their registrations
+(`WorkerRegistration.model_dir`), loaded in a thread the first time a request names the
+model and kept. A model whose workers name no directory (workers from before the field) is
+tokenized with the router's own tokenizer, as a router of one model always did; a directory
+the router cannot read is an explicit 503 naming it, never a prompt tokenized by another
+model's tokenizer. A model no worker registers and that is not the router's own is a 404
+naming the served ones (`ModelNotFound`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from services.router.fleet.worker_pool import WorkerPool
+from services.router.openai.errors import ModelNotFound
+from shared.errors import Unavailable
+from shared.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str  # as clients ask for it
+    tokenizer: Tokenizer  # its tokenizer and chat template
+
+
+class ServedModels:
+    def __init__(self, default: ServedModel, pool: WorkerPool) -> None:
+        self.default = default
+        self._pool = pool
+        self._tokenizers: dict[str, Tokenizer] = {}  # by model directory, once loaded
+        self._loading: dict[str, asyncio.Future[Tokenizer]] = {}  # by model directory, while it loads
+        self._resolved: dict[str, ServedModel] = {default.name: default}
+
+    def names(self) -> list[str]:
+        return sorted({self.default.name, *self._pool.models})
+
+    async def resolve(self, model: str) -> ServedModel:
+        """`model` with its tokenizer; raises `ModelNotFound` (404) or `Unavailable` (503)."""
+        if model == self.default.name:
+            return self.default
+        if model not in self._pool.models:
+            raise ModelNotFound(model, self.names())
+        directories = self._pool.model_dirs(model)
+        if not directories:
+            served = ServedModel(model, self.default.tokenizer)
+        else:
+            served = ServedModel(model, await self._tokenizer(model, directories))
+        self._resolved[model] = served
+        return served
+
+    def resolved(self, model: str) -> ServedModel:
+        """A model `resolve` answered (its latest answer): for what a request needs after routing."""
+        return self._resolved[model]
+
+    async def _tokenizer(self, model: str, directories: list[str]) -> Tokenizer:
+        """The first of `directories` whose tokenizer loads."""
+        failures = []
+        for directory in directories:
+            try:
+                return await self._load(directory)
+            except Exception as error:  # missing, incomplete or corrupt: named in the 503
+                failures.append(f"{directory}: {error}")
+        log.warning("no tokenizer for model %s: %s", model, "; ".join(failures))
+        raise Unavailable(f"the router cannot read the tokenizer of model {model!r} from the model directory its "
+                          f"workers registered ({'; '.join(failures)})")
+
+    async def _load(self, directory: str) -> Tokenizer:
+        """The directory's tokenizer, loaded once in a thread (requests arriving meanwhile wait
+        for that load; a failed load is tried again by the next request)."""
+        tokenizer = self._tokenizers.get(directory)
+        if tokenizer is not None:
+            return tokenizer
+        load = self._loading.get(directory)
+        if load is None:
+            load = self._loading[directory] = asyncio.ensure_future(
+                asyncio.to_thread(Tokenizer.from_model_dir, directory))
+            load.add_done_callback(lambda done: self._loaded(directory, done))
+        return await asyncio.shield(load)  # a request cancelled meanwhile leaves the load to the others
+
+    def _loaded(self, directory: str, load: asyncio.Future[Tokenizer]) -> None:
+        if self._loading.get(directory) is load:
+            del self._loading[directory]
+        if not load.cancelled() and load.exception() is None:
+            self._tokenizers[directory] = load.result()

@@ -1,0 +1,147 @@
+"""One model's KV namespace: its workers' KV index, prefix homes and cache recency. Pure.
+
+The router keeps one per served model (`view.KvView.model`): a worker's KV events go only
+into its model's index, and a prompt of a model is matched only against that index, so a
+prefix hit can never cross models, even where two models' tokenizers give the same token
+ids (and so the same chain hashes). Homes and recency are per model too: a prefix key of one
+model never names a home among another model's workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from services.router.kv.index import KvIndex, block_hashes_for
+from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
+from services.router.routing.recency import CacheRecency
+from shared.schemas import KvTransferParams
+
+
+class PrefixSource:
+    __slots__ = ("worker_id", "block_hashes")
+
+    def __init__(self, worker_id: str, block_hashes: list[int]) -> None:
+        self.worker_id = worker_id
+        self.block_hashes = block_hashes
+
+    def as_params(self, **others: object) -> KvTransferParams:
+        return KvTransferParams(prefix_holder=self.worker_id, prefix_hashes=self.block_hashes, **others)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCache:
+    """What the KV index says about one prompt, in tokens."""
+
+    chains: dict[int, list[int]]  # block size -> the prompt's Tandem hash chain
+    cached_tokens: dict[str, int]  # per worker: leading tokens held or predicted (speculative)
+    held_tokens: dict[str, int]  # per worker: leading tokens it reported holding
+
+    @property
+    def prefix_key(self) -> int | None:
+        """The hash of the prompt's first block (smallest block size in use); None when the
+        prompt is shorter than a block."""
+        return self.chains[min(self.chains)][0] if self.chains else None
+
+    @property
+    def block_tokens(self) -> int:
+        """The prompt's tokens in full blocks: the KV its prefix keeps where it is computed."""
+        return max((size * len(chain) for size, chain in self.chains.items()), default=0)
+
+
+class VictimAges(Mapping[str, "float | None"]):
+    """`CacheRecency.victim_age` per worker, computed on first access (only the workers whose
+    cache a prompt would overflow are asked) against the KV index."""
+
+    def __init__(self, recency: CacheRecency, index: KvIndex, now: float) -> None:
+        self._recency = recency
+        self._index = index
+        self._now = now
+        self._ages: dict[str, float | None] = {}
+
+    def __getitem__(self, worker_id: str) -> float | None:
+        if worker_id not in self._ages:
+            self._ages[worker_id] = self._recency.victim_age(
+                worker_id, lambda prefix_key: self._index.holds(worker_id, prefix_key), self._now)
+        return self._ages[worker_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ages)
+
+    def __len__(self) -> int:
+        return len(self._ages)
+
+
+class ModelKv:
+    """What the router knows of one model's KV: where its workers' blocks live (real and
+    predicted), where its prefixes are homed, and when each worker last used them."""
+
+    def __init__(self, *, verify_hashes: bool = False,
+                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS) -> None:
+        self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
+        self.recency = CacheRecency()
+        self.homes = PrefixHomes(overhead_tokens=request_overhead_tokens)
+        self._block_sizes: dict[str, int] = {}
+
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None:
+        """`kv_tokens`: its KV pool (0: unknown), which bounds the prefixes it keeps resident."""
+        self._block_sizes[worker_id] = block_size
+        self.index.add_worker(worker_id, block_size)
+        self.homes.set_capacity(worker_id, kv_tokens)
+
+    def worker_left(self, worker_id: str) -> None:
+        self._block_sizes.pop(worker_id, None)
+        self.index.remove_worker(worker_id)
+        self.recency.forget(worker_id)
+        self.homes.forget(worker_id)
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return list(self._block_sizes)
+
+    def prompt_cache(self, prompt_ids: list[int], now: float) -> PromptCache:
+        """Where the prompt's leading blocks live (predictions due by `now` dropped first):
+        one hash chain per block size in use."""
+        self.index.expire(now)
+        chains: dict[int, list[int]] = {}
+        cached: dict[str, int] = {}
+        held: dict[str, int] = {}
+        for block_size in set(self._block_sizes.values()):
+            if len(prompt_ids) < block_size:
+                continue
+            chain = chains[block_size] = block_hashes_for(prompt_ids, block_size)
+            for worker_id, blocks in self.index.match(chain).items():
+                if self._block_sizes.get(worker_id) != block_size:
+                    continue
+                cached[worker_id] = blocks * block_size
+                held[worker_id] = self.index.held_prefix(worker_id, chain, blocks) * block_size
+        return PromptCache(chains, cached, held)
+
+    def prefix_source(self, cache: PromptCache, holder_id: str, tokens: int) -> PrefixSource | None:
+        """The blocks covering the prompt's first `tokens` tokens, to pull from `holder_id`."""
+        block_size = self._block_sizes.get(holder_id)
+        if block_size is None or block_size not in cache.chains or tokens < block_size:
+            return None
+        return PrefixSource(holder_id, cache.chains[block_size][: tokens // block_size])
+
+    def victim_ages(self, now: float) -> VictimAges:
+        """Per worker (on access), seconds since its least recently used prefix was routed."""
+        return VictimAges(self.recency, self.index, now)
+
+    def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float, *,
+                moves_home: bool = False) -> None:
+        """`worker_id` was just routed the prompt: count its blocks there until its own events
+        arrive (or `ttl_s` passes), so sibling requests follow it; the prompt's prefix is now
+        its most recently used one, and its home unless that home still holds most of the
+        prompt (then `worker_id` got a copy: `homes.PrefixHomes.record`) and the prefix was
+        not sent there to leave it (`moves_home`)."""
+        if cache.prefix_key is not None:
+            self.recency.touch(worker_id, cache.prefix_key, now)
+            home = self.homes.home(cache.prefix_key)
+            copy = (not moves_home and home is not None and home != worker_id
+                    and 2 * cache.cached_tokens.get(home, 0) >= cache.block_tokens)
+            computed = max(0, cache.block_tokens - cache.cached_tokens.get(worker_id, 0))
+            self.homes.record(cache.prefix_key, worker_id, cache.block_tokens, computed=computed, copy=copy)
+        block_size = self._block_sizes.get(worker_id)
+        if block_size is not None and block_size in cache.chains:
+            self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)
