@@ -64,7 +64,8 @@ async def send(command: OrchestratorCommand, nats_url: str, namespace: str, time
     from shared.bus import connect
 
     subjects = Subjects(namespace)
-    bus = await connect(bus_config(nats_url, namespace, **(files or {})), "tandem-ctl")
+    bus = await connect(bus_config(nats_url, namespace, **(files or {})), "tandem-ctl",
+                        connect_timeout_s=min(5.0, timeout_s), give_up_after_s=timeout_s)
     try:
         if progress:
             await bus.client.subscribe(subjects.orchestrator_progress, cb=_print_progress)

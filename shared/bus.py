@@ -168,8 +168,13 @@ def refusal(error: BaseException, config: BusConfig, silent_attempts: int = 0) -
     return None
 
 
-async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float = 5.0) -> Bus:
-    """A connected `Bus` for `bus` (a config, or a bare URL: no credentials, no TLS)."""
+async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float = 5.0,
+                  give_up_after_s: float | None = None) -> Bus:
+    """A connected `Bus` for `bus` (a config, or a bare URL: no credentials, no TLS).
+
+    A service waits for its NATS server as long as it takes (it may start first). A command
+    line tool passes `give_up_after_s`: no server answering by then is a `BusConnectError`
+    naming the last error, instead of retrying for ever."""
     config = BusConfig(nats_url=bus) if isinstance(bus, str) else bus
     config.validate()
     options = connect_options(config, name)
@@ -180,12 +185,17 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
 
     silent = [0]
 
+    last_error: list[Exception] = []
+
     async def error_cb(error: Exception) -> None:
         silent[0] = silent[0] + 1 if _SILENT_SERVER in str(error).lower() else 0
         reason = refusal(error, config, silent[0]) if connected is None else None
         if reason is not None and attempt is not None and not attempt.done():
             refused.append(reason)
             attempt.cancel()  # the client would retry for ever: nothing will change
+            return
+        if connected is None and give_up_after_s is not None:
+            last_error[:] = [error]  # said once, when giving up
             return
         log.warning("%s: NATS error: %s", name, error)
 
@@ -210,7 +220,12 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
         allow_reconnect=True,
     ))
     try:
-        await attempt
+        await asyncio.wait_for(attempt, give_up_after_s)  # cancels the attempt when it runs out
+    except TimeoutError:
+        await client.close()
+        why = f": {last_error[0]}" if last_error else ""
+        raise BusConnectError(f"no NATS server answered at {config.nats_url} within {give_up_after_s:g} s{why}") \
+            from None
     except asyncio.CancelledError:
         if not refused:
             raise
