@@ -8,7 +8,13 @@ is paid. No clock reads: every call takes `now` (seconds, monotonic).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+
+def whole_seconds(seconds: float) -> int:
+    """A `Retry-After` for a wait of `seconds`: rounded up, at least 1."""
+    return max(1, math.ceil(seconds - 1e-9))
 
 
 @dataclass
