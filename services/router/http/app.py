@@ -115,6 +115,7 @@ class RouterRuntime:
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
                                     routing=config.routing, policy=self.policy,
                                     max_attempts=config.max_attempts, admission=config.admission)
+            self.metrics.admission_waiting.set_function(dispatcher.admission.waiting)
             context = ServingContext(config=config, tokenizer=tokenizer, served_model=served_model, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
             self._started = _Started(bus, pool, context)
