@@ -27,6 +27,8 @@ BENCHMARKS = (
      "Sim timing profile: time a Llama-shaped model with PyTorch (GPU if any) and fit it"),
     ("soak", "bench.soak.main",
      "Soak: a local stack under a mixed workload for minutes; RSS, errors, leftovers, verdict"),
+    ("admission", "bench.admission.main",
+     "Priorities and fair shares: the router's admission queue under 2x overload, sim workers"),
     ("router", "bench.router.main",
      "Router cost: requests/s, latency and router CPU per request, Tandem vs Dynamo's frontend"),
 )

@@ -39,6 +39,12 @@ def create(
     rps: Annotated[Optional[float], typer.Option(help="Requests per second allowed (token bucket).")] = None,
     burst: Annotated[Optional[int], typer.Option(help="Requests allowed at once above the rate (bucket size).")] = None,
     max_concurrent: Annotated[Optional[int], typer.Option(help="Requests in flight at once.")] = None,
+    tpm: Annotated[Optional[int], typer.Option(help="Tokens (prompt and completion) per minute.")] = None,
+    priority: Annotated[Optional[int], typer.Option(
+        help="Default priority of its requests (lower is more urgent; 0 when unset).")] = None,
+    top_priority: Annotated[Optional[int], typer.Option(
+        help="The most urgent priority its requests may ask for (a lower number is raised to it).")] = None,
+    weight: Annotated[Optional[float], typer.Option(help="Its fair share in the admission queue (1 when unset).")] = None,
 ) -> None:
     """Make a key: printed once on stdout; the file keeps only its hash."""
     from shared.api_keys import ApiKey, hash_key, key_problems
@@ -49,7 +55,8 @@ def create(
         typer.secho(f"error: {file} already has a key named {name!r} (revoke it first)", fg="red", err=True)
         raise typer.Exit(1)
     key = new_key()
-    entry = ApiKey(name=name, sha256=hash_key(key), rps=rps, burst=burst, max_concurrent=max_concurrent)
+    entry = ApiKey(name=name, sha256=hash_key(key), rps=rps, burst=burst, max_concurrent=max_concurrent, tpm=tpm,
+                   priority=priority, top_priority=top_priority, weight=weight)
     problems = key_problems(entry)
     if problems:
         raise typer.BadParameter("; ".join(problems))

@@ -3,11 +3,15 @@
 A key file holds JSON lines, one key a line (blank lines and `#` comments are skipped):
 
     {"name": "local", "sha256": "<hex digest of the key>", "rps": 5.0, "burst": 10, "max_concurrent": 4}
+    {"name": "batch", "sha256": "<hex digest>", "tpm": 60000, "priority": 5, "top_priority": 0, "weight": 0.5}
 
 Only the SHA-256 of each key is stored: keys are 256 random bits (`KEY_PREFIX` + 43 URL-safe
 characters), so a fast hash is enough (no password stretching needed) and the file is no
 secret worth stealing. `rps`/`burst` (a token bucket) and `max_concurrent` are optional
-per-key limits; absent means unlimited. Names are what logs, spans and metric labels show,
+per-key limits; absent means unlimited; `tpm` limits the tokens (prompt and completion) a
+minute. For the router's admission queue a key may carry a default `priority` for requests
+that name none, a `top_priority` (the most urgent a request may ask for; priorities follow
+vLLM's convention, lower is more urgent) and a fair-share `weight` (default 1). Names are what logs, spans and metric labels show,
 never the key. The router (`services.router.http.auth`) and the metrics collector read the same
 format; `shared.api_keys_file` reads, writes and watches the file.
 """
@@ -37,6 +41,10 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     rps: float | None = None  # sustained requests per second; None: unlimited
     burst: int | None = None  # bucket size; None: ceil(rps), at least 1
     max_concurrent: int | None = None  # requests in flight at once; None: unlimited
+    tpm: int | None = None  # tokens (prompt and completion) per minute; None: unlimited
+    priority: int | None = None  # the default priority of its requests; None: 0
+    top_priority: int | None = None  # the most urgent priority its requests may ask for; None: any
+    weight: float | None = None  # its fair share in the admission queue; None: 1
 
     @property
     def bucket_size(self) -> int:
@@ -50,7 +58,15 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             parts.append(f"{self.rps:g} req/s, burst {self.bucket_size}")
         if self.max_concurrent is not None:
             parts.append(f"{self.max_concurrent} concurrent")
-        return ", ".join(parts) or "unlimited"
+        if self.tpm is not None:
+            parts.append(f"{self.tpm} tokens/min")
+        limits = ", ".join(parts) or "unlimited"
+        return limits + self._admission_text()
+
+    def _admission_text(self) -> str:
+        parts = [f"{name} {value:g}" for name, value in (("priority", self.priority), ("top priority", self.top_priority),
+                                                         ("weight", self.weight)) if value is not None]
+        return f"; {', '.join(parts)}" if parts else ""
 
 
 def key_problems(key: ApiKey) -> list[str]:
@@ -65,6 +81,12 @@ def key_problems(key: ApiKey) -> list[str]:
         problems.append("burst must be at least 1, and needs rps")
     if key.max_concurrent is not None and key.max_concurrent < 1:
         problems.append("max_concurrent must be at least 1")
+    if key.tpm is not None and key.tpm < 1:
+        problems.append("tpm must be at least 1")
+    if key.weight is not None and not (key.weight > 0 and math.isfinite(key.weight)):
+        problems.append("weight must be positive")
+    if key.priority is not None and key.top_priority is not None and key.priority < key.top_priority:
+        problems.append("priority must not be more urgent (lower) than top_priority")
     return problems
 
 

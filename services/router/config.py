@@ -129,6 +129,34 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.pd_transfer in ("pull", "push"), "pd_transfer must be pull or push")
 
 
+class AdmissionConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """The router's admission queue (`services.router.routing.admission`): how many requests it
+    lets run at once, and what waits or is refused beyond that. Off by default: every request
+    goes to the workers at once, as without it."""
+
+    slots_per_seq: Annotated[float, flag(
+        "Admission queue: let at most this x the serving workers' max_num_seqs run at once; the rest wait in the "
+        "router, the most urgent priority first, API keys sharing by virtual token counters (0: off, every "
+        "request goes to the workers at once).", name="--admission-slots-per-seq")] = 0.0
+    max_queued: Annotated[int, flag(
+        "Admission queue: most requests waiting; past it the one that would be served last is refused (429).",
+        name="--admission-max-queued")] = 1024
+    max_wait_s: Annotated[float, flag(
+        "Admission queue: a request waiting longer is refused (429).", name="--admission-max-wait")] = 30.0
+    reserve_share: Annotated[float, flag(
+        "Admission queue: the share of slots only requests more urgent than the default (priority < 0) may take.",
+        name="--admission-reserve")] = 0.0
+    sheddable_priority: Annotated[int | None, flag(
+        "Requests of this priority or less urgent (a greater number) never wait: refused (429) when no slot is "
+        "free. Unset: none.")] = None
+
+    def validate(self) -> None:
+        require(self.slots_per_seq >= 0, "admission slots_per_seq must not be negative")
+        require(self.max_queued >= 0, "admission max_queued must not be negative")
+        require(self.max_wait_s > 0, "admission max_wait_s must be positive")
+        require(0.0 <= self.reserve_share < 1.0, "admission reserve_share must lie in [0, 1)")
+
+
 # The ways of writing tool calls in an answer the router reads (services.router.openai.tool_parsers).
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 
@@ -155,6 +183,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     worker_wait_s: float = 5.0  # how long a request waits for a worker to appear
     max_attempts: int = 3  # workers one request may be sent to (refused, lost, resumed mid-stream)
     routing: RoutingConfig = RoutingConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     tool_call_parser: Annotated[str, flag(  # one of TOOL_CALL_FORMATS
         "How the model writes tool calls (hermes, llama3_json, mistral): lets chats use tool_choice auto, with "
         "the calls read from the answer. Empty: tool_choice auto is refused.")] = ""
@@ -181,3 +210,4 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
                 f"tool_call_parser must be one of {', '.join(TOOL_CALL_FORMATS)} (or empty)")
         check_metrics_auth(self.metrics_auth, self.api_keys_file)
         self.routing.validate()
+        self.admission.validate()

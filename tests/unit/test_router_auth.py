@@ -8,6 +8,7 @@ import base64
 import stat
 from pathlib import Path
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
@@ -213,6 +214,29 @@ def test_tandem_keys_create_list_revoke(tmp_path: Path) -> None:
     assert runner.invoke(cli_app, ["keys", "revoke", "--file", str(path), "--name", "alice"]).exit_code == 0
     assert read_key_file(path).names == ["bob"]
     assert runner.invoke(cli_app, ["keys", "revoke", "--file", str(path), "--name", "alice"]).exit_code == 1
+
+
+def test_tandem_keys_create_takes_a_token_budget_and_the_admission_queue_s_fields(tmp_path: Path) -> None:
+    path = tmp_path / "keys.jsonl"
+    runner = CliRunner()
+    created = runner.invoke(cli_app, ["keys", "create", "--file", str(path), "--name", "batch", "--tpm", "6000",
+                                      "--priority", "5", "--top-priority", "0", "--weight", "0.5"])
+    assert created.exit_code == 0, created.output
+    key = read_key_file(path).get("batch")
+    assert (key.tpm, key.priority, key.top_priority, key.weight) == (6000, 5, 0, 0.5)
+    listed = runner.invoke(cli_app, ["keys", "list", "--file", str(path)])
+    assert "batch\t6000 tokens/min; priority 5, top priority 0, weight 0.5" in listed.stdout
+    refused = runner.invoke(cli_app, ["keys", "create", "--file", str(path), "--name", "bad", "--priority", "-3",
+                                      "--top-priority", "0"])
+    assert refused.exit_code != 0 and "top_priority" in refused.output
+
+
+def test_a_key_file_refuses_impossible_budgets_weights_and_priorities() -> None:
+    for fields, problem in (({"tpm": 0}, "tpm"), ({"weight": 0.0}, "weight"),
+                            ({"priority": -1, "top_priority": 0}, "top_priority")):
+        line = msgspec.json.encode(entry("k", "secret", **fields)).decode()
+        with pytest.raises(KeyFileError, match=problem):
+            parse_key_file(line)
 
 
 # --- the key file tandem up makes

@@ -12,7 +12,9 @@ and their routings are predicted here alike. Only then does the flow executor
 one worker, or a prefill and a decode worker, pulling a cached prefix from a holder when
 the plan names one.
 
-Answers without a worker: a refusal of admission control is `TooManyRequests` (429 with
+Before routing, a new request passes the admission gate (`flows.admission`: its key's tokens
+per minute, and the router's admission queue when on), and leaves it when its generation
+closes. Answers without a worker: a refusal of admission control is `TooManyRequests` (429 with
 `Retry-After`); a decode-first request whose threshold no worker meets gets an
 `Answered` source with finish_reason "cache_threshold" (HTTP 200, no tokens).
 
@@ -37,9 +39,10 @@ from collections.abc import Callable
 
 from opentelemetry import trace
 
-from services.router.config import RoutingConfig
+from services.router.config import AdmissionConfig, RoutingConfig
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
+from services.router.flows.admission import AdmissionGate, Ticket
 from services.router.flows.detokenizer import TokenDecoder
 from services.router.flows.executor import CommittedPlan, FlowExecutor
 from services.router.flows.generation import Generation
@@ -99,7 +102,7 @@ class Dispatcher:
                  decoders: Callable[[str], TokenDecoder],
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
                  routing: RoutingConfig = RoutingConfig(), policy: RoutingPolicy | None = None,
-                 max_attempts: int = 3) -> None:
+                 max_attempts: int = 3, admission: AdmissionConfig = AdmissionConfig()) -> None:
         self._flows = FlowExecutor(link, metrics)
         self._pool = pool
         self._kv_view = kv_view
@@ -113,6 +116,7 @@ class Dispatcher:
         self._routing = routing
         self._policy = policy if policy is not None else build_policy(routing)
         self._max_attempts = max_attempts
+        self.admission = AdmissionGate(admission, pool.views, clock, retry_after=routing.retry_after_s)
         pool.shared_load.on_peer_prediction = self._peer_routed
 
     def _peer_routed(self, prompt: RoutedPrompt) -> None:
@@ -133,10 +137,14 @@ class Dispatcher:
             threshold = self._routing.cache_hit_threshold
         if threshold:
             span.set_attribute("tandem.cache_hit_threshold", threshold)
+        ticket: Ticket | None = None
         try:
+            ticket = await self.admission.enter(params)
             source = await self._open_routed(params, set(), params.arrived_at + self._worker_wait_s, span,
                                              admit=True, threshold=threshold)
         except BaseException as error:
+            if ticket is not None:
+                self.admission.leave(ticket, None)
             span.set_attribute("tandem.outcome", _outcome(error))
             span.end()
             await self._recorder.record(params, outcome=_outcome(error),
@@ -144,7 +152,8 @@ class Dispatcher:
             raise
         generation = Generation(params=params, source=source, decoder=self._decoders(params.model), metrics=self._metrics,
                                 recorder=self._recorder, clock=self._clock, span=span, resumer=self,
-                                max_attempts=self._max_attempts)
+                                max_attempts=self._max_attempts,
+                                on_close=lambda usage: self.admission.leave(ticket, usage))
         try:
             await generation.prime()
         except BaseException:

@@ -21,6 +21,7 @@ worker can take it, the original error reaches the client.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,8 +66,10 @@ class Resumer(Protocol):
 class Generation:
     def __init__(self, *, params: GenerationParams, source: TokenSource, decoder: TokenDecoder,
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, span: trace.Span,
-                 resumer: Resumer | None = None, max_attempts: int = 1) -> None:
+                 resumer: Resumer | None = None, max_attempts: int = 1,
+                 on_close: Callable[[TokenUsage], None] | None = None) -> None:
         self.params = params
+        self._on_close = on_close  # told what the request used once it ended (the admission gate)
         self._source = source
         self._frames = source.frames()
         self._resumer = resumer
@@ -277,6 +280,8 @@ class Generation:
             self._span.end()
             final = self._final
             usage = final.usage if final else TokenUsage(len(self.params.prompt_ids), self._completion_tokens, 0)
+            if self._on_close is not None:
+                self._on_close(usage)
             await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id or None,
                                         finish_reason=final.finish_reason if final else None,
                                         usage=usage, ttft_s=self.ttft_s, span=self._span)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 
 from services.router.metrics import RouterMetrics
+from services.router.routing.admission import DEFAULT_TENANT, Tenant
 from shared.bus import Bus
 from shared.codec import encode
 from shared.schemas import RequestRecord, SamplingParams
@@ -56,6 +57,7 @@ class GenerationParams(RequestIdentity):
     route_hint: str | None = None  # the worker the client named (X-Tandem-Worker); the pinned policy's input
     skip_special_tokens: bool = True  # the answer's text leaves special tokens out
     eos_token_id: int | None = None  # the model's end of sequence, a stop token unless ignore_eos
+    tenant: Tenant = DEFAULT_TENANT  # its API key and priority, for the admission gate
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

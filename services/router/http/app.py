@@ -24,7 +24,8 @@ from services.router.fleet.worker_pool import WorkerPool
 from services.router.flows.dispatch import Dispatcher
 from services.router.flows.records import Clock, RequestRecorder
 from services.router.http.auth.middleware import install_api_keys
-from services.router.http.generate_routes import ROUTE_HINT_HEADER, GenerateRoutes
+from services.router.http.caller import caller_of
+from services.router.http.generate_routes import GenerateRoutes
 from services.router.http.input import InputGuard
 from services.router.http.model_cards import model_list
 from services.router.http.served_models import ServedModel, ServedModels
@@ -117,7 +118,8 @@ class RouterRuntime:
                                     decoders=lambda model: catalog.resolved(model).tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
                                     routing=config.routing, policy=self.policy,
-                                    max_attempts=config.max_attempts)
+                                    max_attempts=config.max_attempts, admission=config.admission)
+            self.metrics.admission_waiting.set_function(dispatcher.admission.waiting)
             context = ServingContext(config=config, catalog=catalog, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
             self._started = _Started(bus, pool, context)
@@ -132,20 +134,16 @@ class RouterRuntime:
             await bus.close()
 
 
-def route_hint(request: Request) -> str | None:
-    return request.headers.get(ROUTE_HINT_HEADER) or None
-
-
 def build_routes(runtime: RouterRuntime) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await watched(request.receive, runtime.started.completions.create(body, route_hint(request)))
+        return await watched(request.receive, runtime.started.completions.create(body, caller_of(request.scope)))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await watched(request.receive, runtime.started.chat.create(body, route_hint(request)))
+        return await watched(request.receive, runtime.started.chat.create(body, caller_of(request.scope)))
 
     @router.get("/v1/models")
     async def models() -> ModelList:

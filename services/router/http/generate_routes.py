@@ -20,20 +20,18 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.router.http.caller import caller_of
 from services.router.http.input import replay_body
 from services.router.http.serving import watched
 from services.router.openai.errors import tandem_error_response
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest
 from shared.errors import TandemError
 
-ROUTE_HINT_HEADER = "x-tandem-worker"  # a worker id; only the pinned routing policy reads it
-_ROUTE_HINT_NAME = ROUTE_HINT_HEADER.encode()
-
 _decode_json = msgspec.json.Decoder().decode
 
 
 class Endpoint:
-    """One generate endpoint: its request model and the serving call (`create(body, hint)`)."""
+    """One generate endpoint: its request model and the serving call (`create(body, caller)`)."""
 
     def __init__(self, model: type[BaseModel], create: Callable[[], Callable]) -> None:
         self.model = model
@@ -59,9 +57,8 @@ class GenerateRoutes:
         except (msgspec.DecodeError, ValidationError):
             await self.app(scope, replay_body(body, receive), send)  # FastAPI answers it, as it always did
             return
-        hint = next((value.decode("latin-1") for name, value in scope["headers"] if name == _ROUTE_HINT_NAME), "")
         try:
-            response: Response = await watched(receive, endpoint.create()(request, hint or None))
+            response: Response = await watched(receive, endpoint.create()(request, caller_of(scope)))
         except TandemError as error:
             response = tandem_error_response(error)
         await response(scope, receive, send)

@@ -28,6 +28,7 @@ from services.router.fleet.worker_pool import WorkerPool
 from services.router.flows.dispatch import Dispatcher
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
+from services.router.http.caller import Caller
 from services.router.http.served_models import ServedModel, ServedModels
 from services.router.http.sse import SSE_DONE, DisconnectWatch, SseResponse
 from services.router.openai.errors import BadRequest, error_info
@@ -109,7 +110,7 @@ class ServingContext:
             logprobs=body.logprobs_top, prompt_logprobs=body.prompt_logprobs_top, structured=structured_output(body))
 
     def params(self, identity: RequestIdentity, body: SamplingFields, model: ServedModel, prompt_ids: list[int],
-               max_tokens: int, route_hint: str | None = None, *, sample: int = 0) -> GenerationParams:
+               max_tokens: int, caller: Caller = Caller(), *, sample: int = 0) -> GenerationParams:
         """A validated request as the dispatcher takes it (both generate endpoints); the
         `sample`-th choice of its prompt samples with the seed + `sample`, as vLLM's server's."""
         sampling = self.sampling(body, max_tokens, model.tokenizer.vocab_size)
@@ -118,9 +119,9 @@ class ServingContext:
         return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model.name,
                                 arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
                                 sampling=sampling, stop=body.stop_strings,
-                                cache_hit_threshold=body.cache_hit_threshold, route_hint=route_hint,
+                                cache_hit_threshold=body.cache_hit_threshold, route_hint=caller.route_hint,
                                 skip_special_tokens=body.skip_special_tokens,
-                                eos_token_id=model.tokenizer.eos_token_id)
+                                eos_token_id=model.tokenizer.eos_token_id, tenant=caller.tenant(body.priority))
 
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final
 from services.router.flows.records import GenerationParams, RequestIdentity
+from services.router.http.caller import Caller
 from services.router.http.choices import Choice, close_all, respond_choices
 from services.router.http.serving import ServingContext, respond
 from services.router.http.sse import ChunkPrefix, finish_json, text_json
@@ -107,19 +108,19 @@ class ChatServing:
     def __init__(self, context: ServingContext) -> None:
         self._context = context
 
-    async def create(self, body: ChatCompletionRequest, route_hint: str | None = None) -> Response:
+    async def create(self, body: ChatCompletionRequest, caller: Caller = Caller()) -> Response:
         context = self._context
         identity = context.identity("chatcmpl", ENDPOINT, body.model)
         created = int(time.time())
         if body.n == 1:
-            generation = await context.start(identity, self._prepare(identity, body, 0, route_hint))
+            generation = await context.start(identity, self._prepare(identity, body, 0, caller))
             return await respond(generation, self._format(identity.request_id, body, created, 0),
                                  stream=body.stream, include_usage=body.include_usage)
         choices: list[Choice] = []
         try:
             for index in range(body.n):
                 own = dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}")
-                generation = await context.start(own, self._prepare(own, body, index, route_hint))
+                generation = await context.start(own, self._prepare(own, body, index, caller))
                 choices.append(Choice(generation, self._format(identity.request_id, body, created, index), 0))
         except BaseException:
             await close_all(choices)
@@ -146,7 +147,7 @@ class ChatServing:
                            named, body.parallel_tool_calls is not False, FORMATS.get(parser))
 
     def _prepare(self, identity: RequestIdentity, body: ChatCompletionRequest, sample: int,
-                 route_hint: str | None) -> Callable[[], Awaitable[GenerationParams]]:
+                 caller: Caller) -> Callable[[], Awaitable[GenerationParams]]:
         """The validation of one choice's request (the `sample`-th: seed + `sample`)."""
         context = self._context
         max_tokens_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -166,7 +167,7 @@ class ChatServing:
             prompt_ids = _without_double_bos(await context.tokenize(tokenizer, prompt), tokenizer.bos_token_id)
             prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "messages")
             max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)
-            params = context.params(identity, body, model, prompt_ids, max_tokens, route_hint, sample=sample)
+            params = context.params(identity, body, model, prompt_ids, max_tokens, caller, sample=sample)
             return _with_tool_calling(params, self._tool_calling(body), context.config.tool_call_parser)
 
         return prepare

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
+from services.router.http.caller import Caller
 from services.router.http.choices import Choice, close_all, respond_choices
 from services.router.http.serving import ServingContext, respond
 from services.router.http.sse import ChunkPrefix, finish_json, text_json
@@ -98,13 +99,13 @@ class CompletionsServing:
     def __init__(self, context: ServingContext) -> None:
         self._context = context
 
-    async def create(self, body: CompletionRequest, route_hint: str | None = None) -> Response:
+    async def create(self, body: CompletionRequest, caller: Caller = Caller()) -> Response:
         context = self._context
         identity = context.identity("cmpl", ENDPOINT, body.model)
         created = int(time.time())
         prompts = body.prompts
         if len(prompts) == 1 and body.n == 1:
-            generation = await context.start(identity, self._prepare(identity, body, prompts[0], 0, route_hint))
+            generation = await context.start(identity, self._prepare(identity, body, prompts[0], 0, caller))
             spelled = self._format(identity.request_id, body, created, prompts[0], generation, 0)
             return await respond(generation, spelled, stream=body.stream, include_usage=body.include_usage)
         choices: list[Choice] = []
@@ -113,7 +114,7 @@ class CompletionsServing:
                 for sample in range(body.n):
                     index = prompt_index * body.n + sample
                     own = dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}")
-                    generation = await context.start(own, self._prepare(own, body, prompt, sample, route_hint))
+                    generation = await context.start(own, self._prepare(own, body, prompt, sample, caller))
                     choices.append(Choice(generation, self._format(identity.request_id, body, created, prompt,
                                                                    generation, index), prompt_index))
         except BaseException:
@@ -122,7 +123,7 @@ class CompletionsServing:
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
     def _prepare(self, identity: RequestIdentity, body: CompletionRequest, prompt: str | list[int], sample: int,
-                 route_hint: str | None) -> Callable[[], Awaitable[GenerationParams]]:
+                 caller: Caller) -> Callable[[], Awaitable[GenerationParams]]:
         """The validation of one choice's request: the `sample`-th of its prompt's (seed + sample)."""
         context = self._context
 
@@ -132,7 +133,7 @@ class CompletionsServing:
             prompt_ids = await context.tokenize(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
             prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "prompt")
             max_tokens = context.max_tokens(body.max_tokens, "max_tokens")
-            return context.params(identity, body, model, prompt_ids, max_tokens, route_hint, sample=sample)
+            return context.params(identity, body, model, prompt_ids, max_tokens, caller, sample=sample)
 
         return prepare
 

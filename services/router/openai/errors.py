@@ -37,11 +37,13 @@ class BadRequest(InvalidArgument):
 
 class TooManyRequests(Overloaded):
     """Admission control refused the request: every worker that could take it is past its
-    queue limit. The client should retry after `retry_after_s`."""
+    queue limit, the router's admission queue refused it, or its API key's token budget is
+    spent (`api_code` "rate_limited"). The client should retry after `retry_after_s`."""
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
+    def __init__(self, message: str, *, retry_after_s: int, api_code: str | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.api_code = api_code
 
 
 class ModelNotFound(NotFound):
@@ -62,6 +64,8 @@ def error_info(error: TandemError) -> ErrorInfo:
     param, code = None, error.code.value
     if isinstance(error, BadRequest):
         param, code = error.param, error.api_code or code
+    elif isinstance(error, TooManyRequests):
+        code = error.api_code or code
     elif isinstance(error, ModelNotFound):
         param, code = "model", "model_not_found"
     return ErrorInfo(message=error.message, type=error_type(error.http_status), param=param, code=code)

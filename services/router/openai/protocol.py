@@ -107,6 +107,8 @@ class SamplingFields(Request):
     # Tandem extension, decode-first: serve only from a worker already holding at least this
     # share of the prompt's KV; otherwise answer at once with finish_reason "cache_threshold".
     cache_hit_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    # vLLM's: lower is served first (0 the default); the router's admission queue orders by it
+    priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
 
     @model_validator(mode="after")
     def _one_structure(self) -> "SamplingFields":

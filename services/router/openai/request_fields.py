@@ -70,6 +70,9 @@ _HONOURED = [
     RequestField("parallel_tool_calls", "honoured", ("chat",), note="false: at most one call"),
     RequestField("stream", "honoured"),
     RequestField("stream_options", "honoured", note="include_usage"),
+    RequestField("priority", "honoured", note="lower is served first (vLLM's convention, 0 the default) by the "
+                                              "router's admission queue (`--admission-slots-per-seq`); also the "
+                                              "X-Tandem-Priority header; bounded by the API key's top priority"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
                                                          "share of the prompt's KV"),
 ]
@@ -111,7 +114,6 @@ _REFUSED = [
     _refused("watermarking", None),
     _refused("repetition_detection", None),
     _refused("thinking_token_budget", None),
-    _refused("priority", None, 0),
     _refused("request_id", None),
     _refused("session_id", None),
     _refused("return_tokens_as_token_ids", None, False),

@@ -23,6 +23,7 @@ from services.router.config import RouterConfig
 from services.router.flows.spans import name_api_key
 from services.router.http.auth.decision import Denial, Granted, authenticate, authorize
 from services.router.http.auth.limits import KeyLimiter, Outcome
+from services.router.http.caller import API_KEY_SCOPE
 from services.router.metrics import RouterMetrics
 from services.router.openai.errors import error_response, error_type
 from services.router.openai.protocol import ErrorInfo
@@ -87,6 +88,7 @@ class ApiKeyMiddleware:
         assert isinstance(verdict, Granted)
         name = verdict.key.name
         name_api_key(name)
+        scope[API_KEY_SCOPE] = verdict.key  # its priority, weight and token budget (`http.caller`)
         gate.metrics.count_api_key(name, Outcome.ACCEPTED.value)
         try:
             await self.app(scope, receive, send)

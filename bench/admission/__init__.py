@@ -1,0 +1,1 @@
+"""`tandem bench admission`: the router's priorities and fair shares under overload (`main`)."""
