@@ -22,20 +22,7 @@ from rich.table import Table
 from cli.options import Namespace, NatsCa, NatsCert, NatsCreds, NatsKey, NatsUrl, bus_config
 from shared.codec import encode
 from shared.schemas import WorkerRole
-from shared.schemas.orchestrator import (
-    AddWorker,
-    CommandOutcome,
-    CommandProgress,
-    CordonWorker,
-    DrainWorker,
-    ListWorkers,
-    OrchestratorCommand,
-    RemoveWorker,
-    SetWorkerRole,
-    UncordonWorker,
-    UpgradeWorkers,
-    WorkerSummary,
-)
+from shared.schemas import orchestrator as commands
 from shared.subjects import Subjects
 
 if TYPE_CHECKING:
@@ -45,8 +32,8 @@ app = typer.Typer(help="Operate a running cluster through its orchestrator.", no
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the orchestrator's answer.")]
 Deadline = Annotated[float, typer.Option("--deadline", help="Seconds the worker may take to finish its work.")]
 Force = Annotated[bool, typer.Option("--force", help="Even if it leaves too few decode workers.")]
-_outcomes = msgspec.msgpack.Decoder(CommandOutcome)
-_progress = msgspec.msgpack.Decoder(CommandProgress)
+_outcomes = msgspec.msgpack.Decoder(commands.CommandOutcome)
+_progress = msgspec.msgpack.Decoder(commands.CommandProgress)
 
 
 @app.callback()
@@ -57,8 +44,8 @@ def nats_files(ctx: typer.Context,
     ctx.obj = {"creds_file": creds_file, "ca_file": ca_file, "cert_file": cert_file, "key_file": key_file}
 
 
-async def send(command: OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float,
-               files: dict[str, str] | None = None, *, progress: bool = False) -> CommandOutcome:
+async def send(command: commands.OrchestratorCommand, nats_url: str, namespace: str, timeout_s: float,
+               files: dict[str, str] | None = None, *, progress: bool = False) -> commands.CommandOutcome:
     """The orchestrator's answer to `command` (raises TimeoutError / connection errors);
     `progress`: printing each `CommandProgress` the orchestrator publishes meanwhile."""
     from shared.bus import connect
@@ -86,8 +73,8 @@ async def _print_progress(msg: Msg) -> None:
 
 
 def _issue(ctx: typer.Context,
-           command: OrchestratorCommand, nats_url: str, namespace: str,
-           timeout_s: float, *, progress: bool = False) -> CommandOutcome:
+           command: commands.OrchestratorCommand, nats_url: str, namespace: str,
+           timeout_s: float, *, progress: bool = False) -> commands.CommandOutcome:
     files = ctx.obj if isinstance(ctx.obj, dict) else {}  # `nats_files`, the group's options
     try:
         return asyncio.run(send(command, nats_url, namespace, timeout_s, files, progress=progress))
@@ -97,7 +84,7 @@ def _issue(ctx: typer.Context,
         raise typer.Exit(2) from None
 
 
-def _report(outcome: CommandOutcome) -> None:
+def _report(outcome: commands.CommandOutcome) -> None:
     color = {"ok": "green", "refused": "yellow", "failed": "red"}[outcome.outcome]
     target = f" {outcome.worker_id}" if outcome.worker_id else ""
     typer.secho(f"{outcome.outcome}{target}: {outcome.reason}".rstrip(": "), fg=color)
@@ -107,7 +94,7 @@ def _report(outcome: CommandOutcome) -> None:
         raise typer.Exit(1)
 
 
-def workers_table(workers: list[WorkerSummary]) -> Table:
+def workers_table(workers: list[commands.WorkerSummary]) -> Table:
     table = Table(title="workers")
     table.add_column("worker", no_wrap=True)
     for column in ("role", "status", "gen", "model", "version", "engine", "pid", "launched"):
@@ -126,13 +113,13 @@ def workers(ctx: typer.Context,
             nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
             timeout: Timeout = 5.0) -> None:
     """List the registered workers."""
-    outcome = _issue(ctx, ListWorkers(), nats_url, namespace, timeout)
+    outcome = _issue(ctx, commands.ListWorkers(), nats_url, namespace, timeout)
     if not outcome.ok:
         _report(outcome)
     Console().print(workers_table(outcome.workers))
 
 
-def _admin_command(name: str, kind: type[CordonWorker] | type[UncordonWorker], summary: str) -> None:
+def _admin_command(name: str, kind: type[commands.CordonWorker] | type[commands.UncordonWorker], summary: str) -> None:
     def run(ctx: typer.Context,
             worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
             timeout: Timeout = 15.0) -> None:
@@ -141,7 +128,7 @@ def _admin_command(name: str, kind: type[CordonWorker] | type[UncordonWorker], s
     app.command(name, help=summary)(run)
 
 
-def _leave_command(name: str, kind: type[DrainWorker] | type[RemoveWorker], summary: str) -> None:
+def _leave_command(name: str, kind: type[commands.DrainWorker] | type[commands.RemoveWorker], summary: str) -> None:
     def run(ctx: typer.Context,
             worker_id: str, nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
             deadline: Deadline = 30.0, force: Force = False, timeout: Timeout = 60.0) -> None:
@@ -151,9 +138,9 @@ def _leave_command(name: str, kind: type[DrainWorker] | type[RemoveWorker], summ
     app.command(name, help=summary)(run)
 
 
-_admin_command("cordon", CordonWorker, "Send the worker no new work; it keeps its in-flight work and stays.")
-_admin_command("uncordon", UncordonWorker, "Let a cordoned worker take new work again.")
-_leave_command("drain", DrainWorker,
+_admin_command("cordon", commands.CordonWorker, "Send the worker no new work; it keeps its in-flight work and stays.")
+_admin_command("uncordon", commands.UncordonWorker, "Let a cordoned worker take new work again.")
+_leave_command("drain", commands.DrainWorker,
                "Drain the worker: no new work, finish requests and held KV leases, then leave.")
 
 
@@ -163,7 +150,8 @@ def set_role(ctx: typer.Context,
              nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem", force: Force = False,
              timeout: Timeout = 15.0) -> None:
     """Switch a running worker's role, engine and prefix cache kept."""
-    _report(_issue(ctx, SetWorkerRole(worker_id=worker_id, role=role, force=force), nats_url, namespace, timeout))
+    command = commands.SetWorkerRole(worker_id=worker_id, role=role, force=force)
+    _report(_issue(ctx, command, nats_url, namespace, timeout))
 
 
 @app.command()
@@ -173,10 +161,10 @@ def add(ctx: typer.Context,
         nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
         timeout: Timeout = 120.0) -> None:
     """Start a worker through the orchestrator's launcher."""
-    _report(_issue(ctx, AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
+    _report(_issue(ctx, commands.AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
 
 
-_leave_command("remove", RemoveWorker, "Drain a worker and stop its process (if the orchestrator started it).")
+_leave_command("remove", commands.RemoveWorker, "Drain a worker and stop its process (if the orchestrator started it).")
 
 
 def _role_settings(items: list[str]) -> dict[str, list[str]]:
@@ -204,6 +192,6 @@ def upgrade(ctx: typer.Context,
             deadline: Deadline = 30.0, timeout: Timeout = 900.0) -> None:
     """Rolling upgrade: replace every worker by a new-version one of its role, a prefill and a
     decode worker at a time (add, wait until active, drain the old pair)."""
-    command = UpgradeWorkers(model_version=model_version, worker_args=shlex.split(worker_args),
+    command = commands.UpgradeWorkers(model_version=model_version, worker_args=shlex.split(worker_args),
                              role_args=_role_settings(role_settings), model=model, deadline_s=deadline)
     _report(_issue(ctx, command, nats_url, namespace, timeout, progress=True))

@@ -3,9 +3,9 @@ Pure: the members bucket's registrations and the configured limits in, a refusal
 (or None) out. Called by `control_plane.ControlPlane` before it does anything.
 
 The invariants kept: a model keeps `min_serving_workers` ACTIVE workers able to decode
-(role decode or both) and `min_prefill_workers` prefill ones, unless the command says `force`; adding or switching a worker never
-goes past the per-role maxima or the total budget; a command names a worker that exists
-(or, for AddWorker, one that does not).
+(role decode or both) and `min_prefill_workers` prefill ones, unless the command says
+`force`; adding or switching a worker never goes past the per-role maxima or the total
+budget; a command names a worker that exists (or, for AddWorker, one that does not).
 """
 
 from __future__ import annotations
@@ -14,17 +14,7 @@ from collections.abc import Mapping
 
 from services.orchestrator.config import WorkerLimits
 from shared.schemas import WorkerRegistration, WorkerRole, WorkerStatus
-from shared.schemas.orchestrator import (
-    AddWorker,
-    CordonWorker,
-    DrainWorker,
-    ListWorkers,
-    OrchestratorCommand,
-    RemoveWorker,
-    SetWorkerRole,
-    UncordonWorker,
-    UpgradeWorkers,
-)
+from shared.schemas import orchestrator as commands
 
 SERVING_ROLES = frozenset({WorkerRole.DECODE, WorkerRole.BOTH})
 
@@ -33,15 +23,15 @@ def serves(role: WorkerRole) -> bool:
     return role in SERVING_ROLES
 
 
-def refusal(command: OrchestratorCommand, members: Mapping[str, WorkerRegistration], limits: WorkerLimits, *,
+def refusal(command: commands.OrchestratorCommand, members: Mapping[str, WorkerRegistration], limits: WorkerLimits, *,
             can_launch: bool) -> str | None:
     """Why `command` must not run now; None when it may."""
     match command:
-        case ListWorkers():
+        case commands.ListWorkers():
             return None
-        case UpgradeWorkers():  # the plan (upgrade_plan.py) checks the budget and the roles
+        case commands.UpgradeWorkers():  # the plan (upgrade_plan.py) checks the budget and the roles
             return None if can_launch else "this orchestrator has no worker launcher (start it with --launcher local)"
-        case AddWorker(role=role, worker_id=worker_id):
+        case commands.AddWorker(role=role, worker_id=worker_id):
             if not can_launch:
                 return "this orchestrator has no worker launcher (start it with --launcher local)"
             if worker_id and worker_id in members:
@@ -53,15 +43,15 @@ def refusal(command: OrchestratorCommand, members: Mapping[str, WorkerRegistrati
     if target is None:
         return f"no registered worker named {command.worker_id}"
     match command:
-        case CordonWorker():
+        case commands.CordonWorker():
             return _last_serving(target, members, limits, force=False, action="cordon")
-        case UncordonWorker():
+        case commands.UncordonWorker():
             return None
-        case DrainWorker(force=force):
+        case commands.DrainWorker(force=force):
             return _last_serving(target, members, limits, force=force, action="drain")
-        case RemoveWorker(force=force):
+        case commands.RemoveWorker(force=force):
             return _last_serving(target, members, limits, force=force, action="remove")
-        case SetWorkerRole(role=role, force=force):
+        case commands.SetWorkerRole(role=role, force=force):
             if role is target.role:
                 return f"{target.worker_id} already serves as {role.value}"
             if target.status is WorkerStatus.DRAINING:

@@ -22,16 +22,7 @@ from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.chaos.streams import (
-    all_ended,
-    check_outcomes,
-    router_members,
-    router_metric,
-    start_streams,
-    token_prompts,
-    wait_router_idle,
-    worker_loss_stack,
-)
+from tests.chaos import streams
 from tests.stack_fixtures import observing
 from tests.waiting import wait_for
 
@@ -46,24 +37,24 @@ SPECS = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL),
          WorkerSpec(worker_id="d2", role=WorkerRole.DECODE, extra_args=DECODE_ARGS))
 
 
-stack = worker_loss_stack(SPECS, ttl_s=TTL_S)
+stack = streams.worker_loss_stack(SPECS, ttl_s=TTL_S)
 
 
 async def test_decode_worker_killed_mid_stream(stack: LocalStack, tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    prompts = token_prompts(tokenizer, STREAMS)
+    prompts = streams.token_prompts(tokenizer, STREAMS)
     client = openai_client(stack.router_url, timeout=120)
     async with observing(stack, ("p1", "d1", "d2"), "chaos-observer") as observer:
         started = time.monotonic()
-        tasks, undisturbed = start_streams(client, tokenizer.model_name, prompts, MAX_TOKENS)
-        await all_ended(tasks, undisturbed, started + 90, "in the undisturbed run")
+        tasks, undisturbed = streams.start_streams(client, tokenizer.model_name, prompts, MAX_TOKENS)
+        await streams.all_ended(tasks, undisturbed, started + 90, "in the undisturbed run")
         undisturbed_s = time.monotonic() - started
         assert all(outcome.completed and outcome.finish_reason == "length" for outcome in undisturbed), \
             [outcome.error for outcome in undisturbed if not outcome.completed][:3]
         expected = ["".join(outcome.text) for outcome in undisturbed]
         await observer.assert_clean()
 
-        tasks, outcomes = start_streams(client, tokenizer.model_name, prompts, MAX_TOKENS)
+        tasks, outcomes = streams.start_streams(client, tokenizer.model_name, prompts, MAX_TOKENS)
 
         def both_decoding() -> bool:
             loads = observer.loads.latest
@@ -75,11 +66,11 @@ async def test_decode_worker_killed_mid_stream(stack: LocalStack, tiny_model_dir
         stack.worker("d1").popen.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         bound_s = TTL_S + 2 * undisturbed_s + SLACK_S
-        await all_ended(tasks, outcomes, killed_at + bound_s, f"{bound_s:.1f}s after the kill")
+        await streams.all_ended(tasks, outcomes, killed_at + bound_s, f"{bound_s:.1f}s after the kill")
         ended_s = max(outcome.ended_at or killed_at for outcome in outcomes) - killed_at
 
-        completed, errors = check_outcomes(outcomes, expected)
-        resumed = await router_metric(stack.router_url, "tandem_router_resumes_total", result="resumed",
+        completed, errors = streams.check_outcomes(outcomes, expected)
+        resumed = await streams.router_metric(stack.router_url, "tandem_router_resumes_total", result="resumed",
                                       stage="mid_stream")
         print(f"\n{completed} completed, {errors} explicit errors, {resumed:.0f} resumed mid-stream; last stream ended "
               f"{ended_s:.2f}s after the kill (undisturbed run: {undisturbed_s:.2f}s)")
@@ -90,5 +81,5 @@ async def test_decode_worker_killed_mid_stream(stack: LocalStack, tiny_model_dir
         # nothing leaked on the survivors, nothing left in flight at the router
         observer.workers = ("p1", "d2")
         await observer.assert_clean(timeout_s=20)
-        await wait_router_idle(stack.router_url)
-        assert "d1" not in await router_members(stack.router_url)
+        await streams.wait_router_idle(stack.router_url)
+        assert "d1" not in await streams.router_members(stack.router_url)

@@ -25,17 +25,7 @@ from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.chaos.streams import (
-    all_ended,
-    check_outcomes,
-    expected_texts,
-    router_members,
-    router_metric,
-    start_streams,
-    token_prompts,
-    wait_router_idle,
-    worker_loss_stack,
-)
+from tests.chaos import streams
 from tests.stack_fixtures import observing
 from tests.waiting import wait_for
 
@@ -52,28 +42,28 @@ SPECS = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL), WorkerSpec(worker_
          WorkerSpec(worker_id="d2", role=WorkerRole.DECODE, extra_args=DECODE_ARGS))
 
 
-stack = worker_loss_stack(SPECS, ttl_s=TTL_S)
+stack = streams.worker_loss_stack(SPECS, ttl_s=TTL_S)
 
 
 async def test_prefill_worker_killed_mid_transfer(stack: LocalStack, tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    prompts = token_prompts(tokenizer, IN_FLIGHT + 2 * NEW, seed=3)
-    expected = await expected_texts(tokenizer, prompts, MAX_TOKENS)
+    prompts = streams.token_prompts(tokenizer, IN_FLIGHT + 2 * NEW, seed=3)
+    expected = await streams.expected_texts(tokenizer, prompts, MAX_TOKENS)
     first, after_kill, after_leave = prompts[:IN_FLIGHT], prompts[IN_FLIGHT:-NEW], prompts[-NEW:]
     client = openai_client(stack.router_url, timeout=60)
     model = tokenizer.model_name
     async with observing(stack, ("p1", "p2", "d1", "d2"), "chaos-observer") as observer:
-        tasks, outcomes = start_streams(client, model, first, MAX_TOKENS)
+        tasks, outcomes = streams.start_streams(client, model, first, MAX_TOKENS)
         await wait_for(lambda: observer.leases("p1") >= 2, 20,
                        lambda: f"p1 to hold leases for delayed pulls: {observer.loads.latest}")
         stack.worker("p1").popen.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
-        new_tasks, new_outcomes = start_streams(client, model, after_kill, MAX_TOKENS)
+        new_tasks, new_outcomes = streams.start_streams(client, model, after_kill, MAX_TOKENS)
 
-        await all_ended(tasks + new_tasks, outcomes + new_outcomes, killed_at + END_BOUND_S,
+        await streams.all_ended(tasks + new_tasks, outcomes + new_outcomes, killed_at + END_BOUND_S,
                         f"{END_BOUND_S}s after the kill")
-        completed, errors = check_outcomes(outcomes, expected[:IN_FLIGHT])
-        new_completed, new_errors = check_outcomes(new_outcomes, expected[IN_FLIGHT:-NEW])
+        completed, errors = streams.check_outcomes(outcomes, expected[:IN_FLIGHT])
+        new_completed, new_errors = streams.check_outcomes(new_outcomes, expected[IN_FLIGHT:-NEW])
         ended_s = max(outcome.ended_at or killed_at for outcome in outcomes + new_outcomes) - killed_at
         failed_pulls = [record for record in observer.records
                         if record.peer_worker_id == "p1" and record.outcome == "failed"]
@@ -87,21 +77,21 @@ async def test_prefill_worker_killed_mid_transfer(stack: LocalStack, tiny_model_
 
         # once the router has seen p1 go, new requests are served disaggregated on p2
         await wait_for(lambda: _without(stack.router_url, "p1"), 2 * TTL_S + 5, "the router to drop p1")
-        disaggregated = await router_metric(stack.router_url, "tandem_router_disaggregated_requests_total")
+        disaggregated = await streams.router_metric(stack.router_url, "tandem_router_disaggregated_requests_total")
         prefilled = await observer.settled("p2", "prompt_tokens_total")
-        later_tasks, later_outcomes = start_streams(client, model, after_leave, MAX_TOKENS)
-        await all_ended(later_tasks, later_outcomes, time.monotonic() + END_BOUND_S, "after p1 left")
-        later_completed, _ = check_outcomes(later_outcomes, expected[-NEW:])
+        later_tasks, later_outcomes = streams.start_streams(client, model, after_leave, MAX_TOKENS)
+        await streams.all_ended(later_tasks, later_outcomes, time.monotonic() + END_BOUND_S, "after p1 left")
+        later_completed, _ = streams.check_outcomes(later_outcomes, expected[-NEW:])
         assert later_completed == NEW
-        assert await router_metric(stack.router_url, "tandem_router_disaggregated_requests_total") \
+        assert await streams.router_metric(stack.router_url, "tandem_router_disaggregated_requests_total") \
             == disaggregated + NEW
         assert await observer.settled("p2", "prompt_tokens_total") - prefilled == sum(map(len, after_leave))
 
         # nothing leaked on the survivors, nothing left in flight at the router
         observer.workers = ("p2", "d1", "d2")
         await observer.assert_clean(timeout_s=20)
-        await wait_router_idle(stack.router_url)
+        await streams.wait_router_idle(stack.router_url)
 
 
 async def _without(router_url: str, worker_id: str) -> bool:
-    return worker_id not in await router_members(router_url)
+    return worker_id not in await streams.router_members(router_url)

@@ -15,17 +15,7 @@ from services.router.routing.view import WorkerView
 from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.schemas import WorkerCapacity, WorkerRegistration, WorkerRole, WorkerStatus
-from shared.schemas.orchestrator import (
-    AddWorker,
-    CommandOutcome,
-    CordonWorker,
-    DrainWorker,
-    ListWorkers,
-    OrchestratorCommand,
-    RemoveWorker,
-    SetWorkerRole,
-    UncordonWorker,
-)
+from shared.schemas import orchestrator as commands
 
 PREFILL, DECODE, BOTH = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
 LIMITS = WorkerLimits()
@@ -43,74 +33,77 @@ def cluster(*registrations: WorkerRegistration) -> dict[str, WorkerRegistration]
     return {registration.worker_id: registration for registration in registrations}
 
 
-def check(command: OrchestratorCommand, members, limits: WorkerLimits = LIMITS, can_launch: bool = True):
+def check(command: commands.OrchestratorCommand, members, limits: WorkerLimits = LIMITS, can_launch: bool = True):
     return refusal(command, members, limits, can_launch=can_launch)
 
 
 PD = cluster(reg("p1", PREFILL), reg("d1", DECODE))
 
 
-@pytest.mark.parametrize("command", [DrainWorker(worker_id="d1"), RemoveWorker(worker_id="d1"),
-                                     CordonWorker(worker_id="d1"), SetWorkerRole(worker_id="d1", role=PREFILL)])
+@pytest.mark.parametrize("command", [commands.DrainWorker(worker_id="d1"), commands.RemoveWorker(worker_id="d1"),
+                                     commands.CordonWorker(worker_id="d1"),
+                                     commands.SetWorkerRole(worker_id="d1", role=PREFILL)])
 def test_the_last_decode_worker_stays(command) -> None:
     why = check(command, PD)
     assert why is not None and "minimum is 1" in why
 
 
 def test_force_overrides_the_minimum() -> None:
-    assert check(DrainWorker(worker_id="d1", force=True), PD) is None
-    assert check(SetWorkerRole(worker_id="d1", role=PREFILL, force=True), PD) is None
+    assert check(commands.DrainWorker(worker_id="d1", force=True), PD) is None
+    assert check(commands.SetWorkerRole(worker_id="d1", role=PREFILL, force=True), PD) is None
 
 
 def test_a_cordoned_or_other_models_decode_worker_does_not_count() -> None:
     members = cluster(reg("d1", DECODE), reg("d2", DECODE, WorkerStatus.CORDONED), reg("d3", BOTH, model="other"))
-    assert check(DrainWorker(worker_id="d1"), members) is not None
+    assert check(commands.DrainWorker(worker_id="d1"), members) is not None
     members["d2"] = reg("d2", DECODE)
-    assert check(DrainWorker(worker_id="d1"), members) is None
+    assert check(commands.DrainWorker(worker_id="d1"), members) is None
 
 
 def test_prefill_workers_may_leave_and_switch_to_decode_unless_a_minimum_says_no() -> None:
-    assert check(DrainWorker(worker_id="p1"), PD) is None
-    assert check(RemoveWorker(worker_id="p1"), PD) is None
-    assert check(SetWorkerRole(worker_id="p1", role=DECODE), PD) is None
+    assert check(commands.DrainWorker(worker_id="p1"), PD) is None
+    assert check(commands.RemoveWorker(worker_id="p1"), PD) is None
+    assert check(commands.SetWorkerRole(worker_id="p1", role=DECODE), PD) is None
     keep_one = WorkerLimits(min_prefill_workers=1)
-    assert "other active prefill worker(s)" in check(RemoveWorker(worker_id="p1"), PD, keep_one)
-    assert "minimum is 1" in check(SetWorkerRole(worker_id="p1", role=DECODE), PD, keep_one)
-    assert check(SetWorkerRole(worker_id="p1", role=DECODE, force=True), PD, keep_one) is None
+    assert "other active prefill worker(s)" in check(commands.RemoveWorker(worker_id="p1"), PD, keep_one)
+    assert "minimum is 1" in check(commands.SetWorkerRole(worker_id="p1", role=DECODE), PD, keep_one)
+    assert check(commands.SetWorkerRole(worker_id="p1", role=DECODE, force=True), PD, keep_one) is None
 
 
 def test_set_role_refusals() -> None:
-    assert "already serves as prefill" in check(SetWorkerRole(worker_id="p1", role=PREFILL), PD)
+    assert "already serves as prefill" in check(commands.SetWorkerRole(worker_id="p1", role=PREFILL), PD)
     draining = cluster(reg("p1", PREFILL, WorkerStatus.DRAINING), reg("d1", DECODE))
-    assert "draining" in check(SetWorkerRole(worker_id="p1", role=DECODE), draining)
+    assert "draining" in check(commands.SetWorkerRole(worker_id="p1", role=DECODE), draining)
     capped = WorkerLimits(max_serving_workers=1)
-    assert "maximum is 1" in check(SetWorkerRole(worker_id="p1", role=DECODE), PD, capped)
+    assert "maximum is 1" in check(commands.SetWorkerRole(worker_id="p1", role=DECODE), PD, capped)
     # decode <-> both changes no count: allowed even at the cap
-    assert check(SetWorkerRole(worker_id="d1", role=BOTH), PD, capped) is None
+    assert check(commands.SetWorkerRole(worker_id="d1", role=BOTH), PD, capped) is None
 
 
 def test_commands_name_a_registered_worker() -> None:
-    for command in (CordonWorker(worker_id="x"), UncordonWorker(worker_id="x"), DrainWorker(worker_id="x"),
-                    RemoveWorker(worker_id="x"), SetWorkerRole(worker_id="x", role=DECODE)):
+    for command in (commands.CordonWorker(worker_id="x"), commands.UncordonWorker(worker_id="x"),
+                    commands.DrainWorker(worker_id="x"), commands.RemoveWorker(worker_id="x"),
+                    commands.SetWorkerRole(worker_id="x", role=DECODE)):
         assert "no registered worker named x" in check(command, PD)
-    assert check(ListWorkers(), {}) is None
+    assert check(commands.ListWorkers(), {}) is None
 
 
 def test_add_worker_limits() -> None:
-    assert "no worker launcher" in check(AddWorker(role=DECODE), PD, can_launch=False)
-    assert "already registered" in check(AddWorker(role=DECODE, worker_id="d1"), PD)
-    assert "budget of 2" in check(AddWorker(role=DECODE), PD, WorkerLimits(max_workers=2))
-    assert "prefill worker(s), the maximum is 1" in check(AddWorker(role=PREFILL), PD,
+    assert "no worker launcher" in check(commands.AddWorker(role=DECODE), PD, can_launch=False)
+    assert "already registered" in check(commands.AddWorker(role=DECODE, worker_id="d1"), PD)
+    assert "budget of 2" in check(commands.AddWorker(role=DECODE), PD, WorkerLimits(max_workers=2))
+    assert "prefill worker(s), the maximum is 1" in check(commands.AddWorker(role=PREFILL), PD,
                                                          WorkerLimits(max_prefill_workers=1))
-    assert check(AddWorker(role=DECODE), PD, WorkerLimits(max_workers=3, max_prefill_workers=1)) is None
+    assert check(commands.AddWorker(role=DECODE), PD, WorkerLimits(max_workers=3, max_prefill_workers=1)) is None
 
 
 def test_commands_and_outcomes_round_trip_on_the_wire() -> None:
-    codec: Codec[OrchestratorCommand] = Codec(OrchestratorCommand)
-    for command in (SetWorkerRole(worker_id="p1", role=DECODE), AddWorker(role=BOTH), ListWorkers()):
+    codec: Codec[commands.OrchestratorCommand] = Codec(commands.OrchestratorCommand)
+    for command in (commands.SetWorkerRole(worker_id="p1", role=DECODE), commands.AddWorker(role=BOTH),
+                    commands.ListWorkers()):
         assert codec.decode(encode(command)) == command
-    outcome = CommandOutcome(outcome="refused", reason="why")
-    assert Codec(CommandOutcome).decode(encode(outcome)) == outcome
+    outcome = commands.CommandOutcome(outcome="refused", reason="why")
+    assert Codec(commands.CommandOutcome).decode(encode(outcome)) == outcome
     assert reg("a", DECODE).generation == 0  # an older worker's registration decodes with generation 0
 
 
