@@ -21,25 +21,17 @@ from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.schemas import LoadSnapshot, RequestRecord
 from shared.tokenizer import Tokenizer
-from tests.integration.router_cluster import (
-    BLOCK_SIZE,
-    DEADLINE_S,
-    MODEL_DIR_NAME,
-    Router,
-    SimWorker,
-    metrics_text,
-    reference_tokens,
-    wait_for_workers,
-)
+from tests.integration import router_cluster as cluster
+from tests.integration.router_cluster import MODEL_DIR_NAME
 from tests.waiting import wait_for
 
 PROMPT = "Hello there, tell me about the river that runs past the old mill in the valley."
 
 
-async def expected_text(worker: SimWorker, tokenizer: Tokenizer, count: int) -> str:
+async def expected_text(worker: cluster.SimWorker, tokenizer: Tokenizer, count: int) -> str:
     """The sim's answer to the latest of `count` requests the worker has received."""
-    await wait_for(lambda: len(worker.requests) == count, DEADLINE_S, f"request {count} at {worker.worker_id}")
-    return answer_text(tokenizer, reference_tokens(worker.requests[-1], tokenizer.vocab_size))
+    await wait_for(lambda: len(worker.requests) == count, cluster.DEADLINE_S, f"request {count} at {worker.worker_id}")
+    return answer_text(tokenizer, cluster.reference_tokens(worker.requests[-1], tokenizer.vocab_size))
 
 
 def a_stop_string(text: str) -> str:
@@ -51,16 +43,16 @@ def a_stop_string(text: str) -> str:
 # ---- happy paths ---------------------------------------------------------------------
 
 
-async def test_completions_streaming_and_not(router: Router, start_worker, tokenizer: Tokenizer) -> None:
+async def test_completions_streaming_and_not(router: cluster.Router, start_worker, tokenizer: Tokenizer) -> None:
     worker = await start_worker()
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
 
     completion = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=5,
                                                         temperature=0.5, seed=7)
     assert completion.choices[0].text == await expected_text(worker, tokenizer, 1)
     assert completion.choices[0].finish_reason == "length"
     prompt_ids = tokenizer.encode(PROMPT)
-    assert len(prompt_ids) >= BLOCK_SIZE
+    assert len(prompt_ids) >= cluster.BLOCK_SIZE
     assert completion.usage.prompt_tokens == len(prompt_ids)
     assert completion.usage.completion_tokens == 5
     assert completion.usage.total_tokens == len(prompt_ids) + 5
@@ -79,14 +71,15 @@ async def test_completions_streaming_and_not(router: Router, start_worker, token
     assert worker.requests[-1].token_ids == prompt_ids
 
     again = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=PROMPT, max_tokens=2)
-    full_blocks = len(prompt_ids) // BLOCK_SIZE
-    assert again.usage.prompt_tokens_details.cached_tokens == full_blocks * BLOCK_SIZE  # the worker's prefix cache
+    full_blocks = len(prompt_ids) // cluster.BLOCK_SIZE
+    # the worker's prefix cache
+    assert again.usage.prompt_tokens_details.cached_tokens == full_blocks * cluster.BLOCK_SIZE
 
 
 async def test_a_batch_of_prompts_with_n_choices_each_answers_every_choice_in_order(
-        router: Router, start_worker, tokenizer: Tokenizer) -> None:
+        router: cluster.Router, start_worker, tokenizer: Tokenizer) -> None:
     worker = await start_worker()
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     prompts = ["The river runs", "A fox jumps over"]
     batch = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompts, n=3, max_tokens=4,
                                                    temperature=0.7, seed=11)
@@ -95,7 +88,7 @@ async def test_a_batch_of_prompts_with_n_choices_each_answers_every_choice_in_or
     for choice in batch.choices:
         prompt_ids = tokenizer.encode(prompts[choice.index // 3])
         request = sent[tuple(prompt_ids), 11 + choice.index % 3]  # the i-th choice of a prompt: seed + i
-        assert choice.text == answer_text(tokenizer, reference_tokens(request, tokenizer.vocab_size))
+        assert choice.text == answer_text(tokenizer, cluster.reference_tokens(request, tokenizer.vocab_size))
     assert batch.usage.prompt_tokens == sum(len(tokenizer.encode(prompt)) for prompt in prompts)  # each once
     assert batch.usage.completion_tokens == 6 * 4
 
@@ -112,9 +105,9 @@ async def test_a_batch_of_prompts_with_n_choices_each_answers_every_choice_in_or
     assert [choice.index for choice in chat.choices] == [0, 1] and chat.usage.completion_tokens == 6
 
 
-async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: Tokenizer) -> None:
+async def test_chat_streaming_and_not(router: cluster.Router, start_worker, tokenizer: Tokenizer) -> None:
     worker = await start_worker()
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
 
     chat = await router.client.chat.completions.create(model=MODEL_DIR_NAME, messages=messages,
@@ -133,10 +126,10 @@ async def test_chat_streaming_and_not(router: Router, start_worker, tokenizer: T
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(worker.requests[-1].token_ids)
 
 
-async def test_a_chat_shows_its_tools_and_past_calls_to_the_template(router: Router, start_worker,
+async def test_a_chat_shows_its_tools_and_past_calls_to_the_template(router: cluster.Router, start_worker,
                                                                         tokenizer: Tokenizer) -> None:
     worker = await start_worker()
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     messages = [{"role": "user", "content": "Weather in Oslo?"},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call-1", "type": "function",
@@ -152,10 +145,10 @@ async def test_a_chat_shows_its_tools_and_past_calls_to_the_template(router: Rou
     assert "<tool_response>Snow, -3 C</tool_response>" in prompt
 
 
-async def test_stop_string_truncates_and_cancels_the_worker(router: Router, start_worker,
+async def test_stop_string_truncates_and_cancels_the_worker(router: cluster.Router, start_worker,
                                                           tokenizer: Tokenizer) -> None:
     worker = await start_worker()
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     whole = await router.client.completions.create(model=MODEL_DIR_NAME, prompt="x", max_tokens=100)
     reply = whole.choices[0].text
     stop = a_stop_string(reply)
@@ -163,7 +156,7 @@ async def test_stop_string_truncates_and_cancels_the_worker(router: Router, star
                                                         stop=[stop, "zzzz"])
     assert completion.choices[0].text == reply[:min(reply.find(s) for s in (stop, "zzzz") if s in reply)]
     assert completion.choices[0].finish_reason == "stop"
-    await wait_for(lambda: worker.cancels, DEADLINE_S, "the router's cancel")
+    await wait_for(lambda: worker.cancels, cluster.DEADLINE_S, "the router's cancel")
     assert worker.cancels == [worker.requests[-1].request_id]
 
     messages = [{"role": "user", "content": "go"}]
@@ -177,22 +170,22 @@ async def test_stop_string_truncates_and_cancels_the_worker(router: Router, star
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-async def test_burst_spreads_across_workers(router: Router, start_worker) -> None:
+async def test_burst_spreads_across_workers(router: cluster.Router, start_worker) -> None:
     first = await start_worker("w1", hold=True)
     second = await start_worker("w2", hold=True)
-    await wait_for_workers(router, 2)
+    await cluster.wait_for_workers(router, 2)
     burst = [asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=f"p{i}",
                                                                   max_tokens=4))
              for i in range(6)]
-    await wait_for(lambda: len(first.requests) + len(second.requests) == 6, DEADLINE_S, "six routed requests")
+    await wait_for(lambda: len(first.requests) + len(second.requests) == 6, cluster.DEADLINE_S, "six routed requests")
     assert (len(first.requests), len(second.requests)) == (3, 3)
     first.release()
     second.release()
-    replies = await asyncio.wait_for(asyncio.gather(*burst), DEADLINE_S)
+    replies = await asyncio.wait_for(asyncio.gather(*burst), cluster.DEADLINE_S)
     assert all(reply.choices[0].finish_reason == "length" for reply in replies)
 
 
-async def test_models_health_metrics_and_request_records(router: Router, start_worker, bus: Bus,
+async def test_models_health_metrics_and_request_records(router: cluster.Router, start_worker, bus: Bus,
                                                          bus_config: BusConfig) -> None:
     records: list[RequestRecord] = []
     codec: Codec[RequestRecord] = Codec(RequestRecord)
@@ -202,7 +195,7 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
 
     await bus.client.subscribe(bus_config.subjects.request_events, cb=on_record)
     await start_worker("w1", served_model_name="other-model")
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
 
     models = await router.client.models.list()
     assert sorted(model.id for model in models.data) == sorted([MODEL_DIR_NAME, "other-model"])
@@ -211,7 +204,7 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
 
     reply = await router.client.completions.create(model="other-model", prompt="hi", max_tokens=3)
     assert reply.choices[0].finish_reason == "length"
-    await wait_for(lambda: len(records) == 1, DEADLINE_S, "the request record")
+    await wait_for(lambda: len(records) == 1, cluster.DEADLINE_S, "the request record")
     assert records[0].outcome == "ok" and records[0].worker_id == "w1" and records[0].completion_tokens == 3
     assert records[0].request_id.startswith("cmpl-") and records[0].ttft_s is not None
     assert records[0].flow == "single" and records[0].reason  # the routing decision, for the collector
@@ -228,11 +221,11 @@ async def test_models_health_metrics_and_request_records(router: Router, start_w
         pending_prefill_tokens=0)))
 
     async def both_counted() -> bool:
-        text = await metrics_text(router)
+        text = await cluster.metrics_text(router)
         return "w-bad" in text and "load.w1" in text
 
-    await wait_for(both_counted, DEADLINE_S, "the malformed messages in the router's metrics")
-    text = await metrics_text(router)
+    await wait_for(both_counted, cluster.DEADLINE_S, "the malformed messages in the router's metrics")
+    text = await cluster.metrics_text(router)
     assert 'tandem_router_requests_total{endpoint="completions",outcome="ok"} 1.0' in text
     assert 'tandem_router_time_to_first_token_seconds_count{role="both"} 1.0' in text
     assert "tandem_router_workers 1.0" in text
@@ -330,9 +323,9 @@ BAD_INPUT = [
 ]
 
 
-async def test_bad_input_gets_a_clear_openai_error(router: Router, start_worker) -> None:
+async def test_bad_input_gets_a_clear_openai_error(router: cluster.Router, start_worker) -> None:
     await start_worker(max_model_len=48)
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     failures = []
     for path, body, status, param, fragment in BAD_INPUT:
         if isinstance(body, bytes):
@@ -346,9 +339,9 @@ async def test_bad_input_gets_a_clear_openai_error(router: Router, start_worker)
     assert not failures, "\n".join(map(str, failures))
 
 
-async def test_openai_client_sees_typed_errors(router: Router, start_worker) -> None:
+async def test_openai_client_sees_typed_errors(router: cluster.Router, start_worker) -> None:
     await start_worker()
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     with pytest.raises(openai.NotFoundError) as not_found:
         await router.client.completions.create(model="missing", prompt="hi")
     assert not_found.value.code == "model_not_found"

@@ -16,25 +16,18 @@ from services.worker.engines import engine_spec
 from shared.config import BusConfig
 from shared.schemas.membership import EngineCapabilities
 from shared.tokenizer import Tokenizer
-from tests.integration.router_cluster import (
-    DEADLINE_S,
-    MODEL_DIR_NAME,
-    Router,
-    metrics_text,
-    router_config,
-    running_router,
-    wait_for_workers,
-    wait_until_idle,
-)
+from tests.integration import router_cluster as cluster
+from tests.integration.router_cluster import MODEL_DIR_NAME
 from tests.waiting import wait_for
 
 PROMPT = "Once upon a time the river ran past the old mill, and the miller sang to the water all day long."
 
 
 @pytest.fixture
-async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]:
-    config = router_config(bus_config, model_dir, routing=RoutingConfig(local_prefill_tokens=0, pd_transfer="push"))
-    async with running_router(config) as running:
+async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[cluster.Router]:
+    routing = RoutingConfig(local_prefill_tokens=0, pd_transfer="push")
+    config = cluster.router_config(bus_config, model_dir, routing=routing)
+    async with cluster.running_router(config) as running:
         yield running
 
 
@@ -42,16 +35,16 @@ def body(**fields) -> dict:
     return {"model": MODEL_DIR_NAME, "prompt": PROMPT, "max_tokens": 12, **fields}
 
 
-async def test_push_asks_the_decode_worker_first(router: Router, start_worker, start_pd,
+async def test_push_asks_the_decode_worker_first(router: cluster.Router, start_worker, start_pd,
                                                  tokenizer: Tokenizer) -> None:
     solo = await start_worker("solo")
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     reference = (await router.http.post("/v1/completions", json=body())).json()
     await solo.stop()
-    await wait_for_workers(router, 0)
+    await cluster.wait_for_workers(router, 0)
 
     prefill, decode = await start_pd()
-    await wait_for_workers(router, 2)
+    await cluster.wait_for_workers(router, 2)
     whole = (await router.http.post("/v1/completions", json=body())).json()
     assert whole["choices"][0]["text"] == reference["choices"][0]["text"]
     assert whole["choices"][0]["finish_reason"] == "length" and whole["usage"]["completion_tokens"] == 12
@@ -60,7 +53,7 @@ async def test_push_asks_the_decode_worker_first(router: Router, start_worker, s
     assert streamed == reference["choices"][0]["text"]
 
     prompt_ids = tokenizer.encode(PROMPT)
-    await wait_for(lambda: len(decode.requests) == len(prefill.requests) == 2, DEADLINE_S, "two of each part")
+    await wait_for(lambda: len(decode.requests) == len(prefill.requests) == 2, cluster.DEADLINE_S, "two of each part")
     waiting, pushing = decode.requests[0], prefill.requests[0]
     assert waiting.token_ids == prompt_ids and waiting.sampling.max_tokens == 11
     assert waiting.kv_transfer is not None and waiting.kv_transfer.await_push and waiting.kv_transfer.source is None
@@ -69,40 +62,40 @@ async def test_push_asks_the_decode_worker_first(router: Router, start_worker, s
     assert pushing.kv_transfer.push_to.reader_worker_id == "d1" and not pushing.kv_transfer.hold_for_decode
     assert prefill.active_leases == 0 and prefill.released() == []  # no lease in push mode
 
-    await wait_until_idle(router)
-    text = await metrics_text(router)
+    await cluster.wait_until_idle(router)
+    text = await cluster.metrics_text(router)
     assert 'tandem_router_kv_transfer_mode_total{mode="push"} 2.0' in text
     assert "tandem_router_disaggregated_requests_total 2.0" in text
 
 
-async def test_one_token_answers_keep_the_prefill_only_path(router: Router, start_pd) -> None:
+async def test_one_token_answers_keep_the_prefill_only_path(router: cluster.Router, start_pd) -> None:
     prefill, decode = await start_pd()
-    await wait_for_workers(router, 2)
+    await cluster.wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body(max_tokens=1))
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1
-    await wait_for(lambda: prefill.requests, DEADLINE_S, "the prefill request")
+    await wait_for(lambda: prefill.requests, cluster.DEADLINE_S, "the prefill request")
     assert decode.requests == [] and prefill.requests[0].kv_transfer is None
-    await wait_until_idle(router)
+    await cluster.wait_until_idle(router)
 
 
-async def test_a_failed_prefill_cancels_the_waiting_decode(router: Router, start_pd) -> None:
+async def test_a_failed_prefill_cancels_the_waiting_decode(router: cluster.Router, start_pd) -> None:
     prefill, decode = await start_pd(prefill={"fail": "internal", "fail_after": 0})
-    await wait_for_workers(router, 2)
+    await cluster.wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body())
     assert reply.status_code == 500, reply.text
-    await wait_for(lambda: decode.cancels, DEADLINE_S, "the decode worker's cancel")
+    await wait_for(lambda: decode.cancels, cluster.DEADLINE_S, "the decode worker's cancel")
     assert decode.cancels == [decode.requests[0].request_id]
-    await wait_until_idle(router)
+    await cluster.wait_until_idle(router)
 
 
-async def test_a_decode_worker_refusing_means_no_prefill(router: Router, start_pd) -> None:
+async def test_a_decode_worker_refusing_means_no_prefill(router: cluster.Router, start_pd) -> None:
     prefill, decode = await start_pd(decode={"refuse": True})
-    await wait_for_workers(router, 2)
+    await cluster.wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body())
     assert reply.status_code == 503, reply.text
-    await wait_for(lambda: decode.requests, DEADLINE_S, "the decode request")
+    await wait_for(lambda: decode.requests, cluster.DEADLINE_S, "the decode request")
     assert prefill.requests == []  # no target, so nothing to push to
-    await wait_until_idle(router)
+    await cluster.wait_until_idle(router)
 
 
 PULL_ONLY = EngineCapabilities(kv_pull=True, kv_push=False)
@@ -113,19 +106,19 @@ def capabilities_of(engine: str) -> EngineCapabilities:
 
 
 @pytest.mark.parametrize("engines", [("sim", "pull-only"), ("pull-only", "sim")])
-async def test_a_pair_with_a_pull_only_worker_falls_back_to_pull(router: Router, start_pd,
+async def test_a_pair_with_a_pull_only_worker_falls_back_to_pull(router: cluster.Router, start_pd,
                                                                  engines: tuple[str, str]) -> None:
     # real sim workers; the pull-only one advertises an engine that cannot push
     prefill, decode = await start_pd(prefill={"capabilities": capabilities_of(engines[0])},
                                      decode={"capabilities": capabilities_of(engines[1])})
-    await wait_for_workers(router, 2)
+    await cluster.wait_for_workers(router, 2)
     reply = await router.http.post("/v1/completions", json=body())
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 12
-    await wait_for(lambda: prefill.requests and decode.requests, DEADLINE_S, "both parts")
+    await wait_for(lambda: prefill.requests and decode.requests, cluster.DEADLINE_S, "both parts")
     first, rest = prefill.requests[0], decode.requests[0]
     assert first.kv_transfer is not None and first.kv_transfer.hold_for_decode and first.kv_transfer.push_to is None
     assert rest.kv_transfer is not None and rest.kv_transfer.source is not None and not rest.kv_transfer.await_push
-    await wait_until_idle(router)
-    text = await metrics_text(router)
+    await cluster.wait_until_idle(router)
+    text = await cluster.metrics_text(router)
     assert 'tandem_router_kv_transfer_mode_total{mode="pull"} 1.0' in text
     assert 'mode="push"' not in text

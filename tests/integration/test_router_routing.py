@@ -22,19 +22,8 @@ from shared.config import BusConfig
 from shared.request_plane import open_stream
 from shared.schemas import Cancel, GenerateRequest, LoadSnapshot, SamplingParams, WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.integration.router_cluster import (
-    BLOCK_SIZE,
-    DEADLINE_S,
-    MODEL_DIR_NAME,
-    Router,
-    SimWorker,
-    metrics_text,
-    router_config,
-    running_router,
-    wait_for_metric,
-    wait_for_workers,
-    wait_until_idle,
-)
+from tests.integration import router_cluster as cluster
+from tests.integration.router_cluster import MODEL_DIR_NAME
 from tests.waiting import wait_for
 
 
@@ -42,19 +31,19 @@ def token_ids(tokenizer: Tokenizer, seed: int, count: int) -> list[int]:
     return [3 + (seed * 131 + index * (17 + seed)) % (tokenizer.vocab_size - 3) for index in range(count)]
 
 
-async def indexed(router: Router, worker: SimWorker, blocks: int) -> None:
+async def indexed(router: cluster.Router, worker: cluster.SimWorker, blocks: int) -> None:
     """Wait until the router's KV index holds `blocks` blocks reported by `worker`."""
-    await wait_for_metric(router, f'tandem_router_kv_index_blocks{{kind="held",worker="{worker.worker_id}"}} '
+    await cluster.wait_for_metric(router, f'tandem_router_kv_index_blocks{{kind="held",worker="{worker.worker_id}"}} '
                                   f'{float(blocks)}')
 
 
 @pytest.fixture
-async def make_router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Callable[..., Awaitable[Router]]]:
+async def make_router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Callable[..., Awaitable[cluster.Router]]]:
     """Start a router with these routing settings (stopped after the test)."""
     async with AsyncExitStack() as stack:
-        async def make(**routing) -> Router:
-            config = router_config(bus_config, model_dir, routing=RoutingConfig(**routing))
-            return await stack.enter_async_context(running_router(config))
+        async def make(**routing) -> cluster.Router:
+            config = cluster.router_config(bus_config, model_dir, routing=RoutingConfig(**routing))
+            return await stack.enter_async_context(cluster.running_router(config))
 
         yield make
 
@@ -62,15 +51,15 @@ async def make_router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Ca
 # ---- where the prompt is cached -----------------------------------------------------------
 
 
-async def test_a_prefix_heavy_request_goes_to_the_worker_holding_it(router: Router, start_worker,
+async def test_a_prefix_heavy_request_goes_to_the_worker_holding_it(router: cluster.Router, start_worker,
                                                                     tokenizer: Tokenizer) -> None:
     # No load reports: a report sent while the previous turn ran (prefill queued) could still
     # stand when the next turn is routed, and a busy holder may rightly lose to a pull. The
     # router's own in-flight count is the load here, so the choice shows the cache alone.
     first = await start_worker("w1", load_interval_s=600.0)
     holder = await start_worker("w2", load_interval_s=600.0)
-    await wait_for_workers(router, 2)
-    prefix = token_ids(tokenizer, 1, 16 * BLOCK_SIZE)
+    await cluster.wait_for_workers(router, 2)
+    prefix = token_ids(tokenizer, 1, 16 * cluster.BLOCK_SIZE)
     await holder.warm(prefix)
     await indexed(router, holder, 16)
 
@@ -78,45 +67,45 @@ async def test_a_prefix_heavy_request_goes_to_the_worker_holding_it(router: Rout
         reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=[*prefix, 5 + turn, 7],
                                                        max_tokens=3)
         assert reply.choices[0].finish_reason == "length"
-    await wait_for(lambda: len(holder.requests) == 3, DEADLINE_S, "three turns at the holder")
+    await wait_for(lambda: len(holder.requests) == 3, cluster.DEADLINE_S, "three turns at the holder")
     assert not first.requests
     await router.client.completions.create(model=MODEL_DIR_NAME, prompt=token_ids(tokenizer, 2, 40), max_tokens=3)
-    await wait_for(lambda: len(first.requests) == 1, DEADLINE_S, "a cold prompt at w1")  # it goes by load
+    await wait_for(lambda: len(first.requests) == 1, cluster.DEADLINE_S, "a cold prompt at w1")  # it goes by load
 
 
-async def test_a_burst_of_siblings_lands_together_before_any_kv_event(router: Router, start_worker,
+async def test_a_burst_of_siblings_lands_together_before_any_kv_event(router: cluster.Router, start_worker,
                                                                       tokenizer: Tokenizer) -> None:
     first = await start_worker("w1", hold=True)
     second = await start_worker("w2", hold=True)
-    await wait_for_workers(router, 2)
-    prefix = token_ids(tokenizer, 3, 64 * BLOCK_SIZE)  # a long shared system prompt
+    await cluster.wait_for_workers(router, 2)
+    prefix = token_ids(tokenizer, 3, 64 * cluster.BLOCK_SIZE)  # a long shared system prompt
     siblings = [asyncio.create_task(router.client.completions.create(
-        model=MODEL_DIR_NAME, prompt=[*prefix, *token_ids(tokenizer, 10 + i, BLOCK_SIZE)], max_tokens=2))
+        model=MODEL_DIR_NAME, prompt=[*prefix, *token_ids(tokenizer, 10 + i, cluster.BLOCK_SIZE)], max_tokens=2))
         for i in range(4)]
-    await wait_for(lambda: len(first.requests) + len(second.requests) == 4, DEADLINE_S, "four routed siblings")
+    await wait_for(lambda: len(first.requests) + len(second.requests) == 4, cluster.DEADLINE_S, "four routed siblings")
     assert sorted([len(first.requests), len(second.requests)]) == [0, 4]  # the prefix is computed once
-    text = await metrics_text(router)
+    text = await cluster.metrics_text(router)
     busy = first if first.requests else second
     assert f'tandem_router_kv_index_blocks{{kind="speculative",worker="{busy.worker_id}"}}' in text
     other = asyncio.create_task(router.client.completions.create(
         model=MODEL_DIR_NAME, prompt=token_ids(tokenizer, 4, 40), max_tokens=2))
-    await wait_for(lambda: len(first.requests) + len(second.requests) == 5, DEADLINE_S, "the unrelated request")
+    await wait_for(lambda: len(first.requests) + len(second.requests) == 5, cluster.DEADLINE_S, "the unrelated request")
     assert len(busy.requests) == 4  # an unrelated prompt goes to the idle worker
     first.release()
     second.release()
-    await asyncio.wait_for(asyncio.gather(*siblings, other), DEADLINE_S)
-    await wait_until_idle(router)
+    await asyncio.wait_for(asyncio.gather(*siblings, other), cluster.DEADLINE_S)
+    await cluster.wait_until_idle(router)
 
 
 # ---- decode-first: the cache-hit threshold -----------------------------------------------
 
 
-async def test_below_the_cache_hit_threshold_the_answer_is_cache_threshold(router: Router, start_worker,
+async def test_below_the_cache_hit_threshold_the_answer_is_cache_threshold(router: cluster.Router, start_worker,
                                                                            tokenizer: Tokenizer) -> None:
     worker = await start_worker("w1")
-    await wait_for_workers(router, 1)
-    prompt = token_ids(tokenizer, 5, 5 * BLOCK_SIZE)
-    await worker.warm(prompt[:4 * BLOCK_SIZE])  # 80% of the prompt
+    await cluster.wait_for_workers(router, 1)
+    prompt = token_ids(tokenizer, 5, 5 * cluster.BLOCK_SIZE)
+    await worker.warm(prompt[:4 * cluster.BLOCK_SIZE])  # 80% of the prompt
     await indexed(router, worker, 4)
 
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=4,
@@ -124,7 +113,7 @@ async def test_below_the_cache_hit_threshold_the_answer_is_cache_threshold(route
     choice = reply.choices[0]
     assert (choice.text, choice.finish_reason) == ("", "cache_threshold")
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(prompt), 0)
-    assert reply.usage.prompt_tokens_details.cached_tokens == 4 * BLOCK_SIZE
+    assert reply.usage.prompt_tokens_details.cached_tokens == 4 * cluster.BLOCK_SIZE
     assert not worker.requests  # no worker was asked to generate
 
     body = {"model": MODEL_DIR_NAME, "prompt": prompt, "max_tokens": 4, "stream": True,
@@ -152,17 +141,17 @@ async def test_below_the_cache_hit_threshold_the_answer_is_cache_threshold(route
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=4,
                                                    extra_body={"cache_hit_threshold": 0.8})
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
-    assert reply.usage.prompt_tokens_details.cached_tokens == 4 * BLOCK_SIZE  # the worker's own count
-    await wait_for(lambda: len(worker.requests) == 1, DEADLINE_S, "the warm request")
+    assert reply.usage.prompt_tokens_details.cached_tokens == 4 * cluster.BLOCK_SIZE  # the worker's own count
+    await wait_for(lambda: len(worker.requests) == 1, cluster.DEADLINE_S, "the warm request")
 
-    text = await metrics_text(router)
+    text = await cluster.metrics_text(router)
     assert 'tandem_router_route_decisions_total{flow="none",reason="cache_threshold"} 4.0' in text
     assert 'tandem_router_route_decisions_total{flow="single",reason="decode_first"} 1.0' in text
     assert 'tandem_router_requests_total{endpoint="completions",outcome="ok"} 3.0' in text
 
 
 @pytest.mark.parametrize("threshold", [-0.1, 1.5, "0.5"])
-async def test_a_cache_hit_threshold_out_of_range_is_a_400(router: Router, threshold) -> None:
+async def test_a_cache_hit_threshold_out_of_range_is_a_400(router: cluster.Router, threshold) -> None:
     for path, body in (("/v1/completions", {"prompt": "hi"}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
         response = await router.http.post(path, json={"model": MODEL_DIR_NAME, "cache_hit_threshold": threshold,
@@ -175,14 +164,14 @@ async def test_the_router_default_threshold_applies_unless_a_request_names_its_o
                                                                                    tokenizer: Tokenizer) -> None:
     router = await make_router(cache_hit_threshold=0.5)
     worker = await start_worker("w1")
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     prompt = token_ids(tokenizer, 6, 40)
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=2)
     assert reply.choices[0].finish_reason == "cache_threshold" and not worker.requests
     reply = await router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt, max_tokens=2,
                                                    extra_body={"cache_hit_threshold": 0})
     assert reply.choices[0].finish_reason == "length"
-    await wait_for(lambda: len(worker.requests) == 1, DEADLINE_S, "the request")
+    await wait_for(lambda: len(worker.requests) == 1, cluster.DEADLINE_S, "the request")
 
 
 # ---- admission control ------------------------------------------------------------------------
@@ -192,10 +181,10 @@ async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_
                                                                           bus: Bus, tokenizer: Tokenizer) -> None:
     router = await make_router(max_queue_factor=1.0, retry_after_s=3)
     worker = await start_worker("w1", hold=True, max_num_seqs=2)
-    await wait_for_workers(router, 1)
+    await cluster.wait_for_workers(router, 1)
     held = [asyncio.create_task(router.client.completions.create(model=MODEL_DIR_NAME, prompt=f"p{i}",
                                                                  max_tokens=3)) for i in range(2)]
-    await wait_for(lambda: len(worker.requests) == 2, DEADLINE_S, "two requests in flight")
+    await wait_for(lambda: len(worker.requests) == 2, cluster.DEADLINE_S, "two requests in flight")
 
     response = await router.http.post("/v1/completions", json={"model": MODEL_DIR_NAME, "prompt": "one more"})
     assert response.status_code == 429 and response.headers["retry-after"] == "3"
@@ -206,8 +195,8 @@ async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_
     assert len(worker.requests) == 2  # nothing was queued on the worker
 
     worker.release()
-    await asyncio.wait_for(asyncio.gather(*held), DEADLINE_S)
-    await wait_until_idle(router)
+    await asyncio.wait_for(asyncio.gather(*held), cluster.DEADLINE_S)
+    await cluster.wait_until_idle(router)
     assert (await router.client.completions.create(model=MODEL_DIR_NAME, prompt="now", max_tokens=1)).choices
 
     # the worker's own load report counts too: requests of another router keep it busy
@@ -235,15 +224,15 @@ async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_
         return response.status_code == 429
 
     try:
-        await wait_for(lambda: any((load.running, load.waiting) == (2, 5) for load in loads), DEADLINE_S,
+        await wait_for(lambda: any((load.running, load.waiting) == (2, 5) for load in loads), cluster.DEADLINE_S,
                        "the worker to report 2 running, 5 waiting")
-        await wait_for(overloaded, DEADLINE_S, "the load report to count")
+        await wait_for(overloaded, cluster.DEADLINE_S, "the load report to count")
     finally:
         worker.engine.speedup = 50.0
         for request, stream in zip(others, streams):
             await bus.client.publish(subjects.control("w1", "cancel"), encode(Cancel(request_id=request.request_id)))
             await stream.close()
-    text = await metrics_text(router)
+    text = await cluster.metrics_text(router)
     assert 'tandem_router_requests_total{endpoint="completions",outcome="overloaded"}' in text
     assert 'tandem_router_route_decisions_total{flow="none",reason="overloaded"}' in text
 
@@ -252,21 +241,21 @@ async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_
 
 
 @pytest.fixture
-async def pd_router(make_router) -> Router:
+async def pd_router(make_router) -> cluster.Router:
     return await make_router(local_prefill_tokens=0)  # short prompts, disaggregated all the same
 
 
-async def test_two_model_versions_live_at_once_are_never_paired(pd_router: Router, start_worker,
+async def test_two_model_versions_live_at_once_are_never_paired(pd_router: cluster.Router, start_worker,
                                                                 tokenizer: Tokenizer) -> None:
     workers = {(version, role): await start_worker(f"{role.value}-{version}", role=role, model_version=version)
                for version in ("v1", "v2") for role in (WorkerRole.PREFILL, WorkerRole.DECODE)}
-    await wait_for_workers(pd_router, 4)
-    prompts = [token_ids(tokenizer, 20 + i, 2 * BLOCK_SIZE + i) for i in range(8)]
+    await cluster.wait_for_workers(pd_router, 4)
+    prompts = [token_ids(tokenizer, 20 + i, 2 * cluster.BLOCK_SIZE + i) for i in range(8)]
     replies = await asyncio.gather(*(pd_router.client.completions.create(model=MODEL_DIR_NAME, prompt=prompt,
                                                                         max_tokens=5) for prompt in prompts))
     assert all(reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
                for reply in replies)
-    await wait_for(lambda: sum(len(worker.requests) for worker in workers.values()) == 16, DEADLINE_S,
+    await wait_for(lambda: sum(len(worker.requests) for worker in workers.values()) == 16, cluster.DEADLINE_S,
                    "both parts of eight requests")
     for version in ("v1", "v2"):
         prefill, decode = workers[(version, WorkerRole.PREFILL)], workers[(version, WorkerRole.DECODE)]
@@ -275,5 +264,5 @@ async def test_two_model_versions_live_at_once_are_never_paired(pd_router: Route
         assert len(sources) == len(decode.requests)
         assert {(source.holder_worker_id, source.compat_hash) for source in sources} == \
             {(prefill.worker_id, prefill.engine.info.compat_hash)}
-    await wait_until_idle(pd_router)
-    assert 'reason="pair"} 8.0' in await metrics_text(pd_router)
+    await cluster.wait_until_idle(pd_router)
+    assert 'reason="pair"} 8.0' in await cluster.metrics_text(pd_router)
