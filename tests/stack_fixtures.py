@@ -44,6 +44,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A second tiny model with another vocabulary (1024 tokens): several models behind one router."""
+    path = tmp_path_factory.mktemp("models") / "small"
+    generate_tiny_model(str(path), vocab_size=1024)
+    return str(path)
+
+
 def make_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, workers: int = 2,
                specs: tuple[WorkerSpec, ...] = (), router_args: tuple[str, ...] = (), *,
                engine: str = "sim", ttl_s: float = 1.5, start_timeout_s: float = 0.0) -> LocalStack:

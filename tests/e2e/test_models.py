@@ -24,7 +24,6 @@ from launch.stack import LocalStack
 from services.router.http.serving_tokenize import without_double_bos
 from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
-from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
 from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric, metrics_when, reference
 from tests.e2e.test_tracing import BLOCK, ClientSpan, received_trace, run_stack
@@ -38,13 +37,6 @@ MAX_TOKENS = 12
 TEXTS = ["The river runs past the mill", "Under the old stone bridge the water turns green and slow",
          "A lantern swings in the wind while the ferryman counts his coins one by one, twice over, "
          "as the fog comes down the valley and the bells of the far town ring the hour"]
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "small"
-    generate_tiny_model(str(path), vocab_size=1024)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

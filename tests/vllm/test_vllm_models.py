@@ -22,7 +22,6 @@ from launch.stack import LocalStack  # noqa: E402
 from shared.bus import Bus, connect  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.schemas import WorkerRole  # noqa: E402
-from shared.tiny_model import generate_tiny_model  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.stack_fixtures import running  # noqa: E402
 from tests.vllm.conftest import vllm_args, vllm_stack  # noqa: E402
@@ -33,13 +32,6 @@ pytestmark = pytest.mark.e2e
 
 TEXTS = ["The river runs past the mill", "Under the old stone bridge the water turns green and slow, and the "
          "ferryman counts his coins one by one while the fog comes down the valley"]
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "small"
-    generate_tiny_model(str(path), vocab_size=1024)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
