@@ -168,13 +168,16 @@ def refusal(error: BaseException, config: BusConfig, silent_attempts: int = 0) -
     return None
 
 
+def _gave_up(config: BusConfig, after_s: float | None, errors: list[Exception]) -> BusConnectError:
+    why = f": {errors[-1]}" if errors else ""
+    return BusConnectError(f"no NATS server answered at {redact_url(config.nats_url)} within {after_s:g} s{why}")
+
+
 async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float = 5.0,
                   give_up_after_s: float | None = None) -> Bus:
-    """A connected `Bus` for `bus` (a config, or a bare URL: no credentials, no TLS).
-
-    A service waits for its NATS server as long as it takes (it may start first). A command
-    line tool passes `give_up_after_s`: no server answering by then is a `BusConnectError`
-    naming the last error, instead of retrying for ever."""
+    """A connected `Bus` for `bus` (a config, or a bare URL: no credentials, no TLS). A service
+    waits for its server as long as it takes; a command line tool passes `give_up_after_s`
+    (then a `BusConnectError` naming the last error, instead of retrying for ever)."""
     config = BusConfig(nats_url=bus) if isinstance(bus, str) else bus
     config.validate()
     options = connect_options(config, name)
@@ -182,10 +185,8 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
     refused: list[str] = []
     client = Client()
     attempt: asyncio.Task[None] | None = None
-
     silent = [0]
-
-    last_error: list[Exception] = []
+    last_error: list[Exception] = []  # while a tool waits for its first connection
 
     async def error_cb(error: Exception) -> None:
         silent[0] = silent[0] + 1 if _SILENT_SERVER in str(error).lower() else 0
@@ -223,9 +224,7 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
         await asyncio.wait_for(attempt, give_up_after_s)  # cancels the attempt when it runs out
     except TimeoutError:
         await client.close()
-        why = f": {last_error[0]}" if last_error else ""
-        raise BusConnectError(f"no NATS server answered at {config.nats_url} within {give_up_after_s:g} s{why}") \
-            from None
+        raise _gave_up(config, give_up_after_s, last_error) from None
     except asyncio.CancelledError:
         if not refused:
             raise
