@@ -24,6 +24,7 @@ from shared.schemas.orchestrator import (
     SetWorkerRole,
     UncordonWorker,
     UpgradeWorkers,
+    WakeModel,
 )
 
 SERVING_ROLES = frozenset({WorkerRole.DECODE, WorkerRole.BOTH})
@@ -41,6 +42,8 @@ def refusal(command: OrchestratorCommand, members: Mapping[str, WorkerRegistrati
             return None
         case UpgradeWorkers():  # the plan (upgrade_plan.py) checks the budget and the roles
             return None if can_launch else "this orchestrator has no worker launcher (start it with --launcher local)"
+        case WakeModel():  # a start like AddWorker's, of a worker serving both parts
+            return refusal(AddWorker(role=WorkerRole.BOTH), members, limits, can_launch=can_launch)
         case AddWorker(role=role, worker_id=worker_id):
             if not can_launch:
                 return "this orchestrator has no worker launcher (start it with --launcher local)"
