@@ -184,6 +184,8 @@ class RouterMetrics:
         self.in_flight = Gauge("tandem_router_in_flight_requests", "Requests routed and not yet ended",
                                registry=self.registry)
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
+        self.held = Gauge("tandem_router_held_requests",
+                          "Requests of scalable models waiting for a worker to start", registry=self.registry)
 
     def _add_auth_metrics(self) -> None:
         """API requests by key, and those refused for want of a valid key."""

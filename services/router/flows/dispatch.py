@@ -125,6 +125,7 @@ class Dispatcher:
                                        max_held=scale_from_zero.max_held, hold_s=scale_from_zero.hold_s,
                                        ask_every_s=scale_from_zero.ask_every_s)
         assert waker is not None or not self._cold_starts.models, "scalable models need a waker"
+        metrics.held.set_function(self._cold_starts.total_held)
         self._waker = waker
         pool.shared_load.on_peer_prediction = self._peer_routed
 

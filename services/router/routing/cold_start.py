@@ -40,6 +40,9 @@ class ColdStarts:
     def held(self, model: str) -> int:
         return self._held.get(model, 0)
 
+    def total_held(self) -> int:
+        return sum(self._held.values())
+
     def hold(self, model: str, arrived_at: float) -> Hold | HoldRefused:
         """Admit one request of a scalable `model` that no worker can take now."""
         assert model in self.models, model
