@@ -1,7 +1,7 @@
 """The router holding a scalable model's requests while it has no worker, against a real
 nats-server and real sim workers, with the orchestrator's side of `orchestrator.wake` played
 by the test: held requests are answered once the worker the wake asked for registers (one
-wake for all of them); past the queue bound a request is a 503 with `Retry-After` at once;
+wake for all of them), as is one refused by a worker that began its idle drain; past the queue bound a request is a 503 with `Retry-After` at once;
 the orchestrator's refusal ends the hold at once; with nobody to answer, the hold ends at its
 deadline, a 503 with `Retry-After`, never a hang."""
 
@@ -20,7 +20,15 @@ from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand, WakeModel
-from tests.integration.router_cluster import DEADLINE_S, Router, SimWorker, metrics_text, router_config, running_router
+from tests.integration.router_cluster import (
+    DEADLINE_S,
+    Router,
+    SimWorker,
+    metrics_text,
+    router_config,
+    running_router,
+    wait_for_workers,
+)
 from tests.waiting import wait_for
 
 MODEL = "cold"
@@ -111,6 +119,17 @@ async def test_held_requests_are_answered_once_the_woken_worker_registers_and_th
         assert all(answer.json()["usage"]["completion_tokens"] == 4 for answer in answers)
         assert held(await metrics_text(router)) == 0
         assert len(fake.wakes) == 1
+
+
+async def test_a_request_refused_by_a_worker_beginning_its_idle_drain_is_held_again(
+        cold_router: Router, bus: Bus, bus_config: BusConfig, start_worker) -> None:
+    draining = await start_worker("cold-draining", served_model_name=MODEL, refuse=True)
+    await wait_for_workers(cold_router, 1)
+    async with FakeOrchestrator(bus, bus_config, lambda: start_worker("cold-2", served_model_name=MODEL)) as fake:
+        fake.gate.set()
+        answer = await asyncio.wait_for(complete(cold_router.http, 5), DEADLINE_S * 2)
+    assert answer.status_code == 200, answer.text
+    assert len(draining.requests) == 1 and [wake.model for wake in fake.wakes] == [MODEL]
 
 
 async def test_the_orchestrators_refusal_ends_the_hold_at_once(cold_router: Router, bus: Bus, bus_config: BusConfig,

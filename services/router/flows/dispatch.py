@@ -25,7 +25,8 @@ A worker lost before or during generation is replaced through `resume()` (the
 `Generation` decides when): the continuation is routed like a new request, minus the
 workers already lost, without admission control or cache threshold (it was admitted),
 and without waiting (but for a few seconds after a NATS reconnect, see `WorkerPool`): if
-no worker can take it now, the client gets the original error.
+no worker can take it now, the client gets the original error. A scalable model's request
+that no worker answered yet is held again (its worker began an idle drain as it was routed).
 Every refusal that reaches the client before a `Generation` exists is recorded here;
 after that, the `Generation` records its own outcome.
 """
@@ -149,7 +150,7 @@ class Dispatcher:
             span.set_attribute("tandem.cache_hit_threshold", threshold)
         try:
             source = await self._open_routed(params, set(), params.arrived_at + self._worker_wait_s, span,
-                                             admit=True, threshold=threshold)
+                                             admit=True, threshold=threshold, may_hold=True)
         except BaseException as error:
             span.set_attribute("tandem.outcome", _outcome(error))
             span.end()
@@ -189,7 +190,7 @@ class Dispatcher:
             # No waiting for a worker to appear (the client's stream is already open and stalled),
             # except just after a NATS reconnect, while the workers re-register.
             source = await self._open_routed(continued, excluded, self._clock() + self._pool.resync_wait_s(),
-                                             resume_span, admit=False, threshold=0.0)
+                                             resume_span, admit=False, threshold=0.0, may_hold=not generated)
         except BaseException as error:
             end_span(resume_span, _outcome(error))
             raise
@@ -197,10 +198,10 @@ class Dispatcher:
         return source
 
     async def _open_routed(self, params: GenerationParams, excluded: set[str], deadline: float, span: trace.Span,
-                           *, admit: bool, threshold: float) -> TokenSource:
+                           *, admit: bool, threshold: float, may_hold: bool) -> TokenSource:
         route_span = child_span("router.route", span)
         with trace.use_span(route_span, end_on_exit=route_span is not span):
-            routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold,
+            routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold, may_hold=may_hold,
                                        span=route_span)
         if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one
             params.route.queue_s = max(0.0, self._clock() - params.arrived_at)
@@ -230,7 +231,9 @@ class Dispatcher:
         return views, decide(views, route, self._routing, self._policy)
 
     async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
-                     threshold: float, span: trace.Span) -> CommittedPlan | RouteRefusal:
+                     threshold: float, may_hold: bool, span: trace.Span) -> CommittedPlan | RouteRefusal:
+        """`may_hold`: a scalable model's request with no token answered yet (a new one, or one
+        refused by a worker that began to drain) is held while no worker can take it."""
         hold: Hold | None = None  # a scalable model's request, held while its worker starts
         try:
             while True:
@@ -257,7 +260,7 @@ class Dispatcher:
                                               f"retry later", retry_after_s=self._routing.retry_after_s)
                     return outcome
                 self._check_context(params, views)
-                if admit and hold is None and self._cold_starts.scalable(params.model):
+                if may_hold and hold is None and self._cold_starts.scalable(params.model):
                     hold = self._hold(params)
                 await self._wait_for_worker(params, deadline if hold is None else max(deadline, hold.deadline), hold)
         finally:
