@@ -117,7 +117,9 @@ async def test_a_model_at_zero_is_answered_once_a_worker_starts_and_returns_to_z
     await wait_for(lambda: not pid_alive(pid), 5, "the stopped worker's process to be gone")
     print(f"scale to zero: no worker of small {scaled_down_s:.2f} s after the last answer "
           f"(idle time {IDLE_S:g} s, bound {IDLE_S + SCALE_DOWN_BOUND_S:g} s; waited {waited:.2f} s)")
-    assert scaled_down_s >= IDLE_S, "scaled down before the idle time"
+    # the idle time runs from the orchestrator's receipt of the last record, a little before the
+    # client's last answer: a second of slack, still far from a scale-down that ignores it
+    assert scaled_down_s >= IDLE_S - 1.0, f"scaled down {scaled_down_s:.2f} s after the last answer"
 
     again_started = time.monotonic()
     first, _, tokens = await first_token_after(client, prompts[0], again_started)

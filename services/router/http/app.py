@@ -116,6 +116,7 @@ class RouterRuntime:
                               inbox=inbox)
             scalable = config.scale_from_zero.directories()
             catalog = ServedModels(own_model, pool, scalable)
+            catalog.load_scalable()
             if scalable:  # a model with no worker gets one through the orchestrator
                 waker = ModelWaker(bus, subjects, self.malformed, timeout_s=config.scale_from_zero.hold_s)
             dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view,

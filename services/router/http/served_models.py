@@ -42,6 +42,20 @@ class ServedModels:
         self._loading: dict[str, asyncio.Future[Tokenizer]] = {}  # by model directory, while it loads
         self._resolved: dict[str, ServedModel] = {default.name: default}
 
+    def load_scalable(self) -> None:
+        """Start loading the scalable models' tokenizers (in threads), so that /v1/models shows
+        their context length and their first requests need not wait for them; a directory that
+        fails is logged here and tried again by the first request."""
+        for model, directory in self._scalable.items():
+            load = asyncio.ensure_future(self._load(directory))
+            load.add_done_callback(lambda done, model=model: done.cancelled() or done.exception() is None or
+                                   log.warning("scalable model %s: %s", model, done.exception()))
+
+    def tokenizer_loaded(self, model: str) -> Tokenizer | None:
+        """`model`'s tokenizer if it is loaded, by its workers' directories or its configured one."""
+        directories = self._pool.model_dirs(model) or ([self._scalable[model]] if model in self._scalable else [])
+        return next((self._tokenizers[d] for d in directories if d in self._tokenizers), None)
+
     def names(self) -> list[str]:
         return sorted({self.default.name, *self._pool.models, *self._scalable})
 
