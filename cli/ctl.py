@@ -34,6 +34,7 @@ from shared.schemas.orchestrator import (
     SetWorkerRole,
     UncordonWorker,
     UpgradeWorkers,
+    WakeModel,
     WorkerSummary,
 )
 from shared.subjects import Subjects
@@ -173,6 +174,15 @@ def add(ctx: typer.Context,
         timeout: Timeout = 120.0) -> None:
     """Start a worker through the orchestrator's launcher."""
     _report(_issue(ctx, AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
+
+
+@app.command()
+def wake(ctx: typer.Context,
+         model: Annotated[str, typer.Argument(help="A scalable model (the orchestrator's --scalable-model).")],
+         nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+         timeout: Timeout = 120.0) -> None:
+    """Start a worker of a scalable model that has none, as a router holding its requests does."""
+    _report(_issue(ctx, WakeModel(model=model), nats_url, namespace, timeout))
 
 
 _leave_command("remove", RemoveWorker, "Drain a worker and stop its process (if the orchestrator started it).")

@@ -2,12 +2,15 @@
 this process started by a stand-in launcher: a `WakeModel` on `orchestrator.wake` starts one
 worker of a scalable model (concurrent wakes share it; a model with an active worker starts
 none; a model it does not list, or a command other than a wake on that subject, is refused);
-an idle model's launched workers are drained and stopped, a worker it did not launch stays."""
+an idle model's launched workers are drained and stopped, a worker it did not launch stays;
+an operator wakes a model with `tandem ctl wake`."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -136,3 +139,17 @@ async def test_an_unlisted_model_or_another_command_on_the_wake_subject_is_refus
     other = await wake(bus, bus_config, ListWorkers())
     assert other.outcome == "refused" and "not a wake_model command" in other.reason
     assert not launcher.started
+
+
+async def test_an_operator_wakes_a_model_with_tandem_ctl_wake(orchestrator, bus_config: BusConfig) -> None:
+    _, launcher = orchestrator
+    woken = await asyncio.to_thread(subprocess.run, [
+        sys.executable, "-m", "cli.main", "ctl", "wake", "cold", "--nats-url", bus_config.nats_url,
+        "--namespace", bus_config.namespace], capture_output=True, text=True, timeout=60)
+    assert woken.returncode == 0, woken
+    [started] = launcher.started
+    assert started.worker_id in woken.stdout and "ok" in woken.stdout
+    refused = await asyncio.to_thread(subprocess.run, [
+        sys.executable, "-m", "cli.main", "ctl", "wake", "ghost", "--nats-url", bus_config.nats_url,
+        "--namespace", bus_config.namespace], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "not one this orchestrator starts" in refused.stdout, refused
