@@ -164,6 +164,15 @@ def add(ctx: typer.Context,
     _report(_issue(ctx, commands.AddWorker(role=role, worker_id=worker_id), nats_url, namespace, timeout))
 
 
+@app.command()
+def wake(ctx: typer.Context,
+         model: Annotated[str, typer.Argument(help="A scalable model (the orchestrator's --scalable-model).")],
+         nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+         timeout: Timeout = 120.0) -> None:
+    """Start a worker of a scalable model that has none, as a router holding its requests does."""
+    _report(_issue(ctx, commands.WakeModel(model=model), nats_url, namespace, timeout))
+
+
 _leave_command("remove", commands.RemoveWorker, "Drain a worker and stop its process (if the orchestrator started it).")
 
 

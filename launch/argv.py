@@ -29,8 +29,15 @@ def _membership(config: StackConfig) -> list[str]:
     return ["--heartbeat-interval", str(config.heartbeat_interval_s), "--ttl", str(config.ttl_s)]
 
 
+def _scalable_models(config: StackConfig) -> list[str]:
+    """The one list of scalable models, given alike to the router and the orchestrator."""
+    return [flag for name, directory in sorted(config.scalable_models.items())
+            for flag in ("--scalable-model", f"{name}={directory}")]
+
+
 def orchestrator_args(config: StackConfig, nats_url: str) -> list[str]:
-    return ["orchestrator", *_bus(config, nats_url), *_membership(config), *setting_flags(config.orchestrator_settings)]
+    return ["orchestrator", *_bus(config, nats_url), *_membership(config), *_scalable_models(config),
+            *setting_flags(config.orchestrator_settings)]
 
 
 def metrics_args(config: StackConfig, nats_url: str, port: int) -> list[str]:
@@ -40,7 +47,8 @@ def metrics_args(config: StackConfig, nats_url: str, port: int) -> list[str]:
 
 def router_args(config: StackConfig, nats_url: str, port: int) -> list[str]:
     return ["router", *_bus(config, nats_url), *_membership(config), "--host", config.router_host,
-            "--port", str(port), "--model-dir", config.model_dir, *setting_flags(config.router_settings),
+            "--port", str(port), "--model-dir", config.model_dir, *_scalable_models(config),
+            *setting_flags(config.router_settings),
             *config.router_args]
 
 

@@ -136,9 +136,10 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
         case Role.ROUTER:
             subscribe += [s.kv_events_all, s.load_all, s.router_load_all]
             publish += [_wild(s.generate), _wild(s.control, "cancel"), _wild(s.control, "kv_snapshot"),
-                        _wild(s.kv_release), s.request_events, s.router_load_all, *_jetstream(bucket, create=True)]
+                        _wild(s.kv_release), s.request_events, s.router_load_all, s.orchestrator_wake,
+                        *_jetstream(bucket, create=True)]
         case Role.ORCHESTRATOR:  # commands in; admin messages to workers (answered to its inbox)
-            subscribe += [s.orchestrator_commands]
+            subscribe += [s.orchestrator_commands, s.orchestrator_wake]
             publish += [s.orchestrator_progress]
             publish += ["_INBOX.>", s.membership_changes, f"$KV.{bucket}.>", *_jetstream(bucket, create=True),
                         *(_wild(s.control, kind) for kind in ("set_role", "cordon", "uncordon", "drain"))]

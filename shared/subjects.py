@@ -87,6 +87,12 @@ class Subjects(msgspec.Struct, frozen=True):
     def orchestrator_commands(self) -> str:
         return f"{self._root}.orchestrator.commands"
 
+    # a router asking for a worker of a model that has none (`WakeModel` in, `CommandOutcome` back;
+    # its own subject: a router may start a listed model's worker, never drain or remove one)
+    @property
+    def orchestrator_wake(self) -> str:
+        return f"{self._root}.orchestrator.wake"
+
     # a long command's steps as they are done (`CommandProgress`, published by the orchestrator)
     @property
     def orchestrator_progress(self) -> str:

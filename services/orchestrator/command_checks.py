@@ -31,6 +31,8 @@ def refusal(command: commands.OrchestratorCommand, members: Mapping[str, WorkerR
             return None
         case commands.UpgradeWorkers():  # the plan (upgrade_plan.py) checks the budget and the roles
             return None if can_launch else "this orchestrator has no worker launcher (start it with --launcher local)"
+        case commands.WakeModel():  # a start like AddWorker's, of a worker serving both parts
+            return refusal(commands.AddWorker(role=WorkerRole.BOTH), members, limits, can_launch=can_launch)
         case commands.AddWorker(role=role, worker_id=worker_id):
             if not can_launch:
                 return "this orchestrator has no worker launcher (start it with --launcher local)"

@@ -112,6 +112,37 @@ class WorkerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
             self.docker.validate()
 
 
+def scalable_model(entry: str) -> tuple[str, str]:
+    """`NAME=DIR` -> (name, directory); raises ConfigError naming the entry."""
+    name, _, directory = entry.partition("=")
+    require(bool(name) and bool(directory) and "\n" not in entry, f"scalable model {entry!r} must be NAME=DIR")
+    return name, directory
+
+
+class ScaleToZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Models that may have no worker: a router holding their requests asks for a worker
+    (`WakeModel`), which the launcher starts with the model's directory; with `idle_s`, a
+    model's launched workers are drained and stopped once no request reached it that long."""
+
+    models: Annotated[tuple[str, ...], flag(
+        "A model that may have zero workers, NAME=DIR (repeat): a router holding its requests gets a worker "
+        "started through the launcher.", name="--scalable-model")] = ()
+    idle_s: Annotated[float, flag(
+        "Drain and stop a scalable model's launched workers once it had no request this long (0: never).",
+        name="--scale-to-zero-after")] = 0.0
+    interval_s: float = 1.0  # how often idle models are looked for
+    drain_deadline_s: float = 30.0  # a scale-down's drain
+
+    def directories(self) -> dict[str, str]:
+        """Each scalable model's directory, by name."""
+        return dict(scalable_model(entry) for entry in self.models)
+
+    def validate(self) -> None:
+        self.directories()
+        require(self.idle_s >= 0, "the scale-to-zero idle time must not be negative")
+        require(self.interval_s > 0 and self.drain_deadline_s > 0, "scale-to-zero interval and drain must be positive")
+
+
 class PlannerLoopConfig(msgspec.Struct, kw_only=True, frozen=True):
     """The SLO planner inside the orchestrator: every `interval_s` it reads the cluster over
     the last `window_s` and may switch a worker's role, add or remove one (dry run: only
@@ -155,6 +186,7 @@ class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):
     command_timeout_s: Annotated[float, flag("Seconds a command waits for a worker's answer.",
                                              name="--command-timeout")] = 10.0
     planner: PlannerLoopConfig = PlannerLoopConfig()
+    scale_to_zero: ScaleToZeroConfig = ScaleToZeroConfig()
     tracing: TracingConfig = TracingConfig()
 
     def validate(self) -> None:
@@ -164,3 +196,6 @@ class OrchestratorConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.limits.validate()
         self.launcher.validate()
         self.planner.validate()
+        self.scale_to_zero.validate()
+        require(not self.scale_to_zero.models or self.launcher.kind != "none",
+                "scalable models need a worker launcher (--launcher local or docker)")

@@ -11,7 +11,10 @@ as mirrored by the orchestrator), then carried out and followed to its end, boun
   requests and its held KV leases, then deregistered), within the drain deadline;
 - AddWorker: the launcher starts it; `ok` once it registered; a process that exits or
   never registers is stopped and the answer is `failed` with its log's tail;
-- RemoveWorker: a drain, then the launcher stops the process if it started it.
+- RemoveWorker: a drain, then the launcher stops the process if it started it;
+- WakeModel (from a router, on `orchestrator.wake`): for a scalable model with no active
+  worker able to decode, an AddWorker of role both with the model's directory and name;
+  concurrent wakes of one model share that start.
 
 Commands run each in their own task, so a long drain does not hold up a `workers` listing.
 The orchestrator's `MembershipMirror` calls `member_changed()` on every bucket change;
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -29,13 +33,22 @@ from collections.abc import Callable, Mapping
 import msgspec
 from nats.aio.msg import Msg
 
-from services.orchestrator.command_checks import refusal
+from services.orchestrator.command_checks import refusal, serves
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers import LaunchedWorker, Launcher, LaunchError, WorkerLaunch
 from services.orchestrator.rolling_upgrade import rolling_upgrade
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
-from shared.schemas import ControlReply, Cordon, Drain, SetRole, Uncordon, WorkerRegistration, WorkerStatus
+from shared.schemas import (
+    ControlReply,
+    Cordon,
+    Drain,
+    SetRole,
+    Uncordon,
+    WorkerRegistration,
+    WorkerRole,
+    WorkerStatus,
+)
 from shared.schemas.control import control_kind
 from shared.schemas.orchestrator import (
     AddWorker,
@@ -48,6 +61,7 @@ from shared.schemas.orchestrator import (
     SetWorkerRole,
     UncordonWorker,
     UpgradeWorkers,
+    WakeModel,
     WorkerSummary,
 )
 from shared.subjects import check_token
@@ -72,7 +86,9 @@ class ControlPlane:
         self._changed = asyncio.Event()
         self._launched: dict[str, LaunchedWorker] = {}
         self._running: set[asyncio.Task[None]] = set()
-        self._subscription = None
+        self._subscriptions: list = []
+        self._scalable = config.scale_to_zero.directories()  # model -> its directory
+        self._waking: dict[str, asyncio.Future[CommandOutcome]] = {}  # a scalable model's start under way
 
     async def start(self) -> None:
         try:
@@ -82,17 +98,18 @@ class ControlPlane:
                          handle.container_id or f"pid {handle.pid}")
         except LaunchError as error:  # the engine is away: adds will say so too
             log.warning("could not look for workers of an earlier run: %s", error)
-        self._subscription = await self._bus.client.subscribe(self._subjects.orchestrator_commands,
-                                                              cb=self._on_command)
-        await self._bus.client.flush()
+        client = self._bus.client
+        self._subscriptions = [await client.subscribe(self._subjects.orchestrator_commands, cb=self._on_command),
+                               await client.subscribe(self._subjects.orchestrator_wake, cb=self._on_wake)]
+        await client.flush()
 
     async def stop(self) -> None:
-        if self._subscription is not None:
+        for subscription in self._subscriptions:
             try:
-                await self._subscription.unsubscribe()
+                await subscription.unsubscribe()
             except Exception as error:  # the connection is going away
-                log.debug("could not unsubscribe the command subject: %s", error)
-            self._subscription = None
+                log.debug("could not unsubscribe the command subjects: %s", error)
+        self._subscriptions = []
         for task in self._running:
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
@@ -116,6 +133,19 @@ class ControlPlane:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
+    async def _on_wake(self, msg: Msg) -> None:
+        """The wake subject carries `WakeModel` only (the router may not send other commands)."""
+        command = self._commands.decode_or_none(msg.data, msg.subject)
+        if command is not None and not isinstance(command, WakeModel):
+            command = None
+        if msg.reply and command is None:
+            await self._answer(msg, CommandOutcome(outcome="refused", reason="not a wake_model command"))
+            return
+        if command is not None:
+            task = asyncio.create_task(self._run(msg, command), name="command:WakeModel")
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
     async def _run(self, msg: Msg, command: OrchestratorCommand) -> None:
         try:
             outcome = await self.execute(command)
@@ -126,7 +156,8 @@ class ControlPlane:
             outcome = CommandOutcome(outcome="failed", reason=f"internal error: {error}")
         log.info("command %s %s: %s %s", type(command).__name__, getattr(command, "worker_id", ""),
                  outcome.outcome, outcome.reason)
-        await self._answer(msg, outcome)
+        if msg.reply:
+            await self._answer(msg, outcome)
 
     async def _answer(self, msg: Msg, outcome: CommandOutcome) -> None:
         try:
@@ -158,7 +189,32 @@ class ControlPlane:
                 return await self._add(command)
             case UpgradeWorkers():
                 return await rolling_upgrade(self, command)
+            case WakeModel(model=model):
+                return await self._wake(model)
         raise AssertionError(f"unknown command {command!r}")
+
+    async def _wake(self, model: str) -> CommandOutcome:
+        directory = self._scalable.get(model)
+        if directory is None:
+            return CommandOutcome(outcome="refused", reason=f"model {model!r} is not one this orchestrator starts "
+                                                            f"(--scalable-model)")
+        serving = [worker_id for worker_id, registration in self._members().items()
+                   if registration.model == model and registration.status is WorkerStatus.ACTIVE
+                   and serves(registration.role)]
+        if serving:
+            return self._done(serving[0], f"model {model} has an active worker")
+        starting = self._waking.get(model)
+        if starting is None:
+            name = re.sub(r"[^A-Za-z0-9_-]", "-", model)[:40]
+            start = AddWorker(role=WorkerRole.BOTH, worker_id=f"{name}-{uuid.uuid4().hex[:8]}")
+            starting = self._waking[model] = asyncio.ensure_future(
+                self._add(start, ("--model-dir", directory, "--served-model-name", model)))
+            starting.add_done_callback(lambda _: self._waking.pop(model, None))
+        return await asyncio.shield(starting)  # one waker cancelled leaves the start to the others
+
+    def launched(self) -> list[str]:
+        """The workers this orchestrator's launcher started and has not stopped."""
+        return sorted(self._launched)
 
     def registration(self, worker_id: str) -> WorkerRegistration | None:
         return self._members().get(worker_id)

@@ -13,6 +13,8 @@ heartbeat interval, and delete it on a clean shutdown. This adapter mirrors the 
 - While it is disconnected from NATS it cannot hear heartbeats, so it removes nobody.
 - With `planner.enabled`, it runs the SLO planner (`planner_loop.PlannerLoop`), which acts
   through the same control plane.
+- With scalable models and `scale_to_zero.idle_s`, it stops idle models' launched workers
+  (`model_scaler.ModelScaler`); routers wake those models through the control plane.
 - It serves the control plane (`control_plane.ControlPlane`: cordon, drain, set-role, add
   and remove workers), which reads the same mirror and is woken by its changes.
 """
@@ -31,6 +33,7 @@ from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.control_plane import ControlPlane
 from services.orchestrator.launchers import Launcher, build_launcher
 from services.orchestrator.membership import MembershipTable
+from services.orchestrator.model_scaler import ModelScaler
 from services.orchestrator.planner_loop import PlannerLoop
 from shared.bus import Bus
 from shared.cluster.member_events import MemberChange, MemberEvent
@@ -64,6 +67,9 @@ class OrchestratorService:
                                     launcher if launcher is not None else build_launcher(config), self.malformed)
         self.planner = PlannerLoop(config, bus, lambda: self._members.members, self.control, self.malformed) \
             if config.planner.enabled else None
+        scale_to_zero = config.scale_to_zero
+        self.model_scaler = ModelScaler(config, bus, lambda: self._members.members, self.control, self.malformed) \
+            if scale_to_zero.models and scale_to_zero.idle_s > 0 else None
 
     async def start(self) -> None:
         await self._members.start()
@@ -71,8 +77,12 @@ class OrchestratorService:
         await self.control.start()
         if self.planner is not None:
             await self.planner.start()
+        if self.model_scaler is not None:
+            await self.model_scaler.start()
 
     async def stop(self) -> None:
+        if self.model_scaler is not None:
+            await self.model_scaler.stop()
         if self.planner is not None:
             await self.planner.stop()
         await self.control.stop()
@@ -97,6 +107,8 @@ class OrchestratorService:
         self.control.member_changed()
         if self.planner is not None:
             self.planner.on_member(event)
+        if self.model_scaler is not None:
+            self.model_scaler.on_member(event)
         self._wakeup.set()  # publish joins and leaves now, not at the next sweep
 
     async def _run(self) -> None:

@@ -157,6 +157,41 @@ class AdmissionConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(0.0 <= self.reserve_share < 1.0, "admission reserve_share must lie in [0, 1)")
 
 
+def scalable_model(entry: str) -> tuple[str, str]:
+    """`NAME=DIR` -> (name, directory); raises ConfigError naming the entry."""
+    name, _, directory = entry.partition("=")
+    require(bool(name) and bool(directory), f"scalable model {entry!r} must be NAME=DIR")
+    return name, directory
+
+
+class ScaleFromZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """Models that may have no worker (`services.router.routing.cold_start`): served with the
+    tokenizer of their directory; a request no worker can take is held while the orchestrator
+    is asked to start one (`WakeModel`), at most `max_held` per model, each `hold_s` at most."""
+
+    models: Annotated[tuple[str, ...], flag(
+        "A model that may have zero workers, NAME=DIR (repeat): listed and tokenized from DIR; its requests wait "
+        "while the orchestrator starts a worker (the orchestrator's --scalable-model).",
+        name="--scalable-model")] = ()
+    hold_s: Annotated[float, flag(
+        "Seconds a scalable model's request waits for a worker to start; then 503 with Retry-After.",
+        name="--cold-start-wait")] = 120.0
+    max_held: Annotated[int, flag(
+        "Requests of one scalable model held at once; past that, 503 with Retry-After.",
+        name="--cold-start-queue")] = 256
+    ask_every_s: float = 10.0  # while requests are held, the orchestrator is asked again this often
+    retry_after_s: int = 5  # the Retry-After of a held request's 503
+
+    def directories(self) -> dict[str, str]:
+        """Each scalable model's directory, by name."""
+        return dict(scalable_model(entry) for entry in self.models)
+
+    def validate(self) -> None:
+        self.directories()
+        require(self.hold_s > 0 and self.ask_every_s > 0, "cold start waits must be positive")
+        require(self.max_held >= 1 and self.retry_after_s >= 1, "cold start queue and Retry-After must be positive")
+
+
 # The ways of writing tool calls in an answer the router reads (services.router.openai.tool_parsers).
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 
@@ -184,6 +219,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_attempts: int = 3  # workers one request may be sent to (refused, lost, resumed mid-stream)
     routing: RoutingConfig = RoutingConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    scale_from_zero: ScaleFromZeroConfig = ScaleFromZeroConfig()
     tool_call_parser: Annotated[str, flag(  # one of TOOL_CALL_FORMATS
         "How the model writes tool calls (hermes, llama3_json, mistral): lets chats use tool_choice auto, with "
         "the calls read from the answer. Empty: tool_choice auto is refused.")] = ""
@@ -211,3 +247,4 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         check_metrics_auth(self.metrics_auth, self.api_keys_file)
         self.routing.validate()
         self.admission.validate()
+        self.scale_from_zero.validate()

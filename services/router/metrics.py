@@ -186,6 +186,8 @@ class RouterMetrics:
         self.workers = Gauge("tandem_router_workers", "Workers in the membership mirror", registry=self.registry)
         self.admission_waiting = Gauge("tandem_router_admission_waiting_requests",
                                        "Requests waiting in the router's admission queue", registry=self.registry)
+        self.held = Gauge("tandem_router_held_requests",
+                          "Requests of scalable models waiting for a worker to start", registry=self.registry)
 
     def _add_auth_metrics(self) -> None:
         """API requests by key, and those refused for want of a valid key."""

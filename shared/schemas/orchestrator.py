@@ -75,12 +75,21 @@ class UpgradeWorkers(Message, tag="upgrade_workers", kw_only=True):
     deadline_s: float = 30.0  # each old worker's drain deadline
 
 
+class WakeModel(Message, tag="wake_model", kw_only=True):
+    """A router holds requests for `model`, which has no worker that can serve them: start one
+    through the launcher if the model is one the orchestrator can start (its scale-to-zero
+    models) and none is active or starting (`ok` once one is registered; concurrent wakes of a
+    model share one start). Sent on `orchestrator.wake`, not the command subject."""
+
+    model: str
+
+
 class ListWorkers(Message, tag="list_workers", kw_only=True):
     """Every registered worker, and which ones the orchestrator's launcher started."""
 
 
 OrchestratorCommand = (CordonWorker | UncordonWorker | DrainWorker | SetWorkerRole | AddWorker | RemoveWorker
-                       | ListWorkers | UpgradeWorkers)
+                       | ListWorkers | UpgradeWorkers | WakeModel)
 
 
 class WorkerSummary(msgspec.Struct, kw_only=True, frozen=True):

@@ -76,6 +76,12 @@ def test_only_the_operator_and_the_orchestrator_drain_and_the_operator_cannot_cr
     assert "$JS.API.STREAM.CREATE.KV_ns_v1_members" not in perms(Role.OPERATOR).publish
 
 
+def test_only_routers_wake_models_and_the_orchestrator_hears_them() -> None:
+    wakers = [user.name for user in stack_users(["w1"]) if "ns.v1.orchestrator.wake" in permissions(user, S).publish]
+    assert wakers == ["router"]
+    assert "ns.v1.orchestrator.wake" in perms(Role.ORCHESTRATOR).subscribe
+
+
 def test_no_user_may_touch_other_streams_or_subscribe_to_everything() -> None:
     for user in stack_users(["w1", "w2"]):
         p = permissions(user, S)

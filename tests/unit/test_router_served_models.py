@@ -101,3 +101,20 @@ def test_a_directory_that_fails_is_tried_again(tiny_model_dir: str, small_vocab_
         asyncio.run(models.resolve("later"))
     generate_tiny_model(str(later), vocab_size=1024)  # the directory appears (a mount, a copy finished)
     assert asyncio.run(models.resolve("later")).tokenizer.vocab_size == 1024
+
+
+def test_a_scalable_model_is_served_with_no_worker_from_its_configured_directory(tiny_model_dir: str,
+                                                                                 small_vocab_dir: str) -> None:
+    models = ServedModels(ServedModel("tiny", Tokenizer.from_model_dir(tiny_model_dir)), RegisteredModels({}),  # type: ignore[arg-type]
+                          {"small": small_vocab_dir})
+    assert models.names() == ["small", "tiny"]
+    assert models.tokenizer_loaded("small") is None
+
+    async def loaded() -> ServedModel:
+        models.load_scalable()
+        return await models.resolve("small")
+
+    served = asyncio.run(loaded())
+    assert served.tokenizer.vocab_size == 1024 and models.tokenizer_loaded("small") is served.tokenizer
+    with pytest.raises(ModelNotFound):
+        asyncio.run(models.resolve("other"))

@@ -18,12 +18,17 @@ closes. Answers without a worker: a refusal of admission control is `TooManyRequ
 `Retry-After`); a decode-first request whose threshold no worker meets gets an
 `Answered` source with finish_reason "cache_threshold" (HTTP 200, no tokens).
 
-A request waits up to `worker_wait_s` (from its arrival) for a worker that can take it.
+A request waits up to `worker_wait_s` (from its arrival) for a worker that can take it. A
+scalable model's request (`ScaleFromZeroConfig`) that no worker can take is held instead
+(`routing.cold_start`: a bounded number per model, each up to `hold_s`; past either, 503 with
+`Retry-After`) while the orchestrator is asked for a worker (`fleet.model_waker`), and routed
+when one registers.
 A worker lost before or during generation is replaced through `resume()` (the
 `Generation` decides when): the continuation is routed like a new request, minus the
 workers already lost, without admission control or cache threshold (it was admitted),
 and without waiting (but for a few seconds after a NATS reconnect, see `WorkerPool`): if
-no worker can take it now, the client gets the original error.
+no worker can take it now, the client gets the original error. A scalable model's request
+that no worker answered yet is held again (its worker began an idle drain as it was routed).
 Every refusal that reaches the client before a `Generation` exists is recorded here;
 after that, the `Generation` records its own outcome.
 """
@@ -39,7 +44,8 @@ from collections.abc import Callable
 
 from opentelemetry import trace
 
-from services.router.config import AdmissionConfig, RoutingConfig
+from services.router.config import AdmissionConfig, RoutingConfig, ScaleFromZeroConfig
+from services.router.fleet.model_waker import ModelWaker
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
 from services.router.flows.admission import AdmissionGate, Ticket
@@ -51,7 +57,7 @@ from services.router.flows.spans import child_span, end_span
 from services.router.flows.token_source import Answered, TokenSource
 from services.router.kv.view import KvView, ModelKv, PromptCache
 from services.router.metrics import RouterMetrics
-from services.router.openai.errors import BadRequest, TooManyRequests
+from services.router.openai.errors import BadRequest, NoWorkerYet, TooManyRequests
 from services.router.routing import (
     RoutePlan,
     RouteRefusal,
@@ -62,6 +68,7 @@ from services.router.routing import (
     context_limit,
     decide,
 )
+from services.router.routing.cold_start import ColdStarts, Hold, HoldRefused
 from services.router.routing.shortlist import shortlist
 from shared.errors import ErrorCode, TandemError, Unavailable
 from shared.schemas import Finished, RoutedPrompt
@@ -102,7 +109,9 @@ class Dispatcher:
                  decoders: Callable[[str], TokenDecoder],
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
                  routing: RoutingConfig = RoutingConfig(), policy: RoutingPolicy | None = None,
-                 max_attempts: int = 3, admission: AdmissionConfig = AdmissionConfig()) -> None:
+                 max_attempts: int = 3, admission: AdmissionConfig = AdmissionConfig(),
+                 scale_from_zero: ScaleFromZeroConfig = ScaleFromZeroConfig(),
+                 waker: ModelWaker | None = None) -> None:
         self._flows = FlowExecutor(link, metrics)
         self._pool = pool
         self._kv_view = kv_view
@@ -117,6 +126,13 @@ class Dispatcher:
         self._policy = policy if policy is not None else build_policy(routing)
         self._max_attempts = max_attempts
         self.admission = AdmissionGate(admission, pool.views, clock, retry_after=routing.retry_after_s)
+        self._scale_from_zero = scale_from_zero
+        self._cold_starts = ColdStarts(models=frozenset(scale_from_zero.directories()),
+                                       max_held=scale_from_zero.max_held, hold_s=scale_from_zero.hold_s,
+                                       ask_every_s=scale_from_zero.ask_every_s)
+        assert waker is not None or not self._cold_starts.models, "scalable models need a waker"
+        metrics.held.set_function(self._cold_starts.total_held)
+        self._waker = waker
         pool.shared_load.on_peer_prediction = self._peer_routed
 
     def _peer_routed(self, prompt: RoutedPrompt) -> None:
@@ -141,7 +157,7 @@ class Dispatcher:
         try:
             ticket = await self.admission.enter(params)
             source = await self._open_routed(params, set(), params.arrived_at + self._worker_wait_s, span,
-                                             admit=True, threshold=threshold)
+                                             admit=True, threshold=threshold, may_hold=True)
         except BaseException as error:
             if ticket is not None:
                 self.admission.leave(ticket, None)
@@ -184,7 +200,7 @@ class Dispatcher:
             # No waiting for a worker to appear (the client's stream is already open and stalled),
             # except just after a NATS reconnect, while the workers re-register.
             source = await self._open_routed(continued, excluded, self._clock() + self._pool.resync_wait_s(),
-                                             resume_span, admit=False, threshold=0.0)
+                                             resume_span, admit=False, threshold=0.0, may_hold=not generated)
         except BaseException as error:
             end_span(resume_span, _outcome(error))
             raise
@@ -192,10 +208,10 @@ class Dispatcher:
         return source
 
     async def _open_routed(self, params: GenerationParams, excluded: set[str], deadline: float, span: trace.Span,
-                           *, admit: bool, threshold: float) -> TokenSource:
+                           *, admit: bool, threshold: float, may_hold: bool) -> TokenSource:
         route_span = child_span("router.route", span)
         with trace.use_span(route_span, end_on_exit=route_span is not span):
-            routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold,
+            routed = await self._route(params, excluded, deadline, admit=admit, threshold=threshold, may_hold=may_hold,
                                        span=route_span)
         if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one
             params.route.queue_s = max(0.0, self._clock() - params.arrived_at)
@@ -225,62 +241,124 @@ class Dispatcher:
         return views, decide(views, route, self._routing, self._policy)
 
     async def _route(self, params: GenerationParams, excluded: set[str], deadline: float, *, admit: bool,
-                     threshold: float, span: trace.Span) -> CommittedPlan | RouteRefusal:
+                     threshold: float, may_hold: bool, span: trace.Span) -> CommittedPlan | RouteRefusal:
+        """`may_hold`: a scalable model's request with no token answered yet (a new one, or one
+        refused by a worker that began to drain) is held while no worker can take it."""
+        hold: Hold | None = None  # a scalable model's request, held while its worker starts
+        try:
+            while True:
+                views, outcome, kv, cache = self._attempt(params, excluded, admit=admit, threshold=threshold,
+                                                          span=span)
+                if isinstance(outcome, RoutePlan):
+                    _note_route(params, span, outcome.flow, outcome.reason)
+                    if not params.route.compat_hash:
+                        params.route.compat_hash = next(build_of(view) for view in views
+                                                        if view.worker_id == outcome.worker_id)
+                    if outcome.prompt is not None:  # the computing worker: held, pulled from a holder, computed
+                        span.set_attributes({"tandem.cached_tokens": outcome.prompt.cached_tokens,
+                                             "tandem.pulled_tokens": outcome.prompt.pulled_tokens,
+                                             "tandem.uncached_tokens": outcome.prompt.uncached_tokens})
+                    if hold is not None:
+                        self._cold_starts.release(params.model, routed=True)
+                        hold = None
+                    return self._commit(params, outcome, kv, cache)
+                if isinstance(outcome, RouteRefusal):
+                    _note_route(params, span, "none", outcome.reason)
+                    self._metrics.route_decisions.labels("none", outcome.reason).inc()
+                    if outcome.reason == "overloaded":
+                        raise TooManyRequests(f"every worker serving {params.model!r} is at its queue limit; "
+                                              f"retry later", retry_after_s=self._routing.retry_after_s)
+                    return outcome
+                self._check_context(params, views)
+                if may_hold and hold is None and self._cold_starts.scalable(params.model):
+                    hold = self._hold(params)
+                await self._wait_for_worker(params, deadline if hold is None else max(deadline, hold.deadline), hold)
+        finally:
+            if hold is not None:
+                self._cold_starts.release(params.model, routed=False)
+
+    def _attempt(self, params: GenerationParams, excluded: set[str], *, admit: bool, threshold: float,
+                 span: trace.Span) -> tuple[list[WorkerView], RoutePlan | RouteRefusal | None, ModelKv, PromptCache]:
+        """One routing decision over the workers as they are now."""
+        prompt_tokens = len(params.prompt_ids)
+        now = self._clock()
+        decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
+        kv = self._kv_view.model(params.model)  # only the model's own workers' KV can match
+        cache = kv.prompt_cache(params.prompt_ids, now)
+        if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
+            cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={})
+        route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens,
+                             total_tokens=prompt_tokens + params.sampling.max_tokens,
+                             cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
+                             cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
+                             one_engine=params.sampling.needs_whole_prompt,
+                             replays=params.sampling.depends_on_output_history,
+                             route_hint=params.route_hint, prefix_key=cache.prefix_key,
+                             victim_age_s=kv.victim_ages(now),
+                             home_worker=kv.homes.home(cache.prefix_key) if cache.prefix_key else None,
+                             homed_share=kv.homes.shares(),
+                             prefix_share=kv.homes.share(cache.prefix_key) if cache.prefix_key else None,
+                             homed_tokens=kv.homes.tokens(resident=self._routing.resident_homes),
+                             resident_prefixes=kv.homes.residents())
+        views, outcome = self._decide(route, excluded, params.route.compat_hash)
+        self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
+        self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
+        span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
+                             "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
+        return views, outcome, kv, cache
+
+    @staticmethod
+    def _check_context(params: GenerationParams, views: list[WorkerView]) -> None:
         prompt_tokens = len(params.prompt_ids)
         total_tokens = prompt_tokens + params.sampling.max_tokens
-        while True:
-            now = self._clock()
-            decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
-            kv = self._kv_view.model(params.model)  # only the model's own workers' KV can match
-            cache = kv.prompt_cache(params.prompt_ids, now)
-            if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
-                cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={})
-            route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
-                                 cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
-                                 cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
-                                 one_engine=params.sampling.needs_whole_prompt,
-                                 replays=params.sampling.depends_on_output_history,
-                                 route_hint=params.route_hint, prefix_key=cache.prefix_key,
-                                 victim_age_s=kv.victim_ages(now),
-                                 home_worker=kv.homes.home(cache.prefix_key) if cache.prefix_key else None,
-                                 homed_share=kv.homes.shares(),
-                                 prefix_share=kv.homes.share(cache.prefix_key) if cache.prefix_key else None,
-                                 homed_tokens=kv.homes.tokens(resident=self._routing.resident_homes),
-                                 resident_prefixes=kv.homes.residents())
-            views, outcome = self._decide(route, excluded, params.route.compat_hash)
-            self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
-            self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
-            span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
-                                 "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
-            if isinstance(outcome, RoutePlan):
-                _note_route(params, span, outcome.flow, outcome.reason)
-                if not params.route.compat_hash:
-                    params.route.compat_hash = next(build_of(view) for view in views
-                                                    if view.worker_id == outcome.worker_id)
-                if outcome.prompt is not None:  # the computing worker: held, pulled from a holder, computed
-                    span.set_attributes({"tandem.cached_tokens": outcome.prompt.cached_tokens,
-                                         "tandem.pulled_tokens": outcome.prompt.pulled_tokens,
-                                         "tandem.uncached_tokens": outcome.prompt.uncached_tokens})
-                return self._commit(params, outcome, kv, cache)
-            if isinstance(outcome, RouteRefusal):
-                _note_route(params, span, "none", outcome.reason)
-                self._metrics.route_decisions.labels("none", outcome.reason).inc()
-                if outcome.reason == "overloaded":
-                    raise TooManyRequests(f"every worker serving {params.model!r} is at its queue limit; "
-                                          f"retry later", retry_after_s=self._routing.retry_after_s)
-                return outcome
-            limit = context_limit(views, params.model)
-            if limit is not None and total_tokens > limit:
-                raise BadRequest(
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{total_tokens} tokens ({prompt_tokens} in the prompt, "
-                    f"{params.sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens.",
-                    param="max_tokens", api_code="context_length_exceeded")
-            remaining = deadline - self._clock()
+        limit = context_limit(views, params.model)
+        if limit is not None and total_tokens > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{total_tokens} tokens ({prompt_tokens} in the prompt, "
+                f"{params.sampling.max_tokens} for the completion). Please reduce the prompt or max_tokens.",
+                param="max_tokens", api_code="context_length_exceeded")
+
+    def _hold(self, params: GenerationParams) -> Hold:
+        """Admit a scalable model's request to wait for a worker to start; raises `NoWorkerYet`
+        (503, Retry-After) when too many wait already."""
+        held = self._cold_starts.hold(params.model, params.arrived_at)
+        if isinstance(held, HoldRefused):
+            raise NoWorkerYet(f"no worker serves model {params.model!r} yet and {held.reason}; retry later",
+                              retry_after_s=self._scale_from_zero.retry_after_s)
+        return held
+
+    async def _wait_for_worker(self, params: GenerationParams, deadline: float, hold: Hold | None) -> None:
+        """Until the membership changes (while held: or the orchestrator answers, or the next
+        ask for a worker is due); past `deadline`, `Unavailable`. A held request gets
+        `NoWorkerYet` (503 with `Retry-After`) past its deadline, or at once when the
+        orchestrator refused to start a worker of its model."""
+        now = self._clock()
+        remaining = deadline - now
+        if hold is None or self._waker is None:
             if remaining <= 0:
                 raise Unavailable(f"no worker is available for model {params.model!r} "
                                   f"(waited {self._worker_wait_s:g}s)")
             await self._pool.wait_for_change(remaining)
+            return
+        waker, retry_after_s = self._waker, self._scale_from_zero.retry_after_s
+        refusal = waker.refusal(params.model)
+        if refusal:
+            raise NoWorkerYet(f"no worker serves model {params.model!r} and none is starting: {refusal}",
+                              retry_after_s=retry_after_s)
+        if remaining <= 0:
+            raise NoWorkerYet(f"no worker of model {params.model!r} started within "
+                              f"{self._scale_from_zero.hold_s:g}s", retry_after_s=retry_after_s)
+        if self._cold_starts.should_ask(params.model, now):
+            waker.wake(params.model)
+        wait_s = min(remaining, self._scale_from_zero.ask_every_s)
+        waits = [asyncio.ensure_future(self._pool.wait_for_change(wait_s)),
+                 asyncio.ensure_future(waker.wait_for_answer(wait_s))]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
     def _commit(self, params: GenerationParams, plan: RoutePlan, kv: ModelKv, cache: PromptCache) -> CommittedPlan:
         """Count the plan's workers and predict its blocks: synchronous, right after `decide`."""

@@ -19,6 +19,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from services.router.config import RouterConfig
+from services.router.fleet.model_waker import ModelWaker
 from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import WorkerPool
 from services.router.flows.dispatch import Dispatcher
@@ -100,6 +101,7 @@ class RouterRuntime:
                           reconnect_grace_s=config.membership.ttl_s,  # one TTL to re-register after a restart
                           listener=kv_view)
         inbox: ResponseInbox | None = None
+        waker: ModelWaker | None = None
         try:
             await kv_view.start()
             await pool.start()
@@ -113,12 +115,17 @@ class RouterRuntime:
             link = WorkerLink(bus, subjects, self.malformed, accept_timeout_s=config.accept_timeout_s,
                               idle_timeout_s=config.idle_timeout_s, lease_timeout_s=config.accept_timeout_s,
                               inbox=inbox)
-            catalog = ServedModels(own_model, pool)
+            scalable = config.scale_from_zero.directories()
+            catalog = ServedModels(own_model, pool, scalable)
+            catalog.load_scalable()
+            if scalable:  # a model with no worker gets one through the orchestrator
+                waker = ModelWaker(bus, subjects, self.malformed, timeout_s=config.scale_from_zero.hold_s)
             dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view,
                                     decoders=lambda model: catalog.resolved(model).tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
                                     routing=config.routing, policy=self.policy,
-                                    max_attempts=config.max_attempts, admission=config.admission)
+                                    max_attempts=config.max_attempts, admission=config.admission,
+                                    scale_from_zero=config.scale_from_zero, waker=waker)
             self.metrics.admission_waiting.set_function(dispatcher.admission.waiting)
             context = ServingContext(config=config, catalog=catalog, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
@@ -127,6 +134,8 @@ class RouterRuntime:
             yield
         finally:
             self._started = None
+            if waker is not None:
+                await waker.stop()
             if inbox is not None:
                 await inbox.close()
             await pool.stop()

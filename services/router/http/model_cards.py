@@ -4,8 +4,8 @@ A card's `max_model_len` (as vLLM's cards carry it) is the longest context that 
 able to serve the model registered (`WorkerCapacity.max_model_len`): the limit the
 dispatcher holds a request to. With no such worker up, it is the longest any of the
 model's workers (a prefill worker) registered, and with none, the model's own limit from
-its tokenizer's model directory (`max_position_embeddings`; the router's own model is
-served with no worker up): a worker cannot offer more than its model does.
+its tokenizer's model directory (`max_position_embeddings`; the router's own model and the
+scalable ones are served with no worker up): a worker cannot offer more than its model does.
 `/tokenize` answers the same figure.
 """
 
@@ -24,7 +24,11 @@ def max_model_len(context: ServingContext, model: str, views: Sequence[WorkerVie
     limit = context_limit(views, model)
     if limit is None:
         limit = max((view.max_model_len for view in views if view.model == model), default=None)
-    return context.catalog.default.tokenizer.max_model_len if limit is None else limit
+    if limit is not None:
+        return limit
+    own = context.catalog.default if model == context.catalog.default.name else None
+    tokenizer = own.tokenizer if own is not None else context.catalog.tokenizer_loaded(model)
+    return (tokenizer or context.catalog.default.tokenizer).max_model_len
 
 
 def model_list(context: ServingContext) -> ModelList:

@@ -7,14 +7,16 @@ register: its tokenizer comes from the model directory in their registrations
 model and kept. A model whose workers name no directory (workers from before the field) is
 tokenized with the router's own tokenizer, as a router of one model always did; a directory
 the router cannot read is an explicit 503 naming it, never a prompt tokenized by another
-model's tokenizer. A model no worker registers and that is not the router's own is a 404
-naming the served ones (`ModelNotFound`).
+model's tokenizer. A scalable model (`--scalable-model NAME=DIR`) is served with no worker up, with the
+tokenizer of its configured directory until workers register one. Any other model no worker
+registers and that is not the router's own is a 404 naming the served ones (`ModelNotFound`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.router.fleet.worker_pool import WorkerPool
@@ -32,23 +34,40 @@ class ServedModel:
 
 
 class ServedModels:
-    def __init__(self, default: ServedModel, pool: WorkerPool) -> None:
+    def __init__(self, default: ServedModel, pool: WorkerPool, scalable: Mapping[str, str] | None = None) -> None:
         self.default = default
         self._pool = pool
+        self._scalable = dict(scalable or {})  # models that may have no worker -> their directories
         self._tokenizers: dict[str, Tokenizer] = {}  # by model directory, once loaded
         self._loading: dict[str, asyncio.Future[Tokenizer]] = {}  # by model directory, while it loads
         self._resolved: dict[str, ServedModel] = {default.name: default}
 
+    def load_scalable(self) -> None:
+        """Start loading the scalable models' tokenizers (in threads), so that /v1/models shows
+        their context length and their first requests need not wait for them; a directory that
+        fails is logged here and tried again by the first request."""
+        for model, directory in self._scalable.items():
+            load = asyncio.ensure_future(self._load(directory))
+            load.add_done_callback(lambda done, model=model: done.cancelled() or done.exception() is None or
+                                   log.warning("scalable model %s: %s", model, done.exception()))
+
+    def tokenizer_loaded(self, model: str) -> Tokenizer | None:
+        """`model`'s tokenizer if it is loaded, by its workers' directories or its configured one."""
+        directories = self._pool.model_dirs(model) or ([self._scalable[model]] if model in self._scalable else [])
+        return next((self._tokenizers[d] for d in directories if d in self._tokenizers), None)
+
     def names(self) -> list[str]:
-        return sorted({self.default.name, *self._pool.models})
+        return sorted({self.default.name, *self._pool.models, *self._scalable})
 
     async def resolve(self, model: str) -> ServedModel:
         """`model` with its tokenizer; raises `ModelNotFound` (404) or `Unavailable` (503)."""
         if model == self.default.name:
             return self.default
-        if model not in self._pool.models:
+        if model not in self._pool.models and model not in self._scalable:
             raise ModelNotFound(model, self.names())
         directories = self._pool.model_dirs(model)
+        if not directories and model in self._scalable:  # no worker yet: the configured directory
+            directories = [self._scalable[model]]
         if not directories:
             served = ServedModel(model, self.default.tokenizer)
         else:

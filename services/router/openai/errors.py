@@ -1,7 +1,8 @@
 """Every failure as an OpenAI error body `{"error": {"message", "type", "param", "code"}}`.
 
 The status comes from the shared taxonomy (`shared.errors.HTTP_STATUS`): bad input 400,
-unknown model 404, every worker's queue full 429 (with `Retry-After`), no worker 503,
+unknown model 404, every worker's queue full 429 (with `Retry-After`), no worker 503 (with
+`Retry-After` for a scalable model whose worker did not start in time),
 worker failures 502/504; a framework error (405, with its `Allow`) keeps its status and
 headers. Request validation (invalid
 JSON, missing or wrong-typed fields) is a 400 naming the field, not FastAPI's 422.
@@ -20,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from services.router.openai.protocol import ErrorInfo, ErrorResponse
-from shared.errors import ErrorCode, InvalidArgument, NotFound, Overloaded, TandemError
+from shared.errors import ErrorCode, InvalidArgument, NotFound, Overloaded, TandemError, Unavailable
 
 log = logging.getLogger(__name__)
 _E = TypeVar("_E", bound=Exception)
@@ -44,6 +45,15 @@ class TooManyRequests(Overloaded):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.api_code = api_code
+
+
+class NoWorkerYet(Unavailable):
+    """A scalable model's request waited for a worker to start and none came in time, or too
+    many of its requests wait already: 503, and the client should retry after `retry_after_s`."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ModelNotFound(NotFound):
@@ -124,7 +134,7 @@ def validation_message(error: RequestValidationError) -> tuple[str, str | None]:
 
 
 def tandem_error_response(error: TandemError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, TooManyRequests) else None
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, TooManyRequests | NoWorkerYet) else None
     return error_response(error.http_status, error_info(error), headers)
 
 

@@ -1,0 +1,77 @@
+"""Asking the orchestrator for a worker of a scalable model (adapter): a `WakeModel` request
+on `orchestrator.wake`, sent in the background, its `CommandOutcome` logged and kept.
+
+The dispatcher calls `wake(model)` when it holds a request that no worker can take
+(`services.router.routing.cold_start` says when); the held requests themselves wait on the
+worker pool's membership, not on this answer. The orchestrator's refusal (a model it does not
+start, no launcher, the worker budget) is kept as `refusal(model)`: the held requests, woken
+by the answer (`wait_for_answer`), get a 503 with `Retry-After` naming it at once, since no
+worker is coming; the next answer that is not a refusal clears it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from shared.bus import Bus
+from shared.codec import Codec, MalformedCounter, encode
+from shared.schemas.orchestrator import CommandOutcome, WakeModel
+from shared.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+
+class ModelWaker:
+    def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *, timeout_s: float) -> None:
+        self._bus = bus
+        self._subject = subjects.orchestrator_wake
+        self._outcomes: Codec[CommandOutcome] = Codec(CommandOutcome, malformed)
+        self._timeout_s = timeout_s  # the worker's start and registration, bounded by the hold
+        self._asking: set[asyncio.Task[None]] = set()
+        self._refusals: dict[str, str] = {}
+        self._answered = asyncio.Event()  # set (and replaced) at each answer
+        self.asked = 0  # wake requests sent
+
+    def wake(self, model: str) -> None:
+        self.asked += 1
+        task = asyncio.create_task(self._ask(model), name=f"wake:{model}")
+        self._asking.add(task)
+        task.add_done_callback(self._asking.discard)
+
+    async def wait_for_answer(self, timeout_s: float) -> None:
+        """Return when the orchestrator answers a wake, or after `timeout_s`."""
+        try:
+            await asyncio.wait_for(self._answered.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def refusal(self, model: str) -> str:
+        """Why the orchestrator would not start a worker of `model`, by its last answer ("": none)."""
+        return self._refusals.get(model, "")
+
+    async def _ask(self, model: str) -> None:
+        log.info("no worker serves model %s: asking the orchestrator to start one", model)
+        try:
+            reply = await self._bus.client.request(self._subject, encode(WakeModel(model=model)),
+                                                   timeout=self._timeout_s)
+        except Exception as error:  # no orchestrator, a timeout: the held requests wait on membership anyway
+            log.warning("asking for a worker of model %s: %s %s", model, type(error).__name__, error)
+            return
+        outcome = self._outcomes.decode_or_none(reply.data, self._subject)
+        if outcome is None:
+            return
+        if outcome.outcome == "refused":
+            self._refusals[model] = outcome.reason
+            log.warning("the orchestrator will not start a worker of model %s: %s", model, outcome.reason)
+        else:
+            self._refusals.pop(model, None)
+            log.info("worker of model %s: %s (%s)", model, outcome.outcome, outcome.reason.splitlines()[0]
+                     if outcome.reason else "")
+        self._answered.set()
+        self._answered = asyncio.Event()
+
+    async def stop(self) -> None:
+        for task in self._asking:
+            task.cancel()
+        await asyncio.gather(*self._asking, return_exceptions=True)

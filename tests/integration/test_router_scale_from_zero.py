@@ -1,0 +1,158 @@
+"""The router holding a scalable model's requests while it has no worker, against a real
+nats-server and real sim workers, with the orchestrator's side of `orchestrator.wake` played
+by the test: held requests are answered once the worker the wake asked for registers (one
+wake for all of them), as is one refused by a worker that began its idle drain; past the queue bound a request is a 503 with `Retry-After` at once;
+the orchestrator's refusal ends the hold at once; with nobody to answer, the hold ends at its
+deadline, a 503 with `Retry-After`, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+from nats.aio.msg import Msg
+
+from services.router.config import ScaleFromZeroConfig
+from shared.bus import Bus
+from shared.codec import Codec, encode
+from shared.config import BusConfig
+from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand, WakeModel
+from tests.integration.router_cluster import (
+    DEADLINE_S,
+    Router,
+    SimWorker,
+    metrics_text,
+    router_config,
+    running_router,
+    wait_for_workers,
+)
+from tests.waiting import wait_for
+
+MODEL = "cold"
+_commands: Codec[OrchestratorCommand] = Codec(OrchestratorCommand)
+
+
+class FakeOrchestrator:
+    """Answers wakes on `orchestrator.wake`: starts a worker of the model once `gate` is set,
+    or refuses with `refusal`."""
+
+    def __init__(self, bus: Bus, bus_config: BusConfig, start: Callable[[], Awaitable[SimWorker]],
+                 refusal: str = "") -> None:
+        self.bus, self.subject, self.start, self.refusal = bus, bus_config.subjects.orchestrator_wake, start, refusal
+        self.wakes: list[WakeModel] = []
+        self.gate = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subscription = None
+
+    async def __aenter__(self) -> FakeOrchestrator:
+        self._subscription = await self.bus.client.subscribe(self.subject, cb=self._on_wake)
+        await self.bus.client.flush()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._subscription.unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _on_wake(self, msg: Msg) -> None:
+        command = _commands.decode(msg.data)
+        assert isinstance(command, WakeModel)
+        self.wakes.append(command)
+        task = asyncio.create_task(self._answer(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, msg: Msg) -> None:
+        if self.refusal:
+            outcome = CommandOutcome(outcome="refused", reason=self.refusal)
+        else:
+            await self.gate.wait()
+            worker = await self.start()
+            outcome = CommandOutcome(outcome="ok", worker_id=worker.worker_id, reason="started and registered")
+        await self.bus.client.publish(msg.reply, encode(outcome))
+
+
+@pytest.fixture
+async def cold_router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]:
+    scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}",), hold_s=20.0, max_held=3)
+    async with running_router(router_config(bus_config, model_dir, scale_from_zero=scale)) as router:
+        yield router
+
+
+def held(text: str) -> float:
+    line = next(line for line in text.splitlines() if line.startswith("tandem_router_held_requests "))
+    return float(line.split()[1])
+
+
+async def complete(http: httpx.AsyncClient, seed: int) -> httpx.Response:
+    prompt = [3 + (seed * 31 + i * 7) % 500 for i in range(20)]
+    return await http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4,
+                                                    "ignore_eos": True})
+
+
+async def test_held_requests_are_answered_once_the_woken_worker_registers_and_the_queue_is_bounded(
+        cold_router: Router, bus: Bus, bus_config: BusConfig, start_worker) -> None:
+    router = cold_router
+    models = [card["id"] for card in (await router.http.get("/v1/models")).json()["data"]]
+    assert MODEL in models, models
+    async with FakeOrchestrator(bus, bus_config, lambda: start_worker("cold-1", served_model_name=MODEL)) as fake:
+        requests = [asyncio.create_task(complete(router.http, seed)) for seed in range(3)]
+
+        async def three_held() -> bool:
+            return held(await metrics_text(router)) == 3
+
+        await wait_for(three_held, DEADLINE_S, "three requests held")
+        started = time.monotonic()
+        over = await complete(router.http, 9)
+        assert over.status_code == 503 and int(over.headers["Retry-After"]) >= 1, over.text
+        assert "already wait for a worker" in over.json()["error"]["message"]
+        assert time.monotonic() - started < DEADLINE_S  # refused at once, not held
+        assert [wake.model for wake in fake.wakes] == [MODEL]  # one ask for every held request
+
+        fake.gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*requests), DEADLINE_S * 2)
+        assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
+        assert all(answer.json()["usage"]["completion_tokens"] == 4 for answer in answers)
+        assert held(await metrics_text(router)) == 0
+        assert len(fake.wakes) == 1
+
+
+async def test_a_request_refused_by_a_worker_beginning_its_idle_drain_is_held_again(
+        cold_router: Router, bus: Bus, bus_config: BusConfig, start_worker) -> None:
+    draining = await start_worker("cold-draining", served_model_name=MODEL, refuse=True)
+    await wait_for_workers(cold_router, 1)
+    async with FakeOrchestrator(bus, bus_config, lambda: start_worker("cold-2", served_model_name=MODEL)) as fake:
+        fake.gate.set()
+        answer = await asyncio.wait_for(complete(cold_router.http, 5), DEADLINE_S * 2)
+    assert answer.status_code == 200, answer.text
+    assert len(draining.requests) == 1 and [wake.model for wake in fake.wakes] == [MODEL]
+
+
+async def test_the_orchestrators_refusal_ends_the_hold_at_once(cold_router: Router, bus: Bus, bus_config: BusConfig,
+                                                              start_worker) -> None:
+    async with FakeOrchestrator(bus, bus_config, lambda: start_worker("never"), refusal="no worker launcher"):
+        started = time.monotonic()
+        answer = await complete(cold_router.http, 1)
+    assert answer.status_code == 503 and int(answer.headers["Retry-After"]) >= 1, answer.text
+    assert "no worker launcher" in answer.json()["error"]["message"]
+    assert time.monotonic() - started < DEADLINE_S  # well before the 20 s hold
+
+
+async def test_with_no_orchestrator_the_hold_ends_at_its_deadline(bus_config: BusConfig, model_dir: str) -> None:
+    scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}",), hold_s=1.0)
+    async with running_router(router_config(bus_config, model_dir, scale_from_zero=scale)) as router:
+        started = time.monotonic()
+        answer = await complete(router.http, 2)
+        waited = time.monotonic() - started
+    assert answer.status_code == 503 and int(answer.headers["Retry-After"]) >= 1, answer.text
+    assert "started within 1s" in answer.json()["error"]["message"]
+    assert 1.0 <= waited < DEADLINE_S
+
+
+async def test_without_scale_from_zero_an_unserved_model_is_a_404(router: Router) -> None:
+    answer = await router.http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert answer.status_code == 404  # not served: no worker registers it and it is not listed
