@@ -32,6 +32,7 @@ from services.router.routing.cost import (
     prefill_cost,
     prefix_is_hot,
     share_cap,
+    tier_load_cost,
 )
 from services.router.routing.eligibility import Eligible
 from services.router.routing.placement.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
@@ -92,7 +93,9 @@ class Candidates:
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
         if plan is None:
-            plan = plan_prefill(worker, self.request.prompt_tokens, self.request.cached_tokens, self._holders)
+            request = self.request
+            plan = plan_prefill(worker, request.prompt_tokens, request.cached_tokens, self._holders,
+                                tier_load_cost(self.routing, request.tier_tokens.get(worker.worker_id)))
             self._plans[worker.worker_id] = plan
         return plan
 
