@@ -149,3 +149,20 @@ def test_step_duration_charges_loaded_tokens_below_their_prefill_cost() -> None:
     default = TimingProfile(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0, decode_ms_per_seq=0.1)
     assert 0 < default.host_load_ms < default.prefill_ms_per_token
     assert BlockStored(block_hashes=[], parent_block_hash=None, block_size=BS).tier == "device"
+
+
+def test_a_block_computed_again_replaces_its_host_copy_removed_then_stored() -> None:
+    blocks = BlockManager(1, BS, host_blocks=2)
+    text = tokens(BS, 10)
+    hashes = cache_and_release(blocks, text)
+    assert blocks.allocate(1) is not None  # `hashes` moves to the host tier; the device tier is full
+    blocks.take_events()
+    blocks.free([0])
+    ids = blocks.allocate(1)
+    assert ids is not None
+    blocks.commit(ids, hashes, text, None)  # computed again instead of loaded
+    events = blocks.take_events()
+    assert events[-2:] == [BlockRemoved(block_hashes=hashes),
+                           BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=text, block_size=BS,
+                                       chain_hashes=hashes)]
+    assert not blocks.in_host(hashes[0]) and blocks.lookup(hashes) == ids
