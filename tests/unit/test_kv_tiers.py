@@ -159,3 +159,15 @@ def test_the_load_weight_is_the_measured_ratio_of_a_load_to_a_prefill() -> None:
         host_load_weight(0.0, 0.01)
 
 
+
+
+def test_a_host_tier_hit_takes_first_tier_room_like_computed_tokens() -> None:
+    from services.router.routing.cost import Holders, plan_prefill
+
+    routing = RoutingConfig(host_load_weight=0.2, eviction_weight=0.5)
+    full = worker_view("w", kv_capacity_tokens=2048, reported_free_kv_tokens=0)
+    plan = plan_prefill(full, 1100, {"w": 1024}, Holders([], {}), {"host": 1024}, routing)
+    assert (plan.loaded_tokens, plan.load_cost, plan.uncached_tokens) == (1024, pytest.approx(204.8), 76)
+    device_plan = plan_prefill(full, 1100, {"w": 1024}, Holders([], {}))
+    # loading evicts 1024 more tokens from the full first tier than a first-tier hit does
+    assert prefill_cost(routing, plan, full) - prefill_cost(routing, device_plan, full) == pytest.approx(204.8 + 512)

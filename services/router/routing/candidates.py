@@ -32,7 +32,6 @@ from services.router.routing.cost import (
     prefill_cost,
     prefix_is_hot,
     share_cap,
-    tier_load_cost,
 )
 from services.router.routing.eligibility import Eligible
 from services.router.routing.placement.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
@@ -95,7 +94,7 @@ class Candidates:
         if plan is None:
             request = self.request
             plan = plan_prefill(worker, request.prompt_tokens, request.cached_tokens, self._holders,
-                                tier_load_cost(self.routing, request.tier_tokens.get(worker.worker_id)))
+                                request.tier_tokens.get(worker.worker_id), self.routing)
             self._plans[worker.worker_id] = plan
         return plan
 
@@ -270,7 +269,7 @@ class Candidates:
 
     def _has_room(self, part: Single) -> bool:
         free = part.worker.free_kv_tokens
-        return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
+        return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens + part.plan.loaded_tokens
 
     def leaves(self, parts: Sequence[Single]) -> str | None:
         """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC,

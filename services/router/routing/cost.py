@@ -45,7 +45,8 @@ What the terms buy, together:
 *Tiers.* A cached token a worker keeps in a slower KV tier (`tier_load_cost`: host memory,
 loaded back at `host_load_weight`, the measured ratio of a load to a prefill per token;
 disk, which no engine reports yet, at the full prefill weight) counts less than one in its
-first tier and more than a miss. With `kv_tier_aware` off the router is tier-blind: such
+first tier and more than a miss; loaded, those tokens take room in the first tier like
+computed ones (`PrefillPlan.loaded_tokens`, in the eviction cost). With `kv_tier_aware` off the router is tier-blind: such
 tokens never reach the cost model (`kv.model_kv.tiered_prefix` ends the prefix there).
 
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
@@ -75,6 +76,7 @@ class PrefillPlan:
     holder_id: str | None
     uncached_tokens: int  # tokens it computes itself
     load_cost: float = 0.0  # loading its cached tokens that sit outside its first KV tier
+    loaded_tokens: int = 0  # ... those tokens: loaded, they take room in its first tier like computed ones
 
     def __post_init__(self) -> None:
         assert (self.holder_id is None) == (self.pulled_tokens == 0), self
@@ -104,14 +106,18 @@ class Holders:
 
 
 def plan_prefill(worker: WorkerView, prompt_tokens: int, cached_tokens: Mapping[str, int],
-                 holders: Holders, load_cost: float = 0.0) -> PrefillPlan:
-    """`load_cost`: what loading the worker's own cached tokens from slower tiers costs."""
+                 holders: Holders, tier_tokens: Mapping[str, int] | None = None,
+                 routing: RoutingConfig | None = None) -> PrefillPlan:
+    """`tier_tokens`: the worker's own cached tokens outside its first tier, per tier, whose
+    load `routing` prices (`tier_load_cost`)."""
     own = min(cached_tokens.get(worker.worker_id, 0), prompt_tokens)
     held, holder_id = holders.best_for(worker)
     held = min(held, prompt_tokens)
+    load_cost = tier_load_cost(routing, tier_tokens) if routing is not None else 0.0
+    loaded = min(own, sum(tier_tokens.values())) if tier_tokens else 0
     if held <= own:
-        return PrefillPlan(worker.worker_id, own, 0, None, prompt_tokens - own, load_cost)
-    return PrefillPlan(worker.worker_id, own, held - own, holder_id, prompt_tokens - held, load_cost)
+        return PrefillPlan(worker.worker_id, own, 0, None, prompt_tokens - own, load_cost, loaded)
+    return PrefillPlan(worker.worker_id, own, held - own, holder_id, prompt_tokens - held, load_cost, loaded)
 
 
 def tier_load_cost(routing: RoutingConfig, tier_tokens: Mapping[str, int] | None) -> float:
@@ -215,7 +221,7 @@ def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerVie
                  victim_value: float = 1.0) -> float:
     """The computing worker's part of a flow's cost; `victim_value`: the weight of what its
     full cache would evict (`recency.victim_values`)."""
-    new_tokens = plan.pulled_tokens + plan.uncached_tokens
+    new_tokens = plan.pulled_tokens + plan.uncached_tokens + plan.loaded_tokens
     return (routing.prefill_weight * plan.uncached_tokens + plan.load_cost + pull_cost(routing, plan.pulled_tokens)
             + eviction_cost(routing, new_tokens, computing.free_kv_tokens, victim_value)
             + routing.queue_weight * computing.predicted_prefill_tokens)
