@@ -261,10 +261,11 @@ DEFAULT_SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("half-unique", tenants=8, prefix_tokens=1024, unique_share=0.5, kv_pressure=0.5, load=0.7),
     SweepPoint("bursts", tenants=8, prefix_tokens=1024, kv_pressure=0.7, arrivals="onoff"),
 )
-# KV tiers: the hot prefixes need more than the cluster's device KV (a small first tier forced),
-# each worker keeps twice its pool in host memory; run with the kv-aware and kv-tier-blind arms
+# KV tiers: the hot prefixes need twice the cluster's device KV (a small first tier forced), each
+# worker keeps three times its pool in host memory; run with the kv-aware and kv-tier-blind arms
+# (bench/results/kv-tiers-sim.md)
 TIER_SWEEP: tuple[SweepPoint, ...] = (
-    SweepPoint("tiered", tenants=12, prefix_tokens=1024, zipf=0.8, kv_pressure=2.0, host_tier=2.0),
+    SweepPoint("tiered", tenants=32, prefix_tokens=512, zipf=0.8, kv_pressure=2.0, host_tier=3.0, load=0.6),
 )
 QUICK_SWEEP: tuple[SweepPoint, ...] = tuple(point for point in DEFAULT_SWEEP
                                             if point.name in ("few-large", "many-small", "multi-turn"))
