@@ -35,7 +35,6 @@ from shared.schemas.common import Message
 
 KvTier = Literal["device", "host", "disk"]  # fastest first
 DEVICE_TIER: KvTier = "device"
-KV_TIERS: tuple[KvTier, ...] = ("device", "host", "disk")
 
 
 class BlockStored(msgspec.Struct, tag="stored", kw_only=True):
