@@ -171,3 +171,23 @@ def test_a_host_tier_hit_takes_first_tier_room_like_computed_tokens() -> None:
     device_plan = plan_prefill(full, 1100, {"w": 1024}, Holders([], {}))
     # loading evicts 1024 more tokens from the full first tier than a first-tier hit does
     assert prefill_cost(routing, plan, full) - prefill_cost(routing, device_plan, full) == pytest.approx(204.8 + 512)
+
+
+def test_events_from_a_worker_without_tiers_decode_as_first_tier_blocks() -> None:
+    import msgspec
+
+    from shared.schemas.kv_events import KvEvent, KvEventWithoutTokens
+
+    class OldStored(msgspec.Struct, tag="stored", kw_only=True):  # the event before tiers
+        block_hashes: list[int]
+        parent_block_hash: int | None
+        token_ids: list[int] = []
+        block_size: int
+        chain_hashes: list[int] | None = None
+
+    wire = msgspec.msgpack.encode(OldStored(block_hashes=CHAIN[:1], parent_block_hash=None,
+                                            token_ids=PROMPT[:BLOCK], block_size=BLOCK, chain_hashes=CHAIN[:1]))
+    assert msgspec.msgpack.decode(wire, type=KvEvent).tier == "device"
+    assert msgspec.msgpack.decode(wire, type=KvEventWithoutTokens).tier == "device"
+    moved = msgspec.msgpack.encode(BlocksMoved(block_hashes=CHAIN[:1], tier="host"))
+    assert msgspec.msgpack.decode(moved, type=KvEventWithoutTokens) == BlocksMoved(block_hashes=CHAIN[:1], tier="host")
