@@ -219,6 +219,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     model_version: Annotated[str, flag("Model version (rolling upgrades): pairs only equal ones.")] = ""
     block_size: Annotated[int, flag("KV block size in tokens.")] = 16
     kv_blocks: Annotated[int, flag("KV blocks in the engine's cache.")] = 1024
+    kv_host_blocks: Annotated[int, flag(
+        "KV blocks in a host-memory tier behind the engine's cache (sim): blocks evicted from the cache move there "
+        "and are loaded back on a hit. 0: no host tier.")] = 0
     max_num_seqs: Annotated[int, flag("Batching: most requests running at once.")] = 64
     max_num_batched_tokens: Annotated[int, flag("Batching: most tokens in one engine step.")] = 512
     max_model_len: Annotated[int, flag("Longest request (prompt and answer) in tokens.")] = 2048
@@ -256,6 +259,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         check_token(self.worker_id, "worker id")
         require(self.block_size > 0, "block size must be positive")
         require(self.kv_blocks > 0, "kv_blocks must be positive")
+        require(self.kv_host_blocks >= 0, "kv_host_blocks must not be negative")
         require(self.max_num_seqs > 0, "max_num_seqs must be positive")
         require(self.max_num_batched_tokens >= self.block_size,
                 "max_num_batched_tokens must be at least one block")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.schemas.kv_events import BlockRemoved, BlockStored, KvEvent
+from shared.schemas.kv_events import BlockRemoved, BlocksMoved, BlockStored, KvEvent
 
 _encoder = msgspec.msgpack.Encoder()
 
@@ -53,6 +53,10 @@ def _cut(event: KvEvent, max_bytes: int) -> list[KvEvent]:
         step = _per_part(len(event.block_hashes), size, max_bytes)
         return [BlockRemoved(block_hashes=event.block_hashes[start:start + step])
                 for start in range(0, len(event.block_hashes), step)]
+    if isinstance(event, BlocksMoved):
+        step = _per_part(len(event.block_hashes), size, max_bytes)
+        return [BlocksMoved(block_hashes=event.block_hashes[start:start + step], tier=event.tier)
+                for start in range(0, len(event.block_hashes), step)]
     return [event]  # AllBlocksCleared: a few bytes
 
 
@@ -69,6 +73,7 @@ def _cut_stored(event: BlockStored, step: int) -> list[KvEvent]:
             block_hashes=event.block_hashes[start:end], parent_block_hash=parent,
             token_ids=event.token_ids[start * block_size:end * block_size] if event.token_ids else [],
             block_size=block_size,
-            chain_hashes=event.chain_hashes[start:end] if event.chain_hashes is not None else None))
+            chain_hashes=event.chain_hashes[start:end] if event.chain_hashes is not None else None,
+            tier=event.tier))
         parent = event.block_hashes[end - 1]
     return pieces

@@ -20,14 +20,18 @@ from typing import Protocol
 
 from bench.routing.oracle import Oracle
 from bench.routing.workloads import EngineShape
+from services.router.routing.calibration import host_load_weight
 
 PIN_HEADER = "X-Tandem-Worker"
 LEARN_PER_GROUP = 4  # oracle-learned: requests per tenant counted before it places them by share
 
 
 def kv_aware_settings(shape: EngineShape) -> dict:
-    """Tandem's kv-aware router settings for workers of `shape` (calibrated weights go here)."""
-    return {"routing_policy": "kv-aware"}
+    """Tandem's kv-aware router settings for workers of `shape` (calibrated weights go here):
+    a host-tier hit's load weighed by the sim profile's own load and prefill times."""
+    profile = shape.profile
+    return {"routing_policy": "kv-aware",
+            "host_load_weight": host_load_weight(profile.prefill_ms_per_token, profile.host_load_ms)}
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ def arms(shape: EngineShape, kv_overrides: Mapping[str, object] | None = None) -
         Arm("kv-aware-greedy", "tandem", {**kv_aware_settings(shape), **(kv_overrides or {}),
                                           "bounded_affinity": False, "cold_victims": False},
             baseline="round-robin-plain"),
+        # kv-aware with an index that knows one KV tier: a block outside it counts as gone
+        Arm("kv-tier-blind", "tandem", {**kv_aware_settings(shape), **(kv_overrides or {}), "kv_tier_aware": False},
+            baseline="kv-aware"),
         Arm("round-robin-plain", "tandem", {"routing_policy": "round-robin", "prefix_pull": False}),
         Arm("round-robin-pull", "tandem", {"routing_policy": "round-robin"}, baseline="round-robin-plain"),
         Arm("oracle", "tandem", {"routing_policy": "pinned"}, oracle=True, baseline="round-robin-plain"),

@@ -46,6 +46,7 @@ class SweepPoint:
     burst_on_s: float = 1.0  # onoff: wall seconds of arrivals, then burst_off_s of none
     burst_off_s: float = 1.0
     batch_size: int = 8  # batch: requests that arrive at the same instant
+    host_tier: float = 0.0  # > 0: each worker keeps a host-memory KV tier this many times its KV pool
 
     def check(self, max_model_len: int) -> None:
         """Raise ValueError on a point that cannot run."""
@@ -59,6 +60,8 @@ class SweepPoint:
             raise ValueError(f"point {self.name}: single-turn points need tenants")
         if not 0 <= self.unique_share <= 1 or self.zipf < 0 or self.kv_pressure <= 0 or self.load <= 0:
             raise ValueError(f"point {self.name}: unique_share in [0, 1], zipf >= 0, kv_pressure and load > 0")
+        if self.host_tier < 0:
+            raise ValueError(f"point {self.name}: host_tier must not be negative")
         longest = self.prompt_tokens(self.turns - 1) + self.query_tokens // 2 + self.max_tokens
         if longest > max_model_len:
             raise ValueError(f"point {self.name}: the longest request needs {longest} tokens; "
@@ -106,6 +109,7 @@ class PointSizing:
     live_prefix_tokens: float  # the shared-prefix tokens that kv_pressure sizes against
     live_conversations: float  # conversations under way at once (0 if single-turn)
     conversation_tokens: int  # a conversation's context at its last answer (0 if single-turn)
+    kv_host_blocks: int = 0  # per worker, in its host-memory tier (0: none)
 
 
 def _cycle_s(point: SweepPoint, shape: EngineShape) -> float:
@@ -131,7 +135,8 @@ def size_point(point: SweepPoint, shape: EngineShape) -> PointSizing:
     blocks = shape.kv_blocks_for(live, point.kv_pressure)
     return PointSizing(kv_blocks=blocks, kv_tokens_per_worker=blocks * shape.block_size, rate_rps=rate,
                        session_rate=session_rate, users=users, cycle_s=cycle, live_prefix_tokens=live,
-                       live_conversations=conversations, conversation_tokens=conversation)
+                       live_conversations=conversations, conversation_tokens=conversation,
+                       kv_host_blocks=round(blocks * point.host_tier))
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,13 +261,19 @@ DEFAULT_SWEEP: tuple[SweepPoint, ...] = (
     SweepPoint("half-unique", tenants=8, prefix_tokens=1024, unique_share=0.5, kv_pressure=0.5, load=0.7),
     SweepPoint("bursts", tenants=8, prefix_tokens=1024, kv_pressure=0.7, arrivals="onoff"),
 )
+# KV tiers: the hot prefixes need twice the cluster's device KV (a small first tier forced), each
+# worker keeps three times its pool in host memory; run with the kv-aware and kv-tier-blind arms
+# (bench/results/kv-tiers-sim.md)
+TIER_SWEEP: tuple[SweepPoint, ...] = (
+    SweepPoint("tiered", tenants=32, prefix_tokens=512, zipf=0.8, kv_pressure=2.0, host_tier=3.0, load=0.6),
+)
 QUICK_SWEEP: tuple[SweepPoint, ...] = tuple(point for point in DEFAULT_SWEEP
                                             if point.name in ("few-large", "many-small", "multi-turn"))
 DEFAULT_DURATION_S = 10.0
 QUICK_DURATION_S = 6.0
 
 
-def points_named(names: list[str], points: tuple[SweepPoint, ...] = DEFAULT_SWEEP) -> list[SweepPoint]:
+def points_named(names: list[str], points: tuple[SweepPoint, ...] = DEFAULT_SWEEP + TIER_SWEEP) -> list[SweepPoint]:
     known = {point.name: point for point in points}
     unknown = [name for name in names if name not in known]
     if unknown:

@@ -62,10 +62,23 @@ def verdict(point: SweepPoint, rows: Mapping[str, Mapping]) -> dict:
                                     "pass": None if tandem is None or dynamo is None else tandem >= dynamo}
     outcomes = [check["pass"] for check in checks.values()]
     checks["pass"] = None if None in outcomes else all(outcomes)
+    if "kv-tier-blind" in rows:
+        checks["tiers_vs_blind"] = tier_check(kv, rows["kv-tier-blind"])
     learned_p90 = _figure(rows.get("oracle-learned"), "ttft_p90_ms")
     if kv_p90 is not None and learned_p90:
         checks["p90_vs_learned_oracle"] = {"ratio": round(kv_p90 / learned_p90, 3)}
     return checks
+
+
+def tier_check(aware: Mapping | None, blind: Mapping | None) -> dict:
+    """Tier-aware routing (kv-aware) against tier-blind on the same tiered workers: it passes
+    with a higher cached share and a lower P90 TTFT."""
+    aware_share, blind_share = _figure(aware, "cached_share"), _figure(blind, "cached_share")
+    aware_p90, blind_p90 = _figure(aware, "ttft_p90_ms"), _figure(blind, "ttft_p90_ms")
+    known = None not in (aware_share, blind_share, aware_p90, blind_p90)
+    return {"aware_cached_share": aware_share, "blind_cached_share": blind_share, "aware_p90_ms": aware_p90,
+            "blind_p90_ms": blind_p90, "p90_ratio": _ratio(aware_p90, blind_p90),
+            "pass": (aware_share > blind_share and aware_p90 < blind_p90) if known else None}
 
 
 def _gain(arm: Mapping | None, baseline: Mapping | None) -> float | None:
@@ -91,6 +104,7 @@ _REPEATED_CHECKS: dict[str, tuple[Callable[[Mapping], float | None], Callable[[f
     "cached_share_vs_oracle": (lambda check: check["relative_gap"], lambda value, check: value <= check["limit"]),
     "gain_vs_dynamo": (lambda check: _ratio(check["tandem_gain"], check["dynamo_gain"]),
                        lambda value, check: value >= 1.0),
+    "tiers_vs_blind": (lambda check: check["p90_ratio"], lambda value, check: value < 1.0),
 }
 
 

@@ -37,6 +37,7 @@ from bench.routing.family import (
     DEFAULT_SWEEP,
     QUICK_DURATION_S,
     QUICK_SWEEP,
+    TIER_SWEEP,
     PointSizing,
     SweepPoint,
     points_named,
@@ -103,9 +104,10 @@ def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm,
         return {**row, "error": f"no launcher for system {arm.system!r}"}
     shape = setup.shape
     offered = (f"{sizing.users} users" if point.closed_loop else f"{sizing.rate_rps:.1f} req/s")
-    progress(f"{point.name} / {arm.name}{f' / repeat {repeat}' if setup.repeats > 1 else ''}: {shape.workers} workers x {sizing.kv_blocks} KV blocks, {offered} "
+    host = f" (+{sizing.kv_host_blocks} in host memory)" if sizing.kv_host_blocks else ""
+    progress(f"{point.name} / {arm.name}{f' / repeat {repeat}' if setup.repeats > 1 else ''}: {shape.workers} workers x {sizing.kv_blocks} KV blocks{host}, {offered} "
              f"for {setup.duration_s:g}s ({json.dumps(arm.settings)})")
-    spec = LaunchSpec(label=label, arm=arm, shape=shape, kv_blocks=sizing.kv_blocks,
+    spec = LaunchSpec(label=label, arm=arm, shape=shape, kv_blocks=sizing.kv_blocks, kv_host_blocks=sizing.kv_host_blocks,
                       model_dir=setup.model_dir, worker_settings=setup.worker_settings,
                       log_dir=setup.log_root / label)
     run = PointRun(point=point, shape=shape, sizing=sizing, vocab_size=setup.vocab_size, seed=setup.seed,
@@ -127,7 +129,8 @@ def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm,
              f"cached {figures.get('cached_share')} (pulled {figures.get('pulled_share')}), "
              f"evicted {figures.get('evicted_blocks')}, errors {figures['errors']}")
     return {**row, **figures, "offered_rps": round(sizing.rate_rps, 2), "users": sizing.users,
-            "kv_blocks_per_worker": sizing.kv_blocks}
+            "kv_blocks_per_worker": sizing.kv_blocks,
+            **({"kv_host_blocks_per_worker": sizing.kv_host_blocks} if sizing.kv_host_blocks else {})}
 
 
 def run_sweep(setup: SweepSetup, points: Sequence[SweepPoint], arm_names: Sequence[str],
@@ -209,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     family = QUICK_SWEEP if args.quick else DEFAULT_SWEEP
     try:
-        points = points_named(parse_names(args.points, [p.name for p in DEFAULT_SWEEP], "point")) if args.points else family
+        names = [point.name for point in DEFAULT_SWEEP + TIER_SWEEP]
+        points = points_named(parse_names(args.points, names, "point")) if args.points else family
     except ValueError as error:
         raise SystemExit(f"bench_routing: {error}") from error
     shape = EngineShape(workers=args.workers, block_size=16, max_num_batched_tokens=512, max_model_len=2048,

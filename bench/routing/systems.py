@@ -57,6 +57,7 @@ class LaunchSpec:
     model_dir: str
     worker_settings: Settings  # worker options besides kv_blocks and sim_speedup
     log_dir: Path
+    kv_host_blocks: int = 0  # per worker, in a host-memory tier behind its pool (0: none)
 
 
 Launcher = Callable[[LaunchSpec], AbstractContextManager[System]]
@@ -85,7 +86,8 @@ def local_stack(spec: LaunchSpec) -> Iterator[System]:
     shutil.rmtree(spec.log_dir, ignore_errors=True)
     workers = WorkerGroup(name="worker", role=WorkerRole.BOTH, count=shape.workers, engine="sim",
                           settings={**spec.worker_settings, "kv_blocks": spec.kv_blocks,
-                                    "sim_speedup": shape.sim_speedup})
+                                    "sim_speedup": shape.sim_speedup,
+                                    **({"kv_host_blocks": spec.kv_host_blocks} if spec.kv_host_blocks else {})})
     definition = StackDefinition(name=spec.label, model_dir=spec.model_dir, workers=(workers,),
                                  membership=Membership(heartbeat_interval_s=0.5, ttl_s=5.0),
                                  router=HttpService(port=0, health="/health", settings=spec.arm.settings),

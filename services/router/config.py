@@ -70,6 +70,15 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     cold_victims: Annotated[bool, flag(
         "On full caches, weigh the eviction cost by how recently each worker's least recently used prefix was "
         "routed (off, the default: every full cache weighs the same).")] = False
+    # `routing.cost.tier_load_cost`: the measured ratio for the engine (`routing.calibration`);
+    # the default is the sim's default profile's (`services/worker/sim/profile.py`)
+    host_load_weight: Annotated[float, flag(
+        "Cost model: per cached prompt token a worker holds in its host-memory KV tier (loaded back on a hit): "
+        "load time / prefill time per token (`routing/calibration.py`).")] = 0.2
+    kv_tier_aware: Annotated[bool, flag(
+        "Credit a cached block by its KV tier: a block in a worker's host-memory tier costs its load "
+        "(--host-load-weight), one on disk as much as computing it (off: a block outside the first tier counts "
+        "as not cached, as with a one-tier index).")] = True
     prefix_pull: Annotated[bool, flag(
         "Let a worker pull a cached prompt prefix from another worker instead of computing it (off: a plain "
         "baseline for benchmarks).")] = True
@@ -112,7 +121,8 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
-                     "decode_weight", "request_overhead_tokens", "hot_load_factor", "home_slack_tokens"):
+                     "decode_weight", "request_overhead_tokens", "hot_load_factor", "home_slack_tokens",
+                     "host_load_weight"):
             require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         require(self.replica_share_slack is None or self.replica_share_slack >= 0,
                 "routing replica_share_slack must not be negative")

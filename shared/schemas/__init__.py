@@ -46,6 +46,7 @@ from shared.schemas.generate import (
 from shared.schemas.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
+    BlocksMoved,
     BlockStored,
     KvEvent,
     KvEventBatch,
@@ -100,6 +101,7 @@ __all__ = [
     "Accepted",
     "AllBlocksCleared",
     "BlockRemoved",
+    "BlocksMoved",
     "BlockStored",
     "Cancel",
     "ControlMessage",

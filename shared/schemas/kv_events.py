@@ -16,15 +16,25 @@ A consumer that does not read the token ids decodes a batch as `KvEventBatchWith
 the same tags and fields but `token_ids`, which msgspec skips without building an int per
 token (a struct ignores fields it does not declare). Decoding them is most of a batch's cost:
 16 ints per block where the hashes are 2. Its events read as ones sent without token ids.
+
+Tiers. A worker may keep blocks in more than one place: the engine's own KV memory
+(`"device"`, the first tier), then host memory and disk, where a hit costs a load instead of
+a recomputation. `BlockStored.tier` says where stored blocks are; `BlocksMoved` says that
+blocks the worker announced moved to another tier (evicted from the first tier to host
+memory, or loaded back). A block is removed (`BlockRemoved`) only when it leaves every
+tier. Events without a tier (older workers, engines with one tier) mean the first tier.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import msgspec
 
 from shared.schemas.common import Message
+
+KvTier = Literal["device", "host", "disk"]  # fastest first
+DEVICE_TIER: KvTier = "device"
 
 
 class BlockStored(msgspec.Struct, tag="stored", kw_only=True):
@@ -33,6 +43,14 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True):
     token_ids: list[int] = []  # len == len(block_hashes) * block_size, or empty with chain_hashes
     block_size: int
     chain_hashes: list[int] | None = None  # Tandem's chain, one per block (len == len(block_hashes))
+    tier: KvTier = DEVICE_TIER  # where the blocks are
+
+
+class BlocksMoved(msgspec.Struct, tag="moved", kw_only=True):
+    """Announced blocks (engine hashes) now live in `tier`: still cached, at another cost."""
+
+    block_hashes: list[int]
+    tier: KvTier
 
 
 class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True):
@@ -43,7 +61,7 @@ class AllBlocksCleared(msgspec.Struct, tag="cleared", kw_only=True):
     pass
 
 
-KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+KvEvent = BlockStored | BlockRemoved | BlocksMoved | AllBlocksCleared
 
 
 class KvEventBatch(Message, tag="kv_batch", kw_only=True):
@@ -60,10 +78,11 @@ class BlockStoredWithoutTokens(msgspec.Struct, tag="stored", kw_only=True):
     parent_block_hash: int | None
     block_size: int
     chain_hashes: list[int] | None = None
+    tier: KvTier = DEVICE_TIER
     token_ids: ClassVar[tuple[int, ...]] = ()  # not decoded: read as an event sent without them
 
 
-KvEventWithoutTokens = BlockStoredWithoutTokens | BlockRemoved | AllBlocksCleared
+KvEventWithoutTokens = BlockStoredWithoutTokens | BlockRemoved | BlocksMoved | AllBlocksCleared
 
 
 class KvEventBatchWithoutTokens(Message, tag="kv_batch", kw_only=True):

@@ -156,7 +156,10 @@ def test_arms_map_to_router_settings_and_the_oracle_pins_by_header() -> None:
     by_name = arms(SHAPE)
     assert by_name["round-robin-plain"].settings == {"routing_policy": "round-robin", "prefix_pull": False}
     assert by_name["round-robin-pull"].settings == {"routing_policy": "round-robin"}
-    assert by_name["kv-aware"].settings == kv_aware_settings(SHAPE) == {"routing_policy": "kv-aware"}
+    # a host-tier hit weighs the profile's own load / prefill time (the packaged default: a fifth)
+    assert by_name["kv-aware"].settings == kv_aware_settings(SHAPE) == {"routing_policy": "kv-aware",
+                                                                       "host_load_weight": 0.2}
+    assert by_name["kv-tier-blind"].settings == {**kv_aware_settings(SHAPE), "kv_tier_aware": False}
     assert by_name["oracle"].settings == {"routing_policy": "pinned"} and by_name["oracle"].oracle
     learned = by_name["oracle-learned"]
     assert learned.settings == {"routing_policy": "pinned"} and learned.oracle and learned.learn_per_group > 0
@@ -176,3 +179,26 @@ def test_arm_order_rotates_from_point_to_point() -> None:
     names = ["a", "b", "c", "d"]
     assert [rotated(names, index)[0] for index in range(5)] == ["a", "b", "c", "d", "a"]
     assert sorted(rotated(names, 3)) == names and rotated([], 2) == []
+
+
+def test_tier_aware_routing_passes_against_blind_with_more_cached_and_a_lower_p90() -> None:
+    point = SweepPoint("tiered", tenants=12, kv_pressure=2.0, host_tier=2.0)
+    aware = {"ttft_p90_ms": 300.0, "ttft_p99_ms": 400.0, "cached_share": 0.9}
+    blind = {"ttft_p90_ms": 400.0, "ttft_p99_ms": 500.0, "cached_share": 0.8}
+    check = verdict(point, {"kv-aware": aware, "kv-tier-blind": blind})["tiers_vs_blind"]
+    assert check["pass"] is True and check["p90_ratio"] == 0.75
+    assert verdict(point, {"kv-aware": blind, "kv-tier-blind": aware})["tiers_vs_blind"]["pass"] is False
+    more_cached_but_slower = {**aware, "ttft_p90_ms": 450.0}
+    assert verdict(point, {"kv-aware": more_cached_but_slower, "kv-tier-blind": blind})["tiers_vs_blind"]["pass"] is False
+    assert verdict(point, {"kv-aware": aware, "kv-tier-blind": {"error": "x"}})["tiers_vs_blind"]["pass"] is None
+    repeated = over_repeats([verdict(point, {"kv-aware": aware, "kv-tier-blind": blind})] * 2)
+    assert repeated["tiers_vs_blind"]["median"] == 0.75 and repeated["tiers_vs_blind"]["pass"] is True
+
+
+def test_a_tiered_point_sizes_each_workers_host_tier_from_its_pool() -> None:
+    from bench.routing.family import TIER_SWEEP, points_named, size_point
+
+    sizing = size_point(TIER_SWEEP[0], SHAPE)
+    assert sizing.kv_host_blocks == round(sizing.kv_blocks * TIER_SWEEP[0].host_tier) > 0
+    assert size_point(SweepPoint("plain"), SHAPE).kv_host_blocks == 0
+    assert points_named(["tiered"]) == [TIER_SWEEP[0]]

@@ -286,11 +286,11 @@ class Dispatcher:
         kv = self._kv_view.model(params.model)  # only the model's own workers' KV can match
         cache = kv.prompt_cache(params.prompt_ids, now)
         if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
-            cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={})
+            cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={}, tier_tokens={})
         route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens,
                              total_tokens=prompt_tokens + params.sampling.max_tokens,
                              cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
-                             cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
+                             tier_tokens=cache.tier_tokens, cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
                              one_engine=params.sampling.needs_whole_prompt,
                              replays=params.sampling.depends_on_output_history,
                              route_hint=params.route_hint, prefix_key=cache.prefix_key,

@@ -95,7 +95,8 @@ class RouterRuntime:
         subjects = config.bus.subjects
         bus = await connect(config.bus, "tandem-router")
         kv_view = KvView(bus, subjects, self.malformed, verify_hashes=config.verify_kv_hashes,
-                         request_overhead_tokens=config.routing.request_overhead_tokens)
+                         request_overhead_tokens=config.routing.request_overhead_tokens,
+                         tier_aware=config.routing.kv_tier_aware)
         pool = WorkerPool(bus, subjects, self.malformed,
                           bucket_ttl_s=config.membership.bucket_ttl_s,
                           reconnect_grace_s=config.membership.ttl_s,  # one TTL to re-register after a restart

@@ -17,6 +17,11 @@ blocks where the two differ are counted (`mismatched_blocks`: a worker's bug). E
 only link a stored event to its parent and name the blocks a `BlockRemoved` drops: each
 worker keeps engine -> Tandem.
 
+Tiers. A block a worker holds in a slower tier (host memory, disk: `BlockStored.tier`,
+`BlocksMoved`) is still held: `match` counts it like any other, and `tiers(worker_id)`
+says which of the worker's blocks are not in the first tier (the cost model charges their
+load). Only those are kept (`IndexedWorker.tiers`), so a worker with one tier costs nothing more.
+
 Layout (why `match` looks up few of the request's blocks):
 - `_holders: dict[tandem hash, int]`: a bitmask of the worker slots holding the block,
   really or speculatively. Worker ids are interned to small slots (lowest free first) so
@@ -54,7 +59,7 @@ reported is skipped (vLLM re-announces hits).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import count
 
 from services.router.kv.index_match import drop_points, linear_drop_points, overlaps_of
@@ -65,12 +70,15 @@ from services.router.kv.index_worker import IndexedWorker, apply_snapshot, drop_
 from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.cluster.sequence import SequenceTracker
 from shared.schemas.kv_events import (
+    DEVICE_TIER,
     AllBlocksCleared,
     BlockRemoved,
+    BlocksMoved,
     BlockStored,
     BlockStoredWithoutTokens,
     KvEventBatch,
     KvEventBatchWithoutTokens,
+    KvTier,
 )
 
 _STORED = (BlockStored, BlockStoredWithoutTokens)
@@ -150,7 +158,7 @@ class KvIndex:
                 step = self._sequences.observe(batch.worker_id, batch.seq, resynced=True)
                 return IngestResult(IngestOutcome.APPLIED, synced=step.synced, resync_needed=step.resync_needed,
                                     stored_blocks=replaced)
-        stored = removed = rejected = orphaned = mismatched = 0
+        stored = removed = rejected = orphaned = mismatched = moved = 0
         cleared = lost = False  # lost: a block's parent is unknown, and no clear came first
         for event in events:
             if isinstance(event, _STORED):
@@ -161,8 +169,12 @@ class KvIndex:
                 orphaned += event_orphaned
                 mismatched += event_mismatched
                 lost = lost or (unlinked and not cleared)
+                if event.tier != DEVICE_TIER or worker.tiers:
+                    moved += self._move(worker, event.block_hashes, event.tier)
             elif type(event) is BlockRemoved:
                 removed += self._remove(worker, event.block_hashes)
+            elif type(event) is BlocksMoved:
+                moved += self._move(worker, event.block_hashes, event.tier)
             else:
                 assert type(event) is AllBlocksCleared, f"unknown KV event {event!r}"
                 self._clear_real(worker)
@@ -172,7 +184,23 @@ class KvIndex:
         outcome = IngestOutcome.GAP if gap else IngestOutcome.APPLIED
         return IngestResult(outcome, synced=step.synced, resync_needed=step.resync_needed,
                             stored_blocks=stored, removed_blocks=removed, rejected_blocks=rejected,
-                            orphaned_blocks=orphaned, mismatched_blocks=mismatched)
+                            orphaned_blocks=orphaned, mismatched_blocks=mismatched, moved_blocks=moved)
+
+    def _move(self, worker: IndexedWorker, engine_hashes: list[int], tier: KvTier) -> int:
+        """The worker's blocks `engine_hashes` are now in `tier`; how many the index knows."""
+        tandem_of = worker.tandem_of
+        tiers = worker.tiers
+        moved = 0
+        for engine_hash in engine_hashes:
+            block_hash = tandem_of.get(engine_hash)
+            if block_hash is None:
+                continue  # never indexed, or removed since
+            if tier == DEVICE_TIER:
+                tiers.pop(block_hash, None)
+            else:
+                tiers[block_hash] = tier
+            moved += 1
+        return moved
 
     def _remove(self, worker: IndexedWorker, engine_hashes: list[int]) -> int:
         tandem_of = worker.tandem_of
@@ -184,6 +212,8 @@ class KvIndex:
                 continue  # never indexed (an orphan) or already removed: removal is idempotent
             if release(worker, self._holders, block_hash):
                 dropped.append(block_hash)
+                if worker.tiers:
+                    worker.tiers.pop(block_hash, None)
             removed += 1
         if dropped:
             worker.runs.dropped_real(dropped)
@@ -196,6 +226,7 @@ class KvIndex:
             drop_bit(self._holders, block_hash, worker.bit)
         worker.tandem_of = {}
         worker.extra_refs = {}
+        worker.tiers = {}
         worker.runs.reset(worker.speculative.__contains__)
 
     # ---- speculation --------------------------------------------------------------------
@@ -291,6 +322,12 @@ class KvIndex:
                 return position
         return overlap
 
+    def tiers(self, worker_id: str) -> Mapping[int, KvTier]:
+        """The worker's real blocks outside the first tier: Tandem hash -> tier (empty for a
+        worker whose blocks are all in its first tier, or an unknown worker)."""
+        worker = self._workers.get(worker_id)
+        return worker.tiers if worker is not None else {}
+
     def holds(self, worker_id: str, block_hash: int) -> bool:
         """Whether the worker holds (or is predicted to hold) the block."""
         worker = self._workers.get(worker_id)
@@ -309,7 +346,7 @@ class KvIndex:
         tables: list[dict] = [self._holders]
         runs: list[list] = []
         for worker in self._workers.values():
-            tables += [worker.tandem_of, worker.extra_refs, worker.speculative, worker.runs.tails, worker.runs.kids,
+            tables += [worker.tandem_of, worker.extra_refs, worker.speculative, worker.tiers, worker.runs.tails, worker.runs.kids,
                        worker.runs.spec_parent]
             runs += worker.runs.tails.values()
         return object_bytes(tables, runs)

@@ -27,6 +27,7 @@ class IngestResult:
     rejected_blocks: int = 0  # refused: block size differs from the worker's, or malformed
     orphaned_blocks: int = 0  # skipped: parent unknown, and no chain hashes to index them by
     mismatched_blocks: int = 0  # verification: chain hashes sent that differ from the token ids'
+    moved_blocks: int = 0  # known blocks whose tier an event set (`BlocksMoved`, `BlockStored.tier`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@ only them and the shared holder masks. Pure and synchronous.
 
 - `IndexedWorker`: a worker's slot and bit in the holder masks, its engine -> Tandem map
   (`tandem_of`), extra engine hashes of the same tokens (`extra_refs`), predictions
-  (`speculative`), its runs (`index_runs`) and its error counters;
+  (`speculative`), the tier of its blocks outside the first tier (`tiers`: empty for a
+  worker with one tier), its runs (`index_runs`) and its error counters;
 - `drop_bit` / `release`: a block leaves a worker (the mask loses the worker's bit; the
   entry goes with the last holder);
 - `apply_snapshot`: a snapshot applied as its difference from what the worker holds
@@ -20,12 +21,19 @@ from services.router.kv.index_diff import snapshot_diff
 from services.router.kv.index_results import WorkerIndexStats
 from services.router.kv.index_runs import Runs
 from shared.cluster.sequence import SequenceTracker, SyncState
-from shared.schemas.kv_events import BlockStored, BlockStoredWithoutTokens, KvEvent, KvEventWithoutTokens
+from shared.schemas.kv_events import (
+    DEVICE_TIER,
+    BlockStored,
+    BlockStoredWithoutTokens,
+    KvEvent,
+    KvEventWithoutTokens,
+    KvTier,
+)
 
 
 class IndexedWorker:
     __slots__ = ("worker_id", "slot", "bit", "block_size", "salt", "tandem_of", "extra_refs",
-                 "speculative", "rejected_blocks", "orphaned_blocks", "mismatched_blocks",
+                 "speculative", "tiers", "rejected_blocks", "orphaned_blocks", "mismatched_blocks",
                  "unverified_blocks", "runs")
 
     def __init__(self, worker_id: str, slot: int, block_size: int, salt: bytes, runs: Runs) -> None:
@@ -37,6 +45,7 @@ class IndexedWorker:
         self.tandem_of: dict[int, int] = {}
         self.extra_refs: dict[int, int] = {}
         self.speculative: dict[int, float] = {}
+        self.tiers: dict[int, KvTier] = {}  # Tandem hash -> its tier, for real blocks not in the first tier
         self.rejected_blocks = 0
         self.orphaned_blocks = 0
         self.mismatched_blocks = 0  # verification: chain hashes sent that differ from the tokens'
@@ -81,7 +90,8 @@ def apply_snapshot(worker: IndexedWorker, holders: dict[int, int],
     chain_runs: list[list[int]] = []
     parents: list[int | None] = []
     for event in islice(events, 1, None):
-        if not isinstance(event, (BlockStored, BlockStoredWithoutTokens)) or event.block_size != size:
+        if (not isinstance(event, (BlockStored, BlockStoredWithoutTokens)) or event.block_size != size
+                or event.tier != DEVICE_TIER):  # blocks of other tiers: applied event by event
             return None
         hashes = event.chain_hashes
         if hashes is None or len(hashes) != len(event.block_hashes):
@@ -94,6 +104,7 @@ def apply_snapshot(worker: IndexedWorker, holders: dict[int, int],
         return None
     gone, added_engine, added_chain = diff
     tandem_of = worker.tandem_of
+    worker.tiers = {}  # every block of the snapshot is in the first tier
     for engine_hash in gone:
         release(worker, holders, tandem_of.pop(engine_hash))
     bit = worker.bit

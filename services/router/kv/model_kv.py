@@ -9,13 +9,15 @@ model never names a home among another model's workers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from services.router.kv.index import KvIndex, block_hashes_for
 from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
 from services.router.routing.recency import CacheRecency
 from shared.schemas import KvTransferParams
+from shared.schemas.kv_events import KvTier
 
 
 class PrefixSource:
@@ -35,7 +37,9 @@ class PromptCache:
 
     chains: dict[int, list[int]]  # block size -> the prompt's Tandem hash chain
     cached_tokens: dict[str, int]  # per worker: leading tokens held or predicted (speculative)
-    held_tokens: dict[str, int]  # per worker: leading tokens it reported holding
+    held_tokens: dict[str, int]  # per worker: leading tokens it reported holding (in its first tier)
+    # per worker holding some of its cached tokens outside its first tier: those tokens per tier
+    tier_tokens: dict[str, dict[KvTier, int]] = field(default_factory=dict)
 
     @property
     def prefix_key(self) -> int | None:
@@ -47,6 +51,19 @@ class PromptCache:
     def block_tokens(self) -> int:
         """The prompt's tokens in full blocks: the KV its prefix keeps where it is computed."""
         return max((size * len(chain) for size, chain in self.chains.items()), default=0)
+
+
+def tiered_prefix(chain: Sequence[int], blocks: int, held: int, tiers: Mapping[int, KvTier],
+                  tier_aware: bool) -> tuple[int, int, dict[KvTier, int]]:
+    """A worker's `blocks` leading blocks of `chain` (`held` of them reported), some in slower
+    tiers (`tiers`): (leading blocks that count as cached, of them reported and in the first
+    tier, which a pull can read; and blocks per slower tier). Tier-blind, a block outside the
+    first tier ends the cached prefix, as if it were gone."""
+    first_tier_run = next((position for position in range(blocks) if chain[position] in tiers), blocks)
+    held = min(held, first_tier_run)
+    if not tier_aware:
+        return first_tier_run, held, {}
+    return blocks, held, dict(Counter(tiers[block_hash] for block_hash in chain[:blocks] if block_hash in tiers))
 
 
 class VictimAges(Mapping[str, "float | None"]):
@@ -77,7 +94,8 @@ class ModelKv:
     predicted), where its prefixes are homed, and when each worker last used them."""
 
     def __init__(self, *, verify_hashes: bool = False,
-                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS) -> None:
+                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS, tier_aware: bool = True) -> None:
+        self.tier_aware = tier_aware  # off: blocks outside a worker's first tier count as not cached
         self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
         self.recency = CacheRecency()
         self.homes = PrefixHomes(overhead_tokens=request_overhead_tokens)
@@ -106,6 +124,7 @@ class ModelKv:
         chains: dict[int, list[int]] = {}
         cached: dict[str, int] = {}
         held: dict[str, int] = {}
+        tiered: dict[str, dict[KvTier, int]] = {}
         for block_size in set(self._block_sizes.values()):
             if len(prompt_ids) < block_size:
                 continue
@@ -113,9 +132,17 @@ class ModelKv:
             for worker_id, blocks in self.index.match(chain).items():
                 if self._block_sizes.get(worker_id) != block_size:
                     continue
+                held_blocks = self.index.held_prefix(worker_id, chain, blocks)
+                tiers = self.index.tiers(worker_id)
+                if tiers:
+                    blocks, held_blocks, per_tier = tiered_prefix(chain, blocks, held_blocks, tiers, self.tier_aware)
+                    if per_tier:
+                        tiered[worker_id] = {tier: count * block_size for tier, count in per_tier.items()}
+                    if not blocks:
+                        continue
                 cached[worker_id] = blocks * block_size
-                held[worker_id] = self.index.held_prefix(worker_id, chain, blocks) * block_size
-        return PromptCache(chains, cached, held)
+                held[worker_id] = held_blocks * block_size
+        return PromptCache(chains, cached, held, tiered)
 
     def prefix_source(self, cache: PromptCache, holder_id: str, tokens: int) -> PrefixSource | None:
         """The blocks covering the prompt's first `tokens` tokens, to pull from `holder_id`."""

@@ -33,13 +33,14 @@ log = logging.getLogger(__name__)
 class KvView:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
                  resync_interval_s: float = 1.0, verify_hashes: bool = False,
-                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS) -> None:
+                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS, tier_aware: bool = True) -> None:
         self._bus = bus
         self._subjects = subjects
         self._batches = KvBatchDecoder(malformed, verify_hashes=verify_hashes)  # token ids only where read
         self._resync_interval_s = resync_interval_s
         self._verify_hashes = verify_hashes
         self._request_overhead_tokens = request_overhead_tokens
+        self._tier_aware = tier_aware
         self._models: dict[str, ModelKv] = {}
         self._model_of: dict[str, str] = {}  # worker id -> the model whose namespace indexes it
         self._subscription = None
@@ -66,7 +67,8 @@ class KvView:
         namespace = self._models.get(model)
         if namespace is None:
             namespace = self._models[model] = ModelKv(verify_hashes=self._verify_hashes,
-                                                      request_overhead_tokens=self._request_overhead_tokens)
+                                                      request_overhead_tokens=self._request_overhead_tokens,
+                                                      tier_aware=self._tier_aware)
         return namespace
 
     def of_worker(self, worker_id: str) -> ModelKv | None:

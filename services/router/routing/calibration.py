@@ -9,7 +9,9 @@ compute one prompt token. Every other term is a time divided by that one:
   for the step in progress and computes in a step that also carries every running
   sequence (two steps of `decode_base + max_num_seqs x decode_per_seq`);
 - `request_overhead_tokens`: a request's work beyond the prompt tokens it computes: the
-  fixed part of one engine step (`step_overhead + decode_base`).
+  fixed part of one engine step (`step_overhead + decode_base`);
+- `host_load_weight` (`host_load_weight`): loading one token's KV back from a host-memory
+  tier, over computing it (the sim's `TimingProfile.host_load_ms`, or a measured copy).
 
 The inputs are plain numbers: an engine's timing profile (the sim's `TimingProfile`, or a
 profile measured on a real engine) and a measured transfer (`tandem bench transfer`). Wall
@@ -67,3 +69,12 @@ def calibrated_weights(engine: EngineTiming, transfer: TransferTiming) -> dict[s
         "request_overhead_tokens": round((engine.step_overhead_ms + engine.decode_base_ms)
                                          / engine.prefill_ms_per_token, 1),
     }
+
+
+def host_load_weight(prefill_ms_per_token: float, host_load_ms_per_token: float) -> float:
+    """`RoutingConfig.host_load_weight` for an engine that prefills a token in
+    `prefill_ms_per_token` and loads its KV from host memory in `host_load_ms_per_token`
+    (both engine times: a sim's speed-up scales them alike)."""
+    if prefill_ms_per_token <= 0 or host_load_ms_per_token < 0:
+        raise ValueError("prefill time must be positive and load time not negative")
+    return round(host_load_ms_per_token / prefill_ms_per_token, 4)

@@ -92,7 +92,9 @@ class Candidates:
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
         if plan is None:
-            plan = plan_prefill(worker, self.request.prompt_tokens, self.request.cached_tokens, self._holders)
+            request = self.request
+            plan = plan_prefill(worker, request.prompt_tokens, request.cached_tokens, self._holders,
+                                request.tier_tokens.get(worker.worker_id), self.routing)
             self._plans[worker.worker_id] = plan
         return plan
 
@@ -267,7 +269,7 @@ class Candidates:
 
     def _has_room(self, part: Single) -> bool:
         free = part.worker.free_kv_tokens
-        return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens
+        return free is not None and free >= part.plan.pulled_tokens + part.plan.uncached_tokens + part.plan.loaded_tokens
 
     def leaves(self, parts: Sequence[Single]) -> str | None:
         """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC,

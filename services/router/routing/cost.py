@@ -7,6 +7,7 @@ equivalents (the time one worker takes to compute one prompt token), a proxy for
 first token and for work the cluster must do:
 
     cost = prefill_weight  x tokens the computing worker must compute
+         + load cost       (host_load_weight x its cached tokens in its host-memory KV tier)
          + pull cost       (pull_fixed_tokens + transfer_weight x tokens pulled, when it pulls)
          + eviction cost   (eviction_weight x cached tokens the new KV pushes out of its cache)
          + queue_weight    x prompt tokens predicted to be queued for prefill ahead of it
@@ -41,6 +42,13 @@ What the terms buy, together:
   spread; an overcommitted worker sheds its minor tenants when their prompts are computed
   anyway (`placement.home`), not by copying them.
 
+*Tiers.* A cached token a worker keeps in a slower KV tier (`tier_load_cost`: host memory,
+loaded back at `host_load_weight`, the measured ratio of a load to a prefill per token;
+disk, which no engine reports yet, at the full prefill weight) counts less than one in its
+first tier and more than a miss; loaded, those tokens take room in the first tier like
+computed ones (`PrefillPlan.loaded_tokens`, in the eviction cost). With `kv_tier_aware` off the router is tier-blind: such
+tokens never reach the cost model (`kv.model_kv.tiered_prefix` ends the prefix there).
+
 A worker can pull a prefix from a holder with the same compatibility hash (hence the same
 block size); only blocks the holder *reported* count (`held_tokens`), never blocks it is
 merely predicted to compute, which might not exist yet when the pull reads them. With
@@ -67,6 +75,8 @@ class PrefillPlan:
     pulled_tokens: int  # further tokens it would pull from `holder_id`
     holder_id: str | None
     uncached_tokens: int  # tokens it computes itself
+    load_cost: float = 0.0  # loading its cached tokens that sit outside its first KV tier
+    loaded_tokens: int = 0  # ... those tokens: loaded, they take room in its first tier like computed ones
 
     def __post_init__(self) -> None:
         assert (self.holder_id is None) == (self.pulled_tokens == 0), self
@@ -96,13 +106,27 @@ class Holders:
 
 
 def plan_prefill(worker: WorkerView, prompt_tokens: int, cached_tokens: Mapping[str, int],
-                 holders: Holders) -> PrefillPlan:
+                 holders: Holders, tier_tokens: Mapping[str, int] | None = None,
+                 routing: RoutingConfig | None = None) -> PrefillPlan:
+    """`tier_tokens`: the worker's own cached tokens outside its first tier, per tier, whose
+    load `routing` prices (`tier_load_cost`)."""
     own = min(cached_tokens.get(worker.worker_id, 0), prompt_tokens)
     held, holder_id = holders.best_for(worker)
     held = min(held, prompt_tokens)
+    load_cost = tier_load_cost(routing, tier_tokens) if routing is not None else 0.0
+    loaded = min(own, sum(tier_tokens.values())) if tier_tokens else 0
     if held <= own:
-        return PrefillPlan(worker.worker_id, own, 0, None, prompt_tokens - own)
-    return PrefillPlan(worker.worker_id, own, held - own, holder_id, prompt_tokens - held)
+        return PrefillPlan(worker.worker_id, own, 0, None, prompt_tokens - own, load_cost, loaded)
+    return PrefillPlan(worker.worker_id, own, held - own, holder_id, prompt_tokens - held, load_cost, loaded)
+
+
+def tier_load_cost(routing: RoutingConfig, tier_tokens: Mapping[str, int] | None) -> float:
+    """Loading cached tokens kept outside a worker's first KV tier (tokens per tier): a
+    host-memory token at `host_load_weight`, any slower tier's as much as computing it."""
+    if not tier_tokens:
+        return 0.0
+    return sum(tokens * (routing.host_load_weight if tier == "host" else routing.prefill_weight)
+               for tier, tokens in tier_tokens.items())
 
 
 def pull_cost(routing: RoutingConfig, pulled_tokens: int) -> float:
@@ -197,8 +221,8 @@ def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerVie
                  victim_value: float = 1.0) -> float:
     """The computing worker's part of a flow's cost; `victim_value`: the weight of what its
     full cache would evict (`recency.victim_values`)."""
-    new_tokens = plan.pulled_tokens + plan.uncached_tokens
-    return (routing.prefill_weight * plan.uncached_tokens + pull_cost(routing, plan.pulled_tokens)
+    new_tokens = plan.pulled_tokens + plan.uncached_tokens + plan.loaded_tokens
+    return (routing.prefill_weight * plan.uncached_tokens + plan.load_cost + pull_cost(routing, plan.pulled_tokens)
             + eviction_cost(routing, new_tokens, computing.free_kv_tokens, victim_value)
             + routing.queue_weight * computing.predicted_prefill_tokens)
 

@@ -28,6 +28,9 @@ class RouteRequest:
     # blocks predicted for requests just routed there, `held_tokens` only reported ones.
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
     held_tokens: Mapping[str, int] = field(default_factory=dict)
+    # Per worker holding some of its `cached_tokens` outside its first KV tier (host memory,
+    # disk): those tokens per tier, which a hit must load (`cost.tier_load_cost`)
+    tier_tokens: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     cache_hit_threshold: float = 0.0  # decode-first when > 0
     admit: bool = True  # False: already admitted once (a request resumed elsewhere)
     # the request asks for its prompt's log-probabilities: one engine computes the whole

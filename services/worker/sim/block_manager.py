@@ -14,6 +14,12 @@ LRU order, and only when no free block is left.
 (`evicted_missed_blocks_total`) the blocks a request needed that this manager had evicted and not
 cached again since: evictions that cost a recomputation (a "hot" prefix pushed out).
 
+With a host tier (`host_blocks` > 0, `host_tier.HostTier`), an announced block evicted from
+the device tier moves there (`BlocksMoved` to "host") instead of vanishing; it is removed
+(`BlockRemoved`) only when the host tier drops it in its turn (LRU). `load_from_host` brings
+blocks back into the device tier (`BlocksMoved` to "device"): the scheduler charges their
+load time. A hash lives in one tier at a time; a host block counts as announced.
+
 Every change to the set of announced blocks appends a KV event to a buffer that the engine
 drains with `take_events()`. A block is announced (`BlockStored`) only once its parent is
 announced: a router derives a block's Tandem hash from its parent's, so a block cached
@@ -28,9 +34,20 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from services.worker.sim.host_tier import HostBlock, HostTier
+from shared.schemas.kv_events import (
+    DEVICE_TIER,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlocksMoved,
+    BlockStored,
+    KvEvent,
+    KvTier,
+)
 
 EVICTED_MEMORY = 8  # remembered evicted hashes, per block of the pool (bounded)
+
+_Node = tuple[int | None, int | None, tuple[int, ...], KvTier]  # a snapshot's block: hash, parent, tokens, tier
 
 
 @dataclass(slots=True)
@@ -44,8 +61,8 @@ class KvBlock:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        assert num_blocks > 0 and block_size > 0
+    def __init__(self, num_blocks: int, block_size: int, host_blocks: int = 0) -> None:
+        assert num_blocks > 0 and block_size > 0 and host_blocks >= 0
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._blocks = [KvBlock(block_id) for block_id in range(num_blocks)]
@@ -58,6 +75,8 @@ class BlockManager:
         self.evicted_blocks_total = 0
         self.evicted_missed_blocks_total = 0
         self._evicted: OrderedDict[int, None] = OrderedDict()  # hashes evicted, oldest first
+        self.host = HostTier(host_blocks) if host_blocks else None
+        self.loaded_blocks_total = 0  # blocks loaded back from the host tier
 
     # ---- counters (also the invariants tests check) ------------------------------------
 
@@ -94,6 +113,10 @@ class BlockManager:
         even when an earlier block of the chain is not cached here.
         """
         return [self._cached.get(block_hash) for block_hash in block_hashes]
+
+    def in_host(self, block_hash: int) -> bool:
+        """Whether the block is cached in the host tier (a load away from reuse)."""
+        return self.host is not None and block_hash in self.host
 
     def match_prefix(self, block_hashes: list[int]) -> list[int]:
         """Block ids of the longest cached prefix of `block_hashes` (no references taken)."""
@@ -138,6 +161,7 @@ class BlockManager:
             return None
         allocated: list[int] = []
         evicted: list[int] = []
+        moved: list[int] = []
         for _ in range(count):
             if self._free:
                 block_id, _ = self._free.popitem(last=False)
@@ -145,15 +169,41 @@ class BlockManager:
                 block_id, _ = self._evictable.popitem(last=False)
                 block = self._blocks[block_id]
                 self._remember_evicted(block.block_hash)
+                parent_hash, token_ids = block.parent_hash, block.token_ids
                 block_hash = self._uncache(block)
-                if block_hash is not None:
+                if block_hash is not None and self.host is not None:
+                    moved.append(block_hash)
+                    evicted += self.host.put(HostBlock(block_hash, parent_hash, token_ids))
+                elif block_hash is not None:
                     evicted.append(block_hash)
             self._blocks[block_id].ref_count = 1
             allocated.append(block_id)
         self._used += count
+        if moved:
+            self._events.append(BlocksMoved(block_hashes=moved, tier="host"))
         if evicted:
             self._events.append(BlockRemoved(block_hashes=evicted))
         return allocated
+
+    def load_from_host(self, block_hashes: list[int]) -> list[int] | None:
+        """Bring host-tier blocks back into the device tier, one reference each (as `touch`
+        would take); their block ids, or None (and no change) if too few blocks are free."""
+        assert self.host is not None and all(block_hash in self.host for block_hash in block_hashes)
+        if len(block_hashes) > self.free_blocks:
+            return None
+        loaded = [self.host.take(block_hash) for block_hash in block_hashes]  # before evicting more there
+        block_ids = self.allocate(len(loaded))
+        assert block_ids is not None
+        for block_id, entry in zip(block_ids, loaded):
+            block = self._blocks[block_id]
+            block.block_hash, block.parent_hash, block.token_ids = entry.block_hash, entry.parent_hash, entry.token_ids
+            block.announced = True
+            self._cached[entry.block_hash] = block_id
+            self._evicted.pop(entry.block_hash, None)
+        if block_hashes:
+            self.loaded_blocks_total += len(block_hashes)
+            self._events.append(BlocksMoved(block_hashes=list(block_hashes), tier=DEVICE_TIER))
+        return block_ids
 
     def free(self, block_ids: list[int]) -> None:
         """Drop one reference from each block; cached blocks become evictable, others free.
@@ -199,6 +249,11 @@ class BlockManager:
                 continue
             block.block_hash = block_hash
             self._evicted.pop(block_hash, None)
+            if self.host is not None and self.host.discard(block_hash):
+                # computed again while a copy waited in the host tier: the device copy replaces
+                # it, announced anew after the removal (or deferred, like any block)
+                self._events.append(BlockRemoved(block_hashes=[block_hash]))
+                stored = None
             block.parent_hash = parent_hash
             block.token_ids = tuple(token_ids[index * size:(index + 1) * size])
             self._cached[block_hash] = block_id
@@ -224,6 +279,8 @@ class BlockManager:
             block_id, _ = self._evictable.popitem(last=False)
             self._uncache(self._blocks[block_id])
             self._free[block_id] = None
+        if self.host is not None:
+            self.host.clear()
         assert not self._cached and not self._deferred
         self._events.append(AllBlocksCleared())
         return True
@@ -235,37 +292,40 @@ class BlockManager:
     def snapshot(self) -> list[BlockStored]:
         """Every announced block, as `BlockStored` events with parents before children.
 
-        Each chain of announced blocks becomes one event; a block whose parent is no longer
-        cached (evicted, or a private duplicate) starts its own event.
+        Each chain of announced blocks of one tier becomes one event; a block whose parent is
+        no longer cached (evicted, or a private duplicate), or is in another tier, starts its
+        own event.
         """
-        children: dict[int, list[KvBlock]] = {}
-        roots: list[KvBlock] = []
-        for block_id in self._cached.values():
-            block = self._blocks[block_id]
-            if not block.announced:
-                continue
-            if block.parent_hash is not None and self._is_announced(block.parent_hash):
-                children.setdefault(block.parent_hash, []).append(block)
+        nodes = [(block.block_hash, block.parent_hash, block.token_ids, DEVICE_TIER)
+                 for block in map(self._blocks.__getitem__, self._cached.values()) if block.announced]
+        if self.host is not None:
+            nodes += [(block.block_hash, block.parent_hash, block.token_ids, "host") for block in self.host]
+        children: dict[int, list[_Node]] = {}
+        roots: list[_Node] = []
+        for node in nodes:
+            parent_hash = node[1]
+            if parent_hash is not None and self._is_announced(parent_hash):
+                children.setdefault(parent_hash, []).append(node)
             else:
-                roots.append(block)
+                roots.append(node)
         events: list[BlockStored] = []
-        pending = list(reversed(roots))
+        pending: list[tuple[_Node, BlockStored | None]] = [(root, None) for root in reversed(roots)]
         while pending:
-            block = pending.pop()
-            chain: list[int] = []
-            event = BlockStored(block_hashes=[], parent_block_hash=block.parent_hash, token_ids=[],
-                                block_size=self.block_size, chain_hashes=chain)
-            events.append(event)
-            while True:
-                assert block.block_hash is not None
-                event.block_hashes.append(block.block_hash)
-                chain.append(block.block_hash)
-                event.token_ids.extend(block.token_ids)
-                following = children.get(block.block_hash)
-                if not following:
-                    break
-                block, *others = following
-                pending.extend(reversed(others))
+            node, event = pending.pop()
+            block_hash, parent_hash, token_ids, tier = node
+            if event is None or event.tier != tier or event.block_hashes[-1] != parent_hash:
+                event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[],
+                                    block_size=self.block_size, chain_hashes=[], tier=tier)
+                events.append(event)
+            assert block_hash is not None and event.chain_hashes is not None
+            event.block_hashes.append(block_hash)
+            event.chain_hashes.append(block_hash)
+            event.token_ids.extend(token_ids)
+            following = children.get(block_hash, [])
+            # the first child continues this event (if of its tier); the others start their own
+            pending.extend((child, None) for child in reversed(following[1:]))
+            if following:
+                pending.append((following[0], event))
         return events
 
     def note_misses(self, block_hashes: list[int]) -> None:
@@ -287,7 +347,9 @@ class BlockManager:
 
     def _is_announced(self, block_hash: int) -> bool:
         block_id = self._cached.get(block_hash)
-        return block_id is not None and self._blocks[block_id].announced
+        if block_id is None:
+            return self.in_host(block_hash)
+        return self._blocks[block_id].announced
 
     def _new_event(self, parent_hash: int | None) -> BlockStored:
         event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[], block_size=self.block_size,

@@ -53,7 +53,7 @@ class SimEngine:
         self.speedup = config.sim_speedup
         self._clock = clock
         self.kv_pool = KvPool(config.kv_blocks, config.sim_layers, config.block_size, config.sim_kv_dim)
-        blocks = BlockManager(config.kv_blocks, config.block_size)
+        blocks = BlockManager(config.kv_blocks, config.block_size, host_blocks=config.kv_host_blocks)
         self.kv_port = SimKvPort(blocks, self.kv_pool)
         self.scheduler = Scheduler(blocks=blocks, pool=self.kv_pool,
                                    profile=self.profile, vocab_size=vocab_size,

@@ -14,7 +14,10 @@ touches a queue. One step, in the spirit of vLLM v1:
    block is valid KV even when an earlier one is missing (after a partial KV transfer, only
    the failed blocks are computed). Reused tokens cost no budget, and at least one token is
    always computed so the last token's logits exist (a fully cached prompt recomputes its
-   last block). Blocks for the holes up to the last reused block are allocated at once;
+   last block). Blocks for the holes up to the last reused block are allocated at once.
+   A block cached in the host tier (`host_tier`) is reused too: it is loaded back into the
+   device tier at admission, and the step pays its load time (the profile's
+   `host_load_ms_per_token`) instead of computing it;
 3. the scheduled tokens are "computed" (a request's position, with the reused blocks it
    skips, is `request.SimRequest`'s): prefill walks the missing blocks in order, then the
    tail, skipping reused ones. Blocks that became full are committed to the prefix cache
@@ -62,6 +65,7 @@ class StepResult:
     outputs: dict[str, EngineOutput]  # request id -> new tokens (and finish) this step
     prefill_tokens: int = 0
     decode_seqs: int = 0
+    loaded_tokens: int = 0  # prompt tokens loaded back from the host tier for requests admitted in it
     preempted: list[str] = field(default_factory=list)
     # request id -> its prompt blocks that prefill filled completely in this step, in token
     # order (reused blocks are never in it). The ids stay valid until the next step, even for
@@ -94,6 +98,8 @@ class Scheduler:
         # Prefill tokens actually computed (reused ones excluded); recomputation after a
         # preemption counts again.
         self.computed_prompt_tokens_total = 0
+        self.loaded_prompt_tokens_total = 0  # prompt tokens loaded back from the host tier
+        self._loaded_tokens = 0  # ... in the step being scheduled
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -153,8 +159,10 @@ class Scheduler:
     # ---- one step --------------------------------------------------------------------------
 
     def step(self, now: float) -> StepResult:
+        self._loaded_tokens = 0
         scheduled, preempted = self._schedule()
-        result = StepResult(now=now, duration_s=0.0, outputs={}, preempted=preempted)
+        result = StepResult(now=now, duration_s=0.0, outputs={}, preempted=preempted,
+                            loaded_tokens=self._loaded_tokens)
         size = self.block_size
         for request, num_new, end in scheduled:
             prefill = not request.is_decoding
@@ -174,7 +182,8 @@ class Scheduler:
             if request.num_computed_tokens == request.num_tokens:
                 result.outputs[request.request_id] = self._sample(request)
         result.duration_s = self.profile.step_duration_s(prefill_tokens=result.prefill_tokens,
-                                                         decode_seqs=result.decode_seqs)
+                                                         decode_seqs=result.decode_seqs,
+                                                         loaded_tokens=result.loaded_tokens)
         return result
 
     def _schedule(self) -> tuple[list[tuple[SimRequest, int, int]], list[str]]:
@@ -225,10 +234,17 @@ class Scheduler:
     def _admit(self, request: SimRequest, budget: int) -> tuple[int, int] | None:
         """Reuse every cached block of the prompt's chain and allocate the blocks the holes
         and the first chunk need; (tokens to compute, position after them), or None if
-        blocks are short (and nothing changed)."""
+        blocks are short (its references dropped: host-tier blocks it loaded stay cached in
+        the device tier)."""
         size = self.block_size
         # At most num_tokens - 1 tokens come from the cache: the last one must be computed.
-        found = self.blocks.lookup(request.block_hashes[:(request.num_tokens - 1) // size])
+        hashes = request.block_hashes[:(request.num_tokens - 1) // size]
+        found = self.blocks.lookup(hashes)
+        hosted = [index for index, block_id in enumerate(found) if block_id is None and self.blocks.in_host(hashes[index])]
+        if hosted:
+            found = self._load_hosted(hashes, found, hosted)
+            if found is None:
+                return None
         reused = [index for index, block_id in enumerate(found) if block_id is not None]
         leading = next((index for index, block_id in enumerate(found) if block_id is None), len(found))
         request.num_computed_tokens = leading * size
@@ -238,10 +254,12 @@ class Scheduler:
         # Holes before the last reused block get their blocks now: block_ids has no gaps.
         num_blocks = max(-(-end // size), reused[-1] + 1 if reused else 0)
         reused_ids = [block_id for block_id in found if block_id is not None]
-        self.blocks.touch(reused_ids)  # before allocating, so that allocation cannot evict them
+        loaded = {found[index] for index in hosted}
+        # before allocating, so that allocation cannot evict them (loaded blocks hold their reference)
+        self.blocks.touch([block_id for block_id in reused_ids if block_id not in loaded])
         new_blocks = self.blocks.allocate(num_blocks - len(reused_ids))
         if new_blocks is None:
-            self.blocks.free(reused_ids)
+            self.blocks.free(reused_ids)  # loaded blocks stay cached in the device tier
             request.num_computed_tokens = 0
             request.reused_ahead.clear()
             return None
@@ -256,6 +274,26 @@ class Scheduler:
             self.blocks.note_misses([block_hash for block_hash, block_id in zip(request.block_hashes, found)
                                      if block_id is None])
         return num_new, end
+
+    def _load_hosted(self, hashes: list[int], found: list[int | None], hosted: list[int]) -> list[int | None] | None:
+        """`found` with the host-tier blocks at indices `hosted` loaded into the device tier;
+        None (nothing loaded) when the device tier cannot take them now."""
+        # touched first, so that the loads' evictions cannot take the device hits
+        device_ids = [block_id for block_id in found if block_id is not None]
+        self.blocks.touch(device_ids)
+        loaded_ids = self.blocks.load_from_host([hashes[index] for index in hosted])
+        self.blocks.free(device_ids)
+        if loaded_ids is None:
+            return None
+        loaded_tokens = len(hosted) * self.block_size
+        self.loaded_prompt_tokens_total += loaded_tokens
+        self._loaded_tokens += loaded_tokens
+        found = list(found)
+        for index, block_id in zip(hosted, loaded_ids):
+            found[index] = block_id
+            if self.pool is not None:
+                self.pool.write_block(block_id, hashes[index])  # the KV bytes come back with the block
+        return found
 
     def _reserve_slots(self, request: SimRequest, num_tokens: int) -> bool:
         needed = -(-num_tokens // self.block_size) - len(request.block_ids)
