@@ -58,6 +58,7 @@ class EngineModel:
         self.waiting: deque[SeqModel] = deque()
         self.stepping = False
         self.preemptions = 0
+        self.computed_prompt_tokens = 0  # prompt tokens computed so far (a worker's load report counts them)
         self.stall_s = 0.0  # real time the worker's loop is busy with other work (KV pulls), paid by the next step
 
     def add(self, seq: SeqModel) -> None:
@@ -122,6 +123,7 @@ class EngineModel:
 
     def _compute(self, scheduled: list[tuple[SeqModel, int]]) -> StepPlan:
         prefill_tokens = sum(num_new for seq, num_new in scheduled if not seq.decoding)
+        self.computed_prompt_tokens += prefill_tokens
         decode_seqs = sum(1 for seq, _ in scheduled if seq.decoding)
         sampled = []
         for seq, num_new in scheduled:

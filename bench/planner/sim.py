@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.plan.engine_model import EngineModel, SeqModel
-from services.orchestrator.planner_inputs import RecordSample, build_snapshot
+from services.orchestrator.planner_inputs import RecordSample, build_snapshot, measured_prefill_rates
 from services.orchestrator.planning import PlannerConfig, PlannerState, Slos, decide
 from services.worker.sim.profile import TimingProfile
 from shared.config import WorkerConfig
@@ -126,6 +126,7 @@ class PlannedCluster:
         self.phase_of: dict[int, str] = {}  # request -> "prefill" | "decode"
         self.decode_of: dict[int, SimWorker] = {}
         self.samples: list[RecordSample] = []
+        self.measured: dict[str, float] = {}  # each prefill worker's busy rate, as last measured
         self.history: dict[str, list[LoadSnapshot]] = {}  # each worker's load snapshots of the window
         self.state = PlannerState()
         self.actions: list[dict] = []
@@ -250,12 +251,14 @@ class PlannedCluster:
                 kv_total_blocks=self.options.worker.kv_blocks,
                 kv_used_blocks=self.options.worker.kv_blocks - engine.free_blocks, kv_cached_blocks=0,
                 prompt_tokens_total=w.uncached_total, cached_tokens_total=0, generated_tokens_total=0,
-                pending_prefill_tokens=engine.pending_prefill_tokens()))
+                pending_prefill_tokens=engine.pending_prefill_tokens(),
+                computed_prompt_tokens_total=engine.computed_prompt_tokens))
             history[:] = [s for s in history if s.ts >= now - setup.window_s]
             loads[w.worker_id] = history
         self.samples = [s for s in self.samples if s.at >= now - setup.window_s]
+        self.measured.update(measured_prefill_rates(members, loads))
         snapshot = build_snapshot(members, loads, self.samples, [], prefill_capacity_tok_s=setup.prefill_capacity_tok_s,
-                                  since=self.state.last_action_at)
+                                  measured_prefill_tok_s=self.measured, since=self.state.last_action_at)
         decision = decide(snapshot, setup.slos, self.state, now, setup.config)
         self.state = decision.state
         for action in decision.actions:

@@ -6,8 +6,11 @@ window, and the request records of the window reduced to `RecordSample`s.
 
 - prefill: TTFT p90 of the window's records; prompt-token demand is the rate at which the
   prefill workers' uncached prompt tokens grew over the window (first to last snapshot),
-  capacity `prefill_capacity_tok_s` per worker (0: unknown, so the planner leaves that term
-  out); a worker's load is its pending prefill tokens;
+  capacity `prefill_capacity_tok_s` per worker, or where that is 0 what each worker was
+  measured to compute while it had prompt tokens waiting (`busy_prefill_rate`, remembered
+  by the caller; a worker never measured counts as the mean of those that were; none
+  measured: unknown, so the planner leaves the capacity terms out); a worker's load is its
+  pending prefill tokens;
 - decode: ITL p90 of the window's records ((duration - TTFT) / (completion tokens - 1), the
   mean gap of one request), batch occupancy (running / max_num_seqs over the decode
   workers, latest snapshots); a worker's load is its running sequences;
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from services.orchestrator.planning import ClusterSnapshot, OperatorTouch, RoleLoad, WorkerLoad
 from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration, WorkerRole, WorkerStatus
@@ -85,9 +89,45 @@ def _uncached_rate(history: Sequence[LoadSnapshot]) -> float:
     return max(0.0, grown) / (last.ts - first.ts)
 
 
+MIN_BUSY_S = 2.0  # a worker busy for less of the window gives no capacity figure (one prefill's lumps)
+
+
+def busy_prefill_rate(history: Sequence[LoadSnapshot]) -> float | None:
+    """Prompt tokens per second the worker computed between snapshots that both found prompt
+    tokens waiting on it (busy all along: its capacity, not the demand); None when it was
+    busy for under `MIN_BUSY_S` or computed nothing meanwhile."""
+    busy_s, computed = 0.0, 0
+    for before, after in pairwise(history):
+        if before.pending_prefill_tokens > 0 and after.pending_prefill_tokens > 0 and after.ts > before.ts:
+            busy_s += after.ts - before.ts
+            computed += after.computed_prompt_tokens_total - before.computed_prompt_tokens_total
+    if busy_s < MIN_BUSY_S or computed <= 0:
+        return None
+    return computed / busy_s
+
+
+def measured_prefill_rates(members: Mapping[str, WorkerRegistration],
+                           loads: Mapping[str, Sequence[LoadSnapshot]]) -> dict[str, float]:
+    """`busy_prefill_rate` of each active prefill worker busy long enough in the window."""
+    rates = {w: busy_prefill_rate(loads.get(w, ())) for w in planned_workers(members, WorkerRole.PREFILL)}
+    return {w: rate for w, rate in rates.items() if rate is not None}
+
+
+def _prefill_capacity(prefill_ids: list[str], configured_tok_s: float, measured: Mapping[str, float]) -> float:
+    """The prefill role's capacity, all workers together (0.0: unknown)."""
+    if configured_tok_s > 0:
+        return configured_tok_s * len(prefill_ids)
+    known = [measured[w] for w in prefill_ids if w in measured]
+    if not known:
+        return 0.0
+    mean = sum(known) / len(known)
+    return sum(measured.get(w, mean) for w in prefill_ids)
+
+
 def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str, Sequence[LoadSnapshot]],
                    samples: Sequence[RecordSample], touches: Sequence[OperatorTouch], *,
-                   prefill_capacity_tok_s: float, paused: str = "", since: float | None = None) -> ClusterSnapshot:
+                   prefill_capacity_tok_s: float, measured_prefill_tok_s: Mapping[str, float] | None = None,
+                   paused: str = "", since: float | None = None) -> ClusterSnapshot:
     """`since`: the planner's last action; the latency figures leave out requests that arrived
     before it (they queued on the cluster as it was: a backlog the action's capacity is
     draining, which would make the role look as hot as before the action)."""
@@ -114,7 +154,7 @@ def build_snapshot(members: Mapping[str, WorkerRegistration], loads: Mapping[str
         ttft_p90_ms=p90([s.ttft_ms for s in samples if s.ttft_ms is not None]),
         queue_time_p90_ms=queue_p90(prefill_ids, True),
         prefill_demand_tok_s=sum(_uncached_rate(loads.get(w, ())) for w in prefill_ids),
-        prefill_capacity_tok_s=prefill_capacity_tok_s * len(prefill_ids),
+        prefill_capacity_tok_s=_prefill_capacity(prefill_ids, prefill_capacity_tok_s, measured_prefill_tok_s or {}),
         kv_usage=_kv_usage(prefill_latest))
     decode = RoleLoad(
         workers=[worker_load(w, False) for w in decode_ids],

@@ -40,7 +40,13 @@ from nats.aio.msg import Msg
 
 from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig
 from services.orchestrator.control_plane import ControlPlane
-from services.orchestrator.planner_inputs import RecordSample, build_snapshot, planned_workers, sample
+from services.orchestrator.planner_inputs import (
+    RecordSample,
+    build_snapshot,
+    measured_prefill_rates,
+    planned_workers,
+    sample,
+)
 from services.orchestrator.planning import (
     Budget,
     OperatorTouch,
@@ -112,6 +118,7 @@ class PlannerLoop:
         self.outcomes: list[CommandOutcome] = []  # of the actions carried out, in order
         self._loads = LoadStream(bus, self._subjects, self._on_snapshot, malformed, clock=wall)
         self._history: dict[str, deque[LoadSnapshot]] = {}
+        self._measured: dict[str, float] = {}  # each worker's prefill rate while busy, as last measured
         self._samples: deque[RecordSample] = deque()
         self._touches: dict[str, OperatorTouch] = {}
         self._records: Codec[RequestRecord] = Codec(RequestRecord, malformed)
@@ -155,6 +162,7 @@ class PlannerLoop:
         self._loads.on_member(event)
         if event.change is MemberChange.LEFT:
             self._history.pop(event.worker_id, None)
+            self._measured.pop(event.worker_id, None)
 
     def _on_snapshot(self, snapshot: LoadSnapshot) -> None:
         if snapshot.worker_id not in self._members():
@@ -213,8 +221,10 @@ class PlannerLoop:
         if unseen:  # deciding without a worker's load would read it as idle
             return await self._undecided(f"waiting for the first load snapshot of {', '.join(unseen)}: no decision",
                                          paused)
+        self._measured.update(measured_prefill_rates(members, self._history))
         snapshot = build_snapshot(members, self._history, list(self._samples), list(self._touches.values()),
-                                  prefill_capacity_tok_s=self._config.prefill_capacity_tok_s, paused=paused,
+                                  prefill_capacity_tok_s=self._config.prefill_capacity_tok_s,
+                                  measured_prefill_tok_s=self._measured, paused=paused,
                                   since=self.state.last_action_at)
         decision = decide(snapshot, self._slos, self.state, now, self._planner)
         self.state = decision.state

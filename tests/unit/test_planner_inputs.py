@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
-from services.orchestrator.planner_inputs import build_snapshot, p90, planned_workers, sample
-from services.orchestrator.planning import OperatorTouch
+from services.orchestrator.planner_inputs import (
+    MIN_BUSY_S,
+    build_snapshot,
+    busy_prefill_rate,
+    measured_prefill_rates,
+    p90,
+    planned_workers,
+    sample,
+)
+from services.orchestrator.planning import OperatorTouch, Slos, Thresholds
+from services.orchestrator.planning.signals import role_pressure
 from shared.schemas import LoadSnapshot, RequestRecord, WorkerCapacity, WorkerRegistration, WorkerRole, WorkerStatus
 
 
@@ -16,10 +27,11 @@ def member(worker_id: str, role: WorkerRole, status: WorkerStatus = WorkerStatus
 
 
 def load(worker_id: str, ts: float, *, running: int = 0, used: int = 0, prompt: int = 0, cached: int = 0,
-         pending: int = 0) -> LoadSnapshot:
+         pending: int = 0, computed: int = 0) -> LoadSnapshot:
     return LoadSnapshot(worker_id=worker_id, seq=int(ts), ts=ts, running=running, waiting=0, kv_total_blocks=100,
                         kv_used_blocks=used, kv_cached_blocks=0, prompt_tokens_total=prompt,
-                        cached_tokens_total=cached, generated_tokens_total=0, pending_prefill_tokens=pending)
+                        cached_tokens_total=cached, generated_tokens_total=0, pending_prefill_tokens=pending,
+                        computed_prompt_tokens_total=computed)
 
 
 def record(ttft_s: float | None, duration_s: float, completion: int, outcome: str = "ok") -> RequestRecord:
@@ -106,3 +118,34 @@ def test_after_an_action_only_requests_that_arrived_since_count() -> None:
     assert everything.prefill.ttft_p90_ms == pytest.approx(3000)
     since = build_snapshot(members, loads, [backlog, fresh], [], prefill_capacity_tok_s=0.0, since=98.0)
     assert since.prefill.ttft_p90_ms == pytest.approx(400) and since.decode.itl_p90_ms == pytest.approx(100)
+
+
+def test_a_busy_workers_prefill_rate_is_what_it_computed_while_prompts_waited() -> None:
+    history = [load("p1", 0.0, pending=900, computed=0), load("p1", 1.0, pending=800, computed=1000),
+               load("p1", 2.0, pending=0, computed=1500),  # ran dry in here: neither this interval
+               load("p1", 3.0, pending=0, computed=1500),  # nor this one says what it can do
+               load("p1", 4.0, pending=2000, computed=1500), load("p1", 6.0, pending=1000, computed=3500)]
+    assert busy_prefill_rate(history) == pytest.approx((1000 + 2000) / 3.0)  # 3 busy seconds
+    assert busy_prefill_rate(deque(history)) == busy_prefill_rate(history)  # the loop keeps a deque
+    assert busy_prefill_rate(history[:2]) is None  # busy for under MIN_BUSY_S
+    assert MIN_BUSY_S > 1.0
+    assert busy_prefill_rate([load("p1", t, pending=0, computed=0) for t in range(5)]) is None  # idle
+
+
+def test_a_measured_capacity_stands_in_for_an_unset_one_and_shows_the_queue_before_any_ttft() -> None:
+    members = {"p1": member("p1", WorkerRole.PREFILL), "p2": member("p2", WorkerRole.PREFILL),
+               "d1": member("d1", WorkerRole.DECODE)}
+    loads = {"p1": [load("p1", 0.0, pending=3000, computed=0), load("p1", 3.0, pending=3000, computed=1500)],
+             "p2": [load("p2", 3.0, pending=3000)], "d1": [load("d1", 3.0, running=1)]}
+    measured = measured_prefill_rates(members, loads)
+    assert measured == {"p1": pytest.approx(500.0)}  # p2 never measured: counted as the mean of those that were
+    snapshot = build_snapshot(members, loads, [], [], prefill_capacity_tok_s=0.0, measured_prefill_tok_s=measured)
+    assert snapshot.prefill.prefill_capacity_tok_s == pytest.approx(1000.0)
+    # no request has ended yet (TTFT p90 0), but 6000 queued tokens take 6 s at 1000 tok/s: 3x a 2 s SLO
+    pressure = role_pressure(WorkerRole.PREFILL, snapshot.prefill, Slos(ttft_p90_ms=2000, itl_p90_ms=50),
+                             Thresholds())
+    assert pressure.latency == pytest.approx(3.0) and "6000 queued prompt tokens" in pressure.why
+    unknown = build_snapshot(members, loads, [], [], prefill_capacity_tok_s=0.0)
+    assert unknown.prefill.prefill_capacity_tok_s == 0.0  # nothing measured, nothing configured: left out
+    assert role_pressure(WorkerRole.PREFILL, unknown.prefill, Slos(ttft_p90_ms=2000, itl_p90_ms=50),
+                         Thresholds()).latency == 0.0

@@ -1,7 +1,8 @@
 """Per-role pressures and their hysteresis tracking (pure).
 
-A role's pressure is the worst of its ratios to target: prefill, TTFT p90 over its SLO and
-prompt-token demand over capacity; decode, ITL p90 over its SLO, batch occupancy over its
+A role's pressure is the worst of its ratios to target: prefill, TTFT p90 over its SLO, the
+time its queued prompt tokens take at its capacity over the same SLO, and prompt-token
+demand over capacity; decode, ITL p90 over its SLO, batch occupancy over its
 target and KV usage over its target. 1.0 is "at the SLO". Each role has a hot trend (up)
 and a cold trend (down), updated every tick by `track`. `after_one_fewer` estimates a
 role's pressure with one worker fewer (a switch's donor, a scale-down).
@@ -36,6 +37,13 @@ def role_pressure(role: WorkerRole, load: RoleLoad, slos: Slos, thresholds: Thre
                    f"(queue p90 {load.queue_time_p90_ms:.0f} ms)")
         utilisation = []
         if load.prefill_capacity_tok_s > 0:
+            # What a prompt arriving now waits for: known at once, where a TTFT is known only
+            # once its request ends (for long prompts, a minute or more after the queue grew).
+            backlog = sum(worker.load for worker in load.workers)
+            wait_ms = backlog / load.prefill_capacity_tok_s * 1000.0
+            latency = max(latency, (wait_ms / slos.ttft_p90_ms,
+                                    f"{backlog:.0f} queued prompt tokens: {wait_ms:.0f} ms to compute at "
+                                    f"{load.prefill_capacity_tok_s:.0f} tok/s vs TTFT SLO {slos.ttft_p90_ms:.0f} ms"))
             utilisation.append((load.prefill_demand_tok_s / load.prefill_capacity_tok_s,
                                 f"prefill demand {load.prefill_demand_tok_s:.0f} tok/s vs capacity "
                                 f"{load.prefill_capacity_tok_s:.0f} tok/s"))
