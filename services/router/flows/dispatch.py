@@ -232,7 +232,7 @@ class Dispatcher:
             now = self._clock()
             decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
             kv = self._kv_view.model(params.model)  # only the model's own workers' KV can match
-            cache = kv.prompt_cache(params.prompt_ids, now)
+            cache = kv.prompt_cache(params.prompt_ids, now, adapter=params.adapter)
             if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
                 cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={})
             route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,

@@ -14,6 +14,7 @@ naming the served ones (`ModelNotFound`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -29,6 +30,13 @@ log = logging.getLogger(__name__)
 class ServedModel:
     name: str  # as clients ask for it
     tokenizer: Tokenizer  # its tokenizer and chat template
+    adapter: str = ""  # the LoRA adapter a request asked for ("": the base model)
+
+
+def split_adapter(model: str) -> tuple[str, str]:
+    """`"<model>:<adapter>"` as (model, adapter); a name without a colon is (name, "")."""
+    base, colon, adapter = model.rpartition(":")
+    return (base, adapter) if colon and base and adapter else (model, "")
 
 
 class ServedModels:
@@ -42,8 +50,18 @@ class ServedModels:
     def names(self) -> list[str]:
         return sorted({self.default.name, *self._pool.models})
 
+    def is_served(self, model: str) -> bool:
+        return model == self.default.name or model in self._pool.models
+
     async def resolve(self, model: str) -> ServedModel:
-        """`model` with its tokenizer; raises `ModelNotFound` (404) or `Unavailable` (503)."""
+        """`model` with its tokenizer (and adapter, for `"<model>:<adapter>"`); raises
+        `ModelNotFound` (404) or `Unavailable` (503)."""
+        base, adapter = split_adapter(model)
+        if adapter and not self.is_served(model) and self.is_served(base):
+            return dataclasses.replace(await self._resolve_base(base), adapter=adapter)
+        return await self._resolve_base(model)
+
+    async def _resolve_base(self, model: str) -> ServedModel:
         if model == self.default.name:
             return self.default
         if model not in self._pool.models:
