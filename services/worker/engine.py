@@ -108,9 +108,11 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None) -> AsyncIterator[EngineOutput]:
+                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncIterator[EngineOutput]:
         """The request's outputs; `on_layer` (a push writer's, `KvSession.on_layer`) is called as
-        each layer of prompt blocks is final, by engines whose KV a Tandem port reads."""
+        each layer of prompt blocks is final, by engines whose KV a Tandem port reads. `adapter`:
+        the model's LoRA adapter to serve it with ("": the base model); an engine that cannot
+        serve it raises `InvalidArgument`."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -63,7 +63,8 @@ class RequestRunner:
     async def _stream(self, request: GenerateRequest, kv: KvSession, sender: FrameSender, span: trace.Span) -> None:
         """The engine's outputs as frames, ending in `Finished`; closing the outputs aborts the
         engine's request if it is still running."""
-        outputs = self.engine.generate(request.request_id, kv.token_ids, kv.sampling, on_layer=kv.on_layer)
+        outputs = self.engine.generate(request.request_id, kv.token_ids, kv.sampling, on_layer=kv.on_layer,
+                                       adapter=request.adapter)
         async with aclosing(outputs):
             kv.admitted()
             replay = ReplayedTokens(len(kv.sampling.replayed))

@@ -154,13 +154,15 @@ class VllmEngine:
         await self._close()
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None) -> AsyncGenerator[EngineOutput, None]:
+                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncGenerator[EngineOutput, None]:
         """`on_layer` is not used: vLLM's own connector writes a push, from the order staged
-        for the request."""
+        for the request. LoRA adapters are not served yet: a request naming one is refused."""
         if self._llm is None or self._stopping or self._llm.errored:
             raise Unavailable("the vLLM engine is not running")
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
+        if adapter:
+            raise InvalidArgument(f"this vLLM worker serves no LoRA adapters (asked for {adapter!r})")
         self._validate(token_ids, sampling)
         # The stream owns a staged order from here on (a stream never iterated never reaches
         # vLLM: nothing is pinned for it, and a pull's lease ends by expiry).
