@@ -41,6 +41,7 @@ from nats.aio.msg import Msg
 
 from connector.dataplane import DataPlane
 from services.worker import admin_state
+from services.worker.adapter_slots import AdapterSlots
 from services.worker.admin_state import AdminState
 from services.worker.caller_watch import CallerWatch
 from services.worker.engine import Engine
@@ -83,7 +84,9 @@ class WorkerService:
         self.bus = bus
         self.kv = kv  # the KV data plane; None: this worker computes everything itself
         self.capabilities = capabilities  # advertised in the registration (the engine spec's)
-        self._runner = RequestRunner(config.worker_id, engine, kv)
+        self.adapters = AdapterSlots(config.max_adapters, config.adapters)
+        self._runner = RequestRunner(config.worker_id, engine, kv, self.adapters, self._announce_soon)
+        self._announcements: set[asyncio.Task[None]] = set()
         self.subjects = config.bus.subjects
         self.malformed = MalformedCounter()
         self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, self.malformed)
@@ -245,6 +248,8 @@ class WorkerService:
             generation=self._admin.generation,
             restarts=self.config.restarts,
             last_exit=self.config.last_exit,
+            adapters=self.adapters.held,
+            adapter_slots=self.adapters.slots,
         )
 
     async def heartbeat(self) -> None:
@@ -271,6 +276,19 @@ class WorkerService:
             except Exception:  # e.g. a restarted NATS lost the bucket: bind (re-create) and retry once
                 self._members = await self._bind_members()
                 await self._members.put(self.worker_id, value)
+
+    def _announce_soon(self) -> None:
+        """Register now rather than at the next heartbeat (what it holds changed)."""
+        task = asyncio.create_task(self._register_quietly(), name="announce")
+        self._announcements.add(task)
+        task.add_done_callback(self._announcements.discard)
+
+    async def _register_quietly(self) -> None:
+        try:
+            await self._register()
+        except Exception as error:  # NATS gone: the next heartbeat carries it
+            reraise_if_cancelling(error)
+            log.debug("could not register %s: %s", self.worker_id, error)
 
     async def _register_after_reconnect(self) -> None:
         if not self.stopped.is_set() and self._members is not None:

@@ -61,6 +61,10 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     # process before this one ended ("exit 3: ...the vLLM engine died").
     restarts: int = 0
     last_exit: str = ""
+    # LoRA adapters of `model` it holds now, and how many it can hold at once (0: serves none);
+    # a request naming another adapter makes it load that one (evicting one when all are taken)
+    adapters: list[str] = []
+    adapter_slots: int = 0
 
 
 class MembershipChange(Message, tag="membership_change", kw_only=True):

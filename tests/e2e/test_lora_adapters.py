@@ -45,7 +45,9 @@ def receiver() -> Iterator[OtlpReceiver]:
 @pytest.fixture(scope="module")
 def pd_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory,
              receiver: OtlpReceiver) -> Iterator[LocalStack]:
-    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL), WorkerSpec(worker_id="d1", role=WorkerRole.DECODE))
+    slots = ("--max-adapters", "2")
+    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=slots),
+             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=slots))
     tracing = ("--trace-exporter", "otlp", "--otlp-endpoint", receiver.endpoint)  # the router's spans only
     yield from run_stack(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("lora-logs"), workers=0,
                                     router_args=(*ALWAYS_DISAGGREGATE, *tracing), specs=specs))

@@ -118,6 +118,8 @@ class _WorkerState(WorkerLoad[InFlight]):
             kv_push=registration.capabilities.kv_push,
             kv_capacity_tokens=kv_pool_tokens(registration),
             reported_free_kv_tokens=None if load is None else free_kv_tokens(load, registration.block_size),
+            adapters=frozenset(registration.adapters),
+            adapter_slots=registration.adapter_slots,
         )
 
     def abort_all(self, error: TandemError) -> None:

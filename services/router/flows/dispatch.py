@@ -235,7 +235,7 @@ class Dispatcher:
             cache = kv.prompt_cache(params.prompt_ids, now, adapter=params.adapter)
             if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
                 cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={})
-            route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
+            route = RouteRequest(model=params.model, adapter=params.adapter, prompt_tokens=prompt_tokens, total_tokens=total_tokens,
                                  cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
                                  cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
                                  one_engine=params.sampling.needs_whole_prompt,

@@ -1,0 +1,58 @@
+"""Which LoRA adapters a worker holds, in how many slots (pure, synchronous).
+
+The worker's request runner calls `use(adapter)` before each request that names one: a held
+adapter is marked most recently used; another is loaded into a free slot, or into the slot of
+the least recently used adapter (evicted). `load` and `unload` are the control plane's
+(`tandem ctl adapter`). The registration reports `held` and the slot count, which the
+router's adapter-aware routing reads (`services.router.routing.adapters`). A worker with no
+slots serves no adapter: `use` says so, and the request is refused.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterUse:
+    """What `use` did: whether the adapter was held already, and which one it evicted ("": none)."""
+
+    held: bool
+    evicted: str = ""
+
+
+class AdapterSlots:
+    def __init__(self, slots: int, loaded: tuple[str, ...] = ()) -> None:
+        if slots < len(loaded):
+            raise ValueError(f"{len(loaded)} adapters to load at start, but only {slots} adapter slots")
+        self.slots = slots
+        self._held: OrderedDict[str, None] = OrderedDict.fromkeys(loaded)  # least recently used first
+
+    @property
+    def held(self) -> list[str]:
+        return sorted(self._held)
+
+    def holds(self, adapter: str) -> bool:
+        return adapter in self._held
+
+    def use(self, adapter: str) -> AdapterUse | None:
+        """Mark `adapter` used, loading it (and evicting the least recently used one when every
+        slot is taken); None when this worker has no slot at all."""
+        if adapter in self._held:
+            self._held.move_to_end(adapter)
+            return AdapterUse(held=True)
+        if not self.slots:
+            return None
+        evicted = ""
+        if len(self._held) >= self.slots:
+            evicted, _ = self._held.popitem(last=False)
+        self._held[adapter] = None
+        return AdapterUse(held=False, evicted=evicted)
+
+    def load(self, adapter: str) -> AdapterUse | None:
+        return self.use(adapter)
+
+    def unload(self, adapter: str) -> bool:
+        """Whether `adapter` was held (and is no longer)."""
+        return self._held.pop(adapter, 0) is None

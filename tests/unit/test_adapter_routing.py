@@ -1,0 +1,78 @@
+"""Adapter residency: a worker's adapter slots (`services.worker.adapter_slots`) and the
+router's adapter-aware routing (`services.router.routing.adapters`, applied by eligibility):
+a request naming an adapter goes to a worker holding it, else one with a free slot, else one
+that must evict; never to a worker without slots; a request for the base model is routed as
+before."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+from services.router.config import RoutingConfig
+from services.router.routing import RoutePlan, RouteRefusal, RouteRequest, WorkerView, decide
+from services.router.routing.adapters import Residency, preferred, residency
+from services.worker.adapter_slots import AdapterSlots, AdapterUse
+from shared.schemas import WorkerRole
+from tests.unit.worker_views import worker_view
+
+REQUEST = RouteRequest(model="m", prompt_tokens=500, total_tokens=600)
+worker = partial(worker_view, adapter_slots=2)
+
+
+def routed(workers: list[WorkerView], adapter: str, **fields) -> RoutePlan | RouteRefusal | None:
+    return decide(workers, replace(REQUEST, adapter=adapter, **fields), RoutingConfig())
+
+
+def test_slots_load_on_use_and_evict_the_least_recently_used() -> None:
+    slots = AdapterSlots(2, ("alpha",))
+    assert slots.use("alpha") == AdapterUse(held=True)
+    assert slots.use("beta") == AdapterUse(held=False)
+    assert slots.use("alpha") == AdapterUse(held=True)  # beta is now the least recently used
+    assert slots.use("gamma") == AdapterUse(held=False, evicted="beta")
+    assert slots.held == ["alpha", "gamma"]
+    assert slots.unload("alpha") and not slots.unload("alpha")
+    assert slots.held == ["gamma"]
+
+
+def test_a_worker_without_slots_serves_no_adapter() -> None:
+    assert AdapterSlots(0).use("alpha") is None
+    assert residency(worker_view("w"), "alpha") is None
+    assert routed([worker_view("w")], "alpha") is None  # nobody can serve it: the caller waits
+    assert routed([worker_view("w")], "").worker_id == "w"
+
+
+def test_residency_orders_held_then_free_slot_then_eviction() -> None:
+    assert residency(worker("h", adapters=frozenset({"alpha"})), "alpha") is Residency.HELD
+    assert residency(worker("f", adapters=frozenset({"beta"})), "alpha") is Residency.FREE_SLOT
+    assert residency(worker("e", adapters=frozenset({"beta", "gamma"})), "alpha") is Residency.EVICTS
+    workers = [worker("e", adapters=frozenset({"beta", "gamma"})), worker("f"), worker("h", adapters=frozenset({"alpha"}))]
+    assert [view.worker_id for view in preferred(workers, "alpha")] == ["h"]
+    assert [view.worker_id for view in preferred(workers[:2], "alpha")] == ["f"]
+    assert [view.worker_id for view in preferred(workers[:1], "alpha")] == ["e"]
+    assert preferred(workers, "") == workers
+
+
+def test_an_adapters_requests_go_to_its_holder_even_when_it_is_busier() -> None:
+    holder = worker("holder", adapters=frozenset({"alpha"}), reported_load=6)
+    idle = worker("idle")
+    assert routed([idle, holder], "alpha").worker_id == "holder"
+    assert routed([idle, holder], "").worker_id == "idle"  # the base model: load decides
+
+
+def test_a_full_holder_leaves_its_adapter_to_a_free_slot() -> None:
+    full = worker("holder", adapters=frozenset({"alpha"}), reported_load=8 * 4)  # past the queue limit
+    evicting = worker("evicting", adapters=frozenset({"beta", "gamma"}))
+    free = worker("free", adapters=frozenset({"beta"}))
+    assert routed([full, evicting, free], "alpha").worker_id == "free"
+    assert routed([full, evicting], "alpha").worker_id == "evicting"
+
+
+def test_both_sides_of_a_pair_prefer_the_adapters_holders() -> None:
+    prefills = [worker(f"p{i}", role=WorkerRole.PREFILL, adapters=frozenset({"alpha"} if i == 2 else set()))
+                for i in range(3)]
+    decodes = [worker(f"d{i}", role=WorkerRole.DECODE, adapters=frozenset({"alpha"} if i == 1 else set()))
+               for i in range(3)]
+    plan = routed([*prefills, *decodes], "alpha")
+    assert isinstance(plan, RoutePlan) and plan.flow == "disaggregated"
+    assert (plan.prefill_worker_id, plan.worker_id) == ("p2", "d1")
