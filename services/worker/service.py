@@ -62,9 +62,11 @@ from shared.schemas import (
     Drain,
     GenerateRequest,
     KvSnapshotRequest,
+    LoadAdapter,
     PushDone,
     SetRole,
     Uncordon,
+    UnloadAdapter,
     WorkerCapacity,
     WorkerRegistration,
     WorkerStatus,
@@ -337,6 +339,9 @@ class WorkerService:
             case SetRole() | Cordon() | Uncordon():
                 outcome, reason = await self._apply_admin(message)
                 await self._reply(msg, outcome, reason)
+            case LoadAdapter() | UnloadAdapter():
+                outcome, reason = await self._apply_adapter(message)
+                await self._reply(msg, outcome, reason)
             case PushDone():
                 if self.kv is not None:
                     self.kv.deliver_push(message)
@@ -345,6 +350,23 @@ class WorkerService:
                 await self._events.publish_kv_events([AllBlocksCleared(), *self.engine.kv_snapshot()])
             case None:
                 pass
+
+    async def _apply_adapter(self, message: LoadAdapter | UnloadAdapter) -> tuple[ControlOutcome, str]:
+        """Load or unload an adapter, and announce it at once (not at the next heartbeat)."""
+        if isinstance(message, UnloadAdapter):
+            if not self.adapters.unload(message.adapter):
+                return "unchanged", f"{message.adapter} is not loaded"
+            reason = f"{message.adapter} unloaded"
+        else:
+            use = self.adapters.load(message.adapter)
+            if use is None:
+                return "refused", "this worker has no adapter slots (--max-adapters)"
+            if use.held:
+                return "unchanged", f"{message.adapter} is loaded already"
+            reason = f"{message.adapter} loaded" + (f" in place of {use.evicted}" if use.evicted else "")
+        log.info("worker %s: %s", self.worker_id, reason)
+        await self._register_quietly()
+        return "applied", reason
 
     async def _apply_admin(self, message: admin_state.AdminMessage) -> tuple[ControlOutcome, str]:
         """Change role or status, and announce it at once (not at the next heartbeat)."""

@@ -75,12 +75,27 @@ class UpgradeWorkers(Message, tag="upgrade_workers", kw_only=True):
     deadline_s: float = 30.0  # each old worker's drain deadline
 
 
+class LoadWorkerAdapter(Message, tag="load_worker_adapter", kw_only=True):
+    """The worker holds the LoRA adapter `adapter` of its model (`ok` once its registration
+    lists it); routers send that adapter's requests to the workers holding it."""
+
+    worker_id: str
+    adapter: str
+
+
+class UnloadWorkerAdapter(Message, tag="unload_worker_adapter", kw_only=True):
+    """The worker stops holding `adapter` (`ok` once its registration no longer lists it)."""
+
+    worker_id: str
+    adapter: str
+
+
 class ListWorkers(Message, tag="list_workers", kw_only=True):
     """Every registered worker, and which ones the orchestrator's launcher started."""
 
 
 OrchestratorCommand = (CordonWorker | UncordonWorker | DrainWorker | SetWorkerRole | AddWorker | RemoveWorker
-                       | ListWorkers | UpgradeWorkers)
+                       | ListWorkers | UpgradeWorkers | LoadWorkerAdapter | UnloadWorkerAdapter)
 
 
 class WorkerSummary(msgspec.Struct, kw_only=True, frozen=True):

@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
+from services.orchestrator.command_checks import refusal
+from services.orchestrator.config import WorkerLimits
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRefusal, RouteRequest, WorkerView, decide
 from services.router.routing.adapters import Residency, preferred, residency
 from services.worker.adapter_slots import AdapterSlots, AdapterUse
-from shared.schemas import WorkerRole
+from shared.schemas import WorkerCapacity, WorkerRegistration, WorkerRole
+from shared.schemas import orchestrator as commands
 from tests.unit.worker_views import worker_view
 
 REQUEST = RouteRequest(model="m", prompt_tokens=500, total_tokens=600)
@@ -76,3 +79,21 @@ def test_both_sides_of_a_pair_prefer_the_adapters_holders() -> None:
     plan = routed([*prefills, *decodes], "alpha")
     assert isinstance(plan, RoutePlan) and plan.flow == "disaggregated"
     assert (plan.prefill_worker_id, plan.worker_id) == ("p2", "d1")
+
+
+def test_loading_an_adapter_needs_a_worker_with_adapter_slots() -> None:
+    def registration(worker_id: str, slots: int) -> WorkerRegistration:
+        return WorkerRegistration(worker_id=worker_id, role=WorkerRole.BOTH, model="tiny", engine="sim", block_size=16,
+                                  compat_hash="c", capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=2048),
+                                  started_at=0.0, heartbeat_at=0.0, adapter_slots=slots)
+
+    members = {"w1": registration("w1", 0), "w2": registration("w2", 2)}
+    limits = WorkerLimits()
+
+    def why(command: commands.OrchestratorCommand) -> str | None:
+        return refusal(command, members, limits, can_launch=False)
+
+    assert "serves no LoRA adapters" in why(commands.LoadWorkerAdapter(worker_id="w1", adapter="alpha"))
+    assert why(commands.LoadWorkerAdapter(worker_id="w2", adapter="alpha")) is None
+    assert why(commands.UnloadWorkerAdapter(worker_id="w1", adapter="alpha")) is None
+    assert "no registered worker" in why(commands.LoadWorkerAdapter(worker_id="w9", adapter="alpha"))
