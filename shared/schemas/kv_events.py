@@ -33,6 +33,9 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True):
     token_ids: list[int] = []  # len == len(block_hashes) * block_size, or empty with chain_hashes
     block_size: int
     chain_hashes: list[int] | None = None  # Tandem's chain, one per block (len == len(block_hashes))
+    # the LoRA adapter whose KV these blocks are ("": the base model's, or not said): the
+    # chain of a block without a parent starts from `shared.block_hash.adapter_root(adapter)`
+    adapter: str = ""
 
 
 class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True):
@@ -60,6 +63,7 @@ class BlockStoredWithoutTokens(msgspec.Struct, tag="stored", kw_only=True):
     parent_block_hash: int | None
     block_size: int
     chain_hashes: list[int] | None = None
+    adapter: str = ""
     token_ids: ClassVar[tuple[int, ...]] = ()  # not decoded: read as an event sent without them
 
 

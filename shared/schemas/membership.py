@@ -34,6 +34,9 @@ class EngineCapabilities(msgspec.Struct, kw_only=True, frozen=True):
 
     kv_pull: bool = True  # reads leased blocks from a holder (P/D pull, prefix pull)
     kv_push: bool = False  # receives layer-by-layer writes into blocks it allocated
+    # moves the KV of requests served with a LoRA adapter (P/D, prefix pull); False: such a
+    # request is served whole by one worker, from its own cache
+    adapter_kv_transfer: bool = False
 
 
 class WorkerRegistration(Message, tag="registration", kw_only=True):

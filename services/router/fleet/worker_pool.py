@@ -213,6 +213,11 @@ class WorkerPool:
     def models(self) -> list[str]:
         return sorted({state.registration.model for state in self._workers.values()})
 
+    def moves_adapter_kv(self, model: str) -> bool:
+        """Whether every worker of `model` moves the KV of requests served with an adapter."""
+        return all(state.registration.capabilities.adapter_kv_transfer for state in self._workers.values()
+                   if state.registration.model == model)
+
     def model_dirs(self, model: str) -> list[str]:
         """The model directories `model`'s workers registered (where its tokenizer is), sorted."""
         return sorted({state.registration.model_dir for state in self._workers.values()

@@ -23,7 +23,7 @@ from array import array
 
 import msgspec
 
-from shared.block_hash import ROOT_PARENT, hash_block
+from shared.block_hash import adapter_root, hash_block
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 log = logging.getLogger(__name__)
@@ -133,13 +133,13 @@ class KvBlockMirror:
                 run = None  # a known block splits the run; the next new block names it as parent
             else:
                 tokens = event.token_ids[index * size:(index + 1) * size]
-                tandem_hash = self._tandem_hash(parent, tokens)
+                tandem_hash = self._tandem_hash(parent, tokens, event.adapter)
                 self._blocks[block_hash] = _CachedBlock(parent, array("I", tokens), 1, tandem_hash)
                 if tandem_hash is not None:
                     self._by_tandem.setdefault(tandem_hash, block_hash)
                 if run is None:
                     run = BlockStored(block_hashes=[], parent_block_hash=parent, token_ids=[], block_size=size,
-                                      chain_hashes=None if tandem_hash is None else [])
+                                      chain_hashes=None if tandem_hash is None else [], adapter=event.adapter)
                     passed.append(run)
                 run.block_hashes.append(block_hash)
                 run.token_ids.extend(tokens)
@@ -163,9 +163,9 @@ class KvBlockMirror:
                 gone.append(block_hash)
         return [BlockRemoved(block_hashes=gone)] if gone else []
 
-    def _tandem_hash(self, parent: int | None, tokens: list[int]) -> int | None:
-        if parent is None:
-            return hash_block(ROOT_PARENT, tokens)
+    def _tandem_hash(self, parent: int | None, tokens: list[int], adapter: str) -> int | None:
+        if parent is None:  # the chain's root: the adapter's (vLLM's own hashes include it too)
+            return hash_block(adapter_root(adapter), tokens)
         cached_parent = self._blocks.get(parent)
         if cached_parent is None or cached_parent.tandem_hash is None:
             return None
