@@ -226,6 +226,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
                                       doc="A request naming another adapter loads it, evicting the least "
                                           "recently used one.")] = 0
     adapters: Annotated[tuple[str, ...], flag("A LoRA adapter to load at start (repeat).", name="--adapter")] = ()
+    adapter_dir: Annotated[str, flag("vLLM: directory of the model's LoRA adapters, one PEFT directory per adapter "
+                                     "name (`tandem model lora`).")] = ""
+    vllm_max_lora_rank: Annotated[int, flag("vLLM: the largest LoRA rank an adapter may have.")] = 16
     sim_profile: Annotated[str, flag("Timing profile (sim): a JSON file or a packaged name (default, "
                                      "h100-llama-8b-shape).", doc="See [sim-profiles.md](sim-profiles.md).")] = ""
     sim_speedup: Annotated[float, flag("Run the sim this many times faster.")] = 1.0

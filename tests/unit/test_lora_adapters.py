@@ -7,7 +7,10 @@ adapter hash exactly as before."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.router.http.served_models import ServedModel, ServedModels, split_adapter
@@ -18,9 +21,11 @@ from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.kv_port import SimKvPort
 from services.worker.sim.scheduler import Scheduler
 from services.worker.sim.tokens import HISTORY_ROOT, history_root
+from services.worker.vllm.kv_event_wire import WireDecoder
+from services.worker.vllm.kv_mirror import KvBlockMirror
 from shared.block_hash import ROOT_PARENT, adapter_root, block_hash_chain
 from shared.schemas.generate import SamplingParams
-from shared.schemas.kv_events import KvEventBatch
+from shared.schemas.kv_events import BlockStored, KvEventBatch
 from shared.tokenizer import Tokenizer
 from tests.unit.test_router_served_models import RegisteredModels
 from tests.unit.test_sim_scheduler import PROFILE, VOCAB, prompt, run_to_completion
@@ -125,3 +130,57 @@ def test_received_blocks_verify_against_the_adapters_chain() -> None:
         assert port.commit_transferred(block_ids, chain, token_ids, None, [True, True],
                                        root_hash=verified_root) == expected
         port.unpin(block_ids)
+
+
+def test_a_vllm_workers_events_chain_from_the_adapter_it_names() -> None:
+    """vLLM names the adapter of stored blocks (`lora_name`); the worker's mirror chains them
+    from that adapter's root, as the router hashes the adapter's requests."""
+    token_ids = prompt(2 * BS)
+    payload = msgspec.msgpack.encode([0.0, [
+        {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None, "token_ids": token_ids,
+         "block_size": BS, "lora_id": 1, "medium": "GPU", "lora_name": "alpha"},
+        {"type": "BlockStored", "block_hashes": [21, 22], "parent_block_hash": None, "token_ids": token_ids,
+         "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None}], 0])
+    alpha, base = WireDecoder().decode(payload).events
+    assert isinstance(alpha, BlockStored) and isinstance(base, BlockStored)
+    assert (alpha.adapter, base.adapter) == ("alpha", "")
+    mirror = KvBlockMirror(BS)
+    [passed_alpha], [passed_base] = mirror.apply(alpha), mirror.apply(base)
+    assert passed_alpha.chain_hashes == block_hash_chain(token_ids, BS, parent_hash=adapter_root("alpha"))
+    assert passed_base.chain_hashes == block_hash_chain(token_ids, BS)
+    assert passed_alpha.adapter == "alpha"
+
+
+def test_an_index_that_hashes_events_itself_starts_from_their_adapter() -> None:
+    """With --verify-kv-hashes the router hashes each event's tokens: from the root of the
+    adapter the event names, so an adapter's blocks verify and match only its requests."""
+    token_ids = prompt(2 * BS)
+    chain = block_hash_chain(token_ids, BS, parent_hash=adapter_root("alpha"))
+    kv = ModelKv(verify_hashes=True)
+    kv.worker_joined("w1", BS)
+    kv.index.ingest(KvEventBatch(worker_id="w1", seq=1, ts=0.0, events=[BlockStored(
+        block_hashes=[1, 2], parent_block_hash=None, token_ids=token_ids, block_size=BS, chain_hashes=chain,
+        adapter="alpha")]))
+    assert kv.index.stats().mismatched_blocks == 0
+    assert kv.prompt_cache(token_ids, 0.0, adapter="alpha").cached_tokens == {"w1": 2 * BS}
+    assert kv.prompt_cache(token_ids, 0.0).cached_tokens == {}
+
+
+def test_a_generated_adapter_has_peft_layout_for_its_base_model(tiny_model_dir: str, tmp_path) -> None:
+    from safetensors.numpy import load_file
+
+    from shared.lora_adapter import generate_lora_adapter
+
+    generate_lora_adapter(str(tmp_path / "alpha"), tiny_model_dir, rank=8, seed=1)
+    generate_lora_adapter(str(tmp_path / "beta"), tiny_model_dir, rank=8, seed=2)
+    config = json.loads((tmp_path / "alpha" / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["target_modules"]) == ("LORA", 8, ["q_proj", "v_proj"])
+    alpha, beta = (load_file(str(tmp_path / name / "adapter_model.safetensors")) for name in ("alpha", "beta"))
+    base = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+    layer = "base_model.model.model.layers.0.self_attn"
+    heads, kv_heads, head_dim = base["num_attention_heads"], base["num_key_value_heads"], base["head_dim"]
+    assert alpha[f"{layer}.q_proj.lora_A.weight"].shape == (8, base["hidden_size"])
+    assert alpha[f"{layer}.q_proj.lora_B.weight"].shape == (heads * head_dim, 8)
+    assert alpha[f"{layer}.v_proj.lora_B.weight"].shape == (kv_heads * head_dim, 8)
+    assert len(alpha) == base["num_hidden_layers"] * 2 * 2
+    assert not (alpha[f"{layer}.v_proj.lora_B.weight"] == beta[f"{layer}.v_proj.lora_B.weight"]).all()
