@@ -12,11 +12,14 @@ from functools import partial
 from services.orchestrator.command_checks import refusal
 from services.orchestrator.config import WorkerLimits
 from services.router.config import RoutingConfig
+from services.router.fleet.worker_pool import WorkerPool
 from services.router.routing import RoutePlan, RouteRefusal, RouteRequest, WorkerView, decide
 from services.router.routing.adapters import Residency, preferred, residency
 from services.worker.adapter_slots import AdapterSlots, AdapterUse
-from shared.schemas import WorkerCapacity, WorkerRegistration, WorkerRole
+from shared.codec import MalformedCounter, encode
+from shared.schemas import EngineCapabilities, WorkerCapacity, WorkerRegistration, WorkerRole
 from shared.schemas import orchestrator as commands
+from shared.subjects import Subjects
 from tests.unit.worker_views import worker_view
 
 REQUEST = RouteRequest(model="m", prompt_tokens=500, total_tokens=600)
@@ -97,3 +100,22 @@ def test_loading_an_adapter_needs_a_worker_with_adapter_slots() -> None:
     assert why(commands.LoadWorkerAdapter(worker_id="w2", adapter="alpha")) is None
     assert why(commands.UnloadWorkerAdapter(worker_id="w1", adapter="alpha")) is None
     assert "no registered worker" in why(commands.LoadWorkerAdapter(worker_id="w9", adapter="alpha"))
+
+
+def test_the_pool_sees_held_adapters_and_whether_adapter_kv_can_move() -> None:
+    pool = WorkerPool(None, Subjects(), MalformedCounter())  # type: ignore[arg-type]  # no bus: callbacks only
+
+    def register(worker_id: str, adapter_kv: bool) -> None:
+        registration = WorkerRegistration(
+            worker_id=worker_id, role=WorkerRole.BOTH, model="m", engine="fake", block_size=16, compat_hash="h",
+            capacity=WorkerCapacity(kv_blocks=64, max_num_seqs=8, max_model_len=1024), started_at=0.0,
+            heartbeat_at=0.0, adapters=["alpha"], adapter_slots=2,
+            capabilities=EngineCapabilities(adapter_kv_transfer=adapter_kv))
+        pool._members.apply(worker_id, encode(registration))
+
+    register("w1", True)
+    [view] = pool.views(["w1"])
+    assert (view.adapters, view.adapter_slots) == (frozenset({"alpha"}), 2)
+    assert pool.moves_adapter_kv("m")
+    register("w2", False)  # one worker that cannot: the model's adapter requests stay whole
+    assert not pool.moves_adapter_kv("m")
