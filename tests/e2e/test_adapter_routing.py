@@ -2,8 +2,8 @@
 `alpha` at start, w2 `beta`, w3 none (the whole stack as processes, the official `openai`
 client, orchestrator commands as `tandem ctl adapter` sends them).
 
-Each adapter's requests go to the worker holding it (the share is counted from the workers'
-own generated-token counters); `ctl adapter load` puts an adapter on a worker (its
+Each adapter's requests, named `tiny:<adapter>` or by the adapter's own name, go to the
+worker holding it (the share is counted from the workers' own generated-token counters); `ctl adapter load` puts an adapter on a worker (its
 registration lists it) and its requests follow; a request for an adapter nobody holds goes to
 the worker with a free slot, which loads it and registers it.
 """
@@ -106,6 +106,8 @@ async def test_each_adapters_requests_go_to_the_worker_holding_it(stack: LocalSt
     beta = await share_per_worker(stack, client, f"{model}:beta", seed=2)
     assert alpha["w1"] >= 0.95, alpha
     assert beta["w2"] >= 0.95, beta
+    by_name = await share_per_worker(stack, client, "alpha", seed=5)  # the adapter's own name
+    assert by_name["w1"] >= 0.95, by_name
 
 
 async def test_ctl_loads_an_adapter_and_its_requests_follow(stack: LocalStack, tiny_model_dir: str,

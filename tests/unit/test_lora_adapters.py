@@ -87,6 +87,19 @@ def test_a_request_names_an_adapter_of_a_served_model(tiny_model_dir: str) -> No
         asyncio.run(models.resolve("other:alpha"))
 
 
+def test_an_adapter_is_asked_for_by_its_own_name_when_one_model_holds_it(tiny_model_dir: str) -> None:
+    own = ServedModel("tiny", Tokenizer.from_model_dir(tiny_model_dir))
+    pool = RegisteredModels({"tiny": [tiny_model_dir], "other": [tiny_model_dir]},
+                            adapters={"tiny": ["alpha", "shared"], "other": ["shared"]})
+    models = ServedModels(own, pool)  # type: ignore[arg-type]
+    alpha = asyncio.run(models.resolve("alpha"))
+    assert (alpha.name, alpha.adapter) == ("tiny", "alpha")
+    with pytest.raises(ModelNotFound):  # held by two models' workers: which one is not said
+        asyncio.run(models.resolve("shared"))
+    with pytest.raises(ModelNotFound):
+        asyncio.run(models.resolve("gamma"))
+
+
 def test_the_sim_answers_each_adapter_with_its_own_tokens() -> None:
     token_ids = prompt(2 * BS + 1)
     answers = {adapter: served(sim_scheduler(), token_ids, adapter) for adapter in ("", "alpha", "beta")}

@@ -213,6 +213,11 @@ class WorkerPool:
     def models(self) -> list[str]:
         return sorted({state.registration.model for state in self._workers.values()})
 
+    def models_holding(self, adapter: str) -> list[str]:
+        """The models some of whose workers hold a LoRA adapter named `adapter`, sorted."""
+        return sorted({state.registration.model for state in self._workers.values()
+                       if adapter in state.registration.adapters})
+
     def moves_adapter_kv(self, model: str) -> bool:
         """Whether every worker of `model` moves the KV of requests served with an adapter."""
         return all(state.registration.capabilities.adapter_kv_transfer for state in self._workers.values()

@@ -9,6 +9,12 @@ tokenized with the router's own tokenizer, as a router of one model always did; 
 the router cannot read is an explicit 503 naming it, never a prompt tokenized by another
 model's tokenizer. A model no worker registers and that is not the router's own is a 404
 naming the served ones (`ModelNotFound`).
+
+A LoRA adapter of a served model is asked for as `"<model>:<adapter>"`: the request is the
+base model's (its tokenizer, its workers), served with the adapter (`ServedModel.adapter`).
+A served model whose own name holds a colon is that model, never a base and an adapter. An
+adapter may also be asked for by its own name, when workers of exactly one model hold an
+adapter of that name.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ class ServedModels:
         base, adapter = split_adapter(model)
         if adapter and not self.is_served(model) and self.is_served(base):
             return dataclasses.replace(await self._resolve_base(base), adapter=adapter)
+        holders = [] if self.is_served(model) else self._pool.models_holding(model)
+        if len(holders) == 1:  # the adapter's own name
+            return dataclasses.replace(await self._resolve_base(holders[0]), adapter=model)
         return await self._resolve_base(model)
 
     async def _resolve_base(self, model: str) -> ServedModel:
