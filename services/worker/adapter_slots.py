@@ -55,4 +55,7 @@ class AdapterSlots:
 
     def unload(self, adapter: str) -> bool:
         """Whether `adapter` was held (and is no longer)."""
-        return self._held.pop(adapter, 0) is None
+        if adapter not in self._held:
+            return False
+        del self._held[adapter]
+        return True
