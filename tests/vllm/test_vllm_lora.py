@@ -5,7 +5,8 @@ Each adapter's answer through the router equals the other engine's answer to the
 with the same adapter (asked directly over the request plane: the same `LoRARequest`, an
 engine that never saw the prompt), and the adapters answer unlike each other and the base
 model. Every request of an adapter goes to the engine holding it. An engine's prefix cache
-never serves one adapter's prompt from another's blocks.
+never serves one adapter's prompt from another's blocks, and its KV events chain each
+adapter's blocks from that adapter's root, as the router hashes that adapter's requests.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make ins
 
 from launch.plan import WorkerSpec  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
+from shared.block_hash import adapter_root, block_hash_chain  # noqa: E402
 from shared.bus import Bus, connect  # noqa: E402
+from shared.codec import Codec  # noqa: E402
 from shared.lora_adapter import generate_lora_adapter  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
-from shared.schemas import WorkerRole  # noqa: E402
+from shared.schemas import KvEventBatch, WorkerRole  # noqa: E402
+from shared.schemas.kv_events import BlockStored  # noqa: E402
+from shared.subjects import Subjects  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.e2e.test_disaggregated import metric  # noqa: E402
 from tests.stack_fixtures import running  # noqa: E402
@@ -111,12 +116,28 @@ async def test_each_adapter_answers_as_an_engine_serving_it_on_its_holder(
     assert len({tuple(texts) for texts in answers.values()}) == 3, "the adapters answered like the base model"
 
 
-async def test_no_prefix_hit_crosses_adapters_in_an_engine(lora_stack: LocalStack, stack_bus: Bus,
-                                                           tiny_model_dir: str) -> None:
+async def test_no_prefix_hit_crosses_adapters(lora_stack: LocalStack, stack_bus: Bus, tiny_model_dir: str) -> None:
+    """The same ids under alpha, beta, the base model, then alpha again on one engine: only
+    the last finds its prefix cached. The worker's KV events (what the router's index
+    ingests) carry each prompt's chain from its own adapter's root, the chain the router
+    computes for a request of that adapter, so no adapter's request matches another's blocks."""
     engine = SingleEngine(stack_bus, lora_stack.config.namespace, "w1", Tokenizer.from_model_dir(tiny_model_dir).model_name)
+    announced: set[int] = set()
+    events = Codec(KvEventBatch)
+
+    async def collect(msg) -> None:
+        for event in events.decode(msg.data).events:
+            if isinstance(event, BlockStored) and event.chain_hashes:
+                announced.update(event.chain_hashes)
+
+    await stack_bus.client.subscribe(Subjects(lora_stack.config.namespace).kv_events("w1"), cb=collect)
     ids = prompt(7, PROMPT_BLOCKS * 128 + 10)
     cached = []
     for adapter in ("alpha", "beta", "", "alpha"):
         await engine.answer(ids, 4, adapter=adapter)
         cached.append(engine.cached_tokens)
     assert cached == [0, 0, 0, PROMPT_BLOCKS * 128]
+    chains = {adapter: block_hash_chain(ids, 128, parent_hash=adapter_root(adapter)) for adapter in ("alpha", "beta", "")}
+    await wait_for(lambda: all(set(chain) <= announced for chain in chains.values()), 10.0,
+                   lambda: f"each adapter's chain announced ({len(announced)} hashes seen)", interval_s=0.1)
+    assert len({hash_ for chain in chains.values() for hash_ in chain}) == 3 * PROMPT_BLOCKS  # no two alike
