@@ -41,7 +41,7 @@ from nats.aio.msg import Msg
 
 from connector.dataplane import DataPlane
 from services.worker import admin_state
-from services.worker.adapter_slots import AdapterSlots
+from services.worker.adapter_slots import AdapterSlots, apply_adapter_message
 from services.worker.admin_state import AdminState
 from services.worker.caller_watch import CallerWatch
 from services.worker.engine import Engine
@@ -353,20 +353,11 @@ class WorkerService:
 
     async def _apply_adapter(self, message: LoadAdapter | UnloadAdapter) -> tuple[ControlOutcome, str]:
         """Load or unload an adapter, and announce it at once (not at the next heartbeat)."""
-        if isinstance(message, UnloadAdapter):
-            if not self.adapters.unload(message.adapter):
-                return "unchanged", f"{message.adapter} is not loaded"
-            reason = f"{message.adapter} unloaded"
-        else:
-            use = self.adapters.load(message.adapter)
-            if use is None:
-                return "refused", "this worker has no adapter slots (--max-adapters)"
-            if use.held:
-                return "unchanged", f"{message.adapter} is loaded already"
-            reason = f"{message.adapter} loaded" + (f" in place of {use.evicted}" if use.evicted else "")
-        log.info("worker %s: %s", self.worker_id, reason)
-        await self._register_quietly()
-        return "applied", reason
+        outcome, reason = await apply_adapter_message(message, self.adapters, self.engine)
+        if outcome == "applied":
+            log.info("worker %s: %s", self.worker_id, reason)
+            await self._register_quietly()
+        return outcome, reason
 
     async def _apply_admin(self, message: admin_state.AdminMessage) -> tuple[ControlOutcome, str]:
         """Change role or status, and announce it at once (not at the next heartbeat)."""

@@ -6,6 +6,7 @@ before."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from functools import partial
 
@@ -15,9 +16,17 @@ from services.router.config import RoutingConfig
 from services.router.fleet.worker_pool import WorkerPool
 from services.router.routing import RoutePlan, RouteRefusal, RouteRequest, WorkerView, decide
 from services.router.routing.adapters import Residency, preferred, residency
-from services.worker.adapter_slots import AdapterSlots, AdapterUse
+from services.worker.adapter_slots import AdapterSlots, AdapterUse, apply_adapter_message
 from shared.codec import MalformedCounter, encode
-from shared.schemas import EngineCapabilities, WorkerCapacity, WorkerRegistration, WorkerRole
+from shared.errors import InvalidArgument
+from shared.schemas import (
+    EngineCapabilities,
+    LoadAdapter,
+    UnloadAdapter,
+    WorkerCapacity,
+    WorkerRegistration,
+    WorkerRole,
+)
 from shared.schemas import orchestrator as commands
 from shared.subjects import Subjects
 from tests.unit.worker_views import worker_view
@@ -119,3 +128,31 @@ def test_the_pool_sees_held_adapters_and_whether_adapter_kv_can_move() -> None:
     assert pool.moves_adapter_kv("m")
     register("w2", False)  # one worker that cannot: the model's adapter requests stay whole
     assert not pool.moves_adapter_kv("m")
+
+
+class AdapterEngine:
+    """What `apply_adapter_message` asks of an engine: to load an adapter, which it may refuse."""
+
+    def __init__(self, servable: set[str]) -> None:
+        self.servable = servable
+
+    async def load_adapter(self, adapter: str) -> None:
+        if adapter not in self.servable:
+            raise InvalidArgument(f"no LoRA adapter {adapter!r}")
+
+
+def test_control_messages_load_and_unload_through_the_engine() -> None:
+    slots, engine = AdapterSlots(1), AdapterEngine({"alpha", "beta"})
+
+    def apply(message) -> tuple[str, str]:
+        return asyncio.run(apply_adapter_message(message, slots, engine))  # type: ignore[arg-type]
+
+    assert apply(LoadAdapter(adapter="alpha")) == ("applied", "alpha loaded")
+    assert apply(LoadAdapter(adapter="alpha"))[0] == "unchanged"
+    assert apply(LoadAdapter(adapter="beta")) == ("applied", "beta loaded in place of alpha")
+    assert apply(LoadAdapter(adapter="missing")) == ("refused", "no LoRA adapter 'missing'")
+    assert slots.held == ["beta"]
+    assert apply(UnloadAdapter(adapter="beta")) == ("applied", "beta unloaded")
+    assert apply(UnloadAdapter(adapter="beta"))[0] == "unchanged"
+    no_slots = asyncio.run(apply_adapter_message(LoadAdapter(adapter="alpha"), AdapterSlots(0), engine))  # type: ignore[arg-type]
+    assert no_slots[0] == "refused"

@@ -104,6 +104,9 @@ class SimEngine:
     async def abort(self, request_id: str) -> None:
         self._abort_now(request_id)
 
+    async def load_adapter(self, adapter: str) -> None:
+        """The sim's adapter is its name (it seeds the request's tokens): nothing to read."""
+
     async def wait_failed(self) -> str:
         """The simulated engine lives in the worker's process: it never dies on its own."""
         await asyncio.Event().wait()

@@ -174,6 +174,13 @@ class VllmEngine:
         if self._llm is not None and request_id in self._streams:
             await self._llm.abort(request_id)
 
+    async def load_adapter(self, adapter: str) -> None:
+        """vLLM reads the adapter's weights now (else at its first request)."""
+        lora = self.loras.request(adapter)
+        if self._llm is None or self._stopping or self._llm.errored:
+            raise Unavailable("the vLLM engine is not running")
+        await self._llm.add_lora(lora)
+
     async def wait_failed(self) -> str:
         assert self._llm is not None, "the vLLM engine was not started"
         llm = self._llm
