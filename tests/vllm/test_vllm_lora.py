@@ -7,6 +7,8 @@ engine that never saw the prompt), and the adapters answer unlike each other and
 model. Every request of an adapter goes to the engine holding it. An engine's prefix cache
 never serves one adapter's prompt from another's blocks, and its KV events chain each
 adapter's blocks from that adapter's root, as the router hashes that adapter's requests.
+`tandem ctl adapter load` has vLLM read an adapter of the adapter directory, and refuses one
+that is not there.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from shared.lora_adapter import generate_lora_adapter  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.schemas import KvEventBatch, WorkerRole  # noqa: E402
 from shared.schemas.kv_events import BlockStored  # noqa: E402
+from shared.schemas.orchestrator import LoadWorkerAdapter  # noqa: E402
 from shared.subjects import Subjects  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
+from tests.e2e.control_plane_helpers import command  # noqa: E402
 from tests.e2e.test_disaggregated import metric  # noqa: E402
 from tests.stack_fixtures import running  # noqa: E402
 from tests.vllm.conftest import vllm_args, vllm_stack  # noqa: E402
@@ -141,3 +145,10 @@ async def test_no_prefix_hit_crosses_adapters(lora_stack: LocalStack, stack_bus:
     await wait_for(lambda: all(set(chain) <= announced for chain in chains.values()), 10.0,
                    lambda: f"each adapter's chain announced ({len(announced)} hashes seen)", interval_s=0.1)
     assert len({hash_ for chain in chains.values() for hash_ in chain}) == 3 * PROMPT_BLOCKS  # no two alike
+
+
+async def test_ctl_loads_an_adapter_from_the_adapter_directory(lora_stack: LocalStack) -> None:
+    loaded = await command(lora_stack, LoadWorkerAdapter(worker_id="w2", adapter="alpha"))
+    assert loaded.ok and "alpha" in loaded.workers[0].registration.adapters, loaded
+    missing = await command(lora_stack, LoadWorkerAdapter(worker_id="w2", adapter="gamma"))
+    assert missing.outcome == "refused" and "no LoRA adapter 'gamma'" in missing.reason, missing
