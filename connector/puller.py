@@ -24,7 +24,6 @@ from connector.port import KvPort
 from connector.retry import BlockRetry, retry_async
 from connector.spans import block_failures
 from connector.transport import KvTransport, TransferResult
-from shared.block_hash import ROOT_PARENT
 from shared.config import KvRetryConfig
 from shared.schemas.transfer import KvHandle, TransferKind, TransferOutcome, TransferRecord
 
@@ -70,7 +69,7 @@ class KvPuller:
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
 
     async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: TransferKind = "pull",
-                   root_hash: int = ROOT_PARENT) -> PullOutcome:
+                   adapter: str = "") -> PullOutcome:
         """Bring the handle's blocks into the local cache; always releases the lease."""
         started = time.monotonic()
         await self.leases.refuse_if_incompatible(handle)
@@ -112,7 +111,7 @@ class KvPuller:
         parent = handle.block_hashes[first - 1] if first else None
         committed = self._port.commit_transferred(targets, handle.block_hashes[first:wanted],
                                                   token_ids[first * self.block_size: wanted * self.block_size],
-                                                  parent, ok, root_hash=root_hash)
+                                                  parent, ok, adapter=adapter)
         failed = [first + i for i, good in enumerate(committed) if not good]
         self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
         pinned += [block_id for block_id, good in zip(targets, committed) if good]

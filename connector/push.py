@@ -23,7 +23,6 @@ from connector.block_reader import verified_blocks
 from connector.port import KvPort
 from connector.spans import tracer
 from connector.transport import KvTransport, TransferResult
-from shared.block_hash import ROOT_PARENT
 from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
 
 log = logging.getLogger(__name__)
@@ -154,7 +153,7 @@ class PushReceiver:
             self.done.set_result(message)
 
     def commit(self, message: PushDone, token_ids: list[int], block_hashes: list[int], *,
-               root_hash: int = ROOT_PARENT) -> list[bool]:
+               adapter: str = "") -> list[bool]:
         """Verify and commit what arrived; unpins what did not. Returns per-block success."""
         targets = self.target.block_ids
         failed = set(message.failed_blocks)
@@ -162,6 +161,6 @@ class PushReceiver:
         ok = verified_blocks(landed, targets, message.checksums, self._port.checksum)
         committed = self._port.commit_transferred(targets, block_hashes[: len(targets)],
                                                   token_ids[: len(targets) * self.block_size], None, ok,
-                                                  root_hash=root_hash)
+                                                  adapter=adapter)
         self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
         return committed

@@ -81,7 +81,7 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
                     span.set_attribute("tandem.kv.outcome", "no_lease")
                     return Prepared()
                 outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind,
-                                                 root_hash=adapter_root(request.adapter))
+                                                 adapter=request.adapter)
             finally:
                 end_transfer_span(span, outcome.record if outcome is not None else None)
         if outcome.record is not None:
@@ -146,9 +146,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         if message.first_token is None:
             self.port.unpin(receiver.target.block_ids)
             raise Unavailable(f"the prefill worker failed: {message.outcome}")
-        root = adapter_root(request.adapter)
-        hashes = block_hash_chain(request.token_ids, self.block_size, parent_hash=root)
-        committed = receiver.commit(message, request.token_ids, hashes, root_hash=root)
+        hashes = block_hash_chain(request.token_ids, self.block_size, parent_hash=adapter_root(request.adapter))
+        committed = receiver.commit(message, request.token_ids, hashes, adapter=request.adapter)
         not_sent = set(message.failed_blocks)
         trace.get_current_span().set_attributes(block_failures(  # the receive's span
             [index not in not_sent for index in range(len(committed))], committed))

@@ -46,9 +46,9 @@ def served(scheduler: Scheduler, token_ids: list[int], adapter: str, request_id:
     return tokens[request_id]
 
 
-def index_of(worker_id: str, scheduler: Scheduler) -> ModelKv:
+def index_of(worker_id: str, scheduler: Scheduler, *, verify_hashes: bool = False) -> ModelKv:
     """A model's KV namespace that has ingested every event `scheduler` produced so far."""
-    kv = ModelKv()
+    kv = ModelKv(verify_hashes=verify_hashes)
     kv.worker_joined(worker_id, BS)
     kv.index.ingest(KvEventBatch(worker_id=worker_id, seq=1, ts=0.0, events=scheduler.blocks.take_events()))
     return kv
@@ -119,6 +119,20 @@ def test_the_index_never_matches_a_prefix_across_adapters_of_one_model() -> None
     assert alpha.prefix_key != beta.prefix_key  # nor do their prefix homes meet
 
 
+def test_a_routers_own_hashing_of_the_sims_events_agrees_with_the_worker() -> None:
+    """With --verify-kv-hashes the router hashes the events' tokens from the adapter they name:
+    the sim's chains verify, and still match only their adapter."""
+    token_ids = prompt(4 * BS)
+    scheduler = sim_scheduler()
+    served(scheduler, token_ids, "alpha")
+    kv = index_of("w1", scheduler, verify_hashes=True)
+    assert kv.index.stats().mismatched_blocks == 0
+    assert kv.prompt_cache(token_ids, 0.0, adapter="alpha").cached_tokens == {"w1": 4 * BS}
+    assert kv.prompt_cache(token_ids, 0.0, adapter="beta").cached_tokens == {}
+    snapshot = scheduler.blocks.snapshot()
+    assert snapshot and all(event.adapter == "alpha" for event in snapshot)
+
+
 def test_the_sim_reuses_kv_only_within_an_adapter() -> None:
     token_ids = prompt(4 * BS)
     scheduler = sim_scheduler()
@@ -135,13 +149,13 @@ def test_received_blocks_verify_against_the_adapters_chain() -> None:
     port = SimKvPort(BlockManager(8, BS), KvPool(8, num_layers=2, block_size=BS, kv_dim=4))
     root = adapter_root("alpha")
     chain = block_hash_chain(token_ids, BS, parent_hash=root)
-    for verified_root, expected in ((ROOT_PARENT, [False, False]), (root, [True, True])):
+    for verified_adapter, expected in (("", [False, False]), ("beta", [False, False]), ("alpha", [True, True])):
         block_ids = port.allocate_for_transfer(2)
         assert block_ids is not None
         for block_id, block_hash in zip(block_ids, chain):
             port.pool.write_block(block_id, block_hash)
         assert port.commit_transferred(block_ids, chain, token_ids, None, [True, True],
-                                       root_hash=verified_root) == expected
+                                       adapter=verified_adapter) == expected
         port.unpin(block_ids)
 
 

@@ -41,6 +41,7 @@ class KvBlock:
     parent_hash: int | None = None  # hash of the previous block of its sequence; None for the first
     token_ids: tuple[int, ...] = ()  # kept for snapshots (resync)
     announced: bool = False  # a BlockStored for it went out (its parent was announced)
+    adapter: str = ""  # the LoRA adapter of its sequence (named in its BlockStored)
 
 
 class BlockManager:
@@ -175,11 +176,12 @@ class BlockManager:
     # ---- the prefix cache ----------------------------------------------------------------
 
     def commit(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-               parent_hash: int | None) -> list[bool]:
+               parent_hash: int | None, *, adapter: str = "") -> list[bool]:
         """Cache blocks of one sequence that just became full, and announce them.
 
         `block_ids` are consecutive blocks of one sequence, `token_ids` their tokens,
-        `parent_hash` the hash of the block before the first (None at the sequence start).
+        `parent_hash` the hash of the block before the first (None at the sequence start),
+        `adapter` the sequence's LoRA adapter (its chain's root; named in the events).
         A block whose hash is already cached elsewhere (two requests computed the same
         prefix at once) stays private and is not announced. Consecutive new blocks are
         announced in one `BlockStored`; a block whose parent is not announced waits for it.
@@ -200,6 +202,7 @@ class BlockManager:
             block.block_hash = block_hash
             self._evicted.pop(block_hash, None)
             block.parent_hash = parent_hash
+            block.adapter = adapter
             block.token_ids = tuple(token_ids[index * size:(index + 1) * size])
             self._cached[block_hash] = block_id
             cached.append(True)
@@ -208,7 +211,7 @@ class BlockManager:
                 stored = None
             else:
                 if stored is None:
-                    stored = self._new_event(parent_hash)
+                    stored = self._new_event(parent_hash, adapter)
                 self._announce(block, stored)
                 if block_hash in self._deferred:
                     self._announce_deferred(block_hash)
@@ -254,7 +257,7 @@ class BlockManager:
             block = pending.pop()
             chain: list[int] = []
             event = BlockStored(block_hashes=[], parent_block_hash=block.parent_hash, token_ids=[],
-                                block_size=self.block_size, chain_hashes=chain)
+                                block_size=self.block_size, chain_hashes=chain, adapter=block.adapter)
             events.append(event)
             while True:
                 assert block.block_hash is not None
@@ -289,9 +292,9 @@ class BlockManager:
         block_id = self._cached.get(block_hash)
         return block_id is not None and self._blocks[block_id].announced
 
-    def _new_event(self, parent_hash: int | None) -> BlockStored:
+    def _new_event(self, parent_hash: int | None, adapter: str) -> BlockStored:
         event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[], block_size=self.block_size,
-                            chain_hashes=[])
+                            chain_hashes=[], adapter=adapter)
         self._events.append(event)
         return event
 
@@ -308,7 +311,7 @@ class BlockManager:
         pending = [(parent_hash, block_id) for block_id in reversed(self._deferred.pop(parent_hash))]
         while pending:
             parent, block_id = pending.pop()
-            event = self._new_event(parent)
+            event = self._new_event(parent, self._blocks[block_id].adapter)
             while True:
                 block = self._blocks[block_id]
                 self._announce(block, event)

@@ -34,7 +34,6 @@ from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.kv_port import SimKvPort
 from services.worker.sim.profile import TimingProfile, load_profile
 from services.worker.sim.scheduler import Scheduler, StepResult
-from shared.block_hash import ROOT_PARENT
 from shared.compat import KvLayout
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument, TandemError, Unavailable
@@ -141,9 +140,9 @@ class SimEngine:
         return self.kv_port.allocate_for_transfer(num_blocks)
 
     def commit_transferred(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-                           parent_hash: int | None, ok: list[bool], *, root_hash: int = ROOT_PARENT) -> list[bool]:
+                           parent_hash: int | None, ok: list[bool], *, adapter: str = "") -> list[bool]:
         return self.kv_port.commit_transferred(block_ids, block_hashes, token_ids, parent_hash, ok,
-                                               root_hash=root_hash)
+                                               adapter=adapter)
 
     def unpin(self, block_ids: list[int]) -> None:
         self.kv_port.unpin(block_ids)

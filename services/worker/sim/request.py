@@ -25,7 +25,8 @@ class SimRequest:
     block_size: int
     history_state: int  # `tokens.fold_tokens(token_ids, tokens.history_root(adapter))`, kept up to date
     block_hashes: list[int]  # chain hash of every full block of token_ids, from `root_hash`
-    # the parent of its first block: `shared.block_hash.adapter_root` of its LoRA adapter
+    adapter: str = ""  # the LoRA adapter it runs with ("": the base model)
+    # the parent of its first block: `shared.block_hash.adapter_root(adapter)`
     root_hash: int = ROOT_PARENT
     block_ids: list[int] = field(default_factory=list)
     # Every token before this position has KV in block_ids, computed or reused. It never

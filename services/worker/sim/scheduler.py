@@ -121,7 +121,7 @@ class Scheduler:
                              sampling=sampling, block_size=self.block_size,
                              history_state=fold_tokens(token_ids, history_root(adapter)),
                              block_hashes=block_hash_chain(token_ids, self.block_size, parent_hash=root),
-                             root_hash=root)
+                             adapter=adapter, root_hash=root)
         self._requests[request_id] = request
         self._waiting.append(request)
 
@@ -294,7 +294,7 @@ class Scheduler:
             first, stop = indices[0], indices[-1] + 1
             self.blocks.commit(request.block_ids[first:stop], request.block_hashes[first:stop],
                                request.token_ids[first * size:stop * size],
-                               request.block_hashes[first - 1] if first else None)
+                               request.block_hashes[first - 1] if first else None, adapter=request.adapter)
 
     def _write_kv(self, request: SimRequest, computed: list[int], end: int) -> None:
         """Write the KV bytes of the blocks at indices `computed`, filled up to position `end`.
