@@ -176,6 +176,7 @@ def test_a_vllm_workers_events_chain_from_the_adapter_it_names() -> None:
     assert passed_alpha.chain_hashes == block_hash_chain(token_ids, BS, parent_hash=adapter_root("alpha"))
     assert passed_base.chain_hashes == block_hash_chain(token_ids, BS)
     assert passed_alpha.adapter == "alpha"
+    assert sorted(event.adapter for event in mirror.snapshot()) == ["", "alpha"]  # a resync names them too
 
 
 def test_an_index_that_hashes_events_itself_starts_from_their_adapter() -> None:

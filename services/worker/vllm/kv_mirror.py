@@ -34,6 +34,7 @@ class _CachedBlock(msgspec.Struct):
     token_ids: array
     copies: int
     tandem_hash: int | None = None  # None: its parent was never announced, so the chain is unknown
+    adapter: str = ""  # the LoRA adapter vLLM computed it with
 
 
 class KvBlockMirror:
@@ -95,7 +96,8 @@ class KvBlockMirror:
             block_hash = pending.pop()
             root = self._blocks[block_hash]
             event = BlockStored(block_hashes=[], parent_block_hash=root.parent_hash, token_ids=[],
-                                block_size=self.block_size, chain_hashes=None if root.tandem_hash is None else [])
+                                block_size=self.block_size, chain_hashes=None if root.tandem_hash is None else [],
+                                adapter=root.adapter)
             events.append(event)
             while True:
                 block = self._blocks[block_hash]
@@ -134,7 +136,7 @@ class KvBlockMirror:
             else:
                 tokens = event.token_ids[index * size:(index + 1) * size]
                 tandem_hash = self._tandem_hash(parent, tokens, event.adapter)
-                self._blocks[block_hash] = _CachedBlock(parent, array("I", tokens), 1, tandem_hash)
+                self._blocks[block_hash] = _CachedBlock(parent, array("I", tokens), 1, tandem_hash, event.adapter)
                 if tandem_hash is not None:
                     self._by_tandem.setdefault(tandem_hash, block_hash)
                 if run is None:
