@@ -54,7 +54,8 @@ class Eligible:
 def eligible(workers: Sequence[WorkerView], request: RouteRequest,
              routing: RoutingConfig) -> Eligible | RouteRefusal | None:
     """The workers that may take `request`; a refusal; or None when none can (the caller waits)."""
-    workers = able_to_serve(workers, request.adapter)
+    if request.adapter:
+        workers = able_to_serve(workers, request.adapter)
     serving = [worker for worker in workers
                if can_serve(worker, request.model) and worker.max_model_len >= request.total_tokens]
     if not serving:
@@ -68,4 +69,6 @@ def eligible(workers: Sequence[WorkerView], request: RouteRequest,
         if not serving:
             return RouteRefusal("overloaded")
         prefill = [worker for worker in prefill if not queue_full(worker, routing)]
-    return Eligible(preferred(serving, request.adapter), preferred(prefill, request.adapter), prefill_exists)
+    if request.adapter:
+        serving, prefill = preferred(serving, request.adapter), preferred(prefill, request.adapter)
+    return Eligible(serving, prefill, prefill_exists)
