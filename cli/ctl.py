@@ -97,14 +97,14 @@ def _report(outcome: commands.CommandOutcome) -> None:
 def workers_table(workers: list[commands.WorkerSummary]) -> Table:
     table = Table(title="workers")
     table.add_column("worker", no_wrap=True)
-    for column in ("role", "status", "gen", "model", "version", "engine", "pid", "launched"):
+    for column in ("role", "status", "gen", "model", "version", "engine", "pid", "launched", "adapters"):
         table.add_column(column)
     for summary in workers:
         registration = summary.registration
         table.add_row(registration.worker_id, registration.role.value, registration.status.value,
                       str(registration.generation), registration.model, registration.model_version,
                       registration.engine, str(registration.pid),
-                      "yes" if summary.launched else "")
+                      "yes" if summary.launched else "", " ".join(registration.adapters))
     return table
 
 
@@ -174,6 +174,29 @@ def wake(ctx: typer.Context,
 
 
 _leave_command("remove", commands.RemoveWorker, "Drain a worker and stop its process (if the orchestrator started it).")
+
+adapter_app = typer.Typer(help="Load or unload a worker's LoRA adapters.", no_args_is_help=True)
+app.add_typer(adapter_app, name="adapter")
+
+
+@adapter_app.command("load")
+def load_adapter(ctx: typer.Context,
+                 worker_id: str, adapter: Annotated[str, typer.Argument(help="The adapter's name (of the worker's model).")],
+                 nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+                 timeout: Timeout = 60.0) -> None:
+    """The worker holds the adapter from now on (routers send it that adapter's requests)."""
+    _report(_issue(ctx, commands.LoadWorkerAdapter(worker_id=worker_id, adapter=adapter), nats_url, namespace,
+                   timeout))
+
+
+@adapter_app.command("unload")
+def unload_adapter(ctx: typer.Context,
+                   worker_id: str, adapter: Annotated[str, typer.Argument(help="The adapter's name.")],
+                   nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
+                   timeout: Timeout = 15.0) -> None:
+    """The worker stops holding the adapter."""
+    _report(_issue(ctx, commands.UnloadWorkerAdapter(worker_id=worker_id, adapter=adapter), nats_url, namespace,
+                   timeout))
 
 
 def _role_settings(items: list[str]) -> dict[str, list[str]]:

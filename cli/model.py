@@ -44,3 +44,27 @@ def model_random(
                err=True)
     generate_tiny_model(str(out_dir), seed=seed, **chosen.as_arguments())
     typer.echo(f"{shape} model written to {out_dir}")
+
+
+@app.command("lora")
+def model_lora(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the adapter into (its name is the adapter's: "
+                                                 "put it under the workers' --adapter-dir).")],
+    base: Annotated[Path, typer.Option("--base", help="The generated model it adapts (its model directory).")],
+    rank: Annotated[int, typer.Option(help="LoRA rank.")] = 8,
+    alpha: Annotated[int, typer.Option(help="LoRA alpha (the update is scaled by alpha / rank).")] = 16,
+    target: Annotated[list[str] | None, typer.Option(help="A projection to adapt (repeat): q_proj, k_proj, v_proj, "
+                                                         "o_proj.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights: another seed, another adapter.")] = 0,
+) -> None:
+    """Generate a random-weight LoRA adapter (PEFT layout) for a generated model."""
+    from shared.lora_adapter import generate_lora_adapter
+
+    if not (base / "config.json").is_file():
+        raise typer.BadParameter(f"{base} is not a model directory (no config.json)", param_hint="--base")
+    try:
+        generate_lora_adapter(str(out_dir), str(base), rank=rank, alpha=alpha, seed=seed,
+                              target_modules=tuple(target or ("q_proj", "v_proj")))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    typer.echo(f"LoRA adapter written to {out_dir}")

@@ -34,7 +34,7 @@ from opentelemetry import trace
 from connector.dataplane import DataPlane, Prepared
 from connector.port import LayerHook
 from connector.push import PushWriter
-from shared.block_hash import block_hash_chain
+from shared.block_hash import adapter_root, block_hash_chain
 from shared.errors import ErrorCode, TandemError
 from shared.request_plane import FrameSender
 from shared.schemas import GenerateRequest, KvHandle, PushDone
@@ -102,7 +102,8 @@ class KvSession:
             self._handle = kv.hold(self._request)
         writer = self._writer
         if writer is not None:
-            writer.send_reused(block_hash_chain(self._request.token_ids, self._block_size), self._num_layers)
+            writer.send_reused(block_hash_chain(self._request.token_ids, self._block_size,
+                                                parent_hash=adapter_root(self._request.adapter)), self._num_layers)
             done = await writer.finish(first_token)
             trace.get_current_span().set_attribute("tandem.kv.push_writes", len(writer.timings))
             kv.last_push_timings = writer.timings

@@ -98,12 +98,13 @@ class KvPort(Protocol):
         ...
 
     def commit_transferred(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-                           parent_hash: int | None, ok: list[bool]) -> list[bool]:
+                           parent_hash: int | None, ok: list[bool], *, adapter: str = "") -> list[bool]:
         """Register received blocks in the prefix cache, as if computed here.
 
         `block_ids[i]` received the block whose chain hash is `block_hashes[i]`; `token_ids`
         are their tokens (block_size each), `parent_hash` the hash of the block before the
-        first (None at the sequence start). A block is committed when `ok[i]` (its bytes
+        first (None at the sequence start, whose chain starts from the root of the request's
+        LoRA `adapter`: `shared.block_hash.adapter_root`). A block is committed when `ok[i]` (its bytes
         arrived and matched the sender's checksum), its hash matches the tokens, and its
         bytes verify against the hash. A block whose hash is already cached here counts as
         committed but stays private (the cached copy serves). Returns, per block, whether it

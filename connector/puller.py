@@ -68,7 +68,8 @@ class KvPuller:
         self._retry = retry
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
 
-    async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: TransferKind = "pull") -> PullOutcome:
+    async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: TransferKind = "pull",
+                   adapter: str = "") -> PullOutcome:
         """Bring the handle's blocks into the local cache; always releases the lease."""
         started = time.monotonic()
         await self.leases.refuse_if_incompatible(handle)
@@ -110,7 +111,7 @@ class KvPuller:
         parent = handle.block_hashes[first - 1] if first else None
         committed = self._port.commit_transferred(targets, handle.block_hashes[first:wanted],
                                                   token_ids[first * self.block_size: wanted * self.block_size],
-                                                  parent, ok)
+                                                  parent, ok, adapter=adapter)
         failed = [first + i for i, good in enumerate(committed) if not good]
         self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
         pinned += [block_id for block_id, good in zip(targets, committed) if good]

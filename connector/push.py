@@ -152,13 +152,15 @@ class PushReceiver:
         if not self.done.done():
             self.done.set_result(message)
 
-    def commit(self, message: PushDone, token_ids: list[int], block_hashes: list[int]) -> list[bool]:
+    def commit(self, message: PushDone, token_ids: list[int], block_hashes: list[int], *,
+               adapter: str = "") -> list[bool]:
         """Verify and commit what arrived; unpins what did not. Returns per-block success."""
         targets = self.target.block_ids
         failed = set(message.failed_blocks)
         landed = [message.outcome in ("done", "failed") and index not in failed for index in range(len(targets))]
         ok = verified_blocks(landed, targets, message.checksums, self._port.checksum)
         committed = self._port.commit_transferred(targets, block_hashes[: len(targets)],
-                                                  token_ids[: len(targets) * self.block_size], None, ok)
+                                                  token_ids[: len(targets) * self.block_size], None, ok,
+                                                  adapter=adapter)
         self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
         return committed

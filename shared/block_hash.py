@@ -6,6 +6,11 @@ engine they run; routers compute the same chain from tokenized requests and from
 token ids in KV events. Only full blocks are hashed: a partial tail block is never shared.
 xxh3 rather than a cryptographic hash: this runs for every block a router indexes, and
 keys only a cache (a collision costs a recompute-free wrong match on one prefix, at 2^-64).
+
+A request served with a LoRA adapter computes other KV for the same tokens, so its chain
+starts from the adapter's root (`adapter_root`) instead of `ROOT_PARENT`: no block of one
+adapter, or of the base model, ever has the hash of another's. Without an adapter the root
+is `ROOT_PARENT`, so the chains of plain requests are what they always were.
 """
 
 from __future__ import annotations
@@ -16,6 +21,15 @@ from collections.abc import Sequence
 from xxhash import xxh3_64_intdigest
 
 ROOT_PARENT = 0
+_ADAPTER_DOMAIN = b"tandem-lora-adapter:"
+
+
+def adapter_root(adapter: str) -> int:
+    """The parent of a request's first block: `ROOT_PARENT` for the base model (adapter ""),
+    else a hash of the adapter's name (never `ROOT_PARENT`)."""
+    if not adapter:
+        return ROOT_PARENT
+    return xxh3_64_intdigest(_ADAPTER_DOMAIN + adapter.encode()) or 1
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int], salt: bytes = b"") -> int:

@@ -225,6 +225,13 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_num_seqs: Annotated[int, flag("Batching: most requests running at once.")] = 64
     max_num_batched_tokens: Annotated[int, flag("Batching: most tokens in one engine step.")] = 512
     max_model_len: Annotated[int, flag("Longest request (prompt and answer) in tokens.")] = 2048
+    max_adapters: Annotated[int, flag("LoRA adapters held at once (slots); 0: serves no adapter.",
+                                      doc="A request naming another adapter loads it, evicting the least "
+                                          "recently used one.")] = 0
+    adapters: Annotated[tuple[str, ...], flag("A LoRA adapter to load at start (repeat).", name="--adapter")] = ()
+    adapter_dir: Annotated[str, flag("vLLM: directory of the model's LoRA adapters, one PEFT directory per adapter "
+                                     "name (`tandem model lora`).")] = ""
+    vllm_max_lora_rank: Annotated[int, flag("vLLM: the largest LoRA rank an adapter may have.")] = 16
     sim_profile: Annotated[str, flag("Timing profile (sim): a JSON file or a packaged name (default, "
                                      "h100-llama-8b-shape).", doc="See [sim-profiles.md](sim-profiles.md).")] = ""
     sim_speedup: Annotated[float, flag("Run the sim this many times faster.")] = 1.0
@@ -265,6 +272,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
                 "max_num_batched_tokens must be at least one block")
         require(self.max_model_len > 0, "max_model_len must be positive")
         require(self.sim_speedup > 0, "sim speed-up must be positive")
+        require(0 <= len(self.adapters) <= self.max_adapters,
+                "max_adapters must be at least the number of adapters loaded at start")
         require(self.caller_check_interval_s >= 0, "the caller check interval must not be negative")
         require(self.vllm_block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
         self.membership.validate()

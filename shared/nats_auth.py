@@ -12,7 +12,8 @@ Roles and what they may do (subjects from the catalog, `shared.subjects`):
   load and membership; publish request records; share its predicted load with the other
   routers (`router.load.*`: router ids are per process, so any router id).
 - orchestrator: read membership, delete dead workers' registrations, publish changes; take
-  operator commands and send workers their admin messages (set_role, cordon, uncordon, drain).
+  operator commands and send workers their admin messages (set_role, cordon, uncordon, drain,
+  load_adapter, unload_adapter).
 - metrics: read events, load, transfer and request records, membership; ask for KV snapshots.
 - operator (the launcher, `tandem` tools): read membership; drain workers (`ctl.*.drain`);
   send the orchestrator commands (`tandem ctl`).
@@ -142,7 +143,8 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
             subscribe += [s.orchestrator_commands, s.orchestrator_wake]
             publish += [s.orchestrator_progress]
             publish += ["_INBOX.>", s.membership_changes, f"$KV.{bucket}.>", *_jetstream(bucket, create=True),
-                        *(_wild(s.control, kind) for kind in ("set_role", "cordon", "uncordon", "drain"))]
+                        *(_wild(s.control, kind) for kind in ("set_role", "cordon", "uncordon", "drain", "load_adapter",
+                                                              "unload_adapter"))]
         case Role.METRICS:
             subscribe += [s.kv_events_all, s.load_all, s.kv_transfers_all, s.request_events, s.membership_changes]
             publish += [_wild(s.control, "kv_snapshot"), *_jetstream(bucket, create=True)]

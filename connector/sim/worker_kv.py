@@ -24,7 +24,7 @@ from connector.push import PushReceiver, PushWriter
 from connector.sim.holder import KvHolder
 from connector.spans import block_failures, end_transfer_span, tracer, transfer_attributes
 from connector.transport import KvTransport
-from shared.block_hash import block_hash_chain
+from shared.block_hash import adapter_root, block_hash_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
@@ -80,7 +80,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
                 if handle is None:
                     span.set_attribute("tandem.kv.outcome", "no_lease")
                     return Prepared()
-                outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind)
+                outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind,
+                                                 adapter=request.adapter)
             finally:
                 end_transfer_span(span, outcome.record if outcome is not None else None)
         if outcome.record is not None:
@@ -99,7 +100,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
     def hold(self, request: GenerateRequest) -> KvHandle | None:
         """Lease the request's prompt blocks for a decode worker. Call it as soon as the
         prefill's output arrives, before awaiting anything (the blocks could be evicted)."""
-        return self.holder.grant("decode", block_hash_chain(request.token_ids, self.block_size))
+        return self.holder.grant("decode", block_hash_chain(request.token_ids, self.block_size,
+                                                            parent_hash=adapter_root(request.adapter)))
 
     # ---- push mode ----------------------------------------------------------------
 
@@ -144,8 +146,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         if message.first_token is None:
             self.port.unpin(receiver.target.block_ids)
             raise Unavailable(f"the prefill worker failed: {message.outcome}")
-        hashes = block_hash_chain(request.token_ids, self.block_size)
-        committed = receiver.commit(message, request.token_ids, hashes)
+        hashes = block_hash_chain(request.token_ids, self.block_size, parent_hash=adapter_root(request.adapter))
+        committed = receiver.commit(message, request.token_ids, hashes, adapter=request.adapter)
         not_sent = set(message.failed_blocks)
         trace.get_current_span().set_attributes(block_failures(  # the receive's span
             [index not in not_sent for index in range(len(committed))], committed))

@@ -47,8 +47,12 @@ def refusal(command: commands.OrchestratorCommand, members: Mapping[str, WorkerR
     match command:
         case commands.CordonWorker():
             return _last_serving(target, members, limits, force=False, action="cordon")
-        case commands.UncordonWorker():
+        case commands.UncordonWorker() | commands.UnloadWorkerAdapter():
             return None
+        case commands.LoadWorkerAdapter(adapter=adapter):
+            if not target.adapter_slots:
+                return f"{target.worker_id} serves no LoRA adapters (start it with --max-adapters)"
+            return None if adapter else "no adapter named"
         case commands.DrainWorker(force=force):
             return _last_serving(target, members, limits, force=force, action="drain")
         case commands.RemoveWorker(force=force):

@@ -15,6 +15,8 @@ as mirrored by the orchestrator), then carried out and followed to its end, boun
 - WakeModel (from a router, on `orchestrator.wake`): for a scalable model with no active
   worker able to decode, an AddWorker of role both with the model's directory and name;
   concurrent wakes of one model share that start.
+- LoadWorkerAdapter / UnloadWorkerAdapter: `LoadAdapter` / `UnloadAdapter` to the worker;
+  `ok` once its registration lists the adapter (or no longer does).
 
 Commands run each in their own task, so a long drain does not hold up a `workers` listing.
 The orchestrator's `MembershipMirror` calls `member_changed()` on every bucket change;
@@ -43,8 +45,10 @@ from shared.schemas import (
     ControlReply,
     Cordon,
     Drain,
+    LoadAdapter,
     SetRole,
     Uncordon,
+    UnloadAdapter,
     WorkerRegistration,
     WorkerRole,
     WorkerStatus,
@@ -56,10 +60,12 @@ from shared.schemas.orchestrator import (
     CordonWorker,
     DrainWorker,
     ListWorkers,
+    LoadWorkerAdapter,
     OrchestratorCommand,
     RemoveWorker,
     SetWorkerRole,
     UncordonWorker,
+    UnloadWorkerAdapter,
     UpgradeWorkers,
     WakeModel,
     WorkerSummary,
@@ -191,6 +197,10 @@ class ControlPlane:
                 return await rolling_upgrade(self, command)
             case WakeModel(model=model):
                 return await self._wake(model)
+            case LoadWorkerAdapter(worker_id=worker_id, adapter=adapter):
+                return await self._adapter(worker_id, LoadAdapter(adapter=adapter))
+            case UnloadWorkerAdapter(worker_id=worker_id, adapter=adapter):
+                return await self._adapter(worker_id, UnloadAdapter(adapter=adapter))
         raise AssertionError(f"unknown command {command!r}")
 
     async def _wake(self, model: str) -> CommandOutcome:
@@ -226,7 +236,8 @@ class ControlPlane:
         return [WorkerSummary(registration=registration, launched=worker_id in self._launched)
                 for worker_id, registration in sorted(self._members().items())]
 
-    async def _ask(self, worker_id: str, message: SetRole | Cordon | Uncordon | Drain) -> ControlReply | str:
+    async def _ask(self, worker_id: str,
+                   message: SetRole | Cordon | Uncordon | Drain | LoadAdapter | UnloadAdapter) -> ControlReply | str:
         """The worker's answer to an admin message, or why there is none."""
         try:
             reply = await self._bus.client.request(self._subjects.control(worker_id, control_kind(message)), encode(message),
@@ -249,6 +260,25 @@ class ControlPlane:
             registration = self._members().get(worker_id)
             return (registration is not None and registration.generation >= reply.generation
                     and registration.role is reply.role and registration.status is reply.status)
+
+        if not await self.wait_until(shown, self._config.command_timeout_s):
+            return CommandOutcome(outcome="failed", worker_id=worker_id,
+                                  reason=f"worker {worker_id} answered but its registration did not show it "
+                                         f"within {self._config.command_timeout_s:g} s")
+        return self._done(worker_id, reply.reason)
+
+    async def _adapter(self, worker_id: str, message: LoadAdapter | UnloadAdapter) -> CommandOutcome:
+        """`ok` once the worker's registration lists the adapter (load) or no longer does (unload)."""
+        reply = await self._ask(worker_id, message)
+        if isinstance(reply, str):
+            return CommandOutcome(outcome="failed", reason=reply, worker_id=worker_id)
+        if reply.outcome == "refused":
+            return CommandOutcome(outcome="refused", reason=f"worker {worker_id}: {reply.reason}", worker_id=worker_id)
+        wanted = isinstance(message, LoadAdapter)
+
+        def shown() -> bool:
+            registration = self._members().get(worker_id)
+            return registration is not None and (message.adapter in registration.adapters) == wanted
 
         if not await self.wait_until(shown, self._config.command_timeout_s):
             return CommandOutcome(outcome="failed", worker_id=worker_id,

@@ -108,12 +108,19 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None) -> AsyncIterator[EngineOutput]:
+                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncIterator[EngineOutput]:
         """The request's outputs; `on_layer` (a push writer's, `KvSession.on_layer`) is called as
-        each layer of prompt blocks is final, by engines whose KV a Tandem port reads."""
+        each layer of prompt blocks is final, by engines whose KV a Tandem port reads. `adapter`:
+        the model's LoRA adapter to serve it with ("": the base model); an engine that cannot
+        serve it raises `InvalidArgument`."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    async def load_adapter(self, adapter: str) -> None:
+        """Make the model's LoRA adapter `adapter` ready ahead of its first request (`tandem ctl
+        adapter load`); raises `InvalidArgument` when this engine cannot serve it."""
+        ...
 
     def load(self) -> EngineLoad: ...
 

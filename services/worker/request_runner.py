@@ -1,13 +1,15 @@
 """Runs one generate request on the engine, inside its KV session (`connector.kv_session`:
 pull, push or hold, and their cleanup on every exit), the engine's outputs streamed as
 frames, ending in exactly one `Finished` or `Failed`. Called by `WorkerService` once per
-request, in its own task.
+request, in its own task. A request naming a LoRA adapter takes one of the worker's adapter
+slots first (`adapter_slots`); `on_adapters_changed` announces a newly loaded one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from contextlib import aclosing
 
 import msgspec
@@ -15,6 +17,7 @@ from opentelemetry import trace
 
 from connector.dataplane import DataPlane
 from connector.kv_session import KvSession
+from services.worker.adapter_slots import AdapterSlots
 from services.worker.engine import Engine, EngineOutput
 from shared.errors import ErrorCode, TandemError
 from shared.request_plane import FrameSender
@@ -26,10 +29,13 @@ tracer = trace.get_tracer("tandem.worker")
 
 
 class RequestRunner:
-    def __init__(self, worker_id: str, engine: Engine, kv: DataPlane | None) -> None:
+    def __init__(self, worker_id: str, engine: Engine, kv: DataPlane | None, adapters: AdapterSlots | None = None,
+                 on_adapters_changed: Callable[[], None] = lambda: None) -> None:
         self.worker_id = worker_id
         self.engine = engine
         self.kv = kv
+        self.adapters = adapters if adapters is not None else AdapterSlots(0)
+        self._on_adapters_changed = on_adapters_changed
 
     async def run(self, request: GenerateRequest, sender: FrameSender, headers: dict[str, str]) -> None:
         with tracer.start_as_current_span("worker.generate", context=extract_context(headers)) as span:
@@ -40,6 +46,8 @@ class RequestRunner:
                 if request.model != self.engine.info.model:
                     raise TandemError(f"worker {self.worker_id} serves {self.engine.info.model!r}, "
                                       f"not {request.model!r}", code=ErrorCode.NOT_FOUND)
+                if request.adapter:
+                    self._take_adapter(request.adapter)
                 info = self.engine.info
                 async with KvSession(self.kv, self.worker_id, request, sender, block_size=info.block_size,
                                      num_layers=info.layout.num_layers) as kv:
@@ -60,10 +68,21 @@ class RequestRunner:
                 log.exception("request %s failed", request.request_id)
                 await _quietly(sender.failed(ErrorCode.INTERNAL.value, f"internal error: {error}"))
 
+    def _take_adapter(self, adapter: str) -> None:
+        use = self.adapters.use(adapter)
+        if use is None:
+            raise TandemError(f"worker {self.worker_id} serves no LoRA adapters (asked for {adapter!r})",
+                              code=ErrorCode.INVALID_ARGUMENT)
+        if not use.held:
+            log.info("worker %s loads adapter %s%s", self.worker_id, adapter,
+                     f" in place of {use.evicted}" if use.evicted else "")
+            self._on_adapters_changed()
+
     async def _stream(self, request: GenerateRequest, kv: KvSession, sender: FrameSender, span: trace.Span) -> None:
         """The engine's outputs as frames, ending in `Finished`; closing the outputs aborts the
         engine's request if it is still running."""
-        outputs = self.engine.generate(request.request_id, kv.token_ids, kv.sampling, on_layer=kv.on_layer)
+        outputs = self.engine.generate(request.request_id, kv.token_ids, kv.sampling, on_layer=kv.on_layer,
+                                       adapter=request.adapter)
         async with aclosing(outputs):
             kv.admitted()
             replay = ReplayedTokens(len(kv.sampling.replayed))

@@ -41,6 +41,7 @@ from nats.aio.msg import Msg
 
 from connector.dataplane import DataPlane
 from services.worker import admin_state
+from services.worker.adapter_slots import AdapterSlots, apply_adapter_message
 from services.worker.admin_state import AdminState
 from services.worker.caller_watch import CallerWatch
 from services.worker.engine import Engine
@@ -61,9 +62,11 @@ from shared.schemas import (
     Drain,
     GenerateRequest,
     KvSnapshotRequest,
+    LoadAdapter,
     PushDone,
     SetRole,
     Uncordon,
+    UnloadAdapter,
     WorkerCapacity,
     WorkerRegistration,
     WorkerStatus,
@@ -83,7 +86,9 @@ class WorkerService:
         self.bus = bus
         self.kv = kv  # the KV data plane; None: this worker computes everything itself
         self.capabilities = capabilities  # advertised in the registration (the engine spec's)
-        self._runner = RequestRunner(config.worker_id, engine, kv)
+        self.adapters = AdapterSlots(config.max_adapters, config.adapters)
+        self._runner = RequestRunner(config.worker_id, engine, kv, self.adapters, self._announce_soon)
+        self._announcements: set[asyncio.Task[None]] = set()
         self.subjects = config.bus.subjects
         self.malformed = MalformedCounter()
         self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, self.malformed)
@@ -245,6 +250,8 @@ class WorkerService:
             generation=self._admin.generation,
             restarts=self.config.restarts,
             last_exit=self.config.last_exit,
+            adapters=self.adapters.held,
+            adapter_slots=self.adapters.slots,
         )
 
     async def heartbeat(self) -> None:
@@ -271,6 +278,19 @@ class WorkerService:
             except Exception:  # e.g. a restarted NATS lost the bucket: bind (re-create) and retry once
                 self._members = await self._bind_members()
                 await self._members.put(self.worker_id, value)
+
+    def _announce_soon(self) -> None:
+        """Register now rather than at the next heartbeat (what it holds changed)."""
+        task = asyncio.create_task(self._register_quietly(), name="announce")
+        self._announcements.add(task)
+        task.add_done_callback(self._announcements.discard)
+
+    async def _register_quietly(self) -> None:
+        try:
+            await self._register()
+        except Exception as error:  # NATS gone: the next heartbeat carries it
+            reraise_if_cancelling(error)
+            log.debug("could not register %s: %s", self.worker_id, error)
 
     async def _register_after_reconnect(self) -> None:
         if not self.stopped.is_set() and self._members is not None:
@@ -319,6 +339,9 @@ class WorkerService:
             case SetRole() | Cordon() | Uncordon():
                 outcome, reason = await self._apply_admin(message)
                 await self._reply(msg, outcome, reason)
+            case LoadAdapter() | UnloadAdapter():
+                outcome, reason = await self._apply_adapter(message)
+                await self._reply(msg, outcome, reason)
             case PushDone():
                 if self.kv is not None:
                     self.kv.deliver_push(message)
@@ -327,6 +350,14 @@ class WorkerService:
                 await self._events.publish_kv_events([AllBlocksCleared(), *self.engine.kv_snapshot()])
             case None:
                 pass
+
+    async def _apply_adapter(self, message: LoadAdapter | UnloadAdapter) -> tuple[ControlOutcome, str]:
+        """Load or unload an adapter, and announce it at once (not at the next heartbeat)."""
+        outcome, reason = await apply_adapter_message(message, self.adapters, self.engine)
+        if outcome == "applied":
+            log.info("worker %s: %s", self.worker_id, reason)
+            await self._register_quietly()
+        return outcome, reason
 
     async def _apply_admin(self, message: admin_state.AdminMessage) -> tuple[ControlOutcome, str]:
         """Change role or status, and announce it at once (not at the next heartbeat)."""

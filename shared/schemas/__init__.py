@@ -29,8 +29,10 @@ from shared.schemas.control import (
     Cordon,
     Drain,
     KvSnapshotRequest,
+    LoadAdapter,
     SetRole,
     Uncordon,
+    UnloadAdapter,
 )
 from shared.schemas.generate import (
     Accepted,
@@ -107,6 +109,8 @@ __all__ = [
     "ControlMessage",
     "ControlReply",
     "Cordon",
+    "LoadAdapter",
+    "UnloadAdapter",
     "SetRole",
     "Uncordon",
     "Drain",

@@ -48,6 +48,21 @@ class Uncordon(Message, tag="uncordon", kw_only=True):
     """Take new work again after a `Cordon`. Answered with a `ControlReply`."""
 
 
+class LoadAdapter(Message, tag="load_adapter", kw_only=True):
+    """Hold the model's LoRA adapter `adapter` from now on (evicting the least recently used
+    one when every adapter slot is taken); the worker re-registers at once with it. Refused by
+    a worker without adapter slots. Answered with a `ControlReply`."""
+
+    adapter: str
+
+
+class UnloadAdapter(Message, tag="unload_adapter", kw_only=True):
+    """Stop holding `adapter` (a request naming it loads it again); the worker re-registers at
+    once without it. Answered with a `ControlReply`."""
+
+    adapter: str
+
+
 ControlOutcome = Literal["applied", "unchanged", "refused"]
 
 
@@ -62,7 +77,8 @@ class ControlReply(Message, tag="control_reply", kw_only=True):
     generation: int
 
 
-ControlMessage = Cancel | Drain | KvSnapshotRequest | PushDone | SetRole | Cordon | Uncordon
+ControlMessage = (Cancel | Drain | KvSnapshotRequest | PushDone | SetRole | Cordon | Uncordon | LoadAdapter
+                  | UnloadAdapter)
 
 
 def control_kind(message: ControlMessage) -> str:

@@ -117,6 +117,9 @@ class GenerateRequest(Message, tag="generate", kw_only=True):
     token_ids: list[int]
     sampling: SamplingParams = SamplingParams()
     kv_transfer: KvTransferParams | None = None
+    # The LoRA adapter of `model` to serve it with ("": the base model). Its KV is the adapter's
+    # own: the request's block-hash chain starts from `shared.block_hash.adapter_root(adapter)`.
+    adapter: str = ""
     # W3C trace context travels in NATS headers, not here.
 
 

@@ -44,6 +44,9 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True):
     block_size: int
     chain_hashes: list[int] | None = None  # Tandem's chain, one per block (len == len(block_hashes))
     tier: KvTier = DEVICE_TIER  # where the blocks are
+    # the LoRA adapter whose KV these blocks are ("": the base model's, or not said): the
+    # chain of a block without a parent starts from `shared.block_hash.adapter_root(adapter)`
+    adapter: str = ""
 
 
 class BlocksMoved(msgspec.Struct, tag="moved", kw_only=True):
@@ -79,6 +82,7 @@ class BlockStoredWithoutTokens(msgspec.Struct, tag="stored", kw_only=True):
     block_size: int
     chain_hashes: list[int] | None = None
     tier: KvTier = DEVICE_TIER
+    adapter: str = ""
     token_ids: ClassVar[tuple[int, ...]] = ()  # not decoded: read as an event sent without them
 
 

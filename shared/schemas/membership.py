@@ -34,6 +34,9 @@ class EngineCapabilities(msgspec.Struct, kw_only=True, frozen=True):
 
     kv_pull: bool = True  # reads leased blocks from a holder (P/D pull, prefix pull)
     kv_push: bool = False  # receives layer-by-layer writes into blocks it allocated
+    # moves the KV of requests served with a LoRA adapter (P/D, prefix pull); False: such a
+    # request is served whole by one worker, from its own cache
+    adapter_kv_transfer: bool = False
 
 
 class WorkerRegistration(Message, tag="registration", kw_only=True):
@@ -61,6 +64,10 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     # process before this one ended ("exit 3: ...the vLLM engine died").
     restarts: int = 0
     last_exit: str = ""
+    # LoRA adapters of `model` it holds now, and how many it can hold at once (0: serves none);
+    # a request naming another adapter makes it load that one (evicting one when all are taken)
+    adapters: list[str] = []
+    adapter_slots: int = 0
 
 
 class MembershipChange(Message, tag="membership_change", kw_only=True):

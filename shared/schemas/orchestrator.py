@@ -84,12 +84,27 @@ class WakeModel(Message, tag="wake_model", kw_only=True):
     model: str
 
 
+class LoadWorkerAdapter(Message, tag="load_worker_adapter", kw_only=True):
+    """The worker holds the LoRA adapter `adapter` of its model (`ok` once its registration
+    lists it); routers send that adapter's requests to the workers holding it."""
+
+    worker_id: str
+    adapter: str
+
+
+class UnloadWorkerAdapter(Message, tag="unload_worker_adapter", kw_only=True):
+    """The worker stops holding `adapter` (`ok` once its registration no longer lists it)."""
+
+    worker_id: str
+    adapter: str
+
+
 class ListWorkers(Message, tag="list_workers", kw_only=True):
     """Every registered worker, and which ones the orchestrator's launcher started."""
 
 
 OrchestratorCommand = (CordonWorker | UncordonWorker | DrainWorker | SetWorkerRole | AddWorker | RemoveWorker
-                       | ListWorkers | UpgradeWorkers | WakeModel)
+                       | ListWorkers | UpgradeWorkers | WakeModel | LoadWorkerAdapter | UnloadWorkerAdapter)
 
 
 class WorkerSummary(msgspec.Struct, kw_only=True, frozen=True):

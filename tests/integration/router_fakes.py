@@ -53,8 +53,8 @@ class GatedSimEngine(SimEngine):
         self.release = asyncio.Event()
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None) -> AsyncGenerator[EngineOutput, None]:
-        return self._gated(super().generate(request_id, token_ids, sampling, on_layer=on_layer))
+                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncGenerator[EngineOutput, None]:
+        return self._gated(super().generate(request_id, token_ids, sampling, on_layer=on_layer, adapter=adapter))
 
     async def _gated(self, outputs: AsyncGenerator[EngineOutput, None]) -> AsyncIterator[EngineOutput]:
         delivered = 0

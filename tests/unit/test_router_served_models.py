@@ -20,8 +20,9 @@ from shared.tokenizer import Tokenizer
 class RegisteredModels:
     """What `ServedModels` reads of the worker pool: model names and their registered directories."""
 
-    def __init__(self, dirs: dict[str, list[str]]) -> None:
+    def __init__(self, dirs: dict[str, list[str]], adapters: dict[str, list[str]] | None = None) -> None:
         self.dirs = dirs
+        self.adapters = adapters or {}  # model -> the adapters its workers hold
 
     @property
     def models(self) -> list[str]:
@@ -29,6 +30,9 @@ class RegisteredModels:
 
     def model_dirs(self, model: str) -> list[str]:
         return self.dirs.get(model, [])
+
+    def models_holding(self, adapter: str) -> list[str]:
+        return sorted(model for model, adapters in self.adapters.items() if adapter in adapters)
 
 
 @pytest.fixture(scope="module")

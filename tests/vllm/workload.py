@@ -60,15 +60,20 @@ class SingleEngine:
         self.subject = Subjects(namespace).generate(worker_id)
         self.model = model
         self.answers: dict[tuple[int, ...], list[int]] = {}
+        self.cached_tokens = 0  # of the latest answer
 
-    async def answer(self, prompt: list[int], max_tokens: int) -> list[int]:
+    async def answer(self, prompt: list[int], max_tokens: int, *, adapter: str = "") -> list[int]:
+        """`adapter`: served with that LoRA adapter of the model; `cached_tokens` then says
+        how much of the prompt the engine found in its prefix cache."""
         request = GenerateRequest(request_id=f"ref-{uuid.uuid4().hex[:8]}", model=self.model, token_ids=prompt,
-                                  sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+                                  sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                                  adapter=adapter)
         stream = await open_stream(self.bus, self.subject, request)
         try:
             tokens = [token async for frame in stream.frames() for token in frame.token_ids]
         finally:
             await stream.close()
-        assert len(tokens) == max_tokens
+        assert len(tokens) == max_tokens and stream.finished is not None
+        self.cached_tokens = stream.finished.cached_tokens
         self.answers[tuple(prompt)] = tokens
         return tokens

@@ -118,6 +118,8 @@ class _WorkerState(WorkerLoad[InFlight]):
             kv_push=registration.capabilities.kv_push,
             kv_capacity_tokens=kv_pool_tokens(registration),
             reported_free_kv_tokens=None if load is None else free_kv_tokens(load, registration.block_size),
+            adapters=frozenset(registration.adapters),
+            adapter_slots=registration.adapter_slots,
         )
 
     def abort_all(self, error: TandemError) -> None:
@@ -210,6 +212,16 @@ class WorkerPool:
     @property
     def models(self) -> list[str]:
         return sorted({state.registration.model for state in self._workers.values()})
+
+    def models_holding(self, adapter: str) -> list[str]:
+        """The models some of whose workers hold a LoRA adapter named `adapter`, sorted."""
+        return sorted({state.registration.model for state in self._workers.values()
+                       if adapter in state.registration.adapters})
+
+    def moves_adapter_kv(self, model: str) -> bool:
+        """Whether every worker of `model` moves the KV of requests served with an adapter."""
+        return all(state.registration.capabilities.adapter_kv_transfer for state in self._workers.values()
+                   if state.registration.model == model)
 
     def model_dirs(self, model: str) -> list[str]:
         """The model directories `model`'s workers registered (where its tokenizer is), sorted."""

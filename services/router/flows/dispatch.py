@@ -284,14 +284,19 @@ class Dispatcher:
         now = self._clock()
         decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
         kv = self._kv_view.model(params.model)  # only the model's own workers' KV can match
-        cache = kv.prompt_cache(params.prompt_ids, now)
+        cache = kv.prompt_cache(params.prompt_ids, now, adapter=params.adapter)
         if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
             cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={}, tier_tokens={})
-        route = RouteRequest(model=params.model, prompt_tokens=prompt_tokens,
+        # an adapter's KV moves only between workers that can carry it: else one worker serves it whole
+        whole_here = bool(params.adapter) and not self._pool.moves_adapter_kv(params.model)
+        if whole_here:
+            cache = dataclasses.replace(cache, held_tokens={})
+        route = RouteRequest(model=params.model, adapter=params.adapter, prompt_tokens=prompt_tokens,
                              total_tokens=prompt_tokens + params.sampling.max_tokens,
                              cached_tokens=cache.cached_tokens, held_tokens=cache.held_tokens,
-                             tier_tokens=cache.tier_tokens, cache_hit_threshold=threshold, admit=admit, draw=self._random.random(),
-                             one_engine=params.sampling.needs_whole_prompt,
+                             tier_tokens=cache.tier_tokens, cache_hit_threshold=threshold, admit=admit,
+                             draw=self._random.random(),
+                             one_engine=params.sampling.needs_whole_prompt or whole_here,
                              replays=params.sampling.depends_on_output_history,
                              route_hint=params.route_hint, prefix_key=cache.prefix_key,
                              victim_age_s=kv.victim_ages(now),

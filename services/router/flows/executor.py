@@ -70,7 +70,7 @@ class FlowExecutor:
         if plan.prefill_worker_id is None:
             single = WorkerPart(self._link, committed.first, params.request_id)
             request = GenerateRequest(request_id=params.request_id, model=params.model,
-                                      token_ids=params.prompt_ids, sampling=params.sampling,
+                                      token_ids=params.prompt_ids, sampling=params.sampling, adapter=params.adapter,
                                       kv_transfer=prefix.as_params() if prefix is not None else None)
             return single, single.send(request, span_headers(span))
         handoff: HandOff = PushHandOff() if plan.transfer == "push" else \

@@ -75,7 +75,8 @@ class PullHandOff:
         transfer = KvTransferParams(source=lease) if lease is not None else None
         appended, sampling = params.sampling.continue_after(first_token_ids)
         return GenerateRequest(request_id=params.request_id, model=params.model,
-                               token_ids=[*params.prompt_ids, *appended], sampling=sampling, kv_transfer=transfer)
+                               token_ids=[*params.prompt_ids, *appended], sampling=sampling, kv_transfer=transfer,
+                               adapter=params.adapter)
 
     def continues_after(self, prefill_done: Finished) -> bool:
         return prefill_done.finish_reason == "length"  # not after a stop token or an abort
@@ -93,7 +94,8 @@ class PushHandOff:
     def decode_request(self, params: GenerationParams, first_token_ids: list[int],
                        lease: KvHandle | None) -> GenerateRequest:
         return GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
-                               sampling=params.sampling.continued(1), kv_transfer=KvTransferParams(await_push=True))
+                               sampling=params.sampling.continued(1), kv_transfer=KvTransferParams(await_push=True),
+                               adapter=params.adapter)
 
     def continues_after(self, prefill_done: Finished) -> bool:
         return True  # a stop token as the first token is the decode worker's to see (it ends with "stop")

@@ -58,6 +58,7 @@ class GenerationParams(RequestIdentity):
     skip_special_tokens: bool = True  # the answer's text leaves special tokens out
     eos_token_id: int | None = None  # the model's end of sequence, a stop token unless ignore_eos
     tenant: Tenant = DEFAULT_TENANT  # its API key and priority, for the admission gate
+    adapter: str = ""  # the model's LoRA adapter it is served with ("": the base model)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

@@ -179,7 +179,7 @@ class TwoPartStream:
     async def _send_prefill(self, target: PushTarget | None) -> None:
         params = self._params
         request = GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
-                                  sampling=params.sampling.first_token_only(),
+                                  sampling=params.sampling.first_token_only(), adapter=params.adapter,
                                   kv_transfer=self._handoff.prefill_transfer(target))
         self._prefill_sent = True  # from here on the prefill worker may be working on it
         await self._prefill.send(request, span_headers(self._prefill_span))

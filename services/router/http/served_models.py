@@ -10,11 +10,18 @@ the router cannot read is an explicit 503 naming it, never a prompt tokenized by
 model's tokenizer. A scalable model (`--scalable-model NAME=DIR`) is served with no worker up, with the
 tokenizer of its configured directory until workers register one. Any other model no worker
 registers and that is not the router's own is a 404 naming the served ones (`ModelNotFound`).
+
+A LoRA adapter of a served model is asked for as `"<model>:<adapter>"`: the request is the
+base model's (its tokenizer, its workers), served with the adapter (`ServedModel.adapter`).
+A served model whose own name holds a colon is that model, never a base and an adapter. An
+adapter may also be asked for by its own name, when workers of exactly one model hold an
+adapter of that name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +38,13 @@ log = logging.getLogger(__name__)
 class ServedModel:
     name: str  # as clients ask for it
     tokenizer: Tokenizer  # its tokenizer and chat template
+    adapter: str = ""  # the LoRA adapter a request asked for ("": the base model)
+
+
+def split_adapter(model: str) -> tuple[str, str]:
+    """`"<model>:<adapter>"` as (model, adapter); a name without a colon is (name, "")."""
+    base, colon, adapter = model.rpartition(":")
+    return (base, adapter) if colon and base and adapter else (model, "")
 
 
 class ServedModels:
@@ -59,8 +73,21 @@ class ServedModels:
     def names(self) -> list[str]:
         return sorted({self.default.name, *self._pool.models, *self._scalable})
 
+    def is_served(self, model: str) -> bool:
+        return model == self.default.name or model in self._pool.models or model in self._scalable
+
     async def resolve(self, model: str) -> ServedModel:
-        """`model` with its tokenizer; raises `ModelNotFound` (404) or `Unavailable` (503)."""
+        """`model` with its tokenizer (and adapter, for `"<model>:<adapter>"`); raises
+        `ModelNotFound` (404) or `Unavailable` (503)."""
+        base, adapter = split_adapter(model)
+        if adapter and not self.is_served(model) and self.is_served(base):
+            return dataclasses.replace(await self._resolve_base(base), adapter=adapter)
+        holders = [] if self.is_served(model) else self._pool.models_holding(model)
+        if len(holders) == 1:  # the adapter's own name
+            return dataclasses.replace(await self._resolve_base(holders[0]), adapter=model)
+        return await self._resolve_base(model)
+
+    async def _resolve_base(self, model: str) -> ServedModel:
         if model == self.default.name:
             return self.default
         if model not in self._pool.models and model not in self._scalable:

@@ -121,7 +121,8 @@ class ServingContext:
                                 sampling=sampling, stop=body.stop_strings,
                                 cache_hit_threshold=body.cache_hit_threshold, route_hint=caller.route_hint,
                                 skip_special_tokens=body.skip_special_tokens,
-                                eos_token_id=model.tokenizer.eos_token_id, tenant=caller.tenant(body.priority))
+                                eos_token_id=model.tokenizer.eos_token_id, tenant=caller.tenant(body.priority),
+                                adapter=model.adapter)
 
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,

@@ -12,7 +12,7 @@ from itertools import repeat
 from operator import and_, ne
 
 from services.router.kv.index_worker import IndexedWorker
-from shared.block_hash import ROOT_PARENT, block_hash_chain
+from shared.block_hash import adapter_root, block_hash_chain
 from shared.schemas.kv_events import BlockStored, BlockStoredWithoutTokens
 
 
@@ -50,7 +50,7 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
         parent_hash = tandem_of[engine_hashes[head - 1]]
         engine_hashes = engine_hashes[head:]
     elif event.parent_block_hash is None:
-        parent_hash = ROOT_PARENT
+        parent_hash = adapter_root(event.adapter)
     else:
         parent_hash = tandem_of.get(event.parent_block_hash)
         unlinked = parent_hash is None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from services.router.kv.index import KvIndex, block_hashes_for
 from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
 from services.router.routing.recency import CacheRecency
+from shared.block_hash import adapter_root
 from shared.schemas import KvTransferParams
 from shared.schemas.kv_events import KvTier
 
@@ -117,18 +118,20 @@ class ModelKv:
     def worker_ids(self) -> list[str]:
         return list(self._block_sizes)
 
-    def prompt_cache(self, prompt_ids: list[int], now: float) -> PromptCache:
+    def prompt_cache(self, prompt_ids: list[int], now: float, *, adapter: str = "") -> PromptCache:
         """Where the prompt's leading blocks live (predictions due by `now` dropped first):
-        one hash chain per block size in use."""
+        one hash chain per block size in use, from the root of the request's LoRA `adapter`
+        (so a prefix computed with another adapter, or with none, never matches)."""
         self.index.expire(now)
         chains: dict[int, list[int]] = {}
         cached: dict[str, int] = {}
         held: dict[str, int] = {}
         tiered: dict[str, dict[KvTier, int]] = {}
+        root = adapter_root(adapter)
         for block_size in set(self._block_sizes.values()):
             if len(prompt_ids) < block_size:
                 continue
-            chain = chains[block_size] = block_hashes_for(prompt_ids, block_size)
+            chain = chains[block_size] = block_hashes_for(prompt_ids, block_size, parent_hash=root)
             for worker_id, blocks in self.index.match(chain).items():
                 if self._block_sizes.get(worker_id) != block_size:
                     continue

@@ -10,6 +10,8 @@ Pure and synchronous; the same for every policy (`decide()` runs it before the p
   max_queue_factor` take nothing new; when every serving worker is past it the answer is a
   refusal ("overloaded"), not an unbounded queue. A resumed request skips this: it was
   admitted once.
+- A request naming a LoRA adapter: only workers with adapter slots, and of the admitted
+  ones those that hold it, else those with a free slot, else the rest (`adapters`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.router.config import RoutingConfig
+from services.router.routing.adapters import able_to_serve, preferred
 from services.router.routing.request import RouteRefusal, RouteRequest
 from services.router.routing.view import WorkerView
 from shared.schemas.membership import WorkerRole, WorkerStatus
@@ -51,6 +54,8 @@ class Eligible:
 def eligible(workers: Sequence[WorkerView], request: RouteRequest,
              routing: RoutingConfig) -> Eligible | RouteRefusal | None:
     """The workers that may take `request`; a refusal; or None when none can (the caller waits)."""
+    if request.adapter:
+        workers = able_to_serve(workers, request.adapter)
     serving = [worker for worker in workers
                if can_serve(worker, request.model) and worker.max_model_len >= request.total_tokens]
     if not serving:
@@ -64,4 +69,6 @@ def eligible(workers: Sequence[WorkerView], request: RouteRequest,
         if not serving:
             return RouteRefusal("overloaded")
         prefill = [worker for worker in prefill if not queue_full(worker, routing)]
+    if request.adapter:
+        serving, prefill = preferred(serving, request.adapter), preferred(prefill, request.adapter)
     return Eligible(serving, prefill, prefill_exists)

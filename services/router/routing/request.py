@@ -56,6 +56,7 @@ class RouteRequest:
     # where the live prefixes need more KV than the cluster holds (`limited`), the ones
     # whose KV is worth keeping on their homes (`placement.homes.PrefixHomes.resident`); None: unknown
     resident_prefixes: Residents | None = None
+    adapter: str = ""  # the model's LoRA adapter it is served with ("": the base model; `adapters`)
 
     @property
     def kv_limited(self) -> bool:

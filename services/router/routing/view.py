@@ -37,6 +37,8 @@ class WorkerView:  # read-only by convention (not frozen: a frozen dataclass is 
     kv_push: bool = False  # its engine receives layer-by-layer pushes (registration capabilities)
     kv_capacity_tokens: int = 0  # its KV pool, in tokens (registration); 0: unknown
     reported_free_kv_tokens: int | None = None  # KV holding nothing reusable, in the last load snapshot
+    adapters: frozenset[str] = frozenset()  # the LoRA adapters it holds (registration)
+    adapter_slots: int = 0  # how many it can hold at once; 0: it serves no adapter
 
     # Derived once, at construction (every stage reads them, several times per candidate)
     free_kv_tokens: int | None = field(init=False)

@@ -47,7 +47,7 @@ from shared.schemas.kv_events import (
 
 EVICTED_MEMORY = 8  # remembered evicted hashes, per block of the pool (bounded)
 
-_Node = tuple[int | None, int | None, tuple[int, ...], KvTier]  # a snapshot's block: hash, parent, tokens, tier
+_Node = tuple[int | None, int | None, tuple[int, ...], KvTier, str]  # hash, parent, tokens, tier, adapter
 
 
 @dataclass(slots=True)
@@ -58,6 +58,7 @@ class KvBlock:
     parent_hash: int | None = None  # hash of the previous block of its sequence; None for the first
     token_ids: tuple[int, ...] = ()  # kept for snapshots (resync)
     announced: bool = False  # a BlockStored for it went out (its parent was announced)
+    adapter: str = ""  # the LoRA adapter of its sequence (named in its BlockStored)
 
 
 class BlockManager:
@@ -169,11 +170,11 @@ class BlockManager:
                 block_id, _ = self._evictable.popitem(last=False)
                 block = self._blocks[block_id]
                 self._remember_evicted(block.block_hash)
-                parent_hash, token_ids = block.parent_hash, block.token_ids
+                parent_hash, token_ids, adapter = block.parent_hash, block.token_ids, block.adapter
                 block_hash = self._uncache(block)
                 if block_hash is not None and self.host is not None:
                     moved.append(block_hash)
-                    evicted += self.host.put(HostBlock(block_hash, parent_hash, token_ids))
+                    evicted += self.host.put(HostBlock(block_hash, parent_hash, token_ids, adapter))
                 elif block_hash is not None:
                     evicted.append(block_hash)
             self._blocks[block_id].ref_count = 1
@@ -197,6 +198,7 @@ class BlockManager:
         for block_id, entry in zip(block_ids, loaded):
             block = self._blocks[block_id]
             block.block_hash, block.parent_hash, block.token_ids = entry.block_hash, entry.parent_hash, entry.token_ids
+            block.adapter = entry.adapter
             block.announced = True
             self._cached[entry.block_hash] = block_id
             self._evicted.pop(entry.block_hash, None)
@@ -225,11 +227,12 @@ class BlockManager:
     # ---- the prefix cache ----------------------------------------------------------------
 
     def commit(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-               parent_hash: int | None) -> list[bool]:
+               parent_hash: int | None, *, adapter: str = "") -> list[bool]:
         """Cache blocks of one sequence that just became full, and announce them.
 
         `block_ids` are consecutive blocks of one sequence, `token_ids` their tokens,
-        `parent_hash` the hash of the block before the first (None at the sequence start).
+        `parent_hash` the hash of the block before the first (None at the sequence start),
+        `adapter` the sequence's LoRA adapter (its chain's root; named in the events).
         A block whose hash is already cached elsewhere (two requests computed the same
         prefix at once) stays private and is not announced. Consecutive new blocks are
         announced in one `BlockStored`; a block whose parent is not announced waits for it.
@@ -255,6 +258,7 @@ class BlockManager:
                 self._events.append(BlockRemoved(block_hashes=[block_hash]))
                 stored = None
             block.parent_hash = parent_hash
+            block.adapter = adapter
             block.token_ids = tuple(token_ids[index * size:(index + 1) * size])
             self._cached[block_hash] = block_id
             cached.append(True)
@@ -263,7 +267,7 @@ class BlockManager:
                 stored = None
             else:
                 if stored is None:
-                    stored = self._new_event(parent_hash)
+                    stored = self._new_event(parent_hash, adapter)
                 self._announce(block, stored)
                 if block_hash in self._deferred:
                     self._announce_deferred(block_hash)
@@ -296,10 +300,11 @@ class BlockManager:
         no longer cached (evicted, or a private duplicate), or is in another tier, starts its
         own event.
         """
-        nodes = [(block.block_hash, block.parent_hash, block.token_ids, DEVICE_TIER)
+        nodes = [(block.block_hash, block.parent_hash, block.token_ids, DEVICE_TIER, block.adapter)
                  for block in map(self._blocks.__getitem__, self._cached.values()) if block.announced]
         if self.host is not None:
-            nodes += [(block.block_hash, block.parent_hash, block.token_ids, "host") for block in self.host]
+            nodes += [(block.block_hash, block.parent_hash, block.token_ids, "host", block.adapter)
+                      for block in self.host]
         children: dict[int, list[_Node]] = {}
         roots: list[_Node] = []
         for node in nodes:
@@ -312,10 +317,10 @@ class BlockManager:
         pending: list[tuple[_Node, BlockStored | None]] = [(root, None) for root in reversed(roots)]
         while pending:
             node, event = pending.pop()
-            block_hash, parent_hash, token_ids, tier = node
+            block_hash, parent_hash, token_ids, tier, adapter = node
             if event is None or event.tier != tier or event.block_hashes[-1] != parent_hash:
                 event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[],
-                                    block_size=self.block_size, chain_hashes=[], tier=tier)
+                                    block_size=self.block_size, chain_hashes=[], tier=tier, adapter=adapter)
                 events.append(event)
             assert block_hash is not None and event.chain_hashes is not None
             event.block_hashes.append(block_hash)
@@ -351,9 +356,9 @@ class BlockManager:
             return self.in_host(block_hash)
         return self._blocks[block_id].announced
 
-    def _new_event(self, parent_hash: int | None) -> BlockStored:
+    def _new_event(self, parent_hash: int | None, adapter: str) -> BlockStored:
         event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[], block_size=self.block_size,
-                            chain_hashes=[])
+                            chain_hashes=[], adapter=adapter)
         self._events.append(event)
         return event
 
@@ -370,7 +375,7 @@ class BlockManager:
         pending = [(parent_hash, block_id) for block_id in reversed(self._deferred.pop(parent_hash))]
         while pending:
             parent, block_id = pending.pop()
-            event = self._new_event(parent)
+            event = self._new_event(parent, self._blocks[block_id].adapter)
             while True:
                 block = self._blocks[block_id]
                 self._announce(block, event)

@@ -92,16 +92,19 @@ class SimEngine:
             await self._task
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None) -> AsyncGenerator[EngineOutput, None]:
+                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncGenerator[EngineOutput, None]:
         if self._task is None or self._task.done() or self._stopping:
             raise Unavailable("the sim engine is not running")
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         self.scheduler.validate_request(request_id, token_ids, sampling)
-        return self._stream(request_id, list(token_ids), sampling, on_layer)
+        return self._stream(request_id, list(token_ids), sampling, on_layer, adapter)
 
     async def abort(self, request_id: str) -> None:
         self._abort_now(request_id)
+
+    async def load_adapter(self, adapter: str) -> None:
+        """The sim's adapter is its name (it seeds the request's tokens): nothing to read."""
 
     async def wait_failed(self) -> str:
         """The simulated engine lives in the worker's process: it never dies on its own."""
@@ -137,8 +140,9 @@ class SimEngine:
         return self.kv_port.allocate_for_transfer(num_blocks)
 
     def commit_transferred(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-                           parent_hash: int | None, ok: list[bool]) -> list[bool]:
-        return self.kv_port.commit_transferred(block_ids, block_hashes, token_ids, parent_hash, ok)
+                           parent_hash: int | None, ok: list[bool], *, adapter: str = "") -> list[bool]:
+        return self.kv_port.commit_transferred(block_ids, block_hashes, token_ids, parent_hash, ok,
+                                               adapter=adapter)
 
     def unpin(self, block_ids: list[int]) -> None:
         self.kv_port.unpin(block_ids)
@@ -153,14 +157,14 @@ class SimEngine:
     # ---- internals -------------------------------------------------------------------------
 
     async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                      on_layer: LayerHook | None) -> AsyncGenerator[EngineOutput, None]:
+                      on_layer: LayerHook | None, adapter: str) -> AsyncGenerator[EngineOutput, None]:
         # Re-checked here: the engine may have stopped, or the id been taken, since generate().
         if self._stopping:
             raise Unavailable("the sim engine is stopping")
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         queue: asyncio.Queue[_Delivery] = asyncio.Queue()
-        self.scheduler.add_request(request_id, token_ids, sampling)
+        self.scheduler.add_request(request_id, token_ids, sampling, adapter=adapter)
         self._streams[request_id] = queue
         if on_layer is not None:
             self._layer_hooks[request_id] = on_layer

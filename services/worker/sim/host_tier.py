@@ -20,6 +20,7 @@ class HostBlock:
     block_hash: int
     parent_hash: int | None
     token_ids: tuple[int, ...]
+    adapter: str = ""  # the LoRA adapter of the sequence that computed it
 
 
 class HostTier:

@@ -16,7 +16,7 @@ from itertools import groupby
 
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
-from shared.block_hash import ROOT_PARENT, block_hash_chain
+from shared.block_hash import adapter_root, block_hash_chain
 
 
 class SimKvPort:
@@ -41,7 +41,7 @@ class SimKvPort:
         self.blocks.free(block_ids)
 
     def commit_transferred(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-                           parent_hash: int | None, ok: list[bool]) -> list[bool]:
+                           parent_hash: int | None, ok: list[bool], *, adapter: str = "") -> list[bool]:
         """Cache the received blocks that verify; per block, whether its KV is now cached here.
 
         Consecutive verified blocks are committed together (one `BlockStored`). A hash that
@@ -50,7 +50,7 @@ class SimKvPort:
         size = self.blocks.block_size
         assert len(block_ids) == len(block_hashes) == len(ok) and len(token_ids) == len(block_ids) * size
         # The chain the tokens imply: a hash that disagrees names KV these tokens do not have.
-        chain = block_hash_chain(token_ids, size, parent_hash=ROOT_PARENT if parent_hash is None else parent_hash)
+        chain = block_hash_chain(token_ids, size, parent_hash=adapter_root(adapter) if parent_hash is None else parent_hash)
         verified = [arrived and block_hash == expected and self.pool.verify_block(block_id, block_hash)
                     for arrived, block_id, block_hash, expected in zip(ok, block_ids, block_hashes, chain)]
         for good, run in groupby(range(len(block_ids)), key=verified.__getitem__):
@@ -59,7 +59,7 @@ class SimKvPort:
             indices = list(run)
             first, stop = indices[0], indices[-1] + 1
             self.blocks.commit(block_ids[first:stop], block_hashes[first:stop], token_ids[first * size:stop * size],
-                               chain[first - 1] if first else parent_hash)
+                               chain[first - 1] if first else parent_hash, adapter=adapter)
         return verified
 
     def checksum(self, block_id: int) -> int:

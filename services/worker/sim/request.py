@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from shared.block_hash import ROOT_PARENT
 from shared.schemas.generate import SamplingParams
 
 
@@ -22,8 +23,11 @@ class SimRequest:
     num_prompt_tokens: int
     sampling: SamplingParams
     block_size: int
-    history_state: int  # `tokens.fold_tokens(token_ids)`, kept up to date
-    block_hashes: list[int]  # chain hash of every full block of token_ids
+    history_state: int  # `tokens.fold_tokens(token_ids, tokens.history_root(adapter))`, kept up to date
+    block_hashes: list[int]  # chain hash of every full block of token_ids, from `root_hash`
+    adapter: str = ""  # the LoRA adapter it runs with ("": the base model)
+    # the parent of its first block: `shared.block_hash.adapter_root(adapter)`
+    root_hash: int = ROOT_PARENT
     block_ids: list[int] = field(default_factory=list)
     # Every token before this position has KV in block_ids, computed or reused. It never
     # rests at the start of a reused block: computing skips over them.

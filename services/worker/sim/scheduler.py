@@ -46,10 +46,11 @@ from services.worker.sim.tokens import (
     finish_reason,
     fold_token,
     fold_tokens,
+    history_root,
     next_token,
     refuse_unmodelled,
 )
-from shared.block_hash import ROOT_PARENT, block_hash_chain, hash_block
+from shared.block_hash import adapter_root, block_hash_chain, hash_block
 from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams
 
@@ -116,11 +117,17 @@ class Scheduler:
             raise InvalidArgument(f"the request needs {blocks_needed} KV blocks, the whole pool has "
                                   f"{self.blocks.num_blocks}")
 
-    def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> None:
+    def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
+                    adapter: str = "") -> None:
+        """`adapter`: the LoRA adapter it runs with ("": the base model), which seeds both its
+        tokens (`history_root`) and its KV's chain (`adapter_root`)."""
         self.validate_request(request_id, token_ids, sampling)
+        root = adapter_root(adapter)
         request = SimRequest(request_id=request_id, token_ids=list(token_ids), num_prompt_tokens=len(token_ids),
-                             sampling=sampling, block_size=self.block_size, history_state=fold_tokens(token_ids),
-                             block_hashes=block_hash_chain(token_ids, self.block_size))
+                             sampling=sampling, block_size=self.block_size,
+                             history_state=fold_tokens(token_ids, history_root(adapter)),
+                             block_hashes=block_hash_chain(token_ids, self.block_size, parent_hash=root),
+                             adapter=adapter, root_hash=root)
         self._requests[request_id] = request
         self._waiting.append(request)
 
@@ -325,7 +332,7 @@ class Scheduler:
             first, stop = indices[0], indices[-1] + 1
             self.blocks.commit(request.block_ids[first:stop], request.block_hashes[first:stop],
                                request.token_ids[first * size:stop * size],
-                               request.block_hashes[first - 1] if first else None)
+                               request.block_hashes[first - 1] if first else None, adapter=request.adapter)
 
     def _write_kv(self, request: SimRequest, computed: list[int], end: int) -> None:
         """Write the KV bytes of the blocks at indices `computed`, filled up to position `end`.
@@ -340,7 +347,7 @@ class Scheduler:
             if (index + 1) * size <= end:
                 content_hash = request.block_hashes[index]
             else:
-                parent = request.block_hashes[index - 1] if index else ROOT_PARENT
+                parent = request.block_hashes[index - 1] if index else request.root_hash
                 content_hash = hash_block(parent, request.token_ids[index * size:end])
             self.pool.write_block(request.block_ids[index], content_hash)
 
@@ -364,7 +371,7 @@ class Scheduler:
         request.history_state = fold_token(request.history_state, token_id)
         size = self.block_size
         if request.num_tokens % size == 0:
-            parent = request.block_hashes[-1] if request.block_hashes else ROOT_PARENT
+            parent = request.block_hashes[-1] if request.block_hashes else request.root_hash
             request.block_hashes.append(hash_block(parent, request.token_ids[-size:]))
         self.generated_tokens_total += 1
         reason = finish_reason(token_id, request.num_output_tokens, request.sampling)

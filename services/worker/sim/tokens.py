@@ -7,6 +7,9 @@ itself would. Greedy requests (temperature 0) depend on the history only; sample
 also mix in the seed and temperature, so a seed reproduces its output (no seed means
 seed 0: the sim stays reproducible).
 
+A request served with a LoRA adapter starts from its adapter's history root
+(`history_root`), so each adapter answers a prompt with its own tokens, deterministically.
+
 Generated ids lie in [first_normal_token, vocab_size): the sim never emits special ids.
 """
 
@@ -40,6 +43,12 @@ def fold_tokens(token_ids: Iterable[int], state: int = HISTORY_ROOT) -> int:
     for token_id in token_ids:
         state = _mix64(((state ^ token_id) + _GOLDEN) & _MASK64)
     return state
+
+
+def history_root(adapter: str) -> int:
+    """The state of the empty history of a request served with `adapter` ("": the base model,
+    `HISTORY_ROOT`)."""
+    return fold_tokens(adapter.encode(), _mix64(HISTORY_ROOT ^ _GOLDEN)) if adapter else HISTORY_ROOT
 
 
 # What the sim's token model honours; a request setting any other sampling field is refused.

@@ -46,6 +46,7 @@ import vllm
 from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
+from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -56,6 +57,7 @@ from connector.vllm.kv_link import ConnectorLink, HeldBlocks
 from connector.vllm.kv_wire import TransferOrder, held_of
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
 from services.worker.vllm import sampling
+from services.worker.vllm.adapters import LoraCatalog
 from services.worker.vllm.attention import attention_isa
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
@@ -80,6 +82,7 @@ class VllmEngine:
     def __init__(self, options: VllmEngineOptions) -> None:
         options.validate()
         self.options = options
+        self.loras = LoraCatalog(options.adapter_dir, options.max_loras)
         self.stats = EngineStats()
         self._llm: AsyncLLM | None = None
         self._info: EngineInfo | None = None
@@ -154,21 +157,29 @@ class VllmEngine:
         await self._close()
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None) -> AsyncGenerator[EngineOutput, None]:
+                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncGenerator[EngineOutput, None]:
         """`on_layer` is not used: vLLM's own connector writes a push, from the order staged
-        for the request."""
+        for the request. `adapter`: served with its `LoRARequest` (`adapters.LoraCatalog`)."""
         if self._llm is None or self._stopping or self._llm.errored:
             raise Unavailable("the vLLM engine is not running")
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
+        lora = self.loras.request(adapter) if adapter else None
         self._validate(token_ids, sampling)
         # The stream owns a staged order from here on (a stream never iterated never reaches
         # vLLM: nothing is pinned for it, and a pull's lease ends by expiry).
-        return self._stream(request_id, list(token_ids), sampling, self._staged.pop(request_id, None))
+        return self._stream(request_id, list(token_ids), sampling, self._staged.pop(request_id, None), lora)
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and request_id in self._streams:
             await self._llm.abort(request_id)
+
+    async def load_adapter(self, adapter: str) -> None:
+        """vLLM reads the adapter's weights now (else at its first request)."""
+        lora = self.loras.request(adapter)
+        if self._llm is None or self._stopping or self._llm.errored:
+            raise Unavailable("the vLLM engine is not running")
+        await self._llm.add_lora(lora)
 
     async def wait_failed(self) -> str:
         assert self._llm is not None, "the vLLM engine was not started"
@@ -232,6 +243,8 @@ class VllmEngine:
             structured_outputs_config=sampling.structured_outputs_config(options.json_any_whitespace),
             logits_processors=sampling.LOGITS_PROCESSORS,
             otlp_traces_endpoint=options.otlp_traces_endpoint or None,
+            **(dict(enable_lora=True, max_loras=options.max_loras, max_lora_rank=options.max_lora_rank)
+               if options.max_loras else {}),
             disable_log_stats=True,  # default loggers off; Tandem's own logger below still turns stats on
             kv_events_config=KVEventsConfig(
                 enable_kv_cache_events=True, publisher="zmq", endpoint=endpoints.publish,
@@ -282,14 +295,14 @@ class VllmEngine:
             raise
 
     async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                      staged: StagedTransfer | None) -> AsyncGenerator[EngineOutput, None]:
+                      staged: StagedTransfer | None, lora: LoRARequest | None = None) -> AsyncGenerator[EngineOutput, None]:
         llm, engine_input, vllm_sampling = self._vllm_request(request_id, token_ids, sampling, staged)
         order = staged.order if staged is not None else None
         # Registered before the request is added: the report can overtake the first output.
         load_waiter = self.kv_link.loads.expect(order.transfer_id) if order and order.pull else None
         release_key = order.release_key if order is not None else ""
         # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
-        outputs = llm.generate(engine_input, vllm_sampling, request_id,
+        outputs = llm.generate(engine_input, vllm_sampling, request_id, lora_request=lora,
                                trace_headers=inject_headers() if self.options.otlp_traces_endpoint else None)
         self._streams.add(request_id)
         self._awaiting_first_output[request_id] = len(token_ids)

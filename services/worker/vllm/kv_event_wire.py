@@ -36,6 +36,7 @@ class _WireBlockStored(msgspec.Struct, tag="BlockStored", tag_field="type", kw_o
     block_size: int
     medium: str | None = None
     group_idx: int | None = None
+    lora_name: str | None = None  # the LoRA adapter the blocks were computed with
 
 
 class _WireBlockRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", kw_only=True):
@@ -108,7 +109,7 @@ def _to_tandem(wire: _WireEvent) -> KvEvent | None:
             parent = None if wire.parent_block_hash is None else block_hash_int(wire.parent_block_hash)
             return BlockStored(block_hashes=[block_hash_int(h) for h in wire.block_hashes],
                                parent_block_hash=parent, token_ids=wire.token_ids,
-                               block_size=wire.block_size)
+                               block_size=wire.block_size, adapter=wire.lora_name or "")
         case _WireBlockRemoved() if _is_primary(wire.medium, wire.group_idx):
             return BlockRemoved(block_hashes=[block_hash_int(h) for h in wire.block_hashes])
     return None

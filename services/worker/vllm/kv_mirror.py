@@ -23,7 +23,7 @@ from array import array
 
 import msgspec
 
-from shared.block_hash import ROOT_PARENT, hash_block
+from shared.block_hash import adapter_root, hash_block
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ class _CachedBlock(msgspec.Struct):
     token_ids: array
     copies: int
     tandem_hash: int | None = None  # None: its parent was never announced, so the chain is unknown
+    adapter: str = ""  # the LoRA adapter vLLM computed it with
 
 
 class KvBlockMirror:
@@ -95,7 +96,8 @@ class KvBlockMirror:
             block_hash = pending.pop()
             root = self._blocks[block_hash]
             event = BlockStored(block_hashes=[], parent_block_hash=root.parent_hash, token_ids=[],
-                                block_size=self.block_size, chain_hashes=None if root.tandem_hash is None else [])
+                                block_size=self.block_size, chain_hashes=None if root.tandem_hash is None else [],
+                                adapter=root.adapter)
             events.append(event)
             while True:
                 block = self._blocks[block_hash]
@@ -133,13 +135,13 @@ class KvBlockMirror:
                 run = None  # a known block splits the run; the next new block names it as parent
             else:
                 tokens = event.token_ids[index * size:(index + 1) * size]
-                tandem_hash = self._tandem_hash(parent, tokens)
-                self._blocks[block_hash] = _CachedBlock(parent, array("I", tokens), 1, tandem_hash)
+                tandem_hash = self._tandem_hash(parent, tokens, event.adapter)
+                self._blocks[block_hash] = _CachedBlock(parent, array("I", tokens), 1, tandem_hash, event.adapter)
                 if tandem_hash is not None:
                     self._by_tandem.setdefault(tandem_hash, block_hash)
                 if run is None:
                     run = BlockStored(block_hashes=[], parent_block_hash=parent, token_ids=[], block_size=size,
-                                      chain_hashes=None if tandem_hash is None else [])
+                                      chain_hashes=None if tandem_hash is None else [], adapter=event.adapter)
                     passed.append(run)
                 run.block_hashes.append(block_hash)
                 run.token_ids.extend(tokens)
@@ -163,9 +165,9 @@ class KvBlockMirror:
                 gone.append(block_hash)
         return [BlockRemoved(block_hashes=gone)] if gone else []
 
-    def _tandem_hash(self, parent: int | None, tokens: list[int]) -> int | None:
-        if parent is None:
-            return hash_block(ROOT_PARENT, tokens)
+    def _tandem_hash(self, parent: int | None, tokens: list[int], adapter: str) -> int | None:
+        if parent is None:  # the chain's root: the adapter's (vLLM's own hashes include it too)
+            return hash_block(adapter_root(adapter), tokens)
         cached_parent = self._blocks.get(parent)
         if cached_parent is None or cached_parent.tandem_hash is None:
             return None

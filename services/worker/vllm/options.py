@@ -37,6 +37,9 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     kv_event_replay_timeout_s: float = 2.0
     kv_connector: KvConnectorOptions | None = None  # None: no KV transfer, vLLM computes everything
     otlp_traces_endpoint: str = ""  # vLLM's own request spans, as children of Tandem's; "": none
+    max_loras: int = 0  # LoRA adapters resident at once; 0: LoRA off
+    max_lora_rank: int = 16
+    adapter_dir: str = ""  # one PEFT directory per adapter name
 
     @property
     def model_name(self) -> str:
@@ -66,6 +69,8 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("the KV event replay buffer and timeout must be positive")
         if self.kv_connector is not None:
             self.kv_connector.validate()
+        if self.max_loras < 0 or self.max_lora_rank <= 0:
+            raise ConfigError("max_loras must not be negative, max_lora_rank must be positive")
 
     @classmethod
     def from_worker_config(cls, config: WorkerConfig) -> VllmEngineOptions:
@@ -84,5 +89,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    kv_cache_gib=config.vllm_kv_cache_gib, block_size=config.vllm_block_size or None,
                    enforce_eager=config.vllm_enforce_eager, json_any_whitespace=config.vllm_json_any_whitespace,
                    cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector,
+                   max_loras=config.max_adapters, max_lora_rank=config.vllm_max_lora_rank,
+                   adapter_dir=config.adapter_dir,
                    otlp_traces_endpoint=(config.tracing.otlp_endpoint or DEFAULT_OTLP_TRACES_ENDPOINT)
                    if config.tracing.exporter == "otlp" else "")
