@@ -7,7 +7,7 @@ from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.scheduler import Scheduler
-from shared.block_hash import block_hash_chain
+from shared.block_hash import adapter_root, block_hash_chain
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockRemoved, BlocksMoved, BlockStored
 
@@ -166,3 +166,18 @@ def test_a_block_computed_again_replaces_its_host_copy_removed_then_stored() -> 
                            BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=text, block_size=BS,
                                        chain_hashes=hashes)]
     assert not blocks.in_host(hashes[0]) and blocks.lookup(hashes) == ids
+
+
+def test_an_adapters_block_keeps_its_adapter_in_the_host_tier_and_back() -> None:
+    blocks = BlockManager(1, BS, host_blocks=1)
+    token_ids = tokens(BS, 10)
+    [block_hash] = block_hash_chain(token_ids, BS, parent_hash=adapter_root("alpha"))
+    ids = blocks.allocate(1)
+    assert ids is not None
+    blocks.commit(ids, [block_hash], token_ids, None, adapter="alpha")
+    blocks.free(ids)
+    assert blocks.allocate(1) is not None  # evicted to the host tier
+    assert [(e.block_hashes, e.tier, e.adapter) for e in blocks.snapshot()] == [([block_hash], "host", "alpha")]
+    blocks.free([0])
+    assert blocks.load_from_host([block_hash]) is not None
+    assert [(e.block_hashes, e.tier, e.adapter) for e in blocks.snapshot()] == [([block_hash], "device", "alpha")]

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.worker.sim.host_tier import HostBlock, HostTier
+from services.worker.sim.kv_snapshot import SnapshotBlock, snapshot_events
 from shared.schemas.kv_events import (
     DEVICE_TIER,
     AllBlocksCleared,
@@ -42,12 +43,10 @@ from shared.schemas.kv_events import (
     BlocksMoved,
     BlockStored,
     KvEvent,
-    KvTier,
 )
 
 EVICTED_MEMORY = 8  # remembered evicted hashes, per block of the pool (bounded)
 
-_Node = tuple[int | None, int | None, tuple[int, ...], KvTier, str]  # hash, parent, tokens, tier, adapter
 
 
 @dataclass(slots=True)
@@ -294,44 +293,15 @@ class BlockManager:
         return events
 
     def snapshot(self) -> list[BlockStored]:
-        """Every announced block, as `BlockStored` events with parents before children.
-
-        Each chain of announced blocks of one tier becomes one event; a block whose parent is
-        no longer cached (evicted, or a private duplicate), or is in another tier, starts its
-        own event.
-        """
-        nodes = [(block.block_hash, block.parent_hash, block.token_ids, DEVICE_TIER, block.adapter)
-                 for block in map(self._blocks.__getitem__, self._cached.values()) if block.announced]
+        """Every announced block, as `BlockStored` events with parents before children, one
+        chain of one tier per event (`kv_snapshot`)."""
+        blocks: list[SnapshotBlock] = [
+            (block.block_hash, block.parent_hash, block.token_ids, DEVICE_TIER, block.adapter)
+            for block in map(self._blocks.__getitem__, self._cached.values()) if block.announced]
         if self.host is not None:
-            nodes += [(block.block_hash, block.parent_hash, block.token_ids, "host", block.adapter)
-                      for block in self.host]
-        children: dict[int, list[_Node]] = {}
-        roots: list[_Node] = []
-        for node in nodes:
-            parent_hash = node[1]
-            if parent_hash is not None and self._is_announced(parent_hash):
-                children.setdefault(parent_hash, []).append(node)
-            else:
-                roots.append(node)
-        events: list[BlockStored] = []
-        pending: list[tuple[_Node, BlockStored | None]] = [(root, None) for root in reversed(roots)]
-        while pending:
-            node, event = pending.pop()
-            block_hash, parent_hash, token_ids, tier, adapter = node
-            if event is None or event.tier != tier or event.block_hashes[-1] != parent_hash:
-                event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[],
-                                    block_size=self.block_size, chain_hashes=[], tier=tier, adapter=adapter)
-                events.append(event)
-            assert block_hash is not None and event.chain_hashes is not None
-            event.block_hashes.append(block_hash)
-            event.chain_hashes.append(block_hash)
-            event.token_ids.extend(token_ids)
-            following = children.get(block_hash, [])
-            # the first child continues this event (if of its tier); the others start their own
-            pending.extend((child, None) for child in reversed(following[1:]))
-            if following:
-                pending.append((following[0], event))
-        return events
+            blocks += [(block.block_hash, block.parent_hash, block.token_ids, "host", block.adapter)
+                       for block in self.host]
+        return snapshot_events(blocks, self._is_announced, self.block_size)
 
     def note_misses(self, block_hashes: list[int]) -> None:
         """A request needed `block_hashes` and found them uncached: count those evicted here."""

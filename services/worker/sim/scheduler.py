@@ -14,10 +14,9 @@ touches a queue. One step, in the spirit of vLLM v1:
    block is valid KV even when an earlier one is missing (after a partial KV transfer, only
    the failed blocks are computed). Reused tokens cost no budget, and at least one token is
    always computed so the last token's logits exist (a fully cached prompt recomputes its
-   last block). Blocks for the holes up to the last reused block are allocated at once.
-   A block cached in the host tier (`host_tier`) is reused too: it is loaded back into the
-   device tier at admission, and the step pays its load time (the profile's
-   `host_load_ms_per_token`) instead of computing it;
+   last block). Blocks for the holes up to the last reused block are allocated at once. A
+   host-tier block (`host_tier`) is loaded back at admission, at the profile's
+   `host_load_ms_per_token` instead of its compute;
 3. the scheduled tokens are "computed" (a request's position, with the reused blocks it
    skips, is `request.SimRequest`'s): prefill walks the missing blocks in order, then the
    tail, skipping reused ones. Blocks that became full are committed to the prefix cache
@@ -54,9 +53,7 @@ from shared.block_hash import adapter_root, block_hash_chain, hash_block
 from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams
 
-# Folded into the history state of a request whose KV failed verification: its tokens
-# diverge from the reference, as a real engine's would on corrupted KV.
-CORRUPT_KV_MARK = 0xBAD_C0DE
+CORRUPT_KV_MARK = 0xBAD_C0DE  # folded into the tokens of a request whose KV failed verification
 
 
 @dataclass(slots=True)
@@ -335,11 +332,8 @@ class Scheduler:
                                request.block_hashes[first - 1] if first else None, adapter=request.adapter)
 
     def _write_kv(self, request: SimRequest, computed: list[int], end: int) -> None:
-        """Write the KV bytes of the blocks at indices `computed`, filled up to position `end`.
-
-        A full block's content derives from its chain hash; a partial block's from the hash of
-        its tokens so far, chained the same way, so a receiver can verify either.
-        """
+        """Write the KV bytes of the blocks at indices `computed`, filled up to position `end`: a
+        full block's from its chain hash, a partial one's from its tokens so far, chained alike."""
         if self.pool is None:
             return
         size = self.block_size

@@ -1,10 +1,8 @@
 """`VllmEngine`: vLLM's `AsyncLLM`, in-process, behind the `Engine` contract.
 
 `start()` connects the KV-event bridge, then builds the engine in a thread (vLLM's start-up
-blocks for ~20 s on CPU: config, EngineCore and model-worker processes, weights, KV
-cache) so the worker's event loop keeps running; `AsyncLLM` starts its output handler
-lazily on the loop at the first request. `info` is known only after `start()`: the
-block count and block size are vLLM's choice.
+blocks for ~20 s on CPU) so the worker's event loop keeps running; `AsyncLLM` starts its
+output handler on the loop at the first request. `info` is known only after `start()`.
 
 `generate()` validates eagerly like the sim engine (same `InvalidArgument` messages for the
 same limits) and returns an async generator; the vLLM request is added on its first
