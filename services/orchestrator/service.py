@@ -10,7 +10,9 @@ heartbeat interval, and delete it on a clean shutdown. This adapter mirrors the 
   is not enough: JetStream expires a value without telling existing watchers).
 - It publishes the table's `MembershipChange`s on `subjects.membership_changes`, in
   order, as soon as they happen.
-- While it is disconnected from NATS it cannot hear heartbeats, so it removes nobody.
+- While it is disconnected from NATS it cannot hear heartbeats, so it removes nobody; nor
+  after its own loop stalled (a starved host): heartbeats it could not read are no
+  evidence of death, so every TTL starts again.
 - With `planner.enabled`, it runs the SLO planner (`planner_loop.PlannerLoop`), which acts
   through the same control plane.
 - With scalable models and `scale_to_zero.idle_s`, it stops idle models' launched workers
@@ -115,12 +117,18 @@ class OrchestratorService:
         interval = self._config.sweep_interval_s
         next_sweep = self._clock() + interval
         while True:
+            waited_from, timeout = self._clock(), max(0.0, next_sweep - self._clock())
             try:
-                await asyncio.wait_for(self._wakeup.wait(), max(0.0, next_sweep - self._clock()))
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
             except TimeoutError:
                 pass
             reraise_if_cancelling()  # wait_for can lose a cancellation (Python 3.11)
             self._wakeup.clear()
+            overslept_s = self._clock() - waited_from - timeout
+            if overslept_s > self.table.ttl_s / 2:  # the loop itself was stalled (a starved host)
+                log.warning("orchestrator: its loop stalled for %.1f s; every worker's TTL starts again "
+                            "(heartbeats it could not read are no evidence of death)", overslept_s)
+                self.table.restart_ttls(self._clock())
             if not self._bus.client.is_connected:
                 self.table.restart_ttls(self._clock())
             if self._clock() >= next_sweep:
@@ -144,28 +152,29 @@ class OrchestratorService:
     async def _delete_expired_keys(self) -> None:
         kv = self._members.kv
         assert kv is not None
+        # A heartbeat heard during any await here takes the worker out of `_expired` itself.
         for worker_id, registration in list(self._expired.items()):
             try:
                 entry = await kv.get(worker_id)
             except KeyDeletedError:
-                del self._expired[worker_id]  # already gone, and watchers saw it go
+                self._expired.pop(worker_id, None)  # already gone, and watchers saw it go
                 continue
             except NotFoundError:
                 # Expired by the bucket TTL, which watchers are not told about: a delete
                 # marker makes every mirror drop the worker.
                 await kv.delete(worker_id)
-                del self._expired[worker_id]
+                self._expired.pop(worker_id, None)
                 continue
             if self._heartbeat_since(entry.value, registration):
                 # A heartbeat landed after the sweep: the mirror re-joins the worker.
-                del self._expired[worker_id]
+                self._expired.pop(worker_id, None)
                 continue
             try:
                 # Only delete the revision judged dead, never a fresher heartbeat.
                 await kv.delete(worker_id, last=entry.revision)
             except KeyWrongLastSequenceError:
                 pass
-            del self._expired[worker_id]
+            self._expired.pop(worker_id, None)
 
     def _heartbeat_since(self, value: bytes | None, swept: WorkerRegistration) -> bool:
         """Whether the bucket now holds a newer registration than the one judged dead."""

@@ -204,3 +204,19 @@ async def test_value_expired_by_bucket_ttl_is_deleted_for_watchers(
         await service.stop()
         await service_bus.close()
         await mirror.stop()
+
+
+async def test_a_stall_of_the_orchestrators_own_loop_removes_nobody(
+        orchestrator: OrchestratorService, changes: asyncio.Queue[MembershipChange], members: KeyValue) -> None:
+    worker = FakeWorker(members, "w1")
+    worker.start()
+    try:
+        await next_change(changes, is_("joined", "w1"))
+        time.sleep(TTL_S * 4)  # blocks the loop: the orchestrator reads no heartbeat for four TTLs
+        await asyncio.sleep(TTL_S * 2)  # heartbeats flow again; a removal would have come by now
+        assert changes.empty(), changes.get_nowait()
+        assert "w1" in orchestrator.table.members
+        await worker.stop_heartbeats()  # a real silence still removes it
+        await next_change(changes, is_("removed", "w1", "heartbeat_lost"))
+    finally:
+        await worker.stop_heartbeats()
