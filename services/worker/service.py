@@ -215,6 +215,7 @@ class WorkerService:
         self.stopped.set()
 
     async def _every(self, interval_s: float, action) -> None:
+        failing, name = 0, getattr(action, "__name__", action)  # a streak's first failure and its end are told
         while True:
             await asyncio.sleep(interval_s)
             try:
@@ -223,7 +224,12 @@ class WorkerService:
                 raise
             except Exception as error:  # NATS reconnecting: try again next tick
                 reraise_if_cancelling(error)  # or stop() would wait for this loop for ever
-                log.debug("%s failed: %s", getattr(action, "__name__", action), error)
+                failing += 1
+                (log.warning if failing == 1 else log.debug)("%s failed: %r", name, error, exc_info=failing == 1)
+            else:
+                if failing:
+                    log.warning("%s works again after %d failed ticks", name, failing)
+                failing = 0
             reraise_if_cancelling()
 
     # ---- membership and events -------------------------------------------------------

@@ -46,6 +46,13 @@ async def reap_processes(processes: list[psutil.Process], timeout_s: float) -> N
         await asyncio.to_thread(psutil.wait_procs, alive, timeout_s)
 
 
+def kill_processes(processes: list[psutil.Process]) -> None:
+    """SIGKILL those still running (what is left of an engine that died)."""
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
 def gone(processes: list[psutil.Process], names: dict[int, str]) -> str | None:
     """Which of vLLM's processes (`names`: pid -> its name at start) is no longer running
     (exited, killed, a zombie its parent has not reaped), said for a log line; None while
@@ -64,7 +71,8 @@ async def wait_engine_failure(processes: list[psutil.Process], errored: Callable
                               stopping: Callable[[], bool], poll_s: float = WATCH_POLL_S) -> str:
     """Returns, with why, once vLLM can no longer serve: one of its processes is gone (a
     model worker killed, SIGILL, out of memory) or `errored()` (AsyncLLM saw its engine
-    die) says so. Polls; never returns while `stopping()` (a stop ends the processes)."""
+    die) says so, having killed the processes still there. Polls; never returns while
+    `stopping()` (a stop ends the processes)."""
     names = {}
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -74,5 +82,6 @@ async def wait_engine_failure(processes: list[psutil.Process], errored: Callable
         if stopping():
             continue
         why = errored() or await asyncio.to_thread(gone, processes, names)
-        if why:
+        if why:  # what is left of it cannot serve, and vLLM's shutdown would wait 5 s for it
+            kill_processes(processes)
             return why
