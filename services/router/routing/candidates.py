@@ -83,7 +83,7 @@ class Candidates:
         self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
         # a hot prefix (every holder busy) may be copied: bounded affinity lets go of it
         self.replicate = prefix_is_hot(routing, eligible.serving, request.cached_tokens, request.prompt_tokens,
-                                       request.prefix_share)
+                                       request.placement.share)
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
@@ -142,16 +142,16 @@ class Candidates:
         if not routing.sticky_homes:
             hints = HomeHints(request.prefix_key)
         elif self._transient:  # its home computes its misses: balanced by the work homed on each
-            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_work,
-                              leave=self._leave(leaving, parts), prefix_share=request.prefix_share)
+            hints = HomeHints(request.prefix_key, request.placement.home, request.placement.homed_work,
+                              leave=self._leave(leaving, parts), prefix_share=request.placement.share)
         elif leaving == CROWDED:
-            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share, leave=LEAVE,
-                              prefix_share=request.prefix_share, share_cap=self._share_cap(len(parts)),
+            hints = HomeHints(request.prefix_key, request.placement.home, request.placement.homed_share,
+                              leave=LEAVE, prefix_share=request.placement.share, share_cap=self._share_cap(len(parts)),
                               fits=self._roomier(parts), fit_first=True)
         else:
             must_fit = leaving == TRAFFIC and not self.weak
-            hints = HomeHints(request.prefix_key, request.home_worker, request.homed_share,
-                              leave=self._leave(leaving, parts), prefix_share=request.prefix_share,
+            hints = HomeHints(request.prefix_key, request.placement.home, request.placement.homed_share,
+                              leave=self._leave(leaving, parts), prefix_share=request.placement.share,
                               share_cap=self._share_cap(len(parts)), fits=self._fits(parts, must_fit),
                               fit_first=must_fit)
         return prefer_home(parts, lambda part: part.cost, lambda part: part.worker.worker_id,
@@ -164,26 +164,26 @@ class Candidates:
     @property
     def _past_kv(self) -> bool:
         """`resident_homes` applies: the live prefixes need more KV than the cluster holds."""
-        return self.routing.resident_homes and self.request.kv_limited
+        return self.routing.resident_homes and self.request.placement.limited
 
     @property
     def _transient(self) -> bool:
         """Past the cluster's KV (`_past_kv`), the prefix recurs but is not resident
-        (`RouteRequest.transient`): it misses wherever it goes, and its home is where that
+        (`PrefixPlacement.transient`): it misses wherever it goes, and its home is where that
         load falls."""
-        return self._past_kv and self.request.transient
+        return self._past_kv and self.request.placement.transient
 
     def _transients_unbalanced(self, parts: Sequence[Single]) -> bool:
         """For a `_transient` prefix: the prefixes homed on its home bring more than twice its
-        share of the recent work more than another of `parts`' do (`RouteRequest.homed_work`:
+        share of the recent work more than another of `parts`' do (`PrefixPlacement.homed_work`:
         a miss weighs several hits). Moving it there then leaves its home at least as loaded as
         the new one, so no transient moves straight back."""
         request = self.request
-        home = request.home_worker
-        own = request.prefix_work if self._transient else None
+        home = request.placement.home
+        own = request.placement.prefix_work if self._transient else None
         if home is None or own is None:
             return False
-        work = request.homed_work
+        work = request.placement.homed_work
         lightest = min((work.get(part.worker.worker_id, 0.0) for part in parts if part.worker.worker_id != home),
                        default=None)
         return lightest is not None and work.get(home, 0.0) - lightest > 2 * own
@@ -194,7 +194,7 @@ class Candidates:
         (`_past_kv`) for a resident prefix, the workers of `parts` whose KV holds its prompt
         beside their (resident) homed prefixes' (its home: beside the others'); None otherwise
         (a transient prefix misses wherever it goes)."""
-        if not must_fit and (not self._past_kv or not self.request.resident):
+        if not must_fit and (not self._past_kv or not self.request.placement.resident):
             return None
         return frozenset(part.worker.worker_id for part in parts if self._fits_on(part.worker))
 
@@ -203,9 +203,9 @@ class Candidates:
         prefix's prompt, none on its home, where it is counted already)."""
         request = self.request
         if adds is None:
-            adds = 0 if worker.worker_id == request.home_worker else request.prompt_tokens
+            adds = 0 if worker.worker_id == request.placement.home else request.prompt_tokens
         return (worker.kv_capacity_tokens <= 0
-                or request.homed_tokens.get(worker.worker_id, 0) + adds <= worker.kv_capacity_tokens)
+                or request.placement.homed_tokens.get(worker.worker_id, 0) + adds <= worker.kv_capacity_tokens)
 
     def _crowded(self, parts: Sequence[Single]) -> bool:
         """For a weakly cached prefix (`weak`: its home no longer holds it, so its prompt is
@@ -213,8 +213,8 @@ class Candidates:
         leave no room there for one more, and another of `parts` with room for its share would
         hold fewer prompt tokens with it than the home holds now (`_roomier`)."""
         request = self.request
-        home = next((part.worker for part in parts if part.worker.worker_id == request.home_worker), None)
-        if home is None or not self.weak or request.kv_limited:
+        home = next((part.worker for part in parts if part.worker.worker_id == request.placement.home), None)
+        if home is None or not self.weak or request.placement.limited:
             return False
         return not self._fits_on(home, request.prompt_tokens) and bool(self._roomier(parts))
 
@@ -223,13 +223,14 @@ class Candidates:
         would hold fewer homed prompt tokens with its prompt than its home holds now: moving
         it there lowers the fuller of the two, so it never moves straight back."""
         request = self.request
-        crowd = request.homed_tokens.get(request.home_worker, 0) if request.home_worker is not None else 0
+        placement = request.placement
+        crowd = placement.homed_tokens.get(placement.home, 0) if placement.home is not None else 0
         cap = self._share_cap(len(parts))
-        share = request.prefix_share or 0.0
+        share = placement.share or 0.0
         return frozenset(part.worker.worker_id for part in parts
-                         if part.worker.worker_id != request.home_worker
-                         and request.homed_tokens.get(part.worker.worker_id, 0) + request.prompt_tokens < crowd
-                         and (cap is None or request.homed_share.get(part.worker.worker_id, 0.0) + share <= cap))
+                         if part.worker.worker_id != placement.home
+                         and placement.homed_tokens.get(part.worker.worker_id, 0) + request.prompt_tokens < crowd
+                         and (cap is None or placement.homed_share.get(part.worker.worker_id, 0.0) + share <= cap))
 
     def _share_cap(self, workers: int) -> float | None:
         slack = self.routing.replica_share_slack
@@ -241,12 +242,12 @@ class Candidates:
         prefix draws more than one worker carries, or at most half of its home's traffic (the
         home exists for its other tenants); STAY otherwise."""
         request, slack = self.request, self.routing.replica_share_slack
-        if request.home_worker is None or request.prefix_share is None or slack is None or workers < 2:
+        if request.placement.home is None or request.placement.share is None or slack is None or workers < 2:
             return IF_BUSY
-        homed = request.homed_share.get(request.home_worker, 0.0)
-        if minor_tenant(request.prefix_share, homed, workers, slack):
+        homed = request.placement.homed_share.get(request.placement.home, 0.0)
+        if minor_tenant(request.placement.share, homed, workers, slack):
             return LEAVE
-        if copies_needed(request.prefix_share, workers, slack) > 1 or 2 * request.prefix_share <= homed:
+        if copies_needed(request.placement.share, workers, slack) > 1 or 2 * request.placement.share <= homed:
             return IF_BUSY
         return STAY
 
@@ -276,7 +277,7 @@ class Candidates:
         TRANSIENTS or CROWDED; None: it stays): it is a minor tenant there (`cost.minor_tenant`: its home
         carries more than one worker's part of the traffic), another of `parts` has room for its
         share and its prompt (`_fits_on`), and the live prefixes fit in the cluster's KV
-        (`RouteRequest.kv_limited`: past it, a move costs a miss, and the overflow rules below
+        (`PrefixPlacement.limited`: past it, a move costs a miss, and the overflow rules below
         apply; with this rule there too, and copies counted where served, the sim sweep's
         overfull point cached 0.70 to 0.71 of the prompt tokens against 0.73 to 0.76); or the
         prompts homed there need more KV than the home holds (`cost.homes_overflow`; past the
@@ -294,9 +295,9 @@ class Candidates:
         cluster's KV leaves a home too full to hold it (`_crowded`): the home evicted it for
         want of room, and taking it back would evict the next of its tenants."""
         request, slack = self.request, self.routing.replica_share_slack
-        home = request.home_worker
+        home = request.placement.home
         if (not self.routing.sticky_homes or request.prefix_key is None or home is None
-                or request.prefix_share is None or slack is None or len(parts) < 2):
+                or request.placement.share is None or slack is None or len(parts) < 2):
             return None
         if self._transients_unbalanced(parts):
             return TRANSIENTS
@@ -305,20 +306,20 @@ class Candidates:
     def _overcommitted(self, parts: Sequence[Single]) -> str | None:
         """OVERFLOW or TRAFFIC where `leaves` says so (None otherwise)."""
         request, slack = self.request, self.routing.replica_share_slack
-        home = request.home_worker
-        assert request.prefix_share is not None and slack is not None
-        homed = request.homed_share.get(home, 0.0)
-        minor = minor_tenant(request.prefix_share, homed, len(parts), slack)
-        shed = 2 * request.prefix_share <= homed and self._past_kv and request.resident
+        home = request.placement.home
+        assert request.placement.share is not None and slack is not None
+        homed = request.placement.homed_share.get(home, 0.0)
+        minor = minor_tenant(request.placement.share, homed, len(parts), slack)
+        shed = 2 * request.placement.share <= homed and self._past_kv and request.placement.resident
         if not (minor or shed):
             return None
-        overflow = any(part.worker.worker_id == home and homes_overflow(part.worker, request.homed_tokens.get(home))
-                       for part in parts)
-        if not (overflow or (minor and not request.kv_limited)):
+        overflow = any(part.worker.worker_id == home
+                       and homes_overflow(part.worker, request.placement.homed_tokens.get(home)) for part in parts)
+        if not (overflow or (minor and not request.placement.limited)):
             return None
         cap = share_cap(len(parts), slack)
         room = any(part.worker.worker_id != home
-                   and request.homed_share.get(part.worker.worker_id, 0.0) + request.prefix_share <= cap
+                   and request.placement.homed_share.get(part.worker.worker_id, 0.0) + request.placement.share <= cap
                    and ((minor and overflow) or self._fits_on(part.worker))
                    for part in parts)
         return (OVERFLOW if overflow else TRAFFIC) if room else None
@@ -336,7 +337,7 @@ class Candidates:
             if not parts:
                 return None
             chosen = self._home(parts, leaving)
-            if leaving is not None and chosen.worker.worker_id != self.request.home_worker:
+            if leaving is not None and chosen.worker.worker_id != self.request.placement.home:
                 self.new_homes.add(chosen.worker.worker_id)
             return chosen
         parts = self.affine(parts)
