@@ -1,7 +1,7 @@
 """Transient prefixes on plain data: past the cluster's KV, the recurring prefixes that are not
 resident miss wherever they go (`routing.placement.homes.PrefixHomes.transient`), so their homes are
 balanced by work, a miss weighing several hits (`PrefixHomes.work_shares`), and a home that
-brings far more work than another gives one up (`routing.candidates`); which prefixes are
+brings far more work than another gives one up (`routing.placement.rules`); which prefixes are
 resident holds as close counts wander (`routing.placement.residency`)."""
 
 from __future__ import annotations

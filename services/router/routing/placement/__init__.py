@@ -10,6 +10,9 @@
   KV and work; fed by `Placement` on each routed prompt;
 - `copies`: what a popular prefix's copies, served away from its home, add to each worker;
 - `residency`: once the cluster's KV cannot hold every live prefix, which ones stay resident;
-- `home`: where a prompt that no worker holds most of goes (its home, or a new one), read
-  by the cost model (`candidates.Candidates`).
+- `rules`: `HomeRules`, the home rules of one request: whether its prompt goes to its
+  prefix's home, why a prefix leaves its home, and which candidate is its home; asked by
+  the scoring stage (`candidates.Candidates.best_part`) over the parts it priced;
+- `home`: where a prompt that no worker holds most of goes (its home, or a new one), picked
+  among the parts by `rules`.
 """

@@ -14,7 +14,7 @@ partition balanced by traffic, not by count, each prefix carries its share of th
 requests (a count that decays by `1 - 1/horizon` per routed request: scale-free, no
 timescale) and each worker the summed shares of the prefixes homed there; the new home is
 the worker with the smallest such sum among the near-cheapest (see
-`candidates.Candidates.best_single`). A request served by a copy of a popular prefix (on
+`rules.HomeRules.home`). A request served by a copy of a popular prefix (on
 another worker than its home) counts where it was served in those sums (`homed_share`),
 though the prefix keeps its home: the copy's worker carries that traffic, and counted at
 the home it would make the home look overcommitted and the copy's worker light. Past the

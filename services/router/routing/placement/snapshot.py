@@ -10,7 +10,7 @@ the placement changed (another request recorded, a worker joined or left) is a b
 asserted; the dispatcher reads it between taking it and committing the plan, with no await.
 
 Callers: `placement.Placement.snapshot` builds it (`snapshot_of`); routing (`routing.request`,
-the home rules in `candidates`, the cost model, the shortlist) reads it.
+the home rules in `rules`, the cost model, the shortlist) reads it.
 """
 
 from __future__ import annotations
