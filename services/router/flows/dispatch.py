@@ -1,17 +1,18 @@
 """Routing a request to its worker(s) and starting its flow (adapter around `routing`).
 
-Each attempt asks the KV view how much of the prompt every worker holds, lets the routing
-policy plan (`services.router.routing.decide`), then commits the plan with no await in
-between, so concurrent requests see each other: the plan's workers are counted in flight
-(`WorkerPool.begin`; the computing worker with the prompt tokens it must compute, until
-its first token), and the prompt's blocks are predicted on the computing worker
-(`ModelKv.predict`, in the model's KV namespace: speculative index entries), so siblings that arrive before its KV
-events follow it, and its prefix's placement records it (`Placement.record`: the prompt's
-snapshot of it went into the `RouteRequest`); the other routers of the cluster are told both
-(`WorkerPool.shared_load`), and their routings are predicted and recorded here alike. Only then does the flow executor
-(`services.router.flows.executor`) run the plan:
-one worker, or a prefill and a decode worker, pulling a cached prefix from a holder when
-the plan names one.
+Each attempt asks the KV view how much of the prompt every worker holds and the prefix's
+placement (`routing.placement.Placement`, one per model, held here) for a snapshot of it,
+lets the routing policy plan (`services.router.routing.decide`), then commits the plan with
+no await in between, so concurrent requests see each other: the plan's workers are counted
+in flight (`WorkerPool.begin`; the computing worker with the prompt tokens it must compute,
+until its first token), the prompt's blocks are predicted on the computing worker
+(`ModelKv.predict`, in the model's KV namespace: speculative index entries), so siblings
+that arrive before its KV events follow it, and the placement records the plan
+(`Placement.record`); the other routers of the cluster are told both
+(`WorkerPool.shared_load`), and their routings are predicted and recorded here alike. Only
+then does the flow executor (`services.router.flows.executor`) run the plan: one worker, or
+a prefill and a decode worker, pulling a cached prefix from a holder when the plan names
+one.
 
 Before routing, a new request passes the admission gate (`flows.admission`: its key's tokens
 per minute, and the router's admission queue when on), and leaves it when its generation

@@ -74,7 +74,7 @@ class Candidates:
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
-        self.homes = HomeRules(request, routing)  # where a weakly cached prompt, or a leaving prefix, goes
+        self.home_rules = HomeRules(request, routing)  # where a weakly cached prompt, or a leaving prefix, goes
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -143,11 +143,11 @@ class Candidates:
         """The cheapest of `parts` after bounded affinity (`affine`); for a weakly cached
         prompt, or a prefix that leaves its home, its home (the home rules,
         `placement.rules.HomeRules`: `weak`, `leaves`, `home`)."""
-        leaving = self.homes.leaves(parts)
-        if self.homes.weak or leaving is not None:
+        leaving = self.home_rules.leaves(parts)
+        if self.home_rules.weak or leaving is not None:
             if not parts:
                 return None
-            return self.homes.home(parts, leaving)
+            return self.home_rules.home(parts, leaving)
         parts = self.affine(parts)
         return min(parts, key=lambda part: part.key) if parts else None
 
