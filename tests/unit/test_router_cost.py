@@ -23,6 +23,7 @@ from services.router.routing.cost import (
     pull_cost,
     share_cap,
 )
+from services.router.routing.placement.snapshot import PrefixPlacement
 from shared.schemas import LoadSnapshot, WorkerStatus
 from tests.unit.worker_views import worker_view
 
@@ -187,8 +188,8 @@ def test_a_busy_holder_keeps_a_tenant_whose_share_it_can_carry() -> None:
     # (every cache full, the holder's queue long enough that a copy would be cheaper)
     workers = [worker("holder", reported_load=12, reported_prefill_tokens=4000), worker("b", reported_load=2),
                worker("c", reported_load=2)]
-    assert plan_of(workers, tenant_request({"holder": PREFIX}, prefix_share=0.3), DEFAULT).worker_id == "holder"
-    copied = plan_of(workers, tenant_request({"holder": PREFIX}, prefix_share=0.6), DEFAULT)
+    assert plan_of(workers, tenant_request({"holder": PREFIX}, placement=PrefixPlacement(share=0.3)), DEFAULT).worker_id == "holder"
+    copied = plan_of(workers, tenant_request({"holder": PREFIX}, placement=PrefixPlacement(share=0.6)), DEFAULT)
     assert copied.worker_id != "holder" and copied.prompt is not None and copied.prompt.holder_id == "holder"
 
 

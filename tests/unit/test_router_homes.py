@@ -16,6 +16,7 @@ from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.router.routing.placement.copies import COPY_FORGOTTEN
 from services.router.routing.placement.homes import LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.placement.residency import RESIDENT_FILL
+from services.router.routing.placement.snapshot import HomedShares, HomedTokens, snapshot_of
 from tests.unit.worker_views import worker_view
 
 PROMPT = 1088
@@ -28,10 +29,8 @@ worker = partial(worker_view, max_num_seqs=64, max_model_len=4096, kv_capacity_t
 def route(homes: PrefixHomes, key: int, cached: dict[str, int] | None = None, *, resident: bool = True) -> RouteRequest:
     """`resident`: as the router with `resident_homes` (off: every live prefix's tokens count)."""
     return RouteRequest(model="m", prompt_tokens=PROMPT, total_tokens=PROMPT + 16, cached_tokens=cached or {},
-                        held_tokens=cached or {}, prefix_key=key, home_worker=homes.home(key),
-                        homed_share=homes.shares(), prefix_share=homes.share(key),
-                        homed_tokens=homes.tokens(resident=resident),
-                        resident_prefixes=homes.residents())
+                        held_tokens=cached or {}, prefix_key=key, block_tokens=PROMPT,
+                        placement=snapshot_of(homes, key, resident_homes=resident))
 
 
 def pick(workers: list[WorkerView], request: RouteRequest, routing: RoutingConfig = RoutingConfig()) -> str:
@@ -114,7 +113,7 @@ def test_a_copy_served_elsewhere_keeps_the_home_and_counts_where_it_was_served()
     assert homes.worker_share("b") == pytest.approx(0.5, rel=1e-3)  # b has no homed prefix, but carries the copy's
     # its KV is counted at its home, and where the copy holds it (b served a live request's worth)
     assert homes.homed_tokens("a") == 1000 and homes.homed_tokens("b") == 1000
-    assert dict(homes.tokens()) == {"a": 1000, "b": 1000}
+    assert dict(HomedTokens(homes, resident=True)) == {"a": 1000, "b": 1000}
     homes.record(1, "b", 1000, copy=True)
     assert homes.homed_share() == pytest.approx({"a": 1 / 3, "b": 2 / 3}, rel=1e-3)
     homes.record(1, "b", 1000)  # computed on b: b is its home now
@@ -138,7 +137,7 @@ def test_past_the_clusters_kv_a_copy_counts_at_the_home() -> None:
     assert homes.homed_tokens("b") == 2000  # its own prompt and the copy
     sized(homes, "ab", 1000)  # three live prompts of 1000 tokens, 2000 in the cluster
     assert homes.limited() and homes.homed_share() == pytest.approx({"a": 0.75, "b": 0.25}, rel=1e-3)
-    assert homes.homed_tokens("b", resident=False) == 1000 and dict(homes.tokens(resident=False)) == {
+    assert homes.homed_tokens("b", resident=False) == 1000 and dict(HomedTokens(homes, resident=False)) == {
         "a": 2000, "b": 1000}
 
 
@@ -157,9 +156,9 @@ def test_homed_tokens_count_the_live_prefixes_homed_on_each_worker() -> None:
         homes.record(3, "b", 700)  # prefixes 1 and 2 see no requests: decayed below LIVE_COUNT
     assert (homes.homed_tokens("a"), homes.homed_tokens("b")) == (0, 700)
     homes.record(4, "c", 100)  # a fourth prefix: the least recently routed (1) is forgotten
-    assert homes.home(1) is None and dict(homes.tokens()) == {"b": 700, "c": 100}
+    assert homes.home(1) is None and dict(HomedTokens(homes, resident=True)) == {"b": 700, "c": 100}
     homes.forget("b")
-    assert dict(homes.tokens()) == {"c": 100}
+    assert dict(HomedTokens(homes, resident=True)) == {"c": 100}
 
 
 def _walked_tokens(homes: PrefixHomes, worker_id: str) -> int:
@@ -263,7 +262,7 @@ def test_homed_tokens_and_shares_kept_as_prefixes_are_routed_equal_the_walk_over
             assert every.get(worker_id, 0.0) == pytest.approx(
                 min(1.0, max(0.0, carried.get(worker_id, 0.0)) / tracked) if tracked > 0 else 0.0, abs=1e-9)
             assert homes.homed_tokens(worker_id) == _walked_tokens(homes, worker_id) + copies.held(homes, worker_id)
-            assert homes.shares().get(worker_id, 0.0) == pytest.approx(every.get(worker_id, 0.0), abs=1e-9)
+            assert HomedShares(homes).get(worker_id, 0.0) == pytest.approx(every.get(worker_id, 0.0), abs=1e-9)
             assert work.get(worker_id, 0.0) == pytest.approx(walked.get(worker_id, 0.0) / total if total else 0.0,
                                                              abs=1e-9)
 
@@ -459,9 +458,10 @@ def test_past_the_clusters_kv_a_crowded_home_computes_its_evicted_prefix_again()
             homes.record(key, "cd"[key % 2], PROMPT)
     sized(homes, "abcd", 3 * PROMPT)
     request = route(homes, 3)
-    assert request.kv_limited and request.resident and request.homed_tokens["a"] == 3 * PROMPT
+    assert request.placement.limited and request.placement.resident and request.placement.homed_tokens["a"] == 3 * PROMPT
     assert pick(crowded_workers(), request) == "a"
-    assert pick(crowded_workers(), dataclasses.replace(request, resident_prefixes=None)) == "b"
+    unknown = dataclasses.replace(request.placement, residency=None)  # residency unknown
+    assert pick(crowded_workers(), dataclasses.replace(request, placement=unknown)) == "b"
 
 
 def test_past_the_clusters_kv_a_cached_minor_tenant_does_not_move_on_traffic_alone() -> None:
@@ -525,7 +525,7 @@ def test_only_the_most_requested_prefixes_that_fit_in_the_cluster_are_resident()
     assert homes.homed_tokens("a") == 3 * PROMPT  # no pool known: 0, 4 and 8, all live
     sized(homes, "abcd")
     assert [key for key in range(12) if homes.resident(key)] == list(range(7))
-    assert [key in homes.residents() for key in (6, 7)] == [True, False]
+    assert [snapshot_of(homes, key).resident for key in (6, 7)] == [True, False]
     assert {name: homes.homed_tokens(name) for name in "abcd"} == {"a": 2 * PROMPT, "b": 2 * PROMPT,
                                                                   "c": 2 * PROMPT, "d": PROMPT}
     assert homes.homed_tokens("a", resident=False) == 3 * PROMPT

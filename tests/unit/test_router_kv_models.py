@@ -39,7 +39,7 @@ def test_a_prompt_matches_only_its_own_models_workers() -> None:
     assert kv_view.stats().total_blocks == 8  # the same hashes, counted once per namespace
 
 
-def test_predictions_and_homes_stay_in_their_models_namespace() -> None:
+def test_predictions_stay_in_their_models_namespace() -> None:
     kv_view, _, _ = two_models()
     prompt = tokens(2, 2 * BLOCK)
     model_a = kv_view.model("model-a")
@@ -48,7 +48,6 @@ def test_predictions_and_homes_stay_in_their_models_namespace() -> None:
     model_b = kv_view.model("model-b")
     cache_b = model_b.prompt_cache(prompt, now=1.0)
     assert cache_b.cached_tokens == {}
-    assert model_b.homes.home(cache_b.prefix_key) is None
     assert kv_view.of_worker("a1") is model_a and kv_view.of_worker("b1") is model_b
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from services.router.config import RoutingConfig
 from services.router.routing import RouteRequest
+from services.router.routing.placement.snapshot import PrefixPlacement
 from services.router.routing.shortlist import shortlist
 from shared.config import ConfigError
 
@@ -19,7 +20,7 @@ ROUTING = RoutingConfig(shortlist_workers=16)
 
 def request(cached: dict[str, int] | None = None, home: str | None = None) -> RouteRequest:
     return RouteRequest(model="m", prompt_tokens=1000, total_tokens=1016, cached_tokens=cached or {},
-                        held_tokens=cached or {}, prefix_key=1, home_worker=home)
+                        held_tokens=cached or {}, prefix_key=1, placement=PrefixPlacement(home=home))
 
 
 def test_a_small_fleet_or_shortlists_off_cost_every_worker() -> None:

@@ -1,7 +1,7 @@
 """Transient prefixes on plain data: past the cluster's KV, the recurring prefixes that are not
 resident miss wherever they go (`routing.placement.homes.PrefixHomes.transient`), so their homes are
 balanced by work, a miss weighing several hits (`PrefixHomes.work_shares`), and a home that
-brings far more work than another gives one up (`routing.candidates`); which prefixes are
+brings far more work than another gives one up (`routing.placement.rules`); which prefixes are
 resident holds as close counts wander (`routing.placement.residency`)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from services.router.config import RoutingConfig
 from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, RESIDENCY_EVERY, PrefixHomes
 from services.router.routing.placement.residency import RESIDENT_FILL, RESIDENT_HOLD, rank_residents
+from services.router.routing.placement.snapshot import snapshot_of
 from tests.unit.test_router_homes import PROMPT, pick, route, sized, worker
 
 HIT = 64  # prompt tokens a cached prompt computes (a miss computes all of `PROMPT`)
@@ -52,7 +53,7 @@ def test_work_weighs_a_miss_as_its_computed_prompt_and_follows_a_prefix_that_mov
                                    "b": pytest.approx(2 * miss / total, rel=5e-3)}
     assert homes.work_shares()["a"] < homes.work_shares()["b"] and homes.homed_share()["a"] > homes.homed_share()["b"]
     assert homes.work_share(2) == pytest.approx(2 * miss / total, rel=5e-3) and homes.work_share(99) is None
-    assert homes.residents().work_shares() == homes.work_shares()
+    assert snapshot_of(homes, 1).homed_work == homes.work_shares()
     homes.record(2, "c", PROMPT, computed=PROMPT)  # moved: its work (3 misses now) is c's
     assert homes.work_shares()["b"] == 0.0
     assert homes.work_shares()["c"] == pytest.approx(3 * miss / (total + miss), rel=5e-3)

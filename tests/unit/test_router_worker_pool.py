@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 from services.router.fleet.worker_pool import WorkerPool
-from services.router.kv.model_kv import ModelKv, PromptCache
 from shared.codec import MalformedCounter, encode
 from shared.errors import Disconnected
 from shared.schemas import LoadSnapshot, WorkerCapacity, WorkerRegistration, WorkerRole
@@ -58,7 +57,7 @@ def put(pool: WorkerPool, worker_id: str, *, started_at: float, heartbeat_at: fl
 
 def test_membership_heartbeats_restarts_and_leaves() -> None:
     listener = Listener()
-    pool = WorkerPool(None, Subjects(), MalformedCounter(), listener=listener)  # type: ignore[arg-type]
+    pool = WorkerPool(None, Subjects(), MalformedCounter(), listeners=[listener])  # type: ignore[arg-type]
     put(pool, "w1", started_at=1.0, heartbeat_at=1.0)
     routed = pool.begin("w1", "r1")
     report(pool, "w1", seq=7, running=1, pending_prefill_tokens=0)
@@ -134,32 +133,3 @@ def test_after_a_reconnect_a_load_report_confirms_its_worker() -> None:
     assert pool._members.unconfirmed == {"w2"}
     report(pool, "w1", seq=2, running=0, pending_prefill_tokens=0)  # already confirmed: nothing changes
     assert [view.worker_id for view in pool.views()] == ["w1"]
-
-
-def test_the_kv_view_bounds_the_resident_prefixes_by_the_members_kv_pools() -> None:
-    """Two recurring prompts of 1500 tokens on a member of 2000: past the cluster's KV. Once
-    the member leaves, its pool and its prefixes go with it."""
-    kv_view = ModelKv()
-    kv_view.worker_joined("w1", 16, kv_tokens=2000)
-    for _ in range(3):
-        kv_view.homes.record(1, "w1", 1500)
-        kv_view.homes.record(2, "w1", 1500)
-    assert kv_view.homes.limited() and kv_view.homes.homed_tokens("w1") == 1500
-    kv_view.worker_left("w1")
-    assert not kv_view.homes.limited() and kv_view.homes.homed_tokens("w1") == 0
-
-
-def test_a_prefix_sent_to_leave_its_home_moves_there_though_the_home_still_holds_it() -> None:
-    """w1 holds the prompt and is its home: a request served by w2 is a copy (the home stays)
-    unless the routing sent it there to leave w1 (`moves_home`); then w2 is the home."""
-    kv_view = ModelKv()
-    for worker_id in ("w1", "w2"):
-        kv_view.worker_joined(worker_id, 16, kv_tokens=4096)
-    chain = list(range(100, 164))  # 64 blocks of 16: 1024 tokens
-    held = PromptCache({16: chain}, {"w1": 1024}, {"w1": 1024})
-    kv_view.predict("w1", PromptCache({16: chain}, {}, {}), now=0.0, ttl_s=1.0)
-    assert kv_view.homes.home(100) == "w1"
-    kv_view.predict("w2", held, now=1.0, ttl_s=1.0)
-    assert kv_view.homes.home(100) == "w1"
-    kv_view.predict("w2", held, now=2.0, ttl_s=1.0, moves_home=True)
-    assert kv_view.homes.home(100) == "w2"

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from services.router.fleet.shared_load import NO_REMOTE_LOAD, RemoteLoad
@@ -150,8 +150,8 @@ class MembershipListener(Protocol):
 class WorkerPool:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
                  bucket_ttl_s: float | None = None, reconnect_grace_s: float | None = None,
-                 listener: MembershipListener | None = None) -> None:
-        self._listener = listener  # told when a worker joins (or restarts) and leaves
+                 listeners: Sequence[MembershipListener] = ()) -> None:
+        self._listeners = listeners  # told when a worker joins (or restarts) and leaves
         self.shared_load = SharedLoadLink(bus, subjects, malformed, self._own_load)
         self._workers: dict[str, _WorkerState] = {}
         self._bus = bus
@@ -306,10 +306,11 @@ class WorkerPool:
         if event.change is MemberChange.LEFT:
             self._remove(worker_id)
             return
-        if self._listener is not None and event.change is not MemberChange.UPDATED:
-            self._listener.worker_left(worker_id)  # a restarted worker's cache is gone
-            self._listener.worker_joined(worker_id, registration.block_size,
-                                         kv_tokens=kv_pool_tokens(registration), model=registration.model)
+        if event.change is not MemberChange.UPDATED:
+            for listener in self._listeners:
+                listener.worker_left(worker_id)  # a restarted worker's cache is gone
+                listener.worker_joined(worker_id, registration.block_size,
+                                       kv_tokens=kv_pool_tokens(registration), model=registration.model)
         state = self._workers.get(worker_id)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)
@@ -332,8 +333,8 @@ class WorkerPool:
         state = self._workers.pop(worker_id, None)
         if state is None:
             return
-        if self._listener is not None:
-            self._listener.worker_left(worker_id)
+        for listener in self._listeners:
+            listener.worker_left(worker_id)
         self.shared_load.peers.worker_left(worker_id)
         log.info("worker %s left the cluster; failing its %d in-flight requests", worker_id, len(state.in_flight))
         state.abort_all(Disconnected(f"worker {worker_id} left the cluster mid-request"))

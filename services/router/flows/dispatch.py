@@ -1,16 +1,18 @@
 """Routing a request to its worker(s) and starting its flow (adapter around `routing`).
 
-Each attempt asks the KV view how much of the prompt every worker holds, lets the routing
-policy plan (`services.router.routing.decide`), then commits the plan with no await in
-between, so concurrent requests see each other: the plan's workers are counted in flight
-(`WorkerPool.begin`; the computing worker with the prompt tokens it must compute, until
-its first token), and the prompt's blocks are predicted on the computing worker
-(`ModelKv.predict`, in the model's KV namespace: speculative index entries), so siblings that arrive before its KV
-events follow it; the other routers of the cluster are told both (`WorkerPool.shared_load`),
-and their routings are predicted here alike. Only then does the flow executor
-(`services.router.flows.executor`) run the plan:
-one worker, or a prefill and a decode worker, pulling a cached prefix from a holder when
-the plan names one.
+Each attempt asks the KV view how much of the prompt every worker holds and the prefix's
+placement (`routing.placement.Placement`, one per model, held here) for a snapshot of it,
+lets the routing policy plan (`services.router.routing.decide`), then commits the plan with
+no await in between, so concurrent requests see each other: the plan's workers are counted
+in flight (`WorkerPool.begin`; the computing worker with the prompt tokens it must compute,
+until its first token), the prompt's blocks are predicted on the computing worker
+(`ModelKv.predict`, in the model's KV namespace: speculative index entries), so siblings
+that arrive before its KV events follow it, and the placement records the plan
+(`Placement.record`); the other routers of the cluster are told both
+(`WorkerPool.shared_load`), and their routings are predicted and recorded here alike. Only
+then does the flow executor (`services.router.flows.executor`) run the plan: one worker, or
+a prefill and a decode worker, pulling a cached prefix from a holder when the plan names
+one.
 
 Before routing, a new request passes the admission gate (`flows.admission`: its key's tokens
 per minute, and the router's admission queue when on), and leaves it when its generation
@@ -69,6 +71,7 @@ from services.router.routing import (
     decide,
 )
 from services.router.routing.cold_start import ColdStarts, Hold, HoldRefused
+from services.router.routing.placement.placement import Placements
 from services.router.routing.shortlist import shortlist
 from shared.errors import ErrorCode, TandemError, Unavailable
 from shared.schemas import Finished, RoutedPrompt
@@ -105,7 +108,7 @@ def _answered(params: GenerationParams, finish_reason: FinishReason, cached_toke
 
 
 class Dispatcher:
-    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView,
+    def __init__(self, *, link: WorkerLink, pool: WorkerPool, kv_view: KvView, placements: Placements,
                  decoders: Callable[[str], TokenDecoder],
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, worker_wait_s: float,
                  routing: RoutingConfig = RoutingConfig(), policy: RoutingPolicy | None = None,
@@ -115,6 +118,7 @@ class Dispatcher:
         self._flows = FlowExecutor(link, metrics)
         self._pool = pool
         self._kv_view = kv_view
+        self._placements = placements  # the prefixes' homes, per model (told of membership by the pool)
         self._decoders = decoders  # a model's name -> its tokenizer
         self._random = random.Random(routing.seed)  # the random baseline policy's draws
         self._sample = random.Random(routing.seed + 1)  # a large fleet's shortlist draws
@@ -137,11 +141,13 @@ class Dispatcher:
 
     def _peer_routed(self, prompt: RoutedPrompt) -> None:
         """Another router routed a prompt: its blocks are predicted on that worker here too (in
-        its model's namespace)."""
-        kv = self._kv_view.of_worker(prompt.worker_id)
+        its model's namespace), and its prefix's placement records it."""
+        kv, placement = self._kv_view.of_worker(prompt.worker_id), self._placements.of_worker(prompt.worker_id)
+        cache = PromptCache(dict(prompt.chains), {}, {})
         if kv is not None:
-            kv.predict(prompt.worker_id, PromptCache(dict(prompt.chains), {}, {}), self._clock(),
-                       min(prompt.ttl_s, self._routing.speculative_ttl_s))
+            kv.predict(prompt.worker_id, cache, self._clock(), min(prompt.ttl_s, self._routing.speculative_ttl_s))
+        if placement is not None:
+            placement.routed_elsewhere(cache.prefix_key, prompt.worker_id, cache.block_tokens)
 
     async def dispatch(self, params: GenerationParams) -> Generation:
         """A generation that has produced its first output; raises `TandemError`."""
@@ -247,8 +253,8 @@ class Dispatcher:
         hold: Hold | None = None  # a scalable model's request, held while its worker starts
         try:
             while True:
-                views, outcome, kv, cache = self._attempt(params, excluded, admit=admit, threshold=threshold,
-                                                          span=span)
+                views, outcome, route, kv, cache = self._attempt(params, excluded, admit=admit, threshold=threshold,
+                                                                 span=span)
                 if isinstance(outcome, RoutePlan):
                     _note_route(params, span, outcome.flow, outcome.reason)
                     if not params.route.compat_hash:
@@ -261,7 +267,7 @@ class Dispatcher:
                     if hold is not None:
                         self._cold_starts.release(params.model, routed=True)
                         hold = None
-                    return self._commit(params, outcome, kv, cache)
+                    return self._commit(params, outcome, route, kv, cache)
                 if isinstance(outcome, RouteRefusal):
                     _note_route(params, span, "none", outcome.reason)
                     self._metrics.route_decisions.labels("none", outcome.reason).inc()
@@ -278,7 +284,8 @@ class Dispatcher:
                 self._cold_starts.release(params.model, routed=False)
 
     def _attempt(self, params: GenerationParams, excluded: set[str], *, admit: bool, threshold: float,
-                 span: trace.Span) -> tuple[list[WorkerView], RoutePlan | RouteRefusal | None, ModelKv, PromptCache]:
+                 span: trace.Span) -> tuple[list[WorkerView], RoutePlan | RouteRefusal | None, RouteRequest, ModelKv,
+                                            PromptCache]:
         """One routing decision over the workers as they are now."""
         prompt_tokens = len(params.prompt_ids)
         now = self._clock()
@@ -299,18 +306,14 @@ class Dispatcher:
                              one_engine=params.sampling.needs_whole_prompt or whole_here,
                              replays=params.sampling.depends_on_output_history,
                              route_hint=params.route_hint, prefix_key=cache.prefix_key,
-                             victim_age_s=kv.victim_ages(now),
-                             home_worker=kv.homes.home(cache.prefix_key) if cache.prefix_key else None,
-                             homed_share=kv.homes.shares(),
-                             prefix_share=kv.homes.share(cache.prefix_key) if cache.prefix_key else None,
-                             homed_tokens=kv.homes.tokens(resident=self._routing.resident_homes),
-                             resident_prefixes=kv.homes.residents())
+                             victim_age_s=kv.victim_ages(now), block_tokens=cache.block_tokens,
+                             placement=self._placements.model(params.model).snapshot(cache.prefix_key))
         views, outcome = self._decide(route, excluded, params.route.compat_hash)
         self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
         self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
         span.set_attributes({"tandem.route_candidates": len(views), "tandem.prompt_tokens": prompt_tokens,
                              "tandem.max_cached_tokens": max(cache.cached_tokens.values(), default=0)})
-        return views, outcome, kv, cache
+        return views, outcome, route, kv, cache
 
     @staticmethod
     def _check_context(params: GenerationParams, views: list[WorkerView]) -> None:
@@ -365,8 +368,10 @@ class Dispatcher:
             for waiting in waits:
                 waiting.cancel()
 
-    def _commit(self, params: GenerationParams, plan: RoutePlan, kv: ModelKv, cache: PromptCache) -> CommittedPlan:
-        """Count the plan's workers and predict its blocks: synchronous, right after `decide`."""
+    def _commit(self, params: GenerationParams, plan: RoutePlan, route: RouteRequest, kv: ModelKv,
+                cache: PromptCache) -> CommittedPlan:
+        """Count the plan's workers, predict its blocks and record its prefix's placement:
+        synchronous, right after `decide` (the placement is as `route`'s snapshot saw it)."""
         self._metrics.route_decisions.labels(plan.flow, plan.reason).inc()
         computing = plan.computing_worker_id
         uncached = plan.prompt.uncached_tokens if plan.prompt is not None else len(params.prompt_ids)
@@ -374,7 +379,8 @@ class Dispatcher:
         decode = None
         if plan.decode_worker_id is not None:
             decode = self._pool.begin(plan.decode_worker_id, params.request_id)
-        kv.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s, moves_home=plan.moves_home)
+        kv.predict(computing, cache, self._clock(), self._routing.speculative_ttl_s)
+        self._placements.model(params.model).record(route, plan)
         self._pool.shared_load.predicted(computing, cache.chains, self._routing.speculative_ttl_s)
         prefix = None
         if plan.prompt is not None and plan.prompt.holder_id is not None:

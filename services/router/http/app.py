@@ -42,6 +42,7 @@ from services.router.openai.errors import install_error_handlers
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
 from services.router.routing import build_policy
 from services.router.routing.eligibility import can_serve
+from services.router.routing.placement.placement import Placements
 from shared.bus import Bus, connect
 from shared.codec import MalformedCounter
 from shared.config import ConfigError
@@ -95,12 +96,12 @@ class RouterRuntime:
         subjects = config.bus.subjects
         bus = await connect(config.bus, "tandem-router")
         kv_view = KvView(bus, subjects, self.malformed, verify_hashes=config.verify_kv_hashes,
-                         request_overhead_tokens=config.routing.request_overhead_tokens,
                          tier_aware=config.routing.kv_tier_aware)
+        placements = Placements(config.routing)  # the prefixes' homes, per model
         pool = WorkerPool(bus, subjects, self.malformed,
                           bucket_ttl_s=config.membership.bucket_ttl_s,
                           reconnect_grace_s=config.membership.ttl_s,  # one TTL to re-register after a restart
-                          listener=kv_view)
+                          listeners=[kv_view, placements])
         inbox: ResponseInbox | None = None
         waker: ModelWaker | None = None
         try:
@@ -121,7 +122,7 @@ class RouterRuntime:
             catalog.load_scalable()
             if scalable:  # a model with no worker gets one through the orchestrator
                 waker = ModelWaker(bus, subjects, self.malformed, timeout_s=config.scale_from_zero.hold_s)
-            dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view,
+            dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, placements=placements,
                                     decoders=lambda model: catalog.resolved(model).tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,
                                     routing=config.routing, policy=self.policy,

@@ -1,10 +1,10 @@
-"""One model's KV namespace: its workers' KV index, prefix homes and cache recency. Pure.
+"""One model's KV namespace: its workers' KV index and cache recency. Pure.
 
 The router keeps one per served model (`view.KvView.model`): a worker's KV events go only
 into its model's index, and a prompt of a model is matched only against that index, so a
 prefix hit can never cross models, even where two models' tokenizers give the same token
-ids (and so the same chain hashes). Homes and recency are per model too: a prefix key of one
-model never names a home among another model's workers.
+ids (and so the same chain hashes). Recency is per model too. (The prefixes' homes are
+the placement's, `routing.placement`, kept per model beside this by the dispatcher.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.router.kv.index import KvIndex, block_hashes_for
-from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
 from services.router.routing.recency import CacheRecency
 from shared.block_hash import adapter_root
 from shared.schemas import KvTransferParams
@@ -92,27 +91,22 @@ class VictimAges(Mapping[str, "float | None"]):
 
 class ModelKv:
     """What the router knows of one model's KV: where its workers' blocks live (real and
-    predicted), where its prefixes are homed, and when each worker last used them."""
+    predicted), and when each worker last used them."""
 
-    def __init__(self, *, verify_hashes: bool = False,
-                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS, tier_aware: bool = True) -> None:
+    def __init__(self, *, verify_hashes: bool = False, tier_aware: bool = True) -> None:
         self.tier_aware = tier_aware  # off: blocks outside a worker's first tier count as not cached
         self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
         self.recency = CacheRecency()
-        self.homes = PrefixHomes(overhead_tokens=request_overhead_tokens)
         self._block_sizes: dict[str, int] = {}
 
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0) -> None:
-        """`kv_tokens`: its KV pool (0: unknown), which bounds the prefixes it keeps resident."""
+    def worker_joined(self, worker_id: str, block_size: int) -> None:
         self._block_sizes[worker_id] = block_size
         self.index.add_worker(worker_id, block_size)
-        self.homes.set_capacity(worker_id, kv_tokens)
 
     def worker_left(self, worker_id: str) -> None:
         self._block_sizes.pop(worker_id, None)
         self.index.remove_worker(worker_id)
         self.recency.forget(worker_id)
-        self.homes.forget(worker_id)
 
     @property
     def worker_ids(self) -> list[str]:
@@ -158,20 +152,12 @@ class ModelKv:
         """Per worker (on access), seconds since its least recently used prefix was routed."""
         return VictimAges(self.recency, self.index, now)
 
-    def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float, *,
-                moves_home: bool = False) -> None:
+    def predict(self, worker_id: str, cache: PromptCache, now: float, ttl_s: float) -> None:
         """`worker_id` was just routed the prompt: count its blocks there until its own events
         arrive (or `ttl_s` passes), so sibling requests follow it; the prompt's prefix is now
-        its most recently used one, and its home unless that home still holds most of the
-        prompt (then `worker_id` got a copy: `homes.PrefixHomes.record`) and the prefix was
-        not sent there to leave it (`moves_home`)."""
+        its most recently used one."""
         if cache.prefix_key is not None:
             self.recency.touch(worker_id, cache.prefix_key, now)
-            home = self.homes.home(cache.prefix_key)
-            copy = (not moves_home and home is not None and home != worker_id
-                    and 2 * cache.cached_tokens.get(home, 0) >= cache.block_tokens)
-            computed = max(0, cache.block_tokens - cache.cached_tokens.get(worker_id, 0))
-            self.homes.record(cache.prefix_key, worker_id, cache.block_tokens, computed=computed, copy=copy)
         block_size = self._block_sizes.get(worker_id)
         if block_size is not None and block_size in cache.chains:
             self.index.add_speculative(worker_id, cache.chains[block_size], expires_at=now + ttl_s)

@@ -19,7 +19,6 @@ from nats.aio.msg import Msg
 from services.router.kv.batch_decode import KvBatchDecoder
 from services.router.kv.index import IndexStats
 from services.router.kv.model_kv import ModelKv, PrefixSource, PromptCache
-from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
 from shared.schemas import KvSnapshotRequest
@@ -32,14 +31,12 @@ log = logging.getLogger(__name__)
 
 class KvView:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
-                 resync_interval_s: float = 1.0, verify_hashes: bool = False,
-                 request_overhead_tokens: float = DEFAULT_OVERHEAD_TOKENS, tier_aware: bool = True) -> None:
+                 resync_interval_s: float = 1.0, verify_hashes: bool = False, tier_aware: bool = True) -> None:
         self._bus = bus
         self._subjects = subjects
         self._batches = KvBatchDecoder(malformed, verify_hashes=verify_hashes)  # token ids only where read
         self._resync_interval_s = resync_interval_s
         self._verify_hashes = verify_hashes
-        self._request_overhead_tokens = request_overhead_tokens
         self._tier_aware = tier_aware
         self._models: dict[str, ModelKv] = {}
         self._model_of: dict[str, str] = {}  # worker id -> the model whose namespace indexes it
@@ -66,9 +63,7 @@ class KvView:
         """`model`'s namespace (empty until its workers join)."""
         namespace = self._models.get(model)
         if namespace is None:
-            namespace = self._models[model] = ModelKv(verify_hashes=self._verify_hashes,
-                                                      request_overhead_tokens=self._request_overhead_tokens,
-                                                      tier_aware=self._tier_aware)
+            namespace = self._models[model] = ModelKv(verify_hashes=self._verify_hashes, tier_aware=self._tier_aware)
         return namespace
 
     def of_worker(self, worker_id: str) -> ModelKv | None:
@@ -85,11 +80,11 @@ class KvView:
     # ---- membership (called by the worker pool) -----------------------------------------
 
     def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
-        """`kv_tokens`: its KV pool (0: unknown), which bounds the prefixes it keeps resident."""
+        """`kv_tokens`, its KV pool, is the placement's business (`routing.placement.Placements`)."""
         if self._model_of.get(worker_id, model) != model:
             self.worker_left(worker_id)  # now serving another model: nothing it held counts there
         self._model_of[worker_id] = model
-        self.model(model).worker_joined(worker_id, block_size, kv_tokens)
+        self.model(model).worker_joined(worker_id, block_size)
 
     def worker_left(self, worker_id: str) -> None:
         model = self._model_of.pop(worker_id, None)
@@ -98,7 +93,7 @@ class KvView:
             return
         namespace.worker_left(worker_id)
         if not namespace.worker_ids:
-            del self._models[model]  # a model with no worker keeps no homes nor predictions
+            del self._models[model]  # a model with no worker keeps no predictions
 
     # ---- events ---------------------------------------------------------------------------
 

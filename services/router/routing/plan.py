@@ -68,8 +68,8 @@ class RoutePlan:
     prompt: PrefillPlan | None = field(default=None, compare=False)
     transfer: KvTransferMode | None = field(default=None, compare=False)  # None: no decode part
     cost: float = field(default=0.0, compare=False)
-    # the prompt's prefix leaves its home for the computing worker (`Candidates.leaves`): the
-    # KV view records a move there, not a copy, though the old home may still hold the prompt
+    # the prompt's prefix leaves its home for the computing worker (`placement.rules.HomeRules`):
+    # the placement records a move there, not a copy, though the old home may still hold the prompt
     moves_home: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -105,7 +105,7 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
     if selection.prefill is None:
         single = candidates.single(selection.worker)
         return RoutePlan("single", selection.reason, selection.worker.worker_id, prompt=single.plan,
-                         cost=single.cost, moves_home=selection.worker.worker_id in candidates.new_homes)
+                         cost=single.cost, moves_home=candidates.home_rules.moves_home(selection.worker.worker_id))
     pair = candidates.pair(selection.prefill, selection.worker)
     prompt = pair.prefill.plan
     transfer = None
@@ -114,4 +114,4 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
                                     prefix_pull=prompt.holder_id is not None, replays=candidates.request.replays)
     return RoutePlan("disaggregated", selection.reason, selection.worker.worker_id,
                      prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost,
-                     moves_home=selection.prefill.worker_id in candidates.new_homes)
+                     moves_home=candidates.home_rules.moves_home(selection.prefill.worker_id))

@@ -1,8 +1,9 @@
 """What routing is asked, and its answer when no worker may serve: plain data.
 
-The dispatcher builds a `RouteRequest` per attempt from the request and the KV view's
-`PromptCache`; `decide()` answers a `RoutePlan` (`plan`), a `RouteRefusal`, or None (no
-worker can take the request now: the caller waits).
+The dispatcher builds a `RouteRequest` per attempt from the request, the KV view's
+`PromptCache` and a snapshot of the prefix's placement (`placement.snapshot`); `decide()`
+answers a `RoutePlan` (`plan`), a `RouteRefusal`, or None (no worker can take the request
+now: the caller waits).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.router.routing.placement.home_views import Residents
+from services.router.routing.placement.snapshot import PrefixPlacement
 
 RefusalReason = Literal[
     "overloaded",  # every candidate worker is past its queue limit: try again later (429)
@@ -45,48 +46,12 @@ class RouteRequest:
     # Per worker, seconds since its least recently used cached prefix was last routed there
     # (`recency.CacheRecency`; None or absent: unknown). May be computed on access.
     victim_age_s: Mapping[str, float | None] = field(default_factory=dict)
-    # The worker that served this prefix last, and per worker the share of recent requests
-    # whose prefixes live there (`placement.homes.PrefixHomes`); empty: unknown
-    home_worker: str | None = None
-    homed_share: Mapping[str, float] = field(default_factory=dict)
-    prefix_share: float | None = None  # the prefix's share of recent requests (`placement.homes`); None: unknown
-    # per worker, the KV tokens its live homed prefixes keep there (`placement.homes.PrefixHomes.tokens`);
-    # absent: unknown
-    homed_tokens: Mapping[str, int] = field(default_factory=dict)
-    # where the live prefixes need more KV than the cluster holds (`limited`), the ones
-    # whose KV is worth keeping on their homes (`placement.homes.PrefixHomes.resident`); None: unknown
-    resident_prefixes: Residents | None = None
+    # the prompt's tokens in full blocks: the KV its prefix keeps where it is computed
+    block_tokens: int = 0
+    # what the prefix's placement says of it (`placement.snapshot`: its home, the shares, its
+    # residency), taken for this request; the defaults: nothing known
+    placement: PrefixPlacement = field(default_factory=PrefixPlacement)
     adapter: str = ""  # the model's LoRA adapter it is served with ("": the base model; `adapters`)
-
-    @property
-    def kv_limited(self) -> bool:
-        """Whether only some of the live prefixes can stay cached in the cluster."""
-        return self.resident_prefixes is not None and self.resident_prefixes.limited
-
-    @property
-    def resident(self) -> bool:
-        """Whether the prompt's prefix is resident (True where unknown)."""
-        return self.prefix_key is None or self.resident_prefixes is None or self.prefix_key in self.resident_prefixes
-
-    @property
-    def transient(self) -> bool:
-        """Whether the prompt's prefix recurs but is not resident where the cluster is limited
-        (`placement.homes.PrefixHomes.transient`): it misses wherever it goes."""
-        return (self.prefix_key is not None and self.resident_prefixes is not None
-                and self.resident_prefixes.transient(self.prefix_key))
-
-    @property
-    def homed_work(self) -> Mapping[str, float]:
-        """Per worker, its homed prefixes' share of the recent work, misses weighing more than
-        hits (`placement.homes.PrefixHomes.work_shares`; empty: unknown)."""
-        return self.resident_prefixes.work_shares() if self.resident_prefixes is not None else {}
-
-    @property
-    def prefix_work(self) -> float | None:
-        """The prefix's share of the recent work (`placement.homes.PrefixHomes.work_share`; None: unknown)."""
-        if self.prefix_key is None or self.resident_prefixes is None:
-            return None
-        return self.resident_prefixes.work_share(self.prefix_key)
 
     @property
     def max_tokens(self) -> int:

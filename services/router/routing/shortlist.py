@@ -36,8 +36,8 @@ def shortlist(worker_ids: Sequence[str], request: RouteRequest, routing: Routing
     else:
         holders = [worker_id for worker_id, tokens in held.items() if tokens > 0]
     chosen = dict.fromkeys(holders)
-    if request.home_worker is not None:
-        chosen[request.home_worker] = None
+    if request.placement.home is not None:
+        chosen[request.placement.home] = None
     draws = 0
     while len(chosen) < size and draws < 4 * size:  # a few draws more than needed cover repeats
         chosen[worker_ids[rng.randrange(len(worker_ids))]] = None

@@ -15,7 +15,7 @@ prompts go back to one worker per prefix, whose cache then keeps its own tenants
    traffic: then a busy home (its queued prefill far above the mean) is left too; `STAY`
    otherwise, busy or not (a moment's queue is no reason to move its major tenant off a
    worker that can carry it). A minor tenant of an overcommitted home leaves even while
-   cached there (`candidates.Candidates.leaves`), for a worker with room for its prompt (or
+   cached there (`rules.HomeRules.leaves`), for a worker with room for its prompt (or
    for any with room for its share where the home's prompts also need more KV than it
    holds): bounded affinity would keep its requests queueing there, and the tenants evicting
    one another, for as long as the traffic lasts;
@@ -29,7 +29,7 @@ prompts go back to one worker per prefix, whose cache then keeps its own tenants
    know no more). A burst of distinct new prompts still spreads evenly (the mean bound).
    For a transient prefix (past the cluster's KV, recurring but not resident: it misses
    wherever it goes) the shares are of the recent work, a miss weighing several hits, and
-   there is no cap: its home is where its misses are computed (`candidates.Candidates`).
+   there is no cap: its home is where its misses are computed (`rules.HomeRules`).
 """
 
 from __future__ import annotations

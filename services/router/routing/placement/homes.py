@@ -14,7 +14,7 @@ partition balanced by traffic, not by count, each prefix carries its share of th
 requests (a count that decays by `1 - 1/horizon` per routed request: scale-free, no
 timescale) and each worker the summed shares of the prefixes homed there; the new home is
 the worker with the smallest such sum among the near-cheapest (see
-`candidates.Candidates.best_single`). A request served by a copy of a popular prefix (on
+`rules.HomeRules.home`). A request served by a copy of a popular prefix (on
 another worker than its home) counts where it was served in those sums (`homed_share`),
 though the prefix keeps its home: the copy's worker carries that traffic, and counted at
 the home it would make the home look overcommitted and the copy's worker light. Past the
@@ -47,8 +47,8 @@ yet: none overflows a worker, so none is moved on shares that one request each c
 apart. Where the live prefixes all fit, or no worker's KV pool is known, every live prefix
 counts.
 
-Callers: the router's KV view (`record` on each routed prompt) and the routing request
-(`RouteRequest.home_worker`, `RouteRequest.homed_share`).
+Caller: `placement.Placement`, which records each routed prompt here and reads it into the
+snapshot a routing request carries (`snapshot.PrefixPlacement`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 
 from services.router.routing.placement.copies import CopySums, sum_copies
-from services.router.routing.placement.home_views import HomedTokens, LazyShares, Residents
 from services.router.routing.placement.residency import RESIDENT_COUNT, rank_residents
 
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
@@ -84,6 +83,7 @@ class PrefixHomes:
         self._keep = 1.0 - 1.0 / horizon  # per routed request
         self._max_tracked = max_tracked
         self._step = 0
+        self.changes = 0  # records, forgets and capacities so far: a snapshot is of one count
         # key -> home, count, at step, its prompt's tokens (the KV it keeps on its home), and its
         # work (decayed as the count)
         self._prefixes: OrderedDict[int, tuple[str, float, int, int, float]] = OrderedDict()
@@ -161,6 +161,7 @@ class PrefixHomes:
         sent a copy of a prefix its home still holds), the prefix's home stays, and the request
         counts where it was served (`homed_share`)."""
         self._step += 1
+        self.changes += 1
         self._bury()
         count = work = 0.0
         entry = self._prefixes.pop(prefix_key, None)
@@ -234,6 +235,7 @@ class PrefixHomes:
 
     def forget(self, worker_id: str) -> None:
         """A worker left: its prefixes have no home until routed again."""
+        self.changes += 1
         self._workers.pop(worker_id, None)
         self._work.pop(worker_id, None)
         for served in self._copies.values():
@@ -273,13 +275,9 @@ class PrefixHomes:
     def homed_workers(self) -> list[str]:
         return [worker_id for worker_id, keys in self._members.items() if keys]
 
-    def shares(self) -> Mapping[str, float]:
-        """`homed_share` as a mapping: one worker's share is computed when asked for
-        (`worker_share`), all of them on first iteration."""
-        return LazyShares(self)
-
     def set_capacity(self, worker_id: str, kv_tokens: int) -> None:
         """`worker_id`'s KV pool holds `kv_tokens` (0: unknown)."""
+        self.changes += 1
         if kv_tokens > 0:
             self._capacity[worker_id] = kv_tokens
         else:
@@ -355,12 +353,3 @@ class PrefixHomes:
         """The workers `homed_tokens` may count tokens on: those with homed prefixes or copies."""
         copies = [] if self._rank() is not None else self._copy_sums().tokens
         return list({*self.homed_workers(), *copies})
-
-    def tokens(self, *, resident: bool = True) -> Mapping[str, int]:
-        """`homed_tokens` per worker, computed on access (only a rebalancing check asks)."""
-        return HomedTokens(self, resident)
-
-    def residents(self) -> Residents:
-        """The resident prefixes' keys (`resident`) and whether the cluster is `limited`,
-        ranked on access."""
-        return Residents(self)
