@@ -18,6 +18,8 @@ from launch.stack import CONTROL_SERVICES, LocalStack
 from shared.bus import Bus, connect
 from shared.nats_server import EmbeddedNats
 from shared.subjects import Subjects
+from shared.tokenizer import Tokenizer
+from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import LoadWatcher, make_stack, running
 
 __all__ = ["LoadWatcher", "make_stack"]
@@ -29,6 +31,20 @@ pytestmark = pytest.mark.e2e
 def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("stack-logs"))) as local:
         yield local
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: str) -> str:
+    """The tiny model's served name."""
+    return Tokenizer.from_model_dir(tiny_model_dir).model_name
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver for the module's stack to export its spans to."""
+    otlp = OtlpReceiver().start()
+    yield otlp
+    otlp.stop()
 
 
 @pytest.fixture

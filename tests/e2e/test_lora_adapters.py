@@ -36,13 +36,6 @@ ADAPTERS = ("alpha", "beta")
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
-
-
-@pytest.fixture(scope="module")
 def pd_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory,
              receiver: OtlpReceiver) -> Iterator[LocalStack]:
     slots = ("--max-adapters", "2")

@@ -51,13 +51,6 @@ def two_model_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_
                                     router_args=(*ALWAYS_DISAGGREGATE, *tracing), specs=specs))
 
 
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
-
-
 async def complete(client: openai.AsyncOpenAI, model: str, prompt: str | list[int], traceparent: str = "") -> str:
     headers = {"traceparent": traceparent} if traceparent else None
     reply = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,

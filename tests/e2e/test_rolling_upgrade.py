@@ -47,13 +47,6 @@ MAX_TOKENS = 8
 
 
 @pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
-
-
-@pytest.fixture
 def v1_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory,
              receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalStack]:
     """No worker yet; an orchestrator that starts v1 workers, and a router that always

@@ -24,7 +24,6 @@ from launch.stack import LocalStack
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import new_key, write_key_file
 from shared.nats_server import EmbeddedNats
-from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import make_stack
 from tests.stack_fixtures import running
 from tests.waiting import wait_for
@@ -53,11 +52,6 @@ def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pyte
                          specs=(WorkerSpec(worker_id="w1", settings={"max_num_seqs": 2}),), router_args=router_args)
     with running(planned) as local:
         yield local
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir: str) -> str:
-    return Tokenizer.from_model_dir(tiny_model_dir).model_name
 
 
 def client(stack: LocalStack, api_key: str) -> openai.AsyncOpenAI:

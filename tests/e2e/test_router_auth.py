@@ -27,7 +27,6 @@ from launch.stack import LocalStack
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import new_key, write_key_file
 from shared.nats_server import EmbeddedNats
-from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import make_stack
 from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import running
@@ -50,13 +49,6 @@ class Keys:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
-
-
-@pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     keys = Keys(tmp_path_factory.mktemp("keys") / "api-keys.jsonl")
     keys.write()
@@ -74,11 +66,6 @@ def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pyte
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # the router exports its spans every 100 ms
         with running(LocalStack(config)) as local:
             yield local
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir: str) -> str:
-    return Tokenizer.from_model_dir(tiny_model_dir).model_name
 
 
 def client(stack: LocalStack, api_key: str) -> openai.AsyncOpenAI:

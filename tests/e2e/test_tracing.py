@@ -50,13 +50,6 @@ BLOCK = 16  # the sim workers' block size
 SPAN_KIND_SERVER = 2  # OTLP's enum
 
 
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
-
-
 def traced_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, receiver: OtlpReceiver,
                  router_args: tuple[str, ...], specs: tuple[WorkerSpec, ...]) -> LocalStack:
     """A stack whose router and workers export spans to `receiver`, batched every 100 ms."""
@@ -91,11 +84,6 @@ def pull_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory:
         nats_server, tiny_model_dir, tmp_path_factory.mktemp("tracing-pull"), receiver, ALWAYS_DISAGGREGATE,
         (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL), WorkerSpec(worker_id="d1", role=WorkerRole.DECODE),
          WorkerSpec(worker_id="d2", role=WorkerRole.DECODE))))
-
-
-@pytest.fixture
-def model(tiny_model_dir: str) -> str:
-    return Tokenizer.from_model_dir(tiny_model_dir).model_name
 
 
 class ClientSpan:
