@@ -10,10 +10,12 @@ tests/stack_fixtures.py (`make_stack`, `LoadWatcher` are re-exported here).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import openai
 import pytest
 
+from launch.plan import WorkerSpec
 from launch.stack import CONTROL_SERVICES, LocalStack
 from shared.bus import Bus, connect
 from shared.nats_server import EmbeddedNats
@@ -22,9 +24,22 @@ from shared.tokenizer import Tokenizer
 from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import LoadWatcher, make_stack, running
 
-__all__ = ["LoadWatcher", "make_stack"]
+__all__ = ["ALWAYS_DISAGGREGATE", "LoadWatcher", "disaggregating", "make_stack"]
 
 pytestmark = pytest.mark.e2e
+
+# Short prompts are served on the decode worker alone by default (conditional
+# disaggregation); the tests about the hand-off split every request.
+ALWAYS_DISAGGREGATE = ("--local-prefill-tokens", "0")
+
+
+def disaggregating(nats_server: EmbeddedNats, model_dir: str, log_dir: Path,
+                   specs: tuple[WorkerSpec, ...]) -> Iterator[LocalStack]:
+    """A started stack of `specs` alone whose router splits every request, stopped at the end
+    with nothing left behind."""
+    with running(make_stack(nats_server, model_dir, log_dir, workers=0, router_args=ALWAYS_DISAGGREGATE,
+                            specs=specs)) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

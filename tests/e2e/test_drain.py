@@ -20,9 +20,9 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.schemas.orchestrator import DrainWorker, ListWorkers
 from shared.tokenizer import Tokenizer
+from tests.e2e.conftest import disaggregating
 from tests.e2e.control_plane_helpers import command
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
-from tests.stack_fixtures import make_stack, observing, running
+from tests.stack_fixtures import observing
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -34,9 +34,7 @@ DECODE = WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=("--kv-fa
 @pytest.fixture
 def slow_pull_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory
                     ) -> Iterator[LocalStack]:
-    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("drain"), workers=0,
-                            router_args=ALWAYS_DISAGGREGATE, specs=(PREFILL, DECODE))) as stack:
-        yield stack
+    yield from disaggregating(nats_server, tiny_model_dir, tmp_path_factory.mktemp("drain"), (PREFILL, DECODE))
 
 
 async def test_draining_prefill_worker_finishes_every_pull_then_leaves(slow_pull_stack: LocalStack,

@@ -25,7 +25,8 @@ from services.router.http.serving_tokenize import without_double_bos
 from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric, metrics_when, reference
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
+from tests.e2e.test_disaggregated import as_router_text, metric, metrics_when, reference
 from tests.e2e.test_tracing import BLOCK, ClientSpan, received_trace, run_stack
 from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import make_stack

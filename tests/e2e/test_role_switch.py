@@ -19,9 +19,9 @@ from shared.schemas import RequestRecord, WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import CordonWorker, ListWorkers, SetWorkerRole, UncordonWorker
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
+from tests.e2e.conftest import disaggregating
 from tests.e2e.control_plane_helpers import StreamingLoad, command, complete
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
-from tests.stack_fixtures import collect, make_stack, running
+from tests.stack_fixtures import collect
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -33,9 +33,7 @@ DECODE = WorkerSpec(worker_id="d1", role=WorkerRole.DECODE)
 @pytest.fixture
 def pd_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[LocalStack]:
-    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("role-switch"), workers=0,
-                            router_args=ALWAYS_DISAGGREGATE, specs=(PREFILL, DECODE))) as stack:
-        yield stack
+    yield from disaggregating(nats_server, tiny_model_dir, tmp_path_factory.mktemp("role-switch"), (PREFILL, DECODE))
 
 
 async def test_prefill_worker_switches_to_decode_under_load(pd_stack: LocalStack, tiny_model_dir: str,

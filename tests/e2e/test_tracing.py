@@ -37,8 +37,8 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import BlockStored, KvEventBatch, WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
-from tests.e2e.conftest import LoadWatcher, make_stack
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, reference
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE, LoadWatcher, make_stack
+from tests.e2e.test_disaggregated import reference
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.stack_fixtures import running
 from tests.waiting import wait_for
