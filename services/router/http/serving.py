@@ -189,7 +189,6 @@ class ResponseFormat(Protocol):
     def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel: ...
 
 
-
 class EndpointFormat:
     """What the completions and chat formats share for one choice of one request: its SSE
     chunks' common prefix (`chunk_object`), its usage chunk, and its whole answer
