@@ -17,6 +17,8 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -64,12 +66,12 @@ def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str, core: i
                         kv_transfer=transfer)
 
 
+@dataclass(eq=False)
 class VllmWorker:
-    def __init__(self, config: WorkerConfig, engine: VllmEngine, kv: VllmWorkerKv, service: WorkerService) -> None:
-        self.config = config
-        self.engine = engine
-        self.kv = kv
-        self.service = service
+    config: WorkerConfig
+    engine: VllmEngine
+    kv: VllmWorkerKv
+    service: WorkerService
 
     @property
     def worker_id(self) -> str:
@@ -131,16 +133,16 @@ async def start_vllm_worker(config: WorkerConfig, bus: Bus) -> VllmWorker:
     return VllmWorker(config, engine, kv, service)
 
 
+@dataclass(eq=False)
 class Pair:
     """A prefill and a decode worker on one bus, and the transfer records they publish."""
 
-    def __init__(self, bus: Bus, bus_config: BusConfig, prefill: VllmWorker, decode: VllmWorker) -> None:
-        self.bus = bus
-        self.bus_config = bus_config
-        self.prefill = prefill
-        self.decode = decode
-        self.records: list[TransferRecord] = []
-        self.subscription = None
+    bus: Bus
+    bus_config: BusConfig
+    prefill: VllmWorker
+    decode: VllmWorker
+    records: list[TransferRecord] = field(default_factory=list)
+    subscription: Any = None
 
     async def generate(self, worker: VllmWorker, prompt: list[int], max_tokens: int,
                        kv: KvTransferParams | None = None) -> tuple[list[int], Finished]:
