@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from services.router.flows.generation import Delta, Final
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
-from services.router.http.choices import Choice, close_all, respond_choices
+from services.router.http.choices import Choice, respond_choices, start_choices
 from services.router.http.serving import EndpointFormat, ServingContext, respond
 from services.router.http.sse import finish_json, text_json
 from services.router.openai.errors import BadRequest
@@ -100,15 +100,12 @@ class ChatServing:
             generation = await context.start(identity, self._prepare(identity, body, 0, caller))
             return await respond(generation, self._format(identity.request_id, body, created, 0),
                                  stream=body.stream, include_usage=body.include_usage)
-        choices: list[Choice] = []
-        try:
-            for index in range(body.n):
-                own = dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}")
-                generation = await context.start(own, self._prepare(own, body, index, caller))
-                choices.append(Choice(generation, self._format(identity.request_id, body, created, index), 0))
-        except BaseException:
-            await close_all(choices)
-            raise
+
+        async def start(own: RequestIdentity, index: int) -> Choice:
+            generation = await context.start(own, self._prepare(own, body, index, caller))
+            return Choice(generation, self._format(identity.request_id, body, created, index), 0)
+
+        choices = await start_choices(identity, body.n, start)
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
     def _format(self, request_id: str, body: ChatCompletionRequest, created: int, index: int) -> ChatFormat:

@@ -6,7 +6,6 @@ has none), which the worker that computed the prompt sends with the first token.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from fastapi.responses import Response
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
-from services.router.http.choices import Choice, close_all, respond_choices
+from services.router.http.choices import Choice, respond_choices, start_choices
 from services.router.http.serving import EndpointFormat, ServingContext, respond
 from services.router.http.sse import finish_json, text_json
 from services.router.openai.logprobs import LogprobsRenderer
@@ -94,18 +93,15 @@ class CompletionsServing:
             generation = await context.start(identity, self._prepare(identity, body, prompts[0], 0, caller))
             spelled = self._format(identity.request_id, body, created, prompts[0], generation, 0)
             return await respond(generation, spelled, stream=body.stream, include_usage=body.include_usage)
-        choices: list[Choice] = []
-        try:
-            for prompt_index, prompt in enumerate(prompts):
-                for sample in range(body.n):
-                    index = prompt_index * body.n + sample
-                    own = dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}")
-                    generation = await context.start(own, self._prepare(own, body, prompt, sample, caller))
-                    choices.append(Choice(generation, self._format(identity.request_id, body, created, prompt,
-                                                                   generation, index), prompt_index))
-        except BaseException:
-            await close_all(choices)
-            raise
+
+        async def start(own: RequestIdentity, index: int) -> Choice:  # the prompts' choices in turn, n each
+            prompt_index, sample = divmod(index, body.n)
+            prompt = prompts[prompt_index]
+            generation = await context.start(own, self._prepare(own, body, prompt, sample, caller))
+            return Choice(generation, self._format(identity.request_id, body, created, prompt, generation, index),
+                          prompt_index)
+
+        choices = await start_choices(identity, len(prompts) * body.n, start)
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
     def _prepare(self, identity: RequestIdentity, body: CompletionRequest, prompt: str | list[int], sample: int,
