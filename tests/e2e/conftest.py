@@ -4,7 +4,9 @@ same definition `tandem up` uses, driven by the official `openai` client.
 One stack per module (a stack start costs seconds); each test that asks for `loads`
 checks afterwards that every worker's KV pool is back to its baseline, and teardown
 checks no process is left. What the vLLM stack tests share with these lives in
-tests/stack_fixtures.py (`make_stack`, `LoadWatcher` are re-exported here).
+tests/stack_fixtures.py (`make_stack`, `LoadWatcher` are re-exported here). Also here: the
+served model's name (`model`), an OTLP receiver for a module's stack (`receiver`), and a
+stack whose router splits every request (`disaggregating`, `ALWAYS_DISAGGREGATE`).
 """
 
 from __future__ import annotations
