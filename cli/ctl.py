@@ -32,6 +32,7 @@ app = typer.Typer(help="Operate a running cluster through its orchestrator.", no
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the orchestrator's answer.")]
 Deadline = Annotated[float, typer.Option("--deadline", help="Seconds the worker may take to finish its work.")]
 Force = Annotated[bool, typer.Option("--force", help="Even if it leaves too few decode workers.")]
+Adapter = Annotated[str, typer.Argument(help="The adapter's name (of the worker's model).")]
 _outcomes = msgspec.msgpack.Decoder(commands.CommandOutcome)
 _progress = msgspec.msgpack.Decoder(commands.CommandProgress)
 
@@ -179,24 +180,19 @@ adapter_app = typer.Typer(help="Load or unload a worker's LoRA adapters.", no_ar
 app.add_typer(adapter_app, name="adapter")
 
 
-@adapter_app.command("load")
-def load_adapter(ctx: typer.Context,
-                 worker_id: str, adapter: Annotated[str, typer.Argument(help="The adapter's name (of the worker's model).")],
-                 nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
-                 timeout: Timeout = 60.0) -> None:
-    """The worker holds the adapter from now on (routers send it that adapter's requests)."""
-    _report(_issue(ctx, commands.LoadWorkerAdapter(worker_id=worker_id, adapter=adapter), nats_url, namespace,
-                   timeout))
+def _adapter_command(name: str, kind: type[commands.LoadWorkerAdapter] | type[commands.UnloadWorkerAdapter],
+                     summary: str, timeout_s: float) -> None:
+    def run(ctx: typer.Context,
+            worker_id: str, adapter: Adapter, nats_url: NatsUrl = "nats://127.0.0.1:4222",
+            namespace: Namespace = "tandem", timeout: Timeout = timeout_s) -> None:
+        _report(_issue(ctx, kind(worker_id=worker_id, adapter=adapter), nats_url, namespace, timeout))
+
+    adapter_app.command(name, help=summary)(run)
 
 
-@adapter_app.command("unload")
-def unload_adapter(ctx: typer.Context,
-                   worker_id: str, adapter: Annotated[str, typer.Argument(help="The adapter's name.")],
-                   nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
-                   timeout: Timeout = 15.0) -> None:
-    """The worker stops holding the adapter."""
-    _report(_issue(ctx, commands.UnloadWorkerAdapter(worker_id=worker_id, adapter=adapter), nats_url, namespace,
-                   timeout))
+_adapter_command("load", commands.LoadWorkerAdapter,
+                 "The worker holds the adapter from now on (routers send it that adapter's requests).", 60.0)
+_adapter_command("unload", commands.UnloadWorkerAdapter, "The worker stops holding the adapter.", 15.0)
 
 
 def _role_settings(items: list[str]) -> dict[str, list[str]]:

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BadRequestError, BucketNotFoundError
@@ -116,6 +117,19 @@ class Bus:
         except Exception as error:  # its transport may be gone already
             log.info("%s: NATS close: %s", self.name, error)
 
+
+
+async def unsubscribe_quietly(subscriptions: Iterable[Subscription | None], owner: str) -> None:
+    """Unsubscribe each of `subscriptions` (None: never subscribed) as `owner` stops. One that
+    fails has a connection already going away, with nothing left to release: logged (debug),
+    never raised, so that the rest of the stop runs."""
+    for subscription in subscriptions:
+        if subscription is None:
+            continue
+        try:
+            await subscription.unsubscribe()
+        except Exception as error:
+            log.debug("%s: could not unsubscribe from %s: %s", owner, subscription.subject, error)
 
 class BusConnectError(ConfigError):
     """NATS refused this service (credentials, TLS): retrying would not help."""

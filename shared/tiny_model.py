@@ -213,6 +213,12 @@ def _write_atomic(target: Path, text: str) -> None:
     os.replace(tmp.name, target)
 
 
+def model_dir_or_tiny(model_dir: str, state_dir: Path) -> str:
+    """`model_dir`, or where none is named the tiny model kept under `state_dir` (generated the
+    first time): what the benchmarks run on by default."""
+    return model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
+
+
 def ensure_tiny_model(path: str) -> str:
     """The tiny model at `path`, generated there unless it is already (benchmarks reuse it)."""
     if not (Path(path) / "config.json").exists():

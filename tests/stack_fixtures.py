@@ -10,7 +10,8 @@ everywhere; the rest is imported:
   `wait_idle` (no request, no used KV block) and `fresh_reports` (reports taken after
   now, so the cumulative counters they carry include everything done before).
 - `StackObserver` / `observing`: load reports and KV transfer records of one stack.
-- `collect` subscribes a list to a subject's records; `records_arrived` waits for them.
+- `collect` subscribes a list to a subject's records; `records_arrived` waits for them;
+  `request_records`: the request records of one stack.
 - `group_members` / `group_cpu_seconds`: processes and CPU time of a process group.
 """
 
@@ -31,7 +32,7 @@ from launch.stack import LocalStack
 from shared.bus import Bus, connect
 from shared.codec import Codec
 from shared.nats_server import EmbeddedNats
-from shared.schemas import TransferRecord
+from shared.schemas import RequestRecord, TransferRecord
 from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
 from tests.waiting import wait_for
@@ -136,6 +137,13 @@ async def collect(bus: Bus, record_type: type, subject: str) -> list[Any]:
     await bus.client.subscribe(subject, cb=on_record)
     await bus.client.flush()
     return records
+
+
+@asynccontextmanager
+async def request_records(stack: LocalStack, client_name: str) -> AsyncIterator[list[RequestRecord]]:
+    """The stack's request records from now on, collected on a bus client of their own until the end."""
+    async with await connect(stack.nats_url, client_name) as bus:
+        yield await collect(bus, RequestRecord, Subjects(stack.config.namespace).request_events)
 
 
 async def records_arrived(records: list, count: int, timeout_s: float = 5.0) -> None:

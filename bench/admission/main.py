@@ -165,11 +165,11 @@ async def run(args: argparse.Namespace, base_url: str, keys: dict[str, str]) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from shared.tiny_model import ensure_tiny_model
+    from shared.tiny_model import model_dir_or_tiny
 
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="tandem-bench-admission-"))
     state_dir.mkdir(parents=True, exist_ok=True)
-    model_dir = args.model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
+    model_dir = model_dir_or_tiny(args.model_dir, state_dir)
     keys = {name: new_key() for name in KEYS}
     key_file = state_dir / "api-keys.jsonl"
     write_key_file(key_file, KeyTable(tuple(ApiKey(name=name, sha256=hash_key(keys[name]), **fields)

@@ -317,7 +317,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[LiveSetup, list[Phase], list[Arm]]:
-    from bench.serve.main import _model_dir
+    from shared.tiny_model import model_dir_or_tiny
 
     try:
         plan = [_phase("decode-heavy", args.decode_phase, args.phase_s),
@@ -333,7 +333,7 @@ def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[L
     if args.simulate_only and not args.sim_profile:
         parser.error("--simulate-only needs --sim-profile")
     state_dir = Path(args.state_dir)
-    model_dir = args.model_dir if args.simulate_only else _model_dir(args.model_dir, state_dir)
+    model_dir = args.model_dir if args.simulate_only else model_dir_or_tiny(args.model_dir, state_dir)
     setup = LiveSetup(engine=args.engine, model_dir=model_dir, log_root=state_dir / "logs",
                       slo=slo, seed=args.seed, worker_settings=worker_settings(args),
                       planner_settings=planner_settings(slo, args.workers, sustain_s=args.sustain_s,

@@ -168,9 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UnsupportedRouters as error:
         parser.error(str(error))
     state_dir = Path(args.state_dir)
-    from shared.tiny_model import ensure_tiny_model
+    from shared.tiny_model import model_dir_or_tiny
 
-    model_dir = args.model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
+    model_dir = model_dir_or_tiny(args.model_dir, state_dir)
     engines = EngineSetup(workers=args.workers, speedup=args.speedup)
     phases = [Phase("concurrent", args.requests, args.concurrency, args.max_tokens)]
     if args.sequential:

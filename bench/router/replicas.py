@@ -38,7 +38,6 @@ import httpx
 
 from bench.routing.client import progress
 from bench.routing.drive import Run, run_tenants
-from bench.routing.main import model_dir_or_tiny
 from bench.routing.systems import cpu_seconds
 from bench.routing.workloads import EngineShape, TenantsWorkload
 from launch.definition import HttpService, Membership, Settings, StackDefinition, WorkerGroup
@@ -262,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     what = {name.strip() for name in args.what.split(",") if name.strip()}
     rounds, duration_s = (1, 5.0) if args.quick else (args.rounds, args.duration)
+    from shared.tiny_model import model_dir_or_tiny
+
     state_dir = Path(args.state_dir)
     model_dir = model_dir_or_tiny(args.model_dir, state_dir)
     counts = (1, args.routers)

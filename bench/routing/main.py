@@ -151,12 +151,6 @@ def p90_ratios(rows: list[dict]) -> dict[str, dict[str, float | None]]:
     return ratios
 
 
-def model_dir_or_tiny(model_dir: str, state_dir: Path) -> str:
-    from shared.tiny_model import ensure_tiny_model
-
-    return model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
-
-
 def parse_names(value: str, allowed: Sequence[str], what: str) -> list[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in allowed]
@@ -216,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           **({"load": args.load} if args.load is not None else {}))
     conversations.check(shape.max_model_len)
     workloads = {"tenants": tenants, "multi-turn": conversations}
+
+    from shared.tiny_model import model_dir_or_tiny
 
     state_dir = Path(args.state_dir)
     worker_settings: Settings = {"block_size": shape.block_size, "max_num_batched_tokens": shape.max_num_batched_tokens,

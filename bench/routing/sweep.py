@@ -43,7 +43,7 @@ from bench.routing.family import (
     points_named,
     size_point,
 )
-from bench.routing.main import model_dir_or_tiny, parse_names
+from bench.routing.main import parse_names
 from bench.routing.oracle import GroupSpec, Oracle
 from bench.routing.report import gains, median_gains, over_repeats, summary, table, verdict
 from bench.routing.sweep_drive import PointRun, drive_point
@@ -219,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = EngineShape(workers=args.workers, block_size=16, max_num_batched_tokens=512, max_model_len=2048,
                         profile=load_profile(args.sim_profile), sim_speedup=args.sim_speedup)
     arm_names = parse_names(args.arms, list(arms(shape)), "arm")
+    from shared.tiny_model import model_dir_or_tiny
+
     state_dir = Path(args.state_dir)
     model_dir = model_dir_or_tiny(args.model_dir, state_dir)
     worker_settings: Settings = {"block_size": shape.block_size, "max_num_batched_tokens": shape.max_num_batched_tokens,

@@ -252,12 +252,6 @@ def _transfer_modes(metrics: str | None) -> dict[str, int] | None:
     return modes
 
 
-def _model_dir(model_dir: str, state_dir: Path) -> str:
-    from shared.tiny_model import ensure_tiny_model
-
-    return model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
-
-
 # ---- command line ---------------------------------------------------------------------------
 
 
@@ -339,8 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         document = {"config": {"url": args.url, "model": model, **config}, "results": results}
     else:
+        from shared.tiny_model import model_dir_or_tiny
+
         state_dir = Path(args.state_dir)
-        setup = CompareSetup(engine=args.engine, model_dir=_model_dir(args.model_dir, state_dir),
+        setup = CompareSetup(engine=args.engine, model_dir=model_dir_or_tiny(args.model_dir, state_dir),
                              log_root=state_dir / "logs", sim_speedup=args.sim_speedup,
                              vllm_kv_cache_gib=args.vllm_kv_cache_gib,
                              worker_settings={"max_model_len": args.max_model_len} if args.max_model_len else {},

@@ -229,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.serve.main import _model_dir
+    from shared.tiny_model import model_dir_or_tiny
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 1 or args.max_tokens < 1:
         parser.error("--rounds and --max-tokens must be positive")
     state_dir = Path(args.state_dir)
-    setup = CompareSetup(engine=args.engine, model_dir=_model_dir(args.model_dir, state_dir),
+    setup = CompareSetup(engine=args.engine, model_dir=model_dir_or_tiny(args.model_dir, state_dir),
                          log_root=state_dir / "logs" / "multiturn", sim_speedup=args.sim_speedup,
                          vllm_kv_cache_gib=args.vllm_kv_cache_gib,
                          worker_settings={"max_model_len": args.max_model_len} if args.max_model_len else {},

@@ -203,9 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         sample_interval_s=args.sample_interval, request_timeout_s=args.request_timeout,
                         settle_s=args.settle, mix=mix)
     state_dir = Path(args.state_dir)
-    from shared.tiny_model import ensure_tiny_model
+    from shared.tiny_model import model_dir_or_tiny
 
-    model_dir = args.model_dir or ensure_tiny_model(str(state_dir / "models" / "tiny"))
+    model_dir = model_dir_or_tiny(args.model_dir, state_dir)
     document = run(config, Bounds(max_rss_slope_mb_min=args.max_rss_slope), model_dir, state_dir)
     text = json.dumps(document, indent=1)
     if args.out:

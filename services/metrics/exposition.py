@@ -10,14 +10,15 @@ record came with a `traceparent` header. `render(registry, accept)` (from
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from services.metrics.cluster_view import ClusterSnapshot, ClusterView, Totals, WorkerView
+from services.metrics.cluster_view import ClusterView, Totals, WorkerView
 from shared.codec import MalformedCounter
 from shared.prometheus import Exemplar, render
 from shared.schemas import RequestRecord, TransferRecord
@@ -81,12 +82,11 @@ class ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._view.snapshot()
-        yield from _worker_metrics(snapshot)
-        for name, documentation, value in _ROLE_GAUGES:
-            family = GaugeMetricFamily(name, documentation, labels=["role"])
-            for role, totals in snapshot.by_role.items():
-                _add(family, [role], value(totals))
-            yield family
+        workers = [([worker.worker_id, worker.role], worker) for worker in snapshot.workers]
+        yield from _families(GaugeMetricFamily, _WORKER_GAUGES, ["worker", "role"], workers)
+        yield from _families(CounterMetricFamily, _WORKER_COUNTERS, ["worker", "role"], workers)
+        yield from _families(GaugeMetricFamily, _ROLE_GAUGES, ["role"],
+                             [([role], totals) for role, totals in snapshot.by_role.items()])
         cluster_hit_rate = GaugeMetricFamily(
             "tandem_cluster_prefix_hit_rate", "Cached / prompt tokens over all workers")
         _add(cluster_hit_rate, [], snapshot.totals.prefix_hit_rate)
@@ -163,21 +163,19 @@ def build_registry(view: ClusterView, malformed: Mapping[str, MalformedCounter]
     return registry, RequestHistograms(registry)
 
 
-def _worker_metrics(snapshot: ClusterSnapshot) -> Iterator[Metric]:
-    labels = ["worker", "role"]
-    for name, documentation, gauge_value in _WORKER_GAUGES:
-        family = GaugeMetricFamily(name, documentation, labels=labels)
-        for worker in snapshot.workers:
-            _add(family, [worker.worker_id, worker.role], gauge_value(worker))
+def _families(kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+              table: Sequence[tuple[str, str, Callable[[Any], float | None]]], label_names: list[str],
+              rows: Sequence[tuple[list[str], Any]]) -> Iterator[Metric]:
+    """A family of `kind` per entry of `table` (name, documentation, value of a row), with a
+    sample per row (its label values, the object the value is read from)."""
+    for name, documentation, value in table:
+        family = kind(name, documentation, labels=label_names)
+        for labels, item in rows:
+            _add(family, labels, value(item))
         yield family
-    for name, documentation, counter_value in _WORKER_COUNTERS:
-        counter = CounterMetricFamily(name, documentation, labels=labels)
-        for worker in snapshot.workers:
-            counter.add_metric([worker.worker_id, worker.role], counter_value(worker))
-        yield counter
 
 
-def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:
     # An undefined value (a hit rate before any prompt) is left out, not reported as 0.
     if value is not None:
         family.add_metric(labels, value)

@@ -20,7 +20,7 @@ from nats.aio.subscription import Subscription
 from services.metrics.cluster_view import ClusterView
 from services.metrics.config import MetricsConfig
 from services.metrics.exposition import TransferMetrics, build_registry
-from shared.bus import Bus
+from shared.bus import Bus, unsubscribe_quietly
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
@@ -72,11 +72,7 @@ class MetricsService:
         await client.flush()  # subscriptions are live on the server when start() returns
 
     async def stop(self) -> None:
-        for subscription in self._subscriptions:
-            try:
-                await subscription.unsubscribe()
-            except Exception as error:  # connection already closed: nothing left to undo
-                log.debug("unsubscribe failed: %s", error)
+        await unsubscribe_quietly(self._subscriptions, "metrics collector")
         self._subscriptions = []
         await self._loads.stop()
         await self._members.stop()

@@ -39,7 +39,7 @@ from services.orchestrator.command_checks import refusal, serves
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers import LaunchedWorker, Launcher, LaunchError, WorkerLaunch
 from services.orchestrator.rolling_upgrade import rolling_upgrade
-from shared.bus import Bus
+from shared.bus import Bus, unsubscribe_quietly
 from shared.codec import Codec, MalformedCounter, encode
 from shared.schemas import (
     ControlReply,
@@ -110,11 +110,7 @@ class ControlPlane:
         await client.flush()
 
     async def stop(self) -> None:
-        for subscription in self._subscriptions:
-            try:
-                await subscription.unsubscribe()
-            except Exception as error:  # the connection is going away
-                log.debug("could not unsubscribe the command subjects: %s", error)
+        await unsubscribe_quietly(self._subscriptions, "orchestrator commands")
         self._subscriptions = []
         for task in self._running:
             task.cancel()

@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.control_plane import ControlPlane
 from services.orchestrator.idle_models import IdleModel, IdleModels
-from shared.bus import Bus
+from shared.bus import Bus, unsubscribe_quietly
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberEvent
 from shared.codec import Codec, MalformedCounter
@@ -64,12 +64,8 @@ class ModelScaler:
         await asyncio.gather(*(task for task in (self._task, *self._tasks) if task is not None),
                              return_exceptions=True)
         self._task = None
-        if self._subscription is not None:
-            try:
-                await self._subscription.unsubscribe()
-            except Exception as error:  # the connection is going away
-                log.debug("model scaler: could not unsubscribe: %s", error)
-            self._subscription = None
+        await unsubscribe_quietly([self._subscription], "model scaler")
+        self._subscription = None
         await self._loads.stop()
 
     def on_member(self, event: MemberEvent) -> None:

@@ -57,7 +57,7 @@ from services.orchestrator.planning import (
     decide,
 )
 from services.orchestrator.rolling_upgrade import upgrade_running
-from shared.bus import Bus
+from shared.bus import Bus, unsubscribe_quietly
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.codec import Codec, MalformedCounter, encode
@@ -148,11 +148,7 @@ class PlannerLoop:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         self._task = self._acting = None
-        for subscription in self._subscriptions:
-            try:
-                await subscription.unsubscribe()
-            except Exception as error:  # the connection is going away
-                log.debug("planner: could not unsubscribe: %s", error)
+        await unsubscribe_quietly(self._subscriptions, "planner")
         self._subscriptions = []
         await self._loads.stop()
 

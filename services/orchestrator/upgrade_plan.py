@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from services.orchestrator.config import WorkerLimits
 from shared.schemas import WorkerRole, WorkerStatus
@@ -56,34 +57,36 @@ class AddStep:
 
 
 @dataclass(frozen=True, slots=True)
-class WaitActiveStep:
-    """Wait until every one of `worker_ids` is registered and ACTIVE."""
+class _WorkersStep:
+    """A step taken on `worker_ids` together; `action` says what, with `{}` for the workers."""
 
+    action: ClassVar[str]
     worker_ids: tuple[str, ...]
 
     def describe(self) -> str:
-        return f"wait until {', '.join(self.worker_ids)} active"
+        return self.action.format(", ".join(self.worker_ids))
 
 
 @dataclass(frozen=True, slots=True)
-class CordonStep:
+class WaitActiveStep(_WorkersStep):
+    """Wait until every one of `worker_ids` is registered and ACTIVE."""
+
+    action = "wait until {} active"
+
+
+@dataclass(frozen=True, slots=True)
+class CordonStep(_WorkersStep):
     """Cordon `worker_ids` together: routers send them no new request; hand-offs of requests
     already routed to them are still taken."""
 
-    worker_ids: tuple[str, ...]
-
-    def describe(self) -> str:
-        return f"cordon {', '.join(self.worker_ids)}"
+    action = "cordon {}"
 
 
 @dataclass(frozen=True, slots=True)
-class DrainStep:
+class DrainStep(_WorkersStep):
     """Drain `worker_ids` together (and stop their processes if the orchestrator started them)."""
 
-    worker_ids: tuple[str, ...]
-
-    def describe(self) -> str:
-        return f"drain {', '.join(self.worker_ids)}"
+    action = "drain {}"
 
 
 UpgradeStep = AddStep | WaitActiveStep | CordonStep | DrainStep

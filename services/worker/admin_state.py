@@ -42,22 +42,23 @@ def apply(state: AdminState, message: AdminMessage) -> Transition:
                 return Transition("refused", state, f"the worker already serves as {role.value}")
             return _applied(state, role=role)
         case Cordon():
-            if state.status is WorkerStatus.DRAINING:
-                return Transition("refused", state, "the worker is draining")
-            if state.status is WorkerStatus.CORDONED:
-                return Transition("unchanged", state, "already cordoned")
-            return _applied(state, status=WorkerStatus.CORDONED)
+            return _set_status(state, WorkerStatus.CORDONED, "already cordoned")
         case Uncordon():
-            if state.status is WorkerStatus.DRAINING:
-                return Transition("refused", state, "the worker is draining: it is leaving")
-            if state.status is WorkerStatus.ACTIVE:
-                return Transition("unchanged", state, "not cordoned")
-            return _applied(state, status=WorkerStatus.ACTIVE)
+            return _set_status(state, WorkerStatus.ACTIVE, "not cordoned",
+                               refused="the worker is draining: it is leaving")
         case Drain():
-            if state.status is WorkerStatus.DRAINING:
-                return Transition("unchanged", state, "already draining")
-            return _applied(state, status=WorkerStatus.DRAINING)
+            return _set_status(state, WorkerStatus.DRAINING, "already draining")
     raise AssertionError(f"not an admin message: {message!r}")
+
+
+def _set_status(state: AdminState, status: WorkerStatus, unchanged: str, *,
+                refused: str = "the worker is draining") -> Transition:
+    # DRAINING is final: a draining worker refuses every other status (Drain again is unchanged)
+    if state.status is status:
+        return Transition("unchanged", state, unchanged)
+    if state.status is WorkerStatus.DRAINING:
+        return Transition("refused", state, refused)
+    return _applied(state, status=status)
 
 
 def _applied(state: AdminState, **changes) -> Transition:

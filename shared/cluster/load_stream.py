@@ -21,20 +21,17 @@ Callers: the router's worker pool and the metrics collector.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.bus import Bus
+from shared.bus import Bus, unsubscribe_quietly
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.codec import Codec, MalformedCounter
 from shared.schemas import LoadSnapshot
 from shared.subjects import Subjects
-
-log = logging.getLogger(__name__)
 
 MAX_CLOCK_AHEAD_S = 30.0  # clock skew between machines tolerated in a snapshot's `ts`
 
@@ -61,12 +58,8 @@ class LoadStream:
         self._subscription = await self._bus.client.subscribe(self._subject, cb=self._on_message)
 
     async def stop(self) -> None:
-        if self._subscription is not None:
-            try:
-                await self._subscription.unsubscribe()
-            except Exception as error:  # connection already closed: nothing left to release
-                log.debug("unsubscribe from %s failed: %s", self._subject, error)
-            self._subscription = None
+        await unsubscribe_quietly([self._subscription], "load stream")
+        self._subscription = None
 
     def on_member(self, event: MemberEvent) -> None:
         if event.change is MemberChange.LEFT:

@@ -28,7 +28,8 @@ from shared.config import WorkerConfig
 from shared.nats_server import EmbeddedNats
 from shared.schemas import SamplingParams
 from shared.tokenizer import Tokenizer
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
+from tests.e2e.test_disaggregated import as_router_text, metric
 from tests.stack_fixtures import make_stack, running
 from tests.waiting import wait_for
 

@@ -39,8 +39,7 @@ def sim_stack(tandem_image: str) -> Iterator[ComposeStack]:
     stack = ComposeStack(images={"TANDEM_IMAGE": tandem_image, "TANDEM_NATS_IMAGE": tandem_image})
     try:
         started = time.monotonic()
-        stack.compose("up", "-d", "--no-build")
-        stack.wait_ready()
+        stack.up()
         print(f"\nstack {stack.project} ready in {time.monotonic() - started:.1f} s")
         yield stack
     finally:

@@ -148,6 +148,11 @@ class ComposeStack:
         """Ids of the service's running containers."""
         return self.compose("ps", "-q", service).stdout.split()
 
+    def up(self, ready_timeout_s: float = 180) -> None:
+        """Start the stack's containers (their images built already), then `wait_ready`."""
+        self.compose("up", "-d", "--no-build")
+        self.wait_ready(timeout_s=ready_timeout_s)
+
     def wait_ready(self, serving_workers: int = 1, timeout_s: float = 180) -> dict:
         """Until the router's /ready lists at least `serving_workers` workers."""
         deadline = time.monotonic() + timeout_s

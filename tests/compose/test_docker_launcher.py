@@ -83,8 +83,7 @@ def launcher_stack(docker_engine: None, tmp_path_factory: pytest.TempPathFactory
     try:
         started = time.monotonic()
         stack.compose("build", "model", timeout_s=1800)
-        stack.compose("up", "-d", "--no-build")
-        stack.wait_ready()
+        stack.up()
         print(f"\nstack {stack.project} (Docker launcher) ready in {time.monotonic() - started:.1f} s")
         yield stack
     finally:

@@ -1,10 +1,12 @@
 """What the control-plane end-to-end tests share: sending an orchestrator command the way
-`tandem ctl` does, and a pool of streaming clients that keep a stack busy and record every
-answer (so a test can tell that none failed or came back short)."""
+`tandem ctl` does (timed, for tests that bound how long the orchestrator takes to answer),
+and a pool of streaming clients that keep a stack busy and record every answer (so a test
+can tell that none failed or came back short)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import openai
@@ -16,6 +18,15 @@ from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand
 
 async def command(stack: LocalStack, order: OrchestratorCommand, timeout_s: float = 30.0) -> CommandOutcome:
     return await send(order, stack.nats_url, stack.config.namespace, timeout_s)
+
+
+async def timed_command(stack: LocalStack, order: OrchestratorCommand,
+                        timeout_s: float = 30.0) -> tuple[CommandOutcome, float]:
+    """The orchestrator's outcome of `order`, asserted ok, and the seconds it took to answer."""
+    started = time.monotonic()
+    outcome = await command(stack, order, timeout_s)
+    assert outcome.ok, outcome
+    return outcome, time.monotonic() - started
 
 
 @dataclass

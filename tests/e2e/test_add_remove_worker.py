@@ -15,14 +15,12 @@ import msgspec
 import pytest
 
 from launch.stack import LocalStack
-from shared.bus import connect
 from shared.nats_server import EmbeddedNats, pid_alive
-from shared.schemas import RequestRecord, WorkerRole
+from shared.schemas import WorkerRole
 from shared.schemas.orchestrator import AddWorker, ListWorkers, RemoveWorker
-from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.control_plane_helpers import command
-from tests.stack_fixtures import collect, make_stack, running
+from tests.stack_fixtures import make_stack, request_records, running
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -45,9 +43,7 @@ async def test_add_and_remove_a_worker_through_the_launcher(launcher_stack: Loca
     stack = launcher_stack
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
     client = openai_client(stack.router_url, timeout=30)
-    bus = await connect(stack.nats_url, "add-remove-test")
-    try:
-        records: list[RequestRecord] = await collect(bus, RequestRecord, Subjects(stack.config.namespace).request_events)
+    async with request_records(stack, "add-remove-test") as records:
         added = await command(stack, AddWorker(role=WorkerRole.DECODE, worker_id="added-1"), timeout_s=60)
         assert added.ok, added
         [summary] = added.workers
@@ -83,5 +79,3 @@ async def test_add_and_remove_a_worker_through_the_launcher(launcher_stack: Loca
         unknown = await command(stack, RemoveWorker(worker_id="nobody"))
         assert unknown.outcome == "refused" and "no registered worker" in unknown.reason
         print(f"\nadd: {added.reason}; remove: {removed.reason}; refused: {over_budget.reason!r}, {last.reason!r}")
-    finally:
-        await bus.close()

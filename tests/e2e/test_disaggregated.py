@@ -25,14 +25,11 @@ from shared.config import WorkerConfig
 from shared.nats_server import EmbeddedNats
 from shared.schemas import SamplingParams, WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.stack_fixtures import make_stack, observing, running
+from tests.e2e.conftest import disaggregating
+from tests.stack_fixtures import observing
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
-
-# Short prompts are served on the decode worker alone by default (conditional
-# disaggregation); these tests are about the hand-off, so every request is split.
-ALWAYS_DISAGGREGATE = ("--local-prefill-tokens", "0")
 
 BLOCK = 16  # the workers' default block size
 FAULTS = ("--kv-fault-fail-fraction", "0.3", "--kv-fault-seed", "5")
@@ -48,9 +45,8 @@ CLUSTERS = {
 @pytest.fixture(scope="module", params=list(CLUSTERS))
 def pd_stack(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model_dir: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(request.param), workers=0,
-                            router_args=ALWAYS_DISAGGREGATE, specs=CLUSTERS[request.param])) as stack:
-        yield stack
+    yield from disaggregating(nats_server, tiny_model_dir, tmp_path_factory.mktemp(request.param),
+                              CLUSTERS[request.param])
 
 
 def prompts(vocab_size: int) -> list[list[int]]:
@@ -60,8 +56,10 @@ def prompts(vocab_size: int) -> list[list[int]]:
             for seed, length in enumerate(lengths * 2, start=1)]
 
 
-async def reference(tokenizer: Tokenizer, prompt_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Single-worker output: a sim engine like the workers', fed the same tokens."""
+async def reference(tokenizer: Tokenizer, prompt_ids: list[list[int]], max_tokens: int,
+                    adapter: str = "") -> list[list[int]]:
+    """Single-worker output: a sim engine like the workers', serving `adapter` ("": the base
+    model), fed the same tokens."""
     engine = SimEngine(WorkerConfig(worker_id="reference", kv_blocks=2048, sim_speedup=1000),
                        model_name=tokenizer.model_name, vocab_size=tokenizer.vocab_size)
     await engine.start()
@@ -69,7 +67,8 @@ async def reference(tokenizer: Tokenizer, prompt_ids: list[list[int]], max_token
         outputs = []
         for index, prompt in enumerate(prompt_ids):
             tokens: list[int] = []
-            async for output in engine.generate(f"ref-{index}", prompt, SamplingParams(max_tokens=max_tokens)):
+            async for output in engine.generate(f"ref-{index}", prompt, SamplingParams(max_tokens=max_tokens),
+                                                adapter=adapter):
                 tokens += output.token_ids
             outputs.append(tokens)
         return outputs

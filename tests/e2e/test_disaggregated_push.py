@@ -22,8 +22,8 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
 from tests.e2e.test_disaggregated import (
-    ALWAYS_DISAGGREGATE,
     BLOCK,
     as_router_text,
     metric,

@@ -19,12 +19,11 @@ import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
-from services.worker.sim.engine import SimEngine
-from shared.config import WorkerConfig
 from shared.nats_server import EmbeddedNats
-from shared.schemas import SamplingParams, WorkerRole
+from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric, metrics_when
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
+from tests.e2e.test_disaggregated import as_router_text, metric, metrics_when, reference
 from tests.e2e.test_tracing import BLOCK, ClientSpan, received_trace, run_stack
 from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import make_stack
@@ -33,13 +32,6 @@ pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 12
 ADAPTERS = ("alpha", "beta")
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
 
 
 @pytest.fixture(scope="module")
@@ -55,24 +47,6 @@ def pd_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: p
 
 def model_name(tokenizer: Tokenizer, adapter: str) -> str:
     return f"{tokenizer.model_name}:{adapter}" if adapter else tokenizer.model_name
-
-
-async def reference(tokenizer: Tokenizer, prompt_ids: list[list[int]], adapter: str) -> list[list[int]]:
-    """Single-engine output: a sim engine like the workers', serving `adapter`, fed the same tokens."""
-    engine = SimEngine(WorkerConfig(worker_id="reference", kv_blocks=2048, sim_speedup=1000),
-                       model_name=tokenizer.model_name, vocab_size=tokenizer.vocab_size)
-    await engine.start()
-    try:
-        outputs = []
-        for index, prompt in enumerate(prompt_ids):
-            tokens: list[int] = []
-            async for output in engine.generate(f"ref-{index}", prompt, SamplingParams(max_tokens=MAX_TOKENS),
-                                                adapter=adapter):
-                tokens += output.token_ids
-            outputs.append(tokens)
-        return outputs
-    finally:
-        await engine.stop()
 
 
 async def complete(client: openai.AsyncOpenAI, model: str, prompt: list[int], traceparent: str = "") -> str:
@@ -98,7 +72,7 @@ async def test_each_adapter_answers_as_a_single_engine_serving_it(pd_stack: Loca
         before = (await http.get(f"{pd_stack.metrics_url}/metrics")).text
     answers: dict[str, list[str]] = {}
     for adapter in ("", *ADAPTERS):
-        expected = await reference(tokenizer, prompt_ids, adapter)
+        expected = await reference(tokenizer, prompt_ids, MAX_TOKENS, adapter)
         answers[adapter] = [await complete(client, model_name(tokenizer, adapter), ids) for ids in prompt_ids]
         for ids, text, tokens in zip(prompt_ids, answers[adapter], expected):
             assert text == as_router_text(tokenizer, ids, tokens), adapter or "the base model"
@@ -131,7 +105,7 @@ async def test_no_prefix_hit_crosses_adapters(pd_stack: LocalStack, receiver: Ot
 
     async def cached_at_routing(adapter: str) -> int:
         """The most of the prompt the router's KV index found cached on any worker for `adapter`."""
-        [expected] = await reference(tokenizer, [shared_ids], adapter)
+        [expected] = await reference(tokenizer, [shared_ids], MAX_TOKENS, adapter)
         span = ClientSpan()
         text = await complete(client, model_name(tokenizer, adapter), shared_ids, traceparent=span.traceparent)
         assert text == as_router_text(tokenizer, shared_ids, expected), adapter

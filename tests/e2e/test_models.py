@@ -25,7 +25,8 @@ from services.router.http.serving_tokenize import without_double_bos
 from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, metric, metrics_when, reference
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
+from tests.e2e.test_disaggregated import as_router_text, metric, metrics_when, reference
 from tests.e2e.test_tracing import BLOCK, ClientSpan, received_trace, run_stack
 from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import make_stack
@@ -49,13 +50,6 @@ def two_model_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_
     tracing = ("--trace-exporter", "otlp", "--otlp-endpoint", receiver.endpoint)  # the router's spans only
     yield from run_stack(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("models-logs"), workers=0,
                                     router_args=(*ALWAYS_DISAGGREGATE, *tracing), specs=specs))
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
 
 
 async def complete(client: openai.AsyncOpenAI, model: str, prompt: str | list[int], traceparent: str = "") -> str:

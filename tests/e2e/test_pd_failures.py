@@ -20,8 +20,9 @@ from launch.stack import LocalStack
 from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, as_router_text, reference
-from tests.stack_fixtures import StackObserver, make_stack, observing, running
+from tests.e2e.conftest import disaggregating
+from tests.e2e.test_disaggregated import as_router_text, reference
+from tests.stack_fixtures import StackObserver, observing
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -33,9 +34,7 @@ DECODE = WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=("--kv-fa
 @pytest.fixture(scope="module")
 def fault_stack(nats_server: EmbeddedNats, tiny_model_dir: str,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("pd-failures"), workers=0,
-                            router_args=ALWAYS_DISAGGREGATE, specs=(PREFILL, DECODE))) as stack:
-        yield stack
+    yield from disaggregating(nats_server, tiny_model_dir, tmp_path_factory.mktemp("pd-failures"), (PREFILL, DECODE))
 
 
 @pytest.fixture

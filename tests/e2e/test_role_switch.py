@@ -6,22 +6,19 @@ as a prefill worker is still a cache hit there afterwards (engine and cache kept
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
-from shared.bus import connect
 from shared.nats_server import EmbeddedNats
-from shared.schemas import RequestRecord, WorkerRole, WorkerStatus
+from shared.schemas import WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import CordonWorker, ListWorkers, SetWorkerRole, UncordonWorker
-from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
-from tests.e2e.control_plane_helpers import StreamingLoad, command, complete
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
-from tests.stack_fixtures import collect, make_stack, running
+from tests.e2e.conftest import disaggregating
+from tests.e2e.control_plane_helpers import StreamingLoad, command, complete, timed_command
+from tests.stack_fixtures import request_records
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -33,18 +30,14 @@ DECODE = WorkerSpec(worker_id="d1", role=WorkerRole.DECODE)
 @pytest.fixture
 def pd_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[LocalStack]:
-    with running(make_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("role-switch"), workers=0,
-                            router_args=ALWAYS_DISAGGREGATE, specs=(PREFILL, DECODE))) as stack:
-        yield stack
+    yield from disaggregating(nats_server, tiny_model_dir, tmp_path_factory.mktemp("role-switch"), (PREFILL, DECODE))
 
 
 async def test_prefill_worker_switches_to_decode_under_load(pd_stack: LocalStack, tiny_model_dir: str,
                                                             openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
     client = openai_client(pd_stack.router_url, timeout=30)
-    bus = await connect(pd_stack.nats_url, "role-switch-test")
-    try:
-        records: list[RequestRecord] = await collect(bus, RequestRecord, Subjects(pd_stack.config.namespace).request_events)
+    async with request_records(pd_stack, "role-switch-test") as records:
         # A prompt p1 computes (and caches) as the prefill worker of a disaggregated request.
         cached_prompt = [5 + (i * 11) % 480 for i in range(160)]
         await client.completions.create(model=tokenizer.model_name, prompt=cached_prompt, max_tokens=4, temperature=0)
@@ -54,10 +47,7 @@ async def test_prefill_worker_switches_to_decode_under_load(pd_stack: LocalStack
         load.start()
         await wait_for(load.wait_answers(8), 20, "answers before the switch")
 
-        started = time.monotonic()
-        outcome = await command(pd_stack, SetWorkerRole(worker_id="p1", role=WorkerRole.DECODE))
-        switched_s = time.monotonic() - started
-        assert outcome.ok, outcome
+        outcome, switched_s = await timed_command(pd_stack, SetWorkerRole(worker_id="p1", role=WorkerRole.DECODE))
         # Announced at once, not at the next heartbeat (generous bound for a loaded machine).
         assert switched_s < 1.0, switched_s
         [summary] = outcome.workers
@@ -97,5 +87,3 @@ async def test_prefill_worker_switches_to_decode_under_load(pd_stack: LocalStack
         assert (await command(pd_stack, UncordonWorker(worker_id="d1"))).ok
         same = await command(pd_stack, SetWorkerRole(worker_id="p1", role=WorkerRole.DECODE))
         assert same.outcome == "refused" and "already" in same.reason
-    finally:
-        await bus.close()

@@ -35,8 +35,8 @@ from shared.schemas.orchestrator import (
 )
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
 from tests.e2e.control_plane_helpers import StreamingLoad, command, complete
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
 from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import collect, make_stack, running
 from tests.waiting import wait_for
@@ -44,13 +44,6 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 8
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ with 429 and `Retry-After`, and a key past its tokens per minute gets 429 `rate_
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -24,7 +25,7 @@ from launch.stack import LocalStack
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import new_key, write_key_file
 from shared.nats_server import EmbeddedNats
-from shared.tokenizer import Tokenizer
+from tests.e2e.api_key_helpers import keyed_client, wait_served
 from tests.e2e.conftest import make_stack
 from tests.stack_fixtures import running
 from tests.waiting import wait_for
@@ -55,13 +56,7 @@ def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pyte
         yield local
 
 
-@pytest.fixture(scope="module")
-def model(tiny_model_dir: str) -> str:
-    return Tokenizer.from_model_dir(tiny_model_dir).model_name
-
-
-def client(stack: LocalStack, api_key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{stack.router_url}/v1", api_key=api_key, max_retries=0, timeout=60)
+client = functools.partial(keyed_client, timeout_s=60)
 
 
 async def waiting(stack: LocalStack) -> int:
@@ -124,16 +119,8 @@ async def test_a_sheddable_request_is_refused_at_once_with_retry_after_when_full
             assert refused.value.response.headers["retry-after"] == "1"
             with pytest.raises(openai.RateLimitError):  # asking more urgent: held at its key's top priority
                 await api.completions.create(model=model, prompt="Hello", max_tokens=2, extra_body={"priority": -5})
-
-
-        async def served() -> bool:  # once the closed streams' slots are back, it runs
-            try:
-                await api.completions.create(model=model, prompt="Hello", max_tokens=2)
-            except openai.RateLimitError:
-                return False
-            return True
-
-        await wait_for(served, 10, "the sheddable request served once a slot is free", interval_s=0.1)
+        # once the closed streams' slots are back, it runs
+        await wait_served(api, model, "Hello", "the sheddable request served once a slot is free")
 
 
 async def test_a_key_past_its_tokens_per_minute_gets_429_until_its_budget_refills(

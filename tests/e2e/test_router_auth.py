@@ -12,6 +12,7 @@ log and on no command line.
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from launch.stack import LocalStack
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import new_key, write_key_file
 from shared.nats_server import EmbeddedNats
-from shared.tokenizer import Tokenizer
+from tests.e2e.api_key_helpers import keyed_client, wait_served
 from tests.e2e.conftest import make_stack
 from tests.otlp_receiver import OtlpReceiver
 from tests.stack_fixtures import running
@@ -50,13 +51,6 @@ class Keys:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
-
-
-@pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     keys = Keys(tmp_path_factory.mktemp("keys") / "api-keys.jsonl")
     keys.write()
@@ -76,13 +70,7 @@ def stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory: pyte
             yield local
 
 
-@pytest.fixture(scope="module")
-def model(tiny_model_dir: str) -> str:
-    return Tokenizer.from_model_dir(tiny_model_dir).model_name
-
-
-def client(stack: LocalStack, api_key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{stack.router_url}/v1", api_key=api_key, max_retries=0, timeout=30)
+client = functools.partial(keyed_client, timeout_s=30)
 
 
 async def complete(stack: LocalStack, api_key: str, model: str, max_tokens: int = 3):
@@ -147,14 +135,7 @@ async def test_a_key_over_its_concurrency_gets_429_until_its_request_ends(
         assert limited.value.response.headers["retry-after"] == "1"
         await stream.close()  # the router cancels it and frees the key's slot
 
-        async def served() -> bool:
-            try:
-                await api.completions.create(model=model, prompt="Another", max_tokens=2)
-            except openai.RateLimitError:
-                return False
-            return True
-
-        await wait_for(served, 10, "the key's slot freed once its stream was closed", interval_s=0.1)
+        await wait_served(api, model, "Another", "the key's slot freed once its stream was closed")
 
 
 async def test_a_key_removed_from_the_file_is_refused_without_a_restart(

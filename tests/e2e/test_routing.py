@@ -16,7 +16,7 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import RequestRecord, TransferRecord, WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
 from tests.stack_fixtures import collect, make_stack, records_arrived, running
 from tests.waiting import wait_for
 

@@ -32,13 +32,12 @@ from launch.stack import LocalStack
 from launch.up import UpOptions, _status_table, run_up
 from shared.nats_secrets import Credentials, read_credentials, write_credentials
 from shared.schemas import WorkerRole
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
 from tests.e2e.test_disaggregated import metric, metrics_when
 from tests.e2e.test_tandem_up import _descendants, _first_line
 from tests.stack_fixtures import running
 
 pytestmark = pytest.mark.e2e
-
-ALWAYS_DISAGGREGATE = ("--local-prefill-tokens", "0")
 
 
 def secure_stack(model_dir: str, state: Path, *specs: WorkerSpec) -> LocalStack:

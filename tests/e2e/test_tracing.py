@@ -37,8 +37,8 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import BlockStored, KvEventBatch, WorkerRole
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
-from tests.e2e.conftest import LoadWatcher, make_stack
-from tests.e2e.test_disaggregated import ALWAYS_DISAGGREGATE, reference
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE, LoadWatcher, make_stack
+from tests.e2e.test_disaggregated import reference
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.stack_fixtures import running
 from tests.waiting import wait_for
@@ -48,13 +48,6 @@ pytestmark = pytest.mark.e2e
 HTTP_SPAN = "POST /v1/completions"
 BLOCK = 16  # the sim workers' block size
 SPAN_KIND_SERVER = 2  # OTLP's enum
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver().start()
-    yield otlp
-    otlp.stop()
 
 
 def traced_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, receiver: OtlpReceiver,
@@ -91,11 +84,6 @@ def pull_stack(nats_server: EmbeddedNats, tiny_model_dir: str, tmp_path_factory:
         nats_server, tiny_model_dir, tmp_path_factory.mktemp("tracing-pull"), receiver, ALWAYS_DISAGGREGATE,
         (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL), WorkerSpec(worker_id="d1", role=WorkerRole.DECODE),
          WorkerSpec(worker_id="d2", role=WorkerRole.DECODE))))
-
-
-@pytest.fixture
-def model(tiny_model_dir: str) -> str:
-    return Tokenizer.from_model_dir(tiny_model_dir).model_name
 
 
 class ClientSpan:

@@ -23,6 +23,28 @@ def queue(**config) -> AdmissionQueue:
     return AdmissionQueue(AdmissionConfig(slots_per_seq=1.0, **config))
 
 
+def all_waiting(asks: list[Ask]) -> AdmissionQueue:
+    """A one-slot queue where `asks` all arrived while another request held the slot, which
+    has just ended: every one of them waits, in arrival order."""
+    admission = queue()
+    blocker = ask("x")
+    admission.push(blocker, 1)
+    for one in asks:
+        admission.push(one, 1)
+    admission.finish(blocker, 10.0)
+    return admission
+
+
+def serve(admission: AdmissionQueue, count: int) -> list[str]:
+    """The keys of the next `count` requests started, one at a time, each served its cost."""
+    served = []
+    for _ in range(count):
+        (started,) = admission.pop(1)
+        served.append(started.tenant.key)
+        admission.finish(started, started.cost)
+    return served
+
+
 # --- priorities
 
 
@@ -87,35 +109,15 @@ def test_the_reserve_keeps_slots_free_for_urgent_requests() -> None:
 
 
 def test_two_backlogged_keys_of_equal_weight_share_starts_equally_whatever_their_offered_load() -> None:
-    admission = queue()
-    blocker = ask("x")
-    admission.push(blocker, 1)
     heavy = [ask("heavy") for _ in range(30)]
     light = [ask("light") for _ in range(10)]
-    for one in heavy[:15] + light + heavy[15:]:  # 3:1 offered, the heavy key first
-        admission.push(one, 1)
-    admission.finish(blocker, 10.0)
-    served = []
-    for _ in range(20):
-        (started,) = admission.pop(1)
-        served.append(started.tenant.key)
-        admission.finish(started, started.cost)
+    served = serve(all_waiting(heavy[:15] + light + heavy[15:]), 20)  # 3:1 offered, the heavy key first
     assert served.count("heavy") == 10 and served.count("light") == 10
 
 
 def test_weights_share_in_proportion() -> None:
-    admission = queue()
-    blocker = ask("x")
-    admission.push(blocker, 1)
-    for _ in range(30):
-        admission.push(ask("gold", weight=2.0), 1)
-        admission.push(ask("plain", weight=1.0), 1)
-    admission.finish(blocker, 10.0)
-    served = []
-    for _ in range(30):
-        (started,) = admission.pop(1)
-        served.append(started.tenant.key)
-        admission.finish(started, started.cost)
+    admission = all_waiting([one for _ in range(30) for one in (ask("gold", weight=2.0), ask("plain", weight=1.0))])
+    served = serve(admission, 30)
     assert served.count("gold") == 20 and served.count("plain") == 10
 
 
@@ -230,16 +232,10 @@ def test_every_request_is_started_refused_or_waiting_and_never_past_capacity(ops
 @given(st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=60), st.integers(1, 50), st.integers(1, 50))
 def test_two_backlogged_keys_never_drift_apart_by_more_than_one_request(arrivals, cost_a, cost_b) -> None:
     """VTC's bound: while both keys wait, their counters stay within the largest request of each."""
-    admission = queue()
-    blocker = ask("x")
-    admission.push(blocker, 1)
     costs = {"a": float(cost_a), "b": float(cost_b)}
-    for key in ["a", "b"] + arrivals + ["a", "b"] * 60:
-        admission.push(ask(key, cost=costs[key]), 1)
-    admission.finish(blocker, 10.0)
+    admission = all_waiting([ask(key, cost=costs[key]) for key in ["a", "b"] + arrivals + ["a", "b"] * 60])
     while True:
-        (started,) = admission.pop(1)
-        admission.finish(started, started.cost)
+        serve(admission, 1)
         backlogged = {one for lane in admission._waiting.values() for one in lane}
         if backlogged != {"a", "b"}:
             break

@@ -5,17 +5,9 @@ from __future__ import annotations
 from services.worker.sim.block_manager import BlockManager
 from shared.block_hash import block_hash_chain
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.unit.sim_blocks import allocated, cache_sequence
 
 BS = 4
-
-
-def cache_sequence(blocks: BlockManager, token_ids: list[int]) -> tuple[list[int], list[int]]:
-    """Allocate, commit and keep referenced the full blocks of `token_ids`."""
-    hashes = block_hash_chain(token_ids, BS)
-    ids = blocks.allocate(len(hashes))
-    assert ids is not None
-    blocks.commit(ids, hashes, token_ids[:len(hashes) * BS], None)
-    return ids, hashes
 
 
 def test_allocate_free_and_ref_counts() -> None:
@@ -36,8 +28,7 @@ def test_out_of_blocks_is_none_and_changes_nothing() -> None:
     ids, hashes = cache_sequence(blocks, list(range(3, 3 + 2 * BS)))
     blocks.free(ids)  # two evictable, two free
     blocks.take_events()
-    held = blocks.allocate(3)  # two free ones, then evicts the least recently used cached one
-    assert held is not None
+    allocated(blocks, 3)  # two free ones, then evicts the least recently used cached one
     assert blocks.allocate(2) is None
     assert (blocks.used_blocks, blocks.free_blocks, blocks.cached_blocks) == (3, 1, 1)
     # Freed tail first, so the sequence's second block was the least recently used.
@@ -94,8 +85,7 @@ def test_lru_eviction_only_when_free_blocks_run_out() -> None:
     two = blocks.allocate(2)  # the two never-used blocks: no eviction yet
     assert two is not None and blocks.cached_blocks == 4 and blocks.take_events() == []
 
-    three = blocks.allocate(3)
-    assert three is not None
+    allocated(blocks, 3)
     # B's blocks go first, tail before head; then A's tail.
     assert blocks.take_events() == [BlockRemoved(block_hashes=[b_hashes[1], b_hashes[0], a_hashes[1]])]
     assert blocks.match_prefix(b_hashes) == []
@@ -111,8 +101,7 @@ def test_snapshot_lists_every_cached_block_parents_first() -> None:
     blocks.touch(ids[:2])
     branch_tokens = [60] * BS
     branch_hash = block_hash_chain(trunk + branch_tokens, BS)[2]
-    branch_ids = blocks.allocate(1)
-    assert branch_ids is not None
+    branch_ids = allocated(blocks, 1)
     blocks.commit(branch_ids, [branch_hash], branch_tokens, hashes[1])
     announced = blocks.take_events()
     assert announced[1] == BlockStored(block_hashes=[branch_hash], parent_block_hash=hashes[1],
@@ -158,8 +147,7 @@ def test_a_block_behind_a_hole_is_cached_at_once_and_announced_with_its_parent()
     blocks = BlockManager(8, BS)
     tokens = list(range(3, 3 + 4 * BS))
     hashes = block_hash_chain(tokens, BS)
-    ids = blocks.allocate(4)
-    assert ids is not None
+    ids = allocated(blocks, 4)
     blocks.commit(ids[2:], hashes[2:], tokens[2 * BS:], hashes[1])  # blocks 2-3 arrive first
     assert blocks.take_events() == [] and blocks.lookup(hashes) == [None, None, ids[2], ids[3]]
     assert blocks.snapshot() == []  # a snapshot shows only what was announced
@@ -176,8 +164,7 @@ def test_evicting_an_unannounced_block_is_silent() -> None:
     blocks = BlockManager(2, BS)
     tokens = list(range(3, 3 + 2 * BS))
     hashes = block_hash_chain(tokens, BS)
-    ids = blocks.allocate(1)
-    assert ids is not None
+    ids = allocated(blocks, 1)
     blocks.commit(ids, hashes[1:], tokens[BS:], hashes[0])
     blocks.free(ids)
     assert blocks.allocate(2) is not None and blocks.cached_blocks == 0
@@ -187,8 +174,7 @@ def test_evicting_an_unannounced_block_is_silent() -> None:
 def test_pin_keeps_free_and_evictable_blocks_out_of_allocation() -> None:
     blocks = BlockManager(4, BS)
     ids, hashes = cache_sequence(blocks, list(range(3, 3 + 2 * BS)))
-    private = blocks.allocate(1)
-    assert private is not None
+    private = allocated(blocks, 1)
     blocks.free(ids + private)  # two evictable, two free
     blocks.pin([ids[1], private[0]])
     assert (blocks.used_blocks, blocks.free_blocks) == (2, 2)

@@ -7,20 +7,11 @@ from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.scheduler import Scheduler
-from shared.block_hash import block_hash_chain
 from shared.schemas.generate import SamplingParams
+from tests.unit.sim_blocks import cache_and_release
 
 BS = 4
 PROFILE = TimingProfile(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0, decode_ms_per_seq=0.1)
-
-
-def cache_and_release(blocks: BlockManager, token_ids: list[int]) -> list[int]:
-    hashes = block_hash_chain(token_ids, BS)
-    ids = blocks.allocate(len(hashes))
-    assert ids is not None
-    blocks.commit(ids, hashes, token_ids[:len(hashes) * BS], None)
-    blocks.free(ids)
-    return hashes
 
 
 def test_evictions_are_counted_and_a_later_miss_of_an_evicted_block_once() -> None:

@@ -10,21 +10,12 @@ from services.worker.sim.scheduler import Scheduler
 from shared.block_hash import adapter_root, block_hash_chain
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockRemoved, BlocksMoved, BlockStored
+from tests.unit.sim_blocks import allocated, cache_and_release
 
 BS = 4
 VOCAB = 500
 PROFILE = TimingProfile(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0, decode_ms_per_seq=0.1,
                         host_load_ms_per_token=0.01)
-
-
-def cache_and_release(blocks: BlockManager, token_ids: list[int]) -> list[int]:
-    """Compute and cache the full blocks of `token_ids`, then drop the request's references."""
-    hashes = block_hash_chain(token_ids, BS)
-    ids = blocks.allocate(len(hashes))
-    assert ids is not None
-    blocks.commit(ids, hashes, token_ids[:len(hashes) * BS], None)
-    blocks.free(ids)
-    return hashes
 
 
 def tokens(length: int, start: int) -> list[int]:
@@ -61,8 +52,7 @@ def test_without_a_host_tier_an_evicted_block_is_removed() -> None:
 def test_loading_brings_blocks_back_to_the_device_tier() -> None:
     blocks = BlockManager(2, BS, host_blocks=4)
     hashes = cache_and_release(blocks, tokens(2 * BS, 10))
-    ids = blocks.allocate(2)
-    assert ids is not None
+    ids = allocated(blocks, 2)
     blocks.free(ids)
     blocks.take_events()
     loaded = blocks.load_from_host(hashes)
@@ -79,12 +69,10 @@ def test_a_snapshot_lists_host_blocks_in_their_tier_parents_first() -> None:
     blocks = BlockManager(2, BS, host_blocks=4)
     text = tokens(3 * BS, 10)
     hashes = block_hash_chain(text, BS)
-    ids = blocks.allocate(2)
-    assert ids is not None
+    ids = allocated(blocks, 2)
     blocks.commit(ids, hashes[:2], text[:2 * BS], None)
     blocks.free(ids)
-    third = blocks.allocate(1)  # evicts the first block (least recently released: the tail goes first)
-    assert third is not None
+    third = allocated(blocks, 1)  # evicts the first block (least recently released: the tail goes first)
     blocks.commit(third, hashes[2:], text[2 * BS:], hashes[1])
     snapshot = blocks.snapshot()
     where = {block_hash: event.tier for event in snapshot for block_hash in event.block_hashes}
@@ -158,8 +146,7 @@ def test_a_block_computed_again_replaces_its_host_copy_removed_then_stored() -> 
     assert blocks.allocate(1) is not None  # `hashes` moves to the host tier; the device tier is full
     blocks.take_events()
     blocks.free([0])
-    ids = blocks.allocate(1)
-    assert ids is not None
+    ids = allocated(blocks, 1)
     blocks.commit(ids, hashes, text, None)  # computed again instead of loaded
     events = blocks.take_events()
     assert events[-2:] == [BlockRemoved(block_hashes=hashes),
@@ -172,8 +159,7 @@ def test_an_adapters_block_keeps_its_adapter_in_the_host_tier_and_back() -> None
     blocks = BlockManager(1, BS, host_blocks=1)
     token_ids = tokens(BS, 10)
     [block_hash] = block_hash_chain(token_ids, BS, parent_hash=adapter_root("alpha"))
-    ids = blocks.allocate(1)
-    assert ids is not None
+    ids = allocated(blocks, 1)
     blocks.commit(ids, [block_hash], token_ids, None, adapter="alpha")
     blocks.free(ids)
     assert blocks.allocate(1) is not None  # evicted to the host tier

@@ -10,7 +10,7 @@ is in tests/stack_fixtures.py.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
-from shared.bus import connect
+from shared.bus import Bus, connect
 from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
@@ -55,6 +55,13 @@ def pd_pair(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, decode_arg
     with running(vllm_stack(nats_server, model_dir, log_dir, specs,
                             router_args=(*ALWAYS_DISAGGREGATE, *router_args))) as stack:
         yield stack
+
+
+@pytest.fixture
+async def stack_bus(stack: LocalStack) -> AsyncIterator[Bus]:
+    """A bus client of the stack a test module defines as its `stack` fixture."""
+    async with await connect(stack.nats_url, "vllm-test") as bus:
+        yield bus
 
 
 @dataclass

@@ -17,6 +17,8 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -64,12 +66,12 @@ def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str, core: i
                         kv_transfer=transfer)
 
 
+@dataclass(eq=False)
 class VllmWorker:
-    def __init__(self, config: WorkerConfig, engine: VllmEngine, kv: VllmWorkerKv, service: WorkerService) -> None:
-        self.config = config
-        self.engine = engine
-        self.kv = kv
-        self.service = service
+    config: WorkerConfig
+    engine: VllmEngine
+    kv: VllmWorkerKv
+    service: WorkerService
 
     @property
     def worker_id(self) -> str:
@@ -131,16 +133,16 @@ async def start_vllm_worker(config: WorkerConfig, bus: Bus) -> VllmWorker:
     return VllmWorker(config, engine, kv, service)
 
 
+@dataclass(eq=False)
 class Pair:
     """A prefill and a decode worker on one bus, and the transfer records they publish."""
 
-    def __init__(self, bus: Bus, bus_config: BusConfig, prefill: VllmWorker, decode: VllmWorker) -> None:
-        self.bus = bus
-        self.bus_config = bus_config
-        self.prefill = prefill
-        self.decode = decode
-        self.records: list[TransferRecord] = []
-        self.subscription = None
+    bus: Bus
+    bus_config: BusConfig
+    prefill: VllmWorker
+    decode: VllmWorker
+    records: list[TransferRecord] = field(default_factory=list)
+    subscription: Any = None
 
     async def generate(self, worker: VllmWorker, prompt: list[int], max_tokens: int,
                        kv: KvTransferParams | None = None) -> tuple[list[int], Finished]:
@@ -210,21 +212,25 @@ async def stop_pair(pair: Pair) -> None:
     assert not vllm_processes(), "a vLLM process outlived its engine"
 
 
+@pytest.fixture(scope="class")
+async def pair(request: pytest.FixtureRequest, module_bus: tuple[Bus, BusConfig], model_dir: str) -> AsyncIterator[Pair]:
+    """The test class's two engines, each reading with the class's `prefill_transfer` /
+    `decode_transfer` (a clean transport where the class names none)."""
+    nodes = await start_pair(module_bus, model_dir,
+                             prefill_transfer=getattr(request.cls, "prefill_transfer", KvTransferConfig()),
+                             decode_transfer=getattr(request.cls, "decode_transfer", KvTransferConfig()))
+    try:
+        yield nodes
+    finally:
+        await stop_pair(nodes)
+
+
 # Shorter than a block, exact multiples, one past, several blocks; the decode prompt is one longer.
 LENGTHS = [5, 60, 127, 128, 129, 200, 255, 256, 257, 300, 383, 384, 385, 450, 511, 512, 600, 640, 700, 768, 900,
            1000]
 
 
 class TestPullPath:
-    @pytest.fixture(scope="class")
-    @classmethod
-    async def pair(cls, module_bus: tuple[Bus, BusConfig], model_dir: str) -> AsyncIterator[Pair]:
-        nodes = await start_pair(module_bus, model_dir)
-        try:
-            yield nodes
-        finally:
-            await stop_pair(nodes)
-
     async def test_disaggregated_output_equals_single_engine(self, pair: Pair) -> None:
         decode = pair.decode
         for index, length in enumerate(LENGTHS):
@@ -385,15 +391,8 @@ def tokens_in(handle: KvHandle, blocks: int) -> int:
 
 
 class TestFaults:
-    @pytest.fixture(scope="class")
-    @classmethod
-    async def pair(cls, module_bus: tuple[Bus, BusConfig], model_dir: str) -> AsyncIterator[Pair]:
-        nodes = await start_pair(module_bus, model_dir, prefill_transfer=SLOW_READS,
-                                 decode_transfer=KvTransferConfig(faults=READ_FAULTS))
-        try:
-            yield nodes
-        finally:
-            await stop_pair(nodes)
+    prefill_transfer = SLOW_READS
+    decode_transfer = KvTransferConfig(faults=READ_FAULTS)
 
     async def test_failed_blocks_are_recomputed_and_output_is_identical(self, pair: Pair) -> None:
         decode = pair.decode
@@ -466,15 +465,7 @@ TRANSIENT_READ_FAULTS = KvFaultConfig(fail_fraction=0.15, corrupt_fraction=0.1, 
 
 
 class TestRetry:
-    @pytest.fixture(scope="class")
-    @classmethod
-    async def pair(cls, module_bus: tuple[Bus, BusConfig], model_dir: str) -> AsyncIterator[Pair]:
-        nodes = await start_pair(module_bus, model_dir,
-                                 decode_transfer=KvTransferConfig(faults=TRANSIENT_READ_FAULTS))
-        try:
-            yield nodes
-        finally:
-            await stop_pair(nodes)
+    decode_transfer = KvTransferConfig(faults=TRANSIENT_READ_FAULTS)
 
     async def test_transient_failures_are_read_again_and_nothing_is_recomputed(self, pair: Pair) -> None:
         decode = pair.decode

@@ -13,7 +13,7 @@ that is not there.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -23,7 +23,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make ins
 from launch.plan import WorkerSpec  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
 from shared.block_hash import adapter_root, block_hash_chain  # noqa: E402
-from shared.bus import Bus, connect  # noqa: E402
+from shared.bus import Bus  # noqa: E402
 from shared.codec import Codec  # noqa: E402
 from shared.lora_adapter import generate_lora_adapter  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
@@ -54,23 +54,14 @@ def adapter_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -
 
 
 @pytest.fixture(scope="module")
-def lora_stack(nats_server: EmbeddedNats, tiny_model_dir: str, adapter_dir: str,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(nats_server: EmbeddedNats, tiny_model_dir: str, adapter_dir: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     specs = tuple(WorkerSpec(worker_id=worker_id, role=WorkerRole.BOTH,
                              extra_args=vllm_args(index, "--max-adapters", "2", "--adapter-dir", adapter_dir,
                                                   "--adapter", adapter))
                   for index, (adapter, worker_id) in enumerate(HOLDERS.items()))
     with running(vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-lora"), specs)) as stack:
         yield stack
-
-
-@pytest.fixture
-async def stack_bus(lora_stack: LocalStack) -> AsyncIterator[Bus]:
-    bus = await connect(lora_stack.nats_url, "vllm-lora-test")
-    try:
-        yield bus
-    finally:
-        await bus.close()
 
 
 def prompt(seed: int, length: int) -> list[int]:
@@ -84,16 +75,16 @@ async def generated(http: httpx.AsyncClient, stack: LocalStack) -> dict[str, flo
 
 
 async def test_each_adapter_answers_as_an_engine_serving_it_on_its_holder(
-        lora_stack: LocalStack, stack_bus: Bus, tiny_model_dir: str, openai_client) -> None:
+        stack: LocalStack, stack_bus: Bus, tiny_model_dir: str, openai_client) -> None:
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    client = openai_client(lora_stack.router_url, timeout=120)
-    namespace = lora_stack.config.namespace
+    client = openai_client(stack.router_url, timeout=120)
+    namespace = stack.config.namespace
     prompts = [prompt(seed, 40 + 50 * seed) for seed in range(3)]
     answers: dict[str, list[str]] = {}
     async with httpx.AsyncClient() as http:
         for adapter, holder in HOLDERS.items():
             other = next(worker_id for worker_id in HOLDERS.values() if worker_id != holder)
-            before = await generated(http, lora_stack)
+            before = await generated(http, stack)
             answers[adapter] = []
             for ids in prompts:
                 reply = await client.completions.create(model=f"{tokenizer.model_name}:{adapter}", prompt=ids,
@@ -103,7 +94,7 @@ async def test_each_adapter_answers_as_an_engine_serving_it_on_its_holder(
             made: dict[str, float] = {}
 
             async def counted() -> bool:
-                after = await generated(http, lora_stack)
+                after = await generated(http, stack)
                 made.update({worker_id: after[worker_id] - before[worker_id] for worker_id in after})
                 return sum(made.values()) >= len(prompts) * MAX_TOKENS
 
@@ -120,12 +111,12 @@ async def test_each_adapter_answers_as_an_engine_serving_it_on_its_holder(
     assert len({tuple(texts) for texts in answers.values()}) == 3, "the adapters answered like the base model"
 
 
-async def test_no_prefix_hit_crosses_adapters(lora_stack: LocalStack, stack_bus: Bus, tiny_model_dir: str) -> None:
+async def test_no_prefix_hit_crosses_adapters(stack: LocalStack, stack_bus: Bus, tiny_model_dir: str) -> None:
     """The same ids under alpha, beta, the base model, then alpha again on one engine: only
     the last finds its prefix cached. The worker's KV events (what the router's index
     ingests) carry each prompt's chain from its own adapter's root, the chain the router
     computes for a request of that adapter, so no adapter's request matches another's blocks."""
-    engine = SingleEngine(stack_bus, lora_stack.config.namespace, "w1", Tokenizer.from_model_dir(tiny_model_dir).model_name)
+    engine = SingleEngine(stack_bus, stack.config.namespace, "w1", Tokenizer.from_model_dir(tiny_model_dir).model_name)
     announced: set[int] = set()
     events = Codec(KvEventBatch)
 
@@ -134,7 +125,7 @@ async def test_no_prefix_hit_crosses_adapters(lora_stack: LocalStack, stack_bus:
             if isinstance(event, BlockStored) and event.chain_hashes:
                 announced.update(event.chain_hashes)
 
-    await stack_bus.client.subscribe(Subjects(lora_stack.config.namespace).kv_events("w1"), cb=collect)
+    await stack_bus.client.subscribe(Subjects(stack.config.namespace).kv_events("w1"), cb=collect)
     ids = prompt(7, PROMPT_BLOCKS * 128 + 10)
     cached = []
     for adapter in ("alpha", "beta", "", "alpha"):
@@ -147,8 +138,8 @@ async def test_no_prefix_hit_crosses_adapters(lora_stack: LocalStack, stack_bus:
     assert len({hash_ for chain in chains.values() for hash_ in chain}) == 3 * PROMPT_BLOCKS  # no two alike
 
 
-async def test_ctl_loads_an_adapter_from_the_adapter_directory(lora_stack: LocalStack) -> None:
-    loaded = await command(lora_stack, LoadWorkerAdapter(worker_id="w2", adapter="alpha"))
+async def test_ctl_loads_an_adapter_from_the_adapter_directory(stack: LocalStack) -> None:
+    loaded = await command(stack, LoadWorkerAdapter(worker_id="w2", adapter="alpha"))
     assert loaded.ok and "alpha" in loaded.workers[0].registration.adapters, loaded
-    missing = await command(lora_stack, LoadWorkerAdapter(worker_id="w2", adapter="gamma"))
+    missing = await command(stack, LoadWorkerAdapter(worker_id="w2", adapter="gamma"))
     assert missing.outcome == "refused" and "no LoRA adapter 'gamma'" in missing.reason, missing

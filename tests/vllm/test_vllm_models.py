@@ -10,7 +10,7 @@ engines' context lengths.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -19,7 +19,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make ins
 
 from launch.plan import WorkerSpec  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
-from shared.bus import Bus, connect  # noqa: E402
+from shared.bus import Bus  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.schemas import WorkerRole  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
@@ -35,8 +35,8 @@ TEXTS = ["The river runs past the mill", "Under the old stone bridge the water t
 
 
 @pytest.fixture(scope="module")
-def two_model_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_dir: str,
-                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_dir: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     specs = (WorkerSpec(worker_id="tiny-1", role=WorkerRole.BOTH, extra_args=vllm_args(0)),
              WorkerSpec(worker_id="small-1", role=WorkerRole.BOTH, model_dir=small_model_dir,
                         extra_args=vllm_args(1)))
@@ -44,16 +44,7 @@ def two_model_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_
         yield stack
 
 
-@pytest.fixture
-async def stack_bus(two_model_stack: LocalStack) -> AsyncIterator[Bus]:
-    bus = await connect(two_model_stack.nats_url, "vllm-models-test")
-    try:
-        yield bus
-    finally:
-        await bus.close()
-
-
-async def test_each_model_answers_as_its_own_engine(two_model_stack: LocalStack, stack_bus: Bus, tiny_model_dir: str,
+async def test_each_model_answers_as_its_own_engine(stack: LocalStack, stack_bus: Bus, tiny_model_dir: str,
                                                     small_model_dir: str, openai_client) -> None:
     tokenizers = {"tiny": Tokenizer.from_model_dir(tiny_model_dir), "small": Tokenizer.from_model_dir(small_model_dir)}
     async with httpx.AsyncClient() as http:
@@ -61,14 +52,14 @@ async def test_each_model_answers_as_its_own_engine(two_model_stack: LocalStack,
 
         async def both_listed() -> bool:
             cards.update({card["id"]: card["max_model_len"]
-                          for card in (await http.get(f"{two_model_stack.router_url}/v1/models")).json()["data"]})
+                          for card in (await http.get(f"{stack.router_url}/v1/models")).json()["data"]})
             return set(cards) == {"tiny", "small"}
 
         await wait_for(both_listed, 30.0, lambda: f"both models listed ({cards})", interval_s=0.2)
     assert cards == {"tiny": 2048, "small": 2048}
-    client = openai_client(two_model_stack.router_url, timeout=120)
+    client = openai_client(stack.router_url, timeout=120)
     for model, tokenizer in tokenizers.items():
-        engine = SingleEngine(stack_bus, two_model_stack.config.namespace, f"{model}-1", model)
+        engine = SingleEngine(stack_bus, stack.config.namespace, f"{model}-1", model)
         for text in TEXTS:
             reply = await client.completions.create(model=model, prompt=text, max_tokens=MAX_TOKENS, temperature=0,
                                                     extra_body={"ignore_eos": True})

@@ -15,8 +15,9 @@ SSE error event, and the other choices are cancelled.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,7 +25,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final, Generation
-from services.router.flows.records import TokenUsage
+from services.router.flows.records import RequestIdentity, TokenUsage
 from services.router.http.serving import ResponseFormat, api_usage, sse, whole_answer
 from services.router.http.sse import SSE_DONE, SseResponse
 from services.router.openai.errors import error_info
@@ -55,6 +56,21 @@ def total_usage(choices: Sequence[Choice], finals: Sequence[Final]) -> Usage:
     return api_usage(TokenUsage(prompt_tokens=sum(usage.prompt_tokens for usage in prompts.values()),
                                 completion_tokens=sum(final.usage.completion_tokens for final in finals),
                                 cached_tokens=sum(usage.cached_tokens for usage in prompts.values())))
+
+
+async def start_choices(identity: RequestIdentity, count: int,
+                        start: Callable[[RequestIdentity, int], Awaitable[Choice]]) -> list[Choice]:
+    """`count` choices, the i-th started by `start` under its own request id (`<id>-<i>`); when
+    one cannot start, those already started are closed and its failure raised."""
+    choices: list[Choice] = []
+    try:
+        for index in range(count):
+            choices.append(await start(dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}"),
+                                       index))
+    except BaseException:
+        await close_all(choices)
+        raise
+    return choices
 
 
 async def respond_choices(choices: list[Choice], *, stream: bool, include_usage: bool) -> Response:

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 from fastapi.responses import Response
@@ -30,8 +30,9 @@ from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.http.caller import Caller
 from services.router.http.served_models import ServedModel, ServedModels
-from services.router.http.sse import SSE_DONE, DisconnectWatch, SseResponse
+from services.router.http.sse import SSE_DONE, ChunkPrefix, DisconnectWatch, SseResponse
 from services.router.openai.errors import BadRequest, error_info
+from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import SamplingParams, TokenLogprobs
@@ -187,6 +188,37 @@ class ResponseFormat(Protocol):
     def usage_chunk(self, usage: Usage) -> bytes: ...
     def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel: ...
 
+
+class EndpointFormat:
+    """What the completions and chat formats share for one choice of one request: its SSE
+    chunks' common prefix (`chunk_object`), its usage chunk, and its whole answer
+    (`answer_type`) around the choice a subclass spells (`choice`)."""
+
+    chunk_object: ClassVar[str]
+    answer_type: ClassVar[type[BaseModel]]
+
+    def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None,
+                 index: int) -> None:
+        self.index = index  # the choice's
+        self._index_json = b'{"index":' + str(index).encode()
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self._prefix = ChunkPrefix(request_id, self.chunk_object, created, model)
+        self._logprobs = logprobs
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return self._prefix.usage(usage.model_dump_json().encode())
+
+    def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> BaseModel:
+        raise NotImplementedError
+
+    def response_of(self, choices: list[Any], usage: Usage) -> BaseModel:
+        return self.answer_type(id=self.request_id, model=self.model, created=self.created, usage=usage,
+                                choices=choices)
+
+    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
+        return self.response_of([self.choice(text, finish_reason, logprobs)], usage)
 
 def api_usage(usage: TokenUsage) -> Usage:
     return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,

@@ -6,18 +6,16 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import msgspec
 from fastapi.responses import Response
-from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
-from services.router.http.choices import Choice, close_all, respond_choices
-from services.router.http.serving import ServingContext, respond
-from services.router.http.sse import ChunkPrefix, finish_json, text_json
+from services.router.http.choices import Choice, respond_choices, start_choices
+from services.router.http.serving import EndpointFormat, ServingContext, respond
+from services.router.http.sse import finish_json, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import (
@@ -25,7 +23,6 @@ from services.router.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
-    Usage,
 )
 from services.router.openai.protocol_messages import NamedToolChoice
 from services.router.openai.tool_calls import KEEPS_SPECIAL_TOKENS, ToolCalling, ToolStream
@@ -37,16 +34,13 @@ from shared.schemas.generate import StructuredOutput
 ENDPOINT = "chat"
 
 
-class ChatFormat:
+class ChatFormat(EndpointFormat):
+    chunk_object = "chat.completion.chunk"
+    answer_type = ChatCompletionResponse
+
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
                  index: int = 0, tools: ToolCalling | None = None) -> None:
-        self.index = index  # the choice's
-        self._index_json = b'{"index":' + str(index).encode()
-        self.request_id = request_id
-        self.model = model
-        self.created = created
-        self._prefix = ChunkPrefix(request_id, "chat.completion.chunk", created, model)
-        self._logprobs = logprobs
+        super().__init__(request_id, model, created, logprobs, index)
         self._tools = tools
         self._tool_stream = ToolStream(tools) if tools is not None else None
         self._held: list[TokenLogprobs] = []  # the log-probabilities of text held back (a call may begin there)
@@ -84,9 +78,6 @@ class ChatFormat:
         text = self._chunk(b"".join((b'{"content":', text_json(rest), b"}"))) if rest else b""
         return text + self._chunk(calls, answer.finish_reason, positions)
 
-    def usage_chunk(self, usage: Usage) -> bytes:
-        return self._prefix.usage(usage.model_dump_json().encode())
-
     def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> ChatChoice:
         rendered = {"content": self._logprobs.chat(logprobs)} if self._logprobs is not None else None
         message = ChatResponseMessage(content=text)
@@ -95,13 +86,6 @@ class ChatFormat:
             message = ChatResponseMessage(content=answer.content, tool_calls=answer.calls)
             finish_reason = answer.finish_reason
         return ChatChoice(index=self.index, message=message, finish_reason=finish_reason, logprobs=rendered)
-
-    def response_of(self, choices: list[Any], usage: Usage) -> BaseModel:
-        return ChatCompletionResponse(id=self.request_id, model=self.model, created=self.created, usage=usage,
-                                      choices=choices)
-
-    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
-        return self.response_of([self.choice(text, finish_reason, logprobs)], usage)
 
 
 class ChatServing:
@@ -116,15 +100,12 @@ class ChatServing:
             generation = await context.start(identity, self._prepare(identity, body, 0, caller))
             return await respond(generation, self._format(identity.request_id, body, created, 0),
                                  stream=body.stream, include_usage=body.include_usage)
-        choices: list[Choice] = []
-        try:
-            for index in range(body.n):
-                own = dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}")
-                generation = await context.start(own, self._prepare(own, body, index, caller))
-                choices.append(Choice(generation, self._format(identity.request_id, body, created, index), 0))
-        except BaseException:
-            await close_all(choices)
-            raise
+
+        async def start(own: RequestIdentity, index: int) -> Choice:
+            generation = await context.start(own, self._prepare(own, body, index, caller))
+            return Choice(generation, self._format(identity.request_id, body, created, index), 0)
+
+        choices = await start_choices(identity, body.n, start)
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
     def _format(self, request_id: str, body: ChatCompletionRequest, created: int, index: int) -> ChatFormat:

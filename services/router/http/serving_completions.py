@@ -6,7 +6,6 @@ has none), which the worker that computed the prompt sends with the first token.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -14,16 +13,15 @@ from typing import Any
 
 import msgspec
 from fastapi.responses import Response
-from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
-from services.router.http.choices import Choice, close_all, respond_choices
-from services.router.http.serving import ServingContext, respond
-from services.router.http.sse import ChunkPrefix, finish_json, text_json
+from services.router.http.choices import Choice, respond_choices, start_choices
+from services.router.http.serving import EndpointFormat, ServingContext, respond
+from services.router.http.sse import finish_json, text_json
 from services.router.openai.logprobs import LogprobsRenderer
-from services.router.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse, Usage
+from services.router.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from shared.schemas import TokenLogprobs
 
 ENDPOINT = "completions"
@@ -36,16 +34,13 @@ class EchoedPrompt:
     generation: Generation  # its `prompt_logprobs` are known once its first piece is
 
 
-class CompletionFormat:
+class CompletionFormat(EndpointFormat):
+    chunk_object = "text_completion"
+    answer_type = CompletionResponse
+
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
                  echo: EchoedPrompt | None = None, index: int = 0) -> None:
-        self.index = index  # the choice's
-        self._index_json = b'{"index":' + str(index).encode()
-        self.request_id = request_id
-        self.model = model
-        self.created = created
-        self._prefix = ChunkPrefix(request_id, "text_completion", created, model)
-        self._logprobs = logprobs
+        super().__init__(request_id, model, created, logprobs, index)
         self._echo = echo  # until the first piece is spelled
 
     def _with_echo(self, text: str, positions: Sequence[TokenLogprobs]) -> tuple[str, dict[str, Any] | None]:
@@ -75,19 +70,9 @@ class CompletionFormat:
         return self._prefix.choice(b"".join((self._index_json, b',"text":', text_json(text), b',"logprobs":', logprobs,
                                              b',"finish_reason":', finish_json(finish_reason), b"}")))
 
-    def usage_chunk(self, usage: Usage) -> bytes:
-        return self._prefix.usage(usage.model_dump_json().encode())
-
     def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> CompletionChoice:
         text, rendered = self._with_echo(text, logprobs)
         return CompletionChoice(index=self.index, text=text, finish_reason=finish_reason, logprobs=rendered)
-
-    def response_of(self, choices: list[Any], usage: Usage) -> BaseModel:
-        return CompletionResponse(id=self.request_id, model=self.model, created=self.created, usage=usage,
-                                  choices=choices)
-
-    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
-        return self.response_of([self.choice(text, finish_reason, logprobs)], usage)
 
 
 def _extend(rendered: dict[str, list[Any]], part: dict[str, list[Any]]) -> None:
@@ -108,18 +93,15 @@ class CompletionsServing:
             generation = await context.start(identity, self._prepare(identity, body, prompts[0], 0, caller))
             spelled = self._format(identity.request_id, body, created, prompts[0], generation, 0)
             return await respond(generation, spelled, stream=body.stream, include_usage=body.include_usage)
-        choices: list[Choice] = []
-        try:
-            for prompt_index, prompt in enumerate(prompts):
-                for sample in range(body.n):
-                    index = prompt_index * body.n + sample
-                    own = dataclasses.replace(identity, request_id=f"{identity.request_id}-{index}")
-                    generation = await context.start(own, self._prepare(own, body, prompt, sample, caller))
-                    choices.append(Choice(generation, self._format(identity.request_id, body, created, prompt,
-                                                                   generation, index), prompt_index))
-        except BaseException:
-            await close_all(choices)
-            raise
+
+        async def start(own: RequestIdentity, index: int) -> Choice:  # the prompts' choices in turn, n each
+            prompt_index, sample = divmod(index, body.n)
+            prompt = prompts[prompt_index]
+            generation = await context.start(own, self._prepare(own, body, prompt, sample, caller))
+            return Choice(generation, self._format(identity.request_id, body, created, prompt, generation, index),
+                          prompt_index)
+
+        choices = await start_choices(identity, len(prompts) * body.n, start)
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
     def _prepare(self, identity: RequestIdentity, body: CompletionRequest, prompt: str | list[int], sample: int,

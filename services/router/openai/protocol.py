@@ -14,7 +14,7 @@ router, never parsed).
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Generic, Literal, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 
@@ -289,6 +289,20 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+ChoiceT = TypeVar("ChoiceT", bound=BaseModel)
+
+
+class _Answer(BaseModel, Generic[ChoiceT]):
+    """What every answer and chunk carries around its choices; each kind fixes its `object`."""
+
+    id: str
+    object: str
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChoiceT]
+    usage: Usage | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
@@ -296,13 +310,8 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_Answer[CompletionChoice]):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ChatResponseMessage(BaseModel):
@@ -319,13 +328,8 @@ class ChatChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Answer[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None = None
 
 
 class ChatDelta(BaseModel):
@@ -340,13 +344,8 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Answer[ChatChunkChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
 # Streamed completions reuse the response shape, one choice (or none, for usage) per chunk.
