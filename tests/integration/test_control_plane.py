@@ -27,20 +27,12 @@ from shared.schemas import (
     WorkerRole,
     WorkerStatus,
 )
-from shared.schemas.orchestrator import (
-    AddWorker,
-    CommandOutcome,
-    CordonWorker,
-    DrainWorker,
-    OrchestratorCommand,
-    SetWorkerRole,
-    UncordonWorker,
-)
+from shared.schemas import orchestrator as commands
 from tests.integration.sim_workers import start_sim_worker
 from tests.waiting import wait_for
 
 MEMBERSHIP = MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0)
-outcomes: Codec[CommandOutcome] = Codec(CommandOutcome)
+outcomes: Codec[commands.CommandOutcome] = Codec(commands.CommandOutcome)
 
 
 async def start_worker(bus_config: BusConfig, worker_id: str, role: WorkerRole) -> WorkerService:
@@ -69,7 +61,8 @@ async def cluster(bus_config: BusConfig) -> AsyncIterator[tuple[OrchestratorServ
     await orchestrator_bus.close()
 
 
-async def ask(bus: Bus, bus_config: BusConfig, command: OrchestratorCommand, timeout_s: float = 10.0) -> CommandOutcome:
+async def ask(bus: Bus, bus_config: BusConfig, command: commands.OrchestratorCommand,
+              timeout_s: float = 10.0) -> commands.CommandOutcome:
     deadline = time.monotonic() + 2.0
     while True:
         try:
@@ -95,7 +88,7 @@ async def test_role_switch_keeps_the_request_in_flight(cluster, bus: Bus, bus_co
     stream = await open_stream(bus, bus_config.subjects.generate("p1"), long_request("r-old-role"))
     frames = stream.frames()
     await frames.__anext__()  # running on p1, in its old role
-    outcome = await ask(bus, bus_config, SetWorkerRole(worker_id="p1", role=WorkerRole.BOTH))
+    outcome = await ask(bus, bus_config, commands.SetWorkerRole(worker_id="p1", role=WorkerRole.BOTH))
     assert outcome.ok, outcome
     assert workers["p1"].role is WorkerRole.BOTH and workers["p1"].inflight == 1
     assert outcome.workers[0].registration.role is WorkerRole.BOTH
@@ -111,14 +104,14 @@ async def test_role_switch_keeps_the_request_in_flight(cluster, bus: Bus, bus_co
 
 async def test_cordon_then_uncordon(cluster, bus: Bus, bus_config: BusConfig) -> None:
     orchestrator, workers = cluster
-    refused = await ask(bus, bus_config, CordonWorker(worker_id="d1"))  # the only decode worker
+    refused = await ask(bus, bus_config, commands.CordonWorker(worker_id="d1"))  # the only decode worker
     assert refused.outcome == "refused" and "minimum is 1" in refused.reason
-    assert (await ask(bus, bus_config, SetWorkerRole(worker_id="p1", role=WorkerRole.DECODE))).ok
-    cordoned = await ask(bus, bus_config, CordonWorker(worker_id="d1"))
+    assert (await ask(bus, bus_config, commands.SetWorkerRole(worker_id="p1", role=WorkerRole.DECODE))).ok
+    cordoned = await ask(bus, bus_config, commands.CordonWorker(worker_id="d1"))
     assert cordoned.ok and cordoned.workers[0].registration.status is WorkerStatus.CORDONED
-    again = await ask(bus, bus_config, CordonWorker(worker_id="d1"))
+    again = await ask(bus, bus_config, commands.CordonWorker(worker_id="d1"))
     assert again.ok and "already cordoned" in again.reason
-    uncordoned = await ask(bus, bus_config, UncordonWorker(worker_id="d1"))
+    uncordoned = await ask(bus, bus_config, commands.UncordonWorker(worker_id="d1"))
     assert uncordoned.ok and uncordoned.workers[0].registration.status is WorkerStatus.ACTIVE
     assert uncordoned.workers[0].registration.generation == 2
 
@@ -128,7 +121,7 @@ async def test_drain_waits_for_the_request_then_the_worker_leaves(cluster, bus: 
     stream = await open_stream(bus, bus_config.subjects.generate("p1"), long_request("r-drained"))
     frames = stream.frames()
     await frames.__anext__()
-    drain = asyncio.create_task(ask(bus, bus_config, DrainWorker(worker_id="p1", deadline_s=5.0)))
+    drain = asyncio.create_task(ask(bus, bus_config, commands.DrainWorker(worker_id="p1", deadline_s=5.0)))
     tokens = [t async for frame in frames for t in frame.token_ids]
     await stream.close()
     assert stream.finished is not None and len(tokens) >= 190  # finished, not cut off
@@ -147,7 +140,7 @@ async def test_a_worker_that_does_not_answer_is_a_failed_outcome(cluster, bus: B
     await members.put("ghost", encode(ghost))
     orchestrator, _ = cluster
     await wait_for(lambda: orchestrator.control.registration("ghost") is not None, 5, "the ghost registered")
-    outcome = await ask(bus, bus_config, SetWorkerRole(worker_id="ghost", role=WorkerRole.DECODE))
+    outcome = await ask(bus, bus_config, commands.SetWorkerRole(worker_id="ghost", role=WorkerRole.DECODE))
     assert outcome.outcome == "failed" and "did not answer" in outcome.reason, outcome
     await members.delete("ghost")
 
@@ -167,7 +160,8 @@ async def test_a_worker_that_cannot_start_is_a_failed_add_with_its_log(bus: Bus,
     orchestrator = OrchestratorService(config, orchestrator_bus)
     await orchestrator.start()
     try:
-        outcome = await ask(bus, bus_config, AddWorker(role=WorkerRole.DECODE, worker_id="broken"), timeout_s=40)
+        outcome = await ask(bus, bus_config, commands.AddWorker(role=WorkerRole.DECODE, worker_id="broken"),
+                            timeout_s=40)
         assert outcome.outcome == "failed" and "worker broken exited" in outcome.reason, outcome
         assert "no-model" in outcome.reason  # the tail of its log says why
         assert orchestrator.control.launcher.list() == []

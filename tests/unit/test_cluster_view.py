@@ -6,46 +6,36 @@ import msgspec
 import pytest
 
 from services.metrics.cluster_view import ClusterView
-from shared.schemas import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KvEventBatch,
-    LoadSnapshot,
-    RequestRecord,
-    WorkerCapacity,
-    WorkerRegistration,
-    WorkerRole,
-)
+from shared import schemas
 
 
-def registration(worker_id: str, role: WorkerRole = WorkerRole.DECODE,
-                 started_at: float = 1.0) -> WorkerRegistration:
-    return WorkerRegistration(
+def registration(worker_id: str, role: schemas.WorkerRole = schemas.WorkerRole.DECODE,
+                 started_at: float = 1.0) -> schemas.WorkerRegistration:
+    return schemas.WorkerRegistration(
         worker_id=worker_id, role=role, model="tiny", engine="sim", block_size=4, compat_hash="c",
-        capacity=WorkerCapacity(kv_blocks=100, max_num_seqs=8, max_model_len=2048),
+        capacity=schemas.WorkerCapacity(kv_blocks=100, max_num_seqs=8, max_model_len=2048),
         started_at=started_at, heartbeat_at=started_at)
 
 
 def load(worker_id: str, *, seq: int = 1, running: int = 0, waiting: int = 0, used: int = 0,
-         total: int = 100, prompt: int = 0, cached: int = 0) -> LoadSnapshot:
-    return LoadSnapshot(worker_id=worker_id, seq=seq, ts=0.0, running=running, waiting=waiting,
+         total: int = 100, prompt: int = 0, cached: int = 0) -> schemas.LoadSnapshot:
+    return schemas.LoadSnapshot(worker_id=worker_id, seq=seq, ts=0.0, running=running, waiting=waiting,
                         kv_total_blocks=total, kv_used_blocks=used, kv_cached_blocks=used,
                         prompt_tokens_total=prompt, cached_tokens_total=cached,
                         generated_tokens_total=0, pending_prefill_tokens=0)
 
 
-def stored(*hashes: int) -> BlockStored:
-    return BlockStored(block_hashes=list(hashes), parent_block_hash=None,
+def stored(*hashes: int) -> schemas.BlockStored:
+    return schemas.BlockStored(block_hashes=list(hashes), parent_block_hash=None,
                        token_ids=[0] * 4 * len(hashes), block_size=4)
 
 
-def batch(worker_id: str, seq: int, *events) -> KvEventBatch:  # type: ignore[no-untyped-def]
-    return KvEventBatch(worker_id=worker_id, seq=seq, ts=0.0, events=list(events))
+def batch(worker_id: str, seq: int, *events) -> schemas.KvEventBatch:  # type: ignore[no-untyped-def]
+    return schemas.KvEventBatch(worker_id=worker_id, seq=seq, ts=0.0, events=list(events))
 
 
-def record(outcome: str = "ok", ttft_s: float | None = 0.1) -> RequestRecord:
-    return RequestRecord(request_id="r", model="tiny", worker_id="w1", outcome=outcome,
+def record(outcome: str = "ok", ttft_s: float | None = 0.1) -> schemas.RequestRecord:
+    return schemas.RequestRecord(request_id="r", model="tiny", worker_id="w1", outcome=outcome,
                          finish_reason="length", prompt_tokens=10, cached_tokens=4,
                          completion_tokens=5, ttft_s=ttft_s, duration_s=0.5)
 
@@ -53,8 +43,8 @@ def record(outcome: str = "ok", ttft_s: float | None = 0.1) -> RequestRecord:
 @pytest.fixture
 def view() -> ClusterView:
     view = ClusterView()
-    view.apply_registration(registration("w1", WorkerRole.PREFILL))
-    view.apply_registration(registration("w2", WorkerRole.DECODE))
+    view.apply_registration(registration("w1", schemas.WorkerRole.PREFILL))
+    view.apply_registration(registration("w2", schemas.WorkerRole.DECODE))
     return view
 
 
@@ -80,22 +70,22 @@ def test_worker_without_load_yet_shows_zeros(view: ClusterView) -> None:
 
 
 def test_kv_events_count_stored_blocks(view: ClusterView) -> None:
-    assert view.apply_kv(batch("w1", 0, AllBlocksCleared(), stored(1, 2, 3))) is False
-    assert view.apply_kv(batch("w1", 1, stored(3, 4), BlockRemoved(block_hashes=[1, 99]))) is False
+    assert view.apply_kv(batch("w1", 0, schemas.AllBlocksCleared(), stored(1, 2, 3))) is False
+    assert view.apply_kv(batch("w1", 1, stored(3, 4), schemas.BlockRemoved(block_hashes=[1, 99]))) is False
     w1 = view.snapshot().workers[0]
     assert (w1.kv_stored_blocks, w1.kv_seq, w1.kv_synced, w1.kv_gaps) == (3, 1, True, 0)
-    assert view.apply_kv(batch("w1", 2, AllBlocksCleared())) is False
+    assert view.apply_kv(batch("w1", 2, schemas.AllBlocksCleared())) is False
     assert view.snapshot().workers[0].kv_stored_blocks == 0
 
 
 def test_gap_asks_for_resync_until_a_snapshot_arrives(view: ClusterView) -> None:
-    view.apply_kv(batch("w1", 0, AllBlocksCleared(), stored(1)))
+    view.apply_kv(batch("w1", 0, schemas.AllBlocksCleared(), stored(1)))
     assert view.apply_kv(batch("w1", 3, stored(2))) is True  # batches 1 and 2 were lost
     assert view.apply_kv(batch("w1", 4, stored(3))) is False  # in order after the gap: no repeat
     w1 = view.snapshot().workers[0]
     assert (w1.kv_synced, w1.kv_gaps) == (False, 1)
     # The worker answers with a snapshot: cleared, then everything it holds.
-    assert view.apply_kv(batch("w1", 5, AllBlocksCleared(), stored(1, 2, 3, 5))) is False
+    assert view.apply_kv(batch("w1", 5, schemas.AllBlocksCleared(), stored(1, 2, 3, 5))) is False
     w1 = view.snapshot().workers[0]
     assert (w1.kv_synced, w1.kv_stored_blocks) == (True, 4)
 
@@ -123,10 +113,10 @@ def test_removed_and_unknown_workers_are_dropped(view: ClusterView) -> None:
 
 
 def test_reregistration_after_restart_resets_the_worker(view: ClusterView) -> None:
-    view.apply_kv(batch("w1", 0, AllBlocksCleared(), stored(1, 2)))
-    view.apply_registration(registration("w1", WorkerRole.PREFILL, started_at=1.0))  # heartbeat
+    view.apply_kv(batch("w1", 0, schemas.AllBlocksCleared(), stored(1, 2)))
+    view.apply_registration(registration("w1", schemas.WorkerRole.PREFILL, started_at=1.0))  # heartbeat
     assert view.snapshot().workers[0].kv_stored_blocks == 2
-    view.apply_registration(registration("w1", WorkerRole.PREFILL, started_at=2.0))  # new process
+    view.apply_registration(registration("w1", schemas.WorkerRole.PREFILL, started_at=2.0))  # new process
     w1 = view.snapshot().workers[0]
     assert (w1.kv_stored_blocks, w1.kv_seq) == (0, None)
 

@@ -16,14 +16,7 @@ from services.router.routing import RoutePlan, RouteRequest, decide
 from services.router.routing.calibration import host_load_weight
 from services.router.routing.cost import PrefillPlan, prefill_cost, tier_load_cost
 from shared.block_hash import block_hash_chain
-from shared.schemas.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlocksMoved,
-    BlockStored,
-    KvEvent,
-    KvEventBatch,
-)
+from shared.schemas import kv_events
 from tests.unit.worker_views import worker_view
 
 BLOCK = 4
@@ -31,11 +24,11 @@ PROMPT = list(range(100, 100 + 8 * BLOCK))  # 8 full blocks
 CHAIN = block_hash_chain(PROMPT, BLOCK)
 
 
-def stored(start: int, stop: int, tier: str = "device") -> BlockStored:
+def stored(start: int, stop: int, tier: str = "device") -> kv_events.BlockStored:
     """Blocks [start, stop) of PROMPT as a worker that sends Tandem's chain (engine hash == chain hash)."""
-    return BlockStored(block_hashes=CHAIN[start:stop], parent_block_hash=CHAIN[start - 1] if start else None,
-                       token_ids=PROMPT[start * BLOCK:stop * BLOCK], block_size=BLOCK, chain_hashes=CHAIN[start:stop],
-                       tier=tier)  # type: ignore[arg-type]
+    return kv_events.BlockStored(block_hashes=CHAIN[start:stop], parent_block_hash=CHAIN[start - 1] if start else None,
+                                 token_ids=PROMPT[start * BLOCK:stop * BLOCK], block_size=BLOCK,
+                                 chain_hashes=CHAIN[start:stop], tier=tier)  # type: ignore[arg-type]
 
 
 class Worker:
@@ -43,9 +36,9 @@ class Worker:
         self.worker_id = worker_id
         self.seq = 0
 
-    def batch(self, *events: KvEvent) -> KvEventBatch:
+    def batch(self, *events: kv_events.KvEvent) -> kv_events.KvEventBatch:
         self.seq += 1
-        return KvEventBatch(worker_id=self.worker_id, seq=self.seq, ts=0.0, events=list(events))
+        return kv_events.KvEventBatch(worker_id=self.worker_id, seq=self.seq, ts=0.0, events=list(events))
 
 
 # ---- the index's tier bookkeeping -----------------------------------------------------------
@@ -57,14 +50,14 @@ def test_moved_blocks_keep_matching_and_the_index_knows_their_tier() -> None:
     worker = Worker("w")
     index.ingest(worker.batch(stored(0, 8)))
     assert index.tiers("w") == {}
-    result = index.ingest(worker.batch(BlocksMoved(block_hashes=CHAIN[5:8], tier="host")))
+    result = index.ingest(worker.batch(kv_events.BlocksMoved(block_hashes=CHAIN[5:8], tier="host")))
     assert result.moved_blocks == 3 and index.match(CHAIN) == {"w": 8}
     assert index.tiers("w") == {block_hash: "host" for block_hash in CHAIN[5:8]}
-    index.ingest(worker.batch(BlocksMoved(block_hashes=CHAIN[5:6], tier="device")))  # loaded back
+    index.ingest(worker.batch(kv_events.BlocksMoved(block_hashes=CHAIN[5:6], tier="device")))  # loaded back
     assert set(index.tiers("w")) == set(CHAIN[6:8])
-    index.ingest(worker.batch(BlockRemoved(block_hashes=CHAIN[7:8])))  # left every tier
+    index.ingest(worker.batch(kv_events.BlockRemoved(block_hashes=CHAIN[7:8])))  # left every tier
     assert index.match(CHAIN) == {"w": 7} and set(index.tiers("w")) == {CHAIN[6]}
-    index.ingest(worker.batch(BlocksMoved(block_hashes=[12345], tier="host")))  # unknown: ignored
+    index.ingest(worker.batch(kv_events.BlocksMoved(block_hashes=[12345], tier="host")))  # unknown: ignored
     assert set(index.tiers("w")) == {CHAIN[6]}
 
 
@@ -74,7 +67,7 @@ def test_stored_events_carry_a_tier_and_a_device_store_clears_it() -> None:
     worker = Worker("w")
     index.ingest(worker.batch(stored(0, 4), stored(4, 8, tier="host")))
     assert set(index.tiers("w")) == set(CHAIN[4:8]) and index.match(CHAIN) == {"w": 8}
-    index.ingest(worker.batch(BlockRemoved(block_hashes=CHAIN[4:8]), stored(4, 6)))  # computed again
+    index.ingest(worker.batch(kv_events.BlockRemoved(block_hashes=CHAIN[4:8]), stored(4, 6)))  # computed again
     assert index.tiers("w") == {} and index.match(CHAIN) == {"w": 6}
 
 
@@ -83,10 +76,10 @@ def test_a_snapshot_replaces_the_tiers_and_removal_of_the_worker_forgets_them() 
     index.add_worker("w", BLOCK)
     worker = Worker("w")
     index.ingest(worker.batch(stored(0, 8)))
-    index.ingest(worker.batch(BlocksMoved(block_hashes=CHAIN[:8], tier="host")))
-    index.ingest(worker.batch(AllBlocksCleared(), stored(0, 8)))  # all in the first tier now (as a diff)
+    index.ingest(worker.batch(kv_events.BlocksMoved(block_hashes=CHAIN[:8], tier="host")))
+    index.ingest(worker.batch(kv_events.AllBlocksCleared(), stored(0, 8)))  # all in the first tier now (as a diff)
     assert index.tiers("w") == {} and index.match(CHAIN) == {"w": 8}
-    index.ingest(worker.batch(AllBlocksCleared(), stored(0, 2), stored(2, 8, tier="host")))
+    index.ingest(worker.batch(kv_events.AllBlocksCleared(), stored(0, 2), stored(2, 8, tier="host")))
     assert set(index.tiers("w")) == set(CHAIN[2:8]) and index.match(CHAIN) == {"w": 8}
     index.remove_worker("w")
     assert index.tiers("w") == {}
@@ -108,7 +101,7 @@ def test_prompt_cache_reports_host_tokens_or_hides_them(tier_aware: bool) -> Non
     kv.worker_joined("w", BLOCK)
     worker = Worker("w")
     kv.index.ingest(worker.batch(stored(0, 8)))
-    kv.index.ingest(worker.batch(BlocksMoved(block_hashes=CHAIN[:8], tier="host")))
+    kv.index.ingest(worker.batch(kv_events.BlocksMoved(block_hashes=CHAIN[:8], tier="host")))
     cache = kv.prompt_cache(PROMPT + [1, 2], now=0.0)
     if tier_aware:
         assert cache.cached_tokens == {"w": 32} and cache.tier_tokens == {"w": {"host": 32}}
@@ -176,7 +169,7 @@ def test_a_host_tier_hit_takes_first_tier_room_like_computed_tokens() -> None:
 def test_events_from_a_worker_without_tiers_decode_as_first_tier_blocks() -> None:
     import msgspec
 
-    from shared.schemas.kv_events import KvEvent, KvEventWithoutTokens
+    from shared.schemas.kv_events import KvEventWithoutTokens
 
     class OldStored(msgspec.Struct, tag="stored", kw_only=True):  # the event before tiers
         block_hashes: list[int]
@@ -187,7 +180,8 @@ def test_events_from_a_worker_without_tiers_decode_as_first_tier_blocks() -> Non
 
     wire = msgspec.msgpack.encode(OldStored(block_hashes=CHAIN[:1], parent_block_hash=None,
                                             token_ids=PROMPT[:BLOCK], block_size=BLOCK, chain_hashes=CHAIN[:1]))
-    assert msgspec.msgpack.decode(wire, type=KvEvent).tier == "device"
+    assert msgspec.msgpack.decode(wire, type=kv_events.KvEvent).tier == "device"
     assert msgspec.msgpack.decode(wire, type=KvEventWithoutTokens).tier == "device"
-    moved = msgspec.msgpack.encode(BlocksMoved(block_hashes=CHAIN[:1], tier="host"))
-    assert msgspec.msgpack.decode(moved, type=KvEventWithoutTokens) == BlocksMoved(block_hashes=CHAIN[:1], tier="host")
+    moved = msgspec.msgpack.encode(kv_events.BlocksMoved(block_hashes=CHAIN[:1], tier="host"))
+    assert msgspec.msgpack.decode(moved, type=KvEventWithoutTokens) == kv_events.BlocksMoved(block_hashes=CHAIN[:1],
+                                                                                             tier="host")
