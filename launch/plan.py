@@ -41,8 +41,9 @@ class StackConfig(msgspec.Struct, frozen=True, kw_only=True):
     metrics_health: str = "/metrics"
     metrics_settings: Settings = {}
     orchestrator_settings: Settings = {}
-    # models that may have zero workers, name -> model directory: the router lists them and holds
-    # their requests, the orchestrator starts their workers (its launcher) and stops idle ones
+    # models that may have zero workers, name -> model directory, or DIR@1p1d for a model that wakes
+    # disaggregated (`shared.scalable_models`): the router lists them and holds their requests, the
+    # orchestrator starts their workers (its launcher) and stops idle ones
     scalable_models: dict[str, str] = {}
     nats_url: str = ""  # empty: start an embedded nats-server
     # set: that embedded server is secured (users, permissions, TLS), its files made here

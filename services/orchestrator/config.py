@@ -13,6 +13,7 @@ import msgspec
 
 from shared.config import BusConfig, MembershipConfig, TracingConfig, require
 from shared.config_fields import flag
+from shared.scalable_models import ScalableModel, scalable_models
 
 
 class WorkerLimits(msgspec.Struct, kw_only=True, frozen=True):
@@ -112,33 +113,28 @@ class WorkerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
             self.docker.validate()
 
 
-def scalable_model(entry: str) -> tuple[str, str]:
-    """`NAME=DIR` -> (name, directory); raises ConfigError naming the entry."""
-    name, _, directory = entry.partition("=")
-    require(bool(name) and bool(directory) and "\n" not in entry, f"scalable model {entry!r} must be NAME=DIR")
-    return name, directory
-
-
 class ScaleToZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """Models that may have no worker: a router holding their requests asks for a worker
-    (`WakeModel`), which the launcher starts with the model's directory; with `idle_s`, a
+    """Models that may have no worker (`shared.scalable_models`): a router holding their requests
+    asks for workers (`WakeModel`), which the launcher starts with the model's directory (one of
+    role both, or the prefill and decode workers of its `@<P>p<D>d` shape); with `idle_s`, a
     model's launched workers are drained and stopped once no request reached it that long."""
 
     models: Annotated[tuple[str, ...], flag(
-        "A model that may have zero workers, NAME=DIR (repeat): a router holding its requests gets a worker "
-        "started through the launcher.", name="--scalable-model")] = ()
+        "A model that may have zero workers, NAME=DIR or NAME=DIR@1p1d (repeat): a router holding its requests "
+        "gets a worker of role both started through the launcher, or with @<P>p<D>d that many prefill and decode "
+        "workers.", name="--scalable-model")] = ()
     idle_s: Annotated[float, flag(
         "Drain and stop a scalable model's launched workers once it had no request this long (0: never).",
         name="--scale-to-zero-after")] = 0.0
     interval_s: float = 1.0  # how often idle models are looked for
     drain_deadline_s: float = 30.0  # a scale-down's drain
 
-    def directories(self) -> dict[str, str]:
-        """Each scalable model's directory, by name."""
-        return dict(scalable_model(entry) for entry in self.models)
+    def scalable(self) -> dict[str, ScalableModel]:
+        """Each scalable model, by name."""
+        return scalable_models(self.models)
 
     def validate(self) -> None:
-        self.directories()
+        self.scalable()
         require(self.idle_s >= 0, "the scale-to-zero idle time must not be negative")
         require(self.interval_s > 0 and self.drain_deadline_s > 0, "scale-to-zero interval and drain must be positive")
 

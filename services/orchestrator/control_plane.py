@@ -12,9 +12,9 @@ as mirrored by the orchestrator), then carried out and followed to its end, boun
 - AddWorker: the launcher starts it; `ok` once it registered; a process that exits or
   never registers is stopped and the answer is `failed` with its log's tail;
 - RemoveWorker: a drain, then the launcher stops the process if it started it;
-- WakeModel (from a router, on `orchestrator.wake`): for a scalable model with no active
-  worker able to decode, an AddWorker of role both with the model's directory and name;
-  concurrent wakes of one model share that start.
+- WakeModel (from a router, on `orchestrator.wake`): a scalable model's missing workers
+  started with its directory and name (`model_wake`: one of role both, or its prefill and
+  decode workers together); concurrent wakes of one model share that start.
 - LoadWorkerAdapter / UnloadWorkerAdapter: `LoadAdapter` / `UnloadAdapter` to the worker;
   `ok` once its registration lists the adapter (or no longer does).
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -35,9 +34,10 @@ from collections.abc import Callable, Mapping
 import msgspec
 from nats.aio.msg import Msg
 
-from services.orchestrator.command_checks import refusal, serves
+from services.orchestrator.command_checks import refusal
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers import LaunchedWorker, Launcher, LaunchError, WorkerLaunch
+from services.orchestrator.model_wake import ModelWakes
 from services.orchestrator.rolling_upgrade import rolling_upgrade
 from shared.bus import Bus, unsubscribe_quietly
 from shared.codec import Codec, MalformedCounter, encode
@@ -50,7 +50,6 @@ from shared.schemas import (
     Uncordon,
     UnloadAdapter,
     WorkerRegistration,
-    WorkerRole,
     WorkerStatus,
 )
 from shared.schemas.control import control_kind
@@ -93,8 +92,7 @@ class ControlPlane:
         self._launched: dict[str, LaunchedWorker] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._subscriptions: list = []
-        self._scalable = config.scale_to_zero.directories()  # model -> its directory
-        self._waking: dict[str, asyncio.Future[CommandOutcome]] = {}  # a scalable model's start under way
+        self._wakes = ModelWakes(self, config.scale_to_zero.scalable())
 
     async def start(self) -> None:
         try:
@@ -192,35 +190,19 @@ class ControlPlane:
             case UpgradeWorkers():
                 return await rolling_upgrade(self, command)
             case WakeModel(model=model):
-                return await self._wake(model)
+                return await self._wakes.wake(model)
             case LoadWorkerAdapter(worker_id=worker_id, adapter=adapter):
                 return await self._adapter(worker_id, LoadAdapter(adapter=adapter))
             case UnloadWorkerAdapter(worker_id=worker_id, adapter=adapter):
                 return await self._adapter(worker_id, UnloadAdapter(adapter=adapter))
         raise AssertionError(f"unknown command {command!r}")
 
-    async def _wake(self, model: str) -> CommandOutcome:
-        directory = self._scalable.get(model)
-        if directory is None:
-            return CommandOutcome(outcome="refused", reason=f"model {model!r} is not one this orchestrator starts "
-                                                            f"(--scalable-model)")
-        serving = [worker_id for worker_id, registration in self._members().items()
-                   if registration.model == model and registration.status is WorkerStatus.ACTIVE
-                   and serves(registration.role)]
-        if serving:
-            return self._done(serving[0], f"model {model} has an active worker")
-        starting = self._waking.get(model)
-        if starting is None:
-            name = re.sub(r"[^A-Za-z0-9_-]", "-", model)[:40]
-            start = AddWorker(role=WorkerRole.BOTH, worker_id=f"{name}-{uuid.uuid4().hex[:8]}")
-            starting = self._waking[model] = asyncio.ensure_future(
-                self._add(start, ("--model-dir", directory, "--served-model-name", model)))
-            starting.add_done_callback(lambda _: self._waking.pop(model, None))
-        return await asyncio.shield(starting)  # one waker cancelled leaves the start to the others
-
     def launched(self) -> list[str]:
         """The workers this orchestrator's launcher started and has not stopped."""
         return sorted(self._launched)
+
+    def members(self) -> Mapping[str, WorkerRegistration]:
+        return self._members()
 
     def registration(self, worker_id: str) -> WorkerRegistration | None:
         return self._members().get(worker_id)
@@ -350,6 +332,9 @@ class ControlPlane:
         self._launched.pop(worker_id, None)
         await self.launcher.stop_worker(handle, self._config.command_timeout_s)
         return CommandOutcome(outcome="failed", worker_id=worker_id, reason=f"worker {worker_id} {why}:\n{tail}")
+
+    def done(self, worker_id: str, reason: str) -> CommandOutcome:
+        return self._done(worker_id, reason)
 
     def _done(self, worker_id: str, reason: str) -> CommandOutcome:
         registration = self._members().get(worker_id)

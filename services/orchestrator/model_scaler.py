@@ -41,7 +41,7 @@ class ModelScaler:
         self._members = members
         self._control = control
         self._clock = clock
-        self.idle_models = IdleModels(models=frozenset(self._config.directories()), idle_s=self._config.idle_s)
+        self.idle_models = IdleModels(models=frozenset(self._config.scalable()), idle_s=self._config.idle_s)
         self._records: Codec[RequestRecord] = Codec(RequestRecord, malformed)
         self._loads = LoadStream(bus, self._subjects, self._on_snapshot, malformed)
         self._stopping: set[str] = set()  # workers being drained and stopped

@@ -19,6 +19,7 @@ from shared.config import (
     require,
 )
 from shared.config_fields import flag
+from shared.scalable_models import ScalableModel, scalable_models
 
 
 def _none_if_negative(slack: float) -> float | None:
@@ -167,21 +168,15 @@ class AdmissionConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(0.0 <= self.reserve_share < 1.0, "admission reserve_share must lie in [0, 1)")
 
 
-def scalable_model(entry: str) -> tuple[str, str]:
-    """`NAME=DIR` -> (name, directory); raises ConfigError naming the entry."""
-    name, _, directory = entry.partition("=")
-    require(bool(name) and bool(directory), f"scalable model {entry!r} must be NAME=DIR")
-    return name, directory
-
-
 class ScaleFromZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
     """Models that may have no worker (`services.router.routing.cold_start`): served with the
     tokenizer of their directory; a request no worker can take is held while the orchestrator
     is asked to start one (`WakeModel`), at most `max_held` per model, each `hold_s` at most."""
 
     models: Annotated[tuple[str, ...], flag(
-        "A model that may have zero workers, NAME=DIR (repeat): listed and tokenized from DIR; its requests wait "
-        "while the orchestrator starts a worker (the orchestrator's --scalable-model).",
+        "A model that may have zero workers, NAME=DIR or NAME=DIR@1p1d (repeat): listed and tokenized from DIR; "
+        "its requests wait while the orchestrator starts its workers (the orchestrator's --scalable-model; with "
+        "@<P>p<D>d they wait for a prefill worker too, to be served disaggregated).",
         name="--scalable-model")] = ()
     hold_s: Annotated[float, flag(
         "Seconds a scalable model's request waits for a worker to start; then 503 with Retry-After.",
@@ -192,12 +187,16 @@ class ScaleFromZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
     ask_every_s: float = 10.0  # while requests are held, the orchestrator is asked again this often
     retry_after_s: int = 5  # the Retry-After of a held request's 503
 
+    def scalable(self) -> dict[str, ScalableModel]:
+        """Each scalable model, by name (`shared.scalable_models`)."""
+        return scalable_models(self.models)
+
     def directories(self) -> dict[str, str]:
         """Each scalable model's directory, by name."""
-        return dict(scalable_model(entry) for entry in self.models)
+        return {name: model.directory for name, model in self.scalable().items()}
 
     def validate(self) -> None:
-        self.directories()
+        self.scalable()
         require(self.hold_s > 0 and self.ask_every_s > 0, "cold start waits must be positive")
         require(self.max_held >= 1 and self.retry_after_s >= 1, "cold start queue and Retry-After must be positive")
 

@@ -12,6 +12,7 @@ from services.orchestrator.idle_models import IdleModel, IdleModels
 from services.router.config import ScaleFromZeroConfig
 from services.router.routing.cold_start import ColdStarts, Hold, HoldRefused
 from shared.config import ConfigError
+from shared.scalable_models import ScalableModel
 from shared.schemas.orchestrator import OrchestratorCommand, WakeModel
 
 
@@ -112,7 +113,8 @@ def test_a_wake_is_refused_without_a_launcher_or_past_the_budget() -> None:
 
 def test_scalable_models_are_name_equals_directory_and_need_a_launcher() -> None:
     assert ScaleFromZeroConfig(models=("small=/models/small",)).directories() == {"small": "/models/small"}
-    assert ScaleToZeroConfig(models=("a=/m/a", "b=/m/b")).directories() == {"a": "/m/a", "b": "/m/b"}
+    assert ScaleToZeroConfig(models=("a=/m/a", "b=/m/b")).scalable() == {
+        "a": ScalableModel(name="a", directory="/m/a"), "b": ScalableModel(name="b", directory="/m/b")}
     with pytest.raises(ConfigError, match="NAME=DIR"):
         ScaleFromZeroConfig(models=("small",)).validate()
     with pytest.raises(ConfigError, match="launcher"):

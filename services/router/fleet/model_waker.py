@@ -31,13 +31,24 @@ class ModelWaker:
         self._asking: set[asyncio.Task[None]] = set()
         self._refusals: dict[str, str] = {}
         self._answered = asyncio.Event()  # set (and replaced) at each answer
+        self._waking: dict[str, int] = {}  # each model's wake requests not yet answered
         self.asked = 0  # wake requests sent
 
     def wake(self, model: str) -> None:
         self.asked += 1
+        self._waking[model] = self._waking.get(model, 0) + 1
         task = asyncio.create_task(self._ask(model), name=f"wake:{model}")
         self._asking.add(task)
         task.add_done_callback(self._asking.discard)
+
+    def waking(self, model: str) -> bool:
+        """Whether a wake of `model` is under way (asked, not yet answered or given up)."""
+        return model in self._waking
+
+    def _answered_one(self, model: str) -> None:
+        left = self._waking.pop(model, 1) - 1
+        if left:
+            self._waking[model] = left
 
     async def wait_for_answer(self, timeout_s: float) -> None:
         """Return when the orchestrator answers a wake, or after `timeout_s`."""
@@ -58,6 +69,8 @@ class ModelWaker:
         except Exception as error:  # no orchestrator, a timeout: the held requests wait on membership anyway
             log.warning("asking for a worker of model %s: %s %s", model, type(error).__name__, error)
             return
+        finally:  # before the answer wakes the held requests: they see the wake is over
+            self._answered_one(model)
         outcome = self._outcomes.decode_or_none(reply.data, self._subject)
         if outcome is None:
             return

@@ -24,7 +24,7 @@ A request waits up to `worker_wait_s` (from its arrival) for a worker that can t
 scalable model's request (`ScaleFromZeroConfig`) that no worker can take is held instead
 (`routing.cold_start`: a bounded number per model, each up to `hold_s`; past either, 503 with
 `Retry-After`) while the orchestrator is asked for a worker (`fleet.model_waker`), and routed
-when one registers.
+when one registers (a disaggregated one's, once its prefill worker did too: `awaits_prefill`).
 A worker lost before or during generation is replaced through `resume()` (the
 `Generation` decides when): the continuation is routed like a new request, minus the
 workers already lost, without admission control or cache threshold (it was admitted),
@@ -131,9 +131,7 @@ class Dispatcher:
         self._max_attempts = max_attempts
         self.admission = AdmissionGate(admission, pool.views, clock, retry_after=routing.retry_after_s)
         self._scale_from_zero = scale_from_zero
-        self._cold_starts = ColdStarts(models=frozenset(scale_from_zero.directories()),
-                                       max_held=scale_from_zero.max_held, hold_s=scale_from_zero.hold_s,
-                                       ask_every_s=scale_from_zero.ask_every_s)
+        self._cold_starts = ColdStarts.of(scale_from_zero)
         assert waker is not None or not self._cold_starts.models, "scalable models need a waker"
         metrics.held.set_function(self._cold_starts.total_held)
         self._waker = waker
@@ -255,6 +253,10 @@ class Dispatcher:
             while True:
                 views, outcome, route, kv, cache = self._attempt(params, excluded, admit=admit, threshold=threshold,
                                                                  span=span)
+                if hold is not None and isinstance(outcome, RoutePlan) and self._waker is not None and \
+                        self._cold_starts.awaits_prefill(params.model, views, whole=outcome.prefill_worker_id is None,
+                                                         waking=self._waker.waking(params.model)):
+                    outcome = None  # its decode worker is up first: wait for the prefill one
                 if isinstance(outcome, RoutePlan):
                     _note_route(params, span, outcome.flow, outcome.reason)
                     if not params.route.compat_hash:
