@@ -3,7 +3,8 @@ nats-server and real sim workers, with the orchestrator's side of `orchestrator.
 by the test: held requests are answered once the worker the wake asked for registers (one
 wake for all of them), as is one refused by a worker that began its idle drain; past the queue bound a request is a 503 with `Retry-After` at once;
 the orchestrator's refusal ends the hold at once; with nobody to answer, the hold ends at its
-deadline, a 503 with `Retry-After`, never a hang."""
+deadline, a 503 with `Retry-After`, never a hang. A P/D model's (`@1p1d`) held requests wait
+for its prefill worker when the decode worker registers first, and are served disaggregated."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import httpx
 import pytest
 from nats.aio.msg import Msg
 
-from services.router.config import ScaleFromZeroConfig
+from services.router.config import RoutingConfig, ScaleFromZeroConfig
 from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
+from shared.schemas import WorkerRole
 from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand, WakeModel
 from tests.integration.router_cluster import (
     DEADLINE_S,
@@ -151,6 +153,38 @@ async def test_with_no_orchestrator_the_hold_ends_at_its_deadline(bus_config: Bu
     assert answer.status_code == 503 and int(answer.headers["Retry-After"]) >= 1, answer.text
     assert "started within 1s" in answer.json()["error"]["message"]
     assert 1.0 <= waited < DEADLINE_S
+
+
+def route_decisions(text: str, flow: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tandem_router_route_decisions_total{") and f'flow="{flow}"' in line)
+
+
+async def test_a_pd_models_held_requests_wait_for_its_prefill_worker_when_the_decode_one_comes_first(
+        bus: Bus, bus_config: BusConfig, model_dir: str, start_worker) -> None:
+    scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}@1p1d",), hold_s=20.0)
+    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(local_prefill_tokens=0))
+    async with running_router(config) as router:
+
+        async def decode_first() -> SimWorker:
+            decode = await start_worker("cold-decode", role=WorkerRole.DECODE, served_model_name=MODEL)
+            await wait_for_workers(router, 1)  # without the wait for prefill, the held requests go whole to it now
+            await start_worker("cold-prefill", role=WorkerRole.PREFILL, served_model_name=MODEL)
+            await wait_for_workers(router, 2)
+            return decode
+
+        async with FakeOrchestrator(bus, bus_config, decode_first) as fake:
+            requests = [asyncio.create_task(complete(router.http, seed)) for seed in range(3)]
+
+            async def three_held() -> bool:
+                return held(await metrics_text(router)) == 3
+
+            await wait_for(three_held, DEADLINE_S, "three requests held")
+            fake.gate.set()
+            answers = await asyncio.wait_for(asyncio.gather(*requests), DEADLINE_S * 2)
+        assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
+        text = await metrics_text(router)
+        assert (route_decisions(text, "disaggregated"), route_decisions(text, "single")) == (3, 0), text
 
 
 async def test_without_scale_from_zero_an_unserved_model_is_a_404(router: Router) -> None:

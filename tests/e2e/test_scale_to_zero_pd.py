@@ -1,0 +1,125 @@
+"""Scale to zero for a disaggregated model: a P/D model with no worker is served disaggregated
+once the orchestrator starts its prefill and decode workers, and goes back to no worker when
+idle (the whole stack as processes, the official `openai` client).
+
+The stack has no worker at all. `pd` (another vocabulary) is a scalable model declared
+`pd=DIR@1p1d`, given alike to the router and the orchestrator (`StackConfig.scalable_models`);
+the orchestrator has a local launcher and `--scale-to-zero-after`, the router splits every
+request it can (`--local-prefill-tokens 0`). Concurrent requests to `pd` are held, one wake
+starts a prefill and a decode worker together, and every request is answered in full, each
+one disaggregated: its request record says so, and the decode worker's transfer records show
+it pulled each prompt's KV from the prefill worker. With no traffic, both workers are drained
+and stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import msgspec
+import openai
+import pytest
+
+from launch.stack import LocalStack
+from shared.bus import connect
+from shared.nats_server import EmbeddedNats, pid_alive
+from shared.schemas import TransferRecord
+from shared.subjects import Subjects
+from shared.tiny_model import generate_tiny_model
+from tests.e2e.conftest import ALWAYS_DISAGGREGATE
+from tests.e2e.test_scale_to_zero import workers_of
+from tests.stack_fixtures import collect, make_stack, records_arrived, request_records, running
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+CONCURRENT = 8
+MAX_TOKENS = 6
+IDLE_S = 4.0
+SCALE_DOWN_BOUND_S = 10.0  # past the idle time: the scaler's look, both drains, the deregistrations
+BLOCK = 16  # the workers' default block size: a prompt of whole blocks has KV to pull
+
+
+@pytest.fixture(scope="module")
+def pd_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("models") / "pd"
+    generate_tiny_model(str(path), vocab_size=1024)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pd_zero_stack(nats_server: EmbeddedNats, tiny_model_dir: str, pd_model_dir: str,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    log_dir = tmp_path_factory.mktemp("scale-to-zero-pd")
+    stack = make_stack(nats_server, tiny_model_dir, log_dir, workers=0,
+                       router_args=(*ALWAYS_DISAGGREGATE, "--cold-start-wait", "60"))
+    settings = {"launcher": "local", "worker_model_dir": tiny_model_dir, "worker_log_dir": str(log_dir),
+                "scale_to_zero_after": IDLE_S}
+    stack.config = msgspec.structs.replace(stack.config, orchestrator_settings=settings,
+                                           scalable_models={"pd": f"{pd_model_dir}@1p1d"})
+    with running(stack) as local:
+        yield local
+
+
+async def first_token_after(client: openai.AsyncOpenAI, prompt: list[int], started: float) -> tuple[float, int]:
+    """Seconds from `started` to the first token, and the completion tokens."""
+    stream = await client.completions.create(model="pd", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+    first, tokens, finish = None, 0, None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if first is None and choice.text:
+                first = time.monotonic() - started
+            finish = choice.finish_reason or finish
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    assert finish == "length" and first is not None, finish
+    return first, tokens
+
+
+async def test_a_pd_model_at_zero_is_served_disaggregated_once_both_workers_start_and_returns_to_zero(
+        pd_zero_stack: LocalStack, openai_client) -> None:
+    stack = pd_zero_stack
+    client = openai_client(stack.router_url, timeout=90)
+    assert await workers_of(stack, "pd") == []
+    prompts = [[3 + (index * 37 + i * 11) % 1000 for i in range(2 * BLOCK + index)] for index in range(CONCURRENT)]
+
+    async with request_records(stack, "pd-records") as records, \
+            await connect(stack.nats_url, "pd-transfers") as bus:
+        transfers = await collect(bus, TransferRecord, Subjects(stack.config.namespace).kv_transfers_all)
+        started = time.monotonic()
+        answers = await asyncio.gather(*(first_token_after(client, prompt, started) for prompt in prompts))
+        assert [tokens for _, tokens in answers] == [MAX_TOKENS] * CONCURRENT, answers  # none lost
+        await records_arrived(records, CONCURRENT)
+        await wait_for(lambda: len(transfers) >= CONCURRENT, 5,
+                       lambda: f"{CONCURRENT} transfer records ({len(transfers)} arrived)")
+    answered_at = time.monotonic()
+    workers = {worker_id: (pid, launched) for worker_id, pid, launched in await workers_of(stack, "pd")}
+    roles = sorted(worker_id.split("-")[1] for worker_id in workers)
+    assert roles == ["decode", "prefill"] and all(launched for _, launched in workers.values()), workers
+    [prefill] = [worker_id for worker_id in workers if "-prefill-" in worker_id]
+    [decode] = [worker_id for worker_id in workers if "-decode-" in worker_id]
+    assert [(record.model, record.outcome, record.flow) for record in records] == \
+        [("pd", "ok", "disaggregated")] * CONCURRENT, records
+    assert all(record.worker_id == decode for record in records), records
+    pulls = [t for t in transfers if t.worker_id == decode and t.peer_worker_id == prefill and t.outcome == "done"]
+    assert len(pulls) >= CONCURRENT and all(t.blocks_ok >= 2 for t in pulls), transfers
+    first_tokens = sorted(first for first, _ in answers)
+    print(f"\nP/D scale from zero: {CONCURRENT} concurrent requests, all answered ({MAX_TOKENS} tokens each), "
+          f"disaggregated over the started {prefill} and {decode} ({len(pulls)} KV pulls); first request to first "
+          f"token {first_tokens[0]:.2f} s (last request's first token {first_tokens[-1]:.2f} s)")
+
+    async def at_zero() -> bool:
+        return await workers_of(stack, "pd") == []
+
+    waited = await wait_for(at_zero, IDLE_S + SCALE_DOWN_BOUND_S, "the idle P/D model back to zero workers",
+                            interval_s=0.2)
+    scaled_down_s = time.monotonic() - answered_at
+    await wait_for(lambda: not any(pid_alive(pid) for pid, _ in workers.values()), 5,
+                   "both stopped workers' processes to be gone")
+    print(f"P/D scale to zero: no worker of pd {scaled_down_s:.2f} s after the last answer "
+          f"(idle time {IDLE_S:g} s; waited {waited:.2f} s)")
+    assert scaled_down_s >= IDLE_S - 1.0, f"scaled down {scaled_down_s:.2f} s after the last answer"
