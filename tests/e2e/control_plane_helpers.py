@@ -1,5 +1,6 @@
 """What the control-plane end-to-end tests share: sending an orchestrator command the way
-`tandem ctl` does (timed, for tests that bound how long the orchestrator takes to answer),
+`tandem ctl` does (timed, for tests that bound how long the orchestrator takes to answer;
+a model's registered workers, for the scale-to-zero tests),
 and a pool of streaming clients that keep a stack busy and record every answer (so a test
 can tell that none failed or came back short)."""
 
@@ -13,11 +14,18 @@ import openai
 
 from cli.ctl import send
 from launch.stack import LocalStack
-from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand
+from shared.schemas.orchestrator import CommandOutcome, ListWorkers, OrchestratorCommand
 
 
 async def command(stack: LocalStack, order: OrchestratorCommand, timeout_s: float = 30.0) -> CommandOutcome:
     return await send(order, stack.nats_url, stack.config.namespace, timeout_s)
+
+
+async def workers_of(stack: LocalStack, model: str) -> list[tuple[str, int, bool]]:
+    """(worker id, pid, launched by the orchestrator) of each registered worker of `model`."""
+    listing = await command(stack, ListWorkers())
+    return [(s.registration.worker_id, s.registration.pid, s.launched) for s in listing.workers
+            if s.registration.model == model]
 
 
 async def timed_command(stack: LocalStack, order: OrchestratorCommand,

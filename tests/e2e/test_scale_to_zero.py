@@ -24,9 +24,8 @@ import pytest
 
 from launch.stack import LocalStack
 from shared.nats_server import EmbeddedNats, pid_alive
-from shared.schemas.orchestrator import ListWorkers
 from shared.tiny_model import generate_tiny_model
-from tests.e2e.control_plane_helpers import command
+from tests.e2e.control_plane_helpers import workers_of
 from tests.stack_fixtures import make_stack, running
 from tests.waiting import wait_for
 
@@ -60,13 +59,6 @@ def zero_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_dir: 
                                            scalable_models={"small": small_model_dir})
     with running(stack) as local:
         yield local
-
-
-async def workers_of(stack: LocalStack, model: str) -> list[tuple[str, int, bool]]:
-    """(worker id, pid, launched by the orchestrator) of each registered worker of `model`."""
-    listing = await command(stack, ListWorkers())
-    return [(s.registration.worker_id, s.registration.pid, s.launched) for s in listing.workers
-            if s.registration.model == model]
 
 
 async def first_token_after(client: openai.AsyncOpenAI, prompt: list[int], started: float) -> tuple[float, str, int]:

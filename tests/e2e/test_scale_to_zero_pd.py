@@ -29,7 +29,7 @@ from shared.schemas import TransferRecord
 from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
 from tests.e2e.conftest import ALWAYS_DISAGGREGATE
-from tests.e2e.test_scale_to_zero import workers_of
+from tests.e2e.control_plane_helpers import workers_of
 from tests.stack_fixtures import collect, make_stack, records_arrived, request_records, running
 from tests.waiting import wait_for
 

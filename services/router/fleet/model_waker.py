@@ -6,7 +6,9 @@ The dispatcher calls `wake(model)` when it holds a request that no worker can ta
 worker pool's membership, not on this answer. The orchestrator's refusal (a model it does not
 start, no launcher, the worker budget) is kept as `refusal(model)`: the held requests, woken
 by the answer (`wait_for_answer`), get a 503 with `Retry-After` naming it at once, since no
-worker is coming; the next answer that is not a refusal clears it.
+worker is coming; the next answer that is not a refusal clears it. `waking(model)` says
+whether an ask is still unanswered (a P/D model's held requests wait for its prefill worker
+meanwhile: `cold_start.awaits_prefill`).
 """
 
 from __future__ import annotations
