@@ -170,7 +170,8 @@ def wake(ctx: typer.Context,
          model: Annotated[str, typer.Argument(help="A scalable model (the orchestrator's --scalable-model).")],
          nats_url: NatsUrl = "nats://127.0.0.1:4222", namespace: Namespace = "tandem",
          timeout: Timeout = 120.0) -> None:
-    """Start a worker of a scalable model that has none, as a router holding its requests does."""
+    """Start a scalable model's workers when it has none (one worker, or its prefill and decode
+    workers for NAME=DIR@1p1d), as a router holding its requests does."""
     _report(_issue(ctx, commands.WakeModel(model=model), nats_url, namespace, timeout))
 
 
