@@ -1,6 +1,7 @@
 """What the control-plane end-to-end tests share: sending an orchestrator command the way
 `tandem ctl` does (timed, for tests that bound how long the orchestrator takes to answer;
-a model's registered workers, for the scale-to-zero tests),
+for the scale-to-zero tests: a stack with no worker whose orchestrator launches them, a
+model's registered workers, a streamed answer's first-token time),
 and a pool of streaming clients that keep a stack busy and record every answer (so a test
 can tell that none failed or came back short)."""
 
@@ -8,17 +9,56 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import msgspec
 import openai
 
 from cli.ctl import send
 from launch.stack import LocalStack
+from shared.nats_server import EmbeddedNats
 from shared.schemas.orchestrator import CommandOutcome, ListWorkers, OrchestratorCommand
+from tests.stack_fixtures import make_stack, running
 
 
 async def command(stack: LocalStack, order: OrchestratorCommand, timeout_s: float = 30.0) -> CommandOutcome:
     return await send(order, stack.nats_url, stack.config.namespace, timeout_s)
+
+
+def launching_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, scalable_models: dict[str, str],
+                    router_args: tuple[str, ...], idle_s: float) -> Iterator[LocalStack]:
+    """A running stack with no worker: its orchestrator starts the `scalable_models` (name ->
+    directory, as `--scalable-model` takes it) through a local launcher and stops them after
+    `idle_s` without a request."""
+    stack = make_stack(nats_server, model_dir, log_dir, workers=0, router_args=router_args)
+    settings = {"launcher": "local", "worker_model_dir": model_dir, "worker_log_dir": str(log_dir),
+                "scale_to_zero_after": idle_s}
+    stack.config = msgspec.structs.replace(stack.config, orchestrator_settings=settings,
+                                           scalable_models=scalable_models)
+    with running(stack) as local:
+        yield local
+
+
+async def first_token_after(client: openai.AsyncOpenAI, model: str, prompt: list[int], max_tokens: int,
+                            started: float) -> tuple[float, str, int]:
+    """A streamed completion of `max_tokens` (it must end by length): seconds from `started` to
+    its first token, its text and its completion tokens."""
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+    first, text, tokens, finish = None, "", 0, None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if first is None and choice.text:
+                first = time.monotonic() - started
+            text += choice.text
+            finish = choice.finish_reason or finish
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    assert finish == "length" and first is not None, (finish, text)
+    return first, text, tokens
 
 
 async def workers_of(stack: LocalStack, model: str) -> list[tuple[str, int, bool]]:

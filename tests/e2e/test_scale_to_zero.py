@@ -18,15 +18,11 @@ import time
 from collections.abc import Iterator
 
 import httpx
-import msgspec
-import openai
 import pytest
 
 from launch.stack import LocalStack
 from shared.nats_server import EmbeddedNats, pid_alive
-from shared.tiny_model import generate_tiny_model
-from tests.e2e.control_plane_helpers import workers_of
-from tests.stack_fixtures import make_stack, running
+from tests.e2e.control_plane_helpers import first_token_after, launching_stack, workers_of
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -40,43 +36,11 @@ GHOST_ANSWER_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "small"
-    generate_tiny_model(str(path), vocab_size=1024)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def zero_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_dir: str,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    log_dir = tmp_path_factory.mktemp("scale-to-zero")
-    stack = make_stack(nats_server, tiny_model_dir, log_dir, workers=0,
-                       router_args=("--scalable-model", f"ghost={small_model_dir}",
-                                    "--cold-start-wait", "60"))
-    settings = {"launcher": "local", "worker_model_dir": tiny_model_dir, "worker_log_dir": str(log_dir),
-                "scale_to_zero_after": IDLE_S}
-    stack.config = msgspec.structs.replace(stack.config, orchestrator_settings=settings,
-                                           scalable_models={"small": small_model_dir})
-    with running(stack) as local:
-        yield local
-
-
-async def first_token_after(client: openai.AsyncOpenAI, prompt: list[int], started: float) -> tuple[float, str, int]:
-    """Seconds from `started` to the first token, the text and the completion tokens."""
-    stream = await client.completions.create(model="small", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True})
-    first, text, tokens, finish = None, "", 0, None
-    async for chunk in stream:
-        for choice in chunk.choices:
-            if first is None and choice.text:
-                first = time.monotonic() - started
-            text += choice.text
-            finish = choice.finish_reason or finish
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    assert finish == "length" and first is not None, (finish, text)
-    return first, text, tokens
+    yield from launching_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("scale-to-zero"),
+                               {"small": small_model_dir}, ("--scalable-model", f"ghost={small_model_dir}",
+                                                            "--cold-start-wait", "60"), IDLE_S)
 
 
 async def test_a_model_at_zero_is_answered_once_a_worker_starts_and_returns_to_zero(
@@ -90,7 +54,7 @@ async def test_a_model_at_zero_is_answered_once_a_worker_starts_and_returns_to_z
 
     started = time.monotonic()
     prompts = [[3 + (index * 37 + i * 11) % 1000 for i in range(24 + index)] for index in range(CONCURRENT)]
-    answers = await asyncio.gather(*(first_token_after(client, prompt, started) for prompt in prompts))
+    answers = await asyncio.gather(*(first_token_after(client, "small", prompt, MAX_TOKENS, started) for prompt in prompts))
     assert all(tokens == MAX_TOKENS for _, _, tokens in answers), answers
     first_tokens = sorted(first for first, _, _ in answers)
     answered_at = time.monotonic()
@@ -114,7 +78,7 @@ async def test_a_model_at_zero_is_answered_once_a_worker_starts_and_returns_to_z
     assert scaled_down_s >= IDLE_S - 1.0, f"scaled down {scaled_down_s:.2f} s after the last answer"
 
     again_started = time.monotonic()
-    first, _, tokens = await first_token_after(client, prompts[0], again_started)
+    first, _, tokens = await first_token_after(client, "small", prompts[0], MAX_TOKENS, again_started)
     assert tokens == MAX_TOKENS
     print(f"scale from zero again: first token after {first:.2f} s")
 

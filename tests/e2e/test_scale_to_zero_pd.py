@@ -18,8 +18,6 @@ import asyncio
 import time
 from collections.abc import Iterator
 
-import msgspec
-import openai
 import pytest
 
 from launch.stack import LocalStack
@@ -27,10 +25,9 @@ from shared.bus import connect
 from shared.nats_server import EmbeddedNats, pid_alive
 from shared.schemas import TransferRecord
 from shared.subjects import Subjects
-from shared.tiny_model import generate_tiny_model
 from tests.e2e.conftest import ALWAYS_DISAGGREGATE
-from tests.e2e.control_plane_helpers import workers_of
-from tests.stack_fixtures import collect, make_stack, records_arrived, request_records, running
+from tests.e2e.control_plane_helpers import first_token_after, launching_stack, workers_of
+from tests.stack_fixtures import collect, records_arrived, request_records
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -43,41 +40,11 @@ BLOCK = 16  # the workers' default block size: a prompt of whole blocks has KV t
 
 
 @pytest.fixture(scope="module")
-def pd_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "pd"
-    generate_tiny_model(str(path), vocab_size=1024)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def pd_zero_stack(nats_server: EmbeddedNats, tiny_model_dir: str, pd_model_dir: str,
+def pd_zero_stack(nats_server: EmbeddedNats, tiny_model_dir: str, small_model_dir: str,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    log_dir = tmp_path_factory.mktemp("scale-to-zero-pd")
-    stack = make_stack(nats_server, tiny_model_dir, log_dir, workers=0,
-                       router_args=(*ALWAYS_DISAGGREGATE, "--cold-start-wait", "60"))
-    settings = {"launcher": "local", "worker_model_dir": tiny_model_dir, "worker_log_dir": str(log_dir),
-                "scale_to_zero_after": IDLE_S}
-    stack.config = msgspec.structs.replace(stack.config, orchestrator_settings=settings,
-                                           scalable_models={"pd": f"{pd_model_dir}@1p1d"})
-    with running(stack) as local:
-        yield local
-
-
-async def first_token_after(client: openai.AsyncOpenAI, prompt: list[int], started: float) -> tuple[float, int]:
-    """Seconds from `started` to the first token, and the completion tokens."""
-    stream = await client.completions.create(model="pd", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True})
-    first, tokens, finish = None, 0, None
-    async for chunk in stream:
-        for choice in chunk.choices:
-            if first is None and choice.text:
-                first = time.monotonic() - started
-            finish = choice.finish_reason or finish
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    assert finish == "length" and first is not None, finish
-    return first, tokens
+    yield from launching_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp("scale-to-zero-pd"),
+                               {"pd": f"{small_model_dir}@1p1d"}, (*ALWAYS_DISAGGREGATE, "--cold-start-wait", "60"),
+                               IDLE_S)
 
 
 async def test_a_pd_model_at_zero_is_served_disaggregated_once_both_workers_start_and_returns_to_zero(
@@ -91,8 +58,8 @@ async def test_a_pd_model_at_zero_is_served_disaggregated_once_both_workers_star
             await connect(stack.nats_url, "pd-transfers") as bus:
         transfers = await collect(bus, TransferRecord, Subjects(stack.config.namespace).kv_transfers_all)
         started = time.monotonic()
-        answers = await asyncio.gather(*(first_token_after(client, prompt, started) for prompt in prompts))
-        assert [tokens for _, tokens in answers] == [MAX_TOKENS] * CONCURRENT, answers  # none lost
+        answers = await asyncio.gather(*(first_token_after(client, "pd", prompt, MAX_TOKENS, started) for prompt in prompts))
+        assert [tokens for _, _, tokens in answers] == [MAX_TOKENS] * CONCURRENT, answers  # none lost
         await records_arrived(records, CONCURRENT)
         await wait_for(lambda: len(transfers) >= CONCURRENT, 5,
                        lambda: f"{CONCURRENT} transfer records ({len(transfers)} arrived)")
@@ -107,7 +74,7 @@ async def test_a_pd_model_at_zero_is_served_disaggregated_once_both_workers_star
     assert all(record.worker_id == decode for record in records), records
     pulls = [t for t in transfers if t.worker_id == decode and t.peer_worker_id == prefill and t.outcome == "done"]
     assert len(pulls) >= CONCURRENT and all(t.blocks_ok >= 2 for t in pulls), transfers
-    first_tokens = sorted(first for first, _ in answers)
+    first_tokens = sorted(first for first, _, _ in answers)
     print(f"\nP/D scale from zero: {CONCURRENT} concurrent requests, all answered ({MAX_TOKENS} tokens each), "
           f"disaggregated over the started {prefill} and {decode} ({len(pulls)} KV pulls); first request to first "
           f"token {first_tokens[0]:.2f} s (last request's first token {first_tokens[-1]:.2f} s)")
