@@ -30,11 +30,31 @@ POLL_S = 0.05
 
 
 def free_port(host: str) -> int:
-    """A port nothing listens on now, for a service asked to pick one (port 0): the launcher
-    needs to know the port to probe the service's health."""
+    """A port nothing listens on now (it may be taken the next moment: for a service's own
+    port use `reserve_port`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def reserve_port(host: str) -> socket.socket:
+    """A free port for a service asked to pick one (port 0), held until the service listens
+    on it: the launcher needs the port to probe the service's health, and a port only looked
+    up could be taken, before the service binds it, by any program's bind or outgoing
+    connection. The socket is bound, never listening, with SO_REUSEADDR and SO_REUSEPORT, so
+    the service (whose sockets set SO_REUSEADDR) binds and listens beside it while no other
+    bind without those options succeeds and no outgoing connection gets the port. Close it
+    once the service answers (`getsockname()[1]` is the port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, 0))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _check_alive(process: ManagedProcess) -> None:

@@ -15,10 +15,12 @@ of them is ready. The first is named `router`, the others `router-2`, `router-3`
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from launch import argv
 from launch.plan import StackConfig, WorkerSpec
 from launch.process import LocalLauncher, ManagedProcess, start_or_undo
-from launch.readiness import free_port, wait_http_ok, wait_registered
+from launch.readiness import reserve_port, wait_http_ok, wait_registered
 from launch.secure_nats import operator_bus, service_env, start_embedded_nats
 from shared.nats_security import NatsSecurity
 from shared.nats_server import EmbeddedNats
@@ -28,6 +30,10 @@ CONTROL_SERVICES = ("router", "metrics", "orchestrator")
 
 def router_names(count: int) -> list[str]:
     return ["router", *(f"router-{number}" for number in range(2, count + 1))]
+
+
+def _reserved_port(reserved: ExitStack, host: str) -> int:
+    return reserved.enter_context(reserve_port(host)).getsockname()[1]
 
 
 class LocalStack:
@@ -50,29 +56,31 @@ class LocalStack:
         if not self.nats_url:
             self.nats, self.nats_security = start_embedded_nats(config)
             self.nats_url = self.nats.url
-        router_port = config.router_port or free_port(config.router_host)
-        metrics_port = config.metrics_port or free_port(config.metrics_host)
-        self.launcher.start("orchestrator", argv.orchestrator_args(config, self.nats_url), self._env("orchestrator"))
-        metrics = self.launcher.start("metrics", argv.metrics_args(config, self.nats_url, metrics_port),
-                                      self._env("metrics"))
-        for spec in config.workers:
-            self.start_worker(spec)
-        self.router_url = f"http://{config.router_host}:{router_port}"
-        routers = [self.start_router(name, router_port) for name in router_names(config.routers)]
-        self.metrics_url = f"http://{config.metrics_host}:{metrics_port}"
-        wait_http_ok(metrics, self.metrics_url + config.metrics_health, self.start_timeout_s)
-        for router in routers:
-            wait_http_ok(router, self.router_instance_urls.get(router.name, self.router_url) + config.router_health,
-                         self.start_timeout_s)
+        with ExitStack() as reserved:  # the ports picked here stay held until their services answer
+            router_port = config.router_port or _reserved_port(reserved, config.router_host)
+            metrics_port = config.metrics_port or _reserved_port(reserved, config.metrics_host)
+            self.launcher.start("orchestrator", argv.orchestrator_args(config, self.nats_url),
+                                self._env("orchestrator"))
+            metrics = self.launcher.start("metrics", argv.metrics_args(config, self.nats_url, metrics_port),
+                                          self._env("metrics"))
+            for spec in config.workers:
+                self.start_worker(spec)
+            self.router_url = f"http://{config.router_host}:{router_port}"
+            routers = [self.start_router(name, router_port, reserved) for name in router_names(config.routers)]
+            self.metrics_url = f"http://{config.metrics_host}:{metrics_port}"
+            wait_http_ok(metrics, self.metrics_url + config.metrics_health, self.start_timeout_s)
+            for router in routers:
+                wait_http_ok(router, self.router_instance_urls.get(router.name, self.router_url)
+                             + config.router_health, self.start_timeout_s)
         self.wait_workers_ready([spec.worker_id for spec in config.workers])
 
-    def start_router(self, name: str, port: int) -> ManagedProcess:
+    def start_router(self, name: str, port: int, reserved: ExitStack) -> ManagedProcess:
         """One router process on `port`; a replica (more than one router) shares it and also
-        listens on a free port of its own."""
+        listens on a free port of its own, held in `reserved` until the router answers."""
         config = self.config
         args = argv.router_args(config, self.nats_url, port)
         if config.routers > 1:
-            instance_port = free_port(config.router_host)
+            instance_port = _reserved_port(reserved, config.router_host)
             args += ["--reuse-port", "--instance-port", str(instance_port)]
             self.router_instance_urls[name] = f"http://{config.router_host}:{instance_port}"
         # the router's NATS user (when secured) is the same for every replica
