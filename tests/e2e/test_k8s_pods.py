@@ -29,7 +29,7 @@ from launch.k8s import k8s_documents
 from launch.k8s_nats import CONFIG_FILE, NATS_PORT
 from launch.k8s_secrets import make_secret_documents, user_files
 from launch.process import LocalLauncher
-from launch.readiness import free_port, wait_http_ok, wait_registered
+from launch.readiness import reserve_port, wait_http_ok, wait_registered
 from shared.config import BusConfig
 from shared.nats_security import ENV_CA_FILE, ENV_CERT_FILE, ENV_CREDS_FILE, ENV_KEY_FILE
 from tests.unit.test_k8s_manifests import named, nats_server_with
@@ -92,7 +92,8 @@ def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                       .replace('"/data"', f'"{root}/tandem-nats-0/data"'))
     launcher = LocalLauncher(root / "logs")
     with nats_server_with(config, root / "tandem-nats-0") as nats_url:
-        ports = {"router": free_port("127.0.0.1"), "metrics": free_port("127.0.0.1")}
+        held = {component: reserve_port("127.0.0.1") for component in ("router", "metrics")}  # until the router answers
+        ports = {component: sock.getsockname()[1] for component, sock in held.items()}
         nats_url = nats_url.replace("tls://", "nats://")  # as the services are given it: TLS from the CA file
         swaps = {f"nats://tandem-nats:{NATS_PORT}": nats_url}
         started: dict[str, dict] = {}
@@ -132,10 +133,14 @@ def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             wait_registered(bus, definition.namespace, workers, timeout_s=60)
             router = launcher.processes["tandem-router-0"]
             wait_http_ok(router, f"http://127.0.0.1:{ports['router']}/ready", timeout_s=60)
+            for sock in held.values():
+                sock.close()
             api_key = base64.b64decode(named(secrets, "Secret", "tandem-api-key")["data"]["api-key"]).decode()
             yield {"launcher": launcher, "ports": ports, "started": started, "api_key": api_key.strip(),
                    "nats_port": int(nats_url.rsplit(":", 1)[1])}
         finally:
+            for sock in held.values():
+                sock.close()
             launcher.stop_all(timeout_s=20)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from launch.process import LocalLauncher, ManagedProcess
-from launch.readiness import free_port, wait_http_ok, wait_registered
+from launch.readiness import reserve_port, wait_http_ok, wait_registered
 from shared.bus import connect
 from shared.lifecycle import die_with_parent
 from shared.nats_server import EmbeddedNats
@@ -95,13 +95,14 @@ async def test_pd_across_simulated_hosts_moves_kv_over_their_network(hosts: Simu
     try:
         workers = {"p1": start_worker(launcher, prefill_host, "p1", "prefill", nats.url, namespace, tiny_model_dir),
                    "d1": start_worker(launcher, decode_host, "d1", "decode", nats.url, namespace, tiny_model_dir)}
-        port = free_port("127.0.0.1")
-        router = launcher.start("router", ["router", "--nats-url", nats.url, "--namespace", namespace,
-                                           "--host", "127.0.0.1", "--port", str(port), "--model-dir", tiny_model_dir,
-                                           "--local-prefill-tokens", "0", "--heartbeat-interval", "0.5",
-                                           "--ttl", "3"])
-        router_url = f"http://127.0.0.1:{port}"
-        wait_http_ok(router, router_url + "/health", START_TIMEOUT_S)
+        with reserve_port("127.0.0.1") as held:  # until the router answers
+            port = held.getsockname()[1]
+            router = launcher.start("router", ["router", "--nats-url", nats.url, "--namespace", namespace,
+                                               "--host", "127.0.0.1", "--port", str(port), "--model-dir",
+                                               tiny_model_dir, "--local-prefill-tokens", "0",
+                                               "--heartbeat-interval", "0.5", "--ttl", "3"])
+            router_url = f"http://127.0.0.1:{port}"
+            wait_http_ok(router, router_url + "/health", START_TIMEOUT_S)
         wait_registered(nats.url, namespace, workers, START_TIMEOUT_S)
         await check_pd_answers(hosts, nats, namespace, router_url, tiny_model_dir, openai_client)
     finally:

@@ -35,7 +35,7 @@ import psutil
 
 from bench.serve.peer import HOST, server_argv
 from launch.process import LocalLauncher
-from launch.readiness import free_port, wait_http_ok
+from launch.readiness import reserve_port, wait_http_ok
 from services.worker.vllm.options import VllmEngineOptions
 from tests.stack_fixtures import group_members
 
@@ -57,20 +57,25 @@ def vllm_openai_server(options: VllmEngineOptions, log_dir: str | Path, server_a
         # workers drop it (services/worker/vllm/environment.py), so the server must not see it.
         raise RuntimeError("unset VLLM_CPU_KVCACHE_SPACE: the KV cache size comes from the engine options")
     launcher = LocalLauncher(log_dir)
-    port = free_port(HOST)
-    server = launcher.start_program(SERVER_NAME, [*server_argv(options, port), *server_args],
-                                    {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind, **(server_env or {})})
     descendants: list[psutil.Process] = []
+    server_pid = 0
     try:
-        url = f"http://{HOST}:{port}"
-        wait_http_ok(server, f"{url}/health", start_timeout_s)
+        with reserve_port(HOST) as held:  # until the server answers (vLLM binds with SO_REUSEADDR beside it)
+            port = held.getsockname()[1]
+            server = launcher.start_program(SERVER_NAME, [*server_argv(options, port), *server_args],
+                                            {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind,
+                                             **(server_env or {})})
+            server_pid = server.pid
+            url = f"http://{HOST}:{port}"
+            wait_http_ok(server, f"{url}/health", start_timeout_s)
         yield url
     finally:
-        descendants = _descendants(server.pid)  # EngineCore and its model worker, taken before the stop
+        if server_pid:  # EngineCore and its model worker, taken before the stop
+            descendants = _descendants(server_pid)
         launcher.stop_all(timeout_s=STOP_TIMEOUT_S)
     # the server is gone; its engine processes exit once they see it: a bounded wait
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while (left := _left_behind(descendants, server.pid)) and time.monotonic() < deadline:
+    while (left := _left_behind(descendants, server_pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"processes of vLLM's OpenAI server left behind: {sorted(set(left))}"
 
