@@ -22,6 +22,10 @@ router's request records (`requests.events`) over the last `window_s`, calls the
   ScaleDown -> RemoveWorker (drain, then stop). A refused or failed command is logged; the
   planner's cooldowns hold it back from retrying at once.
 
+Workers of a scalable model (`--scalable-model`) and that model's requests are not the
+planner's: its scaler starts and stops them with its requests, so the planner neither counts
+them nor acts on them.
+
 Operator commands (`tandem ctl`, on the command subject) are watched here too: each one that
 names a worker marks it operator-touched, and the planner leaves it alone for
 `operator_hold_s`. The planner's own commands go straight to the control plane, not over
@@ -105,7 +109,10 @@ class PlannerLoop:
         self._config = config.planner
         self._bus = bus
         self._subjects = config.bus.subjects
-        self._members = members
+        # A scalable model's workers come and go with its requests (`model_scaler`, `model_wake`):
+        # the planner leaves them, and that model's requests, alone.
+        self._scaled_models = frozenset(config.scale_to_zero.scalable())
+        self._all_members = members
         self._control = control
         self._clock = clock
         self._wall = wall
@@ -154,6 +161,11 @@ class PlannerLoop:
 
     # ---- inputs ----------------------------------------------------------------------
 
+    def _members(self) -> dict[str, WorkerRegistration]:
+        """The workers the planner plans: every member but those of a scalable model."""
+        return {worker_id: registration for worker_id, registration in self._all_members().items()
+                if registration.model not in self._scaled_models}
+
     def on_member(self, event: MemberEvent) -> None:
         self._loads.on_member(event)
         if event.change is MemberChange.LEFT:
@@ -161,7 +173,8 @@ class PlannerLoop:
             self._measured.pop(event.worker_id, None)
 
     def _on_snapshot(self, snapshot: LoadSnapshot) -> None:
-        if snapshot.worker_id not in self._members():
+        registration = self._all_members().get(snapshot.worker_id)
+        if registration is None or registration.model in self._scaled_models:
             return
         history = self._history.setdefault(snapshot.worker_id, deque())
         history.append(snapshot)
@@ -170,7 +183,9 @@ class PlannerLoop:
 
     async def _on_record(self, msg: Msg) -> None:
         record = self._records.decode_or_none(msg.data, msg.subject)
-        figures = sample(record, self._clock()) if record is not None else None
+        if record is None or record.model in self._scaled_models:
+            return
+        figures = sample(record, self._clock())
         if figures is not None:
             self._samples.append(figures)
 
@@ -206,7 +221,7 @@ class PlannerLoop:
     async def tick(self) -> PlannerDecision:
         now = self._clock()
         self._trim(now)
-        members = dict(self._members())
+        members = self._members()
         if self._acting is not None and not self._acting.done():
             return await self._undecided(f"still carrying out {self._acting_on}: no decision")
         paused = "a rolling upgrade is running" if upgrade_running(self._control) else ""

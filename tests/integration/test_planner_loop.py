@@ -13,7 +13,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig, WorkerLauncherConfig
+from services.orchestrator.config import (
+    OrchestratorConfig,
+    PlannerLoopConfig,
+    ScaleToZeroConfig,
+    WorkerLauncherConfig,
+)
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
 from shared.bus import Bus, connect
@@ -67,7 +72,7 @@ async def long_generations(bus: Bus, bus_config: BusConfig, worker_id: str, coun
 @contextlib.asynccontextmanager
 async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: float = 0.5,
                   load: bool = True, records: Sequence[RequestRecord] = (),
-                  launcher: str = "local") -> AsyncIterator[Cluster]:
+                  launcher: str = "local", scalable: tuple[str, ...] = ()) -> AsyncIterator[Cluster]:
     """p1, p2 (prefill) and d1 (decode) with d1's batch full, then the orchestrator and its
     planner (so that its first tick sees the load: the idle prefill workers' cold trend and
     the decode worker's hot one start together). `records` are published as soon as the
@@ -93,7 +98,8 @@ async def cluster(bus: Bus, bus_config: BusConfig, dry_run: bool, sustain_s: flo
         # a launcher (none is started here) lets the planner add and stop workers, not only switch
         config = OrchestratorConfig(bus=bus_config, membership=MEMBERSHIP, command_timeout_s=2.0,
                                     planner=planner(dry_run, sustain_s),
-                                    launcher=WorkerLauncherConfig(kind=launcher, model_dir="unused-model-dir"))
+                                    launcher=WorkerLauncherConfig(kind=launcher, model_dir="unused-model-dir"),
+                                    scale_to_zero=ScaleToZeroConfig(models=scalable))
         orchestrator = OrchestratorService(config, orchestrator_bus)
         await orchestrator.start()
         stack.push_async_callback(orchestrator.stop)
@@ -146,6 +152,19 @@ async def test_decode_bottleneck_switches_a_prefill_worker_to_decode(bus: Bus, b
         assert planner is not None and planner.counts["switch_role"] == 1
         await wait_for(lambda: len(planner.outcomes) == 1, 5, "the switch's outcome")
         assert planner.outcomes[0].ok, planner.outcomes[0]
+
+
+async def test_a_scalable_models_workers_are_not_the_planners(bus: Bus, bus_config: BusConfig) -> None:
+    """The same decode bottleneck, but the workers serve a scalable model (its scaler starts
+    and stops them): the planner counts none of them and acts on none."""
+    async with cluster(bus, bus_config, dry_run=False, scalable=("tiny=unused-model-dir@2p1d",)) as (
+            orchestrator, workers, events):
+        await wait_for(lambda: len(events) >= 10, 10, "ten ticks")
+        assert not any(e.actions for e in events), [e for e in events if e.actions]
+        assert all("no active prefill or decode worker: no decision" in e.notes for e in events), events[-1:]
+        for worker_id in ("p1", "p2"):
+            registration = orchestrator.control.registration(worker_id)
+            assert registration is not None and registration.role is WorkerRole.PREFILL
 
 
 async def test_dry_run_publishes_the_decision_and_changes_nothing(bus: Bus, bus_config: BusConfig) -> None:
