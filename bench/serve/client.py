@@ -73,10 +73,15 @@ async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt:
             async with client.stream("POST", path, json=body) as response:
                 stream = DataEvents(response)
                 async for chunk in stream.events():
-                    texts = [choice_text(choice) for choice in chunk.get("choices") or ()]
+                    choices = chunk.get("choices") or ()
+                    texts = [choice_text(choice) for choice in choices]
                     if any(texts):
                         record.text_chunk_at.append(time.monotonic())
                         record.text.extend(texts)
+                    elif not record.text_chunk_at and any(choice.get("finish_reason") for choice in choices):
+                        # every token so far decoded to no text (a special token, or a character's
+                        # first bytes, held back and never completed): the end is the first token
+                        record.text_chunk_at.append(time.monotonic())
                     usage = chunk.get("usage") or usage
                 if stream.error:
                     record.error = stream.error
@@ -88,15 +93,15 @@ async def stream_request(client: httpx.AsyncClient, shape: RequestShape, prompt:
     except Exception as error:  # any failure is one counted error: the run goes on
         record.error = type(error).__name__
         return
-    if not record.text_chunk_at:
-        record.error = "no text"
-    elif usage:
+    if usage:
         record.output_tokens = int(usage.get("completion_tokens") or 0)
         record.prompt_tokens = usage.get("prompt_tokens")
     else:
         # Tandem's router sends usage (stream_options.include_usage); an endpoint that does not
         # gets one token per text chunk, which undercounts servers that batch tokens in a chunk.
         record.output_tokens = len(record.text_chunk_at)
+    if not record.text_chunk_at or not record.output_tokens:
+        record.error = "no tokens"
 
 
 class DataEvents:
