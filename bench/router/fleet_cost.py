@@ -22,12 +22,14 @@ Prints one JSON document on stdout, progress on stderr. Not a test.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -36,6 +38,8 @@ import httpx
 from bench.router.load import process_cpu_s
 from launch.plan import StackConfig
 from launch.stack import LocalStack, router_names
+from shared.bus import connect
+from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
 
 HEARTBEAT_S = 1.0  # the scale test's settings: what a cluster this size would run (docs/scale.md)
@@ -85,13 +89,26 @@ def wait_all_registered(stack: LocalStack, count: int, fleet_alive) -> float:
             time.sleep(0.2)
 
 
-def cpu_per_s(pids: Mapping[str, int], window_s: float) -> dict[str, float]:
-    """Each process's CPU seconds per second (cores) over one window of `window_s`."""
-    before = {name: process_cpu_s(pid) for name, pid in pids.items()}
-    started = time.monotonic()
-    time.sleep(window_s)  # the measurement window itself
-    elapsed = time.monotonic() - started
-    return {name: round((process_cpu_s(pid) - before[name]) / elapsed, 4) for name, pid in pids.items()}
+async def _window(nats_url: str, namespace: str, pids: Mapping[str, int], window_s: float) -> dict:
+    """Each process's CPU seconds per second (cores) over one window of `window_s`, and the
+    heartbeats, load snapshots and routers' shared loads a second published meanwhile (what
+    the fleet actually delivered: a starved fleet sends fewer than it should)."""
+    subjects = Subjects(namespace)
+    heard: Counter[str] = Counter()
+    streams = {f"$KV.{subjects.members_bucket}.>": "heartbeats", subjects.load_all: "load_snapshots",
+               subjects.router_load_all: "router_shared_loads"}
+    async with await connect(nats_url, "fleet-cost") as bus:
+        for subject, kind in streams.items():
+            async def count(_msg, kind: str = kind) -> None:
+                heard[kind] += 1
+            await bus.client.subscribe(subject, cb=count)
+        await bus.client.flush()
+        before = {name: process_cpu_s(pid) for name, pid in pids.items()}
+        started = time.monotonic()
+        await asyncio.sleep(window_s)  # the measurement window itself
+        elapsed = time.monotonic() - started
+        cores = {name: round((process_cpu_s(pid) - before[name]) / elapsed, 4) for name, pid in pids.items()}
+    return {"cores": cores, "messages_per_s": {kind: round(heard[kind] / elapsed) for kind in streams.values()}}
 
 
 def measure(model_dir: str, state: Path, fleet: int, routers: int, window_s: float, windows: int) -> dict:
@@ -105,13 +122,16 @@ def measure(model_dir: str, state: Path, fleet: int, routers: int, window_s: flo
         time.sleep(2 * HEARTBEAT_S)  # past the registrations' own burst
         names = [*router_names(routers), "metrics", "orchestrator", "fleet"]
         pids = {name: stack.processes[name].pid for name in names}
-        samples = [cpu_per_s(pids, window_s) for _ in range(windows)]
+        windows_seen = [asyncio.run(_window(stack.nats_url, stack.config.namespace, pids, window_s))
+                        for _ in range(windows)]
     finally:
         stack.stop()
+    samples = [window["cores"] for window in windows_seen]
     per_router = [sample[name] for sample in samples for name in router_names(routers)]
     return {
         "fleet": fleet, "routers": routers, "registered_s": round(registered_s, 2),
-        "windows": samples,
+        "windows": windows_seen,
+        "load_snapshots_per_s_median": statistics.median(w["messages_per_s"]["load_snapshots"] for w in windows_seen),
         "router_cores_per_router_median": round(statistics.median(per_router), 4),
         "router_cores_per_router_max": round(max(per_router), 4),
         "router_cores_summed_median": round(statistics.median(
