@@ -4,7 +4,8 @@ A real nats-server (its own process, its own store directory), a real router, tw
 sim workers and the orchestrator (each on its own connection). Eight greedy streams are mid-generation when the
 server is killed. After the restart, every one of them must either complete with exactly
 the text an undisturbed run gives (resumed where frames were lost) or end with an explicit
-error, within 5 s of the restart: none hung, truncated or wrong. A new request must succeed
+error, within 5 s of the restart plus the time an undisturbed run of the eight takes (the
+rest of a resumed stream's tokens): none hung, truncated or wrong. A new request must succeed
 within 2 s of the restart, and neither the router nor the orchestrator may remove a live worker.
 
 `TANDEM_NATS_RESTART_RUNS` sets how many times the scenario runs (3 by default).
@@ -42,7 +43,10 @@ from tests.waiting import wait_for
 RUNS = int(os.environ.get("TANDEM_NATS_RESTART_RUNS", "3"))
 STREAMS = 8
 MAX_TOKENS = 120
-RESTART_BOUND_S = 5.0  # every stream open at the kill has ended this long after the restart
+# Every stream open at the kill has ended this long after the restart, plus the time the
+# undisturbed run of all of them took (a resumed stream still has the rest of its tokens to
+# make: on a slow or loaded host that takes longer, and is no hang).
+RESTART_BOUND_S = 5.0
 NEW_REQUEST_BOUND_S = 2.0  # a new request succeeds this long after the restart
 
 
@@ -135,18 +139,19 @@ async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_lo
                            interval_s=0.05)
             new_request_s = time.monotonic() - restarted_at
 
-            done, pending = await asyncio.wait(streams, timeout=restarted_at + RESTART_BOUND_S - time.monotonic())
+            bound_s = RESTART_BOUND_S + undisturbed_s
+            done, pending = await asyncio.wait(streams, timeout=restarted_at + bound_s - time.monotonic())
             for stream in pending:
                 stream.cancel()
-            assert not pending, f"{len(pending)} streams still open {RESTART_BOUND_S}s after the restart " \
-                                f"(progress {progress})"
+            assert not pending, f"{len(pending)} streams still open {bound_s:.1f}s after the restart " \
+                                f"(progress {progress}; the undisturbed run took {undisturbed_s:.1f}s)"
             watching = False
             await watcher
             results = [stream.result() for stream in streams]
 
         completed = errors = 0
         for index, (result, reference) in enumerate(zip(results, expected)):
-            assert result["ended_at"] <= restarted_at + RESTART_BOUND_S
+            assert result["ended_at"] <= restarted_at + bound_s
             if result["error"] is None and result["status"] == 200:
                 assert (result["text"], result["finish_reason"]) == (reference["text"], "length"), \
                     f"stream {index} completed wrong or truncated"
