@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 
 from nats.aio.msg import Msg
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 MessageHandler = Callable[[Msg], Awaitable[None]]
 
 
-class ClusterWatcher:
+class ClusterWatcher(ABC):
     name = "watcher"  # in its task's name and its log lines
 
     def __init__(self, config: OrchestratorConfig, bus: Bus, members: Callable[[], Mapping[str, WorkerRegistration]],
@@ -83,14 +84,14 @@ class ClusterWatcher:
         """Tasks of its own that `stop()` cancels and waits for."""
         return ()
 
-    def _on_snapshot(self, snapshot: LoadSnapshot) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _on_snapshot(self, snapshot: LoadSnapshot) -> None: ...
 
-    def _on_record(self, record: RequestRecord) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _on_record(self, record: RequestRecord) -> None: ...
 
-    async def _tick(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def _tick(self) -> None: ...
 
     # ---- the loop ---------------------------------------------------------------------------
 
