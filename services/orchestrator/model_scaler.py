@@ -1,7 +1,7 @@
 """Scalable models back to zero workers (adapter around the pure `idle_models`).
 
 With `scale_to_zero.idle_s` set, the orchestrator watches the router's request records
-(`requests.events`) and the workers' load reports: a record of a scalable model, or a load
+(`requests.events`) and the workers' load reports (a `cluster_watcher.ClusterWatcher`): a record of a scalable model, or a load
 report of one of its workers with a request running or waiting, is the model's activity.
 Every `interval_s` it asks `IdleModels` which scalable models had none for `idle_s`, and
 removes each one's workers that its launcher started (`ControlPlane.remove`: drain, then stop
@@ -16,79 +16,49 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from nats.aio.msg import Msg
-
+from services.orchestrator.cluster_watcher import ClusterWatcher
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.control_plane import ControlPlane
 from services.orchestrator.idle_models import IdleModel, IdleModels
-from shared.bus import Bus, unsubscribe_quietly
-from shared.cluster.load_stream import LoadStream
-from shared.cluster.member_events import MemberEvent
-from shared.codec import Codec, MalformedCounter
-from shared.lifecycle import reraise_if_cancelling
+from shared.bus import Bus
+from shared.codec import MalformedCounter
 from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration
 
 log = logging.getLogger(__name__)
 
 
-class ModelScaler:
+class ModelScaler(ClusterWatcher):
+    name = "model-scaler"
+
     def __init__(self, config: OrchestratorConfig, bus: Bus, members: Callable[[], Mapping[str, WorkerRegistration]],
                  control: ControlPlane, malformed: MalformedCounter, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(config, bus, members, control, malformed, interval_s=config.scale_to_zero.interval_s,
+                         clock=clock)
         self._config = config.scale_to_zero
-        self._bus = bus
-        self._subjects = config.bus.subjects
-        self._members = members
-        self._control = control
-        self._clock = clock
         self.idle_models = IdleModels(models=frozenset(self._config.scalable()), idle_s=self._config.idle_s)
-        self._records: Codec[RequestRecord] = Codec(RequestRecord, malformed)
-        self._loads = LoadStream(bus, self._subjects, self._on_snapshot, malformed)
-        self._stopping: set[str] = set()  # workers being drained and stopped
+        self._removing: set[str] = set()  # workers being drained and stopped
         self._tasks: set[asyncio.Task[None]] = set()
-        self._subscription = None
-        self._task: asyncio.Task[None] | None = None
         self.scaled_down: list[IdleModel] = []  # in order, for the log and tests
 
     async def start(self) -> None:
-        await self._loads.start()
-        self._subscription = await self._bus.client.subscribe(self._subjects.request_events, cb=self._on_record)
-        self._task = asyncio.create_task(self._run(), name="orchestrator-model-scaler")
+        await super().start()
         log.info("scale to zero: %s after %g s without a request", ", ".join(sorted(self.idle_models.models)),
                  self._config.idle_s)
 
-    async def stop(self) -> None:
-        for task in (self._task, *self._tasks):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(task for task in (self._task, *self._tasks) if task is not None),
-                             return_exceptions=True)
-        self._task = None
-        await unsubscribe_quietly([self._subscription], "model scaler")
-        self._subscription = None
-        await self._loads.stop()
-
-    def on_member(self, event: MemberEvent) -> None:
-        self._loads.on_member(event)
+    def _own_tasks(self) -> tuple[asyncio.Task[None], ...]:
+        return tuple(self._tasks)
 
     def _on_snapshot(self, snapshot: LoadSnapshot) -> None:
         registration = self._members().get(snapshot.worker_id)
         if registration is not None and snapshot.running + snapshot.waiting > 0:
             self.idle_models.active(registration.model, self._clock())
 
-    async def _on_record(self, msg: Msg) -> None:
-        record = self._records.decode_or_none(msg.data, msg.subject)
-        if record is not None:
-            self.idle_models.active(record.model, self._clock())
+    def _on_record(self, record: RequestRecord) -> None:
+        self.idle_models.active(record.model, self._clock())
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.tick()
-            except Exception as error:  # a bug in one tick: the next one tries again
-                reraise_if_cancelling(error)
-                log.exception("model scaler tick failed")
-            await asyncio.sleep(self._config.interval_s)  # the look's period, not a wait for an event
+    async def _tick(self) -> None:
+        self.tick()
 
     def tick(self) -> list[IdleModel]:
         """Start stopping the idle models' workers; returns the models found idle."""
@@ -96,7 +66,7 @@ class ModelScaler:
         workers: dict[str, list[str]] = {}
         for worker_id in self._control.launched():
             registration = members.get(worker_id)
-            if registration is not None and worker_id not in self._stopping:
+            if registration is not None and worker_id not in self._removing:
                 workers.setdefault(registration.model, []).append(worker_id)
         idle = self.idle_models.idle(workers, self._clock())
         for model in idle:
@@ -104,7 +74,7 @@ class ModelScaler:
                      ", ".join(model.worker_ids))
             self.scaled_down.append(model)
             for worker_id in model.worker_ids:
-                self._stopping.add(worker_id)
+                self._removing.add(worker_id)
                 task = asyncio.create_task(self._remove(worker_id), name=f"scale-to-zero:{worker_id}")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -115,4 +85,4 @@ class ModelScaler:
             outcome = await self._control.remove(worker_id, self._config.drain_deadline_s)
             log.info("scale to zero: worker %s %s (%s)", worker_id, outcome.outcome, outcome.reason)
         finally:
-            self._stopping.discard(worker_id)
+            self._removing.discard(worker_id)

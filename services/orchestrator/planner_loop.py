@@ -2,8 +2,8 @@
 
 Every `planner.interval_s` it builds the planner's `ClusterSnapshot` (`planner_inputs`) from
 the members (the orchestrator's mirror), the workers' load snapshots (`LoadStream`) and the
-router's request records (`requests.events`) over the last `window_s`, calls the pure
-`decide()`, and
+router's request records (`requests.events`) over the last `window_s` (what a
+`cluster_watcher.ClusterWatcher` takes in), calls the pure `decide()`, and
 
 - publishes the tick as a `PlannerDecision` on `planner.decisions` (every tick, with or
   without actions: the notes say what it chose not to do), logs each action with its reason,
@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 
 from nats.aio.msg import Msg
 
+from services.orchestrator.cluster_watcher import ClusterWatcher, MessageHandler
 from services.orchestrator.config import OrchestratorConfig, PlannerLoopConfig
 from services.orchestrator.control_plane import ControlPlane
 from services.orchestrator.planner_inputs import (
@@ -61,8 +62,7 @@ from services.orchestrator.planning import (
     decide,
 )
 from services.orchestrator.rolling_upgrade import upgrade_running
-from shared.bus import Bus, unsubscribe_quietly
-from shared.cluster.load_stream import LoadStream
+from shared.bus import Bus
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.codec import Codec, MalformedCounter, encode
 from shared.lifecycle import reraise_if_cancelling
@@ -102,19 +102,18 @@ def action_kind(action: PlannerAction) -> str:
     return {SwitchRole: "switch_role", ScaleUp: "scale_up", ScaleDown: "scale_down"}[type(action)]
 
 
-class PlannerLoop:
+class PlannerLoop(ClusterWatcher):
+    name = "planner"
+
     def __init__(self, config: OrchestratorConfig, bus: Bus, members: Callable[[], Mapping[str, WorkerRegistration]],
                  control: ControlPlane, malformed: MalformedCounter, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        super().__init__(config, bus, members, control, malformed, interval_s=config.planner.interval_s,
+                         clock=clock, wall=wall)
         self._config = config.planner
-        self._bus = bus
-        self._subjects = config.bus.subjects
         # A scalable model's workers come and go with its requests (`model_scaler`, `model_wake`):
         # the planner leaves them, and that model's requests, alone.
         self._scaled_models = frozenset(config.scale_to_zero.scalable())
-        self._all_members = members
-        self._control = control
-        self._clock = clock
         self._wall = wall
         self._slos = Slos(ttft_p90_ms=self._config.ttft_p90_ms, itl_p90_ms=self._config.itl_p90_ms)
         # the orchestrator without a launcher cannot start a worker: the planner only switches roles
@@ -123,57 +122,42 @@ class PlannerLoop:
         self.counts: Counter[str] = Counter()  # decisions by action kind ("none": no action)
         self.last: PlannerDecision | None = None
         self.outcomes: list[CommandOutcome] = []  # of the actions carried out, in order
-        self._loads = LoadStream(bus, self._subjects, self._on_snapshot, malformed, clock=wall)
         self._history: dict[str, deque[LoadSnapshot]] = {}
         self._measured: dict[str, float] = {}  # each worker's prefill rate while busy, as last measured
         self._samples: deque[RecordSample] = deque()
         self._touches: dict[str, OperatorTouch] = {}
-        self._records: Codec[RequestRecord] = Codec(RequestRecord, malformed)
         # The control plane counts malformed commands already; this watcher only looks.
         self._commands: Codec[OrchestratorCommand] = Codec(OrchestratorCommand, MalformedCounter())
-        self._subscriptions: list = []
-        self._task: asyncio.Task[None] | None = None
         self._acting: asyncio.Task[None] | None = None  # the action being carried out
         self._acting_on = ""
-        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
-        await self._loads.start()
-        client = self._bus.client
-        self._subscriptions = [await client.subscribe(self._subjects.request_events, cb=self._on_record),
-                               await client.subscribe(self._subjects.orchestrator_commands, cb=self._on_command)]
-        await client.flush()
-        self._task = asyncio.create_task(self._run(), name="orchestrator-planner")
+        await super().start()
         log.info("planner on (%s): every %g s, SLOs TTFT p90 %g ms, ITL p90 %g ms",
                  "dry run" if self._config.dry_run else "acting", self._config.interval_s,
                  self._config.ttft_p90_ms, self._config.itl_p90_ms)
 
-    async def stop(self) -> None:
-        self._stopping.set()
-        for task in (self._task, self._acting):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._task = self._acting = None
-        await unsubscribe_quietly(self._subscriptions, "planner")
-        self._subscriptions = []
-        await self._loads.stop()
+    def _watched(self) -> list[tuple[str, MessageHandler]]:
+        return [(self._subjects.orchestrator_commands, self._on_command)]
+
+    def _own_tasks(self) -> tuple[asyncio.Task[None] | None, ...]:
+        return (self._acting,)
 
     # ---- inputs ----------------------------------------------------------------------
 
-    def _members(self) -> dict[str, WorkerRegistration]:
+    def _planned_members(self) -> dict[str, WorkerRegistration]:
         """The workers the planner plans: every member but those of a scalable model."""
-        return {worker_id: registration for worker_id, registration in self._all_members().items()
+        return {worker_id: registration for worker_id, registration in self._members().items()
                 if registration.model not in self._scaled_models}
 
     def on_member(self, event: MemberEvent) -> None:
-        self._loads.on_member(event)
+        super().on_member(event)
         if event.change is MemberChange.LEFT:
             self._history.pop(event.worker_id, None)
             self._measured.pop(event.worker_id, None)
 
     def _on_snapshot(self, snapshot: LoadSnapshot) -> None:
-        registration = self._all_members().get(snapshot.worker_id)
+        registration = self._members().get(snapshot.worker_id)
         if registration is None or registration.model in self._scaled_models:
             return
         history = self._history.setdefault(snapshot.worker_id, deque())
@@ -181,9 +165,8 @@ class PlannerLoop:
         while history and history[0].ts < snapshot.ts - self._config.window_s:
             history.popleft()
 
-    async def _on_record(self, msg: Msg) -> None:
-        record = self._records.decode_or_none(msg.data, msg.subject)
-        if record is None or record.model in self._scaled_models:
+    def _on_record(self, record: RequestRecord) -> None:
+        if record.model in self._scaled_models:
             return
         figures = sample(record, self._clock())
         if figures is not None:
@@ -198,18 +181,8 @@ class PlannerLoop:
 
     # ---- the tick --------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await self.tick()
-            except Exception as error:  # NATS trouble or a bug in one tick: the next one tries again
-                reraise_if_cancelling(error)
-                log.exception("planner tick failed")
-            try:
-                await asyncio.wait_for(self._stopping.wait(), self._config.interval_s)
-            except TimeoutError:
-                pass
-            reraise_if_cancelling()
+    async def _tick(self) -> None:
+        await self.tick()
 
     def _trim(self, now: float) -> None:
         while self._samples and self._samples[0].at < now - self._config.window_s:
@@ -221,7 +194,7 @@ class PlannerLoop:
     async def tick(self) -> PlannerDecision:
         now = self._clock()
         self._trim(now)
-        members = self._members()
+        members = self._planned_members()
         if self._acting is not None and not self._acting.done():
             return await self._undecided(f"still carrying out {self._acting_on}: no decision")
         paused = "a rolling upgrade is running" if upgrade_running(self._control) else ""

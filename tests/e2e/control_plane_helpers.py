@@ -1,7 +1,8 @@
 """What the control-plane end-to-end tests share: sending an orchestrator command the way
 `tandem ctl` does (timed, for tests that bound how long the orchestrator takes to answer;
 for the scale-to-zero tests: a stack with no worker whose orchestrator launches them, a
-model's registered workers, a streamed answer's first-token time),
+model's registered workers, a streamed answer's first-token time, the wait for an idle model
+to be back at zero workers),
 and a pool of streaming clients that keep a stack busy and record every answer (so a test
 can tell that none failed or came back short)."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +19,10 @@ import openai
 
 from cli.ctl import send
 from launch.stack import LocalStack
-from shared.nats_server import EmbeddedNats
+from shared.nats_server import EmbeddedNats, pid_alive
 from shared.schemas.orchestrator import CommandOutcome, ListWorkers, OrchestratorCommand
 from tests.stack_fixtures import make_stack, running
+from tests.waiting import wait_for
 
 
 async def command(stack: LocalStack, order: OrchestratorCommand, timeout_s: float = 30.0) -> CommandOutcome:
@@ -66,6 +68,24 @@ async def workers_of(stack: LocalStack, model: str) -> list[tuple[str, int, bool
     listing = await command(stack, ListWorkers())
     return [(s.registration.worker_id, s.registration.pid, s.launched) for s in listing.workers
             if s.registration.model == model]
+
+
+async def back_at_zero(stack: LocalStack, model: str, pids: Collection[int], answered_at: float, idle_s: float,
+                       bound_s: float) -> tuple[float, float]:
+    """Waits, at most `idle_s + bound_s`, for `model` to have no registered worker, then for
+    its workers' processes (`pids`) to be gone; (seconds from `answered_at`, the last answer,
+    to no worker; seconds waited). Not before the idle time: it runs from the orchestrator's
+    receipt of the last record, a little before the client's last answer, so a second of
+    slack, still far from a scale-down that ignores it."""
+
+    async def at_zero() -> bool:
+        return await workers_of(stack, model) == []
+
+    waited = await wait_for(at_zero, idle_s + bound_s, f"the idle model {model} back to zero workers", interval_s=0.2)
+    scaled_down_s = time.monotonic() - answered_at
+    await wait_for(lambda: not any(pid_alive(pid) for pid in pids), 5, "the stopped workers' processes to be gone")
+    assert scaled_down_s >= idle_s - 1.0, f"scaled down {scaled_down_s:.2f} s after the last answer"
+    return scaled_down_s, waited
 
 
 async def timed_command(stack: LocalStack, order: OrchestratorCommand,

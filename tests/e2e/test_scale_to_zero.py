@@ -22,8 +22,7 @@ import pytest
 
 from launch.stack import LocalStack
 from shared.nats_server import EmbeddedNats, pid_alive
-from tests.e2e.control_plane_helpers import first_token_after, launching_stack, workers_of
-from tests.waiting import wait_for
+from tests.e2e.control_plane_helpers import back_at_zero, first_token_after, launching_stack, workers_of
 
 pytestmark = pytest.mark.e2e
 
@@ -64,18 +63,9 @@ async def test_a_model_at_zero_is_answered_once_a_worker_starts_and_returns_to_z
           f"started worker {worker_id}; first request to first token {first_tokens[0]:.2f} s "
           f"(last request's first token {first_tokens[-1]:.2f} s)")
 
-    async def at_zero() -> bool:
-        return await workers_of(stack, "small") == []
-
-    waited = await wait_for(at_zero, IDLE_S + SCALE_DOWN_BOUND_S, "the idle model back to zero workers",
-                            interval_s=0.2)
-    scaled_down_s = time.monotonic() - answered_at
-    await wait_for(lambda: not pid_alive(pid), 5, "the stopped worker's process to be gone")
+    scaled_down_s, waited = await back_at_zero(stack, "small", [pid], answered_at, IDLE_S, SCALE_DOWN_BOUND_S)
     print(f"scale to zero: no worker of small {scaled_down_s:.2f} s after the last answer "
           f"(idle time {IDLE_S:g} s, bound {IDLE_S + SCALE_DOWN_BOUND_S:g} s; waited {waited:.2f} s)")
-    # the idle time runs from the orchestrator's receipt of the last record, a little before the
-    # client's last answer: a second of slack, still far from a scale-down that ignores it
-    assert scaled_down_s >= IDLE_S - 1.0, f"scaled down {scaled_down_s:.2f} s after the last answer"
 
     again_started = time.monotonic()
     first, _, tokens = await first_token_after(client, "small", prompts[0], MAX_TOKENS, again_started)

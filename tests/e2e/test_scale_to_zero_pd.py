@@ -22,11 +22,11 @@ import pytest
 
 from launch.stack import LocalStack
 from shared.bus import connect
-from shared.nats_server import EmbeddedNats, pid_alive
+from shared.nats_server import EmbeddedNats
 from shared.schemas import TransferRecord
 from shared.subjects import Subjects
 from tests.e2e.conftest import ALWAYS_DISAGGREGATE
-from tests.e2e.control_plane_helpers import first_token_after, launching_stack, workers_of
+from tests.e2e.control_plane_helpers import back_at_zero, first_token_after, launching_stack, workers_of
 from tests.stack_fixtures import collect, records_arrived, request_records
 from tests.waiting import wait_for
 
@@ -79,14 +79,7 @@ async def test_a_pd_model_at_zero_is_served_disaggregated_once_both_workers_star
           f"disaggregated over the started {prefill} and {decode} ({len(pulls)} KV pulls); first request to first "
           f"token {first_tokens[0]:.2f} s (last request's first token {first_tokens[-1]:.2f} s)")
 
-    async def at_zero() -> bool:
-        return await workers_of(stack, "pd") == []
-
-    waited = await wait_for(at_zero, IDLE_S + SCALE_DOWN_BOUND_S, "the idle P/D model back to zero workers",
-                            interval_s=0.2)
-    scaled_down_s = time.monotonic() - answered_at
-    await wait_for(lambda: not any(pid_alive(pid) for pid, _ in workers.values()), 5,
-                   "both stopped workers' processes to be gone")
+    scaled_down_s, waited = await back_at_zero(stack, "pd", [pid for pid, _ in workers.values()], answered_at,
+                                               IDLE_S, SCALE_DOWN_BOUND_S)
     print(f"P/D scale to zero: no worker of pd {scaled_down_s:.2f} s after the last answer "
           f"(idle time {IDLE_S:g} s; waited {waited:.2f} s)")
-    assert scaled_down_s >= IDLE_S - 1.0, f"scaled down {scaled_down_s:.2f} s after the last answer"

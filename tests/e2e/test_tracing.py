@@ -188,16 +188,21 @@ def part(found: Trace, parent: ReceivedSpan, name: str, worker_id: str | None = 
     return router_part, found.child(router_part, "worker.generate", **{"tandem.worker_id": worker})
 
 
-async def traced_completion(stack: LocalStack, receiver: OtlpReceiver, model: str, prompt: list[int],
-                            expected: set[str]) -> tuple[Trace, ReceivedSpan, str]:
-    """One completion sent under a client span: its whole trace (checked as one tree that
-    continues the client's context), the router's `router.generate` span and the request id."""
+async def traced_pd_completion(stack: LocalStack, receiver: OtlpReceiver, model: str, prompt: list[int],
+                               expected: set[str], candidates: int) -> tuple[Trace, ReceivedSpan, ReceivedSpan, str]:
+    """One disaggregated completion sent under a client span: its whole trace (checked as one
+    tree that continues the client's context, its route with `candidates` costed), the
+    router's `router.generate` span, the `worker.generate` span of its prefill part on p1,
+    and the request id."""
     client = ClientSpan()
     trace_id, request_id = await complete(stack.router_url, model, prompt, 8, client)
     assert trace_id == client.trace_id
     found = await received_trace(receiver, client, expected)
     check_tree(found, client, request_id)
-    return found, found.child(found.only(HTTP_SPAN), "router.generate"), request_id
+    generate = found.child(found.only(HTTP_SPAN), "router.generate")
+    check_route(found, generate, candidates)
+    _, prefill = part(found, generate, "router.prefill", "p1")
+    return found, generate, prefill, request_id
 
 
 # ---- the tests -----------------------------------------------------------------------
@@ -205,11 +210,9 @@ async def traced_completion(stack: LocalStack, receiver: OtlpReceiver, model: st
 
 async def test_push_pd_request_is_one_trace(push_stack: LocalStack, receiver: OtlpReceiver, model: str) -> None:
     prompt = [3 + (i * 11) % 500 for i in range(100)]
-    found, generate, request_id = await traced_completion(
-        push_stack, receiver, model, prompt, {HTTP_SPAN, "kv.push", "kv.push.receive", "worker.generate"})
+    found, generate, prefill, _ = await traced_pd_completion(
+        push_stack, receiver, model, prompt, {HTTP_SPAN, "kv.push", "kv.push.receive", "worker.generate"}, candidates=2)
     assert generate.attributes["tandem.kv.transfer_mode"] == "push"
-    check_route(found, generate, candidates=2)
-    _, prefill = part(found, generate, "router.prefill", "p1")
     _, decode = part(found, generate, "router.decode", "d1")
     push = found.child(prefill, "kv.push")
     writes = [attributes for name, attributes in push.events if name == "kv.push.write"]
@@ -228,11 +231,9 @@ async def test_push_pd_request_is_one_trace(push_stack: LocalStack, receiver: Ot
 
 async def test_pull_pd_request_is_one_trace(pull_stack: LocalStack, receiver: OtlpReceiver, model: str) -> None:
     prompt = [3 + (i * 13) % 500 for i in range(100)]
-    found, generate, request_id = await traced_completion(
-        pull_stack, receiver, model, prompt, {HTTP_SPAN, "kv.pull", "kv.lease.grant", "kv.lease.release"})
+    found, generate, prefill, request_id = await traced_pd_completion(
+        pull_stack, receiver, model, prompt, {HTTP_SPAN, "kv.pull", "kv.lease.grant", "kv.lease.release"}, candidates=3)
     assert generate.attributes["tandem.flow"] == "disaggregated"
-    check_route(found, generate, candidates=3)
-    _, prefill = part(found, generate, "router.prefill", "p1")
     assert prefill.service == "tandem-worker-p1" and prefill.attributes["tandem.request_id"] == request_id
     grant = found.child(prefill, "kv.lease.grant", **{"tandem.kv.reader_worker_id": "decode"})
     blocks = len(prompt) // BLOCK
@@ -281,17 +282,11 @@ async def test_cached_prefix_pull_is_in_the_second_turns_trace(pull_stack: Local
     found1 = await received_trace(receiver, first, {HTTP_SPAN, "kv.pull"})
     holder = found1.child(found1.child(found1.only(HTTP_SPAN), "router.generate"),
                           "router.decode").attributes["tandem.worker_id"]
-    second = ClientSpan()
     turn2 = turn1 + answer1 + [3 + (i * 7) % 200 for i in range(21)]
-    trace_id, request_id = await complete(pull_stack.router_url, model, turn2, 8, second)
-    assert trace_id == second.trace_id
-    found = await received_trace(receiver, second, {HTTP_SPAN, "kv.lease.request", "kv.lease.release"})
-    check_tree(found, second, request_id)
-    generate = found.child(found.only(HTTP_SPAN), "router.generate")
+    found, generate, prefill, _ = await traced_pd_completion(
+        pull_stack, receiver, model, turn2, {HTTP_SPAN, "kv.lease.request", "kv.lease.release"}, candidates=3)
     assert generate.attributes["tandem.kv.prefix_holder"] == holder
-    route = check_route(found, generate, candidates=3)
-    assert route.attributes["tandem.cached_tokens"] > 0
-    _, prefill = part(found, generate, "router.prefill", "p1")
+    assert found.child(generate, "router.route").attributes["tandem.cached_tokens"] > 0
     pull = found.child(prefill, "kv.pull", **{"tandem.kv.kind": "prefix_pull", "tandem.kv.peer_worker_id": holder})
     assert pull.attributes["tandem.kv.outcome"] == "done" and pull.attributes["tandem.kv.blocks_ok"] > 0
     request = found.child(pull, "kv.lease.request")

@@ -158,6 +158,21 @@ class Pair:
         rest, d_done = await self.generate(self.decode, prompt + first, max_tokens - 1, kv)
         return first + rest, p_done, d_done
 
+    async def against_alone(self, prompt: list[int]) -> tuple[Finished, Finished, int]:
+        """`prompt` answered by the prefill worker alone, then disaggregated: the answers must be
+        equal. The prefill and the decode part's ends, and the decode engine's count of computed
+        prompt tokens before the request (for `decode_computed`)."""
+        expected, _ = await self.generate(self.prefill, prompt, MAX_TOKENS)
+        computed_before = self.decode.engine.stats.computed_prompt_tokens_total
+        got, p_done, d_done = await self.disaggregated(prompt, MAX_TOKENS)
+        assert got == expected, f"prompt of {len(prompt)} tokens"
+        return p_done, d_done, computed_before
+
+    async def decode_computed(self, before: int, tokens: int, what: str) -> None:
+        """Waits for vLLM's own count of the decode engine's computed prompt tokens to be
+        `tokens` past `before`."""
+        await wait_for(lambda: self.decode.engine.stats.computed_prompt_tokens_total - before == tokens, 5, what)
+
     async def assert_clean(self) -> None:
         await wait_for(lambda: self.prefill.clean() and self.decode.clean(), 20, "no leases, pins or requests left")
 
@@ -232,13 +247,9 @@ LENGTHS = [5, 60, 127, 128, 129, 200, 255, 256, 257, 300, 383, 384, 385, 450, 51
 
 class TestPullPath:
     async def test_disaggregated_output_equals_single_engine(self, pair: Pair) -> None:
-        decode = pair.decode
         for index, length in enumerate(LENGTHS):
             prompt = prompt_of(1000 + index, length)
-            expected, _ = await pair.generate(pair.prefill, prompt, MAX_TOKENS)
-            computed_before = decode.engine.stats.computed_prompt_tokens_total
-            got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
-            assert got == expected, f"prompt of {length} tokens"
+            p_done, d_done, computed_before = await pair.against_alone(prompt)
             full, partial = divmod(length, BLOCK)
             handle = p_done.kv_handle
             assert (handle is None) == (full == 0)
@@ -248,8 +259,8 @@ class TestPullPath:
                 assert (handle.tail.tokens if handle.tail is not None else 0) == partial
                 assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (length, 0), f"prompt of {length}"
             # vLLM's own counters: the decode worker computed what no held block covers (the first token).
-            await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                           == length + 1 - held, 5, f"vLLM counted the rest of the {length}-token prompt")
+            await pair.decode_computed(computed_before, length + 1 - held,
+                                       f"vLLM counted the rest of the {length}-token prompt")
             assert d_done.cached_tokens == held
         await pair.assert_clean()
         expected_pulls = sum(1 for length in LENGTHS if length >= BLOCK)
@@ -401,12 +412,8 @@ class TestFaults:
         for index, length in enumerate(lengths):
             if index >= 10 and clean and tail_only and mid_prompt:
                 break
-            prompt = prompt_of(5000 + index, length)
-            expected, _ = await pair.generate(pair.prefill, prompt, MAX_TOKENS)
-            computed_before = decode.engine.stats.computed_prompt_tokens_total
             seen = len(pair.records)
-            got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
-            assert got == expected, f"prompt of {length} tokens"
+            p_done, d_done, computed_before = await pair.against_alone(prompt_of(5000 + index, length))
             handle = p_done.kv_handle
             assert handle is not None
             blocks = len(held_block_ids(handle))
@@ -423,8 +430,8 @@ class TestFaults:
             assert (record.blocks_retried, record.blocks_recovered) == (len(failed), 0)
             # vLLM's own counters of the prompt tokens it prefilled and took as cached.
             assert d_done.cached_tokens == pulled
-            await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                           == length + 1 - pulled, 5, f"vLLM counted the recomputation ({length} tokens)")
+            await pair.decode_computed(computed_before, length + 1 - pulled,
+                                       f"vLLM counted the recomputation ({length} tokens)")
             if not failed:
                 clean += 1
             elif failed == list(range(kept, blocks)):
@@ -470,12 +477,8 @@ class TestRetry:
     async def test_transient_failures_are_read_again_and_nothing_is_recomputed(self, pair: Pair) -> None:
         decode = pair.decode
         for index, length in enumerate([300, 512, 700, 900, 1000]):
-            prompt = prompt_of(7000 + index, length)
-            expected, _ = await pair.generate(pair.prefill, prompt, MAX_TOKENS)
-            computed_before = decode.engine.stats.computed_prompt_tokens_total
             seen = len(pair.records)
-            got, p_done, d_done = await pair.disaggregated(prompt, MAX_TOKENS)
-            assert got == expected, f"prompt of {length} tokens"
+            p_done, d_done, computed_before = await pair.against_alone(prompt_of(7000 + index, length))
             assert p_done.kv_handle is not None
             blocks = len(held_block_ids(p_done.kv_handle))
             assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (length, 0)
@@ -483,8 +486,7 @@ class TestRetry:
             assert (record.outcome, record.blocks_ok) == ("done", blocks)
             assert record.blocks_retried == record.blocks_recovered
             # vLLM computed only what no block covers (the first token)
-            await wait_for(lambda: decode.engine.stats.computed_prompt_tokens_total - computed_before
-                           == 1, 5, f"vLLM's count ({length} tokens)")
+            await pair.decode_computed(computed_before, 1, f"vLLM's count ({length} tokens)")
         assert decode.kv.blocks_retried_total == decode.kv.blocks_recovered_total == sum(
             r.blocks_retried for r in pair.records) > 0, "the injection should have failed some blocks"
         assert decode.kv.blocks_recomputed_total == decode.kv.recomputed_tokens_total == 0

@@ -32,7 +32,7 @@ What the terms buy, together:
   cached prefix carries more than `hot_load_factor` x the serving workers' mean load (and
   at least `HOT_MIN_EXCESS` requests more, or a prompt's worth more queued prefill), its
   holders cannot carry the prefix's traffic (a popular tenant's): bounded affinity lets
-  go (`candidates.Candidates.affine`), and the plain costs pick the copy's worker, one
+  go (`policies.cheapest.Cheapest.affine`), and the plain costs pick the copy's worker, one
   with room or a cold victim first: a copy never comes free where it evicts a prefix in
   use (a burst of one tenant's requests must not push another active tenant out).
   A queue is a moment's figure, and a copy evicts another tenant for good: so a prefix is

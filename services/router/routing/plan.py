@@ -54,6 +54,9 @@ class Selection:
     reason: RouteReason
     worker: WorkerView  # single: serves the whole request; pair: the decode worker
     prefill: WorkerView | None = None  # a pair's prefill worker
+    # the computing worker is the prompt's prefix's new home, picked as it leaves its old one
+    # (`placement.rules.HomeRules.moves_home`): the plan says so
+    moves_home: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,7 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
     if selection.prefill is None:
         single = candidates.single(selection.worker)
         return RoutePlan("single", selection.reason, selection.worker.worker_id, prompt=single.plan,
-                         cost=single.cost, moves_home=candidates.home_rules.moves_home(selection.worker.worker_id))
+                         cost=single.cost, moves_home=selection.moves_home)
     pair = candidates.pair(selection.prefill, selection.worker)
     prompt = pair.prefill.plan
     transfer = None
@@ -114,4 +117,4 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
                                     prefix_pull=prompt.holder_id is not None, replays=candidates.request.replays)
     return RoutePlan("disaggregated", selection.reason, selection.worker.worker_id,
                      prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost,
-                     moves_home=candidates.home_rules.moves_home(selection.prefill.worker_id))
+                     moves_home=selection.moves_home)

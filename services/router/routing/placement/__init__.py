@@ -12,7 +12,7 @@
 - `residency`: once the cluster's KV cannot hold every live prefix, which ones stay resident;
 - `rules`: `HomeRules`, the home rules of one request: whether its prompt goes to its
   prefix's home, why a prefix leaves its home, and which candidate is its home; asked by
-  the scoring stage (`candidates.Candidates.best_part`) over the parts it priced;
+  the kv-aware policy (`policies.cheapest.Cheapest.part`) over the parts the scoring stage priced;
 - `home`: where a prompt that no worker holds most of goes (its home, or a new one), picked
   among the parts by `rules`.
 """

@@ -2,12 +2,13 @@
 its home. Pure.
 
 Per request, over its placement snapshot (`RouteRequest.placement`, `snapshot.PrefixPlacement`)
-and the candidate parts the cost model priced (`candidates.Candidates`, whose `best_part`
-asks them): `weak` (no worker holds half of the prompt: it goes to its prefix's home),
-`leaves` (why a prefix, cached or not, leaves its learned home now) and `home` (which of the
-parts is its home, `home.prefer_home`, given why it leaves). A new home picked as a prefix
-leaves is noted (`moves_home`): the plan says so (`RoutePlan.moves_home`), and
-`placement.Placement.record` then moves the prefix there, not a copy.
+and the candidate parts the cost model priced (`candidates.Candidates`; the kv-aware policy's
+`policies.cheapest.Cheapest.part` asks them): `weak` (no worker holds half of the prompt: it
+goes to its prefix's home), `leaves` (why a prefix, cached or not, leaves its learned home
+now) and `home` (which of the parts is its home, `home.prefer_home`, given why it leaves). A
+new home picked as a prefix leaves is noted (`moves_home`): the policy's selection says so
+(`Selection.moves_home`), then the plan (`RoutePlan.moves_home`), and
+`placement.Placement.record` moves the prefix there, not a copy.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The KV-aware policy (the default): the cost model of `cost`, with conditional
 disaggregation and decode-first.
 
-Choice, in order, among the eligible workers:
+Choice, in order, among the eligible workers (each "cheapest" after bounded affinity and
+the home rules, `cheapest`):
 1. Decode-first (a request with a cache-hit threshold): the cheapest serving worker whose
    own cached share of the prompt reaches the threshold serves it alone; if none does, the
    refusal "cache_threshold" names the best-cached one.
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 from services.router.routing.candidates import Candidates, Single
 from services.router.routing.plan import RouteReason, Selection
+from services.router.routing.policies.cheapest import Cheapest, single_order
 from services.router.routing.policy import PolicySpec
 from services.router.routing.request import RouteRefusal
 from services.router.routing.view import WorkerView
@@ -28,37 +30,38 @@ from shared.schemas.membership import WorkerRole
 class KvAwarePolicy:
     def select(self, candidates: Candidates) -> Selection | RouteRefusal:
         request, routing, eligible = candidates.request, candidates.routing, candidates.eligible
+        cheapest = Cheapest(candidates)
         if request.cache_hit_threshold > 0:
-            return _decode_first(candidates)
+            return _decode_first(cheapest)
         decode = [worker for worker in eligible.serving if worker.role is WorkerRole.DECODE]
         both = [worker for worker in eligible.serving if worker.role is WorkerRole.BOTH]
         prefill_busy = eligible.prefill_exists and all(  # all past admission: busy too
             worker.predicted_prefill_tokens >= routing.prefill_busy_tokens for worker in eligible.prefill)
         if prefill_busy and decode:
-            return _local_or_both(candidates, "prefill_busy", decode, both)
+            return _local_or_both(cheapest, "prefill_busy", decode, both)
 
-        pair = candidates.best_pair(eligible.prefill, decode)
+        pair = cheapest.pair(eligible.prefill, decode)
         if pair is None:
-            single = candidates.best_single(eligible.serving)
+            single = cheapest.single(eligible.serving)
             assert single is not None
-            return Selection(_no_pair_reason(eligible.prefill, decode), single.worker)
+            return cheapest.selection(_no_pair_reason(eligible.prefill, decode), single.worker)
 
         small = [worker for worker in decode if candidates.plan(worker).uncached_tokens < routing.local_prefill_tokens]
         if small:
-            return _local_or_both(candidates, "small_uncached", small, both)
-        best_both = candidates.best_single(both)
+            return _local_or_both(cheapest, "small_uncached", small, both)
+        best_both = cheapest.single(both)
         if best_both is not None and best_both.cost < pair.cost:  # on a tie, disaggregate
-            return Selection("single_cheaper", best_both.worker)
-        return Selection("pair", pair.decode, prefill=pair.prefill.worker)
+            return cheapest.selection("single_cheaper", best_both.worker)
+        return cheapest.selection("pair", pair.decode, prefill=pair.prefill.worker)
 
 
-def _local_or_both(candidates: Candidates, reason: RouteReason, local: Sequence[WorkerView],
+def _local_or_both(cheapest: Cheapest, reason: RouteReason, local: Sequence[WorkerView],
                    both: Sequence[WorkerView]) -> Selection:
     """The cheapest of the `local` decode workers, unless a BOTH worker is cheaper still."""
-    best_local = candidates.best_single(local)
+    best_local = cheapest.single(local)
     assert best_local is not None
-    cheapest: Single = min((best_local, *map(candidates.single, both)), key=lambda single: single.key)
-    return Selection(reason if cheapest is best_local else "single_cheaper", cheapest.worker)
+    best: Single = min((best_local, *map(cheapest.candidates.single, both)), key=single_order)
+    return cheapest.selection(reason if best is best_local else "single_cheaper", best.worker)
 
 
 def _no_pair_reason(prefill: Sequence[WorkerView], decode: Sequence[WorkerView]) -> RouteReason:
@@ -69,15 +72,16 @@ def _no_pair_reason(prefill: Sequence[WorkerView], decode: Sequence[WorkerView])
     return "compat_hash_mismatch"
 
 
-def _decode_first(candidates: Candidates) -> Selection | RouteRefusal:
+def _decode_first(cheapest: Cheapest) -> Selection | RouteRefusal:
     """Only a worker already holding enough of the prompt serves it, alone."""
+    candidates = cheapest.candidates
     request = candidates.request
     hits = [(worker, candidates.plan(worker).cached_tokens) for worker in candidates.eligible.serving]
     warm = [worker for worker, cached in hits if cached >= request.cache_hit_threshold * request.prompt_tokens]
     if warm:
-        single = candidates.best_single(warm)
+        single = cheapest.single(warm)
         assert single is not None
-        return Selection("decode_first", single.worker)
+        return cheapest.selection("decode_first", single.worker)
     worker, cached = max(hits, key=lambda hit: (hit[1], -hit[0].relative_load, hit[0].worker_id))
     return RouteRefusal("cache_threshold", worker.worker_id, cached)
 
