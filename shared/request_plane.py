@@ -80,6 +80,8 @@ class FrameQueue:
             finally:
                 self._waiter = None
                 timer.cancel()
+                if waiter.done() and not waiter.cancelled():
+                    waiter.exception()  # a timeout that a cancel overtook: read, so never logged as lost
         return self._arrived.popleft()
 
 

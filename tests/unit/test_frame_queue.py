@@ -49,3 +49,15 @@ async def test_a_reader_cancelled_while_waiting_leaves_the_queue_usable() -> Non
         await reading
     queue.put("a")  # type: ignore[arg-type]
     assert await queue.get(5.0) == "a"
+
+
+async def test_a_reader_cancelled_after_its_timeout_fired_leaves_nothing_unread() -> None:
+    queue = FrameQueue()
+    reading = asyncio.ensure_future(queue.get(0.0))
+    await asyncio.sleep(0)  # waiting, its timer due at once
+    await asyncio.sleep(0.01)  # the timer fired: the wait ended with TimeoutError, not yet read
+    reading.cancel()
+    with pytest.raises((asyncio.CancelledError, TimeoutError)):
+        await reading
+    queue.put("a")  # type: ignore[arg-type]
+    assert await queue.get(5.0) == "a"
