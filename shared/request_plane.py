@@ -17,6 +17,7 @@ to stop generating for nobody.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -40,6 +41,48 @@ from shared.schemas.generate import (
 from shared.schemas.transfer import KvHandle, PushTarget
 
 _frames: Codec[ResponseFrame] = Codec(ResponseFrame)
+Arrival = Msg | TandemError  # a frame's message, or the error that ended the stream from outside
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class FrameQueue:
+    """What arrived for one stream and waits to be read, for its one reader: every token
+    passes through it, so it is a deque and at most one waiting future, with the wait's
+    timeout a plain timer (no `asyncio.Queue` bookkeeping, no `asyncio.timeout` scope)."""
+
+    __slots__ = ("_arrived", "_waiter")
+
+    def __init__(self) -> None:
+        self._arrived: deque[Arrival] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Arrival) -> None:
+        self._arrived.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._arrived
+
+    async def get(self, timeout_s: float) -> Arrival:
+        """The oldest arrival, waiting up to `timeout_s` for one (then `TimeoutError`)."""
+        if not self._arrived:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                timer.cancel()
+                if waiter.done() and not waiter.cancelled():
+                    waiter.exception()  # a timeout that a cancel overtook: read, so never logged as lost
+        return self._arrived.popleft()
 
 
 class ResponseInbox:
@@ -51,7 +94,7 @@ class ResponseInbox:
         self._bus = bus
         self._prefix = ""
         self._sub: Subscription | None = None
-        self._queues: dict[str, asyncio.Queue[Msg | TandemError]] = {}
+        self._queues: dict[str, FrameQueue] = {}
         self._next_token = 0
 
     async def open(self) -> ResponseInbox:
@@ -64,7 +107,7 @@ class ResponseInbox:
             await _unsubscribe(self._sub)
             self._sub = None
 
-    def register(self, queue: asyncio.Queue[Msg | TandemError]) -> str:
+    def register(self, queue: FrameQueue) -> str:
         """The reply subject of a new stream whose frames go to `queue`."""
         assert self._sub is not None, "the inbox is not open"
         self._next_token += 1
@@ -81,7 +124,7 @@ class ResponseInbox:
             return
         queue = self._queues.get(msg.subject[len(self._prefix):])
         if queue is not None:  # a closed stream's late frame is dropped, as an unsubscribed one's
-            queue.put_nowait(msg)
+            queue.put(msg)
 
 
 class ResponseStream:
@@ -94,7 +137,7 @@ class ResponseStream:
         self.subject = subject
         self._accept_timeout_s = accept_timeout_s
         self._idle_timeout_s = idle_timeout_s
-        self._queue: asyncio.Queue[Msg | TandemError] = asyncio.Queue()
+        self._queue = FrameQueue()
         self._inbox = inbox
         self._reply = ""
         self._sub: Subscription | None = None
@@ -115,11 +158,11 @@ class ResponseStream:
         if msg.reply:
             await _answer_probe(msg)
         else:
-            self._queue.put_nowait(msg)
+            self._queue.put(msg)
 
     def abort(self, error: TandemError) -> None:
         """End the stream from outside (worker removed, client gone)."""
-        self._queue.put_nowait(error)
+        self._queue.put(error)
 
     async def close(self) -> None:
         if self._inbox is not None and self._reply:
@@ -136,17 +179,13 @@ class ResponseStream:
 
     async def _next_frame(self) -> ResponseFrame:
         first = self.accepted is None
-        if not self._queue.empty():  # already here: no timer to arm
-            item = self._queue.get_nowait()
-        else:
-            timeout = self._accept_timeout_s if first else self._idle_timeout_s
-            try:
-                async with asyncio.timeout(timeout):  # a timer, not a task per frame as wait_for makes
-                    item = await self._queue.get()
-            except TimeoutError:
-                if first:
-                    raise Unavailable(f"no worker accepted the request on {self.subject} within {timeout}s") from None
-                raise Timeout(f"worker on {self.subject} was silent for {timeout}s") from None
+        timeout = self._accept_timeout_s if first else self._idle_timeout_s
+        try:
+            item = await self._queue.get(timeout)  # a frame already here arms no timer
+        except TimeoutError:
+            if first:
+                raise Unavailable(f"no worker accepted the request on {self.subject} within {timeout}s") from None
+            raise Timeout(f"worker on {self.subject} was silent for {timeout}s") from None
         if isinstance(item, TandemError):
             raise item
         if item.headers and item.headers.get("Status") == "503":  # NATS "no responders"

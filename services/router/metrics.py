@@ -3,16 +3,17 @@ a test process builds several apps). Served at `/metrics` (`exposition(accept)`:
 OpenMetrics format, with exemplars, when the scraper asks for it).
 
 Latency histograms are per role of the worker concerned (`prefill`, `decode`, `both`;
-`unknown` for a worker already gone) and carry the request's trace id as an exemplar:
-`observe_ttft`, `record_tokens_between`, `observe_queue`, `observe_e2e`. Per-worker load
-gauges (reported and predicted) are read from the worker pool at scrape time.
+`unknown` for a worker already gone) and carry the request's trace id as an exemplar
+(`trace_exemplar(span)`, made once per request by the caller): `observe_ttft`,
+`record_tokens_between`, `observe_queue`, `observe_e2e`. Per-worker load gauges (reported
+and predicted) are read from the worker pool at scrape time. The per-request and per-token
+calls reach their labelled children through `Children` (no `labels()` per call).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -20,7 +21,7 @@ from prometheus_client.registry import Collector
 from services.router.kv.index import IndexStats
 from services.router.routing import WorkerView
 from shared.codec import MalformedCounter
-from shared.prometheus import render, trace_exemplar
+from shared.prometheus import Children, Exemplar, render
 
 UNKNOWN_ROLE = "unknown"
 
@@ -106,6 +107,9 @@ class RouterMetrics:
         self._loads = _WorkerLoadCollector()
         self.registry.register(self._loads)
         self._roles: dict[str, str] = {}  # a worker's role never changes under its id
+        self._requests, self._route_decisions = Children(self.requests), Children(self.route_decisions)
+        self._ttft, self._itl, self._queue = Children(self.ttft), Children(self.itl), Children(self.queue)
+        self._api_key_requests = Children(self.api_key_requests)
         # Label sets of rare events exist from the start at 0, so a rate over them is 0, not absent.
         for stage in ("before_first_token", "mid_stream"):
             for result in ("resumed", "failed"):
@@ -200,7 +204,7 @@ class RouterMetrics:
                                      ["reason"], registry=self.registry)
 
     def count_api_key(self, name: str, outcome: str) -> None:
-        self.api_key_requests.labels(name, outcome).inc()
+        self._api_key_requests(name, outcome).inc()
 
     def count_auth_rejected(self, reason: str) -> None:
         self.auth_rejected.labels(reason).inc()
@@ -220,27 +224,33 @@ class RouterMetrics:
             role = self._roles.get(worker_id)
         return role or UNKNOWN_ROLE
 
-    def observe_ttft(self, worker_id: str, seconds: float, span: trace.Span | None) -> None:
-        self.ttft.labels(self.role_of(worker_id)).observe(seconds, exemplar=trace_exemplar(span))
+    def count_request(self, endpoint: str, outcome: str) -> None:
+        self._requests(endpoint, outcome).inc()
 
-    def observe_queue(self, worker_id: str, seconds: float, span: trace.Span | None) -> None:
-        self.queue.labels(self.role_of(worker_id)).observe(max(0.0, seconds), exemplar=trace_exemplar(span))
+    def count_route(self, flow: str, reason: str) -> None:
+        self._route_decisions(flow, reason).inc()
 
-    def observe_e2e(self, seconds: float, span: trace.Span | None = None) -> None:
-        self.e2e.observe(seconds, exemplar=trace_exemplar(span))
+    def observe_ttft(self, worker_id: str, seconds: float, exemplar: Exemplar | None) -> None:
+        self._ttft(self.role_of(worker_id)).observe(seconds, exemplar=exemplar)
+
+    def observe_queue(self, worker_id: str, seconds: float, exemplar: Exemplar | None) -> None:
+        self._queue(self.role_of(worker_id)).observe(max(0.0, seconds), exemplar=exemplar)
+
+    def observe_e2e(self, seconds: float, exemplar: Exemplar | None) -> None:
+        self.e2e.observe(seconds, exemplar=exemplar)
 
     def watch_kv_index(self, stats: Callable[[], IndexStats]) -> None:
         self._kv_index.stats = stats
 
     def record_tokens_between(self, gap_s: float, tokens: int, worker_id: str = "",
-                              span: trace.Span | None = None) -> None:
+                              exemplar: Exemplar | None = None) -> None:
         """One observation per token: a frame of n tokens after `gap_s` is n gaps of gap_s/n."""
         if tokens <= 0:
             return
         per_token = gap_s / tokens
-        itl = self.itl.labels(self.role_of(worker_id))
+        itl = self._itl(self.role_of(worker_id))
         # The n observations fall in one bucket, whose exemplar is its latest: set it once.
-        itl.observe(per_token, exemplar=trace_exemplar(span))
+        itl.observe(per_token, exemplar=exemplar)
         for _ in range(tokens - 1):
             itl.observe(per_token)
 

@@ -25,7 +25,7 @@ from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.nats_secrets import Credentials, CredentialsError, write_credentials
 from shared.nats_security import NatsSecurity
 from shared.nats_server import EmbeddedNats
-from shared.request_plane import FrameSender, ResponseInbox
+from shared.request_plane import FrameQueue, FrameSender, ResponseInbox
 from shared.schemas import Cancel, Drain, KvSnapshotRequest, WorkerStatus
 from shared.schemas.transfer import LeaseAck, LeaseRefused, LeaseRelease, LeaseReply, LeaseRequest
 from shared.subjects import Subjects
@@ -229,7 +229,7 @@ async def test_the_router_answers_a_workers_probe_of_its_inbox_but_publishes_to_
     publish into an inbox it was not asked from (it could forge a worker's replies)."""
     w1, router = await users("worker-w1"), await users("router")
     inbox = await ResponseInbox(router).open()
-    reply = inbox.register(asyncio.Queue())
+    reply = inbox.register(FrameQueue())
     await subscribed(router)
     assert await FrameSender(w1, reply).caller_alive(5.0) is True
     received = await Inbox().subscribe(w1, "_INBOX.worker-w1.forged")

@@ -4,13 +4,13 @@ router's per-role latency histograms (`services.router.metrics`)."""
 from __future__ import annotations
 
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.metrics.exposition import TransferMetrics
 from services.router.metrics import RouterMetrics
 from services.router.routing import WorkerView
 from shared.codec import MalformedCounter
-from shared.prometheus import headers_exemplar, render, trace_exemplar
+from shared.prometheus import Children, headers_exemplar, render, trace_exemplar
 from shared.schemas import TransferRecord, WorkerRole, WorkerStatus
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -46,6 +46,17 @@ def test_trace_exemplar_is_the_span_trace_id() -> None:
     assert trace_exemplar() is None  # no current span
 
 
+def test_children_are_the_metrics_own_looked_up_once() -> None:
+    registry = CollectorRegistry()
+    counter = Counter("things", "Things by kind", ["kind"], registry=registry)
+    children = Children(counter)
+    assert children("a") is children("a") is counter.labels("a")
+    children("a").inc()
+    children("b").inc(2)
+    assert registry.get_sample_value("things_total", {"kind": "a"}) == 1
+    assert registry.get_sample_value("things_total", {"kind": "b"}) == 2
+
+
 def test_headers_exemplar_reads_traceparent() -> None:
     assert headers_exemplar({"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"}) == {"trace_id": TRACE_ID}
     for headers in (None, {}, {"traceparent": "junk"}, {"traceparent": f"00-{'0' * 32}-00f067aa0ba902b7-01"},
@@ -57,10 +68,11 @@ def test_router_latencies_are_per_role_with_exemplars() -> None:
     metrics = RouterMetrics(MalformedCounter())
     metrics.watch_pool(lambda: [view("p1", WorkerRole.PREFILL), view("d1", WorkerRole.DECODE, reported=None)])
     with tracer.start_as_current_span("request") as span:
-        metrics.observe_ttft("p1", 0.2, span)
-        metrics.record_tokens_between(0.02, 2, "d1", span)
-        metrics.observe_queue("p1", 0.001, span)
-        metrics.observe_ttft("gone", 0.3, span)
+        exemplar = trace_exemplar(span)
+        metrics.observe_ttft("p1", 0.2, exemplar)
+        metrics.record_tokens_between(0.02, 2, "d1", exemplar)
+        metrics.observe_queue("p1", 0.001, exemplar)
+        metrics.observe_ttft("gone", 0.3, exemplar)
     sample = metrics.registry.get_sample_value
     assert sample("tandem_router_time_to_first_token_seconds_count", {"role": "prefill"}) == 1
     assert sample("tandem_router_time_to_first_token_seconds_count", {"role": "unknown"}) == 1

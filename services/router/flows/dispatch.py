@@ -74,6 +74,7 @@ from services.router.routing.cold_start import ColdStarts, Hold, HoldRefused
 from services.router.routing.placement.placement import Placements
 from services.router.routing.shortlist import shortlist
 from shared.errors import ErrorCode, TandemError, Unavailable
+from shared.prometheus import trace_exemplar
 from shared.schemas import Finished, RoutedPrompt
 from shared.schemas.generate import FinishReason
 
@@ -219,7 +220,7 @@ class Dispatcher:
                                        span=route_span)
         if admit and not isinstance(routed, RouteRefusal):  # a new request, not a resumed one
             params.route.queue_s = max(0.0, self._clock() - params.arrived_at)
-            self._metrics.observe_queue(routed.plan.computing_worker_id, params.route.queue_s, span)
+            self._metrics.observe_queue(routed.plan.computing_worker_id, params.route.queue_s, trace_exemplar(span))
         if isinstance(routed, RouteRefusal):  # decode-first, and no worker holds enough of the prompt
             span.set_attributes({"tandem.flow": "none", "tandem.route_reason": routed.reason,
                                  "tandem.cached_tokens": routed.cached_tokens})
@@ -272,7 +273,7 @@ class Dispatcher:
                     return self._commit(params, outcome, route, kv, cache)
                 if isinstance(outcome, RouteRefusal):
                     _note_route(params, span, "none", outcome.reason)
-                    self._metrics.route_decisions.labels("none", outcome.reason).inc()
+                    self._metrics.count_route("none", outcome.reason)
                     if outcome.reason == "overloaded":
                         raise TooManyRequests(f"every worker serving {params.model!r} is at its queue limit; "
                                               f"retry later", retry_after_s=self._routing.retry_after_s)
@@ -374,7 +375,7 @@ class Dispatcher:
                 cache: PromptCache) -> CommittedPlan:
         """Count the plan's workers, predict its blocks and record its prefix's placement:
         synchronous, right after `decide` (the placement is as `route`'s snapshot saw it)."""
-        self._metrics.route_decisions.labels(plan.flow, plan.reason).inc()
+        self._metrics.count_route(plan.flow, plan.reason)
         computing = plan.computing_worker_id
         uncached = plan.prompt.uncached_tokens if plan.prompt is not None else len(params.prompt_ids)
         first = self._pool.begin(computing, params.request_id, prefill_tokens=uncached)

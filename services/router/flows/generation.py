@@ -33,6 +33,7 @@ from services.router.flows.stop_strings import StopStringMatcher
 from services.router.flows.token_source import TokenSource
 from services.router.metrics import RouterMetrics
 from shared.errors import Disconnected, ErrorCode, Reconnected, StreamGap, TandemError, Unavailable
+from shared.prometheus import trace_exemplar
 from shared.schemas import TokenLogprobs, Tokens
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Generation:
         self._recorder = recorder
         self._clock = clock
         self._span = span
+        self._exemplar = trace_exemplar(span)  # the request's trace id on its latency observations
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._completion_tokens = 0
@@ -222,9 +224,10 @@ class Generation:
         now = self._clock()
         if self._first_token_at is None:
             self._first_token_at = now
-            self._metrics.observe_ttft(self._source.worker_id, now - self.params.arrived_at, self._span)
+            self._metrics.observe_ttft(self._source.worker_id, now - self.params.arrived_at, self._exemplar)
         elif self._last_token_at is not None:
-            self._metrics.record_tokens_between(now - self._last_token_at, count, self._source.worker_id, self._span)
+            self._metrics.record_tokens_between(now - self._last_token_at, count, self._source.worker_id,
+                                                self._exemplar)
         self._last_token_at = now
         self._completion_tokens += count
 

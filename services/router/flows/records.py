@@ -17,6 +17,7 @@ from services.router.metrics import RouterMetrics
 from services.router.routing.admission import DEFAULT_TENANT, Tenant
 from shared.bus import Bus
 from shared.codec import encode
+from shared.prometheus import trace_exemplar
 from shared.schemas import RequestRecord, SamplingParams
 from shared.subjects import Subjects
 
@@ -86,9 +87,9 @@ class RequestRecorder:
                      finish_reason: str | None = None, usage: TokenUsage | None = None,
                      ttft_s: float | None = None, span: trace.Span | None = None) -> None:
         duration_s = self.clock() - request.arrived_at
-        self.metrics.requests.labels(request.endpoint, outcome).inc()
+        self.metrics.count_request(request.endpoint, outcome)
         if outcome == OUTCOME_OK:
-            self.metrics.observe_e2e(duration_s, span)
+            self.metrics.observe_e2e(duration_s, trace_exemplar(span))
         usage = usage or TokenUsage(0, 0, 0)
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         self.metrics.cached_tokens.inc(usage.cached_tokens)
