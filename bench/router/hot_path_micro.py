@@ -1,6 +1,7 @@
 """CPU of two pieces of the router's hot path, in-process (`time.thread_time`), on whichever
-tree it runs from (`cd <tree> && python <this file>`): how the savings in router-profile.md
-("Three costs, one at a time") were measured.
+tree it runs from (`cd <tree> && PYTHONPATH=. python bench/router/hot_path_micro.py [runs]`):
+how the savings in bench/results/router-profile.md ("Three costs, one at a time") were
+measured.
 
 - `frames`: one generate stream's frames, each arriving while its reader waits
   (`ResponseStream._receive` then `frames()`), per frame.
