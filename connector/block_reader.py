@@ -3,10 +3,10 @@
 A block is sound only if its bytes landed (the transport said so) and their checksum is
 the one the holder took when it pinned the block (CRC-32, carried in the `KvHandle` or in
 `PushDone`): a block reused under an expired lease, or corrupted on the way, fails here
-and is computed instead. Called by the sim's reader (`connector.puller.KvPuller`), the
-push receiver (`connector.push.PushReceiver`) and vLLM's worker-side reader
-(`connector.vllm.connector_worker.WorkerSide`), each with its own `checksum` of a local
-block. Pure: no I/O.
+and is computed instead. Called by every pull's read (`connector.block_io.read_verified`,
+both engines) and by both push receivers (`connector.push.PushReceiver`,
+`connector.vllm.push.VllmPush`), each with its engine's `checksum` of a local block. Pure:
+no I/O.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""Fault injection as a transport: wraps a real transport and breaks transfers as
-configured, so failure handling is exercised through the production code path.
+"""Fault injection as a wrapper of the block-I/O port: breaks transfers as configured, so
+failure handling is exercised through the production code path. Reads: `FaultInjectingReader`,
+around any `connector.block_io.BlockReader`, the same for both engines (the sim's transport,
+through `FaultInjectingTransport`; vLLM's pages, in `connector.vllm.connector_worker`).
+Writes: `FaultInjectingTransport` (the sim's push) and vLLM's `connector_push`.
 
 - `fail_fraction`: chosen blocks are reported failed and their landed bytes scribbled over
   (a partly written block is garbage);
@@ -25,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from connector.block_io import BlockReader
 from connector.transport import KvTransport, TransferResult
 from shared.config import KvFaultConfig
 
@@ -44,8 +48,7 @@ def blocks_before_cut(config: KvFaultConfig, count: int) -> int:
 class ReadFaults:
     """One reader's injected read faults: which blocks misbehave on this read. Remembers,
     per (holder agent, holder block id), the reads a chosen block has failed (transient
-    faults) and the blocks a cut left unread. Shared by this transport and vLLM's
-    worker-side reader (`connector.vllm.connector_worker`)."""
+    faults) and the blocks a cut left unread."""
 
     def __init__(self, config: KvFaultConfig) -> None:
         self.config = config
@@ -99,14 +102,46 @@ def inject_read_faults(config: KvFaultConfig, remote_block_ids: Sequence[int], l
     return ReadFaults(config).inject("", remote_block_ids, local_block_ids, ok, scribble)
 
 
+class FaultInjectingReader:
+    """The block-I/O port (`connector.block_io.BlockReader`) with read faults injected: the
+    one wrapper both engines' readers go through (the sim's transport, vLLM's pages).
+    `scribble(local_block_id)` makes a local block garbage."""
+
+    def __init__(self, inner: BlockReader, faults: ReadFaults, scribble: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._faults = faults
+        self._scribble = scribble
+
+    async def read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], *,
+                   timeout_s: float) -> TransferResult:
+        config = self._faults.config
+        if config.delay_s:
+            await asyncio.sleep(config.delay_s)
+        if config.fail_transfer:
+            return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
+        count = len(local_block_ids)
+        cut = self._faults.blocks_before_cut(peer, remote_block_ids)
+        result = await self._inner.read(peer, remote_block_ids[:cut], local_block_ids[:cut], timeout_s=timeout_s)
+        ok = list(result.ok) + [False] * (count - cut)
+        injected = self._faults.inject(peer, remote_block_ids, local_block_ids, ok, self._scribble)
+        outcome = result.outcome if cut == count else "failed"
+        reason = result.reason or ("injected: transfer cut" if cut < count else "") or (
+            "injected: blocks failed" if injected else "")
+        return TransferResult(outcome=outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
+                              reason=reason)
+
+
 class FaultInjectingTransport:
+    """A transport whose reads go through `FaultInjectingReader` and whose writes drop the
+    blocks chosen to fail."""
+
     def __init__(self, inner: KvTransport, config: KvFaultConfig, local_buffer: np.ndarray, block_nbytes: int) -> None:
         config.validate()
         self._inner = inner
         self.config = config
-        self._faults = ReadFaults(config)
         self._blocks = local_buffer.reshape(-1)[: (local_buffer.size // block_nbytes) * block_nbytes].reshape(
             -1, block_nbytes)
+        self._reader = FaultInjectingReader(inner, ReadFaults(config), self._scribble)
 
     @property
     def agent_name(self) -> str:
@@ -132,20 +167,7 @@ class FaultInjectingTransport:
 
     async def read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], *,
                    timeout_s: float) -> TransferResult:
-        config = self.config
-        if config.delay_s:
-            await asyncio.sleep(config.delay_s)
-        if config.fail_transfer:
-            return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
-        count = len(local_block_ids)
-        cut = self._faults.blocks_before_cut(peer, remote_block_ids)
-        result = await self._inner.read(peer, remote_block_ids[:cut], local_block_ids[:cut], timeout_s=timeout_s)
-        ok = result.ok + [False] * (count - cut)
-        self._faults.inject(peer, remote_block_ids, local_block_ids, ok, self._scribble)
-        outcome = result.outcome if cut == count else "failed"
-        reason = result.reason or ("injected: transfer cut" if cut < count else "")
-        return TransferResult(outcome=outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
-                              reason=reason)
+        return await self._reader.read(peer, remote_block_ids, local_block_ids, timeout_s=timeout_s)
 
     async def write(self, peer: str, local_block_ids: list[int], remote_block_ids: list[int], *,
                     timeout_s: float, layer: int | None = None) -> TransferResult:
