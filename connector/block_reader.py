@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from shared.schemas.transfer import PushDone
+
 
 def verified_blocks(landed: Sequence[bool], local_block_ids: Sequence[int], expected_checksums: Sequence[int],
                     checksum: Callable[[int], int]) -> list[bool]:
@@ -20,3 +22,10 @@ def verified_blocks(landed: Sequence[bool], local_block_ids: Sequence[int], expe
     fails the block). Blocks that did not land are not checksummed."""
     return [bool(ok) and index < len(expected_checksums) and checksum(block_id) == expected_checksums[index]
             for index, (ok, block_id) in enumerate(zip(landed, local_block_ids))]
+
+
+def pushed_blocks(message: PushDone, count: int) -> list[bool]:
+    """Per target block of a push: its bytes landed, as the writer's `PushDone` says (every
+    layer written). Not yet verified."""
+    failed = set(message.failed_blocks)
+    return [message.outcome in ("done", "failed") and index not in failed for index in range(count)]

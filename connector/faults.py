@@ -2,7 +2,8 @@
 failure handling is exercised through the production code path. Reads: `FaultInjectingReader`,
 around any `connector.block_io.BlockReader`, the same for both engines (the sim's transport,
 through `FaultInjectingTransport`; vLLM's pages, in `connector.vllm.connector_worker`).
-Writes: `FaultInjectingTransport` (the sim's push) and vLLM's `connector_push`.
+Writes: one rule (`write_faults`) for the sim's push (`FaultInjectingTransport`) and vLLM's
+(`connector.vllm.connector_push`).
 
 - `fail_fraction`: chosen blocks are reported failed and their landed bytes scribbled over
   (a partly written block is garbage);
@@ -26,6 +27,7 @@ import asyncio
 import hashlib
 from collections.abc import Callable, Sequence
 
+import msgspec
 import numpy as np
 
 from connector.block_io import BlockReader
@@ -38,6 +40,27 @@ def chosen(seed: int, salt: str, block_id: int, fraction: float) -> bool:
         return False
     digest = hashlib.blake2b(f"{seed}:{salt}:{block_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+class WriteFaults(msgspec.Struct, frozen=True, kw_only=True):
+    """Positions of a write's blocks: those to write, and those to report failed."""
+
+    written: list[int]
+    failed: list[int]
+
+
+def write_faults(config: KvFaultConfig, remote_block_ids: Sequence[int]) -> WriteFaults:
+    """The one write rule of both engines' writers (the sim's `FaultInjectingTransport`,
+    vLLM's `connector.vllm.connector_push`), chosen by the reader's block ids: a block chosen
+    to fail is not written and is reported failed; one chosen to corrupt is not written but
+    reported written (only the reader's checksum catches it)."""
+    written, failed = [], []
+    for position, remote in enumerate(remote_block_ids):
+        if chosen(config.seed, "fail", remote, config.fail_fraction):
+            failed.append(position)
+        elif not chosen(config.seed, "corrupt", remote, config.corrupt_fraction):
+            written.append(position)
+    return WriteFaults(written=written, failed=failed)
 
 
 def blocks_before_cut(config: KvFaultConfig, count: int) -> int:
@@ -132,8 +155,8 @@ class FaultInjectingReader:
 
 
 class FaultInjectingTransport:
-    """A transport whose reads go through `FaultInjectingReader` and whose writes drop the
-    blocks chosen to fail."""
+    """A transport whose reads go through `FaultInjectingReader` and whose writes follow
+    `write_faults`."""
 
     def __init__(self, inner: KvTransport, config: KvFaultConfig, local_buffer: np.ndarray, block_nbytes: int) -> None:
         config.validate()
@@ -176,12 +199,12 @@ class FaultInjectingTransport:
             await asyncio.sleep(config.delay_s)
         if config.fail_transfer:
             return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
-        keep = [i for i, remote in enumerate(remote_block_ids)
-                if not chosen(config.seed, "fail", remote, config.fail_fraction)]
-        result = await self._inner.write(peer, [local_block_ids[i] for i in keep], [remote_block_ids[i] for i in keep],
-                                         timeout_s=timeout_s, layer=layer)
-        ok = [False] * len(local_block_ids)
-        for position, index in enumerate(keep):
+        faults = write_faults(config, remote_block_ids)
+        result = await self._inner.write(peer, [local_block_ids[i] for i in faults.written],
+                                         [remote_block_ids[i] for i in faults.written], timeout_s=timeout_s,
+                                         layer=layer)
+        ok = [position not in faults.failed for position in range(len(local_block_ids))]
+        for position, index in enumerate(faults.written):
             ok[index] = result.ok[position]
         return TransferResult(outcome=result.outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
                               reason=result.reason)

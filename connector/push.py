@@ -19,7 +19,7 @@ import time
 
 import msgspec
 
-from connector.block_reader import verified_blocks
+from connector.block_reader import pushed_blocks, verified_blocks
 from connector.port import KvPort
 from connector.spans import tracer
 from connector.transport import KvTransport, TransferResult
@@ -156,9 +156,7 @@ class PushReceiver:
                adapter: str = "") -> list[bool]:
         """Verify and commit what arrived; unpins what did not. Returns per-block success."""
         targets = self.target.block_ids
-        failed = set(message.failed_blocks)
-        landed = [message.outcome in ("done", "failed") and index not in failed for index in range(len(targets))]
-        ok = verified_blocks(landed, targets, message.checksums, self._port.checksum)
+        ok = verified_blocks(pushed_blocks(message, len(targets)), targets, message.checksums, self._port.checksum)
         committed = self._port.commit_transferred(targets, block_hashes[: len(targets)],
                                                   token_ids[: len(targets) * self.block_size], None, ok,
                                                   adapter=adapter)

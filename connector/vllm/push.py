@@ -27,7 +27,7 @@ import time
 
 from opentelemetry import trace
 
-from connector.block_reader import verified_blocks
+from connector.block_reader import pushed_blocks, verified_blocks
 from connector.dataplane import Prepared
 from connector.push import LayerWrite
 from connector.spans import tracer
@@ -187,7 +187,7 @@ class VllmPush:
             raise Unavailable(f"the prefill worker failed: {message.outcome}")
         targets = receiver.target.block_ids
         failed = set(message.failed_blocks)
-        landed = [message.outcome in ("done", "failed") and index not in failed for index in range(len(targets))]
+        landed = pushed_blocks(message, len(targets))
         try:
             ours = dict(zip(targets, await link.checksums(targets))) if any(landed) else {}
             ok = verified_blocks(landed, targets, message.checksums, lambda block_id: ours[block_id])
