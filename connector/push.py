@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -23,6 +24,7 @@ from connector.block_reader import pushed_blocks, verified_blocks
 from connector.port import KvPort
 from connector.spans import tracer
 from connector.transport import KvTransport, TransferResult
+from shared.errors import Timeout, Unavailable
 from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
 
 log = logging.getLogger(__name__)
@@ -137,6 +139,24 @@ class PushWriter:
         if self._span.is_recording():
             self._span.set_attribute("tandem.kv.outcome", "aborted")
             self._span.end()
+
+
+async def wait_for_push(done: asyncio.Future[PushDone], wait_s: float, give_back: Callable[[], None]) -> PushDone:
+    """The reader's wait, for both engines: the writer's `PushDone` with a first token, within
+    `wait_s`. Otherwise the target blocks are given back (`give_back`) and the wait ends in
+    Timeout, Unavailable (the writer failed) or the caller's cancellation."""
+    try:
+        message = await asyncio.wait_for(asyncio.shield(done), wait_s)
+    except asyncio.TimeoutError:
+        give_back()
+        raise Timeout(f"no push from the prefill worker within {wait_s:g}s") from None
+    except BaseException:
+        give_back()
+        raise
+    if message.first_token is None:
+        give_back()
+        raise Unavailable(f"the prefill worker failed: {message.outcome}")
+    return message
 
 
 class PushReceiver:

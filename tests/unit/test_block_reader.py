@@ -1,15 +1,21 @@
-"""The rules every reader shares (checksum verification, injected read faults) and the vLLM
+"""The rules every reader shares (checksum verification, injected faults, the push wait) and the vLLM
 data plane's staging of orders, without vLLM, NIXL or NATS."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from connector.block_reader import pushed_blocks, verified_blocks
 from connector.dataplane import Prepared
 from connector.faults import blocks_before_cut, chosen, inject_read_faults, write_faults
+from connector.push import wait_for_push
 from connector.vllm.engine_port import StagedTransfer
 from connector.vllm.kv_wire import TransferOrder
 from connector.vllm.worker_kv import VllmWorkerKv
 from shared.config import KvFaultConfig, WorkerConfig
+from shared.errors import Timeout, Unavailable
 from shared.schemas import GenerateRequest, KvTransferParams, PushDone, SamplingParams
 
 
@@ -49,6 +55,21 @@ def test_a_push_landed_where_the_writer_says_so() -> None:
     done = PushDone(transfer_id="t", outcome="failed", checksums=[], failed_blocks=[1])
     assert pushed_blocks(done, 3) == [True, False, True]
     assert pushed_blocks(PushDone(transfer_id="t", outcome="cancelled", checksums=[]), 2) == [False, False]
+
+
+async def test_the_push_wait_gives_the_blocks_back_unless_a_first_token_came() -> None:
+    given_back: list[str] = []
+    loop = asyncio.get_running_loop()
+    with pytest.raises(Timeout):
+        await wait_for_push(loop.create_future(), 0.01, lambda: given_back.append("timeout"))
+    failed = loop.create_future()
+    failed.set_result(PushDone(transfer_id="t", outcome="failed", checksums=[]))
+    with pytest.raises(Unavailable):
+        await wait_for_push(failed, 1.0, lambda: given_back.append("failed"))
+    done = loop.create_future()
+    done.set_result(PushDone(transfer_id="t", outcome="done", checksums=[1], first_token=7))
+    assert (await wait_for_push(done, 1.0, lambda: given_back.append("done"))).first_token == 7
+    assert given_back == ["timeout", "failed"]
 
 
 class StagingEngine:
