@@ -11,7 +11,7 @@ requests decoding here go on meanwhile; the pulling request waits in vLLM until
 reader's (`connector.block_io.read_verified`: read, verify each block against the holder's
 checksum, read the failed ones again, bounded in time), over this side's block-I/O port
 (`PageReads`), wrapped in the same fault injection (`connector.faults.FaultInjectingReader`);
-it runs on the loader thread, in an event loop of its own. Blocks that still failed go to
+it runs on the loader thread, in that thread's own event loop. Blocks that still failed go to
 vLLM through `get_block_ids_with_load_errors` in the step whose `get_finished` names the
 request (vLLM rolls it back to its first failed block), and every pull ends in exactly
 one `Loaded` report to the Tandem worker, sent from the engine thread. Pushes (the writer's
@@ -97,6 +97,7 @@ class WorkerSide:
         # Pulls run one at a time on a thread of their own, beside the forward passes: the
         # streams decoding here go on while a new request's KV arrives.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-kv-load")
+        self._loader_loop = asyncio.new_event_loop()  # runs each pull's read, on the loader thread only
         self._done_lock = threading.Lock()
         self._done: list[tuple[str, Loaded, list[int]]] = []  # ended pulls: request id, report, failed blocks
         self.loads = 0  # pulls performed, for diagnostics
@@ -164,6 +165,7 @@ class WorkerSide:
 
     def close(self) -> None:
         self._loader.shutdown(wait=True, cancel_futures=True)
+        self._loader_loop.close()
         self.pushes.close()
         if self._agent is not None:
             self._agent.close()
@@ -212,9 +214,9 @@ class WorkerSide:
             return Loaded(ok=[], reason="every block was cached locally", **report), []
         self.loads += 1
         reader = FaultInjectingReader(PageReads(self, spec.agent_metadata), self._faults, self._scribble)
-        read = asyncio.run(read_verified(reader, self._checksum, spec.agent_name, spec.remote_block_ids,
-                                         spec.local_block_ids, spec.checksums, retry=self._retry,
-                                         timeout_s=self._agent_config.default_timeout_s))
+        read = self._loader_loop.run_until_complete(read_verified(
+            reader, self._checksum, spec.agent_name, spec.remote_block_ids, spec.local_block_ids, spec.checksums,
+            retry=self._retry, timeout_s=self._agent_config.default_timeout_s))
         failed = [block_id for block_id, good in zip(spec.local_block_ids, read.ok) if not good]
         if failed:
             log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes from the first",
