@@ -1,5 +1,9 @@
-"""Fault injection as a transport: wraps a real transport and breaks transfers as
-configured, so failure handling is exercised through the production code path.
+"""Fault injection as a wrapper of the block-I/O port: breaks transfers as configured, so
+failure handling is exercised through the production code path. Reads: `FaultInjectingReader`,
+around any `connector.block_io.BlockReader`, the same for both engines (the sim's transport,
+through `FaultInjectingTransport`; vLLM's pages, in `connector.vllm.connector_worker`).
+Writes: one rule (`write_faults`) for the sim's push (`FaultInjectingTransport`) and vLLM's
+(`connector.vllm.connector_push`).
 
 - `fail_fraction`: chosen blocks are reported failed and their landed bytes scribbled over
   (a partly written block is garbage);
@@ -23,8 +27,10 @@ import asyncio
 import hashlib
 from collections.abc import Callable, Sequence
 
+import msgspec
 import numpy as np
 
+from connector.block_io import BlockReader
 from connector.transport import KvTransport, TransferResult
 from shared.config import KvFaultConfig
 
@@ -36,6 +42,27 @@ def chosen(seed: int, salt: str, block_id: int, fraction: float) -> bool:
     return int.from_bytes(digest, "little") / 2**64 < fraction
 
 
+class WriteFaults(msgspec.Struct, frozen=True, kw_only=True):
+    """Positions of a write's blocks: those to write, and those to report failed."""
+
+    written: list[int]
+    failed: list[int]
+
+
+def write_faults(config: KvFaultConfig, remote_block_ids: Sequence[int]) -> WriteFaults:
+    """The one write rule of both engines' writers (the sim's `FaultInjectingTransport`,
+    vLLM's `connector.vllm.connector_push`), chosen by the reader's block ids: a block chosen
+    to fail is not written and is reported failed; one chosen to corrupt is not written but
+    reported written (only the reader's checksum catches it)."""
+    written, failed = [], []
+    for position, remote in enumerate(remote_block_ids):
+        if chosen(config.seed, "fail", remote, config.fail_fraction):
+            failed.append(position)
+        elif not chosen(config.seed, "corrupt", remote, config.corrupt_fraction):
+            written.append(position)
+    return WriteFaults(written=written, failed=failed)
+
+
 def blocks_before_cut(config: KvFaultConfig, count: int) -> int:
     """How many blocks of a `count`-block read are copied before the injected cut."""
     return count if config.cut_after_blocks is None else min(count, config.cut_after_blocks)
@@ -44,8 +71,7 @@ def blocks_before_cut(config: KvFaultConfig, count: int) -> int:
 class ReadFaults:
     """One reader's injected read faults: which blocks misbehave on this read. Remembers,
     per (holder agent, holder block id), the reads a chosen block has failed (transient
-    faults) and the blocks a cut left unread. Shared by this transport and vLLM's
-    worker-side reader (`connector.vllm.connector_worker`)."""
+    faults) and the blocks a cut left unread."""
 
     def __init__(self, config: KvFaultConfig) -> None:
         self.config = config
@@ -99,14 +125,46 @@ def inject_read_faults(config: KvFaultConfig, remote_block_ids: Sequence[int], l
     return ReadFaults(config).inject("", remote_block_ids, local_block_ids, ok, scribble)
 
 
+class FaultInjectingReader:
+    """The block-I/O port (`connector.block_io.BlockReader`) with read faults injected: the
+    one wrapper both engines' readers go through (the sim's transport, vLLM's pages).
+    `scribble(local_block_id)` makes a local block garbage."""
+
+    def __init__(self, inner: BlockReader, faults: ReadFaults, scribble: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._faults = faults
+        self._scribble = scribble
+
+    async def read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], *,
+                   timeout_s: float) -> TransferResult:
+        config = self._faults.config
+        if config.delay_s:
+            await asyncio.sleep(config.delay_s)
+        if config.fail_transfer:
+            return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
+        count = len(local_block_ids)
+        cut = self._faults.blocks_before_cut(peer, remote_block_ids)
+        result = await self._inner.read(peer, remote_block_ids[:cut], local_block_ids[:cut], timeout_s=timeout_s)
+        ok = list(result.ok) + [False] * (count - cut)
+        injected = self._faults.inject(peer, remote_block_ids, local_block_ids, ok, self._scribble)
+        outcome = result.outcome if cut == count else "failed"
+        reason = result.reason or ("injected: transfer cut" if cut < count else "") or (
+            "injected: blocks failed" if injected else "")
+        return TransferResult(outcome=outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
+                              reason=reason)
+
+
 class FaultInjectingTransport:
+    """A transport whose reads go through `FaultInjectingReader` and whose writes follow
+    `write_faults`."""
+
     def __init__(self, inner: KvTransport, config: KvFaultConfig, local_buffer: np.ndarray, block_nbytes: int) -> None:
         config.validate()
         self._inner = inner
         self.config = config
-        self._faults = ReadFaults(config)
         self._blocks = local_buffer.reshape(-1)[: (local_buffer.size // block_nbytes) * block_nbytes].reshape(
             -1, block_nbytes)
+        self._reader = FaultInjectingReader(inner, ReadFaults(config), self._scribble)
 
     @property
     def agent_name(self) -> str:
@@ -132,20 +190,7 @@ class FaultInjectingTransport:
 
     async def read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], *,
                    timeout_s: float) -> TransferResult:
-        config = self.config
-        if config.delay_s:
-            await asyncio.sleep(config.delay_s)
-        if config.fail_transfer:
-            return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
-        count = len(local_block_ids)
-        cut = self._faults.blocks_before_cut(peer, remote_block_ids)
-        result = await self._inner.read(peer, remote_block_ids[:cut], local_block_ids[:cut], timeout_s=timeout_s)
-        ok = result.ok + [False] * (count - cut)
-        self._faults.inject(peer, remote_block_ids, local_block_ids, ok, self._scribble)
-        outcome = result.outcome if cut == count else "failed"
-        reason = result.reason or ("injected: transfer cut" if cut < count else "")
-        return TransferResult(outcome=outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
-                              reason=reason)
+        return await self._reader.read(peer, remote_block_ids, local_block_ids, timeout_s=timeout_s)
 
     async def write(self, peer: str, local_block_ids: list[int], remote_block_ids: list[int], *,
                     timeout_s: float, layer: int | None = None) -> TransferResult:
@@ -154,12 +199,12 @@ class FaultInjectingTransport:
             await asyncio.sleep(config.delay_s)
         if config.fail_transfer:
             return TransferResult(outcome="failed", ok=[False] * len(local_block_ids), reason="injected: transfer failed")
-        keep = [i for i, remote in enumerate(remote_block_ids)
-                if not chosen(config.seed, "fail", remote, config.fail_fraction)]
-        result = await self._inner.write(peer, [local_block_ids[i] for i in keep], [remote_block_ids[i] for i in keep],
-                                         timeout_s=timeout_s, layer=layer)
-        ok = [False] * len(local_block_ids)
-        for position, index in enumerate(keep):
+        faults = write_faults(config, remote_block_ids)
+        result = await self._inner.write(peer, [local_block_ids[i] for i in faults.written],
+                                         [remote_block_ids[i] for i in faults.written], timeout_s=timeout_s,
+                                         layer=layer)
+        ok = [position not in faults.failed for position in range(len(local_block_ids))]
+        for position, index in enumerate(faults.written):
             ok[index] = result.ok[position]
         return TransferResult(outcome=result.outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
                               reason=result.reason)

@@ -18,12 +18,10 @@ import time
 import msgspec
 from opentelemetry import trace
 
-from connector.block_reader import verified_blocks
+from connector.block_io import BlockReader, VerifiedRead, read_verified
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
-from connector.retry import BlockRetry, retry_async
 from connector.spans import block_failures
-from connector.transport import KvTransport, TransferResult
 from shared.config import KvRetryConfig
 from shared.schemas.transfer import KvHandle, TransferKind, TransferOutcome, TransferRecord
 
@@ -54,16 +52,17 @@ class PullOutcome(msgspec.Struct, kw_only=True):
 
 
 class KvPuller:
-    """Reads a handle's blocks through the transport into blocks the port allocates; the
-    lease half (grants, releases, agent metadata) is the shared `LeaseClient`."""
+    """Reads a handle's blocks through the block-I/O port (`connector.block_io`: the worker's
+    transport) into blocks the port allocates; the lease half (grants, releases, agent
+    metadata) is the shared `LeaseClient`."""
 
-    def __init__(self, leases: LeaseClient, port: KvPort, transport: KvTransport, *,
+    def __init__(self, leases: LeaseClient, port: KvPort, reader: BlockReader, *,
                  transfer_timeout_s: float = 10.0, retry: KvRetryConfig = KvRetryConfig()) -> None:
         self.leases = leases
         self.worker_id = leases.worker_id
         self.block_size = leases.block_size
         self._port = port
-        self._transport = transport
+        self._reader = reader
         self._transfer_timeout_s = transfer_timeout_s
         self._retry = retry
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
@@ -87,27 +86,25 @@ class KvPuller:
             await self._release(handle, "cancelled", pinned)
             return PullOutcome(pinned_block_ids=pinned, record=self._record(
                 request_id, handle, kind, "cancelled", count, 0, 0, started, reason="no free blocks"))
-        retry = BlockRetry(self._retry, 0.0)  # none unless the holder was reached
         try:
             if not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
-                result = TransferResult(outcome="failed", ok=[False] * count, reason="holder unreachable")
-                ok = [False] * count
+                read = VerifiedRead(landed=[False] * count, first_ok=[False] * count, ok=[False] * count, nbytes=0,
+                                    reason="holder unreachable", retried=0, recovered=0)
             else:
-                result = await self._transport.read(handle.agent_name, handle.block_ids[first:wanted], targets,
-                                                    timeout_s=self._transfer_timeout_s)
-                ok = verified_blocks(result.ok, targets, handle.checksums[first:wanted], self._port.checksum)
-                trace.get_current_span().set_attributes(block_failures(list(result.ok), ok, first))  # the pull's
-                retry = await self._read_again(handle, first, targets, ok, result)
+                read = await read_verified(self._reader, self._port.checksum, handle.agent_name,
+                                           handle.block_ids[first:wanted], targets, handle.checksums[first:wanted],
+                                           retry=self._retry, timeout_s=self._transfer_timeout_s)
+                trace.get_current_span().set_attributes(block_failures(read.landed, read.first_ok, first))  # the pull's
         except asyncio.CancelledError:  # the request was cancelled mid-pull: give everything back
             self._port.unpin(pinned + targets)
             self._background(self.leases.release(handle, "cancelled"))
             raise
+        ok, reason = read.ok, read.reason
         landed_failed = [first + i for i, good in enumerate(ok) if not good]
         lease_held = await self._release(handle, "done" if not landed_failed else "failed", pinned + targets,
                                          landed_failed)
         if lease_held is False:  # expired under us: what we read may be another request's KV
-            ok = [False] * count
-            result = TransferResult(outcome="failed", ok=ok, reason="lease expired before the pull ended")
+            ok, reason = [False] * count, "lease expired before the pull ended"
         parent = handle.block_hashes[first - 1] if first else None
         committed = self._port.commit_transferred(targets, handle.block_hashes[first:wanted],
                                                   token_ids[first * self.block_size: wanted * self.block_size],
@@ -116,38 +113,17 @@ class KvPuller:
         self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
         pinned += [block_id for block_id, good in zip(targets, committed) if good]
         outcome: TransferOutcome = "done" if not failed else ("expired" if lease_held is False else "failed")
-        reason = result.reason or (f"{len(failed)} block(s) failed verification" if failed else "")
+        reason = reason or (f"{len(failed)} block(s) failed verification" if failed else "")
         if failed:
             log.warning("%s: pull of %s from %s: %d of %d block(s) failed (%s); they will be computed",
                         self.worker_id, request_id, handle.holder_worker_id, len(failed), count, reason)
-        if retry.retried:
-            trace.get_current_span().set_attributes({"tandem.kv.blocks_retried": retry.retried,
-                                                     "tandem.kv.blocks_recovered": retry.recovered})
-        record = self._record(request_id, handle, kind, outcome, count, count - len(failed), result.nbytes, started,
+        if read.retried:
+            trace.get_current_span().set_attributes({"tandem.kv.blocks_retried": read.retried,
+                                                     "tandem.kv.blocks_recovered": read.recovered})
+        record = self._record(request_id, handle, kind, outcome, count, count - len(failed), read.nbytes, started,
                               reason=reason)
         return PullOutcome(pinned_block_ids=pinned, record=msgspec.structs.replace(
-            record, blocks_retried=retry.retried, blocks_recovered=retry.recovered))
-
-    async def _read_again(self, handle: KvHandle, first: int, targets: list[int], ok: list[bool],
-                          result: TransferResult) -> BlockRetry:
-        """Retry the blocks of `ok` that failed (same holder, same lease, same local blocks);
-        updates `ok`, and `result`'s bytes and reason once every block is sound."""
-        remote, checksums = handle.block_ids[first:], handle.checksums[first:]
-
-        async def read(indices: list[int], timeout_s: float) -> list[bool]:
-            local = [targets[index] for index in indices]
-            again = await self._transport.read(handle.agent_name, [remote[index] for index in indices], local,
-                                               timeout_s=timeout_s)
-            result.nbytes += again.nbytes
-            return verified_blocks(again.ok, local, [checksums[index] for index in indices], self._port.checksum)
-
-        retry = await retry_async(self._retry, ok, read, cap_s=self._transfer_timeout_s)
-        if retry.recovered:
-            log.info("%s: %d of %d failed block(s) from %s recovered on retry", self.worker_id, retry.recovered,
-                     retry.retried, handle.holder_worker_id)
-            if all(ok):
-                result.reason = ""
-        return retry
+            record, blocks_retried=read.retried, blocks_recovered=read.recovered))
 
     async def _release(self, handle: KvHandle, outcome: TransferOutcome, pinned: list[int],
                        failed_blocks: list[int] = ()) -> bool | None:

@@ -16,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 
-from connector.block_reader import verified_blocks
+from connector.block_reader import pushed_blocks, verified_blocks
 from connector.port import KvPort
 from connector.spans import tracer
 from connector.transport import KvTransport, TransferResult
+from shared.errors import Timeout, Unavailable
 from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,24 @@ class PushWriter:
             self._span.end()
 
 
+async def wait_for_push(done: asyncio.Future[PushDone], wait_s: float, give_back: Callable[[], None]) -> PushDone:
+    """The reader's wait, for both engines: the writer's `PushDone` with a first token, within
+    `wait_s`. Otherwise the target blocks are given back (`give_back`) and the wait ends in
+    Timeout, Unavailable (the writer failed) or the caller's cancellation."""
+    try:
+        message = await asyncio.wait_for(asyncio.shield(done), wait_s)
+    except asyncio.TimeoutError:
+        give_back()
+        raise Timeout(f"no push from the prefill worker within {wait_s:g}s") from None
+    except BaseException:
+        give_back()
+        raise
+    if message.first_token is None:
+        give_back()
+        raise Unavailable(f"the prefill worker failed: {message.outcome}")
+    return message
+
+
 class PushReceiver:
     """Decode side of one push: the target blocks, and the wait for `PushDone`."""
 
@@ -156,9 +176,7 @@ class PushReceiver:
                adapter: str = "") -> list[bool]:
         """Verify and commit what arrived; unpins what did not. Returns per-block success."""
         targets = self.target.block_ids
-        failed = set(message.failed_blocks)
-        landed = [message.outcome in ("done", "failed") and index not in failed for index in range(len(targets))]
-        ok = verified_blocks(landed, targets, message.checksums, self._port.checksum)
+        ok = verified_blocks(pushed_blocks(message, len(targets)), targets, message.checksums, self._port.checksum)
         committed = self._port.commit_transferred(targets, block_hashes[: len(targets)],
                                                   token_ids[: len(targets) * self.block_size], None, ok,
                                                   adapter=adapter)

@@ -8,10 +8,8 @@ read is bounded by what is left of the deadline. A route plan names one holder p
 (`KvTransferParams.prefix_holder` or the P/D handle's), so there is no other holder to
 try.
 
-`BlockRetry` is the policy (pure: the caller passes the clock); `retry_async` and
-`retry_sync` are its two loops, for the sim's reader (`connector.puller.KvPuller`, on an
-event loop) and vLLM's worker-side reader (`connector.vllm.connector_worker.WorkerSide`,
-inside a model step).
+`BlockRetry` is the policy (pure: the caller passes the clock); `retry_async` is its loop,
+run by every engine's pull (`connector.block_io.read_verified`).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from shared.config import KvRetryConfig
 # A retry's read: the indices (into the pull's blocks) to read again and the time it may
 # take; per index, whether the block now arrived and verified.
 AsyncRead = Callable[[list[int], float], Awaitable[list[bool]]]
-SyncRead = Callable[[list[int], float], list[bool]]
 
 
 class BlockRetry:
@@ -70,13 +67,4 @@ async def retry_async(config: KvRetryConfig, ok: list[bool], read: AsyncRead, *,
     retry = BlockRetry(config, clock())
     while indices := retry.next(ok, clock()):
         retry.merge(ok, indices, await read(indices, retry.timeout_s(clock(), cap_s)))
-    return retry
-
-
-def retry_sync(config: KvRetryConfig, ok: list[bool], read: SyncRead, *, cap_s: float,
-               clock: Callable[[], float] = time.monotonic) -> BlockRetry:
-    """`retry_async` for a reader that blocks (vLLM's model step)."""
-    retry = BlockRetry(config, clock())
-    while indices := retry.next(ok, clock()):
-        retry.merge(ok, indices, read(indices, retry.timeout_s(clock(), cap_s)))
     return retry

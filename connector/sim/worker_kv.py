@@ -11,7 +11,6 @@ Built by the sim engine's spec (`services/worker/sim/spec.py`).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from opentelemetry import trace
@@ -20,7 +19,7 @@ from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
 from connector.puller import KvPuller
-from connector.push import PushReceiver, PushWriter
+from connector.push import PushReceiver, PushWriter, wait_for_push
 from connector.sim.holder import KvHolder
 from connector.spans import block_failures, end_transfer_span, tracer, transfer_attributes
 from connector.transport import KvTransport
@@ -28,7 +27,7 @@ from shared.block_hash import adapter_root, block_hash_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
-from shared.errors import InvalidArgument, Timeout, Unavailable
+from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferRecord
 from shared.tracing import inject_headers
@@ -134,18 +133,11 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
                             receiver: PushReceiver) -> tuple[int, Prepared, TransferRecord]:
         started = time.monotonic()
         try:
-            message = await asyncio.wait_for(asyncio.shield(receiver.done), self._push_wait_s)
-        except asyncio.TimeoutError:
-            self.port.unpin(receiver.target.block_ids)
-            raise Timeout(f"no push from the prefill worker within {self._push_wait_s:g}s") from None
-        except BaseException:
-            self.port.unpin(receiver.target.block_ids)
-            raise
+            message = await wait_for_push(receiver.done, self._push_wait_s,
+                                          lambda: self.port.unpin(receiver.target.block_ids))
         finally:
             self._receivers.pop(receiver.target.transfer_id, None)
-        if message.first_token is None:
-            self.port.unpin(receiver.target.block_ids)
-            raise Unavailable(f"the prefill worker failed: {message.outcome}")
+        assert message.first_token is not None
         hashes = block_hash_chain(request.token_ids, self.block_size, parent_hash=adapter_root(request.adapter))
         committed = receiver.commit(message, request.token_ids, hashes, adapter=request.adapter)
         not_sent = set(message.failed_blocks)

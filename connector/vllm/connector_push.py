@@ -12,9 +12,9 @@ hook named them) and any block a layer hook missed, waits for every write (bound
 checksums its own copy of each block and sends the one `Pushed` report, before the step's
 output (the first token) leaves the engine.
 
-Faults (`connector.faults`, chosen by the reader's block id, as the sim's writer does):
-a block chosen to fail is not written and is reported failed; one chosen to corrupt is
-not written but reported written (only the reader's checksum catches it).
+Faults: the sim writer's rule (`connector.faults.write_faults`, chosen by the reader's
+block id): a block chosen to fail is not written and is reported failed; one chosen to
+corrupt is not written but reported written (only the reader's checksum catches it).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from concurrent.futures import wait as wait_futures
 
 import numpy as np
 
-from connector.faults import chosen
+from connector.faults import write_faults
 from connector.nixl_agent import KvAgent
 from connector.vllm.kv_pages import PageGeometry, page_ids
 from connector.vllm.kv_reports import ReportSender
@@ -143,15 +143,9 @@ class PushWrites:
 
     def _keep(self, push: _Push, indices: list[int]) -> list[int]:
         """Positions in `indices` to write; blocks chosen to fail are marked failed."""
-        faults = self._faults
-        keep = []
-        for position, index in enumerate(indices):
-            remote = push.target[index]
-            if chosen(faults.seed, "fail", remote, faults.fail_fraction):
-                push.failed.add(index)
-            elif not chosen(faults.seed, "corrupt", remote, faults.corrupt_fraction):
-                keep.append(position)
-        return keep
+        faults = write_faults(self._faults, [push.target[index] for index in indices])
+        push.failed.update(indices[position] for position in faults.failed)
+        return faults.written
 
     def _write(self, push: _Push, layer: int | None, indices: list[int], local: list[int], remote: list[int],
                computed: float) -> None:

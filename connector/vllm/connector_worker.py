@@ -7,10 +7,11 @@ layer-major pages (`kv_pages`). A pull (`LoadSpec`) starts in `start_load_kv` of
 that planned it and is read on the connector's loader thread (one pull at a time; NIXL
 copies inside the posting call on one host, bounded by the transfer timeout), so the
 requests decoding here go on meanwhile; the pulling request waits in vLLM until
-`get_finished` names it, in the first step after its pull ended. Fault injection
-(`connector.faults`), the verification of each block against the holder's checksum
-(`connector.block_reader`) and the retry of blocks that failed (`connector.retry`, once,
-bounded in time, on the same thread) are the sim reader's; blocks that still failed go to
+`get_finished` names it, in the first step after its pull ended. The read is the sim
+reader's (`connector.block_io.read_verified`: read, verify each block against the holder's
+checksum, read the failed ones again, bounded in time), over this side's block-I/O port
+(`PageReads`), wrapped in the same fault injection (`connector.faults.FaultInjectingReader`);
+it runs on the loader thread, in that thread's own event loop. Blocks that still failed go to
 vLLM through `get_block_ids_with_load_errors` in the step whose `get_finished` names the
 request (vLLM rolls it back to its first failed block), and every pull ends in exactly
 one `Loaded` report to the Tandem worker, sent from the engine thread. Pushes (the writer's
@@ -20,6 +21,7 @@ agent and pages.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -29,10 +31,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from connector.agent_types import KvAgentConfig
-from connector.block_reader import verified_blocks
-from connector.faults import ReadFaults
+from connector.block_io import read_verified
+from connector.faults import FaultInjectingReader, ReadFaults
 from connector.nixl_agent import KvAgent
-from connector.retry import retry_sync
+from connector.transport import TransferResult
 from connector.vllm.connector_push import PushWrites
 from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
 from connector.vllm.kv_reports import ReportSender
@@ -64,6 +66,20 @@ def page_geometry(kv_cache_config: KVCacheConfig) -> PageGeometry:
     return geometry
 
 
+class PageReads:
+    """vLLM's block-I/O port (`connector.block_io.BlockReader`) for one pull: NIXL reads into
+    vLLM's KV pages, from the holder whose agent metadata the pull carries."""
+
+    def __init__(self, side: WorkerSide, agent_metadata: bytes) -> None:
+        self._side = side
+        self._agent_metadata = agent_metadata
+
+    async def read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], *,
+                   timeout_s: float) -> TransferResult:
+        # Blocking, on the loader thread: the pull's event loop runs nothing else.
+        return self._side.read_pages(peer, self._agent_metadata, remote_block_ids, local_block_ids, timeout_s)
+
+
 class WorkerSide:
     def __init__(self, *, agent_name: str, agent_config: KvAgentConfig, faults: KvFaultConfig,
                  reports: ReportSender, retry: KvRetryConfig = KvRetryConfig()) -> None:
@@ -81,6 +97,7 @@ class WorkerSide:
         # Pulls run one at a time on a thread of their own, beside the forward passes: the
         # streams decoding here go on while a new request's KV arrives.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-kv-load")
+        self._loader_loop = asyncio.new_event_loop()  # runs each pull's read, on the loader thread only
         self._done_lock = threading.Lock()
         self._done: list[tuple[str, Loaded, list[int]]] = []  # ended pulls: request id, report, failed blocks
         self.loads = 0  # pulls performed, for diagnostics
@@ -148,6 +165,7 @@ class WorkerSide:
 
     def close(self) -> None:
         self._loader.shutdown(wait=True, cancel_futures=True)
+        self._loader_loop.close()
         self.pushes.close()
         if self._agent is not None:
             self._agent.close()
@@ -195,64 +213,35 @@ class WorkerSide:
         if count == 0:
             return Loaded(ok=[], reason="every block was cached locally", **report), []
         self.loads += 1
-        timeout_s = self._agent_config.default_timeout_s
-        ok, nbytes, reason = self._read(spec, list(range(count)), timeout_s)
-        moved = [nbytes]
-
-        def read_again(indices: list[int], timeout_s: float) -> list[bool]:
-            again, nbytes, _ = self._read(spec, indices, timeout_s)
-            moved[0] += nbytes
-            return again
-
-        retry = retry_sync(self._retry, ok, read_again, cap_s=timeout_s)
-        if retry.recovered:
-            log.info("pull %s: %d of %d failed block(s) recovered on retry", spec.transfer_id, retry.recovered,
-                     retry.retried)
-            reason = reason if False in ok else ""
-        failed = [block_id for block_id, good in zip(spec.local_block_ids, ok) if not good]
+        reader = FaultInjectingReader(PageReads(self, spec.agent_metadata), self._faults, self._scribble)
+        read = self._loader_loop.run_until_complete(read_verified(
+            reader, self._checksum, spec.agent_name, spec.remote_block_ids, spec.local_block_ids, spec.checksums,
+            retry=self._retry, timeout_s=self._agent_config.default_timeout_s))
+        failed = [block_id for block_id, good in zip(spec.local_block_ids, read.ok) if not good]
         if failed:
             log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes from the first",
-                        spec.transfer_id, len(failed), count, reason)
-        return Loaded(ok=ok, nbytes=moved[0], duration_s=time.perf_counter() - started, reason=reason,
-                      retried=retry.retried, recovered=retry.recovered, **report), failed
+                        spec.transfer_id, len(failed), count, read.reason)
+        return Loaded(ok=read.ok, nbytes=read.nbytes, duration_s=time.perf_counter() - started, reason=read.reason,
+                      retried=read.retried, recovered=read.recovered, **report), failed
 
-    def _read(self, spec: LoadSpec, indices: list[int], timeout_s: float) -> tuple[list[bool], int, str]:
-        """Read the blocks at `indices` of the spec: per block, whether its bytes landed and
-        verified; bytes moved; why not."""
-        remote = [spec.remote_block_ids[index] for index in indices]
-        local = [spec.local_block_ids[index] for index in indices]
-        landed, nbytes, reason = self._read_blocks(spec, remote, local, timeout_s)
-        ok = verified_blocks(landed, local, [spec.checksums[index] for index in indices], self._checksum)
-        if ok != landed:
-            reason = reason or "checksum mismatch"
-        return ok, nbytes, reason
-
-    def _read_blocks(self, spec: LoadSpec, remote_block_ids: list[int], local_block_ids: list[int],
-                     timeout_s: float) -> tuple[list[bool], int, str]:
-        """Per block: whether its bytes landed; bytes moved; why not."""
+    def read_pages(self, peer: str, agent_metadata: bytes, remote_block_ids: list[int],
+                   local_block_ids: list[int], timeout_s: float) -> TransferResult:
+        """Read whole blocks (every layer's page) of a holder's pool into ours: one outcome for
+        the whole read, as NIXL reports it."""
         count = len(local_block_ids)
-        faults = self._faults.config
-        if faults.delay_s:
-            time.sleep(faults.delay_s)
-        if faults.fail_transfer:
-            return [False] * count, 0, "injected: transfer failed"
         try:
-            self._ensure_peer(spec.agent_name, spec.agent_metadata)
+            self._ensure_peer(peer, agent_metadata)
         except Exception as error:  # malformed or incompatible metadata: nothing can be read
-            return [False] * count, 0, f"holder agent unusable: {error}"
+            return TransferResult(outcome="failed", ok=[False] * count, reason=f"holder agent unusable: {error}")
         geometry = self._geometry
-        peer_pool = self.agent.peer_pool(spec.agent_name)
+        peer_pool = self.agent.peer_pool(peer)
         assert geometry is not None and peer_pool is not None
         remote_blocks = peer_pool.num_blocks // geometry.num_layers
-        cut = self._faults.blocks_before_cut(spec.agent_name, remote_block_ids)
-        result = self.agent.read_blocks(
-            spec.agent_name, page_ids(remote_block_ids[:cut], geometry.num_layers, remote_blocks),
-            page_ids(local_block_ids[:cut], geometry.num_layers, geometry.num_blocks), timeout_s=timeout_s)
-        ok = [result.ok] * cut + [False] * (count - cut)
-        reason = result.detail if not result.ok else ("injected: transfer cut" if cut < count else "")
-        if self._faults.inject(spec.agent_name, remote_block_ids, local_block_ids, ok, self._scribble):
-            reason = reason or "injected: blocks failed"
-        return ok, result.nbytes if result.ok else 0, reason
+        result = self.agent.read_blocks(peer, page_ids(remote_block_ids, geometry.num_layers, remote_blocks),
+                                        page_ids(local_block_ids, geometry.num_layers, geometry.num_blocks),
+                                        timeout_s=timeout_s)
+        return TransferResult(outcome="done" if result.ok else "failed", ok=[result.ok] * count,
+                              nbytes=result.nbytes if result.ok else 0, reason="" if result.ok else result.detail)
 
     def _scribble(self, block_id: int) -> None:
         assert self._pages is not None and self._geometry is not None

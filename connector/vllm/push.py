@@ -27,13 +27,12 @@ import time
 
 from opentelemetry import trace
 
-from connector.block_reader import verified_blocks
+from connector.block_reader import pushed_blocks, verified_blocks
 from connector.dataplane import Prepared
-from connector.push import LayerWrite
+from connector.push import LayerWrite, wait_for_push
 from connector.spans import tracer
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.kv_wire import LayerWritten, Pushed, PushOrder, TransferOrder
-from shared.errors import Timeout, Unavailable
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import PushDone, PushTarget, TransferRecord
 
@@ -173,21 +172,13 @@ class VllmPush:
         link = self.engine.kv_link
         started = time.monotonic()
         try:
-            message = await asyncio.wait_for(asyncio.shield(receiver.done), self.push_wait_s)
-        except TimeoutError:
-            link.unpin_soon([receiver.key])
-            raise Timeout(f"no push from the prefill worker within {self.push_wait_s:g}s") from None
-        except BaseException:
-            link.unpin_soon([receiver.key])
-            raise
+            message = await wait_for_push(receiver.done, self.push_wait_s, lambda: link.unpin_soon([receiver.key]))
         finally:
             self._receivers.pop(receiver.target.transfer_id, None)
-        if message.first_token is None:
-            link.unpin_soon([receiver.key])
-            raise Unavailable(f"the prefill worker failed: {message.outcome}")
+        assert message.first_token is not None
         targets = receiver.target.block_ids
         failed = set(message.failed_blocks)
-        landed = [message.outcome in ("done", "failed") and index not in failed for index in range(len(targets))]
+        landed = pushed_blocks(message, len(targets))
         try:
             ours = dict(zip(targets, await link.checksums(targets))) if any(landed) else {}
             ok = verified_blocks(landed, targets, message.checksums, lambda block_id: ours[block_id])

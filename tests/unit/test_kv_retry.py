@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from connector.faults import ReadFaults, chosen
-from connector.retry import BlockRetry, retry_async, retry_sync
+from connector.retry import BlockRetry, retry_async
 from shared.config import KvFaultConfig, KvRetryConfig
 
 
@@ -33,7 +33,7 @@ def test_failed_blocks_are_retried_while_attempts_and_time_are_left() -> None:
     assert BlockRetry(KvRetryConfig(), now=0.0).next([True, True], now=0.0) == []
 
 
-def test_the_two_loops_read_only_the_failed_blocks_again() -> None:
+def test_the_retry_loop_reads_only_the_failed_blocks_again() -> None:
     reads: list[list[int]] = []
 
     def read(indices: list[int], timeout_s: float) -> list[bool]:
@@ -41,13 +41,13 @@ def test_the_two_loops_read_only_the_failed_blocks_again() -> None:
         reads.append(indices)
         return [index != 2 for index in indices]  # block 2 fails for good
 
-    ok = [False, True, False]
-    retry = retry_sync(KvRetryConfig(attempts=3), ok, read, cap_s=1.0, clock=Clock())
-    assert ok == [True, True, False] and reads == [[0, 2], [2], [2]]
-    assert retry.retried == 2 and retry.recovered == 1
-
     async def read_async(indices: list[int], timeout_s: float) -> list[bool]:
         return read(indices, timeout_s)
+
+    ok = [False, True, False]
+    retry = asyncio.run(retry_async(KvRetryConfig(attempts=3), ok, read_async, cap_s=1.0, clock=Clock()))
+    assert ok == [True, True, False] and reads == [[0, 2], [2], [2]]
+    assert retry.retried == 2 and retry.recovered == 1
 
     reads.clear()
     ok = [False, True, False]

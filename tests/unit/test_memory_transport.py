@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from connector.faults import FaultInjectingTransport
+from connector.faults import FaultInjectingTransport, write_faults
 from connector.memory_transport import MemoryFabric, MemoryTransport, default_fabric
 from shared.config import KvFaultConfig
 
@@ -148,6 +148,23 @@ async def test_fault_injection_wraps_the_memory_transport() -> None:
     assert faulty.agent_name == "reader" and faulty.has_peer("holder")
     faulty.close()
     holder.close()
+
+
+async def test_fault_injected_writes_fail_or_silently_skip_the_chosen_blocks() -> None:
+    fabric = MemoryFabric()
+    reader, reader_pool, holder, holder_pool = pair(fabric)
+    config = KvFaultConfig(fail_fraction=0.3, corrupt_fraction=0.3, seed=2)
+    faulty = FaultInjectingTransport(holder, config, holder_pool, BLOCK_NBYTES)
+    faults = write_faults(config, list(range(BLOCKS)))
+    before = blocks(reader_pool).copy()
+    result = await faulty.write("reader", list(range(BLOCKS)), list(range(BLOCKS)), timeout_s=1.0)
+    assert [i for i, ok in enumerate(result.ok) if not ok] == faults.failed
+    skipped = [i for i in range(BLOCKS) if i not in faults.written]
+    assert len(skipped) > len(faults.failed)  # corrupted ones too, reported written
+    assert np.array_equal(blocks(reader_pool)[faults.written], blocks(holder_pool)[faults.written])
+    assert np.array_equal(blocks(reader_pool)[skipped], before[skipped])
+    faulty.close()
+    reader.close()
 
 
 def test_the_process_has_one_default_fabric() -> None:
