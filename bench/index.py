@@ -15,8 +15,8 @@ Per fleet size the events and queries are built once; then each round, on a fres
   and the snapshot's events; then the worker's removal.
 Tandem ingests the batches as the router decodes them from the wire (`KvBatchDecoder`:
 without token ids where the index does not read them); each round also times that decoding
-of every batch, token ids included, so that decode plus ingest per CPU second compares with
-Dynamo's `apply_event`, which parses its JSON events itself.
+of every batch as a worker publishes it (token ids included, packed), so that decode plus
+ingest per CPU second compares with Dynamo's `apply_event`, which parses its JSON events itself.
 Rates are per wall second (and per CPU second of the process); the ratio is Tandem's
 ingest rate over Dynamo's, per round; the summary gives medians and spreads (min, max)
 over the rounds. The box may be shared and noisy: compare within a round.
@@ -50,7 +50,13 @@ from bench.index_workload import Chunk, Fleet, Snapshot
 from services.router.kv.batch_decode import KvBatchDecoder
 from services.router.kv.index import KvIndex, block_hashes_for
 from shared.codec import encode
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, KvEventBatch, KvEventBatchWithoutTokens
+from shared.schemas.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    KvEventBatch,
+    KvEventBatchWithoutTokens,
+    for_wire,
+)
 
 INGEST_RATIO_GOAL = 1.1
 DECODE_AND_INGEST_RATIO_GOAL = 1.5  # Tandem's decode + ingest per CPU second over Dynamo's, token ids sent
@@ -86,7 +92,7 @@ class _Workload:
     snapshot_changed: Snapshot
     blocks: int
     events: int
-    payloads: list[list[bytes]]  # each chunk's batches on the wire, token ids included
+    payloads: list[list[bytes]]  # each chunk's batches as workers publish them, token ids included
     router_batches: list[list[KvEventBatch | KvEventBatchWithoutTokens]]  # as the router decodes them
 
 
@@ -96,10 +102,15 @@ def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int,
     chunks = list(fleet.chunks(total_blocks))
     query_chains = [block_hashes_for(fleet.query(), block_size) for _ in range(queries)]
     snapshot = Snapshot("resync", resync_blocks, block_size, seed + 1)
-    payloads = [[encode(batch) for batch in chunk.batches] for chunk in chunks]
+    payloads = [[_published(batch) for batch in chunk.batches] for chunk in chunks]
     return _Workload(fleet, chunks, query_chains, snapshot, snapshot.changed(),
                      blocks=sum(chunk.blocks for chunk in chunks), events=sum(len(chunk.batches) for chunk in chunks),
                      payloads=payloads, router_batches=[_router_decoded(each) for each in payloads])
+
+
+def _published(batch: KvEventBatch) -> bytes:
+    """The batch's bytes as a worker publishes them (`services.worker.event_streams`: token ids packed)."""
+    return encode(msgspec.structs.replace(batch, events=for_wire(batch.events)))
 
 
 def _router_decoded(payloads: list[bytes]) -> list[KvEventBatch | KvEventBatchWithoutTokens]:
@@ -249,18 +260,23 @@ def _decode_round(workload: _Workload, ingest_row: dict) -> dict:
 
 def _wire_costs(workload: _Workload) -> dict:
     """What the router's adapter pays before `ingest`, per block: decoding with its decoder
-    (`KvBatchDecoder`), and (`full_decode_`) decoding every field, token ids included."""
+    (`KvBatchDecoder`), and (`full_decode_`) decoding every field, token ids included; with
+    the token ids packed as workers send them, unpacked as workers sent them before, and none."""
     decoders = {"": KvBatchDecoder().decode_or_none,
                 "full_": lambda payload, _subject, decode=msgspec.msgpack.Decoder(KvEventBatch).decode: decode(payload)}
     batches = workload.chunks[0].batches
     blocks = workload.chunks[0].blocks
     with_tokens = workload.payloads[0]
+    unpacked = [encode(batch) for batch in batches]
     without = [encode(msgspec.structs.replace(batch, events=[
         msgspec.structs.replace(event, token_ids=[]) for event in batch.events])) for batch in batches]
     sample = Snapshot("resync", 100_000, workload.fleet.block_size, 0)
     row = {}
-    for name, payloads, token_ids in (("with_token_ids", with_tokens, True), ("chain_hashes_only", without, False)):
-        snapshot = encode(sample.batch(seq=1, token_ids=token_ids))
+    for name, payloads, token_ids, packed in (("with_token_ids", with_tokens, True, True),
+                                              ("with_unpacked_token_ids", unpacked, True, False),
+                                              ("chain_hashes_only", without, False, False)):
+        batch = sample.batch(seq=1, token_ids=token_ids)
+        snapshot = encode(msgspec.structs.replace(batch, events=for_wire(batch.events)) if packed else batch)
         row[f"event_bytes_per_block_{name}"] = round(sum(map(len, payloads)) / blocks, 1)
         row[f"snapshot_bytes_per_block_{name}"] = round(len(snapshot) / sample.blocks, 1)
         for prefix, decode in decoders.items():
