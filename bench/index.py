@@ -6,20 +6,23 @@ Tandem's index is built as the router builds it (`trust_chains`: `match` bisects
 
 Per fleet size the events and queries are built once; then each round, on a fresh
 `KvIndex` and a fresh `RadixTree`:
-- ingest: the events, chunk by chunk (50k blocks), the two taking turns going first;
+- ingest: the events, chunk by chunk (50k blocks), taking turns going first: Tandem's
+  index given the batches decoded beforehand (ingest alone), a second one given the bytes a
+  worker publishes, each batch decoded as the router decodes it then ingested (decode plus
+  ingest: the router's whole path), and Dynamo's `apply_event`, which parses its JSON itself;
 - match: `match` / `find_matches` on the same 8k-token query chains, alternating (both
   must agree on every worker's overlap: a warning on stderr if not);
 - resync: a worker holding 1M blocks answers a snapshot request. Tandem: its snapshot
   batch ingested cold (the worker was empty), after a gap (1% of its chains changed: the
   bulk swap), and the same snapshot applied event by event; Dynamo: `clear_all_blocks`
   and the snapshot's events; then the worker's removal.
-Tandem ingests the batches as the router decodes them from the wire (`KvBatchDecoder`:
-without token ids where the index does not read them); each round also times that decoding
-of every batch as a worker publishes it (token ids included, packed), so that decode plus
-ingest per CPU second compares with Dynamo's `apply_event`, which parses its JSON events itself.
-Rates are per wall second (and per CPU second of the process); the ratio is Tandem's
-ingest rate over Dynamo's, per round; the summary gives medians and spreads (min, max)
-over the rounds. The box may be shared and noisy: compare within a round.
+The router decodes a batch without the token ids where the index does not read them
+(`KvBatchDecoder`); workers send them packed (`kv_events.for_wire`), as the payloads here
+are. Each round also times the decoding alone, of every batch (`_summed`: decode alone
+plus ingest alone, as runs before measured decode plus ingest).
+Rates are per wall second (and per CPU second of the process); the ratios are Tandem's
+rates over Dynamo's, per round; the summary gives medians and spreads (min, max) over the
+rounds. The box may be shared and noisy: compare within a round.
 
 The garbage collector is frozen once the events are built: a collection that walks
 millions of pre-built event objects would land in whichever index happens to be timed,
@@ -128,42 +131,57 @@ def _new_index(workload: _Workload, *, verify_hashes: bool = False) -> KvIndex:
 
 
 def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
-    tandem_wall = tandem_cpu = dynamo_wall = dynamo_cpu = 0.0
+    """The events into `index` (decoded beforehand: ingest alone), into a second index as the
+    router takes them (each batch decoded from the bytes a worker publishes, then ingested),
+    and into `tree`, chunk by chunk, taking turns going first."""
+    wire_index = _new_index(workload)
+    decode = KvBatchDecoder().decode_or_none
+    wall = {"tandem": 0.0, "wire": 0.0, "dynamo": 0.0}
+    cpu = dict(wall)
     chunk_ratios: list[float] = []
     for number, chunk in enumerate(workload.chunks):
-        ingest = index.ingest
+        ingest, wire_ingest = index.ingest, wire_index.ingest
         apply_event = tree.apply_event if tree is not None else None
 
         def tandem(batches=workload.router_batches[number]) -> None:
             for batch in batches:
                 ingest(batch)
 
+        def wire(payloads=workload.payloads[number]) -> None:
+            for payload in payloads:  # as `view.KvView._on_batch` does
+                batch = decode(payload, "bench")
+                if batch is not None:
+                    wire_ingest(batch)
+
         def dynamo(events=chunk.dynamo_events) -> None:
             for worker, event in events:
                 apply_event(worker, event)
 
-        order = (tandem, dynamo) if number % 2 else (dynamo, tandem)
+        actions = {"tandem": tandem, "wire": wire} | ({"dynamo": dynamo} if tree is not None else {})
+        names = list(actions)
         times = {}
-        for action in order:
-            if action is dynamo and tree is None:
-                continue
-            times[action] = _timed(action)
-        tandem_wall += times[tandem][0]
-        tandem_cpu += times[tandem][1]
+        for name in names[number % len(names):] + names[:number % len(names)]:
+            times[name] = _timed(actions[name])
+        for name, (wall_s, cpu_s) in times.items():
+            wall[name] += wall_s
+            cpu[name] += cpu_s
         if tree is not None:
-            dynamo_wall += times[dynamo][0]
-            dynamo_cpu += times[dynamo][1]
-            chunk_ratios.append(times[dynamo][0] / times[tandem][0])
-    stats = index.stats()
-    assert sum(stats.blocks_per_worker.values()) == workload.blocks, "every announced block is indexed"
-    assert not stats.unsynced_workers
-    row = {"tandem_ingest_blocks_per_s": round(workload.blocks / tandem_wall),
-           "tandem_ingest_blocks_per_cpu_s": round(workload.blocks / tandem_cpu)}
+            chunk_ratios.append(times["dynamo"][0] / times["tandem"][0])
+    for each in (index, wire_index):
+        stats = each.stats()
+        assert sum(stats.blocks_per_worker.values()) == workload.blocks, "every announced block is indexed"
+        assert not stats.unsynced_workers
+    assert index.stats() == wire_index.stats(), "decoding from the wire indexes the same blocks"
+    blocks = workload.blocks
+    row = {"tandem_ingest_blocks_per_s": round(blocks / wall["tandem"]),
+           "tandem_ingest_blocks_per_cpu_s": round(blocks / cpu["tandem"]),
+           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(blocks / cpu["wire"])}
     if tree is not None:
-        row |= {"dynamo_ingest_blocks_per_s": round(workload.blocks / dynamo_wall),
-                "dynamo_ingest_blocks_per_cpu_s": round(workload.blocks / dynamo_cpu),
-                "ingest_ratio": round(dynamo_wall / tandem_wall, 3),
-                "ingest_ratio_cpu": round(dynamo_cpu / tandem_cpu, 3),
+        row |= {"dynamo_ingest_blocks_per_s": round(blocks / wall["dynamo"]),
+                "dynamo_ingest_blocks_per_cpu_s": round(blocks / cpu["dynamo"]),
+                "ingest_ratio": round(wall["dynamo"] / wall["tandem"], 3),
+                "ingest_ratio_cpu": round(cpu["dynamo"] / cpu["tandem"], 3),
+                "decode_and_ingest_ratio_cpu_with_token_ids": round(cpu["dynamo"] / cpu["wire"], 3),
                 "chunk_ratio_min": round(min(chunk_ratios), 3),
                 "chunk_ratio_median": round(statistics.median(chunk_ratios), 3)}
     return row
@@ -245,15 +263,16 @@ def _verify_ingest_s(workload: _Workload) -> float:
 
 
 def _decode_round(workload: _Workload, ingest_row: dict) -> dict:
-    """The router's decoding of every batch (token ids sent), per CPU second: with this round's
-    ingest, decode plus ingest, and its ratio to Dynamo's `apply_event` (which parses JSON)."""
+    """The router's decoding of every batch alone (token ids sent, packed), per CPU second;
+    with this round's ingest alone, their sum (`_summed`: how runs before measured decode plus
+    ingest, `_ingest_round` now times the two together) and its ratio to Dynamo's `apply_event`."""
     decode = KvBatchDecoder().decode_or_none
     cpu = _timed(lambda: [decode(payload, "bench") for payloads in workload.payloads for payload in payloads])[1]
     seconds_per_block = 1 / ingest_row["tandem_ingest_blocks_per_cpu_s"] + cpu / workload.blocks
     row = {"tandem_decode_ns_per_block_with_token_ids": round(cpu / workload.blocks * 1e9),
-           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(1 / seconds_per_block)}
+           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids_summed": round(1 / seconds_per_block)}
     if "dynamo_ingest_blocks_per_cpu_s" in ingest_row:
-        row["decode_and_ingest_ratio_cpu_with_token_ids"] = round(
+        row["decode_and_ingest_ratio_cpu_with_token_ids_summed"] = round(
             1 / seconds_per_block / ingest_row["dynamo_ingest_blocks_per_cpu_s"], 3)
     return row
 
@@ -299,7 +318,9 @@ SUMMARY_KEYS = ("tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ing
                 "tandem_match_p99_ms", "dynamo_match_p99_ms", "tandem_match_p50_ms", "dynamo_match_p50_ms",
                 "tandem_resync_after_gap_s", "tandem_resync_cold_s", "tandem_resync_event_by_event_s",
                 "dynamo_resync_after_gap_s", "tandem_decode_ns_per_block_with_token_ids",
-                "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids", "decode_and_ingest_ratio_cpu_with_token_ids")
+                "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids", "decode_and_ingest_ratio_cpu_with_token_ids",
+                "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids_summed",
+                "decode_and_ingest_ratio_cpu_with_token_ids_summed")
 
 
 def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None) -> dict:
