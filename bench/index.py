@@ -42,24 +42,17 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
+from bench.index_wire import published, timed, wire_costs
 from bench.index_workload import Chunk, Fleet, Snapshot
 from services.router.kv.batch_decode import KvBatchDecoder
 from services.router.kv.index import KvIndex, block_hashes_for
-from shared.codec import encode
-from shared.schemas.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    KvEventBatch,
-    KvEventBatchWithoutTokens,
-    for_wire,
-)
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, KvEventBatch, KvEventBatchWithoutTokens
 
 INGEST_RATIO_GOAL = 1.1
 DECODE_AND_INGEST_RATIO_GOAL = 1.5  # Tandem's decode + ingest per CPU second over Dynamo's, token ids sent
@@ -77,13 +70,6 @@ def _load_radix_tree() -> type | None:
 
 def _ms(seconds_or_ns: float, *, ns: bool = False) -> float:
     return round(seconds_or_ns / (1e6 if ns else 1e-3), 4)
-
-
-def _timed(action: Callable[[], object]) -> tuple[float, float]:
-    """(wall, CPU) seconds of one call."""
-    cpu, wall = time.process_time(), time.perf_counter()
-    action()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 @dataclass
@@ -105,15 +91,10 @@ def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int,
     chunks = list(fleet.chunks(total_blocks))
     query_chains = [block_hashes_for(fleet.query(), block_size) for _ in range(queries)]
     snapshot = Snapshot("resync", resync_blocks, block_size, seed + 1)
-    payloads = [[_published(batch) for batch in chunk.batches] for chunk in chunks]
+    payloads = [[published(batch) for batch in chunk.batches] for chunk in chunks]
     return _Workload(fleet, chunks, query_chains, snapshot, snapshot.changed(),
                      blocks=sum(chunk.blocks for chunk in chunks), events=sum(len(chunk.batches) for chunk in chunks),
                      payloads=payloads, router_batches=[_router_decoded(each) for each in payloads])
-
-
-def _published(batch: KvEventBatch) -> bytes:
-    """The batch's bytes as a worker publishes them (`services.worker.event_streams`: token ids packed)."""
-    return encode(msgspec.structs.replace(batch, events=for_wire(batch.events)))
 
 
 def _router_decoded(payloads: list[bytes]) -> list[KvEventBatch | KvEventBatchWithoutTokens]:
@@ -161,7 +142,7 @@ def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
         names = list(actions)
         times = {}
         for name in names[number % len(names):] + names[:number % len(names)]:
-            times[name] = _timed(actions[name])
+            times[name] = timed(actions[name])
         for name, (wall_s, cpu_s) in times.items():
             wall[name] += wall_s
             cpu[name] += cpu_s
@@ -229,12 +210,12 @@ def _resync_round(workload: _Workload, index: KvIndex, tree) -> dict:
     cold_batch, gap_batch = snapshot.batch(seq=1), changed.batch(seq=9)
     stepwise_batch = KvEventBatch(worker_id=snapshot.worker_id, seq=17, ts=0.0,  # not a leading clear: no bulk swap
                                   events=[BlockRemoved(block_hashes=[]), AllBlocksCleared(), *changed.events()])
-    cold = _timed(lambda: index.ingest(cold_batch))[0]
-    gap = _timed(lambda: index.ingest(gap_batch))[0]
+    cold = timed(lambda: index.ingest(cold_batch))[0]
+    gap = timed(lambda: index.ingest(gap_batch))[0]
     assert index.stats().blocks_per_worker[snapshot.worker_id] == changed.blocks
-    stepwise = _timed(lambda: index.ingest(stepwise_batch))[0]
+    stepwise = timed(lambda: index.ingest(stepwise_batch))[0]
     assert index.stats().blocks_per_worker[snapshot.worker_id] == changed.blocks
-    removal = _timed(lambda: index.remove_worker(snapshot.worker_id))[0]
+    removal = timed(lambda: index.remove_worker(snapshot.worker_id))[0]
     assert sum(index.stats().blocks_per_worker.values()) == workload.blocks
     row = {"resync_blocks": changed.blocks, "tandem_resync_cold_s": round(cold, 4),
            "tandem_resync_after_gap_s": round(gap, 4), "tandem_resync_event_by_event_s": round(stepwise, 4),
@@ -248,16 +229,16 @@ def _resync_round(workload: _Workload, index: KvIndex, tree) -> dict:
             for event in events:
                 tree.apply_event(worker, event)
 
-        row |= {"dynamo_resync_cold_s": round(_timed(lambda: dynamo_resync(cold_events))[0], 4),
-                "dynamo_resync_after_gap_s": round(_timed(lambda: dynamo_resync(gap_events))[0], 4),
-                "dynamo_remove_worker_s": round(_timed(lambda: tree.remove_worker(worker))[0], 4)}
+        row |= {"dynamo_resync_cold_s": round(timed(lambda: dynamo_resync(cold_events))[0], 4),
+                "dynamo_resync_after_gap_s": round(timed(lambda: dynamo_resync(gap_events))[0], 4),
+                "dynamo_remove_worker_s": round(timed(lambda: tree.remove_worker(worker))[0], 4)}
     return row
 
 
 def _verify_ingest_s(workload: _Workload) -> float:
     """Wall seconds to ingest the events with verification (chains recomputed from token ids)."""
     index = _new_index(workload, verify_hashes=True)
-    wall = _timed(lambda: [index.ingest(batch) for chunk in workload.chunks for batch in chunk.batches])[0]
+    wall = timed(lambda: [index.ingest(batch) for chunk in workload.chunks for batch in chunk.batches])[0]
     assert index.stats().mismatched_blocks == 0, "the workload's chain hashes are Tandem's"
     return wall
 
@@ -267,42 +248,13 @@ def _decode_round(workload: _Workload, ingest_row: dict) -> dict:
     with this round's ingest alone, their sum (`_summed`: how runs before measured decode plus
     ingest, `_ingest_round` now times the two together) and its ratio to Dynamo's `apply_event`."""
     decode = KvBatchDecoder().decode_or_none
-    cpu = _timed(lambda: [decode(payload, "bench") for payloads in workload.payloads for payload in payloads])[1]
+    cpu = timed(lambda: [decode(payload, "bench") for payloads in workload.payloads for payload in payloads])[1]
     seconds_per_block = 1 / ingest_row["tandem_ingest_blocks_per_cpu_s"] + cpu / workload.blocks
     row = {"tandem_decode_ns_per_block_with_token_ids": round(cpu / workload.blocks * 1e9),
            "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids_summed": round(1 / seconds_per_block)}
     if "dynamo_ingest_blocks_per_cpu_s" in ingest_row:
         row["decode_and_ingest_ratio_cpu_with_token_ids_summed"] = round(
             1 / seconds_per_block / ingest_row["dynamo_ingest_blocks_per_cpu_s"], 3)
-    return row
-
-
-def _wire_costs(workload: _Workload) -> dict:
-    """What the router's adapter pays before `ingest`, per block: decoding with its decoder
-    (`KvBatchDecoder`), and (`full_decode_`) decoding every field, token ids included; with
-    the token ids packed as workers send them, unpacked as workers sent them before, and none."""
-    decoders = {"": KvBatchDecoder().decode_or_none,
-                "full_": lambda payload, _subject, decode=msgspec.msgpack.Decoder(KvEventBatch).decode: decode(payload)}
-    batches = workload.chunks[0].batches
-    blocks = workload.chunks[0].blocks
-    with_tokens = workload.payloads[0]
-    unpacked = [encode(batch) for batch in batches]
-    without = [encode(msgspec.structs.replace(batch, events=[
-        msgspec.structs.replace(event, token_ids=[]) for event in batch.events])) for batch in batches]
-    sample = Snapshot("resync", 100_000, workload.fleet.block_size, 0)
-    row = {}
-    for name, payloads, token_ids, packed in (("with_token_ids", with_tokens, True, True),
-                                              ("with_unpacked_token_ids", unpacked, True, False),
-                                              ("chain_hashes_only", without, False, False)):
-        batch = sample.batch(seq=1, token_ids=token_ids)
-        snapshot = encode(msgspec.structs.replace(batch, events=for_wire(batch.events)) if packed else batch)
-        row[f"event_bytes_per_block_{name}"] = round(sum(map(len, payloads)) / blocks, 1)
-        row[f"snapshot_bytes_per_block_{name}"] = round(len(snapshot) / sample.blocks, 1)
-        for prefix, decode in decoders.items():
-            cpu = _timed(lambda payloads=payloads, decode=decode: [decode(payload, "bench") for payload in payloads])[1]
-            row[f"{prefix}decode_ns_per_block_{name}"] = round(cpu / blocks * 1e9)
-            cpu = _timed(lambda snapshot=snapshot, decode=decode: decode(snapshot, "bench"))[1]
-            row[f"{prefix}snapshot_decode_ns_per_block_{name}"] = round(cpu / sample.blocks * 1e9)
     return row
 
 
@@ -358,7 +310,7 @@ def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None
                 row["decode_and_ingest_ratio_cpu_with_token_ids"] >= DECODE_AND_INGEST_RATIO_GOAL for row in rounds)
             summary["match_p99_goal_met_every_round"] = all(
                 row["tandem_match_p99_ms"] <= row["dynamo_match_p99_ms"] for row in rounds)
-        wire = _wire_costs(workload)
+        wire = wire_costs(workload.chunks[0], workload.payloads[0], workload.fleet.block_size)
         # Dynamo parses its JSON events inside apply_event; Tandem's adapter decodes msgpack before
         # ingest. Ingest with that decoding, per CPU second: the rounds' median with the router's
         # decoder; the others derived from the median ingest rate and the first chunk's decoding.
