@@ -6,20 +6,23 @@ Tandem's index is built as the router builds it (`trust_chains`: `match` bisects
 
 Per fleet size the events and queries are built once; then each round, on a fresh
 `KvIndex` and a fresh `RadixTree`:
-- ingest: the events, chunk by chunk (50k blocks), the two taking turns going first;
+- ingest: the events, chunk by chunk (50k blocks), taking turns going first: Tandem's
+  index given the batches decoded beforehand (ingest alone), a second one given the bytes a
+  worker publishes, each batch decoded as the router decodes it then ingested (decode plus
+  ingest: the router's whole path), and Dynamo's `apply_event`, which parses its JSON itself;
 - match: `match` / `find_matches` on the same 8k-token query chains, alternating (both
   must agree on every worker's overlap: a warning on stderr if not);
 - resync: a worker holding 1M blocks answers a snapshot request. Tandem: its snapshot
   batch ingested cold (the worker was empty), after a gap (1% of its chains changed: the
   bulk swap), and the same snapshot applied event by event; Dynamo: `clear_all_blocks`
   and the snapshot's events; then the worker's removal.
-Tandem ingests the batches as the router decodes them from the wire (`KvBatchDecoder`:
-without token ids where the index does not read them); each round also times that decoding
-of every batch, token ids included, so that decode plus ingest per CPU second compares with
-Dynamo's `apply_event`, which parses its JSON events itself.
-Rates are per wall second (and per CPU second of the process); the ratio is Tandem's
-ingest rate over Dynamo's, per round; the summary gives medians and spreads (min, max)
-over the rounds. The box may be shared and noisy: compare within a round.
+The router decodes a batch without the token ids where the index does not read them
+(`KvBatchDecoder`); workers send them packed (`kv_events.for_wire`), as the payloads here
+are. Each round also times the decoding alone, of every batch (`_summed`: decode alone
+plus ingest alone, as runs before measured decode plus ingest).
+Rates are per wall second (and per CPU second of the process); the ratios are Tandem's
+rates over Dynamo's, per round; the summary gives medians and spreads (min, max) over the
+rounds. The box may be shared and noisy: compare within a round.
 
 The garbage collector is frozen once the events are built: a collection that walks
 millions of pre-built event objects would land in whichever index happens to be timed,
@@ -39,17 +42,16 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
+from bench.index_wire import published, timed, wire_costs
 from bench.index_workload import Chunk, Fleet, Snapshot
 from services.router.kv.batch_decode import KvBatchDecoder
 from services.router.kv.index import KvIndex, block_hashes_for
-from shared.codec import encode
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, KvEventBatch, KvEventBatchWithoutTokens
 
 INGEST_RATIO_GOAL = 1.1
@@ -70,13 +72,6 @@ def _ms(seconds_or_ns: float, *, ns: bool = False) -> float:
     return round(seconds_or_ns / (1e6 if ns else 1e-3), 4)
 
 
-def _timed(action: Callable[[], object]) -> tuple[float, float]:
-    """(wall, CPU) seconds of one call."""
-    cpu, wall = time.process_time(), time.perf_counter()
-    action()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 @dataclass
 class _Workload:
     fleet: Fleet
@@ -86,7 +81,7 @@ class _Workload:
     snapshot_changed: Snapshot
     blocks: int
     events: int
-    payloads: list[list[bytes]]  # each chunk's batches on the wire, token ids included
+    payloads: list[list[bytes]]  # each chunk's batches as workers publish them, token ids included
     router_batches: list[list[KvEventBatch | KvEventBatchWithoutTokens]]  # as the router decodes them
 
 
@@ -96,7 +91,7 @@ def _build(workers: int, total_blocks: int, prompt_tokens: int, block_size: int,
     chunks = list(fleet.chunks(total_blocks))
     query_chains = [block_hashes_for(fleet.query(), block_size) for _ in range(queries)]
     snapshot = Snapshot("resync", resync_blocks, block_size, seed + 1)
-    payloads = [[encode(batch) for batch in chunk.batches] for chunk in chunks]
+    payloads = [[published(batch) for batch in chunk.batches] for chunk in chunks]
     return _Workload(fleet, chunks, query_chains, snapshot, snapshot.changed(),
                      blocks=sum(chunk.blocks for chunk in chunks), events=sum(len(chunk.batches) for chunk in chunks),
                      payloads=payloads, router_batches=[_router_decoded(each) for each in payloads])
@@ -117,42 +112,57 @@ def _new_index(workload: _Workload, *, verify_hashes: bool = False) -> KvIndex:
 
 
 def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
-    tandem_wall = tandem_cpu = dynamo_wall = dynamo_cpu = 0.0
+    """The events into `index` (decoded beforehand: ingest alone), into a second index as the
+    router takes them (each batch decoded from the bytes a worker publishes, then ingested),
+    and into `tree`, chunk by chunk, taking turns going first."""
+    wire_index = _new_index(workload)
+    decode = KvBatchDecoder().decode_or_none
+    wall = {"tandem": 0.0, "wire": 0.0, "dynamo": 0.0}
+    cpu = dict(wall)
     chunk_ratios: list[float] = []
     for number, chunk in enumerate(workload.chunks):
-        ingest = index.ingest
+        ingest, wire_ingest = index.ingest, wire_index.ingest
         apply_event = tree.apply_event if tree is not None else None
 
         def tandem(batches=workload.router_batches[number]) -> None:
             for batch in batches:
                 ingest(batch)
 
+        def wire(payloads=workload.payloads[number]) -> None:
+            for payload in payloads:  # as `view.KvView._on_batch` does
+                batch = decode(payload, "bench")
+                if batch is not None:
+                    wire_ingest(batch)
+
         def dynamo(events=chunk.dynamo_events) -> None:
             for worker, event in events:
                 apply_event(worker, event)
 
-        order = (tandem, dynamo) if number % 2 else (dynamo, tandem)
+        actions = {"tandem": tandem, "wire": wire} | ({"dynamo": dynamo} if tree is not None else {})
+        names = list(actions)
         times = {}
-        for action in order:
-            if action is dynamo and tree is None:
-                continue
-            times[action] = _timed(action)
-        tandem_wall += times[tandem][0]
-        tandem_cpu += times[tandem][1]
+        for name in names[number % len(names):] + names[:number % len(names)]:
+            times[name] = timed(actions[name])
+        for name, (wall_s, cpu_s) in times.items():
+            wall[name] += wall_s
+            cpu[name] += cpu_s
         if tree is not None:
-            dynamo_wall += times[dynamo][0]
-            dynamo_cpu += times[dynamo][1]
-            chunk_ratios.append(times[dynamo][0] / times[tandem][0])
-    stats = index.stats()
-    assert sum(stats.blocks_per_worker.values()) == workload.blocks, "every announced block is indexed"
-    assert not stats.unsynced_workers
-    row = {"tandem_ingest_blocks_per_s": round(workload.blocks / tandem_wall),
-           "tandem_ingest_blocks_per_cpu_s": round(workload.blocks / tandem_cpu)}
+            chunk_ratios.append(times["dynamo"][0] / times["tandem"][0])
+    for each in (index, wire_index):
+        stats = each.stats()
+        assert sum(stats.blocks_per_worker.values()) == workload.blocks, "every announced block is indexed"
+        assert not stats.unsynced_workers
+    assert index.stats() == wire_index.stats(), "decoding from the wire indexes the same blocks"
+    blocks = workload.blocks
+    row = {"tandem_ingest_blocks_per_s": round(blocks / wall["tandem"]),
+           "tandem_ingest_blocks_per_cpu_s": round(blocks / cpu["tandem"]),
+           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(blocks / cpu["wire"])}
     if tree is not None:
-        row |= {"dynamo_ingest_blocks_per_s": round(workload.blocks / dynamo_wall),
-                "dynamo_ingest_blocks_per_cpu_s": round(workload.blocks / dynamo_cpu),
-                "ingest_ratio": round(dynamo_wall / tandem_wall, 3),
-                "ingest_ratio_cpu": round(dynamo_cpu / tandem_cpu, 3),
+        row |= {"dynamo_ingest_blocks_per_s": round(blocks / wall["dynamo"]),
+                "dynamo_ingest_blocks_per_cpu_s": round(blocks / cpu["dynamo"]),
+                "ingest_ratio": round(wall["dynamo"] / wall["tandem"], 3),
+                "ingest_ratio_cpu": round(cpu["dynamo"] / cpu["tandem"], 3),
+                "decode_and_ingest_ratio_cpu_with_token_ids": round(cpu["dynamo"] / cpu["wire"], 3),
                 "chunk_ratio_min": round(min(chunk_ratios), 3),
                 "chunk_ratio_median": round(statistics.median(chunk_ratios), 3)}
     return row
@@ -200,12 +210,12 @@ def _resync_round(workload: _Workload, index: KvIndex, tree) -> dict:
     cold_batch, gap_batch = snapshot.batch(seq=1), changed.batch(seq=9)
     stepwise_batch = KvEventBatch(worker_id=snapshot.worker_id, seq=17, ts=0.0,  # not a leading clear: no bulk swap
                                   events=[BlockRemoved(block_hashes=[]), AllBlocksCleared(), *changed.events()])
-    cold = _timed(lambda: index.ingest(cold_batch))[0]
-    gap = _timed(lambda: index.ingest(gap_batch))[0]
+    cold = timed(lambda: index.ingest(cold_batch))[0]
+    gap = timed(lambda: index.ingest(gap_batch))[0]
     assert index.stats().blocks_per_worker[snapshot.worker_id] == changed.blocks
-    stepwise = _timed(lambda: index.ingest(stepwise_batch))[0]
+    stepwise = timed(lambda: index.ingest(stepwise_batch))[0]
     assert index.stats().blocks_per_worker[snapshot.worker_id] == changed.blocks
-    removal = _timed(lambda: index.remove_worker(snapshot.worker_id))[0]
+    removal = timed(lambda: index.remove_worker(snapshot.worker_id))[0]
     assert sum(index.stats().blocks_per_worker.values()) == workload.blocks
     row = {"resync_blocks": changed.blocks, "tandem_resync_cold_s": round(cold, 4),
            "tandem_resync_after_gap_s": round(gap, 4), "tandem_resync_event_by_event_s": round(stepwise, 4),
@@ -219,55 +229,32 @@ def _resync_round(workload: _Workload, index: KvIndex, tree) -> dict:
             for event in events:
                 tree.apply_event(worker, event)
 
-        row |= {"dynamo_resync_cold_s": round(_timed(lambda: dynamo_resync(cold_events))[0], 4),
-                "dynamo_resync_after_gap_s": round(_timed(lambda: dynamo_resync(gap_events))[0], 4),
-                "dynamo_remove_worker_s": round(_timed(lambda: tree.remove_worker(worker))[0], 4)}
+        row |= {"dynamo_resync_cold_s": round(timed(lambda: dynamo_resync(cold_events))[0], 4),
+                "dynamo_resync_after_gap_s": round(timed(lambda: dynamo_resync(gap_events))[0], 4),
+                "dynamo_remove_worker_s": round(timed(lambda: tree.remove_worker(worker))[0], 4)}
     return row
 
 
 def _verify_ingest_s(workload: _Workload) -> float:
     """Wall seconds to ingest the events with verification (chains recomputed from token ids)."""
     index = _new_index(workload, verify_hashes=True)
-    wall = _timed(lambda: [index.ingest(batch) for chunk in workload.chunks for batch in chunk.batches])[0]
+    wall = timed(lambda: [index.ingest(batch) for chunk in workload.chunks for batch in chunk.batches])[0]
     assert index.stats().mismatched_blocks == 0, "the workload's chain hashes are Tandem's"
     return wall
 
 
 def _decode_round(workload: _Workload, ingest_row: dict) -> dict:
-    """The router's decoding of every batch (token ids sent), per CPU second: with this round's
-    ingest, decode plus ingest, and its ratio to Dynamo's `apply_event` (which parses JSON)."""
+    """The router's decoding of every batch alone (token ids sent, packed), per CPU second;
+    with this round's ingest alone, their sum (`_summed`: how runs before measured decode plus
+    ingest, `_ingest_round` now times the two together) and its ratio to Dynamo's `apply_event`."""
     decode = KvBatchDecoder().decode_or_none
-    cpu = _timed(lambda: [decode(payload, "bench") for payloads in workload.payloads for payload in payloads])[1]
+    cpu = timed(lambda: [decode(payload, "bench") for payloads in workload.payloads for payload in payloads])[1]
     seconds_per_block = 1 / ingest_row["tandem_ingest_blocks_per_cpu_s"] + cpu / workload.blocks
     row = {"tandem_decode_ns_per_block_with_token_ids": round(cpu / workload.blocks * 1e9),
-           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(1 / seconds_per_block)}
+           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids_summed": round(1 / seconds_per_block)}
     if "dynamo_ingest_blocks_per_cpu_s" in ingest_row:
-        row["decode_and_ingest_ratio_cpu_with_token_ids"] = round(
+        row["decode_and_ingest_ratio_cpu_with_token_ids_summed"] = round(
             1 / seconds_per_block / ingest_row["dynamo_ingest_blocks_per_cpu_s"], 3)
-    return row
-
-
-def _wire_costs(workload: _Workload) -> dict:
-    """What the router's adapter pays before `ingest`, per block: decoding with its decoder
-    (`KvBatchDecoder`), and (`full_decode_`) decoding every field, token ids included."""
-    decoders = {"": KvBatchDecoder().decode_or_none,
-                "full_": lambda payload, _subject, decode=msgspec.msgpack.Decoder(KvEventBatch).decode: decode(payload)}
-    batches = workload.chunks[0].batches
-    blocks = workload.chunks[0].blocks
-    with_tokens = workload.payloads[0]
-    without = [encode(msgspec.structs.replace(batch, events=[
-        msgspec.structs.replace(event, token_ids=[]) for event in batch.events])) for batch in batches]
-    sample = Snapshot("resync", 100_000, workload.fleet.block_size, 0)
-    row = {}
-    for name, payloads, token_ids in (("with_token_ids", with_tokens, True), ("chain_hashes_only", without, False)):
-        snapshot = encode(sample.batch(seq=1, token_ids=token_ids))
-        row[f"event_bytes_per_block_{name}"] = round(sum(map(len, payloads)) / blocks, 1)
-        row[f"snapshot_bytes_per_block_{name}"] = round(len(snapshot) / sample.blocks, 1)
-        for prefix, decode in decoders.items():
-            cpu = _timed(lambda payloads=payloads, decode=decode: [decode(payload, "bench") for payload in payloads])[1]
-            row[f"{prefix}decode_ns_per_block_{name}"] = round(cpu / blocks * 1e9)
-            cpu = _timed(lambda snapshot=snapshot, decode=decode: decode(snapshot, "bench"))[1]
-            row[f"{prefix}snapshot_decode_ns_per_block_{name}"] = round(cpu / sample.blocks * 1e9)
     return row
 
 
@@ -283,7 +270,9 @@ SUMMARY_KEYS = ("tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ing
                 "tandem_match_p99_ms", "dynamo_match_p99_ms", "tandem_match_p50_ms", "dynamo_match_p50_ms",
                 "tandem_resync_after_gap_s", "tandem_resync_cold_s", "tandem_resync_event_by_event_s",
                 "dynamo_resync_after_gap_s", "tandem_decode_ns_per_block_with_token_ids",
-                "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids", "decode_and_ingest_ratio_cpu_with_token_ids")
+                "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids", "decode_and_ingest_ratio_cpu_with_token_ids",
+                "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids_summed",
+                "decode_and_ingest_ratio_cpu_with_token_ids_summed")
 
 
 def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None) -> dict:
@@ -321,7 +310,7 @@ def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None
                 row["decode_and_ingest_ratio_cpu_with_token_ids"] >= DECODE_AND_INGEST_RATIO_GOAL for row in rounds)
             summary["match_p99_goal_met_every_round"] = all(
                 row["tandem_match_p99_ms"] <= row["dynamo_match_p99_ms"] for row in rounds)
-        wire = _wire_costs(workload)
+        wire = wire_costs(workload.chunks[0], workload.payloads[0], workload.fleet.block_size)
         # Dynamo parses its JSON events inside apply_event; Tandem's adapter decodes msgpack before
         # ingest. Ingest with that decoding, per CPU second: the rounds' median with the router's
         # decoder; the others derived from the median ingest rate and the first chunk's decoding.

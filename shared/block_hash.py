@@ -1,6 +1,6 @@
 """Tandem's block-hash chain, computed from token ids alone.
 
-hash(block i) = xxh3_64(hash(block i-1) as LE64 || salt || token ids of block i as u32).
+hash(block i) = xxh3_64(hash(block i-1) as LE64 || salt || token ids of block i as LE u32).
 Two workers with the same block size agree on every hash of a shared prefix, whatever
 engine they run; routers compute the same chain from tokenized requests and from the
 token ids in KV events. Only full blocks are hashed: a partial tail block is never shared.
@@ -15,10 +15,11 @@ is `ROOT_PARENT`, so the chains of plain requests are what they always were.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 
 from xxhash import xxh3_64_intdigest
+
+from shared.token_pack import TOKEN_BYTES, pack_token_ids
 
 ROOT_PARENT = 0
 _ADAPTER_DOMAIN = b"tandem-lora-adapter:"
@@ -33,16 +34,21 @@ def adapter_root(adapter: str) -> int:
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int], salt: bytes = b"") -> int:
-    return xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + array("I", token_ids).tobytes())
+    return xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + pack_token_ids(token_ids))
 
 
 def block_hash_chain(token_ids: Sequence[int], block_size: int, *, parent_hash: int = ROOT_PARENT,
                      salt: bytes = b"") -> list[int]:
     """Hashes of every full block of `token_ids`, chained from `parent_hash` (tokens packed once)."""
+    return packed_block_hash_chain(pack_token_ids(token_ids), block_size, parent_hash=parent_hash, salt=salt)
+
+
+def packed_block_hash_chain(data: bytes, block_size: int, *, parent_hash: int = ROOT_PARENT,
+                            salt: bytes = b"") -> list[int]:
+    """`block_hash_chain` of token ids packed as `shared.token_pack` packs them."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
-    data = array("I", token_ids).tobytes()
-    step = block_size * 4
+    step = block_size * TOKEN_BYTES
     hashes: list[int] = []
     for start in range(0, len(data) - step + 1, step):
         parent_hash = xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + data[start:start + step])

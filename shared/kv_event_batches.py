@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import msgspec
 
 from shared.schemas.kv_events import BlockRemoved, BlocksMoved, BlockStored, KvEvent
+from shared.token_pack import TOKEN_BYTES
 
 _encoder = msgspec.msgpack.Encoder()
 
@@ -67,6 +68,7 @@ def _per_part(blocks: int, size: int, max_bytes: int) -> int:
 def _cut_stored(event: BlockStored, step: int) -> list[KvEvent]:
     pieces: list[KvEvent] = []
     parent, block_size = event.parent_block_hash, event.block_size
+    packed_size = block_size * TOKEN_BYTES
     for start in range(0, len(event.block_hashes), step):
         end = min(len(event.block_hashes), start + step)
         pieces.append(BlockStored(
@@ -74,6 +76,7 @@ def _cut_stored(event: BlockStored, step: int) -> list[KvEvent]:
             token_ids=event.token_ids[start * block_size:end * block_size] if event.token_ids else [],
             block_size=block_size,
             chain_hashes=event.chain_hashes[start:end] if event.chain_hashes is not None else None,
-            tier=event.tier))
+            tier=event.tier, adapter=event.adapter,
+            packed_token_ids=event.packed_token_ids[start * packed_size:end * packed_size]))
         parent = event.block_hashes[end - 1]
     return pieces

@@ -12,7 +12,7 @@ from shared.bus import Bus
 from shared.codec import encode
 from shared.kv_event_batches import split_events
 from shared.schemas import KvEventBatch, LoadSnapshot
-from shared.schemas.kv_events import KvEvent
+from shared.schemas.kv_events import KvEvent, for_wire
 from shared.subjects import Subjects
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024  # a NATS server's default, when the client has not heard one
@@ -34,6 +34,7 @@ class WorkerEvents:
         events = self._engine.take_kv_events() if events is None else events
         if not events:
             return
+        events = for_wire(events)  # token ids packed
         client = self._bus.client
         subject = self._subjects.kv_events(self.worker_id)
         batch = KvEventBatch(worker_id=self.worker_id, seq=self._kv_seq + 1, ts=time.time(), events=events)

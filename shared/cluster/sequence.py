@@ -57,6 +57,7 @@ _IN_ORDER, _LATE_START, _GAP, _STALE = SeqOrder.IN_ORDER, SeqOrder.LATE_START, S
 _UNKNOWN, _SYNCED, _UNSYNCED = SyncState.UNKNOWN, SyncState.SYNCED, SyncState.UNSYNCED
 _STEPS = {(order, synced, resync_needed): SeqStep(order, synced, resync_needed)
           for order in SeqOrder for synced in (True, False) for resync_needed in (True, False)}
+_IN_ORDER_SYNCED = _STEPS[_IN_ORDER, True, False]
 
 
 class _Stream:
@@ -79,6 +80,9 @@ class SequenceTracker:
         stream = self._streams.get(worker_id)
         if stream is None:
             stream = self._streams[worker_id] = _Stream()
+        elif stream.state is _SYNCED and seq == stream.last_seq + 1 and not lost:  # the common case
+            stream.last_seq = seq
+            return _IN_ORDER_SYNCED
         last = stream.last_seq
         if last is None:
             order = _IN_ORDER if seq == FIRST_SEQ else _LATE_START

@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 
+import msgspec
+
 
 class IngestOutcome(str, Enum):
     APPLIED = "applied"
@@ -17,8 +19,9 @@ class IngestOutcome(str, Enum):
     UNKNOWN_WORKER = "unknown_worker"  # ignored: membership has not added the worker
 
 
-@dataclass(slots=True)  # not frozen: one per batch, and a frozen init costs 3x more
-class IngestResult:
+# One per batch on the KV event hot path: a Struct's init (C) costs a quarter of a slots
+# dataclass's with these nine fields, and `gc=False` keeps it out of young collections.
+class IngestResult(msgspec.Struct, gc=False):
     outcome: IngestOutcome
     synced: bool  # the worker's view is exact after this batch
     resync_needed: bool  # the worker fell out of sync with this batch: send a KvSnapshotRequest

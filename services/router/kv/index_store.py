@@ -12,8 +12,9 @@ from itertools import repeat
 from operator import and_, ne
 
 from services.router.kv.index_worker import IndexedWorker
-from shared.block_hash import adapter_root, block_hash_chain
-from shared.schemas.kv_events import BlockStored, BlockStoredWithoutTokens
+from shared.block_hash import adapter_root, packed_block_hash_chain
+from shared.schemas.kv_events import BlockStored, BlockStoredWithoutTokens, packed_token_ids_of
+from shared.token_pack import TOKEN_BYTES
 
 
 def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStored | BlockStoredWithoutTokens,
@@ -29,7 +30,8 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
         chain = None  # malformed: fall back to the token ids, if they fit
     # The token ids are read only to hash or verify the chain here: an event whose chain is
     # indexed as sent may come without them (`batch_decode` skips them on the wire).
-    tokens_fit = (chain is None or verify_hashes) and len(event.token_ids) == blocks * size
+    packed = _packed_or_none(event) if chain is None or verify_hashes else None
+    tokens_fit = packed is not None and len(packed) == blocks * size * TOKEN_BYTES
     hashed_here = chain is None or tokens_fit  # verification without fitting token ids: as sent
     if event.block_size != size or (chain is None and not tokens_fit):
         worker.rejected_blocks += blocks
@@ -56,11 +58,12 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
         unlinked = parent_hash is None
     mismatched = 0
     if hashed_here:
+        assert packed is not None  # hashed here: the token ids fit
         if parent_hash is None:  # the chain cannot be computed without the parent's hash
             worker.orphaned_blocks += blocks
             return 0, 0, blocks, True, 0
-        tandem = block_hash_chain(event.token_ids[head * size:] if head else event.token_ids, size,
-                                  parent_hash=parent_hash, salt=worker.salt)
+        tandem = packed_block_hash_chain(packed[head * size * TOKEN_BYTES:] if head else packed, size,
+                                         parent_hash=parent_hash, salt=worker.salt)
         if chain is not None:  # verification: the router's chain is the one indexed
             mismatched = sum(map(ne, tandem, chain[head:] if head else chain))
             worker.mismatched_blocks += mismatched
@@ -72,6 +75,14 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
         worker.runs.open()  # blocks under a parent the worker does not hold (as far as the index knows)
     run_parent = parent_hash if head or event.parent_block_hash is not None else None
     return insert_blocks(worker, holders, engine_hashes, tandem, run_parent), 0, 0, unlinked, mismatched
+
+
+def _packed_or_none(event: BlockStored | BlockStoredWithoutTokens) -> bytes | None:
+    """The event's token ids packed; None for ids that are no u32 (sent unpacked by a buggy worker)."""
+    try:
+        return packed_token_ids_of(event)
+    except OverflowError:
+        return None
 
 
 def insert_blocks(worker: IndexedWorker, holders: dict[int, int], engine_hashes: list[int], tandem: list[int],
