@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from services.router.kv.batch_decode import KvBatchDecoder
 from services.router.kv.index import IndexStats
 from services.router.kv.model_kv import ModelKv, PrefixSource, PromptCache
+from services.router.routing.by_model import ByModel
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
 from shared.schemas import KvSnapshotRequest
@@ -38,8 +39,8 @@ class KvView:
         self._resync_interval_s = resync_interval_s
         self._verify_hashes = verify_hashes
         self._tier_aware = tier_aware
-        self._models: dict[str, ModelKv] = {}
-        self._model_of: dict[str, str] = {}  # worker id -> the model whose namespace indexes it
+        self._models: ByModel[ModelKv] = ByModel(
+            lambda: ModelKv(verify_hashes=self._verify_hashes, tier_aware=self._tier_aware))
         self._subscription = None
         self._resync_task: asyncio.Task[None] | None = None
 
@@ -61,19 +62,15 @@ class KvView:
 
     def model(self, model: str) -> ModelKv:
         """`model`'s namespace (empty until its workers join)."""
-        namespace = self._models.get(model)
-        if namespace is None:
-            namespace = self._models[model] = ModelKv(verify_hashes=self._verify_hashes, tier_aware=self._tier_aware)
-        return namespace
+        return self._models.part(model)
 
     def of_worker(self, worker_id: str) -> ModelKv | None:
         """The namespace indexing `worker_id`; None for a worker not (or no longer) a member."""
-        model = self._model_of.get(worker_id)
-        return None if model is None else self._models.get(model)
+        return self._models.of_worker(worker_id)
 
     def stats(self) -> IndexStats:
         """Every namespace's index together (a worker is in one namespace only)."""
-        parts = [namespace.index.stats() for namespace in self._models.values()]
+        parts = [namespace.index.stats() for namespace in self._models.parts.values()]
         return IndexStats(workers=tuple(worker for part in parts for worker in part.workers),
                           total_blocks=sum(part.total_blocks for part in parts))
 
@@ -81,19 +78,10 @@ class KvView:
 
     def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
         """`kv_tokens`, its KV pool, is the placement's business (`routing.placement.Placements`)."""
-        if self._model_of.get(worker_id, model) != model:
-            self.worker_left(worker_id)  # now serving another model: nothing it held counts there
-        self._model_of[worker_id] = model
-        self.model(model).worker_joined(worker_id, block_size)
+        self._models.join(worker_id, model).worker_joined(worker_id, block_size)
 
     def worker_left(self, worker_id: str) -> None:
-        model = self._model_of.pop(worker_id, None)
-        namespace = None if model is None else self._models.get(model)
-        if namespace is None:
-            return
-        namespace.worker_left(worker_id)
-        if not namespace.worker_ids:
-            del self._models[model]  # a model with no worker keeps no predictions
+        self._models.leave(worker_id)
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -121,6 +109,6 @@ class KvView:
     async def _resync_forever(self) -> None:
         while True:
             await asyncio.sleep(self._resync_interval_s)
-            for namespace in list(self._models.values()):
+            for namespace in list(self._models.parts.values()):
                 for worker_id in namespace.index.unsynced_workers():
                     await self._ask_snapshot(worker_id)

@@ -15,6 +15,7 @@ Caller: `services.router.flows.dispatch.Dispatcher`.
 from __future__ import annotations
 
 from services.router.config import RoutingConfig
+from services.router.routing.by_model import ByModel
 from services.router.routing.placement.homes import PrefixHomes
 from services.router.routing.placement.snapshot import PrefixPlacement, snapshot_of
 from services.router.routing.plan import RoutePlan
@@ -74,34 +75,19 @@ class Placements:
     model's workers."""
 
     def __init__(self, routing: RoutingConfig) -> None:
-        self._routing = routing
-        self._models: dict[str, Placement] = {}
-        self._model_of: dict[str, str] = {}  # worker id -> its model
+        self._models: ByModel[Placement] = ByModel(lambda: Placement(routing))
 
     def model(self, model: str) -> Placement:
         """`model`'s placement (empty until its workers join)."""
-        placement = self._models.get(model)
-        if placement is None:
-            placement = self._models[model] = Placement(self._routing)
-        return placement
+        return self._models.part(model)
 
     def of_worker(self, worker_id: str) -> Placement | None:
         """The placement of `worker_id`'s model; None for a worker not (or no longer) a member."""
-        model = self._model_of.get(worker_id)
-        return None if model is None else self._models.get(model)
+        return self._models.of_worker(worker_id)
 
     def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
         """`kv_tokens`: its KV pool (0: unknown); `block_size` is the KV view's business."""
-        if self._model_of.get(worker_id, model) != model:
-            self.worker_left(worker_id)  # now serving another model: its homes there are gone
-        self._model_of[worker_id] = model
-        self.model(model).worker_joined(worker_id, kv_tokens)
+        self._models.join(worker_id, model).worker_joined(worker_id, kv_tokens)
 
     def worker_left(self, worker_id: str) -> None:
-        model = self._model_of.pop(worker_id, None)
-        placement = None if model is None else self._models.get(model)
-        if placement is None:
-            return
-        placement.worker_left(worker_id)
-        if not placement.worker_ids:
-            del self._models[model]  # a model with no worker keeps no homes
+        self._models.leave(worker_id)
