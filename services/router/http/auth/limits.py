@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
+from services.router.routing.in_flight import end_one
 from shared.api_keys import ApiKey
 
 
@@ -80,12 +81,7 @@ class KeyLimiter:
         return Admission(Outcome.ACCEPTED)
 
     def release(self, name: str) -> None:
-        running = self.in_flight.get(name, 0)
-        assert running > 0, f"release of key {name!r} without a request in flight"
-        if running == 1:
-            del self.in_flight[name]
-        else:
-            self.in_flight[name] = running - 1
+        end_one(self.in_flight, name, "a request's release")
 
     def _bucket(self, key: ApiKey, now: float) -> TokenBucket:
         assert key.rps is not None

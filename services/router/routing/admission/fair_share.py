@@ -8,6 +8,8 @@ the least counter of the active keys, so idling earns no credit to burst with la
 
 from __future__ import annotations
 
+from services.router.routing.in_flight import end_one
+
 INPUT_WEIGHT = 1.0
 OUTPUT_WEIGHT = 2.0
 
@@ -35,12 +37,7 @@ class VirtualTokenCounters:
         self._active[key] = held + 1
 
     def deactivate(self, key: str) -> None:
-        held = self._active.get(key, 0)
-        assert held > 0, f"key {key!r} deactivated more often than activated"
-        if held == 1:
-            del self._active[key]
-        else:
-            self._active[key] = held - 1
+        end_one(self._active, key, "a deactivation")
 
     def charge(self, key: str, tokens: float, weight: float) -> None:
         """Count `tokens` served to `key` (negative: a correction of an estimate)."""
