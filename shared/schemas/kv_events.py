@@ -43,7 +43,7 @@ from typing import ClassVar, Literal
 import msgspec
 
 from shared.schemas.common import Message
-from shared.token_pack import pack_token_ids
+from shared.token_pack import pack_token_ids, unpack_token_ids
 
 KvTier = Literal["device", "host", "disk"]  # fastest first
 DEVICE_TIER: KvTier = "device"
@@ -121,3 +121,8 @@ def for_wire(events: Iterable[KvEvent]) -> list[KvEvent]:
 def packed_token_ids_of(event: BlockStored | BlockStoredWithoutTokens) -> bytes:
     """The event's token ids packed (`shared.token_pack`), in whichever form it came."""
     return event.packed_token_ids or pack_token_ids(event.token_ids)
+
+
+def token_ids_of(event: BlockStored) -> list[int]:
+    """The event's token ids, in whichever form it came (a consumer reading them one by one)."""
+    return list(event.token_ids) or unpack_token_ids(event.packed_token_ids)

@@ -35,6 +35,7 @@ from shared.bus import connect
 from shared.codec import Codec
 from shared.nats_server import EmbeddedNats
 from shared.schemas import BlockStored, KvEventBatch, WorkerRole
+from shared.schemas.kv_events import token_ids_of
 from shared.subjects import Subjects
 from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import ALWAYS_DISAGGREGATE, LoadWatcher, make_stack
@@ -266,7 +267,7 @@ async def test_cached_prefix_pull_is_in_the_second_turns_trace(pull_stack: Local
         batch = codec.decode(msg.data)
         for event in batch.events:
             if isinstance(event, BlockStored):
-                tokens = event.token_ids
+                tokens = token_ids_of(event)  # packed on the wire
                 stored.setdefault(batch.worker_id, set()).update(
                     tuple(tokens[i: i + event.block_size]) for i in range(0, len(tokens), event.block_size))
 

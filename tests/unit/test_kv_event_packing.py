@@ -20,6 +20,7 @@ from shared.schemas.kv_events import (
     KvEventBatch,
     for_wire,
     packed_token_ids_of,
+    token_ids_of,
 )
 from shared.token_pack import pack_token_ids, token_array, unpack_token_ids
 from tests.unit.test_kv_batch_decode import index_state, random_stream, router_index
@@ -177,3 +178,10 @@ def test_verification_reads_packed_token_ids() -> None:
     batch = KvBatchDecoder(verify_hashes=True).decode_or_none(encode(wire_batch(engine.batch(stored))), SUBJECT)
     assert batch is not None
     assert index.ingest(batch).mismatched_blocks == 1
+
+
+def test_token_ids_of_reads_either_form() -> None:
+    ids = [5, 6, 7, 8] * 4
+    sent = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=ids, block_size=16)
+    assert token_ids_of(sent) == ids
+    assert token_ids_of(for_wire([sent])[0]) == ids

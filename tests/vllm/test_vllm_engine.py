@@ -30,7 +30,13 @@ from shared.errors import InvalidArgument  # noqa: E402
 from shared.request_plane import open_stream  # noqa: E402
 from shared.schemas import GenerateRequest, KvEventBatch, LoadSnapshot, WorkerRegistration  # noqa: E402
 from shared.schemas.generate import SamplingParams  # noqa: E402
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent  # noqa: E402
+from shared.schemas.kv_events import (  # noqa: E402
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    token_ids_of,
+)
 from tests.waiting import wait_for  # noqa: E402
 
 BLOCK = 128
@@ -110,14 +116,15 @@ def _tandem_chains(events: list[KvEvent]) -> set[int]:
         if isinstance(event, AllBlocksCleared):
             tandem_of.clear()
         elif isinstance(event, BlockStored):
-            assert event.block_size == BLOCK and len(event.token_ids) == BLOCK * len(event.block_hashes)
+            token_ids = token_ids_of(event)  # as the engine made them, or packed on the wire
+            assert event.block_size == BLOCK and len(token_ids) == BLOCK * len(event.block_hashes)
             if event.parent_block_hash is None:
                 parent = ROOT_PARENT
             elif event.parent_block_hash in tandem_of:
                 parent = tandem_of[event.parent_block_hash]
             else:
                 continue  # its parent was announced in events another test took
-            chain = block_hash_chain(event.token_ids, BLOCK, parent_hash=parent)
+            chain = block_hash_chain(token_ids, BLOCK, parent_hash=parent)
             tandem_of.update(zip(event.block_hashes, chain, strict=True))
         elif isinstance(event, BlockRemoved):
             for block_hash in event.block_hashes:
