@@ -11,7 +11,8 @@ the port the same way for both engines (`connector.faults.FaultInjectingReader`)
 checksum (`connector.block_reader`), read the failed ones again (`connector.retry`), and
 report per block whether it landed sound. Its callers own the rest of the pull (lease,
 commit, outcome): the sim's `connector.puller.KvPuller` on the worker's loop, and vLLM's
-`connector.vllm.connector_worker.WorkerSide` on its loader thread (one event loop per pull).
+`connector.vllm.connector_worker.WorkerSide` on its loader thread, in that thread's own
+event loop (made once).
 """
 
 from __future__ import annotations
