@@ -82,17 +82,14 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
                 outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind,
                                                  adapter=request.adapter)
             finally:
-                end_transfer_span(span, outcome.record if outcome is not None else None)
-        if outcome.record is not None:
-            try:
-                await self._publish(outcome.record)
-            except BaseException:  # cancelled: the request never gets the pinned blocks
-                self.port.unpin(outcome.pinned_block_ids)
-                raise
-        prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
-                            recomputed_tokens=outcome.recomputed_tokens, retried_blocks=outcome.retried_blocks,
-                            recovered_blocks=outcome.recovered_blocks,
-                            recomputed_blocks=outcome.recomputed_tokens // self.block_size)
+                end_transfer_span(span, outcome.pull.record() if outcome is not None else None)
+        try:
+            await self._publish(outcome.pull.record())
+        except BaseException:  # cancelled: the request never gets the pinned blocks
+            self.port.unpin(outcome.pinned_block_ids)
+            raise
+        prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids)
+        outcome.pull.fill(prepared)
         self._count(prepared)
         return prepared
 
