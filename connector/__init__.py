@@ -12,7 +12,9 @@ it and its engines implement its ports.
   `lease_client` (`LeaseClient`, the reader's side), `block_reader` (what a reader trusts),
   `block_io` (the block-I/O port and `read_verified`), `pull` (`Pull`: one pull's state
   machine, for both engines), `puller` (the sim's driver of it: reads into a `KvPort`),
-  `push` (layer-by-layer writes);
+  `push` (layer-by-layer writes; the sim's writer and receiver), `push_ledger` (the
+  writer's account of a push, both engines), `push_receipt` (the reader's end of a push,
+  both engines);
 - engines: `sim` (engines with an in-process `KvPort`), `vllm` (Tandem's vLLM KV connector
   and the worker's end of it).
 The transfer benchmark (`tandem bench transfer`) lives in `bench.transfer`.
