@@ -72,7 +72,9 @@ class PushReceipt:
             return ""
         not_written = sum(not landed for landed in self.landed)
         bad = sum(not ok for ok in self.ok or [False] * self.blocks)
-        return f"{not_written} block(s) not written, {bad - not_written} did not verify"
+        reason = f"{not_written} block(s) not written, {bad - not_written} did not verify"
+        unused = len(self.failed_blocks) - bad  # sound, but not committed (vLLM: after a failed block)
+        return f"{reason}, {unused} sound but not kept" if unused else reason
 
     def record(self) -> TransferRecord:
         blocks_ok, recomputed = self.blocks_ok, self.blocks - self.blocks_ok

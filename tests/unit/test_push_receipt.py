@@ -50,7 +50,7 @@ def test_an_engine_that_keeps_only_the_leading_verified_blocks_computes_the_rest
     push.committed([index < ok.index(False) for index in range(4)], 11.0)  # vLLM: no holes
     record = push.record()
     assert (record.outcome, record.blocks_ok, record.recomputed_tokens) == ("failed", 2, 8)
-    assert record.reason == "1 block(s) not written, 0 did not verify"
+    assert record.reason == "1 block(s) not written, 0 did not verify, 1 sound but not kept"
     prepared = Prepared()
     push.fill(prepared)
     assert prepared.recomputed_blocks == 2
@@ -60,7 +60,9 @@ def test_a_verified_block_the_engine_did_not_commit_is_failed() -> None:
     push = receipt([])
     push.verify(GOOD.__getitem__)
     push.committed([True, True, True, False], 11.0)
-    assert (push.record().outcome, push.record().blocks_ok) == ("failed", 3)
+    record = push.record()
+    assert (record.outcome, record.blocks_ok) == ("failed", 3)
+    assert record.reason == "0 block(s) not written, 0 did not verify, 1 sound but not kept"
 
 
 def test_a_push_to_no_blocks_is_done_and_empty() -> None:
