@@ -10,7 +10,11 @@ it and its engines implement its ports.
   either), `off_loop` (copies on a transport's own thread);
 - protocol: `leases` (pure lease table), `holder` (`LeaseHolder`, answers lease requests),
   `lease_client` (`LeaseClient`, the reader's side), `block_reader` (what a reader trusts),
-  `puller` (reads into a `KvPort`), `push` (layer-by-layer writes);
+  `block_io` (the block-I/O port and `read_verified`), `pull` (`Pull`: one pull's state
+  machine, for both engines), `puller` (the sim's driver of it: reads into a `KvPort`),
+  `push` (layer-by-layer writes; the sim's writer and receiver), `push_ledger` (the
+  writer's account of a push, both engines), `push_receipt` (the reader's end of a push,
+  both engines);
 - engines: `sim` (engines with an in-process `KvPort`), `vllm` (Tandem's vLLM KV connector
   and the worker's end of it).
 The transfer benchmark (`tandem bench transfer`) lives in `bench.transfer`.

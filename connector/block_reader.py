@@ -4,9 +4,8 @@ A block is sound only if its bytes landed (the transport said so) and their chec
 the one the holder took when it pinned the block (CRC-32, carried in the `KvHandle` or in
 `PushDone`): a block reused under an expired lease, or corrupted on the way, fails here
 and is computed instead. Called by every pull's read (`connector.block_io.read_verified`,
-both engines) and by both push receivers (`connector.push.PushReceiver`,
-`connector.vllm.push.VllmPush`), each with its engine's `checksum` of a local block. Pure:
-no I/O.
+both engines) and by the reader's end of a push (`connector.push_receipt.PushReceipt`,
+both engines), each with its engine's `checksum` of a local block. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ compatibility before any byte moves.
 
 One `LeaseClient` per worker data plane: the sim's (`connector.sim.worker_kv.WorkerKv`,
 through `connector.puller.KvPuller`, which reads the blocks itself) and vLLM's
-(`connector.vllm.worker_kv.VllmWorkerKv`, whose engine reads them). Holders answer on
+(`connector.vllm.worker_kv.VllmWorkerKv`, whose engine reads them); what a release says
+is decided by `connector.pull.Pull`. Holders answer on
 `kv.lease.<worker>` (`connector.holder.LeaseHolder`). Every wait is bounded by the control
 timeout; an unreachable holder is a value (None, False), never an exception.
 """

@@ -1,54 +1,38 @@
-"""Reader side of the KV hand-off: lease (or take a handle), pull, verify, commit, release.
+"""The sim's driver of a pull (`connector.pull.Pull`): lease or take a handle, read, verify,
+release, commit, all in-process.
 
 Used by the sim data plane (`connector.sim.worker_kv.WorkerKv`) before the worker computes
 a request, for engines with an in-process `KvPort`: the decode worker of a P/D pair pulls the
 prompt's blocks from the prefill worker; any worker may pull a cached prefix from the
-worker that holds it. Blocks that fail to arrive or to verify are read once more
-(`connector.retry`, bounded in time), then simply not committed, so the engine computes
-exactly those. Every pull ends with one explicit outcome, sent to
-the holder as a `LeaseRelease` and published as a `TransferRecord`.
+worker that holds it. The read is `connector.block_io.read_verified` through the worker's
+transport: blocks that fail to arrive or to verify are read once more (`connector.retry`,
+bounded in time), then simply not committed, so the engine computes exactly those. The lease
+is released before the commit, so the blocks of a lease that expired meanwhile are never
+used. The outcome, the record and the span's figures are the `Pull`'s, the same as vLLM's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
+from dataclasses import dataclass
 
-import msgspec
 from opentelemetry import trace
 
-from connector.block_io import BlockReader, VerifiedRead, read_verified
+from connector.block_io import BlockReader, read_verified
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
-from connector.spans import block_failures
+from connector.pull import Pull
 from shared.config import KvRetryConfig
-from shared.schemas.transfer import KvHandle, TransferKind, TransferOutcome, TransferRecord
-
-log = logging.getLogger(__name__)
+from shared.schemas.transfer import KvHandle, TransferKind
 
 
-class PullOutcome(msgspec.Struct, kw_only=True):
-    """What a pull left behind for the request: blocks to unpin when it ends, and counts."""
+@dataclass(slots=True)
+class PullOutcome:
+    """What a pull left behind for the request: blocks to unpin when it ends, and the pull."""
 
     pinned_block_ids: list[int]
-    record: TransferRecord | None = None
-
-    @property
-    def pulled_tokens(self) -> int:
-        return self.record.pulled_tokens if self.record else 0
-
-    @property
-    def recomputed_tokens(self) -> int:
-        return self.record.recomputed_tokens if self.record else 0
-
-    @property
-    def retried_blocks(self) -> int:
-        return self.record.blocks_retried if self.record else 0
-
-    @property
-    def recovered_blocks(self) -> int:
-        return self.record.blocks_recovered if self.record else 0
+    pull: Pull
 
 
 class KvPuller:
@@ -70,67 +54,58 @@ class KvPuller:
     async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: TransferKind = "pull",
                    adapter: str = "") -> PullOutcome:
         """Bring the handle's blocks into the local cache; always releases the lease."""
-        started = time.monotonic()
         await self.leases.refuse_if_incompatible(handle)
-        wanted = min(len(handle.block_ids), len(token_ids) // self.block_size)
-        local = self._port.pin_prefix(handle.block_hashes[:wanted])  # already cached here: not pulled
+        pull = Pull.begin(self.worker_id, request_id, handle, kind, len(token_ids), takes_tail=False,
+                          started=time.monotonic())
+        local = self._port.pin_prefix(handle.block_hashes[:pull.wanted])  # already cached here: not pulled
         pinned = [block_id for block_id, _ in local]
-        first = len(local)
-        count = wanted - first
-        if count <= 0:
-            await self._release(handle, "done", pinned)
-            return PullOutcome(pinned_block_ids=pinned, record=self._record(
-                request_id, handle, kind, "done", 0, 0, 0, started, reason="already cached"))
-        targets = self._port.allocate_for_transfer(count)
-        if targets is None:
-            await self._release(handle, "cancelled", pinned)
-            return PullOutcome(pinned_block_ids=pinned, record=self._record(
-                request_id, handle, kind, "cancelled", count, 0, 0, started, reason="no free blocks"))
-        try:
-            if not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
-                read = VerifiedRead(landed=[False] * count, first_ok=[False] * count, ok=[False] * count, nbytes=0,
-                                    reason="holder unreachable", retried=0, recovered=0)
-            else:
-                read = await read_verified(self._reader, self._port.checksum, handle.agent_name,
-                                           handle.block_ids[first:wanted], targets, handle.checksums[first:wanted],
-                                           retry=self._retry, timeout_s=self._transfer_timeout_s)
-                trace.get_current_span().set_attributes(block_failures(read.landed, read.first_ok, first))  # the pull's
-        except asyncio.CancelledError:  # the request was cancelled mid-pull: give everything back
-            self._port.unpin(pinned + targets)
-            self._background(self.leases.release(handle, "cancelled"))
-            raise
-        ok, reason = read.ok, read.reason
-        landed_failed = [first + i for i, good in enumerate(ok) if not good]
-        lease_held = await self._release(handle, "done" if not landed_failed else "failed", pinned + targets,
-                                         landed_failed)
-        if lease_held is False:  # expired under us: what we read may be another request's KV
-            ok, reason = [False] * count, "lease expired before the pull ended"
-        parent = handle.block_hashes[first - 1] if first else None
-        committed = self._port.commit_transferred(targets, handle.block_hashes[first:wanted],
-                                                  token_ids[first * self.block_size: wanted * self.block_size],
-                                                  parent, ok, adapter=adapter)
-        failed = [first + i for i, good in enumerate(committed) if not good]
-        self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
-        pinned += [block_id for block_id, good in zip(targets, committed) if good]
-        outcome: TransferOutcome = "done" if not failed else ("expired" if lease_held is False else "failed")
-        reason = reason or (f"{len(failed)} block(s) failed verification" if failed else "")
-        if failed:
-            log.warning("%s: pull of %s from %s: %d of %d block(s) failed (%s); they will be computed",
-                        self.worker_id, request_id, handle.holder_worker_id, len(failed), count, reason)
-        if read.retried:
-            trace.get_current_span().set_attributes({"tandem.kv.blocks_retried": read.retried,
-                                                     "tandem.kv.blocks_recovered": read.recovered})
-        record = self._record(request_id, handle, kind, outcome, count, count - len(failed), read.nbytes, started,
-                              reason=reason)
-        return PullOutcome(pinned_block_ids=pinned, record=msgspec.structs.replace(
-            record, blocks_retried=read.retried, blocks_recovered=read.recovered))
+        pull.skip(len(local))
+        targets = self._port.allocate_for_transfer(pull.blocks) if pull.blocks else None
+        if not pull.blocks:
+            pull.nothing_to_read(time.monotonic())
+        elif targets is None:
+            pull.no_free_blocks(time.monotonic())
+        else:
+            await self._read(pull, targets, pinned)
+        pull.released(await self._release(pull, pinned + (targets or [])))
+        if targets is not None:  # read (or tried to)
+            self._commit(pull, targets, token_ids, adapter)
+            pinned += [block_id for block_id, good in zip(targets, pull.committed_ok or []) if good]
+        pull.log_failures()
+        trace.get_current_span().set_attributes(pull.span_attributes())  # the pull's
+        return PullOutcome(pinned_block_ids=pinned, pull=pull)
 
-    async def _release(self, handle: KvHandle, outcome: TransferOutcome, pinned: list[int],
-                       failed_blocks: list[int] = ()) -> bool | None:
+    async def _read(self, pull: Pull, targets: list[int], pinned: list[int]) -> None:
+        """Read the blocks into `targets`; a request cancelled meanwhile gives everything back."""
+        try:
+            if not await self.leases.ensure_agent(pull.handle.holder_worker_id, pull.handle.agent_name):
+                pull.nothing_arrived(time.monotonic(), "holder unreachable")
+                return
+            read = await read_verified(self._reader, self._port.checksum, pull.handle.agent_name,
+                                       pull.remote_block_ids, targets, pull.checksums, retry=self._retry,
+                                       timeout_s=self._transfer_timeout_s)
+        except asyncio.CancelledError:
+            pull.cancelled(time.monotonic())
+            self._port.unpin(pinned + targets)
+            self._background(self.leases.release(pull.handle, *pull.release()))
+            raise
+        pull.landed(read, time.monotonic())
+
+    def _commit(self, pull: Pull, targets: list[int], token_ids: list[int], adapter: str) -> None:
+        """Commit what the pull may use (after the release: not the blocks of an expired
+        lease); unpin the rest at once."""
+        first, wanted, size = pull.first, pull.wanted, self.block_size
+        parent = pull.handle.block_hashes[first - 1] if first else None
+        pull.committed(self._port.commit_transferred(targets, pull.handle.block_hashes[first:wanted],
+                                                     token_ids[first * size: wanted * size], parent, pull.usable(),
+                                                     adapter=adapter))
+        self._port.unpin([block_id for block_id, good in zip(targets, pull.committed_ok or []) if not good])
+
+    async def _release(self, pull: Pull, pinned: list[int]) -> bool | None:
         """Release the lease; a request cancelled meanwhile gives back the blocks this pull
         pinned (the caller never sees them)."""
         try:
-            return await self.leases.release(handle, outcome, failed_blocks)
+            return await self.leases.release(pull.handle, *pull.release())
         except BaseException:
             self._port.unpin(pinned)
             raise
@@ -139,11 +114,3 @@ class KvPuller:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _record(self, request_id: str, handle: KvHandle, kind: TransferKind, outcome: TransferOutcome, blocks: int,
-                blocks_ok: int, nbytes: int, started: float, *, reason: str = "") -> TransferRecord:
-        return TransferRecord(worker_id=self.worker_id, request_id=request_id, kind=kind,
-                              peer_worker_id=handle.holder_worker_id, outcome=outcome, blocks=blocks,
-                              blocks_ok=blocks_ok, bytes=nbytes, duration_s=time.monotonic() - started,
-                              pulled_tokens=blocks_ok * self.block_size,
-                              recomputed_tokens=(blocks - blocks_ok) * self.block_size, reason=reason)

@@ -3,12 +3,14 @@ allocated, layer by layer as each layer is computed, so the transfer overlaps co
 
 Decode side (`PushReceiver`): allocate and pin one block per full prompt block, announce
 them (`PushTarget`, sent to the router in a `KvTarget` frame), wait (bounded) for the
-writer's `PushDone`, then verify and commit exactly like a pull.
+writer's `PushDone` (`wait_for_push`, both engines), then verify and commit into a
+`connector.push_receipt.PushReceipt` (both engines: the outcome and the record).
 
 Prefill side (`PushWriter`): the engine's `on_layer` hook queues a write of layer `l` of
 the blocks that step completed; when prefill ends, prompt blocks the engine reused from
 its cache (never computed, so never reported) are written whole, every write is awaited,
-and `PushDone` carries the first token and one checksum per block to the reader.
+and `PushDone` carries the first token and one checksum per block to the reader. What was
+sent and what failed is a `connector.push_ledger.PushLedger`, the same as vLLM's writer's.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from connector.block_reader import pushed_blocks, verified_blocks
 from connector.port import KvPort
+from connector.push_ledger import PushLedger, abort_push, end_push
+from connector.push_receipt import PushReceipt
 from connector.spans import tracer
 from connector.transport import KvTransport, TransferResult
 from shared.errors import Timeout, Unavailable
-from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
+from shared.schemas.transfer import PushDone, PushTarget
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +53,8 @@ class PushWriter:
         self._timeout_s = timeout_s
         self._started = time.monotonic()
         self._writes: list[asyncio.Task[TransferResult]] = []
-        self._written: dict[int, set[int]] = {}  # prompt block index -> layers sent
+        self._ledger = PushLedger(len(target.block_ids))  # its sources: set at the end
         self._pinned: list[int] = []
-        self._failed: set[int] = set()
-        self._sources: dict[int, int] = {}  # prompt block index -> local block id, set at the end
         self.timings: list[LayerWrite] = []
         self._nbytes = 0  # written so far
         # Under the prefill's `worker.generate`; one event per write, ended by finish() or abort().
@@ -71,8 +72,7 @@ class PushWriter:
         if layer == 0:  # keep the source blocks ours until their last layer is written
             self._port.pin_blocks([block_id for block_id, _ in pairs])
             self._pinned += [block_id for block_id, _ in pairs]
-        for _, index in pairs:
-            self._written.setdefault(index, set()).add(layer)
+        self._ledger.sent([index for _, index in pairs], layer)
         self._queue([block_id for block_id, _ in pairs], [index for _, index in pairs], layer)
 
     def _queue(self, local: list[int], indices: list[int], layer: int | None) -> None:
@@ -90,9 +90,7 @@ class PushWriter:
                 "tandem.kv.layer": -1 if layer is None else layer, "tandem.kv.blocks": timing.blocks,
                 "tandem.kv.bytes": result.nbytes, "tandem.kv.queued_s": timing.queued_s,
                 "tandem.kv.done_s": timing.done_s, "tandem.kv.ok": timing.ok})
-            for index, ok in zip(indices, result.ok):
-                if not ok:
-                    self._failed.add(index)
+            self._ledger.fail(index for index, ok in zip(indices, result.ok) if not ok)
             return result
 
         self._writes.append(asyncio.ensure_future(write()))
@@ -100,32 +98,23 @@ class PushWriter:
     def send_reused(self, prompt_hashes: list[int], num_layers: int) -> None:
         """Call at the prefill's final output, before any await: write, whole, every prompt
         block the engine did not compute (reused from its cache)."""
-        pinned = self._port.pin_prefix(prompt_hashes[: len(self.target.block_ids)])
-        self._pinned += [block_id for block_id, _ in pinned]
-        missing = [(block_id, index) for index, (block_id, _) in enumerate(pinned)
-                   if len(self._written.get(index, ())) < num_layers]
+        pinned = [block_id for block_id, _ in self._port.pin_prefix(prompt_hashes[: len(self.target.block_ids)])]
+        self._pinned += pinned
+        self._ledger.source(range(len(pinned)), pinned)
+        missing = self._ledger.unsent(num_layers)
         if missing:
-            self._queue([block_id for block_id, _ in missing], [index for _, index in missing], None)
-        self._sources = {index: block_id for index, (block_id, _) in enumerate(pinned)}
+            self._queue([pinned[index] for index in missing], missing, None)
 
     async def finish(self, first_token: int | None) -> PushDone:
         """Wait for every write, then describe the outcome for the reader."""
         results = await asyncio.gather(*self._writes, return_exceptions=True)
         if any(isinstance(result, BaseException) for result in results):
             log.warning("%s: a push write raised: %s", self.request_id, results)
-            self._failed.update(range(len(self.target.block_ids)))
-        sources = self._sources
-        checksums = [self._port.checksum(sources[index]) if index in sources else 0
-                     for index in range(len(self.target.block_ids))]
-        failed = sorted(self._failed | {index for index in range(len(self.target.block_ids)) if index not in sources})
-        outcome: TransferOutcome = "done" if not failed else "failed"
+            self._ledger.fail_all()
+        checksums = self._ledger.checksums(self._port.checksum)
         self.release()
-        self._span.set_attributes({"tandem.kv.outcome": outcome, "tandem.kv.blocks_failed": len(failed),
-                                   "tandem.kv.failed_blocks": failed, "tandem.kv.writes": len(self.timings),
-                                   "tandem.kv.bytes": self._nbytes})
-        self._span.end()
-        return PushDone(transfer_id=self.target.transfer_id, outcome=outcome, checksums=checksums,
-                        first_token=first_token, failed_blocks=failed)
+        return end_push(self._span, self.target.transfer_id, first_token, checksums, self._ledger.failed_blocks(),
+                        writes=len(self.timings), nbytes=self._nbytes)
 
     def release(self) -> None:
         if self._pinned:
@@ -136,9 +125,7 @@ class PushWriter:
         for write in self._writes:
             write.cancel()
         self.release()
-        if self._span.is_recording():
-            self._span.set_attribute("tandem.kv.outcome", "aborted")
-            self._span.end()
+        abort_push(self._span)
 
 
 async def wait_for_push(done: asyncio.Future[PushDone], wait_s: float, give_back: Callable[[], None]) -> PushDone:
@@ -172,13 +159,11 @@ class PushReceiver:
         if not self.done.done():
             self.done.set_result(message)
 
-    def commit(self, message: PushDone, token_ids: list[int], block_hashes: list[int], *,
-               adapter: str = "") -> list[bool]:
-        """Verify and commit what arrived; unpins what did not. Returns per-block success."""
+    def commit(self, receipt: PushReceipt, token_ids: list[int], block_hashes: list[int], *, adapter: str = "",
+               now: float) -> None:
+        """Verify and commit what arrived (into `receipt`); unpins what did not commit."""
         targets = self.target.block_ids
-        ok = verified_blocks(pushed_blocks(message, len(targets)), targets, message.checksums, self._port.checksum)
-        committed = self._port.commit_transferred(targets, block_hashes[: len(targets)],
-                                                  token_ids[: len(targets) * self.block_size], None, ok,
-                                                  adapter=adapter)
-        self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
-        return committed
+        receipt.committed(self._port.commit_transferred(targets, block_hashes[: len(targets)],
+                                                        token_ids[: len(targets) * self.block_size], None,
+                                                        receipt.verify(self._port.checksum), adapter=adapter), now)
+        self._port.unpin([block_id for block_id, good in zip(targets, receipt.committed_ok or []) if not good])

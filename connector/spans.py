@@ -2,15 +2,17 @@
 
 - `kv.pull` (reader, child of the request's `worker.generate`): one pull of a P/D handle or
   a cached prefix, ended with its `TransferRecord`'s figures (`transfer_attributes`) and the
-  blocks that failed to arrive or failed verification. Started by the sim's
-  `connector.sim.worker_kv.WorkerKv` and vLLM's `connector.vllm.worker_kv.VllmWorkerKv`.
+  blocks that failed to arrive or failed verification (`connector.pull.Pull`). Started by
+  the sim's `connector.sim.worker_kv.WorkerKv` and vLLM's `connector.vllm.worker_kv.VllmWorkerKv`.
 - `kv.lease.grant` (holder): a lease granted, by `connector.holder.LeaseHolder._lease`,
   under the holder's span for the reader's lease request, or under the prefill's
   `worker.generate` for a P/D hold.
 - `kv.lease.request` / `kv.lease.release` / `kv.lease.extend` / `kv.agent_info` (holder):
   a lease message answered, continuing the sender's trace from the NATS headers.
-- `kv.push` (writer, `connector.push.PushWriter`): one event per layer write;
-  `kv.push.receive` (reader): the wait for the writer and the commit.
+- `kv.push` (writer: the sim's `connector.push.PushWriter`, one event per layer write, and
+  vLLM's `connector.vllm.push.VllmPushWriter`), ended by `connector.push_ledger.end_push`;
+  `kv.push.receive` (reader): the wait for the writer and the commit, its block figures
+  from `connector.push_receipt.PushReceipt`.
 
 Attribute names are `tandem.kv.*`.
 """

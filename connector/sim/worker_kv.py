@@ -20,8 +20,9 @@ from connector.lease_client import LeaseClient
 from connector.port import KvPort
 from connector.puller import KvPuller
 from connector.push import PushReceiver, PushWriter, wait_for_push
+from connector.push_receipt import PushReceipt
 from connector.sim.holder import KvHolder
-from connector.spans import block_failures, end_transfer_span, tracer, transfer_attributes
+from connector.spans import end_transfer_span, tracer, transfer_attributes
 from connector.transport import KvTransport
 from shared.block_hash import adapter_root, block_hash_chain
 from shared.bus import Bus
@@ -82,17 +83,14 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
                 outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind,
                                                  adapter=request.adapter)
             finally:
-                end_transfer_span(span, outcome.record if outcome is not None else None)
-        if outcome.record is not None:
-            try:
-                await self._publish(outcome.record)
-            except BaseException:  # cancelled: the request never gets the pinned blocks
-                self.port.unpin(outcome.pinned_block_ids)
-                raise
-        prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids, pulled_tokens=outcome.pulled_tokens,
-                            recomputed_tokens=outcome.recomputed_tokens, retried_blocks=outcome.retried_blocks,
-                            recovered_blocks=outcome.recovered_blocks,
-                            recomputed_blocks=outcome.recomputed_tokens // self.block_size)
+                end_transfer_span(span, outcome.pull.record() if outcome is not None else None)
+        try:
+            await self._publish(outcome.pull.record())
+        except BaseException:  # cancelled: the request never gets the pinned blocks
+            self.port.unpin(outcome.pinned_block_ids)
+            raise
+        prepared = Prepared(pinned_block_ids=outcome.pinned_block_ids)
+        outcome.pull.fill(prepared)
         self._count(prepared)
         return prepared
 
@@ -139,23 +137,17 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
             self._receivers.pop(receiver.target.transfer_id, None)
         assert message.first_token is not None
         hashes = block_hash_chain(request.token_ids, self.block_size, parent_hash=adapter_root(request.adapter))
-        committed = receiver.commit(message, request.token_ids, hashes, adapter=request.adapter)
-        not_sent = set(message.failed_blocks)
-        trace.get_current_span().set_attributes(block_failures(  # the receive's span
-            [index not in not_sent for index in range(len(committed))], committed))
-        ok_blocks = sum(committed)
-        record = TransferRecord(worker_id=self.worker_id, request_id=request.request_id, kind="push",
-                                peer_worker_id="", outcome="done" if all(committed) else "failed",
-                                blocks=len(committed), blocks_ok=ok_blocks,
-                                bytes=ok_blocks * self.port.kv_region().block_nbytes,
-                                duration_s=time.monotonic() - started, pulled_tokens=ok_blocks * self.block_size,
-                                recomputed_tokens=(len(committed) - ok_blocks) * self.block_size)
-        pinned = [block_id for block_id, good in zip(receiver.target.block_ids, committed) if good]
-        prepared = Prepared(pinned_block_ids=pinned, pulled_tokens=record.pulled_tokens,
-                            recomputed_tokens=record.recomputed_tokens,
-                            recomputed_blocks=len(committed) - ok_blocks)
+        receipt = PushReceipt(self.worker_id, request.request_id, message, receiver.target.block_ids,
+                              block_size=self.block_size, block_nbytes=self.port.kv_region().block_nbytes,
+                              started=started)
+        receiver.commit(receipt, request.token_ids, hashes, adapter=request.adapter, now=time.monotonic())
+        receipt.log_failures()
+        trace.get_current_span().set_attributes(receipt.span_attributes())  # the receive's span
+        pinned = [block_id for block_id, good in zip(receiver.target.block_ids, receipt.committed_ok or []) if good]
+        prepared = Prepared(pinned_block_ids=pinned)
+        receipt.fill(prepared)
         self._count(prepared)
-        return message.first_token, prepared, record
+        return message.first_token, prepared, receipt.record()
 
     def push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
         if target.compat_hash != self.compat_hash:

@@ -30,6 +30,7 @@ import numpy as np
 
 from connector.faults import write_faults
 from connector.nixl_agent import KvAgent
+from connector.push_ledger import PushLedger
 from connector.vllm.kv_pages import PageGeometry, page_ids
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import LayerWritten, Pushed, PushSpec
@@ -47,9 +48,7 @@ class _Push:
         self.target = spec.target_block_ids
         self.num_layers = num_layers
         self.started = time.perf_counter()
-        self.local: dict[int, int] = {}  # target index -> local block id
-        self.layers: dict[int, int] = {}  # target index -> layers queued
-        self.failed: set[int] = set()
+        self.ledger = PushLedger(len(self.target))  # sources, layers queued, failed writes
         self.writes: list[Future[None]] = []
         self.timings: list[LayerWritten] = []
         self.nbytes = 0
@@ -113,8 +112,7 @@ class PushWrites:
                 push.reason = f"reader agent unusable: {error}"
                 continue
             keep = self._keep(push, spec.indices)
-            for index, local in zip(spec.indices, spec.local_block_ids):
-                push.local[index] = local
+            push.ledger.source(spec.indices, spec.local_block_ids)
             step = _Step(push, [spec.indices[i] for i in keep], [spec.local_block_ids[i] for i in keep],
                          [push.target[spec.indices[i]] for i in keep])
             if step.indices:
@@ -127,8 +125,7 @@ class PushWrites:
             return
         computed = time.perf_counter()
         for step in self._steps:
-            for index in step.indices:
-                step.push.layers[index] = step.push.layers.get(index, 0) + 1
+            step.push.ledger.sent(step.indices, layer)
             step.push.writes.append(self._thread.submit(
                 self._write, step.push, layer, step.indices, step.local, step.remote, computed))
 
@@ -144,7 +141,7 @@ class PushWrites:
     def _keep(self, push: _Push, indices: list[int]) -> list[int]:
         """Positions in `indices` to write; blocks chosen to fail are marked failed."""
         faults = write_faults(self._faults, [push.target[index] for index in indices])
-        push.failed.update(indices[position] for position in faults.failed)
+        push.ledger.fail(indices[position] for position in faults.failed)
         return faults.written
 
     def _write(self, push: _Push, layer: int | None, indices: list[int], local: list[int], remote: list[int],
@@ -172,14 +169,14 @@ class PushWrites:
             if ok:
                 push.nbytes += result.nbytes
             else:
-                push.failed.update(indices)
+                push.ledger.fail(indices)
                 push.reason = push.reason or (result.detail if result is not None else "reader agent unknown")
 
     def _finish(self, push: _Push, spec: PushSpec) -> None:
-        for index, local in zip(spec.whole_indices, spec.whole_local_block_ids):
-            push.local[index] = local
+        ledger = push.ledger
+        ledger.source(spec.whole_indices, spec.whole_local_block_ids)
         # Reused blocks, and any block a layer hook missed: every layer at once.
-        missing = [index for index in sorted(push.local) if push.layers.get(index, 0) < push.num_layers]
+        missing = ledger.unsent(push.num_layers)
         if missing and not push.reason:
             try:
                 self._ensure_peer(spec.agent_name, spec.agent_metadata)
@@ -190,22 +187,20 @@ class PushWrites:
             indices = [missing[i] for i in keep]
             if indices:
                 push.writes.append(self._thread.submit(
-                    self._write, push, None, indices, [push.local[index] for index in indices],
+                    self._write, push, None, indices, [ledger.sources[index] for index in indices],
                     [push.target[index] for index in indices], time.perf_counter()))
         done, pending = wait_futures(push.writes, timeout=self._timeout_s)
         for future in done:
             if future.exception() is not None:
                 log.warning("push %s: a write raised: %s", push.transfer_id, future.exception())
-                push.failed.update(range(len(push.target)))
+                ledger.fail_all()
         if pending:
-            push.failed.update(range(len(push.target)))
+            ledger.fail_all()
             push.reason = push.reason or "writes not complete in time"
         if push.reason:
-            push.failed.update(push.local)
+            ledger.fail(ledger.sources)
         del self._pushes[push.transfer_id]
-        ok = [index in push.local and index not in push.failed for index in range(len(push.target))]
-        checksums = [self._checksum(push.local[index]) if index in push.local else 0
-                     for index in range(len(push.target))]
+        ok, checksums = ledger.ok(), ledger.checksums(self._checksum)
         with push.lock:
             timings = sorted(push.timings, key=lambda t: (t.started_s, t.layer))
         self.pushes += 1

@@ -27,9 +27,10 @@ import time
 
 from opentelemetry import trace
 
-from connector.block_reader import pushed_blocks, verified_blocks
 from connector.dataplane import Prepared
 from connector.push import LayerWrite, wait_for_push
+from connector.push_ledger import abort_push, end_push
+from connector.push_receipt import PushReceipt
 from connector.spans import tracer
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.kv_wire import LayerWritten, Pushed, PushOrder, TransferOrder
@@ -113,20 +114,13 @@ class VllmPushWriter:
                      "was computed: %s; writes (layer:blocks@computed/started-done ms): %s",
                      self.target.transfer_id, self.target.reader_worker_id, count - len(failed), count,
                      report.nbytes, overlapped_layers(report.writes), describe_writes(report.writes))
-        outcome = "done" if not failed else "failed"
-        self._span.set_attributes({"tandem.kv.outcome": outcome, "tandem.kv.blocks_failed": len(failed),
-                                   "tandem.kv.writes": len(self.writes), "tandem.kv.reason": reason,
-                                   "tandem.kv.bytes": report.nbytes if report is not None else 0})
-        self._span.end()
-        return PushDone(transfer_id=self.target.transfer_id, outcome=outcome, checksums=checksums,
-                        first_token=first_token, failed_blocks=failed)
+        return end_push(self._span, self.target.transfer_id, first_token, checksums, failed, writes=len(self.writes),
+                        nbytes=report.nbytes if report is not None else 0, reason=reason)
 
     def abort(self) -> None:
         self._engine.kv_link.pushes.forget(self.target.transfer_id)
         self._engine.unstage(self.request_id)  # generate() never took it, if it did not run
-        if self._span.is_recording():
-            self._span.set_attribute("tandem.kv.outcome", "aborted")
-            self._span.end()
+        abort_push(self._span)
 
 
 class VllmPush:
@@ -177,38 +171,26 @@ class VllmPush:
             self._receivers.pop(receiver.target.transfer_id, None)
         assert message.first_token is not None
         targets = receiver.target.block_ids
-        failed = set(message.failed_blocks)
-        landed = pushed_blocks(message, len(targets))
+        receipt = PushReceipt(self.worker_id, request.request_id, message, targets, block_size=self.block_size,
+                              block_nbytes=self._block_nbytes(), started=started)
         try:
-            ours = dict(zip(targets, await link.checksums(targets))) if any(landed) else {}
-            ok = verified_blocks(landed, targets, message.checksums, lambda block_id: ours[block_id])
+            ours = dict(zip(targets, await link.checksums(targets))) if any(receipt.landed) else {}
+            ok = receipt.verify(lambda block_id: ours[block_id])
             kept = ok.index(False) if False in ok else len(ok)
             cached = await link.commit(receiver.key, kept, request.token_ids) if targets else []
         except BaseException:
             link.unpin_soon([receiver.key])
             raise
-        kept = len(cached)
-        prepared = Prepared(pulled_tokens=kept * self.block_size,
-                            recomputed_tokens=(len(targets) - kept) * self.block_size,
-                            recomputed_blocks=len(targets) - kept)
+        receipt.committed([index < len(cached) for index in range(len(targets))], time.monotonic())
+        prepared = Prepared()
+        receipt.fill(prepared)
         if cached:  # pinned until the request is admitted (the engine unpins)
             self.engine.stage(request.request_id, TransferOrder(transfer_id=request.request_id,
                                                                 release_key=receiver.key))
             prepared.staged_request_id = request.request_id
-        bad = [index for index, good in enumerate(ok) if not good]
-        trace.get_current_span().set_attributes({"tandem.kv.blocks_failed": len(bad),
-                                                 "tandem.kv.failed_blocks": bad})
-        if bad:
-            log.warning("%s: push of %s: %d of %d block(s) failed (%d not written); vLLM computes from block %d on",
-                        self.worker_id, request.request_id, len(bad), len(targets), len(failed), kept)
-        record = TransferRecord(worker_id=self.worker_id, request_id=request.request_id, kind="push",
-                                peer_worker_id="", outcome="done" if not bad else "failed",
-                                blocks=len(targets), blocks_ok=kept, bytes=kept * self._block_nbytes(),
-                                duration_s=time.monotonic() - started,
-                                pulled_tokens=prepared.pulled_tokens, recomputed_tokens=prepared.recomputed_tokens,
-                                reason="" if not bad else f"{len(failed)} block(s) not written, "
-                                f"{len(bad) - len(failed & set(bad))} did not verify")
-        return message.first_token, prepared, record
+        trace.get_current_span().set_attributes(receipt.span_attributes())
+        receipt.log_failures()
+        return message.first_token, prepared, receipt.record()
 
     def _block_nbytes(self) -> int:
         """One block's KV in every layer, from the engine's layout (0 if it has none)."""

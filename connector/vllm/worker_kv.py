@@ -4,12 +4,15 @@ same wire protocol (the shared `connector.lease_client.LeaseClient`), so routers
 workers cannot tell the difference. Built by the vLLM engine's spec
 (`services/worker/vllm/spec.py`) over the engine's `engine_port.VllmKvEngine`.
 
-The difference is where blocks move: inside vLLM. `prepare()` does the NATS half of a pull
-(compatibility check, the holder's agent metadata, a prefix lease) and stages a
-`TransferOrder` with the engine; the engine's connector reads the blocks in the request's
-first step and vLLM computes the rest. The pull's `Loaded` report comes back before the
-request's first output (`_on_loaded`): the lease is released with its outcome and the
-transfer record published from there. A hold is vLLM's pin adopted by a lease (`hold()`).
+The difference is where blocks move: inside vLLM. A pull is the same `connector.pull.Pull`
+as the sim's, driven in another order. `prepare()` does the NATS half (compatibility check,
+the holder's agent metadata, a prefix lease) and stages a `TransferOrder` with the engine;
+the engine's connector reads the blocks in the request's first step, vLLM keeps those before
+the first failed one and computes the rest. The pull's `Loaded` report comes back before
+the request's first output (`_on_loaded`): the pull's counts are known, then the lease is
+released with its outcome (after the commit: an expired lease marks the record, the
+verified blocks stay) and the record published. A hold is vLLM's pin adopted by a lease
+(`hold()`).
 
 Push mode (`connector.vllm.push`): the reader's blocks are allocated and, once verified,
 cached in vLLM by control requests; the writer's connector writes each layer of the
@@ -24,11 +27,12 @@ import logging
 import time
 from functools import partial
 
-import msgspec
 from opentelemetry import trace
 
+from connector.block_io import VerifiedRead
 from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
+from connector.pull import Pull
 from connector.spans import end_transfer_span, tracer, transfer_attributes
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.holder import VllmKvHolder
@@ -40,7 +44,7 @@ from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferOutcome, TransferRecord
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind
 from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
@@ -61,34 +65,6 @@ class PeerAgents:
 
     def metadata_of(self, name: str) -> bytes | None:
         return self._metadata.get(name)
-
-
-class _Pull:
-    """A pull staged with the engine, until its outcome is known."""
-
-    def __init__(self, request_id: str, handle: KvHandle, kind: TransferKind, wanted: int, prepared: Prepared,
-                 span: trace.Span) -> None:
-        self.request_id = request_id
-        self.span = span  # `kv.pull`, ended with the outcome
-        self.handle = handle
-        self.kind = kind
-        self.wanted = wanted  # blocks of the handle the prompt can use, its tail included
-        self.tail_tokens = 0  # non-zero: the last wanted block is the handle's partial tail
-        self.first = 0  # leading wanted blocks found in the local prefix cache (not read)
-        self.prepared = prepared
-        self.started = time.monotonic()
-        self.order: PullOrder | None = None  # what the engine is asked to read
-
-    def tokens(self, blocks: int, *, after: int) -> int:
-        """Prompt tokens in `blocks` wanted blocks from block `after` on."""
-        tokens = blocks * self.block_size
-        if self.tail_tokens and blocks and after + blocks == self.wanted:
-            tokens -= self.block_size - self.tail_tokens
-        return tokens
-
-    @property
-    def block_size(self) -> int:
-        return self.handle.block_size
 
 
 class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
@@ -127,7 +103,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         kind: TransferKind = "pull"
         handle = params.source
         pulls_prefix = params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id
-        pull = None
+        staged = None
         if handle is not None or pulls_prefix:
             span = tracer.start_span("kv.pull", attributes={
                 "tandem.kv.kind": kind if handle is not None else "prefix_pull",
@@ -137,7 +113,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
                     if handle is None:
                         handle, kind = await self.leases.lease_prefix(params.prefix_holder,
                                                                       params.prefix_hashes), "prefix_pull"
-                    pull = await self._plan_pull(request, handle, kind, prepared, span) if handle else None
+                    staged = await self._plan_pull(request, handle, kind, prepared, span) if handle else None
             except BaseException:
                 end_transfer_span(span, None)
                 raise
@@ -145,93 +121,69 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
                 span.set_attribute("tandem.kv.outcome", "no_lease")
                 span.end()
         hold_key = f"{request.request_id}#{next(self._hold_keys)}" if params.hold_for_decode else ""
-        if pull is None and not hold_key:
+        if staged is None and not hold_key:
             return prepared
-        order = TransferOrder(transfer_id=request.request_id, hold_key=hold_key,
-                              pull=pull.order if pull is not None else None)
-        self.engine.stage(request.request_id, order, partial(self._on_loaded, pull) if pull is not None else None)
+        pull, order = staged if staged is not None else (None, None)
+        self.engine.stage(request.request_id, TransferOrder(transfer_id=request.request_id, hold_key=hold_key,
+                                                            pull=order),
+                          partial(self._on_loaded, pull, prepared, span) if pull is not None else None)
         prepared.staged_request_id = request.request_id
         return prepared
 
     async def _plan_pull(self, request: GenerateRequest, handle: KvHandle, kind: TransferKind, prepared: Prepared,
-                         span: trace.Span) -> _Pull | None:
-        """The pull to stage; None when there is nothing to read (its outcome is then final)."""
+                         span: trace.Span) -> tuple[Pull, PullOrder] | None:
+        """The pull and the read to stage; None when there is nothing to read (the pull's
+        outcome is then final)."""
         await self.leases.refuse_if_incompatible(handle)
-        wanted = min(len(handle.block_ids), len(request.token_ids) // self.block_size)
-        tail = handle.tail
-        # The tail only follows all the full blocks, for a prompt that goes on past it.
-        tail_tokens = tail.tokens if tail is not None and wanted == len(handle.block_ids) and (
-            len(request.token_ids) >= wanted * self.block_size + tail.tokens) else 0
-        pull = _Pull(request.request_id, handle, kind, wanted + bool(tail_tokens), prepared, span)
-        pull.tail_tokens = tail_tokens
-        if wanted == 0:
-            self._finish(pull, "done", [], 0, 0, 0, reason="no full block of the prompt")
-            return None
-        if not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
-            self._finish(pull, "failed", list(range(pull.wanted)), 0, pull.wanted, 0, reason="holder unreachable")
-            return None
-        metadata = self.peers.metadata_of(handle.agent_name)
-        assert metadata is not None
-        block_ids, checksums = handle.block_ids[:wanted], handle.checksums[:wanted]
-        if pull.tail_tokens and tail is not None:
-            block_ids, checksums = [*block_ids, tail.block_id], [*checksums, tail.checksum]
-        pull.order = PullOrder(lease_id=handle.lease_id, agent_name=handle.agent_name, agent_metadata=metadata,
-                               block_ids=block_ids, checksums=checksums, tail_tokens=pull.tail_tokens)
-        return pull
+        pull = Pull.begin(self.worker_id, request.request_id, handle, kind, len(request.token_ids), takes_tail=True,
+                          started=time.monotonic())
+        if pull.full_blocks == 0:
+            pull.nothing_to_read(time.monotonic())
+        elif not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
+            pull.nothing_arrived(time.monotonic(), "holder unreachable")
+        else:
+            metadata = self.peers.metadata_of(handle.agent_name)
+            assert metadata is not None
+            return pull, PullOrder(lease_id=handle.lease_id, agent_name=handle.agent_name, agent_metadata=metadata,
+                                   block_ids=pull.remote_block_ids, checksums=pull.checksums,
+                                   tail_tokens=pull.tail_tokens)
+        self._finish(pull, prepared, span)
+        return None
 
-    def _on_loaded(self, pull: _Pull, report: Loaded | None, why_none: str) -> None:
+    def _on_loaded(self, pull: Pull, prepared: Prepared, span: trace.Span, report: Loaded | None,
+                   why_none: str) -> None:
         """The engine's callback, before the request's first output (or when it ended without)."""
-        if report is None:
-            outcome: TransferOutcome = "cancelled" if why_none == "cancelled" else "failed"
-            # Without a report nothing is known to have arrived: count it all as computed.
-            recomputed = 0 if outcome == "cancelled" else pull.wanted
-            self._finish(pull, outcome, [], 0, recomputed, 0, reason=why_none)
-            return
-        first = pull.first = report.cached_blocks
-        failed = [first + index for index, ok in enumerate(report.ok) if not ok]
-        used = report.used_blocks
-        self._finish(pull, "failed" if failed else "done", failed, used, len(report.ok) - used, report.nbytes,
-                     reason=report.reason, asked=len(report.ok), retried=report.retried, recovered=report.recovered)
+        now = time.monotonic()
+        if report is None and why_none == "cancelled":
+            pull.cancelled(now, why_none)
+        elif report is None:  # nothing is known to have arrived: all of it is computed
+            pull.nothing_arrived(now, why_none)
+        else:
+            pull.skip(report.cached_blocks)
+            if not report.ok:
+                pull.nothing_to_read(now)
+            else:
+                ok = list(report.ok)  # the first read's failures are not reported apart
+                pull.landed(VerifiedRead(landed=ok, first_ok=ok, ok=ok, nbytes=report.nbytes, reason=report.reason,
+                                         retried=report.retried, recovered=report.recovered), now)
+                # vLLM took every block before the first failed one (its computed prefix has no holes)
+                pull.committed([index < report.used_blocks for index in range(len(ok))])
+        self._finish(pull, prepared, span)
 
-    def _finish(self, pull: _Pull, outcome: TransferOutcome, failed_blocks: list[int], blocks_ok: int,
-                blocks_recomputed: int, nbytes: int, *, reason: str = "", asked: int | None = None,
-                retried: int = 0, recovered: int = 0) -> None:
-        """Count the pull, then release its lease and publish its record (in the background:
-        this runs on the engine's output path)."""
-        pull.prepared.pulled_tokens = pull.tokens(blocks_ok, after=pull.first)
-        pull.prepared.recomputed_tokens = pull.tokens(blocks_recomputed, after=pull.first + blocks_ok)
-        pull.prepared.recomputed_blocks = blocks_recomputed
-        pull.prepared.retried_blocks, pull.prepared.recovered_blocks = retried, recovered
-        self._count(pull.prepared)
-        record = TransferRecord(worker_id=self.worker_id, request_id=pull.request_id, kind=pull.kind,
-                                peer_worker_id=pull.handle.holder_worker_id, outcome=outcome,
-                                blocks=pull.wanted if asked is None else asked, blocks_ok=blocks_ok, bytes=nbytes,
-                                duration_s=time.monotonic() - pull.started,
-                                pulled_tokens=pull.prepared.pulled_tokens,
-                                recomputed_tokens=pull.prepared.recomputed_tokens, reason=reason,
-                                blocks_retried=retried, blocks_recovered=recovered)
-        if failed_blocks:
-            log.warning("%s: %s of %s from %s: %d block(s) failed (%s); vLLM computed from the first on",
-                        self.worker_id, pull.kind, pull.request_id, pull.handle.holder_worker_id,
-                        len(failed_blocks), reason)
-        pull.span.set_attributes({"tandem.kv.blocks_failed": len(failed_blocks),
-                                  "tandem.kv.failed_blocks": failed_blocks, "tandem.kv.blocks_retried": retried,
-                                  "tandem.kv.blocks_recovered": recovered})
-        end_transfer_span(pull.span, record)
-        with trace.use_span(pull.span, end_on_exit=False):  # the release and the record carry its context
-            self._background(self._release_and_publish(pull.handle, outcome, failed_blocks, record))
+    def _finish(self, pull: Pull, prepared: Prepared, span: trace.Span) -> None:
+        """Count the pull and end its span, then release its lease and publish its record (in
+        the background: this runs on the engine's output path)."""
+        pull.fill(prepared)
+        self._count(prepared)
+        pull.log_failures()
+        span.set_attributes(pull.span_attributes())
+        end_transfer_span(span, pull.record())
+        with trace.use_span(span, end_on_exit=False):  # the release and the record carry its context
+            self._background(self._release_and_publish(pull))
 
-    async def _release_and_publish(self, handle: KvHandle, outcome: TransferOutcome, failed_blocks: list[int],
-                                   record: TransferRecord) -> None:
-        held = await self.leases.release(handle, outcome, failed_blocks)
-        if held is False and outcome in ("done", "failed"):
-            # The lease ended before the release (expired). What was read is still sound: every
-            # block was verified against the checksum the holder took when it pinned it, after
-            # the copy, so a block reused in between would have failed and been recomputed.
-            log.warning("%s: lease %s on %s had expired when %s released it", self.worker_id, handle.lease_id,
-                        handle.holder_worker_id, record.request_id)
-            record = msgspec.structs.replace(record, outcome="expired", reason=record.reason or "lease expired")
-        await self._publish(record)
+    async def _release_and_publish(self, pull: Pull) -> None:
+        pull.released(await self.leases.release(pull.handle, *pull.release()))
+        await self._publish(pull.record())
 
     def hold(self, request: GenerateRequest) -> KvHandle | None:
         """Lease the prompt blocks vLLM pinned when the prefill finished (the engine keeps them

@@ -1,0 +1,101 @@
+"""The reader's end of one push, written once for every engine (pure: no I/O, the time
+passed in): what the writer's `PushDone` says landed, what verified against its checksums,
+what the engine committed, and the push's `TransferRecord`.
+
+Drivers, after the shared wait (`connector.push.wait_for_push`): the sim's
+`connector.sim.worker_kv.WorkerKv` verifies with its port's checksums and commits every
+verified block (`connector.push.PushReceiver`); vLLM's `connector.vllm.push.VllmPush`
+checksums the blocks in the model worker and caches the leading verified ones (its
+computed prefix cannot have holes). Either way: `verify(checksum)`, then `committed(flags)`,
+then `record()`, `span_attributes()`, `fill(prepared)`, `log_failures()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from connector.block_reader import pushed_blocks, verified_blocks
+from connector.spans import block_failures
+from shared.schemas.transfer import PushDone, TransferRecord
+
+if TYPE_CHECKING:
+    from connector.dataplane import Prepared
+
+log = logging.getLogger(__name__)
+
+
+class PushReceipt:
+    """One push as the reader saw it, from the writer's `PushDone` to its record."""
+
+    def __init__(self, worker_id: str, request_id: str, message: PushDone, target_block_ids: list[int], *,
+                 block_size: int, block_nbytes: int, started: float) -> None:
+        self.worker_id = worker_id
+        self.request_id = request_id
+        self.message = message
+        self.target_block_ids = target_block_ids
+        self.block_size = block_size
+        self.block_nbytes = block_nbytes  # one block, every layer (0 if unknown)
+        self.started = started
+        self.landed = pushed_blocks(message, len(target_block_ids))  # the writer says: every layer written
+        self.ok: list[bool] | None = None  # landed and verified
+        self.committed_ok: list[bool] | None = None  # taken by the engine
+        self.ended_at = started
+
+    @property
+    def blocks(self) -> int:
+        return len(self.target_block_ids)
+
+    def verify(self, checksum: Callable[[int], int]) -> list[bool]:
+        """Per target block: landed, and its bytes match the writer's checksum."""
+        self.ok = verified_blocks(self.landed, self.target_block_ids, self.message.checksums, checksum)
+        return self.ok
+
+    def committed(self, flags: list[bool], now: float) -> None:
+        assert self.ok is not None and len(flags) == self.blocks, "commit what was verified"
+        self.committed_ok, self.ended_at = list(flags), now
+
+    @property
+    def blocks_ok(self) -> int:
+        return sum(self.committed_ok or [])
+
+    @property
+    def failed_blocks(self) -> list[int]:
+        """Target blocks not committed: computed instead."""
+        committed = self.committed_ok or [False] * self.blocks
+        return [index for index, ok in enumerate(committed) if not ok]
+
+    @property
+    def reason(self) -> str:
+        if not self.failed_blocks:
+            return ""
+        not_written = sum(not landed for landed in self.landed)
+        bad = sum(not ok for ok in self.ok or [False] * self.blocks)
+        reason = f"{not_written} block(s) not written, {bad - not_written} did not verify"
+        unused = len(self.failed_blocks) - bad  # sound, but not committed (vLLM: after a failed block)
+        return f"{reason}, {unused} sound but not kept" if unused else reason
+
+    def record(self) -> TransferRecord:
+        blocks_ok, recomputed = self.blocks_ok, self.blocks - self.blocks_ok
+        return TransferRecord(worker_id=self.worker_id, request_id=self.request_id, kind="push", peer_worker_id="",
+                              outcome="failed" if recomputed else "done", blocks=self.blocks, blocks_ok=blocks_ok,
+                              bytes=blocks_ok * self.block_nbytes, duration_s=self.ended_at - self.started,
+                              pulled_tokens=blocks_ok * self.block_size,
+                              recomputed_tokens=recomputed * self.block_size, reason=self.reason)
+
+    def span_attributes(self) -> dict[str, list[int] | int]:
+        """The `kv.push.receive` span's block figures: not written, and written but corrupt."""
+        return block_failures(self.landed, self.ok or [False] * self.blocks)
+
+    def fill(self, prepared: Prepared) -> None:
+        recomputed = self.blocks - self.blocks_ok
+        prepared.pulled_tokens = self.blocks_ok * self.block_size
+        prepared.recomputed_tokens, prepared.recomputed_blocks = recomputed * self.block_size, recomputed
+        prepared.retried_blocks = prepared.recovered_blocks = 0
+
+    def log_failures(self) -> None:
+        failed = self.failed_blocks
+        if failed:
+            log.warning("%s: push of %s: %d of %d block(s) failed (%s); they are computed", self.worker_id,
+                        self.request_id, len(failed), self.blocks, self.reason)
