@@ -105,8 +105,8 @@ class Residency(_AsOf):
         return None if self._prefix_key is None else self.homes.work_share(self._prefix_key)
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixPlacement:
+@dataclass(slots=True, unsafe_hash=True)
+class PrefixPlacement:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     """A request's prefix as the placement knows it (the defaults: nothing known)."""
 
     home: str | None = None  # the worker that served the prefix last
