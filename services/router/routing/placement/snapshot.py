@@ -1,4 +1,4 @@
-"""What the placement says about one request's prefix: `PrefixPlacement`, a frozen snapshot
+"""What the placement says about one request's prefix: `PrefixPlacement`, a read-only snapshot
 that goes into the routing request (`RouteRequest.placement`). Pure.
 
 `Placement.snapshot` takes it as of one routed request. Its per-worker figures and the
