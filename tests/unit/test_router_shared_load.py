@@ -7,6 +7,7 @@ from services.router.fleet.shared_load import NO_REMOTE_LOAD, PeerLoads, RemoteL
 from services.router.fleet.shared_load_link import SharedLoadLink
 from shared.codec import MalformedCounter, encode
 from shared.schemas import RoutedLoad, RoutedPrompt, RouterLoad
+from shared.subjects import Subjects
 from tests.unit.test_router_worker_pool import pool_with, report, view
 
 
@@ -120,7 +121,7 @@ def test_the_pool_publishes_its_own_contribution() -> None:
 
 def test_the_link_decodes_what_it_receives_and_counts_malformed_messages() -> None:
     malformed = MalformedCounter()
-    link = SharedLoadLink(None, None, malformed, lambda: [], router_id="me",  # type: ignore[arg-type]
+    link = SharedLoadLink(None, Subjects("t"), malformed, lambda: [], router_id="me",  # type: ignore[arg-type]
                           clock=lambda: 0.0)
     predicted: list[RoutedPrompt] = []
     link.on_peer_prediction = predicted.append
@@ -131,3 +132,18 @@ def test_the_link_decodes_what_it_receives_and_counts_malformed_messages() -> No
     link.receive(encode(RouterLoad(router_id="peer", seq=1, interval_s=0.5, full=False, predictions=[prompt])),
                  "router.load.peer")
     assert predicted == [prompt] and link.peers.peers == ["peer"]
+
+
+class _Msg:
+    def __init__(self, subject: str, data: bytes) -> None:
+        self.subject, self.data = subject, data
+
+
+async def test_the_link_skips_its_own_messages_echoed_back_without_decoding_them() -> None:
+    malformed, subjects = MalformedCounter(), Subjects("t")
+    link = SharedLoadLink(None, subjects, malformed, lambda: [], router_id="me",  # type: ignore[arg-type]
+                          clock=lambda: 0.0)
+    await link._on_message(_Msg(subjects.router_load("me"), b"\x01garbage"))  # type: ignore[arg-type]
+    assert malformed.total == 0
+    await link._on_message(_Msg(subjects.router_load("peer"), b"\x01garbage"))  # type: ignore[arg-type]
+    assert malformed.total == 1

@@ -16,7 +16,8 @@ worker, its requests in flight and their prompt tokens still waiting for prefill
 With the changes go the prompts routed since the last message (`predicted`): a peer's are
 handed to `on_peer_prediction`, which predicts their blocks in this router's KV index.
 
-It merges what its peers publish (`PeerLoads`); a peer silent for a few of its heartbeat
+It merges what its peers publish (`PeerLoads`; its own messages, which NATS echoes back on
+the same subscription, are dropped by subject, unread); a peer silent for a few of its heartbeat
 periods is forgotten (it died: `kill -9`, a lost link), so its contribution stops counting.
 The worker pool adds `remote(worker_id)` to its own ledger's counts.
 """
@@ -41,7 +42,10 @@ from shared.subjects import Subjects
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5  # a router's contribution goes out at least this often
-FLUSH_DELAY_S = 0.005  # changes within this window go out in one message (a few ms: load reports come every 250 ms)
+# changes within this window go out in one message: a tenth of the workers' load report period
+# (250 ms), so a peer still hears of a routed prompt well before its worker's KV events; at a
+# few hundred requests a second, about one message per 6-8 requests, not one per 2
+FLUSH_DELAY_S = 0.025
 
 # the router's own figures: of these workers (zeros included), or None: of every worker it has load on
 OwnLoad = Callable[[Collection[str] | None], list[RoutedLoad]]
@@ -65,6 +69,7 @@ class SharedLoadLink:
         self._flush_delay_s = flush_delay_s
         self._clock = clock
         self._codec: Codec[RouterLoad] = Codec(RouterLoad, malformed)
+        self._own_subject = subjects.router_load(self.router_id)
         self._seq = 0
         self._subscription: Subscription | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -153,6 +158,8 @@ class SharedLoadLink:
                 log.debug("shared load heartbeat failed: %s", error)
 
     async def _on_message(self, msg: Msg) -> None:
+        if msg.subject == self._own_subject:  # our own message, echoed by NATS: nothing in it for us
+            return
         self.receive(msg.data, msg.subject)
 
     def receive(self, data: bytes, subject: str) -> None:

@@ -31,8 +31,8 @@ class PrefixSource:
         return KvTransferParams(prefix_holder=self.worker_id, prefix_hashes=self.block_hashes, **others)
 
 
-@dataclass(frozen=True, slots=True)
-class PromptCache:
+@dataclass(slots=True, unsafe_hash=True)
+class PromptCache:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     """What the KV index says about one prompt, in tokens."""
 
     chains: dict[int, list[int]]  # block size -> the prompt's Tandem hash chain

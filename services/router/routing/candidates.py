@@ -25,15 +25,15 @@ from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
 
 
-@dataclass(frozen=True, slots=True)
-class Single:
+@dataclass(slots=True, unsafe_hash=True)
+class Single:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     worker: WorkerView
     plan: PrefillPlan
     cost: float
 
 
-@dataclass(frozen=True, slots=True)
-class Pair:
+@dataclass(slots=True, unsafe_hash=True)
+class Pair:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     prefill: Single  # its cost: the prefill part only
     decode: WorkerView
     cost: float

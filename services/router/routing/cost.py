@@ -66,8 +66,8 @@ from services.router.routing.view import WorkerView
 from shared.schemas.membership import WorkerStatus
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillPlan:
+@dataclass(slots=True, unsafe_hash=True)
+class PrefillPlan:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     """How the computing worker would get a prompt's KV: held, pulled, computed (tokens)."""
 
     worker_id: str

@@ -42,8 +42,8 @@ def queue_full(worker: WorkerView, routing: RoutingConfig) -> bool:
     return routing.max_queue_factor > 0 and worker.predicted_load >= worker.max_num_seqs * routing.max_queue_factor
 
 
-@dataclass(frozen=True, slots=True)
-class Eligible:
+@dataclass(slots=True, unsafe_hash=True)
+class Eligible:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     serving: list[WorkerView]  # may serve the request (or its decode part), admitted
     prefill: list[WorkerView]  # may compute its prompt as a prefill worker, admitted
     # Some prefill worker could compute the prompt, admission aside (one past its queue

@@ -47,8 +47,8 @@ RouteReason = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Selection:
+@dataclass(slots=True, unsafe_hash=True)
+class Selection:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     """What a policy picked: one worker, or a (prefill, decode) pair, and why."""
 
     reason: RouteReason
@@ -59,8 +59,8 @@ class Selection:
     moves_home: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class RoutePlan:
+@dataclass(slots=True, unsafe_hash=True)
+class RoutePlan:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     flow: Flow
     reason: RouteReason
     worker_id: str  # single: serves the whole request; disaggregated: the decode worker

@@ -20,8 +20,8 @@ RefusalReason = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RouteRequest:
+@dataclass(slots=True, unsafe_hash=True)
+class RouteRequest:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     model: str
     prompt_tokens: int  # what a prefill worker must fit (plus the one token it generates)
     total_tokens: int  # prompt tokens + max_tokens: what must fit in a serving worker's context

@@ -3,7 +3,7 @@
 - `placement`: `Placement`, one model's placement as the dispatcher holds it (`Placements`:
   one per model, following membership): a snapshot per request, the plans recorded once
   committed;
-- `snapshot`: `PrefixPlacement`, the frozen view of a prompt's prefix a routing request
+- `snapshot`: `PrefixPlacement`, the read-only view of a prompt's prefix a routing request
   carries (`RouteRequest.placement`), its figures computed on first read;
 - `homes`: `PrefixHomes`, per prefix its home (the worker that served it last) and its
   decayed share of the recent requests, per worker the sums of its homed prefixes' shares,

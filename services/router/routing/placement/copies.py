@@ -11,7 +11,7 @@ Caller: `homes.PrefixHomes`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 COPY_FORGOTTEN = 0.01  # a prefix's copies' requests (decayed) below which they are no longer counted
@@ -29,22 +29,25 @@ class CopySums:
 
 def sum_copies(copies: dict[int, dict[str, tuple[float, int]]],
                prefixes: Mapping[int, tuple[str, float, int, int, float]],
-               now: Callable[[float, int], float], live_count: float) -> CopySums:
+               keep: float, step: int, live_count: float) -> CopySums:
     """`CopySums` of `copies` (per prefix key, per worker: its served requests and the step
-    they were counted at, decayed to this step by `now`), each prefix's home and prompt tokens
-    read from its entry in `prefixes`; a copy holds the prompt's KV from `live_count` served
-    requests. The prefixes whose copies have decayed away are dropped from `copies`."""
+    they were counted at, decayed to `step` by `keep` a step, as `PrefixHomes` decays its
+    counts), each prefix's home and prompt tokens read from its entry in `prefixes`; a copy
+    holds the prompt's KV from `live_count` served requests. The prefixes whose copies have
+    decayed away are dropped from `copies`. (Once a routed request: the decay is inline.)"""
     sums = CopySums({}, {})
+    requests, held = sums.requests, sums.tokens
     for prefix_key in list(copies):
         home, _, _, tokens, _ = prefixes[prefix_key]
-        served = {worker_id: now(*entry) for worker_id, entry in copies[prefix_key].items()}
-        if sum(served.values()) < COPY_FORGOTTEN:
+        served = [(worker_id, value * keep ** (step - at_step))
+                  for worker_id, (value, at_step) in copies[prefix_key].items()]
+        if sum(count for _, count in served) < COPY_FORGOTTEN:
             del copies[prefix_key]
             continue
-        for worker_id, count in served.items():
+        for worker_id, count in served:
             if worker_id != home:  # it became the prefix's home since: the count is there now
-                sums.requests[worker_id] = sums.requests.get(worker_id, 0.0) + count
-                sums.requests[home] = sums.requests.get(home, 0.0) - count
+                requests[worker_id] = requests.get(worker_id, 0.0) + count
+                requests[home] = requests.get(home, 0.0) - count
                 if count >= live_count:
-                    sums.tokens[worker_id] = sums.tokens.get(worker_id, 0) + tokens
+                    held[worker_id] = held.get(worker_id, 0) + tokens
     return sums

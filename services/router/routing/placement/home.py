@@ -51,8 +51,8 @@ def home_score(prefix_key: int, worker_id: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-@dataclass(frozen=True, slots=True)
-class HomeHints:
+@dataclass(slots=True, unsafe_hash=True)
+class HomeHints:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     """What the router remembers about a prefix's home (`homes.PrefixHomes`)."""
 
     prefix_key: int

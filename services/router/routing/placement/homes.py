@@ -204,7 +204,7 @@ class PrefixHomes:
         """`CopySums` as of this step (prefixes whose copies have decayed away are dropped)."""
         if self._copied_at is not None and self._copied_at[0] == self._step:
             return self._copied_at[1]
-        sums = sum_copies(self._copies, self._prefixes, self._now, LIVE_COUNT)
+        sums = sum_copies(self._copies, self._prefixes, self._keep, self._step, LIVE_COUNT)
         self._copied_at = (self._step, sums)
         return sums
 

@@ -2,7 +2,7 @@
 model as its workers join and leave. Pure.
 
 The dispatcher holds the `Placements` (the worker pool tells them of membership, as it
-tells the KV view). Per request, `Placement.snapshot` gives the frozen view of the prompt's
+tells the KV view). Per request, `Placement.snapshot` gives the read-only view of the prompt's
 prefix that goes into its `RouteRequest` (`snapshot.PrefixPlacement`: its home, the shares,
 its residency, the workers' homed tokens); routing decides with it (the home rules,
 `rules.HomeRules`); once the dispatcher has committed the plan, `Placement.record`

@@ -1,4 +1,4 @@
-"""What the placement says about one request's prefix: `PrefixPlacement`, a frozen snapshot
+"""What the placement says about one request's prefix: `PrefixPlacement`, a read-only snapshot
 that goes into the routing request (`RouteRequest.placement`). Pure.
 
 `Placement.snapshot` takes it as of one routed request. Its per-worker figures and the
@@ -105,8 +105,8 @@ class Residency(_AsOf):
         return None if self._prefix_key is None else self.homes.work_share(self._prefix_key)
 
 
-@dataclass(frozen=True, slots=True)
-class PrefixPlacement:
+@dataclass(slots=True, unsafe_hash=True)
+class PrefixPlacement:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     """A request's prefix as the placement knows it (the defaults: nothing known)."""
 
     home: str | None = None  # the worker that served the prefix last
