@@ -40,7 +40,7 @@ from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.e2e.control_plane_helpers import command  # noqa: E402
 from tests.stack_fixtures import collect  # noqa: E402
 from tests.vllm.conftest import pd_pair  # noqa: E402
-from tests.vllm.observer import Observer, complete, observing  # noqa: E402
+from tests.vllm.observer import LONG_LEASES, Observer, complete, observing  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -265,7 +265,7 @@ async def test_a_killed_model_worker_takes_its_worker_out_and_the_supervisor_bri
     assert all(since_kill[i].registration.restarts == 1 for i in new), _changes_seen(changes)
     assert any("started again (restart 1)" in line for line in said), said
     try:
-        await observer.assert_clean()
+        await observer.assert_clean(_clean_within_s(changes))
     except AssertionError as error:
         raise AssertionError(f"{error}\nthe restarted d1's log: {stack.worker('d1').log_tail(80)}") from None
     print(f"\nmodel worker killed at (running, waiting, made) {killed_during}: d1 out of the pool in {left_s:.2f} s, "
@@ -273,6 +273,16 @@ async def test_a_killed_model_worker_takes_its_worker_out_and_the_supervisor_bri
           f"(first start {first_start_s:.1f} s, restart {restart_start_s:.1f} s); streams: "
           f"{sorted((o, outcomes.count(o)) for o in set(outcomes))}; {said}; d1's membership changes: "
           f"{[c for c in _changes_seen(changes) if c[1] == 'd1']}")
+
+
+def _clean_within_s(changes: list[MembershipChange]) -> float:
+    """How long the workers may take to be back to no used block and no lease. Released
+    leases: 20 s. But when p1 dropped out of the membership (a heartbeat missed on a starved
+    host) the router gave up its prompts in flight and resumed them elsewhere, while p1 went
+    on and held their blocks for a decode worker that never asks: those holds end at their
+    lease TTL (`LONG_LEASES` in this stack), not before."""
+    p1_flapped = any(c.worker_id == "p1" and c.kind == "removed" for c in changes)
+    return float(LONG_LEASES[1]) + 10 if p1_flapped else 20.0
 
 
 def _changes_seen(changes: list[MembershipChange]) -> list[tuple]:
