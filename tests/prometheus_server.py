@@ -2,8 +2,10 @@
 
 `PrometheusServer(config, workdir)` writes `config` to `workdir`, starts Prometheus on a
 free loopback port with its storage there (exemplar storage on), and stops it on exit,
-waiting for the process to end. `query()` runs an instant PromQL query through the HTTP
-API; `targets()` lists the active scrape targets.
+waiting for the process to end. The port is held (`launch.readiness.reserve_port`: Go's
+listeners set SO_REUSEADDR, so Prometheus binds beside the hold) until Prometheus answers,
+so no other program's bind or outgoing connection takes it in between. `query()` runs an
+instant PromQL query through the HTTP API; `targets()` lists the active scrape targets.
 
 `prometheus_binary()` finds the binary; a test that needs it skips without one, except
 under CI (`CI=true`), where a missing Prometheus is a failure (`.ci/prepare-prometheus`
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from launch.readiness import reserve_port
 from shared.lifecycle import die_with_parent
 
 INSTALL_HINT = "install it with `apt-get install -y prometheus` (or run .ci/prepare-prometheus)"
@@ -40,18 +42,13 @@ def prometheus_binary() -> str:
     return found
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class PrometheusServer:
     def __init__(self, config: dict[str, Any], workdir: Path, binary: str) -> None:
         self.workdir = workdir
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config))
-        self.port = free_port()
+        self._port_hold = reserve_port("127.0.0.1")  # closed once Prometheus answers (`ready`)
+        self.port = self._port_hold.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "prometheus.log"
         self._argv = [binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={workdir / 'data'}",
@@ -69,6 +66,7 @@ class PrometheusServer:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._http.close()
+        self._port_hold.close()
         process = self._process
         if process is not None and process.poll() is None:
             process.terminate()
@@ -91,9 +89,12 @@ class PrometheusServer:
         if self._process.poll() is not None:
             raise AssertionError(f"prometheus exited with {self._process.returncode}:\n{self.log_tail()}")
         try:
-            return self._http.get("/-/ready").status_code == 200
+            answered = self._http.get("/-/ready").status_code == 200
         except httpx.HTTPError:
             return False
+        if answered:
+            self._port_hold.close()  # Prometheus listens on the port now
+        return answered
 
     def targets(self) -> list[dict[str, Any]]:
         return self._api("/api/v1/targets")["activeTargets"]
