@@ -220,8 +220,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     block_size: Annotated[int, flag("KV block size in tokens.")] = 16
     kv_blocks: Annotated[int, flag("KV blocks in the engine's cache.")] = 1024
     kv_host_blocks: Annotated[int, flag(
-        "KV blocks in a host-memory tier behind the engine's cache (sim): blocks evicted from the cache move there "
-        "and are loaded back on a hit. 0: no host tier.")] = 0
+        "KV blocks in a host-memory tier behind the engine's cache: blocks evicted from the cache stay there (the sim "
+        "moves them; vLLM copies every computed block) and are loaded back on a hit. 0: no host tier.")] = 0
     max_num_seqs: Annotated[int, flag("Batching: most requests running at once.")] = 64
     max_num_batched_tokens: Annotated[int, flag("Batching: most tokens in one engine step.")] = 512
     max_model_len: Annotated[int, flag("Longest request (prompt and answer) in tokens.")] = 2048

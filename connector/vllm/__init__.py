@@ -8,6 +8,8 @@ picture of vLLM's processes.
 - `tandem_connector`: the `KVConnectorBase_V1` vLLM loads (`kv_connector_module_path`),
   and the model worker's RPC extension; `connector_scheduler` / `connector_worker`: its
   two sides; `connector_push`: the worker side's layer-by-layer push writes;
+  `host_scheduler`: a host-memory tier behind vLLM's cache, its scheduler half, over
+  `host_slots` (which host slot holds which block, pure);
 - `settings`: the connector's settings (`KvConnectorOptions`), pure data;
 - `kv_pages`: vLLM's KV allocation as NIXL pages, checksums (pure);
 - `kv_wire`: the messages crossing vLLM's process boundaries (pure);
@@ -19,6 +21,6 @@ picture of vLLM's processes.
   `connector.lease_client.LeaseClient`, `connector.block_reader` and `connector.faults`;
   `push`: its push mode (reader and writer, the sim's `PushTarget` / `PushDone` protocol).
 
-`settings`, `kv_pages`, `kv_wire`, `kv_reports` and `engine_port` import no vLLM, so they
-are testable without it.
+`settings`, `kv_pages`, `kv_wire`, `kv_reports`, `host_slots` and `engine_port` import no
+vLLM, so they are testable without it.
 """

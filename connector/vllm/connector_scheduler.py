@@ -28,6 +28,10 @@ beyond a non-blocking report).
   carries the prompt), so the request itself, added next, finds them in the prefix cache
   and computes only the rest. No scheduled request waits meanwhile: an engine with only
   a waiting load would step without pause for the whole prefill on the other side.
+- Host tier (`host_blocks` > 0): every computed block is also copied to host memory, and a
+  request without a pull loads from there what its prompt has past vLLM's own cache hit
+  (`host_scheduler.HostScheduler`: its copies go in the step's metadata, its events out
+  through vLLM's event publisher).
 - Control requests (`PinOrder`, `UnpinOrder`, `AllocOrder`, `CommitOrder`) arrive as
   pre-aborted requests and are applied in `on_new_request`. The Tandem worker owns lease
   lifetimes (grant, release, expiry); this side only counts references, keyed by the
@@ -42,11 +46,13 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
+from connector.vllm.host_scheduler import HostScheduler
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import (
     AllocOrder,
     CommitOrder,
     Held,
+    HostCopy,
     LoadSpec,
     Pinned,
     PinOrder,
@@ -60,6 +66,7 @@ from connector.vllm.kv_wire import (
 )
 
 if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -84,9 +91,10 @@ class _Push:
 
 
 class SchedulerSide:
-    def __init__(self, *, block_size: int, reports: ReportSender) -> None:
+    def __init__(self, *, block_size: int, reports: ReportSender, host_blocks: int = 0) -> None:
         self.block_size = block_size
         self._reports = reports
+        self.host = HostScheduler(host_blocks, block_size) if host_blocks else None
         self._block_pool: BlockPool | None = None
         self._orders: dict[str, TransferOrder] = {}  # vLLM request id -> order
         self._local_blocks: dict[str, int] = {}  # request id -> cached leading blocks at the last query
@@ -118,6 +126,8 @@ class SchedulerSide:
             case CommitOrder(key=key, count=count):
                 self._commit(key, count, request)
             case None:
+                if self.host is not None:
+                    self.host.add(request)
                 order = order_of(request.kv_transfer_params)
                 if order is not None:
                     self._orders[request.request_id] = order
@@ -128,7 +138,9 @@ class SchedulerSide:
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens the pull brings beyond the `num_computed_tokens` cached here (block-aligned)."""
         order = self._orders.get(request.request_id)
-        if order is None or order.pull is None or request.request_id in self._planned:
+        if order is None or order.pull is None:
+            return self.host.matched(request, num_computed_tokens) if self.host is not None else 0
+        if request.request_id in self._planned:
             return 0
         pull = order.pull
         held = len(pull.block_ids) * self.block_size - (self.block_size - pull.tail_tokens if pull.tail_tokens else 0)
@@ -140,6 +152,12 @@ class SchedulerSide:
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         order = self._orders.get(request.request_id)
+        if (order is None or order.pull is None) and self.host is not None:
+            (host_block_ids,) = blocks.get_block_ids()
+            local_tokens = self.host.after_alloc(request, list(host_block_ids), num_external_tokens)
+            if local_tokens is not None:
+                self._loading[request.request_id] = (request, local_tokens)
+            return
         if order is None or order.pull is None or request.request_id in self._planned:
             return
         self._planned.add(request.request_id)
@@ -161,6 +179,15 @@ class SchedulerSide:
     def take_loads(self) -> list[LoadSpec]:
         loads, self._loads = self._loads, []
         return loads
+
+    def take_host_copies(self, output: SchedulerOutput) -> tuple[list[HostCopy], list[HostCopy]]:
+        """This step's host-tier loads and saves (none without a host tier)."""
+        if self.host is None:
+            return [], []
+        return self.host.take_loads(), self.host.take_saves(output)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.host.take_events() if self.host is not None else []
 
     def take_pushes(self, output: SchedulerOutput) -> list[PushSpec]:
         """What this step writes of each pushing request it computes."""
@@ -221,6 +248,8 @@ class SchedulerSide:
                                           num_local_cached_tokens=local_tokens, num_external_cached_tokens=loaded)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> dict[str, Any] | None:
+        if self.host is not None:
+            self.host.finished(request.request_id)
         self._planned.discard(request.request_id)
         self._local_blocks.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)

@@ -16,7 +16,12 @@ vLLM through `get_block_ids_with_load_errors` in the step whose `get_finished` n
 request (vLLM rolls it back to its first failed block), and every pull ends in exactly
 one `Loaded` report to the Tandem worker, sent from the engine thread. Pushes (the writer's
 per-layer writes, from vLLM's save hook) are `connector_push.PushWrites`, over the same
-agent and pages.
+agent and pages. A host-memory tier (`host_blocks` > 0) is a second array of pages in this
+process, layer-major like vLLM's: `HostCopy` loads copy slots into the loading request's
+blocks in `start_load_kv` (which vLLM calls after the step's forward pass, for asynchronous
+loads; the request waits outside it and is reported loaded in the same step), then saves copy
+the step's computed blocks into slots in `wait_for_save`: a slot a save takes is read by every
+load planned before it first.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from connector.transport import TransferResult
 from connector.vllm.connector_push import PushWrites
 from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
 from connector.vllm.kv_reports import ReportSender
-from connector.vllm.kv_wire import Loaded, LoadSpec, PushSpec
+from connector.vllm.kv_wire import HostCopy, Loaded, LoadSpec, PushSpec
 from shared.config import KvFaultConfig, KvRetryConfig
 
 if TYPE_CHECKING:
@@ -82,8 +87,12 @@ class PageReads:
 
 class WorkerSide:
     def __init__(self, *, agent_name: str, agent_config: KvAgentConfig, faults: KvFaultConfig,
-                 reports: ReportSender, retry: KvRetryConfig = KvRetryConfig()) -> None:
+                 reports: ReportSender, retry: KvRetryConfig = KvRetryConfig(), host_blocks: int = 0) -> None:
         self._agent_name = agent_name
+        self._host_blocks = host_blocks
+        self._host: np.ndarray | None = None  # (host_blocks * num_layers, page_nbytes): the host tier's pages
+        self._host_saves: list[HostCopy] = []  # this step's, copied in `host_save`
+        self._host_loaded: set[str] = set()  # requests whose host load was copied this step
         self._agent_config = agent_config
         self._faults = ReadFaults(faults)
         self._retry = retry
@@ -129,6 +138,8 @@ class WorkerSide:
             raise
         self._agent, self._geometry, self._backing = agent, geometry, backing
         self._pages = buffer.reshape(geometry.num_pages, geometry.page_nbytes)
+        if self._host_blocks:
+            self._host = np.zeros((self._host_blocks * geometry.num_layers, geometry.page_nbytes), dtype=np.uint8)
         # Each layer's tensor is a view at its layer's offset in the one allocation.
         base = storage.data_ptr()
         layer_nbytes = geometry.num_blocks * geometry.page_nbytes
@@ -155,6 +166,33 @@ class WorkerSide:
 
     def end_pushes(self) -> None:
         self.pushes.end()
+
+    # ---- the host tier (see host_scheduler) ------------------------------------------------
+
+    def host_load(self, loads: list[HostCopy]) -> None:
+        """Copy host slots into vLLM's blocks; each request is reported loaded this step."""
+        for load in loads:
+            self._host_copy(load, into_host=False)
+            self._host_loaded.add(load.request_id)
+
+    def stage_host_saves(self, saves: list[HostCopy]) -> None:
+        self._host_saves = saves
+
+    def host_save(self) -> None:
+        """End of the forward pass: copy this step's computed blocks into their slots."""
+        saves, self._host_saves = self._host_saves, []
+        for save in saves:
+            self._host_copy(save, into_host=True)
+
+    def _host_copy(self, copy: HostCopy, *, into_host: bool) -> None:
+        pages, host, geometry = self._pages, self._host, self._geometry
+        assert pages is not None and host is not None and geometry is not None, "a host tier copy without one"
+        block_pages = page_ids(copy.block_ids, geometry.num_layers, geometry.num_blocks)
+        slot_pages = page_ids(copy.slots, geometry.num_layers, self._host_blocks)
+        if into_host:
+            host[slot_pages] = pages[block_pages]
+        else:
+            pages[block_pages] = host[slot_pages]
 
     def checksums(self, block_ids: list[int]) -> list[int]:
         return [self._checksum(block_id) for block_id in block_ids]
@@ -200,7 +238,8 @@ class WorkerSide:
         for _, report, failed in done:
             self._reports.send(report)
             self._load_errors.update(failed)
-        return {request_id for request_id, _, _ in done}
+        host_loaded, self._host_loaded = self._host_loaded, set()
+        return {request_id for request_id, _, _ in done} | host_loaded
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

@@ -12,7 +12,8 @@ connector's worker side, with the KV cache and the NIXL agent).
   reader `AllocOrder` (fresh blocks for the writer) / `CommitOrder` (cache what verified);
 - out, with the final output: `Held` (the pinned prompt blocks) in `kv_transfer_params`;
 - out, on the report socket (ZMQ PUSH -> the worker's PULL): `Pinned`, `Loaded`, `Pushed`;
-- scheduler side -> worker side, in the step's connector metadata: `LoadSpec`, `PushSpec`.
+- scheduler side -> worker side, in the step's connector metadata: `LoadSpec`, `PushSpec`,
+  and with a host-memory tier `HostCopy` (blocks loaded from it, blocks saved to it).
 
 Schema evolution: new fields get defaults; types never change.
 """
@@ -175,6 +176,18 @@ class PushSpec(msgspec.Struct, frozen=True, kw_only=True):
     whole_indices: list[int] = []
     whole_local_block_ids: list[int] = []
     final: bool = False
+
+
+class HostCopy(msgspec.Struct, frozen=True, kw_only=True):
+    """Copies between vLLM's KV blocks and the host tier's slots (`connector.vllm.host_slots`),
+    pairwise: block `block_ids[i]` <-> slot `slots[i]`, every layer. A load (`request_id`
+    set: vLLM's asynchronous load, reported finished once copied) runs in the step's
+    `start_load_kv`, a save (no request id) after it in `wait_for_save`, both after the
+    step's forward pass, when the blocks it computed are final."""
+
+    block_ids: list[int]
+    slots: list[int]
+    request_id: str = ""
 
 
 # ---- kv_transfer_params helpers -----------------------------------------------------------

@@ -19,11 +19,14 @@ class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
     control_timeout_s: float = 2.0  # waits for the connector's reports (pins, load outcomes)
     faults: KvFaultConfig = KvFaultConfig()
     retry: KvRetryConfig = KvRetryConfig()  # failed blocks read again before vLLM computes them
+    host_blocks: int = 0  # blocks of a host-memory tier behind vLLM's cache (`host_scheduler`); 0: none
 
     def validate(self) -> None:
         if self.progress_delay_us <= 0:
             raise ConfigError("progress_delay_us must be positive (0 spins a core)")
         if self.transfer_timeout_s <= 0 or self.control_timeout_s <= 0:
             raise ConfigError("KV connector timeouts must be positive")
+        if self.host_blocks < 0:
+            raise ConfigError("host_blocks must not be negative")
         self.faults.validate()
         self.retry.validate()

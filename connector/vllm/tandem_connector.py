@@ -23,6 +23,11 @@ push's step and, on its last, sends the outcome (holders keep blocks by referenc
 The model worker also gains `TandemWorkerExtension`'s methods (vLLM's
 `worker_extension_cls`), which the Tandem worker calls with `collective_rpc`.
 
+With a host-memory tier (`KvConnectorOptions.host_blocks`), the scheduler side also plans
+copies between vLLM's blocks and host slots (`host_scheduler`) and announces them as KV
+events (`take_events`); the worker side copies (loads in `start_load_kv`, saves in
+`wait_for_save`).
+
 Failures are data: a block that did not arrive or did not verify is reported to vLLM,
 which recomputes from it (policy "recompute"), and to the Tandem worker in `Loaded`.
 """
@@ -44,12 +49,13 @@ from connector.agent_types import KvAgentConfig
 from connector.vllm.connector_scheduler import SchedulerSide
 from connector.vllm.connector_worker import WorkerSide, page_geometry
 from connector.vllm.kv_reports import ReportSender
-from connector.vllm.kv_wire import LoadSpec, PushSpec
+from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec
 from connector.vllm.settings import KvConnectorOptions
 
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -72,9 +78,12 @@ class ConnectorSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TandemMetadata(KVConnectorMetadata):
-    def __init__(self, loads: list[LoadSpec], pushes: list[PushSpec] | None = None) -> None:
+    def __init__(self, loads: list[LoadSpec], pushes: list[PushSpec] | None = None,
+                 host_loads: list[HostCopy] | None = None, host_saves: list[HostCopy] | None = None) -> None:
         self.loads = loads
         self.pushes = pushes or []
+        self.host_loads = host_loads or []
+        self.host_saves = host_saves or []
 
 
 class TandemConnector(KVConnectorBase_V1):
@@ -88,13 +97,14 @@ class TandemConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role is KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(block_size=vllm_config.cache_config.block_size, reports=reports)
+            self._scheduler = SchedulerSide(block_size=vllm_config.cache_config.block_size, reports=reports,
+                                            host_blocks=options.host_blocks)
         else:
             self._worker = WorkerSide(
                 agent_name=settings.agent_name,
                 agent_config=KvAgentConfig(progress_delay_us=options.progress_delay_us,
                                            default_timeout_s=options.transfer_timeout_s),
-                faults=options.faults, reports=reports, retry=options.retry)
+                faults=options.faults, reports=reports, retry=options.retry, host_blocks=options.host_blocks)
 
     @property
     def scheduler_side(self) -> SchedulerSide:
@@ -114,6 +124,8 @@ class TandemConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, TandemMetadata)
+        if metadata.host_loads:
+            self.worker_side.host_load(metadata.host_loads)
         if metadata.loads:
             self.worker_side.load(metadata.loads)
 
@@ -123,6 +135,7 @@ class TandemConnector(KVConnectorBase_V1):
         super().bind_connector_metadata(connector_metadata)
         if isinstance(connector_metadata, TandemMetadata):
             self.worker_side.begin_pushes(connector_metadata.pushes)
+            self.worker_side.stage_host_saves(connector_metadata.host_saves)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # a loading request is not in the forward pass: vLLM waits for get_finished()
@@ -134,6 +147,7 @@ class TandemConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         self.worker_side.end_pushes()
+        self.worker_side.host_save()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return None, self.worker_side.take_loaded() or None
@@ -162,7 +176,12 @@ class TandemConnector(KVConnectorBase_V1):
         self.scheduler_side.after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        return TandemMetadata(self.scheduler_side.take_loads(), self.scheduler_side.take_pushes(scheduler_output))
+        side = self.scheduler_side
+        host_loads, host_saves = side.take_host_copies(scheduler_output)
+        return TandemMetadata(side.take_loads(), side.take_pushes(scheduler_output), host_loads, host_saves)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.scheduler_side.take_events()
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if connector_output.finished_recving:

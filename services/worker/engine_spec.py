@@ -23,6 +23,11 @@ def no_launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
     return ()
 
 
+def kv_blocks_settings(blocks: int, block_size: int, model_dir: str) -> dict[str, int | float | str]:
+    """Worker settings for a KV cache of `blocks` blocks of `block_size` tokens: `kv_blocks`."""
+    return {"kv_blocks": blocks, "block_size": block_size}
+
+
 @dataclass(frozen=True, slots=True)
 class EngineDeployment:
     """What a deployment (compose, Kubernetes, a worker fleet) gives this engine's workers."""
@@ -52,6 +57,9 @@ class EngineSpec:
     # Per-worker flags a launcher adds for the worker at `index` given the usable cores
     # (e.g. pinning CPU engines one per core).
     launch_args: Callable[[int, Sequence[int]], tuple[str, ...]] = field(default=no_launch_args)
+    # Worker settings that size the engine's own KV cache to (blocks, block size) of the model
+    # in a directory (a benchmark sizes every engine's cache the same way).
+    kv_cache_settings: Callable[[int, int, str], dict[str, int | float | str]] = field(default=kv_blocks_settings)
     deployment: EngineDeployment = EngineDeployment()
     # The engine's own OpenAI server runs as a benchmark's peer (`tandem bench serve`'s Nxvllm).
     has_plain_server: bool = False

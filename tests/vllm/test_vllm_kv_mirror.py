@@ -10,9 +10,9 @@ import msgspec
 import pytest
 
 from services.worker.vllm.kv_event_wire import WireDecoder, block_hash_int
-from services.worker.vllm.kv_mirror import KvBlockMirror
+from services.worker.vllm.kv_mirror import HostBlocksRemoved, KvBlockMirror
 from shared.block_hash import block_hash_chain
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlocksMoved, BlockStored
 
 BS = 4
 
@@ -47,7 +47,9 @@ def test_wire_decodes_vllm_shaped_batch() -> None:
             _wire_stored([11, 12], None, _tokens(0, 2), extra_keys=[None, None], kv_cache_spec_kind="full_attention"),
             {"type": "BlockRemoved", "block_hashes": [b"\x01" * 24 + (7).to_bytes(8, "big")], "medium": "GPU"},
             {"type": "AllBlocksCleared"},
-            _wire_stored([13], 12, _tokens(8, 1), medium="CPU"),  # another tier: skipped
+            _wire_stored([13], 12, _tokens(8, 1), medium="CPU"),  # Tandem's host tier
+            {"type": "BlockRemoved", "block_hashes": [13], "medium": "CPU"},
+            _wire_stored([15], 12, _tokens(8, 1), medium="STORAGE"),  # a tier Tandem does not mirror: skipped
             _wire_stored([14], None, _tokens(0, 1), group_idx=1),  # another KV group: skipped
             {"type": "SomethingNew", "x": 1},  # a future event kind: skipped
         ],
@@ -60,6 +62,8 @@ def test_wire_decodes_vllm_shaped_batch() -> None:
         BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=_tokens(0, 2), block_size=BS),
         BlockRemoved(block_hashes=[7]),  # the low 64 bits of the hash bytes
         AllBlocksCleared(),
+        BlockStored(block_hashes=[13], parent_block_hash=12, token_ids=_tokens(8, 1), block_size=BS, tier="host"),
+        HostBlocksRemoved(block_hashes=[13]),
     ]
 
 
@@ -166,3 +170,58 @@ def test_blocks_whose_parent_was_never_announced_have_no_tandem_hash() -> None:
     mirror = KvBlockMirror(BS)
     mirror.apply(_stored([9], 8, 4))  # parent 8 unknown (events lost before a resync)
     assert mirror.prefix_tokens(block_hash_chain(_tokens(0, 2), BS)) == []
+
+
+# ---- the host tier (Tandem's connector, medium "CPU") ----------------------------------------
+
+def _host(hashes: list[int], parent: int | None, first_token: int) -> BlockStored:
+    return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=_tokens(first_token, len(hashes)),
+                       block_size=BS, tier="host")
+
+
+def test_a_block_both_tiers_hold_stays_in_the_device_tier_until_vllm_evicts_it() -> None:
+    mirror = KvBlockMirror(BS)
+    chain = block_hash_chain(_tokens(0, 2), BS)
+    assert mirror.apply(_stored([1, 2], None, 0)) == [_passed([1, 2], None, 0, chain)]
+    assert mirror.apply(_host([1, 2], None, 0)) == []  # write-through: the device tier is what counts
+    assert (mirror.cached_blocks, mirror.host_blocks) == (2, 2)
+    assert mirror.apply(BlockRemoved(block_hashes=[2])) == [BlocksMoved(block_hashes=[2], tier="host")]
+    assert mirror.cached_blocks == 1
+    # loaded back from the host tier: vLLM caches it again
+    assert mirror.apply(_stored([2], 1, 4)) == [BlocksMoved(block_hashes=[2], tier="device")]
+    assert mirror.apply(BlockRemoved(block_hashes=[1, 2])) == [BlocksMoved(block_hashes=[1, 2], tier="host")]
+    assert mirror.apply(HostBlocksRemoved(block_hashes=[2])) == [BlockRemoved(block_hashes=[2])]
+    assert mirror.apply(HostBlocksRemoved(block_hashes=[2, 99])) == []  # gone, or never known
+    assert (mirror.cached_blocks, mirror.host_blocks) == (0, 1)
+
+
+def test_a_block_the_host_tier_drops_while_vllm_holds_it_stays() -> None:
+    mirror = KvBlockMirror(BS)
+    mirror.apply(_stored([1], None, 0))
+    mirror.apply(_host([1], None, 0))
+    assert mirror.apply(HostBlocksRemoved(block_hashes=[1])) == []
+    assert mirror.apply(BlockRemoved(block_hashes=[1])) == [BlockRemoved(block_hashes=[1])]
+
+
+def test_host_only_blocks_are_announced_in_the_host_tier_with_their_chain() -> None:
+    mirror = KvBlockMirror(BS)
+    chain = block_hash_chain(_tokens(0, 2), BS)
+    mirror.apply(_stored([1], None, 0))
+    passed = mirror.apply(_host([2], 1, 4))  # its parent is known (device): the chain goes on
+    assert passed == [BlockStored(block_hashes=[2], parent_block_hash=1, token_ids=_tokens(4, 1), block_size=BS,
+                                  chain_hashes=chain[1:], tier="host")]
+    # a holder pins in vLLM's cache: the lease's prefix ends where the device tier does
+    assert mirror.prefix_tokens(chain) == _tokens(0, 1)
+
+
+def test_snapshot_announces_each_block_in_its_tier() -> None:
+    mirror = KvBlockMirror(BS)
+    chain = block_hash_chain(_tokens(0, 3), BS)
+    mirror.apply(_stored([1, 2, 3], None, 0))
+    mirror.apply(_host([1, 2, 3], None, 0))
+    mirror.apply(BlockRemoved(block_hashes=[2, 3]))
+    assert mirror.snapshot() == [
+        _passed([1], None, 0, chain[:1]),
+        BlockStored(block_hashes=[2, 3], parent_block_hash=1, token_ids=_tokens(4, 2), block_size=BS,
+                    chain_hashes=chain[1:], tier="host"),
+    ]

@@ -11,19 +11,23 @@ fields or event kinds does not stop the bridge.
 Block hashes arrive as ints (vLLM's default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`:
 the low 64 bits of the hash) or as raw hash bytes; both become the same 64-bit int.
 
-Only the primary KV cache is mirrored: events for other tiers (`medium` other than
-"GPU", which the CPU backend also reports) and for extra KV-cache groups of hybrid models
-(`group_idx` > 0) are skipped, so one block is never counted twice.
+The primary KV cache is vLLM's own (`medium` "GPU", which the CPU backend reports too, or
+none); medium "CPU" is the host-memory tier of Tandem's connector (`connector.vllm.host_scheduler`
+announces its blocks through vLLM's publisher): its stores become `BlockStored` with tier
+"host" and its removals `kv_mirror.HostBlocksRemoved`. Events of other media and of extra
+KV-cache groups of hybrid models (`group_idx` > 0) are skipped, so one block is never
+counted twice.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from services.worker.vllm.kv_mirror import HOST_TIER, HostBlocksRemoved, MirrorEvent
+from shared.schemas.kv_events import DEVICE_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KvTier
 
 END_OF_REPLAY = -1  # the seq vLLM's replay socket sends after the last buffered batch
-_PRIMARY_MEDIA = (None, "GPU")
+_TIER_OF_MEDIUM: dict[str | None, KvTier] = {None: DEVICE_TIER, "GPU": DEVICE_TIER, "CPU": HOST_TIER}
 _HASH_MASK = (1 << 64) - 1
 
 WireHash = int | bytes
@@ -60,7 +64,7 @@ _WireEvent = _WireBlockStored | _WireBlockRemoved | _WireAllBlocksCleared
 
 class DecodedBatch(msgspec.Struct, kw_only=True):
     ts: float
-    events: list[KvEvent]
+    events: list[MirrorEvent]
     skipped: int  # events of unknown kinds, other tiers or other KV-cache groups
 
 
@@ -74,7 +78,7 @@ class WireDecoder:
     def decode(self, payload: bytes) -> DecodedBatch:
         """Raises `msgspec.DecodeError` for a payload that is not a batch at all."""
         batch = self._batch.decode(payload)
-        events: list[KvEvent] = []
+        events: list[MirrorEvent] = []
         skipped = 0
         for raw in batch.events:
             try:
@@ -101,19 +105,21 @@ def decode_seq(seq: bytes) -> int:
     return int.from_bytes(seq, "big", signed=True)
 
 
-def _to_tandem(wire: _WireEvent) -> KvEvent | None:
+def _to_tandem(wire: _WireEvent) -> MirrorEvent | None:
     match wire:
         case _WireAllBlocksCleared():
             return AllBlocksCleared()
-        case _WireBlockStored() if _is_primary(wire.medium, wire.group_idx):
+        case _WireBlockStored() if (tier := _tier(wire.medium, wire.group_idx)) is not None:
             parent = None if wire.parent_block_hash is None else block_hash_int(wire.parent_block_hash)
             return BlockStored(block_hashes=[block_hash_int(h) for h in wire.block_hashes],
                                parent_block_hash=parent, token_ids=wire.token_ids,
-                               block_size=wire.block_size, adapter=wire.lora_name or "")
-        case _WireBlockRemoved() if _is_primary(wire.medium, wire.group_idx):
-            return BlockRemoved(block_hashes=[block_hash_int(h) for h in wire.block_hashes])
+                               block_size=wire.block_size, tier=tier, adapter=wire.lora_name or "")
+        case _WireBlockRemoved() if (tier := _tier(wire.medium, wire.group_idx)) is not None:
+            hashes = [block_hash_int(h) for h in wire.block_hashes]
+            return BlockRemoved(block_hashes=hashes) if tier == DEVICE_TIER else HostBlocksRemoved(block_hashes=hashes)
     return None
 
 
-def _is_primary(medium: str | None, group_idx: int | None) -> bool:
-    return medium in _PRIMARY_MEDIA and group_idx in (None, 0)
+def _tier(medium: str | None, group_idx: int | None) -> KvTier | None:
+    """The tier of the primary KV-cache group's events; None: not mirrored."""
+    return _TIER_OF_MEDIUM.get(medium) if group_idx in (None, 0) else None

@@ -76,12 +76,16 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     def from_worker_config(cls, config: WorkerConfig) -> VllmEngineOptions:
         """The worker's settings; the `vllm_*` fields are the vLLM-only ones."""
         transfer = config.kv_transfer
+        if config.kv_host_blocks and not transfer.enabled:
+            raise ConfigError("a host-memory KV tier (--kv-host-blocks) lives in Tandem's KV connector: "
+                              "it needs KV transfer enabled")
         connector = KvConnectorOptions(agent_name_prefix=config.worker_id,
                                        progress_delay_us=transfer.progress_delay_us,
                                        transfer_timeout_s=transfer.transfer_timeout_s,
                                        control_timeout_s=transfer.control_timeout_s,
                                        faults=transfer.faults,
-                                       retry=transfer.retry) if transfer.enabled else None
+                                       retry=transfer.retry,
+                                       host_blocks=config.kv_host_blocks) if transfer.enabled else None
         return cls(model_dir=config.model_dir, served_model_name=config.served_model_name,
                    model_version=config.model_version,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,

@@ -3,7 +3,9 @@ imports no vLLM: the builders do, when a worker starts."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.worker.engine_spec import EngineDeployment, EngineSpec
@@ -50,6 +52,16 @@ def launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
             "--vllm-kv-cache-gib", str(KV_CACHE_GIB))
 
 
+def kv_cache_settings(blocks: int, block_size: int, model_dir: str) -> dict[str, int | float | str]:
+    """vLLM sizes its KV cache in bytes: `blocks` blocks of the model's 16-bit KV (vLLM on CPU
+    runs a float32 model in bfloat16), with that block size."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    block_nbytes = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * block_size * 2
+    return {"vllm_kv_cache_gib": blocks * block_nbytes / (1 << 30), "vllm_block_size": block_size}
+
+
 VLLM = EngineSpec(
     name="vllm",
     summary="vLLM (AsyncLLM in the worker) with Tandem's KV connector",
@@ -60,6 +72,7 @@ VLLM = EngineSpec(
     install_hint="`make run` installs it in .venv-vllm (or `make install-vllm`, then use .venv-vllm/bin/tandem)",
     start_timeout_s=START_TIMEOUT_S,
     launch_args=launch_args,
+    kv_cache_settings=kv_cache_settings,
     # vLLM's processes share tensors through /dev/shm; the Tandem image has the sim engine only.
     deployment=EngineDeployment(in_tandem_image=False, shm_size="1gb", cpu_request="4", memory_request="16Gi",
                                 cpu_limit="16", memory_limit="32Gi", start_grace_s=900, stop_grace_s=180),
