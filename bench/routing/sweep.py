@@ -13,6 +13,10 @@ recomputed and computed prompt tokens, evictions, load imbalance. Per point a ve
 
     tandem bench routing --sweep [--quick] [--points few-large,bursts] [--arms kv-aware,oracle] [--repeats 3]
 
+Workers are sim engines by default; `--engine vllm` (from the vLLM venv, with `--block-size
+128` on CPU, `--sim-speedup 1` and a `--sim-profile` of the model for sizing the offered
+rate) runs real engines of the model, their KV caches sized as the sim's would be.
+
 prints one JSON document (`{"config", "points", "arms", "results", "verdicts", "gains",
 "summary", "pass"}`) on stdout, progress on stderr. Not a test.
 """
@@ -66,6 +70,7 @@ class SweepSetup:
     drain_s: float
     kv_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
     repeats: int = 1  # runs of each point through every arm
+    engine: str = "sim"  # the workers'
 
 
 def oracle_for(point: SweepPoint, shape: EngineShape, sizing: PointSizing, worker_ids: Sequence[str],
@@ -109,7 +114,7 @@ def run_arm(setup: SweepSetup, point: SweepPoint, sizing: PointSizing, arm: Arm,
              f"for {setup.duration_s:g}s ({json.dumps(arm.settings)})")
     spec = LaunchSpec(label=label, arm=arm, shape=shape, kv_blocks=sizing.kv_blocks, kv_host_blocks=sizing.kv_host_blocks,
                       model_dir=setup.model_dir, worker_settings=setup.worker_settings,
-                      log_dir=setup.log_root / label)
+                      log_dir=setup.log_root / label, engine=setup.engine)
     run = PointRun(point=point, shape=shape, sizing=sizing, vocab_size=setup.vocab_size, seed=setup.seed,
                    duration_s=setup.duration_s, drain_s=setup.drain_s)
     try:
@@ -162,7 +167,8 @@ def run_sweep(setup: SweepSetup, points: Sequence[SweepPoint], arm_names: Sequen
     outcomes = [check["pass"] for check in verdicts.values()]
     return {
         "bench": "routing-sweep",
-        "config": {"workers": setup.shape.workers, "duration_s": setup.duration_s, "drain_s": setup.drain_s,
+        "config": {"engine": setup.engine, "workers": setup.shape.workers, "duration_s": setup.duration_s,
+                   "drain_s": setup.drain_s,
                    "sim_speedup": setup.shape.sim_speedup, "profile": setup.shape.profile.name, "seed": setup.seed,
                    "block_size": setup.shape.block_size, "max_model_len": setup.shape.max_model_len,
                    "repeats": setup.repeats},
@@ -178,12 +184,14 @@ def run_sweep(setup: SweepSetup, points: Sequence[SweepPoint], arm_names: Sequen
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem bench routing --sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{len(QUICK_SWEEP)} points, {QUICK_DURATION_S:g} s each")
     parser.add_argument("--points", default="", help="comma-separated point names (default: the whole sweep)")
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS))
-    parser.add_argument("--workers", type=int, default=4, help="sim workers of role both")
+    parser.add_argument("--workers", type=int, default=4, help="workers of role both")
+    parser.add_argument("--engine", default="sim", help="the workers' engine (`tandem engines`)")
+    parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (vLLM on CPU: 128)")
     parser.add_argument("--duration", type=float, default=0.0, help="seconds of arrivals per run")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each point through every arm; verdicts judge the median per-run ratios")
@@ -198,7 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kv-settings", default="{}",
                         help='router settings for the kv-aware arm, as JSON (e.g. \'{"queue_weight": 1.0}\')')
     parser.add_argument("--json", action="store_true", help="accepted; stdout is always one JSON document")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         kv_overrides = json.loads(args.kv_settings)
     except ValueError as error:
@@ -216,7 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = points_named(parse_names(args.points, names, "point")) if args.points else family
     except ValueError as error:
         raise SystemExit(f"bench_routing: {error}") from error
-    shape = EngineShape(workers=args.workers, block_size=16, max_num_batched_tokens=512, max_model_len=2048,
+    from services.worker.engines import engine_names
+
+    if args.engine not in engine_names():
+        raise SystemExit(f"bench_routing: no engine {args.engine!r}; one of {', '.join(engine_names())}")
+    shape = EngineShape(workers=args.workers, block_size=args.block_size, max_num_batched_tokens=512,
+                        max_model_len=2048,
                         profile=load_profile(args.sim_profile), sim_speedup=args.sim_speedup)
     arm_names = parse_names(args.arms, list(arms(shape)), "arm")
     from shared.tiny_model import model_dir_or_tiny
@@ -229,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup = SweepSetup(shape=shape, model_dir=model_dir, vocab_size=Tokenizer.from_model_dir(model_dir).vocab_size,
                        log_root=state_dir / "logs" / "sweep", worker_settings=worker_settings, seed=args.seed,
                        duration_s=args.duration or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S),
-                       drain_s=args.drain, kv_overrides=kv_overrides, repeats=args.repeats)
+                       drain_s=args.drain, kv_overrides=kv_overrides, repeats=args.repeats, engine=args.engine)
     started = time.monotonic()
     document = run_sweep(setup, points, arm_names)
     document["config"]["wall_s"] = round(time.monotonic() - started, 1)

@@ -2,9 +2,10 @@
 yields a `System` (where to send requests, how to read its counters, its worker ids); leaving
 the context stops it.
 
-`local_stack` is Tandem's launcher: a fresh `LocalStack` of sim workers of role `both` with
-the arm's router settings and the run's KV pool size, so no cache carries over from one run
-to the next. Another system (NVIDIA Dynamo's frontend and engines) plugs in as another
+`local_stack` is Tandem's launcher: a fresh `LocalStack` of workers of role `both` (sim, or
+the engine the spec names: its registration sizes its KV cache, `EngineSpec.kv_cache_settings`,
+and pins it to a core where it wants one) with the arm's router settings and the run's KV pool
+size, so no cache carries over from one run to the next. Another system (NVIDIA Dynamo's frontend and engines) plugs in as another
 launcher under its system name (`Arm.system`); a system without Tandem's counters yields
 `counters=None` and its rows carry latency figures only. A launcher that cannot start raises
 `LaunchError`: the row says so and the sweep goes on. Called by `bench.routing.sweep`.
@@ -55,9 +56,10 @@ class LaunchSpec:
     shape: EngineShape
     kv_blocks: int  # per worker
     model_dir: str
-    worker_settings: Settings  # worker options besides kv_blocks and sim_speedup
+    worker_settings: Settings  # worker options besides the KV cache's size and sim_speedup
     log_dir: Path
     kv_host_blocks: int = 0  # per worker, in a host-memory tier behind its pool (0: none)
+    engine: str = "sim"
 
 
 Launcher = Callable[[LaunchSpec], AbstractContextManager[System]]
@@ -82,17 +84,19 @@ def cluster_worker_ids(metrics_url: str, expected: int, timeout_s: float = 15.0)
 @contextmanager
 def local_stack(spec: LaunchSpec) -> Iterator[System]:
     """Tandem on this machine: a fresh LocalStack for one run."""
+    from services.worker.engines import engine_spec
+
     shape = spec.shape
     shutil.rmtree(spec.log_dir, ignore_errors=True)
-    workers = WorkerGroup(name="worker", role=WorkerRole.BOTH, count=shape.workers, engine="sim",
-                          settings={**spec.worker_settings, "kv_blocks": spec.kv_blocks,
-                                    "sim_speedup": shape.sim_speedup,
+    kv_cache = engine_spec(spec.engine).kv_cache_settings(spec.kv_blocks, shape.block_size, spec.model_dir)
+    workers = WorkerGroup(name="worker", role=WorkerRole.BOTH, count=shape.workers, engine=spec.engine,
+                          settings={**spec.worker_settings, **kv_cache, "sim_speedup": shape.sim_speedup,
                                     **({"kv_host_blocks": spec.kv_host_blocks} if spec.kv_host_blocks else {})})
     definition = StackDefinition(name=spec.label, model_dir=spec.model_dir, workers=(workers,),
                                  membership=Membership(heartbeat_interval_s=0.5, ttl_s=5.0),
                                  router=HttpService(port=0, health="/health", settings=spec.arm.settings),
                                  metrics=HttpService(port=0, health="/metrics"))
-    stack = LocalStack(plan_stack(definition, log_dir=str(spec.log_dir)))
+    stack = LocalStack(plan_stack(definition, log_dir=str(spec.log_dir), cores=sorted(os.sched_getaffinity(0))))
     try:
         stack.start()
         pids = [process.pid for process in stack.processes.values()]
