@@ -47,6 +47,7 @@ from shared.token_pack import pack_token_ids, unpack_token_ids
 
 KvTier = Literal["device", "host", "disk"]  # fastest first
 DEVICE_TIER: KvTier = "device"
+HOST_TIER: KvTier = "host"
 
 
 class BlockStored(msgspec.Struct, tag="stored", kw_only=True, gc=False):

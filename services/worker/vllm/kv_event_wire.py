@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.worker.vllm.kv_mirror import HOST_TIER, HostBlocksRemoved, MirrorEvent
-from shared.schemas.kv_events import DEVICE_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KvTier
+from services.worker.vllm.kv_mirror import HostBlocksRemoved, MirrorEvent
+from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KvTier
 
 END_OF_REPLAY = -1  # the seq vLLM's replay socket sends after the last buffered batch
 _TIER_OF_MEDIUM: dict[str | None, KvTier] = {None: DEVICE_TIER, "GPU": DEVICE_TIER, "CPU": HOST_TIER}

@@ -34,6 +34,7 @@ import msgspec
 from shared.block_hash import adapter_root, hash_block
 from shared.schemas.kv_events import (
     DEVICE_TIER,
+    HOST_TIER,
     AllBlocksCleared,
     BlockRemoved,
     BlocksMoved,
@@ -43,9 +44,6 @@ from shared.schemas.kv_events import (
 )
 
 log = logging.getLogger(__name__)
-
-
-HOST_TIER: KvTier = "host"
 
 
 class HostBlocksRemoved(msgspec.Struct, kw_only=True):
