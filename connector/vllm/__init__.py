@@ -9,7 +9,8 @@ picture of vLLM's processes.
   and the model worker's RPC extension; `connector_scheduler` / `connector_worker`: its
   two sides; `connector_push`: the worker side's layer-by-layer push writes;
   `host_scheduler`: a host-memory tier behind vLLM's cache, its scheduler half, over
-  `host_slots` (which host slot holds which block, pure);
+  `host_slots` (which host slot holds which block, pure); `scheduled_blocks`: each
+  scheduled request's blocks from vLLM's scheduler output (pushes and host saves);
 - `settings`: the connector's settings (`KvConnectorOptions`), pure data;
 - `kv_pages`: vLLM's KV allocation as NIXL pages, checksums (pure);
 - `kv_wire`: the messages crossing vLLM's process boundaries (pure);

@@ -41,7 +41,7 @@ beyond a non-blocking report).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
@@ -64,6 +64,7 @@ from connector.vllm.kv_wire import (
     held_params,
     order_of,
 )
+from connector.vllm.scheduled_blocks import ScheduledBlocks
 
 if TYPE_CHECKING:
     from vllm.distributed.kv_events import KVCacheEvent
@@ -85,7 +86,6 @@ class _Push:
     transfer_id: str
     order: PushOrder
     num_prompt_tokens: int
-    block_ids: list[int] = field(default_factory=list)  # the request's blocks (group 0)
     reused: int | None = None  # leading blocks cached here at its first step (never computed)
     final_sent: bool = False
 
@@ -103,6 +103,7 @@ class SchedulerSide:
         self._loads: list[LoadSpec] = []  # for the next step's metadata
         self._pins: dict[str, list[KVCacheBlock]] = {}  # key -> referenced blocks
         self._pushes: dict[str, _Push] = {}  # request id -> push (writer side)
+        self._push_blocks = ScheduledBlocks()  # the pushing requests' blocks
 
     @property
     def pinned_blocks(self) -> int:
@@ -194,27 +195,12 @@ class SchedulerSide:
         if not self._pushes:
             return []
         specs: list[PushSpec] = []
-        scheduled = output.num_scheduled_tokens
-        for new in output.scheduled_new_reqs:
-            push = self._pushes.get(new.req_id)
-            if push is not None:
-                push.block_ids = list(new.block_ids[0])
-                self._push_step(new.req_id, push, new.num_computed_tokens, scheduled.get(new.req_id, 0), specs)
-        cached = output.scheduled_cached_reqs
-        for index, req_id in enumerate(cached.req_ids):
-            push = self._pushes.get(req_id)
-            if push is None:
-                continue
-            new_ids = cached.new_block_ids[index]
-            if new_ids is not None:
-                if req_id in cached.resumed_req_ids:
-                    push.block_ids = list(new_ids[0])
-                else:
-                    push.block_ids.extend(new_ids[0])
-            self._push_step(req_id, push, cached.num_computed_tokens[index], scheduled.get(req_id, 0), specs)
+        for request_id, block_ids, computed, scheduled in self._push_blocks.step(output, self._pushes.__contains__):
+            self._push_step(request_id, self._pushes[request_id], block_ids, computed, scheduled, specs)
         return specs
 
-    def _push_step(self, request_id: str, push: _Push, computed: int, scheduled: int, specs: list[PushSpec]) -> None:
+    def _push_step(self, request_id: str, push: _Push, block_ids: list[int], computed: int, scheduled: int,
+                   specs: list[PushSpec]) -> None:
         if push.final_sent or scheduled <= 0:
             return
         target = push.order.block_ids
@@ -232,8 +218,8 @@ class SchedulerSide:
         specs.append(PushSpec(
             request_id=request_id, transfer_id=push.transfer_id, agent_name=push.order.agent_name,
             agent_metadata=push.order.agent_metadata, target_block_ids=target, indices=indices,
-            local_block_ids=[push.block_ids[index] for index in indices], whole_indices=whole,
-            whole_local_block_ids=[push.block_ids[index] for index in whole], final=final))
+            local_block_ids=[block_ids[index] for index in indices], whole_indices=whole,
+            whole_local_block_ids=[block_ids[index] for index in whole], final=final))
 
     def on_output(self, finished_recving: set[str]) -> None:
         """After vLLM applied a step's loads (and rolled back failed ones): make its prompt-token
@@ -254,6 +240,7 @@ class SchedulerSide:
         self._local_blocks.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         self._pushes.pop(request.request_id, None)
+        self._push_blocks.forget(request.request_id)
         order = self._orders.pop(request.request_id, None)
         if order is None or not order.hold_key or request.status not in _HOLDABLE:
             return None

@@ -24,6 +24,7 @@ from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 from connector.vllm.host_slots import HostSlots
 from connector.vllm.kv_wire import HostCopy
+from connector.vllm.scheduled_blocks import ScheduledBlocks
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -35,7 +36,7 @@ class HostScheduler:
         self.slots = HostSlots(capacity)
         self.block_size = block_size
         self._requests: dict[str, Request] = {}  # scheduled or waiting, until finished
-        self._block_ids: dict[str, list[int]] = {}  # request id -> its blocks (group 0), as scheduled
+        self._blocks = ScheduledBlocks()
         self._first: dict[str, int] = {}  # request id -> first block of the load `matched` offered
         self._loads: list[HostCopy] = []
         self._events: list[KVCacheEvent] = []
@@ -45,7 +46,7 @@ class HostScheduler:
 
     def finished(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
-        self._block_ids.pop(request_id, None)
+        self._blocks.forget(request_id)
         self._first.pop(request_id, None)
 
     def matched(self, request: Request, num_computed_tokens: int) -> int:
@@ -77,29 +78,17 @@ class HostScheduler:
     def take_saves(self, output: SchedulerOutput) -> list[HostCopy]:
         """This step's saves: the full blocks each scheduled request computes in it."""
         saves: list[HostCopy] = []
-        scheduled = output.num_scheduled_tokens
-        for new in output.scheduled_new_reqs:
-            self._block_ids[new.req_id] = list(new.block_ids[0])
-            self._save(new.req_id, new.num_computed_tokens, scheduled.get(new.req_id, 0), saves)
-        cached = output.scheduled_cached_reqs
-        for index, req_id in enumerate(cached.req_ids):
-            new_ids = cached.new_block_ids[index]
-            if new_ids is not None:
-                if req_id in cached.resumed_req_ids or req_id not in self._block_ids:
-                    self._block_ids[req_id] = list(new_ids[0])
-                else:
-                    self._block_ids[req_id].extend(new_ids[0])
-            self._save(req_id, cached.num_computed_tokens[index], scheduled.get(req_id, 0), saves)
+        for request_id, block_ids, computed, scheduled in self._blocks.step(output, self._requests.__contains__):
+            self._save(self._requests[request_id], block_ids, computed, scheduled, saves)
         return saves
 
     def take_events(self) -> list[KVCacheEvent]:
         events, self._events = self._events, []
         return events
 
-    def _save(self, request_id: str, computed: int, scheduled: int, saves: list[HostCopy]) -> None:
-        request = self._requests.get(request_id)
-        block_ids = self._block_ids.get(request_id)
-        if request is None or block_ids is None or scheduled <= 0:
+    def _save(self, request: Request, block_ids: list[int], computed: int, scheduled: int,
+              saves: list[HostCopy]) -> None:
+        if scheduled <= 0:
             return
         size = self.block_size
         # Blocks whose last token this step computes (their hash exists: they are full).
