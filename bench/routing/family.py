@@ -19,6 +19,8 @@ oracle (`bench.routing.oracle`) routes by. Called by `bench.routing.sweep` and
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -271,6 +273,13 @@ QUICK_SWEEP: tuple[SweepPoint, ...] = tuple(point for point in DEFAULT_SWEEP
                                             if point.name in ("few-large", "many-small", "multi-turn"))
 DEFAULT_DURATION_S = 10.0
 QUICK_DURATION_S = 6.0
+
+
+def at_load(points: Sequence[SweepPoint], load: float) -> list[SweepPoint]:
+    """`points` offered `load` x their cache-blind capacity instead of their own load: an
+    engine whose decode is cheap beside its prefill (vLLM on CPU) queues little at a point's
+    own load once most of each prompt is cached."""
+    return [dataclasses.replace(point, load=load) for point in points]
 
 
 def points_named(names: list[str], points: tuple[SweepPoint, ...] = DEFAULT_SWEEP + TIER_SWEEP) -> list[SweepPoint]:

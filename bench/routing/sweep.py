@@ -44,6 +44,7 @@ from bench.routing.family import (
     TIER_SWEEP,
     PointSizing,
     SweepPoint,
+    at_load,
     points_named,
     size_point,
 )
@@ -203,6 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", default="", help="default: a generated tiny model")
     parser.add_argument("--state-dir", default=".tandem/bench-routing", help="logs and the generated model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--load", type=float, default=0.0,
+                        help="offered rate / the cluster's cache-blind capacity, for every point (default: each point's own)")
     parser.add_argument("--kv-settings", default="{}",
                         help='router settings for the kv-aware arm, as JSON (e.g. \'{"queue_weight": 1.0}\')')
     parser.add_argument("--json", action="store_true", help="accepted; stdout is always one JSON document")
@@ -219,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("bench_routing: --kv-settings must be a JSON object")
     if args.repeats < 1:
         raise SystemExit(f"bench_routing: --repeats must be at least 1, got {args.repeats}")
+    if args.load < 0:
+        raise SystemExit(f"bench_routing: --load must be positive, got {args.load}")
     from services.worker.sim.profile import load_profile
     from shared.tokenizer import Tokenizer
 
@@ -226,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names = [point.name for point in DEFAULT_SWEEP + TIER_SWEEP]
         points = points_named(parse_names(args.points, names, "point")) if args.points else family
+        points = at_load(points, args.load) if args.load else points
     except ValueError as error:
         raise SystemExit(f"bench_routing: {error}") from error
     from services.worker.engines import engine_names

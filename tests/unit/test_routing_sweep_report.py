@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.routing.arms import PIN_HEADER, NoPinning, Pinning, arms, kv_aware_settings, rotated
 from bench.routing.counters import counters_from_cluster, imbalance, sweep_figures
 from bench.routing.family import SweepPoint
@@ -202,3 +204,16 @@ def test_a_tiered_point_sizes_each_workers_host_tier_from_its_pool() -> None:
     assert sizing.kv_host_blocks == round(sizing.kv_blocks * TIER_SWEEP[0].host_tier) > 0
     assert size_point(SweepPoint("plain"), SHAPE).kv_host_blocks == 0
     assert points_named(["tiered"]) == [TIER_SWEEP[0]]
+
+
+def test_a_sweep_at_another_load_offers_that_share_of_each_points_cache_blind_capacity() -> None:
+    from bench.routing.family import TIER_SWEEP, at_load, size_point
+    from bench.routing.sweep import main
+
+    busy = at_load(TIER_SWEEP, 3.0)
+    assert [point.name for point in busy] == [point.name for point in TIER_SWEEP] and busy[0].load == 3.0
+    assert busy[0].host_tier == TIER_SWEEP[0].host_tier
+    own = size_point(TIER_SWEEP[0], SHAPE)
+    assert abs(size_point(busy[0], SHAPE).rate_rps - own.rate_rps * 3.0 / TIER_SWEEP[0].load) < 1e-9
+    with pytest.raises(SystemExit, match="--load must be positive"):
+        main(["--points", "tiered", "--load", "-1"])
