@@ -1,6 +1,8 @@
 """One measured phase against one system: `count` streaming completions, `concurrency` at a
-time (closed loop), through the serving bench's client (`bench.serve.client`), and the
-router processes' CPU time over the phase (Linux /proc: user + system, all threads).
+time (closed loop) or sent at `rate_rps` a second, evenly spaced, at most `concurrency` in
+flight (open loop: every system is offered the same load), through the serving bench's
+client (`bench.serve.client`), and the router processes' CPU time over the phase (Linux
+/proc: user + system, all threads).
 
 Every request opens a fresh connection, for both systems: Dynamo's HTTP server leaves
 Nagle's algorithm on, so a kept-alive connection would add ~40 ms to its answers
@@ -29,8 +31,9 @@ REQUEST_TIMEOUT_S = 30.0
 class Phase:
     name: str  # "concurrent" or "sequential"
     count: int
-    concurrency: int
+    concurrency: int  # in flight (closed loop); the most in flight (open loop)
     max_tokens: int
+    rate_rps: float = 0.0  # > 0: open loop, requests sent a second
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +70,39 @@ async def run_phase(system: RouterSystem, phase: Phase, offset: int = 0) -> Phas
         pending = iter(prompts(phase.count, offset))
         records: list[RequestRecord] = []
 
+        async def send(prompt: str) -> None:
+            record = RequestRecord(sent_at=time.monotonic())
+            records.append(record)
+            await stream_request(next(turn), shape, prompt, record)
+
         async def lane() -> None:
             for prompt in pending:
-                record = RequestRecord(sent_at=time.monotonic())
-                records.append(record)
-                await stream_request(next(turn), shape, prompt, record)
+                await send(prompt)
+
+        async def arrivals() -> None:
+            """Open loop: one request every 1 / rate seconds; one due while `concurrency` are in
+            flight waits for a slot (the run then reports fewer requests/s than offered)."""
+            slots = asyncio.Semaphore(phase.concurrency)
+
+            async def one(prompt: str) -> None:
+                try:
+                    await send(prompt)
+                finally:
+                    slots.release()
+
+            sending: list[asyncio.Task[None]] = []
+            for index, prompt in enumerate(pending):
+                await asyncio.sleep(max(0.0, started + index / phase.rate_rps - time.monotonic()))
+                await slots.acquire()
+                sending.append(asyncio.create_task(one(prompt)))
+            await asyncio.gather(*sending)
 
         cpu_before = sum(process_cpu_s(pid) for pid in system.router_pids)
         started = time.monotonic()
-        await asyncio.gather(*(lane() for _ in range(min(phase.concurrency, phase.count))))
+        if phase.rate_rps > 0:
+            await arrivals()
+        else:
+            await asyncio.gather(*(lane() for _ in range(min(phase.concurrency, phase.count))))
         duration_s = time.monotonic() - started
         cpu_s = sum(process_cpu_s(pid) for pid in system.router_pids) - cpu_before
     return PhaseRun(records=tuple(records), duration_s=duration_s, router_cpu_s=cpu_s)

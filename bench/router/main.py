@@ -10,7 +10,9 @@ runs `--rounds` rounds; each round runs every system in turn (the order alternat
 round to round) through two phases with the same client and prompts:
 
 - concurrent: `--requests` streaming completions of `--max-tokens` tokens, `--concurrency`
-  in flight (closed loop): requests/s, end-to-end p50/p99, router CPU-µs per request;
+  in flight (closed loop), or with `--rate R` sent R a second (open loop, at most
+  `--concurrency` in flight: each system offered the same load): requests/s, end-to-end
+  p50/p99, router CPU-µs per request;
 - sequential: `--sequential` single-token streaming completions one after another: the
   per-request latency floor (p50/p99) and CPU.
 
@@ -85,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem bench router", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds; each runs every system once")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight in the concurrent phase")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="open loop: the concurrent phase sends this many requests a second, at most "
+                             "--concurrency in flight (0: closed loop); every system is offered the same load")
     parser.add_argument("--requests", type=int, default=400, help="requests of the concurrent phase, per round")
     parser.add_argument("--sequential", type=int, default=100,
                         help="single-token requests of the sequential phase, per round (0: no such phase)")
@@ -161,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.concurrency < 1 or args.requests < 1 or args.sequential < 0 or args.max_tokens < 1:
         parser.error("--rounds, --concurrency, --requests and --max-tokens must be positive, --sequential not negative")
+    if args.rate < 0:
+        parser.error(f"--rate must not be negative, got {args.rate}")
     names = _systems(args, parser)
     try:
         for routers in args.routers:
@@ -172,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model_dir = model_dir_or_tiny(args.model_dir, state_dir)
     engines = EngineSetup(workers=args.workers, speedup=args.speedup)
-    phases = [Phase("concurrent", args.requests, args.concurrency, args.max_tokens)]
+    phases = [Phase("concurrent", args.requests, args.concurrency, args.max_tokens, rate_rps=args.rate)]
     if args.sequential:
         phases.append(Phase("sequential", args.sequential, 1, 1))
     config = {key: value for key, value in vars(args).items() if key not in ("out", "state_dir", "dynamo_venv")}

@@ -62,3 +62,21 @@ def test_router_counts_the_bench_does_not_start_are_refused(tmp_path) -> None:
                        timeout_s=60)
     assert completed.returncode == 2
     assert "17 router processes" in completed.stderr and completed.stdout == ""
+
+
+def test_an_open_loop_run_offers_the_rate_asked(tiny_model_dir: str, tmp_path) -> None:
+    completed = _bench(["--systems", "tandem", "--rounds", "1", "--requests", "30", "--rate", "20",
+                        "--concurrency", "8", "--sequential", "0", "--warmup", "4", "--model-dir", tiny_model_dir,
+                        "--state-dir", str(tmp_path / "state")])
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    document = json.loads(completed.stdout)
+    assert document["config"]["rate"] == 20
+    concurrent = document["rounds"][0]["tandem"]["concurrent"]
+    assert concurrent["requests"] == 30 and concurrent["errors"] == 0
+    # 30 requests 50 ms apart: the last is sent 1.45 s after the first, so no faster than the rate
+    assert concurrent["duration_s"] >= 1.45 and concurrent["requests_per_s"] <= 20.7
+
+
+def test_a_negative_rate_is_refused(tmp_path) -> None:
+    completed = _bench(["--systems", "tandem", "--rate", "-5", "--state-dir", str(tmp_path / "state")], timeout_s=60)
+    assert completed.returncode == 2 and "--rate must not be negative" in completed.stderr
