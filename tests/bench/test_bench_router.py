@@ -46,12 +46,16 @@ def test_a_tiny_tandem_run_reports_every_figure(tiny_model_dir: str, tmp_path) -
             assert spread["rounds"] == 2 and spread["min"] <= spread["median"] <= spread["max"]
 
 
-def test_two_routers_are_compared_with_one(tiny_model_dir: str, tmp_path) -> None:
-    completed = _bench(["--systems", "tandem", "--routers", "1,2", "--rounds", "1", "--requests", "16",
-                        "--concurrency", "4", "--sequential", "0", "--warmup", "4", "--model-dir", tiny_model_dir,
-                        "--state-dir", str(tmp_path / "state")])
+def _one_round(model_dir: str, tmp_path, *args: str) -> dict:
+    """The document of one round of Tandem alone with no sequential phase; `args` add to it."""
+    completed = _bench(["--systems", "tandem", "--rounds", "1", "--sequential", "0", "--warmup", "4",
+                        "--model-dir", model_dir, "--state-dir", str(tmp_path / "state"), *args])
     assert completed.returncode == 0, completed.stderr[-3000:]
-    document = json.loads(completed.stdout)
+    return json.loads(completed.stdout)
+
+
+def test_two_routers_are_compared_with_one(tiny_model_dir: str, tmp_path) -> None:
+    document = _one_round(tiny_model_dir, tmp_path, "--routers", "1,2", "--requests", "16", "--concurrency", "4")
     assert set(document["systems"]) == {"tandem", "tandem-2-routers"}
     assert document["rounds"][0]["tandem-2-routers"]["concurrent"]["errors"] == 0
     assert set(document["ratios"]) == {"tandem-2-routers/tandem"}
@@ -65,11 +69,7 @@ def test_router_counts_the_bench_does_not_start_are_refused(tmp_path) -> None:
 
 
 def test_an_open_loop_run_offers_the_rate_asked(tiny_model_dir: str, tmp_path) -> None:
-    completed = _bench(["--systems", "tandem", "--rounds", "1", "--requests", "30", "--rate", "20",
-                        "--concurrency", "8", "--sequential", "0", "--warmup", "4", "--model-dir", tiny_model_dir,
-                        "--state-dir", str(tmp_path / "state")])
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    document = json.loads(completed.stdout)
+    document = _one_round(tiny_model_dir, tmp_path, "--requests", "30", "--rate", "20", "--concurrency", "8")
     assert document["config"]["rate"] == 20
     concurrent = document["rounds"][0]["tandem"]["concurrent"]
     assert concurrent["requests"] == 30 and concurrent["errors"] == 0
