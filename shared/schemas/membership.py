@@ -37,6 +37,9 @@ class EngineCapabilities(msgspec.Struct, kw_only=True, frozen=True):
     # moves the KV of requests served with a LoRA adapter (P/D, prefix pull); False: such a
     # request is served whole by one worker, from its own cache
     adapter_kv_transfer: bool = False
+    # lends blocks of its host-memory KV tier to a prefix pull (loads them back to lend them);
+    # False: a pull reads only its first tier
+    host_tier_lending: bool = False
 
 
 class WorkerRegistration(Message, tag="registration", kw_only=True):

@@ -35,8 +35,10 @@ TRANSPORTS = [pytest.param("nixl", marks=pytest.mark.skipif(not nixl_available()
               "memory"]
 
 
-def worker_config(worker_id: str, bus_config: BusConfig, *, kv_blocks: int = 256, **kv) -> WorkerConfig:
-    return WorkerConfig(worker_id=worker_id, bus=bus_config, kv_blocks=kv_blocks, block_size=BLOCK, sim_speedup=50,
+def worker_config(worker_id: str, bus_config: BusConfig, *, kv_blocks: int = 256, kv_host_blocks: int = 0,
+                  **kv) -> WorkerConfig:
+    return WorkerConfig(worker_id=worker_id, bus=bus_config, kv_blocks=kv_blocks, kv_host_blocks=kv_host_blocks,
+                        block_size=BLOCK, sim_speedup=50,
                         membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                         load_interval_s=0.05, kv_event_interval_s=0.01, kv_transfer=KvTransferConfig(**kv))
 
@@ -58,11 +60,14 @@ class Cluster:
         self.workers: dict[str, WorkerService] = {}
         self.records: list[TransferRecord] = []
 
-    def config(self, worker_id: str, *, kv_blocks: int = 256, **kv) -> WorkerConfig:
-        return worker_config(worker_id, self.bus_config, kv_blocks=kv_blocks, transport=self.transport, **kv)
+    def config(self, worker_id: str, *, kv_blocks: int = 256, kv_host_blocks: int = 0, **kv) -> WorkerConfig:
+        return worker_config(worker_id, self.bus_config, kv_blocks=kv_blocks, kv_host_blocks=kv_host_blocks,
+                             transport=self.transport, **kv)
 
-    async def add(self, worker_id: str, *, model: str = "tiny", kv_blocks: int = 256, **kv) -> WorkerService:
-        service = await start_worker(self.config(worker_id, kv_blocks=kv_blocks, **kv), self.bus, model=model)
+    async def add(self, worker_id: str, *, model: str = "tiny", kv_blocks: int = 256, kv_host_blocks: int = 0,
+                  **kv) -> WorkerService:
+        config = self.config(worker_id, kv_blocks=kv_blocks, kv_host_blocks=kv_host_blocks, **kv)
+        service = await start_worker(config, self.bus, model=model)
         self.workers[worker_id] = service
         return service
 
@@ -206,6 +211,28 @@ async def test_prefix_pull_computes_only_new_tokens(cluster: Cluster) -> None:
     assert computed == len(turn2) - held * BLOCK
     assert cluster.records[-1].kind == "prefix_pull" and cluster.records[-1].outcome == "done"
     assert holder.kv.holder.leases.outcomes["done"] == 1
+    await cluster.assert_clean()
+
+
+async def test_a_prefix_pull_reads_the_holders_host_tier(cluster: Cluster) -> None:
+    await cluster.add("single")
+    holder = await cluster.add("holder", kv_blocks=16, kv_host_blocks=64)
+    puller = await cluster.add("puller")
+    prompt = prompts()[-1]  # 200 tokens: 12 full blocks
+    hashes = block_hash_chain(prompt, BLOCK)
+    await cluster.generate("holder", prompt, 4)
+    await cluster.generate("holder", [9 + (i * 5) % 500 for i in range(200)], 4)  # pushes most to the host tier
+    blocks = holder.engine.scheduler.blocks
+    on_device = len(blocks.match_prefix(hashes))  # the prompt's first blocks, evicted last
+    assert on_device < len(hashes) // 2 and all(blocks.in_host(block_hash) for block_hash in hashes[on_device:])
+    expected, _ = await cluster.generate("single", prompt, 8)
+    before = puller.engine.load().computed_prompt_tokens_total
+    got, done = await cluster.generate("puller", prompt, 8, KvTransferParams(prefix_holder="holder",
+                                                                             prefix_hashes=hashes))
+    assert got == expected and done.pulled_tokens == len(hashes) * BLOCK
+    assert puller.engine.load().computed_prompt_tokens_total - before == len(prompt) - len(hashes) * BLOCK
+    assert cluster.records[-1].kind == "prefix_pull" and cluster.records[-1].outcome == "done"
+    assert len(blocks.match_prefix(hashes)) == len(hashes)  # loaded back into the holder's device tier
     await cluster.assert_clean()
 
 

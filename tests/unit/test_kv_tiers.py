@@ -93,6 +93,10 @@ def test_tiered_prefix_credits_or_cuts_blocks_outside_the_first_tier() -> None:
     assert tiered_prefix(CHAIN, 8, 8, tiers, tier_aware=True) == (8, 3, {"host": 2, "disk": 1})
     assert tiered_prefix(CHAIN, 8, 8, tiers, tier_aware=False) == (3, 3, {})
     assert tiered_prefix(CHAIN, 3, 2, tiers, tier_aware=True) == (3, 2, {})
+    # a worker that lends its host tier lends up to the first block in a slower tier still
+    assert tiered_prefix(CHAIN, 8, 8, tiers, tier_aware=True, lends_host_tier=True) == (8, 6, {"host": 2, "disk": 1})
+    assert tiered_prefix(CHAIN, 8, 4, tiers, tier_aware=True, lends_host_tier=True)[1] == 4  # only what it reported
+    assert tiered_prefix(CHAIN, 8, 8, tiers, tier_aware=False, lends_host_tier=True) == (3, 3, {})  # blind: as gone
 
 
 @pytest.mark.parametrize("tier_aware", [True, False])
@@ -108,6 +112,23 @@ def test_prompt_cache_reports_host_tokens_or_hides_them(tier_aware: bool) -> Non
     else:
         assert cache.cached_tokens == {} and cache.tier_tokens == {}
     assert cache.held_tokens.get("w", 0) == 0  # a pull reads the first tier only
+
+
+def test_a_worker_that_lends_its_host_tier_is_a_pull_source_for_it() -> None:
+    kv = ModelKv()
+    kv.worker_joined("w", BLOCK, lends_host_tier=True)
+    worker = Worker("w")
+    kv.index.ingest(worker.batch(stored(0, 8)))
+    kv.index.ingest(worker.batch(kv_events.BlocksMoved(block_hashes=CHAIN[4:8], tier="host")))
+    cache = kv.prompt_cache(PROMPT + [1, 2], now=0.0)
+    assert cache.cached_tokens == {"w": 32} and cache.held_tokens == {"w": 32}
+    assert cache.tier_tokens == {"w": {"host": 16}}
+    kv.worker_left("w")
+    kv.worker_joined("w", BLOCK)  # a worker that does not lend it: a pull reads its first tier only
+    worker = Worker("w")
+    kv.index.ingest(worker.batch(stored(0, 8)))
+    kv.index.ingest(worker.batch(kv_events.BlocksMoved(block_hashes=CHAIN[4:8], tier="host")))
+    assert kv.prompt_cache(PROMPT + [1, 2], now=0.0).held_tokens == {"w": 16}
 
 
 def test_without_tiers_prompt_cache_is_as_before() -> None:

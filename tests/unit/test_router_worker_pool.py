@@ -40,7 +40,8 @@ class Listener:
         self.calls: list[tuple[str, str]] = []
         self.kv_tokens: dict[str, int] = {}
 
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str,
+                      lends_host_tier: bool = False) -> None:
         self.calls.append(("joined", worker_id))
         self.kv_tokens[worker_id] = kv_tokens
 

@@ -19,7 +19,7 @@ from services.worker.sim.scheduler import Scheduler
 from services.worker.sim.tokens import generate_tokens
 from shared.block_hash import block_hash_chain
 from shared.schemas.generate import SamplingParams
-from shared.schemas.kv_events import BlockStored
+from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, BlocksMoved, BlockStored
 
 BS = 4
 VOCAB = 500
@@ -62,8 +62,8 @@ class Side:
         raise AssertionError("the request did not finish")
 
 
-def make_side(num_blocks: int = 16) -> Side:
-    blocks = BlockManager(num_blocks, BS)
+def make_side(num_blocks: int = 16, host_blocks: int = 0) -> Side:
+    blocks = BlockManager(num_blocks, BS, host_blocks=host_blocks)
     pool = KvPool(num_blocks, num_layers=3, block_size=BS, kv_dim=4)
     scheduler = Scheduler(blocks=blocks, pool=pool, profile=PROFILE, vocab_size=VOCAB, max_num_seqs=4,
                           max_num_batched_tokens=64, max_model_len=128)
@@ -103,6 +103,47 @@ def test_pin_prefix_pins_the_leading_run_with_checksums_and_blocks_eviction() ->
     holder.blocks.free(taken)
     holder.port.unpin(ids)
     assert holder.blocks.used_blocks == 0 and holder.blocks.evictable_blocks == 5
+
+
+def test_a_holder_lends_its_host_tier_loading_the_blocks_back_first() -> None:
+    holder = make_side(num_blocks=8, host_blocks=16)
+    expected, _, _ = holder.run("h", PROMPT)
+    holder.run("other", [7 + (i * 11) % 400 for i in range(6 * BS + 1)])  # pushes the prompt's blocks out
+    assert holder.blocks.match_prefix(HASHES) == [] and all(holder.blocks.in_host(h) for h in HASHES)
+    holder.blocks.take_events()
+
+    handle = holder.port.pin_prefix(HASHES + [12345])
+    ids = [block_id for block_id, _ in handle]
+    assert len(ids) == 5 and holder.blocks.match_prefix(HASHES) == ids
+    assert all(holder.port.verify(block_id, block_hash) for block_id, block_hash in zip(ids, HASHES))
+    assert [checksum for _, checksum in handle] == [holder.pool.checksum(block_id) for block_id in ids]
+    assert [holder.blocks.ref_count(block_id) for block_id in ids] == [1] * 5
+    moved = [event for event in holder.blocks.take_events() if isinstance(event, BlocksMoved)]
+    assert [(event.tier, event.block_hashes) for event in moved if event.tier == DEVICE_TIER] == [(DEVICE_TIER, HASHES)]
+    assert all(event.tier == HOST_TIER for event in moved if event.block_hashes != HASHES)
+
+    reader = make_side()
+    target = reader.port.allocate_for_transfer(5)
+    assert target is not None
+    copy_blocks(holder, ids, reader, target)
+    holder.port.unpin(ids)
+    assert reader.port.commit_transferred(target, HASHES, PROMPT[:5 * BS], None, [True] * 5) == [True] * 5
+    tokens, cached, first_step = reader.run("r", PROMPT, unpin_after_admission=target)
+    assert tokens == expected and cached == 5 * BS and first_step == 3
+    assert holder.blocks.used_blocks == 0 and reader.blocks.used_blocks == 0
+
+
+def test_a_host_tier_run_is_lent_as_far_as_the_device_tier_has_room() -> None:
+    holder = make_side(num_blocks=8, host_blocks=16)
+    holder.run("h", PROMPT)
+    holder.run("other", [7 + (i * 11) % 400 for i in range(6 * BS + 1)])
+    busy = holder.blocks.allocate(5)  # a running request holds 5 of the 8 blocks
+    assert busy is not None and holder.blocks.free_blocks == 3
+    ids = [block_id for block_id, _ in holder.port.pin_prefix(HASHES)]
+    assert len(ids) == 3 and holder.blocks.match_prefix(HASHES) == ids
+    assert all(holder.blocks.in_host(h) for h in HASHES[3:])
+    holder.port.unpin(ids)
+    holder.blocks.free(busy)
 
 
 def test_a_full_transfer_is_reused_and_gives_the_holders_tokens() -> None:

@@ -142,7 +142,8 @@ def transfer_group(registration: WorkerRegistration) -> str:
 
 
 class MembershipListener(Protocol):
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None: ...
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str,
+                      lends_host_tier: bool = False) -> None: ...
 
     def worker_left(self, worker_id: str) -> None: ...
 
@@ -310,7 +311,8 @@ class WorkerPool:
             for listener in self._listeners:
                 listener.worker_left(worker_id)  # a restarted worker's cache is gone
                 listener.worker_joined(worker_id, registration.block_size,
-                                       kv_tokens=kv_pool_tokens(registration), model=registration.model)
+                                       kv_tokens=kv_pool_tokens(registration), model=registration.model,
+                                       lends_host_tier=registration.capabilities.host_tier_lending)
         state = self._workers.get(worker_id)
         if state is None:
             self._workers[worker_id] = _WorkerState(registration)

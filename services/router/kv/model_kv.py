@@ -17,7 +17,7 @@ from services.router.kv.index import KvIndex, block_hashes_for
 from services.router.routing.recency import CacheRecency
 from shared.block_hash import adapter_root
 from shared.schemas import KvTransferParams
-from shared.schemas.kv_events import KvTier
+from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, KvTier
 
 
 class PrefixSource:
@@ -37,7 +37,9 @@ class PromptCache:  # read-only by convention (not frozen: built per request, an
 
     chains: dict[int, list[int]]  # block size -> the prompt's Tandem hash chain
     cached_tokens: dict[str, int]  # per worker: leading tokens held or predicted (speculative)
-    held_tokens: dict[str, int]  # per worker: leading tokens it reported holding (in its first tier)
+    # per worker: leading tokens it reported holding and can lend (in its first tier, and in
+    # its host tier too where it lends that: `tiered_prefix`)
+    held_tokens: dict[str, int]
     # per worker holding some of its cached tokens outside its first tier: those tokens per tier
     tier_tokens: dict[str, dict[KvTier, int]] = field(default_factory=dict)
 
@@ -54,15 +56,21 @@ class PromptCache:  # read-only by convention (not frozen: built per request, an
 
 
 def tiered_prefix(chain: Sequence[int], blocks: int, held: int, tiers: Mapping[int, KvTier],
-                  tier_aware: bool) -> tuple[int, int, dict[KvTier, int]]:
+                  tier_aware: bool, lends_host_tier: bool = False) -> tuple[int, int, dict[KvTier, int]]:
     """A worker's `blocks` leading blocks of `chain` (`held` of them reported), some in slower
-    tiers (`tiers`): (leading blocks that count as cached, of them reported and in the first
-    tier, which a pull can read; and blocks per slower tier). Tier-blind, a block outside the
-    first tier ends the cached prefix, as if it were gone."""
+    tiers (`tiers`): (leading blocks that count as cached, of them reported and lendable, which
+    a pull can read: in the first tier, or in the host tier too where the worker lends it
+    (`EngineCapabilities.host_tier_lending`: it loads them back to lend them); and blocks per
+    slower tier). Tier-blind, a block outside the first tier ends the cached prefix, as if it
+    were gone."""
     first_tier_run = next((position for position in range(blocks) if chain[position] in tiers), blocks)
-    held = min(held, first_tier_run)
     if not tier_aware:
-        return first_tier_run, held, {}
+        return first_tier_run, min(held, first_tier_run), {}
+    lendable = first_tier_run
+    if lends_host_tier:
+        lendable = next((position for position in range(blocks)
+                         if tiers.get(chain[position], DEVICE_TIER) not in (DEVICE_TIER, HOST_TIER)), blocks)
+    held = min(held, lendable)
     return blocks, held, dict(Counter(tiers[block_hash] for block_hash in chain[:blocks] if block_hash in tiers))
 
 
@@ -98,13 +106,19 @@ class ModelKv:
         self.index = KvIndex(verify_hashes=verify_hashes, trust_chains=True)  # workers send Tandem chains
         self.recency = CacheRecency()
         self._block_sizes: dict[str, int] = {}
+        self._lends_host_tier: set[str] = set()  # workers whose host tier a prefix pull may read
 
-    def worker_joined(self, worker_id: str, block_size: int) -> None:
+    def worker_joined(self, worker_id: str, block_size: int, *, lends_host_tier: bool = False) -> None:
         self._block_sizes[worker_id] = block_size
+        if lends_host_tier:
+            self._lends_host_tier.add(worker_id)
+        else:
+            self._lends_host_tier.discard(worker_id)
         self.index.add_worker(worker_id, block_size)
 
     def worker_left(self, worker_id: str) -> None:
         self._block_sizes.pop(worker_id, None)
+        self._lends_host_tier.discard(worker_id)
         self.index.remove_worker(worker_id)
         self.recency.forget(worker_id)
 
@@ -132,7 +146,8 @@ class ModelKv:
                 held_blocks = self.index.held_prefix(worker_id, chain, blocks)
                 tiers = self.index.tiers(worker_id)
                 if tiers:
-                    blocks, held_blocks, per_tier = tiered_prefix(chain, blocks, held_blocks, tiers, self.tier_aware)
+                    blocks, held_blocks, per_tier = tiered_prefix(chain, blocks, held_blocks, tiers, self.tier_aware,
+                                                                  worker_id in self._lends_host_tier)
                     if per_tier:
                         tiered[worker_id] = {tier: count * block_size for tier, count in per_tier.items()}
                     if not blocks:

@@ -76,9 +76,11 @@ class KvView:
 
     # ---- membership (called by the worker pool) -----------------------------------------
 
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
-        """`kv_tokens`, its KV pool, is the placement's business (`routing.placement.Placements`)."""
-        self._models.join(worker_id, model).worker_joined(worker_id, block_size)
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str,
+                      lends_host_tier: bool = False) -> None:
+        """`kv_tokens`, its KV pool, is the placement's business (`routing.placement.Placements`);
+        `lends_host_tier`: a prefix pull may read its host tier (`model_kv.tiered_prefix`)."""
+        self._models.join(worker_id, model).worker_joined(worker_id, block_size, lends_host_tier=lends_host_tier)
 
     def worker_left(self, worker_id: str) -> None:
         self._models.leave(worker_id)

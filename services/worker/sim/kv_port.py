@@ -12,7 +12,7 @@ arrived garbled, or under the wrong hash, never enters the prefix cache.
 
 from __future__ import annotations
 
-from itertools import groupby
+from itertools import groupby, takewhile
 
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
@@ -26,9 +26,19 @@ class SimKvPort:
         self.pool = pool
 
     def pin_prefix(self, block_hashes: list[int]) -> list[tuple[int, int]]:
-        """Pin the longest cached leading run of `block_hashes`: [(block_id, checksum)]."""
+        """Pin the longest cached leading run of `block_hashes`: [(block_id, checksum)]. The
+        run goes on into the host tier: the blocks there that continue it are loaded back into
+        the device tier (as many as it has room for), their KV bytes with them, so that a peer
+        reads them as any other (a prefix pull from this worker's host tier). The load costs
+        no engine time here: it is a copy beside the engine's steps."""
         block_ids = self.blocks.match_prefix(block_hashes)
         self.blocks.touch(block_ids)
+        hosted = list(takewhile(self.blocks.in_host, block_hashes[len(block_ids):]))[:self.blocks.free_blocks]
+        loaded = self.blocks.load_from_host(hosted) if hosted else None  # one reference each, as a pin takes
+        if loaded:
+            for block_id, block_hash in zip(loaded, hosted):
+                self.pool.write_block(block_id, block_hash)
+            block_ids += loaded
         return [(block_id, self.pool.checksum(block_id)) for block_id in block_ids]
 
     def pin_blocks(self, block_ids: list[int]) -> None:

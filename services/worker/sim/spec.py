@@ -35,7 +35,8 @@ def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
 SIM = EngineSpec(
     name="sim",
     summary="simulated engine: paged KV, prefix cache, batching, timing profile (no model weights run)",
-    capabilities=EngineCapabilities(kv_pull=True, kv_push=True, adapter_kv_transfer=True),
+    capabilities=EngineCapabilities(kv_pull=True, kv_push=True, adapter_kv_transfer=True,
+                                    host_tier_lending=True),
     build_engine=build_engine,
     build_data_plane=build_data_plane,
     deployment=EngineDeployment(in_fleet=True),

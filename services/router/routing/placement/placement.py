@@ -85,8 +85,10 @@ class Placements:
         """The placement of `worker_id`'s model; None for a worker not (or no longer) a member."""
         return self._models.of_worker(worker_id)
 
-    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str) -> None:
-        """`kv_tokens`: its KV pool (0: unknown); `block_size` is the KV view's business."""
+    def worker_joined(self, worker_id: str, block_size: int, kv_tokens: int = 0, *, model: str,
+                      lends_host_tier: bool = False) -> None:
+        """`kv_tokens`: its KV pool (0: unknown); `block_size` and `lends_host_tier` are the KV
+        view's business."""
         self._models.join(worker_id, model).worker_joined(worker_id, kv_tokens)
 
     def worker_left(self, worker_id: str) -> None:
