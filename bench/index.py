@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -119,6 +120,8 @@ def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
     decode = KvBatchDecoder().decode_or_none
     wall = {"tandem": 0.0, "wire": 0.0, "dynamo": 0.0}
     cpu = dict(wall)
+    thread_cpu = dict(wall)
+    load_before = os.getloadavg()[0]
     chunk_ratios: list[float] = []
     for number, chunk in enumerate(workload.chunks):
         ingest, wire_ingest = index.ingest, wire_index.ingest
@@ -143,9 +146,10 @@ def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
         times = {}
         for name in names[number % len(names):] + names[:number % len(names)]:
             times[name] = timed(actions[name])
-        for name, (wall_s, cpu_s) in times.items():
+        for name, (wall_s, cpu_s, thread_s) in times.items():
             wall[name] += wall_s
             cpu[name] += cpu_s
+            thread_cpu[name] += thread_s
         if tree is not None:
             chunk_ratios.append(times["dynamo"][0] / times["tandem"][0])
     for each in (index, wire_index):
@@ -156,13 +160,18 @@ def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
     blocks = workload.blocks
     row = {"tandem_ingest_blocks_per_s": round(blocks / wall["tandem"]),
            "tandem_ingest_blocks_per_cpu_s": round(blocks / cpu["tandem"]),
-           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(blocks / cpu["wire"])}
+           "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(blocks / cpu["wire"]),
+           "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     if tree is not None:
         row |= {"dynamo_ingest_blocks_per_s": round(blocks / wall["dynamo"]),
                 "dynamo_ingest_blocks_per_cpu_s": round(blocks / cpu["dynamo"]),
                 "ingest_ratio": round(wall["dynamo"] / wall["tandem"], 3),
                 "ingest_ratio_cpu": round(cpu["dynamo"] / cpu["tandem"], 3),
                 "decode_and_ingest_ratio_cpu_with_token_ids": round(cpu["dynamo"] / cpu["wire"], 3),
+                # Dynamo's calling thread alone: its share of the work without the threads it hands to
+                "dynamo_ingest_blocks_per_calling_thread_cpu_s": round(blocks / thread_cpu["dynamo"]),
+                "dynamo_other_threads_cpu_share": round(1 - thread_cpu["dynamo"] / cpu["dynamo"], 3),
+                "decode_and_ingest_ratio_to_dynamo_calling_thread": round(thread_cpu["dynamo"] / cpu["wire"], 3),
                 "chunk_ratio_min": round(min(chunk_ratios), 3),
                 "chunk_ratio_median": round(statistics.median(chunk_ratios), 3)}
     return row
@@ -272,7 +281,8 @@ SUMMARY_KEYS = ("tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ing
                 "dynamo_resync_after_gap_s", "tandem_decode_ns_per_block_with_token_ids",
                 "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids", "decode_and_ingest_ratio_cpu_with_token_ids",
                 "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids_summed",
-                "decode_and_ingest_ratio_cpu_with_token_ids_summed")
+                "decode_and_ingest_ratio_cpu_with_token_ids_summed", "dynamo_ingest_blocks_per_calling_thread_cpu_s",
+                "dynamo_other_threads_cpu_share", "decode_and_ingest_ratio_to_dynamo_calling_thread")
 
 
 def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None) -> dict:
@@ -297,8 +307,8 @@ def _bench_fleet(workers: int, args: argparse.Namespace, radix_tree: type | None
             rounds.append(row)
             print(f"  round {number}: " + ", ".join(f"{key}={row[key]}" for key in (
                 "tandem_ingest_blocks_per_s", "dynamo_ingest_blocks_per_s", "ingest_ratio",
-                "decode_and_ingest_ratio_cpu_with_token_ids", "tandem_match_p99_ms",
-                "dynamo_match_p99_ms", "tandem_resync_after_gap_s") if key in row), file=sys.stderr)
+                "decode_and_ingest_ratio_cpu_with_token_ids", "dynamo_other_threads_cpu_share", "tandem_match_p99_ms",
+                "dynamo_match_p99_ms", "tandem_resync_after_gap_s", "load_average_1m") if key in row), file=sys.stderr)
             del index, tree
         verify_wall = _verify_ingest_s(workload)
         summary: dict = {}
