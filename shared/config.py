@@ -249,7 +249,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
                                                    name="--vllm-json-whitespace")] = True
     kv_transfer: KvTransferConfig = KvTransferConfig()
     load_interval_s: Annotated[float, flag("Seconds between two load snapshots.", name="--load-interval")] = 0.25
-    kv_event_interval_s: float = 0.02
+    kv_event_interval_s: Annotated[float, flag(
+        "Seconds between two flushes of the engine's KV events (one batch a flush). Longer: fewer messages for every router to wake up for, a router hears later of what the worker stored.",
+        name="--kv-event-interval")] = 0.02
     drain_timeout_s: float = 30.0
     # a router that died leaves no one listening on its inbox: its requests are cancelled
     caller_check_interval_s: Annotated[float, flag(
@@ -275,6 +277,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(0 <= len(self.adapters) <= self.max_adapters,
                 "max_adapters must be at least the number of adapters loaded at start")
         require(self.caller_check_interval_s >= 0, "the caller check interval must not be negative")
+        require(self.kv_event_interval_s > 0, "the KV event interval must be positive")
+        require(self.load_interval_s > 0, "the load interval must be positive")
         require(self.vllm_block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
         self.membership.validate()
         self.kv_transfer.validate()

@@ -102,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dynamo-venv", default="", help=f"Dynamo's venv (default: ${VENV_ENV})")
     parser.add_argument("--workers", type=int, default=2, help="engines per system")
     parser.add_argument("--speedup", type=float, default=1000.0, help="engine speed-up (sim and mocker)")
+    parser.add_argument("--kv-event-interval", type=float, default=0.0,
+                        help="seconds between a Tandem worker's KV event flushes (default: the worker's own)")
     parser.add_argument("--model-dir", default="", help="model directory (default: a generated tiny model)")
     parser.add_argument("--state-dir", default=".tandem/bench-router", help="logs and the generated model")
     parser.add_argument("--out", default="", help="also write the JSON document to this file")
@@ -168,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rounds, --concurrency, --requests and --max-tokens must be positive, --sequential not negative")
     if args.rate < 0:
         parser.error(f"--rate must not be negative, got {args.rate}")
+    if args.kv_event_interval < 0:
+        parser.error(f"--kv-event-interval must not be negative, got {args.kv_event_interval}")
     names = _systems(args, parser)
     try:
         for routers in args.routers:
@@ -178,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shared.tiny_model import model_dir_or_tiny
 
     model_dir = model_dir_or_tiny(args.model_dir, state_dir)
-    engines = EngineSetup(workers=args.workers, speedup=args.speedup)
+    engines = EngineSetup(workers=args.workers, speedup=args.speedup, kv_event_interval_s=args.kv_event_interval)
     phases = [Phase("concurrent", args.requests, args.concurrency, args.max_tokens, rate_rps=args.rate)]
     if args.sequential:
         phases.append(Phase("sequential", args.sequential, 1, 1))

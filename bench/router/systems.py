@@ -48,6 +48,7 @@ class EngineSetup:
     speedup: float = 1000.0
     block_size: int = 16
     kv_blocks: int = 512
+    kv_event_interval_s: float = 0.0  # Tandem's workers; 0: their default
 
 
 def check_router_count(routers: int) -> None:
@@ -64,6 +65,8 @@ def tandem_system(routers: int, model_dir: str, log_dir: Path, engines: EngineSe
                   ) -> Iterator[RouterSystem]:
     check_router_count(routers)
     settings = {"sim_speedup": engines.speedup, "kv_blocks": engines.kv_blocks}
+    if engines.kv_event_interval_s:
+        settings["kv_event_interval"] = engines.kv_event_interval_s
     workers = tuple(WorkerSpec(worker_id=f"w{i + 1}", settings=settings) for i in range(engines.workers))
     config = StackConfig(model_dir=model_dir, engine="sim", workers=workers, router_port=0, metrics_port=0,
                          namespace="benchrouter" + uuid.uuid4().hex[:8], log_dir=str(log_dir), routers=routers)

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 FIGURES = {"requests", "errors", "duration_s", "requests_per_s", "p50_ms", "p99_ms", "router_cpu_us_per_request"}
 
 
@@ -69,14 +71,16 @@ def test_router_counts_the_bench_does_not_start_are_refused(tmp_path) -> None:
 
 
 def test_an_open_loop_run_offers_the_rate_asked(tiny_model_dir: str, tmp_path) -> None:
-    document = _one_round(tiny_model_dir, tmp_path, "--requests", "30", "--rate", "20", "--concurrency", "8")
-    assert document["config"]["rate"] == 20
+    document = _one_round(tiny_model_dir, tmp_path, "--requests", "30", "--rate", "20", "--concurrency", "8",
+                          "--kv-event-interval", "0.05")
+    assert document["config"]["rate"] == 20 and document["config"]["kv_event_interval"] == 0.05
     concurrent = document["rounds"][0]["tandem"]["concurrent"]
     assert concurrent["requests"] == 30 and concurrent["errors"] == 0
     # 30 requests 50 ms apart: the last is sent 1.45 s after the first, so no faster than the rate
     assert concurrent["duration_s"] >= 1.45 and concurrent["requests_per_s"] <= 20.7
 
 
-def test_a_negative_rate_is_refused(tmp_path) -> None:
-    completed = _bench(["--systems", "tandem", "--rate", "-5", "--state-dir", str(tmp_path / "state")], timeout_s=60)
-    assert completed.returncode == 2 and "--rate must not be negative" in completed.stderr
+@pytest.mark.parametrize("option", ["--rate", "--kv-event-interval"])
+def test_a_negative_rate_or_interval_is_refused(option: str, tmp_path) -> None:
+    completed = _bench(["--systems", "tandem", option, "-5", "--state-dir", str(tmp_path / "state")], timeout_s=60)
+    assert completed.returncode == 2 and f"{option} must not be negative" in completed.stderr
