@@ -157,12 +157,17 @@ def _ingest_round(workload: _Workload, index: KvIndex, tree) -> dict:
         assert sum(stats.blocks_per_worker.values()) == workload.blocks, "every announced block is indexed"
         assert not stats.unsynced_workers
     assert index.stats() == wire_index.stats(), "decoding from the wire indexes the same blocks"
-    blocks = workload.blocks
+    return _ingest_row(workload.blocks, wall, cpu, thread_cpu, chunk_ratios, load_before, dynamo=tree is not None)
+
+
+def _ingest_row(blocks: int, wall: dict, cpu: dict, thread_cpu: dict, chunk_ratios: list[float],
+                load_before: float, *, dynamo: bool) -> dict:
+    """A round's ingest figures from its summed times (per system: wall, CPU, calling thread's CPU)."""
     row = {"tandem_ingest_blocks_per_s": round(blocks / wall["tandem"]),
            "tandem_ingest_blocks_per_cpu_s": round(blocks / cpu["tandem"]),
            "tandem_decode_and_ingest_blocks_per_cpu_s_with_token_ids": round(blocks / cpu["wire"]),
            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
-    if tree is not None:
+    if dynamo:
         row |= {"dynamo_ingest_blocks_per_s": round(blocks / wall["dynamo"]),
                 "dynamo_ingest_blocks_per_cpu_s": round(blocks / cpu["dynamo"]),
                 "ingest_ratio": round(wall["dynamo"] / wall["tandem"], 3),
