@@ -29,6 +29,7 @@ from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.errors import Disconnected, StreamGap, TandemError, Timeout, Unavailable, from_code
 from shared.schemas.generate import (
+    ACCEPT_HOLD_S,
     Accepted,
     Failed,
     Finished,
@@ -261,19 +262,50 @@ async def open_stream(
 
 
 class FrameSender:
-    """The worker's side of one streamed request: numbers frames from 0."""
+    """The worker's side of one streamed request: numbers frames from 0.
 
-    def __init__(self, bus: Bus, reply_subject: str) -> None:
+    `Accepted` is held until the next frame, for at most `ACCEPT_HOLD_S`: a short request's
+    acceptance and first tokens then go out in one NATS write, and the caller, nats-server
+    and the worker each have one message less to wake up for. The caller's accept timeout
+    must be longer than the hold (the router's config checks it)."""
+
+    def __init__(self, bus: Bus, reply_subject: str, *, accept_hold_s: float = ACCEPT_HOLD_S) -> None:
         self._bus = bus
         self._reply = reply_subject
         self._seq = 0
+        self._accept_hold_s = accept_hold_s
+        self._held: bytes | None = None  # the encoded Accepted frame, not sent yet
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._release_task: asyncio.Task | None = None
         self.closed = False
 
     async def _send(self, frame: msgspec.Struct) -> None:
         if self.closed:
             raise RuntimeError("stream already ended")
+        await self._send_held()
         await self._bus.client.publish(self._reply, encode(frame))
         self._seq += 1
+
+    async def _send_held(self) -> None:
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        # nats-py queues a publish before its first await: frames keep their order
+        await self._bus.client.publish(self._reply, held)
+
+    def _release_held(self) -> None:
+        self._hold_timer = None
+        if self._held is not None:
+            self._release_task = asyncio.ensure_future(self._send_held_quietly())
+
+    async def _send_held_quietly(self) -> None:
+        try:
+            await self._send_held()
+        except Exception:
+            pass  # NATS is going away: the caller's accept timeout reports the request
 
     async def caller_alive(self, timeout_s: float) -> bool | None:
         """Whether the caller's inbox still listens: True (it answered), False (NATS says
@@ -287,7 +319,15 @@ class FrameSender:
         return True
 
     async def accepted(self, worker_id: str) -> None:
-        await self._send(Accepted(seq=self._seq, worker_id=worker_id))
+        """Held: sent with the next frame, or alone once `accept_hold_s` has passed."""
+        if self.closed or self._seq:
+            raise RuntimeError("Accepted is a stream's first frame")
+        self._held = encode(Accepted(seq=self._seq, worker_id=worker_id))
+        self._seq += 1
+        if self._accept_hold_s <= 0:
+            await self._send_held()
+            return
+        self._hold_timer = asyncio.get_running_loop().call_later(self._accept_hold_s, self._release_held)
 
     async def kv_target(self, target: PushTarget) -> None:
         await self._send(KvTarget(seq=self._seq, target=target))
@@ -311,4 +351,4 @@ class FrameSender:
         self.closed = True
 
 
-__all__ = ["FrameSender", "ResponseInbox", "ResponseStream", "open_stream", "Disconnected"]
+__all__ = ["ACCEPT_HOLD_S", "FrameSender", "ResponseInbox", "ResponseStream", "open_stream", "Disconnected"]

@@ -20,6 +20,7 @@ from shared.config import (
 )
 from shared.config_fields import flag
 from shared.scalable_models import ScalableModel, scalable_models
+from shared.schemas.generate import ACCEPT_HOLD_S
 
 
 def _none_if_negative(slack: float) -> float | None:
@@ -250,6 +251,8 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(not self.reuse_port or self.port > 0, "routers sharing a port need that port (not 0)")
         require(self.max_tokens_limit > 0, "max_tokens_limit must be positive")
         require(self.accept_timeout_s > 0 and self.idle_timeout_s > 0, "timeouts must be positive")
+        require(self.accept_timeout_s > 2 * ACCEPT_HOLD_S,
+                f"the accept timeout must be longer than twice a worker's hold of Accepted ({ACCEPT_HOLD_S} s)")
         require(self.max_attempts >= 1, "max_attempts must be at least 1")
         require(self.tool_call_parser in ("", *TOOL_CALL_FORMATS),
                 f"tool_call_parser must be one of {', '.join(TOOL_CALL_FORMATS)} (or empty)")

@@ -123,6 +123,11 @@ class GenerateRequest(Message, tag="generate", kw_only=True):
     # W3C trace context travels in NATS headers, not here.
 
 
+# How long a worker may hold a request's `Accepted` for the next frame to travel with it
+# (`shared.request_plane.FrameSender`); a caller's accept timeout must be longer.
+ACCEPT_HOLD_S = 0.02
+
+
 class Accepted(Message, tag="accepted", kw_only=True):
     seq: int
     worker_id: str

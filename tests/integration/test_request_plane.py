@@ -82,3 +82,56 @@ async def test_abort_from_outside_ends_the_stream(bus: Bus, bus_config: BusConfi
     stream = await open_stream(bus, subject, GenerateRequest(request_id="r", model="m", token_ids=[1]))
     asyncio.get_running_loop().call_later(0.1, stream.abort, Disconnected("worker w1 left"))
     await ends_with(stream, Disconnected)
+
+
+async def _raw_frames(bus: Bus, inbox: str) -> asyncio.Queue:
+    """Every frame sent to `inbox`, decoded, as it arrives."""
+    from shared.schemas.generate import ResponseFrame
+
+    frames: Codec[ResponseFrame] = Codec(ResponseFrame)
+    arrived: asyncio.Queue = asyncio.Queue()
+
+    async def collect(msg) -> None:
+        arrived.put_nowait(frames.decode(msg.data))
+
+    await bus.client.subscribe(inbox, cb=collect)
+    return arrived
+
+
+async def test_accepted_waits_for_the_next_frame_and_keeps_its_place(bus: Bus) -> None:
+    from shared.schemas.generate import Accepted
+
+    inbox = bus.client.new_inbox()
+    arrived = await _raw_frames(bus, inbox)
+    sender = FrameSender(bus, inbox, accept_hold_s=30.0)
+    await sender.accepted("w1")
+    await bus.client.flush()
+    await asyncio.sleep(0.3)
+    assert arrived.empty()  # held: nothing sent yet
+    await sender.tokens([5])
+    first = await asyncio.wait_for(arrived.get(), 5)
+    second = await asyncio.wait_for(arrived.get(), 5)
+    assert isinstance(first, Accepted) and (first.seq, first.worker_id) == (0, "w1")
+    assert isinstance(second, Tokens) and (second.seq, second.token_ids) == (1, [5])
+
+
+async def test_a_held_accepted_goes_alone_once_the_hold_is_over(bus: Bus) -> None:
+    from shared.schemas.generate import Accepted
+
+    inbox = bus.client.new_inbox()
+    arrived = await _raw_frames(bus, inbox)
+    sender = FrameSender(bus, inbox, accept_hold_s=0.05)
+    await sender.accepted("w1")  # and nothing else: a long prefill
+    frame = await asyncio.wait_for(arrived.get(), 5)
+    assert isinstance(frame, Accepted) and frame.seq == 0
+    await sender.failed("internal", "boom")  # the next frame follows it, numbered after it
+    last = await asyncio.wait_for(arrived.get(), 5)
+    assert last.seq == 1 and arrived.empty()
+
+
+async def test_accepted_is_only_a_streams_first_frame(bus: Bus) -> None:
+    sender = FrameSender(bus, bus.client.new_inbox())
+    await sender.accepted("w1")
+    with pytest.raises(RuntimeError, match="first frame"):
+        await sender.accepted("w1")
+    await sender.failed("internal", "boom")
