@@ -12,7 +12,7 @@ arrived garbled, or under the wrong hash, never enters the prefix cache.
 
 from __future__ import annotations
 
-from itertools import groupby, takewhile
+from itertools import groupby, islice, takewhile
 
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
@@ -33,7 +33,7 @@ class SimKvPort:
         no engine time here: it is a copy beside the engine's steps."""
         block_ids = self.blocks.match_prefix(block_hashes)
         self.blocks.touch(block_ids)
-        hosted = list(takewhile(self.blocks.in_host, block_hashes[len(block_ids):]))[:self.blocks.free_blocks]
+        hosted = list(islice(takewhile(self.blocks.in_host, block_hashes[len(block_ids):]), self.blocks.free_blocks))
         loaded = self.blocks.load_from_host(hosted) if hosted else None  # one reference each, as a pin takes
         if loaded:
             for block_id, block_hash in zip(loaded, hosted):
