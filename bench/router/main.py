@@ -110,7 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _systems(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+def system_names(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The systems `args.systems` names (default: both when a Dynamo venv is set), a Dynamo
+    venv checked when Dynamo is one; a bad value is the parser's error."""
     venv = args.dynamo_venv or os.environ.get(VENV_ENV, "")
     names = [name.strip() for name in args.systems.split(",") if name.strip()] or (
         ["tandem", "dynamo"] if venv else ["tandem"])
@@ -172,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--rate must not be negative, got {args.rate}")
     if args.kv_event_interval < 0:
         parser.error(f"--kv-event-interval must not be negative, got {args.kv_event_interval}")
-    names = _systems(args, parser)
+    names = system_names(args, parser)
     try:
         for routers in args.routers:
             check_router_count(routers)
