@@ -59,7 +59,7 @@ class DisconnectWatch:
         self._task = task
         self._active = True
         self.disconnected = False
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._watcher: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while True:
@@ -80,8 +80,12 @@ class DisconnectWatch:
 
     def stop(self) -> None:
         self._active = False
-        if not self._watcher.done():
-            self._watcher.cancel()
+        # let go of the watching task: cancelled, it keeps its CancelledError, whose traceback
+        # holds its frame, which holds this watch; were the watch still to hold the task, the
+        # request's whole object graph would wait for the cyclic garbage collector
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
 
 
 class SseResponse(Response):
