@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.router.load import Phase, process_cpu_s, run_phase
 from bench.router.main import system_names
-from bench.router.report import spread
+from bench.router.report import phase_figures, spread
 from bench.router.systems import EngineSetup, RouterSystem, dynamo_system, tandem_system
 from bench.routing.dynamo import VENV_ENV
 
@@ -81,12 +81,9 @@ def _measure(system: RouterSystem, rate: float, seconds: float, round_index: int
     count = max(1, int(rate * seconds))
     run = asyncio.run(run_phase(system, Phase("concurrent", count, IN_FLIGHT, MAX_TOKENS, rate_rps=rate),
                                 offset=(round_index + 1) * 1_000_000 + int(rate) * 1000))
-    errors = sum(1 for record in run.records if not record.ok)
-    figures = {"round": round_index, "system": system.name, "rate_rps": rate, "requests": count, "errors": errors,
-               "duration_s": round(run.duration_s, 3),
-               "router_cpu_us_per_request": round(run.router_cpu_s * 1e6 / count, 1)}
+    figures = {"round": round_index, "system": system.name, "rate_rps": rate, **phase_figures(run)}
     _progress(f"round {round_index + 1} {system.name} at {rate:g}/s: {figures['router_cpu_us_per_request']} "
-              f"CPU-us per request, {errors} errors")
+              f"CPU-us per request, {figures['errors']} errors")
     return figures
 
 
@@ -145,8 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _progress(f"{system.name} idle: {idle[system.name]} CPU-ms a second")
         for round_index in range(args.rounds):
             rates = args.rates if round_index % 2 == 0 else args.rates[::-1]
-            for rate in rates:
-                order = systems if (round_index + rates.index(rate)) % 2 == 0 else systems[::-1]
+            for rate_index, rate in enumerate(rates):
+                order = systems if (round_index + rate_index) % 2 == 0 else systems[::-1]
                 runs.extend(_measure(system, rate, args.seconds, round_index) for system in order)
     document = {
         "config": {"rates_rps": args.rates, "rounds": args.rounds, "seconds": args.seconds,
