@@ -75,8 +75,13 @@ async def test_a_prefix_heavy_request_goes_to_the_worker_holding_it(router: clus
 
 async def test_a_burst_of_siblings_lands_together_before_any_kv_event(router: cluster.Router, start_worker,
                                                                       tokenizer: Tokenizer) -> None:
-    first = await start_worker("w1", hold=True)
-    second = await start_worker("w2", hold=True)
+    # No KV event and no load report during the burst, however slowly this host serves it:
+    # the siblings must follow the first one on the router's own predictions alone. (With
+    # events on, a slow host can see the first sibling's blocks reported while its prefill
+    # still counts as queued, and rightly pull the prefix to the idle worker; a report can
+    # count each waiting sibling's whole prompt.)
+    first = await start_worker("w1", hold=True, load_interval_s=600.0, kv_event_interval_s=600.0)
+    second = await start_worker("w2", hold=True, load_interval_s=600.0, kv_event_interval_s=600.0)
     await cluster.wait_for_workers(router, 2)
     prefix = token_ids(tokenizer, 3, 64 * cluster.BLOCK_SIZE)  # a long shared system prompt
     siblings = [asyncio.create_task(router.client.completions.create(
