@@ -186,6 +186,9 @@ class ScaleFromZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
         "Requests of one scalable model held at once; past that, 503 with Retry-After.",
         name="--cold-start-queue")] = 256
     ask_every_s: float = 10.0  # while requests are held, the orchestrator is asked again this often
+    # after the orchestrator's `ok`, how long this router waits to see the workers it started
+    # (its membership watch may lag the orchestrator's), before its held requests take what is here
+    view_wait_s: float = 5.0
     retry_after_s: int = 5  # the Retry-After of a held request's 503
 
     def scalable(self) -> dict[str, ScalableModel]:
@@ -198,7 +201,7 @@ class ScaleFromZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
 
     def validate(self) -> None:
         self.scalable()
-        require(self.hold_s > 0 and self.ask_every_s > 0, "cold start waits must be positive")
+        require(self.hold_s > 0 and self.ask_every_s > 0 and self.view_wait_s > 0, "cold start waits must be positive")
         require(self.max_held >= 1 and self.retry_after_s >= 1, "cold start queue and Retry-After must be positive")
 
 

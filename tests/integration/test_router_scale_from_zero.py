@@ -4,7 +4,9 @@ by the test: held requests are answered once the worker the wake asked for regis
 wake for all of them), as is one refused by a worker that began its idle drain; past the queue bound a request is a 503 with `Retry-After` at once;
 the orchestrator's refusal ends the hold at once; with nobody to answer, the hold ends at its
 deadline, a 503 with `Retry-After`, never a hang. A P/D model's (`@1p1d`) held requests wait
-for its prefill worker when the decode worker registers first, and are served disaggregated."""
+for its prefill worker when the decode worker registers first, and are served disaggregated,
+also when the orchestrator's answer comes before this router sees the prefill worker it names
+(a named worker that never shows up ends that wait `view_wait_s` after the answer)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
+import msgspec
 import pytest
 from nats.aio.msg import Msg
 
@@ -21,7 +24,7 @@ from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.schemas import WorkerRole
-from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand, WakeModel
+from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand, WakeModel, WorkerSummary
 from tests.integration.router_cluster import (
     DEADLINE_S,
     Router,
@@ -38,10 +41,10 @@ _commands: Codec[OrchestratorCommand] = Codec(OrchestratorCommand)
 
 
 class FakeOrchestrator:
-    """Answers wakes on `orchestrator.wake`: starts a worker of the model once `gate` is set,
-    or refuses with `refusal`."""
+    """Answers wakes on `orchestrator.wake`: starts a worker of the model once `gate` is set
+    (`start` may give the answer itself: an `ok` naming the workers), or refuses with `refusal`."""
 
-    def __init__(self, bus: Bus, bus_config: BusConfig, start: Callable[[], Awaitable[SimWorker]],
+    def __init__(self, bus: Bus, bus_config: BusConfig, start: Callable[[], Awaitable[SimWorker | CommandOutcome]],
                  refusal: str = "") -> None:
         self.bus, self.subject, self.start, self.refusal = bus, bus_config.subjects.orchestrator_wake, start, refusal
         self.wakes: list[WakeModel] = []
@@ -73,8 +76,9 @@ class FakeOrchestrator:
             outcome = CommandOutcome(outcome="refused", reason=self.refusal)
         else:
             await self.gate.wait()
-            worker = await self.start()
-            outcome = CommandOutcome(outcome="ok", worker_id=worker.worker_id, reason="started and registered")
+            started = await self.start()
+            outcome = started if isinstance(started, CommandOutcome) else \
+                CommandOutcome(outcome="ok", worker_id=started.worker_id, reason="started and registered")
         await self.bus.client.publish(msg.reply, encode(outcome))
 
 
@@ -185,6 +189,66 @@ async def test_a_pd_models_held_requests_wait_for_its_prefill_worker_when_the_de
         assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
         text = await metrics_text(router)
         assert (route_decisions(text, "disaggregated"), route_decisions(text, "single")) == (3, 0), text
+
+
+async def test_a_pd_models_held_requests_wait_for_the_prefill_worker_the_answer_names_when_it_shows_up_late(
+        bus: Bus, bus_config: BusConfig, model_dir: str, start_worker) -> None:
+    # The orchestrator answers once both workers are ACTIVE in its view of the members bucket;
+    # this router's watch of it may deliver the prefill worker later (seen on a loaded CI host:
+    # the answer came first and the held requests went whole to the decode worker).
+    scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}@1p1d",), hold_s=20.0)
+    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(local_prefill_tokens=0))
+    async with running_router(config) as router:
+        late: list[asyncio.Task[SimWorker]] = []
+
+        async def prefill_after_the_answer() -> SimWorker:
+            await asyncio.sleep(0.5)
+            return await start_worker("cold-prefill", role=WorkerRole.PREFILL, served_model_name=MODEL)
+
+        async def answer_before_the_prefill_worker_registers() -> CommandOutcome:
+            decode = await start_worker("cold-decode", role=WorkerRole.DECODE, served_model_name=MODEL)
+            await wait_for_workers(router, 1)
+            registration = decode.service.registration()
+            prefill = msgspec.structs.replace(registration, worker_id="cold-prefill", role=WorkerRole.PREFILL)
+            late.append(asyncio.create_task(prefill_after_the_answer()))
+            return CommandOutcome(outcome="ok", worker_id=decode.worker_id, reason="started and registered",
+                                  workers=[WorkerSummary(registration=registration, launched=True),
+                                           WorkerSummary(registration=prefill, launched=True)])
+
+        async with FakeOrchestrator(bus, bus_config, answer_before_the_prefill_worker_registers) as fake:
+            requests = [asyncio.create_task(complete(router.http, seed)) for seed in range(3)]
+
+            async def three_held() -> bool:
+                return held(await metrics_text(router)) == 3
+
+            await wait_for(three_held, DEADLINE_S, "three requests held")
+            fake.gate.set()
+            answers = await asyncio.wait_for(asyncio.gather(*requests), DEADLINE_S * 2)
+            await asyncio.wait_for(asyncio.gather(*late), DEADLINE_S)
+        assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
+        text = await metrics_text(router)
+        assert (route_decisions(text, "disaggregated"), route_decisions(text, "single")) == (3, 0), text
+
+
+async def test_a_wake_whose_named_worker_never_shows_up_ends_view_wait_s_after_its_answer(
+        bus: Bus, bus_config: BusConfig, model_dir: str, start_worker) -> None:
+    scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}@1p1d",), hold_s=20.0, view_wait_s=0.5)
+    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(local_prefill_tokens=0))
+    async with running_router(config) as router:
+
+        async def answer_naming_a_prefill_worker_that_never_registers() -> CommandOutcome:
+            decode = await start_worker("cold-decode", role=WorkerRole.DECODE, served_model_name=MODEL)
+            await wait_for_workers(router, 1)
+            registration = decode.service.registration()
+            ghost = msgspec.structs.replace(registration, worker_id="cold-prefill", role=WorkerRole.PREFILL)
+            return CommandOutcome(outcome="ok", worker_id=decode.worker_id, reason="started and registered",
+                                  workers=[WorkerSummary(registration=registration), WorkerSummary(registration=ghost)])
+
+        async with FakeOrchestrator(bus, bus_config, answer_naming_a_prefill_worker_that_never_registers) as fake:
+            fake.gate.set()
+            answer = await asyncio.wait_for(complete(router.http, 1), DEADLINE_S)  # not held for hold_s
+        assert answer.status_code == 200, answer.text
+        assert route_decisions(await metrics_text(router), "single") == 1
 
 
 async def test_without_scale_from_zero_an_unserved_model_is_a_404(router: Router) -> None:

@@ -47,7 +47,7 @@ from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import MalformedCounter
 from shared.errors import Disconnected, Reconnected, TandemError
 from shared.request_plane import ResponseStream
-from shared.schemas import LoadSnapshot, RoutedLoad, WorkerRegistration
+from shared.schemas import LoadSnapshot, RoutedLoad, WorkerRegistration, WorkerStatus
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,11 @@ class WorkerPool:
         states = ((worker_id, self._workers.get(worker_id)) for worker_id in worker_ids)
         return [state.view(remote(worker_id)) for worker_id, state in states
                 if state is not None and worker_id not in unconfirmed]
+
+    def is_active(self, worker_id: str) -> bool:
+        """Whether `worker_id` is a member whose registration says ACTIVE."""
+        state = self._workers.get(worker_id)
+        return state is not None and state.registration.status is WorkerStatus.ACTIVE
 
     def member_ids(self) -> list[str]:
         """Every member's id, routable or not (cheap: no views built)."""

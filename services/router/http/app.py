@@ -121,7 +121,8 @@ class RouterRuntime:
             catalog = ServedModels(own_model, pool, scalable)
             catalog.load_scalable()
             if scalable:  # a model with no worker gets one through the orchestrator
-                waker = ModelWaker(bus, subjects, self.malformed, timeout_s=config.scale_from_zero.hold_s)
+                waker = ModelWaker(bus, subjects, self.malformed, pool, timeout_s=config.scale_from_zero.hold_s,
+                                   view_wait_s=config.scale_from_zero.view_wait_s)
             dispatcher = Dispatcher(link=link, pool=pool, kv_view=kv_view, placements=placements,
                                     decoders=lambda model: catalog.resolved(model).tokenizer, metrics=self.metrics,
                                     recorder=recorder, clock=self.clock, worker_wait_s=config.worker_wait_s,

@@ -72,7 +72,8 @@ class ColdStarts:
     def awaits_prefill(self, model: str, views: Iterable[WorkerView], *, whole: bool, waking: bool) -> bool:
         """Whether a held request of `model`, which `views` would serve `whole` (on one worker),
         waits on: its model is disaggregated, its wake is under way and no prefill worker of it is
-        up yet (once the wake answers, done or failed, the request takes what serves it)."""
+        up yet (once the wake is over, answered and its workers seen here or given up on
+        (`fleet.model_waker.ModelWaker.waking`), the request takes what serves it)."""
         return whole and waking and model in self.disaggregated and not any(
             view.model == model and view.role is WorkerRole.PREFILL and view.status is WorkerStatus.ACTIVE
             for view in views)
