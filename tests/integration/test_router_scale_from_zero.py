@@ -164,6 +164,22 @@ def route_decisions(text: str, flow: str) -> float:
                if line.startswith("tandem_router_route_decisions_total{") and f'flow="{flow}"' in line)
 
 
+async def three_held_then_served_disaggregated(router: Router, fake: FakeOrchestrator) -> None:
+    """Three requests of the P/D model are held; once `fake` answers the wake, each is served,
+    disaggregated."""
+    requests = [asyncio.create_task(complete(router.http, seed)) for seed in range(3)]
+
+    async def three_held() -> bool:
+        return held(await metrics_text(router)) == 3
+
+    await wait_for(three_held, DEADLINE_S, "three requests held")
+    fake.gate.set()
+    answers = await asyncio.wait_for(asyncio.gather(*requests), DEADLINE_S * 2)
+    assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
+    text = await metrics_text(router)
+    assert (route_decisions(text, "disaggregated"), route_decisions(text, "single")) == (3, 0), text
+
+
 async def test_a_pd_models_held_requests_wait_for_its_prefill_worker_when_the_decode_one_comes_first(
         bus: Bus, bus_config: BusConfig, model_dir: str, start_worker) -> None:
     scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}@1p1d",), hold_s=20.0)
@@ -178,17 +194,7 @@ async def test_a_pd_models_held_requests_wait_for_its_prefill_worker_when_the_de
             return decode
 
         async with FakeOrchestrator(bus, bus_config, decode_first) as fake:
-            requests = [asyncio.create_task(complete(router.http, seed)) for seed in range(3)]
-
-            async def three_held() -> bool:
-                return held(await metrics_text(router)) == 3
-
-            await wait_for(three_held, DEADLINE_S, "three requests held")
-            fake.gate.set()
-            answers = await asyncio.wait_for(asyncio.gather(*requests), DEADLINE_S * 2)
-        assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
-        text = await metrics_text(router)
-        assert (route_decisions(text, "disaggregated"), route_decisions(text, "single")) == (3, 0), text
+            await three_held_then_served_disaggregated(router, fake)
 
 
 async def test_a_pd_models_held_requests_wait_for_the_prefill_worker_the_answer_names_when_it_shows_up_late(
@@ -216,18 +222,8 @@ async def test_a_pd_models_held_requests_wait_for_the_prefill_worker_the_answer_
                                            WorkerSummary(registration=prefill, launched=True)])
 
         async with FakeOrchestrator(bus, bus_config, answer_before_the_prefill_worker_registers) as fake:
-            requests = [asyncio.create_task(complete(router.http, seed)) for seed in range(3)]
-
-            async def three_held() -> bool:
-                return held(await metrics_text(router)) == 3
-
-            await wait_for(three_held, DEADLINE_S, "three requests held")
-            fake.gate.set()
-            answers = await asyncio.wait_for(asyncio.gather(*requests), DEADLINE_S * 2)
+            await three_held_then_served_disaggregated(router, fake)
             await asyncio.wait_for(asyncio.gather(*late), DEADLINE_S)
-        assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
-        text = await metrics_text(router)
-        assert (route_decisions(text, "disaggregated"), route_decisions(text, "single")) == (3, 0), text
 
 
 async def test_a_wake_whose_named_worker_never_shows_up_ends_view_wait_s_after_its_answer(
