@@ -62,6 +62,34 @@ async def test_completion_and_chat_streaming_and_not(stack: LocalStack, client: 
     assert usage is not None and usage.completion_tokens == 10
 
 
+async def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chunk(
+        stack: LocalStack, client: openai.AsyncOpenAI, loads) -> None:
+    """vLLM's `stream_options.continuous_usage_stats`, two choices: each chunk counts the prompt
+    and its own choice's tokens so far (the role chunk none), the last chunk the whole request."""
+    model = model_name(stack)
+    stream = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Count with me."}], max_tokens=9, n=2, temperature=1.0,
+        seed=5, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True})
+    chunks = [chunk async for chunk in stream]
+    counts: dict[int, list[int]] = {}
+    for chunk in chunks[:-1]:
+        assert chunk.usage is not None and chunk.usage.total_tokens == chunk.usage.prompt_tokens + \
+            chunk.usage.completion_tokens
+        counts.setdefault(chunk.choices[0].index, []).append(chunk.usage.completion_tokens)
+    final = chunks[-1]
+    assert not final.choices and final.usage is not None and final.usage.completion_tokens == 18
+    assert {chunk.usage.prompt_tokens for chunk in chunks} == {final.usage.prompt_tokens}
+    for own in counts.values():  # each text chunk brings at least one token; the last one ends at 9
+        texts = own[1:-1]
+        assert own[0] == 0 and texts[0] > 0 and texts == sorted(set(texts)) and own[-1] == 9 >= texts[-1], counts
+
+    plain = [chunk async for chunk in await client.completions.create(  # without include_usage: no usage at all
+        model=model, prompt="The river runs", max_tokens=4, stream=True,
+        stream_options={"include_usage": False, "continuous_usage_stats": True})]
+    assert plain and all(chunk.usage is None for chunk in plain)
+
+
 async def test_100_concurrent_streams_complete_with_expected_tokens(stack: LocalStack, client: openai.AsyncOpenAI,
                                                                     loads) -> None:
     model = model_name(stack)

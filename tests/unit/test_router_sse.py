@@ -11,10 +11,12 @@ from services.router.flows.generation import Delta, Final
 from services.router.flows.records import TokenUsage
 from services.router.http.serving_chat import ChatFormat
 from services.router.http.serving_completions import CompletionFormat
+from services.router.http.sse import UsageSoFar
 from services.router.openai.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
+    ChunkUsage,
     CompletionChoice,
     CompletionChunk,
     PromptTokensDetails,
@@ -62,3 +64,15 @@ def test_usage_chunks_are_the_models_json() -> None:
         id="c", model="m", created=CREATED, choices=[], usage=USAGE).model_dump_json()
     assert _event(ChatFormat("c", "m", CREATED).usage_chunk(USAGE)) == ChatCompletionChunk(
         id="c", model="m", created=CREATED, choices=[], usage=USAGE).model_dump_json()
+
+
+def test_chunks_with_their_usage_so_far_are_the_models_json() -> None:
+    """`stream_options.continuous_usage_stats`: the prompt's tokens and the choice's so far."""
+    so_far = ChunkUsage(prompt_tokens=7, completion_tokens=2, total_tokens=9)
+    completion = CompletionFormat("c", "m", CREATED, usage_so_far=UsageSoFar(7))
+    assert _event(completion.text_chunk(Delta("x", (), 2))) == CompletionChunk(
+        id="c", model="m", created=CREATED, choices=[CompletionChoice(text="x")], usage=so_far).model_dump_json()
+    chat = ChatFormat("c", "m", CREATED, usage_so_far=UsageSoFar(7))
+    assert _event(chat.final_chunk(Final("x", "stop", TokenUsage(7, 2, 0)))) == ChatCompletionChunk(
+        id="c", model="m", created=CREATED, choices=[ChatChunkChoice(delta=ChatDelta(content="x"), finish_reason="stop")],
+        usage=so_far).model_dump_json()

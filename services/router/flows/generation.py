@@ -46,6 +46,7 @@ WORKER_LOST = (Disconnected, Unavailable, StreamGap)
 class Delta:
     text: str
     logprobs: tuple[TokenLogprobs, ...] = ()  # of the piece's tokens, when the request asked
+    completion_tokens: int = 0  # generated up to the piece's end (a stream's usage so far)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class Generation:
                     if not pieces:
                         raise
                     self._deferred_error = error  # the text before the failure reaches the client first
-                    return Delta("".join(pieces), tuple(positions))
+                    return Delta("".join(pieces), tuple(positions), self._completion_tokens)
             if frame is None:
                 final = self._finish_from_worker()
                 final = self._final = Final("".join(pieces) + final.text, final.finish_reason, final.usage,
@@ -153,7 +154,7 @@ class Generation:
             if text:
                 pieces.append(text)
             if pieces and not self._source.frames_ready:
-                return Delta("".join(pieces), tuple(positions))
+                return Delta("".join(pieces), tuple(positions), self._completion_tokens)
 
     async def _next_frame(self) -> Tokens | None:
         """The next token frame; None once the worker sent `Finished`."""

@@ -30,7 +30,7 @@ from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.http.caller import Caller
 from services.router.http.served_models import ServedModel, ServedModels
-from services.router.http.sse import SSE_DONE, ChunkPrefix, DisconnectWatch, SseResponse
+from services.router.http.sse import SSE_DONE, ChunkPrefix, DisconnectWatch, SseResponse, UsageSoFar
 from services.router.openai.errors import BadRequest, error_info
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
@@ -191,14 +191,15 @@ class ResponseFormat(Protocol):
 
 class EndpointFormat:
     """What the completions and chat formats share for one choice of one request: its SSE
-    chunks' common prefix (`chunk_object`), its usage chunk, and its whole answer
-    (`answer_type`) around the choice a subclass spells (`choice`)."""
+    chunks' common prefix (`chunk_object`), each chunk's own usage when asked (`usage_so_far`),
+    its usage chunk, and its whole answer (`answer_type`) around the choice a subclass spells
+    (`choice`)."""
 
     chunk_object: ClassVar[str]
     answer_type: ClassVar[type[BaseModel]]
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None,
-                 index: int) -> None:
+                 index: int, usage_so_far: UsageSoFar | None = None) -> None:
         self.index = index  # the choice's
         self._index_json = b'{"index":' + str(index).encode()
         self.request_id = request_id
@@ -206,6 +207,13 @@ class EndpointFormat:
         self.created = created
         self._prefix = ChunkPrefix(request_id, self.chunk_object, created, model)
         self._logprobs = logprobs
+        self._usage_so_far = usage_so_far  # None: the chunks carry no usage ("usage": null)
+
+    def choice_chunk(self, choice_json: bytes, completion_tokens: int) -> bytes:
+        """A chunk of this choice, sent once it has generated `completion_tokens`."""
+        if self._usage_so_far is None:
+            return self._prefix.choice(choice_json)
+        return self._prefix.choice(choice_json, self._usage_so_far.json(completion_tokens))
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return self._prefix.usage(usage.model_dump_json().encode())
@@ -219,6 +227,12 @@ class EndpointFormat:
 
     def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
         return self.response_of([self.choice(text, finish_reason, logprobs)], usage)
+
+
+def usage_so_far(body: SamplingFields, generation: Generation) -> UsageSoFar | None:
+    """The usage a choice's chunks carry (`stream_options.continuous_usage_stats`), or None."""
+    return UsageSoFar(len(generation.params.prompt_ids)) if body.continuous_usage else None
+
 
 def api_usage(usage: TokenUsage) -> Usage:
     return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,

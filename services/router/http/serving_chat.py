@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 from fastapi.responses import Response
 
-from services.router.flows.generation import Delta, Final
+from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
 from services.router.http.choices import Choice, respond_choices, start_choices
-from services.router.http.serving import EndpointFormat, ServingContext, respond
-from services.router.http.sse import finish_json, text_json
+from services.router.http.serving import EndpointFormat, ServingContext, respond, usage_so_far
+from services.router.http.sse import UsageSoFar, finish_json, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import (
@@ -39,44 +39,47 @@ class ChatFormat(EndpointFormat):
     answer_type = ChatCompletionResponse
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
-                 index: int = 0, tools: ToolCalling | None = None) -> None:
-        super().__init__(request_id, model, created, logprobs, index)
+                 index: int = 0, tools: ToolCalling | None = None, usage_so_far: UsageSoFar | None = None) -> None:
+        super().__init__(request_id, model, created, logprobs, index, usage_so_far)
         self._tools = tools
         self._tool_stream = ToolStream(tools) if tools is not None else None
         self._held: list[TokenLogprobs] = []  # the log-probabilities of text held back (a call may begin there)
 
-    def _chunk(self, delta_json: bytes, finish_reason: str | None = None,
+    def _chunk(self, delta_json: bytes, completion_tokens: int, finish_reason: str | None = None,
                positions: Sequence[TokenLogprobs] | None = None) -> bytes:
         logprobs = b"null"
         if self._logprobs is not None and positions is not None:
             logprobs = msgspec.json.encode({"content": self._logprobs.chat(positions)})
-        return self._prefix.choice(b"".join((self._index_json, b',"delta":', delta_json, b',"logprobs":', logprobs,
-                                             b',"finish_reason":', finish_json(finish_reason), b"}")))
+        return self.choice_chunk(b"".join((self._index_json, b',"delta":', delta_json, b',"logprobs":', logprobs,
+                                           b',"finish_reason":', finish_json(finish_reason), b"}")), completion_tokens)
 
     def opening_chunks(self) -> list[bytes]:
-        return [self._chunk(b'{"role":"assistant","content":""}')]
+        return [self._chunk(b'{"role":"assistant","content":""}', 0)]
 
     def text_chunk(self, piece: Delta) -> bytes:
+        tokens = piece.completion_tokens
         if self._tool_stream is None:
-            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), None, piece.logprobs)
+            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), tokens, None, piece.logprobs)
         self._held.extend(piece.logprobs)
         text = self._tool_stream.add(piece.text)
         if not text:
             return b""
         positions, self._held = self._held, []
-        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")), None, positions)
+        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")), tokens, None, positions)
 
     def final_chunk(self, piece: Final) -> bytes:
+        tokens = piece.usage.completion_tokens
         if self._tool_stream is None:
-            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), piece.finish_reason,
+            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), tokens, piece.finish_reason,
                                piece.logprobs)
         rest, answer = self._tool_stream.finish(piece.text, piece.finish_reason)
         positions = [*self._held, *piece.logprobs]
         if not answer.calls:
-            return self._chunk(b"".join((b'{"content":', text_json(rest), b"}")), answer.finish_reason, positions)
+            return self._chunk(b"".join((b'{"content":', text_json(rest), b"}")), tokens, answer.finish_reason,
+                               positions)
         calls = msgspec.json.encode({"tool_calls": [{"index": index, **call} for index, call in enumerate(answer.calls)]})
-        text = self._chunk(b"".join((b'{"content":', text_json(rest), b"}"))) if rest else b""
-        return text + self._chunk(calls, answer.finish_reason, positions)
+        text = self._chunk(b"".join((b'{"content":', text_json(rest), b"}")), tokens) if rest else b""
+        return text + self._chunk(calls, tokens, answer.finish_reason, positions)
 
     def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> ChatChoice:
         rendered = {"content": self._logprobs.chat(logprobs)} if self._logprobs is not None else None
@@ -98,20 +101,22 @@ class ChatServing:
         created = int(time.time())
         if body.n == 1:
             generation = await context.start(identity, self._prepare(identity, body, 0, caller))
-            return await respond(generation, self._format(identity.request_id, body, created, 0),
+            return await respond(generation, self._format(identity.request_id, body, created, generation, 0),
                                  stream=body.stream, include_usage=body.include_usage)
 
         async def start(own: RequestIdentity, index: int) -> Choice:
             generation = await context.start(own, self._prepare(own, body, index, caller))
-            return Choice(generation, self._format(identity.request_id, body, created, index), 0)
+            return Choice(generation, self._format(identity.request_id, body, created, generation, index), 0)
 
         choices = await start_choices(identity, body.n, start)
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
-    def _format(self, request_id: str, body: ChatCompletionRequest, created: int, index: int) -> ChatFormat:
+    def _format(self, request_id: str, body: ChatCompletionRequest, created: int, generation: Generation,
+                index: int) -> ChatFormat:
         renderer = None if body.logprobs_top is None else LogprobsRenderer(self._context.tokenizer_of(body.model),
                                                                            body.logprobs_top)
-        return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body))
+        return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body),
+                          usage_so_far(body, generation))
 
     def _tool_calling(self, body: ChatCompletionRequest) -> ToolCalling | None:
         """The request's tool calling; None without tools. Auto needs the router's format."""

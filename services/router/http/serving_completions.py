@@ -18,8 +18,8 @@ from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
 from services.router.http.choices import Choice, respond_choices, start_choices
-from services.router.http.serving import EndpointFormat, ServingContext, respond
-from services.router.http.sse import finish_json, text_json
+from services.router.http.serving import EndpointFormat, ServingContext, respond, usage_so_far
+from services.router.http.sse import UsageSoFar, finish_json, text_json
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from shared.schemas import TokenLogprobs
@@ -39,8 +39,8 @@ class CompletionFormat(EndpointFormat):
     answer_type = CompletionResponse
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
-                 echo: EchoedPrompt | None = None, index: int = 0) -> None:
-        super().__init__(request_id, model, created, logprobs, index)
+                 echo: EchoedPrompt | None = None, index: int = 0, usage_so_far: UsageSoFar | None = None) -> None:
+        super().__init__(request_id, model, created, logprobs, index, usage_so_far)
         self._echo = echo  # until the first piece is spelled
 
     def _with_echo(self, text: str, positions: Sequence[TokenLogprobs]) -> tuple[str, dict[str, Any] | None]:
@@ -59,16 +59,17 @@ class CompletionFormat(EndpointFormat):
         return []
 
     def text_chunk(self, piece: Delta) -> bytes:
-        return self._choice(piece.text, None, piece.logprobs)
+        return self._choice(piece.text, None, piece.logprobs, piece.completion_tokens)
 
     def final_chunk(self, piece: Final) -> bytes:
-        return self._choice(piece.text, piece.finish_reason, piece.logprobs)
+        return self._choice(piece.text, piece.finish_reason, piece.logprobs, piece.usage.completion_tokens)
 
-    def _choice(self, text: str, finish_reason: str | None, positions: Sequence[TokenLogprobs]) -> bytes:
+    def _choice(self, text: str, finish_reason: str | None, positions: Sequence[TokenLogprobs],
+                completion_tokens: int) -> bytes:
         text, rendered = self._with_echo(text, positions)
         logprobs = b"null" if rendered is None else msgspec.json.encode(rendered)
-        return self._prefix.choice(b"".join((self._index_json, b',"text":', text_json(text), b',"logprobs":', logprobs,
-                                             b',"finish_reason":', finish_json(finish_reason), b"}")))
+        return self.choice_chunk(b"".join((self._index_json, b',"text":', text_json(text), b',"logprobs":', logprobs,
+                                           b',"finish_reason":', finish_json(finish_reason), b"}")), completion_tokens)
 
     def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> CompletionChoice:
         text, rendered = self._with_echo(text, logprobs)
@@ -128,5 +129,5 @@ class CompletionsServing:
             prompt_ids = generation.params.prompt_ids
             echo = EchoedPrompt(prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids), prompt_ids,
                                 generation)
-        return CompletionFormat(request_id, body.model, created, renderer, echo, index)
+        return CompletionFormat(request_id, body.model, created, renderer, echo, index, usage_so_far(body, generation))
 

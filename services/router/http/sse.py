@@ -35,11 +35,27 @@ class ChunkPrefix:
         self.head = b"".join((b'data: {"id":', _encode(request_id), b',"object":', _encode(object_name),
                               b',"created":', str(created).encode(), b',"model":', _encode(model), b',"choices":['))
 
-    def choice(self, choice_json: bytes) -> bytes:
-        return b"".join((self.head, choice_json, b'],"usage":null}\n\n'))
+    def choice(self, choice_json: bytes, usage_json: bytes = b"null") -> bytes:
+        return b"".join((self.head, choice_json, b'],"usage":', usage_json, b"}\n\n"))
 
     def usage(self, usage_json: bytes) -> bytes:
         return b"".join((self.head, b'],"usage":', usage_json, b"}\n\n"))
+
+
+class UsageSoFar:
+    """One choice's chunks' own usage (`stream_options.continuous_usage_stats`): its prompt's
+    tokens, and its completion tokens up to the chunk, as vLLM's server counts them
+    (`protocol.ChunkUsage`)."""
+
+    __slots__ = ("prompt_tokens",)
+
+    def __init__(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+
+    def json(self, completion_tokens: int) -> bytes:
+        prompt = self.prompt_tokens
+        return b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+            prompt, completion_tokens, prompt + completion_tokens)
 
 
 def text_json(text: str) -> bytes:

@@ -30,7 +30,9 @@ MAX_PROMPTS = MAX_CHOICES
 
 
 class StreamOptions(Request):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk with the request's usage
+    # vLLM's: with include_usage, every chunk carries its choice's usage so far too
+    continuous_usage_stats: bool = False
 
 
 class JsonSchemaSpec(Request):
@@ -139,6 +141,10 @@ class SamplingFields(Request):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:  # every chunk's usage so far; nothing without include_usage, as vLLM's
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     @property
     def logprobs_top(self) -> int | None:
@@ -282,10 +288,16 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
-class Usage(BaseModel):
+class ChunkUsage(BaseModel):
+    """A streamed chunk's own usage (`stream_options.continuous_usage_stats`): its prompt's
+    tokens and its choice's so far, without details, as vLLM's server spells it."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class Usage(ChunkUsage):
     prompt_tokens_details: PromptTokensDetails
 
 
@@ -300,7 +312,7 @@ class _Answer(BaseModel, Generic[ChoiceT]):
     created: int = Field(default_factory=_now)
     model: str
     choices: list[ChoiceT]
-    usage: Usage | None = None
+    usage: Usage | ChunkUsage | None = None
 
 
 class CompletionChoice(BaseModel):

@@ -69,7 +69,9 @@ _HONOURED = [
                                                            "required or a named function (held to a JSON schema)"),
     RequestField("parallel_tool_calls", "honoured", ("chat",), note="false: at most one call"),
     RequestField("stream", "honoured"),
-    RequestField("stream_options", "honoured", note="include_usage"),
+    RequestField("stream_options", "honoured", note="include_usage: a last chunk with the usage; "
+                                                    "continuous_usage_stats (vLLM's), with it: every chunk "
+                                                    "carries its choice's usage so far"),
     RequestField("priority", "honoured", note="lower is served first (vLLM's convention, 0 the default) by the "
                                               "router's admission queue (`--admission-slots-per-seq`); also the "
                                               "X-Tandem-Priority header; bounded by the API key's top priority"),
