@@ -12,6 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from services.router.config import RoutingConfig
+from services.router.http.serving import sampling_params
+from services.router.openai.errors import BadRequest
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest
 from services.router.openai.request_fields import FIELDS, fields_of, markdown_table
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
@@ -53,6 +55,26 @@ def test_true_is_not_one_and_an_unknown_field_is_refused() -> None:
         CompletionRequest.model_validate({**COMPLETION, "n": True})
     with pytest.raises(ValidationError, match="extra_forbidden"):
         ChatCompletionRequest.model_validate({**CHAT, "prompt": "a completions field"})
+
+
+@pytest.mark.parametrize("stop_token_ids", [[-1], [5, -7], [1000], [999, 4096], [2**31], [2**70]])
+def test_stop_token_ids_outside_the_vocabulary_are_a_400_naming_the_field_as_on_vllms_server(stop_token_ids) -> None:
+    """vLLM's server takes any integers in its request model and refuses, with a 400 naming
+    `stop_token_ids`, those outside [0, vocabulary size) (`SamplingParams._validate_stop_token_ids`),
+    negative ones too; so does Tandem (here a vocabulary of 1000), whatever the engine."""
+    with pytest.raises((ValidationError, BadRequest)) as refused:
+        body = CompletionRequest.model_validate({**COMPLETION, "stop_token_ids": stop_token_ids})
+        sampling_params(body, max_tokens=16, vocab_size=1000)
+    if isinstance(refused.value, ValidationError):  # negative, or past what the bus carries
+        assert refused.value.errors()[0]["loc"][0] == "stop_token_ids"
+    else:
+        assert refused.value.param == "stop_token_ids" and "[0, 1000)" in refused.value.message
+
+
+def test_stop_token_ids_of_the_vocabulary_reach_the_workers() -> None:
+    body = ChatCompletionRequest.model_validate({**CHAT, "stop_token_ids": [0, 999]})
+    assert sampling_params(body, max_tokens=16, vocab_size=1000).stop_token_ids == [0, 999]
+    assert sampling_params(ChatCompletionRequest.model_validate(CHAT), 16, 1000).stop_token_ids == []
 
 
 def test_a_continuation_makes_fewer_tokens_and_needs_fewer_before_a_stop() -> None:

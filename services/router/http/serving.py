@@ -93,28 +93,11 @@ class ServingContext:
             raise BadRequest(f"token ids must lie in [0, {vocab_size}), got {out_of_range[:5]}", param=param)
         return prompt_ids
 
-    def sampling(self, body: SamplingFields, max_tokens: int, vocab_size: int) -> SamplingParams:
-        temperature = OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
-        if body.min_tokens > max_tokens:
-            raise BadRequest(f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens})",
-                             param="min_tokens")
-        return SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, seed=body.seed,
-            stop_token_ids=list(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-            top_p=1.0 if body.top_p is None else body.top_p, top_k=max(0, body.top_k or 0),
-            min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
-            frequency_penalty=body.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-            min_tokens=body.min_tokens, logit_bias=_logit_bias(body.logit_bias, vocab_size),
-            bad_words=[word for word in body.bad_words or () if word],
-            allowed_token_ids=_vocabulary_ids(body.allowed_token_ids, "allowed_token_ids", vocab_size),
-            logprobs=body.logprobs_top, prompt_logprobs=body.prompt_logprobs_top, structured=structured_output(body))
-
     def params(self, identity: RequestIdentity, body: SamplingFields, model: ServedModel, prompt_ids: list[int],
                max_tokens: int, caller: Caller = Caller(), *, sample: int = 0) -> GenerationParams:
         """A validated request as the dispatcher takes it (both generate endpoints); the
         `sample`-th choice of its prompt samples with the seed + `sample`, as vLLM's server's."""
-        sampling = self.sampling(body, max_tokens, model.tokenizer.vocab_size)
+        sampling = sampling_params(body, max_tokens, model.tokenizer.vocab_size)
         if sample and sampling.seed is not None:
             sampling = msgspec.structs.replace(sampling, seed=sampling.seed + sample)
         return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model.name,
@@ -143,6 +126,26 @@ class ServingContext:
         return await self.dispatcher.dispatch(params)
 
 
+def sampling_params(body: SamplingFields, max_tokens: int, vocab_size: int) -> SamplingParams:
+    """A request's sampling as the workers take it; token ids outside the vocabulary are a 400."""
+    temperature = OPENAI_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    if body.min_tokens > max_tokens:
+        raise BadRequest(f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens})",
+                         param="min_tokens")
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, seed=body.seed,
+        stop_token_ids=_vocabulary_ids(body.stop_token_ids, "stop_token_ids", vocab_size) or [],
+        ignore_eos=body.ignore_eos,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=max(0, body.top_k or 0),
+        min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        min_tokens=body.min_tokens, logit_bias=_logit_bias(body.logit_bias, vocab_size),
+        bad_words=[word for word in body.bad_words or () if word],
+        allowed_token_ids=_vocabulary_ids(body.allowed_token_ids, "allowed_token_ids", vocab_size),
+        logprobs=body.logprobs_top, prompt_logprobs=body.prompt_logprobs_top, structured=structured_output(body))
+
+
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     if not bias:
         return {}
@@ -155,6 +158,9 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, flo
 
 
 def _vocabulary_ids(token_ids: list[int] | None, param: str, vocab_size: int) -> list[int] | None:
+    """`token_ids` if each is one of the model's: vLLM's server refuses any other, negative ones
+    too, with a 400 naming the field (`SamplingParams._validate_stop_token_ids`, `_validate_logit_bias`,
+    `_validate_allowed_token_ids`), before its engine sees the request."""
     if token_ids is None:
         return None
     outside = [token for token in token_ids if not 0 <= token < vocab_size]

@@ -46,7 +46,8 @@ _HONOURED = [
     RequestField("min_p", "honoured"),
     RequestField("seed", "honoured", note="seeded random sampling; split, the decode worker replays the first token"),
     RequestField("stop", "honoured"),
-    RequestField("stop_token_ids", "honoured"),
+    RequestField("stop_token_ids", "honoured", note="ids of the model's vocabulary; any other (negative too) is a "
+                                                    "400, as on vLLM's server"),
     RequestField("ignore_eos", "honoured"),
     RequestField("min_tokens", "honoured"),
     RequestField("presence_penalty", "honoured", note="split, the decode worker replays the first token"),
