@@ -37,6 +37,26 @@ def test_the_openai_api_doc_shows_the_table_as_the_code_has_it() -> None:
         "docs/openai-api.md's table is not the code's: regenerate it: python -m services.router.openai.request_fields")
 
 
+def openai_fields(endpoint: str) -> set[str]:
+    """The request fields OpenAI's API defines for `endpoint`, as the official client types them."""
+    if endpoint == "chat":
+        from openai.types.chat import completion_create_params as params
+    else:
+        from openai.types import completion_create_params as params
+    streaming = params.CompletionCreateParamsStreaming
+    return set(streaming.__required_keys__ | streaming.__optional_keys__)
+
+
+def test_a_refused_field_says_why_and_a_field_only_openai_defines_is_openais() -> None:
+    """vLLM's fields are checked against vLLM's own request models where vLLM is installed
+    (tests/vllm/test_vllm_request_fields.py); OpenAI's alone against the openai client's."""
+    assert not [field.name for field in FIELDS if field.status == "refused unless default" and not field.note]
+    for field in FIELDS:
+        if field.origin == "openai":
+            for endpoint in field.endpoints:
+                assert field.name in openai_fields(endpoint), f"{field.name} is not OpenAI's ({endpoint})"
+
+
 @pytest.mark.parametrize("field", [field for field in FIELDS if field.status == "refused unless default"],
                          ids=lambda field: f"{field.name}-{'-'.join(field.endpoints)}")
 def test_a_refused_field_is_accepted_at_its_default_and_named_otherwise(field) -> None:

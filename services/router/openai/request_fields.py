@@ -6,10 +6,15 @@ The OpenAI API and vLLM's server (its pinned version) define the fields; each on
   a 400 naming them and the engine);
 - "no effect": accepted, changes nothing in vLLM's server either (for example `user`);
 - "refused unless default": a 400 naming the field unless it has one of `allowed` (a client
-  that sends `n: 1` or `echo: false` still works).
+  that sends `n: 1` or `echo: false` still works); its note says why Tandem refuses it.
 A field in neither endpoint's table is a 400 naming it (as OpenAI's API answers an unknown
 argument), never silently ignored. `protocol` builds its request models from this table, and
 the table in docs/openai-api.md is `markdown_table()` (a test keeps them equal).
+
+Each row says who defines the field for its endpoints (`origin`): vLLM's server's request
+model (OpenAI's fields it takes included), OpenAI's API alone, or Tandem itself.
+tests/vllm/test_vllm_request_fields.py reads vLLM's own request models and fails, naming it,
+on a field of theirs this table lacks or on a row whose origin they contradict.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from typing import Literal
 
 Status = Literal["honoured", "no effect", "refused unless default"]
 Endpoint = Literal["completions", "chat"]
+# who defines the field for the row's endpoints: vLLM's server (its request model; OpenAI's
+# fields it takes included), OpenAI's API alone, or Tandem (its own extension or refusal)
+Origin = Literal["vllm", "openai", "tandem"]
 BOTH: tuple[Endpoint, ...] = ("completions", "chat")
 
 
@@ -28,7 +36,8 @@ class RequestField:
     status: Status
     endpoints: tuple[Endpoint, ...] = BOTH
     allowed: tuple[object, ...] = (None,)  # refused unless default: the values accepted
-    note: str = ""
+    note: str = ""  # refused unless default: why Tandem refuses it
+    origin: Origin = "vllm"
 
 
 _HONOURED = [
@@ -77,7 +86,7 @@ _HONOURED = [
                                               "router's admission queue (`--admission-slots-per-seq`); also the "
                                               "X-Tandem-Priority header; bounded by the API key's top priority"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
-                                                         "share of the prompt's KV"),
+                                                         "share of the prompt's KV", origin="tandem"),
 ]
 
 _NO_EFFECT = [
@@ -85,51 +94,67 @@ _NO_EFFECT = [
 ]
 
 
-def _refused(name: str, *allowed: object, endpoints: tuple[Endpoint, ...] = BOTH, note: str = "") -> RequestField:
-    return RequestField(name, "refused unless default", endpoints, allowed or (None,), note)
+def _refused(name: str, *allowed: object, why: str, endpoints: tuple[Endpoint, ...] = BOTH,
+             origin: Origin = "vllm") -> RequestField:
+    return RequestField(name, "refused unless default", endpoints, allowed or (None,), why, origin)
 
+
+_NO_TEMPLATE_ARGUMENTS = "the router renders the model's chat template without extra arguments"
+_NO_REASONING = "no reasoning parser in the router: an answer is never split into reasoning and content"
+_TEXT_ONLY = "text only: Tandem serves no multimodal input"
+_RENDER_ONLY = "vLLM's server reads it only on its render endpoints, which Tandem does not serve"
+_NO_BEAM_SEARCH = "beam search is not implemented (each choice is routed and sampled on its own)"
 
 _REFUSED = [
-    _refused("best_of", None, 1, endpoints=("completions",), note="vLLM's server (0.32) no longer has it"),
-    _refused("echo", None, False, endpoints=("chat",)),
-    _refused("suffix", None, endpoints=("completions",), note="vLLM's server refuses it too"),
-    _refused("tools", None, [], endpoints=("completions",), note="tool calls are a chat's"),
-    _refused("reasoning_effort", None, endpoints=("chat",)),
-    _refused("include_reasoning", None, True, endpoints=("chat",)),
-    _refused("add_generation_prompt", None, True, endpoints=("chat",)),
-    _refused("continue_final_message", None, False, endpoints=("chat",)),
-    _refused("documents", None, endpoints=("chat",)),
-    _refused("chat_template", None, endpoints=("chat",)),
-    _refused("chat_template_kwargs", None, endpoints=("chat",)),
-    _refused("media_io_kwargs", None, endpoints=("chat",)),
-    _refused("mm_processor_kwargs", None, endpoints=("chat",)),
-    _refused("return_prompt_text", None, False, endpoints=("chat",)),
-    _refused("prompt_embeds", None, endpoints=("completions",)),
-    _refused("add_special_tokens", None),
-    _refused("use_beam_search", None, False),
-    _refused("length_penalty", None, 1.0),
-    _refused("include_stop_str_in_output", None, False),
-    _refused("spaces_between_special_tokens", None, True),
-    _refused("truncate_prompt_tokens", None),
-    _refused("truncation_side", None),
-    _refused("prompt_logprobs", None),
-    _refused("logprob_token_ids", None),
-    _refused("watermarking", None),
-    _refused("repetition_detection", None),
-    _refused("thinking_token_budget", None),
-    _refused("request_id", None),
-    _refused("session_id", None),
-    _refused("return_tokens_as_token_ids", None, False),
-    _refused("return_token_ids", None, False),
-    _refused("return_token_offsets", None, False),
-    _refused("routed_experts_prompt_start", None),
-    _refused("mm_payload", None),
-    _refused("return_mm_kwargs", None, False),
-    _refused("cache_salt", None),
-    _refused("kv_transfer_params", None),
-    _refused("ec_transfer_params", None),
-    _refused("vllm_xargs", None),
-    _refused("stream_interval", None, 1),
+    _refused("best_of", None, 1, endpoints=("completions",), origin="openai",
+             why="OpenAI's; vLLM's server (0.32) no longer has it"),
+    _refused("echo", None, False, endpoints=("chat",), why="not implemented for chats (a completion's echo is)"),
+    _refused("suffix", None, endpoints=("completions",), why="vLLM's server refuses it too"),
+    _refused("tools", None, [], endpoints=("completions",), origin="tandem", why="tool calls are a chat's"),
+    _refused("reasoning_effort", None, endpoints=("chat",), why=_NO_TEMPLATE_ARGUMENTS),
+    _refused("include_reasoning", None, True, endpoints=("chat",), why=_NO_REASONING),
+    _refused("add_generation_prompt", None, True, endpoints=("chat",),
+             why="a chat always ends with the generation prompt (a new assistant turn)"),
+    _refused("continue_final_message", None, False, endpoints=("chat",),
+             why="a chat always ends with the generation prompt (a new assistant turn)"),
+    _refused("documents", None, endpoints=("chat",), why=_NO_TEMPLATE_ARGUMENTS),
+    _refused("chat_template", None, endpoints=("chat",),
+             why="the router renders only the model's own chat template, never a request's"),
+    _refused("chat_template_kwargs", None, endpoints=("chat",), why=_NO_TEMPLATE_ARGUMENTS),
+    _refused("media_io_kwargs", None, endpoints=("chat",), why=_TEXT_ONLY),
+    _refused("mm_processor_kwargs", None, endpoints=("chat",), why=_TEXT_ONLY),
+    _refused("return_prompt_text", None, False, endpoints=("chat",), why="not implemented"),
+    _refused("prompt_embeds", None, endpoints=("completions",),
+             why="prompts are text or token ids: the router routes and moves KV by token ids"),
+    _refused("add_special_tokens", None,
+             why="the router adds them as it tokenizes: BOS where the model asks (completions), the "
+                 "chat template's (chats)"),
+    _refused("use_beam_search", None, False, why=_NO_BEAM_SEARCH),
+    _refused("length_penalty", None, 1.0, why=_NO_BEAM_SEARCH),
+    _refused("include_stop_str_in_output", None, False,
+             why="the router matches stop strings and leaves them out of the answer"),
+    _refused("spaces_between_special_tokens", None, True, why="the router's detokenizer has only vLLM's default"),
+    _refused("truncate_prompt_tokens", None, why="prompts are never truncated"),
+    _refused("truncation_side", None, why="prompts are never truncated"),
+    _refused("prompt_logprobs", None, why="a prompt's log-probabilities come with echo and logprobs (completions)"),
+    _refused("logprob_token_ids", None, why="not implemented: the sampled and top tokens' log-probabilities only"),
+    _refused("watermarking", None, why="not implemented by Tandem's workers"),
+    _refused("repetition_detection", None, why="not implemented by Tandem's workers"),
+    _refused("thinking_token_budget", None, why=_NO_REASONING),
+    _refused("request_id", None, why="the router names each request itself (the answer's id)"),
+    _refused("session_id", None, why="not implemented: requests are routed by their prompt's KV"),
+    _refused("return_tokens_as_token_ids", None, False, why="not implemented: log-probabilities name tokens as text"),
+    _refused("return_token_ids", None, False, why="not implemented: answers carry text"),
+    _refused("return_token_offsets", None, False, why=_RENDER_ONLY),
+    _refused("routed_experts_prompt_start", None, why="not implemented: answers carry no routed-expert data"),
+    _refused("mm_payload", None, why=_RENDER_ONLY),
+    _refused("return_mm_kwargs", None, False, why=_RENDER_ONLY),
+    _refused("cache_salt", None, why="not implemented: the KV index and KV transfers share a prefix's blocks "
+                                     "across all requests"),
+    _refused("kv_transfer_params", None, why="the router plans every prefill/decode split and KV transfer itself"),
+    _refused("ec_transfer_params", None, why=_TEXT_ONLY),
+    _refused("vllm_xargs", None, why="not passed on: Tandem's workers run no custom logits processors"),
+    _refused("stream_interval", None, 1, why="each piece is streamed as it comes (pieces already there together)"),
 ]
 
 FIELDS: tuple[RequestField, ...] = (*_HONOURED, *_NO_EFFECT, *_REFUSED)
