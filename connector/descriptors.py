@@ -1,13 +1,19 @@
-"""Pure descriptor planning for KV block transfers: block ids in, NIXL descriptor rows out.
+"""Pure descriptor planning for KV transfers: block ids or byte ranges in, NIXL descriptor
+rows out.
 
 A KV pool is one registered region of `num_blocks` blocks, each `block_nbytes` long, block
-`b` at `base + b * block_nbytes`. A transfer pairs local with remote block ids. Pairs whose
-ids both advance by one are one contiguous byte range on each side, so they travel as one
-larger descriptor: fewer descriptors is what lets a transfer of adjacent blocks run at
-memory bandwidth instead of per-descriptor overhead.
+`b` at `base + b * block_nbytes`. A block transfer pairs local with remote block ids. Pairs
+whose ids both advance by one are one contiguous byte range on each side, so they travel as
+one larger descriptor: fewer descriptors is what lets a transfer of adjacent blocks run at
+memory bandwidth instead of per-descriptor overhead. A byte-range transfer (between pools of
+unlike geometry, planned elsewhere) pairs byte offsets into each pool with lengths; rows
+adjacent on both sides, consecutive in the given order, merge the same way.
 
-`KvAgent` (connector/nixl_agent.py) is the only caller. Nothing here does I/O or touches
+Callers: `KvAgent` (connector/nixl_agent.py) through `plan_blocks` / `plan_ranges`, and
+`MemoryTransport` (the checks and `coalesce_ranges`). Nothing here does I/O or touches
 NIXL; a descriptor row is `(address, length, device_id)` as NIXL's `nixlXferDList` takes it.
+Arguments a correct caller never passes (ids or ranges outside a pool, two copies into one
+destination) raise ValueError.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+
+from connector.agent_types import PoolInfo
+
+Ints = Sequence[int] | np.ndarray
 
 
 class BlockRuns(NamedTuple):
@@ -34,12 +44,11 @@ class BlockRuns(NamedTuple):
         return int(self.counts.sum())
 
 
-def as_block_ids(block_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+def as_block_ids(block_ids: Ints) -> np.ndarray:
     return np.asarray(block_ids, dtype=np.int64).reshape(-1)
 
 
-def coalesce_block_runs(local_ids: Sequence[int] | np.ndarray,
-                        remote_ids: Sequence[int] | np.ndarray) -> BlockRuns:
+def coalesce_block_runs(local_ids: Ints, remote_ids: Ints) -> BlockRuns:
     """Merge (local, remote) pairs into runs where both ids advance by one.
 
     Pairs are ordered by local id first: the order of descriptors within one transfer
@@ -119,3 +128,123 @@ def check_block_ids(block_ids: np.ndarray, num_blocks: int, side: str, *, unique
         raise ValueError(f"{side} block id out of range [0, {num_blocks}): {low if low < 0 else high}")
     if repeats:
         raise ValueError(f"{side} block ids repeat")
+
+
+class TransferPlan(NamedTuple):
+    """One transfer's descriptor rows on each side (Nx3 uint64, row i local -> row i remote
+    or back), or why the transfer cannot be made at all (`refusal`, rows empty)."""
+
+    local_rows: np.ndarray
+    remote_rows: np.ndarray
+    num_blocks: int  # 0 for byte ranges
+    refusal: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.local_rows[:, 1].sum())
+
+
+_NO_ROWS = np.zeros((0, 3), dtype=np.uint64)
+
+
+def plan_blocks(local: PoolInfo, remote: PoolInfo, local_ids: Ints, remote_ids: Ints, *, into_local: bool,
+                offset: int = 0, length: int | None = None) -> TransferPlan:
+    """Rows for copying blocks `remote_ids[i] <-> local_ids[i]` (bytes [offset, offset +
+    length) of each), coalesced into runs. Block ids address the same bytes on both sides
+    only when the blocks are the same size: a peer with other blocks is refused."""
+    if local.block_nbytes != remote.block_nbytes:
+        return TransferPlan(_NO_ROWS, _NO_ROWS, 0, refusal=(
+            f"the peer's pool has {remote.block_nbytes}-byte blocks, this agent's {local.block_nbytes}-byte "
+            "blocks: block ids do not address the same bytes (use byte ranges)"))
+    local_ids, remote_ids = as_block_ids(local_ids), as_block_ids(remote_ids)
+    if local_ids.size != remote_ids.size:
+        raise ValueError(f"{remote_ids.size} remote block ids but {local_ids.size} local block ids")
+    check_block_ids(local_ids, local.num_blocks, "local", unique=into_local)
+    check_block_ids(remote_ids, remote.num_blocks, "remote", unique=not into_local)
+    runs = coalesce_block_runs(local_ids, remote_ids)
+    return TransferPlan(
+        run_descriptors(local.base_addr, local.block_nbytes, runs.local_starts, runs.counts, local.device_id,
+                        offset=offset, length=length),
+        run_descriptors(remote.base_addr, remote.block_nbytes, runs.remote_starts, runs.counts, remote.device_id,
+                        offset=offset, length=length),
+        int(local_ids.size))
+
+
+class ByteRanges(NamedTuple):
+    """Rows of a byte-range transfer: `lengths[i]` bytes at `local_offsets[i]` in the local
+    pool and at `remote_offsets[i]` in the peer's (int64 arrays of one size)."""
+
+    local_offsets: np.ndarray
+    remote_offsets: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.lengths.sum())
+
+
+def byte_ranges(local_offsets: Ints, remote_offsets: Ints, lengths: Ints) -> ByteRanges:
+    """The rows as int64 arrays; ValueError unless they are of one size with positive lengths."""
+    ranges = ByteRanges(*(np.asarray(column, dtype=np.int64).reshape(-1)
+                          for column in (local_offsets, remote_offsets, lengths)))
+    if not ranges.local_offsets.size == ranges.remote_offsets.size == ranges.lengths.size:
+        raise ValueError(f"{ranges.remote_offsets.size} remote offsets, {ranges.local_offsets.size} local "
+                         f"offsets and {ranges.lengths.size} lengths")
+    if ranges.lengths.size and int(ranges.lengths.min()) <= 0:
+        raise ValueError(f"range lengths must be positive: {int(ranges.lengths.min())}")
+    return ranges
+
+
+def check_ranges(offsets: np.ndarray, lengths: np.ndarray, pool_nbytes: int, side: str, *, disjoint: bool) -> None:
+    """Raise ValueError for a range outside [0, pool_nbytes), or, where they must not
+    (a transfer's destination), for two ranges that overlap."""
+    if offsets.size == 0:
+        return
+    ends = offsets + lengths
+    if int(offsets.min()) < 0 or int(ends.max()) > pool_nbytes:
+        row = int(np.flatnonzero((offsets < 0) | (ends > pool_nbytes))[0])
+        raise ValueError(f"{side} range [{int(offsets[row])}, {int(ends[row])}) is outside the "
+                         f"{pool_nbytes}-byte pool")
+    if disjoint and offsets.size > 1:
+        if not (offsets[1:] >= ends[:-1]).all():  # sorted and apart: the common case, checked cheaply
+            order = np.argsort(offsets, kind="stable")
+            if not (offsets[order][1:] >= ends[order][:-1]).all():
+                raise ValueError(f"{side} ranges overlap")
+
+
+def coalesce_ranges(ranges: ByteRanges) -> ByteRanges:
+    """Merge each row into the one before it where both sides continue it exactly. Order is
+    kept, not sorted: the caller's order is its plan, and what it lays out adjacently merges."""
+    local, remote, lengths = ranges
+    if lengths.size < 2:
+        return ranges
+    joins = (local[:-1] + lengths[:-1] == local[1:]) & (remote[:-1] + lengths[:-1] == remote[1:])
+    if not joins.any():
+        return ranges
+    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+    return ByteRanges(local[starts], remote[starts], np.add.reduceat(lengths, starts))
+
+
+def range_descriptors(base_addr: int, offsets: np.ndarray, lengths: np.ndarray, device_id: int = 0) -> np.ndarray:
+    """Descriptor rows (address, length, device_id), Nx3 uint64, one per range."""
+    rows = np.empty((offsets.size, 3), dtype=np.uint64)
+    rows[:, 0] = base_addr + offsets
+    rows[:, 1] = lengths
+    rows[:, 2] = device_id
+    return rows
+
+
+def plan_ranges(local: PoolInfo, remote: PoolInfo, local_offsets: Ints, remote_offsets: Ints, lengths: Ints, *,
+                into_local: bool) -> TransferPlan:
+    """Rows for copying byte ranges between two pools of any geometry, checked against both
+    pools (the destination's ranges must not overlap) and merged where adjacent."""
+    ranges = byte_ranges(local_offsets, remote_offsets, lengths)
+    check_ranges(ranges.local_offsets, ranges.lengths, local.nbytes, "local", disjoint=into_local)
+    check_ranges(ranges.remote_offsets, ranges.lengths, remote.nbytes, "remote", disjoint=not into_local)
+    merged = coalesce_ranges(ranges)
+    return TransferPlan(range_descriptors(local.base_addr, merged.local_offsets, merged.lengths, local.device_id),
+                        range_descriptors(remote.base_addr, merged.remote_offsets, merged.lengths, remote.device_id),
+                        0)
