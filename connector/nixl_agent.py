@@ -1,18 +1,20 @@
-"""KvAgent: one NIXL agent per worker, moving KV blocks between registered pools.
+"""KvAgent: one NIXL agent per worker, moving KV blocks and byte ranges between registered pools.
 
-Called by the worker's transfer protocol (leases, pull and push) and, later, by the worker
-side of the vLLM connector. Lifecycle: `KvAgent(name, config)` -> `register_pool(buffer,
-block_nbytes)` once -> `metadata()` goes to peers over NATS -> each peer calls
-`add_peer(name, metadata)` -> transfers -> `close()`.
+Called by the worker's transfer protocol (leases, pull and push, through `NixlTransport`)
+and by the worker side of the vLLM connector. Lifecycle: `KvAgent(name, config)` ->
+`register_pool(buffer, block_nbytes)` once -> `metadata()` goes to peers over NATS -> each
+peer calls `add_peer(name, metadata)` -> transfers -> `close()`.
 
-- `read_blocks` / `write_blocks` / `write_layer` block the calling thread: NIXL performs the
-  copy inside the posting call (UCX over CMA on one host). The event loop uses the `a*`
-  wrappers, which run them on the agent's own executor.
-- Every transfer returns a `TransferResult` (done, failed, cancelled) with bounded waits; a
+- `read_blocks` / `write_blocks` / `write_layer` address blocks by id, so they need a peer
+  with blocks of this agent's size (else a failed result). `read_ranges` / `write_ranges`
+  take byte offsets into each pool and reach any peer (workers of unlike shapes).
+- Transfers block the calling thread (the event loop uses the `a*` wrappers, which run them
+  on the agent's executor): NIXL copies from DRAM inside the posting call (UCX over CMA on
+  one host), and one from GPU memory is polled for (`KvAgentConfig.spin_us`).
+- Every transfer returns a `TransferResult` (done, failed, cancelled), counted in `stats`; a
   NIXL error (e.g. the peer died mid-transfer) is a failed result, never an exception. The
-  timeout bounds the wait for completion; a copy done inside the posting call (CMA) is
-  bounded by its size instead.
-  Wrong arguments (ids out of range, mismatched lengths) are bugs and raise ValueError.
+  timeout bounds the wait for completion; a copy inside the posting call, its size.
+  Wrong arguments (ids or ranges outside a pool, mismatched lengths) are bugs: ValueError.
 - NIXL is driven through its pybind bindings rather than `nixl_agent`, whose constructor
   hardcodes a zero progress-thread delay (a spinning core per agent): see KvAgentConfig.
 """
@@ -22,22 +24,32 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import logging
+import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from connector.agent_types import AgentMetadata, KvAgentConfig, PoolInfo, TransferOutcome, TransferResult
-from connector.descriptors import as_block_ids, check_block_ids, coalesce_block_runs, run_descriptors
+from connector.agent_types import (
+    AgentMetadata,
+    AgentStats,
+    KvAgentConfig,
+    PoolInfo,
+    TransferOp,
+    TransferOutcome,
+    TransferResult,
+)
+from connector.descriptors import Ints, TransferPlan, plan_blocks, plan_ranges
 from connector.off_loop import await_transfer
 from shared.codec import Codec, encode
 from shared.errors import ErrorCode
 
-BlockIds = Sequence[int] | np.ndarray
+log = logging.getLogger(__name__)
+
+Planner = Callable[[PoolInfo, PoolInfo], TransferPlan]  # (local pool, peer's pool) -> rows
 
 # The CUDA-variant wheels (nixl-cu12, nixl-cu13) each ship the same bindings under their own
 # name; the `nixl` meta package re-exports one of them.
@@ -63,27 +75,26 @@ def nixl_available() -> bool:
     return True
 
 
-def _region(buffer: Any) -> tuple[int, int, str, int]:
-    """(address, bytes, "DRAM" or "VRAM", device id) of a contiguous pool buffer."""
-    cuda = getattr(buffer, "__cuda_array_interface__", None)
-    if cuda is None:
-        if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous:
-            raise ValueError("the KV pool must be a C-contiguous numpy array or a contiguous CUDA array")
-        return buffer.ctypes.data, buffer.nbytes, "DRAM", 0
-    if cuda.get("strides") is not None:  # None means C-contiguous in the interface
-        raise ValueError("the KV pool must be contiguous")
-    nbytes = int(np.prod(cuda["shape"])) * np.dtype(cuda["typestr"]).itemsize
-    device = getattr(buffer, "device", None)
-    return int(cuda["data"][0]), nbytes, "VRAM", int(getattr(device, "index", None) or 0)
+def _allow_cuda_ipc_reads(agent_name: str, enabled: bool) -> None:
+    """Set UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y unless the operator set it, before the UCX context
+    is created. UCX reads its configuration from the environment when a context is created,
+    and NIXL passes no other way in: this is the one place Tandem writes it. UCX's `auto`
+    turns CUDA-IPC reads off without NVLink, and a pull from GPU memory then crawls over
+    tcp/lo (0.3-0.5 GB/s; 1,197 GB/s with `y`, H200). Process-wide: the first agent's stays."""
+    name, value, source = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "auto", "UCX's default: cuda_ipc_reads is off"
+    if name in os.environ:
+        value, source = os.environ[name], "set before this agent: left alone"
+    elif enabled:
+        os.environ[name] = value = "y"
+        source = "cuda_ipc_reads"
+    log.info("KV agent %s: UCX runs with %s=%s (%s)", agent_name, name, value, source)
 
 
 def _error_code(nixl: ModuleType, error: Exception) -> ErrorCode:
-    if isinstance(error, nixl.nixlRemoteDisconnectError):
-        return ErrorCode.DISCONNECTED
-    if isinstance(error, nixl.nixlNotFoundError):
-        return ErrorCode.NOT_FOUND
-    if isinstance(error, nixl.nixlCancelledError):
-        return ErrorCode.CANCELLED
+    for name, code in (("nixlRemoteDisconnectError", ErrorCode.DISCONNECTED),
+                       ("nixlNotFoundError", ErrorCode.NOT_FOUND), ("nixlCancelledError", ErrorCode.CANCELLED)):
+        if isinstance(error, getattr(nixl, name)):
+            return code
     return ErrorCode.INTERNAL
 
 
@@ -103,6 +114,8 @@ class KvAgent:
         # Transfers run on executor threads while the loop thread adds and removes peers.
         agent_config.syncMode = nixl.NIXL_THREAD_SYNC_RW
         self._agent = nixl.nixlAgent(name, agent_config)
+        if "UCX" in self.config.backends:
+            _allow_cuda_ipc_reads(name, self.config.cuda_ipc_reads)
         for backend in self.config.backends:
             self._agent.createBackend(backend, {})
         self._executor = ThreadPoolExecutor(self.config.transfer_threads, thread_name_prefix=f"kv-agent-{name}")
@@ -112,6 +125,7 @@ class KvAgent:
         self._buffer: Any = None  # keeps the registered memory alive
         self._peers: dict[str, PoolInfo] = {}
         self._unreleased: list[int] = []  # transfer handles NIXL refused to release
+        self._stats = AgentStats()  # replaced, under the lock, by each transfer
         self._closed = False
         self._codec: Codec[AgentMetadata] = Codec(AgentMetadata)
 
@@ -129,6 +143,12 @@ class KvAgent:
             return frozenset(self._peers)
 
     @property
+    def stats(self) -> AgentStats:
+        """The transfer counters so far (a snapshot: later transfers do not change it)."""
+        with self._lock:
+            return self._stats
+
+    @property
     def nixl_agent(self) -> Any:
         """The underlying bindings agent, for benchmarks and diagnostics only."""
         return self._agent
@@ -140,12 +160,8 @@ class KvAgent:
         self._check_open()
         if self._pool is not None:
             raise RuntimeError("a pool is already registered")
-        base_addr, nbytes, mem_type, device_id = _region(buffer)
-        if block_nbytes <= 0 or nbytes % block_nbytes:
-            raise ValueError(f"pool of {nbytes} bytes is not a whole number of {block_nbytes}-byte blocks")
-        pool = PoolInfo(base_addr=base_addr, block_nbytes=block_nbytes, num_blocks=nbytes // block_nbytes,
-                        mem_type=mem_type, device_id=device_id)
-        registration = self._nixl.nixlRegDList(self._segment(mem_type),
+        pool = PoolInfo.of(buffer, block_nbytes)
+        registration = self._nixl.nixlRegDList(self._segment(pool.mem_type),
                                                [(pool.base_addr, pool.nbytes, pool.device_id, "")])
         self._agent.registerMem(registration, [])
         self._pool, self._registration, self._buffer = pool, registration, buffer
@@ -161,14 +177,12 @@ class KvAgent:
 
     def add_peer(self, name: str, metadata: bytes) -> None:
         """Make `name` reachable. A peer already known under that name (a restarted worker)
-        is forgotten first: NIXL would otherwise keep the dead incarnation's connection."""
+        is forgotten first: NIXL would otherwise keep the dead incarnation's connection. A peer
+        with blocks of another size is reachable by byte ranges; block transfers to it fail."""
         self._check_open()
         peer = self._codec.decode(metadata)
         if peer.agent_name != name:
             raise ValueError(f"metadata is for agent {peer.agent_name!r}, not {name!r}")
-        if peer.pool.block_nbytes != self.pool.block_nbytes:
-            raise ValueError(f"peer {name!r} has {peer.pool.block_nbytes}-byte blocks, "
-                             f"this agent {self.pool.block_nbytes}-byte blocks")
         with self._lock:
             if name in self._peers:
                 self._forget(name)
@@ -202,42 +216,69 @@ class KvAgent:
 
     # ---- transfers (data plane) ----
 
-    def read_blocks(self, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds, *,
+    def read_blocks(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
                     timeout_s: float | None = None, cancel: threading.Event | None = None) -> TransferResult:
         """Copy the peer's blocks into ours: remote_block_ids[i] -> local_block_ids[i]."""
-        return self._transfer("READ", peer, remote_block_ids, local_block_ids, 0, None,
-                              timeout_s, cancel, b"")
+        plan = functools.partial(plan_blocks, local_ids=local_block_ids, remote_ids=remote_block_ids, into_local=True)
+        return self._transfer("READ", peer, plan, timeout_s, cancel, b"")
 
-    def write_blocks(self, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds, *,
+    def write_blocks(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
                      timeout_s: float | None = None, cancel: threading.Event | None = None,
                      notify: bytes = b"") -> TransferResult:
         """Copy our blocks into the peer's: local_block_ids[i] -> remote_block_ids[i].
         `notify` reaches the peer's `take_notifications()` once the data has landed."""
-        return self._transfer("WRITE", peer, remote_block_ids, local_block_ids, 0, None,
-                              timeout_s, cancel, notify)
+        plan = functools.partial(plan_blocks, local_ids=local_block_ids, remote_ids=remote_block_ids, into_local=False)
+        return self._transfer("WRITE", peer, plan, timeout_s, cancel, notify)
 
-    def write_layer(self, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds, *,
+    def write_layer(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
                     layer_offset: int, layer_nbytes: int, timeout_s: float | None = None,
                     cancel: threading.Event | None = None, notify: bytes = b"") -> TransferResult:
         """Push mode: write one layer, bytes [layer_offset, layer_offset + layer_nbytes) of
         each block, as soon as it is computed, overlapping the transfer with the next layers."""
-        return self._transfer("WRITE", peer, remote_block_ids, local_block_ids, layer_offset,
-                              layer_nbytes, timeout_s, cancel, notify)
+        plan = functools.partial(plan_blocks, local_ids=local_block_ids, remote_ids=remote_block_ids, into_local=False,
+                                 offset=layer_offset, length=layer_nbytes)
+        return self._transfer("WRITE", peer, plan, timeout_s, cancel, notify)
 
-    async def aread_blocks(self, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds, *,
+    def read_ranges(self, peer: str, remote_offsets: Ints, local_offsets: Ints, lengths: Ints, *,
+                    timeout_s: float | None = None, cancel: threading.Event | None = None) -> TransferResult:
+        """Copy `lengths[i]` bytes at `remote_offsets[i]` of the peer's pool to `local_offsets[i]` of
+        ours, whatever the peer's block size. Rows adjacent on both sides, in the given order,
+        travel as one descriptor. ValueError for a row outside its pool or overlapping local rows."""
+        plan = functools.partial(plan_ranges, local_offsets=local_offsets, remote_offsets=remote_offsets,
+                                 lengths=lengths, into_local=True)
+        return self._transfer("READ", peer, plan, timeout_s, cancel, b"")
+
+    def write_ranges(self, peer: str, remote_offsets: Ints, local_offsets: Ints, lengths: Ints, *,
+                     timeout_s: float | None = None, cancel: threading.Event | None = None,
+                     notify: bytes = b"") -> TransferResult:
+        """`read_ranges` the other way (the peer's rows must not overlap); `notify` as in
+        `write_blocks`."""
+        plan = functools.partial(plan_ranges, local_offsets=local_offsets, remote_offsets=remote_offsets,
+                                 lengths=lengths, into_local=False)
+        return self._transfer("WRITE", peer, plan, timeout_s, cancel, notify)
+
+    async def aread_blocks(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
                            timeout_s: float | None = None) -> TransferResult:
         return await self._off_loop(self.read_blocks, peer, remote_block_ids, local_block_ids, timeout_s=timeout_s)
 
-    async def awrite_blocks(self, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds, *,
+    async def awrite_blocks(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
                             timeout_s: float | None = None, notify: bytes = b"") -> TransferResult:
-        return await self._off_loop(self.write_blocks, peer, remote_block_ids, local_block_ids,
-                                    timeout_s=timeout_s, notify=notify)
+        return await self._off_loop(self.write_blocks, peer, remote_block_ids, local_block_ids, timeout_s=timeout_s,
+                                    notify=notify)
 
-    async def awrite_layer(self, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds, *,
+    async def awrite_layer(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
                            layer_offset: int, layer_nbytes: int, timeout_s: float | None = None,
                            notify: bytes = b"") -> TransferResult:
-        return await self._off_loop(self.write_layer, peer, remote_block_ids, local_block_ids,
-                                    layer_offset=layer_offset, layer_nbytes=layer_nbytes,
+        return await self._off_loop(self.write_layer, peer, remote_block_ids, local_block_ids, timeout_s=timeout_s,
+                                    layer_offset=layer_offset, layer_nbytes=layer_nbytes, notify=notify)
+
+    async def aread_ranges(self, peer: str, remote_offsets: Ints, local_offsets: Ints, lengths: Ints, *,
+                           timeout_s: float | None = None) -> TransferResult:
+        return await self._off_loop(self.read_ranges, peer, remote_offsets, local_offsets, lengths, timeout_s=timeout_s)
+
+    async def awrite_ranges(self, peer: str, remote_offsets: Ints, local_offsets: Ints, lengths: Ints, *,
+                            timeout_s: float | None = None, notify: bytes = b"") -> TransferResult:
+        return await self._off_loop(self.write_ranges, peer, remote_offsets, local_offsets, lengths,
                                     timeout_s=timeout_s, notify=notify)
 
     async def _off_loop(self, transfer: Any, *args: Any, **kwargs: Any) -> TransferResult:
@@ -249,65 +290,68 @@ class KvAgent:
             return call()
         return await await_transfer(future, cancel)
 
-    def _transfer(self, op: str, peer: str, remote_block_ids: BlockIds, local_block_ids: BlockIds,
-                  offset: int, length: int | None, timeout_s: float | None,
+    def _transfer(self, op: TransferOp, peer: str, plan: Planner, timeout_s: float | None,
                   cancel: threading.Event | None, notify: bytes) -> TransferResult:
-        if self._closed:  # queued behind close(): expected during shutdown, not a bug
-            return TransferResult(outcome=TransferOutcome.CANCELLED, peer=peer, num_blocks=0, nbytes=0,
-                                  descriptors=0, elapsed_s=0.0, error=ErrorCode.CANCELLED,
-                                  detail=f"KV agent {self.name!r} is closed")
+        """Every transfer's one path: plan rows against both pools, post, wait, count in `stats`."""
         started = time.perf_counter()
-        local, remote = as_block_ids(local_block_ids), as_block_ids(remote_block_ids)
-        if local.size != remote.size:
-            raise ValueError(f"{remote.size} remote block ids but {local.size} local block ids")
-        pool = self.pool
-        peer_pool = self.peer_pool(peer)
-        if peer_pool is None:
-            return TransferResult(outcome=TransferOutcome.FAILED, peer=peer, num_blocks=int(local.size),
-                                  nbytes=0, descriptors=0, elapsed_s=0.0, error=ErrorCode.NOT_FOUND,
-                                  detail=f"unknown peer {peer!r}")
-        check_block_ids(local, pool.num_blocks, "local", unique=op == "READ")
-        check_block_ids(remote, peer_pool.num_blocks, "remote", unique=op == "WRITE")
-        runs = coalesce_block_runs(local, remote)
-        local_rows = run_descriptors(pool.base_addr, pool.block_nbytes, runs.local_starts, runs.counts,
-                                     pool.device_id, offset=offset, length=length)
-        remote_rows = run_descriptors(peer_pool.base_addr, peer_pool.block_nbytes, runs.remote_starts,
-                                      runs.counts, peer_pool.device_id, offset=offset, length=length)
-        result = functools.partial(TransferResult, peer=peer, num_blocks=int(local.size),
-                                   nbytes=int(local_rows[:, 1].sum()), descriptors=len(local_rows))
-        deadline = started + (timeout_s if timeout_s is not None else self.config.default_timeout_s)
-        if local.size == 0:
+        if self._closed:  # queued behind close(): expected during shutdown, not a bug
+            result = TransferResult.refused(peer, TransferOutcome.CANCELLED, ErrorCode.CANCELLED,
+                                            f"KV agent {self.name!r} is closed")
+        elif (peer_pool := self.peer_pool(peer)) is None:
+            result = TransferResult.refused(peer, TransferOutcome.FAILED, ErrorCode.NOT_FOUND, f"unknown peer {peer!r}")
+        else:
+            result = self._post(op, peer, peer_pool, plan(self.pool, peer_pool), started, timeout_s, cancel, notify)
+        with self._lock:
+            self._stats = self._stats.counted(op, result)
+        return result
+
+    def _post(self, op: TransferOp, peer: str, peer_pool: PoolInfo, plan: TransferPlan, started: float,
+              timeout_s: float | None, cancel: threading.Event | None, notify: bytes) -> TransferResult:
+        if plan.refusal:
+            return TransferResult.refused(peer, TransferOutcome.FAILED, ErrorCode.INVALID_ARGUMENT, plan.refusal)
+        result = functools.partial(TransferResult, peer=peer, num_blocks=plan.num_blocks, nbytes=plan.nbytes,
+                                   descriptors=len(plan.local_rows))
+        if not len(plan.local_rows):
             return result(outcome=TransferOutcome.DONE, elapsed_s=0.0)
+        deadline = started + (timeout_s if timeout_s is not None else self.config.default_timeout_s)
         nixl = self._nixl
         handle = None
         try:
             handle = self._agent.createXferReq(
                 nixl.NIXL_READ if op == "READ" else nixl.NIXL_WRITE,
-                nixl.nixlXferDList(self._segment(pool.mem_type), local_rows),
-                nixl.nixlXferDList(self._segment(peer_pool.mem_type), remote_rows),
+                nixl.nixlXferDList(self._segment(self.pool.mem_type), plan.local_rows),
+                nixl.nixlXferDList(self._segment(peer_pool.mem_type), plan.remote_rows),
                 peer, notify, [])
-            status = self._agent.postXferReq(handle)
-            pause = 20e-6
-            while status == nixl.NIXL_IN_PROG:
-                if cancel is not None and cancel.is_set():
-                    return result(outcome=TransferOutcome.CANCELLED, elapsed_s=time.perf_counter() - started,
-                                  error=ErrorCode.CANCELLED, detail="cancelled by the caller")
-                if time.perf_counter() > deadline:
-                    return result(outcome=TransferOutcome.FAILED, elapsed_s=time.perf_counter() - started,
-                                  error=ErrorCode.TIMEOUT, detail=f"{op} not complete in time")
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
-                status = self._agent.getXferStatus(handle)
-            if status != nixl.NIXL_SUCCESS:
-                return result(outcome=TransferOutcome.FAILED, elapsed_s=time.perf_counter() - started,
-                              error=ErrorCode.INTERNAL, detail=f"{op} ended with {status}")
-            return result(outcome=TransferOutcome.DONE, elapsed_s=time.perf_counter() - started)
+            outcome, error, detail = self._wait(op, handle, self._agent.postXferReq(handle), deadline, cancel)
+            return result(outcome=outcome, elapsed_s=time.perf_counter() - started, error=error, detail=detail)
         except self._nixl_errors as error:
             return result(outcome=TransferOutcome.FAILED, elapsed_s=time.perf_counter() - started,
                           error=_error_code(nixl, error), detail=f"{op}: {type(error).__name__}: {error}")
         finally:
             if handle is not None:
                 self._release(handle)
+
+    def _wait(self, op: TransferOp, handle: int, status: Any, deadline: float,
+              cancel: threading.Event | None) -> tuple[TransferOutcome, ErrorCode | None, str]:
+        """How a posted transfer ended: (outcome, error, detail). Polls without sleeping for
+        `spin_us`, as raw NIXL callers do (a small transfer from GPU memory is done within it),
+        then sleeps between polls, 20 us doubling to 1 ms: a long transfer costs little CPU."""
+        in_progress = self._nixl.NIXL_IN_PROG
+        spin_until = time.perf_counter() + self.config.spin_us * 1e-6
+        pause = 20e-6
+        while status == in_progress:
+            if cancel is not None and cancel.is_set():
+                return TransferOutcome.CANCELLED, ErrorCode.CANCELLED, "cancelled by the caller"
+            now = time.perf_counter()
+            if now > deadline:
+                return TransferOutcome.FAILED, ErrorCode.TIMEOUT, f"{op} not complete in time"
+            if now > spin_until:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+            status = self._agent.getXferStatus(handle)
+        if status != self._nixl.NIXL_SUCCESS:
+            return TransferOutcome.FAILED, ErrorCode.INTERNAL, f"{op} ended with {status}"
+        return TransferOutcome.DONE, None, ""
 
     def _release(self, handle: int) -> None:
         # Releasing an unfinished transfer asks NIXL to cancel it; if it cannot, the handle
