@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 
 from connector.block_io import BlockReader
-from connector.transport import KvTransport, TransferResult
+from connector.transport import KvTransport, Offsets, TransferResult
 from shared.config import KvFaultConfig
 
 
@@ -156,7 +156,8 @@ class FaultInjectingReader:
 
 class FaultInjectingTransport:
     """A transport whose reads go through `FaultInjectingReader` and whose writes follow
-    `write_faults`."""
+    `write_faults`. Byte-range transfers pass through to the inner transport unchanged (no
+    faults injected into them yet)."""
 
     def __init__(self, inner: KvTransport, config: KvFaultConfig, local_buffer: np.ndarray, block_nbytes: int) -> None:
         config.validate()
@@ -208,3 +209,11 @@ class FaultInjectingTransport:
             ok[index] = result.ok[position]
         return TransferResult(outcome=result.outcome, ok=ok, nbytes=result.nbytes, duration_s=result.duration_s,
                               reason=result.reason)
+
+    async def read_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
+                          timeout_s: float) -> TransferResult:
+        return await self._inner.read_ranges(peer, remote_offsets, local_offsets, lengths, timeout_s=timeout_s)
+
+    async def write_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
+                           timeout_s: float) -> TransferResult:
+        return await self._inner.write_ranges(peer, remote_offsets, local_offsets, lengths, timeout_s=timeout_s)

@@ -9,13 +9,14 @@ on a machine without NIXL (a laptop, CI), between workers that share a process.
   its agents apart from everyone else's.
 - `metadata()` names the agent, its fabric and its incarnation, like NIXL's metadata names
   its agent; a peer is reachable once `add_peer(name, metadata)` accepted it. Metadata from
-  another fabric (another process) or with other block geometry is refused with ValueError,
-  as NIXL refuses metadata it cannot use.
+  another fabric (another process) is refused with ValueError, as NIXL refuses metadata it
+  cannot use. A peer with blocks of another size is accepted, as by `KvAgent`: byte-range
+  transfers (`read_ranges` / `write_ranges`) reach it, block transfers to it fail.
 - Transfers copy bytes on the transport's own thread (off the event loop, like NIXL's),
   in chunks, checking the deadline between chunks. A peer never added, closed, or
   re-registered under the same name since it was added is a failed result, never an
   exception; a transfer that misses its timeout fails, and its blocks are garbage.
-  Ids out of range are caller bugs and raise ValueError.
+  Ids or ranges outside a pool are caller bugs and raise ValueError.
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from connector.descriptors import as_block_ids, check_block_ids
+from connector.descriptors import as_block_ids, byte_ranges, check_block_ids, check_ranges, coalesce_ranges
 from connector.off_loop import await_transfer
-from connector.transport import Outcome, TransferResult
+from connector.transport import Offsets, Outcome, TransferResult
 from shared.codec import Codec, encode
 from shared.schemas.common import Message
 
 _CHUNK_BLOCKS = 64  # blocks copied between two deadline checks
+_CHUNK_NBYTES = 1 << 20  # bytes of a range copied between two deadline checks
 
 
 class MemoryAgentMetadata(Message, kw_only=True):
@@ -133,9 +135,6 @@ class MemoryTransport:
             raise ValueError(f"metadata is for agent {peer.agent_name!r}, not {name!r}")
         if peer.fabric_id != self._fabric.fabric_id:
             raise ValueError(f"agent {name!r} is on another memory fabric (another process?): unreachable")
-        if peer.block_nbytes != self._block_nbytes:
-            raise ValueError(f"peer {name!r} has {peer.block_nbytes}-byte blocks, "
-                             f"this agent {self._block_nbytes}-byte blocks")
         self._peers[name] = peer
 
     def remove_peer(self, name: str) -> None:
@@ -177,6 +176,10 @@ class MemoryTransport:
         remote_agent, why = self._reachable(peer)
         if remote_agent is None:
             return _failed(count, why)
+        if remote_agent.blocks.shape[1] != self._block_nbytes:
+            return _failed(count, f"peer {peer!r} has {remote_agent.blocks.shape[1]}-byte blocks, this agent "
+                                  f"{self._block_nbytes}-byte blocks: block ids do not address the same bytes "
+                                  "(use byte ranges)")
         local, remote = as_block_ids(local_block_ids), as_block_ids(remote_block_ids)
         check_block_ids(local, len(self._blocks), "local", unique=into_local)
         check_block_ids(remote, len(remote_agent.blocks), "remote", unique=not into_local)
@@ -192,6 +195,43 @@ class MemoryTransport:
         cancel = threading.Event()
         copy = functools.partial(_copy, source, source_ids, target, target_ids, start, stop,
                                  time.perf_counter() + timeout_s, cancel)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, copy)
+        return await await_transfer(future, cancel)
+
+    async def read_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
+                          timeout_s: float) -> TransferResult:
+        """Copy `lengths[i]` bytes at `remote_offsets[i]` of the peer's pool to `local_offsets[i]`
+        of ours (byte offsets from each pool's start), whatever the peer's block size. One
+        flag for the whole transfer (`ok=[True]` or `[False]`), as NIXL reports it."""
+        return await self._transfer_ranges(peer, remote_offsets, local_offsets, lengths, into_local=True,
+                                           timeout_s=timeout_s)
+
+    async def write_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
+                           timeout_s: float) -> TransferResult:
+        """`read_ranges` the other way: our `local_offsets[i]` to the peer's `remote_offsets[i]`."""
+        return await self._transfer_ranges(peer, remote_offsets, local_offsets, lengths, into_local=False,
+                                           timeout_s=timeout_s)
+
+    async def _transfer_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
+                               into_local: bool, timeout_s: float) -> TransferResult:
+        ranges = byte_ranges(local_offsets, remote_offsets, lengths)
+        if not len(ranges):
+            return TransferResult(outcome="done", ok=[True])
+        if self._closed:
+            return _failed(1, f"memory agent {self.agent_name!r} is closed", outcome="cancelled")
+        remote_agent, why = self._reachable(peer)
+        if remote_agent is None:
+            return _failed(1, why)
+        local_pool, remote_pool = self._blocks.reshape(-1), remote_agent.blocks.reshape(-1)
+        check_ranges(ranges.local_offsets, ranges.lengths, local_pool.size, "local", disjoint=into_local)
+        check_ranges(ranges.remote_offsets, ranges.lengths, remote_pool.size, "remote", disjoint=not into_local)
+        merged = coalesce_ranges(ranges)
+        if into_local:
+            copy_args = (remote_pool, merged.remote_offsets, local_pool, merged.local_offsets)
+        else:
+            copy_args = (local_pool, merged.local_offsets, remote_pool, merged.remote_offsets)
+        cancel = threading.Event()
+        copy = functools.partial(_copy_ranges, *copy_args, merged.lengths, time.perf_counter() + timeout_s, cancel)
         future = asyncio.get_running_loop().run_in_executor(self._executor, copy)
         return await await_transfer(future, cancel)
 
@@ -226,3 +266,21 @@ def _copy(source: np.ndarray, source_ids: np.ndarray, target: np.ndarray, target
     return TransferResult(outcome="done", ok=[True] * count, nbytes=count * (stop - start),
                           duration_s=time.perf_counter() - began)
 
+
+
+def _copy_ranges(source: np.ndarray, source_offsets: np.ndarray, target: np.ndarray, target_offsets: np.ndarray,
+                 lengths: np.ndarray, deadline: float, cancel: threading.Event) -> TransferResult:
+    """Copy each range of the flat source pool into the flat target pool, at most
+    `_CHUNK_NBYTES` between two checks of the deadline and of cancellation."""
+    began = time.perf_counter()
+    for source_offset, target_offset, length in zip(source_offsets.tolist(), target_offsets.tolist(),
+                                                    lengths.tolist()):
+        for done in range(0, length, _CHUNK_NBYTES):
+            if cancel.is_set():
+                return _failed(1, "cancelled by the caller", outcome="cancelled")
+            if time.perf_counter() > deadline:
+                return _failed(1, "transfer not complete in time")
+            piece = min(_CHUNK_NBYTES, length - done)
+            target[target_offset + done:target_offset + done + piece] = \
+                source[source_offset + done:source_offset + done + piece]
+    return TransferResult(outcome="done", ok=[True], nbytes=int(lengths.sum()), duration_s=time.perf_counter() - began)

@@ -2,7 +2,8 @@
 
 NIXL reports a whole transfer as done or failed (a peer killed mid-way raises within
 milliseconds after part of the data landed), so a failed transfer marks every block
-failed: partly written blocks are garbage and must be computed.
+failed: partly written blocks are garbage and must be computed. Byte-range transfers are
+the agent's, with one flag for the whole transfer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 from connector.agent_types import KvAgentConfig
 from connector.agent_types import TransferResult as AgentResult
 from connector.nixl_agent import KvAgent
-from connector.transport import TransferResult
+from connector.transport import Offsets, TransferResult
 
 
 class NixlTransport:
@@ -66,3 +67,13 @@ class NixlTransport:
                                                     layer_offset=layer * self._layer_nbytes,
                                                     layer_nbytes=self._layer_nbytes, timeout_s=timeout_s)
         return self._result(result, len(local_block_ids))
+
+    async def read_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
+                          timeout_s: float) -> TransferResult:
+        result = await self._agent.aread_ranges(peer, remote_offsets, local_offsets, lengths, timeout_s=timeout_s)
+        return self._result(result, 1)
+
+    async def write_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
+                           timeout_s: float) -> TransferResult:
+        result = await self._agent.awrite_ranges(peer, remote_offsets, local_offsets, lengths, timeout_s=timeout_s)
+        return self._result(result, 1)

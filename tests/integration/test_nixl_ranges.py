@@ -14,6 +14,7 @@ import pytest
 
 from connector.agent_types import KvAgentConfig, TransferOutcome
 from connector.nixl_agent import KvAgent, nixl_available
+from connector.nixl_transport import NixlTransport
 from shared.errors import ErrorCode
 from tests.waiting import wait_for_sync
 
@@ -118,6 +119,24 @@ def test_a_peer_of_another_block_size_fails_block_transfers_and_takes_ranges(pai
     assert np.array_equal(pair.small_pool, before)
     assert pair.small.read_ranges(pair.large.name, [LARGE], [0], [SMALL]).ok
     assert np.array_equal(pair.small_pool[:SMALL], pair.large_pool[LARGE:LARGE + SMALL])
+
+
+async def test_nixl_transport_offers_the_range_api_with_one_flag():
+    pools = {"tp-small": pattern(3), "tp-large": pattern(4)}
+    sides = {name: NixlTransport(name, pool, block, block // 4, progress_delay_us=10_000, transfer_timeout_s=5)
+             for (name, pool), block in zip(pools.items(), (SMALL, LARGE))}
+    try:
+        sides["tp-small"].add_peer("tp-large", sides["tp-large"].metadata())
+        read = await sides["tp-small"].read_ranges("tp-large", [LARGE], [0], [SMALL + 1], timeout_s=5)
+        assert read.outcome == "done" and read.ok == [True] and read.nbytes == SMALL + 1, read
+        assert np.array_equal(pools["tp-small"][:SMALL + 1], pools["tp-large"][LARGE:LARGE + SMALL + 1])
+        write = await sides["tp-small"].write_ranges("tp-large", [0], [SMALL], [7], timeout_s=5)
+        assert write.ok == [True] and np.array_equal(pools["tp-large"][:7], pools["tp-small"][SMALL:SMALL + 7])
+        blocks = await sides["tp-small"].read("tp-large", [0, 1], [0, 1], timeout_s=5)
+        assert blocks.outcome == "failed" and blocks.ok == [False, False] and "4096-byte" in blocks.reason
+    finally:
+        for side in sides.values():
+            side.close()
 
 
 def test_stats_count_reads_and_writes_apart(pair):

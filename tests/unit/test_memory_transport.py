@@ -109,8 +109,8 @@ async def test_metadata_names_the_agent_and_is_refused_elsewhere() -> None:
         reader.add_peer("stranger", stranger.metadata())
     small = MemoryTransport("small", np.zeros(BLOCKS * LAYER_NBYTES, dtype=np.uint8), LAYER_NBYTES, LAYER_NBYTES,
                             fabric=fabric)
-    with pytest.raises(ValueError, match="byte blocks"):
-        reader.add_peer("small", small.metadata())
+    reader.add_peer("small", small.metadata())  # other block geometry: reachable by byte ranges
+    assert reader.has_peer("small")
     for transport in (reader, holder, stranger, small):
         transport.close()
     assert not fabric.agent_names

@@ -11,8 +11,10 @@ answers compared field by field.
   (vLLM-only fields under `extra_body`, as a vLLM user sends them).
 - `ask(client, case, model, stream=...)`: the case's answer reduced to the fields both
   servers must agree on (`Answer`); streamed answers are concatenated, with every
-  `finish_reason` and `usage` block the stream carried (`stream_options.include_usage`),
-  and tool calls gathered from their pieces as OpenAI clients gather them.
+  `finish_reason` and usage chunk the stream carried (`stream_options.include_usage`), each
+  choice's chunks' own usage reduced to what does not depend on where chunks are cut
+  (`continuous_usage_stats`, `UsageSoFar`), and tool calls gathered from their pieces as
+  OpenAI clients gather them.
 - `differences(reference, answer)`: the fields that differ, one line each.
 
 Two engines never run at once (the test machine has two cores): a module asks every case of
@@ -116,6 +118,20 @@ class ParityCase:
     # its one choice; False: none, as it asks for its prompt's log-probabilities, which one
     # engine computing the whole prompt serves: `SamplingParams.needs_whole_prompt`)
     split: bool | int = True
+    continuous_usage: bool = False  # streamed, every chunk carries its usage so far too
+
+
+@dataclass(frozen=True)
+class UsageSoFar:
+    """One choice's chunks' own usage (`stream_options.continuous_usage_stats`), reduced to what
+    does not depend on where a stream cuts its chunks (vLLM holds text back for stop strings;
+    Tandem sends frames that came together as one chunk)."""
+
+    prompt_tokens: tuple[int, ...]  # the distinct values: one
+    last_completion_tokens: int  # the choice's last chunk's: all its tokens
+    on_every_chunk: bool
+    never_decreasing: bool
+    totals_add_up: bool  # total = prompt + completion on every chunk
 
 
 @dataclass(frozen=True)
@@ -138,12 +154,14 @@ class Answer:
     indexes: tuple[int, ...]  # the distinct choice indexes, in order
     text: str  # streamed: every chunk's text (chat: delta content) concatenated
     finish_reasons: tuple[str, ...]  # every non-null finish_reason, in order: one in a sound answer
-    usages: tuple[TokenCounts, ...]  # every usage block, in order: one (streamed: the last chunk's)
+    usages: tuple[TokenCounts, ...]  # every usage block but the chunks' own, in order: one (streamed: the last chunk's)
     roles: tuple[str, ...] = ()  # chat: the message's role, or every role a delta carries
     # every token's log-probabilities, in order (`logprob_entries`); values compare to 1e-3
     logprobs: tuple[tuple[Any, ...], ...] = ()
     # chat: every tool call, in order, as (type, function name, arguments); ids are random
     tool_calls: tuple[tuple[str, str, str], ...] = ()
+    # streamed: each choice whose chunks carried their own usage, in index order
+    chunk_usages: tuple[UsageSoFar, ...] = ()
 
     def value_of(self, name: str) -> Any:
         """A field, or a derived one an `expect` may name: the (only) finish_reason and usage."""
@@ -158,7 +176,8 @@ async def ask(client: openai.AsyncOpenAI, case: ParityCase, model: str, *, strea
     """The case's request, streamed (with the usage chunk) or not, reduced to an `Answer`."""
     request: dict[str, Any] = {**case.request, "model": model}
     if stream:
-        request |= {"stream": True, "stream_options": {"include_usage": True}}
+        continuous = {"continuous_usage_stats": True} if case.continuous_usage else {}
+        request |= {"stream": True, "stream_options": {"include_usage": True, **continuous}}
     if case.endpoint == "chat":
         reply = await client.chat.completions.create(**request)
     else:
@@ -220,11 +239,12 @@ async def streamed_answer(stream: Any) -> Answer:
     async for chunk in stream:
         models.append(chunk.model)
         objects.append(chunk.object)
-        if chunk.usage is not None:
+        if chunk.usage is not None and not chunk.choices:
             usages.append(_counts(chunk.usage))
         for choice in chunk.choices:
             own = per_choice.setdefault(choice.index, {"texts": [], "finish": [], "roles": [], "logprobs": [],
-                                                       "calls": {}})
+                                                       "calls": {}, "usages": []})
+            own["usages"].append(None if chunk.usage is None else _counts(chunk.usage))
             if chunk.object == "chat.completion.chunk":
                 own["texts"].append(choice.delta.content or "")
                 own["roles"] += [choice.delta.role] if choice.delta.role else []
@@ -241,7 +261,19 @@ async def streamed_answer(stream: Any) -> Answer:
                   roles=tuple(role for own in ordered for role in own["roles"]),
                   logprobs=tuple(entry for own in ordered for entry in own["logprobs"]),
                   tool_calls=tuple((call["type"], call["name"], call["arguments"])
-                                   for own in ordered for _, call in sorted(own["calls"].items())))
+                                   for own in ordered for _, call in sorted(own["calls"].items())),
+                  chunk_usages=tuple(_so_far(own["usages"]) for own in ordered if any(own["usages"])))
+
+
+def _so_far(usages: list[TokenCounts | None]) -> UsageSoFar:
+    """A choice's chunks' own usage (None where a chunk carried none)."""
+    carried = [usage for usage in usages if usage is not None]
+    completions = [usage.completion_tokens for usage in carried]
+    return UsageSoFar(prompt_tokens=_distinct([usage.prompt_tokens for usage in carried]),
+                      last_completion_tokens=completions[-1], on_every_chunk=len(carried) == len(usages),
+                      never_decreasing=completions == sorted(completions),
+                      totals_add_up=all(usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+                                        for usage in carried))
 
 
 def _add_call_pieces(calls: dict[int, dict[str, str]], pieces: Any) -> None:

@@ -59,12 +59,14 @@ VERDICT = {"type": "object", "properties": {"answer": {"type": "string", "enum":
            "required": ["answer", "score"], "additionalProperties": False}
 
 
-def completion(case_id: str, request: dict[str, Any], *, split: bool | int = True, **expect: Any) -> ParityCase:
-    return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect, split)
+def completion(case_id: str, request: dict[str, Any], *, split: bool | int = True, continuous_usage: bool = False,
+               **expect: Any) -> ParityCase:
+    return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect, split, continuous_usage)
 
 
-def chat(case_id: str, request: dict[str, Any], *, split: bool | int = True, **expect: Any) -> ParityCase:
-    return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect, split)
+def chat(case_id: str, request: dict[str, Any], *, split: bool | int = True, continuous_usage: bool = False,
+         **expect: Any) -> ParityCase:
+    return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect, split, continuous_usage)
 
 
 def vllm_fields(**fields: Any) -> dict[str, Any]:
@@ -160,6 +162,12 @@ CASES = [
     completion("batch-2-n-2-logprobs", {"prompt": [TOKENS, LONG_TOKENS], "max_tokens": 5, "n": 2, "logprobs": 1,
                                         **SAMPLED, **vllm_fields(top_k=1)}, split=4),
     chat("n-2", {"messages": STORY, "max_tokens": 8, "n": 2, **SAMPLED, **vllm_fields(top_k=1)}, split=2),
+    # Streamed with stream_options.continuous_usage_stats: every chunk counts its prompt's tokens
+    # and its own choice's so far (compared as `parity.UsageSoFar`: chunk boundaries differ).
+    completion("continuous-usage-batch-2-n-2", {"prompt": [FOX, BUBBLES], "max_tokens": 6, "n": 2, **SAMPLED,
+                                                **vllm_fields(top_k=1)}, split=4, continuous_usage=True),
+    chat("continuous-usage-n-2", {"messages": STORY, "max_tokens": 8, "n": 2, **SAMPLED, **vllm_fields(top_k=1)},
+         split=2, continuous_usage=True),
     # Structured output, by vLLM's backend on both workers of the split (the decode worker
     # replays the first token through the grammar).
     # (both engines leave whitespace out of JSON: random weights would write it to the end)
@@ -246,6 +254,8 @@ async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_ref
                                         pd_stack: LocalStack, openai_client, model_name: str) -> None:
     reference = vllm_reference.answers[case.id, stream]
     unmet = unmet_expectations(case, reference)
+    if stream and case.continuous_usage and not reference.chunk_usages:
+        unmet.append("no chunk of vLLM's stream carried its own usage")
     assert not unmet, f"{case.id}: vLLM's answer no longer exercises what the case is for: {unmet}"
     split_before = await disaggregated_requests(pd_stack.router_url)
 
