@@ -153,12 +153,20 @@ def test_block_hash_chain_is_prefix_stable() -> None:
     assert block_hash_chain([1] + tokens[1:], 16)[5] != chain[5]  # a change early changes every later hash
 
 
-def test_compat_hash_covers_layout() -> None:
-    layout = KvLayout(model="tiny", dtype="float16", block_size=16, num_layers=4, num_kv_heads=1,
+def test_compat_hash_covers_what_kv_means_not_its_shape() -> None:
+    layout = KvLayout(model="tiny", dtype="float16", block_size=16, num_layers=4, num_kv_heads=4,
                       head_size=64, engine="sim")
-    same = KvLayout(model="tiny", dtype="float16", block_size=16, num_layers=4, num_kv_heads=1,
+    same = KvLayout(model="tiny", dtype="float16", block_size=16, num_layers=4, num_kv_heads=4,
                     head_size=64, engine="sim")
-    other = msgspec.structs.replace(layout, block_size=32)
     assert layout.compat_hash() == same.compat_hash()
+    # a mapping converts block sizes of one family, TP and PP degrees: same hash, nothing refused
+    for shape in (dict(block_size=32), dict(block_size=4), dict(tensor_parallel=2), dict(pipeline_parallel=2)):
+        mapped = msgspec.structs.replace(layout, **shape)
+        assert layout.compat_hash() == mapped.compat_hash() and not layout.refusal(mapped)
+        assert layout.shape_differs(mapped)
+    other = msgspec.structs.replace(layout, block_size=48)
     assert layout.compat_hash() != other.compat_hash()
-    assert layout.mismatch(other) == ["block_size: 16 != 32"]
+    assert layout.mismatch(other) == ["block_size: 16 and 48 do not divide one another"]
+    other = msgspec.structs.replace(layout, head_size=32)
+    assert layout.compat_hash() != other.compat_hash()
+    assert layout.refusal(other) == "head_size: 64 != 32"
