@@ -118,8 +118,10 @@ class LeaseClient:
         return True
 
     def check_compatible(self, handle: KvHandle) -> None:
-        """Raise InvalidArgument for blocks of another layout: refused before any transfer."""
-        if handle.compat_hash != self.compat_hash or handle.block_size != self.block_size:
+        """Raise InvalidArgument for blocks whose KV means something else (another compatibility
+        hash: `shared.compat`): refused before any transfer. Another block size of the same
+        family, or another parallel layout, is mapped, not refused."""
+        if handle.compat_hash != self.compat_hash:
             raise InvalidArgument(
                 f"KV layout mismatch: blocks from {handle.holder_worker_id} have compatibility hash "
                 f"{handle.compat_hash} (block size {handle.block_size}), {self.worker_id} has "

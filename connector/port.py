@@ -1,22 +1,24 @@
-"""The port an in-process engine implements for the KV data plane: `KvPort`, `KvRegion`,
-`LayerHook`.
+"""The port an in-process engine implements for the KV data plane: `KvPort`, `LayerHook`.
 
 The data plane owns this contract; engines implement it (the sim engine,
 `services/worker/sim/engine.py`, through its `SimKvPort`). Its callers are the sim data
 plane (`connector.sim.worker_kv.WorkerKv`), the holder (`connector.sim.holder.KvHolder`),
 the reader (`connector.puller.KvPuller`) and push mode (`connector.push`). An engine whose
 KV lives in other processes (vLLM) has its own, narrower port:
-`connector.vllm.engine_port.VllmKvEngine`.
+`connector.vllm.engine_port.VllmKvEngine`. Both describe their KV the same way: a
+`connector.kv_geometry.KvShape`, where each block, layer and head lives, rank by rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from connector.kv_checksums import Piece
+    from connector.kv_geometry import KvShape
 
 LayerHook = Callable[[int, list[int]], None]
 """`on_layer(layer, block_ids)`: layer `layer` of these blocks (full prompt blocks the request
@@ -26,28 +28,15 @@ layer order, before the step's outputs are delivered; it must not block (queue t
 and must not raise (a raising hook fails its request)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KvRegion:
-    """The engine's KV pool as one region of memory, to register with a transport once.
-
-    Block `b` is `buffer[b * block_nbytes:(b + 1) * block_nbytes]`; layer `l` of block `b`
-    starts `l * layer_nbytes` into it and is contiguous (push mode sends one layer at a time).
-    Consecutive block ids are adjacent, so runs of blocks move as one descriptor.
-    """
-
-    buffer: np.ndarray  # uint8, flat, C-contiguous: the whole pool
-    block_nbytes: int
-    num_blocks: int
-    num_layers: int
-    layer_nbytes: int
-    block_size: int  # tokens per block
-
-
 class KvPort(Protocol):
     """What the KV data plane may ask of an engine. Implemented by `SimEngine`.
 
     Every method is synchronous, cheap, and must be called on the engine's event loop thread
     (transfers themselves run elsewhere and touch only the bytes of blocks pinned for them).
+
+    Memory: `kv_shape()` says where each (block, layer, head) lives in each rank's region,
+    `kv_regions()` are those regions (flat uint8, one per rank, in rank order), each
+    registered with its own transport once. Every rank shares the engine's block ids.
 
     Pins: `pin_prefix`, `pin_blocks` and `allocate_for_transfer` each take one reference per
     block; a pinned block is never evicted or handed to another request, and its bytes are
@@ -55,10 +44,10 @@ class KvPort(Protocol):
     block id (a leak shows as the engine's used blocks staying above zero when idle).
 
     Hold (reader pulls from here): after a request's prefill, `pin_prefix(block_hashes)`
-    pins the longest cached leading run of its chain, with checksums for the handle. Pin it
-    right after receiving the request's first output, before the consumer's next await:
-    the engine yields to the loop once after delivering a step's outputs and before the
-    next step, which could evict the blocks.
+    pins the longest cached leading run of its chain; `block_checksums` vouches for them.
+    Pin it right after receiving the request's first output, before the consumer's next
+    await: the engine yields to the loop once after delivering a step's outputs and before
+    the next step, which could evict the blocks.
 
     Pull (reading into here): `allocate_for_transfer(n)` -> read into the blocks ->
     `commit_transferred(...)` -> unpin the blocks that did not commit at once -> start the
@@ -77,15 +66,17 @@ class KvPort(Protocol):
     blocks: the hook reports them again.
     """
 
-    def kv_region(self) -> KvRegion: ...
+    def kv_shape(self) -> KvShape: ...
+
+    def kv_regions(self) -> list[np.ndarray]: ...
 
     def prompt_block_ids(self, request_id: str) -> list[int]:
         """The blocks of a live request's prompt allocated so far, in token order (reused and
         computed alike); empty once it finished, and while it waits."""
         ...
 
-    def pin_prefix(self, block_hashes: list[int]) -> list[tuple[int, int]]:
-        """Pin the longest leading run of `block_hashes` cached here: [(block_id, checksum)]."""
+    def pin_prefix(self, block_hashes: list[int]) -> list[int]:
+        """Pin the longest leading run of `block_hashes` cached here: its block ids."""
         ...
 
     def pin_blocks(self, block_ids: list[int]) -> None:
@@ -97,27 +88,26 @@ class KvPort(Protocol):
         least recently used first); None if the pool cannot spare them."""
         ...
 
-    def commit_transferred(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-                           parent_hash: int | None, ok: list[bool], *, adapter: str = "") -> list[bool]:
+    def commit_transferred(self, block_ids: list[int], first_block: int, token_ids: list[int], ok: list[bool], *,
+                           adapter: str = "") -> list[bool]:
         """Register received blocks in the prefix cache, as if computed here.
 
-        `block_ids[i]` received the block whose chain hash is `block_hashes[i]`; `token_ids`
-        are their tokens (block_size each), `parent_hash` the hash of the block before the
-        first (None at the sequence start, whose chain starts from the root of the request's
-        LoRA `adapter`: `shared.block_hash.adapter_root`). A block is committed when `ok[i]` (its bytes
-        arrived and matched the sender's checksum), its hash matches the tokens, and its
-        bytes verify against the hash. A block whose hash is already cached here counts as
-        committed but stays private (the cached copy serves). Returns, per block, whether it
-        committed. Pins are unchanged: unpin every block id later.
+        `block_ids[i]` received block `first_block + i` of the sequence `token_ids` (its whole
+        prompt, or more) served with the LoRA `adapter`. A block is committed when `ok[i]`
+        (its bytes arrived and matched the sender's checksums) and its bytes verify against
+        its tokens. A block whose hash is already cached here counts as committed but stays
+        private (the cached copy serves). Returns, per block, whether it committed. Pins are
+        unchanged: unpin every block id later.
         """
         ...
 
     def unpin(self, block_ids: list[int]) -> None: ...
 
-    def checksum(self, block_id: int) -> int:
-        """CRC-32 of the block's bytes, as the handle's `checksums` carry it."""
+    def block_checksums(self, block_ids: list[int]) -> list[int]:
+        """Whole blocks' checksums as a holder vouches for them (`connector.kv_checksums`):
+        block by block, KV head by KV head."""
         ...
 
-    def verify(self, block_id: int, block_hash: int) -> bool:
-        """Whether the block's bytes are the KV of the block whose chain hash is `block_hash`."""
+    def unit_checksums(self, units: list[list[Piece]]) -> list[int]:
+        """Checksums of units made of pieces of blocks here, flat (unit by unit, head by head)."""
         ...

@@ -87,20 +87,36 @@ class Pull:
         block_ids = list(self.handle.block_ids[:self.full_blocks])
         if self.tail_tokens and self.handle.tail is not None:
             block_ids.append(self.handle.tail.block_id)
-        return block_ids[self.first:]
+        return block_ids[self.first:self.wanted]
+
+    @property
+    def heads(self) -> int:
+        """KV heads per block in the handle's checksums (`connector.kv_checksums`)."""
+        return len(self.handle.checksums) // len(self.handle.block_ids) if self.handle.block_ids else 0
 
     @property
     def checksums(self) -> list[int]:
-        checksums = list(self.handle.checksums[:self.full_blocks])
+        """The checksums of the blocks to read, block by block, head by head."""
+        heads = self.heads
+        checksums = list(self.handle.checksums[:self.full_blocks * heads])
         if self.tail_tokens and self.handle.tail is not None:
-            checksums.append(self.handle.tail.checksum)
-        return checksums[self.first:]
+            checksums += self.handle.tail.checksums
+        return checksums[self.first * heads:self.wanted * heads]
 
     # ---- steps ------------------------------------------------------------------------
 
     def skip(self, cached: int) -> None:
         self.first = min(cached, self.wanted)
         self.blocks = self.wanted - self.first
+
+    def narrow(self, first: int, blocks: int) -> None:
+        """Read `blocks` blocks from block `first` on (a reader of another block size takes
+        whole blocks of its own: `connector.token_map.aligned_span`); the rest of the wanted
+        blocks is neither read nor counted."""
+        assert 0 <= first and first + blocks <= self.wanted
+        if first + blocks <= self.full_blocks:
+            self.tail_tokens = 0
+        self.first, self.blocks, self.wanted = first, blocks, first + blocks
 
     def nothing_to_read(self, now: float) -> None:
         self._end(now, "done", "no full block of the prompt" if self.full_blocks == 0 else "already cached")

@@ -4,11 +4,15 @@ release, commit, all in-process.
 Used by the sim data plane (`connector.sim.worker_kv.WorkerKv`) before the worker computes
 a request, for engines with an in-process `KvPort`: the decode worker of a P/D pair pulls the
 prompt's blocks from the prefill worker; any worker may pull a cached prefix from the
-worker that holds it. The read is `connector.block_io.read_verified` through the worker's
-transport: blocks that fail to arrive or to verify are read once more (`connector.retry`,
-bounded in time), then simply not committed, so the engine computes exactly those. The lease
-is released before the commit, so the blocks of a lease that expired meanwhile are never
-used. The outcome, the record and the span's figures are the `Pull`'s, the same as vLLM's.
+worker that holds it, whatever either's shape. The holder's blocks are the pull's units;
+they land in blocks of this worker's own size (`connector.token_map.aligned_span`: whole
+blocks of both sides), each local rank reading its heads and layers from the holder ranks
+that hold them (`connector.shaped_read.ShapedRead`). The read is
+`connector.block_io.read_verified`: units that fail to arrive or to verify against the
+holder's per-head checksums are read once more (`connector.retry`, bounded in time), then
+simply not committed, so the engine computes exactly those. The lease is released before
+the commit, so the blocks of a lease that expired meanwhile are never used. The outcome,
+the record and the span's figures are the `Pull`'s, the same as vLLM's.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from connector.block_io import BlockReader, read_verified
+from connector.block_io import read_verified
+from connector.faults import FaultInjectingReader, ReadFaults
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
 from connector.pull import Pull
-from shared.config import KvRetryConfig
+from connector.rank_transports import RankTransports
+from connector.shaped_read import ShapedRead
+from connector.token_map import Segments, Span, aligned_span, token_segments
+from shared.block_hash import adapter_root, block_hash_chain
+from shared.config import KvFaultConfig, KvRetryConfig
 from shared.schemas.transfer import KvHandle, TransferKind
 
 
@@ -36,19 +45,20 @@ class PullOutcome:
 
 
 class KvPuller:
-    """Reads a handle's blocks through the block-I/O port (`connector.block_io`: the worker's
-    transport) into blocks the port allocates; the lease half (grants, releases, agent
-    metadata) is the shared `LeaseClient`."""
+    """Reads a handle's blocks through this worker's rank transports into blocks the port
+    allocates; the lease half (grants, releases, agent metadata) is the shared `LeaseClient`."""
 
-    def __init__(self, leases: LeaseClient, port: KvPort, reader: BlockReader, *,
-                 transfer_timeout_s: float = 10.0, retry: KvRetryConfig = KvRetryConfig()) -> None:
+    def __init__(self, leases: LeaseClient, port: KvPort, agents: RankTransports, *,
+                 transfer_timeout_s: float = 10.0, retry: KvRetryConfig = KvRetryConfig(),
+                 faults: KvFaultConfig = KvFaultConfig()) -> None:
         self.leases = leases
         self.worker_id = leases.worker_id
         self.block_size = leases.block_size
         self._port = port
-        self._reader = reader
+        self._agents = agents
         self._transfer_timeout_s = transfer_timeout_s
         self._retry = retry
+        self._faults = ReadFaults(faults)
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
 
     async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: TransferKind = "pull",
@@ -57,49 +67,58 @@ class KvPuller:
         await self.leases.refuse_if_incompatible(handle)
         pull = Pull.begin(self.worker_id, request_id, handle, kind, len(token_ids), takes_tail=False,
                           started=time.monotonic())
-        local = self._port.pin_prefix(handle.block_hashes[:pull.wanted])  # already cached here: not pulled
-        pinned = [block_id for block_id, _ in local]
-        pull.skip(len(local))
-        targets = self._port.allocate_for_transfer(pull.blocks) if pull.blocks else None
-        if not pull.blocks:
+        local_hashes = block_hash_chain(token_ids[:pull.wanted * handle.block_size], self.block_size,
+                                        parent_hash=adapter_root(adapter))
+        pinned = self._port.pin_prefix(local_hashes)  # already cached here: not pulled
+        span = aligned_span(handle.block_size, self.block_size, pull.wanted, len(pinned))
+        pull.narrow(span.first_unit, span.units)
+        targets = self._port.allocate_for_transfer(span.local_blocks) if span.units else None
+        segments = None
+        if not span.units:
             pull.nothing_to_read(time.monotonic())
         elif targets is None:
             pull.no_free_blocks(time.monotonic())
         else:
-            await self._read(pull, targets, pinned)
+            segments = token_segments(pull.remote_block_ids, handle.block_size, targets, self.block_size,
+                                      span.units * handle.block_size)
+            await self._read(pull, segments, targets, pinned)
         pull.released(await self._release(pull, pinned + (targets or [])))
-        if targets is not None:  # read (or tried to)
-            self._commit(pull, targets, token_ids, adapter)
-            pinned += [block_id for block_id, good in zip(targets, pull.committed_ok or []) if good]
+        if targets is not None and segments is not None:  # read (or tried to)
+            pinned += self._commit(pull, span, segments, targets, token_ids, adapter)
         pull.log_failures()
         trace.get_current_span().set_attributes(pull.span_attributes())  # the pull's
         return PullOutcome(pinned_block_ids=pinned, pull=pull)
 
-    async def _read(self, pull: Pull, targets: list[int], pinned: list[int]) -> None:
-        """Read the blocks into `targets`; a request cancelled meanwhile gives everything back."""
+    async def _read(self, pull: Pull, segments: Segments, targets: list[int], pinned: list[int]) -> None:
+        """Read the units into `targets`; a request cancelled meanwhile gives everything back."""
+        handle = pull.handle
         try:
-            if not await self.leases.ensure_agent(pull.handle.holder_worker_id, pull.handle.agent_name):
+            peer = self._agents.peer_of(handle.agent_name) if await self.leases.ensure_agent(
+                handle.holder_worker_id, handle.agent_name) else None
+            if peer is None:
                 pull.nothing_arrived(time.monotonic(), "holder unreachable")
                 return
-            read = await read_verified(self._reader, self._port.checksum, pull.handle.agent_name,
-                                       pull.remote_block_ids, targets, pull.checksums, retry=self._retry,
-                                       timeout_s=self._transfer_timeout_s)
+            shaped = ShapedRead(self._agents.local_ranks, peer, segments, pull.blocks)
+            reader = FaultInjectingReader(shaped, self._faults, shaped.scribble)
+            read = await read_verified(reader, shaped.unit_checksum, handle.agent_name, pull.remote_block_ids,
+                                       list(range(pull.blocks)), shaped.expected(pull.checksums, pull.blocks),
+                                       retry=self._retry, timeout_s=self._transfer_timeout_s)
         except asyncio.CancelledError:
             pull.cancelled(time.monotonic())
             self._port.unpin(pinned + targets)
-            self._background(self.leases.release(pull.handle, *pull.release()))
+            self._background(self.leases.release(handle, *pull.release()))
             raise
         pull.landed(read, time.monotonic())
 
-    def _commit(self, pull: Pull, targets: list[int], token_ids: list[int], adapter: str) -> None:
+    def _commit(self, pull: Pull, span: Span, segments: Segments, targets: list[int], token_ids: list[int],
+                adapter: str) -> list[int]:
         """Commit what the pull may use (after the release: not the blocks of an expired
-        lease); unpin the rest at once."""
-        first, wanted, size = pull.first, pull.wanted, self.block_size
-        parent = pull.handle.block_hashes[first - 1] if first else None
-        pull.committed(self._port.commit_transferred(targets, pull.handle.block_hashes[first:wanted],
-                                                     token_ids[first * size: wanted * size], parent, pull.usable(),
-                                                     adapter=adapter))
-        self._port.unpin([block_id for block_id, good in zip(targets, pull.committed_ok or []) if not good])
+        lease); unpin the rest at once. The committed blocks, which stay pinned."""
+        local_ok = segments.destination_ok(pull.usable(), len(targets))
+        committed = self._port.commit_transferred(targets, span.first_local, token_ids, local_ok, adapter=adapter)
+        pull.committed(segments.units_ok(committed, pull.blocks))
+        self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
+        return [block_id for block_id, good in zip(targets, committed) if good]
 
     async def _release(self, pull: Pull, pinned: list[int]) -> bool | None:
         """Release the lease; a request cancelled meanwhile gives back the blocks this pull

@@ -22,11 +22,16 @@ from collections.abc import Callable
 
 import msgspec
 
+from connector.faults import write_faults
 from connector.port import KvPort
 from connector.push_ledger import PushLedger, abort_push, end_push
 from connector.push_receipt import PushReceipt
+from connector.range_plan import plan_ranges, write_targets
+from connector.rank_transports import RankTransports
 from connector.spans import tracer
-from connector.transport import KvTransport, TransferResult
+from connector.token_map import token_segments
+from connector.transport import TransferResult
+from shared.config import KvFaultConfig
 from shared.errors import Timeout, Unavailable
 from shared.schemas.transfer import PushDone, PushTarget
 
@@ -44,13 +49,14 @@ class LayerWrite(msgspec.Struct, kw_only=True):
 
 
 class PushWriter:
-    def __init__(self, request_id: str, port: KvPort, transport: KvTransport, target: PushTarget, *,
-                 timeout_s: float) -> None:
+    def __init__(self, request_id: str, port: KvPort, agents: RankTransports, target: PushTarget, *,
+                 timeout_s: float, faults: KvFaultConfig = KvFaultConfig()) -> None:
         self.request_id = request_id
         self._port = port
-        self._transport = transport
+        self._agents = agents
         self.target = target
         self._timeout_s = timeout_s
+        self._faults = faults
         self._started = time.monotonic()
         self._writes: list[asyncio.Task[TransferResult]] = []
         self._ledger = PushLedger(len(target.block_ids))  # its sources: set at the end
@@ -77,11 +83,9 @@ class PushWriter:
 
     def _queue(self, local: list[int], indices: list[int], layer: int | None) -> None:
         queued = time.monotonic() - self._started
-        remote = [self.target.block_ids[index] for index in indices]
 
         async def write() -> TransferResult:
-            result = await self._transport.write(self.target.agent_name, local, remote,
-                                                 timeout_s=self._timeout_s, layer=layer)
+            result = await self._write(local, indices, layer)
             timing = LayerWrite(layer=layer, blocks=len(local), queued_s=queued,
                                 done_s=time.monotonic() - self._started, ok=result.outcome == "done")
             self.timings.append(timing)
@@ -95,10 +99,37 @@ class PushWriter:
 
         self._writes.append(asyncio.ensure_future(write()))
 
+    async def _write(self, local: list[int], indices: list[int], layer: int | None) -> TransferResult:
+        """Write one layer (or all) of `local` into the target blocks at `indices`: each local
+        rank the parts of the reader's ranks it is the source of (`range_plan.write_targets`).
+        Injected faults skip some blocks, reported failed or (corrupt) not."""
+        reader = self._agents.peer_of(self.target.agent_name)
+        if reader is None:
+            return TransferResult(outcome="failed", ok=[False] * len(local), reason="the reader's agent is unknown")
+        faults = write_faults(self._faults, [self.target.block_ids[index] for index in indices])
+        written = faults.written
+        size = self._agents.shape.block_size
+        segments = token_segments([local[i] for i in written], size,
+                                  [self.target.block_ids[indices[i]] for i in written], size, len(written) * size)
+        layers = None if layer is None else range(layer, layer + 1)
+        writes = []
+        for rank in self._agents.local_ranks:
+            for part in write_targets(rank.geometry, self._agents.shape, reader.shape):
+                plan = plan_ranges(part, segments, layers=layers)
+                if len(plan):
+                    writes.append(rank.mover.write_ranges(reader.rank_agents[part.dst.rank], plan.dst_offsets,
+                                                          plan.src_offsets, plan.lengths, timeout_s=self._timeout_s))
+        results = await asyncio.gather(*writes)
+        done = all(result.outcome == "done" for result in results)
+        failed = set(faults.failed)
+        return TransferResult(outcome="done" if done else "failed", nbytes=sum(result.nbytes for result in results),
+                              ok=[done and position not in failed for position in range(len(local))],
+                              reason=next((result.reason for result in results if result.reason), ""))
+
     def send_reused(self, prompt_hashes: list[int], num_layers: int) -> None:
         """Call at the prefill's final output, before any await: write, whole, every prompt
         block the engine did not compute (reused from its cache)."""
-        pinned = [block_id for block_id, _ in self._port.pin_prefix(prompt_hashes[: len(self.target.block_ids)])]
+        pinned = self._port.pin_prefix(prompt_hashes[: len(self.target.block_ids)])
         self._pinned += pinned
         self._ledger.source(range(len(pinned)), pinned)
         missing = self._ledger.unsent(num_layers)
@@ -111,7 +142,7 @@ class PushWriter:
         if any(isinstance(result, BaseException) for result in results):
             log.warning("%s: a push write raised: %s", self.request_id, results)
             self._ledger.fail_all()
-        checksums = self._ledger.checksums(self._port.checksum)
+        checksums = self._ledger.checksums(self._port.block_checksums, self._agents.shape.num_kv_heads)
         self.release()
         return end_push(self._span, self.target.transfer_id, first_token, checksums, self._ledger.failed_blocks(),
                         writes=len(self.timings), nbytes=self._nbytes)
@@ -159,11 +190,10 @@ class PushReceiver:
         if not self.done.done():
             self.done.set_result(message)
 
-    def commit(self, receipt: PushReceipt, token_ids: list[int], block_hashes: list[int], *, adapter: str = "",
-               now: float) -> None:
+    def commit(self, receipt: PushReceipt, token_ids: list[int], *, adapter: str = "", now: float) -> None:
         """Verify and commit what arrived (into `receipt`); unpins what did not commit."""
         targets = self.target.block_ids
-        receipt.committed(self._port.commit_transferred(targets, block_hashes[: len(targets)],
-                                                        token_ids[: len(targets) * self.block_size], None,
-                                                        receipt.verify(self._port.checksum), adapter=adapter), now)
+        ours = self._port.block_checksums(targets) if targets else []
+        receipt.committed(self._port.commit_transferred(targets, 0, token_ids, receipt.verify(ours), adapter=adapter),
+                          now)
         self._port.unpin([block_id for block_id, good in zip(targets, receipt.committed_ok or []) if not good])

@@ -53,9 +53,15 @@ class PushLedger:
     def failed_blocks(self) -> list[int]:
         return [index for index, ok in enumerate(self.ok()) if not ok]
 
-    def checksums(self, checksum: Callable[[int], int]) -> list[int]:
-        """The writer's checksum of each target block's source (0: none)."""
-        return [checksum(self.sources[index]) if index in self.sources else 0 for index in range(self.target_blocks)]
+    def checksums(self, checksums_of: Callable[[list[int]], list[int]], heads: int) -> list[int]:
+        """The writer's checksums of each target block's source, head by head (zeros: none);
+        `checksums_of(block_ids)` gives them flat, block by block."""
+        sourced = [index for index in range(self.target_blocks) if index in self.sources]
+        values = checksums_of([self.sources[index] for index in sourced]) if sourced else []
+        flat = [0] * (self.target_blocks * heads)
+        for position, index in enumerate(sourced):
+            flat[index * heads:(index + 1) * heads] = values[position * heads:(position + 1) * heads]
+        return flat
 
 
 def end_push(span: trace.Span, transfer_id: str, first_token: int | None, checksums: list[int], failed: list[int],

@@ -13,10 +13,9 @@ then `record()`, `span_attributes()`, `fill(prepared)`, `log_failures()`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from connector.block_reader import pushed_blocks, verified_blocks
+from connector.block_reader import pushed_blocks
 from connector.spans import block_failures
 from shared.schemas.transfer import PushDone, TransferRecord
 
@@ -47,9 +46,14 @@ class PushReceipt:
     def blocks(self) -> int:
         return len(self.target_block_ids)
 
-    def verify(self, checksum: Callable[[int], int]) -> list[bool]:
-        """Per target block: landed, and its bytes match the writer's checksum."""
-        self.ok = verified_blocks(self.landed, self.target_block_ids, self.message.checksums, checksum)
+    def verify(self, checksums: list[int]) -> list[bool]:
+        """Per target block: landed, and the reader's checksums of it (flat, block by block,
+        head by head) are the writer's."""
+        heads = len(checksums) // self.blocks if self.blocks else 0
+        expected = self.message.checksums
+        self.ok = [bool(landed) and len(expected) == len(checksums) and
+                   checksums[index * heads:(index + 1) * heads] == expected[index * heads:(index + 1) * heads]
+                   for index, landed in enumerate(self.landed)]
         return self.ok
 
     def committed(self, flags: list[bool], now: float) -> None:

@@ -218,6 +218,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     # part of the compatibility hash: workers of two versions never pair
     model_version: Annotated[str, flag("Model version (rolling upgrades): pairs only equal ones.")] = ""
     block_size: Annotated[int, flag("KV block size in tokens.")] = 16
+    tensor_parallel: Annotated[int, flag(
+        "Tensor-parallel degree: ranks that split the KV heads (vLLM: one rank per device, processes on CPU; the "
+        "sim: one KV pool and transport agent per rank).")] = 1
+    pipeline_parallel: Annotated[int, flag("Pipeline-parallel degree: stages that split the layers (the sim).")] = 1
     kv_blocks: Annotated[int, flag("KV blocks in the engine's cache.")] = 1024
     kv_host_blocks: Annotated[int, flag(
         "KV blocks in a host-memory tier behind the engine's cache: blocks evicted from the cache stay there (the sim "
@@ -237,6 +241,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     sim_speedup: Annotated[float, flag("Run the sim this many times faster.")] = 1.0
     sim_layers: int = 4
     sim_kv_dim: int = 64
+    sim_kv_heads: Annotated[int, flag("sim: KV heads of its model (--tensor-parallel splits them).")] = 4
     vllm_kv_cache_gib: Annotated[float, flag("vLLM: KV cache size in GiB (host memory on CPU).")] = 1.0
     vllm_cpu_threads_bind: Annotated[str, flag("vLLM on CPU: 'auto', 'nobind' or core ids like '0-3'; pin engines "
                                                "to different cores.")] = "auto"
@@ -267,6 +272,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     def validate(self) -> None:
         check_token(self.worker_id, "worker id")
         require(self.block_size > 0, "block size must be positive")
+        require(self.tensor_parallel >= 1 and self.pipeline_parallel >= 1,
+                "tensor and pipeline parallel degrees must be at least 1")
         require(self.kv_blocks > 0, "kv_blocks must be positive")
         require(self.kv_host_blocks >= 0, "kv_host_blocks must not be negative")
         require(self.max_num_seqs > 0, "max_num_seqs must be positive")

@@ -21,9 +21,9 @@ from connector.port import KvPort
 from connector.puller import KvPuller
 from connector.push import PushReceiver, PushWriter, wait_for_push
 from connector.push_receipt import PushReceipt
+from connector.rank_transports import RankTransports
 from connector.sim.holder import KvHolder
 from connector.spans import end_transfer_span, tracer, transfer_attributes
-from connector.transport import KvTransport
 from shared.block_hash import adapter_root, block_hash_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
@@ -35,29 +35,36 @@ from shared.tracing import inject_headers
 
 
 class WorkerKv(LeasingDataPlane[KvHolder]):
-    def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, transport: KvTransport, *, compat_hash: str,
+    def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, agents: RankTransports, *, compat_hash: str,
                  malformed: MalformedCounter | None = None) -> None:
         settings = config.kv_transfer
         subjects = config.bus.subjects
         self.port = port
-        self.transport = transport
-        self.block_size = port.kv_region().block_size
+        self.agents = agents
+        self.block_size = agents.shape.block_size
         super().__init__(config.worker_id, bus, subjects, KvHolder(
-            config.worker_id, bus, subjects, port, transport, compat_hash=compat_hash, block_size=self.block_size,
+            config.worker_id, bus, subjects, port, agents, compat_hash=compat_hash, block_size=self.block_size,
             lease_ttl_s=settings.lease_ttl_s, sweep_interval_s=settings.lease_sweep_interval_s, malformed=malformed))
-        self.leases = LeaseClient(config.worker_id, bus, subjects, transport, compat_hash=compat_hash,
+        self.leases = LeaseClient(config.worker_id, bus, subjects, agents, compat_hash=compat_hash,
                                   block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
                                   lease_ttl_s=settings.lease_ttl_s)
-        self.puller = KvPuller(self.leases, port, transport, transfer_timeout_s=settings.transfer_timeout_s,
-                               retry=settings.retry)
+        self.puller = KvPuller(self.leases, port, agents, transfer_timeout_s=settings.transfer_timeout_s,
+                               retry=settings.retry, faults=settings.faults)
+        self._faults = settings.faults
         self.compat_hash = compat_hash
         self._push_wait_s = settings.push_wait_s
         self._transfer_timeout_s = settings.transfer_timeout_s
         self._receivers: dict[str, PushReceiver] = {}
 
+    @property
+    def _block_nbytes(self) -> int:
+        """One block of the whole model (every layer and head once)."""
+        shape = self.agents.shape
+        return shape.num_layers * shape.num_kv_heads * 2 * shape.block_size * shape.ranks[0].token_nbytes
+
     async def stop(self) -> None:
         await super().stop()
-        self.transport.close()
+        self.agents.close()
 
     async def prepare(self, request: GenerateRequest) -> Prepared:
         """Pull what the request's `kv_transfer` names; never raises for a failed transfer
@@ -107,7 +114,7 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         cannot spare them: then the writer sends nothing and this worker computes all)."""
         count = len(request.token_ids) // self.block_size
         block_ids = (self.port.allocate_for_transfer(count) if count else None) or []
-        target = PushTarget(reader_worker_id=self.worker_id, agent_name=self.transport.agent_name,
+        target = PushTarget(reader_worker_id=self.worker_id, agent_name=self.agents.agent_name,
                             transfer_id=request.request_id, compat_hash=self.compat_hash, block_ids=block_ids)
         receiver = PushReceiver(self.port, target, self.block_size)
         self._receivers[target.transfer_id] = receiver
@@ -136,11 +143,9 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         finally:
             self._receivers.pop(receiver.target.transfer_id, None)
         assert message.first_token is not None
-        hashes = block_hash_chain(request.token_ids, self.block_size, parent_hash=adapter_root(request.adapter))
         receipt = PushReceipt(self.worker_id, request.request_id, message, receiver.target.block_ids,
-                              block_size=self.block_size, block_nbytes=self.port.kv_region().block_nbytes,
-                              started=started)
-        receiver.commit(receipt, request.token_ids, hashes, adapter=request.adapter, now=time.monotonic())
+                              block_size=self.block_size, block_nbytes=self._block_nbytes, started=started)
+        receiver.commit(receipt, request.token_ids, adapter=request.adapter, now=time.monotonic())
         receipt.log_failures()
         trace.get_current_span().set_attributes(receipt.span_attributes())  # the receive's span
         pinned = [block_id for block_id, good in zip(receiver.target.block_ids, receipt.committed_ok or []) if good]
@@ -153,8 +158,8 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         if target.compat_hash != self.compat_hash:
             raise InvalidArgument(f"KV layout mismatch: the reader {target.reader_worker_id} has compatibility "
                                   f"hash {target.compat_hash}, {self.worker_id} has {self.compat_hash}")
-        return PushWriter(request.request_id, self.port, self.transport, target,
-                          timeout_s=self._transfer_timeout_s)
+        return PushWriter(request.request_id, self.port, self.agents, target, timeout_s=self._transfer_timeout_s,
+                          faults=self._faults)
 
     async def ensure_push_peer(self, target: PushTarget) -> bool:
         return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)

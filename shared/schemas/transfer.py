@@ -32,8 +32,9 @@ class KvTail(msgspec.Struct, kw_only=True, frozen=True):
     reader continuing that prompt may use it."""
 
     block_id: int
-    checksum: int
+    checksum: int = 0  # unused since connector protocol 2 (`checksums`)
     tokens: int  # prompt tokens it holds, 0 < tokens < block_size
+    checksums: list[int] = []  # per KV head, over its tokens (`connector.kv_checksums`)
 
 
 class KvHandle(msgspec.Struct, kw_only=True, frozen=True):
@@ -46,7 +47,9 @@ class KvHandle(msgspec.Struct, kw_only=True, frozen=True):
     block_size: int
     block_ids: list[int]  # in the holder's pool
     block_hashes: list[int]  # Tandem's chain hashes, one per block
-    checksums: list[int]  # per block, over its bytes: the reader verifies what it got
+    # per block and KV head, block by block (`connector.kv_checksums`): the reader, of any
+    # shape, verifies what it got
+    checksums: list[int]
     ttl_s: float
     tail: KvTail | None = None  # after the full blocks (a P/D hand-off of a vLLM prefill)
 

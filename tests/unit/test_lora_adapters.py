@@ -17,6 +17,7 @@ from services.router.http.served_models import ServedModel, ServedModels, split_
 from services.router.kv.model_kv import ModelKv
 from services.router.openai.errors import ModelNotFound
 from services.worker.sim.block_manager import BlockManager
+from services.worker.sim.kv_content import block_seeds
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.kv_port import SimKvPort
 from services.worker.sim.scheduler import Scheduler
@@ -147,15 +148,13 @@ def test_the_sim_reuses_kv_only_within_an_adapter() -> None:
 def test_received_blocks_verify_against_the_adapters_chain() -> None:
     token_ids = prompt(2 * BS)
     port = SimKvPort(BlockManager(8, BS), KvPool(8, num_layers=2, block_size=BS, kv_dim=4))
-    root = adapter_root("alpha")
-    chain = block_hash_chain(token_ids, BS, parent_hash=root)
+    seeds = block_seeds(adapter_root("alpha"), token_ids, BS, 2)  # the KV of alpha's blocks
     for verified_adapter, expected in (("", [False, False]), ("beta", [False, False]), ("alpha", [True, True])):
         block_ids = port.allocate_for_transfer(2)
         assert block_ids is not None
-        for block_id, block_hash in zip(block_ids, chain):
-            port.pool.write_block(block_id, block_hash)
-        assert port.commit_transferred(block_ids, chain, token_ids, None, [True, True],
-                                       adapter=verified_adapter) == expected
+        for index, (block_id, seed) in enumerate(zip(block_ids, seeds)):
+            port.pool.write_block(block_id, seed, token_ids[index * BS:(index + 1) * BS])
+        assert port.commit_transferred(block_ids, 0, token_ids, [True, True], adapter=verified_adapter) == expected
         port.unpin(block_ids)
 
 

@@ -3,6 +3,7 @@ way a pull ends, what its lease is released with, what is used and what is compu
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from connector.block_io import VerifiedRead
@@ -18,7 +19,7 @@ def handle(blocks: int = 4, tail_tokens: int = 0) -> KvHandle:
                     block_size=BLOCK, block_ids=[10 + index for index in range(blocks)],
                     block_hashes=[100 + index for index in range(blocks)],
                     checksums=[1000 + index for index in range(blocks)], ttl_s=10.0,
-                    tail=KvTail(block_id=99, checksum=999, tokens=tail_tokens) if tail_tokens else None)
+                    tail=KvTail(block_id=99, checksums=[999], tokens=tail_tokens) if tail_tokens else None)
 
 
 def begin(prompt_tokens: int = 20, *, kv: KvHandle | None = None, takes_tail: bool = False) -> Pull:
@@ -184,3 +185,15 @@ def test_a_pull_ends_once() -> None:
     pull.cancelled(101.0)
     with pytest.raises(AssertionError, match="ends once"):
         pull.landed(read([True] * 4), 102.0)
+
+
+def test_a_reader_of_another_block_size_narrows_the_pull_to_whole_blocks_of_its_own() -> None:
+    two_heads = msgspec.structs.replace(handle(4), checksums=list(range(2000, 2008)))
+    pull = begin(20, kv=two_heads)
+    assert pull.heads == 2 and pull.checksums == list(range(2000, 2008))
+    pull.narrow(1, 2)  # a reader of 8-token blocks with one cached: holder blocks 1 and 2
+    assert (pull.wanted, pull.blocks, pull.remote_block_ids, pull.checksums) == (3, 2, [11, 12], [2002, 2003, 2004,
+                                                                                                  2005])
+    pull.landed(read([True, True]), 101.0)
+    pull.committed([True, True])
+    assert (pull.pulled_tokens, pull.recomputed_tokens, pull.record().blocks) == (2 * BLOCK, 0, 2)

@@ -18,7 +18,8 @@ def test_blocks_computed_here_are_sent_by_layer_and_reused_ones_whole() -> None:
     ledger.source([2, 3], [52, 53])  # reused from the cache: no layer hook named them
     assert ledger.unsent(LAYERS) == [2, 3]
     assert ledger.ok() == [True] * 4 and ledger.failed_blocks() == []
-    assert ledger.checksums(lambda block_id: block_id + 1000) == [1050, 1051, 1052, 1053]
+    two_heads = lambda block_ids: [value for block_id in block_ids for value in (block_id + 1000, block_id + 2000)]  # noqa: E731
+    assert ledger.checksums(two_heads, 2) == [1050, 2050, 1051, 2051, 1052, 2052, 1053, 2053]
 
 
 def test_a_layer_sent_twice_does_not_stand_for_a_missing_one() -> None:
@@ -36,7 +37,7 @@ def test_failed_writes_and_blocks_without_a_source_fail() -> None:
     ledger.fail([1])
     assert ledger.ok() == [True, False, True, False]
     assert ledger.failed_blocks() == [1, 3]
-    assert ledger.checksums(lambda block_id: block_id)[3] == 0
+    assert ledger.checksums(list, 1) == [50, 51, 52, 0]  # block 3: no source, no checksum
     ledger.fail_all()
     assert ledger.failed_blocks() == [0, 1, 2, 3]
 

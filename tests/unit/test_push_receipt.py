@@ -9,7 +9,7 @@ from shared.schemas.transfer import PushDone
 
 BLOCK = 4
 TARGETS = [20, 21, 22, 23]
-GOOD = {20: 1, 21: 2, 22: 3, 23: 4}
+GOOD = [1, 2, 3, 4]  # the reader's checksums of its target blocks (one KV head)
 
 
 def receipt(failed: list[int], checksums: list[int] = (1, 2, 3, 4)) -> PushReceipt:
@@ -20,7 +20,7 @@ def receipt(failed: list[int], checksums: list[int] = (1, 2, 3, 4)) -> PushRecei
 
 def test_every_block_written_and_verified_is_done() -> None:
     push = receipt([])
-    assert push.verify(GOOD.__getitem__) == [True] * 4
+    assert push.verify(GOOD) == [True] * 4
     push.committed([True] * 4, 12.0)
     record = push.record()
     assert (record.kind, record.outcome, record.blocks, record.blocks_ok, record.bytes) == ("push", "done", 4, 4, 400)
@@ -33,7 +33,7 @@ def test_every_block_written_and_verified_is_done() -> None:
 def test_blocks_not_written_and_blocks_corrupt_are_told_apart_and_computed() -> None:
     push = receipt([1], checksums=[1, 2, 99, 4])  # block 1 not written, block 2 arrived corrupt
     assert push.landed == [True, False, True, True]
-    ok = push.verify(GOOD.__getitem__)
+    ok = push.verify(GOOD)
     assert ok == [True, False, False, True]
     push.committed(ok, 11.0)  # the sim commits every verified block
     record = push.record()
@@ -46,7 +46,7 @@ def test_blocks_not_written_and_blocks_corrupt_are_told_apart_and_computed() -> 
 
 def test_an_engine_that_keeps_only_the_leading_verified_blocks_computes_the_rest() -> None:
     push = receipt([2])
-    ok = push.verify(GOOD.__getitem__)
+    ok = push.verify(GOOD)
     push.committed([index < ok.index(False) for index in range(4)], 11.0)  # vLLM: no holes
     record = push.record()
     assert (record.outcome, record.blocks_ok, record.recomputed_tokens) == ("failed", 2, 8)
@@ -58,7 +58,7 @@ def test_an_engine_that_keeps_only_the_leading_verified_blocks_computes_the_rest
 
 def test_a_verified_block_the_engine_did_not_commit_is_failed() -> None:
     push = receipt([])
-    push.verify(GOOD.__getitem__)
+    push.verify(GOOD)
     push.committed([True, True, True, False], 11.0)
     record = push.record()
     assert (record.outcome, record.blocks_ok) == ("failed", 3)
@@ -68,6 +68,11 @@ def test_a_verified_block_the_engine_did_not_commit_is_failed() -> None:
 def test_a_push_to_no_blocks_is_done_and_empty() -> None:
     message = PushDone(transfer_id="r1", outcome="done", checksums=[], first_token=7, failed_blocks=[])
     push = PushReceipt("reader", "r1", message, [], block_size=BLOCK, block_nbytes=100, started=10.0)
-    push.verify(GOOD.__getitem__)
+    push.verify([])
     push.committed([], 10.5)
     assert (push.record().outcome, push.record().blocks, push.record().pulled_tokens) == ("done", 0, 0)
+
+
+def test_every_head_of_a_block_must_match() -> None:
+    push = receipt([], checksums=[1, 10, 2, 20, 3, 30, 4, 40])  # two KV heads a block
+    assert push.verify([1, 10, 2, 21, 3, 30, 4, 40]) == [True, False, True, True]

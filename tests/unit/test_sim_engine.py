@@ -57,7 +57,7 @@ async def test_info_and_protocol() -> None:
         assert callable(getattr(engine, member))
     info = engine.info
     assert (info.engine, info.model, info.block_size, info.kv_blocks, info.vocab_size) == ("sim", "tiny", 16, 64, VOCAB)
-    assert (info.layout.num_layers, info.layout.head_size, info.layout.num_kv_heads) == (2, 8, 1)
+    assert (info.layout.num_layers, info.layout.head_size, info.layout.num_kv_heads) == (2, 2, 4)
     assert info.layout.dtype == "float16" and info.layout.engine == "sim"
     assert isinstance(engine, SimEngine) and engine.kv_pool.block_nbytes == 2 * 2 * 16 * 8 * 2
     with pytest.raises(Unavailable):
@@ -163,21 +163,19 @@ def tokens_of(outputs: list[EngineOutput]) -> list[int]:
     return [t for output in outputs for t in output.token_ids]
 
 
-async def test_kv_port_members_and_region_geometry() -> None:
-    engine: KvPort = SimEngine(config(sim_layers=3), model_name="tiny", vocab_size=VOCAB)
-    for member in ("kv_region", "prompt_block_ids", "pin_prefix", "pin_blocks", "allocate_for_transfer",
-                   "commit_transferred", "unpin", "checksum", "verify"):
+async def test_kv_port_members_and_rank_regions() -> None:
+    engine: KvPort = SimEngine(config(sim_layers=3, tensor_parallel=2), model_name="tiny", vocab_size=VOCAB)
+    for member in ("kv_shape", "kv_regions", "prompt_block_ids", "pin_prefix", "pin_blocks", "allocate_for_transfer",
+                   "commit_transferred", "unpin", "block_checksums", "unit_checksums"):
         assert callable(getattr(engine, member))
-    region = engine.kv_region()
-    assert (region.num_blocks, region.num_layers, region.block_size) == (64, 3, 16)
-    assert region.layer_nbytes == 2 * 16 * 8 * 2 and region.block_nbytes == 3 * region.layer_nbytes
-    assert region.buffer.dtype == np.uint8 and region.buffer.ndim == 1 and region.buffer.flags.c_contiguous
-    assert region.buffer.nbytes == 64 * region.block_nbytes
-    assert isinstance(engine, SimEngine)
-    # Layer 1 of block 5, addressed through the region, is the pool's own layer view.
-    start = 5 * region.block_nbytes + region.layer_nbytes
-    region.buffer[start:start + region.layer_nbytes] = 7
-    assert (engine.kv_pool.layer_view(5, 1) == 7).all() and not engine.kv_pool.layer_view(5, 0).any()
+    shape, regions = engine.kv_shape(), engine.kv_regions()
+    assert (shape.block_size, shape.num_layers, shape.num_kv_heads, len(shape.ranks)) == (16, 3, 4, 2)
+    assert [rank.heads for rank in shape.ranks] == [range(0, 2), range(2, 4)]
+    for rank, region in zip(shape.ranks, regions):
+        assert region.dtype == np.uint8 and region.ndim == 1 and region.flags.c_contiguous
+        assert region.nbytes == rank.nbytes == 64 * rank.block_stride
+        assert rank.block_stride == 3 * 2 * 2 * 16 * 2 * 2  # layers x heads x (K, V) x tokens x 2-dim head in fp16
+    assert isinstance(engine, SimEngine) and engine.info.layout.tensor_parallel == 2
 
 
 async def test_on_layer_gets_each_layer_of_each_prefill_step_before_the_outputs(monkeypatch) -> None:
@@ -251,13 +249,12 @@ async def test_a_pull_between_two_engines_gives_the_same_tokens_and_corrupt_kv_d
         assert len(handle) == 6
         target = reader.allocate_for_transfer(len(handle))
         assert target is not None
-        source, sink = holder.kv_region(), reader.kv_region()
-        size = source.block_nbytes
-        for (source_id, _), target_id in zip(handle, target):  # what a NIXL READ does
-            sink.buffer[target_id * size:(target_id + 1) * size] = source.buffer[source_id * size:(source_id + 1) * size]
-        holder.unpin([block_id for block_id, _ in handle])
-        ok = [reader.checksum(block_id) == checksum for block_id, (_, checksum) in zip(target, handle)]
-        assert reader.commit_transferred(target, hashes, PROMPT[:96], None, ok) == [True] * 6
+        for source_id, target_id in zip(handle, target):  # what a NIXL READ does
+            reader.kv_pool.block_view(target_id)[:] = holder.kv_pool.block_view(source_id)
+        ours, theirs = reader.block_checksums(target), holder.block_checksums(handle)
+        ok = [ours[index * 4:(index + 1) * 4] == theirs[index * 4:(index + 1) * 4] for index in range(6)]
+        holder.unpin(handle)
+        assert reader.commit_transferred(target, 0, PROMPT, ok) == [True] * 6
         outputs = []
         async for output in reader.generate("r", PROMPT, sampling):
             if not outputs:
@@ -267,8 +264,8 @@ async def test_a_pull_between_two_engines_gives_the_same_tokens_and_corrupt_kv_d
         assert reader.load().computed_prompt_tokens_total == 4  # the tail only
 
         corrupt_block = reader.scheduler.blocks.match_prefix(hashes)[3]
-        sink.buffer[corrupt_block * size + 10] ^= 0x40
-        assert not reader.verify(corrupt_block, hashes[3])
+        reader.kv_pool.block_view(corrupt_block)[10] ^= 0x40
+        assert not reader.kv_pool.verify_block(corrupt_block, *reader.scheduler.blocks.content(corrupt_block))
         corrupt = tokens_of(await collect(reader, "r2", PROMPT, sampling))
         assert len(corrupt) == 8 and corrupt != expected
         assert reader.load().kv_used_blocks == 0 and holder.load().kv_used_blocks == 0

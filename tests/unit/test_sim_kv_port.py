@@ -12,12 +12,13 @@ from dataclasses import dataclass
 import pytest
 
 from services.worker.sim.block_manager import BlockManager
+from services.worker.sim.kv_content import block_seeds
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.kv_port import SimKvPort
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.scheduler import Scheduler
 from services.worker.sim.tokens import generate_tokens
-from shared.block_hash import block_hash_chain
+from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, BlocksMoved, BlockStored
 
@@ -86,20 +87,20 @@ def holder_with_prompt() -> tuple[Side, list[int]]:
 def test_pin_prefix_pins_the_leading_run_with_checksums_and_blocks_eviction() -> None:
     holder, _ = holder_with_prompt()
     other = block_hash_chain(PROMPT[:2 * BS] + [9] * BS, BS)
-    assert [block_id for block_id, _ in holder.port.pin_prefix(other)] == holder.blocks.match_prefix(HASHES)[:2]
+    assert holder.port.pin_prefix(other) == holder.blocks.match_prefix(HASHES)[:2]
     holder.port.unpin(holder.blocks.match_prefix(HASHES)[:2])
 
-    pinned = holder.port.pin_prefix(HASHES + [12345])
-    ids = [block_id for block_id, _ in pinned]
+    ids = holder.port.pin_prefix(HASHES + [12345])
     assert ids == holder.blocks.match_prefix(HASHES) and len(ids) == 5
-    assert [checksum for _, checksum in pinned] == [holder.pool.checksum(block_id) for block_id in ids]
+    checksums = holder.port.block_checksums(ids)
+    assert len(checksums) == 5 * holder.pool.num_kv_heads and checksums == holder.pool.block_checksums(ids)
     assert [holder.blocks.ref_count(block_id) for block_id in ids] == [1] * 5
     # Every other block may go, the pinned ones may not.
     assert holder.blocks.allocate(holder.blocks.num_blocks - 4) is None
     taken = holder.blocks.allocate(holder.blocks.num_blocks - 5)
     assert taken is not None and not set(taken) & set(ids)
     assert holder.blocks.match_prefix(HASHES) == ids
-    assert all(holder.port.verify(block_id, block_hash) for block_id, block_hash in zip(ids, HASHES))
+    assert all(holder.pool.verify_block(block_id, *holder.blocks.content(block_id)) for block_id in ids)
     holder.blocks.free(taken)
     holder.port.unpin(ids)
     assert holder.blocks.used_blocks == 0 and holder.blocks.evictable_blocks == 5
@@ -112,11 +113,10 @@ def test_a_holder_lends_its_host_tier_loading_the_blocks_back_first() -> None:
     assert holder.blocks.match_prefix(HASHES) == [] and all(holder.blocks.in_host(h) for h in HASHES)
     holder.blocks.take_events()
 
-    handle = holder.port.pin_prefix(HASHES + [12345])
-    ids = [block_id for block_id, _ in handle]
+    ids = holder.port.pin_prefix(HASHES + [12345])
     assert len(ids) == 5 and holder.blocks.match_prefix(HASHES) == ids
-    assert all(holder.port.verify(block_id, block_hash) for block_id, block_hash in zip(ids, HASHES))
-    assert [checksum for _, checksum in handle] == [holder.pool.checksum(block_id) for block_id in ids]
+    assert all(holder.pool.verify_block(holder.blocks.match_prefix(HASHES)[index], seed, PROMPT[index * BS:(index + 1) * BS])
+               for index, seed in enumerate(block_seeds(ROOT_PARENT, PROMPT, BS, 5)))
     assert [holder.blocks.ref_count(block_id) for block_id in ids] == [1] * 5
     moved = [event for event in holder.blocks.take_events() if isinstance(event, BlocksMoved)]
     assert [(event.tier, event.block_hashes) for event in moved if event.tier == DEVICE_TIER] == [(DEVICE_TIER, HASHES)]
@@ -127,7 +127,7 @@ def test_a_holder_lends_its_host_tier_loading_the_blocks_back_first() -> None:
     assert target is not None
     copy_blocks(holder, ids, reader, target)
     holder.port.unpin(ids)
-    assert reader.port.commit_transferred(target, HASHES, PROMPT[:5 * BS], None, [True] * 5) == [True] * 5
+    assert reader.port.commit_transferred(target, 0, PROMPT, [True] * 5) == [True] * 5
     tokens, cached, first_step = reader.run("r", PROMPT, unpin_after_admission=target)
     assert tokens == expected and cached == 5 * BS and first_step == 3
     assert holder.blocks.used_blocks == 0 and reader.blocks.used_blocks == 0
@@ -139,7 +139,7 @@ def test_a_host_tier_run_is_lent_as_far_as_the_device_tier_has_room() -> None:
     holder.run("other", [7 + (i * 11) % 400 for i in range(6 * BS + 1)])
     busy = holder.blocks.allocate(5)  # a running request holds 5 of the 8 blocks
     assert busy is not None and holder.blocks.free_blocks == 3
-    ids = [block_id for block_id, _ in holder.port.pin_prefix(HASHES)]
+    ids = holder.port.pin_prefix(HASHES)
     assert len(ids) == 3 and holder.blocks.match_prefix(HASHES) == ids
     assert all(holder.blocks.in_host(h) for h in HASHES[3:])
     holder.port.unpin(ids)
@@ -153,10 +153,11 @@ def test_a_full_transfer_is_reused_and_gives_the_holders_tokens() -> None:
     target = reader.port.allocate_for_transfer(len(handle))
     assert target is not None and [reader.blocks.ref_count(block_id) for block_id in target] == [1] * 5
     assert reader.blocks.cached_blocks == 0
-    copy_blocks(holder, [block_id for block_id, _ in handle], reader, target)
-    holder.port.unpin([block_id for block_id, _ in handle])
-    ok = [reader.port.checksum(block_id) == checksum for block_id, (_, checksum) in zip(target, handle)]
-    assert reader.port.commit_transferred(target, HASHES, PROMPT[:5 * BS], None, ok) == [True] * 5
+    copy_blocks(holder, handle, reader, target)
+    ours, theirs = reader.port.block_checksums(target), holder.port.block_checksums(handle)
+    ok = [mine == held for mine, held in zip(ours, theirs)]  # one KV head: one checksum a block
+    holder.port.unpin(handle)
+    assert reader.port.commit_transferred(target, 0, PROMPT, ok) == [True] * 5
     assert reader.blocks.take_events() == [BlockStored(block_hashes=HASHES, parent_block_hash=None,
                                                        token_ids=PROMPT[:5 * BS], block_size=BS, chain_hashes=HASHES)]
     tokens, cached, first_step = reader.run("r", PROMPT, unpin_after_admission=target)
@@ -168,8 +169,7 @@ def test_a_full_transfer_is_reused_and_gives_the_holders_tokens() -> None:
 
 def test_a_partial_transfer_recomputes_only_the_failed_blocks() -> None:
     holder, expected = holder_with_prompt()
-    handle = holder.port.pin_prefix(HASHES)
-    source_ids = [block_id for block_id, _ in handle]
+    source_ids = holder.port.pin_prefix(HASHES)
     reader = make_side()
     target = reader.port.allocate_for_transfer(5)
     assert target is not None
@@ -177,7 +177,7 @@ def test_a_partial_transfer_recomputes_only_the_failed_blocks() -> None:
     holder.port.unpin(source_ids)
     ok = [True, False, True, True, True]  # block 1 never arrived
     reader.pool.block_view(target[3])[100] ^= 1  # block 3 arrived garbled, yet its sender said ok
-    committed = reader.port.commit_transferred(target, HASHES, PROMPT[:5 * BS], None, ok)
+    committed = reader.port.commit_transferred(target, 0, PROMPT, ok)
     assert committed == [True, False, True, False, True]
     reader.port.unpin([block_id for block_id, good in zip(target, committed) if not good])
     assert reader.blocks.used_blocks == 3 and reader.blocks.cached_blocks == 3
@@ -194,7 +194,7 @@ def test_a_partial_transfer_recomputes_only_the_failed_blocks() -> None:
     assert announced[:4] == HASHES[1:5]  # the holes filled, every block of the prompt is announced in order
 
 
-def test_refused_blocks_wrong_hashes_and_duplicates() -> None:
+def test_refused_blocks_from_the_wrong_place_and_duplicates() -> None:
     holder, _ = holder_with_prompt()
     handle = holder.port.pin_prefix(HASHES)
     reader = make_side()
@@ -202,15 +202,13 @@ def test_refused_blocks_wrong_hashes_and_duplicates() -> None:
     reader.blocks.take_events()
     target = reader.port.allocate_for_transfer(5)
     assert target is not None
-    copy_blocks(holder, [block_id for block_id, _ in handle], reader, target)
-    wrong = list(HASHES)
-    wrong[4] = HASHES[3]  # a sender naming the wrong block: refused even with the right bytes
-    committed = reader.port.commit_transferred(target, wrong, PROMPT[:5 * BS], None, [True] * 5)
+    copy_blocks(holder, handle[:4] + [handle[3]], reader, target)  # block 3's bytes where block 4's belong
+    committed = reader.port.commit_transferred(target, 0, PROMPT, [True] * 5)
     assert committed == [True, True, True, True, False]
     assert reader.blocks.lookup(HASHES)[:2] != target[:2]  # the duplicates stayed private
     assert [event.block_hashes for event in reader.blocks.take_events()] == [HASHES[2:4]]
     reader.port.unpin(target)
-    holder.port.unpin([block_id for block_id, _ in handle])
+    holder.port.unpin(handle)
     assert reader.blocks.used_blocks == 0 and reader.blocks.cached_blocks == 4
     assert reader.blocks.evictable_blocks == 4  # the duplicates went back to the free list
 
@@ -221,11 +219,10 @@ def test_received_blocks_after_a_parent_hash() -> None:
     reader = make_side()
     target = reader.port.allocate_for_transfer(3)
     assert target is not None
-    copy_blocks(holder, [block_id for block_id, _ in handle][2:], reader, target)
-    assert reader.port.commit_transferred(target, HASHES[2:], PROMPT[2 * BS:5 * BS], HASHES[1],
-                                          [True] * 3) == [True] * 3
+    copy_blocks(holder, handle[2:], reader, target)
+    assert reader.port.commit_transferred(target, 2, PROMPT, [True] * 3) == [True] * 3
     assert reader.blocks.lookup(HASHES) == [None, None] + target
-    holder.port.unpin([block_id for block_id, _ in handle])
+    holder.port.unpin(handle)
     tokens, cached, first_step = reader.run("r", PROMPT, unpin_after_admission=target)
     assert cached == 3 * BS and first_step == 2 * BS + 3
     assert tokens == generate_tokens(PROMPT, SAMPLING, VOCAB)[0] and reader.blocks.used_blocks == 0
@@ -245,7 +242,8 @@ def test_allocate_for_transfer_evicts_cached_blocks_and_says_none_when_short() -
 def test_verify_and_checksum_see_one_bad_byte_in_any_layer(layer: int) -> None:
     holder, _ = holder_with_prompt()
     block_id = holder.blocks.match_prefix(HASHES)[1]
-    before = holder.port.checksum(block_id)
-    assert holder.port.verify(block_id, HASHES[1]) and not holder.port.verify(block_id, HASHES[2])
-    holder.pool.layer_view(block_id, layer)[5] ^= 0x10
-    assert not holder.port.verify(block_id, HASHES[1]) and holder.port.checksum(block_id) != before
+    before = holder.port.block_checksums([block_id])
+    seed, tokens = holder.blocks.content(block_id)
+    assert holder.pool.verify_block(block_id, seed, tokens) and not holder.pool.verify_block(block_id, seed + 1, tokens)
+    holder.pool.block_view(block_id)[layer * holder.pool.layer_nbytes + 5] ^= 0x10
+    assert not holder.pool.verify_block(block_id, seed, tokens) and holder.port.block_checksums([block_id]) != before

@@ -7,11 +7,12 @@ import random
 import pytest
 
 from services.worker.sim.block_manager import BlockManager
+from services.worker.sim.kv_content import advance, block_seeds
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.scheduler import Scheduler, StepResult
 from services.worker.sim.tokens import generate_tokens
-from shared.block_hash import block_hash_chain, hash_block
+from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.errors import InvalidArgument
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockRemoved, BlockStored
@@ -118,7 +119,7 @@ def test_events_carry_the_tandem_hash_chain_and_kv_bytes_match() -> None:
         assert event.parent_block_hash == previous.block_hashes[-1]
     assert [len(event.block_hashes) for event in stored[:2]] == [2, 2]  # one event per request per step
     for block_id in scheduler.blocks.match_prefix(expected):
-        assert scheduler.pool.verify_block(block_id, scheduler.blocks.block_hash(block_id))
+        assert scheduler.pool.verify_block(block_id, *scheduler.blocks.content(block_id))
 
 
 def test_partial_block_kv_is_derived_from_its_tokens() -> None:
@@ -127,9 +128,9 @@ def test_partial_block_kv_is_derived_from_its_tokens() -> None:
     scheduler.add_request("r", text, SamplingParams(max_tokens=5))
     scheduler.step(0.0)
     request_blocks = scheduler.block_ids("r")
-    first_hash = block_hash_chain(text, BS)[0]
-    assert scheduler.pool.verify_block(request_blocks[0], first_hash)
-    assert scheduler.pool.verify_block(request_blocks[1], hash_block(first_hash, text[4:6]))
+    assert scheduler.pool.verify_block(request_blocks[0], ROOT_PARENT, text[:4])
+    assert scheduler.pool.verify_block(request_blocks[1], advance(ROOT_PARENT, text[:4]), text[4:6])
+    assert not scheduler.pool.verify_block(request_blocks[1], advance(ROOT_PARENT, text[:4]), text[4:6] + [0])
     scheduler.abort("r")
 
 
@@ -234,9 +235,9 @@ class RecordingPool(KvPool):
         super().__init__(*args, **kwargs)
         self.written: list[int] = []
 
-    def write_block(self, block_id: int, content_hash: int, layer: int | None = None) -> None:
+    def write_block(self, block_id: int, seed: int, token_ids: list[int], layer: int | None = None) -> None:
         self.written.append(block_id)
-        super().write_block(block_id, content_hash, layer)
+        super().write_block(block_id, seed, token_ids, layer)
 
 
 def make_recording_scheduler(*, num_blocks: int = 64, budget: int = 64) -> Scheduler:
@@ -249,12 +250,14 @@ def seed_cache(scheduler: Scheduler, token_ids: list[int], indices: list[int]) -
     """Put blocks `indices` of the prompt's chain in the cache, with correct KV and no
     references (as if another request had computed them, or a transfer delivered them)."""
     hashes = block_hash_chain(token_ids, BS)
+    seeds = block_seeds(ROOT_PARENT, token_ids, BS, len(hashes))
     seeded = {}
     for index in indices:
         (block_id,) = scheduler.blocks.allocate(1)
-        scheduler.blocks.commit([block_id], [hashes[index]], token_ids[index * BS:(index + 1) * BS],
-                                hashes[index - 1] if index else None)
-        scheduler.pool.write_block(block_id, hashes[index])
+        tokens = token_ids[index * BS:(index + 1) * BS]
+        scheduler.blocks.commit([block_id], [hashes[index]], tokens, hashes[index - 1] if index else None,
+                                seeds=[seeds[index]])
+        scheduler.pool.write_block(block_id, seeds[index], tokens)
         seeded[index] = block_id
     scheduler.blocks.free(list(seeded.values()))
     scheduler.blocks.take_events()

@@ -32,6 +32,7 @@ twice) is a bug and asserts.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.worker.sim.host_tier import HostBlock, HostTier
@@ -58,6 +59,7 @@ class KvBlock:
     token_ids: tuple[int, ...] = ()  # kept for snapshots (resync)
     announced: bool = False  # a BlockStored for it went out (its parent was announced)
     adapter: str = ""  # the LoRA adapter of its sequence (named in its BlockStored)
+    seed: int = 0  # the prefix hash before its first token: its KV bytes follow (`kv_content`)
 
 
 class BlockManager:
@@ -114,6 +116,11 @@ class BlockManager:
         """
         return [self._cached.get(block_hash) for block_hash in block_hashes]
 
+    def content(self, block_id: int) -> tuple[int, tuple[int, ...]]:
+        """A cached block's content seed and tokens: what its KV bytes are made of."""
+        block = self._blocks[block_id]
+        return block.seed, block.token_ids
+
     def in_host(self, block_hash: int) -> bool:
         """Whether the block is cached in the host tier (a load away from reuse)."""
         return self.host is not None and block_hash in self.host
@@ -169,11 +176,11 @@ class BlockManager:
                 block_id, _ = self._evictable.popitem(last=False)
                 block = self._blocks[block_id]
                 self._remember_evicted(block.block_hash)
-                parent_hash, token_ids, adapter = block.parent_hash, block.token_ids, block.adapter
+                parent_hash, token_ids, adapter, seed = block.parent_hash, block.token_ids, block.adapter, block.seed
                 block_hash = self._uncache(block)
                 if block_hash is not None and self.host is not None:
                     moved.append(block_hash)
-                    evicted += self.host.put(HostBlock(block_hash, parent_hash, token_ids, adapter))
+                    evicted += self.host.put(HostBlock(block_hash, parent_hash, token_ids, adapter, seed))
                 elif block_hash is not None:
                     evicted.append(block_hash)
             self._blocks[block_id].ref_count = 1
@@ -197,7 +204,7 @@ class BlockManager:
         for block_id, entry in zip(block_ids, loaded):
             block = self._blocks[block_id]
             block.block_hash, block.parent_hash, block.token_ids = entry.block_hash, entry.parent_hash, entry.token_ids
-            block.adapter = entry.adapter
+            block.adapter, block.seed = entry.adapter, entry.seed
             block.announced = True
             self._cached[entry.block_hash] = block_id
             self._evicted.pop(entry.block_hash, None)
@@ -226,7 +233,7 @@ class BlockManager:
     # ---- the prefix cache ----------------------------------------------------------------
 
     def commit(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-               parent_hash: int | None, *, adapter: str = "") -> list[bool]:
+               parent_hash: int | None, *, adapter: str = "", seeds: Sequence[int] = ()) -> list[bool]:
         """Cache blocks of one sequence that just became full, and announce them.
 
         `block_ids` are consecutive blocks of one sequence, `token_ids` their tokens,
@@ -235,6 +242,7 @@ class BlockManager:
         A block whose hash is already cached elsewhere (two requests computed the same
         prefix at once) stays private and is not announced. Consecutive new blocks are
         announced in one `BlockStored`; a block whose parent is not announced waits for it.
+        `seeds`: each block's content seed (kept, so a host-tier copy is written back alike).
         Returns, per block, whether it entered the cache (False: a private duplicate).
         """
         size = self.block_size
@@ -258,6 +266,7 @@ class BlockManager:
                 stored = None
             block.parent_hash = parent_hash
             block.adapter = adapter
+            block.seed = seeds[index] if seeds else 0
             block.token_ids = tuple(token_ids[index * size:(index + 1) * size])
             self._cached[block_hash] = block_id
             cached.append(True)

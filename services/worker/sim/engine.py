@@ -27,7 +27,11 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 
-from connector.port import KvRegion, LayerHook
+import numpy as np
+
+from connector.kv_checksums import Piece
+from connector.kv_geometry import KvShape
+from connector.port import LayerHook
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
@@ -35,7 +39,7 @@ from services.worker.sim.kv_port import SimKvPort
 from services.worker.sim.profile import TimingProfile, load_profile
 from services.worker.sim.scheduler import Scheduler, StepResult
 from shared.compat import KvLayout
-from shared.config import WorkerConfig
+from shared.config import ConfigError, WorkerConfig
 from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
@@ -52,7 +56,12 @@ class SimEngine:
         self._layer_fractions = self.profile.layer_fractions(config.sim_layers)  # raises on a mismatch
         self.speedup = config.sim_speedup
         self._clock = clock
-        self.kv_pool = KvPool(config.kv_blocks, config.sim_layers, config.block_size, config.sim_kv_dim)
+        try:
+            self.kv_pool = KvPool(config.kv_blocks, config.sim_layers, config.block_size, config.sim_kv_dim,
+                                  num_kv_heads=config.sim_kv_heads, tensor_parallel=config.tensor_parallel,
+                                  pipeline_parallel=config.pipeline_parallel)
+        except ValueError as error:
+            raise ConfigError(f"the sim's KV cannot take this shape: {error}") from error
         blocks = BlockManager(config.kv_blocks, config.block_size, host_blocks=config.kv_host_blocks)
         self.kv_port = SimKvPort(blocks, self.kv_pool)
         self.scheduler = Scheduler(blocks=blocks, pool=self.kv_pool,
@@ -63,9 +72,10 @@ class SimEngine:
         self._info = EngineInfo(
             engine="sim", model=model_name,
             layout=KvLayout(model=model_name, model_version=config.model_version, dtype="float16",
-                            block_size=config.block_size,
-                            num_layers=config.sim_layers, num_kv_heads=1, head_size=config.sim_kv_dim,
-                            engine="sim"),
+                            block_size=config.block_size, num_layers=config.sim_layers,
+                            num_kv_heads=config.sim_kv_heads, head_size=config.sim_kv_dim // config.sim_kv_heads,
+                            engine="sim", tensor_parallel=config.tensor_parallel,
+                            pipeline_parallel=config.pipeline_parallel),
             kv_blocks=config.kv_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
             vocab_size=vocab_size)
         self._streams: dict[str, asyncio.Queue[_Delivery]] = {}
@@ -122,15 +132,16 @@ class SimEngine:
 
     # ---- KvPort (see connector/port.py for the rules) ------------------------------
 
-    def kv_region(self) -> KvRegion:
-        pool = self.kv_pool
-        return KvRegion(buffer=pool.buffer.reshape(-1), block_nbytes=pool.block_nbytes, num_blocks=pool.num_blocks,
-                        num_layers=pool.num_layers, layer_nbytes=pool.layer_nbytes, block_size=pool.block_size)
+    def kv_shape(self) -> KvShape:
+        return self.kv_pool.shape
+
+    def kv_regions(self) -> list[np.ndarray]:
+        return self.kv_pool.regions
 
     def prompt_block_ids(self, request_id: str) -> list[int]:
         return self.scheduler.prompt_block_ids(request_id)
 
-    def pin_prefix(self, block_hashes: list[int]) -> list[tuple[int, int]]:
+    def pin_prefix(self, block_hashes: list[int]) -> list[int]:
         return self.kv_port.pin_prefix(block_hashes)
 
     def pin_blocks(self, block_ids: list[int]) -> None:
@@ -139,20 +150,19 @@ class SimEngine:
     def allocate_for_transfer(self, num_blocks: int) -> list[int] | None:
         return self.kv_port.allocate_for_transfer(num_blocks)
 
-    def commit_transferred(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-                           parent_hash: int | None, ok: list[bool], *, adapter: str = "") -> list[bool]:
-        return self.kv_port.commit_transferred(block_ids, block_hashes, token_ids, parent_hash, ok,
-                                               adapter=adapter)
+    def commit_transferred(self, block_ids: list[int], first_block: int, token_ids: list[int], ok: list[bool], *,
+                           adapter: str = "") -> list[bool]:
+        return self.kv_port.commit_transferred(block_ids, first_block, token_ids, ok, adapter=adapter)
 
     def unpin(self, block_ids: list[int]) -> None:
         self.kv_port.unpin(block_ids)
         self._wakeup.set()  # freed blocks may let a waiting request in
 
-    def checksum(self, block_id: int) -> int:
-        return self.kv_port.checksum(block_id)
+    def block_checksums(self, block_ids: list[int]) -> list[int]:
+        return self.kv_port.block_checksums(block_ids)
 
-    def verify(self, block_id: int, block_hash: int) -> bool:
-        return self.kv_port.verify(block_id, block_hash)
+    def unit_checksums(self, units: list[list[Piece]]) -> list[int]:
+        return self.kv_port.unit_checksums(units)
 
     # ---- internals -------------------------------------------------------------------------
 

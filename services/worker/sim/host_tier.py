@@ -5,7 +5,8 @@ from the device tier (instead of forgetting it), takes it back when a request re
 (a load, cheaper than recomputing: the timing profile's `host_load_ms_per_token`), and drops
 it for good when this tier is full and it is the least recently used. A hash is in one
 tier at a time. Only a block's identity is kept (its hash, its parent's, its tokens): the
-sim's KV bytes are a function of the hash, so a loaded block is written again from it.
+sim's KV bytes are a function of the tokens and the seed before them, so a loaded block is
+written again from those.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class HostBlock:
     parent_hash: int | None
     token_ids: tuple[int, ...]
     adapter: str = ""  # the LoRA adapter of the sequence that computed it
+    seed: int = 0  # the prefix hash before its first token (`kv_content`)
 
 
 class HostTier:

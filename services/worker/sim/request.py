@@ -36,6 +36,10 @@ class SimRequest:
     num_cached_tokens: int = -1  # prompt tokens reused at first admission; -1 before it
     kv_checked: bool = False  # its full blocks' KV was verified since its last admission
     kv_corrupt: bool = False  # ... and some block was corrupt: its tokens are perturbed
+    # the content seed of every block started so far, and the prefix hash after the last
+    # token (`kv_content`; kept by `request_kv`)
+    seeds: list[int] = field(default_factory=list)
+    last_prefix: int = 0
 
     @property
     def num_tokens(self) -> int:

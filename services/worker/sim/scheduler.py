@@ -40,6 +40,7 @@ from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.request import SimRequest
+from services.worker.sim.request_kv import append_token, kv_intact, start_seeds, write_kv, write_loaded
 from services.worker.sim.tokens import (
     DEFAULT_FIRST_NORMAL_TOKEN,
     finish_reason,
@@ -125,6 +126,7 @@ class Scheduler:
                              history_state=fold_tokens(token_ids, history_root(adapter)),
                              block_hashes=block_hash_chain(token_ids, self.block_size, parent_hash=root),
                              adapter=adapter, root_hash=root)
+        start_seeds(request)
         self._requests[request_id] = request
         self._waiting.append(request)
 
@@ -178,7 +180,8 @@ class Scheduler:
             computed = request.advance(end)
             full = [index for index in computed if (index + 1) * size <= end]
             self._commit(request, full)
-            self._write_kv(request, computed, end)
+            if self.pool is not None:
+                write_kv(self.pool, request, computed, end)
             prompt_blocks = [request.block_ids[index] for index in full
                              if (index + 1) * size <= request.num_prompt_tokens] if prefill else []
             if prompt_blocks:
@@ -246,7 +249,7 @@ class Scheduler:
         found = self.blocks.lookup(hashes)
         hosted = [index for index, block_id in enumerate(found) if block_id is None and self.blocks.in_host(hashes[index])]
         if hosted:
-            found = self._load_hosted(hashes, found, hosted)
+            found = self._load_hosted(request, found, hosted)
             if found is None:
                 return None
         reused = [index for index, block_id in enumerate(found) if block_id is not None]
@@ -279,24 +282,25 @@ class Scheduler:
                                      if block_id is None])
         return num_new, end
 
-    def _load_hosted(self, hashes: list[int], found: list[int | None], hosted: list[int]) -> list[int | None] | None:
+    def _load_hosted(self, request: SimRequest, found: list[int | None],
+                     hosted: list[int]) -> list[int | None] | None:
         """`found` with the host-tier blocks at indices `hosted` loaded into the device tier;
         None (nothing loaded) when the device tier cannot take them now."""
         # touched first, so that the loads' evictions cannot take the device hits
         device_ids = [block_id for block_id in found if block_id is not None]
         self.blocks.touch(device_ids)
-        loaded_ids = self.blocks.load_from_host([hashes[index] for index in hosted])
+        loaded_ids = self.blocks.load_from_host([request.block_hashes[index] for index in hosted])
         self.blocks.free(device_ids)
         if loaded_ids is None:
             return None
         loaded_tokens = len(hosted) * self.block_size
         self.loaded_prompt_tokens_total += loaded_tokens
         self._loaded_tokens += loaded_tokens
+        if self.pool is not None:  # the KV bytes come back with the blocks
+            write_loaded(self.pool, request, hosted, loaded_ids)
         found = list(found)
         for index, block_id in zip(hosted, loaded_ids):
             found[index] = block_id
-            if self.pool is not None:
-                self.pool.write_block(block_id, hashes[index])  # the KV bytes come back with the block
         return found
 
     def _reserve_slots(self, request: SimRequest, num_tokens: int) -> bool:
@@ -329,39 +333,18 @@ class Scheduler:
             first, stop = indices[0], indices[-1] + 1
             self.blocks.commit(request.block_ids[first:stop], request.block_hashes[first:stop],
                                request.token_ids[first * size:stop * size],
-                               request.block_hashes[first - 1] if first else None, adapter=request.adapter)
-
-    def _write_kv(self, request: SimRequest, computed: list[int], end: int) -> None:
-        """Write the KV bytes of the blocks at indices `computed`, filled up to position `end`: a
-        full block's from its chain hash, a partial one's from its tokens so far, chained alike."""
-        if self.pool is None:
-            return
-        size = self.block_size
-        for index in computed:
-            if (index + 1) * size <= end:
-                content_hash = request.block_hashes[index]
-            else:
-                parent = request.block_hashes[index - 1] if index else request.root_hash
-                content_hash = hash_block(parent, request.token_ids[index * size:end])
-            self.pool.write_block(request.block_ids[index], content_hash)
-
-    def _kv_intact(self, request: SimRequest) -> bool:
-        """Whether the KV bytes of every full block the request uses match their hashes."""
-        if self.pool is None:
-            return True
-        full = request.num_computed_tokens // self.block_size
-        return all(self.pool.verify_block(block_id, block_hash)
-                   for block_id, block_hash in zip(request.block_ids[:full], request.block_hashes[:full]))
+                               request.block_hashes[first - 1] if first else None, adapter=request.adapter,
+                               seeds=request.seeds[first:stop])
 
     def _sample(self, request: SimRequest) -> EngineOutput:
         if not request.kv_checked:  # once per prefill: the blocks it reused may be anyone's bytes
             request.kv_checked = True
-            request.kv_corrupt = not self._kv_intact(request)
+            request.kv_corrupt = self.pool is not None and not kv_intact(self.pool, request)
         state = fold_token(request.history_state, CORRUPT_KV_MARK) if request.kv_corrupt else request.history_state
         made, replayed = request.num_output_tokens, request.sampling.replayed
         token_id = replayed[made] if made < len(replayed) else \
             next_token(state, request.sampling, self.vocab_size, self.first_normal_token)
-        request.token_ids.append(token_id)
+        append_token(request, token_id)
         request.history_state = fold_token(request.history_state, token_id)
         size = self.block_size
         if request.num_tokens % size == 0:

@@ -26,10 +26,10 @@ def build_engine(config: WorkerConfig) -> Engine:
 
 
 def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
-    from connector.sim.transport_builder import build_transport
+    from connector.sim.transport_builder import build_rank_transports
     from connector.sim.worker_kv import WorkerKv
 
-    return WorkerKv(config, bus, engine, build_transport(config, engine), compat_hash=engine.info.compat_hash)
+    return WorkerKv(config, bus, engine, build_rank_transports(config, engine), compat_hash=engine.info.compat_hash)
 
 
 SIM = EngineSpec(
