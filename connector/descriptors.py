@@ -90,6 +90,9 @@ def run_descriptors(base_addr: int, block_nbytes: int, starts: np.ndarray, count
         raise ValueError(f"range [{offset}, {offset + length}) is not inside a {block_nbytes}-byte block")
     starts = np.asarray(starts, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
+    if length == block_nbytes and starts.size == 1:  # the common case, in one array operation
+        return np.array([[base_addr + int(starts[0]) * block_nbytes, int(counts[0]) * block_nbytes, device_id]],
+                        dtype=np.uint64)
     if length == block_nbytes:
         rows = np.empty((starts.size, 3), dtype=np.uint64)
         rows[:, 0] = base_addr + starts * block_nbytes
@@ -137,11 +140,8 @@ class TransferPlan(NamedTuple):
     local_rows: np.ndarray
     remote_rows: np.ndarray
     num_blocks: int  # 0 for byte ranges
+    nbytes: int
     refusal: str = ""
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.local_rows[:, 1].sum())
 
 
 _NO_ROWS = np.zeros((0, 3), dtype=np.uint64)
@@ -153,21 +153,42 @@ def plan_blocks(local: PoolInfo, remote: PoolInfo, local_ids: Ints, remote_ids: 
     length) of each), coalesced into runs. Block ids address the same bytes on both sides
     only when the blocks are the same size: a peer with other blocks is refused."""
     if local.block_nbytes != remote.block_nbytes:
-        return TransferPlan(_NO_ROWS, _NO_ROWS, 0, refusal=(
+        return TransferPlan(_NO_ROWS, _NO_ROWS, 0, 0, refusal=(
             f"the peer's pool has {remote.block_nbytes}-byte blocks, this agent's {local.block_nbytes}-byte "
             "blocks: block ids do not address the same bytes (use byte ranges)"))
     local_ids, remote_ids = as_block_ids(local_ids), as_block_ids(remote_ids)
     if local_ids.size != remote_ids.size:
         raise ValueError(f"{remote_ids.size} remote block ids but {local_ids.size} local block ids")
-    check_block_ids(local_ids, local.num_blocks, "local", unique=into_local)
-    check_block_ids(remote_ids, remote.num_blocks, "remote", unique=not into_local)
-    runs = coalesce_block_runs(local_ids, remote_ids)
+    runs = _single_run(local_ids, remote_ids)
+    if runs is None:
+        check_block_ids(local_ids, local.num_blocks, "local", unique=into_local)
+        check_block_ids(remote_ids, remote.num_blocks, "remote", unique=not into_local)
+        runs = coalesce_block_runs(local_ids, remote_ids)
+    else:  # consecutive ids are unique: only the run's ends can be out of range
+        _check_run(int(runs.local_starts[0]), local_ids.size, local.num_blocks, "local")
+        _check_run(int(runs.remote_starts[0]), local_ids.size, remote.num_blocks, "remote")
     return TransferPlan(
         run_descriptors(local.base_addr, local.block_nbytes, runs.local_starts, runs.counts, local.device_id,
                         offset=offset, length=length),
         run_descriptors(remote.base_addr, remote.block_nbytes, runs.remote_starts, runs.counts, remote.device_id,
                         offset=offset, length=length),
-        int(local_ids.size))
+        int(local_ids.size), int(local_ids.size) * (local.block_nbytes if length is None else length))
+
+
+def _single_run(local_ids: np.ndarray, remote_ids: np.ndarray) -> BlockRuns | None:
+    """The one run of ids that advance by one on both sides (the common transfer: blocks
+    allocated together), found in a few array operations; None for anything else. Planning
+    runs right after the previous transfer has flushed the caches, where each array
+    operation costs microseconds: the general path's ~20 cost 6% of a 16 MiB read."""
+    if not local_ids.size or not ((local_ids[1:] - local_ids[:-1] == 1).all()
+                                  and (remote_ids[1:] - remote_ids[:-1] == 1).all()):
+        return None
+    return BlockRuns(local_ids[:1], remote_ids[:1], np.array([local_ids.size], dtype=np.int64))
+
+
+def _check_run(first: int, count: int, num_blocks: int, side: str) -> None:
+    if first < 0 or first + count > num_blocks:
+        raise ValueError(f"{side} block id out of range [0, {num_blocks}): {first if first < 0 else first + count - 1}")
 
 
 class ByteRanges(NamedTuple):
@@ -247,4 +268,4 @@ def plan_ranges(local: PoolInfo, remote: PoolInfo, local_offsets: Ints, remote_o
     merged = coalesce_ranges(ranges)
     return TransferPlan(range_descriptors(local.base_addr, merged.local_offsets, merged.lengths, local.device_id),
                         range_descriptors(remote.base_addr, merged.remote_offsets, merged.lengths, remote.device_id),
-                        0)
+                        0, merged.nbytes)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from connector.descriptors import check_block_ids, coalesce_block_runs, expand_runs, run_descriptors
+from connector.agent_types import PoolInfo
+from connector.descriptors import check_block_ids, coalesce_block_runs, expand_runs, plan_blocks, run_descriptors
 
 
 def runs_as_tuples(local, remote):
@@ -101,3 +102,19 @@ def test_block_id_checks():
 def test_expand_runs_inverts_coalescing():
     assert expand_runs(np.array([5, 0]), np.array([2, 3])).tolist() == [5, 6, 0, 1, 2]
     assert expand_runs(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).tolist() == []
+
+
+def test_a_single_run_plan_checks_its_ends_and_matches_the_general_path():
+    local = PoolInfo(base_addr=0x1000, block_nbytes=256, num_blocks=10, device_id=1)
+    remote = PoolInfo(base_addr=0x8000, block_nbytes=256, num_blocks=20)
+    plan = plan_blocks(local, remote, range(2, 8), range(10, 16), into_local=True)
+    assert plan.local_rows.tolist() == [[0x1000 + 2 * 256, 6 * 256, 1]]
+    assert plan.remote_rows.tolist() == [[0x8000 + 10 * 256, 6 * 256, 0]]
+    assert (plan.num_blocks, plan.nbytes) == (6, 6 * 256)
+    layer = plan_blocks(local, remote, range(2, 4), range(10, 12), into_local=False, offset=64, length=32)
+    assert layer.local_rows.tolist() == [[0x1000 + 2 * 256 + 64, 32, 1], [0x1000 + 3 * 256 + 64, 32, 1]]
+    assert layer.nbytes == 64
+    with pytest.raises(ValueError, match=r"local block id out of range \[0, 10\): 10"):
+        plan_blocks(local, remote, range(5, 11), range(0, 6), into_local=True)
+    with pytest.raises(ValueError, match=r"remote block id out of range \[0, 20\): -1"):
+        plan_blocks(local, remote, range(0, 3), range(-1, 2), into_local=True)
