@@ -38,27 +38,30 @@ def _mix(value: int) -> int:
 def unit_sums(region: np.ndarray, geometry: RankGeometry, units: Sequence[Sequence[Piece]]) -> np.ndarray:
     """This rank's share of each unit's checksum: `(units, geometry.num_heads)` uint64, the
     sum over its layers. `region` is the rank's registered memory, flat uint8; each unit
-    is its pieces in token order (one `(block, 0, tokens)` piece on the holder's side)."""
+    is its pieces in token order (one `(block, 0, tokens)` piece on the holder's side). A
+    layer's bytes are read K then V, each run of a tiled region in turn (`kv_geometry`),
+    the pieces' tokens within each run: the same order whatever the block size."""
     data = memoryview(region.reshape(-1))
     sums = np.zeros((len(units), geometry.num_heads), dtype=np.uint64)
-    step = geometry.token_nbytes
+    runs = [(kv, group, geometry.token_nbytes // geometry.tiling(kv)[0]) for kv in (0, 1)
+            for group in range(geometry.tiling(kv)[0])]
     for index, pieces in enumerate(units):
-        whole = len(pieces) == 1 and pieces[0][1] == 0 and geometry.kv_stride == pieces[0][2] * step
-        for head in range(geometry.num_heads):
+        whole = len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == geometry.block_size \
+            and geometry.kv_stride == geometry.block_size * geometry.token_nbytes
+        for head in geometry.heads:
             total = 0
-            for layer in range(geometry.num_layers):
-                layer_base = geometry.offset + layer * geometry.layer_stride + head * geometry.head_stride
-                crc = 0
+            for layer in geometry.layers:
                 if whole:  # K then V of one whole block: one contiguous run
-                    start = layer_base + pieces[0][0] * geometry.block_stride
+                    start = geometry.address(pieces[0][0], layer, head, 0)
                     crc = zlib.crc32(data[start:start + 2 * geometry.kv_stride])
                 else:
-                    for kv in (0, 1):
+                    crc = 0
+                    for kv, group, share in runs:
                         for block, token, count in pieces:
-                            start = layer_base + block * geometry.block_stride + kv * geometry.kv_stride + token * step
-                            crc = zlib.crc32(data[start:start + count * step], crc)
-                total = (total + _mix(crc | ((geometry.first_layer + layer) << 32))) & _MASK
-            sums[index, head] = total
+                            start = geometry.address(block, layer, head, kv, token, group)
+                            crc = zlib.crc32(data[start:start + count * share], crc)
+                total = (total + _mix(crc | (layer << 32))) & _MASK
+            sums[index, head - geometry.first_head] = total
     return sums
 
 

@@ -11,14 +11,23 @@ is the worker's block size and its ranks. Both travel in a holder's agent descri
 (`connector.range_plan`) without asking the holder again.
 
 The two layouts Tandem meets today, both head-major inside a page (vLLM's `LBHNC`: per
-head, the block's K vectors then its V vectors):
+head, the block's K region then its V region):
 - `layer_major`: vLLM's CPU allocation, one page per (layer, block), layer outermost;
 - `block_major`: the sim's pools, one contiguous run per block, layers inside it.
+
+Inside a head's K (or V) region an attention kernel may tile the block's vectors: vLLM's
+CPU kernels keep K dimension-major (`vec`: one run of every token per dimension; `amx`:
+one run per pair of dimensions) and V token-major (`amx`: two tokens to a tile). A region
+is `groups` runs of the block's tokens, a token's share of each run `token_nbytes /
+groups` bytes, and `tile_tokens` tokens move together: a token range starts and ends on
+a tile, and two sides exchange only regions tiled alike (the compatibility hash names the
+kernel).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import msgspec
 
@@ -41,6 +50,19 @@ class RankGeometry(msgspec.Struct, frozen=True, kw_only=True):
     head_stride: int
     kv_stride: int
     offset: int = 0
+    k_groups: int = 1  # runs of a head's K region, each holding every token's share
+    v_groups: int = 1
+    k_tile_tokens: int = 1  # tokens that move together in K (a tile)
+    v_tile_tokens: int = 1
+
+    def tiling(self, kv: int) -> tuple[int, int]:
+        """(groups, tile tokens) of K (0) or V (1)."""
+        return (self.k_groups, self.k_tile_tokens) if kv == 0 else (self.v_groups, self.v_tile_tokens)
+
+    @property
+    def token_align(self) -> int:
+        """Token ranges start and end on multiples of this (a block's end aside)."""
+        return max(self.k_tile_tokens, self.v_tile_tokens)
 
     @property
     def layers(self) -> range:
@@ -68,11 +90,17 @@ class RankGeometry(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"negative index in a KV rank geometry: {self}")
         if self.kv_stride < self.block_size * self.token_nbytes or self.head_stride < 2 * self.kv_stride:
             raise ValueError(f"a head's K and V vectors overlap: {self}")
+        for groups, tile in (self.tiling(0), self.tiling(1)):
+            if groups <= 0 or tile <= 0 or self.token_nbytes % groups or self.block_size % tile:
+                raise ValueError(f"a head's region cannot be cut into {groups} runs of {tile}-token tiles: {self}")
 
-    def address(self, block: int, layer: int, head: int, kv: int, token: int = 0) -> int:
-        """Byte offset of one token's vector (a check of the arithmetic the planner vectorises)."""
+    def address(self, block: int, layer: int, head: int, kv: int, token: int = 0, group: int = 0) -> int:
+        """Byte offset of one token's share of run `group` (its whole vector in an untiled
+        region: a check of the arithmetic the planner vectorises)."""
+        groups = self.tiling(kv)[0]
         return (self.offset + block * self.block_stride + (layer - self.first_layer) * self.layer_stride
-                + (head - self.first_head) * self.head_stride + kv * self.kv_stride + token * self.token_nbytes)
+                + (head - self.first_head) * self.head_stride + kv * self.kv_stride
+                + group * self.block_size * self.token_nbytes // groups + token * self.token_nbytes // groups)
 
 
 class KvShape(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,17 +180,27 @@ def _stages(num_layers: int, stages: int) -> Iterator[tuple[int, int]]:
         first += count
 
 
-def layer_major(part: RankSlice, *, num_blocks: int, block_size: int, token_nbytes: int,
-                offset: int = 0) -> RankGeometry:
+class Tiling(NamedTuple):
+    """How a kernel tiles a head's K and V regions (see the module's docstring)."""
+
+    k_groups: int = 1
+    k_tile_tokens: int = 1
+    v_groups: int = 1
+    v_tile_tokens: int = 1
+
+
+def layer_major(part: RankSlice, *, num_blocks: int, block_size: int, token_nbytes: int, offset: int = 0,
+                tiling: Tiling = Tiling()) -> RankGeometry:
     """vLLM's CPU layout (`LBHNC`): layer `l`'s pages fill `num_blocks` pages, block by
-    block; a page is every head's K vectors then V vectors."""
+    block; a page is every head's K region then V region, tiled as the kernel keeps them."""
     kv_stride = block_size * token_nbytes
     page = part.num_heads * 2 * kv_stride
     return RankGeometry(rank=part.rank, first_layer=part.first_layer, num_layers=part.num_layers,
                         first_head=part.first_head, num_heads=part.num_heads, num_blocks=num_blocks,
                         block_size=block_size, token_nbytes=token_nbytes, block_stride=page,
                         layer_stride=num_blocks * page, head_stride=2 * kv_stride, kv_stride=kv_stride,
-                        offset=offset)
+                        offset=offset, k_groups=tiling.k_groups, k_tile_tokens=tiling.k_tile_tokens,
+                        v_groups=tiling.v_groups, v_tile_tokens=tiling.v_tile_tokens)
 
 
 def block_major(part: RankSlice, *, num_blocks: int, block_size: int, token_nbytes: int) -> RankGeometry:

@@ -74,29 +74,43 @@ def write_targets(src: RankGeometry, src_shape: KvShape, dst_shape: KvShape) -> 
 
 def plan_ranges(part: RankPart, segments: Segments, *, layers: range | None = None) -> RangePlan:
     """The byte ranges of `segments` for the part's layers and heads (only `layers` of
-    them when given: one layer of a push)."""
+    them when given: one layer of a push), K and V apart, each run of a tiled region apart.
+    Both sides must tile K and V alike, and every segment start and length fall on a tile
+    (ValueError otherwise: the caller's bug, or a pairing the compatibility hash allows by
+    mistake)."""
     src, dst = part.src, part.dst
     span = part.layers if layers is None else _overlap(part.layers, layers)
     if not span or not part.heads or not len(segments):
         empty = np.zeros(0, dtype=np.int64)
         return RangePlan(empty, empty, empty)
-    if src.token_nbytes != dst.token_nbytes:
-        raise ValueError(f"ranks of {src.token_nbytes}- and {dst.token_nbytes}-byte head vectors cannot map")
+    if src.token_nbytes != dst.token_nbytes or src.tiling(0) != dst.tiling(0) or src.tiling(1) != dst.tiling(1):
+        raise ValueError(f"ranks of unlike KV regions cannot map: {src.token_nbytes}-byte vectors tiled "
+                         f"{src.tiling(0)}/{src.tiling(1)} against {dst.token_nbytes} tiled {dst.tiling(0)}/{dst.tiling(1)}")
+    rows = [_kv_rows(part, segments, span, kv) for kv in (0, 1)]
+    return merge_ranges(*(np.concatenate([row[index] for row in rows]) for index in range(3)))
+
+
+def _kv_rows(part: RankPart, segments: Segments, span: range, kv: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    src, dst = part.src, part.dst
+    groups, tile = src.tiling(kv)
+    if tile > 1 and ((segments.tokens % tile).any() or (segments.src_token % tile).any()
+                     or (segments.dst_token % tile).any()):
+        raise ValueError(f"a token range does not fall on the {tile}-token tiles of the KV region")
+    share = src.token_nbytes // groups  # a token's bytes in one run
     layer = np.arange(span.start, span.stop, dtype=np.int64).reshape(1, -1, 1, 1)
     head = np.arange(part.heads.start, part.heads.stop, dtype=np.int64).reshape(1, 1, -1, 1)
-    kv = np.arange(2, dtype=np.int64).reshape(1, 1, 1, 2)
-    shape = (len(segments), len(span), len(part.heads), 2)
+    group = np.arange(groups, dtype=np.int64).reshape(1, 1, 1, -1)
+    shape = (len(segments), len(span), len(part.heads), groups)
 
     def offsets(side: RankGeometry, block: np.ndarray, token: np.ndarray) -> np.ndarray:
-        base = side.offset + block * side.block_stride + token * side.token_nbytes
+        base = side.offset + block * side.block_stride + token * share + kv * side.kv_stride
         inner = ((layer - side.first_layer) * side.layer_stride + (head - side.first_head) * side.head_stride
-                 + kv * side.kv_stride)
+                 + group * side.block_size * share)
         return np.broadcast_to(base.reshape(-1, 1, 1, 1) + inner, shape).reshape(-1)
 
-    src_offsets = offsets(src, segments.src_block, segments.src_token)
-    dst_offsets = offsets(dst, segments.dst_block, segments.dst_token)
-    lengths = np.broadcast_to((segments.tokens * src.token_nbytes).reshape(-1, 1, 1, 1), shape).reshape(-1)
-    return merge_ranges(src_offsets, dst_offsets, lengths)
+    lengths = np.broadcast_to((segments.tokens * share).reshape(-1, 1, 1, 1), shape).reshape(-1)
+    return (offsets(src, segments.src_block, segments.src_token), offsets(dst, segments.dst_block, segments.dst_token),
+            lengths)
 
 
 def merge_ranges(src_offsets: np.ndarray, dst_offsets: np.ndarray, lengths: np.ndarray) -> RangePlan:

@@ -10,19 +10,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from connector.kv_checksums import combine_unit_sums, unit_digest, unit_sums
-from connector.kv_geometry import KvShape, RankGeometry, block_major, layer_major, rank_slices
+from connector.kv_geometry import KvShape, RankGeometry, Tiling, block_major, layer_major, rank_slices
 from connector.range_plan import merge_ranges, plan_ranges, read_sources, write_targets
 from connector.token_map import token_segments, unit_tokens
 
 
 def make_shape(layout: str, *, layers: int, heads: int, tp: int, pp: int, block_size: int, num_blocks: int,
-               token_nbytes: int) -> KvShape:
-    build = layer_major if layout == "layer" else block_major
-    ranks = [build(part, num_blocks=num_blocks, block_size=block_size, token_nbytes=token_nbytes)
-             for part in rank_slices(layers, heads, tp, pp)]
+               token_nbytes: int, tiling: Tiling = Tiling()) -> KvShape:
+    if layout == "layer":
+        ranks = [layer_major(part, num_blocks=num_blocks, block_size=block_size, token_nbytes=token_nbytes,
+                             tiling=tiling) for part in rank_slices(layers, heads, tp, pp)]
+    else:
+        ranks = [block_major(part, num_blocks=num_blocks, block_size=block_size, token_nbytes=token_nbytes)
+                 for part in rank_slices(layers, heads, tp, pp)]
     shape = KvShape(block_size=block_size, num_layers=layers, num_kv_heads=heads, ranks=ranks)
     shape.validate()
     return shape
+
+
+def shares(rank, block: int, layer: int, head: int, kv: int, slot: int):
+    """Where each run's share of one token's vector lives: (start, end) in the vector, and the
+    region's offset."""
+    groups = rank.tiling(kv)[0]
+    share = rank.token_nbytes // groups
+    for group in range(groups):
+        yield group * share, (group + 1) * share, rank.address(block, layer, head, kv, slot, group)
 
 
 def fill(shape: KvShape, logical: np.ndarray, block_ids: list[int], tokens: int) -> list[np.ndarray]:
@@ -35,8 +47,8 @@ def fill(shape: KvShape, logical: np.ndarray, block_ids: list[int], tokens: int)
             for layer in rank.layers:
                 for head in rank.heads:
                     for kv in (0, 1):
-                        start = rank.address(block, layer, head, kv, slot)
-                        region[start:start + rank.token_nbytes] = logical[token, layer, head, kv]
+                        for first, last, start in shares(rank, block, layer, head, kv, slot):
+                            region[start:start + last - first] = logical[token, layer, head, kv, first:last]
         regions.append(region)
     return regions
 
@@ -48,9 +60,10 @@ def check(shape: KvShape, regions: list[np.ndarray], logical: np.ndarray, block_
             for layer in rank.layers:
                 for head in rank.heads:
                     for kv in (0, 1):
-                        start = rank.address(block, layer, head, kv, slot)
-                        assert np.array_equal(region[start:start + rank.token_nbytes], logical[token, layer, head, kv]), \
-                            (rank.rank, token, layer, head, kv)
+                        for first, last, start in shares(rank, block, layer, head, kv, slot):
+                            assert np.array_equal(region[start:start + last - first],
+                                                  logical[token, layer, head, kv, first:last]), \
+                                (rank.rank, token, layer, head, kv)
 
 
 def apply(plan, src: np.ndarray, dst: np.ndarray) -> None:
@@ -68,16 +81,18 @@ def transfers(draw):
     layers = draw(st.integers(1, 4))
     heads = draw(st.sampled_from([1, 2, 4]))
     token_nbytes = draw(st.sampled_from([4, 8]))
-    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=2))
-    tokens = draw(st.integers(1, 40))
+    tiled = draw(st.booleans())  # vLLM's CPU kernels' tiles (K by dimension pairs, V by token pairs)
+    tiling = Tiling(k_groups=token_nbytes // 2, v_tile_tokens=2) if tiled else Tiling()
+    sizes = draw(st.lists(st.sampled_from([2, 4, 8] if tiled else [1, 2, 4, 8]), min_size=2, max_size=2))
+    tokens = draw(st.integers(1, 20)) * (2 if tiled else 1)
     sides = []
     for block_size in sizes:
         count = -(-tokens // block_size)
         num_blocks = count + draw(st.integers(0, 3))
         block_ids = draw(st.permutations(range(num_blocks)))[:count]
-        shape = make_shape(draw(st.sampled_from(["layer", "block"])), layers=layers, heads=heads,
-                           tp=draw(parallel_degrees(heads)), pp=draw(st.integers(1, layers)), block_size=block_size,
-                           num_blocks=num_blocks, token_nbytes=token_nbytes)
+        shape = make_shape("layer" if tiled else draw(st.sampled_from(["layer", "block"])), layers=layers,
+                           heads=heads, tp=draw(parallel_degrees(heads)), pp=draw(st.integers(1, layers)),
+                           block_size=block_size, num_blocks=num_blocks, token_nbytes=token_nbytes, tiling=tiling)
         sides.append((shape, list(block_ids)))
     seed = draw(st.integers(0, 2**32 - 1))
     return sides, tokens, seed
@@ -190,3 +205,17 @@ def test_a_changed_byte_changes_the_unit() -> None:
 def test_merge_keeps_rows_apart_unless_both_sides_run_on() -> None:
     plan = merge_ranges(np.array([0, 10, 4]), np.array([0, 8, 4]), np.array([4, 4, 4]))
     assert plan.dst_offsets.tolist() == [0, 8] and plan.lengths.tolist() == [8, 4]
+
+
+def test_unlike_tiles_and_tokens_off_a_tile_are_refused() -> None:
+    vec = make_shape("layer", layers=1, heads=1, tp=1, pp=1, block_size=4, num_blocks=4, token_nbytes=8,
+                     tiling=Tiling(k_groups=8))
+    amx = make_shape("layer", layers=1, heads=1, tp=1, pp=1, block_size=4, num_blocks=4, token_nbytes=8,
+                     tiling=Tiling(k_groups=4, v_tile_tokens=2))
+    (part,) = read_sources(amx.ranks[0], vec)
+    with pytest.raises(ValueError, match="unlike KV regions"):
+        plan_ranges(part, token_segments([0], 4, [1], 4, 4))
+    (part,) = read_sources(amx.ranks[0], amx)
+    with pytest.raises(ValueError, match="tiles"):
+        plan_ranges(part, token_segments([0], 4, [1], 4, 3))
+    assert plan_ranges(part, token_segments([0], 4, [1], 4, 2)).nbytes == 2 * 8 * 2  # two tokens' K and V
