@@ -3,14 +3,17 @@
 A step's `PushSpec`s arrive with its connector metadata, bound before the forward pass
 (`begin`; vLLM calls `start_load_kv` after it for asynchronous loads). After each attention
 layer vLLM calls the connector's `save_kv_layer` (`layer_computed`): that layer of every
-block the step completes is final, and its pages are queued for a NIXL WRITE into the
-reader's blocks. One writer thread performs the writes in order while the model thread
+block the step completes is final, and this rank's share of it (its KV heads, into the
+reader's ranks that hold them: `connector.range_plan.write_targets`; the reader may have
+another tensor-parallel degree, not another block size) is queued for a NIXL WRITE into
+the reader's blocks. One writer thread performs the writes in order while the model thread
 goes on to the next layer, so layer k travels while layer k+1 is computed. At the end of
 the forward pass (`end`, vLLM's `wait_for_save`) a push whose prompt is complete writes,
 whole, the blocks the engine reused from its prefix cache (never computed, so no layer
 hook named them) and any block a layer hook missed, waits for every write (bounded),
-checksums its own copy of each block and sends the one `Pushed` report, before the step's
-output (the first token) leaves the engine.
+checksums its heads of its own copy of each block and sends its `Pushed` report (the
+Tandem worker merges every rank's), before the step's output (the first token) leaves the
+engine.
 
 Faults: the sim writer's rule (`connector.faults.write_faults`, chosen by the reader's
 block id): a block chosen to fail is not written and is reported failed; one chosen to
@@ -26,12 +29,13 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-import numpy as np
-
 from connector.faults import write_faults
+from connector.kv_geometry import KvShape, RankGeometry
+from connector.kv_peer import KvPeer
 from connector.nixl_agent import KvAgent
 from connector.push_ledger import PushLedger
-from connector.vllm.kv_pages import PageGeometry, page_ids
+from connector.range_plan import plan_ranges, write_targets
+from connector.token_map import token_segments
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import LayerWritten, Pushed, PushSpec
 from shared.config import KvFaultConfig
@@ -45,6 +49,7 @@ class _Push:
     def __init__(self, spec: PushSpec, num_layers: int) -> None:
         self.transfer_id = spec.transfer_id
         self.agent_name = spec.agent_name
+        self.reader: KvPeer | None = None
         self.target = spec.target_block_ids
         self.num_layers = num_layers
         self.started = time.perf_counter()
@@ -70,13 +75,14 @@ class _Step:
 
 
 class PushWrites:
-    def __init__(self, agent: Callable[[], KvAgent], geometry: Callable[[], PageGeometry],
-                 ensure_peer: Callable[[str, bytes], None], checksum: Callable[[int], int],
+    def __init__(self, agent: Callable[[], KvAgent], rank: Callable[[], RankGeometry], shape: Callable[[], KvShape],
+                 peer_of: Callable[[str, bytes], KvPeer], block_checksums: Callable[[list[int]], list[int]],
                  faults: KvFaultConfig, reports: ReportSender, timeout_s: float) -> None:
         self._agent = agent
-        self._geometry = geometry
-        self._ensure_peer = ensure_peer
-        self._checksum = checksum
+        self._rank = rank
+        self._shape = shape
+        self._peer_of = peer_of
+        self._block_checksums = block_checksums
         self._faults = faults
         self._reports = reports
         self._timeout_s = timeout_s
@@ -97,19 +103,17 @@ class PushWrites:
 
     def begin(self, specs: list[PushSpec]) -> None:
         self._steps, self._finals = [], []
-        geometry = self._geometry()
+        shape = self._shape()
         for spec in specs:
             push = self._pushes.get(spec.transfer_id)
             if push is None:
-                push = self._pushes[spec.transfer_id] = _Push(spec, geometry.num_layers)
+                push = self._pushes[spec.transfer_id] = _Push(spec, shape.num_layers)
             if spec.final:
                 self._finals.append((push, spec))
             if not spec.indices or push.reason:
                 continue
-            try:
-                self._ensure_peer(spec.agent_name, spec.agent_metadata)
-            except Exception as error:  # the reader's agent is unusable: nothing can be written
-                push.reason = f"reader agent unusable: {error}"
+            self._reach(push, spec)
+            if push.reason:
                 continue
             keep = self._keep(push, spec.indices)
             push.ledger.source(spec.indices, spec.local_block_ids)
@@ -144,44 +148,55 @@ class PushWrites:
         push.ledger.fail(indices[position] for position in faults.failed)
         return faults.written
 
+    def _reach(self, push: _Push, spec: PushSpec) -> None:
+        """The reader's agents, once per push; a reader this rank cannot write into (its
+        agents unusable, another block size) fails the push."""
+        if push.reader is not None or push.reason:
+            return
+        try:
+            push.reader = self._peer_of(spec.agent_name, spec.agent_metadata)
+        except Exception as error:  # the reader's agent is unusable: nothing can be written
+            push.reason = f"reader agent unusable: {error}"
+            return
+        if push.reader.shape.block_size != self._shape().block_size:
+            push.reason = (f"the reader's {push.reader.shape.block_size}-token blocks are not this engine's "
+                           f"{self._shape().block_size}: a push maps heads and layers, not block sizes")
+
     def _write(self, push: _Push, layer: int | None, indices: list[int], local: list[int], remote: list[int],
                computed: float) -> None:
-        """On the writer thread: one layer (or every layer: None) of these blocks."""
+        """On the writer thread: one layer (or every layer: None) of these blocks, this
+        rank's heads into the reader's ranks that hold them."""
         started = time.perf_counter()
-        geometry = self._geometry()
-        agent = self._agent()
-        result = None
-        peer_pool = agent.peer_pool(push.agent_name)
-        if peer_pool is not None:
-            remote_blocks = peer_pool.num_blocks // geometry.num_layers
-            if layer is None:
-                local_pages = page_ids(local, geometry.num_layers, geometry.num_blocks)
-                remote_pages = page_ids(remote, geometry.num_layers, remote_blocks)
-            else:
-                local_pages = np.asarray(local, dtype=np.int64) + layer * geometry.num_blocks
-                remote_pages = np.asarray(remote, dtype=np.int64) + layer * remote_blocks
-            result = agent.write_blocks(push.agent_name, remote_pages, local_pages, timeout_s=self._timeout_s)
-        ok = result is not None and result.ok
+        agent, rank, reader = self._agent(), self._rank(), push.reader
+        ok, nbytes, detail = reader is not None, 0, "" if reader is not None else "reader agent unknown"
+        if reader is not None:
+            size = rank.block_size
+            segments = token_segments(local, size, remote, size, len(local) * size)
+            layers = None if layer is None else range(layer, layer + 1)
+            for part in write_targets(rank, self._shape(), reader.shape):
+                plan = plan_ranges(part, segments, layers=layers)
+                if not len(plan):
+                    continue
+                result = agent.write_ranges(reader.rank_agents[part.dst.rank], plan.dst_offsets, plan.src_offsets,
+                                            plan.lengths, timeout_s=self._timeout_s)
+                ok, nbytes = ok and result.ok, nbytes + (result.nbytes if result.ok else 0)
+                detail = detail or ("" if result.ok else result.detail)
         with push.lock:
             push.timings.append(LayerWritten(
                 layer=-1 if layer is None else layer, blocks=len(local), computed_s=push.since(computed),
                 started_s=push.since(started), done_s=push.since(time.perf_counter()), ok=ok))
-            if ok:
-                push.nbytes += result.nbytes
-            else:
+            push.nbytes += nbytes
+            if not ok:
                 push.ledger.fail(indices)
-                push.reason = push.reason or (result.detail if result is not None else "reader agent unknown")
+                push.reason = push.reason or detail
 
     def _finish(self, push: _Push, spec: PushSpec) -> None:
         ledger = push.ledger
         ledger.source(spec.whole_indices, spec.whole_local_block_ids)
         # Reused blocks, and any block a layer hook missed: every layer at once.
         missing = ledger.unsent(push.num_layers)
-        if missing and not push.reason:
-            try:
-                self._ensure_peer(spec.agent_name, spec.agent_metadata)
-            except Exception as error:
-                push.reason = f"reader agent unusable: {error}"
+        if missing:
+            self._reach(push, spec)
         if missing and not push.reason:
             keep = self._keep(push, missing)
             indices = [missing[i] for i in keep]
@@ -200,9 +215,10 @@ class PushWrites:
         if push.reason:
             ledger.fail(ledger.sources)
         del self._pushes[push.transfer_id]
-        ok, checksums = ledger.ok(), ledger.checksums(self._checksum)
+        rank = self._rank()
+        ok, checksums = ledger.ok(), ledger.checksums(self._block_checksums, rank.num_heads)
         with push.lock:
             timings = sorted(push.timings, key=lambda t: (t.started_s, t.layer))
         self.pushes += 1
         self._reports.send(Pushed(transfer_id=push.transfer_id, ok=ok, checksums=checksums, nbytes=push.nbytes,
-                                  reason=push.reason, writes=timings))
+                                  reason=push.reason, writes=timings, rank=rank.rank, heads=list(rank.heads)))

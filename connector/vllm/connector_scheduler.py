@@ -64,6 +64,7 @@ from connector.vllm.kv_wire import (
     held_params,
     order_of,
 )
+from connector.vllm.pull_claim import claim_end, load_plan
 from connector.vllm.scheduled_blocks import ScheduledBlocks
 
 if TYPE_CHECKING:
@@ -144,12 +145,13 @@ class SchedulerSide:
         if request.request_id in self._planned:
             return 0
         pull = order.pull
-        held = len(pull.block_ids) * self.block_size - (self.block_size - pull.tail_tokens if pull.tail_tokens else 0)
-        # vLLM computes at least one token of every prompt: never claim the last one. A claim
-        # may end inside a block (vLLM loads the block whole and computes from there).
-        usable = min(held, request.num_tokens - 1)
+        holder_size = pull.block_size or self.block_size
+        held = (len(pull.block_ids) - (1 if pull.tail_tokens else 0)) * holder_size + pull.tail_tokens
+        # vLLM computes at least one token of every prompt: never claim the last one.
+        end = claim_end(held_tokens=held, usable_tokens=min(held, request.num_tokens - 1),
+                        computed_tokens=num_computed_tokens, holder_block_size=holder_size, block_size=self.block_size)
         self._local_blocks[request.request_id] = num_computed_tokens // self.block_size
-        return max(0, usable - num_computed_tokens)
+        return end - num_computed_tokens
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         order = self._orders.get(request.request_id)
@@ -163,19 +165,24 @@ class SchedulerSide:
             return
         self._planned.add(request.request_id)
         pull = order.pull
-        first = self._local_blocks.pop(request.request_id, 0)
-        count = -(-(first * self.block_size + num_external_tokens) // self.block_size) - first
+        holder_size = pull.block_size or self.block_size
+        computed = self._local_blocks.pop(request.request_id, 0) * self.block_size
+        held = (len(pull.block_ids) - (1 if pull.tail_tokens else 0)) * holder_size + pull.tail_tokens
+        plan = load_plan(computed_tokens=computed, external_tokens=num_external_tokens, held_tokens=held,
+                         holder_block_size=holder_size, block_size=self.block_size)
         (block_ids,) = blocks.get_block_ids()
-        if count:
-            self._loading[request.request_id] = (request, first * self.block_size)
+        if num_external_tokens:
+            self._loading[request.request_id] = (request, computed)
+        heads = len(pull.checksums) // len(pull.block_ids) if pull.block_ids else 0
+        units = slice(plan.first_unit, plan.first_unit + plan.units if num_external_tokens else plan.first_unit)
         # Always a spec, even an empty one: the worker side reports every planned pull, so the
         # Tandem worker hears one outcome per order (here: "all cached locally").
         self._loads.append(LoadSpec(
             request_id=request.request_id, transfer_id=order.transfer_id, lease_id=pull.lease_id,
-            agent_name=pull.agent_name,
-            agent_metadata=pull.agent_metadata, remote_block_ids=pull.block_ids[first:first + count],
-            local_block_ids=list(block_ids[first:first + count]), checksums=pull.checksums[first:first + count],
-            cached_blocks=first))
+            agent_name=pull.agent_name, agent_metadata=pull.agent_metadata, remote_block_ids=pull.block_ids[units],
+            local_block_ids=list(block_ids[plan.first_local:plan.first_local + plan.local_blocks])
+            if num_external_tokens else [], checksums=pull.checksums[units.start * heads:units.stop * heads],
+            cached_blocks=plan.first_unit, block_size=holder_size, tokens=plan.tokens))
 
     def take_loads(self) -> list[LoadSpec]:
         loads, self._loads = self._loads, []

@@ -1,22 +1,16 @@
-"""The worker side of Tandem's vLLM connector: runs in vLLM's model-worker process, on its
-main thread, between and around forward passes.
+"""The worker side of Tandem's vLLM connector: runs in each of vLLM's model-worker processes
+(one per tensor-parallel rank), on its main thread, between and around forward passes.
 
-It owns the engine's NIXL agent (`connector.nixl_agent.KvAgent`, progress thread with a
-non-zero delay: it must not spin), registered once over vLLM's whole KV allocation as
-layer-major pages (`kv_pages`). A pull (`LoadSpec`) starts in `start_load_kv` of the step
-that planned it and is read on the connector's loader thread (one pull at a time; NIXL
-copies inside the posting call on one host, bounded by the transfer timeout), so the
-requests decoding here go on meanwhile; the pulling request waits in vLLM until
-`get_finished` names it, in the first step after its pull ended. The read is the sim
-reader's (`connector.block_io.read_verified`: read, verify each block against the holder's
-checksum, read the failed ones again, bounded in time), over this side's block-I/O port
-(`PageReads`), wrapped in the same fault injection (`connector.faults.FaultInjectingReader`);
-it runs on the loader thread, in that thread's own event loop. Blocks that still failed go to
-vLLM through `get_block_ids_with_load_errors` in the step whose `get_finished` names the
-request (vLLM rolls it back to its first failed block), and every pull ends in exactly
-one `Loaded` report to the Tandem worker, sent from the engine thread. Pushes (the writer's
-per-layer writes, from vLLM's save hook) are `connector_push.PushWrites`, over the same
-agent and pages. A host-memory tier (`host_blocks` > 0) is a second array of pages in this
+Each rank owns its NIXL agent (`connector.nixl_agent.KvAgent`, progress thread with a
+non-zero delay: it must not spin), registered once over the rank's whole KV allocation, and
+knows where its blocks, layers and KV heads live (`connector.kv_geometry.layer_major`: vLLM's
+CPU layout; its heads are the rank's TP slice). What it tells the Tandem worker
+(`tandem_agent_metadata`: a `RankAgent`) becomes, with the other ranks', the worker's
+`connector.kv_peer.KvPeer`. Pulls are `rank_loads.RankLoads` (each rank reads its heads from
+the holder ranks that hold them), pushes `connector_push.PushWrites` (each rank writes its
+heads into the reader's ranks), both over this rank's agent and region; checksums are the
+data plane's per-head unit sums over this rank's heads (`checksums`), which the Tandem
+worker combines. A host-memory tier (`host_blocks` > 0) is a second array of pages in this
 process, layer-major like vLLM's: `HostCopy` loads copy slots into the loading request's
 blocks in `start_load_kv` (which vLLM calls after the step's forward pass, for asynchronous
 loads; the request waits outside it and is reported loaded in the same step), then saves copy
@@ -26,24 +20,24 @@ load planned before it first.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from connector.agent_types import KvAgentConfig
-from connector.block_io import read_verified
-from connector.faults import FaultInjectingReader, ReadFaults
+from connector.agent_types import TransferResult as AgentResult
+from connector.kv_checksums import Piece, unit_sums
+from connector.kv_geometry import KvShape, RankGeometry, RankSlice, Tiling, layer_major, rank_slices
+from connector.kv_peer import KvPeer, decode_peer
 from connector.nixl_agent import KvAgent
 from connector.transport import TransferResult
 from connector.vllm.connector_push import PushWrites
-from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
+from connector.vllm.kv_pages import PageGeometry, page_ids
 from connector.vllm.kv_reports import ReportSender
-from connector.vllm.kv_wire import HostCopy, Loaded, LoadSpec, PushSpec
+from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec, RankAgent, RankChecksums
+from connector.vllm.rank_loads import RankLoads
+from shared.codec import encode
 from shared.config import KvFaultConfig, KvRetryConfig
 
 if TYPE_CHECKING:
@@ -71,47 +65,55 @@ def page_geometry(kv_cache_config: KVCacheConfig) -> PageGeometry:
     return geometry
 
 
-class PageReads:
-    """vLLM's block-I/O port (`connector.block_io.BlockReader`) for one pull: NIXL reads into
-    vLLM's KV pages, from the holder whose agent metadata the pull carries."""
+class AgentRanges:
+    """The rank's NIXL agent as a range mover (`connector.shaped_read.RangeMover`), for one
+    pull on the loader thread: the agent copies inside the posting call (the pull's event
+    loop runs nothing else meanwhile)."""
 
-    def __init__(self, side: WorkerSide, agent_metadata: bytes) -> None:
-        self._side = side
-        self._agent_metadata = agent_metadata
+    def __init__(self, agent: KvAgent) -> None:
+        self._agent = agent
 
-    async def read(self, peer: str, remote_block_ids: list[int], local_block_ids: list[int], *,
-                   timeout_s: float) -> TransferResult:
-        # Blocking, on the loader thread: the pull's event loop runs nothing else.
-        return self._side.read_pages(peer, self._agent_metadata, remote_block_ids, local_block_ids, timeout_s)
+    async def read_ranges(self, peer: str, remote_offsets: np.ndarray, local_offsets: np.ndarray,
+                          lengths: np.ndarray, *, timeout_s: float) -> TransferResult:
+        return _result(self._agent.read_ranges(peer, remote_offsets, local_offsets, lengths, timeout_s=timeout_s))
+
+    async def write_ranges(self, peer: str, remote_offsets: np.ndarray, local_offsets: np.ndarray,
+                           lengths: np.ndarray, *, timeout_s: float) -> TransferResult:
+        return _result(self._agent.write_ranges(peer, remote_offsets, local_offsets, lengths, timeout_s=timeout_s))
+
+
+def _result(result: AgentResult) -> TransferResult:
+    return TransferResult(outcome="done" if result.ok else "failed", ok=[result.ok],
+                          nbytes=result.nbytes if result.ok else 0, duration_s=result.elapsed_s,
+                          reason="" if result.ok else result.detail)
 
 
 class WorkerSide:
-    def __init__(self, *, agent_name: str, agent_config: KvAgentConfig, faults: KvFaultConfig,
-                 reports: ReportSender, retry: KvRetryConfig = KvRetryConfig(), host_blocks: int = 0) -> None:
+    def __init__(self, *, agent_name: str, part: RankSlice, num_layers: int, num_kv_heads: int, tensor_parallel: int,
+                 block_size: int, agent_config: KvAgentConfig, faults: KvFaultConfig, reports: ReportSender,
+                 retry: KvRetryConfig = KvRetryConfig(), host_blocks: int = 0, tiling: Tiling = Tiling()) -> None:
         self._agent_name = agent_name
+        self._tiling = tiling
+        self._part = part
+        self._model = (num_layers, num_kv_heads, tensor_parallel)
+        self._block_size = block_size
         self._host_blocks = host_blocks
         self._host: np.ndarray | None = None  # (host_blocks * num_layers, page_nbytes): the host tier's pages
         self._host_saves: list[HostCopy] = []  # this step's, copied in `host_save`
         self._host_loaded: set[str] = set()  # requests whose host load was copied this step
         self._agent_config = agent_config
-        self._faults = ReadFaults(faults)
-        self._retry = retry
-        self._reports = reports
         self._agent: KvAgent | None = None
         self._geometry: PageGeometry | None = None
-        self._pages: np.ndarray | None = None  # (num_pages, page_nbytes) uint8 view of vLLM's allocation
-        self._backing: torch.Tensor | None = None  # keeps the view's memory referenced
-        self._peers: dict[str, bytes] = {}  # agent name -> metadata added
-        self._load_errors: set[int] = set()
-        # Pulls run one at a time on a thread of their own, beside the forward passes: the
-        # streams decoding here go on while a new request's KV arrives.
-        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-kv-load")
-        self._loader_loop = asyncio.new_event_loop()  # runs each pull's read, on the loader thread only
-        self._done_lock = threading.Lock()
-        self._done: list[tuple[str, Loaded, list[int]]] = []  # ended pulls: request id, report, failed blocks
-        self.loads = 0  # pulls performed, for diagnostics
-        self.pushes = PushWrites(lambda: self.agent, self._require_geometry, self._ensure_peer, self._checksum,
-                                 faults, reports, agent_config.default_timeout_s)
+        self.rank: RankGeometry | None = None
+        self.shape: KvShape | None = None  # every rank's of this engine (a push writer's)
+        self._region: np.ndarray | None = None  # flat uint8 view of vLLM's allocation
+        self._pages: np.ndarray | None = None  # (num_pages, page_nbytes) view of it
+        self._backing: torch.Tensor | None = None  # keeps the views' memory referenced
+        self._peers: dict[str, KvPeer] = {}  # peer agent name -> its description, its rank agents added
+        self.pulls = RankLoads(faults=faults, retry=retry, timeout_s=agent_config.default_timeout_s,
+                               reports=reports, peer_of=self.peer_of)
+        self.pushes = PushWrites(lambda: self.agent, self._require_rank, self._require_shape, self.peer_of,
+                                 self._block_checksums, faults, reports, agent_config.default_timeout_s)
 
     @property
     def agent(self) -> KvAgent:
@@ -127,6 +129,7 @@ class WorkerSide:
         storage = next(iter(kv_caches.values())).untyped_storage()
         if storage.nbytes() < geometry.nbytes:
             raise ValueError(f"the KV allocation has {storage.nbytes()} bytes, the layout needs {geometry.nbytes}")
+        rank = self._rank_geometry(geometry)
         backing = torch.empty(0, dtype=torch.uint8)
         backing.set_(storage, 0, (geometry.nbytes,), (1,))
         buffer = backing.numpy()
@@ -136,8 +139,9 @@ class WorkerSide:
         except BaseException:
             agent.close()
             raise
-        self._agent, self._geometry, self._backing = agent, geometry, backing
+        self._agent, self._geometry, self._backing, self.rank, self._region = agent, geometry, backing, rank, buffer
         self._pages = buffer.reshape(geometry.num_pages, geometry.page_nbytes)
+        self.pulls.bind(rank, buffer, AgentRanges(agent))
         if self._host_blocks:
             self._host = np.zeros((self._host_blocks * geometry.num_layers, geometry.page_nbytes), dtype=np.uint8)
         # Each layer's tensor is a view at its layer's offset in the one allocation.
@@ -145,17 +149,76 @@ class WorkerSide:
         layer_nbytes = geometry.num_blocks * geometry.page_nbytes
         self.pushes.bind_layers({name: (tensor.data_ptr() - base) // layer_nbytes
                                  for name, tensor in kv_caches.items()})
-        log.info("Tandem KV agent %s: %d layers x %d blocks of %d-byte pages registered",
-                 self._agent_name, geometry.num_layers, geometry.num_blocks, geometry.page_nbytes)
+        log.info("Tandem KV agent %s (rank %d: heads %d-%d): %d layers x %d blocks of %d-byte pages registered",
+                 self._agent_name, rank.rank, rank.first_head, rank.heads.stop - 1, geometry.num_layers,
+                 geometry.num_blocks, geometry.page_nbytes)
 
-    def _require_geometry(self) -> PageGeometry:
-        assert self._geometry is not None, "register_kv_caches() first"
-        return self._geometry
+    def _rank_geometry(self, pages: PageGeometry) -> RankGeometry:
+        """This rank's blocks, layers and heads in vLLM's pages; refuses a page size that is
+        not the rank's heads' K and V vectors of a block."""
+        num_layers, num_kv_heads, tensor_parallel = self._model
+        part, size = self._part, self._block_size
+        token_nbytes, rest = divmod(pages.page_nbytes, part.num_heads * 2 * size)
+        if rest or pages.num_layers != num_layers:
+            raise ValueError(f"vLLM's pages ({pages}) are not {num_layers} layers of {part.num_heads} KV heads x "
+                             f"{size} tokens")
+        self.shape = KvShape(block_size=size, num_layers=num_layers, num_kv_heads=num_kv_heads, ranks=[
+            layer_major(other, num_blocks=pages.num_blocks, block_size=size, token_nbytes=token_nbytes,
+                        tiling=self._tiling) for other in rank_slices(num_layers, num_kv_heads, tensor_parallel)])
+        return self.shape.ranks[part.rank]
+
+    def _require_rank(self) -> RankGeometry:
+        assert self.rank is not None, "register_kv_caches() first"
+        return self.rank
+
+    def _require_shape(self) -> KvShape:
+        assert self.shape is not None, "register_kv_caches() first"
+        return self.shape
 
     def metadata(self) -> bytes:
-        return self.agent.metadata()
+        """This rank as the Tandem worker describes it to peers (`RankAgent`, msgpack)."""
+        return encode(RankAgent(geometry=self._require_rank(), agent_name=self._agent_name,
+                                metadata=self.agent.metadata()))
 
-    # ---- pushes (see connector_push) ----------------------------------------------------
+    def peer_of(self, name: str, metadata: bytes) -> KvPeer:
+        """A peer worker (a holder or a push's reader), its rank agents reachable from this
+        rank. Names are unique per incarnation: a known name is not added again."""
+        peer = self._peers.get(name)
+        if peer is None:
+            peer = decode_peer(metadata)
+            if peer.agent_name != name:
+                raise ValueError(f"metadata is for agent {peer.agent_name!r}, not {name!r}")
+            for agent, rank_metadata in zip(peer.rank_agents, peer.rank_metadata):
+                self.agent.add_peer(agent, rank_metadata)
+            self._peers[name] = peer
+        return peer
+
+    # ---- checksums -------------------------------------------------------------------------
+
+    def checksums(self, units: list[list[Piece]]) -> bytes:
+        """This rank's share of the units' checksums (`RankChecksums`, msgpack)."""
+        rank, region = self._require_rank(), self._region
+        assert region is not None
+        sums = unit_sums(region, rank, units)
+        return encode(RankChecksums(heads=list(rank.heads), values=sums.reshape(-1).tolist()))
+
+    def _block_checksums(self, block_ids: list[int]) -> list[int]:
+        """This rank's checksums of whole blocks, flat (block by block, its heads)."""
+        rank, region = self._require_rank(), self._region
+        assert region is not None
+        return unit_sums(region, rank, [[(block_id, 0, rank.block_size)] for block_id in block_ids]).reshape(-1).tolist()
+
+    # ---- pulls and pushes (see rank_loads, connector_push) ----------------------------------
+
+    def load(self, specs: list[LoadSpec]) -> None:
+        self.pulls.load(specs)
+
+    def take_loaded(self) -> set[str]:
+        host_loaded, self._host_loaded = self._host_loaded, set()
+        return self.pulls.take_loaded() | host_loaded
+
+    def take_load_errors(self) -> set[int]:
+        return self.pulls.take_load_errors()
 
     def begin_pushes(self, specs: list[PushSpec]) -> None:
         if specs:
@@ -194,101 +257,9 @@ class WorkerSide:
         else:
             pages[block_pages] = host[slot_pages]
 
-    def checksums(self, block_ids: list[int]) -> list[int]:
-        return [self._checksum(block_id) for block_id in block_ids]
-
-    def _checksum(self, block_id: int) -> int:
-        assert self._pages is not None and self._geometry is not None
-        return block_checksum(self._pages, self._geometry, block_id)
-
     def close(self) -> None:
-        self._loader.shutdown(wait=True, cancel_futures=True)
-        self._loader_loop.close()
+        self.pulls.close()
         self.pushes.close()
         if self._agent is not None:
             self._agent.close()
             self._agent = None
-
-    # ---- loads --------------------------------------------------------------------------
-
-    def load(self, specs: list[LoadSpec]) -> None:
-        for spec in specs:
-            if not spec.local_block_ids:  # nothing to read: vLLM is not waiting for it
-                self._reports.send(self._load(spec)[0])
-            else:
-                self._loader.submit(self._load_in_background, spec)
-
-    def _load_in_background(self, spec: LoadSpec) -> None:
-        try:
-            report, failed = self._load(spec)
-        except Exception as error:  # a bug: the request still hears, every block failed
-            log.exception("pull %s failed", spec.transfer_id)
-            report = Loaded(ok=[False] * len(spec.local_block_ids), reason=f"internal error: {error}",
-                            transfer_id=spec.transfer_id, lease_id=spec.lease_id, cached_blocks=spec.cached_blocks)
-            failed = list(spec.local_block_ids)
-        with self._done_lock:
-            self._done.append((spec.request_id, report, failed))
-
-    def take_loaded(self) -> set[str]:
-        """The requests whose loads ended since the last step (vLLM's `get_finished`); their
-        failed blocks become this step's load errors, and their reports leave from here (the
-        engine thread owns the report socket)."""
-        with self._done_lock:
-            done, self._done = self._done, []
-        for _, report, failed in done:
-            self._reports.send(report)
-            self._load_errors.update(failed)
-        host_loaded, self._host_loaded = self._host_loaded, set()
-        return {request_id for request_id, _, _ in done} | host_loaded
-
-    def take_load_errors(self) -> set[int]:
-        errors, self._load_errors = self._load_errors, set()
-        return errors
-
-    def _load(self, spec: LoadSpec) -> tuple[Loaded, list[int]]:
-        started = time.perf_counter()
-        count = len(spec.local_block_ids)
-        report = dict(transfer_id=spec.transfer_id, lease_id=spec.lease_id, cached_blocks=spec.cached_blocks)
-        if count == 0:
-            return Loaded(ok=[], reason="every block was cached locally", **report), []
-        self.loads += 1
-        reader = FaultInjectingReader(PageReads(self, spec.agent_metadata), self._faults, self._scribble)
-        read = self._loader_loop.run_until_complete(read_verified(
-            reader, self._checksum, spec.agent_name, spec.remote_block_ids, spec.local_block_ids, spec.checksums,
-            retry=self._retry, timeout_s=self._agent_config.default_timeout_s))
-        failed = [block_id for block_id, good in zip(spec.local_block_ids, read.ok) if not good]
-        if failed:
-            log.warning("pull %s: %d of %d block(s) failed (%s); vLLM recomputes from the first",
-                        spec.transfer_id, len(failed), count, read.reason)
-        return Loaded(ok=read.ok, nbytes=read.nbytes, duration_s=time.perf_counter() - started, reason=read.reason,
-                      retried=read.retried, recovered=read.recovered, **report), failed
-
-    def read_pages(self, peer: str, agent_metadata: bytes, remote_block_ids: list[int],
-                   local_block_ids: list[int], timeout_s: float) -> TransferResult:
-        """Read whole blocks (every layer's page) of a holder's pool into ours: one outcome for
-        the whole read, as NIXL reports it."""
-        count = len(local_block_ids)
-        try:
-            self._ensure_peer(peer, agent_metadata)
-        except Exception as error:  # malformed or incompatible metadata: nothing can be read
-            return TransferResult(outcome="failed", ok=[False] * count, reason=f"holder agent unusable: {error}")
-        geometry = self._geometry
-        peer_pool = self.agent.peer_pool(peer)
-        assert geometry is not None and peer_pool is not None
-        remote_blocks = peer_pool.num_blocks // geometry.num_layers
-        result = self.agent.read_blocks(peer, page_ids(remote_block_ids, geometry.num_layers, remote_blocks),
-                                        page_ids(local_block_ids, geometry.num_layers, geometry.num_blocks),
-                                        timeout_s=timeout_s)
-        return TransferResult(outcome="done" if result.ok else "failed", ok=[result.ok] * count,
-                              nbytes=result.nbytes if result.ok else 0, reason="" if result.ok else result.detail)
-
-    def _scribble(self, block_id: int) -> None:
-        assert self._pages is not None and self._geometry is not None
-        scribble(self._pages, self._geometry, block_id)
-
-    def _ensure_peer(self, name: str, metadata: bytes) -> None:
-        # Agent names are unique per incarnation: an unknown name is a new peer; a known name
-        # with new metadata is re-added (KvAgent forgets the old connection first).
-        if self._peers.get(name) != metadata:
-            self.agent.add_peer(name, metadata)
-            self._peers[name] = metadata

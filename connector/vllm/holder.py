@@ -48,11 +48,12 @@ class VllmKvHolder(LeaseHolder):
         """Adopt the pin vLLM took when a prefill finished; the lease now decides its end. A
         partial last block goes in the handle's `tail`."""
         full = len(held.block_ids) - (1 if held.tail_tokens else 0)
+        heads = len(held.checksums) // len(held.block_ids) if held.block_ids else 0
         handle = self._lease_pinned(reader_worker_id, held.key, held.block_ids[:full], block_hashes,
-                                    held.checksums[:full], self.lease_ttl_s)
+                                    held.checksums[:full * heads], self.lease_ttl_s)
         if not held.tail_tokens:
             return handle
-        tail = KvTail(block_id=held.block_ids[full], checksum=held.checksums[full], tokens=held.tail_tokens)
+        tail = KvTail(block_id=held.block_ids[full], checksums=held.checksums[full * heads:], tokens=held.tail_tokens)
         return msgspec.structs.replace(handle, tail=tail)
 
     async def grant_prefix(self, reader_worker_id: str, block_hashes: list[int], ttl_s: float) -> KvHandle | None:
@@ -66,7 +67,7 @@ class VllmKvHolder(LeaseHolder):
         if not block_ids:
             return None
         try:
-            checksums = await link.checksums(block_ids)
+            checksums = await link.block_checksums(block_ids)
         except BaseException:
             link.unpin_soon([key])
             raise

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
@@ -30,6 +31,9 @@ from vllm.config import KVTransferConfig
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.engine import EngineCoreRequest
 
+from connector.kv_checksums import Piece
+from connector.kv_geometry import KvShape
+from connector.kv_peer import KvPeer, encode_peer
 from connector.vllm.kv_reports import ReportReceiver
 from connector.vllm.kv_wire import (
     AllocOrder,
@@ -39,9 +43,13 @@ from connector.vllm.kv_wire import (
     Pinned,
     PinOrder,
     Pushed,
+    RankAgent,
+    RankChecksums,
     Report,
     UnpinOrder,
     control_params,
+    merge_loaded,
+    merge_pushed,
 )
 from connector.vllm.settings import KvConnectorOptions
 from connector.vllm.tandem_connector import (
@@ -58,15 +66,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 R = TypeVar("R", Loaded, Pushed)
+_rank_agents = msgspec.msgpack.Decoder(RankAgent)
+_rank_checksums = msgspec.msgpack.Decoder(RankChecksums)
 
 
 class AwaitedReports(Generic[R]):
-    """Reports of one kind (`kind`), awaited by transfer id, each wait bounded by `timeout_s`."""
+    """Reports of one kind (`kind`), awaited by transfer id, each wait bounded by `timeout_s`.
+    Every model-worker rank sends its own: the waiter gets them merged (`merge`) once all
+    `ranks` came (set once the engine's ranks are known)."""
 
-    def __init__(self, kind: str, timeout_s: float) -> None:
+    def __init__(self, kind: str, timeout_s: float, merge: Callable[[list[R]], R]) -> None:
         self.kind = kind
         self.timeout_s = timeout_s
+        self.ranks = 1
+        self._merge = merge
         self._waiters: dict[str, asyncio.Future[R]] = {}
+        self._parts: dict[str, list[R]] = {}
 
     def expect(self, transfer_id: str) -> asyncio.Future[R]:
         """Register before the request is added: the report may come before its first output."""
@@ -86,9 +101,19 @@ class AwaitedReports(Generic[R]):
 
     def forget(self, transfer_id: str) -> None:
         self._waiters.pop(transfer_id, None)
+        self._parts.pop(transfer_id, None)
 
-    def get(self, transfer_id: str) -> asyncio.Future[R] | None:
-        return self._waiters.get(transfer_id)
+    def deliver(self, transfer_id: str, report: R) -> bool:
+        """One rank's report; False when nobody waits for it (any more)."""
+        waiter = self._waiters.get(transfer_id)
+        if waiter is None or waiter.done():
+            return False
+        parts = self._parts.setdefault(transfer_id, [])
+        parts.append(report)
+        if len(parts) >= self.ranks:
+            del self._parts[transfer_id]
+            waiter.set_result(self._merge(parts))
+        return True
 
     def cancel_all(self) -> None:
         for waiter in self._waiters.values():
@@ -116,8 +141,10 @@ class ConnectorLink:
         self._control_ids = itertools.count(1)
         self._control_prefix = f"tandem-ctl-{uuid.uuid4().hex[:8]}"
         self._pins: dict[str, asyncio.Future[Pinned]] = {}
-        self.loads: AwaitedReports[Loaded] = AwaitedReports("load", options.control_timeout_s)  # pulls
-        self.pushes: AwaitedReports[Pushed] = AwaitedReports("push", options.control_timeout_s)  # writers
+        self.loads: AwaitedReports[Loaded] = AwaitedReports("load", options.control_timeout_s, merge_loaded)  # pulls
+        self.pushes: AwaitedReports[Pushed] = AwaitedReports(  # writers
+            "push", options.control_timeout_s, lambda parts: merge_pushed(parts, self.shape.num_kv_heads))
+        self._shape: KvShape | None = None
         self._tasks: set[asyncio.Task] = set()
         self.late_reports = 0  # reports whose waiter had given up (or never existed)
 
@@ -137,9 +164,26 @@ class ConnectorLink:
         """Before vLLM starts: its processes connect to the report socket as they come up."""
         self._receiver.start()
 
+    @property
+    def shape(self) -> KvShape:
+        """The engine's KV, rank by rank, as its model workers describe it."""
+        assert self._shape is not None, "the connector link was not started"
+        return self._shape
+
     async def start(self, llm: AsyncLLM) -> None:
+        """Ask every rank for its agent: this engine's `KvPeer`, what peers are told."""
         self._llm = llm
-        (self._agent_metadata,) = await self._rpc("tandem_agent_metadata")
+        ranks = sorted((_rank_agents.decode(payload) for payload in await self._rpc("tandem_agent_metadata")),
+                       key=lambda rank: rank.geometry.rank)
+        first = ranks[0].geometry
+        self._shape = KvShape(block_size=first.block_size, num_layers=first.num_layers,
+                              num_kv_heads=max(rank.geometry.heads.stop for rank in ranks),
+                              ranks=[rank.geometry for rank in ranks])
+        peer = KvPeer(agent_name=self.agent_name, shape=self._shape, rank_agents=[rank.agent_name for rank in ranks],
+                      rank_metadata=[rank.metadata for rank in ranks])
+        peer.validate()
+        self._agent_metadata = encode_peer(peer)
+        self.loads.ranks = self.pushes.ranks = len(ranks)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -153,9 +197,26 @@ class ConnectorLink:
 
     # ---- the model worker ----------------------------------------------------------------
 
-    async def checksums(self, block_ids: list[int]) -> list[int]:
-        (checksums,) = await self._rpc("tandem_block_checksums", block_ids)
-        return list(checksums)
+    async def checksums(self, units: list[list[Piece]]) -> list[int]:
+        """The units' checksums over every KV head (each head from a rank that holds it),
+        flat: unit by unit, head by head (`connector.kv_checksums`)."""
+        heads = self.shape.num_kv_heads
+        flat = [0] * (len(units) * heads)
+        for payload in await self._rpc("tandem_checksums", [[list(piece) for piece in unit] for unit in units]):
+            part = _rank_checksums.decode(payload)
+            width = len(part.heads)
+            for unit in range(len(units)):
+                for column, head in enumerate(part.heads):
+                    flat[unit * heads + head] = part.values[unit * width + column]
+        return flat
+
+    async def block_checksums(self, block_ids: list[int], tail_tokens: int = 0) -> list[int]:
+        """Whole blocks' checksums (the last one holding `tail_tokens` tokens when not 0)."""
+        size = self.shape.block_size
+        counts = [size] * len(block_ids)
+        if tail_tokens and counts:
+            counts[-1] = tail_tokens
+        return await self.checksums([[(block_id, 0, count)] for block_id, count in zip(block_ids, counts)])
 
     async def _rpc(self, method: str, *args: object) -> list:
         llm = self._require_llm()
@@ -231,14 +292,20 @@ class ConnectorLink:
             case Pinned(key=key):
                 waiter = self._pins.get(key)
             case Loaded(transfer_id=transfer_id):
-                waiter = self.loads.get(transfer_id)
+                self._delivered(self.loads.deliver(transfer_id, report), report)
+                return
             case Pushed(transfer_id=transfer_id):
-                waiter = self.pushes.get(transfer_id)
+                self._delivered(self.pushes.deliver(transfer_id, report), report)
+                return
         if waiter is None or waiter.done():
-            self.late_reports += 1
-            log.info("KV connector report nobody waits for: %r", report)
+            self._delivered(False, report)
             return
         waiter.set_result(report)
+
+    def _delivered(self, taken: bool, report: Report) -> None:
+        if not taken:
+            self.late_reports += 1
+            log.info("KV connector report nobody waits for: %r", report)
 
     def _require_llm(self) -> AsyncLLM:
         if self._llm is None:

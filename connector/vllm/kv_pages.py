@@ -8,17 +8,19 @@ Tandem registers the whole allocation once, as a pool of `num_layers * num_block
 is layer `l` of block `b`. Moving blocks means moving the same block ids in every layer,
 so a run of adjacent blocks travels as one descriptor per layer.
 
-The checksum of a block is CRC-32 over its pages in layer order: holder and reader compute
-it with this same function.
+Checksums and the byte ranges a transfer moves are the data plane's, from the rank's
+`connector.kv_geometry.RankGeometry` (`layer_major`); these pages serve the host tier's
+copies.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 
 import msgspec
 import numpy as np
+
+from connector.kv_geometry import Tiling
 
 
 class PageGeometry(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,17 +50,14 @@ def page_ids(block_ids: Sequence[int] | np.ndarray, num_layers: int, num_blocks:
     return (layers + blocks).reshape(-1)
 
 
-def block_checksum(pages: np.ndarray, geometry: PageGeometry, block_id: int) -> int:
-    """CRC-32 of one block's bytes: its page in each layer, in layer order.
-
-    `pages` is the pool as a (num_pages, page_nbytes) uint8 array."""
-    crc = 0
-    for layer in range(geometry.num_layers):
-        crc = zlib.crc32(pages[layer * geometry.num_blocks + block_id], crc)
-    return crc
-
-
-def scribble(pages: np.ndarray, geometry: PageGeometry, block_id: int) -> None:
-    """Make a block garbage (a failed transfer's partly written bytes), deterministically."""
-    for layer in range(geometry.num_layers):
-        pages[layer * geometry.num_blocks + block_id, ::7] ^= 0x5A
+def cpu_tiling(isa: str, head_size: int, block_size: int) -> Tiling:
+    """How vLLM's CPU attention kernel (`isa`, `vllm.v1.attention.backends.cpu_attn`) keeps a
+    head's K and V in a block, as measured on vLLM 0.32's `cpu_attn_reshape_and_cache`: the
+    vectorised kernels keep K dimension-major (one run per dimension) and V token-major;
+    AMX keeps K in runs of dimension pairs and V in tiles of two tokens. Another kernel's
+    tiles are not known here: its blocks move only whole (a tile is the block)."""
+    if isa in ("vec", "vec16"):
+        return Tiling(k_groups=head_size)
+    if isa == "amx":
+        return Tiling(k_groups=head_size // 2, v_tile_tokens=2)
+    return Tiling(k_tile_tokens=block_size, v_tile_tokens=block_size)

@@ -24,6 +24,8 @@ from typing import Any
 
 import msgspec
 
+from connector.kv_geometry import RankGeometry
+
 ORDER_KEY = "tandem"  # kv_transfer_params key of a generate request's order
 CONTROL_KEY = "tandem_control"  # kv_transfer_params key of a control request
 HELD_KEY = "tandem_held"  # kv_transfer_params key of the final output's held blocks
@@ -34,17 +36,18 @@ class PullOrder(msgspec.Struct, frozen=True, kw_only=True):
 
     lease_id: str
     agent_name: str
-    agent_metadata: bytes  # the holder's NIXL agent metadata (added once per agent name)
+    agent_metadata: bytes  # the holder's `connector.kv_peer.KvPeer`: its shape and rank agents
     block_ids: list[int]
-    checksums: list[int]  # CRC-32 per block, computed by the holder when it granted the lease
+    checksums: list[int]  # per block and KV head (`connector.kv_checksums`), taken when the lease was granted
     tail_tokens: int = 0  # non-zero: the last block is a prompt's partial block, with this many tokens
+    block_size: int = 0  # the holder's (0: this engine's)
 
 
 class PushOrder(msgspec.Struct, frozen=True, kw_only=True):
     """Write the prompt's full blocks into a reader's blocks as each layer is computed."""
 
     agent_name: str
-    agent_metadata: bytes  # the reader's NIXL agent metadata
+    agent_metadata: bytes  # the reader's `connector.kv_peer.KvPeer`
     block_ids: list[int]  # the reader's, one per full prompt block (token order); maybe fewer
 
 
@@ -98,23 +101,43 @@ class Pinned(msgspec.Struct, frozen=True, kw_only=True, tag="pinned"):
 
 
 class Loaded(msgspec.Struct, frozen=True, kw_only=True, tag="loaded"):
-    """The one outcome of a pull, sent by the worker side in the step that loaded it."""
+    """The outcome of a pull in one rank, sent by its worker side in the step that loaded it
+    (`merge_loaded` makes the engine's of every rank's). Blocks are the holder's: the pull's
+    units."""
 
     transfer_id: str
     lease_id: str
-    cached_blocks: int  # leading blocks of the order found in the local prefix cache (not read)
-    ok: list[bool]  # per block read (those after `cached_blocks`): arrived and verified
+    cached_blocks: int  # leading holder blocks of the order found in the local prefix cache (not read)
+    ok: list[bool]  # per holder block read (those after `cached_blocks`): arrived and verified
     nbytes: int = 0
     duration_s: float = 0.0
     reason: str = ""
     retried: int = 0  # blocks read again after a failed read or verification
     recovered: int = 0  # of those, blocks that then arrived and verified (counted in `ok`)
+    rank: int = 0
+    kept: int = -1  # leading holder blocks vLLM keeps (-1: up to the first one not ok)
 
     @property
     def used_blocks(self) -> int:
         """Blocks vLLM keeps: its computed prefix cannot have holes, so it recomputes
-        everything from the first failed block on."""
+        everything from the first failed block of its own on (which may hold a sound holder
+        block when the block sizes differ)."""
+        if self.kept >= 0:
+            return self.kept
         return self.ok.index(False) if False in self.ok else len(self.ok)
+
+
+def merge_loaded(reports: list[Loaded]) -> Loaded:
+    """The pull's outcome over every rank: a block is ok where every rank's read of its
+    share was; vLLM keeps what every rank keeps."""
+    first = reports[0]
+    ok = [all(flags) for flags in zip(*(report.ok for report in reports))]
+    return msgspec.structs.replace(
+        first, ok=ok, nbytes=sum(report.nbytes for report in reports),
+        duration_s=max(report.duration_s for report in reports),
+        reason=next((report.reason for report in reports if report.reason), ""),
+        retried=max(report.retried for report in reports), recovered=min(report.recovered for report in reports),
+        kept=min(report.used_blocks for report in reports))
 
 
 class LayerWritten(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,13 +159,52 @@ class Pushed(msgspec.Struct, frozen=True, kw_only=True, tag="pushed"):
 
     transfer_id: str
     ok: list[bool]  # per target block: every layer written
-    checksums: list[int]  # per target block, of the writer's own copy (0 where not written)
+    # per target block and KV head of `heads`, of the writer rank's own copy (0 where not written)
+    checksums: list[int]
     nbytes: int = 0
     reason: str = ""
     writes: list[LayerWritten] = []
+    rank: int = 0
+    heads: list[int] = []  # the KV heads this rank's checksums are of
+
+
+def merge_pushed(reports: list[Pushed], num_kv_heads: int) -> Pushed:
+    """The push's outcome over every writer rank: a block is written where every rank wrote
+    its share; its checksums per KV head, from the rank that holds each head."""
+    first = reports[0]
+    blocks = len(first.ok)
+    checksums = [0] * (blocks * num_kv_heads)
+    for report in reports:
+        width = len(report.heads)
+        for block in range(blocks):
+            for column, head in enumerate(report.heads):
+                checksums[block * num_kv_heads + head] = report.checksums[block * width + column]
+    return msgspec.structs.replace(
+        first, ok=[all(flags) for flags in zip(*(report.ok for report in reports))], checksums=checksums,
+        nbytes=sum(report.nbytes for report in reports),
+        reason=next((report.reason for report in reports if report.reason), ""),
+        writes=sorted((write for report in reports for write in report.writes), key=lambda w: (w.started_s, w.layer)),
+        heads=list(range(num_kv_heads)))
 
 
 Report = Pinned | Loaded | Pushed
+
+
+class RankAgent(msgspec.Struct, frozen=True, kw_only=True):
+    """One model-worker rank's KV, as `TandemWorkerExtension.tandem_agent_metadata` answers:
+    where its blocks, layers and heads live, and its NIXL agent."""
+
+    geometry: RankGeometry
+    agent_name: str
+    metadata: bytes  # the NIXL agent's metadata
+
+
+class RankChecksums(msgspec.Struct, frozen=True, kw_only=True):
+    """One rank's checksums of some units (`connector.kv_checksums.unit_sums`): per unit,
+    per KV head of `heads`."""
+
+    heads: list[int]
+    values: list[int]
 
 
 class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,11 +215,13 @@ class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
     transfer_id: str
     lease_id: str
     agent_name: str
-    agent_metadata: bytes
-    remote_block_ids: list[int]
-    local_block_ids: list[int]
-    checksums: list[int]
-    cached_blocks: int
+    agent_metadata: bytes  # the holder's `connector.kv_peer.KvPeer`
+    remote_block_ids: list[int]  # the holder's blocks to read: the pull's units
+    local_block_ids: list[int]  # vLLM's blocks they land in (another count when the block sizes differ)
+    checksums: list[int]  # per holder block and KV head
+    cached_blocks: int  # leading holder blocks not read (cached here)
+    block_size: int = 0  # the holder's (0: this engine's)
+    tokens: int = -1  # tokens read, from the first holder block on (-1: whole blocks)
 
 
 class PushSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -103,7 +103,8 @@ class VllmPushWriter:
             report = await self._engine.kv_link.pushes.wait(self.target.transfer_id, self._waiter)
             self._waiter = None
         if report is None:
-            failed, checksums, reason = list(range(count)), [0] * count, "no push report"
+            heads = self._engine.kv_link.shape.num_kv_heads
+            failed, checksums, reason = list(range(count)), [0] * (count * heads), "no push report"
         else:
             failed = [index for index, ok in enumerate(report.ok) if not ok]
             checksums, reason = report.checksums, report.reason
@@ -174,8 +175,8 @@ class VllmPush:
         receipt = PushReceipt(self.worker_id, request.request_id, message, targets, block_size=self.block_size,
                               block_nbytes=self._block_nbytes(), started=started)
         try:
-            ours = dict(zip(targets, await link.checksums(targets))) if any(receipt.landed) else {}
-            ok = receipt.verify(lambda block_id: ours[block_id])
+            ours = await link.block_checksums(targets) if any(receipt.landed) else []
+            ok = receipt.verify(ours)
             kept = ok.index(False) if False in ok else len(ok)
             cached = await link.commit(receiver.key, kept, request.token_ids) if targets else []
         except BaseException:

@@ -1,7 +1,8 @@
 """Tandem's own vLLM KV connector (`KVConnectorBase_V1`), loaded by vLLM through
 `kv_connector_module_path="connector.vllm.tandem_connector"`, class `TandemConnector`.
 
-Where each piece runs (one vLLM engine, tensor parallel size 1):
+Where each piece runs (one vLLM engine; at tensor-parallel degree N, N model workers, one
+per rank, each with its share of the KV heads, its own NIXL agent and its own worker side):
 
     Tandem worker (AsyncLLM, NATS)     EngineCore (scheduler)          model worker (KV cache)
     ------------------------------     ----------------------          -----------------------
@@ -43,11 +44,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from connector.agent_types import KvAgentConfig
+from connector.kv_geometry import Tiling, rank_slices
+from connector.kv_peer import rank_agent_name
 from connector.vllm.connector_scheduler import SchedulerSide
 from connector.vllm.connector_worker import WorkerSide, page_geometry
+from connector.vllm.kv_pages import cpu_tiling
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec
 from connector.vllm.settings import KvConnectorOptions
@@ -100,8 +105,15 @@ class TandemConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(block_size=vllm_config.cache_config.block_size, reports=reports,
                                             host_blocks=options.host_blocks)
         else:
+            model, tensor_parallel = vllm_config.model_config, vllm_config.parallel_config.tensor_parallel_size
+            num_layers, num_kv_heads = model.get_total_num_hidden_layers(), model.get_total_num_kv_heads()
+            rank = get_tensor_model_parallel_rank() if tensor_parallel > 1 else 0
+            block_size = vllm_config.cache_config.block_size
             self._worker = WorkerSide(
-                agent_name=settings.agent_name,
+                agent_name=rank_agent_name(settings.agent_name, rank), tiling=_tiling(vllm_config),
+                part=rank_slices(num_layers, num_kv_heads, tensor_parallel)[rank], num_layers=num_layers,
+                num_kv_heads=num_kv_heads, tensor_parallel=tensor_parallel,
+                block_size=block_size,
                 agent_config=KvAgentConfig(progress_delay_us=options.progress_delay_us,
                                            default_timeout_s=options.transfer_timeout_s),
                 faults=options.faults, reports=reports, retry=options.retry, host_blocks=options.host_blocks)
@@ -192,14 +204,29 @@ class TandemConnector(KVConnectorBase_V1):
         return False, self.scheduler_side.request_finished(request, block_ids)
 
 
+def _tiling(vllm_config: VllmConfig) -> Tiling:
+    """How the attention kernel keeps a block's K and V (`kv_pages.cpu_tiling`); a device
+    whose kernels Tandem has not measured moves whole blocks only."""
+    block_size = vllm_config.cache_config.block_size
+    if vllm_config.device_config.device_type != "cpu":
+        return Tiling(k_tile_tokens=block_size, v_tile_tokens=block_size)
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    model = vllm_config.model_config
+    isa = _get_attn_isa(model.dtype, block_size, model.get_head_size(), vllm_config.cache_config.cache_dtype)
+    return cpu_tiling(isa, model.get_head_size(), block_size)
+
+
 class TandemWorkerExtension:
     """Mixed into vLLM's model worker class (`worker_extension_cls`) for `collective_rpc`."""
 
     def tandem_agent_metadata(self) -> bytes:
+        """This rank's `RankAgent` (msgpack)."""
         return _worker_side().metadata()
 
-    def tandem_block_checksums(self, block_ids: list[int]) -> list[int]:
-        return _worker_side().checksums(block_ids)
+    def tandem_checksums(self, units: list[list[list[int]]]) -> bytes:
+        """This rank's `RankChecksums` of units given as [[block, first token, tokens], ...]."""
+        return _worker_side().checksums([[(block, token, count) for block, token, count in unit] for unit in units])
 
 
 def _worker_side() -> WorkerSide:

@@ -146,7 +146,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
             assert metadata is not None
             return pull, PullOrder(lease_id=handle.lease_id, agent_name=handle.agent_name, agent_metadata=metadata,
                                    block_ids=pull.remote_block_ids, checksums=pull.checksums,
-                                   tail_tokens=pull.tail_tokens)
+                                   tail_tokens=pull.tail_tokens, block_size=handle.block_size)
         self._finish(pull, prepared, span)
         return None
 

@@ -3,17 +3,18 @@ that cross vLLM's process boundaries (no vLLM needed)."""
 
 from __future__ import annotations
 
-import numpy as np
+import msgspec
 import pytest
 
 from connector.descriptors import coalesce_block_runs
-from connector.vllm.kv_pages import PageGeometry, block_checksum, page_ids, scribble
+from connector.vllm.kv_pages import PageGeometry, page_ids
 from connector.vllm.kv_wire import (
     Held,
     Loaded,
     Pinned,
     PinOrder,
     PullOrder,
+    Pushed,
     TransferOrder,
     UnpinOrder,
     control_of,
@@ -22,6 +23,8 @@ from connector.vllm.kv_wire import (
     encode_report,
     held_of,
     held_params,
+    merge_loaded,
+    merge_pushed,
     order_of,
     order_params,
 )
@@ -36,16 +39,6 @@ def test_page_ids_are_layer_major_and_keep_pairs_aligned() -> None:
     runs = coalesce_block_runs(page_ids([4, 5, 6], 3, 10), page_ids([7, 8, 9], 3, 12))
     assert len(runs) == 3 and runs.counts.tolist() == [3, 3, 3]
     assert runs.remote_starts.tolist() == [7, 19, 31]  # the peer's own block count addresses its pages
-
-
-def test_block_checksum_covers_every_layer_of_the_block_only() -> None:
-    pages = np.zeros((GEOMETRY.num_pages, GEOMETRY.page_nbytes), dtype=np.uint8)
-    before = [block_checksum(pages, GEOMETRY, block) for block in range(GEOMETRY.num_blocks)]
-    pages[2 * GEOMETRY.num_blocks + 7, 3] = 1  # layer 2 of block 7
-    after = [block_checksum(pages, GEOMETRY, block) for block in range(GEOMETRY.num_blocks)]
-    assert [b for b in range(GEOMETRY.num_blocks) if before[b] != after[b]] == [7]
-    scribble(pages, GEOMETRY, 3)
-    assert block_checksum(pages, GEOMETRY, 3) != before[3]
 
 
 def test_geometry_validation() -> None:
@@ -72,5 +65,18 @@ def test_reports_round_trip_and_loaded_counts_vllms_prefix() -> None:
     for report in (loaded, Pinned(key="k", block_ids=[1])):
         assert decode_report(encode_report(report)) == report
     assert loaded.used_blocks == 1  # vLLM keeps the blocks before the first failure
+    assert msgspec.structs.replace(loaded, kept=0).used_blocks == 0  # one of its own failed before
     assert Loaded(transfer_id="r", lease_id="l", cached_blocks=0, ok=[True, True]).used_blocks == 2
     assert Loaded(transfer_id="r", lease_id="l", cached_blocks=0, ok=[]).used_blocks == 0
+
+
+def test_the_ranks_reports_merge_into_the_engines() -> None:
+    one = Loaded(transfer_id="r", lease_id="l", cached_blocks=1, ok=[True, True, True], nbytes=5, kept=3)
+    two = msgspec.structs.replace(one, ok=[True, False, True], nbytes=7, kept=1, rank=1, reason="checksum mismatch")
+    merged = merge_loaded([one, two])
+    assert (merged.ok, merged.nbytes, merged.used_blocks, merged.reason) == ([True, False, True], 12, 1,
+                                                                             "checksum mismatch")
+    first = Pushed(transfer_id="t", ok=[True, True], checksums=[1, 2, 3, 4], heads=[0, 1])
+    second = Pushed(transfer_id="t", ok=[True, False], checksums=[5, 6], heads=[2], rank=1)
+    pushed = merge_pushed([first, second], 3)
+    assert (pushed.ok, pushed.checksums) == ([True, False], [1, 2, 5, 3, 4, 6])

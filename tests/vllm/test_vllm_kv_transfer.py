@@ -28,7 +28,7 @@ psutil = pytest.importorskip("psutil")
 
 from connector.faults import chosen  # noqa: E402
 from connector.nixl_agent import nixl_available  # noqa: E402
-from connector.sim.transport_builder import build_transport  # noqa: E402
+from connector.sim.transport_builder import build_rank_transports  # noqa: E402
 from connector.sim.worker_kv import WorkerKv  # noqa: E402
 from connector.vllm.worker_kv import VllmWorkerKv  # noqa: E402
 from services.worker.service import WorkerService  # noqa: E402
@@ -298,7 +298,7 @@ class TestPullPath:
         sim_engine = SimEngine(sim_config, model_name="tiny", vocab_size=2048)
         await sim_engine.start()
         sim = WorkerService(sim_config, sim_engine, pair.bus, WorkerKv(
-            sim_config, pair.bus, sim_engine, build_transport(sim_config, sim_engine),
+            sim_config, pair.bus, sim_engine, build_rank_transports(sim_config, sim_engine),
             compat_hash=sim_engine.info.compat_hash))
         await sim.start()
         sim_worker = VllmWorker(sim_config, sim_engine, sim.kv, sim)  # type: ignore[arg-type]

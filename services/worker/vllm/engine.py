@@ -41,7 +41,6 @@ from typing import Any
 
 import psutil
 import vllm
-from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.lora.request import LoRARequest
@@ -53,10 +52,11 @@ from connector.port import LayerHook
 from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
 from connector.vllm.kv_wire import TransferOrder, held_of
+from connector.vllm.pull_claim import tail_read_tokens
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
-from services.worker.vllm import sampling
 from services.worker.vllm.adapters import LoraCatalog
 from services.worker.vllm.attention import attention_isa
+from services.worker.vllm.engine_config import engine_args, engine_info
 from services.worker.vllm.environment import engine_environment
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
 from services.worker.vllm.options import VllmEngineOptions
@@ -64,7 +64,6 @@ from services.worker.vllm.outputs import OutputReader
 from services.worker.vllm.processes import child_pids, engine_processes, reap_processes, wait_engine_failure
 from services.worker.vllm.sampling import vllm_sampling_params
 from services.worker.vllm.stats import EngineStats
-from shared.compat import KvLayout
 from shared.config import ConfigError
 from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas.generate import SamplingParams
@@ -126,7 +125,7 @@ class VllmEngine:
                                       "nixl-cu12); run with --no-kv-transfer to compute everything locally")
                 self._link = ConnectorLink(self.options.kv_connector, self._socket_dir)
                 self._link.bind()
-            args = self._engine_args(endpoints)
+            args = engine_args(self.options, endpoints, self._link)
             before = child_pids()
             try:
                 self._llm = await asyncio.to_thread(self._build, args)
@@ -134,7 +133,7 @@ class VllmEngine:
                 self._processes = engine_processes(before)
             if self._link is not None:
                 await self._link.start(self._llm)
-            self._info = self._read_info(self._llm)
+            self._info = engine_info(self.options, self._llm.vllm_config)
             self._bridge = KvEventBridge(endpoints, block_size=self._info.block_size,
                                          replay_timeout_s=self.options.kv_event_replay_timeout_s)
             # vLLM publishes nothing before the first request, and a batch sent before the
@@ -228,46 +227,9 @@ class VllmEngine:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _engine_args(self, endpoints: KvEventEndpoints) -> AsyncEngineArgs:
-        options = self.options
-        connector = {} if self._link is None else dict(kv_transfer_config=self._link.transfer_config(),
-                                                       worker_extension_cls=self._link.worker_extension)
-        return AsyncEngineArgs(
-            model=options.model_dir, served_model_name=options.model_name, dtype=options.dtype,
-            seed=options.seed, max_model_len=options.max_model_len, max_num_seqs=options.max_num_seqs,
-            max_num_batched_tokens=options.max_num_batched_tokens,
-            kv_cache_memory_bytes=options.kv_cache_bytes, block_size=options.block_size,
-            enable_prefix_caching=True, enforce_eager=options.enforce_eager,
-            structured_outputs_config=sampling.structured_outputs_config(options.json_any_whitespace),
-            logits_processors=sampling.LOGITS_PROCESSORS,
-            otlp_traces_endpoint=options.otlp_traces_endpoint or None,
-            **(dict(enable_lora=True, max_loras=options.max_loras, max_lora_rank=options.max_lora_rank)
-               if options.max_loras else {}),
-            disable_log_stats=True,  # default loggers off; Tandem's own logger below still turns stats on
-            kv_events_config=KVEventsConfig(
-                enable_kv_cache_events=True, publisher="zmq", endpoint=endpoints.publish,
-                replay_endpoint=endpoints.replay, buffer_steps=options.kv_event_buffer_steps, topic=""),
-            **connector)
-
     def _build(self, args: AsyncEngineArgs) -> AsyncLLM:
         with engine_environment(self.options):
             return AsyncLLM.from_engine_args(args, stat_loggers=[self.stats.stat_logger_factory()])
-
-    def _read_info(self, llm: AsyncLLM) -> EngineInfo:
-        config = llm.vllm_config
-        model = config.model_config
-        cache = config.cache_config
-        kv_dtype = model.dtype if cache.cache_dtype == "auto" else cache.cache_dtype
-        layout = KvLayout(model=self.options.model_name, model_version=self.options.model_version,
-                          dtype=str(kv_dtype).removeprefix("torch."), block_size=cache.block_size,
-                          num_layers=model.get_num_layers(config.parallel_config),
-                          num_kv_heads=model.get_num_kv_heads(config.parallel_config),
-                          head_size=model.get_head_size(), engine=kv_engine_tag(config.device_config.device_type))
-        assert cache.num_gpu_blocks, "vLLM reported no KV blocks after start-up"
-        return EngineInfo(engine="vllm", model=self.options.model_name, layout=layout,
-                          kv_blocks=cache.num_gpu_blocks - 1,  # one block is vLLM's null block
-                          max_num_seqs=config.scheduler_config.max_num_seqs,
-                          max_model_len=model.max_model_len, vocab_size=model.get_vocab_size())
 
     def _validate(self, token_ids: list[int], sampling: SamplingParams) -> None:
         """The sim engine's limits, so both engines refuse the same requests the same way."""
@@ -359,7 +321,8 @@ class VllmEngine:
         if held is None:
             return  # no full block in the prompt, or aborted: vLLM pinned nothing
         try:
-            checksums = await self.kv_link.checksums(held.block_ids)
+            checksums = await self.kv_link.block_checksums(
+                held.block_ids, tail_read_tokens(held.tail_tokens, self.info.block_size) if held.tail_tokens else 0)
         except TandemError as error:
             log.warning("not holding the blocks of %s: %s", request_id, error)
             self.kv_link.unpin_soon([held.key])
@@ -392,9 +355,3 @@ class VllmEngine:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
-
-
-def kv_engine_tag(device_type: str) -> str:
-    """The engine part of the compatibility hash: vLLM's KV cache layout differs between its
-    versions and platforms (CPU and CUDA attention back-ends page KV differently)."""
-    return f"vllm-{vllm.__version__}-{device_type}"

@@ -11,7 +11,9 @@ session) starts later.
 
 Variables set here, from `VllmEngineOptions`:
 - `VLLM_CPU_OMP_THREADS_BIND` <- `cpu_threads_bind` (the cores the model worker's
-  OpenMP threads are pinned to; give two engines on one host disjoint cores).
+  OpenMP threads are pinned to; give two engines on one host disjoint cores), one core list
+  per rank at tensor parallel degree > 1 (`options.rank_threads_bind`: vLLM's "auto" needs a
+  NUMA node per rank, which a one-node host does not have).
 - `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf` when `otlp_traces_endpoint` is set:
   vLLM's request spans are made by the worker's (Tandem's) tracer provider, already
   installed when vLLM tries to install its own, but vLLM still builds an exporter for
@@ -28,13 +30,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from services.worker.vllm.options import VllmEngineOptions
+from services.worker.vllm.options import VllmEngineOptions, rank_threads_bind
 
 log = logging.getLogger(__name__)
 
 
 def engine_variables(options: VllmEngineOptions) -> dict[str, str]:
-    variables = {"VLLM_CPU_OMP_THREADS_BIND": options.cpu_threads_bind}
+    variables = {"VLLM_CPU_OMP_THREADS_BIND": rank_threads_bind(options.cpu_threads_bind, options.tensor_parallel,
+                                                                 sorted(os.sched_getaffinity(0)))}
     if options.otlp_traces_endpoint:
         variables["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
     return variables

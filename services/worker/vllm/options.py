@@ -13,9 +13,9 @@ from shared.config import ConfigError, WorkerConfig
 
 DEFAULT_OTLP_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"  # the OTLP/HTTP exporter's default
 
-# vLLM-CPU's thread binding syntax for one engine (tensor parallel size 1): "auto" (vLLM
-# picks cores of a NUMA node and keeps one for its scheduler), "nobind", or core ids such
-# as "1", "0-3" or "0,2,4-7".
+# vLLM-CPU's thread binding syntax: "auto" (vLLM picks cores of a NUMA node and keeps one
+# for its scheduler), "nobind", or core ids such as "1", "0-3" or "0,2,4-7", one list per
+# tensor-parallel rank separated by "|" ("0|1").
 _CORE_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 
@@ -28,6 +28,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_num_batched_tokens: int = 512
     kv_cache_gib: float = 1.0  # KV cache size; on CPU it is host memory
     block_size: int | None = None  # None: the platform's choice (128 on CPU)
+    tensor_parallel: int = 1  # ranks (model-worker processes) splitting the KV heads
     enforce_eager: bool = True  # no CUDA graph capture (nothing to capture on CPU)
     json_any_whitespace: bool = True  # structured JSON may hold whitespace (vLLM's default)
     dtype: str = "auto"  # model dtype; "auto" follows the config (vLLM-CPU runs float32 as bfloat16)
@@ -62,9 +63,13 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("the vLLM KV cache size must be positive")
         if self.block_size is not None and self.block_size <= 0:
             raise ConfigError("block_size must be positive")
-        if self.cpu_threads_bind not in ("auto", "nobind") and not _CORE_LIST.match(self.cpu_threads_bind):
-            raise ConfigError(f"cpu_threads_bind must be 'auto', 'nobind' or core ids like '0-3', "
-                              f"got {self.cpu_threads_bind!r}")
+        if self.tensor_parallel < 1:
+            raise ConfigError("the tensor-parallel degree must be at least 1")
+        ranks = self.cpu_threads_bind.split("|")
+        if self.cpu_threads_bind not in ("auto", "nobind") and (
+                not all(_CORE_LIST.match(rank) for rank in ranks) or len(ranks) not in (1, self.tensor_parallel)):
+            raise ConfigError(f"cpu_threads_bind must be 'auto', 'nobind' or core ids like '0-3' (one list per "
+                              f"tensor-parallel rank, '|' between them), got {self.cpu_threads_bind!r}")
         if self.kv_event_buffer_steps <= 0 or self.kv_event_replay_timeout_s <= 0:
             raise ConfigError("the KV event replay buffer and timeout must be positive")
         if self.kv_connector is not None:
@@ -86,8 +91,10 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                                        faults=transfer.faults,
                                        retry=transfer.retry,
                                        host_blocks=config.kv_host_blocks) if transfer.enabled else None
+        if config.pipeline_parallel != 1:
+            raise ConfigError("the vLLM engine runs tensor parallelism only here: --pipeline-parallel must be 1")
         return cls(model_dir=config.model_dir, served_model_name=config.served_model_name,
-                   model_version=config.model_version,
+                   model_version=config.model_version, tensor_parallel=config.tensor_parallel,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
                    kv_cache_gib=config.vllm_kv_cache_gib, block_size=config.vllm_block_size or None,
@@ -97,3 +104,23 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    adapter_dir=config.adapter_dir,
                    otlp_traces_endpoint=(config.tracing.otlp_endpoint or DEFAULT_OTLP_TRACES_ENDPOINT)
                    if config.tracing.exporter == "otlp" else "")
+
+
+def rank_threads_bind(bind: str, tensor_parallel: int, cores: list[int]) -> str:
+    """vLLM-CPU's binding for every rank of an engine: as given when it already names one
+    core list per rank, or "nobind"; else each rank gets its share of the given cores (or of
+    `cores`, the process's, for "auto": vLLM's own choice needs one NUMA node per rank),
+    round-robin, a core shared when there are fewer cores than ranks."""
+    if tensor_parallel == 1 or bind == "nobind" or "|" in bind:
+        return bind
+    pool = sorted(cores) if bind == "auto" else _expand(bind)
+    groups = [pool[rank::tensor_parallel] or [pool[rank % len(pool)]] for rank in range(tensor_parallel)]
+    return "|".join(",".join(str(core) for core in group) for group in groups)
+
+
+def _expand(core_list: str) -> list[int]:
+    cores: list[int] = []
+    for part in core_list.split(","):
+        first, _, last = part.partition("-")
+        cores += range(int(first), int(last or first) + 1)
+    return cores
