@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from types import ModuleType
 from typing import Any
 
 from connector.agent_types import (
@@ -43,60 +40,16 @@ from connector.agent_types import (
     TransferResult,
 )
 from connector.descriptors import Ints, TransferPlan, plan_blocks, plan_ranges
+from connector.nixl_runtime import allow_cuda_ipc_reads, error_code, load_nixl, nixl_available
 from connector.off_loop import await_transfer
 from shared.codec import Codec, encode
 from shared.errors import ErrorCode
 
+__all__ = ["KvAgent", "load_nixl", "nixl_available"]  # the runtime's, where callers look for them
+
 log = logging.getLogger(__name__)
 
 Planner = Callable[[PoolInfo, PoolInfo], TransferPlan]  # (local pool, peer's pool) -> rows
-
-# The CUDA-variant wheels (nixl-cu12, nixl-cu13) each ship the same bindings under their own
-# name; the `nixl` meta package re-exports one of them.
-_BINDING_MODULES = ("nixl_cu12._bindings", "nixl_cu13._bindings", "nixl._bindings")
-
-
-@functools.cache
-def load_nixl() -> ModuleType:
-    errors = []
-    for name in _BINDING_MODULES:
-        try:
-            return importlib.import_module(name)
-        except ImportError as error:
-            errors.append(f"{name}: {error}")
-    raise ImportError("NIXL is not installed (pip install nixl-cu12): " + "; ".join(errors))
-
-
-def nixl_available() -> bool:
-    try:
-        load_nixl()
-    except ImportError:
-        return False
-    return True
-
-
-def _allow_cuda_ipc_reads(agent_name: str, enabled: bool) -> None:
-    """Set UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y unless the operator set it, before the UCX context
-    is created. UCX reads its configuration from the environment when a context is created,
-    and NIXL passes no other way in: this is the one place Tandem writes it. UCX's `auto`
-    turns CUDA-IPC reads off without NVLink, and a pull from GPU memory then crawls over
-    tcp/lo (0.3-0.5 GB/s; 1,197 GB/s with `y`, H200). Process-wide: the first agent's stays."""
-    name, value, source = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "auto", "UCX's default: cuda_ipc_reads is off"
-    if name in os.environ:
-        value, source = os.environ[name], "set before this agent: left alone"
-    elif enabled:
-        os.environ[name] = value = "y"
-        source = "cuda_ipc_reads"
-    log.info("KV agent %s: UCX runs with %s=%s (%s)", agent_name, name, value, source)
-
-
-def _error_code(nixl: ModuleType, error: Exception) -> ErrorCode:
-    for name, code in (("nixlRemoteDisconnectError", ErrorCode.DISCONNECTED),
-                       ("nixlNotFoundError", ErrorCode.NOT_FOUND), ("nixlCancelledError", ErrorCode.CANCELLED)):
-        if isinstance(error, getattr(nixl, name)):
-            return code
-    return ErrorCode.INTERNAL
-
 
 class KvAgent:
     def __init__(self, name: str, config: KvAgentConfig | None = None) -> None:
@@ -114,10 +67,6 @@ class KvAgent:
         # Transfers run on executor threads while the loop thread adds and removes peers.
         agent_config.syncMode = nixl.NIXL_THREAD_SYNC_RW
         self._agent = nixl.nixlAgent(name, agent_config)
-        if "UCX" in self.config.backends:
-            _allow_cuda_ipc_reads(name, self.config.cuda_ipc_reads)
-        for backend in self.config.backends:
-            self._agent.createBackend(backend, {})
         self._executor = ThreadPoolExecutor(self.config.transfer_threads, thread_name_prefix=f"kv-agent-{name}")
         self._lock = threading.Lock()
         self._pool: PoolInfo | None = None
@@ -161,6 +110,11 @@ class KvAgent:
         if self._pool is not None:
             raise RuntimeError("a pool is already registered")
         pool = PoolInfo.of(buffer, block_nbytes)
+        # The backends start with the pool: UCX's settings for GPU memory are made before it does.
+        if "UCX" in self.config.backends:
+            allow_cuda_ipc_reads(self.name, self.config.cuda_ipc_reads, pool.mem_type)
+        for backend in self.config.backends:
+            self._agent.createBackend(backend, {})
         registration = self._nixl.nixlRegDList(self._segment(pool.mem_type),
                                                [(pool.base_addr, pool.nbytes, pool.device_id, "")])
         self._agent.registerMem(registration, [])
@@ -326,7 +280,7 @@ class KvAgent:
             return result(outcome=outcome, elapsed_s=time.perf_counter() - started, error=error, detail=detail)
         except self._nixl_errors as error:
             return result(outcome=TransferOutcome.FAILED, elapsed_s=time.perf_counter() - started,
-                          error=_error_code(nixl, error), detail=f"{op}: {type(error).__name__}: {error}")
+                          error=error_code(nixl, error), detail=f"{op}: {type(error).__name__}: {error}")
         finally:
             if handle is not None:
                 self._release(handle)

@@ -14,6 +14,7 @@ import pytest
 
 from connector.agent_types import KvAgentConfig, TransferOutcome
 from connector.nixl_agent import KvAgent, nixl_available
+from connector.nixl_runtime import allow_cuda_ipc_reads
 from connector.nixl_transport import NixlTransport
 from shared.errors import ErrorCode
 from tests.waiting import wait_for_sync
@@ -230,23 +231,35 @@ def ucx_env() -> Iterator[None]:
             os.environ[CUDA_IPC_GET] = saved
 
 
-def test_cuda_ipc_reads_are_switched_on_before_ucx_starts(ucx_env, caplog):
-    with caplog.at_level(logging.INFO, logger="connector.nixl_agent"):
-        KvAgent("ipc-on").close()
+def registered(name: str, config: KvAgentConfig = KvAgentConfig()) -> None:
+    with KvAgent(name, config) as agent:
+        agent.register_pool(np.zeros(4096, dtype=np.uint8), 1024)
+
+
+def test_cuda_ipc_reads_are_switched_on_before_ucx_starts_for_gpu_memory(ucx_env, caplog):
+    with caplog.at_level(logging.INFO, logger="connector.nixl_runtime"):
+        allow_cuda_ipc_reads("ipc-on", True, "VRAM")
     assert os.environ[CUDA_IPC_GET] == "y"
     assert f"{CUDA_IPC_GET}=y" in caplog.text
 
 
+def test_a_host_memory_pool_leaves_ucx_its_default(ucx_env, caplog):
+    with caplog.at_level(logging.INFO, logger="connector.nixl_runtime"):
+        registered("ipc-dram")
+    assert CUDA_IPC_GET not in os.environ  # else UCX without CUDA warns about it on stdout
+    assert f"{CUDA_IPC_GET}=auto" in caplog.text and "host memory" in caplog.text
+
+
 def test_the_operators_setting_is_left_alone(ucx_env, caplog):
     os.environ[CUDA_IPC_GET] = "n"
-    with caplog.at_level(logging.INFO, logger="connector.nixl_agent"):
-        KvAgent("ipc-operator").close()
+    with caplog.at_level(logging.INFO, logger="connector.nixl_runtime"):
+        registered("ipc-operator")
     assert os.environ[CUDA_IPC_GET] == "n"
     assert f"{CUDA_IPC_GET}=n" in caplog.text and "left alone" in caplog.text
 
 
 def test_cuda_ipc_reads_off_leaves_ucx_its_default(ucx_env, caplog):
-    with caplog.at_level(logging.INFO, logger="connector.nixl_agent"):
-        KvAgent("ipc-off", KvAgentConfig(cuda_ipc_reads=False)).close()
+    with caplog.at_level(logging.INFO, logger="connector.nixl_runtime"):
+        allow_cuda_ipc_reads("ipc-off", False, "VRAM")
     assert CUDA_IPC_GET not in os.environ
     assert f"{CUDA_IPC_GET}=auto" in caplog.text
