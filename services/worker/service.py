@@ -254,8 +254,8 @@ class WorkerService:
             heartbeat_at=time.time(),
             pid=os.getpid(),
             generation=self._admin.generation,
-            restarts=self.config.restarts,
-            last_exit=self.config.last_exit,
+            restarts=self.config.restarts, last_exit=self.config.last_exit,
+            kv_layout=info.layout,
             adapters=self.adapters.held,
             adapter_slots=self.adapters.slots,
         )

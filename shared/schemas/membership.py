@@ -7,6 +7,7 @@ from typing import Literal
 
 import msgspec
 
+from shared.compat import KvLayout
 from shared.schemas.common import Message
 
 
@@ -71,6 +72,9 @@ class WorkerRegistration(Message, tag="registration", kw_only=True):
     # a request naming another adapter makes it load that one (evicting one when all are taken)
     adapters: list[str] = []
     adapter_slots: int = 0
+    # What its KV means and how it is cut (tensor- and pipeline-parallel degree, block size):
+    # workers of one compatibility hash pair through a mapping whatever their shape
+    kv_layout: KvLayout | None = None
 
 
 class MembershipChange(Message, tag="membership_change", kw_only=True):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from functools import partial
 
+import msgspec
 import pytest
 
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, Selection, WorkerView, build_plan, decide
 from services.router.routing.candidates import Candidates
 from services.router.routing.eligibility import Eligible, eligible
+from shared.compat import KvLayout
 from shared.schemas import WorkerRole
 from tests.unit.worker_views import worker_view
 
@@ -78,3 +80,25 @@ def test_decide_answers_the_plan_of_the_selection() -> None:
     assert isinstance(plan, RoutePlan) and plan.transfer == "push" and plan.prompt is not None
     with pytest.raises(AssertionError):
         RoutePlan("single", "baseline", "a", transfer="pull")  # only a disaggregated plan moves KV to a decode part
+
+
+def test_unlike_block_sizes_pull_and_unlike_parallel_degrees_may_push() -> None:
+    tp2 = KvLayout(model="m", dtype="bfloat16", block_size=16, num_layers=2, num_kv_heads=4, head_size=8, engine="e",
+                   tensor_parallel=2)
+    for decode_size, transfer in ((16, "push"), (32, "pull")):
+        workers = [worker("p", role=PREFILL, block_size=16, kv_layout=tp2),
+                   worker("d", role=DECODE, block_size=decode_size,
+                          kv_layout=msgspec.structs.replace(tp2, tensor_parallel=1, block_size=decode_size))]
+        plan = build_plan(Selection("pair", workers[1], prefill=workers[0]),
+                          candidates(workers, request(), RoutingConfig(pd_transfer="push")))
+        assert plan.transfer == transfer
+
+
+def test_without_a_mapping_the_request_is_served_whole_and_the_note_names_the_field() -> None:
+    layout = KvLayout(model="m", dtype="bfloat16", block_size=16, num_layers=2, num_kv_heads=4, head_size=8, engine="e")
+    other = msgspec.structs.replace(layout, head_size=16)
+    workers = [worker("p", role=PREFILL, kv_layout=layout, compat_hash=layout.compat_hash()),
+               worker("d", role=DECODE, kv_layout=other, compat_hash=other.compat_hash())]
+    plan = decide(workers, request(), RoutingConfig())
+    assert isinstance(plan, RoutePlan) and (plan.flow, plan.reason) == ("single", "compat_hash_mismatch")
+    assert plan.note == "p -> d: head_size: 8 != 16"

@@ -120,6 +120,8 @@ class _WorkerState(WorkerLoad[InFlight]):
             reported_free_kv_tokens=None if load is None else free_kv_tokens(load, registration.block_size),
             adapters=frozenset(registration.adapters),
             adapter_slots=registration.adapter_slots,
+            block_size=registration.block_size,
+            kv_layout=registration.kv_layout,
         )
 
     def abort_all(self, error: TandemError) -> None:

@@ -17,6 +17,7 @@ If sending fails (NATS down) or the caller is cancelled meanwhile, the source is
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from services.router.kv.view import PrefixSource
 from services.router.metrics import RouterMetrics
 from services.router.routing import RoutePlan
 from shared.schemas import GenerateRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class FlowExecutor:
     def __init__(self, link: WorkerLink, metrics: RouterMetrics) -> None:
         self._link = link
         self._metrics = metrics
+        self._notes_logged: set[str] = set()  # routing notes already logged (few: one per cause)
 
     async def start(self, params: GenerationParams, committed: CommittedPlan, span: trace.Span) -> TokenSource:
         """The plan's token source, its first request sent; raises `Unavailable` if it could not be."""
@@ -84,6 +88,11 @@ class FlowExecutor:
         attributes: dict[str, str | int | float] = {
             "tandem.worker_id": plan.worker_id, "tandem.flow": plan.flow,
             "tandem.route_reason": plan.reason, "tandem.route_cost": plan.cost}
+        if plan.note:
+            attributes["tandem.route_note"] = plan.note
+            if plan.note not in self._notes_logged:  # once per distinct cause, not per request
+                self._notes_logged.add(plan.note)
+                log.warning("routed %s whole on %s (%s): %s", plan.flow, plan.worker_id, plan.reason, plan.note)
         if plan.prompt is not None:
             attributes["tandem.cached_tokens"] = plan.prompt.cached_tokens
             attributes["tandem.uncached_tokens"] = plan.prompt.uncached_tokens

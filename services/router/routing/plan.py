@@ -13,7 +13,9 @@ moves between them; the router's flow executor (`services.router.flows.executor`
   one token has no decode part (`transfer` None): the prefill worker's token is all.
 
 How KV moves (`kv_transfer_mode`): "pull" always works; "push" (`RoutingConfig.pd_transfer`)
-only where both engines' data planes implement it (their advertised capabilities) and no
+only where both engines' data planes implement it (their advertised capabilities), their
+block sizes are equal (a push maps KV heads and layers between unlike tensor- and pipeline-
+parallel shapes, a pull maps block sizes too), and no
 cached prefix is to be pulled onto the prefill worker first (a pushing prefill worker
 pulls none; the plan's cost assumed the pull), and the request does not replay its first
 token on the decode worker (`RouteRequest.replays`: the token must exist before that part).
@@ -42,7 +44,7 @@ RouteReason = Literal[
     "pinned",  # single: the request's route hint named the worker (the pinned policy, for benchmarks)
     "no_prefill_worker",  # single: no ACTIVE prefill worker of the model can take the prompt
     "no_decode_worker",  # single: prefill workers exist, but no ACTIVE decode worker can take the request
-    "compat_hash_mismatch",  # single: prefill and decode workers exist, but no two share a hash
+    "compat_hash_mismatch",  # single: prefill and decode workers exist, but no KV maps between them (the note says why)
     "one_engine_sampling",  # single: the request needs its whole prompt computed there (`RouteRequest.one_engine`)
 ]
 
@@ -57,6 +59,7 @@ class Selection:  # read-only by convention (not frozen: built per request, and 
     # the computing worker is the prompt's prefix's new home, picked as it leaves its old one
     # (`placement.rules.HomeRules.moves_home`): the plan says so
     moves_home: bool = False
+    note: str = ""  # what a person needs besides the reason (why no pair: the field that differs)
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -74,6 +77,7 @@ class RoutePlan:  # read-only by convention (not frozen: built per request, and 
     # the prompt's prefix leaves its home for the computing worker (`placement.rules.HomeRules`):
     # the placement records a move there, not a copy, though the old home may still hold the prompt
     moves_home: bool = field(default=False, compare=False)
+    note: str = field(default="", compare=False)  # the selection's
 
     def __post_init__(self) -> None:
         assert (self.flow == "disaggregated") == (self.prefill_worker_id is not None), self
@@ -98,7 +102,8 @@ class RoutePlan:  # read-only by convention (not frozen: built per request, and 
 def kv_transfer_mode(routing: RoutingConfig, prefill: WorkerView, decode: WorkerView, *,
                      prefix_pull: bool, replays: bool = False) -> KvTransferMode:
     """How a disaggregated pair hands the prompt's KV over (see the module's docstring)."""
-    if routing.pd_transfer == "push" and not (prefix_pull or replays) and prefill.kv_push and decode.kv_push:
+    if routing.pd_transfer == "push" and not (prefix_pull or replays) and prefill.kv_push and decode.kv_push \
+            and prefill.block_size == decode.block_size:
         return "push"
     return "pull"
 
@@ -108,7 +113,7 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
     if selection.prefill is None:
         single = candidates.single(selection.worker)
         return RoutePlan("single", selection.reason, selection.worker.worker_id, prompt=single.plan,
-                         cost=single.cost, moves_home=selection.moves_home)
+                         cost=single.cost, moves_home=selection.moves_home, note=selection.note)
     pair = candidates.pair(selection.prefill, selection.worker)
     prompt = pair.prefill.plan
     transfer = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.router.routing.ledger import predicted
+from shared.compat import KvLayout
 from shared.schemas.membership import WorkerRole, WorkerStatus
 
 
@@ -39,6 +40,9 @@ class WorkerView:  # read-only by convention (not frozen: a frozen dataclass is 
     reported_free_kv_tokens: int | None = None  # KV holding nothing reusable, in the last load snapshot
     adapters: frozenset[str] = frozenset()  # the LoRA adapters it holds (registration)
     adapter_slots: int = 0  # how many it can hold at once; 0: it serves no adapter
+    block_size: int = 0  # tokens per KV block (0: unknown)
+    # what its KV means and how it is cut (registration): why two workers cannot pair
+    kv_layout: KvLayout | None = field(default=None, compare=False)
 
     # Derived once, at construction (every stage reads them, several times per candidate)
     free_kv_tokens: int | None = field(init=False)

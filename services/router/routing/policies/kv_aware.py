@@ -44,7 +44,9 @@ class KvAwarePolicy:
         if pair is None:
             single = cheapest.single(eligible.serving)
             assert single is not None
-            return cheapest.selection(_no_pair_reason(eligible.prefill, decode), single.worker)
+            selection = cheapest.selection(_no_pair_reason(eligible.prefill, decode), single.worker)
+            selection.note = no_pair_note(eligible.prefill, decode) if selection.reason == "compat_hash_mismatch" else ""
+            return selection
 
         small = [worker for worker in decode if candidates.plan(worker).uncached_tokens < routing.local_prefill_tokens]
         if small:
@@ -70,6 +72,18 @@ def _no_pair_reason(prefill: Sequence[WorkerView], decode: Sequence[WorkerView])
     if not decode:
         return "no_decode_worker"
     return "compat_hash_mismatch"
+
+
+def no_pair_note(prefill: Sequence[WorkerView], decode: Sequence[WorkerView]) -> str:
+    """Why no prefill worker's KV maps to a decode worker's: the fields that differ between
+    the first two whose layouts are known (`shared.compat.KvLayout.refusal`)."""
+    for first in prefill:
+        for second in decode:
+            if first.kv_layout is not None and second.kv_layout is not None:
+                refusal = first.kv_layout.refusal(second.kv_layout)
+                if refusal:
+                    return f"{first.worker_id} -> {second.worker_id}: {refusal}"
+    return "the prefill and decode workers' compatibility hashes differ"
 
 
 def _decode_first(cheapest: Cheapest) -> Selection | RouteRefusal:

@@ -1,0 +1,123 @@
+"""P/D between vLLM (CPU) workers of unlike shapes through the whole stack: a decode worker
+at tensor-parallel degree 2 fed by a prefill worker at TP 1, the reverse, and a decode
+worker of 64-token blocks fed by a prefill worker of 128-token blocks.
+
+Each stack runs the pair and a reference worker of the decode worker's shape, serving the
+same model under another name (so the router never pairs it, and its cache is its own).
+Twelve greedy prompts of 200-1,500 tokens: each P/D answer is the reference's text (where
+one differs, the first differing token must be a float tie: the reference's top two
+log-probabilities there within 1e-3), every request was served disaggregated with its KV
+pulled whole from the prefill worker (the transfer records say so, nothing recomputed),
+and nothing is left leased or pinned.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Iterator
+
+import openai
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
+
+from launch.plan import WorkerSpec  # noqa: E402
+from launch.stack import LocalStack  # noqa: E402
+from shared.nats_server import EmbeddedNats  # noqa: E402
+from shared.schemas import WorkerRole  # noqa: E402
+from shared.tokenizer import Tokenizer  # noqa: E402
+from tests.stack_fixtures import request_records, running  # noqa: E402
+from tests.vllm.conftest import cores, vllm_stack  # noqa: E402
+from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES, Observer, observing  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+REFERENCE = "reference"  # the reference worker's served model name
+MAX_TOKENS = 16
+TIE = 1e-3
+
+
+def tp2() -> tuple[str, ...]:
+    """Two ranks, one on each core of the box where there are two (else sharing one)."""
+    available = cores()
+    return ("--tensor-parallel", "2", "--vllm-cpu-threads-bind", "|".join(str(available[i % len(available)])
+                                                                         for i in range(2)))
+
+
+def core(index: int) -> tuple[str, ...]:
+    available = cores()
+    return ("--vllm-cpu-threads-bind", str(available[index % len(available)]))
+
+
+SHAPES = {  # (prefill worker, decode and reference workers, their block sizes)
+    "tp1-to-tp2": (core(0), tp2(), 128, 128),
+    "tp2-to-tp1": (tp2(), core(1), 128, 128),
+    "bs128-to-bs64": ((*core(0), "--vllm-block-size", "128"), (*core(1), "--vllm-block-size", "64"), 128, 64),
+}
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    rng = random.Random(51)
+    lengths = [200, 255, 256, 300, 511, 640, 777, 900, 1024, 1200, 1399, 1500]
+    return [[rng.randrange(3, vocab) for _ in range(length)] for length in lengths]
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def shaped(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model_dir: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
+    prefill_args, decode_args, _, _ = SHAPES[request.param]
+    memory = ("--vllm-kv-cache-gib", "0.25", *LONG_LEASES)
+    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=(*prefill_args, *memory)),
+             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=(*decode_args, *memory)),
+             WorkerSpec(worker_id="r1", role=WorkerRole.BOTH,
+                        extra_args=(*decode_args, *memory, "--served-model-name", REFERENCE)))
+    with running(vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-{request.param}"), specs,
+                            router_args=ALWAYS_DISAGGREGATE)) as stack:
+        yield request.param, stack
+
+
+@pytest.fixture(scope="module")
+async def observer(shaped: tuple[str, LocalStack]) -> AsyncIterator[Observer]:
+    async with observing(shaped[1], ("p1", "d1", "r1")) as watcher:
+        yield watcher
+
+
+async def answer(client: openai.AsyncOpenAI, model: str, prompt: list[int]) -> tuple[list[str], list[dict]]:
+    reply = await client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                            logprobs=2, extra_body={"ignore_eos": True})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and reply.usage.completion_tokens == MAX_TOKENS
+    return choice.logprobs.tokens, choice.logprobs.top_logprobs
+
+
+def first_difference_is_a_tie(got: list[str], expected: list[str], top: list[dict]) -> bool:
+    index = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+    best = sorted(top[index].values(), reverse=True)
+    return len(best) >= 2 and best[0] - best[1] <= TIE
+
+
+async def test_pd_between_unlike_shapes_answers_as_the_decode_shape_alone(
+        shaped: tuple[str, LocalStack], observer: Observer, openai_client, tiny_model_dir: str) -> None:
+    name, stack = shaped
+    _, _, holder_size, reader_size = SHAPES[name]
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    client = openai_client(stack.router_url, timeout=180)
+    async with request_records(stack, f"shapes-{name}") as records:
+        for prompt in prompts(tokenizer.vocab_size):
+            expected, top = await answer(client, REFERENCE, prompt)
+            got, _ = await answer(client, tokenizer.model_name, prompt)
+            assert got == expected or first_difference_is_a_tie(got, expected, top), \
+                f"{name}: a prompt of {len(prompt)} tokens: {got} != {expected}"
+        await wait_for(lambda: len(records) >= 24, 10, "every request's record")
+    served = [record for record in records if record.model == tokenizer.model_name]
+    assert len(served) == 12 and all(record.flow == "disaggregated" for record in served), served
+    await wait_for(lambda: len([r for r in observer.records if r.kind == "pull"]) >= 12, 10, "every pull's record")
+    pulls = [record for record in observer.records if record.kind == "pull"]
+    assert len(pulls) == 12, pulls
+    for record in pulls:  # whole, verified, nothing computed again; the tail too where the block sizes allow
+        assert (record.worker_id, record.peer_worker_id, record.outcome) == ("d1", "p1", "done"), record
+        assert record.blocks == record.blocks_ok > 0 and record.recomputed_tokens == 0, record
+    assert sorted(record.pulled_tokens for record in pulls) == sorted(
+        len(prompt) for prompt in prompts(tokenizer.vocab_size)), (holder_size, reader_size)
+    await observer.assert_clean()
