@@ -26,9 +26,9 @@ from launch.stack import LocalStack  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.schemas import WorkerRole  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
-from tests.stack_fixtures import request_records, running  # noqa: E402
+from tests.stack_fixtures import StackObserver, observing, request_records, running  # noqa: E402
 from tests.vllm.conftest import cores, vllm_stack  # noqa: E402
-from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES, Observer, observing  # noqa: E402
+from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -78,7 +78,7 @@ def shaped(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model
 
 
 @pytest.fixture(scope="module")
-async def observer(shaped: tuple[str, LocalStack]) -> AsyncIterator[Observer]:
+async def observer(shaped: tuple[str, LocalStack]) -> AsyncIterator[StackObserver]:
     async with observing(shaped[1], ("p1", "d1", "r1")) as watcher:
         yield watcher
 
@@ -98,7 +98,7 @@ def first_difference_is_a_tie(got: list[str], expected: list[str], top: list[dic
 
 
 async def test_pd_between_unlike_shapes_answers_as_the_decode_shape_alone(
-        shaped: tuple[str, LocalStack], observer: Observer, openai_client, tiny_model_dir: str) -> None:
+        shaped: tuple[str, LocalStack], observer: StackObserver, openai_client, tiny_model_dir: str) -> None:
     name, stack = shaped
     _, _, holder_size, reader_size = SHAPES[name]
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
