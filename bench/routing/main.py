@@ -44,13 +44,13 @@ import httpx
 
 from bench.routing.client import progress
 from bench.routing.drive import Run, run_conversations, run_tenants
+from bench.routing.fleet_shapes import parse_shapes, worker_groups
 from bench.routing.systems import cpu_seconds
 from bench.routing.workloads import ConversationsWorkload, EngineShape, TenantsWorkload
-from launch.definition import HttpService, Membership, Settings, StackDefinition, WorkerGroup
+from launch.definition import HttpService, Membership, Settings, StackDefinition
 from launch.plan import plan_stack
 from launch.stack import LocalStack
 from services.worker.sim.profile import load_profile
-from shared.schemas import WorkerRole
 
 POLICIES = ("kv-aware", "round-robin", "random")
 WORKLOADS = ("tenants", "multi-turn")
@@ -96,9 +96,9 @@ def run_one(setup: Setup, workload_name: str, workload: TenantsWorkload | Conver
     rate = workload.rate_rps(shape)
     log_dir = setup.log_root / f"{workload_name}-{policy}"
     shutil.rmtree(log_dir, ignore_errors=True)
-    workers = WorkerGroup(name="worker", role=WorkerRole.BOTH, count=shape.workers, engine="sim",
-                          settings={**setup.worker_settings, "kv_blocks": kv_blocks, "sim_speedup": shape.sim_speedup})
-    definition = StackDefinition(name=f"{workload_name}-{policy}", model_dir=setup.model_dir, workers=(workers,),
+    workers = worker_groups(shape.workers, shape.mix, engine="sim", block_size=shape.block_size, kv_blocks=kv_blocks,
+                            settings={**setup.worker_settings, "sim_speedup": shape.sim_speedup})
+    definition = StackDefinition(name=f"{workload_name}-{policy}", model_dir=setup.model_dir, workers=workers,
                                  membership=Membership(heartbeat_interval_s=0.5, ttl_s=5.0),
                                  router=HttpService(port=0, health="/health", settings=plan.router_settings),
                                  metrics=HttpService(port=0, health="/metrics"))
@@ -185,6 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", default="", help="default: a generated tiny model")
     parser.add_argument("--state-dir", default=".tandem/bench-routing", help="logs and the generated model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shapes", default="", help="the workers' shapes in turn, e.g. tp1,tp2-bs32,pp2 "
+                                                      "(default: all alike)")
     parser.add_argument("--quick", action="store_true", help="a short run: 8 s of arrivals per policy")
     parser.add_argument("--json", action="store_true", help="accepted; stdout is always one JSON document")
     return parser
@@ -202,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     duration_s = 8.0 if args.quick else args.duration
 
     shape = EngineShape(workers=args.workers, block_size=16, max_num_batched_tokens=512, max_model_len=2048,
-                        profile=load_profile(args.sim_profile), sim_speedup=args.sim_speedup)
+                        profile=load_profile(args.sim_profile), sim_speedup=args.sim_speedup,
+                        mix=parse_shapes(args.shapes))
     tenants = TenantsWorkload(tenants=args.tenants or 2 * args.workers, prefix_tokens=args.prefix_tokens,
                               query_tokens=args.query_tokens, max_tokens=args.max_tokens, kv_fill=args.kv_fill,
                               **({"load": args.load} if args.load is not None else {}))
@@ -228,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": "routing",
         "config": {"workers": shape.workers, "duration_s": duration_s, "sim_speedup": shape.sim_speedup,
                    "profile": shape.profile.name, "kv_fill": args.kv_fill, "kv_transfer": not args.no_kv_transfer,
+                   "shapes": [mixed.name for mixed in shape.mix],
                    "tenants": dataclasses.asdict(tenants), "multi_turn": dataclasses.asdict(conversations),
                    "seed": args.seed},
         "policies": {policy: plan.impl for policy, plan in plans.items()},

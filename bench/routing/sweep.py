@@ -48,6 +48,7 @@ from bench.routing.family import (
     points_named,
     size_point,
 )
+from bench.routing.fleet_shapes import parse_shapes
 from bench.routing.main import parse_names
 from bench.routing.oracle import GroupSpec, Oracle
 from bench.routing.report import gains, median_gains, over_repeats, summary, table, verdict
@@ -172,6 +173,7 @@ def run_sweep(setup: SweepSetup, points: Sequence[SweepPoint], arm_names: Sequen
                    "drain_s": setup.drain_s,
                    "sim_speedup": setup.shape.sim_speedup, "profile": setup.shape.profile.name, "seed": setup.seed,
                    "block_size": setup.shape.block_size, "max_model_len": setup.shape.max_model_len,
+                   "shapes": [shape.name for shape in setup.shape.mix],
                    "repeats": setup.repeats},
         "points": {point.name: {**dataclasses.asdict(point), "sizing": dataclasses.asdict(size_point(point, setup.shape))}
                    for point in points},
@@ -204,6 +206,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", default="", help="default: a generated tiny model")
     parser.add_argument("--state-dir", default=".tandem/bench-routing", help="logs and the generated model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shapes", default="", help="the workers' shapes in turn (the sim), e.g. tp1,tp2-bs32,pp2 "
+                                                      "(default: all alike)")
     parser.add_argument("--load", type=float, default=0.0,
                         help="offered rate / the cluster's cache-blind capacity, for every point (default: each point's own)")
     parser.add_argument("--kv-settings", default="{}",
@@ -238,9 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.engine not in engine_names():
         raise SystemExit(f"bench_routing: no engine {args.engine!r}; one of {', '.join(engine_names())}")
+    try:
+        mix = parse_shapes(args.shapes)
+    except ValueError as error:
+        raise SystemExit(f"bench_routing: {error}") from error
     shape = EngineShape(workers=args.workers, block_size=args.block_size, max_num_batched_tokens=512,
                         max_model_len=2048,
-                        profile=load_profile(args.sim_profile), sim_speedup=args.sim_speedup)
+                        profile=load_profile(args.sim_profile), sim_speedup=args.sim_speedup, mix=mix)
     arm_names = parse_names(args.arms, list(arms(shape)), "arm")
     from shared.tiny_model import model_dir_or_tiny
 

@@ -26,11 +26,11 @@ import httpx
 from bench.routing.arms import Arm
 from bench.routing.client import router_client
 from bench.routing.counters import CountersReader, metrics_reader
+from bench.routing.fleet_shapes import worker_groups
 from bench.routing.workloads import EngineShape
-from launch.definition import HttpService, Membership, Settings, StackDefinition, WorkerGroup
+from launch.definition import HttpService, Membership, Settings, StackDefinition
 from launch.plan import plan_stack
 from launch.stack import LocalStack
-from shared.schemas import WorkerRole
 
 
 class LaunchError(RuntimeError):
@@ -89,10 +89,13 @@ def local_stack(spec: LaunchSpec) -> Iterator[System]:
     shape = spec.shape
     shutil.rmtree(spec.log_dir, ignore_errors=True)
     kv_cache = engine_spec(spec.engine).kv_cache_settings(spec.kv_blocks, shape.block_size, spec.model_dir)
-    workers = WorkerGroup(name="worker", role=WorkerRole.BOTH, count=shape.workers, engine=spec.engine,
-                          settings={**spec.worker_settings, **kv_cache, "sim_speedup": shape.sim_speedup,
-                                    **({"kv_host_blocks": spec.kv_host_blocks} if spec.kv_host_blocks else {})})
-    definition = StackDefinition(name=spec.label, model_dir=spec.model_dir, workers=(workers,),
+    settings = {**spec.worker_settings, **kv_cache, "sim_speedup": shape.sim_speedup,
+                **({"kv_host_blocks": spec.kv_host_blocks} if spec.kv_host_blocks else {})}
+    if shape.mix and spec.engine != "sim":
+        raise LaunchError("mixed worker shapes (--shapes) run on the sim")
+    workers = worker_groups(shape.workers, shape.mix, engine=spec.engine, settings=settings,
+                            block_size=shape.block_size, kv_blocks=spec.kv_blocks)
+    definition = StackDefinition(name=spec.label, model_dir=spec.model_dir, workers=workers,
                                  membership=Membership(heartbeat_interval_s=0.5, ttl_s=5.0),
                                  router=HttpService(port=0, health="/health", settings=spec.arm.settings),
                                  metrics=HttpService(port=0, health="/metrics"))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.routing.fleet_shapes import WorkerShape
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.tokens import DEFAULT_FIRST_NORMAL_TOKEN, fold_token, next_token
 from shared.schemas.generate import SamplingParams
@@ -40,6 +41,7 @@ class EngineShape:
     max_model_len: int
     profile: TimingProfile
     sim_speedup: float
+    mix: tuple[WorkerShape, ...] = ()  # the workers' shapes in turn (`fleet_shapes`); empty: all alike
 
     def uncached_request_s(self, prompt_tokens: float) -> float:
         """Wall seconds one worker spends prefilling a prompt from scratch when it is busy:
