@@ -15,6 +15,7 @@ import numpy as np
 
 from shared.errors import ErrorCode
 from shared.schemas.common import Message
+from shared.schemas.load import RankTransfers, TransferTotals
 
 MemType = Literal["DRAM", "VRAM"]
 TransferOp = Literal["READ", "WRITE"]
@@ -168,3 +169,8 @@ class AgentStats(msgspec.Struct, frozen=True, kw_only=True):
         if op == "READ":
             return AgentStats(reads=self.reads.counted(result), writes=self.writes)
         return AgentStats(reads=self.reads, writes=self.writes.counted(result))
+
+    def of_rank(self, rank: int) -> RankTransfers:
+        """These counters as a worker's load snapshot carries them for its KV rank `rank`."""
+        return RankTransfers(rank=rank, reads=TransferTotals(**msgspec.structs.asdict(self.reads)),
+                             writes=TransferTotals(**msgspec.structs.asdict(self.writes)))

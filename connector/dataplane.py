@@ -1,7 +1,8 @@
 """The data-plane interface the worker service calls, and what both engines' data planes share.
 
 `DataPlane` is the contract: `services/worker/service.py` (`WorkerService`) starts and
-stops it, reads its counters for the load snapshot and hands it push messages; each
+stops it, reads its counters for the load snapshot (and its ranks' transfer counters,
+`rank_transfers()`, once per load interval) and hands it push messages; each
 request's `connector.kv_session.KvSession` (opened by `RequestRunner`) calls, around the
 engine's run:
 
@@ -15,12 +16,15 @@ engine's run:
 Implementations: `connector.sim.worker_kv.WorkerKv` (engines with an in-process `KvPort`)
 and `connector.vllm.worker_kv.VllmWorkerKv` (blocks move inside vLLM). An engine's spec
 builds its data plane (`build_data_plane`). Both derive from `LeasingDataPlane`: a lease
-holder, counters, transfer records published on `kv.transfers.<worker>`.
+holder, counters, transfer records published on `kv.transfers.<worker>`, and
+`RankTransfersPoll` for ranks whose counters live in other processes (vLLM's).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
 
 import msgspec
@@ -30,6 +34,7 @@ from connector.push import LayerWrite, PushReceiver, PushWriter
 from shared.bus import Bus
 from shared.codec import encode
 from shared.schemas.generate import GenerateRequest
+from shared.schemas.load import RankTransfers
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
 from shared.subjects import Subjects
 from shared.tracing import inject_headers
@@ -71,6 +76,11 @@ class DataPlane(Protocol):
 
     last_push_timings: list[LayerWrite]  # per-layer writes of the last push (overlap)
 
+    def rank_transfers(self) -> list[RankTransfers]:
+        """Each KV rank's transfer counters, by rank, the latest known; never waits, never
+        raises (the load snapshot calls it once per load interval)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -106,6 +116,35 @@ class DataPlane(Protocol):
     async def send_push_done(self, target: PushTarget, message: PushDone) -> None: ...
 
 
+class RankTransfersPoll:
+    """The transfer counters of ranks that live in other processes (vLLM's model workers), as
+    last answered. `latest(ask)` returns the last answer at once and, unless the previous
+    question is still out, asks again in the background: its caller (the load snapshot, once
+    per load interval) never waits on the engine, asks it at most once per call, and a
+    question that fails or times out (a dead or stuck engine) leaves the last answer."""
+
+    def __init__(self) -> None:
+        self.answer: list[RankTransfers] = []
+        self._asking: asyncio.Task[None] | None = None
+
+    def latest(self, ask: Callable[[], Awaitable[list[RankTransfers]]]) -> list[RankTransfers]:
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.ensure_future(self._ask(ask))
+        return self.answer
+
+    async def _ask(self, ask: Callable[[], Awaitable[list[RankTransfers]]]) -> None:
+        try:
+            self.answer = await ask()
+        except Exception as error:  # metrics only: the load snapshot goes on with the last answer
+            log.debug("could not read the KV ranks' transfer counters: %s", error)
+
+    async def stop(self) -> None:
+        asking, self._asking = self._asking, None
+        if asking is not None:
+            asking.cancel()
+            await asyncio.gather(asking, return_exceptions=True)
+
+
 HolderT = TypeVar("HolderT", bound=LeaseHolder)
 
 
@@ -124,6 +163,7 @@ class LeasingDataPlane(Generic[HolderT]):
         self.blocks_retried_total = 0
         self.blocks_recovered_total = 0
         self.blocks_recomputed_total = 0
+        self.rank_poll = RankTransfersPoll()  # an engine whose ranks live elsewhere asks them through it
 
     @property
     def active_leases(self) -> int:
@@ -133,6 +173,7 @@ class LeasingDataPlane(Generic[HolderT]):
         await self.holder.start()
 
     async def stop(self) -> None:
+        await self.rank_poll.stop()
         await self.holder.stop()
 
     def release_hold(self, handle: KvHandle) -> None:

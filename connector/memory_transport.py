@@ -17,6 +17,9 @@ on a machine without NIXL (a laptop, CI), between workers that share a process.
   re-registered under the same name since it was added is a failed result, never an
   exception; a transfer that misses its timeout fails, and its blocks are garbage.
   Ids or ranges outside a pool are caller bugs and raise ValueError.
+- `stats` counts transfers as a NIXL agent counts its own (`connector.agent_types.AgentStats`,
+  reads and writes apart), so in-memory workers report the same per-rank metrics; a
+  transfer's descriptors are the rows it copies (blocks, or ranges after merging).
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ import functools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from connector.agent_types import AgentStats, TransferOp, TransferOutcome
+from connector.agent_types import TransferResult as AgentResult
 from connector.descriptors import as_block_ids, byte_ranges, check_block_ids, check_ranges, coalesce_ranges
 from connector.off_loop import await_transfer
 from connector.transport import Offsets, Outcome, TransferResult
@@ -114,6 +120,8 @@ class MemoryTransport:
         self._peers: dict[str, MemoryAgentMetadata] = {}
         self._codec: Codec[MemoryAgentMetadata] = Codec(MemoryAgentMetadata)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kv-memory-{agent_name}")
+        self._stats = AgentStats()  # replaced, under the lock, by each transfer
+        self._stats_lock = threading.Lock()
         self._closed = False
 
     @property
@@ -123,6 +131,11 @@ class MemoryTransport:
     @property
     def fabric(self) -> MemoryFabric:
         return self._fabric
+
+    @property
+    def stats(self) -> AgentStats:
+        """The transfer counters so far (a snapshot: later transfers do not change it)."""
+        return self._stats
 
     def metadata(self) -> bytes:
         return encode(MemoryAgentMetadata(agent_name=self._agent.name, fabric_id=self._fabric.fabric_id,
@@ -171,15 +184,17 @@ class MemoryTransport:
             raise ValueError(f"{len(remote_block_ids)} remote block ids but {count} local block ids")
         if not count:
             return TransferResult(outcome="done", ok=[])
+        op: TransferOp = "READ" if into_local else "WRITE"
         if self._closed:
-            return _failed(count, f"memory agent {self.agent_name!r} is closed", outcome="cancelled")
+            return self._count(op, 0, _failed(count, f"memory agent {self.agent_name!r} is closed",
+                                              outcome="cancelled"))
         remote_agent, why = self._reachable(peer)
         if remote_agent is None:
-            return _failed(count, why)
+            return self._count(op, 0, _failed(count, why))
         if remote_agent.blocks.shape[1] != self._block_nbytes:
-            return _failed(count, f"peer {peer!r} has {remote_agent.blocks.shape[1]}-byte blocks, this agent "
-                                  f"{self._block_nbytes}-byte blocks: block ids do not address the same bytes "
-                                  "(use byte ranges)")
+            return self._count(op, 0, _failed(
+                count, f"peer {peer!r} has {remote_agent.blocks.shape[1]}-byte blocks, this agent "
+                       f"{self._block_nbytes}-byte blocks: block ids do not address the same bytes (use byte ranges)"))
         local, remote = as_block_ids(local_block_ids), as_block_ids(remote_block_ids)
         check_block_ids(local, len(self._blocks), "local", unique=into_local)
         check_block_ids(remote, len(remote_agent.blocks), "remote", unique=not into_local)
@@ -195,7 +210,7 @@ class MemoryTransport:
         cancel = threading.Event()
         copy = functools.partial(_copy, source, source_ids, target, target_ids, start, stop,
                                  time.perf_counter() + timeout_s, cancel)
-        future = asyncio.get_running_loop().run_in_executor(self._executor, copy)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._counted, op, count, copy)
         return await await_transfer(future, cancel)
 
     async def read_ranges(self, peer: str, remote_offsets: Offsets, local_offsets: Offsets, lengths: Offsets, *,
@@ -217,11 +232,12 @@ class MemoryTransport:
         ranges = byte_ranges(local_offsets, remote_offsets, lengths)
         if not len(ranges):
             return TransferResult(outcome="done", ok=[True])
+        op: TransferOp = "READ" if into_local else "WRITE"
         if self._closed:
-            return _failed(1, f"memory agent {self.agent_name!r} is closed", outcome="cancelled")
+            return self._count(op, 0, _failed(1, f"memory agent {self.agent_name!r} is closed", outcome="cancelled"))
         remote_agent, why = self._reachable(peer)
         if remote_agent is None:
-            return _failed(1, why)
+            return self._count(op, 0, _failed(1, why))
         local_pool, remote_pool = self._blocks.reshape(-1), remote_agent.blocks.reshape(-1)
         check_ranges(ranges.local_offsets, ranges.lengths, local_pool.size, "local", disjoint=into_local)
         check_ranges(ranges.remote_offsets, ranges.lengths, remote_pool.size, "remote", disjoint=not into_local)
@@ -232,8 +248,21 @@ class MemoryTransport:
             copy_args = (local_pool, merged.local_offsets, remote_pool, merged.remote_offsets)
         cancel = threading.Event()
         copy = functools.partial(_copy_ranges, *copy_args, merged.lengths, time.perf_counter() + timeout_s, cancel)
-        future = asyncio.get_running_loop().run_in_executor(self._executor, copy)
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._counted, op, len(merged.lengths),
+                                                            copy)
         return await await_transfer(future, cancel)
+
+    def _counted(self, op: TransferOp, rows: int, copy: Callable[[], TransferResult]) -> TransferResult:
+        """Run the copy (on the transport's thread) and count its result, even when the caller
+        has stopped waiting for it: the copy ran all the same."""
+        return self._count(op, rows, copy())
+
+    def _count(self, op: TransferOp, rows: int, result: TransferResult) -> TransferResult:
+        counted = AgentResult(outcome=TransferOutcome(result.outcome), peer="", num_blocks=0, nbytes=result.nbytes,
+                              descriptors=rows, elapsed_s=result.duration_s)
+        with self._stats_lock:
+            self._stats = self._stats.counted(op, counted)
+        return result
 
     def _reachable(self, peer: str) -> tuple[MemoryAgent | None, str]:
         known = self._peers.get(peer)

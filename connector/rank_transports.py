@@ -5,7 +5,8 @@ It is the data plane's `connector.lease_client.PeerRegistry`: adding a peer (its
 `connector.kv_peer.KvPeer`, fetched from it once per incarnation) adds each of the peer's
 rank agents to every local rank's transport, since any local rank may read from any of the
 peer's ranks. It describes this worker to its peers the same way (`metadata`), and hands
-the reader and the push writer their local ranks (`connector.shaped_read.LocalRank`).
+the reader and the push writer their local ranks (`connector.shaped_read.LocalRank`), and
+the load snapshot each rank's transfer counters (`rank_transfers`).
 Built by `connector.sim.transport_builder.build_rank_transports`.
 """
 
@@ -15,10 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from connector.agent_types import AgentStats
 from connector.kv_geometry import KvShape
 from connector.kv_peer import KvPeer, decode_peer, encode_peer
 from connector.shaped_read import LocalRank
 from connector.transport import KvTransport
+from shared.schemas.load import RankTransfers
 
 
 class RankTransports:
@@ -42,6 +45,11 @@ class RankTransports:
     def metadata(self) -> bytes:
         return encode_peer(self.peer)
 
+    def rank_transfers(self) -> list[RankTransfers]:
+        """Each rank's transfer counters so far, by rank (snapshots: reading them takes no lock)."""
+        return [transport_stats(transport).of_rank(rank.rank)
+                for rank, transport in zip(self.shape.ranks, self.transports)]
+
     # ---- PeerRegistry ----------------------------------------------------------------------
 
     def has_peer(self, name: str) -> bool:
@@ -64,3 +72,13 @@ class RankTransports:
     def close(self) -> None:
         for transport in self.transports:
             transport.close()
+
+
+def transport_stats(transport: KvTransport) -> AgentStats:
+    """A transport's counters: the memory transport's `stats`, a NIXL transport's agent's
+    (`NixlTransport._agent`, a `KvAgent`); zeros for a transport that counts nothing."""
+    stats = getattr(transport, "stats", None)
+    if stats is None:
+        agent = getattr(transport, "_agent", None)  # NixlTransport: its KvAgent counts every transfer
+        stats = getattr(agent, "stats", None)
+    return stats if isinstance(stats, AgentStats) else AgentStats()

@@ -30,6 +30,7 @@ from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
+from shared.schemas.load import RankTransfers
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferRecord
 from shared.tracing import inject_headers
 
@@ -167,6 +168,10 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
     async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
         await self._bus.client.publish(self._subjects.control(target.reader_worker_id, "push_done"), encode(message),
                                        headers=inject_headers() or None)
+
+    def rank_transfers(self) -> list[RankTransfers]:
+        """Each rank's transport counters, read in this process (no question to anyone)."""
+        return self.agents.rank_transfers()
 
     def release_pins(self, prepared: Prepared) -> None:
         if prepared.pinned_block_ids:

@@ -39,6 +39,7 @@ from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec, RankAgent, Rank
 from connector.vllm.rank_loads import RankLoads
 from shared.codec import encode
 from shared.config import KvFaultConfig, KvRetryConfig
+from shared.schemas.load import RankTransfers
 
 if TYPE_CHECKING:
     import torch
@@ -179,6 +180,10 @@ class WorkerSide:
         """This rank as the Tandem worker describes it to peers (`RankAgent`, msgpack)."""
         return encode(RankAgent(geometry=self._require_rank(), agent_name=self._agent_name,
                                 metadata=self.agent.metadata()))
+
+    def transfer_stats(self) -> RankTransfers:
+        """This rank's agent's transfer counters so far, as the load snapshot carries them."""
+        return self.agent.stats.of_rank(self._require_rank().rank)
 
     def peer_of(self, name: str, metadata: bytes) -> KvPeer:
         """A peer worker (a holder or a push's reader), its rank agents reachable from this

@@ -59,6 +59,7 @@ from connector.vllm.tandem_connector import (
     ConnectorSettings,
 )
 from shared.errors import Timeout, Unavailable
+from shared.schemas.load import RankTransfers
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", Loaded, Pushed)
 _rank_agents = msgspec.msgpack.Decoder(RankAgent)
 _rank_checksums = msgspec.msgpack.Decoder(RankChecksums)
+_rank_transfers = msgspec.msgpack.Decoder(RankTransfers)
 
 
 class AwaitedReports(Generic[R]):
@@ -217,6 +219,11 @@ class ConnectorLink:
         if tail_tokens and counts:
             counts[-1] = tail_tokens
         return await self.checksums([[(block_id, 0, count)] for block_id, count in zip(block_ids, counts)])
+
+    async def rank_transfers(self) -> list[RankTransfers]:
+        """Each rank's NIXL agent transfer counters (`tandem_transfer_stats`), by rank."""
+        answers = await self._rpc("tandem_transfer_stats")
+        return sorted((_rank_transfers.decode(payload) for payload in answers), key=lambda rank: rank.rank)
 
     async def _rpc(self, method: str, *args: object) -> list:
         llm = self._require_llm()

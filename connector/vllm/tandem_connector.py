@@ -228,6 +228,11 @@ class TandemWorkerExtension:
         """This rank's `RankChecksums` of units given as [[block, first token, tokens], ...]."""
         return _worker_side().checksums([[(block, token, count) for block, token, count in unit] for unit in units])
 
+    def tandem_transfer_stats(self) -> bytes:
+        """This rank's agent's transfer counters (`shared.schemas.load.RankTransfers`, msgpack),
+        asked by the Tandem worker at most once per load interval."""
+        return msgspec.msgpack.encode(_worker_side().transfer_stats())
+
 
 def _worker_side() -> WorkerSide:
     connector = get_kv_transfer_group()

@@ -44,6 +44,7 @@ from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
+from shared.schemas.load import RankTransfers
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind
 from shared.tracing import inject_headers
 
@@ -206,6 +207,11 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
             staged.on_loaded(None, "cancelled")
         if staged is not None and staged.order.release_key:  # pushed blocks the request never took
             self.engine.kv_link.unpin_soon([staged.order.release_key])
+
+    def rank_transfers(self) -> list[RankTransfers]:
+        """Each model-worker rank's NIXL agent counters as vLLM last answered them; asks again
+        in the background (`RankTransfersPoll`), so a stuck or dead engine keeps the last."""
+        return self.rank_poll.latest(self.engine.kv_link.rank_transfers)
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -1,6 +1,7 @@
 """A worker's two event streams on NATS, each numbered from 1: KV event batches
 (`kv.events.<worker>`, split into several messages when a snapshot outgrows NATS's payload
-limit) and load snapshots (`load.<worker>`: the engine's load and the data plane's counters)."""
+limit) and load snapshots (`load.<worker>`: the engine's load and the data plane's counters,
+its KV ranks' transfer counters among them)."""
 
 from __future__ import annotations
 
@@ -71,5 +72,6 @@ class WorkerEvents:
             kv_blocks_retried_total=kv.blocks_retried_total if kv else 0,
             kv_blocks_recovered_total=kv.blocks_recovered_total if kv else 0,
             kv_blocks_recomputed_total=kv.blocks_recomputed_total if kv else 0,
+            kv_ranks=kv.rank_transfers() if kv else [],
         )
         await self._bus.client.publish(self._subjects.load(self.worker_id), encode(snapshot))

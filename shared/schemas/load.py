@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from shared.schemas.common import Message
+
+
+class TransferTotals(msgspec.Struct, kw_only=True, frozen=True):
+    """One direction's transfers of one KV rank's transport agent since it started (the
+    agent's `connector.agent_types.TransferCounts` on the wire). `transfers` counts every
+    transfer whatever its outcome; `nbytes`, `seconds` and `descriptors` add up the done ones
+    (nbytes / seconds is their throughput); `failed` and `cancelled` count the others."""
+
+    transfers: int = 0
+    nbytes: int = 0
+    seconds: float = 0.0
+    descriptors: int = 0  # rows handed to the transport, after merging adjacent ones
+    failed: int = 0
+    cancelled: int = 0
+
+
+class RankTransfers(msgspec.Struct, kw_only=True, frozen=True):
+    """One rank of the worker's KV (`connector.kv_geometry.RankGeometry.rank`): its agent's
+    reads (this rank pulled) and writes (it pushed) apart."""
+
+    rank: int
+    reads: TransferTotals = msgspec.field(default_factory=TransferTotals)
+    writes: TransferTotals = msgspec.field(default_factory=TransferTotals)
 
 
 class LoadSnapshot(Message, tag="load", kw_only=True):
@@ -28,3 +53,6 @@ class LoadSnapshot(Message, tag="load", kw_only=True):
     external_prompt_tokens_total: int = 0  # prompt tokens the engine took from a KV transfer (vLLM's count)
     kv_evicted_blocks_total: int = 0  # cached blocks evicted to make room
     kv_evicted_missed_blocks_total: int = 0  # blocks a request missed that had been evicted here
+    # Each KV rank's transfer counters, by rank (none from a worker without a KV data plane;
+    # a vLLM worker's as last asked of its model workers)
+    kv_ranks: list[RankTransfers] = []
