@@ -30,6 +30,7 @@ import msgspec
 from services.metrics.activity import ActivitySummary, RecentActivity
 from shared.cluster.member_events import MemberChange, member_change
 from shared.cluster.sequence import SequenceTracker, SyncState
+from shared.compat import KvLayout
 from shared.schemas import (
     AllBlocksCleared,
     BlockRemoved,
@@ -43,6 +44,7 @@ from shared.schemas import (
     WorkerStatus,
 )
 from shared.schemas.kv_events import BlockStoredWithoutTokens, KvEventBatchWithoutTokens
+from shared.schemas.load import RankTransfers
 
 
 class WorkerView(msgspec.Struct, kw_only=True):
@@ -79,8 +81,10 @@ class WorkerView(msgspec.Struct, kw_only=True):
     external_prompt_tokens_total: int = 0
     kv_evicted_blocks_total: int = 0
     kv_evicted_missed_blocks_total: int = 0
+    kv_ranks: list[RankTransfers] = []  # each KV rank's transfer counters, by rank
     # from the registration, for people (decisions use capabilities and the hash)
     engine: str = ""
+    shape: str = ""  # how its KV is cut, "tp2 pp1 bs16" (`shape_label`); "" when it did not say
     compat_hash: str = ""  # equal hashes can exchange KV blocks
     started_at: float = 0.0
     restarts: int = 0  # times its launcher started it again
@@ -251,6 +255,14 @@ def role_groups(snapshot: ClusterSnapshot) -> list[RoleGroup]:
             for role in roles]
 
 
+def shape_label(layout: KvLayout | None) -> str:
+    """How a worker's KV is cut, for people: "tp2 pp1 bs128" (tensor- and pipeline-parallel
+    degree, tokens per block); "" for a registration without a layout."""
+    if layout is None:
+        return ""
+    return f"tp{layout.tensor_parallel} pp{layout.pipeline_parallel} bs{layout.block_size}"
+
+
 def _ratio(numerator: int, denominator: int) -> float | None:
     return numerator / denominator if denominator else None
 
@@ -295,7 +307,9 @@ def _worker_view(worker: _Worker, kv_sequences: SequenceTracker) -> WorkerView:
         external_prompt_tokens_total=load.external_prompt_tokens_total,
         kv_evicted_blocks_total=load.kv_evicted_blocks_total,
         kv_evicted_missed_blocks_total=load.kv_evicted_missed_blocks_total,
+        kv_ranks=load.kv_ranks,
         engine=registration.engine,
+        shape=shape_label(registration.kv_layout),
         compat_hash=registration.compat_hash,
         started_at=registration.started_at,
         restarts=registration.restarts,

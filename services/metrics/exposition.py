@@ -1,7 +1,9 @@
 """Prometheus exposition of the cluster view, in a registry owned by one collector instance.
 
 Per-worker gauges are produced at scrape time from `ClusterView.snapshot()` by a custom
-collector, so a worker that leaves disappears from `/metrics` with no label bookkeeping.
+collector, so a worker that leaves disappears from `/metrics` with no label bookkeeping; so
+are the per-rank transfer counters of each worker's KV agents (`tandem_kv_rank_transfer_*`,
+by worker, rank and op, from its load snapshot's `kv_ranks`).
 Latencies are histograms observed as request records arrive; KV hand-off times are per
 role of the reading worker and carry the hand-off's trace id as an exemplar when its
 record came with a `traceparent` header. `render(registry, accept)` (from
@@ -22,6 +24,7 @@ from services.metrics.cluster_view import ClusterView, Totals, WorkerView
 from shared.codec import MalformedCounter
 from shared.prometheus import Exemplar, render
 from shared.schemas import RequestRecord, TransferRecord
+from shared.schemas.load import TransferTotals
 
 __all__ = ["ClusterCollector", "RequestHistograms", "TransferMetrics", "build_registry", "render"]
 UNKNOWN_ROLE = "unknown"
@@ -67,6 +70,18 @@ _WORKER_COUNTERS: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
     ("tandem_worker_external_prompt_tokens", "Prompt tokens the engine took from a KV transfer (engine's own count)",
      lambda w: w.external_prompt_tokens_total),
 )
+# Each KV rank's transport agent, one sample per worker, rank and op (read: the rank pulled,
+# write: it pushed); bytes, seconds and descriptors of done transfers only.
+_RANK_LABELS = ["worker", "rank", "op"]
+_RANK_COUNTERS: tuple[tuple[str, str, Callable[[TransferTotals], float]], ...] = (
+    ("tandem_kv_rank_transfer_bytes", "Bytes a KV rank's agent moved in transfers that completed",
+     lambda t: t.nbytes),
+    ("tandem_kv_rank_transfer_seconds", "Time a KV rank's agent spent in transfers that completed",
+     lambda t: t.seconds),
+    ("tandem_kv_rank_transfer_descriptors", "Descriptors (rows after merging adjacent ones) of completed transfers",
+     lambda t: t.descriptors),
+    ("tandem_kv_rank_transfers", "Transfers a KV rank's agent made, whatever their outcome", lambda t: t.transfers),
+)
 _ROLE_GAUGES: tuple[tuple[str, str, Callable[[Totals], float | None]], ...] = (
     ("tandem_role_workers", "Workers per role", lambda t: t.workers),
     ("tandem_role_kv_usage_ratio", "KV usage over all workers of the role", lambda t: t.kv_usage),
@@ -85,6 +100,7 @@ class ClusterCollector(Collector):
         workers = [([worker.worker_id, worker.role], worker) for worker in snapshot.workers]
         yield from _families(GaugeMetricFamily, _WORKER_GAUGES, ["worker", "role"], workers)
         yield from _families(CounterMetricFamily, _WORKER_COUNTERS, ["worker", "role"], workers)
+        yield from _rank_families(snapshot.workers)
         yield from _families(GaugeMetricFamily, _ROLE_GAUGES, ["role"],
                              [([role], totals) for role, totals in snapshot.by_role.items()])
         cluster_hit_rate = GaugeMetricFamily(
@@ -173,6 +189,19 @@ def _families(kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
         for labels, item in rows:
             _add(family, labels, value(item))
         yield family
+
+
+def _rank_families(workers: Sequence[WorkerView]) -> Iterator[Metric]:
+    rows = [([worker.worker_id, str(rank.rank), op], totals) for worker in workers for rank in worker.kv_ranks
+            for op, totals in (("read", rank.reads), ("write", rank.writes))]
+    yield from _families(CounterMetricFamily, _RANK_COUNTERS, _RANK_LABELS, rows)
+    failures = CounterMetricFamily("tandem_kv_rank_transfer_failures",
+                                   "Transfers a KV rank's agent did not complete, by outcome",
+                                   labels=[*_RANK_LABELS, "outcome"])
+    for labels, totals in rows:
+        failures.add_metric([*labels, "failed"], totals.failed)
+        failures.add_metric([*labels, "cancelled"], totals.cancelled)
+    yield failures
 
 
 def _add(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:
