@@ -2,7 +2,8 @@
 collector's `/cluster` JSON (`services.metrics.cluster_view.ClusterStatus`).
 
 One row per worker, grouped by role: status, load (running / waiting), KV blocks used /
-total, leases, request and transfer rates, engine, model, compatibility hash and restarts
+total, leases, request and transfer rates, engine, shape (how its KV is cut: tensor- and
+pipeline-parallel degree, tokens per block), model, compatibility hash and restarts
 (with how the previous process ended); workers
 gone lately and the latest errors below. `--json` prints the collector's answer as it is
 (for machines); `--watch` redraws every `--interval` seconds until Ctrl-C. A collector that
@@ -93,6 +94,7 @@ def workers_table(status: ClusterStatus) -> Table:
     table.add_column("leases", justify="right")
     table.add_column("req/s", justify="right")
     table.add_column("engine")
+    table.add_column("shape", no_wrap=True)
     table.add_column("model")
     table.add_column("compat", no_wrap=True)
     table.add_column("restarts", overflow="fold")
@@ -107,7 +109,7 @@ def workers_table(status: ClusterStatus) -> Table:
                 str(worker.running), str(worker.waiting),
                 f"{worker.kv_used_blocks}/{worker.kv_total_blocks} ({_percent(worker.kv_usage)})",
                 str(worker.active_leases), f"{rates.requests_per_s if rates else 0.0:.1f}",
-                worker.engine, worker.model, worker.compat_hash[:12], _restarts(worker.restarts, worker.last_exit))
+                worker.engine, worker.shape or "-", worker.model, worker.compat_hash[:12], _restarts(worker.restarts, worker.last_exit))
         table.add_section()
     return table
 
@@ -129,7 +131,7 @@ def status(
     api_key_file: Annotated[str, typer.Option(envvar="TANDEM_API_KEY_FILE",
                                               help="A file holding a key, for a collector behind API keys.")] = "",
 ) -> None:
-    """The cluster as a table: workers, roles, load, KV, leases, engines and versions."""
+    """The cluster as a table: workers, roles, load, KV, leases, engines, shapes and versions."""
     console, errors = Console(), Console(stderr=True)
     try:
         api_key = _read_key(api_key_file)

@@ -10,6 +10,7 @@ from cli.status import _decoder, status_view
 from services.metrics.cluster_view import ClusterView
 from shared.schemas import RequestRecord, WorkerRole
 from tests.unit.test_cluster_view import load, registration
+from tests.unit.test_rank_metrics import layout
 
 
 def rendered(view: ClusterView, now: float) -> str:
@@ -31,6 +32,20 @@ def test_rows_in_role_order_with_load_kv_and_versions() -> None:
     assert [cell.strip() for cell in decode[2:7]] == ["decode", "active", "3", "1", "25/100 (25%)"]
     assert "sim" in rows[1] and "tiny" in rows[1]
     assert "2 workers · running 3 · waiting 1" in text
+
+
+def test_the_shape_column_shows_how_each_workers_kv_is_cut() -> None:
+    view = ClusterView()
+    tp2 = registration("decode-1", WorkerRole.DECODE)
+    tp2.kv_layout = layout(tensor_parallel=2, block_size=128)
+    view.apply_registration(tp2)
+    view.apply_registration(registration("decode-2", WorkerRole.DECODE))  # registered without a layout
+    text = rendered(view, now=1.0)
+    header = next(line for line in text.splitlines() if "worker" in line and "┃" in line)
+    column = [cell.strip() for cell in header.split("┃")].index("shape")
+    rows = {cells[1].strip(): cells[column].strip() for line in text.splitlines()
+            if "│" in line for cells in [line.split("│")]}
+    assert rows == {"decode-1": "tp2 pp1 bs128", "decode-2": "-"}
 
 
 def test_gone_workers_and_errors_listed() -> None:

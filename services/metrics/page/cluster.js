@@ -35,6 +35,20 @@ function bytesPerSecond(value) {
   return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
 }
 
+function bytes(value) {
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return `${value.toFixed(unit ? 1 : 0)} ${units[unit]}`;
+}
+
+// The shape's tooltip: what each KV rank's agent read and wrote since the worker started.
+function rankTransfers(worker) {
+  return (worker.kv_ranks || []).map((rank) =>
+    `rank ${rank.rank}: read ${bytes(rank.reads.nbytes)}, wrote ${bytes(rank.writes.nbytes)}` +
+    (rank.reads.failed + rank.writes.failed ? `, ${rank.reads.failed + rank.writes.failed} failed` : "")).join("\n");
+}
+
 function table(headers, rows, attrs) {
   return el("table", attrs,
     el("thead", {}, el("tr", {}, headers.map((header) => el("th", {}, header)))),
@@ -78,6 +92,7 @@ function workerRow(worker, activity) {
     el("td", { class: "id" }, worker.worker_id),
     el("td", {}, el("span", { class: `pill ${worker.status}` }, worker.status)),
     el("td", {}, worker.engine),
+    el("td", { class: "shape", title: rankTransfers(worker) || null }, worker.shape || "–"),
     el("td", {}, kvBar(worker)),
     el("td", { class: "num" }, worker.running),
     el("td", { class: "num" }, worker.waiting),
@@ -98,7 +113,7 @@ function renderRoles(status) {
       el("h3", {}, ROLE_TITLES[group.role] || group.role,
         el("small", {}, ` ${totals.workers} worker${totals.workers === 1 ? "" : "s"} · running ${totals.running}` +
           ` · waiting ${totals.waiting} · KV ${percent(totals.kv_usage)}`)),
-      table(["worker", "status", "engine", "KV blocks", "running", "waiting", "leases", "req/s",
+      table(["worker", "status", "engine", "shape", "KV blocks", "running", "waiting", "leases", "req/s",
         "transfers in/out /s", "prefix hits", "compat", "restarts (last exit)"],
         group.worker_ids.map((id) => workerRow(byId.get(id), status.activity)), { class: "workers" }));
   });
