@@ -1,6 +1,6 @@
-"""Per-rank KV transfer counters from real sim workers (real engines, the in-memory
-transport, one agent per rank) on a real NATS to the metrics collector: a worker reports one
-entry per KV rank in its load snapshots, the reader's ranks' read bytes grow with a pull and
+"""Per-rank KV transfer counters from real sim workers (real engines, NIXL agents or the
+in-memory transport, one per rank) on a real NATS to the metrics collector: a worker reports
+one entry per KV rank in its load snapshots, the reader's ranks' read bytes grow with a pull and
 add up to the pull's, the collector exports them by worker, rank and op and shows each
 worker's shape in /cluster."""
 
@@ -15,7 +15,7 @@ from shared.codec import Codec
 from shared.config import BusConfig
 from shared.schemas import LoadSnapshot
 from tests.integration import test_metrics_collector as collector_fixtures
-from tests.integration.kv_cluster import Cluster, prompts, transport_cluster
+from tests.integration.kv_cluster import TRANSPORTS, Cluster, prompts, transport_cluster
 from tests.integration.test_metrics_collector import DEADLINE_S, Collector, cluster, scrape
 from tests.waiting import wait_for
 
@@ -26,6 +26,12 @@ TP2 = {"tensor_parallel": 2}
 @pytest.fixture
 async def nodes(bus: Bus, bus_config: BusConfig) -> AsyncIterator[Cluster]:
     async for workers in transport_cluster(bus, bus_config, "memory"):
+        yield workers
+
+
+@pytest.fixture(params=TRANSPORTS)
+async def any_nodes(bus: Bus, bus_config: BusConfig, request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    async for workers in transport_cluster(bus, bus_config, request.param):
         yield workers
 
 
@@ -48,7 +54,8 @@ def read_bytes(snapshot: LoadSnapshot | None) -> list[int]:
 
 
 async def test_a_pull_grows_the_read_bytes_of_each_of_the_readers_ranks(
-        nodes: Cluster, bus: Bus, bus_config: BusConfig) -> None:
+        any_nodes: Cluster, bus: Bus, bus_config: BusConfig) -> None:
+    nodes = any_nodes
     latest = await latest_loads(bus, bus_config)
     await nodes.add("prefill", shape=TP2)
     await nodes.add("decode", shape=TP2)
