@@ -148,7 +148,7 @@ class SchedulerSide:
         holder_size = pull.block_size or self.block_size
         held = (len(pull.block_ids) - (1 if pull.tail_tokens else 0)) * holder_size + pull.tail_tokens
         # vLLM computes at least one token of every prompt: never claim the last one.
-        end = claim_end(held_tokens=held, usable_tokens=min(held, request.num_tokens - 1),
+        end = claim_end(usable_tokens=min(held, request.num_tokens - 1),
                         computed_tokens=num_computed_tokens, holder_block_size=holder_size, block_size=self.block_size)
         self._local_blocks[request.request_id] = num_computed_tokens // self.block_size
         return end - num_computed_tokens
@@ -167,9 +167,8 @@ class SchedulerSide:
         pull = order.pull
         holder_size = pull.block_size or self.block_size
         computed = self._local_blocks.pop(request.request_id, 0) * self.block_size
-        held = (len(pull.block_ids) - (1 if pull.tail_tokens else 0)) * holder_size + pull.tail_tokens
-        plan = load_plan(computed_tokens=computed, external_tokens=num_external_tokens, held_tokens=held,
-                         holder_block_size=holder_size, block_size=self.block_size)
+        plan = load_plan(computed_tokens=computed, external_tokens=num_external_tokens, holder_block_size=holder_size,
+                         block_size=self.block_size)
         (block_ids,) = blocks.get_block_ids()
         if num_external_tokens:
             self._loading[request.request_id] = (request, computed)

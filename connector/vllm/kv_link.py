@@ -212,13 +212,10 @@ class ConnectorLink:
                     flat[unit * heads + head] = part.values[unit * width + column]
         return flat
 
-    async def block_checksums(self, block_ids: list[int], tail_tokens: int = 0) -> list[int]:
-        """Whole blocks' checksums (the last one holding `tail_tokens` tokens when not 0)."""
+    async def block_checksums(self, block_ids: list[int]) -> list[int]:
+        """Whole blocks' checksums (a partial tail block's too: it is read whole)."""
         size = self.shape.block_size
-        counts = [size] * len(block_ids)
-        if tail_tokens and counts:
-            counts[-1] = tail_tokens
-        return await self.checksums([[(block_id, 0, count)] for block_id, count in zip(block_ids, counts)])
+        return await self.checksums([[(block_id, 0, size)] for block_id in block_ids])
 
     async def rank_transfers(self) -> list[RankTransfers]:
         """Each rank's NIXL agent transfer counters (`tandem_transfer_stats`), by rank."""

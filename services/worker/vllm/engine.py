@@ -52,7 +52,6 @@ from connector.port import LayerHook
 from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
 from connector.vllm.kv_wire import TransferOrder, held_of
-from connector.vllm.pull_claim import tail_read_tokens
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
 from services.worker.vllm.adapters import LoraCatalog
 from services.worker.vllm.attention import attention_isa
@@ -321,8 +320,7 @@ class VllmEngine:
         if held is None:
             return  # no full block in the prompt, or aborted: vLLM pinned nothing
         try:
-            checksums = await self.kv_link.block_checksums(
-                held.block_ids, tail_read_tokens(held.tail_tokens, self.info.block_size) if held.tail_tokens else 0)
+            checksums = await self.kv_link.block_checksums(held.block_ids)  # the tail's whole block too
         except TandemError as error:
             log.warning("not holding the blocks of %s: %s", request_id, error)
             self.kv_link.unpin_soon([held.key])
