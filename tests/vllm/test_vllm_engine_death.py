@@ -1,8 +1,9 @@
 """A vLLM engine that dies under its worker, and the host's attention kernel.
 
-One 1P1D stack of real vLLM (CPU) engines for the module, watched by `tandem up`'s worker
-supervisor. While 16 streams run, the decode worker's vLLM model-worker process (not the
-Tandem worker) is SIGKILLed: every stream completes or ends with an explicit error, none
+A 1P1D stack of real vLLM (CPU) engines, watched by `tandem up`'s worker supervisor, with
+the decode worker at tensor-parallel degree 1 and again at 2. While 16 streams run, the
+decode worker's vLLM model-worker process (not the Tandem worker; at TP 2, one of its
+ranks) is SIGKILLed: every stream completes or ends with an explicit error, none
 hangs; the worker leaves the routing pool within a second and exits non-zero; the
 supervisor starts it again and it serves within its own start time (the restarted
 process's) plus 10 s; no KV block or lease is left behind.
@@ -48,9 +49,16 @@ STREAMS = 16
 STREAM_TOKENS = 1500  # long enough to be cut: the kill comes with most of them still to make
 
 
-@pytest.fixture(scope="module")
-def stack(nats_server, tiny_model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("vllm-engine-death"))
+# The decode worker at tensor-parallel degree 1, and at 2 (two model-worker ranks, one per
+# core here: one of them is killed, and the engine dies the same way).
+DECODE_SHAPES = {"tp1": (), "tp2": ("--tensor-parallel", "2", "--vllm-cpu-threads-bind", "0|1")}
+
+
+@pytest.fixture(scope="module", params=list(DECODE_SHAPES))
+def stack(request: pytest.FixtureRequest, nats_server, tiny_model_dir: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-engine-death-{request.param}"),
+                       DECODE_SHAPES[request.param])
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 at tensor-parallel degree 2 fed by a prefill worker at TP 1, the reverse, and a decode
 worker of 64-token blocks fed by a prefill worker of 128-token blocks.
 
-Each stack runs the pair and a reference worker of the decode worker's shape, serving the
-same model under another name (so the router never pairs it, and its cache is its own).
+A worker of the decode worker's shape answers every prompt first, alone, in a stack of its
+own (a 2-core host runs two engines side by side, not three); then the pair runs.
 Twelve greedy prompts of 200-1,500 tokens: each P/D answer is the reference's text (where
 one differs, the first differing token must be a float tie: the reference's top two
 log-probabilities there within 1e-3), every request was served disaggregated with its KV
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import openai
 import pytest
@@ -34,7 +35,6 @@ from tests.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-REFERENCE = "reference"  # the reference worker's served model name
 MAX_TOKENS = 16
 TIE = 1e-3
 
@@ -64,23 +64,52 @@ def prompts(vocab: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for length in lengths]
 
 
+MEMORY = ("--vllm-kv-cache-gib", "0.25", *LONG_LEASES)
+
+
+@dataclass
+class Reference:
+    """The answers of one worker of the decode worker's shape, alone: tokens and top-2
+    log-probabilities per prompt."""
+
+    answers: list[tuple[list[str], list[dict]]]
+
+
 @pytest.fixture(scope="module", params=list(SHAPES))
-def shaped(request: pytest.FixtureRequest, nats_server: EmbeddedNats, tiny_model_dir: str,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
-    prefill_args, decode_args, _, _ = SHAPES[request.param]
-    memory = ("--vllm-kv-cache-gib", "0.25", *LONG_LEASES)
-    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=(*prefill_args, *memory)),
-             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=(*decode_args, *memory)),
-             WorkerSpec(worker_id="r1", role=WorkerRole.BOTH,
-                        extra_args=(*decode_args, *memory, "--served-model-name", REFERENCE)))
-    with running(vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-{request.param}"), specs,
-                            router_args=ALWAYS_DISAGGREGATE)) as stack:
-        yield request.param, stack
+def scenario(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-async def observer(shaped: tuple[str, LocalStack]) -> AsyncIterator[StackObserver]:
-    async with observing(shaped[1], ("p1", "d1", "r1")) as watcher:
+async def reference(scenario: str, nats_server: EmbeddedNats, tiny_model_dir: str,
+                    tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """The decode shape's answers from a stack of its own, stopped before the pair starts: a
+    2-core host runs two engines side by side, not three."""
+    _, decode_args, _, _ = SHAPES[scenario]
+    specs = (WorkerSpec(worker_id="r1", role=WorkerRole.BOTH, extra_args=(*decode_args, *MEMORY)),)
+    with running(vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-{scenario}-alone"),
+                            specs)) as stack:
+        tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+        async with openai.AsyncOpenAI(base_url=f"{stack.router_url}/v1", api_key="unused", max_retries=0,
+                                      timeout=180) as client:
+            return Reference([await answer(client, tokenizer.model_name, prompt)
+                              for prompt in prompts(tokenizer.vocab_size)])
+
+
+@pytest.fixture(scope="module")
+def shaped(scenario: str, reference: Reference, nats_server: EmbeddedNats, tiny_model_dir: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    prefill_args, decode_args, _, _ = SHAPES[scenario]
+    specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=(*prefill_args, *MEMORY)),
+             WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=(*decode_args, *MEMORY)))
+    with running(vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-{scenario}"), specs,
+                            router_args=ALWAYS_DISAGGREGATE)) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+async def observer(shaped: LocalStack) -> AsyncIterator[StackObserver]:
+    async with observing(shaped, ("p1", "d1")) as watcher:
         yield watcher
 
 
@@ -99,18 +128,17 @@ def first_difference_is_a_tie(got: list[str], expected: list[str], top: list[dic
 
 
 async def test_pd_between_unlike_shapes_answers_as_the_decode_shape_alone(
-        shaped: tuple[str, LocalStack], observer: StackObserver, openai_client, tiny_model_dir: str) -> None:
-    name, stack = shaped
-    _, _, holder_size, reader_size = SHAPES[name]
+        scenario: str, reference: Reference, shaped: LocalStack, observer: StackObserver, openai_client,
+        tiny_model_dir: str) -> None:
+    _, _, holder_size, reader_size = SHAPES[scenario]
     tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
-    client = openai_client(stack.router_url, timeout=180)
-    async with request_records(stack, f"shapes-{name}") as records:
-        for prompt in prompts(tokenizer.vocab_size):
-            expected, top = await answer(client, REFERENCE, prompt)
+    client = openai_client(shaped.router_url, timeout=180)
+    async with request_records(shaped, f"shapes-{scenario}") as records:
+        for prompt, (expected, top) in zip(prompts(tokenizer.vocab_size), reference.answers):
             got, _ = await answer(client, tokenizer.model_name, prompt)
             assert got == expected or first_difference_is_a_tie(got, expected, top), \
-                f"{name}: a prompt of {len(prompt)} tokens: {got} != {expected}"
-        await wait_for(lambda: len(records) >= 24, 10, "every request's record")
+                f"{scenario}: a prompt of {len(prompt)} tokens: {got} != {expected}"
+        await wait_for(lambda: len(records) >= 12, 10, "every request's record")
     served = [record for record in records if record.model == tokenizer.model_name]
     assert len(served) == 12 and all(record.flow == "disaggregated" for record in served), served
     await wait_for(lambda: len([r for r in observer.records if r.kind == "pull"]) >= 12, 10, "every pull's record")
