@@ -43,7 +43,7 @@ from tests.stack_fixtures import collect  # noqa: E402
 from tests.vllm.conftest import pd_pair  # noqa: E402
 from tests.vllm.observer import LONG_LEASES, Observer, complete, observing  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the TP 2 stack starts in 1-3 minutes on a busy 2-core host
 
 STREAMS = 16
 STREAM_TOKENS = 1500  # long enough to be cut: the kill comes with most of them still to make

@@ -33,7 +33,7 @@ from tests.vllm.conftest import cores, vllm_stack  # noqa: E402
 from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # a TP 2 engine starts in 1-3 minutes on a busy 2-core host
 
 MAX_TOKENS = 16
 TIE = 1e-3
