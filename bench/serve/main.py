@@ -294,6 +294,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def itl_weight(slo: Slo | None, max_tokens: int) -> float:
+    """The router's interference weight for a run's SLO (docs/routing.md): a prompt token
+    computed beside a decoding request adds its compute time to that request's decode time,
+    i.e. 1/max_tokens of it to its time per output token, which the SLO values at
+    slo_ttft / slo_itl times a millisecond of time to first token. Without an SLO, 1."""
+    if slo is None:
+        return 1.0
+    return round(slo.ttft_ms / slo.itl_ms / max(max_tokens, 1), 3)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["multiturn"]:  # conversations, prefix pull on and off (bench.serve.multiturn)
@@ -312,7 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_tokens=args.max_tokens, api=args.api, concurrency=args.concurrency or 1,
             request_rate=args.request_rate, warmup=args.warmup, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
             slo=slo)
-        topologies = parse_topologies(args.compare) if args.compare else []
+        topologies = [dataclasses.replace(topology, itl_weight=itl_weight(slo, args.max_tokens))
+                      if topology.any_prefill else topology
+                      for topology in (parse_topologies(args.compare) if args.compare else [])]
     except ValueError as error:
         parser.error(str(error))
     from services.worker.engines import engine_spec

@@ -4,6 +4,9 @@ stack definition (`launch.definition`).
 - "NpMd": N prefill and M decode workers; the router disaggregates every request
   (`local_prefill_tokens = 0`: no prompt is short enough to stay on the decode worker).
 - "Nx1": N workers of role both, each serving whole requests (N single-engine replicas).
+- "Nxany": N workers of role both, any of which may compute a prompt for another: the router
+  disaggregates a request only where its cost model says it wins (`prefill_from` "any",
+  with the interference terms weighted by `itl_weight`, derived from the run's SLO).
 - "Nxvllm": not Tandem but its peer, N plain vLLM servers behind vllm-router
   (round-robin), as `bench.serve.peer` runs them.
 """
@@ -21,6 +24,7 @@ from shared.schemas import WorkerRole
 
 _DISAGGREGATED = re.compile(r"(\d+)p(\d+)d")
 _REPLICAS = re.compile(r"(\d+)x1")
+_ANY = re.compile(r"(\d+)xany")
 _PEER = re.compile(r"(\d+)xvllm")
 ALWAYS_DISAGGREGATE: Settings = {"local_prefill_tokens": 0}
 
@@ -32,9 +36,13 @@ class Topology:
     decode: int = 0
     single: int = 0  # workers of role both
     peer: int = 0  # plain vLLM servers behind vllm-router (no Tandem)
+    any_prefill: bool = False  # the workers of role both may compute prompts for one another
+    itl_weight: float = 1.0  # with `any_prefill`: the router's interference weight
 
     @property
     def router_settings(self) -> Settings:
+        if self.any_prefill:
+            return {"prefill_from": "any", "itl_weight": self.itl_weight}
         return dict(ALWAYS_DISAGGREGATE) if self.prefill else {}
 
 
@@ -50,11 +58,16 @@ def parse_topology(name: str) -> Topology:
         if int(match.group(1)) < 1:
             raise ValueError(f"topology {name!r}: needs at least one worker")
         return Topology(name=text, single=int(match.group(1)))
+    if match := _ANY.fullmatch(text):
+        if int(match.group(1)) < 2:
+            raise ValueError(f"topology {name!r}: needs at least two workers to prefill for one another")
+        return Topology(name=text, single=int(match.group(1)), any_prefill=True)
     if match := _PEER.fullmatch(text):
         if int(match.group(1)) < 1:
             raise ValueError(f"topology {name!r}: needs at least one vLLM server")
         return Topology(name=text, peer=int(match.group(1)))
-    raise ValueError(f"unknown topology {name!r}: use NpMd (e.g. 1p1d), Nx1 (e.g. 2x1) or Nxvllm (e.g. 2xvllm)")
+    raise ValueError(f"unknown topology {name!r}: use NpMd (e.g. 1p1d), Nx1 (e.g. 2x1), Nxany (e.g. 2xany) or "
+                     f"Nxvllm (e.g. 2xvllm)")
 
 
 def parse_topologies(value: str) -> list[Topology]:

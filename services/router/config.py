@@ -114,6 +114,15 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         "0: off.")] = 4.0
     retry_after_s: int = 1  # the Retry-After of a 429
     speculative_ttl_s: float = 5.0  # how long a routed prompt counts as cached on its worker without events
+    # `services.router.routing.eligibility`: who computes a prompt for another worker
+    prefill_from: Annotated[Literal["prefill", "any"], flag(
+        "Who may compute a prompt for another worker: prefill workers only, or any worker (role both too): the "
+        "router then disaggregates a request only where the cost model says it wins.")] = "prefill"
+    # `services.router.routing.cost.interference`
+    itl_weight: Annotated[float, flag(
+        "Cost model: per prompt token computed on a worker, per request decoding there (the decode steps it "
+        "delays), and per prompt token queued on the decode worker (the prefill its decode will wait for); "
+        "0: TTFT alone decides where a prompt is computed.")] = 0.0
     # `services.router.routing.plan.kv_transfer_mode`
     pd_transfer: Annotated[Literal["pull", "push"], flag(
         "How a disaggregated request's prompt KV reaches the decode worker: pull (prefill first, the decode "
@@ -124,7 +133,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
                      "decode_weight", "request_overhead_tokens", "hot_load_factor", "home_slack_tokens",
-                     "host_load_weight"):
+                     "host_load_weight", "itl_weight"):
             require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         require(self.replica_share_slack is None or self.replica_share_slack >= 0,
                 "routing replica_share_slack must not be negative")
@@ -139,6 +148,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.speculative_ttl_s > 0, "speculative_ttl_s must be positive")
         require(bool(self.policy), "routing policy must be named")
         require(self.pd_transfer in ("pull", "push"), "pd_transfer must be pull or push")
+        require(self.prefill_from in ("prefill", "any"), "prefill_from must be prefill or any")
 
 
 class AdmissionConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.router.config import RoutingConfig
-from services.router.routing.cost import Holders, PrefillPlan, decode_cost, plan_prefill, prefill_cost
+from services.router.routing.cost import Holders, PrefillPlan, decode_cost, handoff_cost, plan_prefill, prefill_cost
 from services.router.routing.eligibility import Eligible
 from services.router.routing.recency import victim_values
 from services.router.routing.request import RouteRequest
@@ -89,4 +89,5 @@ class Candidates:
 
     def pair(self, prefill: WorkerView, decode: WorkerView) -> Pair:
         part = self.prefill_part(prefill)
-        return Pair(part, decode, part.cost + decode_cost(self.routing, decode))
+        return Pair(part, decode, part.cost + handoff_cost(self.routing, self.request.prompt_tokens)
+                    + decode_cost(self.routing, decode))

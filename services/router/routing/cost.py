@@ -11,10 +11,23 @@ first token and for work the cluster must do:
          + pull cost       (pull_fixed_tokens + transfer_weight x tokens pulled, when it pulls)
          + eviction cost   (eviction_weight x cached tokens the new KV pushes out of its cache)
          + queue_weight    x prompt tokens predicted to be queued for prefill ahead of it
+         + itl_weight      x its predicted running+waiting x the tokens it computes
+         + hand-off cost   (pull_fixed_tokens + transfer_weight x prompt tokens, for a pair,
+                            where any worker may prefill: `handoff_cost`)
          + decode_weight   x the decode worker's predicted running+waiting / max_num_seqs
+         + itl_weight      x prompt tokens predicted to be queued on the decode worker
 
 The computing worker is the prefill worker of a (prefill, decode) pair, or the one worker
 of a single-worker flow (then it is the decode worker too).
+
+*Interference* (`itl_weight`, 0 by default): a prompt computed on a worker delays every
+request decoding there (chunked prefill shares their steps: their inter-token latency
+spikes by the prompt's compute), and a request decoding on a worker waits for the prompts
+queued there. Priced, they make the router disaggregate where it wins: with any worker
+allowed to prefill for any other (`prefill_from` "any"), a prompt goes to a worker with few
+requests decoding and its decode stays where it is or moves to one with little prefill
+queued; when nothing decodes anywhere (arrivals spread out) serving whole is cheapest, as
+it saves the transfer. docs/routing.md derives the weights.
 
 What the terms buy, together:
 - *Affinity with bounded imbalance.* A worker holding the prompt's prefix costs its queue
@@ -129,6 +142,14 @@ def tier_load_cost(routing: RoutingConfig, tier_tokens: Mapping[str, int] | None
                for tier, tokens in tier_tokens.items())
 
 
+def handoff_cost(routing: RoutingConfig, prompt_tokens: int) -> float:
+    """A disaggregated request's hand-off: its decode worker pulls the prompt's KV (a pull's
+    fixed cost and its transfer), what a pair pays that serving whole does not. Priced where
+    the router chooses whether to disaggregate (`prefill_from` "any"); with a dedicated
+    prefill pool the operator chose it, and pairs are costed as they always were."""
+    return pull_cost(routing, prompt_tokens) if routing.prefill_from == "any" else 0.0
+
+
 def pull_cost(routing: RoutingConfig, pulled_tokens: int) -> float:
     """A prefix pull: a fixed hand-off cost plus the transfer, per token."""
     return routing.pull_fixed_tokens + routing.transfer_weight * pulled_tokens if pulled_tokens else 0.0
@@ -224,7 +245,15 @@ def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerVie
     new_tokens = plan.pulled_tokens + plan.uncached_tokens + plan.loaded_tokens
     return (routing.prefill_weight * plan.uncached_tokens + plan.load_cost + pull_cost(routing, plan.pulled_tokens)
             + eviction_cost(routing, new_tokens, computing.free_kv_tokens, victim_value)
-            + routing.queue_weight * computing.predicted_prefill_tokens)
+            + routing.queue_weight * computing.predicted_prefill_tokens
+            + interference(routing, computing, plan.uncached_tokens))
+
+
+def interference(routing: RoutingConfig, computing: WorkerView, uncached_tokens: int) -> float:
+    """What computing `uncached_tokens` on `computing` costs the requests decoding there: each
+    of them waits for the prompt's compute (chunked prefill shares their steps), so their
+    inter-token latency spikes: `itl_weight` x requests there x tokens."""
+    return routing.itl_weight * computing.predicted_load * uncached_tokens
 
 
 def affinity_margin(routing: RoutingConfig, cached_tokens: int, free_tokens: int | None = 0) -> float:
@@ -235,5 +264,6 @@ def affinity_margin(routing: RoutingConfig, cached_tokens: int, free_tokens: int
 
 
 def decode_cost(routing: RoutingConfig, decode: WorkerView) -> float:
-    """The decode worker's part of a flow's cost."""
-    return routing.decode_weight * decode.relative_load
+    """The decode worker's part of a flow's cost: its batch, and the prompt tokens queued
+    there, which the request's decode steps will wait for (`itl_weight` per token)."""
+    return routing.decode_weight * decode.relative_load + routing.itl_weight * decode.predicted_prefill_tokens

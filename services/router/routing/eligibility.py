@@ -5,7 +5,8 @@ Pure and synchronous; the same for every policy (`decide()` runs it before the p
 - A *serving* worker takes a whole request, or its decode part: ACTIVE, of the request's
   model, in role BOTH or DECODE, with room for the prompt and `max_tokens`.
 - A *prefill* worker may compute the prompt of a disaggregated request: ACTIVE, of the
-  model, in role PREFILL, with room for the prompt and the one token it generates.
+  model, in role PREFILL (or BOTH too, with `RoutingConfig.prefill_from` "any": any worker
+  may prefill for any other), with room for the prompt and the one token it generates.
 - Admission: workers whose predicted running+waiting is past `max_num_seqs x
   max_queue_factor` take nothing new; when every serving worker is past it the answer is a
   refusal ("overloaded"), not an unbounded queue. A resumed request skips this: it was
@@ -26,6 +27,7 @@ from services.router.routing.view import WorkerView
 from shared.schemas.membership import WorkerRole, WorkerStatus
 
 SERVING_ROLES = frozenset({WorkerRole.BOTH, WorkerRole.DECODE})
+PREFILL_ROLES = {"prefill": frozenset({WorkerRole.PREFILL}), "any": frozenset({WorkerRole.PREFILL, WorkerRole.BOTH})}
 
 
 def can_serve(worker: WorkerView, model: str) -> bool:
@@ -60,8 +62,9 @@ def eligible(workers: Sequence[WorkerView], request: RouteRequest,
                if can_serve(worker, request.model) and worker.max_model_len >= request.total_tokens]
     if not serving:
         return None  # a prefill worker never serves a whole request
+    roles = PREFILL_ROLES[routing.prefill_from]
     prefill = [worker for worker in workers
-               if worker.role is WorkerRole.PREFILL and worker.status is WorkerStatus.ACTIVE
+               if worker.role in roles and worker.status is WorkerStatus.ACTIVE
                and worker.model == request.model and worker.max_model_len >= request.prompt_tokens + 1]
     prefill_exists = bool(prefill)
     if request.admit:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.router.routing.candidates import Candidates, Pair, Single
-from services.router.routing.cost import decode_cost, prefix_is_hot
+from services.router.routing.cost import decode_cost, handoff_cost, prefix_is_hot
 from services.router.routing.placement.rules import HomeRules
 from services.router.routing.plan import RouteReason, Selection
 from services.router.routing.view import WorkerView
@@ -80,21 +80,28 @@ class Cheapest:
         return min(parts, key=single_order) if parts else None
 
     def pair(self, prefill_workers: Sequence[WorkerView], decode_workers: Sequence[WorkerView]) -> Pair | None:
-        """The cheapest pair: the cost splits into a prefill part and a decode part, so per
-        hash the cheapest of each side pair up (O(workers), not O(prefill x decode))."""
+        """The cheapest pair of two workers: the cost splits into a prefill part and a decode
+        part, so per hash the cheapest of each side pair up (O(workers), not O(prefill x
+        decode)); where a worker may take either part, the second cheapest decode worker
+        stands in for the prefill worker itself."""
         by_hash: dict[str, list[Single]] = {}
         for worker in prefill_workers:
             by_hash.setdefault(worker.compat_hash, []).append(self.candidates.prefill_part(worker))
         best_prefill = {compat_hash: best for compat_hash, parts in by_hash.items()
                         if (best := self.part(parts)) is not None}
-        best_decode: dict[str, tuple[float, WorkerView]] = {}
+        decodes: dict[str, list[tuple[float, tuple, WorkerView]]] = {}
         for worker in decode_workers:
-            cost = decode_cost(self.candidates.routing, worker)
-            held_decode = best_decode.get(worker.compat_hash)
-            if held_decode is None or (cost, load_order(worker)) < (held_decode[0], load_order(held_decode[1])):
-                best_decode[worker.compat_hash] = (cost, worker)
-        pairs = [Pair(prefill, best_decode[compat_hash][1], prefill.cost + best_decode[compat_hash][0])
-                 for compat_hash, prefill in best_prefill.items() if compat_hash in best_decode]
+            ranked = decodes.setdefault(worker.compat_hash, [])
+            ranked.append((decode_cost(self.candidates.routing, worker), load_order(worker), worker))
+            ranked.sort(key=lambda entry: entry[:2])
+            del ranked[2:]  # the best two: one of them is not the prefill worker
+        pairs = []
+        handoff = handoff_cost(self.candidates.routing, self.candidates.request.prompt_tokens)  # the same for every pair
+        for compat_hash, prefill in best_prefill.items():
+            decode = next((entry for entry in decodes.get(compat_hash, ())
+                           if entry[2].worker_id != prefill.worker.worker_id), None)
+            if decode is not None:
+                pairs.append(Pair(prefill, decode[2], prefill.cost + handoff + decode[0]))
         return min(pairs, key=pair_order) if pairs else None
 
     def selection(self, reason: RouteReason, worker: WorkerView, prefill: WorkerView | None = None) -> Selection:

@@ -10,6 +10,9 @@ the home rules, `cheapest`):
    `local_prefill_tokens` of the prompt are uncached there ("small_uncached"), or when every
    prefill worker is busy ("prefill_busy"); otherwise the cheapest of the pairs (one per
    hash) and the BOTH workers wins ("pair", or "single_cheaper"; on a tie, disaggregate).
+   With `prefill_from` "any", BOTH workers take either part of a pair too (never both parts):
+   a fleet of all-round workers disaggregates each request only where the cost model (its
+   interference terms, `cost.interference`) says a pair beats serving it whole.
    Without any pair, the cheapest serving worker does, and the reason says why there was no
    pair, so an operator sees a hash mismatch instead of silently losing disaggregation.
 """
@@ -40,7 +43,8 @@ class KvAwarePolicy:
         if prefill_busy and decode:
             return _local_or_both(cheapest, "prefill_busy", decode, both)
 
-        pair = cheapest.pair(eligible.prefill, decode)
+        # with any worker allowed to prefill for another, a both worker may take a decode part too
+        pair = cheapest.pair(eligible.prefill, decode + both if routing.prefill_from == "any" else decode)
         if pair is None:
             single = cheapest.single(eligible.serving)
             assert single is not None

@@ -1,0 +1,72 @@
+"""Any worker may prefill for any other (`RoutingConfig.prefill_from` "any"): on plain views,
+the router disaggregates a request only where the cost model says a pair wins, and says why."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from services.router.config import RoutingConfig
+from services.router.routing import RoutePlan, RouteRequest, decide
+from shared.schemas import WorkerRole
+from tests.unit.worker_views import worker_view
+
+ANY = RoutingConfig(prefill_from="any", itl_weight=1.0)
+worker = partial(worker_view, role=WorkerRole.BOTH, max_model_len=4096)
+
+
+def route(workers, routing: RoutingConfig = ANY, prompt_tokens: int = 1000) -> RoutePlan:
+    plan = decide(workers, RouteRequest(model="m", prompt_tokens=prompt_tokens, total_tokens=prompt_tokens + 64),
+                  routing)
+    assert isinstance(plan, RoutePlan)
+    return plan
+
+
+def test_when_nothing_decodes_anywhere_a_request_is_served_whole() -> None:
+    """Arrivals spread out: no decode to protect, and a pair would pay the hand-off."""
+    plan = route([worker("a"), worker("b")])
+    assert (plan.flow, plan.reason) == ("single", "single_cheaper")
+
+
+def test_a_prompt_goes_where_little_decodes_and_its_decode_where_little_is_queued() -> None:
+    """Arrivals bunched: a decodes four requests, b is prefilling two prompts. Computing the
+    prompt on a would stall a's four decodes; decoding on b would wait for b's queue."""
+    workers = [worker("a", reported_load=4), worker("b", reported_load=2, reported_prefill_tokens=2000)]
+    plan = route(workers)
+    assert (plan.flow, plan.reason, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "pair", "b", "a")
+    assert plan.transfer == "pull"
+
+
+def test_a_long_enough_queue_sends_the_prompt_to_the_decoding_worker_after_all() -> None:
+    """TTFT wins over the decodes' latency once the other worker's queue is long enough."""
+    workers = [worker("a", reported_load=1), worker("b", reported_load=3, reported_prefill_tokens=9000)]
+    plan = route(workers)
+    assert plan.flow == "single" and plan.worker_id == "a"
+
+
+def test_without_the_interference_terms_ttft_alone_decides_where_the_prompt_is_computed() -> None:
+    workers = [worker("a", reported_load=4), worker("b", reported_load=2, reported_prefill_tokens=2000)]
+    plan = route(workers, RoutingConfig(prefill_from="any"))
+    assert plan.computing_worker_id == "a"  # a's empty queue: its four decodes are not priced
+
+
+def test_roles_still_pin_pools_and_a_worker_never_takes_both_parts() -> None:
+    """With prefill_from "prefill" both workers only serve whole; with "any" a prefill worker
+    still prefills, and the pair's two parts are on two workers."""
+    workers = [worker("a", reported_load=4), worker("b", reported_load=2, reported_prefill_tokens=2000)]
+    assert route(workers, RoutingConfig(itl_weight=1.0)).flow == "single"
+    lone = [worker("p", role=WorkerRole.PREFILL), worker("only", reported_load=6)]
+    plan = route(lone)
+    assert (plan.flow, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "p", "only")
+
+
+@pytest.mark.parametrize("itl_weight", [0.5, 1.0, 2.0])
+def test_the_pair_costs_its_hand_off(itl_weight: float) -> None:
+    routing = RoutingConfig(prefill_from="any", itl_weight=itl_weight)
+    workers = [worker("a", reported_load=4), worker("b", reported_load=2, reported_prefill_tokens=2000)]
+    plan = route(workers, routing)
+    single = route([workers[1]], routing)
+    if plan.flow == "disaggregated":  # the pair's cost includes the pull of the whole prompt
+        assert plan.cost >= routing.pull_fixed_tokens + routing.transfer_weight * 1000
+    assert single.flow == "single"
