@@ -27,7 +27,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from connector.port import LayerHook
-from services.worker.engine import EngineOutput
+from services.worker.engine import EngineLoad, EngineOutput
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus
 from shared.codec import encode
@@ -43,7 +43,9 @@ class GatedSimEngine(SimEngine):
     `release`; a finishing token is sent before the wait and its finish after it, so a
     prefill part's first token reaches the router before its `Finished`. `hold_at=-1`:
     the request is accepted and waits before the engine even starts it.
-    `fail=(code, n)`: the stream raises a `TandemError` of that code before token n."""
+    `fail=(code, n)`: the stream raises a `TandemError` of that code before token n.
+    Its load reports count what a real engine would: a held request as running, one
+    waiting before its start as waiting with its prompt's tokens still to compute."""
 
     def __init__(self, config: WorkerConfig, *, model_name: str, vocab_size: int, hold_at: int | None = None,
                  fail: tuple[str, int] | None = None) -> None:
@@ -51,16 +53,30 @@ class GatedSimEngine(SimEngine):
         self.hold_at = hold_at
         self.fail = fail
         self.release = asyncio.Event()
+        self._held = 0
+        self._stalled_tokens: list[int] = []
+
+    def load(self) -> EngineLoad:
+        load = super().load()
+        return msgspec.structs.replace(load, running=load.running + self._held,
+                                       waiting=load.waiting + len(self._stalled_tokens),
+                                       pending_prefill_tokens=load.pending_prefill_tokens + sum(self._stalled_tokens))
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
                  on_layer: LayerHook | None = None, adapter: str = "") -> AsyncGenerator[EngineOutput, None]:
-        return self._gated(super().generate(request_id, token_ids, sampling, on_layer=on_layer, adapter=adapter))
+        return self._gated(super().generate(request_id, token_ids, sampling, on_layer=on_layer, adapter=adapter),
+                           len(token_ids))
 
-    async def _gated(self, outputs: AsyncGenerator[EngineOutput, None]) -> AsyncIterator[EngineOutput]:
+    async def _gated(self, outputs: AsyncGenerator[EngineOutput, None], prompt_tokens: int
+                     ) -> AsyncIterator[EngineOutput]:
         delivered = 0
         async with contextlib.aclosing(outputs):
-            if self.hold_at is not None and self.hold_at < 0:
-                await self.release.wait()
+            if self.hold_at is not None and self.hold_at < 0 and not self.release.is_set():
+                self._stalled_tokens.append(prompt_tokens)
+                try:
+                    await self.release.wait()
+                finally:
+                    self._stalled_tokens.remove(prompt_tokens)
             async for output in outputs:
                 if not output.token_ids:
                     yield output
@@ -76,7 +92,11 @@ class GatedSimEngine(SimEngine):
                         continue
                     yield EngineOutput(token_ids=[token])
                     if holding:
-                        await self.release.wait()
+                        self._held += 1
+                        try:
+                            await self.release.wait()
+                        finally:
+                            self._held -= 1
                     if last:
                         yield msgspec.structs.replace(output, token_ids=[])
 

@@ -70,3 +70,11 @@ def test_the_pair_costs_its_hand_off(itl_weight: float) -> None:
     if plan.flow == "disaggregated":  # the pair's cost includes the pull of the whole prompt
         assert plan.cost >= routing.pull_fixed_tokens + routing.transfer_weight * 1000
     assert single.flow == "single"
+
+
+def test_a_lone_worker_says_there_is_none_to_split_with() -> None:
+    plan = route([worker("a", reported_load=4)])
+    assert (plan.flow, plan.reason) == ("single", "one_worker")
+    mismatched = [worker("a", reported_load=4), worker("b", compat_hash="other")]
+    plan = route(mismatched)  # two workers, but no KV maps between them: the reason says so
+    assert (plan.flow, plan.reason, plan.worker_id) == ("single", "compat_hash_mismatch", "b")

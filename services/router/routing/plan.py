@@ -44,6 +44,7 @@ RouteReason = Literal[
     "pinned",  # single: the request's route hint named the worker (the pinned policy, for benchmarks)
     "no_prefill_worker",  # single: no ACTIVE prefill worker of the model can take the prompt
     "no_decode_worker",  # single: prefill workers exist, but no ACTIVE decode worker can take the request
+    "one_worker",  # single: any worker may prefill for another (`prefill_from` "any"), but it is the only one
     "compat_hash_mismatch",  # single: prefill and decode workers exist, but no KV maps between them (the note says why)
     "one_engine_sampling",  # single: the request needs its whole prompt computed there (`RouteRequest.one_engine`)
 ]

@@ -79,6 +79,17 @@ class Cheapest:
         parts = self.affine(parts)
         return min(parts, key=single_order) if parts else None
 
+    def prefill_part(self, parts: Sequence[Single]) -> Single | None:
+        """The prefill part of a pair: `part`; where any worker may prefill (`prefill_from`
+        "any"), the cheapest after bounded affinity, home rules aside: the home rules place a
+        prompt's KV where it stays, and a pair's KV stays where it decodes (its prefill worker
+        computes it for another), so a queue-free home must not draw a prompt that would
+        stall the decodes running there."""
+        if self.candidates.routing.prefill_from != "any":
+            return self.part(parts)
+        parts = self.affine(parts)
+        return min(parts, key=single_order) if parts else None
+
     def pair(self, prefill_workers: Sequence[WorkerView], decode_workers: Sequence[WorkerView]) -> Pair | None:
         """The cheapest pair of two workers: the cost splits into a prefill part and a decode
         part, so per hash the cheapest of each side pair up (O(workers), not O(prefill x
@@ -88,7 +99,7 @@ class Cheapest:
         for worker in prefill_workers:
             by_hash.setdefault(worker.compat_hash, []).append(self.candidates.prefill_part(worker))
         best_prefill = {compat_hash: best for compat_hash, parts in by_hash.items()
-                        if (best := self.part(parts)) is not None}
+                        if (best := self.prefill_part(parts)) is not None}
         decodes: dict[str, list[tuple[float, tuple, WorkerView]]] = {}
         for worker in decode_workers:
             ranked = decodes.setdefault(worker.compat_hash, [])

@@ -44,12 +44,14 @@ class KvAwarePolicy:
             return _local_or_both(cheapest, "prefill_busy", decode, both)
 
         # with any worker allowed to prefill for another, a both worker may take a decode part too
-        pair = cheapest.pair(eligible.prefill, decode + both if routing.prefill_from == "any" else decode)
+        decode_side = decode + both if routing.prefill_from == "any" else decode
+        pair = cheapest.pair(eligible.prefill, decode_side)
         if pair is None:
             single = cheapest.single(eligible.serving)
             assert single is not None
-            selection = cheapest.selection(_no_pair_reason(eligible.prefill, decode), single.worker)
-            selection.note = no_pair_note(eligible.prefill, decode) if selection.reason == "compat_hash_mismatch" else ""
+            selection = cheapest.selection(_no_pair_reason(eligible.prefill, decode_side), single.worker)
+            if selection.reason == "compat_hash_mismatch":
+                selection.note = no_pair_note(eligible.prefill, decode_side)
             return selection
 
         small = [worker for worker in decode if candidates.plan(worker).uncached_tokens < routing.local_prefill_tokens]
@@ -75,6 +77,8 @@ def _no_pair_reason(prefill: Sequence[WorkerView], decode: Sequence[WorkerView])
         return "no_prefill_worker"
     if not decode:
         return "no_decode_worker"
+    if len({worker.worker_id for worker in (*prefill, *decode)}) == 1:
+        return "one_worker"
     return "compat_hash_mismatch"
 
 
