@@ -41,9 +41,9 @@ def vllm_args(index: int, *extra: str, kv_cache_gib: float = 0.25) -> tuple[str,
 
 
 def vllm_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, specs: tuple[WorkerSpec, ...],
-               router_args: tuple[str, ...] = ()) -> LocalStack:
+               router_args: tuple[str, ...] = (), start_timeout_s: float = 240.0) -> LocalStack:
     return make_stack(nats_server, model_dir, log_dir, workers=0, specs=specs, router_args=router_args,
-                      engine="vllm", ttl_s=3.0, start_timeout_s=240.0)
+                      engine="vllm", ttl_s=3.0, start_timeout_s=start_timeout_s)
 
 
 def pd_pair(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, decode_args: tuple[str, ...] = (), *,

@@ -33,7 +33,7 @@ from tests.vllm.conftest import cores, vllm_stack  # noqa: E402
 from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # a TP 2 engine starts in 1-3 minutes on a busy 2-core host
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]  # two stacks, each up to START_TIMEOUT_S to start
 
 MAX_TOKENS = 16
 TIE = 1e-3
@@ -65,6 +65,9 @@ def prompts(vocab: int) -> list[list[int]]:
 
 
 MEMORY = ("--vllm-kv-cache-gib", "0.25", *LONG_LEASES)
+# two engines on two cores, one of them TP 2 (three processes importing torch at once, each
+# rank bound to one core): a start takes minutes where the host is busy
+START_TIMEOUT_S = 480.0
 
 
 @dataclass
@@ -88,7 +91,7 @@ async def reference(scenario: str, nats_server: EmbeddedNats, tiny_model_dir: st
     _, decode_args, _, _ = SHAPES[scenario]
     specs = (WorkerSpec(worker_id="r1", role=WorkerRole.BOTH, extra_args=(*decode_args, *MEMORY)),)
     with running(vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-{scenario}-alone"),
-                            specs)) as stack:
+                            specs, start_timeout_s=START_TIMEOUT_S)) as stack:
         tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
         async with openai.AsyncOpenAI(base_url=f"{stack.router_url}/v1", api_key="unused", max_retries=0,
                                       timeout=180) as client:
@@ -103,7 +106,7 @@ def shaped(scenario: str, reference: Reference, nats_server: EmbeddedNats, tiny_
     specs = (WorkerSpec(worker_id="p1", role=WorkerRole.PREFILL, extra_args=(*prefill_args, *MEMORY)),
              WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, extra_args=(*decode_args, *MEMORY)))
     with running(vllm_stack(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-{scenario}"), specs,
-                            router_args=ALWAYS_DISAGGREGATE)) as stack:
+                            router_args=ALWAYS_DISAGGREGATE, start_timeout_s=START_TIMEOUT_S)) as stack:
         yield stack
 
 
