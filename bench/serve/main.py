@@ -295,13 +295,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def itl_weight(slo: Slo | None, max_tokens: int) -> float:
-    """The router's interference weight for a run's SLO (docs/routing.md): a prompt token
-    computed beside a decoding request adds its compute time to that request's decode time,
-    i.e. 1/max_tokens of it to its time per output token, which the SLO values at
-    slo_ttft / slo_itl times a millisecond of time to first token. Without an SLO, 1."""
-    if slo is None:
-        return 1.0
-    return round(slo.ttft_ms / slo.itl_ms / max(max_tokens, 1), 3)
+    """The router's interference weight for a run's SLO (`calibration.slo_itl_weight`,
+    docs/routing.md). Without an SLO, 1."""
+    from services.router.routing.calibration import slo_itl_weight
+
+    return 1.0 if slo is None else slo_itl_weight(slo.ttft_ms, slo.itl_ms, max(max_tokens, 1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

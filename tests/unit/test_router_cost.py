@@ -258,6 +258,17 @@ def test_weights_are_times_over_the_time_of_one_prompt_token() -> None:
         EngineTiming(0.0, 1.0, 8.0, 0.1, 64)
 
 
+def test_the_interference_weight_is_the_slos_exchange_rate_per_output_token() -> None:
+    from services.router.routing.calibration import slo_itl_weight
+
+    assert slo_itl_weight(4000, 55, 64) == pytest.approx(4000 / 55 / 64, abs=1e-3)  # 1.136
+    # a tighter decode SLO, or shorter answers (one spike is more of each), weigh more
+    assert slo_itl_weight(4000, 25, 64) > slo_itl_weight(4000, 55, 64) < slo_itl_weight(4000, 55, 16)
+    RoutingConfig(itl_weight=slo_itl_weight(4000, 55, 64)).validate()
+    with pytest.raises(ValueError):
+        slo_itl_weight(4000, 0, 64)
+
+
 # ---- a cold prompt's home -------------------------------------------------------------------
 
 

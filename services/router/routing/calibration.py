@@ -11,7 +11,9 @@ compute one prompt token. Every other term is a time divided by that one:
 - `request_overhead_tokens`: a request's work beyond the prompt tokens it computes: the
   fixed part of one engine step (`step_overhead + decode_base`);
 - `host_load_weight` (`host_load_weight`): loading one token's KV back from a host-memory
-  tier, over computing it (the sim's `TimingProfile.host_load_ms`, or a measured copy).
+  tier, over computing it (the sim's `TimingProfile.host_load_ms`, or a measured copy);
+- `itl_weight` (`slo_itl_weight`): what a millisecond of a decoding request's delay is worth
+  against a millisecond of a new request's wait for its first token, from the SLOs.
 
 The inputs are plain numbers: an engine's timing profile (the sim's `TimingProfile`, or a
 profile measured on a real engine) and a measured transfer (`tandem bench transfer`). Wall
@@ -78,3 +80,18 @@ def host_load_weight(prefill_ms_per_token: float, host_load_ms_per_token: float)
     if prefill_ms_per_token <= 0 or host_load_ms_per_token < 0:
         raise ValueError("prefill time must be positive and load time not negative")
     return round(host_load_ms_per_token / prefill_ms_per_token, 4)
+
+
+def slo_itl_weight(slo_ttft_ms: float, slo_itl_ms: float, output_tokens: int) -> float:
+    """`RoutingConfig.itl_weight` for latency SLOs (`slo_ttft_ms` to the first token,
+    `slo_itl_ms` between tokens) and answers of about `output_tokens` tokens.
+
+    A prompt token computed on a worker delays each request decoding there by one prompt
+    token's compute (chunked prefill shares their steps): 1/output_tokens of that request's
+    time per output token. The SLOs value a millisecond of time per output token at
+    slo_ttft / slo_itl milliseconds of time to first token, so the delay costs
+    slo_ttft / slo_itl / output_tokens prompt-token equivalents per request per token. Both
+    sides count in one worker's compute time, so the engine's speed cancels out."""
+    if slo_ttft_ms <= 0 or slo_itl_ms <= 0 or output_tokens < 1:
+        raise ValueError("SLOs must be positive and answers at least one token long")
+    return round(slo_ttft_ms / slo_itl_ms / output_tokens, 3)
