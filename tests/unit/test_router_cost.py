@@ -232,6 +232,16 @@ def test_the_pinned_policy_serves_on_the_hinted_worker_or_falls_back_to_kv_aware
     assert plan_of(workers, tenant_request({"holder": PREFIX}, route_hint="b")).worker_id == "holder"
 
 
+def test_a_pinned_pair_where_its_prefill_worker_may_compute_for_another() -> None:
+    any_pinned = RoutingConfig(policy="pinned", prefill_from="any", local_prefill_tokens=0)
+    workers = [worker("a"), worker("b"), worker("other", compat_hash="h2")]
+    plan = plan_of(workers, tenant_request({}, route_hint="a>b"), any_pinned)
+    assert (plan.flow, plan.reason, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "pinned", "a", "b")
+    # a both worker prefills for another only with prefill_from "any"; never both parts; one hash
+    for hint, routing in (("a>b", RoutingConfig(policy="pinned")), ("a>a", any_pinned), ("a>other", any_pinned)):
+        assert plan_of(workers, tenant_request({}, route_hint=hint), routing).reason != "pinned"
+
+
 # ---- calibration ----------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from services.router.openai.errors import BadRequest
 from services.router.routing.admission import Tenant, resolve_priority
 from shared.api_keys import ApiKey
 
-ROUTE_HINT_HEADER = "x-tandem-worker"  # a worker id; only the pinned routing policy reads it
+ROUTE_HINT_HEADER = "x-tandem-worker"  # a worker id, or "p>d" (a pair); only the pinned routing policy reads it
 PRIORITY_HEADER = "x-tandem-priority"
 API_KEY_SCOPE = "tandem.api_key"  # the scope's entry for the request's `ApiKey` (absent: the API is open)
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)

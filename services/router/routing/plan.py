@@ -41,7 +41,7 @@ RouteReason = Literal[
     "single_cheaper",  # single on a BOTH worker: cheaper than every pair
     "decode_first",  # single: the request's cache-hit threshold chose the worker
     "baseline",  # single: a benchmark baseline policy (round-robin or random) chose the worker
-    "pinned",  # single: the request's route hint named the worker (the pinned policy, for benchmarks)
+    "pinned",  # the request's route hint named the worker, or the pair (the pinned policy, for benchmarks)
     "no_prefill_worker",  # single: no ACTIVE prefill worker of the model can take the prompt
     "no_decode_worker",  # single: prefill workers exist, but no ACTIVE decode worker can take the request
     "one_worker",  # single: any worker may prefill for another (`prefill_from` "any"), but it is the only one
