@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, Protocol, TypeVar
 
 import msgspec
@@ -99,6 +99,14 @@ class DataPlane(Protocol):
         before awaiting anything (the blocks could be evicted)."""
         ...
 
+    def kv_activity(self) -> Hashable:
+        """What changes whenever KV moves through this worker's ranks: a pull or a push it
+        received (its counts), a lease on its blocks granted or ended (peers read them), a
+        push it wrote."""
+        leases = self.holder.leases
+        return (self.pulled_tokens_total, self.recomputed_tokens_total, self.blocks_retried_total, leases.active,
+                leases.outcomes.total(), id(self.last_push_timings))
+
     def release_hold(self, handle: KvHandle) -> None:
         """End a hold whose handle never reached the caller."""
         ...
@@ -118,23 +126,31 @@ class DataPlane(Protocol):
 
 class RankTransfersPoll:
     """The transfer counters of ranks that live in other processes (vLLM's model workers), as
-    last answered. `latest(ask)` returns the last answer at once and, unless the previous
-    question is still out, asks again in the background: its caller (the load snapshot, once
-    per load interval) never waits on the engine, asks it at most once per call, and a
-    question that fails or times out (a dead or stuck engine) leaves the last answer."""
+    last answered. `latest(ask, activity)` returns the last answer at once and, unless the
+    previous question is still out or was answered for the same `activity` (what changes when
+    KV moves through the worker: `LeasingDataPlane.kv_activity`; None: unknown, ask), asks
+    again in the background: its caller (the load snapshot, once per load interval) never
+    waits on the engine, asks it at most once per call, and a question that fails or times
+    out (a dead or stuck engine) leaves the last answer. An idle worker's ranks are not asked:
+    each question wakes every rank, and vLLM's ranks busy-wait for a second after each (its
+    shared-memory queue spins before it sleeps), a core each on a CPU host."""
 
     def __init__(self) -> None:
         self.answer: list[RankTransfers] = []
         self._asking: asyncio.Task[None] | None = None
+        self._answered_for: Hashable = None
 
-    def latest(self, ask: Callable[[], Awaitable[list[RankTransfers]]]) -> list[RankTransfers]:
-        if self._asking is None or self._asking.done():
-            self._asking = asyncio.ensure_future(self._ask(ask))
+    def latest(self, ask: Callable[[], Awaitable[list[RankTransfers]]],
+               activity: Hashable = None) -> list[RankTransfers]:
+        idle = activity is not None and activity == self._answered_for
+        if not idle and (self._asking is None or self._asking.done()):
+            self._asking = asyncio.ensure_future(self._ask(ask, activity))
         return self.answer
 
-    async def _ask(self, ask: Callable[[], Awaitable[list[RankTransfers]]]) -> None:
+    async def _ask(self, ask: Callable[[], Awaitable[list[RankTransfers]]], activity: Hashable) -> None:
         try:
             self.answer = await ask()
+            self._answered_for = activity
         except Exception as error:  # metrics only: the load snapshot goes on with the last answer
             log.debug("could not read the KV ranks' transfer counters: %s", error)
 

@@ -210,8 +210,9 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
 
     def rank_transfers(self) -> list[RankTransfers]:
         """Each model-worker rank's NIXL agent counters as vLLM last answered them; asks again
-        in the background (`RankTransfersPoll`), so a stuck or dead engine keeps the last."""
-        return self.rank_poll.latest(self.engine.kv_link.rank_transfers)
+        in the background once KV moved since (`RankTransfersPoll`), so a stuck or dead engine
+        keeps the last, and an idle one's ranks sleep."""
+        return self.rank_poll.latest(self.engine.kv_link.rank_transfers, self.kv_activity())
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -121,6 +121,27 @@ async def test_the_poll_answers_at_once_and_asks_once_at_a_time() -> None:
     await poll.stop()
 
 
+async def test_an_idle_workers_ranks_are_asked_once_until_kv_moves_again() -> None:
+    poll = RankTransfersPoll()
+    asked = 0
+
+    async def ask() -> list[RankTransfers]:
+        nonlocal asked
+        asked += 1
+        return ranks(100 * asked)
+
+    for _ in range(5):  # the same activity, load report after load report: one question
+        poll.latest(ask, ("idle",))
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert asked == 1 and poll.latest(ask, ("idle",)) == ranks(100)
+    poll.latest(ask, ("moved",))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert asked == 2 and poll.latest(ask, ("moved",)) == ranks(200)
+    await poll.stop()
+
+
 async def test_a_failed_or_stuck_question_keeps_the_last_answer() -> None:
     poll = RankTransfersPoll()
     poll.answer = ranks(5)
