@@ -99,14 +99,6 @@ class DataPlane(Protocol):
         before awaiting anything (the blocks could be evicted)."""
         ...
 
-    def kv_activity(self) -> Hashable:
-        """What changes whenever KV moves through this worker's ranks: a pull or a push it
-        received (its counts), a lease on its blocks granted or ended (peers read them), a
-        push it wrote."""
-        leases = self.holder.leases
-        return (self.pulled_tokens_total, self.recomputed_tokens_total, self.blocks_retried_total, leases.active,
-                leases.outcomes.total(), id(self.last_push_timings))
-
     def release_hold(self, handle: KvHandle) -> None:
         """End a hold whose handle never reached the caller."""
         ...
@@ -191,6 +183,14 @@ class LeasingDataPlane(Generic[HolderT]):
     async def stop(self) -> None:
         await self.rank_poll.stop()
         await self.holder.stop()
+
+    def kv_activity(self) -> Hashable:
+        """What changes whenever KV moves through this worker's ranks: a pull or a push it
+        received (its counts), a lease on its blocks granted or ended (peers read them), a
+        push it wrote."""
+        leases = self.holder.leases
+        return (self.pulled_tokens_total, self.recomputed_tokens_total, self.blocks_retried_total, leases.active,
+                leases.outcomes.total(), id(self.last_push_timings))
 
     def release_hold(self, handle: KvHandle) -> None:
         self.holder.release(handle.lease_id, "cancelled")

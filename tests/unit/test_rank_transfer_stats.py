@@ -12,6 +12,7 @@ import numpy as np
 
 from connector.agent_types import AgentStats, TransferCounts
 from connector.dataplane import RankTransfersPoll
+from connector.leases import LeaseTable
 from connector.memory_transport import MemoryFabric, MemoryTransport
 from connector.rank_transports import transport_stats
 from shared.schemas.load import LoadSnapshot, RankTransfers, TransferTotals
@@ -163,3 +164,20 @@ async def test_a_failed_or_stuck_question_keeps_the_last_answer() -> None:
     assert poll.latest(stuck) == ranks(5)
     await poll.stop()  # cancels the question still out
     assert poll.answer == ranks(5)
+
+
+def test_the_data_planes_kv_activity_changes_when_leases_end_or_pulls_count() -> None:
+    from connector.dataplane import LeasingDataPlane, Prepared
+
+    class Holder:
+        leases = LeaseTable("h")
+
+    plane = LeasingDataPlane("w", None, None, Holder())  # type: ignore[arg-type]
+    idle = plane.kv_activity()
+    assert plane.kv_activity() == idle
+    lease = Holder.leases.grant("r", [1, 2], 10.0, now=0.0)
+    granted = plane.kv_activity()
+    Holder.leases.release(lease.lease_id, "done")
+    assert len({idle, granted, plane.kv_activity()}) == 3
+    plane._count(Prepared(pulled_tokens=16))  # noqa: SLF001
+    assert plane.kv_activity() not in (idle, granted)
