@@ -218,9 +218,9 @@ class WorkerSide:
     def load(self, specs: list[LoadSpec]) -> None:
         self.pulls.load(specs)
 
-    def take_loaded(self) -> set[str]:
+    def take_loaded(self, wait_s: float = 0.0) -> set[str]:
         host_loaded, self._host_loaded = self._host_loaded, set()
-        return self.pulls.take_loaded() | host_loaded
+        return self.pulls.take_loaded(0.0 if host_loaded else wait_s) | host_loaded
 
     def take_load_errors(self) -> set[int]:
         return self.pulls.take_load_errors()

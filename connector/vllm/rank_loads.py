@@ -53,8 +53,9 @@ class RankLoads:
         # streams decoding here go on while a new request's KV arrives.
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-kv-load")
         self._loader_loop = asyncio.new_event_loop()  # runs each pull's read, on the loader thread only
-        self._done_lock = threading.Lock()
+        self._done_lock = threading.Condition()
         self._done: list[tuple[str, Loaded, list[int]]] = []  # ended pulls: request id, report, failed blocks
+        self._running = 0  # pulls submitted to the loader thread, not yet in `_done`
         self.loads = 0  # pulls performed, for diagnostics
 
     def bind(self, geometry: RankGeometry, region: np.ndarray, mover: RangeMover) -> None:
@@ -69,6 +70,8 @@ class RankLoads:
             if not spec.local_block_ids:  # nothing to read: vLLM is not waiting for it
                 self._reports.send(self._load(spec)[0])
             else:
+                with self._done_lock:
+                    self._running += 1
                 self._loader.submit(self._load_in_background, spec)
 
     def _load_in_background(self, spec: LoadSpec) -> None:
@@ -82,12 +85,19 @@ class RankLoads:
             failed = list(spec.local_block_ids)
         with self._done_lock:
             self._done.append((spec.request_id, report, failed))
+            self._running -= 1
+            self._done_lock.notify_all()
 
-    def take_loaded(self) -> set[str]:
+    def take_loaded(self, wait_s: float = 0.0) -> set[str]:
         """The requests whose loads ended since the last step (vLLM's `get_finished`); their
         failed blocks become this step's load errors, and their reports leave from here (the
-        engine thread owns the report socket)."""
+        engine thread owns the report socket). `wait_s`: where none ended yet and a pull is
+        running, wait that long for one (a step that computed nothing: vLLM steps again at
+        once while requests wait for their KV, and every rank of a multi-process engine
+        busy-waits between steps, starving the pulls' own threads and their holders)."""
         with self._done_lock:
+            if wait_s > 0 and not self._done and self._running:
+                self._done_lock.wait_for(lambda: bool(self._done), timeout=wait_s)
             done, self._done = self._done, []
         for _, report, failed in done:
             self._reports.send(report)

@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 CONNECTOR_CLASS = "TandemConnector"
 CONNECTOR_MODULE = __name__
 WORKER_EXTENSION = f"{__name__}.TandemWorkerExtension"
+# How long a step that computed nothing waits for a running pull to end before vLLM steps
+# again: short against a pull, long against a step's own overhead
+IDLE_STEP_WAIT_S = 0.005
 
 
 class ConnectorSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,8 +87,10 @@ class ConnectorSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 class TandemMetadata(KVConnectorMetadata):
     def __init__(self, loads: list[LoadSpec], pushes: list[PushSpec] | None = None,
-                 host_loads: list[HostCopy] | None = None, host_saves: list[HostCopy] | None = None) -> None:
+                 host_loads: list[HostCopy] | None = None, host_saves: list[HostCopy] | None = None,
+                 idle: bool = False) -> None:
         self.loads = loads
+        self.idle = idle  # the step computes nothing (requests wait for their KV): see get_finished
         self.pushes = pushes or []
         self.host_loads = host_loads or []
         self.host_saves = host_saves or []
@@ -162,7 +167,10 @@ class TandemConnector(KVConnectorBase_V1):
         self.worker_side.host_save()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, self.worker_side.take_loaded() or None
+        # a step that computed nothing waits a little for a running pull (RankLoads.take_loaded)
+        metadata = self._connector_metadata
+        idle = isinstance(metadata, TandemMetadata) and metadata.idle
+        return None, self.worker_side.take_loaded(IDLE_STEP_WAIT_S if idle else 0.0) or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker_side.take_load_errors()
@@ -190,7 +198,8 @@ class TandemConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         side = self.scheduler_side
         host_loads, host_saves = side.take_host_copies(scheduler_output)
-        return TandemMetadata(side.take_loads(), side.take_pushes(scheduler_output), host_loads, host_saves)
+        return TandemMetadata(side.take_loads(), side.take_pushes(scheduler_output), host_loads, host_saves,
+                              idle=scheduler_output.total_num_scheduled_tokens == 0)
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.scheduler_side.take_events()
