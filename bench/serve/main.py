@@ -287,6 +287,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", default="", help="mode B: model directory (default: a generated tiny model)")
     parser.add_argument("--state-dir", default=".tandem/bench-serve", help="mode B: logs and the generated model")
     parser.add_argument("--sim-speedup", type=float, default=1.0, help="mode B, sim: run the sim this much faster")
+    parser.add_argument("--sim-profile", default="", help="mode B, sim: the workers' timing profile (a JSON file "
+                        "or a packaged name, docs/sim-profiles.md)")
     parser.add_argument("--vllm-kv-cache-gib", type=float, default=0.5, help="mode B, vllm: KV cache per worker")
     parser.add_argument("--max-model-len", type=int, default=0, help="mode B: worker flag (default: the worker's)")
     parser.add_argument("--start-timeout", type=float, default=0.0,
@@ -349,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup = CompareSetup(engine=args.engine, model_dir=model_dir_or_tiny(args.model_dir, state_dir),
                              log_root=state_dir / "logs", sim_speedup=args.sim_speedup,
                              vllm_kv_cache_gib=args.vllm_kv_cache_gib,
-                             worker_settings={"max_model_len": args.max_model_len} if args.max_model_len else {},
+                             worker_settings={**({"max_model_len": args.max_model_len} if args.max_model_len else {}),
+                                              **({"sim_profile": args.sim_profile} if args.sim_profile else {})},
                              start_timeout_s=args.start_timeout)
         document = {"config": {"compare": [topology.name for topology in topologies], "engine": setup.engine,
                                "model_dir": setup.model_dir, "sim_speedup": setup.sim_speedup, **config},

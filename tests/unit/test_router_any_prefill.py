@@ -78,3 +78,21 @@ def test_a_lone_worker_says_there_is_none_to_split_with() -> None:
     mismatched = [worker("a", reported_load=4), worker("b", compat_hash="other")]
     plan = route(mismatched)  # two workers, but no KV maps between them: the reason says so
     assert (plan.flow, plan.reason, plan.worker_id) == ("single", "compat_hash_mismatch", "b")
+
+
+def test_under_load_the_worker_with_fewest_requests_is_kept_free_of_decodes() -> None:
+    """a decodes one request, b none: b is where the next prompts go (no decodes to stall),
+    so this request's prompt is computed there and its decode joins a's; with nothing in
+    flight, or a tie, the request is served whole."""
+    plan = route([worker("a", reported_load=1), worker("b")])
+    assert (plan.flow, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "b", "a")
+    assert route([worker("a", reported_load=1), worker("b", reported_load=1)]).flow == "single"
+    without = route([worker("a", reported_load=1), worker("b")], RoutingConfig(prefill_from="any"))
+    assert (without.flow, without.worker_id) == ("single", "b")  # no interference terms: the idle worker
+
+
+def test_the_exposure_grows_with_the_requests_in_flight() -> None:
+    from services.router.routing.cost import decode_exposure
+
+    assert decode_exposure(ANY, 1000, 0) == 0.0
+    assert decode_exposure(ANY, 1000, 3) == 3 * decode_exposure(ANY, 1000, 1) == 3000.0

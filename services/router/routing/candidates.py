@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from services.router.config import RoutingConfig
-from services.router.routing.cost import Holders, PrefillPlan, decode_cost, handoff_cost, plan_prefill, prefill_cost
+from services.router.routing.cost import (
+    Holders,
+    PrefillPlan,
+    decode_cost,
+    decode_exposure,
+    handoff_cost,
+    plan_prefill,
+    prefill_cost,
+)
 from services.router.routing.eligibility import Eligible
 from services.router.routing.recency import victim_values
 from services.router.routing.request import RouteRequest
@@ -51,6 +59,26 @@ class Candidates:
         self._plans: dict[str, PrefillPlan] = {}
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
+        self._exposed, self._exposure = self._prompt_target(eligible.serving)
+
+    def _prompt_target(self, serving: Sequence[WorkerView]) -> tuple[str | None, float]:
+        """Where any worker may prefill for any other: the serving worker with strictly the
+        fewest requests (where the interference term sends the next prompts) and what a
+        decode placed there costs (`cost.decode_exposure`); (None, 0) otherwise."""
+        routing = self.routing
+        if routing.prefill_from != "any" or not routing.itl_weight or len(serving) < 2:
+            return None, 0.0
+        ranked = sorted(serving, key=lambda worker: worker.predicted_load)
+        if ranked[0].predicted_load == ranked[1].predicted_load:
+            return None, 0.0
+        in_flight = sum(worker.predicted_load for worker in serving)
+        return ranked[0].worker_id, decode_exposure(routing, self.request.prompt_tokens, in_flight)
+
+    def decode_part(self, worker: WorkerView) -> float:
+        """The decode worker's part of a flow's cost (`cost.decode_cost`, and the exposure of
+        the worker the next prompts go to)."""
+        exposure = self._exposure if worker.worker_id == self._exposed else 0.0
+        return decode_cost(self.routing, worker) + exposure
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -63,7 +91,7 @@ class Candidates:
 
     def single(self, worker: WorkerView) -> Single:
         plan = self.plan(worker)
-        return Single(worker, plan, self._prefill_cost(plan, worker) + decode_cost(self.routing, worker))
+        return Single(worker, plan, self._prefill_cost(plan, worker) + self.decode_part(worker))
 
     def prefill_part(self, worker: WorkerView) -> Single:
         plan = self.plan(worker)
@@ -90,4 +118,4 @@ class Candidates:
     def pair(self, prefill: WorkerView, decode: WorkerView) -> Pair:
         part = self.prefill_part(prefill)
         return Pair(part, decode, part.cost + handoff_cost(self.routing, self.request.prompt_tokens)
-                    + decode_cost(self.routing, decode))
+                    + self.decode_part(decode))

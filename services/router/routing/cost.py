@@ -16,6 +16,7 @@ first token and for work the cluster must do:
                             where any worker may prefill: `handoff_cost`)
          + decode_weight   x the decode worker's predicted running+waiting / max_num_seqs
          + itl_weight      x prompt tokens predicted to be queued on the decode worker
+         + exposure        (on the worker the next prompts go to: `decode_exposure`)
 
 The computing worker is the prefill worker of a (prefill, decode) pair, or the one worker
 of a single-worker flow (then it is the decode worker too).
@@ -148,6 +149,17 @@ def handoff_cost(routing: RoutingConfig, prompt_tokens: int) -> float:
     the router chooses whether to disaggregate (`prefill_from` "any"); with a dedicated
     prefill pool the operator chose it, and pairs are costed as they always were."""
     return pull_cost(routing, prompt_tokens) if routing.prefill_from == "any" else 0.0
+
+
+def decode_exposure(routing: RoutingConfig, prompt_tokens: int, requests_in_flight: int) -> float:
+    """What decoding on the worker that the next prompts will be computed on costs (where any
+    worker may prefill for any other: the worker with the fewest requests, which the
+    interference term sends prompts to): each prompt computed there while the request
+    decodes stalls it. Arrivals come in bunches, so as many prompts as there are requests
+    in flight are expected meanwhile: `itl_weight` x prompt tokens x requests in flight.
+    Priced, a fleet under load keeps one worker free of decodes for the prompts (a pair
+    sends the decode elsewhere) and a quiet one serves whole (nothing in flight)."""
+    return routing.itl_weight * prompt_tokens * requests_in_flight
 
 
 def pull_cost(routing: RoutingConfig, pulled_tokens: int) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.router.routing.candidates import Candidates, Pair, Single
-from services.router.routing.cost import decode_cost, handoff_cost, prefix_is_hot
+from services.router.routing.cost import handoff_cost, prefix_is_hot
 from services.router.routing.placement.rules import HomeRules
 from services.router.routing.plan import RouteReason, Selection
 from services.router.routing.view import WorkerView
@@ -103,7 +103,7 @@ class Cheapest:
         decodes: dict[str, list[tuple[float, tuple, WorkerView]]] = {}
         for worker in decode_workers:
             ranked = decodes.setdefault(worker.compat_hash, [])
-            ranked.append((decode_cost(self.candidates.routing, worker), load_order(worker), worker))
+            ranked.append((self.candidates.decode_part(worker), load_order(worker), worker))
             ranked.sort(key=lambda entry: entry[:2])
             del ranked[2:]  # the best two: one of them is not the prefill worker
         pairs = []
