@@ -6,7 +6,7 @@ A worker of the decode worker's shape answers every prompt first, alone, in a st
 own (a 2-core host runs two engines side by side, not three); then the pair runs.
 Twelve greedy prompts of 200-1,500 tokens: each P/D answer is the reference's text (where
 one differs, the first differing token must be a float tie: the reference's top two
-log-probabilities there within 1e-3), every request was served disaggregated with its KV
+log-probabilities there within one bfloat16 step), every request was served disaggregated with its KV
 pulled from the prefill worker (the transfer records say so: every block it holds, a
 partial tail block too where it fits into the decode worker's blocks; nothing recomputed),
 and nothing is left leased or pinned.
@@ -36,7 +36,10 @@ from tests.waiting import wait_for  # noqa: E402
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]  # two stacks, each up to START_TIMEOUT_S to start
 
 MAX_TOKENS = 16
-TIE = 1e-3
+# A tie at bfloat16 precision: the random model's log-probabilities sit near -5, where one
+# bfloat16 step is 2**-5; KV computed at another tensor-parallel degree (another reduction
+# order) moves logits by about that much (seen: 'onge' -4.794 against '' -4.810)
+TIE = 2**-5
 
 
 def tp2() -> tuple[str, ...]:
