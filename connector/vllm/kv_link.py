@@ -226,7 +226,11 @@ class ConnectorLink:
         llm = self._require_llm()
         timeout = self.options.control_timeout_s
         try:
-            return await asyncio.wait_for(llm.collective_rpc(method, timeout=timeout, args=args), timeout)
+            # The bound is ours, not vLLM's: a multi-process engine whose ranks answer after
+            # its own collective_rpc timeout leaves their late answers in its response queue,
+            # where the next step reads them as its output (the engine then fails, or a rank
+            # waits in an all-reduce forever). Unbounded there, the call ends between steps.
+            return await asyncio.wait_for(llm.collective_rpc(method, args=args), timeout)
         except TimeoutError:
             raise Timeout(f"vLLM's model worker did not answer {method} within {timeout:g}s") from None
 
