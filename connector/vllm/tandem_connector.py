@@ -55,6 +55,7 @@ from connector.vllm.connector_worker import WorkerSide, page_geometry
 from connector.vllm.kv_pages import cpu_tiling
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec
+from connector.vllm.rank_waits import quiet_rank_waits
 from connector.vllm.settings import KvConnectorOptions
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ WORKER_EXTENSION = f"{__name__}.TandemWorkerExtension"
 # How long a step that computed nothing waits for a running pull to end before vLLM steps
 # again: short against a pull, long against a step's own overhead
 IDLE_STEP_WAIT_S = 0.005
+
+quiet_rank_waits()  # imported in each rank before its queues open (rank_waits)
 
 
 class ConnectorSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,32 @@
+"""On a CPU host vLLM's ranks wait for the next step on the queue's socket, not spinning
+(`connector.vllm.rank_waits`): importing Tandem's connector, as each rank does, sets it."""
+
+from __future__ import annotations
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
+
+from vllm.distributed.device_communicators import shm_broadcast  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+
+import connector.vllm.tandem_connector  # noqa: E402,F401  (as a rank imports it)
+from connector.vllm.rank_waits import quiet_rank_waits  # noqa: E402
+
+
+@pytest.mark.skipif(not current_platform.is_cpu(), reason="the ranks spin on GPU hosts, as vLLM chose")
+def test_a_cpu_ranks_queue_reader_does_not_spin() -> None:
+    assert quiet_rank_waits()  # already in force: the import did it, and doing it again is harmless
+    context = zmq.Context()
+    try:
+        reader = shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address="inproc://tandem-test")
+        assert reader.busy_loop_s == 0.0
+        chosen = shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address="inproc://tandem-test2",
+                                             busy_loop_s=0.5)
+        assert chosen.busy_loop_s == 0.5  # an explicit choice stands
+        for condition in (reader, chosen):
+            for socket in (condition.local_notify_socket, condition.read_cancel_socket, condition.write_cancel_socket):
+                socket.close(linger=0)
+    finally:
+        context.term()
