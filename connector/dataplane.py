@@ -16,15 +16,12 @@ engine's run:
 Implementations: `connector.sim.worker_kv.WorkerKv` (engines with an in-process `KvPort`)
 and `connector.vllm.worker_kv.VllmWorkerKv` (blocks move inside vLLM). An engine's spec
 builds its data plane (`build_data_plane`). Both derive from `LeasingDataPlane`: a lease
-holder, counters, transfer records published on `kv.transfers.<worker>`, and
-`RankTransfersPoll` for ranks whose counters live in other processes (vLLM's).
+holder, counters, and transfer records published on `kv.transfers.<worker>`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, Protocol, TypeVar
 
 import msgspec
@@ -116,43 +113,6 @@ class DataPlane(Protocol):
     async def send_push_done(self, target: PushTarget, message: PushDone) -> None: ...
 
 
-class RankTransfersPoll:
-    """The transfer counters of ranks that live in other processes (vLLM's model workers), as
-    last answered. `latest(ask, activity)` returns the last answer at once and, unless the
-    previous question is still out or was answered for the same `activity` (what changes when
-    KV moves through the worker: `LeasingDataPlane.kv_activity`; None: unknown, ask), asks
-    again in the background: its caller (the load snapshot, once per load interval) never
-    waits on the engine, asks it at most once per call, and a question that fails or times
-    out (a dead or stuck engine) leaves the last answer. An idle worker's ranks are not asked:
-    each question wakes every rank, and vLLM's ranks busy-wait for a second after each (its
-    shared-memory queue spins before it sleeps), a core each on a CPU host."""
-
-    def __init__(self) -> None:
-        self.answer: list[RankTransfers] = []
-        self._asking: asyncio.Task[None] | None = None
-        self._answered_for: Hashable = None
-
-    def latest(self, ask: Callable[[], Awaitable[list[RankTransfers]]],
-               activity: Hashable = None) -> list[RankTransfers]:
-        idle = activity is not None and activity == self._answered_for
-        if not idle and (self._asking is None or self._asking.done()):
-            self._asking = asyncio.ensure_future(self._ask(ask, activity))
-        return self.answer
-
-    async def _ask(self, ask: Callable[[], Awaitable[list[RankTransfers]]], activity: Hashable) -> None:
-        try:
-            self.answer = await ask()
-            self._answered_for = activity
-        except Exception as error:  # metrics only: the load snapshot goes on with the last answer
-            log.debug("could not read the KV ranks' transfer counters: %s", error)
-
-    async def stop(self) -> None:
-        asking, self._asking = self._asking, None
-        if asking is not None:
-            asking.cancel()
-            await asyncio.gather(asking, return_exceptions=True)
-
-
 HolderT = TypeVar("HolderT", bound=LeaseHolder)
 
 
@@ -171,7 +131,6 @@ class LeasingDataPlane(Generic[HolderT]):
         self.blocks_retried_total = 0
         self.blocks_recovered_total = 0
         self.blocks_recomputed_total = 0
-        self.rank_poll = RankTransfersPoll()  # an engine whose ranks live elsewhere asks them through it
 
     @property
     def active_leases(self) -> int:
@@ -181,16 +140,7 @@ class LeasingDataPlane(Generic[HolderT]):
         await self.holder.start()
 
     async def stop(self) -> None:
-        await self.rank_poll.stop()
         await self.holder.stop()
-
-    def kv_activity(self) -> Hashable:
-        """What changes whenever KV moves through this worker's ranks: a pull or a push it
-        received (its counts), a lease on its blocks granted or ended (peers read them), a
-        push it wrote."""
-        leases = self.holder.leases
-        return (self.pulled_tokens_total, self.recomputed_tokens_total, self.blocks_retried_total, leases.active,
-                leases.outcomes.total(), id(self.last_push_timings))
 
     def release_hold(self, handle: KvHandle) -> None:
         self.holder.release(handle.lease_id, "cancelled")

@@ -10,19 +10,25 @@ CPU layout; its heads are the rank's TP slice). What it tells the Tandem worker
 the holder ranks that hold them), pushes `connector_push.PushWrites` (each rank writes its
 heads into the reader's ranks), both over this rank's agent and region; checksums are the
 data plane's per-head unit sums over this rank's heads (`checksums`), which the Tandem
-worker combines. A host-memory tier (`host_blocks` > 0) is a second array of pages in this
-process, layer-major like vLLM's: `HostCopy` loads copy slots into the loading request's
-blocks in `start_load_kv` (which vLLM calls after the step's forward pass, for asynchronous
-loads; the request waits outside it and is reported loaded in the same step), then saves copy
-the step's computed blocks into slots in `wait_for_save`: a slot a save takes is read by every
+worker combines. Every `Loaded` and `Pushed` the rank sends carries its agent's transfer
+counters at that moment (`CountedReports`): the Tandem worker keeps them for its load
+snapshot and never asks the ranks for them between steps.
+
+A host-memory tier (`host_blocks` > 0) is a second array of pages in this process,
+layer-major like vLLM's: `HostCopy` loads copy slots into the loading request's blocks in
+`start_load_kv` (which vLLM calls after the step's forward pass, for asynchronous loads; the
+request waits outside it and is reported loaded in the same step), then saves copy the
+step's computed blocks into slots in `wait_for_save`: a slot a save takes is read by every
 load planned before it first.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
+import msgspec
 import numpy as np
 
 from connector.agent_types import KvAgentConfig
@@ -34,8 +40,7 @@ from connector.nixl_agent import KvAgent
 from connector.transport import TransferResult
 from connector.vllm.connector_push import PushWrites
 from connector.vllm.kv_pages import PageGeometry, page_ids
-from connector.vllm.kv_reports import ReportSender
-from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec, RankAgent, RankChecksums
+from connector.vllm.kv_wire import HostCopy, Loaded, LoadSpec, Pushed, PushSpec, RankAgent, RankChecksums, Report
 from connector.vllm.rank_loads import RankLoads
 from shared.codec import encode
 from shared.config import KvFaultConfig, KvRetryConfig
@@ -89,9 +94,32 @@ def _result(result: AgentResult) -> TransferResult:
                           reason="" if result.ok else result.detail)
 
 
+class ReportSink(Protocol):
+    """Where a rank's reports go: `kv_reports.ReportSender` (the report socket), a list in tests."""
+
+    def send(self, report: Report) -> None: ...
+
+
+class CountedReports:
+    """The rank's reports as its pulls and pushes send them: each `Loaded` and `Pushed` leaves
+    with the rank's transfer counters read at that moment (on the engine thread, after the
+    transfer it reports), so the Tandem worker's latest lack only transfers not yet reported.
+    Asking the ranks for them instead (a utility RPC between steps) was seen to leave a
+    multi-process engine's core waiting for a rank's answer forever."""
+
+    def __init__(self, reports: ReportSink, counters: Callable[[], RankTransfers]) -> None:
+        self._reports = reports
+        self._counters = counters
+
+    def send(self, report: Report) -> None:
+        if isinstance(report, Loaded | Pushed):
+            report = msgspec.structs.replace(report, transfers=self._counters())
+        self._reports.send(report)
+
+
 class WorkerSide:
     def __init__(self, *, agent_name: str, part: RankSlice, num_layers: int, num_kv_heads: int, tensor_parallel: int,
-                 block_size: int, agent_config: KvAgentConfig, faults: KvFaultConfig, reports: ReportSender,
+                 block_size: int, agent_config: KvAgentConfig, faults: KvFaultConfig, reports: ReportSink,
                  retry: KvRetryConfig = KvRetryConfig(), host_blocks: int = 0, tiling: Tiling = Tiling()) -> None:
         self._agent_name = agent_name
         self._tiling = tiling
@@ -111,6 +139,7 @@ class WorkerSide:
         self._pages: np.ndarray | None = None  # (num_pages, page_nbytes) view of it
         self._backing: torch.Tensor | None = None  # keeps the views' memory referenced
         self._peers: dict[str, KvPeer] = {}  # peer agent name -> its description, its rank agents added
+        reports = CountedReports(reports, self.transfer_stats)
         self.pulls = RankLoads(faults=faults, retry=retry, timeout_s=agent_config.default_timeout_s,
                                reports=reports, peer_of=self.peer_of)
         self.pushes = PushWrites(lambda: self.agent, self._require_rank, self._require_shape, self.peer_of,

@@ -9,7 +9,9 @@ worker that talks to the connector's two sides in vLLM's processes:
   reader `allocate` (blocks for the writer) and `commit` (cache what verified), as
   pre-aborted vLLM requests, answered (pins) on the report socket;
 - `collective_rpc` to the model worker: the agent's metadata, block checksums;
-- reports in: `Pinned`, `Loaded` and `Pushed` resolve the futures waiting for them.
+- reports in: `Pinned`, `Loaded` and `Pushed` resolve the futures waiting for them; each
+  rank's `Loaded` and `Pushed` also carry its agent's transfer counters, of which the latest
+  per rank are the load snapshot's (`rank_transfers`): the ranks are never asked for them.
 
 Every wait is bounded by `control_timeout_s`; a report that arrives after its waiter gave
 up is dropped (for a pin, the waiter has already asked for the unpin).
@@ -69,7 +71,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", Loaded, Pushed)
 _rank_agents = msgspec.msgpack.Decoder(RankAgent)
 _rank_checksums = msgspec.msgpack.Decoder(RankChecksums)
-_rank_transfers = msgspec.msgpack.Decoder(RankTransfers)
 
 
 class AwaitedReports(Generic[R]):
@@ -149,6 +150,7 @@ class ConnectorLink:
         self._shape: KvShape | None = None
         self._tasks: set[asyncio.Task] = set()
         self.late_reports = 0  # reports whose waiter had given up (or never existed)
+        self._rank_transfers: dict[int, RankTransfers] = {}  # rank -> the counters of its latest report
 
     def transfer_config(self) -> KVTransferConfig:
         settings = ConnectorSettings(report_endpoint=self._receiver.endpoint, agent_name=self.agent_name,
@@ -216,11 +218,6 @@ class ConnectorLink:
         """Whole blocks' checksums (a partial tail block's too: it is read whole)."""
         size = self.shape.block_size
         return await self.checksums([[(block_id, 0, size)] for block_id in block_ids])
-
-    async def rank_transfers(self) -> list[RankTransfers]:
-        """Each rank's NIXL agent transfer counters (`tandem_transfer_stats`), by rank."""
-        answers = await self._rpc("tandem_transfer_stats")
-        return sorted((_rank_transfers.decode(payload) for payload in answers), key=lambda rank: rank.rank)
 
     async def _rpc(self, method: str, *args: object) -> list:
         llm = self._require_llm()
@@ -295,7 +292,18 @@ class ConnectorLink:
 
     # ---- reports -------------------------------------------------------------------------
 
+    def rank_transfers(self) -> list[RankTransfers]:
+        """Each rank's agent's transfer counters, by rank, from its latest `Loaded` or `Pushed`;
+        never waits. Every rank of the shape has its entry, as the sim's ranks do: one not heard
+        from yet has zero counters (each of its pulls and pushes ends in a report, so it moved
+        nothing, or that report is still on its way). No entries before `start`."""
+        if self._shape is None:
+            return []
+        return [self._rank_transfers.get(rank.rank, RankTransfers(rank=rank.rank)) for rank in self._shape.ranks]
+
     def _on_report(self, report: Report) -> None:
+        if isinstance(report, Loaded | Pushed) and report.transfers is not None:
+            self._rank_transfers[report.transfers.rank] = report.transfers
         match report:
             case Pinned(key=key):
                 waiter = self._pins.get(key)

@@ -11,7 +11,8 @@ connector's worker side, with the KV cache and the NIXL agent).
   `on_new_request` without being scheduled): `PinOrder` / `UnpinOrder`, and for a push's
   reader `AllocOrder` (fresh blocks for the writer) / `CommitOrder` (cache what verified);
 - out, with the final output: `Held` (the pinned prompt blocks) in `kv_transfer_params`;
-- out, on the report socket (ZMQ PUSH -> the worker's PULL): `Pinned`, `Loaded`, `Pushed`;
+- out, on the report socket (ZMQ PUSH -> the worker's PULL): `Pinned`, `Loaded`, `Pushed`
+  (the last two with the sending rank's transfer counters: the worker never asks for them);
 - scheduler side -> worker side, in the step's connector metadata: `LoadSpec`, `PushSpec`,
   and with a host-memory tier `HostCopy` (blocks loaded from it, blocks saved to it).
 
@@ -25,6 +26,7 @@ from typing import Any
 import msgspec
 
 from connector.kv_geometry import RankGeometry
+from shared.schemas.load import RankTransfers
 
 ORDER_KEY = "tandem"  # kv_transfer_params key of a generate request's order
 CONTROL_KEY = "tandem_control"  # kv_transfer_params key of a control request
@@ -116,6 +118,7 @@ class Loaded(msgspec.Struct, frozen=True, kw_only=True, tag="loaded"):
     recovered: int = 0  # of those, blocks that then arrived and verified (counted in `ok`)
     rank: int = 0
     kept: int = -1  # leading holder blocks vLLM keeps (-1: up to the first one not ok)
+    transfers: RankTransfers | None = None  # the rank's agent's counters as it sent this (None: older sender)
 
     @property
     def used_blocks(self) -> int:
@@ -129,7 +132,7 @@ class Loaded(msgspec.Struct, frozen=True, kw_only=True, tag="loaded"):
 
 def merge_loaded(reports: list[Loaded]) -> Loaded:
     """The pull's outcome over every rank: a block is ok where every rank's read of its
-    share was; vLLM keeps what every rank keeps."""
+    share was; vLLM keeps what every rank keeps. Counters stay with each rank's own report."""
     first = reports[0]
     ok = [all(flags) for flags in zip(*(report.ok for report in reports))]
     return msgspec.structs.replace(
@@ -137,7 +140,7 @@ def merge_loaded(reports: list[Loaded]) -> Loaded:
         duration_s=max(report.duration_s for report in reports),
         reason=next((report.reason for report in reports if report.reason), ""),
         retried=max(report.retried for report in reports), recovered=min(report.recovered for report in reports),
-        kept=min(report.used_blocks for report in reports))
+        kept=min(report.used_blocks for report in reports), transfers=None)
 
 
 class LayerWritten(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,11 +169,13 @@ class Pushed(msgspec.Struct, frozen=True, kw_only=True, tag="pushed"):
     writes: list[LayerWritten] = []
     rank: int = 0
     heads: list[int] = []  # the KV heads this rank's checksums are of
+    transfers: RankTransfers | None = None  # the rank's agent's counters as it sent this (None: older sender)
 
 
 def merge_pushed(reports: list[Pushed], num_kv_heads: int) -> Pushed:
     """The push's outcome over every writer rank: a block is written where every rank wrote
-    its share; its checksums per KV head, from the rank that holds each head."""
+    its share; its checksums per KV head, from the rank that holds each head. Counters stay
+    with each rank's own report."""
     first = reports[0]
     blocks = len(first.ok)
     checksums = [0] * (blocks * num_kv_heads)
@@ -184,7 +189,7 @@ def merge_pushed(reports: list[Pushed], num_kv_heads: int) -> Pushed:
         nbytes=sum(report.nbytes for report in reports),
         reason=next((report.reason for report in reports if report.reason), ""),
         writes=sorted((write for report in reports for write in report.writes), key=lambda w: (w.started_s, w.layer)),
-        heads=list(range(num_kv_heads)))
+        heads=list(range(num_kv_heads)), transfers=None)
 
 
 Report = Pinned | Loaded | Pushed

@@ -12,7 +12,7 @@ per rank, each with its share of the KV heads, its own NIXL agent and its own wo
         |  kv_transfer_params in/out        |  LoadSpec in metadata ->     |
         |  control requests (pin/unpin) ->  |                              |
         |  collective_rpc (metadata, checksums) --------------------------> |
-        <------------- report socket (Pinned, Loaded) ---------------------+
+        <--- report socket (Pinned; Loaded, Pushed + rank's counters) -----+
 
 Scheduler-side methods (EngineCore): `on_new_request`, `get_num_new_matched_tokens`
 (asynchronous loads), `update_state_after_alloc`, `build_connector_meta`,
@@ -22,7 +22,9 @@ Worker-side methods (model worker): `register_kv_caches`, `start_load_kv`, `get_
 that layer of a push's completed blocks, `wait_for_save` (end of the forward pass) ends a
 push's step and, on its last, sends the outcome (holders keep blocks by reference).
 The model worker also gains `TandemWorkerExtension`'s methods (vLLM's
-`worker_extension_cls`), which the Tandem worker calls with `collective_rpc`.
+`worker_extension_cls`), which the Tandem worker calls with `collective_rpc` when it needs an
+answer (agent metadata, checksums); what it only counts rides on the reports (each rank's
+transfer counters), never a periodic RPC between steps.
 
 With a host-memory tier (`KvConnectorOptions.host_blocks`), the scheduler side also plans
 copies between vLLM's blocks and host slots (`host_scheduler`) and announces them as KV
@@ -239,11 +241,6 @@ class TandemWorkerExtension:
     def tandem_checksums(self, units: list[list[list[int]]]) -> bytes:
         """This rank's `RankChecksums` of units given as [[block, first token, tokens], ...]."""
         return _worker_side().checksums([[(block, token, count) for block, token, count in unit] for unit in units])
-
-    def tandem_transfer_stats(self) -> bytes:
-        """This rank's agent's transfer counters (`shared.schemas.load.RankTransfers`, msgpack),
-        asked by the Tandem worker at most once per load interval."""
-        return msgspec.msgpack.encode(_worker_side().transfer_stats())
 
 
 def _worker_side() -> WorkerSide:

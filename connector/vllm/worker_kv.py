@@ -209,10 +209,9 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
             self.engine.kv_link.unpin_soon([staged.order.release_key])
 
     def rank_transfers(self) -> list[RankTransfers]:
-        """Each model-worker rank's NIXL agent counters as vLLM last answered them; asks again
-        in the background once KV moved since (`RankTransfersPoll`), so a stuck or dead engine
-        keeps the last, and an idle one's ranks sleep."""
-        return self.rank_poll.latest(self.engine.kv_link.rank_transfers, self.kv_activity())
+        """Each model-worker rank's NIXL agent counters, as its latest pull or push report
+        carried them (`ConnectorLink.rank_transfers`): nothing asks vLLM's ranks."""
+        return self.engine.kv_link.rank_transfers()
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -1,7 +1,7 @@
 """Per-rank transfer counters: the memory transport counts as a NIXL agent does (reads and
 writes apart, bytes, seconds and rows of the done ones, failures by outcome), they reach the
-load snapshot's shape (`RankTransfers`), and a data plane whose ranks live in other processes
-asks for them in the background, keeping the last answer. No NIXL, no NATS."""
+load snapshot's shape (`RankTransfers`), and a vLLM rank's pull and push reports carry them
+to the Tandem worker (older senders' reports, without them, still decode). No NIXL, no NATS."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import msgspec
 import numpy as np
 
 from connector.agent_types import AgentStats, TransferCounts
-from connector.dataplane import RankTransfersPoll
-from connector.leases import LeaseTable
 from connector.memory_transport import MemoryFabric, MemoryTransport
 from connector.rank_transports import transport_stats
+from connector.vllm.kv_wire import Loaded, Pushed, decode_report, encode_report, merge_loaded, merge_pushed
 from shared.schemas.load import LoadSnapshot, RankTransfers, TransferTotals
 from tests.unit.test_memory_transport import BLOCK_NBYTES, LAYER_NBYTES, pair
 
@@ -94,90 +93,27 @@ def test_transport_stats_reads_the_transport_or_its_agent() -> None:
     memory.close()
 
 
-def ranks(nbytes: int) -> list[RankTransfers]:
-    return [RankTransfers(rank=rank, reads=TransferTotals(transfers=1, nbytes=nbytes)) for rank in range(2)]
+def counters(rank: int, nbytes: int) -> RankTransfers:
+    return RankTransfers(rank=rank, reads=TransferTotals(transfers=1, nbytes=nbytes),
+                         writes=TransferTotals(transfers=2, nbytes=3 * nbytes, failed=1))
 
 
-async def test_the_poll_answers_at_once_and_asks_once_at_a_time() -> None:
-    poll = RankTransfersPoll()
-    asked = 0
-    release = asyncio.Event()
-
-    async def ask() -> list[RankTransfers]:
-        nonlocal asked
-        asked += 1
-        await release.wait()
-        return ranks(100 * asked)
-
-    assert poll.latest(ask) == []  # nothing known yet: the question goes out in the background
-    await asyncio.sleep(0)
-    assert poll.latest(ask) == [] and asked == 1  # still out: not asked again
-    release.set()
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert poll.latest(ask) == ranks(100) and asked == 1
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert poll.latest(ask) == ranks(200) and asked == 2
-    await poll.stop()
+def test_pull_and_push_reports_carry_the_ranks_counters_and_older_ones_decode_without() -> None:
+    loaded = Loaded(transfer_id="t", lease_id="l", cached_blocks=0, ok=[True], rank=1, transfers=counters(1, 64))
+    pushed = Pushed(transfer_id="t", ok=[True], checksums=[7], rank=1, heads=[0], transfers=counters(1, 96))
+    for report in (loaded, pushed):
+        assert decode_report(encode_report(report)) == report
+        fields = {k: v for k, v in msgspec.structs.asdict(report).items() if k != "transfers"}
+        older = msgspec.msgpack.encode({"type": report.__struct_config__.tag, **msgspec.to_builtins(fields)})
+        assert decode_report(older) == msgspec.structs.replace(report, transfers=None)
 
 
-async def test_an_idle_workers_ranks_are_asked_once_until_kv_moves_again() -> None:
-    poll = RankTransfersPoll()
-    asked = 0
-
-    async def ask() -> list[RankTransfers]:
-        nonlocal asked
-        asked += 1
-        return ranks(100 * asked)
-
-    for _ in range(5):  # the same activity, load report after load report: one question
-        poll.latest(ask, ("idle",))
-        for _ in range(3):
-            await asyncio.sleep(0)
-    assert asked == 1 and poll.latest(ask, ("idle",)) == ranks(100)
-    poll.latest(ask, ("moved",))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert asked == 2 and poll.latest(ask, ("moved",)) == ranks(200)
-    await poll.stop()
-
-
-async def test_a_failed_or_stuck_question_keeps_the_last_answer() -> None:
-    poll = RankTransfersPoll()
-    poll.answer = ranks(5)
-
-    async def dead() -> list[RankTransfers]:
-        raise RuntimeError("the engine is dead")
-
-    assert poll.latest(dead) == ranks(5)
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert poll.latest(dead) == ranks(5)
-
-    async def stuck() -> list[RankTransfers]:
-        await asyncio.Event().wait()
-        return []
-
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert poll.latest(stuck) == ranks(5)
-    await poll.stop()  # cancels the question still out
-    assert poll.answer == ranks(5)
-
-
-def test_the_data_planes_kv_activity_changes_when_leases_end_or_pulls_count() -> None:
-    from connector.dataplane import LeasingDataPlane, Prepared
-
-    class Holder:
-        leases = LeaseTable("h")
-
-    plane = LeasingDataPlane("w", None, None, Holder())  # type: ignore[arg-type]
-    idle = plane.kv_activity()
-    assert plane.kv_activity() == idle
-    lease = Holder.leases.grant("r", [1, 2], 10.0, now=0.0)
-    granted = plane.kv_activity()
-    Holder.leases.release(lease.lease_id, "done")
-    assert len({idle, granted, plane.kv_activity()}) == 3
-    plane._count(Prepared(pulled_tokens=16))  # noqa: SLF001
-    assert plane.kv_activity() not in (idle, granted)
+def test_merged_reports_leave_the_counters_with_each_ranks_own() -> None:
+    loads = [Loaded(transfer_id="t", lease_id="l", cached_blocks=0, ok=[True, rank == 0], nbytes=10, rank=rank,
+                    transfers=counters(rank, 10)) for rank in range(2)]
+    merged = merge_loaded(loads)
+    assert (merged.ok, merged.nbytes, merged.transfers) == ([True, False], 20, None)
+    pushes = [Pushed(transfer_id="t", ok=[True], checksums=[rank + 5], rank=rank, heads=[rank],
+                     transfers=counters(rank, 20)) for rank in range(2)]
+    merged_push = merge_pushed(pushes, num_kv_heads=2)
+    assert (merged_push.checksums, merged_push.transfers) == ([5, 6], None)

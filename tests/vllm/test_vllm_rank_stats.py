@@ -1,8 +1,8 @@
-"""vLLM's per-rank transfer counters, in this process and without an engine (the vLLM venv's
-torch and NIXL): each model-worker rank (`WorkerSide`) answers its own NIXL agent's counters
-through the `tandem_transfer_stats` worker extension, the Tandem worker's `ConnectorLink`
-gathers them by rank, and the data plane's poll keeps its last answer when a question times
-out or the engine is gone."""
+"""vLLM's per-rank transfer counters ride on the ranks' reports, in this process and without
+an engine (the vLLM venv's torch and NIXL): each model-worker rank (`WorkerSide`) sends its
+own NIXL agent's counters with every pull's `Loaded` (and push's `Pushed`), and the Tandem
+worker's `ConnectorLink` keeps each rank's latest from the reports it receives and returns
+them by rank. Nothing asks vLLM's ranks for them."""
 
 from __future__ import annotations
 
@@ -10,91 +10,82 @@ import asyncio
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from connector.dataplane import RankTransfersPoll
+from connector.kv_geometry import KvShape, layer_major, rank_slices
 from connector.nixl_agent import nixl_available
+from connector.vllm.kv_wire import Loaded, Pinned, Pushed
 from connector.vllm.settings import KvConnectorOptions
 from shared.schemas.load import RankTransfers, TransferTotals
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed")
 
-from connector.vllm import tandem_connector  # noqa: E402  (needs vLLM)
-from connector.vllm.kv_link import ConnectorLink  # noqa: E402
-from tests.vllm.test_vllm_read_faults import HOLDER_BLOCKS, LOCAL_BLOCKS, Engine, pull  # noqa: E402
+from connector.vllm.connector_worker import CountedReports  # noqa: E402  (needs torch)
+from connector.vllm.kv_link import ConnectorLink  # noqa: E402  (needs vLLM)
+from tests.vllm.test_vllm_read_faults import HOLDER_BLOCKS, LOCAL_BLOCKS, Engine, Reports, pull  # noqa: E402
 
 
-def test_each_rank_answers_its_own_agents_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_ranks_pull_report_carries_its_own_agents_counters() -> None:
     holder = Engine(f"holder-{time.monotonic_ns()}", tensor_parallel=1, block_size=4, seed=1)
     reader = Engine(f"reader-{time.monotonic_ns()}", tensor_parallel=2, block_size=4, seed=5)
     try:
         assert [side.transfer_stats() for side in reader.ranks] == [RankTransfers(rank=0), RankTransfers(rank=1)]
-        report = pull(holder, reader, HOLDER_BLOCKS, LOCAL_BLOCKS, len(HOLDER_BLOCKS) * 4)
-        answers = [side.transfer_stats() for side in reader.ranks]
-        assert [answer.rank for answer in answers] == [0, 1]
-        assert sum(answer.reads.nbytes for answer in answers) == report.nbytes > 0
-        for answer in answers:
-            assert answer.reads.transfers >= 1 and answer.reads.seconds > 0 and answer.reads.failed == 0
-            assert answer.writes == TransferTotals()
+        merged = pull(holder, reader, HOLDER_BLOCKS, LOCAL_BLOCKS, len(HOLDER_BLOCKS) * 4)
+        reports = sorted(reader.reports.sent, key=lambda report: report.rank)
+        assert [report.transfers for report in reports] == [side.transfer_stats() for side in reader.ranks]
+        for report in reports:
+            counters = report.transfers
+            assert counters is not None and counters.rank == report.rank
+            # counted after the read it reports: its bytes are in them
+            assert counters.reads.nbytes == report.nbytes > 0
+            assert counters.reads.transfers >= 1 and counters.reads.seconds > 0 and counters.reads.failed == 0
+            assert counters.writes == TransferTotals()
+        assert merged.transfers is None  # the merged outcome is no rank's
         assert holder.ranks[0].transfer_stats() == RankTransfers(rank=0)  # read from, it moved nothing itself
-        for side, answer in zip(reader.ranks, answers):  # the extension method, as collective_rpc calls it
-            monkeypatch.setattr(tandem_connector, "_worker_side", lambda side=side: side)
-            payload = tandem_connector.TandemWorkerExtension().tandem_transfer_stats()
-            assert msgspec.msgpack.decode(payload, type=RankTransfers) == answer
+        assert holder.reports.sent == []
     finally:
         reader.close()
         holder.close()
 
 
-class Llm:
-    """vLLM's AsyncLLM as the link sees it: `collective_rpc` answers each rank's payload (in
-    whatever order), or never (a stuck engine)."""
-
-    def __init__(self, answers: list[RankTransfers] | None) -> None:
-        self.answers = answers
-        self.asked = 0
-
-    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = ()) -> list[bytes]:
-        assert method == "tandem_transfer_stats" and args == ()
-        # never vLLM's own timeout: ranks answering after it desynchronize its response queue
-        assert timeout is None
-        self.asked += 1
-        if self.answers is None:
-            await asyncio.Event().wait()
-        return [msgspec.msgpack.encode(answer) for answer in self.answers or []]
+def counters(rank: int, nbytes: int) -> RankTransfers:
+    return RankTransfers(rank=rank, reads=TransferTotals(transfers=1, nbytes=nbytes))
 
 
-def ranks(nbytes: int) -> list[RankTransfers]:
-    return [RankTransfers(rank=rank, reads=TransferTotals(transfers=1, nbytes=nbytes + rank)) for rank in range(2)]
+def test_a_push_report_leaves_with_the_counters_read_as_it_is_sent() -> None:
+    sent, now = Reports(), [counters(1, 10)]
+    reports = CountedReports(sent, lambda: now[0])
+    reports.send(Pushed(transfer_id="t", ok=[True], checksums=[0], rank=1))
+    now[0] = counters(1, 20)
+    reports.send(Pushed(transfer_id="u", ok=[True], checksums=[0], rank=1))
+    reports.send(Pinned(key="k", block_ids=[3]))  # the scheduler side's: no rank, no counters
+    assert [getattr(report, "transfers", None) for report in sent.sent] == [counters(1, 10), counters(1, 20), None]
+    assert sent.sent[2] == Pinned(key="k", block_ids=[3])
 
 
-async def settle(poll: RankTransfersPoll) -> None:
-    """Until the poll's question is answered or given up."""
-    deadline = time.monotonic() + 5
-    while poll._asking is not None and not poll._asking.done():  # noqa: SLF001
-        assert time.monotonic() < deadline, "the question never ended"
-        await asyncio.sleep(0.01)
-
-
-async def test_the_link_gathers_ranks_and_the_poll_keeps_the_last_answer(tmp_path: Path) -> None:
+async def test_the_link_keeps_each_ranks_latest_counters_from_its_reports(tmp_path: Path) -> None:
     link = ConnectorLink(KvConnectorOptions(control_timeout_s=0.2), str(tmp_path))
-    link._llm = Llm(list(reversed(ranks(100))))  # type: ignore[assignment]  # noqa: SLF001
-    assert await link.rank_transfers() == ranks(100)  # by rank, whatever order the ranks answered in
+    assert link.rank_transfers() == []  # not started: no shape, no ranks
+    link._shape = KvShape(block_size=4, num_layers=1, num_kv_heads=3, ranks=[  # noqa: SLF001  (what start learns)
+        layer_major(part, num_blocks=4, block_size=4, token_nbytes=8) for part in rank_slices(1, 3, 3)])
+    link.loads.ranks = link.pushes.ranks = 3
+    assert link.rank_transfers() == [RankTransfers(rank=rank) for rank in range(3)]  # none heard from: zeros
 
-    poll = RankTransfersPoll()
-    assert poll.latest(link.rank_transfers) == []
-    await settle(poll)
-    assert poll.latest(link.rank_transfers) == ranks(100)
-    await settle(poll)
-    link._llm = stuck = Llm(None)  # type: ignore[assignment]  # noqa: SLF001
-    assert poll.latest(link.rank_transfers) == ranks(100)
-    await asyncio.sleep(0.05)
-    assert poll.latest(link.rank_transfers) == ranks(100) and stuck.asked == 1  # one question out at a time
-    await settle(poll)  # timed out (control_timeout_s)
-    link._llm = None  # noqa: SLF001  (the engine stopped)
-    assert poll.latest(link.rank_transfers) == ranks(100)
-    await settle(poll)
-    assert poll.latest(link.rank_transfers) == ranks(100)
-    await poll.stop()
+    waiter = link.loads.expect("t")
+    for rank in (2, 0):  # in whatever order the ranks' reports come
+        link._on_report(Loaded(transfer_id="t", lease_id="l", cached_blocks=0, ok=[True], rank=rank,  # noqa: SLF001
+                               transfers=counters(rank, 100)))
+    link._on_report(Pushed(transfer_id="late", ok=[True], checksums=[0], rank=0,  # noqa: SLF001  (nobody waits)
+                           transfers=counters(0, 300)))
+    link._on_report(Loaded(transfer_id="old", lease_id="l", cached_blocks=0, ok=[], rank=2))  # noqa: SLF001
+    link._on_report(Pinned(key="k", block_ids=[]))  # noqa: SLF001
+    assert link.rank_transfers() == [counters(0, 300), RankTransfers(rank=1), counters(2, 100)]
+    assert not waiter.done()  # the reports still go where they went: rank 1's is missing
+    link._on_report(Loaded(transfer_id="t", lease_id="l", cached_blocks=0, ok=[True], rank=1,  # noqa: SLF001
+                           transfers=counters(1, 50)))
+    merged = await asyncio.wait_for(waiter, 1.0)
+    assert (merged.ok, merged.transfers) == ([True], None)
+    assert link.rank_transfers() == [counters(0, 300), counters(1, 50), counters(2, 100)]
+    assert link.late_reports == 3  # the push, the counter-less pull and the pin nobody waited for
+
