@@ -36,7 +36,7 @@ from connector.nixl_agent import KvAgent
 from connector.push_ledger import PushLedger
 from connector.range_plan import plan_ranges, write_targets
 from connector.token_map import token_segments
-from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_reports import ReportSink
 from connector.vllm.kv_wire import LayerWritten, Pushed, PushSpec
 from shared.config import KvFaultConfig
 
@@ -77,7 +77,7 @@ class _Step:
 class PushWrites:
     def __init__(self, agent: Callable[[], KvAgent], rank: Callable[[], RankGeometry], shape: Callable[[], KvShape],
                  peer_of: Callable[[str, bytes], KvPeer], block_checksums: Callable[[list[int]], list[int]],
-                 faults: KvFaultConfig, reports: ReportSender, timeout_s: float) -> None:
+                 faults: KvFaultConfig, reports: ReportSink, timeout_s: float) -> None:
         self._agent = agent
         self._rank = rank
         self._shape = shape

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -40,6 +40,7 @@ from connector.nixl_agent import KvAgent
 from connector.transport import TransferResult
 from connector.vllm.connector_push import PushWrites
 from connector.vllm.kv_pages import PageGeometry, page_ids
+from connector.vllm.kv_reports import ReportSink
 from connector.vllm.kv_wire import HostCopy, Loaded, LoadSpec, Pushed, PushSpec, RankAgent, RankChecksums, Report
 from connector.vllm.rank_loads import RankLoads
 from shared.codec import encode
@@ -92,12 +93,6 @@ def _result(result: AgentResult) -> TransferResult:
     return TransferResult(outcome="done" if result.ok else "failed", ok=[result.ok],
                           nbytes=result.nbytes if result.ok else 0, duration_s=result.elapsed_s,
                           reason="" if result.ok else result.detail)
-
-
-class ReportSink(Protocol):
-    """Where a rank's reports go: `kv_reports.ReportSender` (the report socket), a list in tests."""
-
-    def send(self, report: Report) -> None: ...
 
 
 class CountedReports:

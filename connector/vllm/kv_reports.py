@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 import zmq
@@ -21,6 +22,13 @@ import zmq.asyncio
 from connector.vllm.kv_wire import Report, decode_report, encode_report
 
 log = logging.getLogger(__name__)
+
+
+class ReportSink(Protocol):
+    """Where a rank's reports go: a `ReportSender` (the report socket), the worker side's
+    counter-stamping wrapper (`connector_worker.CountedReports`), a list in tests."""
+
+    def send(self, report: Report) -> None: ...
 
 
 class ReportSender:

@@ -32,7 +32,7 @@ from connector.kv_geometry import RankGeometry
 from connector.kv_peer import KvPeer
 from connector.shaped_read import LocalRank, RangeMover, ShapedRead
 from connector.token_map import token_segments
-from connector.vllm.kv_reports import ReportSender
+from connector.vllm.kv_reports import ReportSink
 from connector.vllm.kv_wire import Loaded, LoadSpec
 from shared.config import KvFaultConfig, KvRetryConfig
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class RankLoads:
-    def __init__(self, *, faults: KvFaultConfig, retry: KvRetryConfig, timeout_s: float, reports: ReportSender,
+    def __init__(self, *, faults: KvFaultConfig, retry: KvRetryConfig, timeout_s: float, reports: ReportSink,
                  peer_of: Callable[[str, bytes], KvPeer]) -> None:
         self._faults = ReadFaults(faults)
         self._retry = retry

@@ -54,5 +54,5 @@ class LoadSnapshot(Message, tag="load", kw_only=True):
     kv_evicted_blocks_total: int = 0  # cached blocks evicted to make room
     kv_evicted_missed_blocks_total: int = 0  # blocks a request missed that had been evicted here
     # Each KV rank's transfer counters, by rank (none from a worker without a KV data plane;
-    # a vLLM worker's as last asked of its model workers)
+    # a vLLM worker's from its model workers' latest pull and push reports)
     kv_ranks: list[RankTransfers] = []
