@@ -8,7 +8,10 @@ worker and other engines' ranks share: measured on a 2-core host, a TP 2 worker'
 ranks starved a peer holder's progress thread until its reads timed out, and starved the
 worker's own start for minutes. So where the platform is the CPU, the ranks wait on the
 queue's notification socket from the first idle moment (`busy_loop_s` 0): a step then
-costs one socket wake-up (tens of microseconds against milliseconds of CPU compute).
+costs one socket wake-up (tens of microseconds against milliseconds of CPU compute). The
+socket may drop a notification (vLLM's publisher keeps one at most, for readers that
+spin), so a waiting reader also looks at the queue every `RECHECK_MS` (vLLM's 5 s
+recheck stalled a stream 5 s at a time: seen as a 5 s ITL p99 in `tandem bench serve`).
 
 `quiet_rank_waits()` runs in each rank as vLLM imports Tandem's worker extension (before
 the rank opens its queues, `multiproc_executor.WorkerProc`); it changes only the default
@@ -25,6 +28,7 @@ import logging
 log = logging.getLogger(__name__)
 
 QUIET = "_tandem_quiet_waits"
+RECHECK_MS = 10  # how often a waiting reader looks at the queue, notified or not
 
 
 def quiet_rank_waits() -> bool:
@@ -50,6 +54,10 @@ def quiet_rank_waits() -> bool:
         kwargs.setdefault("busy_loop_s", 0.0)
         original(self, *args, **kwargs)
 
+    if not hasattr(shm_broadcast, "SHM_READER_RECHECK_INTERVAL_MS"):
+        log.warning("vLLM's queue has no SHM_READER_RECHECK_INTERVAL_MS: its ranks spin between steps")
+        return False
+    shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = RECHECK_MS
     condition.__init__ = init
     setattr(condition, QUIET, True)
     return True

@@ -12,7 +12,7 @@ from vllm.distributed.device_communicators import shm_broadcast  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 
 import connector.vllm.tandem_connector  # noqa: E402,F401  (as a rank imports it)
-from connector.vllm.rank_waits import quiet_rank_waits  # noqa: E402
+from connector.vllm.rank_waits import RECHECK_MS, quiet_rank_waits  # noqa: E402
 
 
 @pytest.mark.skipif(not current_platform.is_cpu(), reason="the ranks spin on GPU hosts, as vLLM chose")
@@ -22,6 +22,8 @@ def test_a_cpu_ranks_queue_reader_does_not_spin() -> None:
     try:
         reader = shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address="inproc://tandem-test")
         assert reader.busy_loop_s == 0.0
+        # a dropped notification costs at most the recheck interval, not vLLM's 5 s
+        assert shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS == RECHECK_MS <= 50
         chosen = shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address="inproc://tandem-test2",
                                              busy_loop_s=0.5)
         assert chosen.busy_loop_s == 0.5  # an explicit choice stands
