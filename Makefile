@@ -101,8 +101,8 @@ install-vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.vllm-router-0.1.17 $(VLLM_VE
 test-vllm: install-vllm
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
 
-# Whole stacks with a TP 2 vLLM worker (opt-in: they need more cores than CI's two to be
-# steady; tests/vllm/conftest.py says why).
+# Whole stacks with a TP 2 vLLM worker (opt-in: on 2-core hosts they fail too often;
+# tests/vllm/conftest.py says why).
 test-vllm-tp: install-vllm
 	TANDEM_TEST_VLLM_TP_STACKS=1 $(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) \
 		tests/vllm/test_vllm_shapes.py tests/vllm/test_vllm_engine_death.py

@@ -33,9 +33,10 @@ def cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-# Whole stacks with a TP 2 vLLM worker are opt-in (`make test-vllm-tp`): on a 2-core host its
-# two ranks share the cores with the other engine, and there they stall often enough (a
-# holder's reads time out, a decode step waits a minute) to fail CI. The TP mapping itself
+# Whole stacks with a TP 2 vLLM worker are opt-in (`make test-vllm-tp`): on 2-core hosts (CI's
+# and the development box) a TP 2 decode worker's first read from a new peer sometimes hangs
+# until the pull's timeout (the retry then moves the same blocks in a millisecond), often
+# enough to fail CI (5 failures in 14 runs of the engine-death case here). The TP mapping itself
 # is tested on every run: real NIXL agents over rank pools (test_vllm_read_faults.py,
 # test_vllm_rank_stats.py) and sim stacks of every shape (tests/integration/test_router_shapes.py).
 TP_STACKS = "TANDEM_TEST_VLLM_TP_STACKS"
