@@ -40,13 +40,20 @@ check-prometheus:
 	  echo "Install it with: sudo apt-get install -y prometheus   (or .ci/prepare-prometheus)"; \
 	  [ "$$CI" != true ]; }
 
+# A pytest process that dies natively (a signal in a library it loaded) reports nothing
+# itself: after a failed run, the test it was in is printed from the trail (tests/trail.py).
+TRAIL := $(CURDIR)/.pytest-trail
+define traced
+TANDEM_TEST_TRAIL=$(TRAIL) $(1) || { rc=$$?; echo "*** pytest exited with $$rc; the last test it was in: $$(cat $(TRAIL) 2>/dev/null)"; exit $$rc; }
+endef
+
 # The vLLM tests (real engines) run in the vLLM venv, after the rest.
 test: install install-vllm check-prometheus
 	$(VENV)/bin/ruff check services shared connector bench launch cli tests
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/chaos tests/e2e tests/bench tests/multihost tests/scale
+	$(call traced,$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/chaos tests/e2e tests/bench tests/multihost tests/scale)
 	$(MAKE) --no-print-directory test-compose
-	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
+	$(call traced,$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm)
 
 # Docker Compose (compose/): the tests build the Tandem image and run the default profile on
 # a real engine (CI: .ci/run prepares one). Without an engine they are skipped, and said so;
