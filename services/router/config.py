@@ -215,6 +215,27 @@ class ScaleFromZeroConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.max_held >= 1 and self.retry_after_s >= 1, "cold start queue and Retry-After must be positive")
 
 
+class ResponsesConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """The Responses API's stored responses (`services.router.flows.responses_store`): kept for
+    `ttl_s`, at most `max_bytes` of them (past that the oldest go first)."""
+
+    store: Annotated[Literal["jetstream", "memory"], flag(
+        "Where /v1/responses keeps stored responses: jetstream (a NATS key-value bucket every router replica "
+        "reads) or memory (this router alone).", name="--responses-store")] = "jetstream"
+    ttl_s: Annotated[float, flag("Seconds a stored response is kept (retrieve, previous_response_id).",
+                                 name="--responses-ttl")] = 86400.0
+    max_bytes: Annotated[int, flag("Most bytes of stored responses kept; past it the oldest are dropped first.",
+                                   name="--responses-max-bytes")] = 64 * 2**20
+    # one stored response with its conversation; a larger one is answered but not stored (logged),
+    # and never more than the NATS server's max payload
+    max_record_bytes: int = 2**20
+
+    def validate(self) -> None:
+        require(self.store in ("jetstream", "memory"), "responses store must be jetstream or memory")
+        require(self.ttl_s > 0, "responses ttl must be positive")
+        require(0 < self.max_record_bytes <= self.max_bytes, "responses max_record_bytes must lie in (0, max_bytes]")
+
+
 # The ways of writing tool calls in an answer the router reads (services.router.openai.tool_parsers).
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 
@@ -243,6 +264,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     routing: RoutingConfig = RoutingConfig()
     admission: AdmissionConfig = AdmissionConfig()
     scale_from_zero: ScaleFromZeroConfig = ScaleFromZeroConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     tool_call_parser: Annotated[str, flag(  # one of TOOL_CALL_FORMATS
         "How the model writes tool calls (hermes, llama3_json, mistral): lets chats use tool_choice auto, with "
         "the calls read from the answer. Empty: tool_choice auto is refused.")] = ""
@@ -273,3 +295,4 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         self.routing.validate()
         self.admission.validate()
         self.scale_from_zero.validate()
+        self.responses.validate()

@@ -24,6 +24,7 @@ from services.router.fleet.worker_link import WorkerLink
 from services.router.fleet.worker_pool import WorkerPool
 from services.router.flows.dispatch import Dispatcher
 from services.router.flows.records import Clock, RequestRecorder
+from services.router.flows.responses_store import JetStreamResponseStore, MemoryResponseStore, ResponseStore
 from services.router.http.auth.middleware import install_api_keys
 from services.router.http.caller import caller_of
 from services.router.http.generate_routes import GenerateRoutes
@@ -33,13 +34,15 @@ from services.router.http.served_models import ServedModel, ServedModels
 from services.router.http.serving import ServingContext, watched
 from services.router.http.serving_chat import ChatServing
 from services.router.http.serving_completions import CompletionsServing
+from services.router.http.serving_responses import ResponsesServing
 from services.router.http.serving_tokenize import TokenizeServing
 from services.router.http.tokenize_routes import build_tokenize_routes
 from services.router.http.tracing import TraceMiddleware
 from services.router.kv.view import KvView
 from services.router.metrics import RouterMetrics
-from services.router.openai.errors import install_error_handlers
+from services.router.openai.errors import BadRequest, install_error_handlers
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
+from services.router.openai.protocol_responses import ResponsesRequest
 from services.router.routing import build_policy
 from services.router.routing.eligibility import can_serve
 from services.router.routing.placement.placement import Placements
@@ -54,18 +57,19 @@ log = logging.getLogger(__name__)
 # Workers create the members bucket with this TTL as a floor (the orchestrator removes a
 # silent worker much sooner); whoever creates the bucket first must use the same settings.
 
-ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+ENDPOINT_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 
 class _Started:
     """What exists only between lifespan start and stop."""
 
-    def __init__(self, bus: Bus, pool: WorkerPool, context: ServingContext) -> None:
+    def __init__(self, bus: Bus, pool: WorkerPool, context: ServingContext, response_store: ResponseStore) -> None:
         self.bus = bus
         self.pool = pool
         self.context = context
         self.completions = CompletionsServing(context)
         self.chat = ChatServing(context)
+        self.responses = ResponsesServing(context, self.chat, response_store)
         self.tokenize = TokenizeServing(context)
 
 
@@ -85,6 +89,12 @@ class RouterRuntime:
 
     def count_rejected(self, path: str, outcome: str) -> None:
         self.metrics.requests.labels(ENDPOINT_LABELS.get(path, path), outcome).inc()
+
+    async def _response_store(self, bus: Bus) -> ResponseStore:
+        settings = self.config.responses
+        if settings.store == "memory":
+            return MemoryResponseStore(settings, self.clock)
+        return await JetStreamResponseStore.open(bus, self.config.bus.subjects, settings)
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -132,7 +142,7 @@ class RouterRuntime:
             self.metrics.admission_waiting.set_function(dispatcher.admission.waiting)
             context = ServingContext(config=config, catalog=catalog, pool=pool,
                                      dispatcher=dispatcher, recorder=recorder, clock=self.clock)
-            self._started = _Started(bus, pool, context)
+            self._started = _Started(bus, pool, context, await self._response_store(bus))
             log.info("router serving %s; %d workers known", ", ".join(catalog.names()), len(pool))
             yield
         finally:
@@ -156,6 +166,21 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await watched(request.receive, runtime.started.chat.create(body, caller_of(request.scope)))
+
+    @router.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await watched(request.receive, runtime.started.responses.create(body, caller_of(request.scope)))
+
+    @router.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str, stream: bool = False, starting_after: int | None = None) -> Response:
+        if stream or starting_after is not None:  # vLLM's replay of a background response's events
+            raise BadRequest("streaming a stored response is not served: responses are never background ones",
+                             param="stream" if stream else "starting_after")
+        return await runtime.started.responses.retrieve(response_id)
+
+    @router.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        return await runtime.started.responses.cancel(response_id)
 
     @router.get("/v1/models")
     async def models() -> ModelList:

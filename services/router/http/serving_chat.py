@@ -111,6 +111,13 @@ class ChatServing:
         choices = await start_choices(identity, body.n, start)
         return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
 
+    async def start_one(self, identity: RequestIdentity, body: ChatCompletionRequest,
+                        caller: Caller = Caller()) -> tuple[Generation, ToolCalling | None]:
+        """One answer to `body`, started under `identity`, with its tool calling: the path other
+        endpoints (the Responses API) take onto the chat's."""
+        generation = await self._context.start(identity, self._prepare(identity, body, 0, caller))
+        return generation, self._tool_calling(body)  # a refusal of the tools was raised by _prepare
+
     def _format(self, request_id: str, body: ChatCompletionRequest, created: int, generation: Generation,
                 index: int) -> ChatFormat:
         renderer = None if body.logprobs_top is None else LogprobsRenderer(self._context.tokenizer_of(body.model),

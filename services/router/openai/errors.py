@@ -62,6 +62,15 @@ class ModelNotFound(NotFound):
         self.model = model
 
 
+class ResponseNotFound(NotFound):
+    """No stored response of this id (never stored, `store: false`, or expired), as vLLM's
+    server words it; `param` names the field that gave the id."""
+
+    def __init__(self, response_id: str, *, param: str = "response_id") -> None:
+        super().__init__(f"Response with id '{response_id}' not found.")
+        self.param = param
+
+
 def error_type(status: int) -> str:
     if status == 429:
         return "rate_limit_error"
@@ -78,6 +87,8 @@ def error_info(error: TandemError) -> ErrorInfo:
         code = error.api_code or code
     elif isinstance(error, ModelNotFound):
         param, code = "model", "model_not_found"
+    elif isinstance(error, ResponseNotFound):
+        param = error.param
     return ErrorInfo(message=error.message, type=error_type(error.http_status), param=param, code=code)
 
 

@@ -176,8 +176,12 @@ def _refuse_unless_default(field: RequestField) -> Any:
 
 def _with_refused_fields(model: type[BaseModel], endpoint: Endpoint) -> Any:
     """`model` plus the endpoint's refused fields (any value but a default is a 400 naming it)."""
-    refused = fields_of(endpoint, "refused unless default")
-    return create_model(model.__name__.removeprefix("_"), __base__=model, __module__=__name__,
+    return with_refused_fields(model, fields_of(endpoint, "refused unless default"))
+
+
+def with_refused_fields(model: type[BaseModel], refused: dict[str, RequestField], module: str = __name__) -> Any:
+    """`model` plus `refused` fields (any value but one of a field's `allowed` is a 400 naming it)."""
+    return create_model(model.__name__.removeprefix("_"), __base__=model, __module__=module,
                         **{name: _refuse_unless_default(field) for name, field in refused.items()})
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Status = Literal["honoured", "no effect", "refused unless default"]
-Endpoint = Literal["completions", "chat"]
+Endpoint = Literal["completions", "chat", "responses"]  # responses: its own table, `responses_fields`
 # who defines the field for the row's endpoints: vLLM's server (its request model; OpenAI's
 # fields it takes included), OpenAI's API alone, or Tandem (its own extension or refusal)
 Origin = Literal["vllm", "openai", "tandem"]
