@@ -12,6 +12,7 @@ import typer
 
 from cli.config_options import config_options
 from cli.options import LogLevel, Namespace, run_service, setup_logging
+from launch.service_commands import METRICS_COMMAND, SERVICE_COMMANDS
 from services.metrics.config import MetricsConfig
 from services.orchestrator.config import OrchestratorConfig
 from services.router.config import RouterConfig
@@ -92,12 +93,8 @@ def orchestrator(config: OrchestratorConfig, log_level: LogLevel = "info") -> No
     run_service(run_orchestrator(config))
 
 
-# The collector reads no heartbeats and exports no traces: no flags for them
-METRICS_EXCLUDED = ("membership", "tracing")
-
-
 @app.command()
-@config_options("config", MetricsConfig, exclude=METRICS_EXCLUDED)
+@config_options("config", MetricsConfig, exclude=METRICS_COMMAND.exclude)
 def metrics(config: MetricsConfig, log_level: LogLevel = "info") -> None:
     """Run the metrics collector: cluster view as Prometheus metrics and JSON."""
     from services.metrics.main import run_metrics
@@ -128,10 +125,9 @@ def worker(config: WorkerConfig, log_level: LogLevel = "info") -> None:
 
 
 # The service commands' configs, and the fields that get no flag, in the flag reference's order
-# (`cli.flag_reference`)
-SERVICE_CONFIGS: tuple[tuple[str, type, tuple[str, ...]], ...] = (
-    ("router", RouterConfig, ()), ("worker", WorkerConfig, ()), ("orchestrator", OrchestratorConfig, ()),
-    ("metrics", MetricsConfig, METRICS_EXCLUDED))
+# (`cli.flag_reference`): the launchers write their command lines from the same table
+SERVICE_CONFIGS: tuple[tuple[str, type, tuple[str, ...]], ...] = tuple(
+    (command.name, command.config_type, command.exclude) for command in SERVICE_COMMANDS)
 
 
 def _validate(config: RouterConfig | OrchestratorConfig | MetricsConfig) -> None:

@@ -7,8 +7,9 @@ A config field that a service command sets says so where it is declared:
 `flag` records the flag's name (by default the field's: `--port`), its help text and its
 environment variable; `config_flags(RouterConfig)` lists the flags of a config and of the
 configs nested in it. The CLI makes a service command's options from that list and builds the
-config from the parsed values (`cli.config_options`), and docs/configuration.md's flag
-reference is generated from it (`cli.flag_reference`). Only the CLI reads the environment.
+config from the parsed values (`cli.config_options`), docs/configuration.md's flag reference
+is generated from it (`cli.flag_reference`), and launchers write a config back as a command
+line from it (`shared.config_argv`). Only the CLI reads the environment.
 """
 
 from __future__ import annotations
@@ -34,13 +35,17 @@ class Flag:
     option_type: Any = None
     default: Any = msgspec.NODEFAULT  # the option's default where it is not the field's
     parse: Callable[[Any], Any] | None = None
+    # `parse`'s inverse where the option's value is not the field's (`shlex.join` for
+    # `--worker-args`): how `shared.config_argv` writes the field back as the option
+    render: Callable[[Any], Any] | None = None
 
 
 def flag(help: str = "", *, name: str = "", env: str = "", doc: str = "", option_type: Any = None,
-         default: Any = msgspec.NODEFAULT, parse: Callable[[Any], Any] | None = None) -> msgspec.Meta:
+         default: Any = msgspec.NODEFAULT, parse: Callable[[Any], Any] | None = None,
+         render: Callable[[Any], Any] | None = None) -> msgspec.Meta:
     """The metadata that makes a config field a flag (see the module docstring)."""
     return msgspec.Meta(extra={_FLAG: Flag(name=name, help=help, env=env, doc=doc, option_type=option_type,
-                                           default=default, parse=parse)})
+                                           default=default, parse=parse, render=render)})
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,8 @@ class WorkerLauncherConfig(msgspec.Struct, kw_only=True, frozen=True):
     log_dir: Annotated[str, flag("Log directory of the workers it starts.", name="--worker-log-dir")] = ".tandem/logs"
     # further `tandem worker` flags, given as they are
     worker_args: Annotated[tuple[str, ...], flag("Further `tandem worker` flags for the workers it starts.",
-                                                 option_type=str, default="", parse=_split_args)] = ()
+                                                 option_type=str, default="", parse=_split_args,
+                                                 render=shlex.join)] = ()
     start_timeout_s: float = 60.0
     docker: DockerLauncherConfig = DockerLauncherConfig()
 

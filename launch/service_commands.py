@@ -1,0 +1,56 @@
+"""The service commands a launcher starts (`tandem router|worker|orchestrator|metrics`): each
+command's typed config and the config fields it takes no flag for. `cli.services` makes the
+commands' options from this table (`cli.config_options`); the launchers write the commands'
+argv with it (`shared.config_argv`), so both sides name every option alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from services.metrics.config import MetricsConfig
+from services.orchestrator.config import OrchestratorConfig
+from services.router.config import RouterConfig
+from shared.config import BusConfig, MembershipConfig, WorkerConfig
+from shared.config_argv import config_argv, options_argv
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCommand:
+    name: str  # `tandem <name>`
+    config_type: type
+    exclude: tuple[str, ...] = ()  # fields that get no option: they keep their defaults
+
+    def flags(self, config: Any, fields: Iterable[str]) -> list[str]:
+        """The flags of `config`'s `fields` (dotted paths), whatever their values: a field left
+        out keeps its default, or the value of its `TANDEM_*` variable where the process has one."""
+        assert isinstance(config, self.config_type), f"{self.name} runs a {self.config_type.__name__}"
+        return config_argv(config, fields, exclude=self.exclude)
+
+    def setting_flags(self, settings: Mapping[str, Any]) -> list[str]:
+        """A stack definition's settings (options by name) as this command's flags."""
+        return options_argv(self.config_type, settings, exclude=self.exclude)
+
+
+ROUTER_COMMAND = ServiceCommand("router", RouterConfig)
+WORKER_COMMAND = ServiceCommand("worker", WorkerConfig)
+ORCHESTRATOR_COMMAND = ServiceCommand("orchestrator", OrchestratorConfig)
+# The collector reads no heartbeats and exports no traces: no flags for them
+METRICS_COMMAND = ServiceCommand("metrics", MetricsConfig, exclude=("membership", "tracing"))
+SERVICE_COMMANDS = (ROUTER_COMMAND, WORKER_COMMAND, ORCHESTRATOR_COMMAND, METRICS_COMMAND)
+
+# What every launcher sets of each service it starts, always written (an inherited TANDEM_*
+# variable never changes it): the cluster's bus and, for services that hear heartbeats, its
+# membership timing
+BUS_FIELDS = ("bus.nats_url", "bus.namespace")
+MEMBERSHIP_FIELDS = ("membership.heartbeat_interval_s", "membership.ttl_s")
+
+
+def cluster_bus(nats_url: str, namespace: str) -> BusConfig:
+    return BusConfig(nats_url=nats_url, namespace=namespace)
+
+
+def cluster_membership(heartbeat_interval_s: float, ttl_s: float) -> MembershipConfig:
+    return MembershipConfig(heartbeat_interval_s=heartbeat_interval_s, ttl_s=ttl_s)
