@@ -1,58 +1,79 @@
 """A local stack's services as `tandem <service>` command lines (the local launcher's
-rendering of a `StackConfig`): an engine's launch options first, then settings as options (`kv_lease_ttl = 3` ->
-`--kv-lease-ttl 3`, `kv_transfer = false` -> `--no-kv-transfer`), verbatim flags come last
-so they win over what came before.
+rendering of a `StackConfig`), written from each service's typed config
+(`launch.service_commands`, `shared.config_argv`): what the stack sets of a service first,
+then an engine's launch options, then the definition's settings as options (`kv_lease_ttl = 3`
+-> `--kv-lease-ttl 3.0`, `kv_transfer = false` -> `--no-kv-transfer`); verbatim flags come
+last so they win over what came before.
 """
 
 from __future__ import annotations
 
-from launch.definition import Settings
 from launch.plan import StackConfig, WorkerSpec
+from launch.service_commands import (
+    BUS_FIELDS,
+    MEMBERSHIP_FIELDS,
+    METRICS_COMMAND,
+    ORCHESTRATOR_COMMAND,
+    ROUTER_COMMAND,
+    WORKER_COMMAND,
+    cluster_bus,
+    cluster_membership,
+)
+from services.metrics.config import MetricsConfig
+from services.orchestrator.config import OrchestratorConfig, ScaleToZeroConfig
+from services.router.config import RouterConfig, ScaleFromZeroConfig
+from shared.config import WorkerConfig
+
+# The fields the stack sets of each service (dotted paths of its config), always written
+CLUSTER_FIELDS = (*BUS_FIELDS, *MEMBERSHIP_FIELDS)
+ORCHESTRATOR_FIELDS = (*CLUSTER_FIELDS, "scale_to_zero.models")
+METRICS_FIELDS = (*BUS_FIELDS, "host", "port")
+ROUTER_FIELDS = (*CLUSTER_FIELDS, "host", "port", "model_dir", "scale_from_zero.models")
+WORKER_FIELDS = (*CLUSTER_FIELDS, "worker_id", "role", "engine", "model_dir")
 
 
-def setting_flags(settings: Settings) -> list[str]:
-    flags: list[str] = []
-    for name, value in settings.items():
-        option = name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(f"--{option}" if value else f"--no-{option}")
-        else:
-            flags += [f"--{option}", str(value)]
-    return flags
-
-
-def _bus(config: StackConfig, nats_url: str) -> list[str]:
-    return ["--nats-url", nats_url, "--namespace", config.namespace]
-
-
-def _membership(config: StackConfig) -> list[str]:
-    return ["--heartbeat-interval", str(config.heartbeat_interval_s), "--ttl", str(config.ttl_s)]
-
-
-def _scalable_models(config: StackConfig) -> list[str]:
+def _scalable_models(config: StackConfig) -> tuple[str, ...]:
     """The one list of scalable models, given alike to the router and the orchestrator."""
-    return [flag for name, directory in sorted(config.scalable_models.items())
-            for flag in ("--scalable-model", f"{name}={directory}")]
+    return tuple(f"{name}={directory}" for name, directory in sorted(config.scalable_models.items()))
 
 
 def orchestrator_args(config: StackConfig, nats_url: str) -> list[str]:
-    return ["orchestrator", *_bus(config, nats_url), *_membership(config), *_scalable_models(config),
-            *setting_flags(config.orchestrator_settings)]
+    orchestrator = OrchestratorConfig(bus=cluster_bus(nats_url, config.namespace),
+                                      membership=cluster_membership(config.heartbeat_interval_s, config.ttl_s),
+                                      scale_to_zero=ScaleToZeroConfig(models=_scalable_models(config)))
+    return [ORCHESTRATOR_COMMAND.name, *ORCHESTRATOR_COMMAND.flags(orchestrator, ORCHESTRATOR_FIELDS),
+            *ORCHESTRATOR_COMMAND.setting_flags(config.orchestrator_settings)]
 
 
 def metrics_args(config: StackConfig, nats_url: str, port: int) -> list[str]:
-    return ["metrics", *_bus(config, nats_url), "--host", config.metrics_host, "--port", str(port),
-            *setting_flags(config.metrics_settings)]
+    metrics = MetricsConfig(bus=cluster_bus(nats_url, config.namespace), host=config.metrics_host, port=port)
+    return [METRICS_COMMAND.name, *METRICS_COMMAND.flags(metrics, METRICS_FIELDS),
+            *METRICS_COMMAND.setting_flags(config.metrics_settings)]
 
 
-def router_args(config: StackConfig, nats_url: str, port: int) -> list[str]:
-    return ["router", *_bus(config, nats_url), *_membership(config), "--host", config.router_host,
-            "--port", str(port), "--model-dir", config.model_dir, *_scalable_models(config),
-            *setting_flags(config.router_settings),
-            *config.router_args]
+def router_args(config: StackConfig, nats_url: str, port: int, instance_port: int | None = None) -> list[str]:
+    """A router on `port`; with `instance_port`, one of several sharing it (SO_REUSEPORT), also
+    listening alone on that port."""
+    router = RouterConfig(bus=cluster_bus(nats_url, config.namespace),
+                          membership=cluster_membership(config.heartbeat_interval_s, config.ttl_s),
+                          host=config.router_host, port=port, model_dir=config.model_dir,
+                          scale_from_zero=ScaleFromZeroConfig(models=_scalable_models(config)),
+                          reuse_port=instance_port is not None, instance_port=instance_port)
+    replica = ("reuse_port", "instance_port") if instance_port is not None else ()
+    return [ROUTER_COMMAND.name, *ROUTER_COMMAND.flags(router, ROUTER_FIELDS),
+            *ROUTER_COMMAND.setting_flags(config.router_settings), *config.router_args,
+            *ROUTER_COMMAND.flags(router, replica)]
 
 
-def worker_args(config: StackConfig, nats_url: str, spec: WorkerSpec) -> list[str]:
-    return ["worker", *_bus(config, nats_url), *_membership(config), "--worker-id", spec.worker_id,
-            "--role", spec.role.value, "--engine", config.worker_engine(spec), "--model-dir", spec.model_dir or config.model_dir,
-            *spec.engine_args, *setting_flags(spec.settings), *spec.extra_args]
+def worker_args(config: StackConfig, nats_url: str, spec: WorkerSpec, *, restarts: int = 0,
+                last_exit: str = "") -> list[str]:
+    """`spec`'s worker; a restarted one (`restarts` > 0) also says how its predecessor ended."""
+    worker = WorkerConfig(worker_id=spec.worker_id, role=spec.role, engine=config.worker_engine(spec),
+                          model_dir=spec.model_dir or config.model_dir,
+                          bus=cluster_bus(nats_url, config.namespace),
+                          membership=cluster_membership(config.heartbeat_interval_s, config.ttl_s),
+                          restarts=restarts, last_exit=last_exit)
+    restarted = ("restarts", "last_exit") if restarts else ()
+    return [WORKER_COMMAND.name, *WORKER_COMMAND.flags(worker, WORKER_FIELDS),
+            *spec.engine_args, *WORKER_COMMAND.setting_flags(spec.settings), *spec.extra_args,
+            *WORKER_COMMAND.flags(worker, restarted)]

@@ -25,8 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launch.argv import setting_flags
-from launch.compose_args import ContainerArgs
+from launch.compose_args import ContainerArgs, slot_flags
 from launch.compose_launcher import with_docker_launcher
 from launch.compose_observability import OTLP_TRACES_ENDPOINT, observability_services
 from launch.compose_secrets import (
@@ -40,7 +39,9 @@ from launch.compose_secrets import (
 )
 from launch.compose_yaml import to_yaml
 from launch.definition import METRICS, NATS, ORCHESTRATOR, ROUTER, StackDefinition, WorkerGroup, checked
+from launch.service_commands import WORKER_COMMAND
 from services.worker.engines import engine_spec
+from shared.config import WorkerSlotsConfig
 
 MODEL_VOLUME, NATS_VOLUME, SECRETS_VOLUME = "models", "nats-data", "secrets"
 SLOTS_VOLUME = "slots"  # the worker slots' lock files: written by the workers, so not in secrets
@@ -154,13 +155,14 @@ def _orchestrator_with_docker_launcher(orchestrator: object, definition: StackDe
     group = definition.workers[0]
     return with_docker_launcher(orchestrator, _worker(TANDEM, definition, group, args), engine=group.engine,
                                 model_dir=args.model_dir,
-                                worker_settings=[*setting_flags(group.settings), *_slot_flags(definition)])
+                                worker_settings=[*WORKER_COMMAND.setting_flags(group.settings),
+                                                 *slot_flags(_worker_slots(definition))])
 
 
-def _slot_flags(definition: StackDefinition) -> list[str]:
+def _worker_slots(definition: StackDefinition) -> WorkerSlotsConfig:
     """A worker's id and NATS user: a slot it claims when it starts (`shared.worker_slots`);
     a launched worker's `--worker-id` claims that very slot."""
-    return ["--worker-slots", SLOTS_DIR, *([] if definition.nats.url else ["--worker-slot-nats-dir", nats_dir_path()])]
+    return WorkerSlotsConfig(directory=SLOTS_DIR, nats_dir="" if definition.nats.url else nats_dir_path())
 
 
 def _secrets_service(definition: StackDefinition, worker_slots: int) -> dict[str, object]:
@@ -215,7 +217,7 @@ def _worker(profile: EngineProfile, definition: StackDefinition, group: WorkerGr
             args: ContainerArgs) -> dict[str, object]:
     engine = profile.engine or group.engine
     # The worker id and NATS user: a slot each replica claims when it starts (`shared.worker_slots`).
-    service = _tandem_service(profile, definition, [*args.worker(group, engine), *_slot_flags(definition)],
+    service = _tandem_service(profile, definition, args.worker(group, engine, slots=_worker_slots(definition)),
                               group.depends_on,
                               model=True, volumes=(f"{SLOTS_VOLUME}:{SLOTS_DIR}",))
     service["profiles"] = [profile.profile]

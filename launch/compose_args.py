@@ -1,21 +1,37 @@
 """The command lines of a stack's services inside containers, shared by the Docker Compose
 renderer (`launch.compose`) and the Kubernetes one (`launch.k8s`): the same options from the
-same definition, whatever runs them. Pure.
+same definition, whatever runs them, written from each service's typed config
+(`launch.service_commands`). Pure.
 
 In a container a service listens on every interface (`--host 0.0.0.0`) at the definition's
-port; the NATS URL and the model directory are the deployment's. The worker id is not here:
-each deployment gives every replica its own (compose: the container's host name,
-Kubernetes: the pod's name).
+port; the NATS URL and the model directory are the deployment's. The worker id is the
+deployment's too: each replica gets its own (compose: a worker slot it claims, Kubernetes:
+the pod's name).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.argv import setting_flags
 from launch.definition import StackDefinition, WorkerGroup
+from launch.service_commands import (
+    BUS_FIELDS,
+    MEMBERSHIP_FIELDS,
+    METRICS_COMMAND,
+    ORCHESTRATOR_COMMAND,
+    ROUTER_COMMAND,
+    WORKER_COMMAND,
+    cluster_bus,
+    cluster_membership,
+)
+from services.metrics.config import MetricsConfig
+from services.orchestrator.config import OrchestratorConfig
+from services.router.config import RouterConfig
+from shared.config import BusConfig, MembershipConfig, WorkerConfig, WorkerSlotsConfig
 
 LISTEN_ALL = "0.0.0.0"
+CLUSTER_FIELDS = (*BUS_FIELDS, *MEMBERSHIP_FIELDS)
+CONTAINER_WORKER_FIELDS = (*CLUSTER_FIELDS, "role", "engine", "model_dir")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,27 +40,42 @@ class ContainerArgs:
     nats_url: str
     model_dir: str
 
-    def bus(self) -> list[str]:
-        return ["--nats-url", self.nats_url, "--namespace", self.definition.namespace]
+    def _bus(self) -> BusConfig:
+        return cluster_bus(self.nats_url, self.definition.namespace)
 
-    def membership(self) -> list[str]:
+    def _membership(self) -> MembershipConfig:
         membership = self.definition.membership
-        return ["--heartbeat-interval", str(membership.heartbeat_interval_s), "--ttl", str(membership.ttl_s)]
+        return cluster_membership(membership.heartbeat_interval_s, membership.ttl_s)
 
     def orchestrator(self) -> list[str]:
-        return ["orchestrator", *self.bus(), *self.membership(), *setting_flags(self.definition.orchestrator.settings)]
+        orchestrator = OrchestratorConfig(bus=self._bus(), membership=self._membership())
+        return [ORCHESTRATOR_COMMAND.name, *ORCHESTRATOR_COMMAND.flags(orchestrator, CLUSTER_FIELDS),
+                *ORCHESTRATOR_COMMAND.setting_flags(self.definition.orchestrator.settings)]
 
     def metrics(self) -> list[str]:
         metrics = self.definition.metrics
-        return ["metrics", *self.bus(), "--host", LISTEN_ALL, "--port", str(metrics.port),
-                *setting_flags(metrics.settings)]
+        config = MetricsConfig(bus=self._bus(), host=LISTEN_ALL, port=metrics.port)
+        return [METRICS_COMMAND.name, *METRICS_COMMAND.flags(config, (*BUS_FIELDS, "host", "port")),
+                *METRICS_COMMAND.setting_flags(metrics.settings)]
 
     def router(self) -> list[str]:
         router = self.definition.router
-        return ["router", *self.bus(), *self.membership(), "--host", LISTEN_ALL, "--port", str(router.port),
-                "--model-dir", self.model_dir, *setting_flags(router.settings)]
+        config = RouterConfig(bus=self._bus(), membership=self._membership(), host=LISTEN_ALL, port=router.port, model_dir=self.model_dir)
+        return [ROUTER_COMMAND.name, *ROUTER_COMMAND.flags(config, (*CLUSTER_FIELDS, "host", "port", "model_dir")),
+                *ROUTER_COMMAND.setting_flags(router.settings)]
 
-    def worker(self, group: WorkerGroup, engine: str = "") -> list[str]:
-        """A worker of `group` (`engine`: instead of the group's own), without its id."""
-        return ["worker", *self.bus(), *self.membership(), "--role", group.role.value,
-                "--engine", engine or group.engine, "--model-dir", self.model_dir, *setting_flags(group.settings)]
+    def worker(self, group: WorkerGroup, engine: str = "", *, worker_id: str = "",
+               slots: WorkerSlotsConfig = WorkerSlotsConfig()) -> list[str]:
+        """A worker of `group` (`engine`: instead of the group's own), with `worker_id` where
+        given, then its settings and the `slots` it claims one of."""
+        config = WorkerConfig(bus=self._bus(), membership=self._membership(), worker_id=worker_id, role=group.role,
+                              engine=engine or group.engine, model_dir=self.model_dir)
+        own_id = ("worker_id",) if worker_id else ()
+        return [WORKER_COMMAND.name, *WORKER_COMMAND.flags(config, (*CONTAINER_WORKER_FIELDS, *own_id)),
+                *WORKER_COMMAND.setting_flags(group.settings), *slot_flags(slots)]
+
+
+def slot_flags(slots: WorkerSlotsConfig) -> list[str]:
+    """`slots`' flags, those set (`shared.worker_slots`): a worker claims one of them when it starts."""
+    fields = [f"slots.{name}" for name in ("directory", "nats_dir") if getattr(slots, name)]
+    return WORKER_COMMAND.flags(WorkerConfig(worker_id="", slots=slots), fields)

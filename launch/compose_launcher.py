@@ -11,12 +11,17 @@ whoever controls it is root on the host, hence opt-in. Its user joins the socket
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
+
+from launch.service_commands import ORCHESTRATOR_COMMAND
+from services.orchestrator.config import DockerLauncherConfig, OrchestratorConfig, WorkerLauncherConfig
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 COMPOSE_NETWORK = "default"  # the project's network, as the compose file names it
 LAUNCHER_STOP_GRACE = "90s"  # SIGTERM: its launched workers drain (each within the command timeout)
+DOCKER_LAUNCHER_FIELDS = ("launcher.kind", "launcher.engine", "launcher.model_dir", "launcher.docker.image",
+                          "launcher.docker.network", "launcher.docker.mounts", "launcher.docker.env",
+                          "launcher.docker.compose")
 
 
 def with_docker_launcher(orchestrator: dict[str, object], worker: dict[str, object], *, engine: str,
@@ -28,16 +33,14 @@ def with_docker_launcher(orchestrator: dict[str, object], worker: dict[str, obje
     assert isinstance(environment, dict)
     paths = [f"{name}={value}" for name, value in environment.items()
              if isinstance(value, str) and value.startswith("/")]  # file paths only, never a setting's value
-    command = [*_list_entry(orchestrator, "command"), "--launcher", "docker", "--worker-compose",
-               "--worker-image", worker["image"], "--worker-network", COMPOSE_NETWORK,
-               "--worker-engine", engine, "--worker-model-dir", model_dir]
-    for mount in _list_entry(worker, "volumes", optional=True):
-        command += ["--worker-mount", mount]
-    for entry in paths:
-        command += ["--worker-env", entry]
-    if worker_settings:
-        command += ["--worker-args", shlex.join(worker_settings)]
-    service["command"] = command
+    docker = DockerLauncherConfig(image=str(worker["image"]), network=COMPOSE_NETWORK, compose=True,
+                                  mounts=tuple(str(mount) for mount in _list_entry(worker, "volumes", optional=True)),
+                                  env=tuple(paths))
+    launcher = WorkerLauncherConfig(kind="docker", engine=engine, model_dir=model_dir,
+                                    worker_args=tuple(worker_settings), docker=docker)
+    fields = [*DOCKER_LAUNCHER_FIELDS, *(["launcher.worker_args"] if worker_settings else [])]
+    service["command"] = [*_list_entry(orchestrator, "command"),
+                          *ORCHESTRATOR_COMMAND.flags(OrchestratorConfig(launcher=launcher), fields)]
     service["volumes"] = [*_list_entry(orchestrator, "volumes", optional=True),
                           f"${{TANDEM_DOCKER_SOCKET:-{DOCKER_SOCKET}}}:{DOCKER_SOCKET}"]
     service["group_add"] = ["${TANDEM_DOCKER_GID:-0}"]

@@ -191,7 +191,7 @@ class _Pods:
         resources = Resources(deployment.cpu_request, deployment.memory_request, deployment.cpu_limit,
                               deployment.memory_limit, gpus=self.options.gpus_per_worker)
         # Each replica's worker id is its pod's name (Kubernetes expands $(POD_NAME)).
-        command = [*self.args.worker(group), "--worker-id", "$(POD_NAME)"]
+        command = self.args.worker(group, worker_id="$(POD_NAME)")
         container = self._container(WORKER, image, command, resources, field_env={"POD_NAME": "metadata.name"})
         # An engine that loads a model before it joins gets a long start before the liveness probe counts.
         container["startupProbe"] = nats_connected_probe(NATS_PORT, period_s=5,

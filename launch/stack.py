@@ -78,20 +78,18 @@ class LocalStack:
         """One router process on `port`; a replica (more than one router) shares it and also
         listens on a free port of its own, held in `reserved` until the router answers."""
         config = self.config
-        args = argv.router_args(config, self.nats_url, port)
+        instance_port = None
         if config.routers > 1:
             instance_port = _reserved_port(reserved, config.router_host)
-            args += ["--reuse-port", "--instance-port", str(instance_port)]
             self.router_instance_urls[name] = f"http://{config.router_host}:{instance_port}"
+        args = argv.router_args(config, self.nats_url, port, instance_port)
         # the router's NATS user (when secured) is the same for every replica
         return self.launcher.start(name, args, self._env("router"))
 
     def start_worker(self, spec: WorkerSpec, *, restarts: int = 0, last_exit: str = "") -> ManagedProcess:
         """`spec`'s worker; a restarted one also registers how often it was restarted and
         how its predecessor ended."""
-        args = argv.worker_args(self.config, self.nats_url, spec)
-        if restarts:
-            args += ["--restarts", str(restarts), "--last-exit", last_exit]
+        args = argv.worker_args(self.config, self.nats_url, spec, restarts=restarts, last_exit=last_exit)
         return self.launcher.start(spec.worker_id, args, self._env(spec.worker_id))
 
     def _env(self, name: str) -> dict[str, str] | None:

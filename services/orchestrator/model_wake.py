@@ -2,9 +2,10 @@
 
 `ControlPlane.execute` hands a `WakeModel` here. A model declared `NAME=DIR` wakes as one
 worker of role both; one declared `NAME=DIR@<P>p<D>d` (`shared.scalable_models`) as P prefill
-and D decode workers, started together through the launcher (`ControlPlane.add`, each with
-`--model-dir DIR --served-model-name NAME`). Only the workers the model lacks are started: an
-active prefill worker counts for a prefill one, an active decode or both worker for a decode one.
+and D decode workers, started together through the launcher (`ControlPlane.add`, each given
+the model's directory and name: `launchers.worker_command.model_flags`). Only the workers the
+model lacks are started: an active prefill worker counts for a prefill one, an active decode or
+both worker for a decode one.
 The outcome is `ok` once every started worker registered ACTIVE, so a disaggregated model can
 then be served disaggregated; if any start fails, the others of that wake are drained and
 stopped again (`ControlPlane.remove`) and the outcome is `failed` with each one's reason.
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from services.orchestrator.command_checks import refusal, serves
+from services.orchestrator.launchers.worker_command import model_flags
 from shared.scalable_models import ScalableModel
 from shared.schemas import WorkerRegistration, WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import AddWorker, CommandOutcome, WorkerSummary
@@ -82,7 +84,7 @@ class ModelWakes:
 
     async def _start(self, model: ScalableModel, roles: list[WorkerRole]) -> CommandOutcome:
         prefix = re.sub(r"[^A-Za-z0-9_-]", "-", model.name)[:40]
-        args = ("--model-dir", model.directory, "--served-model-name", model.name)
+        args = model_flags(model.directory, model.name)
         starts = [AddWorker(role=role, worker_id=f"{prefix}-{uuid.uuid4().hex[:8]}" if role is WorkerRole.BOTH
                             else f"{prefix}-{role.value}-{uuid.uuid4().hex[:8]}") for role in roles]
         outcomes = await asyncio.gather(*(self._control.add(start, args) for start in starts))

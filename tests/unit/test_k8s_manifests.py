@@ -174,7 +174,8 @@ def test_commands_are_the_compose_stacks(definition) -> None:
         args = named(documents, "Deployment", f"tandem-{name}")["spec"]["template"]["spec"]["containers"][0]["args"]
         args = [arg.replace("tandem-nats", "nats") for arg in args]
         if "--worker-id" in args:
-            args = args[:args.index("--worker-id")]
+            assert args[args.index("--worker-id") + 1] == "$(POD_NAME)"
+            del args[args.index("--worker-id"):args.index("--worker-id") + 2]
         command = compose[name]["command"]
         assert args == (command[:command.index("--worker-slots")] if "--worker-slots" in command else command)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.argv import router_args, setting_flags, worker_args
+from launch.argv import router_args, worker_args
 from launch.definition import (
     DefinitionError,
     default_definition_path,
@@ -17,6 +17,7 @@ from launch.definition import (
     with_overrides,
 )
 from launch.plan import StackConfig, WorkerSpec, plan_stack
+from launch.service_commands import WORKER_COMMAND
 from launch.up import UpOptions, run_up
 from shared.schemas import WorkerRole
 
@@ -97,19 +98,20 @@ def test_plan_names_workers_by_group_and_pins_engines_through_the_registry() -> 
 
 
 def test_settings_become_options_and_verbatim_flags_come_last() -> None:
-    assert setting_flags({"kv_lease_ttl": 3, "kv_transfer": False, "vllm_eager": True, "model_version": "v2"}) == [
-        "--kv-lease-ttl", "3", "--no-kv-transfer", "--vllm-eager", "--model-version", "v2"]
+    assert WORKER_COMMAND.setting_flags({"kv_lease_ttl": 3, "kv_transfer": False, "vllm_eager": True,
+                                         "model_version": "v2"}) == [
+        "--kv-lease-ttl", "3.0", "--no-kv-transfer", "--vllm-eager", "--model-version", "v2"]
     config = StackConfig(model_dir="/m", namespace="ns", router_port=0, router_settings={"routing_policy": "random"},
                          router_args=("--local-prefill-tokens", "0"))
     spec = WorkerSpec(worker_id="d1", role=WorkerRole.DECODE, engine_args=("--x", "1"), settings={"kv_blocks": 64},
                       extra_args=("--kv-fault-delay", "1.5"))
     argv = worker_args(config, "nats://n:1", spec)
-    assert argv[:7] == ["worker", "--nats-url", "nats://n:1", "--namespace", "ns", "--heartbeat-interval", "0.5"]
-    assert argv[argv.index("--worker-id"):] == ["--worker-id", "d1", "--role", "decode", "--engine", "sim",
-                                                "--model-dir", "/m", "--x", "1", "--kv-blocks", "64",
-                                                "--kv-fault-delay", "1.5"]
+    assert argv == ["worker", "--worker-id", "d1", "--role", "decode", "--engine", "sim", "--model-dir", "/m",
+                    "--nats-url", "nats://n:1", "--namespace", "ns", "--heartbeat-interval", "0.5", "--ttl", "3.0",
+                    "--x", "1", "--kv-blocks", "64", "--kv-fault-delay", "1.5"]
     router = router_args(config, "nats://n:1", 8123)
-    assert router[router.index("--port"):] == ["--port", "8123", "--model-dir", "/m", "--routing-policy", "random",
+    assert router[router.index("--port"):] == ["--port", "8123", "--model-dir", "/m", "--heartbeat-interval", "0.5",
+                                               "--ttl", "3.0", "--routing-policy", "random",
                                                "--local-prefill-tokens", "0"]
 
 
