@@ -16,9 +16,11 @@ import inspect
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Optional, Union, cast, get_args, get_origin
 
+import msgspec
 import typer
 
 from shared.config import ConfigError
+from shared.config_argv import field_at, option_value
 from shared.config_fields import FieldFlag, build_config, config_flags
 
 
@@ -37,25 +39,32 @@ def option_type(annotation: Any) -> Any:
     return annotation
 
 
-def option_parameter(field_flag: FieldFlag) -> inspect.Parameter:
+def option_parameter(field_flag: FieldFlag, default: Any = msgspec.NODEFAULT) -> inspect.Parameter:
+    """The option of `field_flag`; `default`: its default where not the flag's."""
     declared = field_flag.flag
     option = typer.Option(field_flag.declaration, help=declared.help or None, envvar=declared.env or None)
-    default = list(field_flag.default) if isinstance(field_flag.default, tuple) else field_flag.default
+    default = field_flag.default if default is msgspec.NODEFAULT else default
+    default = list(default) if isinstance(default, tuple) else default
     return inspect.Parameter(field_flag.parameter, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=Annotated[option_type(field_flag.option_type), option])
 
 
-def config_options(parameter: str, config_type: type, *, exclude: tuple[str, ...] = ()) -> Callable:
+def config_options(parameter: str, config_type: type, *, exclude: tuple[str, ...] = (),
+                   defaults: Any = None) -> Callable:
     """The decorator described in the module docstring; `exclude`: config fields that get no
-    option (`"membership"`, `"bus.replicas"`): they keep their defaults."""
+    option (`"membership"`, `"bus.replicas"`): they keep their defaults. `defaults`: a
+    `config_type` whose values are the defaults instead of the fields' own (the options' and
+    those of the fields that get none)."""
     flags = config_flags(config_type, exclude)
+    option_defaults = {field_flag.path: msgspec.NODEFAULT if defaults is None else
+                       option_value(field_flag, field_at(defaults, field_flag.path)) for field_flag in flags}
 
     def decorate(command: Callable) -> Callable:
         own = inspect.signature(command, eval_str=True).parameters
         parameters: list[inspect.Parameter] = []
         for name, declared in own.items():
             if name == parameter:
-                parameters += [option_parameter(field_flag) for field_flag in flags]
+                parameters += [option_parameter(field_flag, option_defaults[field_flag.path]) for field_flag in flags]
             else:
                 parameters.append(declared.replace(kind=inspect.Parameter.KEYWORD_ONLY))
         names = [declared.name for declared in parameters]
@@ -68,7 +77,7 @@ def config_options(parameter: str, config_type: type, *, exclude: tuple[str, ...
                     values[field_flag.path] = field_flag.field_value(options.pop(field_flag.parameter))
                 except ConfigError as error:
                     raise typer.BadParameter(str(error), param_hint=field_flag.flag.name) from None
-            return command(**options, **{parameter: build_config(config_type, values)})
+            return command(**options, **{parameter: build_config(config_type, values, defaults)})
 
         run.__name__, run.__qualname__, run.__doc__ = command.__name__, command.__qualname__, command.__doc__
         run.__module__ = command.__module__
@@ -77,6 +86,12 @@ def config_options(parameter: str, config_type: type, *, exclude: tuple[str, ...
         return run
 
     return decorate
+
+
+def flag_name(config_type: type, field: str) -> str:
+    """The flag of `config_type`'s `field` (a dotted path): `--model-dir`, for messages."""
+    [field_flag] = [field_flag for field_flag in config_flags(config_type) if ".".join(field_flag.path) == field]
+    return field_flag.flag.name
 
 
 def field_option(config_type: type, field: str) -> Any:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.config_options import config_options
+from cli.config_options import config_options, flag_name
 from cli.options import LogLevel, Namespace, run_service, setup_logging
 from launch.service_commands import METRICS_COMMAND, SERVICE_COMMANDS
 from services.metrics.config import MetricsConfig
@@ -65,7 +65,8 @@ def router(config: RouterConfig, log_level: LogLevel = "info") -> None:
 
     setup_logging(log_level)
     if not config.model_dir:
-        raise typer.BadParameter("a model directory is required (its tokenizer is used)", param_hint="--model-dir")
+        raise typer.BadParameter("a model directory is required (its tokenizer is used)",
+                                 param_hint=flag_name(RouterConfig, "model_dir"))
     _validate(config)
     try:
         policy_spec(config.routing.policy)

@@ -175,7 +175,8 @@ class KvTransferConfig(msgspec.Struct, frozen=True, kw_only=True):
     transport: KvTransportName = "nixl"
     # how long a holder keeps blocks for a reader that never comes back
     lease_ttl_s: Annotated[float, flag("Seconds a holder keeps blocks for a reader.", name="--kv-lease-ttl")] = 10.0
-    lease_sweep_interval_s: float = 0.1  # how often a holder ends expired leases (one timer per worker)
+    lease_sweep_interval_s: Annotated[float, flag(  # one timer per worker
+        "Seconds between a worker's sweeps for expired KV leases.", name="--kv-lease-sweep-interval")] = 0.1
     transfer_timeout_s: float = 10.0
     control_timeout_s: float = 2.0
     progress_delay_us: int = 10_000  # NIXL progress thread wake-up; never 0 (it would spin a core)
@@ -240,7 +241,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
                                      "h100-llama-8b-shape).", doc="See [sim-profiles.md](sim-profiles.md).")] = ""
     sim_speedup: Annotated[float, flag("Run the sim this many times faster.")] = 1.0
     sim_layers: int = 4
-    sim_kv_dim: int = 64
+    sim_kv_dim: Annotated[int, flag("sim: bytes of KV per token and layer / 4 in its pool (split over its KV heads).")] = 64
     sim_kv_heads: Annotated[int, flag("sim: KV heads of its model (--tensor-parallel splits them).")] = 4
     vllm_kv_cache_gib: Annotated[float, flag("vLLM: KV cache size in GiB (host memory on CPU).")] = 1.0
     vllm_cpu_threads_bind: Annotated[str, flag("vLLM on CPU: 'auto', 'nobind' or core ids like '0-3'; pin engines "

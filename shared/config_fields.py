@@ -119,9 +119,10 @@ def config_flags(config_type: type, exclude: tuple[str, ...] = (), _prefix: tupl
     return flags
 
 
-def build_config(config_type: type, values: dict[tuple[str, ...], Any]) -> Any:
+def build_config(config_type: type, values: dict[tuple[str, ...], Any], base: Any = None) -> Any:
     """A `config_type` with the field values given by path (`("routing", "policy")`); the
-    fields not given keep their defaults, as do nested configs none of whose fields is given."""
+    fields not given keep their defaults (with `base`, a `config_type`: its values), as do
+    nested configs none of whose fields is given."""
     own: dict[str, Any] = {}
     nested: dict[str, dict[tuple[str, ...], Any]] = {}
     for path, value in values.items():
@@ -131,5 +132,5 @@ def build_config(config_type: type, values: dict[tuple[str, ...], Any]) -> Any:
             nested.setdefault(path[0], {})[path[1:]] = value
     field_types = {field.name: _bare(field.type) for field in msgspec.structs.fields(config_type)}
     for name, inner in nested.items():
-        own[name] = build_config(field_types[name], inner)
-    return config_type(**own)
+        own[name] = build_config(field_types[name], inner, None if base is None else getattr(base, name))
+    return config_type(**own) if base is None else msgspec.structs.replace(base, **own)
