@@ -89,7 +89,8 @@ def config_options(parameter: str, config_type: type, *, exclude: tuple[str, ...
 
 
 def flag_name(config_type: type, field: str) -> str:
-    """The flag of `config_type`'s `field` (a dotted path): `--model-dir`, for messages."""
+    """The flag of `config_type`'s `field` (a dotted path, `"kv_transfer.lease_ttl_s"`:
+    `--kv-lease-ttl`), for messages."""
     [field_flag] = [field_flag for field_flag in config_flags(config_type) if ".".join(field_flag.path) == field]
     return field_flag.flag.name
 

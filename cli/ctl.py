@@ -21,6 +21,8 @@ from rich.table import Table
 
 from cli.options import Namespace, NatsCa, NatsCert, NatsCreds, NatsKey, NatsUrl, bus_config
 from shared.codec import encode
+from shared.config import WorkerConfig
+from shared.config_argv import config_argv
 from shared.schemas import WorkerRole
 from shared.schemas import orchestrator as commands
 from shared.subjects import Subjects
@@ -207,12 +209,16 @@ def _role_settings(items: list[str]) -> dict[str, list[str]]:
     return settings
 
 
+# An upgrade's usual worker flags, written as the worker parses them (`shared.config_argv`)
+NEW_MODEL_EXAMPLE = shlex.join(config_argv(WorkerConfig(worker_id="", model_dir="/models/v2"), ("model_dir",)))
+
+
 @app.command()
 def upgrade(ctx: typer.Context,
             model_version: Annotated[str, typer.Option("--model-version", help="The version to upgrade to.")],
             worker_args: Annotated[str, typer.Option("--worker-args",
                                                      help="Further `tandem worker` flags for every new worker, "
-                                                          "e.g. '--model-dir /models/v2'.")] = "",
+                                                          f"e.g. '{NEW_MODEL_EXAMPLE}'.")] = "",
             role_settings: Annotated[list[str], typer.Option(
                 "--role-settings", help="ROLE=FLAGS: further flags for new workers of one role (repeatable).")
             ] = [],  # noqa: B006 (typer reads the default)
