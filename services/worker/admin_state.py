@@ -6,7 +6,7 @@
 
 Each applied change bumps `generation`, which goes into the registration so consumers
 (the orchestrator waiting on a command) can tell the new registration from an older
-heartbeat. Called by `WorkerService` for `SetRole`, `Cordon`, `Uncordon` and `Drain`.
+heartbeat. Called by `admin.Admin` for `SetRole`, `Cordon`, `Uncordon` and `Drain`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ that request is cancelled (its engine request aborted, its KV freed). No answer 
 means unknown: the request goes on and is asked again at the next sweep. The probe goes to
 the request's own reply subject (one small request-reply per long request per interval).
 
-Called by `WorkerService` on its timer (`WorkerConfig.caller_check_interval_s`).
+Called by `WorkerService` on its timer (`WorkerConfig.caller_check_interval_s`); the requests
+are tracked by `request_plane.RequestPlane` as it starts them.
 """
 
 from __future__ import annotations

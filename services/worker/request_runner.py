@@ -1,6 +1,6 @@
 """Runs one generate request on the engine, inside its KV session (`connector.kv_session`:
 pull, push or hold, and their cleanup on every exit), the engine's outputs streamed as
-frames, ending in exactly one `Finished` or `Failed`. Called by `WorkerService` once per
+frames, ending in exactly one `Finished` or `Failed`. Called by `request_plane.RequestPlane` once per
 request, in its own task. A request naming a LoRA adapter takes one of the worker's adapter
 slots first (`adapter_slots`); `on_adapters_changed` announces a newly loaded one.
 """

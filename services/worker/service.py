@@ -1,30 +1,25 @@
-"""The worker service: serves one engine on NATS.
+"""The worker service: serves one engine on NATS, by wiring its rooms together.
 
-- request plane: `generate.<worker>` requests, each run by a `RequestRunner` in its own
-  task; frames streamed to the caller's inbox (`Accepted`, `Tokens`..., then exactly one
-  `Finished` or `Failed`).
-- control plane: `ctl.<worker>.<kind>` takes `Cancel`, `Drain`, `KvSnapshotRequest`, `PushDone`,
-  and the admin messages `SetRole`, `Cordon`, `Uncordon` (answered with a `ControlReply`
-  once the registration carrying the change is in the bucket; `admin_state` decides), each
-  on the subject of its kind (its tag): NATS permissions say who may send which; another
-  kind is dropped.
-- role switch: the role only tells routers what to send; the engine serves any part of a
-  request, so a switch keeps the engine and its prefix cache, and what was taken in the
-  old role (requests, held KV leases) simply runs to its end.
+- request plane (`request_plane`): `generate.<worker>` requests, each in its own task.
+- control plane (`control_plane`): `ctl.<worker>.<kind>` messages: cancel, drain, admin,
+  adapters, pushes done, KV snapshots.
+- admin state (`admin`): role and status; a role switch keeps the engine and its prefix
+  cache, and what was taken in the old role (requests, held KV leases) runs to its end.
+- membership (`membership`): the registration in the members bucket, put at start, every
+  heartbeat, at once after a NATS reconnect; status DRAINING while draining (CORDONED while
+  cordoned), `generation` bumped by each admin change; deleted on graceful stop, and no
+  heartbeat (its own or a fleet ticker's) puts it back after that.
 - KV data plane (optional `connector.dataplane.DataPlane`): leases and transfers, see connector/.
 - events: KV event batches and load snapshots, each stream numbered from 1 (`event_streams`).
 - periodic work (heartbeat, KV event flush, load snapshot) runs on three timers of the
   service's own, or, with `start(timers=False)`, is driven from outside through
   `heartbeat()`, `flush_kv_events()` and `publish_load()` (a fleet of workers in one
   process runs one shared ticker rather than three tasks per worker).
-- membership: the registration is put in the members bucket at start, every heartbeat
-  and at once after a NATS reconnect (a restarted server may have lost the bucket);
-  status DRAINING while draining (CORDONED while cordoned), `generation` bumped by each
-  admin change; the key is deleted on graceful stop, and no heartbeat (its own or a
-  fleet ticker's) puts it back after that. A drain waits for in-flight requests,
-  then for the KV leases it holds to end (a reader mid-pull finishes), within its deadline. `stop()` stops the
-  loops, the data plane and the engine even when NATS is already gone. An engine that
-  died makes the worker `leave_now()`: deregistered at once, no drain.
+
+A drain waits for in-flight requests, then for the KV leases it holds to end (a reader
+mid-pull finishes), within its deadline. `stop()` stops the loops, the data plane and the
+engine even when NATS is already gone. An engine that died makes the worker `leave_now()`:
+deregistered at once, no drain.
 
 The engine is anything that implements `services.worker.engine.Engine`.
 """
@@ -37,45 +32,24 @@ import logging
 import os
 import time
 
-from nats.aio.msg import Msg
-
 from connector.dataplane import DataPlane
-from services.worker import admin_state
-from services.worker.adapter_slots import AdapterSlots, apply_adapter_message
-from services.worker.admin_state import AdminState
+from services.worker.adapter_slots import AdapterSlots
+from services.worker.admin import Admin
 from services.worker.caller_watch import CallerWatch
+from services.worker.control_plane import ControlPlane, ControlTargets
 from services.worker.engine import Engine
 from services.worker.event_streams import WorkerEvents
+from services.worker.membership import Membership
+from services.worker.request_plane import RequestPlane
 from services.worker.request_runner import RequestRunner
 from shared.bus import Bus
-from shared.codec import Codec, MalformedCounter, encode
+from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
-from shared.errors import Disconnected, ErrorCode
 from shared.lifecycle import reraise_if_cancelling
-from shared.request_plane import FrameSender
-from shared.schemas import (
-    AllBlocksCleared,
-    Cancel,
-    ControlMessage,
-    ControlReply,
-    Cordon,
-    Drain,
-    GenerateRequest,
-    KvSnapshotRequest,
-    LoadAdapter,
-    PushDone,
-    SetRole,
-    Uncordon,
-    UnloadAdapter,
-    WorkerCapacity,
-    WorkerRegistration,
-    WorkerStatus,
-)
-from shared.schemas.control import ControlOutcome, control_kind
+from shared.schemas import Drain, WorkerCapacity, WorkerRegistration
 from shared.schemas.membership import EngineCapabilities
 
 log = logging.getLogger(__name__)
-
 
 
 class WorkerService:
@@ -86,24 +60,24 @@ class WorkerService:
         self.bus = bus
         self.kv = kv  # the KV data plane; None: this worker computes everything itself
         self.capabilities = capabilities  # advertised in the registration (the engine spec's)
-        self.adapters = AdapterSlots(config.max_adapters, config.adapters)
-        self._runner = RequestRunner(config.worker_id, engine, kv, self.adapters, self._announce_soon)
-        self._announcements: set[asyncio.Task[None]] = set()
         self.subjects = config.bus.subjects
         self.malformed = MalformedCounter()
-        self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, self.malformed)
-        self._control: Codec[ControlMessage] = Codec(ControlMessage, self.malformed)
-        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self.adapters = AdapterSlots(config.max_adapters, config.adapters)
         self.callers = CallerWatch(config.worker_id, config.caller_check_interval_s)
-        self._admin = AdminState(role=config.role)
-        self._started_at = time.time()
+        self.membership = Membership(bus, self.subjects.members_bucket, config.membership.bucket_ttl_s,
+                                     config.worker_id, self.registration)
+        self.admin = Admin(config.worker_id, config.role, self.membership,
+                           lambda: (self.inflight, kv.active_leases if kv is not None else 0))
+        runner = RequestRunner(config.worker_id, engine, kv, self.adapters, self.membership.announce_soon)
+        self.requests = RequestPlane(config.worker_id, bus, runner, self.callers, self.malformed,
+                                     lambda: self.admin.draining)
         self._events = WorkerEvents(config.worker_id, bus, self.subjects, engine, kv)
+        self.control = ControlPlane(config.worker_id, bus, self.subjects, self.malformed, ControlTargets(
+            requests=self.requests, admin=self.admin, adapters=self.adapters, membership=self.membership,
+            engine=engine, events=self._events, kv=kv, drain_then_stop=self._finish_then_stop))
+        self._started_at = time.time()
         self._subscriptions: list = []
         self._loops: list[asyncio.Task[None]] = []
-        self._members = None
-        self._membership = asyncio.Lock()  # one registration put or delete at a time, in order
-        self._left = False  # deregistered (or deregistering): no heartbeat registers it again
-        self._drain_task: asyncio.Task[None] | None = None  # a Drain message's drain-then-stop
         self.stopped = asyncio.Event()
 
     @property
@@ -112,32 +86,28 @@ class WorkerService:
 
     @property
     def inflight(self) -> int:
-        return len(self._inflight)
+        return self.requests.inflight
 
     @property
     def role(self):
-        return self._admin.role
-
-    @property
-    def _status(self) -> WorkerStatus:
-        return self._admin.status
+        return self.admin.role
 
     # ---- lifecycle -------------------------------------------------------------------
 
     async def start(self, *, timers: bool = True) -> None:
-        self._members = await self._bind_members()
+        await self.membership.bind()
         client = self.bus.client
         self._subscriptions = [
-            await client.subscribe(self.subjects.generate(self.worker_id), cb=self._on_generate),
-            await client.subscribe(self.subjects.control_all(self.worker_id), cb=self._on_control),
+            await client.subscribe(self.subjects.generate(self.worker_id), cb=self.requests.on_generate),
+            await client.subscribe(self.subjects.control_all(self.worker_id), cb=self.control.on_control),
         ]
         await client.flush()
         if self.kv is not None:
             await self.kv.start()
-        await self._register()
+        await self.membership.put()
         self.bus.on_reconnect(self._register_after_reconnect)
         self._loops = [] if not timers else [
-            asyncio.create_task(self._every(self.config.membership.heartbeat_interval_s, self._register)),
+            asyncio.create_task(self._every(self.config.membership.heartbeat_interval_s, self.membership.put)),
             asyncio.create_task(self._every(self.config.kv_event_interval_s, self._events.publish_kv_events)),
             asyncio.create_task(self._every(self.config.load_interval_s, self._events.publish_load)),
         ]
@@ -149,19 +119,14 @@ class WorkerService:
     async def drain(self, deadline_s: float | None = None) -> None:
         """Take no new work; let in-flight requests finish and held KV leases end within the
         deadline; cancel the requests still running then (leases end by their TTL)."""
-        if self._status is WorkerStatus.DRAINING:
+        if self.admin.draining:
             return
-        await self._apply_admin(Drain())
+        await self.admin.apply(Drain())
         await self._finish_work(self.config.drain_timeout_s if deadline_s is None else deadline_s)
 
     async def _finish_work(self, deadline: float) -> None:
         ends_at = time.monotonic() + deadline
-        pending = list(self._inflight.values())
-        if pending:
-            _, still_running = await asyncio.wait(pending, timeout=deadline)
-            for task in still_running:
-                task.cancel()
-            await asyncio.gather(*still_running, return_exceptions=True)
+        await self.requests.finish(deadline)
         # A prefill worker's held blocks are a decode worker's pull in progress or to come:
         # leaving now would break it. The holder has no completion signal, so poll its count.
         while self.kv is not None and self.kv.active_leases > 0 and time.monotonic() < ends_at:
@@ -189,18 +154,15 @@ class WorkerService:
     async def _deregister(self) -> None:
         # From here no heartbeat registers the worker again: not its own loops (cancelled),
         # nor a fleet's ticker calling `heartbeat()` while the engine stops.
-        self._left = True
+        self.membership.stop_putting()
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         try:
-            if not self.bus.client.is_connected:  # each call would wait out its timeout
-                raise Disconnected("not connected to NATS")
-            for sub in self._subscriptions:
-                await sub.unsubscribe()
-            async with self._membership:  # after a put already under way, never before it
-                if self._members is not None:
-                    await self._members.delete(self.worker_id)
+            if self.bus.client.is_connected:  # else each call would wait out its timeout
+                for sub in self._subscriptions:
+                    await sub.unsubscribe()
+            await self.membership.leave()
         except Exception as error:  # NATS already gone: the orchestrator's TTL removes us
             log.warning("could not deregister %s: %s", self.worker_id, error)
 
@@ -232,13 +194,17 @@ class WorkerService:
                 failing = 0
             reraise_if_cancelling()
 
+    async def _finish_then_stop(self, deadline_s: float) -> None:
+        await self._finish_work(deadline_s)
+        await self.stop()
+
     # ---- membership and events -------------------------------------------------------
 
     def registration(self) -> WorkerRegistration:
-        info = self.engine.info
+        info, admin = self.engine.info, self.admin.state
         return WorkerRegistration(
             worker_id=self.worker_id,
-            role=self._admin.role,
+            role=admin.role,
             model=info.model,
             engine=info.engine,
             block_size=info.block_size,
@@ -249,11 +215,11 @@ class WorkerService:
             capabilities=self.capabilities,
             capacity=WorkerCapacity(kv_blocks=info.kv_blocks, max_num_seqs=info.max_num_seqs,
                                     max_model_len=info.max_model_len),
-            status=self._status,
+            status=admin.status,
             started_at=self._started_at,
             heartbeat_at=time.time(),
             pid=os.getpid(),
-            generation=self._admin.generation,
+            generation=admin.generation,
             restarts=self.config.restarts, last_exit=self.config.last_exit,
             kv_layout=info.layout,
             adapters=self.adapters.held,
@@ -261,7 +227,7 @@ class WorkerService:
         )
 
     async def heartbeat(self) -> None:
-        await self._register()
+        await self.membership.put()
 
     async def flush_kv_events(self) -> None:
         await self._events.publish_kv_events()
@@ -269,132 +235,6 @@ class WorkerService:
     async def publish_load(self) -> None:
         await self._events.publish_load()
 
-    async def _bind_members(self):
-        return await self.bus.key_value(self.subjects.members_bucket, ttl_s=self.config.membership.bucket_ttl_s)
-
-    async def _register(self) -> None:
-        if not self.bus.client.is_connected:  # a KV put would wait out its timeout: the heartbeat after reconnecting carries it
-            raise Disconnected("not connected to NATS")
-        async with self._membership:
-            if self._left:
-                return
-            value = encode(self.registration())
-            try:
-                await self._members.put(self.worker_id, value)
-            except Exception:  # e.g. a restarted NATS lost the bucket: bind (re-create) and retry once
-                self._members = await self._bind_members()
-                await self._members.put(self.worker_id, value)
-
-    def _announce_soon(self) -> None:
-        """Register now rather than at the next heartbeat (what it holds changed)."""
-        task = asyncio.create_task(self._register_quietly(), name="announce")
-        self._announcements.add(task)
-        task.add_done_callback(self._announcements.discard)
-
-    async def _register_quietly(self) -> None:
-        try:
-            await self._register()
-        except Exception as error:  # NATS gone: the next heartbeat carries it
-            reraise_if_cancelling(error)
-            log.debug("could not register %s: %s", self.worker_id, error)
-
     async def _register_after_reconnect(self) -> None:
-        if not self.stopped.is_set() and self._members is not None:
-            await self._register()
-
-    # ---- request plane ---------------------------------------------------------------
-
-    async def _on_generate(self, msg: Msg) -> None:
-        request = self._requests.decode_or_none(msg.data, msg.subject)
-        if not msg.reply:
-            return  # nobody to answer: a request without an inbox is dropped
-        sender = FrameSender(self.bus, msg.reply)
-        if request is None:
-            await sender.failed(ErrorCode.INVALID_ARGUMENT.value, "malformed generate request")
-            return
-        if self._status is WorkerStatus.DRAINING:
-            await sender.failed(ErrorCode.UNAVAILABLE.value, f"worker {self.worker_id} is draining")
-            return
-        if request.request_id in self._inflight:
-            await sender.failed(ErrorCode.INVALID_ARGUMENT.value, f"duplicate request id {request.request_id}")
-            return
-        task = asyncio.create_task(self._runner.run(request, sender, dict(msg.headers or {})),
-                                   name=f"request:{request.request_id}")
-        self._inflight[request.request_id] = task
-        task.add_done_callback(lambda _: self._inflight.pop(request.request_id, None))
-        self.callers.track(request.request_id, sender, task)
-
-    # ---- control plane ---------------------------------------------------------------
-
-    async def _on_control(self, msg: Msg) -> None:
-        message = self._control.decode_or_none(msg.data, msg.subject)
-        if message is not None and msg.subject != self.subjects.control(self.worker_id, control_kind(message)):
-            # who may send a kind is NATS's to say, by subject: a message of another kind is forged
-            self.malformed.record(msg.subject, ValueError(f"a {control_kind(message)} message on this subject"))
-            return
-        match message:
-            case Cancel(request_id=request_id):
-                task = self._inflight.get(request_id)
-                if task is not None:
-                    task.cancel()
-            case Drain(deadline_s=deadline_s):
-                outcome, reason = await self._apply_admin(message)
-                if outcome == "applied":
-                    self._drain_task = asyncio.create_task(self._finish_then_stop(deadline_s), name="drain")
-                await self._reply(msg, outcome, reason)
-            case SetRole() | Cordon() | Uncordon():
-                outcome, reason = await self._apply_admin(message)
-                await self._reply(msg, outcome, reason)
-            case LoadAdapter() | UnloadAdapter():
-                outcome, reason = await self._apply_adapter(message)
-                await self._reply(msg, outcome, reason)
-            case PushDone():
-                if self.kv is not None:
-                    self.kv.deliver_push(message)
-            case KvSnapshotRequest():
-                await self._events.publish_kv_events()  # flush what is buffered, then re-announce all
-                await self._events.publish_kv_events([AllBlocksCleared(), *self.engine.kv_snapshot()])
-            case None:
-                pass
-
-    async def _apply_adapter(self, message: LoadAdapter | UnloadAdapter) -> tuple[ControlOutcome, str]:
-        """Load or unload an adapter, and announce it at once (not at the next heartbeat)."""
-        outcome, reason = await apply_adapter_message(message, self.adapters, self.engine)
-        if outcome == "applied":
-            log.info("worker %s: %s", self.worker_id, reason)
-            await self._register_quietly()
-        return outcome, reason
-
-    async def _apply_admin(self, message: admin_state.AdminMessage) -> tuple[ControlOutcome, str]:
-        """Change role or status, and announce it at once (not at the next heartbeat)."""
-        transition = admin_state.apply(self._admin, message)
-        if transition.outcome != "applied":
-            return transition.outcome, transition.reason
-        previous, self._admin = self._admin, transition.state
-        reason = ""
-        if previous.role is not self._admin.role:
-            leases = self.kv.active_leases if self.kv is not None else 0
-            reason = (f"{previous.role.value} -> {self._admin.role.value}, engine and cache kept; "
-                      f"{self.inflight} request(s) in flight and {leases} KV lease(s) held run to their end")
-            log.info("worker %s switches role: %s", self.worker_id, reason)
-        try:
-            await self._register()
-        except Exception as error:  # NATS gone: the next heartbeat carries it
-            reraise_if_cancelling(error)
-            log.warning("%s could not announce %s: %s", self.worker_id, type(message).__name__, error)
-            return "applied", f"not announced yet: {error}"
-        return "applied", reason
-
-    async def _reply(self, msg: Msg, outcome: ControlOutcome, reason: str = "") -> None:
-        if not msg.reply:
-            return
-        reply = ControlReply(outcome=outcome, reason=reason, role=self._admin.role,
-                             status=self._admin.status, generation=self._admin.generation)
-        try:
-            await self.bus.client.publish(msg.reply, encode(reply))
-        except Exception as error:  # the asker times out and says so
-            log.warning("%s could not answer a control message: %s", self.worker_id, error)
-
-    async def _finish_then_stop(self, deadline_s: float) -> None:
-        await self._finish_work(deadline_s)
-        await self.stop()
+        if not self.stopped.is_set() and self.membership.bound:
+            await self.membership.put()
