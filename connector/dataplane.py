@@ -24,9 +24,8 @@ from __future__ import annotations
 import logging
 from typing import Generic, Protocol, TypeVar
 
-import msgspec
-
 from connector.holder import LeaseHolder
+from connector.prepared import Prepared
 from connector.push import LayerWrite, PushReceiver, PushWriter
 from shared.bus import Bus
 from shared.codec import encode
@@ -37,19 +36,6 @@ from shared.subjects import Subjects
 from shared.tracing import inject_headers
 
 log = logging.getLogger(__name__)
-
-
-class Prepared(msgspec.Struct, kw_only=True):
-    """What `prepare()` left for the request: pins to drop after its first output, counts,
-    and (vLLM) the request id of an order staged with the engine until it takes it."""
-
-    pinned_block_ids: list[int] = []
-    pulled_tokens: int = 0
-    recomputed_tokens: int = 0
-    retried_blocks: int = 0  # blocks read again after a failure (`connector.retry`)
-    recovered_blocks: int = 0  # of those, blocks that then arrived and verified
-    recomputed_blocks: int = 0  # blocks meant to arrive that were computed
-    staged_request_id: str = ""
 
 
 class DataPlane(Protocol):

@@ -13,14 +13,11 @@ then `record()`, `span_attributes()`, `fill(prepared)`, `log_failures()`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from connector.block_reader import pushed_blocks
+from connector.prepared import Prepared
 from connector.spans import block_failures
 from shared.schemas.transfer import PushDone, TransferRecord
-
-if TYPE_CHECKING:
-    from connector.dataplane import Prepared
 
 log = logging.getLogger(__name__)
 
