@@ -26,7 +26,7 @@ from typing import Generic, Protocol, TypeVar
 
 from connector.holder import LeaseHolder
 from connector.prepared import Prepared
-from connector.push import LayerWrite, PushReceiver, PushWriter
+from connector.push import PushReceiver, PushWriter
 from shared.bus import Bus
 from shared.codec import encode
 from shared.schemas.generate import GenerateRequest
@@ -56,8 +56,6 @@ class DataPlane(Protocol):
 
     @property
     def blocks_recomputed_total(self) -> int: ...
-
-    last_push_timings: list[LayerWrite]  # per-layer writes of the last push (overlap)
 
     def rank_transfers(self) -> list[RankTransfers]:
         """Each KV rank's transfer counters, by rank, the latest known; never waits, never
@@ -111,7 +109,6 @@ class LeasingDataPlane(Generic[HolderT]):
         self._bus = bus
         self._subjects = subjects
         self.holder = holder
-        self.last_push_timings: list[LayerWrite] = []
         self.pulled_tokens_total = 0
         self.recomputed_tokens_total = 0
         self.blocks_retried_total = 0

@@ -106,7 +106,6 @@ class KvSession:
                                                 parent_hash=adapter_root(self._request.adapter)), self._num_layers)
             done = await writer.finish(first_token)
             trace.get_current_span().set_attribute("tandem.kv.push_writes", len(writer.timings))
-            kv.last_push_timings = writer.timings
             await kv.send_push_done(writer.target, done)
             self._writer = None
         return self._handle

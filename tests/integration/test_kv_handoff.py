@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from connector.push import PushWriter
 from connector.sim.worker_kv import WorkerKv
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
 from shared.config import BusConfig, KvFaultConfig
 from shared.errors import InvalidArgument
-from shared.schemas import GenerateRequest, KvTransferParams, SamplingParams, TransferRecord
+from shared.schemas import GenerateRequest, KvTransferParams, PushTarget, SamplingParams, TransferRecord
 from tests.integration.kv_cluster import (
     BLOCK,
     TRANSPORTS,
@@ -171,7 +172,7 @@ def test_records_round_trip() -> None:
 
 @pytest.mark.parametrize("speedup", [1.0])
 async def test_push_writes_layers_while_computing(cluster: Cluster, bus: Bus, bus_config: BusConfig,
-                                                  speedup: float) -> None:
+                                                  speedup: float, monkeypatch: pytest.MonkeyPatch) -> None:
     await cluster.add("single")
     prefill = await start_worker(msgspec.structs.replace(cluster.config("prefill"), sim_speedup=speedup), bus)
     cluster.workers["prefill"] = prefill
@@ -186,9 +187,17 @@ async def test_push_writes_layers_while_computing(cluster: Cluster, bus: Bus, bu
     # layer l + 1 is still being computed
     long_prompt = [3 + (i * 11) % 500 for i in range(1200)]
     expected, _ = await cluster.generate("single", long_prompt, 4)
+    writers: list[PushWriter] = []  # the prefill's push writers: their per-layer timings
+    open_writer = prefill.kv.push_writer
+
+    def recorded_writer(request: GenerateRequest, target: PushTarget) -> PushWriter:
+        writers.append(open_writer(request, target))
+        return writers[-1]
+
+    monkeypatch.setattr(prefill.kv, "push_writer", recorded_writer)
     got, _ = await push_disaggregated(cluster, "prefill", "decode", long_prompt, 4)
     assert got == expected
-    timings = prefill.kv.last_push_timings
+    timings = writers[-1].timings
     layered = [t for t in timings if t.layer is not None]
     print("\npush timings (ms since the push began): layer, blocks, computed, written")
     for t in timings:
