@@ -11,16 +11,12 @@ import pytest
 
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
-from services.router.routing.cost import (
-    PrefillPlan,
-    affinity_margin,
+from services.router.routing.cost import PrefillPlan, affinity_margin, eviction_cost, prefill_cost, pull_cost
+from services.router.routing.placement.shares import (
     copies_needed,
-    eviction_cost,
     homes_overflow,
     minor_tenant,
-    prefill_cost,
     prefix_is_hot,
-    pull_cost,
     share_cap,
 )
 from services.router.routing.placement.snapshot import PrefixPlacement

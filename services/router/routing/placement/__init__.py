@@ -14,5 +14,8 @@
   prefix's home, why a prefix leaves its home, and which candidate is its home; asked by
   the kv-aware policy (`policies.cheapest.Cheapest.part`) over the parts the scoring stage priced;
 - `home`: where a prompt that no worker holds most of goes (its home, or a new one), picked
-  among the parts by `rules`.
+  among the parts by `rules`;
+- `shares`: a prefix's share of the traffic and what one worker may carry of it (the share
+  cap, the copies a share needs, a minor tenant, a hot prefix), for `rules` and the kv-aware
+  policy.
 """

@@ -59,7 +59,7 @@ class HomeHints:  # read-only by convention (not frozen: built per request, and 
     home: str | None = None  # the worker that served the prefix last
     homed_share: Mapping[str, float] = field(default_factory=dict)  # per worker, its prefixes' traffic share
     leave: str = IF_BUSY  # LEAVE, IF_BUSY or STAY: when the learned home is given up
-    # the prefix's own share and the most one worker should carry (`cost.share_cap`): a new
+    # the prefix's own share and the most one worker should carry (`shares.share_cap`): a new
     # home is sought first among workers that stay under the cap with it (None: unknown)
     prefix_share: float | None = None
     share_cap: float | None = None

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from services.router.config import RoutingConfig
-from services.router.routing.cost import copies_needed, homes_overflow, minor_tenant, share_cap
 from services.router.routing.placement.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
+from services.router.routing.placement.shares import copies_needed, homes_overflow, minor_tenant, share_cap
 from services.router.routing.request import RouteRequest
 from services.router.routing.view import WorkerView
 
@@ -60,13 +60,13 @@ class HomeRules:
 
     def leaves(self, parts: Sequence[Part]) -> str | None:
         """Why the prefix, cached or not, leaves its learned home now (OVERFLOW, TRAFFIC,
-        TRANSIENTS or CROWDED; None: it stays): it is a minor tenant there (`cost.minor_tenant`: its home
+        TRANSIENTS or CROWDED; None: it stays): it is a minor tenant there (`shares.minor_tenant`: its home
         carries more than one worker's part of the traffic), another of `parts` has room for its
         share and its prompt (`_fits_on`), and the live prefixes fit in the cluster's KV
         (`PrefixPlacement.limited`: past it, a move costs a miss, and the overflow rules below
         apply; with this rule there too, and copies counted where served, the sim sweep's
         overfull point cached 0.70 to 0.71 of the prompt tokens against 0.73 to 0.76); or the
-        prompts homed there need more KV than the home holds (`cost.homes_overflow`; past the
+        prompts homed there need more KV than the home holds (`shares.homes_overflow`; past the
         cluster's KV, the resident ones), it is a minor tenant or (past the cluster's KV,
         `_past_kv`) a resident prefix drawing at most half of its home's traffic, and another of
         `parts` has room for its share (and, for the latter, its prompt). Moving it costs one

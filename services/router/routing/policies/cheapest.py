@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.router.routing.candidates import Candidates, Pair, Single
-from services.router.routing.cost import handoff_cost, prefix_is_hot
+from services.router.routing.cost import handoff_cost
 from services.router.routing.placement.rules import HomeRules
+from services.router.routing.placement.shares import prefix_is_hot
 from services.router.routing.plan import RouteReason, Selection
 from services.router.routing.view import WorkerView
 
