@@ -92,7 +92,7 @@ class ControlPlane:
         self._launched: dict[str, LaunchedWorker] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._subscriptions: list = []
-        self._wakes = ModelWakes(self, config.scale_to_zero.scalable())
+        self._wakes = ModelWakes(self, config)
 
     async def start(self) -> None:
         try:
@@ -188,7 +188,7 @@ class ControlPlane:
             case AddWorker():
                 return await self._add(command)
             case UpgradeWorkers():
-                return await rolling_upgrade(self, command)
+                return await rolling_upgrade(self, self._config, command)
             case WakeModel(model=model):
                 return await self._wakes.wake(model)
             case LoadWorkerAdapter(worker_id=worker_id, adapter=adapter):
@@ -298,10 +298,6 @@ class ControlPlane:
             await self._bus.client.publish(subject, encode(message))
         except Exception as error:  # progress is a courtesy: the outcome still says everything
             log.warning("could not publish on %s: %s", subject, error)
-
-    @property
-    def config(self) -> OrchestratorConfig:
-        return self._config
 
     async def _add(self, command: AddWorker, extra_args: tuple[str, ...] = ()) -> CommandOutcome:
         worker_id = command.worker_id or f"{command.role.value}-{uuid.uuid4().hex[:8]}"

@@ -2,14 +2,15 @@
 
 `ControlPlane.execute` hands a `WakeModel` here. A model declared `NAME=DIR` wakes as one
 worker of role both; one declared `NAME=DIR@<P>p<D>d` (`shared.scalable_models`) as P prefill
-and D decode workers, started together through the launcher (`ControlPlane.add`, each given
+and D decode workers, started together through the launcher (`WorkerCommands.add`, each given
 the model's directory and name: `launchers.worker_command.model_flags`). Only the workers the
 model lacks are started: an active prefill worker counts for a prefill one, an active decode or
 both worker for a decode one.
 The outcome is `ok` once every started worker registered ACTIVE, so a disaggregated model can
 then be served disaggregated; if any start fails, the others of that wake are drained and
-stopped again (`ControlPlane.remove`) and the outcome is `failed` with each one's reason.
-Concurrent wakes of one model share one start.
+stopped again (`WorkerCommands.remove`) and the outcome is `failed` with each one's reason.
+Concurrent wakes of one model share one start. The control plane is reached through
+`worker_commands.WorkerCommands` (it hands itself in), the limits through the orchestrator's config.
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ import re
 import uuid
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from services.orchestrator.command_checks import refusal, serves
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers.worker_command import model_flags
+from services.orchestrator.worker_commands import WorkerCommands
 from shared.scalable_models import ScalableModel
 from shared.schemas import WorkerRegistration, WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import AddWorker, CommandOutcome, WorkerSummary
-
-if TYPE_CHECKING:
-    from services.orchestrator.control_plane import ControlPlane
 
 
 def missing_roles(model: ScalableModel, members: Mapping[str, WorkerRegistration]) -> list[WorkerRole]:
@@ -45,9 +44,10 @@ def missing_roles(model: ScalableModel, members: Mapping[str, WorkerRegistration
 
 
 class ModelWakes:
-    def __init__(self, control: ControlPlane, models: Mapping[str, ScalableModel]) -> None:
+    def __init__(self, control: WorkerCommands, config: OrchestratorConfig) -> None:
         self._control = control
-        self._models = dict(models)
+        self._config = config
+        self._models = dict(config.scale_to_zero.scalable())
         self._starting: dict[str, asyncio.Future[CommandOutcome]] = {}  # a model's start under way
 
     async def wake(self, name: str) -> CommandOutcome:
@@ -73,7 +73,7 @@ class ModelWakes:
 
     def _over_budget(self, roles: list[WorkerRole], members: Mapping[str, WorkerRegistration]) -> str | None:
         """Why the limits refuse starting these workers together (`execute` checked one already)."""
-        config = self._control.config
+        config = self._config
         if config.limits.max_workers and len(members) + len(roles) > config.limits.max_workers:
             return f"{len(roles)} more workers would pass the cluster's budget of {config.limits.max_workers}"
         for role in set(roles):
@@ -100,7 +100,7 @@ class ModelWakes:
     async def _undo(self, model: ScalableModel, outcomes: list[CommandOutcome],
                     started: list[CommandOutcome]) -> CommandOutcome:
         """A start failed: the workers that did start are drained and stopped (nothing is left)."""
-        deadline_s = self._control.config.scale_to_zero.drain_deadline_s
+        deadline_s = self._config.scale_to_zero.drain_deadline_s
         removed = await asyncio.gather(*(self._control.remove(outcome.worker_id, deadline_s) for outcome in started))
         failures = [f"worker {outcome.worker_id}: {outcome.reason}" for outcome in outcomes if not outcome.ok]
         stopped = [f"{outcome.worker_id} ({outcome.outcome})" for outcome in removed]

@@ -5,19 +5,22 @@ orchestrator mirrors it. Then, in order:
 
 - the add steps of a round start their workers together through the launcher, with the
   command's flags and `--model-version <version>` last (so they win over the launcher's);
-  each is waited on until it registered ACTIVE (`ControlPlane.add`);
+  each is waited on until it registered ACTIVE (`WorkerCommands.add`);
 - a wait step checks that every new worker of the round is ACTIVE and registered the new
   version (a worker whose flags did not change its version fails the upgrade);
 - a cordon step cordons the round's old pair together (`CordonWorker`, checked like the
   command);
 - a drain step drains its old workers together and stops the processes the orchestrator
-  started (`ControlPlane.remove`): the prefill worker first, then the decode one.
+  started (`WorkerCommands.remove`): the prefill worker first, then the decode one.
 
 Each step, as it ends, is published on `orchestrator.progress` (`CommandProgress`) and
 logged. The first step that fails ends the upgrade: if its round drained nothing yet, the old
 workers it cordoned are uncordoned and its new workers removed again (the cluster is as
 it was at the round's start), and the outcome is `failed` with the steps done and why. `ok` carries every step
 and the workers at the end.
+
+The control plane runs it and hands itself in as `worker_commands.WorkerCommands`, with the
+orchestrator's config (the limits the plan keeps to, the progress subject).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from typing import TYPE_CHECKING
 
+from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.upgrade_plan import (
     AddStep,
     CordonStep,
@@ -37,6 +40,7 @@ from services.orchestrator.upgrade_plan import (
     WaitActiveStep,
     plan_upgrade,
 )
+from services.orchestrator.worker_commands import WorkerCommands
 from shared.schemas import WorkerRole, WorkerStatus
 from shared.schemas.orchestrator import (
     AddWorker,
@@ -47,9 +51,6 @@ from shared.schemas.orchestrator import (
     UpgradeWorkers,
 )
 
-if TYPE_CHECKING:
-    from services.orchestrator.control_plane import ControlPlane
-
 log = logging.getLogger(__name__)
 
 
@@ -59,33 +60,34 @@ class StepFailed(Exception):
 
 # The control planes running an upgrade: a second one is refused while the first runs (its
 # plan would count the first one's new workers as the cluster's).
-_upgrading: weakref.WeakSet[ControlPlane] = weakref.WeakSet()
+_upgrading: weakref.WeakSet[WorkerCommands] = weakref.WeakSet()
 
 
-def upgrade_running(control: ControlPlane) -> bool:
+def upgrade_running(control: WorkerCommands) -> bool:
     """Whether `control` is carrying out a rolling upgrade now (the planner takes no action meanwhile)."""
     return control in _upgrading
 
 
-async def rolling_upgrade(control: ControlPlane, command: UpgradeWorkers) -> CommandOutcome:
+async def rolling_upgrade(control: WorkerCommands, config: OrchestratorConfig,
+                          command: UpgradeWorkers) -> CommandOutcome:
     if control in _upgrading:
         return CommandOutcome(outcome="refused", reason="an upgrade is already running")
     _upgrading.add(control)
     try:
-        return await _upgrade(control, command)
+        return await _upgrade(control, config, command)
     finally:
         _upgrading.discard(control)
 
 
-async def _upgrade(control: ControlPlane, command: UpgradeWorkers) -> CommandOutcome:
+async def _upgrade(control: WorkerCommands, config: OrchestratorConfig, command: UpgradeWorkers) -> CommandOutcome:
     try:
         role_args = {WorkerRole(role): tuple(args) for role, args in command.role_args.items()}
     except ValueError as error:
         return CommandOutcome(outcome="refused", reason=f"role settings: {error}")
     current = [CurrentWorker(worker_id=r.worker_id, role=r.role, model=r.model, version=r.model_version,
                              compat_hash=r.compat_hash, status=r.status)
-               for r in (control.registration(worker_id) for worker_id in control.worker_ids()) if r is not None]
-    plan = plan_upgrade(current, command.model_version, control.config.limits, model=command.model)
+               for _, r in sorted(control.members().items())]
+    plan = plan_upgrade(current, command.model_version, config.limits, model=command.model)
     if isinstance(plan, str):
         return CommandOutcome(outcome="refused", reason=plan)
     if not plan.steps:
@@ -93,13 +95,14 @@ async def _upgrade(control: ControlPlane, command: UpgradeWorkers) -> CommandOut
                               workers=control.summaries())
     log.info("upgrade of %s to %s: %d steps, up to %d extra worker(s)", plan.model, plan.version,
              len(plan.steps), plan.extra_workers)
-    return await _Run(control, command, plan, role_args).run()
+    return await _Run(control, config.bus.subjects.orchestrator_progress, command, plan, role_args).run()
 
 
 class _Run:
-    def __init__(self, control: ControlPlane, command: UpgradeWorkers, plan: UpgradePlan,
+    def __init__(self, control: WorkerCommands, progress_subject: str, command: UpgradeWorkers, plan: UpgradePlan,
                  role_args: dict[WorkerRole, tuple[str, ...]]) -> None:
         self._control = control
+        self._progress_subject = progress_subject
         self._command = command
         self._plan = plan
         self._role_args = role_args
@@ -163,7 +166,7 @@ class _Run:
 
     def _check_active(self, step: WaitActiveStep) -> str:
         for worker_id in step.worker_ids:
-            registration = self._control.registration(worker_id)
+            registration = self._control.members().get(worker_id)
             if registration is None or registration.status is not WorkerStatus.ACTIVE:
                 return f"{worker_id} is not active"
             if registration.model_version != self._plan.version or registration.model != self._plan.model:
@@ -177,7 +180,7 @@ class _Run:
         if not why:
             self._done.append(description)
         log.info("upgrade step %d/%d %s: %s", index, len(self._plan.steps), description, outcome)
-        await self._control.publish(self._control.config.bus.subjects.orchestrator_progress, CommandProgress(
+        await self._control.publish(self._progress_subject, CommandProgress(
             command="upgrade_workers", index=index, total=len(self._plan.steps), step=description, outcome=outcome,
             detail=why))
 
