@@ -3,8 +3,8 @@ engines' data planes. Imports only `shared`; the worker service (`services/worke
 it and its engines implement its ports.
 
 - contracts: `port` (`KvPort`, `KvRegion`, `LayerHook`: what an in-process engine offers),
-  `dataplane` (`DataPlane`: what the worker service calls; `Prepared`), `transport`
-  (`KvTransport`, `TransferResult`);
+  `dataplane` (`DataPlane`: what the worker service calls), `prepared` (`Prepared`: what
+  both ends of a transfer name), `transport` (`KvTransport`, `TransferResult`);
 - transports: `nixl_transport` over `nixl_agent` (+ `agent_types`, `descriptors`),
   `memory_transport` (workers of one process, no NIXL), `faults` (fault injection around
   either), `off_loop` (copies on a transport's own thread);
