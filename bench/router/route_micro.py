@@ -1,6 +1,6 @@
-"""The router's routing of one request, in-process: `Dispatcher._attempt` then `_commit` (the KV
+"""The router's routing of one request, in-process: `RoutingState.ask` then `commit` (the KV
 index's look-up, the workers' views, `decide`, the commit: ledger, KV predictions, placement),
-as `Dispatcher._route` runs them for a request that is routed at once. Two uses, on whichever
+as `SourceOpener._route` runs them for a request that is routed at once. Two uses, on whichever
 tree it runs from (`cd <tree> && PYTHONPATH=. python bench/router/route_micro.py [runs]`):
 
 - its CPU (`time.thread_time`) per request, median of `runs`;
@@ -28,10 +28,11 @@ from opentelemetry.trace import INVALID_SPAN
 
 from services.router.config import RoutingConfig
 from services.router.fleet.worker_pool import WorkerPool
-from services.router.flows.dispatch import Dispatcher
 from services.router.flows.records import GenerationParams
+from services.router.flows.routing_state import Attempt, RoutedPrompts, RoutingState
 from services.router.kv.view import KvView
 from services.router.metrics import RouterMetrics
+from services.router.routing import build_policy
 from services.router.routing.placement.placement import Placements
 from shared.block_hash import block_hash_chain
 from shared.codec import MalformedCounter, encode
@@ -55,21 +56,22 @@ class _Clock:
         return self.now
 
 
-def _stack(clock: _Clock, roles: tuple[WorkerRole, ...]) -> tuple[Dispatcher, WorkerPool, KvView]:
+def _stack(clock: _Clock, roles: tuple[WorkerRole, ...]) -> tuple[RoutingState, WorkerPool, KvView]:
     malformed, routing = MalformedCounter(), RoutingConfig()
     kv_view = KvView(None, Subjects(), malformed)  # type: ignore[arg-type]  # no bus: callbacks only
     placements = Placements(routing)
-    pool = WorkerPool(None, Subjects(), malformed, listeners=[kv_view, placements])  # type: ignore[arg-type]
+    prompts = RoutedPrompts(kv_view, placements, routing=routing, clock=clock)
+    pool = WorkerPool(None, Subjects(), malformed, listeners=[kv_view, placements],  # type: ignore[arg-type]
+                      on_peer_prediction=prompts.peer_routed)
     for index, role in enumerate(roles):
         registration = WorkerRegistration(
             worker_id=f"w{index + 1}", role=role, model="m", engine="sim", block_size=BLOCK,
             compat_hash="h", capacity=WorkerCapacity(kv_blocks=512, max_num_seqs=64, max_model_len=4096),
             started_at=clock.now, heartbeat_at=clock.now)
         pool._members.apply(registration.worker_id, encode(registration))
-    dispatcher = Dispatcher(link=None, pool=pool, kv_view=kv_view, placements=placements,  # type: ignore[arg-type]
-                            decoders=None, metrics=RouterMetrics(malformed), recorder=None,  # type: ignore[arg-type]
-                            clock=clock, worker_wait_s=1.0, routing=routing)
-    return dispatcher, pool, kv_view
+    state = RoutingState(pool, prompts, routing=routing, policy=build_policy(routing),
+                         metrics=RouterMetrics(malformed), clock=clock)
+    return state, pool, kv_view
 
 
 def _prompts(rng: random.Random, count: int) -> Iterator[list[int]]:
@@ -83,7 +85,7 @@ def _prompts(rng: random.Random, count: int) -> Iterator[list[int]]:
 def _run(seed: int, requests: int, roles: tuple[WorkerRole, ...], decisions: list[tuple] | None) -> float:
     """One seeded run; its routing's CPU seconds (the harness's own work excluded)."""
     clock, rng = _Clock(), random.Random(seed)
-    dispatcher, pool, kv_view = _stack(clock, roles)
+    state, pool, kv_view = _stack(clock, roles)
     flying: deque = deque()
     seqs = {f"w{index + 1}": 0 for index in range(len(roles))}
     cpu = 0.0
@@ -92,9 +94,8 @@ def _run(seed: int, requests: int, roles: tuple[WorkerRole, ...], decisions: lis
         params = GenerationParams(request_id=f"r{number}", endpoint="completions", model="m", arrived_at=clock.now,
                                   prompt_ids=prompt, sampling=SamplingParams(max_tokens=8), stop=())
         started = time.thread_time()
-        views, outcome, route, kv, cache = dispatcher._attempt(params, set(), admit=True, threshold=0.0,
-                                                               span=INVALID_SPAN)
-        committed = dispatcher._commit(params, outcome, route, kv, cache)
+        decision = state.ask(Attempt(params, INVALID_SPAN, deadline=clock.now))
+        committed = state.commit(decision, decision.outcome)  # type: ignore[arg-type]  # always a plan here
         cpu += time.thread_time() - started
         plan = committed.plan
         if decisions is not None:

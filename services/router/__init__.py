@@ -9,12 +9,14 @@ snapshots that `fleet.worker_pool` mirrors, and the KV index that `kv.view` feed
 Layout, in rooms whose arrows point down only (ARCHITECTURE.md, and a layers contract in
 pyproject.toml): `http` (the FastAPI app and its lifespan, the generate endpoints' ASGI fast
 path `generate_routes`, middleware, the serving classes, SSE framing) > `flows` (dispatch:
-route, predict, start the flow, resume on another worker; the flow executor; one-worker and
+admit, then the generation; the routing state: route, predict, record; the source opener:
+start the flow, resume on another worker; the flow executor; one-worker and
 two-part token sources and their KV hand-offs; the generation with its pure detokenizer and
 stop strings; records) > `fleet` (worker pool, shared load of router replicas, worker link)
 | `kv` (the pure KV index and its bus adapter, `view`) | `openai` (protocol models, request
 fields, error bodies, log-probabilities, tool calling) > `routing` (pure routing:
 eligibility, cost model, the policy registry, plans, the predicted-load ledger). At the top:
-`main` (uvicorn), `event_loop`, `config`, `metrics`.
+`main` (the router's assembly, which wires the rooms, and uvicorn), `event_loop`, `config`,
+`metrics`.
 Started by `tandem router` via `run_router`.
 """

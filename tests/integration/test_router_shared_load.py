@@ -32,8 +32,10 @@ class Ledger:
 async def test_two_routers_share_their_load_and_forget_a_stopped_or_silent_one(bus_config: BusConfig) -> None:
     ledgers = [Ledger(), Ledger()]
     buses = [await connect(bus_config, f"router-{index}") for index in range(2)]
-    links = [SharedLoadLink(bus, bus_config.subjects, MalformedCounter(), ledger.own, interval_s=0.2)
-             for bus, ledger in zip(buses, ledgers)]
+    predicted: list[RoutedPrompt] = []  # the prompts the first router routed, as the second hears of them
+    links = [SharedLoadLink(bus, bus_config.subjects, MalformedCounter(), ledger.own, interval_s=0.2,
+                            on_peer_prediction=on_peer)
+             for bus, ledger, on_peer in zip(buses, ledgers, (None, predicted.append))]
     first, second = links
     try:
         for link in links:
@@ -49,8 +51,6 @@ async def test_two_routers_share_their_load_and_forget_a_stopped_or_silent_one(b
         first.changed("w2")
         await wait_for(lambda: second.peers.totals() == {"w2": RemoteLoad(1, 0)}, DEADLINE_S, "changes coalesce")
         # a routed prompt's hash chain reaches the peer, which predicts its blocks there
-        predicted: list[RoutedPrompt] = []
-        second.on_peer_prediction = predicted.append
         first.predicted("w2", {16: [11, 12, 13]}, 2.0)
         await wait_for(lambda: predicted == [RoutedPrompt(worker_id="w2", chains={16: [11, 12, 13]}, ttl_s=2.0)],
                        DEADLINE_S, "the prediction reaches the peer")

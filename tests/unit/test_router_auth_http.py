@@ -12,8 +12,8 @@ import pytest
 from fastapi import FastAPI
 
 from services.router.config import RouterConfig
-from services.router.http.app import create_app
 from services.router.http.auth.middleware import install_api_keys
+from services.router.main import router_app
 from services.router.metrics import RouterMetrics
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import write_key_file
@@ -87,13 +87,13 @@ async def test_a_route_that_raises_releases_its_slot(tmp_path: Path) -> None:
 def test_an_open_router_warns_once_and_a_bad_key_file_fails_the_start(tmp_path: Path,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        create_app(RouterConfig(model_dir="unused"))
+        router_app(RouterConfig(model_dir="unused"))
     assert [record.message for record in caplog.records if "OPEN" in record.message] != []
     assert sum("OPEN" in record.message for record in caplog.records) == 1
     (tmp_path / "bad.jsonl").write_text("nonsense\n")
     with pytest.raises(ConfigError, match="line 1"):
-        create_app(RouterConfig(model_dir="unused", api_keys_file=str(tmp_path / "bad.jsonl")))
+        router_app(RouterConfig(model_dir="unused", api_keys_file=str(tmp_path / "bad.jsonl")))
     with pytest.raises(ConfigError, match="cannot read"):
-        create_app(RouterConfig(model_dir="unused", api_keys_file=str(tmp_path / "absent.jsonl")))
+        router_app(RouterConfig(model_dir="unused", api_keys_file=str(tmp_path / "absent.jsonl")))
     with pytest.raises(ConfigError, match="metrics_auth"):
         RouterConfig(model_dir="unused", metrics_auth="api-key").validate()

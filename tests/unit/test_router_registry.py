@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.router.config import RouterConfig, RoutingConfig
-from services.router.http.app import create_app
+from services.router.main import router_app
 from services.router.routing import (
     RoutePlan,
     RouteRequest,
@@ -37,7 +37,7 @@ def test_an_unknown_policy_is_refused_with_the_registered_names() -> None:
     with pytest.raises(ConfigError, match="unknown routing policy 'teleport'.*kv-aware, round-robin, random"):
         policy_spec("teleport")
     with pytest.raises(ConfigError, match="teleport"):  # the router refuses to start with it
-        create_app(RouterConfig(model_dir="unused", routing=RoutingConfig(policy="teleport")))
+        router_app(RouterConfig(model_dir="unused", routing=RoutingConfig(policy="teleport")))
     with pytest.raises(ConfigError):
         RoutingConfig(policy="").validate()
 

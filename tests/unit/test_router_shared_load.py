@@ -121,10 +121,9 @@ def test_the_pool_publishes_its_own_contribution() -> None:
 
 def test_the_link_decodes_what_it_receives_and_counts_malformed_messages() -> None:
     malformed = MalformedCounter()
-    link = SharedLoadLink(None, Subjects("t"), malformed, lambda: [], router_id="me",  # type: ignore[arg-type]
-                          clock=lambda: 0.0)
     predicted: list[RoutedPrompt] = []
-    link.on_peer_prediction = predicted.append
+    link = SharedLoadLink(None, Subjects("t"), malformed, lambda: [], router_id="me",  # type: ignore[arg-type]
+                          clock=lambda: 0.0, on_peer_prediction=predicted.append)
     link.receive(b"\x01garbage", "router.load.x")
     prompt = RoutedPrompt(worker_id="w1", chains={16: [1, 2, 3]}, ttl_s=2.0)
     link.receive(encode(RouterLoad(router_id="me", seq=1, interval_s=0.5, predictions=[prompt])), "router.load.me")

@@ -4,6 +4,6 @@
 each worker's predicted-load ledger (`routing.ledger`); `shared_load` (pure) merges the
 other routers' load, which `shared_load_link` publishes and receives over NATS;
 `worker_link` sends generate streams, cancels and lease releases. Read by the flows
-(`flows.dispatch`, `flows.token_source`, the two-part flow) and wired by the app's
-lifespan. Below the flows; beside `kv`, which it never imports; above `routing`.
+(`flows.routing_state`, `flows.worker_wait`, `flows.token_source`, the two-part flow) and
+wired by the router's assembly (`main.RouterAssembly`). Below the flows; beside `kv`, which it never imports; above `routing`.
 """

@@ -1,7 +1,7 @@
 """Asking the orchestrator for a worker of a scalable model (adapter): a `WakeModel` request
 on `orchestrator.wake`, sent in the background, its `CommandOutcome` logged and kept.
 
-The dispatcher calls `wake(model)` when it holds a request that no worker can take
+The worker wait (`flows.worker_wait`) calls `wake(model)` when it holds a request that no worker can take
 (`services.router.routing.cold_start` says when); the held requests themselves wait on the
 worker pool's membership, not on this answer. The orchestrator's refusal (a model it does not
 start, no launcher, the worker budget) is kept as `refusal(model)`: the held requests, woken

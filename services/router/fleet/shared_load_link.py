@@ -14,7 +14,9 @@ worker, its requests in flight and their prompt tokens still waiting for prefill
   once more, `leaving`, when it stops.
 
 With the changes go the prompts routed since the last message (`predicted`): a peer's are
-handed to `on_peer_prediction`, which predicts their blocks in this router's KV index.
+handed to `on_peer_prediction`, given at construction (the router's
+`flows.routing_state.RoutedPrompts.peer_routed`: their blocks predicted in its KV index,
+their prefixes recorded in its placement).
 
 It merges what its peers publish (`PeerLoads`; its own messages, which NATS echoes back on
 the same subscription, are dropped by subject, unread); a peer silent for a few of its heartbeat
@@ -58,8 +60,9 @@ def new_router_id() -> str:
 
 class SharedLoadLink:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter,
-                 own: OwnLoad, *, router_id: str = "", interval_s: float = HEARTBEAT_S,
-                 flush_delay_s: float = FLUSH_DELAY_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 own: OwnLoad, *, on_peer_prediction: PeerPrediction | None = None, router_id: str = "",
+                 interval_s: float = HEARTBEAT_S, flush_delay_s: float = FLUSH_DELAY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.router_id = router_id or new_router_id()
         self.peers = PeerLoads(self.router_id)
         self._bus = bus
@@ -76,7 +79,7 @@ class SharedLoadLink:
         self._flush: asyncio.TimerHandle | None = None
         self._changed: set[str] = set()  # workers whose figures changed since the last message
         self._predictions: list[RoutedPrompt] = []  # prompts routed since the last message
-        self.on_peer_prediction: PeerPrediction | None = None  # a peer routed a prompt
+        self._on_peer_prediction = on_peer_prediction  # a peer routed a prompt
         self._sending: set[asyncio.Task[None]] = set()
 
     def remote(self, worker_id: str) -> RemoteLoad:
@@ -168,9 +171,9 @@ class SharedLoadLink:
             return
         if message.leaving and message.router_id in self.peers.peers:
             log.info("router %s left", message.router_id)
-        if message.router_id != self.router_id and self.on_peer_prediction is not None:
+        if message.router_id != self.router_id and self._on_peer_prediction is not None:
             for prediction in message.predictions:
-                self.on_peer_prediction(prediction)
+                self._on_peer_prediction(prediction)
         if self.peers.apply(message, self._clock()) and self._subscription is not None:
             log.info("router %s shares its load with this one (%s)", message.router_id, self.router_id)
             if self._flush is not None:

@@ -23,7 +23,8 @@
 - Other routers serving the same cluster (replicas behind one address) share theirs
   (`SharedLoadLink`): their requests in flight and prompt tokens waiting for prefill on a
   worker are added to this router's own in `views()`, and a load snapshot records them
-  too (what it already counts), as for our own.
+  too (what it already counts), as for our own; the prompts they routed go to the
+  `on_peer_prediction` the pool was built with.
 
 Malformed bucket values and snapshots are counted, logged once, and dropped.
 """
@@ -37,7 +38,7 @@ from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from services.router.fleet.shared_load import NO_REMOTE_LOAD, RemoteLoad
-from services.router.fleet.shared_load_link import SharedLoadLink
+from services.router.fleet.shared_load_link import PeerPrediction, SharedLoadLink
 from services.router.routing.ledger import Ticket, WorkerLoad
 from services.router.routing.view import WorkerView
 from shared.bus import Bus
@@ -153,9 +154,11 @@ class MembershipListener(Protocol):
 class WorkerPool:
     def __init__(self, bus: Bus, subjects: Subjects, malformed: MalformedCounter, *,
                  bucket_ttl_s: float | None = None, reconnect_grace_s: float | None = None,
-                 listeners: Sequence[MembershipListener] = ()) -> None:
+                 listeners: Sequence[MembershipListener] = (), on_peer_prediction: PeerPrediction | None = None) -> None:
         self._listeners = listeners  # told when a worker joins (or restarts) and leaves
-        self.shared_load = SharedLoadLink(bus, subjects, malformed, self._own_load)
+        # `on_peer_prediction`: told each prompt another router routed (`SharedLoadLink`)
+        self.shared_load = SharedLoadLink(bus, subjects, malformed, self._own_load,
+                                          on_peer_prediction=on_peer_prediction)
         self._workers: dict[str, _WorkerState] = {}
         self._bus = bus
         self._members = MembershipMirror(bus, subjects.members_bucket, self._on_member, malformed,

@@ -9,8 +9,8 @@
   `AdmissionQueue` per model; the others wait on a future, in the policy's order, for at
   most `max_wait_s`. A refusal (sheddable, shed from a full queue, waited too long) is
   `TooManyRequests` (429 with `Retry-After`). A client that leaves while waiting leaves
-  the queue. With no worker serving the model yet, nothing waits here (the dispatcher's
-  own wait for a worker applies).
+  the queue. With no worker serving the model yet, nothing waits here (the router's
+  own wait for a worker applies, `flows.worker_wait`).
 Resumed requests do not pass the gate again: they keep their slot.
 """
 

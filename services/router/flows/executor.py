@@ -1,6 +1,6 @@
 """The flow executor: runs any `RoutePlan` the routing policy made, as a `TokenSource`.
 
-Called by the `Dispatcher` once a plan is committed (its workers counted in flight, its
+Called by the source opener (`flows.opener.SourceOpener`) once a plan is committed (its workers counted in flight, its
 blocks predicted): `FlowExecutor.start()` records the plan on the request's span and in
 the metrics, opens the plan's parts, and sends whatever goes first.
 

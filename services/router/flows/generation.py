@@ -9,7 +9,8 @@ worker ended the request itself (client gone, stop string, router-side failure),
 the source (in-flight slots, leases), ends the span and records the outcome.
 
 Losing a worker (`Disconnected`, `Unavailable`, `StreamGap`) is not the client's problem
-while another worker can take over: the source is closed and the `Resumer` opens a new one
+while another worker can take over: the source is closed and the `Resumer` (the source
+opener, `flows.opener.SourceOpener`) opens a new one
 on another worker for the prompt plus every token generated so far, with `max_tokens`
 reduced by them. Before the first token that is a plain retry; mid-stream the client's
 stream simply continues, and a greedy request reads exactly as an uninterrupted one.

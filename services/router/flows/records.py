@@ -38,7 +38,7 @@ class RequestIdentity:
 @dataclass
 class RouteNote:
     """The routing decision a request was admitted with (its first one: a resume keeps it),
-    set by the dispatcher; recorded in the request's `RequestRecord`."""
+    set by the source opener (`flows.opener`); recorded in the request's `RequestRecord`."""
 
     flow: str = ""  # "single" | "disaggregated" | "none" (refused); "": never routed
     reason: str = ""

@@ -10,9 +10,12 @@ than one per routing step and worker part. Workers see the same trace id either 
 
 from __future__ import annotations
 
+import asyncio
+
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
+from shared.errors import ErrorCode, TandemError
 from shared.tracing import span_context_headers
 
 tracer = trace.get_tracer("tandem.router")
@@ -52,3 +55,12 @@ def end_span(span: trace.Span | None, outcome: str) -> None:
     if span is not None and span.is_recording():  # not yet ended
         span.set_attribute("tandem.outcome", outcome)
         span.end()
+
+
+def outcome_of(error: BaseException) -> str:
+    """A failed request's outcome, for its span and its record: the error's code."""
+    if isinstance(error, TandemError):
+        return error.code.value
+    if isinstance(error, asyncio.CancelledError):
+        return ErrorCode.CANCELLED.value
+    return ErrorCode.UNAVAILABLE.value

@@ -1,7 +1,9 @@
 """The router's HTTP entrances: the OpenAI API over HTTP, and how an answer is framed.
 
-`app.create_app(config)` builds the FastAPI app (its lifespan wires the fleet, the KV view
-and the dispatcher; `/v1/models`, `/health`, `/ready`, `/metrics`, `/tokenize`) and stacks
+`app.create_app(config, assembly)` builds the FastAPI app (its lifespan has the router's
+assembly, `main.RouterAssembly`, start the fleet, the KV view and the flows and hand back
+what the entrances serve from: this room constructs none of them; `/v1/models`, `/health`,
+`/ready`, `/metrics`, `/tokenize`, `/v1/responses`) and stacks
 its ASGI middleware: `tracing` (the request's HTTP span), `auth` (API keys and their
 limits), `input` (content type, body size and depth), then `generate_routes`, the fast path
 that serves nearly all traffic: `POST /v1/completions` and `/v1/chat/completions` decoded

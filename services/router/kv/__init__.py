@@ -7,7 +7,7 @@ where the index does not read them.
 `model_kv` (pure) is one model's namespace: its workers' index, prefix homes and recency.
 `view` is their adapter: it subscribes to the workers' KV event streams, follows membership
 (each worker in its model's namespace), asks for snapshots after a gap, and hands the
-dispatcher (`flows.dispatch`) a model's namespace, which says how much of a prompt each of
+routing state (`flows.routing_state`) a model's namespace, which says how much of a prompt each of
 its workers holds. Below the flows; beside `fleet`, which it never imports; above
 `routing`, whose prefix homes and cache recency it keeps.
 """

@@ -4,7 +4,8 @@ The router keeps one per served model (`view.KvView.model`): a worker's KV event
 into its model's index, and a prompt of a model is matched only against that index, so a
 prefix hit can never cross models, even where two models' tokenizers give the same token
 ids (and so the same chain hashes). Recency is per model too. (The prefixes' homes are
-the placement's, `routing.placement`, kept per model beside this by the dispatcher.)
+the placement's, `routing.placement`, kept per model beside this by the routing state,
+`flows.routing_state`.)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Adapter: subscribes to every worker's KV event stream (decoded by `batch_decode`
 membership (a worker that joins is indexed in its model's namespace with its block size; one
 that leaves or restarts is purged), and asks a worker for a snapshot while its stream is out
 of sync (a gap), on a timer until it is. A worker's events go only into its model's index.
-The dispatcher asks `model(name)` for a request's namespace (`model_kv.ModelKv`): how much
+The routing state (`flows.routing_state`) asks `model(name)` for a request's namespace (`model_kv.ModelKv`): how much
 of a prompt each of that model's workers holds (`prompt_cache()`), the blocks to pull from
 a holder (`prefix_source()`), and each routing recorded as a prediction (`predict()`).
 """

@@ -15,7 +15,7 @@ One request goes through `decide()` in stages:
 Beside it, `ledger` is the predicted-load account the worker pool keeps per worker (route,
 first token, finish), `view` the `WorkerView` every stage reads, and `placement/` the
 prefixes' placement (which worker a prefix goes back to, which prefixes stay resident): a
-`Placement` per model that the dispatcher holds, snapshots into each `RouteRequest` and
+`Placement` per model that the routing state (`flows.routing_state`) holds, snapshots into each `RouteRequest` and
 records each committed plan in.
 """
 

@@ -1,4 +1,4 @@
-"""Holding requests for a model with no worker (pure; the dispatcher asks, a waker acts).
+"""Holding requests for a model with no worker (pure; `flows.worker_wait` asks, a waker acts).
 
 A scalable model (`ScaleFromZeroConfig.models`) may have no worker that can take a request.
 Its requests are then held: at most `max_held` at a time per model (past that, the answer is

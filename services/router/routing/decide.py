@@ -1,6 +1,6 @@
 """Routing one request: eligibility -> scoring -> the policy's pick -> the plan.
 
-Pure and synchronous; the dispatcher calls `decide()` with `WorkerPool.views()` and, per
+Pure and synchronous; the routing state (`flows.routing_state`) calls `decide()` with `WorkerPool.views()` and, per
 worker, how much of the prompt the KV index says it holds (in the `RouteRequest`), then
 commits the plan with no await in between. The answer is a `RoutePlan`, a `RouteRefusal`
 ("overloaded": every candidate is past its queue limit; "cache_threshold": decode-first and

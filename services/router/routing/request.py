@@ -1,6 +1,6 @@
 """What routing is asked, and its answer when no worker may serve: plain data.
 
-The dispatcher builds a `RouteRequest` per attempt from the request, the KV view's
+The routing state (`flows.routing_state`) builds a `RouteRequest` per attempt from the request, the KV view's
 `PromptCache` and a snapshot of the prefix's placement (`placement.snapshot`); `decide()`
 answers a `RoutePlan` (`plan`), a `RouteRefusal`, or None (no worker can take the request
 now: the caller waits).

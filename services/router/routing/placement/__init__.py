@@ -1,6 +1,6 @@
 """Prefix placement: which worker is a prefix's home, and which prefixes stay cached. Pure.
 
-- `placement`: `Placement`, one model's placement as the dispatcher holds it (`Placements`:
+- `placement`: `Placement`, one model's placement as the routing state holds it (`Placements`:
   one per model, following membership): a snapshot per request, the plans recorded once
   committed;
 - `snapshot`: `PrefixPlacement`, the read-only view of a prompt's prefix a routing request

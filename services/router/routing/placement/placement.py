@@ -1,15 +1,16 @@
 """Prefix placement, one object per served model: `Placement`, and `Placements`, one per
 model as its workers join and leave. Pure.
 
-The dispatcher holds the `Placements` (the worker pool tells them of membership, as it
+The routing state holds the `Placements` (the worker pool tells them of membership, as it
 tells the KV view). Per request, `Placement.snapshot` gives the read-only view of the prompt's
 prefix that goes into its `RouteRequest` (`snapshot.PrefixPlacement`: its home, the shares,
 its residency, the workers' homed tokens); routing decides with it (the home rules,
-`rules.HomeRules`); once the dispatcher has committed the plan, `Placement.record`
+`rules.HomeRules`); once the routing state has committed the plan, `Placement.record`
 counts the request at its computing worker (its home now, or a copy's), and
 `routed_elsewhere` a prompt that another router routed.
 
-Caller: `services.router.flows.dispatch.Dispatcher`.
+Callers: `services.router.flows.routing_state.RoutingState` (`snapshot`, `record`) and
+`RoutedPrompts.peer_routed` (`routed_elsewhere`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ routed by their cache hits and never ask, one worker's figure costs less than ev
 worker's, and the resident prefixes are ranked again only when read (so when they are
 ranked stays as it was). They read `homes.PrefixHomes` as of the snapshot: reading one after
 the placement changed (another request recorded, a worker joined or left) is a bug, and
-asserted; the dispatcher reads it between taking it and committing the plan, with no await.
+asserted; the routing state reads it between taking it and committing the plan, with no await.
 
 Callers: `placement.Placement.snapshot` builds it (`snapshot_of`); routing (`routing.request`,
 the home rules in `rules`, the cost model, the shortlist) reads it.
