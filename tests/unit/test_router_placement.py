@@ -1,4 +1,4 @@
-"""The prefixes' placement as the dispatcher holds it (`routing.placement.placement`): one
+"""The prefixes' placement as the routing state holds it (`routing.placement.placement`): one
 `Placement` per model following membership, a frozen snapshot per request, and the plans
 recorded once committed."""
 

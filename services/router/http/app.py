@@ -108,8 +108,15 @@ class RouterRuntime:
 
 
 def build_routes(runtime: RouterRuntime) -> APIRouter:
+    """The FastAPI routes: the generate endpoints (the bodies the fast path does not accept
+    land here) and the router's status (`/v1/models`, `/health`, `/ready`, `/metrics`)."""
     router = APIRouter()
+    _add_generate_routes(router, runtime)
+    _add_status_routes(router, runtime)
+    return router
 
+
+def _add_generate_routes(router: APIRouter, runtime: RouterRuntime) -> None:
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await watched(request.receive, runtime.started.completions.create(body, caller_of(request.scope)))
@@ -133,6 +140,8 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
     async def cancel_response(response_id: str) -> Response:
         return await runtime.started.responses.cancel(response_id)
 
+
+def _add_status_routes(router: APIRouter, runtime: RouterRuntime) -> None:
     @router.get("/v1/models")
     async def models() -> ModelList:
         return model_list(runtime.started.context)
@@ -162,8 +171,6 @@ def build_routes(runtime: RouterRuntime) -> APIRouter:
     async def metrics(request: Request) -> Response:
         body, content_type = runtime.metrics.exposition(request.headers.get("accept"))
         return Response(body, media_type=content_type)
-
-    return router
 
 
 def _no_framework_telemetry() -> dict:
