@@ -55,8 +55,8 @@ def build_of(view: WorkerView) -> str:
     return view.compat_hash.split(NO_KV_TRANSFER_MARK, 1)[0]
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+@dataclass(slots=True)
+class Attempt:  # read-only by convention (not frozen: built per request, and a frozen dataclass is slow to build)
     """One routing of a request: a new one, or the continuation of one that lost its worker."""
 
     params: GenerationParams
