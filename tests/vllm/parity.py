@@ -16,6 +16,9 @@ answers compared field by field.
   (`continuous_usage_stats`, `UsageSoFar`), and tool calls gathered from their pieces as
   OpenAI clients gather them.
 - `differences(reference, answer)`: the fields that differ, one line each.
+- `/v1/responses`: `ResponsesCase` (a request and the follow-ups that continue it by
+  `previous_response_id`), `ask_responses` (each turn through the openai client, streamed by
+  `responses.stream`, the first retrieved again), `ResponsesAnswer` and `responses_differences`.
 
 Two engines never run at once (the test machine has two cores): a module asks every case of
 the vLLM server first, stops it, then starts Tandem and compares case by case.
@@ -311,7 +314,194 @@ def _difference(name: str, reference: Any, value: Any) -> str:
     return f"{name}: vLLM {reference!r}, Tandem {value!r}"
 
 
-def unmet_expectations(case: ParityCase, reference: Answer) -> list[str]:
+def unmet_expectations(case: ParityCase | ResponsesCase, reference: Answer | ResponsesAnswer) -> list[str]:
     """The case's `expect` fields that vLLM's own answer does not have."""
     return [f"{name}: expected {value!r}, vLLM answered {reference.value_of(name)!r}"
             for name, value in case.expect.items() if reference.value_of(name) != value]
+
+
+# ---- /v1/responses -------------------------------------------------------------------
+
+
+# A follow-up's input items name the previous response's (first) call by these placeholders
+# (its `call_id` is random), filled in by `ask_responses`
+PREVIOUS_CALL_ID, PREVIOUS_CALL_NAME, PREVIOUS_CALL_ARGUMENTS = (f"<the previous call's {name}>" for name in
+                                                                 ("call_id", "name", "arguments"))
+_PREVIOUS_CALL_FIELDS = {PREVIOUS_CALL_ID: "call_id", PREVIOUS_CALL_NAME: "name", PREVIOUS_CALL_ARGUMENTS: "arguments"}
+
+# vLLM 0.32's server leaves a previous response's function calls out of the conversation
+# (`construct_input_messages` carries on only its messages' text): the tool's output then
+# answers a call the prompt does not hold (measured: 73 input tokens fewer than with the
+# call, the assistant's Hermes <tool_call> turn). Tandem carries the calls on, as OpenAI's
+# API does; vLLM's server is asked with the call restated among the follow-up's input items.
+VLLM_DROPS_PREVIOUS_CALLS = "vLLM's server leaves a previous response's function calls out of the conversation"
+
+
+@dataclass(frozen=True)
+class ResponsesCase:
+    """One `/v1/responses` request (the openai client's keyword arguments but `model`), and
+    the follow-ups that continue it, each answering the turn before (`previous_response_id`).
+    Streamed, every turn is asked through `responses.stream`; not streamed, `responses.create`;
+    a case with follow-ups also retrieves its first response (`responses.retrieve`)."""
+
+    id: str
+    request: Mapping[str, Any]
+    follow_ups: tuple[Mapping[str, Any], ...] = ()
+    expect: Mapping[str, Any] = field(default_factory=dict)  # fields of vLLM's first answer
+    # what vLLM's server is asked instead of `follow_ups`, where it answers them otherwise for
+    # a known reason (`VLLM_DROPS_PREVIOUS_CALLS`)
+    vllm_follow_ups: tuple[Mapping[str, Any], ...] | None = None
+
+    def turns(self, *, of_vllm: bool) -> tuple[Mapping[str, Any], ...]:
+        follow_ups = self.vllm_follow_ups if of_vllm and self.vllm_follow_ups is not None else self.follow_ups
+        return (self.request, *follow_ups)
+
+
+@dataclass(frozen=True)
+class ResponseItem:
+    """An output item without its ids (random): a message's role and text, or a call's name
+    and arguments."""
+
+    type: str
+    status: str | None
+    role_or_name: str
+    text_or_arguments: str
+
+
+@dataclass(frozen=True)
+class ResponsesAnswer:
+    """One response as both servers must agree on it. Left out, as they legitimately differ:
+    ids (the response's, its items', a call's `call_id`), `created_at`, vLLM's extensions of
+    usage's details (per-turn counts, `cache_write_tokens`), `store`, which vLLM's response
+    object leaves out and Tandem's echoes as OpenAI's does, and `text`: vLLM's echoes null for a
+    request without it, and for a forced tool call its own tool-calling JSON schema
+    (`tool_calling_response`, its tool parser's rewrite of the request); Tandem's echoes the
+    request's, `{"format": {"type": "text"}}` by default, as OpenAI's API does. Structured
+    output is compared by the output itself."""
+
+    model: str
+    object: str
+    status: str
+    incomplete_reason: str | None
+    output: tuple[ResponseItem, ...]
+    output_text: str  # the openai client's own reading of the output
+    usage: TokenCounts | None  # input, output and total tokens
+    # the request's settings as the response echoes them
+    echoed: tuple[Any, ...]
+    # streamed: every event's type in order, a run of deltas of one item as one
+    events: tuple[str, ...] = ()
+    # streamed: what is wrong with the stream itself (sequence numbers, deltas that do not add
+    # up to the done text, items of `response.completed` unlike those streamed): empty on both
+    stream_faults: tuple[str, ...] = ()
+
+    def value_of(self, name: str) -> Any:
+        if name == "output_types":
+            return tuple(item.type for item in self.output)
+        return getattr(self, name)
+
+
+async def ask_responses(client: openai.AsyncOpenAI, case: ResponsesCase, model: str, *, stream: bool,
+                        of_vllm: bool = False) -> tuple[ResponsesAnswer, ...]:
+    """Every turn's answer in order; with follow-ups, the first response as retrieved too
+    (second)."""
+    answers: list[ResponsesAnswer] = []
+    previous = None
+    for turn in case.turns(of_vllm=of_vllm):
+        request = {**turn, "model": model}
+        if previous is not None:
+            request |= {"previous_response_id": previous.id, "input": _with_previous_call(request["input"], previous)}
+        if stream:
+            async with client.responses.stream(**request) as events:
+                answer, final = await _streamed_response(events)
+                gathered = await events.get_final_response()  # the client's own gathering of the events
+            if [_item(item) for item in gathered.output] != list(answer.output):
+                answer = dataclasses.replace(answer, stream_faults=(
+                    *answer.stream_faults, "the client's final response is not response.completed's"))
+        else:
+            final = await client.responses.create(**request)
+            answer = _response_answer(final)
+        answers.append(answer)
+        if previous is None and case.follow_ups:
+            answers.append(_response_answer(await client.responses.retrieve(final.id)))
+        previous = final
+    return tuple(answers)
+
+
+def _with_previous_call(items: Any, previous: Any) -> Any:
+    """`items` with the placeholders of the previous response's first call filled in."""
+    calls = [item for item in previous.output if item.type == "function_call"]
+    if isinstance(items, str) or not calls:
+        return items
+    return [{key: getattr(calls[0], _PREVIOUS_CALL_FIELDS[value]) if value in _PREVIOUS_CALL_FIELDS else value
+             for key, value in item.items()} for item in items]
+
+
+def _response_answer(response: Any, events: tuple[str, ...] = (), faults: tuple[str, ...] = ()) -> ResponsesAnswer:
+    usage = response.usage
+    tool_choice = response.tool_choice if isinstance(response.tool_choice, str) else response.tool_choice.name
+    return ResponsesAnswer(
+        model=response.model, object=response.object, status=response.status,
+        incomplete_reason=response.incomplete_details.reason if response.incomplete_details else None,
+        output=tuple(_item(item) for item in response.output), output_text=response.output_text,
+        usage=TokenCounts(usage.input_tokens, usage.output_tokens, usage.total_tokens) if usage else None,
+        echoed=(response.instructions, response.max_output_tokens, tool_choice, response.temperature,
+                response.top_p, response.parallel_tool_calls,
+                tuple(tool.name for tool in response.tools), response.previous_response_id is not None),
+        events=events, stream_faults=faults)
+
+
+def _item(item: Any) -> ResponseItem:
+    if item.type == "message":
+        return ResponseItem(item.type, item.status, item.role, "".join(part.text for part in item.content))
+    if item.type == "function_call":
+        return ResponseItem(item.type, item.status, item.name, item.arguments)
+    return ResponseItem(item.type, getattr(item, "status", None), "", "")
+
+
+async def _streamed_response(events: Any) -> tuple[ResponsesAnswer, Any]:
+    """A stream of response events read to its end: the answer of its `response.completed`
+    (with the event types and the stream's faults), and that response."""
+    types: list[str] = []
+    faults: list[str] = []
+    texts: dict[tuple[str, str], str] = {}  # (kind, item id): its deltas so far
+    done_items: list[Any] = []
+    completed = None
+    async for event in events:
+        if event.sequence_number != len(types):
+            faults.append(f"event {len(types)} has sequence number {event.sequence_number}")
+        kind = event.type
+        if kind.endswith(".delta"):
+            texts[kind, event.item_id] = texts.get((kind, event.item_id), "") + event.delta
+        elif kind == "response.output_text.done" and texts.get(("response.output_text.delta", event.item_id), "") != event.text:
+            faults.append(f"text deltas of {event.item_id} do not add up to its done text")
+        elif kind == "response.function_call_arguments.done" and texts.get(
+                ("response.function_call_arguments.delta", event.item_id), "") != event.arguments:
+            faults.append(f"argument deltas of {event.item_id} do not add up to its done arguments")
+        elif kind == "response.output_item.done":
+            done_items.append(event.item)
+        elif kind == "response.completed":
+            completed = event.response
+        types.append(kind)
+    if completed is None:
+        return _response_answer_missing(faults + ["no response.completed"]), None
+    if [_item(item) for item in done_items] != [_item(item) for item in completed.output]:
+        faults.append("the items streamed are not response.completed's output")
+    # a run of deltas as one: where a stream cuts its text differs (vLLM holds back text
+    # that may start a stop string; Tandem sends the frames that came together as one)
+    collapsed = tuple(kind for index, kind in enumerate(types)
+                      if not (kind.endswith(".delta") and index and types[index - 1] == kind))
+    return _response_answer(completed, collapsed, tuple(faults)), completed
+
+
+def _response_answer_missing(faults: list[str]) -> ResponsesAnswer:
+    return ResponsesAnswer(model="", object="", status="", incomplete_reason=None, output=(), output_text="",
+                           usage=None, echoed=(), stream_faults=tuple(faults))
+
+
+def responses_differences(reference: tuple[ResponsesAnswer, ...], answers: tuple[ResponsesAnswer, ...]) -> list[str]:
+    """One line per field of each turn where `answers` differ from `reference` (vLLM's)."""
+    if len(reference) != len(answers):
+        return [f"{len(reference)} answers from vLLM, {len(answers)} from Tandem"]
+    return [f"answer {index}: {_difference(item.name, getattr(ours, item.name), getattr(theirs, item.name))}"
+            for index, (ours, theirs) in enumerate(zip(reference, answers))
+            for item in dataclasses.fields(ResponsesAnswer) if getattr(ours, item.name) != getattr(theirs, item.name)]

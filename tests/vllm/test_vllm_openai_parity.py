@@ -13,6 +13,9 @@ Both servers read tool calls in the Hermes format (the tiny model's template wri
 so): vLLM's with --enable-auto-tool-choice --tool-call-parser hermes, Tandem's router with
 --tool-call-parser hermes.
 
+`RESPONSES_CASES` ask `/v1/responses` the same way (vLLM's server with its response store
+on, for `previous_response_id` and retrieve).
+
 `CASES` is data: one row per request. To cover a new field (logit_bias, top_k, logprobs,
 ...), append a row; vLLM-only fields go under `extra_body`. `expect` keyword arguments name
 what vLLM's own answer must show for the row to mean what its name says.
@@ -39,7 +42,21 @@ from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from tests.vllm.conftest import cores, pd_pair  # noqa: E402
 from tests.vllm.lm_eval_task import Scores, run_lm_eval, write_task  # noqa: E402
-from tests.vllm.parity import Answer, ParityCase, ask, differences, unmet_expectations, vllm_openai_server  # noqa: E402
+from tests.vllm.parity import (  # noqa: E402
+    PREVIOUS_CALL_ARGUMENTS,
+    PREVIOUS_CALL_ID,
+    PREVIOUS_CALL_NAME,
+    Answer,
+    ParityCase,
+    ResponsesAnswer,
+    ResponsesCase,
+    ask,
+    ask_responses,
+    differences,
+    responses_differences,
+    unmet_expectations,
+    vllm_openai_server,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -195,6 +212,52 @@ CASES = [
 ]
 
 
+
+# /v1/responses through the openai client (`responses.create`, `responses.stream`,
+# `responses.retrieve`). vLLM's server keeps responses (for previous_response_id and retrieve)
+# only with its store on; Tandem's router stores by default. The seed is vLLM's field.
+RESPONSES_GREEDY = {"temperature": 0, "extra_body": {"seed": 1234}}
+RESPONSES_TOOLS = [{"type": "function", **tool["function"]} for tool in TOOLS]
+VLLM_RESPONSES_STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+
+
+def responses(case_id: str, request: dict[str, Any], *, follow_ups: tuple[dict[str, Any], ...] = (),
+              vllm_follow_ups: tuple[dict[str, Any], ...] | None = None, **expect: Any) -> ResponsesCase:
+    def greedy(turns: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        return tuple({**RESPONSES_GREEDY, **turn} for turn in turns)
+    return ResponsesCase(f"responses-{case_id}", {**RESPONSES_GREEDY, **request}, greedy(follow_ups), expect,
+                         None if vllm_follow_ups is None else greedy(vllm_follow_ups))
+
+
+STORY_TEXT = STORY[0]["content"]
+FORCED_CALL = {"input": STORY_TEXT, "tools": RESPONSES_TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
+               "max_output_tokens": 64}
+TOOL_OUTPUT = {"input": [{"type": "function_call_output", "call_id": PREVIOUS_CALL_ID, "output": "Snow, then sun."}],
+               "tools": RESPONSES_TOOLS, "max_output_tokens": 12}
+RESTATED_CALL = {"type": "function_call", "call_id": PREVIOUS_CALL_ID, "name": PREVIOUS_CALL_NAME,
+                 "arguments": PREVIOUS_CALL_ARGUMENTS}
+RESPONSES_CASES = [
+    responses("text-instructions", {"instructions": "Answer in one sentence.", "input": STORY_TEXT,
+                                    "max_output_tokens": 16}, status="incomplete"),
+    responses("input-messages", {"input": [*STORY, {"role": "assistant", "content": "Once upon a time"},
+                                           {"type": "message", "role": "user",
+                                            "content": [{"type": "input_text", "text": "And then?"}]}],
+                                 "max_output_tokens": 24}),
+    responses("tools-auto", {"input": STORY_TEXT, "tools": RESPONSES_TOOLS, "max_output_tokens": 12}),
+    responses("tools-required", FORCED_CALL, output_types=("function_call",)),
+    responses("json-schema", {"input": STORY_TEXT, "max_output_tokens": 32, "text": {"format": {
+        "type": "json_schema", "name": "verdict", "schema": VERDICT}}}, status="completed"),
+    responses("previous-response-id", {"instructions": "Answer in one sentence.", "input": STORY_TEXT,
+                                       "max_output_tokens": 8},
+              follow_ups=({"input": "And then?", "max_output_tokens": 8},)),
+    # A function call answered by its output, the call carried on by previous_response_id
+    # (restated for vLLM's server: parity.VLLM_DROPS_PREVIOUS_CALLS).
+    responses("tool-output-previous-response-id", FORCED_CALL, follow_ups=(TOOL_OUTPUT,),
+              vllm_follow_ups=({**TOOL_OUTPUT, "input": [RESTATED_CALL, *TOOL_OUTPUT["input"]]},),
+              output_types=("function_call",)),
+]
+
+
 @pytest.fixture(scope="module")
 def model_name(tiny_model_dir: str) -> str:
     return VllmEngineOptions(model_dir=tiny_model_dir).model_name  # both serve the directory's name
@@ -209,6 +272,7 @@ def lm_eval_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @dataclass
 class VllmReference:
     answers: dict[tuple[str, bool], Answer]
+    responses: dict[tuple[str, bool], tuple[ResponsesAnswer, ...]]
     lm_eval: Scores
 
 
@@ -220,15 +284,20 @@ async def vllm_reference(tiny_model_dir: str, model_name: str, lm_eval_task: Pat
     options = VllmEngineOptions(model_dir=tiny_model_dir, cpu_threads_bind=str(cores()[0]),
                                 kv_cache_gib=KV_CACHE_GIB, json_any_whitespace=False)
     answers: dict[tuple[str, bool], Answer] = {}
+    responded: dict[tuple[str, bool], tuple[ResponsesAnswer, ...]] = {}
     with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai"), VLLM_TOOL_PARSER,
-                            VLLM_JSON_SCHEMA_TOOL_CALLS) as url:
+                            {**VLLM_JSON_SCHEMA_TOOL_CALLS, **VLLM_RESPONSES_STORE}) as url:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
             for case in CASES:
                 for stream in STREAMING:
                     answers[case.id, stream] = await ask(client, case, model_name, stream=stream)
+            for responses_case in RESPONSES_CASES:
+                for stream in STREAMING:
+                    responded[responses_case.id, stream] = await ask_responses(
+                        client, responses_case, model_name, stream=stream, of_vllm=True)
         scores = await asyncio.to_thread(run_lm_eval, f"{url}/v1/completions", model_name, tiny_model_dir,
                                          lm_eval_task)
-    return VllmReference(answers, scores)
+    return VllmReference(answers, responded, scores)
 
 
 @pytest.fixture(scope="module")
@@ -264,6 +333,25 @@ async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_ref
     split = await disaggregated_requests(pd_stack.router_url) - split_before
     assert split == int(case.split), f"{case.id}: split {split} times, expected {int(case.split)}"
     mismatched = differences(reference, answer)
+    assert not mismatched, f"{case.id} ({'streamed' if stream else 'whole'}): " + "; ".join(mismatched)
+
+
+@pytest.mark.parametrize("stream", STREAMING, ids=("whole", "streamed"))
+@pytest.mark.parametrize("case", RESPONSES_CASES, ids=[case.id for case in RESPONSES_CASES])
+async def test_tandem_responds_like_vllm(case: ResponsesCase, stream: bool, vllm_reference: VllmReference,
+                                         pd_stack: LocalStack, openai_client, model_name: str) -> None:
+    """`/v1/responses` through the openai client: every turn (and the first, retrieved)
+    compared field by field, streamed events in their order; each turn split in P/D."""
+    reference = vllm_reference.responses[case.id, stream]
+    unmet = unmet_expectations(case, reference[0])
+    assert not unmet, f"{case.id}: vLLM's answer no longer exercises what the case is for: {unmet}"
+    split_before = await disaggregated_requests(pd_stack.router_url)
+
+    answers = await ask_responses(openai_client(pd_stack.router_url, timeout=120), case, model_name, stream=stream)
+
+    split = await disaggregated_requests(pd_stack.router_url) - split_before
+    assert split == 1 + len(case.follow_ups), f"{case.id}: split {split} times, expected one per turn"
+    mismatched = responses_differences(reference, answers)
     assert not mismatched, f"{case.id} ({'streamed' if stream else 'whole'}): " + "; ".join(mismatched)
 
 
