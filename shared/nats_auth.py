@@ -10,7 +10,8 @@ Roles and what they may do (subjects from the catalog, `shared.subjects`):
 - router: send generate requests, `Cancel`s (`ctl.*.cancel`) and KV snapshot requests
   (`ctl.*.kv_snapshot`), release the leases it arranged (`kv.release.*`); read KV events,
   load and membership; publish request records; share its predicted load with the other
-  routers (`router.load.*`: router ids are per process, so any router id).
+  routers (`router.load.*`: router ids are per process, so any router id); create, read and
+  write the responses bucket (`/v1/responses` with `store`: `$KV.<responses>.>`).
 - orchestrator: read membership, delete dead workers' registrations, publish changes; take
   operator commands and send workers their admin messages (set_role, cordon, uncordon, drain,
   load_adapter, unload_adapter).
@@ -27,7 +28,8 @@ worker slots (`shared.worker_slots`), fixed ids made up front with a user each.
 
 Every user subscribes only under its own inbox prefix (`_INBOX.<user>.>`, so nobody reads
 another's replies) and may publish to any inbox (replies). JetStream access is narrowed
-to the members bucket's stream (`KV_<bucket>`) and its `$KV.<bucket>.` subjects.
+to the members bucket's stream (`KV_<bucket>`) and its `$KV.<bucket>.` subjects, and for
+routers to the responses bucket's.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ def permissions(user: NatsUser, subjects: Subjects) -> Permissions:
             subscribe += [s.kv_events_all, s.load_all, s.router_load_all]
             publish += [_wild(s.generate), _wild(s.control, "cancel"), _wild(s.control, "kv_snapshot"),
                         _wild(s.kv_release), s.request_events, s.router_load_all, s.orchestrator_wake,
-                        *_jetstream(bucket, create=True)]
+                        *_jetstream(bucket, create=True),
+                        f"$KV.{s.responses_bucket}.>", *_jetstream(s.responses_bucket, create=True)]
         case Role.ORCHESTRATOR:  # commands in; admin messages to workers (answered to its inbox)
             subscribe += [s.orchestrator_commands, s.orchestrator_wake]
             publish += [s.orchestrator_progress]

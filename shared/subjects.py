@@ -115,3 +115,8 @@ class Subjects(msgspec.Struct, frozen=True):
     @property
     def members_bucket(self) -> str:
         return f"{self.namespace}_{PROTOCOL_VERSION}_members"
+
+    # JetStream key-value bucket of the responses routers store (`/v1/responses`, `store`)
+    @property
+    def responses_bucket(self) -> str:
+        return f"{self.namespace}_{PROTOCOL_VERSION}_responses"

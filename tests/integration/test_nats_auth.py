@@ -329,3 +329,27 @@ async def test_services_reconnect_with_their_credentials_after_a_restart(secured
     await router.client.publish(SUBJECTS.generate("w1"), b"after the restart")
     await router.client.flush()
     await wait_for(lambda: received.subjects, 10, "a request after the restart")
+
+
+# ---- the responses bucket ------------------------------------------------------------
+
+
+async def test_a_router_stores_responses_and_a_worker_cannot_reach_them(users) -> None:
+    """With NATS secured, a router opens (creates) the responses bucket, stores a response
+    and reads it back; a worker may not even look the bucket up."""
+    from services.router.config import ResponsesConfig
+    from services.router.flows.responses_store import JetStreamResponseStore
+    from services.router.openai.protocol_responses import ResponsesRequest
+    from services.router.openai.responses_objects import StoredResponse
+    from services.router.openai.responses_translation import ResponseDraft, usage_of
+
+    router = await users("router")
+    store = await asyncio.wait_for(JetStreamResponseStore.open(router, SUBJECTS, ResponsesConfig()), FAIL_FAST_S)
+    draft = ResponseDraft(ResponsesRequest(input="hi"), "m", 1_700_000_000, 4)
+    response = draft.finished("hello", [], "stop", usage_of(3, 1, 0))
+    assert await store.put(StoredResponse(response=response, conversation=[]))
+    stored = await store.get(response.id)
+    assert stored is not None and stored.response.output == response.output
+    worker = await users("worker-w1")
+    with pytest.raises(Exception):  # a permissions violation: the lookup times out or is refused
+        await asyncio.wait_for(worker.js.key_value(SUBJECTS.responses_bucket), FAIL_FAST_S)

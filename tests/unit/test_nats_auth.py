@@ -56,7 +56,9 @@ def test_the_router_neither_drains_nor_asks_for_leases() -> None:
     p = perms(Role.ROUTER)
     assert {"ns.v1.worker.*.generate", "ns.v1.ctl.*.cancel", "ns.v1.ctl.*.kv_snapshot",
             "ns.v1.kv.release.*"} <= set(p.publish)
-    assert not [s for s in p.publish if "drain" in s or "kv.lease" in s or s.startswith("$KV.") or s == "_INBOX.>"]
+    # of key-value subjects, only the responses bucket's (never a registration in the members bucket)
+    assert not [s for s in p.publish if "drain" in s or "kv.lease" in s or s == "_INBOX.>"
+                or (s.startswith("$KV.") and s != "$KV.ns_v1_responses.>")]
     assert p.subscribe[0] == "_INBOX.router.>"
     # it answers the requests it gets (the workers' probes of its streams), and it alone
     assert p.responses and not [user.name for user in stack_users(["w1"])
@@ -87,7 +89,10 @@ def test_no_user_may_touch_other_streams_or_subscribe_to_everything() -> None:
         p = permissions(user, S)
         assert not [s for s in p.subscribe if s in (">", "_INBOX.>") or s.startswith("$")]
         assert ">" not in p.publish and "$JS.API.>" not in p.publish
-        assert not [s for s in p.publish if s.startswith("$JS.API.") and "KV_ns_v1_members" not in s]
+        allowed = ("KV_ns_v1_members", "KV_ns_v1_responses") if user.role is Role.ROUTER else ("KV_ns_v1_members",)
+        assert not [s for s in p.publish if s.startswith("$JS.API.") and not any(name in s for name in allowed)]
+        if user.role is not Role.ROUTER:  # only routers store responses
+            assert not [s for s in p.publish if "responses" in s]
 
 
 def test_the_rendered_config_is_one_nats_server_accepts(tmp_path: Path) -> None:

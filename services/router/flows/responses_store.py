@@ -26,7 +26,7 @@ from nats.js.kv import KeyValue
 from services.router.config import ResponsesConfig
 from services.router.openai.responses_objects import StoredResponse
 from shared.bus import Bus
-from shared.subjects import PROTOCOL_VERSION, Subjects
+from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,6 @@ class ResponseStore(Protocol):
         ...
 
     async def get(self, response_id: str) -> StoredResponse | None: ...
-
-
-def responses_bucket(subjects: Subjects) -> str:
-    return f"{subjects.namespace}_{PROTOCOL_VERSION}_responses"
 
 
 def _record(stored: StoredResponse, max_bytes: int) -> bytes | None:
@@ -62,7 +58,7 @@ class JetStreamResponseStore:
 
     @classmethod
     async def open(cls, bus: Bus, subjects: Subjects, config: ResponsesConfig) -> JetStreamResponseStore:
-        bucket = responses_bucket(subjects)
+        bucket = subjects.responses_bucket
         max_record = min(config.max_record_bytes, bus.client.max_payload - PAYLOAD_HEADROOM)
         try:
             return cls(await bus.js.key_value(bucket), max_record)
