@@ -234,6 +234,15 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
         connect_timeout=connect_timeout_s,
         allow_reconnect=True,
     ))
+    await _first_connection(client, attempt, config, give_up_after_s, last_error, refused)
+    connected = Bus(client, name, replicas=config.replicas)
+    return connected
+
+
+async def _first_connection(client: Client, attempt: asyncio.Task[None], config: BusConfig,
+                            give_up_after_s: float | None, last_error: list[Exception], refused: list[str]) -> None:
+    """Wait for `attempt`, the client's first connection. When it runs out of time, or a refusal
+    cancelled it, close the client and raise a `BusConnectError` saying why."""
     try:
         await asyncio.wait_for(attempt, give_up_after_s)  # cancels the attempt when it runs out
     except TimeoutError:
@@ -244,5 +253,3 @@ async def connect(bus: BusConfig | str, name: str, *, connect_timeout_s: float =
             raise
         await client.close()
         raise BusConnectError(refused[0]) from None
-    connected = Bus(client, name, replicas=config.replicas)
-    return connected

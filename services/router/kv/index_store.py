@@ -38,24 +38,11 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
         return 0, blocks, 0, False, 0
     if not blocks:
         return 0, 0, 0, False, 0
-    tandem_of = worker.tandem_of
-    head = 0
-    unlinked = False
-    parent_hash: int | None
-    if engine_hashes[0] in tandem_of:
-        # Blocks announced again (vLLM can re-announce prefix-cache hits): a known engine
-        # hash of this worker names the same tokens, so the known head is not re-hashed.
-        known = list(map(tandem_of.__contains__, engine_hashes))
-        head = known.index(False) if False in known else blocks
-        if head == blocks:
-            return 0, 0, 0, False, 0
-        parent_hash = tandem_of[engine_hashes[head - 1]]
+    head, parent_hash, unlinked = _new_blocks_start(worker.tandem_of, event)
+    if head == blocks:
+        return 0, 0, 0, False, 0
+    if head:
         engine_hashes = engine_hashes[head:]
-    elif event.parent_block_hash is None:
-        parent_hash = adapter_root(event.adapter)
-    else:
-        parent_hash = tandem_of.get(event.parent_block_hash)
-        unlinked = parent_hash is None
     mismatched = 0
     if hashed_here:
         assert packed is not None  # hashed here: the token ids fit
@@ -75,6 +62,26 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
         worker.runs.open()  # blocks under a parent the worker does not hold (as far as the index knows)
     run_parent = parent_hash if head or event.parent_block_hash is not None else None
     return insert_blocks(worker, holders, engine_hashes, tandem, run_parent), 0, 0, unlinked, mismatched
+
+
+def _new_blocks_start(tandem_of: dict[int, int], event: BlockStored | BlockStoredWithoutTokens,
+                      ) -> tuple[int, int | None, bool]:
+    """Where the new blocks of a non-empty `event` start (after the head this worker already
+    announced; all its blocks when it is all known), the Tandem hash of the first new block's
+    parent (None: not known), and whether the event names a parent the index does not know."""
+    engine_hashes = event.block_hashes
+    if engine_hashes[0] in tandem_of:
+        # Blocks announced again (vLLM can re-announce prefix-cache hits): a known engine
+        # hash of this worker names the same tokens, so the known head is not re-hashed.
+        known = list(map(tandem_of.__contains__, engine_hashes))
+        head = known.index(False) if False in known else len(engine_hashes)
+        if head == len(engine_hashes):
+            return head, None, False
+        return head, tandem_of[engine_hashes[head - 1]], False
+    if event.parent_block_hash is None:
+        return 0, adapter_root(event.adapter), False
+    parent_hash = tandem_of.get(event.parent_block_hash)
+    return 0, parent_hash, parent_hash is None
 
 
 def _packed_or_none(event: BlockStored | BlockStoredWithoutTokens) -> bytes | None:

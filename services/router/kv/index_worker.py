@@ -85,20 +85,10 @@ def apply_snapshot(worker: IndexedWorker, holders: dict[int, int],
     is new)."""
     if not worker.tandem_of:
         return None
-    size = worker.block_size
-    engine_runs: list[list[int]] = []
-    chain_runs: list[list[int]] = []
-    parents: list[int | None] = []
-    for event in islice(events, 1, None):
-        if (not isinstance(event, (BlockStored, BlockStoredWithoutTokens)) or event.block_size != size
-                or event.tier != DEVICE_TIER):  # blocks of other tiers: applied event by event
-            return None
-        hashes = event.chain_hashes
-        if hashes is None or len(hashes) != len(event.block_hashes):
-            return None
-        engine_runs.append(event.block_hashes)
-        chain_runs.append(hashes)
-        parents.append(event.parent_block_hash)
+    runs_of_snapshot = _snapshot_runs(events, worker.block_size)
+    if runs_of_snapshot is None:
+        return None
+    engine_runs, chain_runs, parents = runs_of_snapshot
     diff = snapshot_diff(worker.tandem_of, engine_runs, chain_runs)
     if diff is None:
         return None
@@ -127,6 +117,27 @@ def apply_snapshot(worker: IndexedWorker, holders: dict[int, int],
     runs.rebuild(parents, chain_runs, tandem_of, lambda block_hash: bool(holders.get(block_hash, 0) & bit),
                  ambiguous=bool(extra_refs))
     return len(tandem_of)
+
+
+def _snapshot_runs(events: Sequence[KvEvent | KvEventWithoutTokens], size: int,
+                   ) -> tuple[list[list[int]], list[list[int]], list[int | None]] | None:
+    """The engine hashes, chain hashes and parent engine hash of each `BlockStored` after a
+    snapshot's first event, or None when one is not a device-tier store of `size` blocks with
+    a full chain (the batch is then applied event by event)."""
+    engine_runs: list[list[int]] = []
+    chain_runs: list[list[int]] = []
+    parents: list[int | None] = []
+    for event in islice(events, 1, None):
+        if (not isinstance(event, (BlockStored, BlockStoredWithoutTokens)) or event.block_size != size
+                or event.tier != DEVICE_TIER):  # blocks of other tiers: applied event by event
+            return None
+        hashes = event.chain_hashes
+        if hashes is None or len(hashes) != len(event.block_hashes):
+            return None
+        engine_runs.append(event.block_hashes)
+        chain_runs.append(hashes)
+        parents.append(event.parent_block_hash)
+    return engine_runs, chain_runs, parents
 
 
 def worker_stats(worker: IndexedWorker, sequences: SequenceTracker) -> WorkerIndexStats:
