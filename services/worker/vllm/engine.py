@@ -51,7 +51,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from connector.port import LayerHook
 from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
-from connector.vllm.kv_wire import TransferOrder, held_of
+from connector.vllm.kv_wire import Loaded, TransferOrder, held_of
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
 from services.worker.vllm.adapters import LoraCatalog
 from services.worker.vllm.attention import attention_isa
@@ -297,22 +297,32 @@ class VllmEngine:
             raise Unavailable(f"the vLLM engine died: {error}") from error
         finally:
             # Reached on normal end, on aclose()/GeneratorExit and on cancellation.
-            self._streams.discard(request_id)
-            self._awaiting_first_output.pop(request_id, None)
-            if not finished:
-                # vLLM's own generator aborts the request when closed before its end.
-                await outputs.aclose()
-            if release_key:
-                self.kv_link.unpin_soon([release_key])
-            if load_waiter is not None:  # ended before its first output: the pull never ran here
-                assert staged is not None and staged.on_loaded is not None and order is not None
-                self.kv_link.loads.forget(order.transfer_id)
-                staged.on_loaded(None, "cancelled")
-            if order is not None and order.hold_key:
-                # Not taken by take_held(), or the request ended before its held blocks were
-                # stored while vLLM may have pinned them: unpinning an unknown key is a no-op.
-                if self._held.pop(request_id, None) is not None or not hold_settled:
-                    self.kv_link.unpin_soon([order.hold_key])
+            await self._end_stream(request_id, outputs, staged, finished=finished, release_key=release_key,
+                                   load_waiter=load_waiter, hold_settled=hold_settled)
+
+    async def _end_stream(self, request_id: str, outputs: AsyncGenerator[RequestOutput, None],
+                          staged: StagedTransfer | None, *, finished: bool, release_key: str,
+                          load_waiter: asyncio.Future[Loaded] | None, hold_settled: bool) -> None:
+        """Let go of what a request's stream still holds when it ends, however it ends: vLLM's
+        request if not finished, the pushed blocks' pin if never admitted, the load waiter if
+        no output came, the held blocks' pin if not taken or not settled."""
+        order = staged.order if staged is not None else None
+        self._streams.discard(request_id)
+        self._awaiting_first_output.pop(request_id, None)
+        if not finished:
+            # vLLM's own generator aborts the request when closed before its end.
+            await outputs.aclose()
+        if release_key:
+            self.kv_link.unpin_soon([release_key])
+        if load_waiter is not None:  # ended before its first output: the pull never ran here
+            assert staged is not None and staged.on_loaded is not None and order is not None
+            self.kv_link.loads.forget(order.transfer_id)
+            staged.on_loaded(None, "cancelled")
+        if order is not None and order.hold_key:
+            # Not taken by take_held(), or the request ended before its held blocks were
+            # stored while vLLM may have pinned them: unpinning an unknown key is a no-op.
+            if self._held.pop(request_id, None) is not None or not hold_settled:
+                self.kv_link.unpin_soon([order.hold_key])
 
     async def _keep_held(self, request_id: str, output: RequestOutput) -> None:
         """Checksum the blocks vLLM pinned for a finished hold request, for `take_held()`."""
