@@ -88,13 +88,6 @@ def config_options(parameter: str, config_type: type, *, exclude: tuple[str, ...
     return decorate
 
 
-def flag_name(config_type: type, field: str) -> str:
-    """The flag of `config_type`'s `field` (a dotted path, `"kv_transfer.lease_ttl_s"`:
-    `--kv-lease-ttl`), for messages."""
-    [field_flag] = [field_flag for field_flag in config_flags(config_type) if ".".join(field_flag.path) == field]
-    return field_flag.flag.name
-
-
 def field_option(config_type: type, field: str) -> Any:
     """The option of one flag field of `config_type` as an annotation, for a command that takes
     it by itself (`tandem ctl`'s `--nats-url`)."""

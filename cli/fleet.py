@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from cli.config_options import config_options, flag_name
+from cli.config_options import config_options
 from cli.options import LogLevel, run_service, setup_logging
 from shared.config import ConfigError, KvTransferConfig, WorkerConfig
-from shared.config_fields import config_flags
+from shared.config_fields import config_flags, flag_name
 
 app = typer.Typer()
 

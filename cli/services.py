@@ -10,13 +10,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.config_options import config_options, flag_name
+from cli.config_options import config_options
 from cli.options import LogLevel, Namespace, run_service, setup_logging
 from launch.service_commands import METRICS_COMMAND, SERVICE_COMMANDS
 from services.metrics.config import MetricsConfig
 from services.orchestrator.config import OrchestratorConfig
 from services.router.config import RouterConfig
 from shared.config import ConfigError, WorkerConfig
+from shared.config_fields import flag_name
 
 app = typer.Typer()
 

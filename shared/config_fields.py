@@ -119,6 +119,14 @@ def config_flags(config_type: type, exclude: tuple[str, ...] = (), _prefix: tupl
     return flags
 
 
+def flag_name(config_type: type, field: str) -> str:
+    """The flag of `config_type`'s `field` (a dotted path, `"kv_transfer.lease_ttl_s"`:
+    `--kv-lease-ttl`), for messages: a message names a flag through its field, so a renamed
+    flag cannot leave it wrong."""
+    [field_flag] = [field_flag for field_flag in config_flags(config_type) if ".".join(field_flag.path) == field]
+    return field_flag.flag.name
+
+
 def build_config(config_type: type, values: dict[tuple[str, ...], Any], base: Any = None) -> Any:
     """A `config_type` with the field values given by path (`("routing", "policy")`); the
     fields not given keep their defaults (with `base`, a `config_type`: its values), as do

@@ -69,7 +69,7 @@ class UpgradeWorkers(Message, tag="upgrade_workers", kw_only=True):
     what was done."""
 
     model_version: str  # the new version label (part of the compatibility hash)
-    worker_args: list[str] = []  # further `tandem worker` flags for the new workers (e.g. a new --model-dir)
+    worker_args: list[str] = []  # further `tandem worker` flags for the new workers (e.g. another model directory)
     role_args: dict[str, list[str]] = {}  # role name -> further flags for new workers of that role only
     model: str = ""  # empty: the one model the old workers serve
     deadline_s: float = 30.0  # each old worker's drain deadline

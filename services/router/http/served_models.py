@@ -1,6 +1,6 @@
 """The models the router serves, each with its own tokenizer and chat template.
 
-The router's own model (`--model-dir`, named `--served-model-name` or after its directory)
+The router's own model (`RouterConfig.model_dir`, named `--served-model-name` or after its directory)
 is always served, with the tokenizer loaded at start. Every other model is one its workers
 register: its tokenizer comes from the model directory in their registrations
 (`WorkerRegistration.model_dir`), loaded in a thread the first time a request names the

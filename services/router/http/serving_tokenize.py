@@ -37,7 +37,7 @@ class TokenizeServing:
         self._context = context
 
     async def _model(self, requested: str | None) -> ServedModel:
-        """The named model; none named: the router's own (`--model-dir`)."""
+        """The named model; none named: the router's own (`RouterConfig.model_dir`)."""
         context = self._context
         return await context.resolve_model(context.catalog.default.name if requested is None else requested)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from services.worker.engine_spec import EngineDeployment, EngineSpec
-from shared.config import ConfigError
+from shared.config import ConfigError, WorkerConfig
+from shared.config_fields import flag_name
 from shared.schemas.membership import EngineCapabilities
 
 if TYPE_CHECKING:
     from services.worker.engine import Engine
     from shared.bus import Bus
-    from shared.config import WorkerConfig
 
 
 def build_engine(config: WorkerConfig) -> Engine:
@@ -19,7 +19,7 @@ def build_engine(config: WorkerConfig) -> Engine:
     from shared.tokenizer import Tokenizer
 
     if not config.model_dir:
-        raise ConfigError("the sim engine needs a model directory for its tokenizer (--model-dir)")
+        raise ConfigError(f"the sim engine needs a model directory for its tokenizer ({flag_name(WorkerConfig, 'model_dir')})")
     tokenizer = Tokenizer.from_model_dir(config.model_dir)
     model_name = config.served_model_name or tokenizer.model_name
     return SimEngine(config, model_name=model_name, vocab_size=tokenizer.vocab_size)

@@ -10,6 +10,7 @@ import msgspec
 
 from connector.vllm.settings import KvConnectorOptions
 from shared.config import ConfigError, WorkerConfig
+from shared.config_fields import flag_name
 
 DEFAULT_OTLP_TRACES_ENDPOINT = "http://localhost:4318/v1/traces"  # the OTLP/HTTP exporter's default
 
@@ -52,7 +53,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     def validate(self) -> None:
         if not self.model_dir:
-            raise ConfigError("the vLLM engine needs a model directory (--model-dir)")
+            raise ConfigError(f"the vLLM engine needs a model directory ({flag_name(WorkerConfig, 'model_dir')})")
         if not (Path(self.model_dir) / "config.json").is_file():
             raise ConfigError(f"{self.model_dir!r} is not a model directory (no config.json)")
         if self.max_model_len <= 0 or self.max_num_seqs <= 0:
