@@ -138,6 +138,20 @@ class _RawReader:
             self.prepped = None
 
 
+def _timed_in_rotation(variants: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
+    """Each variant's seconds per repetition, run back to back in an order that rotates by one
+    per repetition."""
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:  # rotate the order: no position bias
+            started = time.perf_counter()
+            variants[name]()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds
+
+
 def _measure_layout(agent: KvAgent, raw: _RawReader, expected: np.ndarray, pool: np.ndarray,
                     remote_ids: np.ndarray, local_ids: np.ndarray, repeats: int) -> dict[str, Any]:
     block = agent.pool.block_nbytes
@@ -168,14 +182,7 @@ def _measure_layout(agent: KvAgent, raw: _RawReader, expected: np.ndarray, pool:
         variant()
         got = pool.reshape(-1, block)[local_ids]
         verified &= bool(np.array_equal(got, expected.reshape(-1, block)[remote_ids]))
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for repeat in range(repeats):
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:  # rotate the order: no position bias
-            started = time.perf_counter()
-            variants[name]()
-            seconds[name].append(time.perf_counter() - started)
+    seconds = _timed_in_rotation(variants, repeats)
     median = {name: statistics.median(values) for name, values in seconds.items()}
     gbps = {name: nbytes / value / 1e9 for name, value in median.items()}
 

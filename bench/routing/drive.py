@@ -72,9 +72,6 @@ async def run_tenants(run: Run, workload: TenantsWorkload, concurrency: int) -> 
 async def run_conversations(run: Run, workload: ConversationsWorkload, shape: EngineShape) -> dict:
     """Users start over one think-and-answer cycle (not measured: every first turn of that
     phase misses for every policy), then turns sent during the window are measured."""
-    from services.router.flows.detokenizer import IncrementalDetokenizer
-    from shared.tokenizer import Tokenizer
-
     log = RunLog()
     mismatches: list[int] = []
     cycle_s = workload.cycle_s(shape)
@@ -99,10 +96,8 @@ async def run_conversations(run: Run, workload: ConversationsWorkload, shape: En
                     if outcome.error is not None:
                         break  # this conversation is lost; the user starts another
                     answer, state = answer_tokens(state, workload.max_tokens, run.vocab_size)
-                    if check:
-                        detokenizer = IncrementalDetokenizer(Tokenizer.from_model_dir(run.model_dir), prompt)
-                        if detokenizer.push(answer) + detokenizer.finish() != outcome.text:
-                            mismatches.append(conversation)
+                    if check and not _served_as_predicted(run.model_dir, prompt, answer, outcome.text):
+                        mismatches.append(conversation)
                     message = workload.user_message(run.vocab_size, run.seed, conversation, turn)
                     prompt = prompt + answer + message
                     state = fold_tokens(message, state)
@@ -121,3 +116,12 @@ async def run_conversations(run: Run, workload: ConversationsWorkload, shape: En
         progress("  WARNING: the served answer differs from the sim's predicted one: later turns are not the "
                   "exact continuation of earlier ones (the hit rate understates reuse)")
     return {**log.summary(), **cache_figures(before, after)}
+
+
+def _served_as_predicted(model_dir: str, prompt: list[int], answer: list[int], served_text: str) -> bool:
+    """Whether the text served for `prompt` is `answer`, the sim's predicted answer, detokenized."""
+    from services.router.flows.detokenizer import IncrementalDetokenizer
+    from shared.tokenizer import Tokenizer
+
+    detokenizer = IncrementalDetokenizer(Tokenizer.from_model_dir(model_dir), prompt)
+    return detokenizer.push(answer) + detokenizer.finish() == served_text

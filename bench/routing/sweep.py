@@ -216,14 +216,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _kv_overrides(kv_settings: str) -> dict:
+    """`--kv-settings`: the kv-aware arm's router settings, a JSON object."""
     try:
-        kv_overrides = json.loads(args.kv_settings)
+        kv_overrides = json.loads(kv_settings)
     except ValueError as error:
         raise SystemExit(f"bench_routing: --kv-settings is not JSON: {error}") from error
     if not isinstance(kv_overrides, dict):
         raise SystemExit("bench_routing: --kv-settings must be a JSON object")
+    return kv_overrides
+
+
+def _chosen_points(args: argparse.Namespace) -> Sequence[SweepPoint]:
+    """The points of `--points` (default: the quick or the default sweep), at `--load` if given."""
+    family = QUICK_SWEEP if args.quick else DEFAULT_SWEEP
+    try:
+        names = [point.name for point in DEFAULT_SWEEP + TIER_SWEEP]
+        points = points_named(parse_names(args.points, names, "point")) if args.points else family
+        return at_load(points, args.load) if args.load else points
+    except ValueError as error:
+        raise SystemExit(f"bench_routing: {error}") from error
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    kv_overrides = _kv_overrides(args.kv_settings)
     if args.repeats < 1:
         raise SystemExit(f"bench_routing: --repeats must be at least 1, got {args.repeats}")
     if args.load < 0:
@@ -231,13 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.worker.sim.profile import load_profile
     from shared.tokenizer import Tokenizer
 
-    family = QUICK_SWEEP if args.quick else DEFAULT_SWEEP
-    try:
-        names = [point.name for point in DEFAULT_SWEEP + TIER_SWEEP]
-        points = points_named(parse_names(args.points, names, "point")) if args.points else family
-        points = at_load(points, args.load) if args.load else points
-    except ValueError as error:
-        raise SystemExit(f"bench_routing: {error}") from error
+    points = _chosen_points(args)
     from services.worker.engines import engine_names
 
     if args.engine not in engine_names():

@@ -334,32 +334,40 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"not {args.engine}: add --engine vllm")
     if workload.max_tokens < 1 or workload.concurrency < 1 or (workload.request_rate or 1) <= 0:
         parser.error("--max-tokens, --concurrency and --request-rate must be positive")
-    config = workload.config()
-    if args.url:
-        count_tokens = tokenizer_counter(args.tokenizer) if args.tokenizer else one_token_per_word
-        try:
-            api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else ""
-            model, results = asyncio.run(run_serve(args.url, workload, args.model, count_tokens, api_key=api_key))
-        except httpx.HTTPError as error:  # only the model list can raise: requests record their failures
-            _progress(f"cannot read {args.url}/v1/models: {error!r}")
-            return 1
-        document = {"config": {"url": args.url, "model": model, **config}, "results": results}
-    else:
-        from shared.tiny_model import model_dir_or_tiny
-
-        state_dir = Path(args.state_dir)
-        setup = CompareSetup(engine=args.engine, model_dir=model_dir_or_tiny(args.model_dir, state_dir),
-                             log_root=state_dir / "logs", sim_speedup=args.sim_speedup,
-                             vllm_kv_cache_gib=args.vllm_kv_cache_gib,
-                             worker_settings={**({"max_model_len": args.max_model_len} if args.max_model_len else {}),
-                                              **({"sim_profile": args.sim_profile} if args.sim_profile else {})},
-                             start_timeout_s=args.start_timeout)
-        document = {"config": {"compare": [topology.name for topology in topologies], "engine": setup.engine,
-                               "model_dir": setup.model_dir, "sim_speedup": setup.sim_speedup, **config},
-                    **compare(topologies, workload, setup)}
+    document = _serve_url(args, workload) if args.url else _compare_stacks(args, topologies, workload)
+    if document is None:
+        return 1
     json.dump(document, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
+
+
+def _serve_url(args: argparse.Namespace, workload: ServeWorkload) -> dict | None:
+    """Mode A: the run against the server at `--url`; None when its model list cannot be read."""
+    count_tokens = tokenizer_counter(args.tokenizer) if args.tokenizer else one_token_per_word
+    try:
+        api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else ""
+        model, results = asyncio.run(run_serve(args.url, workload, args.model, count_tokens, api_key=api_key))
+    except httpx.HTTPError as error:  # only the model list can raise: requests record their failures
+        _progress(f"cannot read {args.url}/v1/models: {error!r}")
+        return None
+    return {"config": {"url": args.url, "model": model, **workload.config()}, "results": results}
+
+
+def _compare_stacks(args: argparse.Namespace, topologies: list[Topology], workload: ServeWorkload) -> dict:
+    """Mode B: the run against a local stack per topology of `--compare`."""
+    from shared.tiny_model import model_dir_or_tiny
+
+    state_dir = Path(args.state_dir)
+    setup = CompareSetup(engine=args.engine, model_dir=model_dir_or_tiny(args.model_dir, state_dir),
+                         log_root=state_dir / "logs", sim_speedup=args.sim_speedup,
+                         vllm_kv_cache_gib=args.vllm_kv_cache_gib,
+                         worker_settings={**({"max_model_len": args.max_model_len} if args.max_model_len else {}),
+                                          **({"sim_profile": args.sim_profile} if args.sim_profile else {})},
+                         start_timeout_s=args.start_timeout)
+    return {"config": {"compare": [topology.name for topology in topologies], "engine": setup.engine,
+                       "model_dir": setup.model_dir, "sim_speedup": setup.sim_speedup, **workload.config()},
+            **compare(topologies, workload, setup)}
 
 
 if __name__ == "__main__":
