@@ -1,5 +1,5 @@
 """SSE chunks spelled as bytes (`services.router.http.sse` via the endpoints' formats) are the JSON
-the response models in `services.router.openai.protocol` give: same keys, same order, same values."""
+the response models in `services.router.openai.protocol_answers` give: same keys, same order, same values."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from services.router.flows.records import TokenUsage
 from services.router.http.serving_chat import ChatFormat
 from services.router.http.serving_completions import CompletionFormat
 from services.router.http.sse import UsageSoFar
-from services.router.openai.protocol import (
+from services.router.openai.protocol_answers import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,

@@ -35,7 +35,8 @@ from services.router.http.tokenize_routes import build_tokenize_routes
 from services.router.http.tracing import TraceMiddleware
 from services.router.metrics import RouterMetrics
 from services.router.openai.errors import BadRequest, install_error_handlers
-from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelList
+from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest
+from services.router.openai.protocol_answers import ModelList
 from services.router.openai.protocol_responses import ResponsesRequest
 from services.router.routing.eligibility import can_serve
 from shared.bus import Bus

@@ -29,7 +29,7 @@ from services.router.flows.records import RequestIdentity, TokenUsage
 from services.router.http.serving import ResponseFormat, api_usage, sse, whole_answer
 from services.router.http.sse import SSE_DONE, SseResponse
 from services.router.openai.errors import error_info
-from services.router.openai.protocol import ErrorResponse, Usage
+from services.router.openai.protocol_answers import ErrorResponse, Usage
 from shared.errors import TandemError
 from shared.schemas import TokenLogprobs
 

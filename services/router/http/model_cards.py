@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.router.http.serving import ServingContext
-from services.router.openai.protocol import ModelCard, ModelList
+from services.router.openai.protocol_answers import ModelCard, ModelList
 from services.router.routing import WorkerView, context_limit
 
 

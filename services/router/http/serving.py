@@ -33,7 +33,8 @@ from services.router.http.served_models import ServedModel, ServedModels
 from services.router.http.sse import SSE_DONE, ChunkPrefix, DisconnectWatch, SseResponse, UsageSoFar
 from services.router.openai.errors import BadRequest, error_info
 from services.router.openai.logprobs import LogprobsRenderer
-from services.router.openai.protocol import ErrorResponse, PromptTokensDetails, SamplingFields, Usage
+from services.router.openai.protocol import SamplingFields
+from services.router.openai.protocol_answers import ErrorResponse, PromptTokensDetails, Usage
 from shared.errors import ErrorCode, TandemError
 from shared.schemas import SamplingParams, TokenLogprobs
 from shared.schemas.generate import StructuredOutput

@@ -18,12 +18,8 @@ from services.router.http.serving import EndpointFormat, ServingContext, respond
 from services.router.http.sse import UsageSoFar, finish_json, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
-from services.router.openai.protocol import (
-    ChatChoice,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatResponseMessage,
-)
+from services.router.openai.protocol import ChatCompletionRequest
+from services.router.openai.protocol_answers import ChatChoice, ChatCompletionResponse, ChatResponseMessage
 from services.router.openai.protocol_messages import NamedToolChoice
 from services.router.openai.tool_calls import KEEPS_SPECIAL_TOKENS, ToolCalling, ToolStream
 from services.router.openai.tool_parsers import FORMATS

@@ -21,7 +21,8 @@ from services.router.http.choices import Choice, respond_choices, start_choices
 from services.router.http.serving import EndpointFormat, ServingContext, respond, usage_so_far
 from services.router.http.sse import UsageSoFar, finish_json, text_json
 from services.router.openai.logprobs import LogprobsRenderer
-from services.router.openai.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from services.router.openai.protocol import CompletionRequest
+from services.router.openai.protocol_answers import CompletionChoice, CompletionResponse
 from shared.schemas import TokenLogprobs
 
 ENDPOINT = "completions"

@@ -3,7 +3,7 @@ watch per request that notices a client going away.
 
 Chunks are spelled once per request as a byte prefix (id, object, created, model) to which
 each chunk adds its choice, its text encoded by msgspec: no model object per token. The
-JSON is the same as the response models in `protocol` would give (same keys, same order).
+JSON is the same as the response models in `protocol_answers` would give (same keys, same order).
 
 `SseResponse` sends each chunk as one ASGI body message and the stream's last chunk with
 `more_body=False`, so the end of the stream (final chunk, usage, `[DONE]`, end of the body)
@@ -45,7 +45,7 @@ class ChunkPrefix:
 class UsageSoFar:
     """One choice's chunks' own usage (`stream_options.continuous_usage_stats`): its prompt's
     tokens, and its completion tokens up to the chunk, as vLLM's server counts them
-    (`protocol.ChunkUsage`)."""
+    (`protocol_answers.ChunkUsage`)."""
 
     __slots__ = ("prompt_tokens",)
 

@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from services.router.openai.protocol import ErrorInfo, ErrorResponse
+from services.router.openai.protocol_answers import ErrorInfo, ErrorResponse
 from shared.errors import ErrorCode, InvalidArgument, NotFound, Overloaded, TandemError, Unavailable
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""The OpenAI HTTP protocol the router speaks: request, response and chunk models.
+"""The OpenAI HTTP protocol the router speaks: the request models (the answer and chunk
+models are in `protocol_answers`).
 
 Requests are validated strictly (a string where a number belongs is a 400, not a silent
 coercion). Nothing is silently ignored: every field OpenAI's API or vLLM's server defines is
@@ -7,14 +8,12 @@ table these models are built from), and a field neither defines is a 400 naming 
 OpenAI's own API answers. Every field is bounded to what the bus can carry: text must be
 encodable as UTF-8 (a lone surrogate such as "\\ud800" is a 400, never a failure later),
 integers fit the wire (`seed` a signed 64-bit integer, token ids non-negative 32-bit ones),
-and floats are finite where a range bounds them. Response models are plain (built by the
-router, never parsed).
+and floats are finite where a range bounds them.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Annotated, Any, Generic, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 
@@ -279,114 +278,3 @@ class _ChatCompletionRequest(SamplingFields):
 
 CompletionRequest = _with_refused_fields(_CompletionRequest, "completions")
 ChatCompletionRequest = _with_refused_fields(_ChatCompletionRequest, "chat")
-
-
-# ---- responses -----------------------------------------------------------------------
-
-
-def _now() -> int:
-    return int(time.time())
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class ChunkUsage(BaseModel):
-    """A streamed chunk's own usage (`stream_options.continuous_usage_stats`): its prompt's
-    tokens and its choice's so far, without details, as vLLM's server spells it."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class Usage(ChunkUsage):
-    prompt_tokens_details: PromptTokensDetails
-
-
-ChoiceT = TypeVar("ChoiceT", bound=BaseModel)
-
-
-class _Answer(BaseModel, Generic[ChoiceT]):
-    """What every answer and chunk carries around its choices; each kind fixes its `object`."""
-
-    id: str
-    object: str
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[ChoiceT]
-    usage: Usage | ChunkUsage | None = None
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: dict[str, Any] | None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(_Answer[CompletionChoice]):
-    object: Literal["text_completion"] = "text_completion"
-
-
-class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    # the calls the answer made (id, type, function: name and arguments); left out when none
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda calls: not calls)
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChatResponseMessage
-    logprobs: dict[str, Any] | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(_Answer[ChatChoice]):
-    object: Literal["chat.completion"] = "chat.completion"
-
-
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda value: value is None)
-    content: str | None = Field(default=None, exclude_if=lambda value: value is None)
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(_Answer[ChatChunkChoice]):
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-
-
-# Streamed completions reuse the response shape, one choice (or none, for usage) per chunk.
-CompletionChunk = CompletionResponse
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=_now)
-    owned_by: str = "tandem"
-    max_model_len: int | None = None  # the model's context length, as vLLM's cards carry it (`model_cards`)
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo

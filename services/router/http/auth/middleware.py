@@ -26,7 +26,7 @@ from services.router.http.auth.limits import KeyLimiter, Outcome
 from services.router.http.caller import API_KEY_SCOPE
 from services.router.metrics import RouterMetrics
 from services.router.openai.errors import error_response, error_type
-from services.router.openai.protocol import ErrorInfo
+from services.router.openai.protocol_answers import ErrorInfo
 from shared.api_keys import KeyFileError
 from shared.api_keys_file import KeyFileWatcher
 from shared.config import ConfigError
