@@ -22,8 +22,9 @@ from pathlib import Path
 from bench.plan.cluster_sim import ClusterShape
 from bench.plan.probe import run_probe
 from bench.plan.workload import PlanWorkload
-from bench.serve.main import CompareSetup, ServeWorkload, run_serve, stack_config, tokenizer_counter
+from bench.serve.main import CompareSetup, stack_config
 from bench.serve.prompts import PromptSpec
+from bench.serve.run import ServeWorkload, run_serve, tokenizer_counter
 from bench.serve.topology import Topology
 from launch.stack import LocalStack
 

@@ -344,7 +344,7 @@ def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[L
 
 
 def run_live(setup: LiveSetup, plan: list[Phase], arms: list[Arm]) -> list[dict]:
-    from bench.serve.main import tokenizer_counter
+    from bench.serve.run import tokenizer_counter
 
     requests = arrivals(plan, setup.seed)
     count_tokens = tokenizer_counter(setup.model_dir)

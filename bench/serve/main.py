@@ -29,7 +29,7 @@ topology's figures include the router's count of disaggregated requests by KV tr
 
 Prints one JSON document on stdout (mode A: `{"config", "results"}`; mode B: `{"config",
 "topologies", "ratios"}`, ratios being the first topology's figure over the second's),
-progress on stderr. Not a test.
+progress on stderr. Not a test. Each run of a workload against an endpoint is `run.run_serve`.
 """
 
 from __future__ import annotations
@@ -44,15 +44,14 @@ import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import httpx
 
-from bench.serve.client import Api, LoadPlan, RequestShape, make_client, run_requests, served_model
 from bench.serve.peer import PeerPlan, PeerStack
-from bench.serve.prompts import PromptSpec, TokenCounter, arrival_offsets, build_prompts, one_token_per_word
-from bench.serve.stats import RequestRecord, Slo, ratios, summarize
+from bench.serve.prompts import PromptSpec, one_token_per_word
+from bench.serve.run import ServeWorkload, progress, run_serve, tokenizer_counter
+from bench.serve.stats import Slo, ratios
 from bench.serve.topology import Topology, parse_topologies, stack_definition
 from launch.definition import Settings
 from launch.plan import StackConfig, plan_stack
@@ -61,86 +60,6 @@ from services.worker.vllm.options import VllmEngineOptions
 
 DISAGGREGATED_METRIC = "tandem_router_disaggregated_requests_total"
 _TRANSFER_MODE_LINE = re.compile(r'tandem_router_kv_transfer_mode_total\{mode="(\w+)"\} (\S+)')
-
-
-def _progress(message: str) -> None:
-    print(f"bench_serve: {message}", file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True, slots=True)
-class ServeWorkload:
-    """One run's requests: the same in every mode and for every topology."""
-
-    prompts: PromptSpec
-    max_tokens: int
-    api: Api = "completions"
-    concurrency: int = 1  # closed loop, unless request_rate is set
-    request_rate: float | None = None  # Poisson arrivals per second (open loop)
-    warmup: int = 2
-    timeout_s: float = 300.0
-    ignore_eos: bool = False
-    slo: Slo | None = None  # goodput under it, when given
-
-    def plan(self) -> LoadPlan:
-        if self.request_rate is None:
-            return LoadPlan(concurrency=self.concurrency)
-        return LoadPlan(arrivals=tuple(arrival_offsets(self.prompts.count, self.request_rate, self.prompts.seed)))
-
-    def config(self) -> dict:
-        prompts = self.prompts
-        return {"num_prompts": prompts.count, "prompt_tokens": prompts.prompt_tokens,
-                "shared_prefix_tokens": prompts.shared_prefix_tokens, "seed": prompts.seed,
-                **{field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                   if field.name not in ("prompts", "concurrency", "slo")},
-                "slo": dataclasses.asdict(self.slo) if self.slo else None,
-                "concurrency": self.concurrency if self.request_rate is None else None}  # open loop: none
-
-
-class Progress:
-    """A stderr line at each tenth of the requests."""
-
-    def __init__(self, label: str, total: int) -> None:
-        self.label, self.total, self.done, self.errors = label, total, 0, 0
-
-    def __call__(self, record: RequestRecord) -> None:
-        self.done += 1
-        self.errors += not record.ok
-        if self.done == self.total or self.done * 10 // self.total != (self.done - 1) * 10 // self.total:
-            _progress(f"{self.label}: {self.done}/{self.total} done, {self.errors} errors")
-
-
-async def run_serve(url: str, workload: ServeWorkload, model: str = "",
-                    count_tokens: TokenCounter = one_token_per_word, label: str = "serve",
-                    api_key: str = "") -> tuple[str, dict]:
-    """Warm up, then run `workload` against `url`; the model served and the results."""
-    spec = workload.prompts
-    prompts = build_prompts(dataclasses.replace(spec, count=spec.count + workload.warmup), count_tokens)
-    measured, warmup = prompts[:spec.count], prompts[spec.count:]
-    async with make_client(url, workload.timeout_s, api_key) as client:
-        model = model or await served_model(client)
-        shape = RequestShape(api=workload.api, model=model, max_tokens=workload.max_tokens,
-                             timeout_s=workload.timeout_s, ignore_eos=workload.ignore_eos)
-        if warmup:
-            records, _ = await run_requests(client, shape, warmup, LoadPlan(concurrency=workload.concurrency))
-            failed = sum(not record.ok for record in records)
-            _progress(f"{label}: warm-up {len(records) - failed}/{len(records)} ok")
-        records, duration_s = await run_requests(client, shape, measured, workload.plan(),
-                                                 Progress(label, len(measured)))
-    return model, summarize(records, duration_s, spec.prompt_tokens, workload.slo)
-
-
-def tokenizer_counter(model_dir: str) -> TokenCounter:
-    """Tokens of a piece of text under the model's tokenizer (BOS not counted)."""
-    from shared.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_model_dir(model_dir)
-    bos = int(tokenizer.add_bos)
-
-    @lru_cache(maxsize=None)
-    def count(piece: str) -> int:
-        return len(tokenizer.encode(piece)) - bos
-
-    return count
 
 
 # ---- mode B: topologies side by side ----------------------------------------------------------
@@ -182,10 +101,10 @@ def peer_stack(setup: CompareSetup, topology: Topology) -> PeerStack:
 
 def _stack(setup: CompareSetup, topology: Topology) -> LocalStack | PeerStack:
     if topology.peer:
-        _progress(f"{topology.name}: starting {topology.peer} plain vLLM servers behind vllm-router")
+        progress(f"{topology.name}: starting {topology.peer} plain vLLM servers behind vllm-router")
         return peer_stack(setup, topology)
     config = stack_config(setup, topology)
-    _progress(f"{topology.name}: starting {len(config.workers)} {setup.engine} workers "
+    progress(f"{topology.name}: starting {len(config.workers)} {setup.engine} workers "
               f"({', '.join(spec.role.value for spec in config.workers)})")
     shutil.rmtree(config.log_dir, ignore_errors=True)
     return LocalStack(config)
@@ -200,7 +119,7 @@ def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareS
         try:
             stack.start()
         except (RuntimeError, TimeoutError) as error:  # this topology says so; the others still run
-            _progress(f"{topology.name}: the stack did not start: {error}")
+            progress(f"{topology.name}: the stack did not start: {error}")
             results[topology.name] = {"error": f"stack did not start: {error}"[:500]}
             continue
         try:
@@ -210,12 +129,12 @@ def compare(topologies: list[Topology], workload: ServeWorkload, setup: CompareS
             figures["disaggregated_requests"] = _disaggregated(metrics)
             figures["kv_transfer_modes"] = _transfer_modes(metrics)
         except httpx.HTTPError as error:  # no model list: nothing was measured
-            _progress(f"{topology.name}: the run failed: {error!r}")
+            progress(f"{topology.name}: the run failed: {error!r}")
             results[topology.name] = {"error": f"run failed: {error!r}"[:500]}
             continue
         finally:
             stack.stop()
-        _progress(f"{topology.name}: ttft p50 {figures['ttft_ms']['p50']} ms, itl p50 {figures['itl_ms']['p50']} ms, "
+        progress(f"{topology.name}: ttft p50 {figures['ttft_ms']['p50']} ms, itl p50 {figures['itl_ms']['p50']} ms, "
                   f"{figures['output_throughput_tok_s']} tok/s, {figures['errors']} errors")
         results[topology.name] = figures
     first, second = (results[topology.name] for topology in topologies[:2])
@@ -349,7 +268,7 @@ def _serve_url(args: argparse.Namespace, workload: ServeWorkload) -> dict | None
         api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else ""
         model, results = asyncio.run(run_serve(args.url, workload, args.model, count_tokens, api_key=api_key))
     except httpx.HTTPError as error:  # only the model list can raise: requests record their failures
-        _progress(f"cannot read {args.url}/v1/models: {error!r}")
+        progress(f"cannot read {args.url}/v1/models: {error!r}")
         return None
     return {"config": {"url": args.url, "model": model, **workload.config()}, "results": results}
 

@@ -44,7 +44,8 @@ from bench.serve.conversations import (
     next_prompt,
     turn_figures,
 )
-from bench.serve.main import CompareSetup, tokenizer_counter
+from bench.serve.main import CompareSetup
+from bench.serve.run import tokenizer_counter
 from bench.serve.stats import RequestRecord
 from bench.serve.topology import parse_topology, stack_definition
 from launch.plan import plan_stack

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve.main import CompareSetup, ServeWorkload, compare, run_serve, tokenizer_counter
+from bench.serve.main import CompareSetup, compare
 from bench.serve.prompts import PromptSpec
+from bench.serve.run import ServeWorkload, run_serve, tokenizer_counter
 from bench.serve.topology import parse_topologies
 from launch.stack import LocalStack
 

@@ -21,8 +21,8 @@ import msgspec
 import openai
 import pytest
 
-from bench.serve.main import ServeWorkload, run_serve
 from bench.serve.prompts import PromptSpec
+from bench.serve.run import ServeWorkload, run_serve
 from cli.status import StatusError, fetch_status
 from launch.stack import LocalStack
 from shared.api_keys import ApiKey, KeyTable, hash_key

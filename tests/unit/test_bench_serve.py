@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serve.main import ServeWorkload
 from bench.serve.peer import PeerPlan, router_argv, server_argv
 from bench.serve.prompts import DISTINCT_HEAD_WORDS, PromptSpec, arrival_offsets, build_prompts, word_pool
+from bench.serve.run import ServeWorkload
 from bench.serve.stats import RequestRecord, Slo, distribution_ms, ratios, summarize
 from bench.serve.topology import ALWAYS_DISAGGREGATE, Topology, parse_topologies, parse_topology, worker_specs
 from launch.argv import worker_args
