@@ -11,7 +11,7 @@ from __future__ import annotations
 from launch.plan import StackConfig, WorkerSpec
 from launch.service_commands import (
     BUS_FIELDS,
-    MEMBERSHIP_FIELDS,
+    CLUSTER_FIELDS,
     METRICS_COMMAND,
     ORCHESTRATOR_COMMAND,
     ROUTER_COMMAND,
@@ -25,7 +25,6 @@ from services.router.config import RouterConfig, ScaleFromZeroConfig
 from shared.config import WorkerConfig
 
 # The fields the stack sets of each service (dotted paths of its config), always written
-CLUSTER_FIELDS = (*BUS_FIELDS, *MEMBERSHIP_FIELDS)
 ORCHESTRATOR_FIELDS = (*CLUSTER_FIELDS, "scale_to_zero.models")
 METRICS_FIELDS = (*BUS_FIELDS, "host", "port")
 ROUTER_FIELDS = (*CLUSTER_FIELDS, "host", "port", "model_dir", "scale_from_zero.models")

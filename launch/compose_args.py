@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from launch.definition import StackDefinition, WorkerGroup
 from launch.service_commands import (
     BUS_FIELDS,
-    MEMBERSHIP_FIELDS,
+    CLUSTER_FIELDS,
     METRICS_COMMAND,
     ORCHESTRATOR_COMMAND,
     ROUTER_COMMAND,
@@ -30,7 +30,6 @@ from services.router.config import RouterConfig
 from shared.config import BusConfig, MembershipConfig, WorkerConfig, WorkerSlotsConfig
 
 LISTEN_ALL = "0.0.0.0"
-CLUSTER_FIELDS = (*BUS_FIELDS, *MEMBERSHIP_FIELDS)
 CONTAINER_WORKER_FIELDS = (*CLUSTER_FIELDS, "role", "engine", "model_dir")
 
 

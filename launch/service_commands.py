@@ -46,6 +46,7 @@ SERVICE_COMMANDS = (ROUTER_COMMAND, WORKER_COMMAND, ORCHESTRATOR_COMMAND, METRIC
 # membership timing
 BUS_FIELDS = ("bus.nats_url", "bus.namespace")
 MEMBERSHIP_FIELDS = ("membership.heartbeat_interval_s", "membership.ttl_s")
+CLUSTER_FIELDS = (*BUS_FIELDS, *MEMBERSHIP_FIELDS)
 
 
 def cluster_bus(nats_url: str, namespace: str) -> BusConfig:
