@@ -19,8 +19,13 @@ from connector.vllm.rank_waits import RECHECK_MS, quiet_rank_waits  # noqa: E402
 def test_a_cpu_ranks_queue_reader_does_not_spin() -> None:
     assert quiet_rank_waits()  # already in force: the import did it, and doing it again is harmless
     context = zmq.Context()
+    # Each reader connects to a writer bound first, as in vLLM's queues: a CONFLATE reader
+    # connected to an inproc address nobody bound makes libzmq abort in `term()` now and
+    # then ("Assertion failed: ok (src/ctx.cpp:789)", seen in CI's run of this test).
+    writers = [shm_broadcast.SpinCondition(is_reader=False, context=context, notify_address=f"inproc://tandem-test{n}")
+               for n in (1, 2)]
     try:
-        reader = shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address="inproc://tandem-test")
+        reader = shm_broadcast.SpinCondition(is_reader=True, context=context, notify_address="inproc://tandem-test1")
         assert reader.busy_loop_s == 0.0
         # a dropped notification costs at most the recheck interval, not vLLM's 5 s
         assert shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS == RECHECK_MS <= 50
@@ -31,4 +36,6 @@ def test_a_cpu_ranks_queue_reader_does_not_spin() -> None:
             for socket in (condition.local_notify_socket, condition.read_cancel_socket, condition.write_cancel_socket):
                 socket.close(linger=0)
     finally:
+        for writer in writers:
+            writer.local_notify_socket.close(linger=0)
         context.term()
