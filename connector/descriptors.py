@@ -45,6 +45,8 @@ class BlockRuns(NamedTuple):
 
 
 def as_block_ids(block_ids: Ints) -> np.ndarray:
+    if type(block_ids) is np.ndarray and block_ids.dtype == np.int64 and block_ids.ndim == 1:
+        return block_ids  # as given: a conversion costs microseconds per transfer
     return np.asarray(block_ids, dtype=np.int64).reshape(-1)
 
 
@@ -142,6 +144,15 @@ class TransferPlan(NamedTuple):
     num_blocks: int  # 0 for byte ranges
     nbytes: int
     refusal: str = ""
+    # Whole blocks named by index into each side's prepared per-block list (int32), instead
+    # of rows (`plan_whole_blocks`); `runs` is how many descriptors they merge into.
+    local_indices: np.ndarray | None = None
+    remote_indices: np.ndarray | None = None
+    runs: int = 0
+
+    @property
+    def descriptors(self) -> int:
+        return len(self.local_rows) if self.local_indices is None else self.runs
 
 
 _NO_ROWS = np.zeros((0, 3), dtype=np.uint64)
@@ -152,10 +163,40 @@ def plan_blocks(local: PoolInfo, remote: PoolInfo, local_ids: Ints, remote_ids: 
     """Rows for copying blocks `remote_ids[i] <-> local_ids[i]` (bytes [offset, offset +
     length) of each), coalesced into runs. Block ids address the same bytes on both sides
     only when the blocks are the same size: a peer with other blocks is refused."""
-    if local.block_nbytes != remote.block_nbytes:
-        return TransferPlan(_NO_ROWS, _NO_ROWS, 0, 0, refusal=(
-            f"the peer's pool has {remote.block_nbytes}-byte blocks, this agent's {local.block_nbytes}-byte "
-            "blocks: block ids do not address the same bytes (use byte ranges)"))
+    if refusal := _size_refusal(local, remote):
+        return refusal
+    local_ids, remote_ids, runs = _checked_runs(local, remote, local_ids, remote_ids, into_local=into_local)
+    return TransferPlan(
+        run_descriptors(local.base_addr, local.block_nbytes, runs.local_starts, runs.counts, local.device_id,
+                        offset=offset, length=length),
+        run_descriptors(remote.base_addr, remote.block_nbytes, runs.remote_starts, runs.counts, remote.device_id,
+                        offset=offset, length=length),
+        int(local_ids.size), int(local_ids.size) * (local.block_nbytes if length is None else length))
+
+
+def plan_whole_blocks(local: PoolInfo, remote: PoolInfo, local_ids: Ints, remote_ids: Ints, *,
+                      into_local: bool) -> TransferPlan:
+    """`plan_blocks` of whole blocks for an agent with prepared per-block lists: the ids
+    checked the same way, as indices (NIXL merges adjacent ones), and no rows built."""
+    if refusal := _size_refusal(local, remote):
+        return refusal
+    local_ids, remote_ids, runs = _checked_runs(local, remote, local_ids, remote_ids, into_local=into_local)
+    return TransferPlan(_NO_ROWS, _NO_ROWS, int(local_ids.size), int(local_ids.size) * local.block_nbytes,
+                        local_indices=local_ids.astype(np.int32), remote_indices=remote_ids.astype(np.int32),
+                        runs=len(runs))
+
+
+def _size_refusal(local: PoolInfo, remote: PoolInfo) -> TransferPlan | None:
+    if local.block_nbytes == remote.block_nbytes:
+        return None
+    return TransferPlan(_NO_ROWS, _NO_ROWS, 0, 0, refusal=(
+        f"the peer's pool has {remote.block_nbytes}-byte blocks, this agent's {local.block_nbytes}-byte "
+        "blocks: block ids do not address the same bytes (use byte ranges)"))
+
+
+def _checked_runs(local: PoolInfo, remote: PoolInfo, local_ids: Ints, remote_ids: Ints, *,
+                  into_local: bool) -> tuple[np.ndarray, np.ndarray, BlockRuns]:
+    """Both sides' ids as arrays, checked against their pools, and the runs they form."""
     local_ids, remote_ids = as_block_ids(local_ids), as_block_ids(remote_ids)
     if local_ids.size != remote_ids.size:
         raise ValueError(f"{remote_ids.size} remote block ids but {local_ids.size} local block ids")
@@ -167,12 +208,7 @@ def plan_blocks(local: PoolInfo, remote: PoolInfo, local_ids: Ints, remote_ids: 
     else:  # consecutive ids are unique: only the run's ends can be out of range
         _check_run(int(runs.local_starts[0]), local_ids.size, local.num_blocks, "local")
         _check_run(int(runs.remote_starts[0]), local_ids.size, remote.num_blocks, "remote")
-    return TransferPlan(
-        run_descriptors(local.base_addr, local.block_nbytes, runs.local_starts, runs.counts, local.device_id,
-                        offset=offset, length=length),
-        run_descriptors(remote.base_addr, remote.block_nbytes, runs.remote_starts, runs.counts, remote.device_id,
-                        offset=offset, length=length),
-        int(local_ids.size), int(local_ids.size) * (local.block_nbytes if length is None else length))
+    return local_ids, remote_ids, runs
 
 
 def _single_run(local_ids: np.ndarray, remote_ids: np.ndarray) -> BlockRuns | None:

@@ -39,7 +39,8 @@ from connector.agent_types import (
     TransferOutcome,
     TransferResult,
 )
-from connector.descriptors import Ints, TransferPlan, plan_blocks, plan_ranges
+from connector.block_dlists import BlockDlists
+from connector.descriptors import Ints, TransferPlan, plan_blocks, plan_ranges, plan_whole_blocks
 from connector.nixl_runtime import allow_cuda_ipc_reads, error_code, load_nixl, nixl_available
 from connector.off_loop import await_transfer
 from shared.codec import Codec, encode
@@ -77,6 +78,7 @@ class KvAgent:
         self._stats = AgentStats()  # replaced, under the lock, by each transfer
         self._closed = False
         self._codec: Codec[AgentMetadata] = Codec(AgentMetadata)
+        self._dlists = BlockDlists(self._agent, nixl, self._nixl_errors)
 
     # ---- pool and peers (control plane) ----
 
@@ -119,6 +121,7 @@ class KvAgent:
                                                [(pool.base_addr, pool.nbytes, pool.device_id, "")])
         self._agent.registerMem(registration, [])
         self._pool, self._registration, self._buffer = pool, registration, buffer
+        self._dlists.prepare_local(pool)
         return pool
 
     def _segment(self, mem_type: str) -> Any:
@@ -144,6 +147,7 @@ class KvAgent:
             if isinstance(loaded, bytes):
                 loaded = loaded.decode()
             assert loaded == name, (loaded, name)
+            self._dlists.prepare_peer(name, peer.pool)
             self._peers[name] = peer.pool
 
     def remove_peer(self, name: str) -> None:
@@ -158,6 +162,7 @@ class KvAgent:
 
     def _forget(self, name: str) -> None:
         del self._peers[name]
+        self._dlists.forget_peer(name)
         try:
             self._agent.invalidateRemoteMD(name)
         except self._nixl_errors:
@@ -173,7 +178,8 @@ class KvAgent:
     def read_blocks(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
                     timeout_s: float | None = None, cancel: threading.Event | None = None) -> TransferResult:
         """Copy the peer's blocks into ours: remote_block_ids[i] -> local_block_ids[i]."""
-        plan = functools.partial(plan_blocks, local_ids=local_block_ids, remote_ids=remote_block_ids, into_local=True)
+        plan = functools.partial(plan_whole_blocks, local_ids=local_block_ids, remote_ids=remote_block_ids,
+                                 into_local=True)
         return self._transfer("READ", peer, plan, timeout_s, cancel, b"")
 
     def write_blocks(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
@@ -181,7 +187,8 @@ class KvAgent:
                      notify: bytes = b"") -> TransferResult:
         """Copy our blocks into the peer's: local_block_ids[i] -> remote_block_ids[i].
         `notify` reaches the peer's `take_notifications()` once the data has landed."""
-        plan = functools.partial(plan_blocks, local_ids=local_block_ids, remote_ids=remote_block_ids, into_local=False)
+        plan = functools.partial(plan_whole_blocks, local_ids=local_block_ids, remote_ids=remote_block_ids,
+                                 into_local=False)
         return self._transfer("WRITE", peer, plan, timeout_s, cancel, notify)
 
     def write_layer(self, peer: str, remote_block_ids: Ints, local_block_ids: Ints, *,
@@ -264,34 +271,50 @@ class KvAgent:
         if plan.refusal:
             return TransferResult.refused(peer, TransferOutcome.FAILED, ErrorCode.INVALID_ARGUMENT, plan.refusal)
         result = functools.partial(TransferResult, peer=peer, num_blocks=plan.num_blocks, nbytes=plan.nbytes,
-                                   descriptors=len(plan.local_rows))
-        if not len(plan.local_rows):
+                                   descriptors=plan.descriptors)
+        if not plan.descriptors:
             return result(outcome=TransferOutcome.DONE, elapsed_s=0.0)
         deadline = started + (timeout_s if timeout_s is not None else self.config.default_timeout_s)
-        nixl = self._nixl
-        handle = None
+        handle = dlists = None
         try:
-            handle = self._agent.createXferReq(
-                nixl.NIXL_READ if op == "READ" else nixl.NIXL_WRITE,
-                nixl.nixlXferDList(self._segment(self.pool.mem_type), plan.local_rows),
-                nixl.nixlXferDList(self._segment(peer_pool.mem_type), plan.remote_rows),
-                peer, notify, [])
-            outcome, error, detail = self._wait(op, handle, self._agent.postXferReq(handle), deadline, cancel)
+            if plan.local_indices is None:
+                handle = self._create_request(op, peer, peer_pool, plan, notify)
+            elif (dlists := self._dlists.take(peer)) is None:
+                return result(outcome=TransferOutcome.FAILED, elapsed_s=0.0, error=ErrorCode.NOT_FOUND,
+                              detail=f"peer {peer!r} was removed")
+            else:
+                handle = self._agent.makeXferReq(self._operation(op), dlists[0], plan.local_indices, dlists[1],
+                                                 plan.remote_indices, notify, [], False)
+            spin_us = self.config.spin_us_between(self.pool.mem_type, peer_pool.mem_type)
+            outcome, error, detail = self._wait(op, handle, self._agent.postXferReq(handle), deadline, spin_us, cancel)
             return result(outcome=outcome, elapsed_s=time.perf_counter() - started, error=error, detail=detail)
         except self._nixl_errors as error:
             return result(outcome=TransferOutcome.FAILED, elapsed_s=time.perf_counter() - started,
-                          error=error_code(nixl, error), detail=f"{op}: {type(error).__name__}: {error}")
+                          error=error_code(self._nixl, error), detail=f"{op}: {type(error).__name__}: {error}")
         finally:
             if handle is not None:
                 self._release(handle)
+            if dlists is not None:
+                self._dlists.give_back(dlists[1])
 
-    def _wait(self, op: TransferOp, handle: int, status: Any, deadline: float,
+    def _operation(self, op: TransferOp) -> Any:
+        return self._nixl.NIXL_READ if op == "READ" else self._nixl.NIXL_WRITE
+
+    def _create_request(self, op: TransferOp, peer: str, peer_pool: PoolInfo, plan: TransferPlan,
+                        notify: bytes) -> int:
+        nixl = self._nixl
+        return self._agent.createXferReq(self._operation(op),
+                                         nixl.nixlXferDList(self._segment(self.pool.mem_type), plan.local_rows),
+                                         nixl.nixlXferDList(self._segment(peer_pool.mem_type), plan.remote_rows),
+                                         peer, notify, [])
+
+    def _wait(self, op: TransferOp, handle: int, status: Any, deadline: float, spin_us: int,
               cancel: threading.Event | None) -> tuple[TransferOutcome, ErrorCode | None, str]:
         """How a posted transfer ended: (outcome, error, detail). Polls without sleeping for
-        `spin_us`, as raw NIXL callers do (a small transfer from GPU memory is done within it),
-        then sleeps between polls, 20 us doubling to 1 ms: a long transfer costs little CPU."""
+        `spin_us`, as raw NIXL callers do (a transfer between GPUs is done within it), then
+        sleeps between polls, 20 us doubling to 1 ms: a long transfer costs little CPU."""
         in_progress = self._nixl.NIXL_IN_PROG
-        spin_until = time.perf_counter() + self.config.spin_us * 1e-6
+        spin_until = time.perf_counter() + spin_us * 1e-6
         pause = 20e-6
         while status == in_progress:
             if cancel is not None and cancel.is_set():
@@ -340,6 +363,7 @@ class KvAgent:
                 self._agent.releaseXferReq(handle)
             except self._nixl_errors:
                 pass
+        self._dlists.close()
         if self._registration is not None:
             self._agent.deregisterMem(self._registration, [])
             self._registration = None

@@ -161,12 +161,20 @@ def test_stats_count_reads_and_writes_apart(pair):
     assert agent.stats.reads.cancelled == 1
 
 
+@pytest.mark.parametrize("name", ["spin_us", "vram_spin_us"])
 @pytest.mark.parametrize("spin_us", [-1, 10_001])
-def test_the_spin_is_validated(spin_us):
-    with pytest.raises(ValueError, match="spin_us"):
-        KvAgentConfig(spin_us=spin_us).validate()
-    with pytest.raises(ValueError, match="spin_us"):
-        KvAgent("bad-spin", KvAgentConfig(spin_us=spin_us))
+def test_the_spin_is_validated(name, spin_us):
+    with pytest.raises(ValueError, match=name):
+        KvAgentConfig(**{name: spin_us}).validate()
+    with pytest.raises(ValueError, match=name):
+        KvAgent("bad-spin", KvAgentConfig(**{name: spin_us}))
+
+
+def test_a_transfer_touching_gpu_memory_spins_longer():
+    config = KvAgentConfig(spin_us=100, vram_spin_us=4_000)
+    assert config.spin_us_between("DRAM", "DRAM") == 100
+    assert config.spin_us_between("VRAM", "DRAM") == config.spin_us_between("DRAM", "VRAM") == 4_000
+    assert config.spin_us_between("VRAM", "VRAM") == 4_000
 
 
 class InProgressFor:
@@ -185,12 +193,12 @@ class InProgressFor:
 
 def wait_polls(spin_us: int, seconds: float, timeout_s: float = 5.0,
                cancel: threading.Event | None = None) -> tuple[tuple, int, float]:
-    agent = KvAgent(f"wait-{spin_us}", KvAgentConfig(spin_us=spin_us))
+    agent = KvAgent(f"wait-{spin_us}")
     real, fake = agent._agent, InProgressFor(agent._nixl, seconds)
     agent._agent = fake
     started = time.perf_counter()
     try:
-        ended = agent._wait("READ", 0, agent._nixl.NIXL_IN_PROG, started + timeout_s, cancel)
+        ended = agent._wait("READ", 0, agent._nixl.NIXL_IN_PROG, started + timeout_s, spin_us, cancel)
     finally:
         agent._agent = real
         agent.close()
