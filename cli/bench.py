@@ -15,7 +15,7 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_o
 
 # (subcommand, the module whose `main` runs it, its help line); imported only when run
 BENCHMARKS = (
-    ("transfer", "bench.transfer", "KV transfer: Tandem's connector vs plain NIXL READ, and idle CPU"),
+    ("transfer", "bench.transfer", "KV transfer: Tandem's connector vs plain NIXL, host or GPU memory, and idle CPU"),
     ("index", "bench.index", "KV index: ingest and match vs NVIDIA Dynamo's RadixTree, same events"),
     ("routing", "bench.routing.main",
      "Routing: KV-aware vs round-robin vs random on a local stack of sim workers"),
