@@ -24,9 +24,7 @@ Python API's defaults) is measured the same way for comparison (host memory only
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import logging
 import multiprocessing
 import resource
 import statistics
@@ -41,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from bench.transfer_memory import MEMORIES, BenchPool, DeviceCopy, Memory, pool_pattern, require_cuda
-from bench.transfer_raw import Op, RawNixl
+from bench.transfer_raw import Op, RawNixl, stock_agent_idle_cpu
 from connector.agent_types import KvAgentConfig
 from connector.nixl_agent import KvAgent, load_nixl
 
@@ -89,17 +87,6 @@ def _holder_main(conn: Connection, memory: Memory, num_blocks: int, block_nbytes
                 conn.send(pool.zero())
             else:
                 conn.send(pool.digest(*args))
-
-
-def _stock_agent_main(conn: Connection, num_blocks: int, block_nbytes: int, seconds: float) -> None:
-    """An agent built the way NIXL's Python API builds it by default, for comparison."""
-    api = importlib.import_module(load_nixl().__name__.rsplit(".", 1)[0] + "._api")
-    api.logger.setLevel(logging.WARNING)  # its INFO lines go to stdout, into the JSON
-    pool = np.zeros(num_blocks * block_nbytes, dtype=np.uint8)
-    agent = api.nixl_agent("bench-stock")
-    registration = agent.register_memory([(pool.ctypes.data, pool.nbytes, 0, "")], "DRAM")
-    conn.send(idle_cpu_percent(seconds))
-    agent.deregister_memory(registration)
 
 
 def _receive(conn: Connection, seconds: float, what: str) -> Any:
@@ -260,7 +247,7 @@ def run_transfer_bench(*, memory: Memory = "dram", num_blocks: int = 1024, block
             holder.kill()
             holder.join()
     if compare_stock_agent and memory == "dram":
-        report["idle_cpu_percent_stock_nixl_agent"] = round(_stock_idle_cpu(context, idle_seconds), 3)
+        report["idle_cpu_percent_stock_nixl_agent"] = round(stock_agent_idle_cpu(context, idle_seconds, idle_cpu_percent), 3)
     return {
         "bench": "transfer",
         "memory": memory,
@@ -316,21 +303,6 @@ def _run_against_holder(conn: Connection, memory: Memory, num_blocks: int, block
             100.0 * (process_cpu_seconds() - reader_cpu) / (time.perf_counter() - started), 3)
     conn.send("stop")
     return report
-
-
-def _stock_idle_cpu(context: Any, seconds: float) -> float:
-    conn, child_conn = context.Pipe()
-    process = context.Process(target=_stock_agent_main, args=(child_conn, 64, 4096, seconds), daemon=True)
-    process.start()
-    try:
-        if not conn.poll(seconds + 60):
-            raise RuntimeError("the stock-agent process did not report")
-        return conn.recv()
-    finally:
-        process.join(10)
-        if process.is_alive():
-            process.kill()
-            process.join()
 
 
 def _nixl_version() -> str:

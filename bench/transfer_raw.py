@@ -5,11 +5,17 @@ and connection, so the connector and the baseline differ only in the call patter
   release);
 - `transfer_prepped`: descriptor lists prepared once per side, then makeXferReq with block
   indices per transfer (NIXL merges adjacent descriptors itself).
-Both poll without sleeping, as a caller that holds a core for the transfer does.
+Both poll without sleeping, as a caller that holds a core for the transfer does. And an
+agent built by NIXL's Python API with its defaults, whose idle CPU the bench reports beside
+the connector's.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 import numpy as np
@@ -78,3 +84,32 @@ class RawNixl:
             for handle in self.prepped:
                 self.agent.releasedDlistH(handle)
             self.prepped = None
+
+
+def _stock_agent_main(conn: Connection, num_blocks: int, block_nbytes: int, seconds: float,
+                      idle_cpu_percent: Callable[[float], float]) -> None:
+    """An agent built the way NIXL's Python API builds it by default, for comparison."""
+    api = importlib.import_module(load_nixl().__name__.rsplit(".", 1)[0] + "._api")
+    api.logger.setLevel(logging.WARNING)  # its INFO lines go to stdout, into the JSON
+    pool = np.zeros(num_blocks * block_nbytes, dtype=np.uint8)
+    agent = api.nixl_agent("bench-stock")
+    registration = agent.register_memory([(pool.ctypes.data, pool.nbytes, 0, "")], "DRAM")
+    conn.send(idle_cpu_percent(seconds))
+    agent.deregister_memory(registration)
+
+
+def stock_agent_idle_cpu(context: Any, seconds: float, idle_cpu_percent: Callable[[float], float]) -> float:
+    """The idle CPU (% of a core) of a process holding an agent as NIXL's Python API builds it
+    by default (its progress thread polls without sleeping), measured by `idle_cpu_percent`."""
+    conn, child_conn = context.Pipe()
+    process = context.Process(target=_stock_agent_main, args=(child_conn, 64, 4096, seconds, idle_cpu_percent), daemon=True)
+    process.start()
+    try:
+        if not conn.poll(seconds + 60):
+            raise RuntimeError("the stock-agent process did not report")
+        return conn.recv()
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
