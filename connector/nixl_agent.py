@@ -6,11 +6,12 @@ and by the worker side of the vLLM connector. Lifecycle: `KvAgent(name, config)`
 peer calls `add_peer(name, metadata)` -> transfers -> `close()`.
 
 - `read_blocks` / `write_blocks` / `write_layer` address blocks by id, so they need a peer
-  with blocks of this agent's size (else a failed result). `read_ranges` / `write_ranges`
+  with blocks of this agent's size (else a failed result); whole blocks travel by index into
+  descriptor lists prepared once (`connector.block_dlists`). `read_ranges` / `write_ranges`
   take byte offsets into each pool and reach any peer (workers of unlike shapes).
 - Transfers block the calling thread (the event loop uses the `a*` wrappers, which run them
   on the agent's executor): NIXL copies from DRAM inside the posting call (UCX over CMA on
-  one host), and one from GPU memory is polled for (`KvAgentConfig.spin_us`).
+  one host), and one from GPU memory is polled for (`KvAgentConfig.vram_spin_us`).
 - Every transfer returns a `TransferResult` (done, failed, cancelled), counted in `stats`; a
   NIXL error (e.g. the peer died mid-transfer) is a failed result, never an exception. The
   timeout bounds the wait for completion; a copy inside the posting call, its size.
