@@ -17,15 +17,13 @@ from typing import Any
 import numpy as np
 
 from connector.agent_types import PoolInfo
+from connector.descriptors import run_descriptors
 
 
 def block_rows(pool: PoolInfo) -> np.ndarray:
     """One descriptor row (address, length, device_id) per block of the pool, in block order."""
-    rows = np.empty((pool.num_blocks, 3), dtype=np.uint64)
-    rows[:, 0] = pool.base_addr + np.arange(pool.num_blocks, dtype=np.uint64) * pool.block_nbytes
-    rows[:, 1] = pool.block_nbytes
-    rows[:, 2] = pool.device_id
-    return rows
+    blocks = np.arange(pool.num_blocks, dtype=np.int64)
+    return run_descriptors(pool.base_addr, pool.block_nbytes, blocks, np.ones_like(blocks), pool.device_id)
 
 
 class BlockDlists:
