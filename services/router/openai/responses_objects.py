@@ -121,43 +121,43 @@ class OutputItemEvent(ResponseEvent):
     item: OutputItem
 
 
-class ContentPartEvent(ResponseEvent):
-    type: Literal["response.content_part.added", "response.content_part.done"]
+class _ItemEvent(ResponseEvent):
+    """An event about one output item: its id and its place in the response's output."""
+
     item_id: str
     output_index: int
+
+
+class _ContentEvent(_ItemEvent):
+    """An event about one content part of an output message (the router writes one per message: index 0)."""
+
     content_index: int = 0
+
+
+class ContentPartEvent(_ContentEvent):
+    type: Literal["response.content_part.added", "response.content_part.done"]
     part: OutputText
 
 
-class TextDeltaEvent(ResponseEvent):
+class TextDeltaEvent(_ContentEvent):
     type: Literal["response.output_text.delta"] = "response.output_text.delta"
-    item_id: str
-    output_index: int
-    content_index: int = 0
     delta: str
     logprobs: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class TextDoneEvent(ResponseEvent):
+class TextDoneEvent(_ContentEvent):
     type: Literal["response.output_text.done"] = "response.output_text.done"
-    item_id: str
-    output_index: int
-    content_index: int = 0
     text: str
     logprobs: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ArgumentsDeltaEvent(ResponseEvent):
+class ArgumentsDeltaEvent(_ItemEvent):
     type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
-    item_id: str
-    output_index: int
     delta: str
 
 
-class ArgumentsDoneEvent(ResponseEvent):
+class ArgumentsDoneEvent(_ItemEvent):
     type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
-    item_id: str
-    output_index: int
     name: str
     arguments: str
 
