@@ -51,19 +51,21 @@ class Segments(NamedTuple):
 
     def destination_ok(self, unit_ok: Sequence[bool], num_destination: int) -> list[bool]:
         """Per destination block: every unit that lands in it is ok (and something does)."""
-        ok = np.zeros(num_destination, dtype=bool)
-        ok[self.dst_index] = True
-        bad = ~np.asarray(unit_ok, dtype=bool)[self.unit]
-        ok[self.dst_index[bad]] = False
-        return ok.tolist()
+        return _all_linked_ok(self.dst_index, self.unit, unit_ok, num_destination)
 
     def units_ok(self, destination_ok: Sequence[bool], num_units: int) -> list[bool]:
         """Per unit: every destination block it lands in is ok (and it lands somewhere)."""
-        ok = np.zeros(num_units, dtype=bool)
-        ok[self.unit] = True
-        bad = ~np.asarray(destination_ok, dtype=bool)[self.dst_index]
-        ok[self.unit[bad]] = False
-        return ok.tolist()
+        return _all_linked_ok(self.unit, self.dst_index, destination_ok, num_units)
+
+
+def _all_linked_ok(side: np.ndarray, other_side: np.ndarray, other_ok: Sequence[bool], count: int) -> list[bool]:
+    """Per entry `0..count` of one side: some segment links it to the other side, and every
+    entry of the other side it is linked to is ok (`side`, `other_side`: per segment)."""
+    ok = np.zeros(count, dtype=bool)
+    ok[side] = True
+    bad = ~np.asarray(other_ok, dtype=bool)[other_side]
+    ok[side[bad]] = False
+    return ok.tolist()
 
 
 def token_segments(src_block_ids: Sequence[int] | np.ndarray, src_block_size: int,
