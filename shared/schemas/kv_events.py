@@ -81,10 +81,15 @@ class AllBlocksCleared(msgspec.Struct, tag="cleared", kw_only=True, gc=False):
 KvEvent = BlockStored | BlockRemoved | BlocksMoved | AllBlocksCleared
 
 
-class KvEventBatch(Message, tag="kv_batch", kw_only=True, gc=False):
+class _KvBatchHead(Message, kw_only=True, gc=False):
+    """A `kv_batch` but its events: one declaration for both ways of decoding it."""
+
     worker_id: str
     seq: int
     ts: float
+
+
+class KvEventBatch(_KvBatchHead, tag="kv_batch", kw_only=True, gc=False):
     events: list[KvEvent]
 
 
@@ -104,12 +109,9 @@ class BlockStoredWithoutTokens(msgspec.Struct, tag="stored", kw_only=True, gc=Fa
 KvEventWithoutTokens = BlockStoredWithoutTokens | BlockRemoved | BlocksMoved | AllBlocksCleared
 
 
-class KvEventBatchWithoutTokens(Message, tag="kv_batch", kw_only=True, gc=False):
+class KvEventBatchWithoutTokens(_KvBatchHead, tag="kv_batch", kw_only=True, gc=False):
     """A `KvEventBatch` decoded without its events' token ids."""
 
-    worker_id: str
-    seq: int
-    ts: float
     events: list[KvEventWithoutTokens]
 
 
