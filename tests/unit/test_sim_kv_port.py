@@ -76,6 +76,15 @@ def copy_blocks(source: Side, source_ids: list[int], target: Side, target_ids: l
         target.pool.block_view(target_id)[:] = source.pool.block_view(source_id)
 
 
+def receive_copies(source: Side, source_ids: list[int], reader: Side) -> list[int]:
+    """A transfer's landing: blocks allocated on the reader for `source_ids`, their bytes
+    copied in the way a NIXL READ would; the reader's new block ids, pinned."""
+    target = reader.port.allocate_for_transfer(len(source_ids))
+    assert target is not None
+    copy_blocks(source, source_ids, reader, target)
+    return target
+
+
 def holder_with_prompt() -> tuple[Side, list[int]]:
     holder = make_side()
     tokens, _, _ = holder.run("h", PROMPT)
@@ -123,9 +132,7 @@ def test_a_holder_lends_its_host_tier_loading_the_blocks_back_first() -> None:
     assert all(event.tier == HOST_TIER for event in moved if event.block_hashes != HASHES)
 
     reader = make_side()
-    target = reader.port.allocate_for_transfer(5)
-    assert target is not None
-    copy_blocks(holder, ids, reader, target)
+    target = receive_copies(holder, ids, reader)
     holder.port.unpin(ids)
     assert reader.port.commit_transferred(target, 0, PROMPT, [True] * 5) == [True] * 5
     tokens, cached, first_step = reader.run("r", PROMPT, unpin_after_admission=target)
@@ -171,9 +178,7 @@ def test_a_partial_transfer_recomputes_only_the_failed_blocks() -> None:
     holder, expected = holder_with_prompt()
     source_ids = holder.port.pin_prefix(HASHES)
     reader = make_side()
-    target = reader.port.allocate_for_transfer(5)
-    assert target is not None
-    copy_blocks(holder, source_ids, reader, target)
+    target = receive_copies(holder, source_ids, reader)
     holder.port.unpin(source_ids)
     ok = [True, False, True, True, True]  # block 1 never arrived
     reader.pool.block_view(target[3])[100] ^= 1  # block 3 arrived garbled, yet its sender said ok
@@ -200,9 +205,7 @@ def test_refused_blocks_from_the_wrong_place_and_duplicates() -> None:
     reader = make_side()
     reader.run("local", PROMPT[:2 * BS + 1], SamplingParams(max_tokens=1))  # blocks 0 and 1 are cached here
     reader.blocks.take_events()
-    target = reader.port.allocate_for_transfer(5)
-    assert target is not None
-    copy_blocks(holder, handle[:4] + [handle[3]], reader, target)  # block 3's bytes where block 4's belong
+    target = receive_copies(holder, handle[:4] + [handle[3]], reader)  # block 3's bytes where block 4's belong
     committed = reader.port.commit_transferred(target, 0, PROMPT, [True] * 5)
     assert committed == [True, True, True, True, False]
     assert reader.blocks.lookup(HASHES)[:2] != target[:2]  # the duplicates stayed private
@@ -217,9 +220,7 @@ def test_received_blocks_after_a_parent_hash() -> None:
     holder, _ = holder_with_prompt()
     handle = holder.port.pin_prefix(HASHES)
     reader = make_side()
-    target = reader.port.allocate_for_transfer(3)
-    assert target is not None
-    copy_blocks(holder, handle[2:], reader, target)
+    target = receive_copies(holder, handle[2:], reader)
     assert reader.port.commit_transferred(target, 2, PROMPT, [True] * 3) == [True] * 3
     assert reader.blocks.lookup(HASHES) == [None, None] + target
     holder.port.unpin(handle)
