@@ -15,7 +15,7 @@ from services.router.config import RoutingConfig
 from services.router.http.serving import sampling_params
 from services.router.openai.errors import BadRequest
 from services.router.openai.protocol import ChatCompletionRequest, CompletionRequest
-from services.router.openai.request_fields import FIELDS, fields_of, markdown_table
+from services.router.openai.request_fields import BOTH, FIELDS, RequestField, fields_of, markdown_table
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.worker.sim.tokens import MODELLED_FIELDS, refuse_unmodelled
 from shared.errors import InvalidArgument
@@ -47,20 +47,25 @@ def openai_fields(endpoint: str) -> set[str]:
     return set(streaming.__required_keys__ | streaming.__optional_keys__)
 
 
+def generate_endpoints(field: RequestField) -> list[str]:
+    """The row's endpoints of the two generate ones (its Responses API's: test_responses_translation)."""
+    return [endpoint for endpoint in BOTH if endpoint in field.endpoints]
+
+
 def test_a_refused_field_says_why_and_a_field_only_openai_defines_is_openais() -> None:
     """vLLM's fields are checked against vLLM's own request models where vLLM is installed
     (tests/vllm/test_vllm_request_fields.py); OpenAI's alone against the openai client's."""
     assert not [field.name for field in FIELDS if field.status == "refused unless default" and not field.note]
     for field in FIELDS:
         if field.origin == "openai":
-            for endpoint in field.endpoints:
+            for endpoint in generate_endpoints(field):
                 assert field.name in openai_fields(endpoint), f"{field.name} is not OpenAI's ({endpoint})"
 
 
 @pytest.mark.parametrize("field", [field for field in FIELDS if field.status == "refused unless default"],
                          ids=lambda field: f"{field.name}-{'-'.join(field.endpoints)}")
 def test_a_refused_field_is_accepted_at_its_default_and_named_otherwise(field) -> None:
-    for endpoint in field.endpoints:
+    for endpoint in generate_endpoints(field):
         model, base = (CompletionRequest, COMPLETION) if endpoint == "completions" else (ChatCompletionRequest, CHAT)
         for allowed in field.allowed:
             model.model_validate({**base, field.name: allowed})

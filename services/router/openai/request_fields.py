@@ -23,11 +23,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 Status = Literal["honoured", "no effect", "refused unless default"]
-Endpoint = Literal["completions", "chat", "responses"]  # responses: its own table, `responses_fields`
+# responses: its own table, `responses_fields`, which takes from this one only the rows naming it
+Endpoint = Literal["completions", "chat", "responses"]
 # who defines the field for the row's endpoints: vLLM's server (its request model; OpenAI's
 # fields it takes included), OpenAI's API alone, or Tandem (its own extension or refusal)
 Origin = Literal["vllm", "openai", "tandem"]
 BOTH: tuple[Endpoint, ...] = ("completions", "chat")
+# vLLM's extensions its Responses API takes too, refused there for the same reason: one row each
+EVERY: tuple[Endpoint, ...] = (*BOTH, "responses")
 
 
 @dataclass(frozen=True)
@@ -131,18 +134,18 @@ _REFUSED = [
                  "chat template's (chats)"),
     _refused("use_beam_search", None, False, why=_NO_BEAM_SEARCH),
     _refused("length_penalty", None, 1.0, why=_NO_BEAM_SEARCH),
-    _refused("include_stop_str_in_output", None, False,
+    _refused("include_stop_str_in_output", None, False, endpoints=EVERY,
              why="the router matches stop strings and leaves them out of the answer"),
     _refused("spaces_between_special_tokens", None, True, why="the router's detokenizer has only vLLM's default"),
     _refused("truncate_prompt_tokens", None, why="prompts are never truncated"),
     _refused("truncation_side", None, why="prompts are never truncated"),
     _refused("prompt_logprobs", None, why="a prompt's log-probabilities come with echo and logprobs (completions)"),
     _refused("logprob_token_ids", None, why="not implemented: the sampled and top tokens' log-probabilities only"),
-    _refused("watermarking", None, why="not implemented by Tandem's workers"),
+    _refused("watermarking", None, endpoints=EVERY, why="not implemented by Tandem's workers"),
     _refused("repetition_detection", None, why="not implemented by Tandem's workers"),
     _refused("thinking_token_budget", None, why=_NO_REASONING),
     _refused("request_id", None, why="the router names each request itself (the answer's id)"),
-    _refused("session_id", None, why="not implemented: requests are routed by their prompt's KV"),
+    _refused("session_id", None, endpoints=EVERY, why="not implemented: requests are routed by their prompt's KV"),
     _refused("return_tokens_as_token_ids", None, False, why="not implemented: log-probabilities name tokens as text"),
     _refused("return_token_ids", None, False, why="not implemented: answers carry text"),
     _refused("return_token_offsets", None, False, why=_RENDER_ONLY),
@@ -151,9 +154,10 @@ _REFUSED = [
     _refused("return_mm_kwargs", None, False, why=_RENDER_ONLY),
     _refused("cache_salt", None, why="not implemented: the KV index and KV transfers share a prefix's blocks "
                                      "across all requests"),
-    _refused("kv_transfer_params", None, why="the router plans every prefill/decode split and KV transfer itself"),
-    _refused("ec_transfer_params", None, why=_TEXT_ONLY),
-    _refused("vllm_xargs", None, why="not passed on: Tandem's workers run no custom logits processors"),
+    _refused("kv_transfer_params", None, endpoints=EVERY,
+             why="the router plans every prefill/decode split and KV transfer itself"),
+    _refused("ec_transfer_params", None, endpoints=EVERY, why=_TEXT_ONLY),
+    _refused("vllm_xargs", None, endpoints=EVERY, why="not passed on: Tandem's workers run no custom logits processors"),
     _refused("stream_interval", None, 1, why="each piece is streamed as it comes (pieces already there together)"),
 ]
 

@@ -3,16 +3,17 @@
 The same rule as the generate endpoints' table (`request_fields`): each field OpenAI's API or
 vLLM's server (0.32, `vllm/entrypoints/openai/responses/protocol.py`) defines is honoured, has
 no effect in vLLM's server either, or is refused with a 400 naming it unless it has one of
-its accepted values; any other field is a 400 naming it. `protocol_responses` builds its
-request model from this table, and docs/openai-api.md shows `markdown_table()` (a test keeps
-them equal).
+its accepted values; any other field is a 400 naming it. vLLM's extensions refused here for
+the same reason as on the generate endpoints are their rows, taken from `request_fields`.
+`protocol_responses` builds its request model from this table, and docs/openai-api.md shows
+`markdown_table()` (a test keeps them equal).
 """
 
 from __future__ import annotations
 
 import json
 
-from services.router.openai.request_fields import Origin, RequestField, Status
+from services.router.openai.request_fields import Origin, RequestField, Status, fields_of
 
 ENDPOINT = "responses"
 
@@ -78,8 +79,6 @@ _REFUSED = [
     _refused("access_programs", None, why=_NOT_IMPLEMENTED, origin="openai"),
     _refused("moderation", None, why="no moderation is implemented", origin="openai"),
     _refused("image", None, why="no image generation: Tandem serves text", origin="openai"),
-    _refused("include_stop_str_in_output", None, False,
-             why="the router matches stop strings and leaves them out of the answer"),
     _refused("enable_response_messages", None, False, why=_NOT_IMPLEMENTED),
     _refused("previous_input_messages", None, why="harmony messages are not served: use previous_response_id"),
     _refused("chat_template_kwargs", None, why="the router renders the model's chat template without extra arguments"),
@@ -89,11 +88,7 @@ _REFUSED = [
     _refused("return_mm_kwargs", None, why=_TEXT_ONLY),
     _refused("cache_salt", None, why="not implemented: the KV index shares a prefix's blocks across all requests"),
     _refused("request_id", None, why="the router names each response itself"),
-    _refused("session_id", None, why="not implemented: requests are routed by their prompt's KV"),
-    _refused("watermarking", None, why="not implemented by Tandem's workers"),
-    _refused("kv_transfer_params", None, why="the router plans every prefill/decode split and KV transfer itself"),
-    _refused("ec_transfer_params", None, why=_TEXT_ONLY),
-    _refused("vllm_xargs", None, why="not passed on: Tandem's workers run no custom logits processors"),
+    *fields_of("responses").values(),  # the generate endpoints' rows that name this one too (`request_fields.EVERY`)
 ]
 
 RESPONSES_FIELDS: tuple[RequestField, ...] = (*_HONOURED, *_NO_EFFECT, *_REFUSED)
