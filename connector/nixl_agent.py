@@ -42,8 +42,9 @@ from connector.agent_types import (
 )
 from connector.block_dlists import BlockDlists
 from connector.descriptors import Ints, TransferPlan, plan_blocks, plan_ranges, plan_whole_blocks
-from connector.nixl_runtime import allow_cuda_ipc_reads, error_code, load_nixl, nixl_available
+from connector.nixl_runtime import allow_cuda_ipc_reads, load_nixl, nixl_available
 from connector.off_loop import await_transfer
+from connector.xfer_requests import XferRequests, segment
 from shared.codec import Codec, encode
 from shared.errors import ErrorCode
 
@@ -75,11 +76,11 @@ class KvAgent:
         self._registration: Any = None
         self._buffer: Any = None  # keeps the registered memory alive
         self._peers: dict[str, PoolInfo] = {}
-        self._unreleased: list[int] = []  # transfer handles NIXL refused to release
         self._stats = AgentStats()  # replaced, under the lock, by each transfer
         self._closed = False
         self._codec: Codec[AgentMetadata] = Codec(AgentMetadata)
         self._dlists = BlockDlists(self._agent, nixl, self._nixl_errors)
+        self._requests = XferRequests(self._agent, nixl, self._nixl_errors, self._dlists, self.config)
 
     # ---- pool and peers (control plane) ----
 
@@ -118,15 +119,12 @@ class KvAgent:
             allow_cuda_ipc_reads(self.name, self.config.cuda_ipc_reads, pool.mem_type)
         for backend in self.config.backends:
             self._agent.createBackend(backend, {})
-        registration = self._nixl.nixlRegDList(self._segment(pool.mem_type),
+        registration = self._nixl.nixlRegDList(segment(self._nixl, pool.mem_type),
                                                [(pool.base_addr, pool.nbytes, pool.device_id, "")])
         self._agent.registerMem(registration, [])
         self._pool, self._registration, self._buffer = pool, registration, buffer
         self._dlists.prepare_local(pool)
         return pool
-
-    def _segment(self, mem_type: str) -> Any:
-        return self._nixl.VRAM_SEG if mem_type == "VRAM" else self._nixl.DRAM_SEG
 
     def metadata(self) -> bytes:
         """This agent's metadata for peers; includes the registered pool, so call it after
@@ -254,7 +252,8 @@ class KvAgent:
 
     def _transfer(self, op: TransferOp, peer: str, plan: Planner, timeout_s: float | None,
                   cancel: threading.Event | None, notify: bytes) -> TransferResult:
-        """Every transfer's one path: plan rows against both pools, post, wait, count in `stats`."""
+        """Every transfer's one path: plan rows against both pools, post and wait
+        (`XferRequests.post`, connector.xfer_requests), count in `stats`."""
         started = time.perf_counter()
         if self._closed:  # queued behind close(): expected during shutdown, not a bug
             result = TransferResult.refused(peer, TransferOutcome.CANCELLED, ErrorCode.CANCELLED,
@@ -262,85 +261,11 @@ class KvAgent:
         elif (peer_pool := self.peer_pool(peer)) is None:
             result = TransferResult.refused(peer, TransferOutcome.FAILED, ErrorCode.NOT_FOUND, f"unknown peer {peer!r}")
         else:
-            result = self._post(op, peer, peer_pool, plan(self.pool, peer_pool), started, timeout_s, cancel, notify)
+            result = self._requests.post(op, peer, self.pool, peer_pool, plan(self.pool, peer_pool), started,
+                                         timeout_s, cancel, notify)
         with self._lock:
             self._stats = self._stats.counted(op, result)
         return result
-
-    def _post(self, op: TransferOp, peer: str, peer_pool: PoolInfo, plan: TransferPlan, started: float,
-              timeout_s: float | None, cancel: threading.Event | None, notify: bytes) -> TransferResult:
-        if plan.refusal:
-            return TransferResult.refused(peer, TransferOutcome.FAILED, ErrorCode.INVALID_ARGUMENT, plan.refusal)
-        result = functools.partial(TransferResult, peer=peer, num_blocks=plan.num_blocks, nbytes=plan.nbytes,
-                                   descriptors=plan.descriptors)
-        if not plan.descriptors:
-            return result(outcome=TransferOutcome.DONE, elapsed_s=0.0)
-        deadline = started + (timeout_s if timeout_s is not None else self.config.default_timeout_s)
-        handle = dlists = None
-        try:
-            if plan.local_indices is None:
-                handle = self._create_request(op, peer, peer_pool, plan, notify)
-            elif (dlists := self._dlists.take(peer)) is None:
-                return result(outcome=TransferOutcome.FAILED, elapsed_s=0.0, error=ErrorCode.NOT_FOUND,
-                              detail=f"peer {peer!r} was removed")
-            else:
-                handle = self._agent.makeXferReq(self._operation(op), dlists[0], plan.local_indices, dlists[1],
-                                                 plan.remote_indices, notify, [], False)
-            spin_us = self.config.spin_us_between(self.pool.mem_type, peer_pool.mem_type)
-            outcome, error, detail = self._wait(op, handle, self._agent.postXferReq(handle), deadline, spin_us, cancel)
-            return result(outcome=outcome, elapsed_s=time.perf_counter() - started, error=error, detail=detail)
-        except self._nixl_errors as error:
-            return result(outcome=TransferOutcome.FAILED, elapsed_s=time.perf_counter() - started,
-                          error=error_code(self._nixl, error), detail=f"{op}: {type(error).__name__}: {error}")
-        finally:
-            if handle is not None:
-                self._release(handle)
-            if dlists is not None:
-                self._dlists.give_back(dlists[1])
-
-    def _operation(self, op: TransferOp) -> Any:
-        return self._nixl.NIXL_READ if op == "READ" else self._nixl.NIXL_WRITE
-
-    def _create_request(self, op: TransferOp, peer: str, peer_pool: PoolInfo, plan: TransferPlan,
-                        notify: bytes) -> int:
-        nixl = self._nixl
-        return self._agent.createXferReq(self._operation(op),
-                                         nixl.nixlXferDList(self._segment(self.pool.mem_type), plan.local_rows),
-                                         nixl.nixlXferDList(self._segment(peer_pool.mem_type), plan.remote_rows),
-                                         peer, notify, [])
-
-    def _wait(self, op: TransferOp, handle: int, status: Any, deadline: float, spin_us: int,
-              cancel: threading.Event | None) -> tuple[TransferOutcome, ErrorCode | None, str]:
-        """How a posted transfer ended: (outcome, error, detail). Polls without sleeping for
-        `spin_us`, as raw NIXL callers do (a transfer between GPUs is done within it), then
-        sleeps between polls, 20 us doubling to 1 ms: a long transfer costs little CPU."""
-        in_progress = self._nixl.NIXL_IN_PROG
-        spin_until = time.perf_counter() + spin_us * 1e-6
-        pause = 20e-6
-        while status == in_progress:
-            if cancel is not None and cancel.is_set():
-                return TransferOutcome.CANCELLED, ErrorCode.CANCELLED, "cancelled by the caller"
-            now = time.perf_counter()
-            if now > deadline:
-                return TransferOutcome.FAILED, ErrorCode.TIMEOUT, f"{op} not complete in time"
-            if now > spin_until:
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
-            status = self._agent.getXferStatus(handle)
-        if status != self._nixl.NIXL_SUCCESS:
-            return TransferOutcome.FAILED, ErrorCode.INTERNAL, f"{op} ended with {status}"
-        return TransferOutcome.DONE, None, ""
-
-    def _release(self, handle: int) -> None:
-        # Releasing an unfinished transfer asks NIXL to cancel it; if it cannot, the handle
-        # is kept and retried at close().
-        try:
-            status = self._agent.releaseXferReq(handle)
-        except self._nixl_errors:
-            status = None
-        if status != self._nixl.NIXL_SUCCESS:
-            with self._lock:
-                self._unreleased.append(handle)
 
     # ---- shutdown ----
 
@@ -358,12 +283,7 @@ class KvAgent:
         with self._lock:
             for name in list(self._peers):
                 self._forget(name)
-            unreleased, self._unreleased = self._unreleased, []
-        for handle in unreleased:
-            try:
-                self._agent.releaseXferReq(handle)
-            except self._nixl_errors:
-                pass
+        self._requests.close()
         self._dlists.close()
         if self._registration is not None:
             self._agent.deregisterMem(self._registration, [])

@@ -14,8 +14,9 @@ import pytest
 
 from connector.agent_types import KvAgentConfig, TransferOutcome
 from connector.nixl_agent import KvAgent, nixl_available
-from connector.nixl_runtime import allow_cuda_ipc_reads
+from connector.nixl_runtime import allow_cuda_ipc_reads, load_nixl
 from connector.nixl_transport import NixlTransport
+from connector.xfer_requests import wait_for_transfer
 from shared.errors import ErrorCode
 from tests.waiting import wait_for_sync
 
@@ -178,9 +179,9 @@ def test_a_transfer_touching_gpu_memory_spins_longer():
 
 
 class InProgressFor:
-    """Stands in for the NIXL bindings agent in `KvAgent._wait`: a transfer that reports
-    "in progress" until `seconds` have passed, as a GPU-memory transfer does (one on DRAM is
-    done inside its post, so it never reaches the wait)."""
+    """Stands in for the NIXL bindings agent's `getXferStatus` in `wait_for_transfer`: a
+    transfer that reports "in progress" until `seconds` have passed, as a GPU-memory transfer
+    does (one on DRAM is done inside its post, so it never reaches the wait)."""
 
     def __init__(self, nixl, seconds: float) -> None:
         self.nixl, self.polls = nixl, 0
@@ -193,15 +194,11 @@ class InProgressFor:
 
 def wait_polls(spin_us: int, seconds: float, timeout_s: float = 5.0,
                cancel: threading.Event | None = None) -> tuple[tuple, int, float]:
-    agent = KvAgent(f"wait-{spin_us}")
-    real, fake = agent._agent, InProgressFor(agent._nixl, seconds)
-    agent._agent = fake
+    nixl = load_nixl()
+    fake = InProgressFor(nixl, seconds)
     started = time.perf_counter()
-    try:
-        ended = agent._wait("READ", 0, agent._nixl.NIXL_IN_PROG, started + timeout_s, spin_us, cancel)
-    finally:
-        agent._agent = real
-        agent.close()
+    ended = wait_for_transfer(nixl, fake.getXferStatus, "READ", 0, nixl.NIXL_IN_PROG, started + timeout_s, spin_us,
+                              cancel)
     return ended, fake.polls, time.perf_counter() - started
 
 
