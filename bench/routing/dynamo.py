@@ -34,21 +34,8 @@ Tandem's sim, whose answer `workloads.answer_tokens` predicts); Dynamo returns t
 mocker caches a request's prompt blocks only, not its answer's: a next turn that carries
 the served answer hits the previous prompt's blocks, never the answer's (measured).
 
-Counters (`DynamoCounters`, from the frontend's Prometheus `/metrics`, cumulative since
-start, probe included: take differences):
-- `prompt_tokens`: sum of `dynamo_frontend_input_sequence_tokens` (prompt tokens of every
-  request the frontend served);
-- `cached_tokens`: sum of `dynamo_frontend_cached_tokens`, the per-request
-  `usage.prompt_tokens_details.cached_tokens`: the prompt tokens the engine found in its own
-  prefix cache when it scheduled the request (the mocker reports its real hit, so it counts
-  under round-robin too; Dynamo has no cross-worker pull, so nothing is "pulled"). As in
-  vLLM, whole blocks only, and a prompt's last token is always computed: a repeated prompt
-  of 64 tokens (4 blocks of 16) reports 48 cached;
-- `requests`: how many requests those sums cover.
-`cached / prompt` is the run's cached share, comparable with Tandem's hit rate minus its pulls.
-`router_counters()` adds the KV router's own view (kv mode only): the prefix tokens it
-predicted cached on the worker it chose (`dynamo_component_router_kv_selected_cached_prefix
-_tokens_total`) and its registered workers.
+Counters: `stack.counters()` and `stack.router_counters()`, read from the frontend's
+Prometheus `/metrics` (`dynamo_counters` says what each counts).
 """
 
 from __future__ import annotations
@@ -59,14 +46,13 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import unquote
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from bench.routing.dynamo_counters import DynamoCounters, parse_counters, parse_router_counters
 from bench.routing.dynamo_timing import write_profile_npz
 from launch.process import ManagedProcess, start_or_undo
 from launch.readiness import free_port
@@ -115,50 +101,6 @@ def dynamo_python(venv: str | os.PathLike[str] | None = None) -> Path:
         raise DynamoUnavailable(f"the venv at {root} has no dynamo.mocker/dynamo.frontend: "
                                 "pip install --no-deps ai-dynamo==1.6.1 (DESIGN.md section 10)")
     return python
-
-
-@dataclass(frozen=True, slots=True)
-class DynamoCounters:
-    """Cumulative frontend figures (see the module docstring); `after - before` is a run's."""
-
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int
-
-    def __sub__(self, other: DynamoCounters) -> DynamoCounters:
-        return DynamoCounters(self.requests - other.requests, self.prompt_tokens - other.prompt_tokens,
-                              self.cached_tokens - other.cached_tokens)
-
-    @property
-    def cached_share(self) -> float | None:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
-
-
-def _samples(metrics_text: str) -> list[tuple[str, dict[str, str], float]]:
-    return [(sample.name, sample.labels, sample.value)
-            for family in text_string_to_metric_families(metrics_text) for sample in family.samples]
-
-
-def parse_counters(metrics_text: str) -> DynamoCounters:
-    """`DynamoCounters` from the text of the frontend's `/metrics` (0 before the first request)."""
-    values: dict[str, float] = {}
-    for name, _, value in _samples(metrics_text):
-        values[name] = values.get(name, 0.0) + value
-    return DynamoCounters(requests=int(values.get("dynamo_frontend_input_sequence_tokens_count", 0)),
-                          prompt_tokens=int(values.get("dynamo_frontend_input_sequence_tokens_sum", 0)),
-                          cached_tokens=int(values.get("dynamo_frontend_cached_tokens_sum", 0)))
-
-
-def parse_router_counters(metrics_text: str) -> dict[str, int]:
-    """The KV router's view: `predicted_cached_tokens` (prefix tokens it expected cached on
-    the workers it chose) and `registered_workers`; zeros in round-robin/random mode."""
-    predicted, workers = 0.0, set()
-    for name, labels, value in _samples(metrics_text):
-        if name == "dynamo_component_router_kv_selected_cached_prefix_tokens_total":
-            predicted += value
-        elif name == "dynamo_component_router_worker_registered" and value >= 1:
-            workers.add(labels.get("router_worker_id"))
-    return {"predicted_cached_tokens": int(predicted), "registered_workers": len(workers)}
 
 
 class DynamoStack:

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import httpx
 
 from bench.routing.counters import Counters, CountersReader, WorkerCounters
-from bench.routing.dynamo import DynamoStack, DynamoUnavailable, dynamo_client, parse_counters
+from bench.routing.dynamo import DynamoStack, DynamoUnavailable, dynamo_client
+from bench.routing.dynamo_counters import parse_counters
 from bench.routing.dynamo_timing import mocker_settings
 from bench.routing.systems import LaunchError, LaunchSpec, System
 

@@ -1,5 +1,5 @@
-"""`bench.routing.dynamo` (+ `dynamo_drive`, `dynamo_timing`): NVIDIA Dynamo's frontend, KV
-router and mocker workers beside Tandem.
+"""`bench.routing.dynamo` (+ `dynamo_counters`, `dynamo_drive`, `dynamo_timing`): NVIDIA
+Dynamo's frontend, KV router and mocker workers beside Tandem.
 
 The stack tests start the real thing (nats-server, `python -m dynamo.mocker`, `python -m
 dynamo.frontend`) from the Dynamo venv named by $TANDEM_DYNAMO_VENV (made as
@@ -20,15 +20,8 @@ import numpy as np
 import openai
 import pytest
 
-from bench.routing.dynamo import (
-    VENV_ENV,
-    DynamoStack,
-    DynamoUnavailable,
-    dynamo_client,
-    dynamo_python,
-    parse_counters,
-    parse_router_counters,
-)
+from bench.routing.dynamo import VENV_ENV, DynamoStack, DynamoUnavailable, dynamo_client, dynamo_python
+from bench.routing.dynamo_counters import parse_counters, parse_router_counters
 from bench.routing.dynamo_drive import stream_answer
 from bench.routing.dynamo_timing import mocker_settings, polynomial_speedup, profile_arrays
 from bench.routing.workloads import EngineShape, Outcome
