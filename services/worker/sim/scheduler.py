@@ -9,14 +9,14 @@ touches a queue. One step, in the spirit of vLLM v1:
    newest running request (its blocks are freed and it is requeued to be recomputed),
    itself if it is the newest;
 2. if nothing was preempted, waiting requests are admitted first come, first served while
-   `max_num_seqs` and blocks allow. Admission reuses *every* cached block of the prompt's
-   hash chain, not only the leading run: a chain hash covers the whole prefix, so a cached
-   block is valid KV even when an earlier one is missing (after a partial KV transfer, only
-   the failed blocks are computed). Reused tokens cost no budget, and at least one token is
-   always computed so the last token's logits exist (a fully cached prompt recomputes its
-   last block). Blocks for the holes up to the last reused block are allocated at once. A
-   host-tier block (`host_tier`) is loaded back at admission, at the profile's
-   `host_load_ms_per_token` instead of its compute;
+   `max_num_seqs` and blocks allow. Admission (`admission.admit`) reuses *every* cached
+   block of the prompt's hash chain, not only the leading run: a chain hash covers the
+   whole prefix, so a cached block is valid KV even when an earlier one is missing (after a
+   partial KV transfer, only the failed blocks are computed). Reused tokens cost no budget,
+   and at least one token is always computed so the last token's logits exist (a fully
+   cached prompt recomputes its last block). Blocks for the holes up to the last reused
+   block are allocated at once. A host-tier block (`host_tier`) is loaded back at
+   admission, at the profile's `host_load_ms_per_token` instead of its compute;
 3. the scheduled tokens are "computed" (a request's position, with the reused blocks it
    skips, is `request.SimRequest`'s): prefill walks the missing blocks in order, then the
    tail, skipping reused ones. Blocks that became full are committed to the prefix cache
@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from itertools import groupby
 
 from services.worker.engine import EngineLoad, EngineOutput, check_request
+from services.worker.sim.admission import admit
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.request import SimRequest
-from services.worker.sim.request_kv import append_token, kv_intact, start_seeds, write_kv, write_loaded
+from services.worker.sim.request_kv import append_token, kv_intact, start_seeds, write_kv
 from services.worker.sim.tokens import (
     DEFAULT_FIRST_NORMAL_TOKEN,
     finish_reason,
@@ -239,69 +240,16 @@ class Scheduler:
         return scheduled, preempted
 
     def _admit(self, request: SimRequest, budget: int) -> tuple[int, int] | None:
-        """Reuse every cached block of the prompt's chain and allocate the blocks the holes
-        and the first chunk need; (tokens to compute, position after them), or None if
-        blocks are short (its references dropped: host-tier blocks it loaded stay cached in
-        the device tier)."""
-        size = self.block_size
-        # At most num_tokens - 1 tokens come from the cache: the last one must be computed.
-        hashes = request.block_hashes[:(request.num_tokens - 1) // size]
-        found = self.blocks.lookup(hashes)
-        hosted = [index for index, block_id in enumerate(found) if block_id is None and self.blocks.in_host(hashes[index])]
-        if hosted:
-            found = self._load_hosted(request, found, hosted)
-            if found is None:
-                return None
-        reused = [index for index, block_id in enumerate(found) if block_id is not None]
-        leading = next((index for index, block_id in enumerate(found) if block_id is None), len(found))
-        request.num_computed_tokens = leading * size
-        request.reused_ahead = deque(reused[leading:])
-        num_new = min(request.to_compute(), budget)
-        end = request.chunk_end(num_new)
-        # Holes before the last reused block get their blocks now: block_ids has no gaps.
-        num_blocks = max(-(-end // size), reused[-1] + 1 if reused else 0)
-        reused_ids = [block_id for block_id in found if block_id is not None]
-        loaded = {found[index] for index in hosted}
-        # before allocating, so that allocation cannot evict them (loaded blocks hold their reference)
-        self.blocks.touch([block_id for block_id in reused_ids if block_id not in loaded])
-        new_blocks = self.blocks.allocate(num_blocks - len(reused_ids))
-        if new_blocks is None:
-            self.blocks.free(reused_ids)  # loaded blocks stay cached in the device tier
-            request.num_computed_tokens = 0
-            request.reused_ahead.clear()
-            return None
-        fresh = iter(new_blocks)
-        request.block_ids = [found[index] if index < len(found) and found[index] is not None else next(fresh)
-                             for index in range(num_blocks)]
-        request.kv_checked = False
-        if request.num_cached_tokens < 0:  # first admission (not a resumption after preemption)
-            request.num_cached_tokens = len(reused_ids) * size
+        """`admission.admit`, counted: (tokens to compute, position after them), or None if
+        blocks are short."""
+        first = request.num_cached_tokens < 0  # not a resumption after preemption
+        admission = admit(self.blocks, self.pool, request, budget)
+        self.loaded_prompt_tokens_total += admission.loaded_tokens
+        self._loaded_tokens += admission.loaded_tokens
+        if admission.chunk is not None and first:
             self.prompt_tokens_total += request.num_prompt_tokens
             self.cached_tokens_total += request.num_cached_tokens
-            self.blocks.note_misses([block_hash for block_hash, block_id in zip(request.block_hashes, found)
-                                     if block_id is None])
-        return num_new, end
-
-    def _load_hosted(self, request: SimRequest, found: list[int | None],
-                     hosted: list[int]) -> list[int | None] | None:
-        """`found` with the host-tier blocks at indices `hosted` loaded into the device tier;
-        None (nothing loaded) when the device tier cannot take them now."""
-        # touched first, so that the loads' evictions cannot take the device hits
-        device_ids = [block_id for block_id in found if block_id is not None]
-        self.blocks.touch(device_ids)
-        loaded_ids = self.blocks.load_from_host([request.block_hashes[index] for index in hosted])
-        self.blocks.free(device_ids)
-        if loaded_ids is None:
-            return None
-        loaded_tokens = len(hosted) * self.block_size
-        self.loaded_prompt_tokens_total += loaded_tokens
-        self._loaded_tokens += loaded_tokens
-        if self.pool is not None:  # the KV bytes come back with the blocks
-            write_loaded(self.pool, request, hosted, loaded_ids)
-        found = list(found)
-        for index, block_id in zip(hosted, loaded_ids):
-            found[index] = block_id
-        return found
+        return admission.chunk
 
     def _reserve_slots(self, request: SimRequest, num_tokens: int) -> bool:
         needed = -(-num_tokens // self.block_size) - len(request.block_ids)
