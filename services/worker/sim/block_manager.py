@@ -22,19 +22,17 @@ load time. A hash lives in one tier at a time; a host block counts as announced.
 
 Every change to the set of announced blocks appends a KV event to a buffer that the engine
 drains with `take_events()`. A block is announced (`BlockStored`) only once its parent is
-announced: a router derives a block's Tandem hash from its parent's, so a block cached
-behind a hole (its parent evicted, or a transferred block whose predecessor failed) is
-cached and reusable here at once, but announced when the hole is filled. Running out of
-blocks is an expected outcome: `allocate` returns `None`; misuse (double free, committing
-twice) is a bug and asserts.
+announced (`announcer.Announcer`): a block cached behind a hole is reusable here at once,
+but announced when the hole is filled. Running out of blocks is an expected outcome:
+`allocate` returns `None`; misuse (double free, committing twice) is a bug and asserts.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from services.worker.sim.announcer import Announcer, KvBlock
 from services.worker.sim.host_tier import HostBlock, HostTier
 from services.worker.sim.kv_snapshot import SnapshotBlock, snapshot_events
 from shared.schemas.kv_events import (
@@ -49,19 +47,6 @@ from shared.schemas.kv_events import (
 EVICTED_MEMORY = 8  # remembered evicted hashes, per block of the pool (bounded)
 
 
-
-@dataclass(slots=True)
-class KvBlock:
-    block_id: int
-    ref_count: int = 0
-    block_hash: int | None = None  # set while the block is in the prefix cache
-    parent_hash: int | None = None  # hash of the previous block of its sequence; None for the first
-    token_ids: tuple[int, ...] = ()  # kept for snapshots (resync)
-    announced: bool = False  # a BlockStored for it went out (its parent was announced)
-    adapter: str = ""  # the LoRA adapter of its sequence (named in its BlockStored)
-    seed: int = 0  # the prefix hash before its first token: its KV bytes follow (`kv_content`)
-
-
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, host_blocks: int = 0) -> None:
         assert num_blocks > 0 and block_size > 0 and host_blocks >= 0
@@ -71,9 +56,9 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # FIFO
         self._evictable: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._cached: dict[int, int] = {}  # block hash -> block id
-        self._deferred: dict[int, list[int]] = {}  # parent hash -> cached, unannounced children
         self._used = 0
-        self._events: list[KvEvent] = []
+        self._events: list[KvEvent] = []  # the announcer appends to it too: never replaced
+        self._announcer = Announcer(self._blocks, block_size, self._events)
         self.evicted_blocks_total = 0
         self.evicted_missed_blocks_total = 0
         self._evicted: OrderedDict[int, None] = OrderedDict()  # hashes evicted, oldest first
@@ -271,15 +256,10 @@ class BlockManager:
             self._cached[block_hash] = block_id
             cached.append(True)
             if parent_hash is not None and not self._is_announced(parent_hash):
-                self._deferred.setdefault(parent_hash, []).append(block_id)
+                self._announcer.defer(block)
                 stored = None
             else:
-                if stored is None:
-                    stored = self._new_event(parent_hash, adapter)
-                self._announce(block, stored)
-                if block_hash in self._deferred:
-                    self._announce_deferred(block_hash)
-                    stored = None  # later blocks must follow the events just appended
+                stored = self._announcer.announce(block, stored)
             parent_hash = block_hash
         return cached
 
@@ -293,12 +273,13 @@ class BlockManager:
             self._free[block_id] = None
         if self.host is not None:
             self.host.clear()
-        assert not self._cached and not self._deferred
+        assert not self._cached and not self._announcer.has_deferred
         self._events.append(AllBlocksCleared())
         return True
 
     def take_events(self) -> list[KvEvent]:
-        events, self._events = self._events, []
+        events = list(self._events)
+        self._events.clear()
         return events
 
     def snapshot(self) -> list[BlockStored]:
@@ -335,36 +316,6 @@ class BlockManager:
             return self.in_host(block_hash)
         return self._blocks[block_id].announced
 
-    def _new_event(self, parent_hash: int | None, adapter: str) -> BlockStored:
-        event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[], block_size=self.block_size,
-                            chain_hashes=[], adapter=adapter)
-        self._events.append(event)
-        return event
-
-    def _announce(self, block: KvBlock, event: BlockStored) -> None:
-        assert block.block_hash is not None and not block.announced
-        assert event.chain_hashes is not None  # the sim's events always carry chain hashes
-        block.announced = True
-        event.block_hashes.append(block.block_hash)
-        event.chain_hashes.append(block.block_hash)
-        event.token_ids.extend(block.token_ids)
-
-    def _announce_deferred(self, parent_hash: int) -> None:
-        """Announce the blocks that waited for `parent_hash`, and theirs, one event per chain."""
-        pending = [(parent_hash, block_id) for block_id in reversed(self._deferred.pop(parent_hash))]
-        while pending:
-            parent, block_id = pending.pop()
-            event = self._new_event(parent, self._blocks[block_id].adapter)
-            while True:
-                block = self._blocks[block_id]
-                self._announce(block, event)
-                assert block.block_hash is not None
-                waiting = self._deferred.pop(block.block_hash, None)
-                if not waiting:
-                    break
-                block_id, *others = waiting
-                pending.extend((block.block_hash, other) for other in reversed(others))
-
     def _uncache(self, block: KvBlock) -> int | None:
         """Drop a block from the cache; its hash if it was announced (a `BlockRemoved` is due)."""
         block_hash = block.block_hash
@@ -372,11 +323,7 @@ class BlockManager:
         del self._cached[block_hash]
         announced = block.announced
         if not announced:
-            assert block.parent_hash is not None
-            waiting = self._deferred[block.parent_hash]
-            waiting.remove(block.block_id)
-            if not waiting:
-                del self._deferred[block.parent_hash]
+            self._announcer.forget(block)
         block.block_hash = None
         block.parent_hash = None
         block.token_ids = ()
