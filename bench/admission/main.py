@@ -34,6 +34,7 @@ import uuid
 from pathlib import Path
 
 from bench.admission.load import Stream, key_summary, run_streams
+from bench.options import add_model_dir
 from bench.serve.client import LoadPlan, RequestShape, make_client, run_requests, served_model
 from bench.serve.prompts import PromptSpec, build_prompts
 from launch.plan import StackConfig, WorkerSpec
@@ -62,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fair-warmup-s", type=float, default=4.0, help="fair phase: seconds before the window")
     parser.add_argument("--baseline", action="store_true", help="also run the same load without the queue")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model-dir", default="", help="model directory (default: a generated tiny model)")
+    add_model_dir(parser)
     parser.add_argument("--state-dir", default="", help="where logs and keys go (default: a temporary one)")
     return parser.parse_args(argv)
 

@@ -44,6 +44,7 @@ from pathlib import Path
 import msgspec
 from nats.aio.msg import Msg
 
+from bench.options import add_model_dir
 from bench.planner.main import run_arm as simulate
 from bench.planner.sim import Arrival, Phase, PlannerSetup, SimOptions, arrivals
 from bench.serve.client import RequestShape, make_client, served_model, stream_request
@@ -291,7 +292,7 @@ def worker_settings(args: argparse.Namespace) -> dict:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem bench planner live", description=__doc__.splitlines()[0])
     parser.add_argument("--engine", default="vllm", help="the workers' engine")
-    parser.add_argument("--model-dir", default="", help="model directory (default: a generated tiny model)")
+    add_model_dir(parser)
     parser.add_argument("--workers", type=int, default=3, help="the budget: prefill + decode workers")
     parser.add_argument("--start", default="1:2", help="the planner's starting split P:D")
     parser.add_argument("--splits", default="", help="static splits P:D,... (default: every split of the budget)")

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.options import add_model_dir
 from bench.router.load import process_cpu_s
 from launch.plan import StackConfig
 from launch.stack import LocalStack, router_names
@@ -190,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--window", type=float, default=10.0, help="seconds per measurement window")
     parser.add_argument("--windows", type=int, default=2, help="windows per stack")
     parser.add_argument("--router-bench", help="`tandem bench router --routers ...` JSON, for the projection")
-    parser.add_argument("--model-dir", help="model directory (default: a generated tiny model)")
+    add_model_dir(parser, default=None)
     parser.add_argument("--out", help="also write the JSON document to this file")
     args = parser.parse_args(argv)
     fleets, router_counts = counts(args.fleets, "--fleets"), counts(args.routers, "--routers")

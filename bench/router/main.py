@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench.options import add_model_dir
 from bench.router.load import Phase, run_phase
 from bench.router.report import goals, phase_figures, ratios, system_summary
 from bench.router.systems import (
@@ -104,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--speedup", type=float, default=1000.0, help="engine speed-up (sim and mocker)")
     parser.add_argument("--kv-event-interval", type=float, default=0.0,
                         help="seconds between a Tandem worker's KV event flushes (default: the worker's own)")
-    parser.add_argument("--model-dir", default="", help="model directory (default: a generated tiny model)")
+    add_model_dir(parser)
     parser.add_argument("--state-dir", default=".tandem/bench-router", help="logs and the generated model")
     parser.add_argument("--out", default="", help="also write the JSON document to this file")
     return parser

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench.options import add_model_dir
 from bench.router.load import Phase, process_cpu_s, run_phase
 from bench.router.main import system_names
 from bench.router.report import phase_figures, spread
@@ -106,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="how long each system's router CPU is read with no requests, after the warm-up")
     parser.add_argument("--systems", default="", help="tandem and/or dynamo (default: both when a Dynamo venv is set)")
     parser.add_argument("--dynamo-venv", default="", help=f"Dynamo's venv (default: ${VENV_ENV})")
-    parser.add_argument("--model-dir", default="", help="model directory (default: a generated tiny model)")
+    add_model_dir(parser)
     parser.add_argument("--state-dir", default=".tandem/bench-router", help="logs and the generated model")
     parser.add_argument("--out", default="", help="also write the JSON document to this file")
     return parser

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.options import add_model_dir
 from bench.routing.client import progress
 from bench.routing.drive import Run, run_tenants
 from bench.routing.systems import cpu_seconds
@@ -256,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measured run")
     parser.add_argument("--tenant-workers", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="one round, 5 s runs")
-    parser.add_argument("--model-dir", default="")
+    add_model_dir(parser)
     parser.add_argument("--state-dir", default=".tandem/bench-replicas")
     args = parser.parse_args(argv)
     what = {name.strip() for name in args.what.split(",") if name.strip()}

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.options import add_model_dir
 from bench.routing.client import progress
 from bench.routing.drive import Run, run_conversations, run_tenants
 from bench.routing.fleet_shapes import parse_shapes, worker_groups
@@ -182,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--no-kv-transfer", action="store_true",
                         help="workers without the KV data plane: no prefix pull between workers")
-    parser.add_argument("--model-dir", default="", help="default: a generated tiny model")
+    add_model_dir(parser)
     parser.add_argument("--state-dir", default=".tandem/bench-routing", help="logs and the generated model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shapes", default="", help="the workers' shapes in turn, e.g. tp1,tp2-bs32,pp2 "

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.options import add_model_dir
 from bench.routing.arms import DEFAULT_ARMS, Arm, NoPinning, Pinning, RequestRouting, arms, rotated
 from bench.routing.client import progress
 from bench.routing.family import (
@@ -203,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-speedup", type=float, default=0.25)
     parser.add_argument("--sim-profile", default="", help="timing profile JSON (default: the packaged one)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--model-dir", default="", help="default: a generated tiny model")
+    add_model_dir(parser)
     parser.add_argument("--state-dir", default=".tandem/bench-routing", help="logs and the generated model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shapes", default="", help="the workers' shapes in turn (the sim), e.g. tp1,tp2-bs32,pp2 "

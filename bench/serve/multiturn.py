@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 import msgspec
 
+from bench.options import add_model_dir
 from bench.serve.client import RequestShape, make_client, served_model, stream_request
 from bench.serve.conversations import (
     Conversation,
@@ -210,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="tandem bench serve multiturn", description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=engine_names(), default="vllm")
-    parser.add_argument("--model-dir", default="", help="default: a generated tiny model")
+    add_model_dir(parser)
     parser.add_argument("--state-dir", default=".tandem/bench-serve", help="logs and the generated model")
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--turns", type=int, default=5)

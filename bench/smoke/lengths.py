@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.options import add_model_dir
+
 EDGE_LENGTHS = (1, 2, 5, 17, 64, 127, 128, 129, 255, 512, 999, 1024, 1500, 1999, 2000)
 
 
@@ -60,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="OpenAI base URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--api-key-file", required=True, help="File holding the API key (never the key itself)")
-    parser.add_argument("--model-dir", required=True, help="The served model's directory (its tokenizer)")
+    add_model_dir(parser, default=None, required=True, help_text="The served model's directory (its tokenizer)")
     parser.add_argument("--count", type=int, default=30)
     parser.add_argument("--window", type=int, default=2048, help="The model's context window")
     parser.add_argument("--seed", type=int, default=7)

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.options import add_model_dir
 from bench.serve.client import make_client, served_model
 from bench.soak.client import RequestResult, send
 from bench.soak.leftovers import LoadReports
@@ -177,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill", type=int, default=1, help="prefill workers (0: workers of role both)")
     parser.add_argument("--decode", type=int, default=2, help="decode workers")
     parser.add_argument("--engine", choices=engine_names(), default="sim")
-    parser.add_argument("--model-dir", default="", help="model directory (default: a generated tiny model)")
+    add_model_dir(parser)
     parser.add_argument("--sim-speedup", type=float, default=1.0, help="sim: run the engine this much faster")
     parser.add_argument("--sample-interval", type=float, default=0.0,
                         help="seconds between RSS samples (default: duration/40, between 0.5 and 5)")
