@@ -48,6 +48,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.options import TINY_MODEL_HELP, add_model_dir
 from bench.serve.peer import PeerPlan, PeerStack
 from bench.serve.prompts import PromptSpec, one_token_per_word
 from bench.serve.run import ServeWorkload, progress, run_serve, tokenizer_counter
@@ -203,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--slo-itl-ms", type=float, default=None,
                         help="the SLO's bound on a request's time per output token after the first")
     parser.add_argument("--engine", choices=engine_names(), default="sim", help="mode B: worker engine")
-    parser.add_argument("--model-dir", default="", help="mode B: model directory (default: a generated tiny model)")
+    add_model_dir(parser, help_text="mode B: " + TINY_MODEL_HELP)
     parser.add_argument("--state-dir", default=".tandem/bench-serve", help="mode B: logs and the generated model")
     parser.add_argument("--sim-speedup", type=float, default=1.0, help="mode B, sim: run the sim this much faster")
     parser.add_argument("--sim-profile", default="", help="mode B, sim: the workers' timing profile (a JSON file "
