@@ -36,7 +36,7 @@ from connector.port import LayerHook
 from connector.push import PushWriter
 from shared.block_hash import adapter_root, block_hash_chain
 from shared.errors import ErrorCode, TandemError
-from shared.request_plane import FrameSender
+from shared.frame_sender import FrameSender
 from shared.schemas import GenerateRequest, KvHandle, PushDone
 
 log = logging.getLogger(__name__)

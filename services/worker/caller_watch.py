@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from shared.request_plane import FrameSender
+from shared.frame_sender import FrameSender
 
 log = logging.getLogger(__name__)
 

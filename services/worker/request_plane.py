@@ -20,7 +20,7 @@ from services.worker.request_runner import RequestRunner
 from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter
 from shared.errors import ErrorCode
-from shared.request_plane import FrameSender
+from shared.frame_sender import FrameSender
 from shared.schemas import GenerateRequest
 
 

@@ -20,7 +20,7 @@ from connector.kv_session import KvSession
 from services.worker.adapter_slots import AdapterSlots
 from services.worker.engine import Engine, EngineOutput
 from shared.errors import ErrorCode, TandemError
-from shared.request_plane import FrameSender
+from shared.frame_sender import FrameSender
 from shared.schemas import GenerateRequest
 from shared.tracing import extract_context
 

@@ -124,7 +124,7 @@ class GenerateRequest(Message, tag="generate", kw_only=True):
 
 
 # How long a worker may hold a request's `Accepted` for the next frame to travel with it
-# (`shared.request_plane.FrameSender`); a caller's accept timeout must be longer.
+# (`shared.frame_sender.FrameSender`); a caller's accept timeout must be longer.
 ACCEPT_HOLD_S = 0.02
 
 

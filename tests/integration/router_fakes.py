@@ -33,7 +33,7 @@ from shared.bus import Bus
 from shared.codec import encode
 from shared.config import WorkerConfig
 from shared.errors import ErrorCode, TandemError
-from shared.request_plane import FrameSender
+from shared.frame_sender import FrameSender
 from shared.schemas import SamplingParams, WorkerRegistration
 from shared.subjects import Subjects
 

@@ -22,10 +22,11 @@ import pytest
 from shared.bus import Bus, BusConnectError, client_ssl_context, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
+from shared.frame_sender import FrameSender
 from shared.nats_secrets import Credentials, CredentialsError, write_credentials
 from shared.nats_security import NatsSecurity
 from shared.nats_server import EmbeddedNats
-from shared.request_plane import FrameQueue, FrameSender, ResponseInbox
+from shared.request_plane import FrameQueue, ResponseInbox
 from shared.schemas import Cancel, Drain, KvSnapshotRequest, WorkerStatus
 from shared.schemas.transfer import LeaseAck, LeaseRefused, LeaseRelease, LeaseReply, LeaseRequest
 from shared.subjects import Subjects

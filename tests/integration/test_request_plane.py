@@ -10,7 +10,8 @@ from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
 from shared.errors import StreamGap, Timeout, Unavailable
-from shared.request_plane import FrameSender, ResponseStream, open_stream
+from shared.frame_sender import FrameSender
+from shared.request_plane import ResponseStream, open_stream
 from shared.schemas import GenerateRequest, Tokens
 
 requests: Codec[GenerateRequest] = Codec(GenerateRequest)

@@ -1,5 +1,5 @@
 """The router's accept timeout must outlast a worker's hold of `Accepted`
-(`shared.request_plane.FrameSender`): a request still prefilling would look unaccepted."""
+(`shared.frame_sender.FrameSender`): a request still prefilling would look unaccepted."""
 
 from __future__ import annotations
 
