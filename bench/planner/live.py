@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
@@ -38,15 +37,15 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
-from nats.aio.msg import Msg
 
 from bench.options import add_model_dir
 from bench.planner.main import run_arm as simulate
 from bench.planner.sim import Arrival, Phase, PlannerSetup, SimOptions, arrivals
+from bench.planner.watch import PlannerWatch, planner_lines, watching
 from bench.serve.client import RequestShape, make_client, served_model, stream_request
 from bench.serve.prompts import PromptSpec, TokenCounter, build_prompts
 from bench.serve.stats import RequestRecord, Slo, distribution_ms
@@ -56,11 +55,7 @@ from launch.plan import plan_stack
 from launch.stack import LocalStack
 from services.orchestrator.planning import Budget, PlannerConfig, Slos, Thresholds
 from services.worker.sim.profile import load_profile
-from shared.bus import connect
-from shared.codec import Codec
 from shared.config import WorkerConfig
-from shared.schemas.planner import PlannerDecision
-from shared.subjects import Subjects
 
 REQUEST_TIMEOUT_S = 600.0
 WARMUP_REQUESTS = 2
@@ -152,55 +147,6 @@ def figures(records: list[RequestRecord], slo: Slo, duration_s: float) -> dict:
             "attainment": round(met / len(records), 4) if records else None,
             "goodput_rps": round(met / duration_s, 3), "ttft_p50_ms": ttft["p50"], "ttft_p90_ms": ttft["p90"],
             "itl_p90_ms": tpot["p90"]}
-
-
-class PlannerWatch:
-    """The planner's ticks over a run (its `planner.decisions` events): every tick that acts,
-    and every `every_s` one that does not, with its notes and pressures (why it did not)."""
-
-    def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s = every_s
-        self.ticks: list[dict] = []
-        self._codec: Codec[PlannerDecision] = Codec(PlannerDecision)
-        self._start = time.monotonic()
-        self._last_idle = -every_s
-
-    def started(self) -> None:
-        self._start = time.monotonic()
-
-    async def on_decision(self, msg: Msg) -> None:
-        decision = self._codec.decode(msg.data)
-        at = time.monotonic() - self._start
-        if not decision.actions and at - self._last_idle < self.every_s:
-            return
-        if not decision.actions:
-            self._last_idle = at
-        self.ticks.append({"at_s": round(at, 1), "actions": [repr(action) for action in decision.actions],
-                           "notes": decision.notes, "pressures": {role: round(value, 2) for role, value
-                                                                  in decision.pressures.items()}})
-
-
-@contextlib.asynccontextmanager
-async def watching(stack: LocalStack, watch: PlannerWatch | None) -> AsyncIterator[None]:
-    """`watch` subscribed to the stack's planner decisions meanwhile (nothing when None)."""
-    if watch is None:
-        yield
-        return
-    bus = await connect(stack.operator_bus, "bench-planner-live")
-    try:
-        await bus.client.subscribe(Subjects(stack.config.namespace).planner_decisions, cb=watch.on_decision)
-        yield
-    finally:
-        await bus.close()
-
-
-def planner_lines(log_path: Path) -> list[str]:
-    """The orchestrator's planner lines (its decisions and their outcomes)."""
-    try:
-        text = log_path.read_text(errors="replace")
-    except OSError:
-        return []
-    return [line for line in text.splitlines() if "planner" in line and "no action" not in line]
 
 
 def run_arm(arm: Arm, setup: LiveSetup, plan: list[Phase], requests: list[Arrival], prompts: list[str],

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from bench.planner.live import _phase, figures, main, planner_lines, prompts_for, summary
+from bench.planner.live import _phase, figures, main, prompts_for, summary
 from bench.planner.sim import Phase, arrivals
+from bench.planner.watch import planner_lines
 from bench.serve.stats import RequestRecord, Slo
 
 
