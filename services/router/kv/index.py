@@ -63,10 +63,11 @@ from collections.abc import Mapping, Sequence
 from itertools import count
 
 from services.router.kv.index_match import drop_points, linear_drop_points, overlaps_of
+from services.router.kv.index_remove import clear_real, move_blocks, remove_blocks
 from services.router.kv.index_results import IndexStats, IngestOutcome, IngestResult, object_bytes
 from services.router.kv.index_runs import OpenMask, Runs
 from services.router.kv.index_store import store_event
-from services.router.kv.index_worker import IndexedWorker, apply_snapshot, drop_bit, release, worker_stats
+from services.router.kv.index_worker import IndexedWorker, apply_snapshot, drop_bit, worker_stats
 from shared.block_hash import ROOT_PARENT, block_hash_chain
 from shared.cluster.sequence import SequenceTracker
 from shared.schemas.kv_events import (
@@ -131,7 +132,7 @@ class KvIndex:
         if worker is None:
             return
         self._sequences.forget(worker_id)
-        self._clear_real(worker)
+        clear_real(worker, self._holders)
         for block_hash in worker.speculative:
             drop_bit(self._holders, block_hash, worker.bit)
         worker.speculative = {}
@@ -147,7 +148,7 @@ class KvIndex:
 
     def ingest(self, batch: KvEventBatch | KvEventBatchWithoutTokens) -> IngestResult:
         """Apply a worker's batch (decoded without token ids where the index does not read them:
-        `batch_decode`)."""
+        `batch_decode`): its stores by `index_store`, its removals, moves and clears by `index_remove`."""
         worker = self._workers.get(batch.worker_id)
         if worker is None:
             return IngestResult(IngestOutcome.UNKNOWN_WORKER, synced=False, resync_needed=False)
@@ -170,14 +171,14 @@ class KvIndex:
                 mismatched += event_mismatched
                 lost = lost or (unlinked and not cleared)
                 if event.tier != DEVICE_TIER or worker.tiers:
-                    moved += self._move(worker, event.block_hashes, event.tier)
+                    moved += move_blocks(worker, event.block_hashes, event.tier)
             elif type(event) is BlockRemoved:
-                removed += self._remove(worker, event.block_hashes)
+                removed += remove_blocks(worker, self._holders, event.block_hashes)
             elif type(event) is BlocksMoved:
-                moved += self._move(worker, event.block_hashes, event.tier)
+                moved += move_blocks(worker, event.block_hashes, event.tier)
             else:
                 assert type(event) is AllBlocksCleared, f"unknown KV event {event!r}"
-                self._clear_real(worker)
+                clear_real(worker, self._holders)
                 cleared = True
         step = self._sequences.observe(batch.worker_id, batch.seq, resynced=cleared, lost=lost)
         gap = not step.synced and (step.out_of_order or lost)
@@ -185,49 +186,6 @@ class KvIndex:
         return IngestResult(outcome, synced=step.synced, resync_needed=step.resync_needed,
                             stored_blocks=stored, removed_blocks=removed, rejected_blocks=rejected,
                             orphaned_blocks=orphaned, mismatched_blocks=mismatched, moved_blocks=moved)
-
-    def _move(self, worker: IndexedWorker, engine_hashes: list[int], tier: KvTier) -> int:
-        """The worker's blocks `engine_hashes` are now in `tier`; how many the index knows."""
-        tandem_of = worker.tandem_of
-        tiers = worker.tiers
-        moved = 0
-        for engine_hash in engine_hashes:
-            block_hash = tandem_of.get(engine_hash)
-            if block_hash is None:
-                continue  # never indexed, or removed since
-            if tier == DEVICE_TIER:
-                tiers.pop(block_hash, None)
-            else:
-                tiers[block_hash] = tier
-            moved += 1
-        return moved
-
-    def _remove(self, worker: IndexedWorker, engine_hashes: list[int]) -> int:
-        tandem_of = worker.tandem_of
-        removed = 0
-        dropped: list[int] = []
-        for engine_hash in engine_hashes:
-            block_hash = tandem_of.pop(engine_hash, None)
-            if block_hash is None:
-                continue  # never indexed (an orphan) or already removed: removal is idempotent
-            if release(worker, self._holders, block_hash):
-                dropped.append(block_hash)
-                if worker.tiers:
-                    worker.tiers.pop(block_hash, None)
-            removed += 1
-        if dropped:
-            worker.runs.dropped_real(dropped)
-        return removed
-
-    def _clear_real(self, worker: IndexedWorker) -> None:
-        """Drop every block the worker reported; its speculative blocks stay (requests in flight)."""
-        block_hashes = worker.tandem_of.values()
-        for block_hash in set(block_hashes) if worker.extra_refs else block_hashes:
-            drop_bit(self._holders, block_hash, worker.bit)
-        worker.tandem_of = {}
-        worker.extra_refs = {}
-        worker.tiers = {}
-        worker.runs.reset(worker.speculative.__contains__)
 
     # ---- speculation --------------------------------------------------------------------
 
