@@ -25,7 +25,7 @@ import tracemalloc
 
 from services.metrics.cluster_view import ClusterView
 from services.router.config import RoutingConfig
-from services.router.fleet.worker_pool import _WorkerState
+from services.router.fleet.worker_state import WorkerState
 from services.router.kv.index import KvIndex
 from services.router.routing import RouteRequest, build_policy, decide
 from services.worker.config import FleetConfig
@@ -53,10 +53,10 @@ def load(index: int) -> LoadSnapshot:
                         generated_tokens_total=0, pending_prefill_tokens=0)
 
 
-def router_states(count: int) -> list[_WorkerState]:
+def router_states(count: int) -> list[WorkerState]:
     states = []
     for index in range(count):
-        state = _WorkerState(registration(index))
+        state = WorkerState(registration(index))
         state.load = load(index)
         states.append(state)
     return states

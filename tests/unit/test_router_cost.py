@@ -69,7 +69,7 @@ def test_free_room_is_predicted_from_the_report_less_what_was_routed_since() -> 
 
 
 def test_the_worker_pool_reads_free_room_from_a_load_snapshot() -> None:
-    from services.router.fleet.worker_pool import free_kv_tokens
+    from services.router.fleet.worker_state import free_kv_tokens
 
     snapshot = LoadSnapshot(worker_id="a", seq=1, ts=0.0, running=0, waiting=0, kv_total_blocks=100,
                             kv_used_blocks=10, kv_cached_blocks=70, prompt_tokens_total=0, cached_tokens_total=0,

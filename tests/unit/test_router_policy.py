@@ -328,7 +328,7 @@ def test_routing_settings_are_validated() -> None:
 
 
 def test_a_worker_without_a_data_plane_is_a_transfer_group_of_its_own() -> None:
-    from services.router.fleet.worker_pool import transfer_group
+    from services.router.fleet.worker_state import transfer_group
     from shared.schemas import WorkerCapacity, WorkerRegistration, WorkerRole
 
     def registration(worker_id: str, kv_transfer: bool) -> WorkerRegistration:

@@ -20,6 +20,7 @@
   `InFlight.end()`, and the uncached prompt tokens it brings until its first token
   (`InFlight.prefill_done()`), in the worker's predicted-load ledger
   (`services.router.routing.ledger.WorkerLoad`, pure); the policy sees both through `views()`.
+  `InFlight` and each member's `WorkerState` (its view included) live in `worker_state`.
 - Other routers serving the same cluster (replicas behind one address) share theirs
   (`SharedLoadLink`): their requests in flight and prompt tokens waiting for prefill on a
   worker are added to this router's own in `views()`, and a load snapshot records them
@@ -37,111 +38,21 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-from services.router.fleet.shared_load import NO_REMOTE_LOAD, RemoteLoad
 from services.router.fleet.shared_load_link import PeerPrediction, SharedLoadLink
-from services.router.routing.ledger import Ticket, WorkerLoad
+from services.router.fleet.worker_state import InFlight, WorkerState, kv_pool_tokens
 from services.router.routing.view import WorkerView
 from shared.bus import Bus
 from shared.cluster.load_stream import LoadStream
 from shared.cluster.member_events import MemberChange, MemberEvent
 from shared.cluster.membership_mirror import MembershipMirror
 from shared.codec import MalformedCounter
-from shared.errors import Disconnected, Reconnected, TandemError
-from shared.request_plane import ResponseStream
-from shared.schemas import LoadSnapshot, RoutedLoad, WorkerRegistration, WorkerStatus
+from shared.errors import Disconnected, Reconnected
+from shared.schemas import LoadSnapshot, RoutedLoad, WorkerStatus
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-NO_KV_TRANSFER_MARK = ":no-kv-transfer:"  # a transfer group's suffix for a worker without a data plane
 RESYNC_WAIT_S = 3.0  # after a reconnect, how long a resumed request may wait for its workers to re-register
-
-
-class InFlight(Ticket):
-    """One request routed to one worker, counted in that worker's ledger until `end()`, with
-    the stream to abort if the worker leaves meanwhile."""
-
-    def __init__(self, pool: "WorkerPool", worker_id: str, request_id: str, prefill_tokens: int = 0) -> None:
-        super().__init__(worker_id, request_id, prefill_tokens)
-        self._pool = pool
-        self.stream: ResponseStream | None = None
-        self.lost: TandemError | None = None  # set when the worker left while we were routed to it
-
-    def attach(self, stream: ResponseStream) -> None:
-        """The request's stream is open; it is aborted at once if the worker already left."""
-        self.stream = stream
-        if self.lost is not None:
-            stream.abort(self.lost)
-
-    def abort(self, error: TandemError) -> None:
-        if self.lost is None:
-            self.lost = error
-            if self.stream is not None:
-                self.stream.abort(error)
-
-    def prefill_done(self) -> None:
-        """The worker produced its first token: its prompt no longer waits for prefill."""
-        if self.prefill_tokens:
-            self._pool._prefill_done(self)
-
-    def end(self) -> None:
-        self._pool._end(self)
-
-
-class _WorkerState(WorkerLoad[InFlight]):
-    """A member: its registration and last load snapshot, on top of its predicted-load ledger
-    (a snapshot's arrival is the ledger's `reported()`: it records the counts it covers)."""
-
-    def __init__(self, registration: WorkerRegistration) -> None:
-        super().__init__()
-        self.registration = registration
-        self.load: LoadSnapshot | None = None
-        self.remote_at_report = NO_REMOTE_LOAD  # the other routers' share when the last snapshot arrived
-
-    def view(self, remote: RemoteLoad = NO_REMOTE_LOAD) -> WorkerView:
-        """`remote`: the other routers' requests on the worker, counted like ours."""
-        registration, load, at_report = self.registration, self.load, self.remote_at_report
-        return WorkerView(
-            worker_id=registration.worker_id,
-            model=registration.model,
-            role=registration.role,
-            status=registration.status,
-            max_num_seqs=registration.capacity.max_num_seqs,
-            max_model_len=registration.capacity.max_model_len,
-            reported_load=None if load is None else load.running + load.waiting,
-            in_flight=len(self.in_flight) + remote.in_flight,
-            in_flight_at_report=self.in_flight_at_report + at_report.in_flight,
-            last_routed=self.last_routed,
-            compat_hash=transfer_group(registration),
-            reported_prefill_tokens=None if load is None else load.pending_prefill_tokens,
-            outstanding_prefill_tokens=self.outstanding_prefill_tokens + remote.prefill_tokens,
-            outstanding_prefill_at_report=self.outstanding_prefill_at_report + at_report.prefill_tokens,
-            kv_push=registration.capabilities.kv_push,
-            kv_capacity_tokens=kv_pool_tokens(registration),
-            reported_free_kv_tokens=None if load is None else free_kv_tokens(load, registration.block_size),
-            adapters=frozenset(registration.adapters),
-            adapter_slots=registration.adapter_slots,
-            block_size=registration.block_size,
-            kv_layout=registration.kv_layout,
-        )
-
-    def abort_all(self, error: TandemError) -> None:
-        for in_flight in list(self.in_flight.values()):
-            in_flight.abort(error)
-
-
-def kv_pool_tokens(registration: WorkerRegistration) -> int:
-    """The tokens the worker's KV pool holds."""
-    return registration.capacity.kv_blocks * registration.block_size
-
-
-def transfer_group(registration: WorkerRegistration) -> str:
-    """Workers exchange KV blocks only within a group: equal compatibility hashes, and a
-    data plane. A worker without one is a group of its own, so it is never paired and never
-    named as a holder to pull from (it would have to refuse)."""
-    if registration.kv_transfer:
-        return registration.compat_hash
-    return f"{registration.compat_hash}{NO_KV_TRANSFER_MARK}{registration.worker_id}"
 
 
 class MembershipListener(Protocol):
@@ -159,7 +70,7 @@ class WorkerPool:
         # `on_peer_prediction`: told each prompt another router routed (`SharedLoadLink`)
         self.shared_load = SharedLoadLink(bus, subjects, malformed, self._own_load,
                                           on_peer_prediction=on_peer_prediction)
-        self._workers: dict[str, _WorkerState] = {}
+        self._workers: dict[str, WorkerState] = {}
         self._bus = bus
         self._members = MembershipMirror(bus, subjects.members_bucket, self._on_member, malformed,
                                          ttl_s=bucket_ttl_s, grace_s=reconnect_grace_s)
@@ -325,7 +236,7 @@ class WorkerPool:
                                        lends_host_tier=registration.capabilities.host_tier_lending)
         state = self._workers.get(worker_id)
         if state is None:
-            self._workers[worker_id] = _WorkerState(registration)
+            self._workers[worker_id] = WorkerState(registration)
             log.info("worker %s joined (%s, %s, %s)", worker_id, registration.model,
                      registration.role.value, registration.status.value)
         else:
@@ -362,8 +273,3 @@ class WorkerPool:
         if self._members.confirm(snapshot.worker_id):  # it reached us since our reconnect: it is alive
             log.info("worker %s confirmed by its load report since the reconnect", snapshot.worker_id)
             self._notify()
-
-
-def free_kv_tokens(load: LoadSnapshot, block_size: int) -> int:
-    """KV that holds nothing reusable nor live, in tokens: filling it evicts no cached prefix."""
-    return max(0, load.kv_total_blocks - max(load.kv_cached_blocks, load.kv_used_blocks)) * block_size

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from services.router.fleet.worker_link import WorkerLink
-from services.router.fleet.worker_pool import InFlight
+from services.router.fleet.worker_state import InFlight
 from services.router.flows.handoff import HandOff, PullHandOff, PushHandOff
 from services.router.flows.records import GenerationParams
 from services.router.flows.spans import span_headers

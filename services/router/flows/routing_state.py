@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from services.router.config import RoutingConfig
-from services.router.fleet.worker_pool import NO_KV_TRANSFER_MARK, WorkerPool
+from services.router.fleet.worker_pool import WorkerPool
+from services.router.fleet.worker_state import NO_KV_TRANSFER_MARK
 from services.router.flows.executor import CommittedPlan
 from services.router.flows.records import Clock, GenerationParams
 from services.router.kv.view import KvView, ModelKv, PromptCache
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 def build_of(view: WorkerView) -> str:
     """The worker's compatibility hash (its model build), without the transfer group's suffix
-    for a worker that exchanges no KV (`worker_pool.transfer_group`)."""
+    for a worker that exchanges no KV (`worker_state.transfer_group`)."""
     return view.compat_hash.split(NO_KV_TRANSFER_MARK, 1)[0]
 
 

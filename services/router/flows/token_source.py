@@ -21,7 +21,7 @@ import msgspec
 from nats.errors import Error as NatsError
 
 from services.router.fleet.worker_link import WorkerLink
-from services.router.fleet.worker_pool import InFlight
+from services.router.fleet.worker_state import InFlight
 from shared.codec import encode
 from shared.errors import InvalidArgument, TandemError, Unavailable
 from shared.schemas import Finished, Tokens

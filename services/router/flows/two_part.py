@@ -36,7 +36,7 @@ import msgspec
 from opentelemetry import trace
 
 from services.router.fleet.worker_link import WorkerLink
-from services.router.fleet.worker_pool import InFlight
+from services.router.fleet.worker_state import InFlight
 from services.router.flows.handoff import HandOff
 from services.router.flows.records import OUTCOME_OK, GenerationParams
 from services.router.flows.spans import child_span, end_span, span_headers
