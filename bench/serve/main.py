@@ -49,6 +49,7 @@ from pathlib import Path
 import httpx
 
 from bench.options import TINY_MODEL_HELP, add_model_dir
+from bench.serve.interference import interference_settings
 from bench.serve.peer import PeerPlan, PeerStack
 from bench.serve.prompts import PromptSpec, one_token_per_word
 from bench.serve.run import ServeWorkload, progress, run_serve, tokenizer_counter
@@ -216,14 +217,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def itl_weight(slo: Slo | None, max_tokens: int) -> float:
-    """The router's interference weight for a run's SLO (`calibration.slo_itl_weight`,
-    docs/routing.md). Without an SLO, 1."""
-    from services.router.routing.calibration import slo_itl_weight
-
-    return 1.0 if slo is None else slo_itl_weight(slo.ttft_ms, slo.itl_ms, max(max_tokens, 1))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["multiturn"]:  # conversations, prefix pull on and off (bench.serve.multiturn)
@@ -242,8 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_tokens=args.max_tokens, api=args.api, concurrency=args.concurrency or 1,
             request_rate=args.request_rate, warmup=args.warmup, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
             slo=slo)
-        topologies = [dataclasses.replace(topology, itl_weight=itl_weight(slo, args.max_tokens))
-                      if topology.any_prefill else topology
+        interference = interference_settings(slo, args.max_tokens, engine=args.engine, sim_profile=args.sim_profile,
+                                             sim_speedup=args.sim_speedup)
+        topologies = [dataclasses.replace(topology, **interference) if topology.any_prefill else topology
                       for topology in (parse_topologies(args.compare) if args.compare else [])]
     except ValueError as error:
         parser.error(str(error))

@@ -6,7 +6,8 @@ stack definition (`launch.definition`).
 - "Nx1": N workers of role both, each serving whole requests (N single-engine replicas).
 - "Nxany": N workers of role both, any of which may compute a prompt for another: the router
   disaggregates a request only where its cost model says it wins (`prefill_from` "any",
-  with the interference terms weighted by `itl_weight`, derived from the run's SLO).
+  with the interference terms weighted by `itl_weight` and `itl_budget_tokens`, derived from
+  the run's SLO and, on the sim, its timing profile: `bench.serve.interference`).
 - "Nxvllm": not Tandem but its peer, N plain vLLM servers behind vllm-router
   (round-robin), as `bench.serve.peer` runs them.
 """
@@ -38,11 +39,12 @@ class Topology:
     peer: int = 0  # plain vLLM servers behind vllm-router (no Tandem)
     any_prefill: bool = False  # the workers of role both may compute prompts for one another
     itl_weight: float = 1.0  # with `any_prefill`: the router's interference weight
+    itl_budget_tokens: float = 0.0  # ... and what a decoding request absorbs before its ITL SLO (0: nothing)
 
     @property
     def router_settings(self) -> Settings:
         if self.any_prefill:
-            return {"prefill_from": "any", "itl_weight": self.itl_weight}
+            return {"prefill_from": "any", "itl_weight": self.itl_weight, "itl_budget_tokens": self.itl_budget_tokens}
         return dict(ALWAYS_DISAGGREGATE) if self.prefill else {}
 
 

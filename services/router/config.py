@@ -123,6 +123,10 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         "Cost model: per prompt token computed on a worker, per request decoding there (the decode steps it "
         "delays), and per prompt token queued on the decode worker (the prefill its decode will wait for); "
         "0: TTFT alone decides where a prompt is computed.")] = 0.0
+    # `services.router.routing.cost.itl_excess`; `calibration.slo_itl_budget_tokens` derives it
+    itl_budget_tokens: Annotated[float, flag(
+        "Cost model: prompt tokens a decoding request may share its steps with before its time per output token "
+        "reaches the ITL SLO; the interference terms price only the tokens beyond it. 0: every token.")] = 0.0
     # `services.router.routing.plan.kv_transfer_mode`
     pd_transfer: Annotated[Literal["pull", "push"], flag(
         "How a disaggregated request's prompt KV reaches the decode worker: pull (prefill first, the decode "
@@ -133,7 +137,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
                      "decode_weight", "request_overhead_tokens", "hot_load_factor", "home_slack_tokens",
-                     "host_load_weight", "itl_weight"):
+                     "host_load_weight", "itl_weight", "itl_budget_tokens"):
             require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         require(self.replica_share_slack is None or self.replica_share_slack >= 0,
                 "routing replica_share_slack must not be negative")

@@ -96,3 +96,35 @@ def test_the_exposure_grows_with_the_requests_in_flight() -> None:
 
     assert decode_exposure(ANY, 1000, 0) == 0.0
     assert decode_exposure(ANY, 1000, 3) == 3 * decode_exposure(ANY, 1000, 1) == 3000.0
+
+
+def test_stalls_within_the_decodes_budget_cost_nothing() -> None:
+    """`itl_budget_tokens`: what a decoding request absorbs before its time per output token
+    reaches the SLO. Within it, the bunched case above is served whole (the hand-off buys
+    nothing); where a prompt overruns it, the pair wins again."""
+    from services.router.routing.cost import itl_excess
+
+    budgeted = RoutingConfig(prefill_from="any", itl_weight=1.0, itl_budget_tokens=5000)
+    workers = [worker("a", reported_load=4), worker("b", reported_load=2, reported_prefill_tokens=2000)]
+    assert route(workers, budgeted).flow == "single"
+    tight = RoutingConfig(prefill_from="any", itl_weight=1.0, itl_budget_tokens=100)
+    plan = route(workers, tight)
+    assert (plan.flow, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "b", "a")
+    assert itl_excess(budgeted, 0, 1000) == 0.0
+    assert itl_excess(budgeted, 4500, 1000) == 500.0  # the queue ahead uses most of the budget
+    assert itl_excess(budgeted, 6000, 1000) == 1000.0
+    assert itl_excess(ANY, 6000, 1000) == 1000.0  # no budget: every token
+
+
+def test_the_budget_comes_from_the_itl_slo_and_the_engine_timings() -> None:
+    from services.router.routing.calibration import EngineTiming, slo_itl_budget_tokens
+
+    timing = EngineTiming(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0,
+                          decode_ms_per_seq=0.1, max_num_seqs=64)
+    # a full step takes 15.4 ms: 39.6 ms of slack per token over 64 tokens, at 0.05 ms per prompt token
+    assert slo_itl_budget_tokens(55, 64, timing) == 50688
+    # a sim sped up 10x: its steps and prompt tokens take a tenth of the wall time each
+    assert slo_itl_budget_tokens(55, 64, EngineTiming(0.5, 1.0, 8.0, 0.1, 64, speedup=10)) == round(53.46 * 64 / 0.05)
+    assert slo_itl_budget_tokens(10, 64, timing) == 0  # a full batch alone misses the SLO
+    with pytest.raises(ValueError):
+        slo_itl_budget_tokens(0, 64, timing)

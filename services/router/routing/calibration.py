@@ -13,7 +13,9 @@ compute one prompt token. Every other term is a time divided by that one:
 - `host_load_weight` (`host_load_weight`): loading one token's KV back from a host-memory
   tier, over computing it (the sim's `TimingProfile.host_load_ms`, or a measured copy);
 - `itl_weight` (`slo_itl_weight`): what a millisecond of a decoding request's delay is worth
-  against a millisecond of a new request's wait for its first token, from the SLOs.
+  against a millisecond of a new request's wait for its first token, from the SLOs;
+- `itl_budget_tokens` (`slo_itl_budget_tokens`): how many prompt tokens a decoding request
+  may share its steps with before its time per output token reaches the ITL SLO.
 
 The inputs are plain numbers: an engine's timing profile (the sim's `TimingProfile`, or a
 profile measured on a real engine) and a measured transfer (`tandem bench transfer`). Wall
@@ -95,3 +97,20 @@ def slo_itl_weight(slo_ttft_ms: float, slo_itl_ms: float, output_tokens: int) ->
     if slo_ttft_ms <= 0 or slo_itl_ms <= 0 or output_tokens < 1:
         raise ValueError("SLOs must be positive and answers at least one token long")
     return round(slo_ttft_ms / slo_itl_ms / output_tokens, 3)
+
+
+def slo_itl_budget_tokens(slo_itl_ms: float, output_tokens: int, engine: EngineTiming) -> float:
+    """`RoutingConfig.itl_budget_tokens` for an ITL SLO of `slo_itl_ms` (wall ms per output
+    token after the first) and answers of about `output_tokens` tokens on `engine`.
+
+    A request decoding in full batches takes `step_overhead + decode_base + max_num_seqs x
+    decode_per_seq` per token; every prompt token computed in its steps adds one prompt
+    token's compute to its total. Its time per output token reaches the SLO once those
+    additions fill the gap over its `output_tokens` steps: (slo_itl - full step) x
+    output_tokens / prefill time per token, in wall time (a sim's speed-up scales both engine
+    times). 0 where a full batch alone misses the SLO: then every stall counts."""
+    if slo_itl_ms <= 0 or output_tokens < 1:
+        raise ValueError("the ITL SLO must be positive and answers at least one token long")
+    full_step_ms = (engine.step_overhead_ms + engine.decode_base_ms
+                    + engine.max_num_seqs * engine.decode_ms_per_seq) / engine.speedup
+    return round(max(0.0, slo_itl_ms - full_step_ms) * output_tokens / engine.wall_ms_per_prompt_token)

@@ -157,8 +157,21 @@ def decode_exposure(routing: RoutingConfig, prompt_tokens: int, requests_in_flig
     decodes stalls it. Arrivals come in bunches, so as many prompts as there are requests
     in flight are expected meanwhile: `itl_weight` x prompt tokens x requests in flight.
     Priced, a fleet under load keeps one worker free of decodes for the prompts (a pair
-    sends the decode elsewhere) and a quiet one serves whole (nothing in flight)."""
-    return routing.itl_weight * prompt_tokens * requests_in_flight
+    sends the decode elsewhere) and a quiet one serves whole (nothing in flight). Only what
+    exceeds the decode's budget counts (`itl_excess`)."""
+    return routing.itl_weight * itl_excess(routing, 0, prompt_tokens * requests_in_flight)
+
+
+def itl_excess(routing: RoutingConfig, shared_tokens: int, added_tokens: int) -> float:
+    """Of `added_tokens` more prompt tokens computed beside a decoding request that already
+    shares its steps with `shared_tokens` (those queued where it decodes), the ones beyond its
+    budget (`itl_budget_tokens`: what it absorbs before its time per output token reaches the
+    ITL SLO, `calibration.slo_itl_budget_tokens`). Within the budget a stall costs the SLO
+    nothing, so serving whole keeps its saved hand-off; with budget 0, every token counts."""
+    budget = routing.itl_budget_tokens
+    if not budget:
+        return added_tokens
+    return max(0.0, shared_tokens + added_tokens - budget) - max(0.0, shared_tokens - budget)
 
 
 def pull_cost(routing: RoutingConfig, pulled_tokens: int) -> float:
@@ -189,8 +202,12 @@ def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerVie
 def interference(routing: RoutingConfig, computing: WorkerView, uncached_tokens: int) -> float:
     """What computing `uncached_tokens` on `computing` costs the requests decoding there: each
     of them waits for the prompt's compute (chunked prefill shares their steps), so their
-    inter-token latency spikes: `itl_weight` x requests there x tokens."""
-    return routing.itl_weight * computing.predicted_load * uncached_tokens
+    inter-token latency spikes: `itl_weight` x requests there x tokens (those beyond their
+    budget, after the prompts queued there: `itl_excess`)."""
+    if not routing.itl_weight or not computing.predicted_load:
+        return 0.0
+    excess = itl_excess(routing, computing.predicted_prefill_tokens, uncached_tokens)
+    return routing.itl_weight * computing.predicted_load * excess
 
 
 def affinity_margin(routing: RoutingConfig, cached_tokens: int, free_tokens: int | None = 0) -> float:
@@ -202,5 +219,7 @@ def affinity_margin(routing: RoutingConfig, cached_tokens: int, free_tokens: int
 
 def decode_cost(routing: RoutingConfig, decode: WorkerView) -> float:
     """The decode worker's part of a flow's cost: its batch, and the prompt tokens queued
-    there, which the request's decode steps will wait for (`itl_weight` per token)."""
-    return routing.decode_weight * decode.relative_load + routing.itl_weight * decode.predicted_prefill_tokens
+    there, which the request's decode steps will wait for (`itl_weight` per token beyond its
+    budget, `itl_excess`)."""
+    waits = itl_excess(routing, 0, decode.predicted_prefill_tokens) if routing.itl_weight else 0
+    return routing.decode_weight * decode.relative_load + routing.itl_weight * waits
