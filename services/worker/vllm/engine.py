@@ -28,6 +28,8 @@ process's end of it. The engine implements the data plane's port
 - a push's reader (`release_key`): the pushed blocks are cached and pinned in vLLM before
   the request is added; the stream unpins them once the request was admitted (its first
   output), or when it ends without one.
+
+A stream's part in these is `stream_transfer.StreamTransfer`.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from connector.port import LayerHook
 from connector.vllm.engine_port import LoadCallback, StagedTransfer
 from connector.vllm.kv_link import ConnectorLink, HeldBlocks
-from connector.vllm.kv_wire import Loaded, TransferOrder, held_of
+from connector.vllm.kv_wire import TransferOrder
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput, check_request
 from services.worker.vllm.adapters import LoraCatalog
 from services.worker.vllm.attention import attention_isa
@@ -63,8 +65,9 @@ from services.worker.vllm.outputs import OutputReader
 from services.worker.vllm.processes import child_pids, engine_processes, reap_processes, wait_engine_failure
 from services.worker.vllm.sampling import vllm_sampling_params
 from services.worker.vllm.stats import EngineStats
+from services.worker.vllm.stream_transfer import StreamTransfer
 from shared.config import ConfigError
-from shared.errors import InvalidArgument, TandemError, Unavailable
+from shared.errors import InvalidArgument, Unavailable
 from shared.schemas.generate import SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
 from shared.tracing import inject_headers
@@ -256,38 +259,25 @@ class VllmEngine:
     async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
                       staged: StagedTransfer | None, lora: LoRARequest | None = None) -> AsyncGenerator[EngineOutput, None]:
         llm, engine_input, vllm_sampling = self._vllm_request(request_id, token_ids, sampling, staged)
-        order = staged.order if staged is not None else None
-        # Registered before the request is added: the report can overtake the first output.
-        load_waiter = self.kv_link.loads.expect(order.transfer_id) if order and order.pull else None
-        release_key = order.release_key if order is not None else ""
+        transfer = StreamTransfer(self, request_id, staged, self._held) if staged is not None else None
         # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
         outputs = llm.generate(engine_input, vllm_sampling, request_id, lora_request=lora,
                                trace_headers=inject_headers() if self.options.otlp_traces_endpoint else None)
         self._streams.add(request_id)
         self._awaiting_first_output[request_id] = len(token_ids)
         finished = False
-        hold_settled = False  # the final output's held blocks are stored, or there were none
         reader = OutputReader(request_id, len(token_ids))
         try:
             async for output in outputs:
                 self._awaiting_first_output.pop(request_id, None)
-                if release_key:  # admitted: its prefix-cache hit holds the pushed blocks now
-                    self.kv_link.unpin_soon([release_key])
-                    release_key = ""
-                if load_waiter is not None:
-                    assert staged is not None and staged.on_loaded is not None and order is not None
-                    report = await self.kv_link.loads.wait(order.transfer_id, load_waiter)
-                    load_waiter = None
-                    staged.on_loaded(report, "" if report is not None else "no load report")
+                if transfer is not None:
+                    await transfer.on_output()
                 finished = output.finished
                 engine_output = reader.read(output)
                 if engine_output is None:
                     continue
-                if finished:
-                    if order is not None and order.hold_key:
-                        await self._keep_held(request_id, output)
-                    # An abort can race a finish that vLLM's scheduler saw first (and pinned).
-                    hold_settled = engine_output.finish_reason != "abort"
+                if finished and transfer is not None:
+                    await transfer.on_finished(output, engine_output.finish_reason)
                 yield engine_output
         except VLLMValidationError as error:
             finished = True
@@ -297,46 +287,19 @@ class VllmEngine:
             raise Unavailable(f"the vLLM engine died: {error}") from error
         finally:
             # Reached on normal end, on aclose()/GeneratorExit and on cancellation.
-            await self._end_stream(request_id, outputs, staged, finished=finished, release_key=release_key,
-                                   load_waiter=load_waiter, hold_settled=hold_settled)
+            await self._end_stream(request_id, outputs, transfer, finished=finished)
 
     async def _end_stream(self, request_id: str, outputs: AsyncGenerator[RequestOutput, None],
-                          staged: StagedTransfer | None, *, finished: bool, release_key: str,
-                          load_waiter: asyncio.Future[Loaded] | None, hold_settled: bool) -> None:
+                          transfer: StreamTransfer | None, *, finished: bool) -> None:
         """Let go of what a request's stream still holds when it ends, however it ends: vLLM's
-        request if not finished, the pushed blocks' pin if never admitted, the load waiter if
-        no output came, the held blocks' pin if not taken or not settled."""
-        order = staged.order if staged is not None else None
+        request if not finished, then what its KV transfer holds (`StreamTransfer.end`)."""
         self._streams.discard(request_id)
         self._awaiting_first_output.pop(request_id, None)
         if not finished:
             # vLLM's own generator aborts the request when closed before its end.
             await outputs.aclose()
-        if release_key:
-            self.kv_link.unpin_soon([release_key])
-        if load_waiter is not None:  # ended before its first output: the pull never ran here
-            assert staged is not None and staged.on_loaded is not None and order is not None
-            self.kv_link.loads.forget(order.transfer_id)
-            staged.on_loaded(None, "cancelled")
-        if order is not None and order.hold_key:
-            # Not taken by take_held(), or the request ended before its held blocks were
-            # stored while vLLM may have pinned them: unpinning an unknown key is a no-op.
-            if self._held.pop(request_id, None) is not None or not hold_settled:
-                self.kv_link.unpin_soon([order.hold_key])
-
-    async def _keep_held(self, request_id: str, output: RequestOutput) -> None:
-        """Checksum the blocks vLLM pinned for a finished hold request, for `take_held()`."""
-        held = held_of(output.kv_transfer_params)
-        if held is None:
-            return  # no full block in the prompt, or aborted: vLLM pinned nothing
-        try:
-            checksums = await self.kv_link.block_checksums(held.block_ids)  # the tail's whole block too
-        except TandemError as error:
-            log.warning("not holding the blocks of %s: %s", request_id, error)
-            self.kv_link.unpin_soon([held.key])
-            return
-        self._held[request_id] = HeldBlocks(key=held.key, block_ids=held.block_ids, checksums=checksums,
-                                            tail_tokens=held.tail_tokens)
+        if transfer is not None:
+            transfer.end()
 
     async def _reap(self) -> None:
         processes, self._processes = self._processes, []
