@@ -18,7 +18,8 @@ as mirrored by the orchestrator), then carried out and followed to its end, boun
 - LoadWorkerAdapter / UnloadWorkerAdapter: `LoadAdapter` / `UnloadAdapter` to the worker;
   `ok` once its registration lists the adapter (or no longer does).
 
-Commands run each in their own task, so a long drain does not hold up a `workers` listing.
+`command_listener.CommandListener` takes commands off the subjects and runs each in its own
+task, through `execute`, so a long drain does not hold up a `workers` listing.
 The orchestrator's `MembershipMirror` calls `member_changed()` on every bucket change;
 waits are on that, with a deadline.
 """
@@ -32,14 +33,14 @@ import uuid
 from collections.abc import Callable, Mapping
 
 import msgspec
-from nats.aio.msg import Msg
 
 from services.orchestrator.command_checks import refusal
+from services.orchestrator.command_listener import CommandListener
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.launchers import LaunchedWorker, Launcher, LaunchError, WorkerLaunch
 from services.orchestrator.model_wake import ModelWakes
 from services.orchestrator.rolling_upgrade import rolling_upgrade
-from shared.bus import Bus, unsubscribe_quietly
+from shared.bus import Bus
 from shared.codec import Codec, MalformedCounter, encode
 from shared.schemas import (
     ControlReply,
@@ -86,12 +87,10 @@ class ControlPlane:
         self._subjects = config.bus.subjects
         self._members = members
         self.launcher = launcher
-        self._commands: Codec[OrchestratorCommand] = Codec(OrchestratorCommand, malformed)
+        self._listener = CommandListener(bus, self._subjects, self.execute, malformed)
         self._replies: Codec[ControlReply] = Codec(ControlReply, malformed)
         self._changed = asyncio.Event()
         self._launched: dict[str, LaunchedWorker] = {}
-        self._running: set[asyncio.Task[None]] = set()
-        self._subscriptions: list = []
         self._wakes = ModelWakes(self, config)
 
     async def start(self) -> None:
@@ -102,68 +101,16 @@ class ControlPlane:
                          handle.container_id or f"pid {handle.pid}")
         except LaunchError as error:  # the engine is away: adds will say so too
             log.warning("could not look for workers of an earlier run: %s", error)
-        client = self._bus.client
-        self._subscriptions = [await client.subscribe(self._subjects.orchestrator_commands, cb=self._on_command),
-                               await client.subscribe(self._subjects.orchestrator_wake, cb=self._on_wake)]
-        await client.flush()
+        await self._listener.start()
 
     async def stop(self) -> None:
-        await unsubscribe_quietly(self._subscriptions, "orchestrator commands")
-        self._subscriptions = []
-        for task in self._running:
-            task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await self._listener.stop()  # no command runs past here
         # Workers this orchestrator started do not outlive it (they drain on SIGTERM).
         await self.launcher.stop_all(self._config.command_timeout_s)
 
     def member_changed(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
-
-    # ---- the command subject ---------------------------------------------------------
-
-    async def _on_command(self, msg: Msg) -> None:
-        command = self._commands.decode_or_none(msg.data, msg.subject)
-        if not msg.reply:
-            return
-        if command is None:
-            await self._answer(msg, CommandOutcome(outcome="refused", reason="malformed command"))
-            return
-        task = asyncio.create_task(self._run(msg, command), name=f"command:{type(command).__name__}")
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def _on_wake(self, msg: Msg) -> None:
-        """The wake subject carries `WakeModel` only (the router may not send other commands)."""
-        command = self._commands.decode_or_none(msg.data, msg.subject)
-        if command is not None and not isinstance(command, WakeModel):
-            command = None
-        if msg.reply and command is None:
-            await self._answer(msg, CommandOutcome(outcome="refused", reason="not a wake_model command"))
-            return
-        if command is not None:
-            task = asyncio.create_task(self._run(msg, command), name="command:WakeModel")
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-
-    async def _run(self, msg: Msg, command: OrchestratorCommand) -> None:
-        try:
-            outcome = await self.execute(command)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.exception("command %r failed", command)
-            outcome = CommandOutcome(outcome="failed", reason=f"internal error: {error}")
-        log.info("command %s %s: %s %s", type(command).__name__, getattr(command, "worker_id", ""),
-                 outcome.outcome, outcome.reason)
-        if msg.reply:
-            await self._answer(msg, outcome)
-
-    async def _answer(self, msg: Msg, outcome: CommandOutcome) -> None:
-        try:
-            await self._bus.client.publish(msg.reply, encode(outcome))
-        except Exception as error:  # the asker times out
-            log.warning("could not answer a command: %s", error)
 
     # ---- carrying commands out ---------------------------------------------------------
 
