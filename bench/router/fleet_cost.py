@@ -38,8 +38,10 @@ import httpx
 from bench.options import add_model_dir
 from bench.router.load import process_cpu_s
 from launch.plan import StackConfig
+from launch.service_commands import CLUSTER_FIELDS, WORKER_COMMAND, cluster_bus, cluster_membership
 from launch.stack import LocalStack, router_names
 from shared.bus import connect
+from shared.config import WorkerConfig
 from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
 
@@ -61,11 +63,14 @@ def fleet_stack(model_dir: str, log_dir: Path, routers: int) -> LocalStack:
 
 
 def fleet_args(stack: LocalStack, count: int) -> list[str]:
+    """`tandem worker-fleet` of `count` sim workers on the stack's bus; its worker flags written
+    from a worker config, as the launchers write theirs (`launch.service_commands`)."""
     config = stack.config
-    return ["worker-fleet", "--count", str(count), "--id-prefix", "sim-", "--engine", "sim",
-            "--model-dir", config.model_dir, "--nats-url", stack.nats_url, "--namespace", config.namespace,
-            "--heartbeat-interval", str(HEARTBEAT_S), "--ttl", str(TTL_S), "--load-interval", str(LOAD_INTERVAL_S),
-            "--kv-blocks", "256"]
+    worker = WorkerConfig(worker_id="template", engine="sim", model_dir=config.model_dir, kv_blocks=256,
+                          load_interval_s=LOAD_INTERVAL_S, bus=cluster_bus(stack.nats_url, config.namespace),
+                          membership=cluster_membership(HEARTBEAT_S, TTL_S))
+    return ["worker-fleet", "--count", str(count), "--id-prefix", "sim-",
+            *WORKER_COMMAND.flags(worker, ("engine", "model_dir", *CLUSTER_FIELDS, "load_interval_s", "kv_blocks"))]
 
 
 def router_urls(stack: LocalStack) -> dict[str, str]:
