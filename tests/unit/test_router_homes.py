@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
 from services.router.routing.placement.copies import COPY_FORGOTTEN
-from services.router.routing.placement.homes import LIVE_COUNT, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.placement.homes import LIVE_COUNT, PrefixHomes
 from services.router.routing.placement.residency import RESIDENT_FILL
+from services.router.routing.placement.resident_prefixes import RESIDENCY_EVERY
 from services.router.routing.placement.snapshot import HomedShares, HomedTokens, snapshot_of
 from tests.unit.worker_views import worker_view
 
@@ -620,7 +621,7 @@ def test_a_resident_prefix_leaving_its_home_goes_where_its_prompt_fits() -> None
 
 
 def _walked_resident_tokens(homes: PrefixHomes, worker_id: str) -> int:
-    residents = homes._residents or set()
+    residents = homes._residency.keys or set()
     return sum(homes._prefixes[key][3] for key in residents if homes._prefixes[key][0] == worker_id)
 
 
@@ -661,6 +662,6 @@ def test_resident_tokens_kept_as_prefixes_are_routed_equal_the_walk_over_the_res
             homes.forget(step[1])
         for worker_id in "abc":
             tokens = homes.homed_tokens(worker_id)
-            if homes._residents is not None:
+            if homes._residency.keys is not None:
                 assert tokens == _walked_resident_tokens(homes, worker_id)
-                assert homes._residents <= homes._live
+                assert homes._residency.keys <= homes._live

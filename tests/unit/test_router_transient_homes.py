@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from services.router.config import RoutingConfig
-from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, RESIDENCY_EVERY, PrefixHomes
+from services.router.routing.placement.homes import DEFAULT_OVERHEAD_TOKENS, PrefixHomes
 from services.router.routing.placement.residency import RESIDENT_FILL, RESIDENT_HOLD, rank_residents
+from services.router.routing.placement.resident_prefixes import RESIDENCY_EVERY
 from services.router.routing.placement.snapshot import snapshot_of
 from tests.unit.test_router_homes import PROMPT, pick, route, sized, worker
 

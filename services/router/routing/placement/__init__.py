@@ -10,6 +10,7 @@
   KV and work; fed by `Placement` on each routed prompt;
 - `copies`: what a popular prefix's copies, served away from its home, add to each worker;
 - `residency`: once the cluster's KV cannot hold every live prefix, which ones stay resident;
+  `resident_prefixes`: `ResidentPrefixes`, `PrefixHomes`' ranking of them, kept between two;
 - `rules`: `HomeRules`, the home rules of one request: whether its prompt goes to its
   prefix's home, why a prefix leaves its home, and which candidate is its home; asked by
   the kv-aware policy (`policies.cheapest.Cheapest.part`) over the parts the scoring stage priced;

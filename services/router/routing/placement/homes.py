@@ -35,17 +35,17 @@ miss wherever they go, and counting them in `homed_tokens` would make every work
 overfull (so every minor tenant would look worth moving, and no worker would look roomy for
 a new home). So only the *resident* prefixes count there (`residency.rank_residents`: the
 most requested recurring ones that fit in part of the cluster's KV), ranked anew every
-`RESIDENCY_EVERY` routed requests; the others are *transient* (`resident` is False for
-them; `transient` is True for the recurring ones). They miss wherever they go, so it is
-their load, not their KV, that their homes must share out. A miss costs several hits (a
-whole prompt against its unshared tail), so that load is counted as *work*: each request
-adds the prompt tokens its worker is predicted to compute plus `overhead_tokens` (its
-engine steps' fixed cost, `RoutingConfig.request_overhead_tokens`), decayed as the counts
-are, and `work_shares` gives each worker's part of the recent work of its homed prefixes,
-resident or not. A cold cluster, whose prefixes have all been seen once, has no residents
-yet: none overflows a worker, so none is moved on shares that one request each cannot tell
-apart. Where the live prefixes all fit, or no worker's KV pool is known, every live prefix
-counts.
+`RESIDENCY_EVERY` routed requests (`resident_prefixes`); the others are *transient*
+(`resident` is False for them; `transient` is True for the recurring ones). They miss
+wherever they go, so it is their load, not their KV, that their homes must share out. A
+miss costs several hits (a whole prompt against its unshared tail), so that load is counted
+as *work*: each request adds the prompt tokens its worker is predicted to compute plus
+`overhead_tokens` (its engine steps' fixed cost, `RoutingConfig.request_overhead_tokens`),
+decayed as the counts are, and `work_shares` gives each worker's part of the recent work of
+its homed prefixes, resident or not. A cold cluster, whose prefixes have all been seen
+once, has no residents yet: none overflows a worker, so none is moved on shares that one
+request each cannot tell apart. Where the live prefixes all fit, or no worker's KV pool is
+known, every live prefix counts.
 
 Caller: `placement.Placement`, which records each routed prompt here and reads it into the
 snapshot a routing request carries (`snapshot.PrefixPlacement`).
@@ -56,15 +56,15 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from services.router.routing.placement.copies import CopySums, sum_copies
-from services.router.routing.placement.residency import RESIDENT_COUNT, rank_residents
+from services.router.routing.placement.residency import RESIDENT_COUNT
+from services.router.routing.placement.resident_prefixes import ResidentPrefixes
 
 DEFAULT_HORIZON = 512  # routed requests over which a prefix's share decays by 1/e
 MAX_TRACKED = 65_536  # prefixes remembered; the least recently routed beyond are forgotten
 LIVE_COUNT = 0.5  # a prefix with fewer recent requests (decayed) keeps no KV on its home in `homed_tokens`
-RESIDENCY_EVERY = 16  # routed requests between two rankings of the resident prefixes
 # a request's work beyond the prompt tokens it computes (its engine steps' fixed cost), in prompt
 # tokens: a 1088-token miss then weighs 6.2 hits of 64 computed tokens
 DEFAULT_OVERHEAD_TOKENS = 128.0
@@ -94,10 +94,7 @@ class PrefixHomes:
         self._live_tokens: dict[str, int] = {}  # worker -> the tokens of its live homed prefixes
         self._deaths: list[tuple[int, int, int]] = []  # heap: (step it stops being live, key, its at_step)
         self._live: set[int] = set()  # the live prefixes' keys
-        self._capacity: dict[str, int] = {}  # worker -> its KV pool, in tokens
-        self._residents: set[int] | None = None  # None: not `limited`, every live prefix counts
-        self._resident_tokens: dict[str, int] = {}  # worker -> the tokens of its resident homed prefixes
-        self._ranked_at: int | None = None  # None: to be ranked (capacity or membership changed)
+        self._residency = ResidentPrefixes()  # the pools, and which live prefixes are resident
         # prefix key -> worker -> its requests served by a copy on that worker (not its home),
         # decayed as the counts, at step: only for prefixes copied recently (a few popular ones)
         self._copies: dict[int, dict[str, tuple[float, int]]] = {}
@@ -128,20 +125,14 @@ class PrefixHomes:
             if entry is not None and entry[2] == at_step:  # else routed again (or forgotten) since
                 self._live_tokens[entry[0]] -= entry[3]
                 self._live.discard(key)
-                self._unreside(key, entry)
+                self._residency.drop(key, entry[0], entry[3])
 
     def _unlive(self, key: int, entry: tuple[str, float, int, int, float]) -> None:
         """A tracked entry is replaced or dropped: out of its home's live sum if still live."""
         if self._death(entry[1], entry[2]) > self._step:
             self._live_tokens[entry[0]] -= entry[3]
             self._live.discard(key)
-        self._unreside(key, entry)
-
-    def _unreside(self, key: int, entry: tuple[str, float, int, int, float]) -> None:
-        """A resident prefix's entry is replaced or dropped: out of its home's resident sum."""
-        if self._residents is not None and key in self._residents:
-            self._residents.discard(key)
-            self._resident_tokens[entry[0]] -= entry[3]
+        self._residency.drop(key, entry[0], entry[3])
 
     def home(self, prefix_key: int) -> str | None:
         entry = self._prefixes.get(prefix_key)
@@ -165,8 +156,7 @@ class PrefixHomes:
         self._bury()
         count = work = 0.0
         entry = self._prefixes.pop(prefix_key, None)
-        residents = self._residents
-        resident = residents is not None and prefix_key in residents
+        resident = self._residency.holds(prefix_key)
         if entry is not None and copy:
             if worker_id != entry[0]:
                 served = self._copies.setdefault(prefix_key, {})
@@ -187,9 +177,8 @@ class PrefixHomes:
             self._live_tokens[worker_id] = self._live_tokens.get(worker_id, 0) + tokens
             self._live.add(prefix_key)
             heapq.heappush(self._deaths, (death, prefix_key, self._step))
-            if residents is not None and resident:  # it stays resident, at its (new) home, until the next ranking
-                residents.add(prefix_key)
-                self._resident_tokens[worker_id] = self._resident_tokens.get(worker_id, 0) + tokens
+            if resident:  # it stays resident, at its (new) home, until the next ranking
+                self._residency.keep(prefix_key, worker_id, tokens)
         self._total = (self._now(*self._total) + 1.0, self._step)
         if len(self._prefixes) > self._max_tracked:
             old_key, old_entry = self._prefixes.popitem(last=False)
@@ -242,8 +231,7 @@ class PrefixHomes:
             served.pop(worker_id, None)
         self._copied_at = None
         self._live_tokens.pop(worker_id, None)  # its entries' heap items find them gone
-        self._capacity.pop(worker_id, None)
-        self._residents, self._ranked_at = None, None
+        self._residency.forget(worker_id)
         for prefix_key in self._members.pop(worker_id, set()):
             self._live.discard(prefix_key)
             _, count, at_step, _, _ = self._prefixes.pop(prefix_key)
@@ -278,28 +266,20 @@ class PrefixHomes:
     def set_capacity(self, worker_id: str, kv_tokens: int) -> None:
         """`worker_id`'s KV pool holds `kv_tokens` (0: unknown)."""
         self.changes += 1
-        if kv_tokens > 0:
-            self._capacity[worker_id] = kv_tokens
-        else:
-            self._capacity.pop(worker_id, None)
-        self._residents, self._ranked_at = None, None
+        self._residency.set_capacity(worker_id, kv_tokens)
 
     def _rank(self) -> set[int] | None:
         """The resident prefixes, or None where every live one counts (not `limited`), ranked
-        anew when `RESIDENCY_EVERY` requests have been routed since the last ranking."""
+        anew when `RESIDENCY_EVERY` requests have been routed since the last ranking
+        (`ResidentPrefixes.rank`: the prefixes no longer live are buried first)."""
         self._bury()
-        if self._ranked_at is not None and self._step - self._ranked_at < RESIDENCY_EVERY:
-            return self._residents
-        self._ranked_at = self._step
-        capacity = sum(self._capacity.values())
-        if not capacity or sum(self._live_tokens.values()) <= capacity:
-            self._residents = None
-            return None
+        return self._residency.rank(self._step, self._live_tokens, self._live_prefixes)
+
+    def _live_prefixes(self) -> Iterator[tuple[int, str, float, int]]:
+        """The live prefixes as (key, home, recent requests, prompt tokens), to rank."""
         prefixes = self._prefixes
-        live = ((key, prefixes[key][0], self._now(prefixes[key][1], prefixes[key][2]), prefixes[key][3])
+        return ((key, prefixes[key][0], self._now(prefixes[key][1], prefixes[key][2]), prefixes[key][3])
                 for key in self._live)
-        self._residents, self._resident_tokens = rank_residents(live, capacity, self._residents or frozenset())
-        return self._residents
 
     def limited(self) -> bool:
         """Whether the live prefixes need more KV than the cluster holds, so only some of them
@@ -344,7 +324,7 @@ class PrefixHomes:
         served)."""
         limited = self._rank() is not None
         if resident and limited:
-            return self._resident_tokens.get(worker_id, 0)
+            return self._residency.tokens.get(worker_id, 0)
         self._bury()
         homed = self._live_tokens.get(worker_id, 0)
         return homed if limited else homed + self._copy_sums().tokens.get(worker_id, 0)

@@ -9,8 +9,8 @@ requests: prefixes of close popularity would otherwise swap places at every rank
 their counts wander, and each swap moves where one's misses and the other's KV are counted
 (the one that falls out is evicted, the one that comes in computed again).
 
-Caller: `homes.PrefixHomes`, which keeps the live prefixes and ranks them again as traffic
-moves.
+Caller: `resident_prefixes.ResidentPrefixes`, for `homes.PrefixHomes`, which keeps the live
+prefixes and has them ranked again as traffic moves.
 """
 
 from __future__ import annotations
