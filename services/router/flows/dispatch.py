@@ -22,7 +22,7 @@ from services.router.flows.admission import AdmissionGate, Ticket
 from services.router.flows.detokenizer import TokenDecoder
 from services.router.flows.generation import Generation
 from services.router.flows.opener import SourceOpener
-from services.router.flows.records import Clock, GenerationParams, RequestRecorder, TokenUsage
+from services.router.flows.records import Clock, GenerationParams, RequestRecorder, RouteNote, TokenUsage
 from services.router.flows.routing_state import Attempt
 from services.router.flows.spans import child_span, outcome_of
 from services.router.metrics import RouterMetrics
@@ -53,20 +53,21 @@ class Dispatcher:
         if threshold:
             span.set_attribute("tandem.cache_hit_threshold", threshold)
         ticket: Ticket | None = None
+        route = RouteNote()  # the request's routing record, for each of its attempts
         try:
             ticket = await self.admission.enter(params)
             deadline = params.arrived_at + self._worker_wait_s
-            source = await self._opener.open(Attempt(params, span, deadline, threshold=threshold))
+            source = await self._opener.open(Attempt(params, span, deadline, threshold=threshold, route=route))
         except BaseException as error:
             if ticket is not None:
                 self.admission.leave(ticket, None)
             span.set_attribute("tandem.outcome", outcome_of(error))
             span.end()
             await self._recorder.record(params, outcome=outcome_of(error),
-                                        usage=TokenUsage(len(params.prompt_ids), 0, 0), span=span)
+                                        usage=TokenUsage(len(params.prompt_ids), 0, 0), span=span, route=route)
             raise
         generation = Generation(params=params, source=source, decoder=self._decoders(params.model), metrics=self._metrics,
-                                recorder=self._recorder, clock=self._clock, span=span, resumer=self._opener,
+                                recorder=self._recorder, clock=self._clock, span=span, route=route, resumer=self._opener,
                                 max_attempts=self._max_attempts,
                                 on_close=lambda usage: self.admission.leave(ticket, usage))
         try:

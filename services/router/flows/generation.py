@@ -29,7 +29,7 @@ from typing import Protocol
 from opentelemetry import trace
 
 from services.router.flows.detokenizer import IncrementalDetokenizer, SpecialTokensKept, TokenDecoder
-from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, TokenUsage
+from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams, RequestRecorder, RouteNote, TokenUsage
 from services.router.flows.stop_strings import StopStringMatcher
 from services.router.flows.token_source import TokenSource
 from services.router.metrics import RouterMetrics
@@ -59,19 +59,20 @@ class Final:
 
 
 class Resumer(Protocol):
-    async def resume(self, params: GenerationParams, generated: list[int], excluded: set[str], attempt: int,
-                     span: trace.Span) -> TokenSource:
-        """A source continuing `params` after `generated` on a worker not in `excluded`;
-        raises `TandemError` when no worker can take it."""
+    async def resume(self, params: GenerationParams, route: RouteNote, generated: list[int], excluded: set[str],
+                     attempt: int, span: trace.Span) -> TokenSource:
+        """A source continuing `params` (routed as `route` says) after `generated` on a worker
+        not in `excluded`; raises `TandemError` when no worker can take it."""
         ...
 
 
 class Generation:
     def __init__(self, *, params: GenerationParams, source: TokenSource, decoder: TokenDecoder,
                  metrics: RouterMetrics, recorder: RequestRecorder, clock: Clock, span: trace.Span,
-                 resumer: Resumer | None = None, max_attempts: int = 1,
+                 route: RouteNote | None = None, resumer: Resumer | None = None, max_attempts: int = 1,
                  on_close: Callable[[TokenUsage], None] | None = None) -> None:
         self.params = params
+        self._route = route or RouteNote()  # its routing record (`records.RouteNote`), for its resumes and record
         self._on_close = on_close  # told what the request used once it ended (the admission gate)
         self._source = source
         self._frames = source.frames()
@@ -196,8 +197,8 @@ class Generation:
         self._span.add_event("router.worker_lost", {"tandem.lost_worker_id": lost, "tandem.stage": stage,
                                                     "tandem.error": error.message, "tandem.attempt": self._attempts - 1})
         try:
-            source = await self._resumer.resume(self.params, list(self._token_ids), self._excluded, self._attempts - 1,
-                                                self._span)
+            source = await self._resumer.resume(self.params, self._route, list(self._token_ids), self._excluded,
+                                                self._attempts - 1, self._span)
         except TandemError as resume_error:
             self._metrics.resumes.labels(stage, "failed").inc()
             self._span.add_event("router.resume_failed", {"tandem.lost_worker_id": lost, "tandem.stage": stage,
@@ -289,4 +290,4 @@ class Generation:
                 self._on_close(usage)
             await self._recorder.record(self.params, outcome=outcome, worker_id=self.worker_id or None,
                                         finish_reason=final.finish_reason if final else None,
-                                        usage=usage, ttft_s=self.ttft_s, span=self._span)
+                                        usage=usage, ttft_s=self.ttft_s, span=self._span, route=self._route)

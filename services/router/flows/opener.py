@@ -16,7 +16,7 @@ admitted), and without waiting (see `WorkerWait.resumed_deadline`): if no worker
 it now, the client gets the original error. A scalable model's request that no worker
 answered yet is held again (its worker began an idle drain as it was routed).
 
-The request's `RouteNote` (on its `GenerationParams`, shared by its resumed copies) is
+The request's `RouteNote` (its `Attempt.route`, the same object for its resumed copies) is
 written here only: its first decision, its workers' model build, its time in the queue.
 
 Caller: `flows.dispatch.Dispatcher` (a new request), `flows.generation.Generation` (a resumed one).
@@ -29,7 +29,7 @@ import dataclasses
 from opentelemetry import trace
 
 from services.router.flows.executor import CommittedPlan, FlowExecutor
-from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams
+from services.router.flows.records import OUTCOME_OK, Clock, GenerationParams, RouteNote
 from services.router.flows.routing_state import Attempt, Decision, RoutingState, build_of
 from services.router.flows.spans import child_span, end_span, outcome_of
 from services.router.flows.token_source import Answered, TokenSource
@@ -50,11 +50,11 @@ def answered(params: GenerationParams, finish_reason: FinishReason, cached_token
                              completion_tokens=0))
 
 
-def _note_route(params: GenerationParams, span: trace.Span, flow: str, reason: str) -> None:
+def _note_route(route: RouteNote, span: trace.Span, flow: str, reason: str) -> None:
     """The decision on its span, and on the request's record (the first decision only)."""
     span.set_attributes({"tandem.flow": flow, "tandem.route_reason": reason})
-    if not params.route.flow:
-        params.route.flow, params.route.reason = flow, reason
+    if not route.flow:
+        route.flow, route.reason = flow, reason
 
 
 class SourceOpener:
@@ -78,20 +78,21 @@ class SourceOpener:
                                  "tandem.cached_tokens": routed.cached_tokens})
             return answered(params, "cache_threshold", routed.cached_tokens)
         if attempt.admit:  # a new request, not a resumed one
-            params.route.queue_s = max(0.0, self._clock() - params.arrived_at)
-            self._metrics.observe_queue(routed.plan.computing_worker_id, params.route.queue_s, trace_exemplar(span))
+            attempt.route.queue_s = max(0.0, self._clock() - params.arrived_at)
+            self._metrics.observe_queue(routed.plan.computing_worker_id, attempt.route.queue_s, trace_exemplar(span))
         return await self._flows.start(params, routed, span)
 
-    async def resume(self, params: GenerationParams, generated: list[int], excluded: set[str], attempt: int,
-                     span: trace.Span) -> TokenSource:
-        """A source continuing `params` after `generated`, on a worker not in `excluded`."""
+    async def resume(self, params: GenerationParams, route: RouteNote, generated: list[int], excluded: set[str],
+                     attempt: int, span: trace.Span) -> TokenSource:
+        """A source continuing `params` (routed as `route` says) after `generated`, on a worker
+        not in `excluded`."""
         remaining = params.sampling.max_tokens - len(generated)
         if generated and generated[-1] in params.sampling.stop_token_ids:
             return answered(params, "stop")  # lost between the last token and its `Finished`
         if remaining <= 0:
             return answered(params, "length")
         if not generated:  # nothing answered yet: a plain retry, on any model build
-            params.route.compat_hash = ""
+            route.compat_hash = ""
         appended, sampling = params.sampling.continue_after(generated)
         continued = dataclasses.replace(
             params, request_id=f"{params.request_id}-r{attempt}",  # the worker may still know the first id
@@ -104,7 +105,7 @@ class SourceOpener:
         try:
             source = await self.open(Attempt(continued, resume_span, self._waits.resumed_deadline(),
                                              frozenset(excluded), admit=False, threshold=0.0,
-                                             may_hold=not generated))
+                                             may_hold=not generated, route=route))
         except BaseException as error:
             end_span(resume_span, outcome_of(error))
             raise
@@ -128,7 +129,7 @@ class SourceOpener:
                         hold = None
                     return self._state.commit(decision, outcome)
                 if isinstance(outcome, RouteRefusal):
-                    return self._refused(params, outcome, span)
+                    return self._refused(attempt, outcome, span)
                 _check_context(params, decision.views)
                 if attempt.may_hold and hold is None and self._waits.scalable(params.model):
                     hold = self._waits.hold(params)
@@ -148,17 +149,18 @@ class SourceOpener:
     @staticmethod
     def _note_plan(decision: Decision, plan: RoutePlan, span: trace.Span) -> None:
         """The plan on its span, and on the request's record (with its workers' model build)."""
-        params = decision.attempt.params
-        _note_route(params, span, plan.flow, plan.reason)
-        if not params.route.compat_hash:
-            params.route.compat_hash = next(build_of(view) for view in decision.views if view.worker_id == plan.worker_id)
+        route = decision.attempt.route
+        _note_route(route, span, plan.flow, plan.reason)
+        if not route.compat_hash:
+            route.compat_hash = next(build_of(view) for view in decision.views if view.worker_id == plan.worker_id)
         if plan.prompt is not None:  # the computing worker: held, pulled from a holder, computed
             span.set_attributes({"tandem.cached_tokens": plan.prompt.cached_tokens,
                                  "tandem.pulled_tokens": plan.prompt.pulled_tokens,
                                  "tandem.uncached_tokens": plan.prompt.uncached_tokens})
 
-    def _refused(self, params: GenerationParams, refusal: RouteRefusal, span: trace.Span) -> RouteRefusal:
-        _note_route(params, span, "none", refusal.reason)
+    def _refused(self, attempt: Attempt, refusal: RouteRefusal, span: trace.Span) -> RouteRefusal:
+        params = attempt.params
+        _note_route(attempt.route, span, "none", refusal.reason)
         self._metrics.count_route("none", refusal.reason)
         if refusal.reason == "overloaded":
             raise TooManyRequests(f"every worker serving {params.model!r} is at its queue limit; "

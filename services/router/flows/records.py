@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opentelemetry import trace
 
@@ -37,8 +37,13 @@ class RequestIdentity:
 
 @dataclass
 class RouteNote:
-    """The routing decision a request was admitted with (its first one: a resume keeps it),
-    set by the source opener (`flows.opener`); recorded in the request's `RequestRecord`."""
+    """The routing decision a request was admitted with (its first one: a resume keeps it).
+
+    The one mutable part of a request's routing, made explicit: its dispatcher
+    (`flows.dispatch`) creates one per request and hands the same object to every routing
+    `Attempt` of it (a resumed copy's too) and to its `Generation`; only the source opener
+    (`flows.opener`) writes it; `RequestRecorder.record` reads it into the request's
+    `RequestRecord`. The request's `GenerationParams` stay frozen and never carry it."""
 
     flow: str = ""  # "single" | "disaggregated" | "none" (refused); "": never routed
     reason: str = ""
@@ -66,7 +71,6 @@ class GenerationParams(RequestIdentity):
         """The tokens that end the request when generated (the answer leaves out their text)."""
         eos = () if self.eos_token_id is None or self.sampling.ignore_eos else (self.eos_token_id,)
         return frozenset((*self.sampling.stop_token_ids, *eos))
-    route: RouteNote = field(default_factory=RouteNote, compare=False)  # shared by its resumed copies
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,10 @@ class RequestRecorder:
 
     async def record(self, request: RequestIdentity, *, outcome: str, worker_id: str | None = None,
                      finish_reason: str | None = None, usage: TokenUsage | None = None,
-                     ttft_s: float | None = None, span: trace.Span | None = None) -> None:
+                     ttft_s: float | None = None, span: trace.Span | None = None,
+                     route: RouteNote | None = None) -> None:
+        """`route`: the request's routing record (None: never routed, as a request refused
+        before routing is)."""
         duration_s = self.clock() - request.arrived_at
         self.metrics.count_request(request.endpoint, outcome)
         if outcome == OUTCOME_OK:
@@ -94,7 +101,7 @@ class RequestRecorder:
         self.metrics.prompt_tokens.inc(usage.prompt_tokens)
         self.metrics.cached_tokens.inc(usage.cached_tokens)
         self.metrics.completion_tokens.inc(usage.completion_tokens)
-        route = request.route if isinstance(request, GenerationParams) else RouteNote()
+        route = route or RouteNote()
         record = RequestRecord(
             request_id=request.request_id, model=request.model, worker_id=worker_id, outcome=outcome,
             finish_reason=finish_reason, prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,

@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
@@ -39,7 +39,7 @@ from services.router.config import RoutingConfig
 from services.router.fleet.worker_pool import WorkerPool
 from services.router.fleet.worker_state import NO_KV_TRANSFER_MARK
 from services.router.flows.executor import CommittedPlan
-from services.router.flows.records import Clock, GenerationParams
+from services.router.flows.records import Clock, GenerationParams, RouteNote
 from services.router.kv.view import KvView, ModelKv, PromptCache
 from services.router.metrics import RouterMetrics
 from services.router.routing import RoutePlan, RouteRefusal, RouteRequest, RoutingPolicy, WorkerView, decide
@@ -69,6 +69,8 @@ class Attempt:  # read-only by convention (not frozen: built per request, and a 
     # a scalable model's request with no token answered yet (a new one, or one refused by a
     # worker that began to drain) is held while no worker can take it
     may_hold: bool = True
+    # the request's routing record, the same object for each of its attempts (`records.RouteNote`)
+    route: RouteNote = field(default_factory=RouteNote)
 
 
 @dataclass(slots=True)
@@ -142,7 +144,7 @@ class RoutingState:
                              route_hint=params.route_hint, prefix_key=cache.prefix_key,
                              victim_age_s=kv.victim_ages(now), block_tokens=cache.block_tokens,
                              placement=placement.snapshot(cache.prefix_key))
-        views, outcome = self._decide(route, attempt.excluded, params.route.compat_hash)
+        views, outcome = self._decide(route, attempt.excluded, attempt.route.compat_hash)
         self._metrics.route_decision_time.observe(time.perf_counter() - decision_started)
         self._metrics.route_decision_cpu.observe(time.thread_time() - decision_cpu_started)
         return Decision(attempt, views, outcome, route, kv, cache, placement)
