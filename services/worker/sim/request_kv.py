@@ -2,7 +2,7 @@
 computes, checking the ones it uses (pure: the pool is memory, not I/O).
 
 Callers: `scheduler.Scheduler` (writes what a step computed, checks a prefill's blocks once
-before sampling, writes blocks loaded back from the host tier). A request keeps the seed of
+before sampling) and `admission.load_hosted` (writes blocks loaded back from the host tier). A request keeps the seed of
 each block it has started (`SimRequest.seeds`, `kv_content`): block `i`'s bytes follow from
 `seeds[i]` and its tokens.
 """

