@@ -128,3 +128,30 @@ def test_the_budget_comes_from_the_itl_slo_and_the_engine_timings() -> None:
     assert slo_itl_budget_tokens(10, 64, timing) == 0  # a full batch alone misses the SLO
     with pytest.raises(ValueError):
         slo_itl_budget_tokens(0, 64, timing)
+
+
+def test_within_the_budget_every_request_goes_where_whole_serving_sends_it() -> None:
+    """The sim sweep's fleets (8 workers, up to 6 requests each and 4,000 prompt tokens queued,
+    prompts of 1,000 tokens with a prefix key): with the sim's budget no stall reaches the ITL
+    SLO, so `prefill_from` "any" picks exactly the worker that plain whole serving picks, in
+    every one of 500 seeded fleets; with every stall priced (budget 0) it does not."""
+    import random
+
+    rng = random.Random(54)
+    whole = RoutingConfig()
+    budgeted = RoutingConfig(prefill_from="any", itl_weight=1.136, itl_budget_tokens=50688)
+    unbudgeted = RoutingConfig(prefill_from="any", itl_weight=1.136)
+    differ = 0
+    for case in range(500):
+        fleet = [worker(f"w{k}", max_num_seqs=64, reported_load=rng.randint(0, 6),
+                        reported_prefill_tokens=rng.choice([0, 0, 1000, 2000, 4000])) for k in range(8)]
+
+        def routed(routing: RoutingConfig) -> tuple[str, str | None]:
+            request = RouteRequest(model="m", prompt_tokens=1000, total_tokens=1064, prefix_key=case, block_tokens=16)
+            plan = decide(fleet, request, routing)
+            assert isinstance(plan, RoutePlan)
+            return plan.worker_id, plan.prefill_worker_id
+
+        assert routed(budgeted) == routed(whole)
+        differ += routed(unbudgeted) != routed(whole)
+    assert differ > 100
