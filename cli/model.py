@@ -26,6 +26,18 @@ def model_tiny(
     typer.echo(f"tiny model written to {out_dir}")
 
 
+@app.command("vision")
+def model_vision(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+) -> None:
+    """Generate a tiny Idefics3 vision-language model (random weights, local BPE tokenizer, image processor)."""
+    from shared.vision_model import generate_vision_model
+
+    generate_vision_model(str(out_dir), seed=seed)
+    typer.echo(f"vision model written to {out_dir}")
+
+
 @app.command("random")
 def model_random(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
