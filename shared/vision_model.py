@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import AddedToken
+from tokenizers import AddedToken, Tokenizer
 
 from shared.tiny_model import (
     _json,
@@ -88,9 +88,7 @@ def generate_vision_model(
         return
     if num_heads % num_kv_heads or vision_width % vision_heads:
         raise ValueError("num_heads must be a multiple of num_kv_heads, vision_width of vision_heads")
-    tokenizer = train_tokenizer(vocab_size - len(IDEFICS3_TOKENS))
-    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in IDEFICS3_TOKENS])
-    assert tokenizer.get_vocab_size() == vocab_size
+    tokenizer = vision_tokenizer(vocab_size)
     path.mkdir(parents=True, exist_ok=True)
 
     text = llama_weight_shapes(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
@@ -98,34 +96,58 @@ def generate_vision_model(
                                intermediate_size=intermediate_size)
     shapes = {name.replace("model.", "model.text_model.", 1): shape for name, shape in text.items()}
     shapes |= vision_weight_shapes(layers=vision_layers, width=vision_width, out_size=hidden_size)
-    with tempfile.NamedTemporaryFile(dir=path, prefix=".model.", suffix=".tmp", delete=False) as tmp:
-        tmp_name = tmp.name
-    save_file(_in_shape(random_weights(_as_matrices(shapes), seed), shapes), tmp_name, metadata={"format": "pt"})
-    os.replace(tmp_name, path / "model.safetensors")
+    _write_weights(path, shapes, seed)
 
     text_config = llama_config(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
                                num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings)
     del text_config["architectures"]
     token_ids = {token: tokenizer.token_to_id(token) for token in IDEFICS3_TOKENS}
-    config = {
+    config = model_config(text_config, token_ids["<image>"], vision_layers=vision_layers, vision_width=vision_width,
+                          vision_heads=vision_heads)
+    _write_atomic(path / "tokenizer.json", tokenizer.to_str())
+    _write_atomic(path / "tokenizer_config.json", _json(tokenizer_config(max_position_embeddings)))
+    _write_processor_files(path, bos_id=token_ids["<|begin_of_text|>"],
+                           eos_ids=[token_ids["<end_of_utterance>"], text_config["eos_token_id"]])
+    _write_atomic(path / "config.json", _json(config))  # last: its presence marks a finished directory
+
+
+def _write_processor_files(path: Path, *, bos_id: int, eos_ids: list[int]) -> None:
+    """The image processor's, the processor's and generation's config files."""
+    _write_atomic(path / "preprocessor_config.json", _json(preprocessor_config()))
+    _write_atomic(path / "processor_config.json", _json({"image_seq_len": IMAGE_SEQ_LEN,
+                                                         "processor_class": "Idefics3Processor"}))
+    _write_atomic(path / "generation_config.json", _json({"bos_token_id": bos_id, "eos_token_id": eos_ids}))
+
+
+def vision_tokenizer(vocab_size: int) -> Tokenizer:
+    """tiny_model's BPE tokenizer with Idefics3's special tokens as its last ids."""
+    tokenizer = train_tokenizer(vocab_size - len(IDEFICS3_TOKENS))
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in IDEFICS3_TOKENS])
+    assert tokenizer.get_vocab_size() == vocab_size
+    return tokenizer
+
+
+def _write_weights(path: Path, shapes: dict[str, tuple[int, ...]], seed: int) -> None:
+    """Random weights of `shapes` as `model.safetensors`, written atomically."""
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".model.", suffix=".tmp", delete=False) as tmp:
+        tmp_name = tmp.name
+    save_file(_in_shape(random_weights(_as_matrices(shapes), seed), shapes), tmp_name, metadata={"format": "pt"})
+    os.replace(tmp_name, path / "model.safetensors")
+
+
+def model_config(text_config: dict[str, object], image_token_id: int, *, vision_layers: int, vision_width: int,
+                 vision_heads: int) -> dict[str, object]:
+    """Idefics3's config.json: the text model's config nested, the vision tower's beside it."""
+    return {
         "architectures": [ARCHITECTURE], "model_type": "idefics3", "torch_dtype": "float32",
-        "tie_word_embeddings": False, "scale_factor": SCALE_FACTOR, "image_token_id": token_ids["<image>"],
+        "tie_word_embeddings": False, "scale_factor": SCALE_FACTOR, "image_token_id": image_token_id,
         "text_config": text_config,
         "vision_config": {"model_type": "idefics3_vision", "hidden_size": vision_width,
                           "intermediate_size": 2 * vision_width, "num_hidden_layers": vision_layers,
                           "num_attention_heads": vision_heads, "num_channels": 3, "image_size": IMAGE_SIZE,
                           "patch_size": PATCH_SIZE, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
     }
-    eos_ids = [token_ids["<end_of_utterance>"], text_config["eos_token_id"]]
-    _write_atomic(path / "tokenizer.json", tokenizer.to_str())
-    _write_atomic(path / "tokenizer_config.json", _json(tokenizer_config(max_position_embeddings)))
-    _write_atomic(path / "preprocessor_config.json", _json(preprocessor_config()))
-    _write_atomic(path / "processor_config.json", _json({"image_seq_len": IMAGE_SEQ_LEN,
-                                                         "processor_class": "Idefics3Processor"}))
-    _write_atomic(path / "generation_config.json", _json({"bos_token_id": token_ids["<|begin_of_text|>"],
-                                                          "eos_token_id": eos_ids}))
-    _write_atomic(path / "config.json", _json(config))  # last: its presence marks a finished directory
 
 
 def vision_weight_shapes(*, layers: int, width: int, out_size: int) -> dict[str, tuple[int, ...]]:
