@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# issue 54 sim sweep: fixed splits beside Nxany, seeds 1 (forward order) and 2 (reversed), per load
+# issue 54 sim sweep: fixed splits beside Nxany at 4 and 8 workers, two loads each; per point
+# seeds 1 and 2, each run twice with the arms' order reversed between the two runs
 cd "$(dirname "$0")/../../.."
 run() {  # name compare rate seed
   timeout 900 .venv/bin/tandem bench serve --compare "$2" --engine sim --num-prompts 80 \
@@ -7,12 +8,14 @@ run() {  # name compare rate seed
     --seed "$4" --state-dir "${STATE_DIR:-/tmp/pd-any-sim}" > "${OUT_DIR:-.}/$1.json" 2> "${OUT_DIR:-.}/$1.err"
   echo "$(date +%T) $1 rc=$?"
 }
-for rate in 8 16; do
-  run "w4-r$rate-s1" 1p3d,2p2d,4x1,4xany $rate 1
-  run "w4-r$rate-s2" 4xany,4x1,2p2d,1p3d $rate 2
-done
-for rate in 16 24; do
-  run "w8-r$rate-s1" 4p4d,8x1,8xany $rate 1
-  run "w8-r$rate-s2" 8xany,8x1,4p4d $rate 2
+for seed in 1 2; do
+  for rate in 8 16; do
+    run "w4-r$rate-s$seed-a" 1p3d,2p2d,4x1,4xany $rate $seed
+    run "w4-r$rate-s$seed-b" 4xany,4x1,2p2d,1p3d $rate $seed
+  done
+  for rate in 16 24; do
+    run "w8-r$rate-s$seed-a" 4p4d,8x1,8xany $rate $seed
+    run "w8-r$rate-s$seed-b" 8xany,8x1,4p4d $rate $seed
+  done
 done
 echo done
