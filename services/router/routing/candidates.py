@@ -48,7 +48,8 @@ class Pair:  # read-only by convention (not frozen: built per request, and a fro
 
 
 class Candidates:
-    """The request's candidate flows over one set of views, costed lazily and once each."""
+    """The request's candidate flows over one set of views, costed lazily and once each (a
+    worker's prefill part and decode part each computed once, whichever flows read them)."""
 
     def __init__(self, workers: Sequence[WorkerView], request: RouteRequest, routing: RoutingConfig,
                  eligible: Eligible) -> None:
@@ -57,6 +58,8 @@ class Candidates:
         self.eligible = eligible
         self._holders = Holders(workers, request.held_tokens if routing.prefix_pull else {})
         self._plans: dict[str, PrefillPlan] = {}
+        self._prefill_costs: dict[str, float] = {}  # per worker: its part as the computing worker
+        self._decode_parts: dict[str, float] = {}  # per worker: its part as the decode worker
         self._computing = [*eligible.prefill, *eligible.serving]  # may compute the prompt
         self._victim_values: dict[str, float] | None = None
         self._exposed, self._exposure = self._prompt_target(eligible.serving)
@@ -77,8 +80,11 @@ class Candidates:
     def decode_part(self, worker: WorkerView) -> float:
         """The decode worker's part of a flow's cost (`cost.decode_cost`, and the exposure of
         the worker the next prompts go to)."""
-        exposure = self._exposure if worker.worker_id == self._exposed else 0.0
-        return decode_cost(self.routing, worker) + exposure
+        part = self._decode_parts.get(worker.worker_id)
+        if part is None:
+            exposure = self._exposure if worker.worker_id == self._exposed else 0.0
+            part = self._decode_parts[worker.worker_id] = decode_cost(self.routing, worker) + exposure
+        return part
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -98,7 +104,11 @@ class Candidates:
         return Single(worker, plan, self._prefill_cost(plan, worker))
 
     def _prefill_cost(self, plan: PrefillPlan, worker: WorkerView) -> float:
-        return prefill_cost(self.routing, plan, worker, victim_value=self._victim_value(worker))
+        cost = self._prefill_costs.get(worker.worker_id)
+        if cost is None:
+            cost = self._prefill_costs[worker.worker_id] = prefill_cost(self.routing, plan, worker,
+                                                                        victim_value=self._victim_value(worker))
+        return cost
 
     def _victim_value(self, worker: WorkerView) -> float:
         """The weight of what `worker`'s cache would evict, relative to the other workers whose
