@@ -16,12 +16,15 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from shared.model_config import read_text_config
+
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def projection_shape(config: dict, module: str) -> tuple[int, int]:
-    """(out_features, in_features) of one attention projection of the base model."""
+    """(out_features, in_features) of one attention projection of the base model (`config`: its
+    text model's fields, `shared.model_config`)."""
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or hidden // heads)
@@ -37,7 +40,7 @@ def generate_lora_adapter(out_dir: str, base_model_dir: str, *, rank: int = 8, a
     if rank <= 0 or unknown or not target_modules:
         raise ValueError(f"rank must be positive and target modules among {', '.join(_ATTENTION)} "
                          f"(got rank {rank}, modules {', '.join(target_modules) or 'none'})")
-    config = json.loads((Path(base_model_dir) / "config.json").read_text())
+    config = read_text_config(base_model_dir)
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
     for layer in range(int(config["num_hidden_layers"])):

@@ -1,9 +1,10 @@
 """The model's tokenizer as Tandem uses it: text <-> token ids, and chat rendering.
 
-Loaded from a Hugging Face style model directory (`tokenizer.json`, `config.json`,
-optionally `tokenizer_config.json`) with the `tokenizers` library alone, so routers and
-sim workers need neither transformers nor torch. Used by the router to tokenize
-requests and detokenize output, and by workers to learn the vocabulary and limits.
+Loaded from a Hugging Face style model directory (`tokenizer.json`, `config.json` (its
+text model's fields: `shared.model_config`), optionally `tokenizer_config.json`) with the
+`tokenizers` library alone, so routers and sim workers need neither transformers nor torch.
+Used by the router to tokenize requests and detokenize output, and by workers to learn the
+vocabulary and limits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
 
+from shared.chat_content import as_content_parts, content_format
 from shared.errors import InvalidArgument
+from shared.model_config import read_text_config
 
 # The tiny model's chat template, shipped in its tokenizer_config.json so that vLLM and
 # Tandem render alike: `<|role|>\ncontent\n` per message (`render_chat`, without Jinja),
@@ -72,6 +75,8 @@ class Tokenizer:
         self.chat_template = chat_template
         self._special_tokens = special_tokens or {}
         self._jinja_template = compile_chat_template(chat_template)
+        # "openai": the template loops over content parts (a vision model's); see shared.chat_content
+        self.content_format = content_format(chat_template)
 
     @classmethod
     def from_model_dir(cls, path: str) -> "Tokenizer":
@@ -82,7 +87,7 @@ class Tokenizer:
                     f"model directory {str(directory)!r} has no {required}; pass a Hugging Face "
                     "model directory or generate one with shared.tiny_model.generate_tiny_model")
         backend = BackendTokenizer.from_file(str(directory / "tokenizer.json"))
-        config = _read_json(directory / "config.json")
+        config = read_text_config(directory)
         tokenizer_config = _read_json(directory / "tokenizer_config.json", missing_ok=True)
 
         special_tokens = {name: _token_text(tokenizer_config.get(name))
@@ -97,7 +102,7 @@ class Tokenizer:
         if bos_token_id is None and "bos_token" in special_tokens:
             bos_token_id = backend.token_to_id(special_tokens["bos_token"])
         if "max_position_embeddings" not in config:
-            raise ValueError(f"{directory}/config.json has no max_position_embeddings")
+            raise ValueError(f"{directory}/config.json has no max_position_embeddings (nor its text_config)")
 
         return cls(
             backend,
@@ -135,12 +140,15 @@ class Tokenizer:
         """The prompt text for a chat (and the tools it may call), by the model's template.
 
         The tiny model's template without tools, on messages of only a role and text, is
-        `render_chat` (the same text, without Jinja)."""
+        `render_chat` (the same text, without Jinja). A template that loops over content
+        parts gets each message's text as one part, as vLLM's server hands it over."""
         plain = not tools and all(message.keys() <= {"role", "content"} for message in messages)
         if self._jinja_template is None and tools:
             raise InvalidArgument(f"{self.model_name} has no chat template to show tools to")
         if self._jinja_template is None or (plain and self.chat_template == FIXED_CHAT_TEMPLATE):
             return render_chat(messages, add_generation_prompt=add_generation_prompt)
+        if self.content_format == "openai":
+            messages = as_content_parts(messages)
         return self._jinja_template.render(messages=messages, tools=tools,
                                            add_generation_prompt=add_generation_prompt,
                                            **self._special_tokens)

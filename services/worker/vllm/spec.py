@@ -3,13 +3,12 @@ imports no vLLM: the builders do, when a worker starts."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.worker.engine_spec import EngineDeployment, EngineSpec
 from shared.config import ConfigError
+from shared.model_config import read_text_config
 from shared.schemas.membership import EngineCapabilities
 
 if TYPE_CHECKING:
@@ -54,8 +53,9 @@ def launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
 
 def kv_cache_settings(blocks: int, block_size: int, model_dir: str) -> dict[str, int | float | str]:
     """vLLM sizes its KV cache in bytes: `blocks` blocks of the model's 16-bit KV (vLLM on CPU
-    runs a float32 model in bfloat16), with that block size."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    runs a float32 model in bfloat16), with that block size; a vision-language model's KV is
+    its text model's."""
+    config = read_text_config(model_dir)
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     block_nbytes = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * block_size * 2
