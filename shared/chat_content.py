@@ -34,10 +34,26 @@ def content_format(chat_template: str | None) -> ContentFormat:
 
 def as_content_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`messages` as vLLM's server hands them to an "openai" template: a string content as one
-    text part; a tool's answer stays a string (vLLM flattens tool content back to text)."""
-    return [{**message, "content": [{"type": "text", "text": message["content"]}]}
-            if isinstance(message.get("content"), str) and message.get("role") != "tool" else message
-            for message in messages]
+    text part, a list of parts as it is; a tool's answer as a string (vLLM flattens tool
+    content back to text, its parts joined by newlines)."""
+    def handed(message: dict[str, Any]) -> dict[str, Any]:
+        content = message.get("content")
+        if message.get("role") == "tool":
+            return {**message, "content": _joined(content)} if isinstance(content, list) else message
+        return {**message, "content": [{"type": "text", "text": content}]} if isinstance(content, str) else message
+
+    return [handed(message) for message in messages]
+
+
+def as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` as vLLM's server hands them to a "string" template: a list of text parts as
+    their texts joined by newlines (`chat_utils._parse_chat_message_content_parts`)."""
+    return [{**message, "content": _joined(message["content"])} if isinstance(message.get("content"), list)
+            else message for message in messages]
+
+
+def _joined(parts: list[dict[str, Any]]) -> str:
+    return "\n".join(part["text"] for part in parts if part.get("type") == "text")
 
 
 def _content_loops(tree: nodes.Template) -> Iterator[nodes.For]:

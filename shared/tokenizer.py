@@ -19,7 +19,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
 
-from shared.chat_content import as_content_parts, content_format
+from shared.chat_content import as_content_parts, as_text, content_format
 from shared.errors import InvalidArgument
 from shared.model_config import read_text_config
 
@@ -140,15 +140,16 @@ class Tokenizer:
         """The prompt text for a chat (and the tools it may call), by the model's template.
 
         The tiny model's template without tools, on messages of only a role and text, is
-        `render_chat` (the same text, without Jinja). A template that loops over content
-        parts gets each message's text as one part, as vLLM's server hands it over."""
+        `render_chat` (the same text, without Jinja). A message's content is a string or a list
+        of text parts; a template that loops over content parts gets parts (a string as one
+        part), any other gets a string (parts joined by newlines), as vLLM's server hands them
+        over (`shared.chat_content`)."""
+        messages = as_content_parts(messages) if self.content_format == "openai" else as_text(messages)
         plain = not tools and all(message.keys() <= {"role", "content"} for message in messages)
         if self._jinja_template is None and tools:
             raise InvalidArgument(f"{self.model_name} has no chat template to show tools to")
         if self._jinja_template is None or (plain and self.chat_template == FIXED_CHAT_TEMPLATE):
             return render_chat(messages, add_generation_prompt=add_generation_prompt)
-        if self.content_format == "openai":
-            messages = as_content_parts(messages)
         return self._jinja_template.render(messages=messages, tools=tools,
                                            add_generation_prompt=add_generation_prompt,
                                            **self._special_tokens)

@@ -75,3 +75,24 @@ def test_the_vision_model_renders_a_text_chat_as_vllm_does(vision_dir: Path) -> 
     begin = tokenizer.encode(IDEFICS3_TOKENS[0])  # <|begin_of_text|>: written by the template, added by none
     ids = tokenizer.encode(prompt)
     assert len(begin) == 1 and ids[0] == begin[0] and ids.count(begin[0]) == 1
+
+
+def test_text_parts_reach_each_template_as_vllm_hands_them_over(vision_dir: Path, tmp_path: Path) -> None:
+    """Two text parts: joined by a newline for a template that takes a string (the tiny
+    model's; vLLM's `_parse_chat_message_content_parts`), kept apart for one that loops over
+    parts (Idefics3's concatenates them); a tool's parts joined for either."""
+    from services.router.openai.protocol_messages import ChatMessage
+    from shared.chat_content import as_content_parts, as_text
+    from shared.tiny_model import generate_tiny_model
+
+    parts = ChatMessage(role="user", content=[{"type": "text", "text": "Once upon"},
+                                              {"type": "text", "text": "a time"}]).template_message()
+    assert parts["content"] == [{"type": "text", "text": "Once upon"}, {"type": "text", "text": "a time"}]
+    generate_tiny_model(str(tmp_path / "tiny"))
+    tiny = Tokenizer.from_model_dir(str(tmp_path / "tiny"))
+    assert tiny.apply_chat_template([parts]) == tiny.apply_chat_template([{"role": "user",
+                                                                          "content": "Once upon\na time"}])
+    vision = Tokenizer.from_model_dir(str(vision_dir))
+    assert "User: Once upona time<end_of_utterance>" in vision.apply_chat_template([parts])
+    tool = {"role": "tool", "content": [{"type": "text", "text": "1"}, {"type": "text", "text": "2"}]}
+    assert as_content_parts([tool])[0]["content"] == as_text([tool])[0]["content"] == "1\n2"

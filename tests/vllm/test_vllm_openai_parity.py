@@ -130,6 +130,10 @@ CASES = [
     completion("stop-string-list", {"prompt": FOX, "max_tokens": 16, "stop": ["no such text", " bed"]},
                finish_reason="stop"),
     chat("max-tokens-16", {"messages": STORY, "max_tokens": 16}, finish_reason="length"),
+    # a message of several text parts: vLLM's server joins them with newlines for this template
+    chat("text-parts", {"messages": [{"role": "user", "content": [{"type": "text", "text": "Tell me a story"},
+                                                                  {"type": "text", "text": "about a fox."}]}],
+                        "max_tokens": 16}),
     chat("max-completion-tokens-1", {"messages": STORY, "max_completion_tokens": 1}, completion_tokens=1),
     chat("stop-string", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"]}, finish_reason="stop"),
     # The answer's last token ends with an incomplete UTF-8 character (FOX's 16th token,

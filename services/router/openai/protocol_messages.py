@@ -46,7 +46,11 @@ class ChatMessage(Request):
         return "".join(part.text for part in self.content)
 
     def template_message(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        """The message as the chat template gets it: text parts stay parts (the tokenizer joins
+        them, or not, as the template's content format asks: `shared.chat_content`)."""
+        content: str | list[dict[str, str]] = self.text if not isinstance(self.content, list) else [
+            {"type": "text", "text": part.text} for part in self.content]
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_calls:
