@@ -70,7 +70,9 @@ def test_instructions_and_input_items_become_the_chat_messages() -> None:
     chat = chat_request(body, "m", 16, conversation(body.input, None))
     messages = [message.template_message() for message in chat.messages]
     assert messages[0] == {"role": "system", "content": "Be brief."}
-    assert messages[1] == {"role": "user", "content": "Weather ?"}
+    # parts stay parts, as vLLM's server keeps them: the tokenizer joins them (tests/unit/test_model_config.py)
+    assert messages[1] == {"role": "user", "content": [{"type": "text", "text": "Weather "},
+                                                       {"type": "text", "text": "?"}]}
     assert [call["id"] for call in messages[2]["tool_calls"]] == ["c1", "c2"]  # one assistant turn, two calls
     assert messages[3] == {"role": "tool", "content": "Snow", "tool_call_id": "c1"}
     assert (chat.temperature, chat.seed, chat.max_completion_tokens, chat.chosen_tools) == (0.3, 5, 16, "auto")

@@ -247,6 +247,10 @@ RESPONSES_CASES = [
                                            {"type": "message", "role": "user",
                                             "content": [{"type": "input_text", "text": "And then?"}]}],
                                  "max_output_tokens": 24}),
+    # several input_text parts: joined as chat content parts are (`chat-text-parts`)
+    responses("input-parts", {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "Tell me a story"}, {"type": "input_text", "text": "about a fox."}]}],
+        "max_output_tokens": 16}),
     responses("tools-auto", {"input": STORY_TEXT, "tools": RESPONSES_TOOLS, "max_output_tokens": 12}),
     responses("tools-required", FORCED_CALL, output_types=("function_call",)),
     responses("json-schema", {"input": STORY_TEXT, "max_output_tokens": 32, "text": {"format": {

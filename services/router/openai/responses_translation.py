@@ -74,13 +74,25 @@ def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, MessageItem):
-            messages.append({"role": item.role, "content": item.text})
+            messages.append({"role": item.role, "content": _message_content(item)})
         elif isinstance(item, FunctionCallItem):
             _append_call(messages, item)
         else:
             assert isinstance(item, FunctionCallOutputItem), item
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text})
     return messages
+
+
+def _message_content(item: MessageItem) -> str | list[dict[str, str]]:
+    """An input message's content as vLLM's server takes it
+    (`responses.utils._construct_message_from_response_item`): a client's parts stay parts,
+    which the tokenizer joins as the chat template asks (`shared.chat_content`); an earlier
+    assistant message's list is its first part's text."""
+    if isinstance(item.content, str):
+        return item.content
+    if item.role == "assistant":
+        return item.content[0].text if item.content else ""
+    return [{"type": "text", "text": part.text} for part in item.content]
 
 
 def output_messages(output: list[OutputItem]) -> list[dict[str, Any]]:
