@@ -150,7 +150,8 @@ async def test_input_items_become_the_chat_messages(router: cluster.Router, star
              {"type": "function_call_output", "call_id": "call-1", "output": "Snow, -3 C"}]
     await router.client.responses.create(model=MODEL_DIR_NAME, input=items, tools=[WEATHER_TOOL],
                                          tool_choice="none", max_output_tokens=3)
-    expected = [{"role": "user", "content": "What is the weather in Oslo?"},
+    # the parts joined by a newline for this template, as vLLM's server joins them (parity case responses-input-parts)
+    expected = [{"role": "user", "content": "What is the weather \nin Oslo?"},
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call-1", "type": "function",
                      "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
