@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from launch.plan import StackConfig, WorkerSpec
 from launch.service_commands import (
-    BUS_FIELDS,
     CLUSTER_FIELDS,
     METRICS_COMMAND,
+    METRICS_FIELDS,
     ORCHESTRATOR_COMMAND,
     ROUTER_COMMAND,
+    ROUTER_FIELDS,
     WORKER_COMMAND,
+    WORKER_FIELDS,
     cluster_bus,
     cluster_membership,
 )
@@ -24,11 +26,11 @@ from services.orchestrator.config import OrchestratorConfig, ScaleToZeroConfig
 from services.router.config import RouterConfig, ScaleFromZeroConfig
 from shared.config import WorkerConfig
 
-# The fields the stack sets of each service (dotted paths of its config), always written
-ORCHESTRATOR_FIELDS = (*CLUSTER_FIELDS, "scale_to_zero.models")
-METRICS_FIELDS = (*BUS_FIELDS, "host", "port")
-ROUTER_FIELDS = (*CLUSTER_FIELDS, "host", "port", "model_dir", "scale_from_zero.models")
-WORKER_FIELDS = (*CLUSTER_FIELDS, "worker_id", "role", "engine", "model_dir")
+# The fields the local stack sets of each service (dotted paths of its config), always
+# written: every launcher's (`launch.service_commands`), the scalable models and a worker's id
+LOCAL_ORCHESTRATOR_FIELDS = (*CLUSTER_FIELDS, "scale_to_zero.models")
+LOCAL_ROUTER_FIELDS = (*ROUTER_FIELDS, "scale_from_zero.models")
+LOCAL_WORKER_FIELDS = (*WORKER_FIELDS, "worker_id")
 
 
 def _scalable_models(config: StackConfig) -> tuple[str, ...]:
@@ -40,14 +42,12 @@ def orchestrator_args(config: StackConfig, nats_url: str) -> list[str]:
     orchestrator = OrchestratorConfig(bus=cluster_bus(nats_url, config.namespace),
                                       membership=cluster_membership(config.heartbeat_interval_s, config.ttl_s),
                                       scale_to_zero=ScaleToZeroConfig(models=_scalable_models(config)))
-    return [ORCHESTRATOR_COMMAND.name, *ORCHESTRATOR_COMMAND.flags(orchestrator, ORCHESTRATOR_FIELDS),
-            *ORCHESTRATOR_COMMAND.setting_flags(config.orchestrator_settings)]
+    return ORCHESTRATOR_COMMAND.argv(orchestrator, LOCAL_ORCHESTRATOR_FIELDS, config.orchestrator_settings)
 
 
 def metrics_args(config: StackConfig, nats_url: str, port: int) -> list[str]:
     metrics = MetricsConfig(bus=cluster_bus(nats_url, config.namespace), host=config.metrics_host, port=port)
-    return [METRICS_COMMAND.name, *METRICS_COMMAND.flags(metrics, METRICS_FIELDS),
-            *METRICS_COMMAND.setting_flags(config.metrics_settings)]
+    return METRICS_COMMAND.argv(metrics, METRICS_FIELDS, config.metrics_settings)
 
 
 def router_args(config: StackConfig, nats_url: str, port: int, instance_port: int | None = None) -> list[str]:
@@ -59,8 +59,7 @@ def router_args(config: StackConfig, nats_url: str, port: int, instance_port: in
                           scale_from_zero=ScaleFromZeroConfig(models=_scalable_models(config)),
                           reuse_port=instance_port is not None, instance_port=instance_port)
     replica = ("reuse_port", "instance_port") if instance_port is not None else ()
-    return [ROUTER_COMMAND.name, *ROUTER_COMMAND.flags(router, ROUTER_FIELDS),
-            *ROUTER_COMMAND.setting_flags(config.router_settings), *config.router_args,
+    return [*ROUTER_COMMAND.argv(router, LOCAL_ROUTER_FIELDS, config.router_settings), *config.router_args,
             *ROUTER_COMMAND.flags(router, replica)]
 
 
@@ -73,6 +72,6 @@ def worker_args(config: StackConfig, nats_url: str, spec: WorkerSpec, *, restart
                           membership=cluster_membership(config.heartbeat_interval_s, config.ttl_s),
                           restarts=restarts, last_exit=last_exit)
     restarted = ("restarts", "last_exit") if restarts else ()
-    return [WORKER_COMMAND.name, *WORKER_COMMAND.flags(worker, WORKER_FIELDS),
+    return [WORKER_COMMAND.name, *WORKER_COMMAND.flags(worker, LOCAL_WORKER_FIELDS),
             *spec.engine_args, *WORKER_COMMAND.setting_flags(spec.settings), *spec.extra_args,
             *WORKER_COMMAND.flags(worker, restarted)]

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 
 from launch.definition import StackDefinition, WorkerGroup
 from launch.service_commands import (
-    BUS_FIELDS,
     CLUSTER_FIELDS,
     METRICS_COMMAND,
+    METRICS_FIELDS,
     ORCHESTRATOR_COMMAND,
     ROUTER_COMMAND,
+    ROUTER_FIELDS,
     WORKER_COMMAND,
+    WORKER_FIELDS,
     cluster_bus,
     cluster_membership,
 )
@@ -30,7 +32,6 @@ from services.router.config import RouterConfig
 from shared.config import BusConfig, MembershipConfig, WorkerConfig, WorkerSlotsConfig
 
 LISTEN_ALL = "0.0.0.0"
-CONTAINER_WORKER_FIELDS = (*CLUSTER_FIELDS, "role", "engine", "model_dir")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,20 +49,17 @@ class ContainerArgs:
 
     def orchestrator(self) -> list[str]:
         orchestrator = OrchestratorConfig(bus=self._bus(), membership=self._membership())
-        return [ORCHESTRATOR_COMMAND.name, *ORCHESTRATOR_COMMAND.flags(orchestrator, CLUSTER_FIELDS),
-                *ORCHESTRATOR_COMMAND.setting_flags(self.definition.orchestrator.settings)]
+        return ORCHESTRATOR_COMMAND.argv(orchestrator, CLUSTER_FIELDS, self.definition.orchestrator.settings)
 
     def metrics(self) -> list[str]:
         metrics = self.definition.metrics
         config = MetricsConfig(bus=self._bus(), host=LISTEN_ALL, port=metrics.port)
-        return [METRICS_COMMAND.name, *METRICS_COMMAND.flags(config, (*BUS_FIELDS, "host", "port")),
-                *METRICS_COMMAND.setting_flags(metrics.settings)]
+        return METRICS_COMMAND.argv(config, METRICS_FIELDS, metrics.settings)
 
     def router(self) -> list[str]:
         router = self.definition.router
         config = RouterConfig(bus=self._bus(), membership=self._membership(), host=LISTEN_ALL, port=router.port, model_dir=self.model_dir)
-        return [ROUTER_COMMAND.name, *ROUTER_COMMAND.flags(config, (*CLUSTER_FIELDS, "host", "port", "model_dir")),
-                *ROUTER_COMMAND.setting_flags(router.settings)]
+        return ROUTER_COMMAND.argv(config, ROUTER_FIELDS, router.settings)
 
     def worker(self, group: WorkerGroup, engine: str = "", *, worker_id: str = "",
                slots: WorkerSlotsConfig = WorkerSlotsConfig()) -> list[str]:
@@ -70,8 +68,7 @@ class ContainerArgs:
         config = WorkerConfig(bus=self._bus(), membership=self._membership(), worker_id=worker_id, role=group.role,
                               engine=engine or group.engine, model_dir=self.model_dir)
         own_id = ("worker_id",) if worker_id else ()
-        return [WORKER_COMMAND.name, *WORKER_COMMAND.flags(config, (*CONTAINER_WORKER_FIELDS, *own_id)),
-                *WORKER_COMMAND.setting_flags(group.settings), *slot_flags(slots)]
+        return [*WORKER_COMMAND.argv(config, (*WORKER_FIELDS, *own_id), group.settings), *slot_flags(slots)]
 
 
 def slot_flags(slots: WorkerSlotsConfig) -> list[str]:

@@ -33,6 +33,11 @@ class ServiceCommand:
         """A stack definition's settings (options by name) as this command's flags."""
         return options_argv(self.config_type, settings, exclude=self.exclude)
 
+    def argv(self, config: Any, fields: Iterable[str], settings: Mapping[str, Any]) -> list[str]:
+        """`tandem <name>`'s arguments: `config`'s `fields`, then the definition's `settings`
+        (after them, so that they win)."""
+        return [self.name, *self.flags(config, fields), *self.setting_flags(settings)]
+
 
 ROUTER_COMMAND = ServiceCommand("router", RouterConfig)
 WORKER_COMMAND = ServiceCommand("worker", WorkerConfig)
@@ -47,6 +52,10 @@ SERVICE_COMMANDS = (ROUTER_COMMAND, WORKER_COMMAND, ORCHESTRATOR_COMMAND, METRIC
 BUS_FIELDS = ("bus.nats_url", "bus.namespace")
 MEMBERSHIP_FIELDS = ("membership.heartbeat_interval_s", "membership.ttl_s")
 CLUSTER_FIELDS = (*BUS_FIELDS, *MEMBERSHIP_FIELDS)
+# and of the services that listen (on a host and port of the launcher's) or load a model
+METRICS_FIELDS = (*BUS_FIELDS, "host", "port")
+ROUTER_FIELDS = (*CLUSTER_FIELDS, "host", "port", "model_dir")
+WORKER_FIELDS = (*CLUSTER_FIELDS, "role", "engine", "model_dir")
 
 
 def cluster_bus(nats_url: str, namespace: str) -> BusConfig:
