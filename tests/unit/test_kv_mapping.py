@@ -37,33 +37,34 @@ def shares(rank, block: int, layer: int, head: int, kv: int, slot: int):
         yield group * share, (group + 1) * share, rank.address(block, layer, head, kv, slot, group)
 
 
+def placements(rank, block_ids: list[int], block_size: int, tokens: int):
+    """Every share of the rank's vectors for the first `tokens` tokens in `block_ids`: its
+    logical index (token, layer, head, kv), (start, end) in the vector, and the region's offset."""
+    for token in range(tokens):
+        block, slot = block_ids[token // block_size], token % block_size
+        for layer in rank.layers:
+            for head in rank.heads:
+                for kv in (0, 1):
+                    for first, last, start in shares(rank, block, layer, head, kv, slot):
+                        yield (token, layer, head, kv), first, last, start
+
+
 def fill(shape: KvShape, logical: np.ndarray, block_ids: list[int], tokens: int) -> list[np.ndarray]:
     """Regions holding `logical[token, layer, head, kv]` vectors in the given blocks."""
     regions = []
     for rank in shape.ranks:
         region = np.zeros(rank.nbytes, dtype=np.uint8)
-        for token in range(tokens):
-            block, slot = block_ids[token // shape.block_size], token % shape.block_size
-            for layer in rank.layers:
-                for head in rank.heads:
-                    for kv in (0, 1):
-                        for first, last, start in shares(rank, block, layer, head, kv, slot):
-                            region[start:start + last - first] = logical[token, layer, head, kv, first:last]
+        for vector, first, last, start in placements(rank, block_ids, shape.block_size, tokens):
+            region[start:start + last - first] = logical[(*vector, slice(first, last))]
         regions.append(region)
     return regions
 
 
 def check(shape: KvShape, regions: list[np.ndarray], logical: np.ndarray, block_ids: list[int], tokens: int) -> None:
     for rank, region in zip(shape.ranks, regions):
-        for token in range(tokens):
-            block, slot = block_ids[token // shape.block_size], token % shape.block_size
-            for layer in rank.layers:
-                for head in rank.heads:
-                    for kv in (0, 1):
-                        for first, last, start in shares(rank, block, layer, head, kv, slot):
-                            assert np.array_equal(region[start:start + last - first],
-                                                  logical[token, layer, head, kv, first:last]), \
-                                (rank.rank, token, layer, head, kv)
+        for vector, first, last, start in placements(rank, block_ids, shape.block_size, tokens):
+            assert np.array_equal(region[start:start + last - first], logical[(*vector, slice(first, last))]), \
+                (rank.rank, *vector)
 
 
 def apply(plan, src: np.ndarray, dst: np.ndarray) -> None:
