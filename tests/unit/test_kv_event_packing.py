@@ -23,6 +23,7 @@ from shared.schemas.kv_events import (
     token_ids_of,
 )
 from shared.token_pack import pack_token_ids, token_array, unpack_token_ids
+from tests.unit.kv_schema_history import FirstBlockStored
 from tests.unit.test_kv_batch_decode import index_state, random_stream, router_index
 from tests.unit.test_kv_index import BLOCK, FakeEngine, tokens
 
@@ -109,16 +110,9 @@ def test_a_large_packed_event_is_cut_with_its_token_ids_and_adapter() -> None:
 
 
 def test_a_consumer_from_before_packing_reads_packed_events_as_sent_without_token_ids() -> None:
-    class OldBlockStored(msgspec.Struct, tag="stored", kw_only=True):  # the schema before packing
-        block_hashes: list[int]
-        parent_block_hash: int | None
-        token_ids: list[int] = []
-        block_size: int
-        chain_hashes: list[int] | None = None
-
     engine = FakeEngine("a", chain_hashes=True)
     stored = engine.stored(tokens(1, 3 * BLOCK))
-    old = msgspec.msgpack.decode(encode(for_wire([stored])[0]), type=OldBlockStored)
+    old = msgspec.msgpack.decode(encode(for_wire([stored])[0]), type=FirstBlockStored)
     assert (old.block_hashes, old.chain_hashes, old.token_ids) == (stored.block_hashes, stored.chain_hashes, [])
 
 

@@ -191,16 +191,10 @@ def test_events_from_a_worker_without_tiers_decode_as_first_tier_blocks() -> Non
     import msgspec
 
     from shared.schemas.kv_events import KvEventWithoutTokens
+    from tests.unit.kv_schema_history import FirstBlockStored
 
-    class OldStored(msgspec.Struct, tag="stored", kw_only=True):  # the event before tiers
-        block_hashes: list[int]
-        parent_block_hash: int | None
-        token_ids: list[int] = []
-        block_size: int
-        chain_hashes: list[int] | None = None
-
-    wire = msgspec.msgpack.encode(OldStored(block_hashes=CHAIN[:1], parent_block_hash=None,
-                                            token_ids=PROMPT[:BLOCK], block_size=BLOCK, chain_hashes=CHAIN[:1]))
+    wire = msgspec.msgpack.encode(FirstBlockStored(block_hashes=CHAIN[:1], parent_block_hash=None,
+                                                   token_ids=PROMPT[:BLOCK], block_size=BLOCK, chain_hashes=CHAIN[:1]))
     assert msgspec.msgpack.decode(wire, type=kv_events.KvEvent).tier == "device"
     assert msgspec.msgpack.decode(wire, type=KvEventWithoutTokens).tier == "device"
     moved = msgspec.msgpack.encode(kv_events.BlocksMoved(block_hashes=CHAIN[:1], tier="host"))
