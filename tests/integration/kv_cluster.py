@@ -80,6 +80,17 @@ class Cluster:
                                            KvTransferParams(source=p_done.kv_handle))
         return first + rest, p_done, d_done
 
+    async def disaggregated_prompts(self, max_tokens: int) -> list[Finished]:
+        """Every prompt of `prompts()` on worker "single", then pulled from "prefill" by
+        "decode": the same answers. The decode worker's `Finished` of each."""
+        finished = []
+        for prompt in prompts():
+            expected, _ = await self.generate("single", prompt, max_tokens)
+            got, _, d_done = await self.disaggregated("prefill", "decode", prompt, max_tokens)
+            assert got == expected, f"prompt of {len(prompt)} tokens"
+            finished.append(d_done)
+        return finished
+
     async def assert_clean(self, timeout_s: float = 5.0) -> None:
         await wait_for(lambda: all(w.kv.active_leases == 0 and w.engine.load().kv_used_blocks == 0
                                    and w.inflight == 0 for w in self.workers.values()),
