@@ -15,6 +15,7 @@ import msgspec
 
 from bench.routing.workloads import Outcome
 from bench.serve.client import DataEvents, make_client
+from shared.tasks import finish_within
 
 REQUEST_TIMEOUT_S = 300.0
 
@@ -65,9 +66,4 @@ async def stream_completion(client: httpx.AsyncClient, model: str, prompt: list[
 
 async def finish(tasks: list[asyncio.Task], drain_s: float) -> None:
     """Wait for `tasks` up to `drain_s`; the rest are cancelled (their outcomes say so)."""
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(tasks, timeout=drain_s)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    await finish_within(tasks, drain_s)

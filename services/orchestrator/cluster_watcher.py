@@ -28,6 +28,7 @@ from shared.cluster.member_events import MemberEvent
 from shared.codec import Codec, MalformedCounter
 from shared.lifecycle import reraise_if_cancelling
 from shared.schemas import LoadSnapshot, RequestRecord, WorkerRegistration
+from shared.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,7 @@ class ClusterWatcher(ABC):
     async def stop(self) -> None:
         self._stopped.set()
         tasks = [task for task in (self._task, *self._own_tasks()) if task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(tasks)
         self._task = None
         await unsubscribe_quietly(self._subscriptions, self.name)
         self._subscriptions = []

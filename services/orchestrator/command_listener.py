@@ -19,6 +19,7 @@ from shared.bus import Bus, unsubscribe_quietly
 from shared.codec import Codec, MalformedCounter, encode
 from shared.schemas.orchestrator import CommandOutcome, OrchestratorCommand, WakeModel
 from shared.subjects import Subjects
+from shared.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,7 @@ class CommandListener:
         """Unsubscribe, then cancel the commands still running and wait for them to end."""
         await unsubscribe_quietly(self._subscriptions, "orchestrator commands")
         self._subscriptions = []
-        for task in self._running:
-            task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await cancel_all(self._running)
 
     async def _on_command(self, msg: Msg) -> None:
         command = self._commands.decode_or_none(msg.data, msg.subject)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from shared.lifecycle import reraise_if_cancelling
+from shared.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +58,9 @@ class FleetTicker:
                                                name=f"fleet-ticker:{name}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._tasks)
         self._tasks = []
-        pending = list(self._pending.values())
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await cancel_all(list(self._pending.values()))
 
     async def _run(self, name: str, slice_s: float, groups: Sequence[list[int]], action: Action,
                    concurrent: bool) -> None:

@@ -22,6 +22,7 @@ from shared.codec import Codec, MalformedCounter
 from shared.errors import ErrorCode
 from shared.frame_sender import FrameSender
 from shared.schemas import GenerateRequest
+from shared.tasks import finish_within
 
 
 class RequestPlane:
@@ -66,10 +67,4 @@ class RequestPlane:
 
     async def finish(self, deadline_s: float) -> None:
         """Wait for the requests in flight up to `deadline_s`; cancel those still running."""
-        pending = list(self._inflight.values())
-        if not pending:
-            return
-        _, still_running = await asyncio.wait(pending, timeout=deadline_s)
-        for task in still_running:
-            task.cancel()
-        await asyncio.gather(*still_running, return_exceptions=True)
+        await finish_within(list(self._inflight.values()), deadline_s)

@@ -48,6 +48,7 @@ from shared.config import WorkerConfig
 from shared.lifecycle import reraise_if_cancelling
 from shared.schemas import Drain, WorkerCapacity, WorkerRegistration
 from shared.schemas.membership import EngineCapabilities
+from shared.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +156,7 @@ class WorkerService:
         # From here no heartbeat registers the worker again: not its own loops (cancelled),
         # nor a fleet's ticker calling `heartbeat()` while the engine stops.
         self.membership.stop_putting()
-        for task in self._loops:
-            task.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await cancel_all(self._loops)
         try:
             if self.bus.client.is_connected:  # else each call would wait out its timeout
                 for sub in self._subscriptions:
