@@ -11,17 +11,24 @@ A request served with a LoRA adapter computes other KV for the same tokens, so i
 starts from the adapter's root (`adapter_root`) instead of `ROOT_PARENT`: no block of one
 adapter, or of the base model, ever has the hash of another's. Without an adapter the root
 is `ROOT_PARENT`, so the chains of plain requests are what they always were.
+
+A prompt that holds images (a vision-language model's) has each image's placeholder tokens
+in it, the same ids for any image: the blocks an image's tokens are in also hash the image's
+identifier and where it starts relative to the block (`image_block_salts`), as vLLM's own
+prefix cache hashes `("mm", identifier, offset)`, so equal text with another image never
+matches, the same image again does, and blocks before the first image stay shared.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from xxhash import xxh3_64_intdigest
 
 from shared.token_pack import TOKEN_BYTES, pack_token_ids
 
 ROOT_PARENT = 0
+_IMAGE_KEY = b"mm"
 _ADAPTER_DOMAIN = b"tandem-lora-adapter:"
 
 
@@ -53,4 +60,38 @@ def packed_block_hash_chain(data: bytes, block_size: int, *, parent_hash: int = 
     for start in range(0, len(data) - step + 1, step):
         parent_hash = xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + data[start:start + step])
         hashes.append(parent_hash)
+    return hashes
+
+
+def image_key(identifier: str, offset: int) -> bytes:
+    """One image's part of a block's salt: its identifier and where it starts relative to the
+    block's first token (negative for an image that began in an earlier block)."""
+    return _IMAGE_KEY + identifier.encode() + offset.to_bytes(8, "little", signed=True)
+
+
+def image_block_salts(spans: Iterable[tuple[str, int, int]], block_size: int, blocks: int) -> list[bytes]:
+    """Each of the first `blocks` blocks' salt from the images whose placeholder tokens
+    (`(identifier, start, length)`, in prompt order) overlap it: the `image_key`s of those
+    images, in order; b"" for a block without image tokens. vLLM's `_gen_mm_extra_hash_keys`
+    gives a block the same images at the same offsets."""
+    salts = [b""] * blocks
+    for identifier, start, length in spans:
+        first, last = start // block_size, (start + length - 1) // block_size
+        for block in range(first, min(last + 1, blocks)):
+            salts[block] += image_key(identifier, start - block * block_size)
+    return salts
+
+
+def request_chain(token_ids: Sequence[int], block_size: int, *, adapter: str = "",
+                  images: Sequence[tuple[str, int, int]] = ()) -> list[int]:
+    """A request's chain: from its adapter's root, each block salted by the images in it
+    (`images`: `(identifier, start, length)` of each image's placeholder tokens)."""
+    root = adapter_root(adapter)
+    if not images:
+        return block_hash_chain(token_ids, block_size, parent_hash=root)
+    salts = image_block_salts(images, block_size, len(token_ids) // block_size)
+    hashes: list[int] = []
+    for block, salt in enumerate(salts):
+        root = hash_block(root, token_ids[block * block_size:(block + 1) * block_size], salt)
+        hashes.append(root)
     return hashes

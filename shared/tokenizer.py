@@ -21,6 +21,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from shared.chat_content import as_content_parts, as_text, content_format
 from shared.errors import InvalidArgument
+from shared.image_placeholders import ImageLayout
 from shared.model_config import read_text_config
 
 # The tiny model's chat template, shipped in its tokenizer_config.json so that vLLM and
@@ -74,6 +75,8 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self._special_tokens = special_tokens or {}
+        self.image_layout: ImageLayout | None = None  # a vision-language model's (`from_model_dir`)
+        self.images_refused = f"model {model_name} takes no images"  # why, where image_layout is None
         self._jinja_template = compile_chat_template(chat_template)
         # "openai": the template loops over content parts (a vision model's); see shared.chat_content
         self.content_format = content_format(chat_template)
@@ -104,7 +107,7 @@ class Tokenizer:
         if "max_position_embeddings" not in config:
             raise ValueError(f"{directory}/config.json has no max_position_embeddings (nor its text_config)")
 
-        return cls(
+        tokenizer = cls(
             backend,
             model_name=directory.resolve().name,
             vocab_size=int(config.get("vocab_size", backend.get_vocab_size())),
@@ -115,6 +118,16 @@ class Tokenizer:
             chat_template=_chat_template(tokenizer_config.get("chat_template")),
             special_tokens=special_tokens,
         )
+        tokenizer._read_image_layout(directory)
+        return tokenizer
+
+    def _read_image_layout(self, directory: Path) -> None:
+        """Where the model's images go in a prompt (`shared.image_placeholders`): None for a
+        text model; for a vision-language family not rendered here, None and why."""
+        try:
+            self.image_layout = ImageLayout.for_model_dir(directory, self.encode_segment)
+        except (ValueError, KeyError, OSError) as error:
+            self.images_refused = f"the router cannot place this model's images in a prompt: {error}"
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; the only special token added is BOS, when the model asks.
@@ -131,6 +144,10 @@ class Tokenizer:
             assert self.bos_token_id is not None
             return [self.bos_token_id, *ids]
         return ids
+
+    def encode_segment(self, text: str) -> list[int]:
+        """Token ids of `text` with no special token added (a piece of a prompt, not its start)."""
+        return self._backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)

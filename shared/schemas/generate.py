@@ -111,6 +111,28 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
 _DEFAULTS = {name: getattr(SamplingParams(), name) for name in SamplingParams.__struct_fields__}
 
 
+class ImageInput(msgspec.Struct, kw_only=True, frozen=True):
+    """One image of a prompt: its file's bytes (PNG, JPEG, ...; empty where the worker only
+    continues from KV it receives and never needs the pixels), its identifier (a digest of
+    the bytes: the identity of its KV, `shared.block_hash.image_block_salts`), and its
+    placeholder tokens' place in the request's `token_ids` (the router expanded them as the
+    engine does)."""
+
+    identifier: str
+    start: int
+    length: int
+    data: bytes = b""
+
+    @property
+    def span(self) -> tuple[str, int, int]:
+        return self.identifier, self.start, self.length
+
+
+def image_spans(images: "list[ImageInput] | tuple[ImageInput, ...]") -> list[tuple[str, int, int]]:
+    """The `(identifier, start, length)` of each image, as `shared.block_hash.request_chain` takes them."""
+    return [image.span for image in images]
+
+
 class GenerateRequest(Message, tag="generate", kw_only=True):
     request_id: str
     model: str
@@ -120,6 +142,9 @@ class GenerateRequest(Message, tag="generate", kw_only=True):
     # The LoRA adapter of `model` to serve it with ("": the base model). Its KV is the adapter's
     # own: the request's block-hash chain starts from `shared.block_hash.adapter_root(adapter)`.
     adapter: str = ""
+    # The prompt's images, in order (a vision-language model's); each one's placeholder tokens
+    # are in `token_ids` and its identifier in the hashes of the blocks they are in.
+    images: list[ImageInput] = []
     # W3C trace context travels in NATS headers, not here.
 
 
