@@ -19,6 +19,7 @@ from shared.bus import Bus
 from shared.codec import encode
 from shared.prometheus import trace_exemplar
 from shared.schemas import RequestRecord, SamplingParams
+from shared.schemas.generate import ImageInput
 from shared.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,10 @@ class GenerationParams(RequestIdentity):
     eos_token_id: int | None = None  # the model's end of sequence, a stop token unless ignore_eos
     tenant: Tenant = DEFAULT_TENANT  # its API key and priority, for the admission gate
     adapter: str = ""  # the model's LoRA adapter it is served with ("": the base model)
+    # its prompt's images, their placeholders in `prompt_ids`; every worker of the request gets
+    # their bytes: a decode worker whose KV arrives whole never encodes them, one that must
+    # recompute blocks that did not arrive needs them
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def stop_token_ids(self) -> frozenset[int]:

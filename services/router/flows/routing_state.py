@@ -46,6 +46,7 @@ from services.router.routing import RoutePlan, RouteRefusal, RouteRequest, Routi
 from services.router.routing.placement.placement import Placement, Placements
 from services.router.routing.shortlist import shortlist
 from shared.schemas import RoutedPrompt
+from shared.schemas.generate import image_spans
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class RoutingState:
         now = self._clock()
         decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
         kv = self.prompts.kv_view.model(params.model)  # only the model's own workers' KV can match
-        cache = kv.prompt_cache(params.prompt_ids, now, adapter=params.adapter)
+        cache = kv.prompt_cache(params.prompt_ids, now, adapter=params.adapter, images=image_spans(params.images))
         if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
             cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={}, tier_tokens={})
         # an adapter's KV moves only between workers that can carry it: else one worker serves it whole

@@ -180,7 +180,8 @@ class TwoPartStream:
         params = self._params
         request = GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
                                   sampling=params.sampling.first_token_only(), adapter=params.adapter,
-                                  kv_transfer=self._handoff.prefill_transfer(target))
+                                  kv_transfer=self._handoff.prefill_transfer(target),
+                                  images=list(params.images))
         self._prefill_sent = True  # from here on the prefill worker may be working on it
         await self._prefill.send(request, span_headers(self._prefill_span))
 

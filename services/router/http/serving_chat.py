@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
+from services.router.http.chat_images import place_images, read_images
 from services.router.http.choices import Choice, respond_choices, start_choices
 from services.router.http.serving import EndpointFormat, ServingContext, respond, usage_so_far
 from services.router.http.sse import UsageSoFar, finish_json, text_json
@@ -144,6 +145,7 @@ class ChatServing:
         async def prepare() -> GenerationParams:
             model = await context.resolve_model(body.model)
             tokenizer = model.tokenizer
+            images = await read_images(body.messages, tokenizer)
             messages = [message.template_message() for message in body.messages]
             tools = [tool.template_tool() for tool in body.tools] if body.tools else None
             try:
@@ -154,9 +156,11 @@ class ChatServing:
                 raise BadRequest(f"the chat template cannot render these messages: {error}",
                                  param="messages") from error
             prompt_ids = _without_double_bos(await context.tokenize(tokenizer, prompt), tokenizer.bos_token_id)
+            prompt_ids, placed = place_images(prompt_ids, images, tokenizer)
             prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "messages")
             max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)
             params = context.params(identity, body, model, prompt_ids, max_tokens, caller, sample=sample)
+            params = dataclasses.replace(params, images=placed) if placed else params
             return _with_tool_calling(params, self._tool_calling(body), context.config.tool_call_parser)
 
         return prepare

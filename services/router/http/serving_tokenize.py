@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
+from services.router.http.chat_images import place_images, read_images
 from services.router.http.model_cards import max_model_len
 from services.router.http.served_models import ServedModel
 from services.router.http.serving import ServingContext
@@ -50,6 +51,8 @@ class TokenizeServing:
             token_ids = token_ids[1:]  # the one BOS `encode` added; a BOS the text spells stays
         elif isinstance(body, TokenizeChatRequest):
             token_ids = without_double_bos(token_ids, tokenizer.bos_token_id)
+        if isinstance(body, TokenizeChatRequest):  # each image's placeholder tokens, as the chat endpoint sends them
+            token_ids, _ = place_images(token_ids, await read_images(body.messages, tokenizer), tokenizer)
         return TokenizeResponse(count=len(token_ids), max_model_len=max_model_len(self._context, model.name),
                                 tokens=token_ids)
 

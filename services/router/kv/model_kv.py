@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from services.router.kv.index import KvIndex, block_hashes_for
 from services.router.routing.recency import CacheRecency
-from shared.block_hash import adapter_root
+from shared.block_hash import adapter_root, request_chain
 from shared.schemas import KvTransferParams
 from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, KvTier
 
@@ -127,10 +127,12 @@ class ModelKv:
     def worker_ids(self) -> list[str]:
         return list(self._block_sizes)
 
-    def prompt_cache(self, prompt_ids: list[int], now: float, *, adapter: str = "") -> PromptCache:
+    def prompt_cache(self, prompt_ids: list[int], now: float, *, adapter: str = "",
+                     images: Sequence[tuple[str, int, int]] = ()) -> PromptCache:
         """Where the prompt's leading blocks live (predictions due by `now` dropped first):
         one hash chain per block size in use, from the root of the request's LoRA `adapter`
-        (so a prefix computed with another adapter, or with none, never matches)."""
+        (so a prefix computed with another adapter, or with none, never matches), the blocks
+        that hold an image's tokens salted by it (`images`: `(identifier, start, length)`)."""
         self.index.expire(now)
         chains: dict[int, list[int]] = {}
         cached: dict[str, int] = {}
@@ -140,7 +142,8 @@ class ModelKv:
         for block_size in set(self._block_sizes.values()):
             if len(prompt_ids) < block_size:
                 continue
-            chain = chains[block_size] = block_hashes_for(prompt_ids, block_size, parent_hash=root)
+            chain = chains[block_size] = (request_chain(prompt_ids, block_size, adapter=adapter, images=images)
+                                          if images else block_hashes_for(prompt_ids, block_size, parent_hash=root))
             for worker_id, blocks in self.index.match(chain).items():
                 if self._block_sizes.get(worker_id) != block_size:
                     continue

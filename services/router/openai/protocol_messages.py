@@ -17,6 +17,19 @@ class TextContentPart(Request):
     text: Text
 
 
+class ImageUrl(Request):
+    url: Text  # a data URL (`services.router.openai.images`)
+    detail: Literal["auto", "low", "high"] | None = None  # taken, as vLLM's server takes it: no model here reads it
+
+
+class ImageContentPart(Request):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = TextContentPart | ImageContentPart
+
+
 class CalledFunction(Request):
     name: Text
     arguments: Text | None = None  # a JSON object, as text
@@ -32,7 +45,7 @@ class MessageToolCall(Request):
 
 class ChatMessage(Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextContentPart] | None = None
+    content: Text | list[ContentPart] | None = None
     name: Text | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant's
     tool_call_id: Text | None = None  # a tool's answer: to which call
@@ -43,13 +56,22 @@ class ChatMessage(Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextContentPart))
+
+    @property
+    def image_parts(self) -> list[tuple[int, ImageContentPart]]:
+        """The message's image parts, with their places in its content."""
+        if not isinstance(self.content, list):
+            return []
+        return [(index, part) for index, part in enumerate(self.content) if isinstance(part, ImageContentPart)]
 
     def template_message(self) -> dict[str, Any]:
         """The message as the chat template gets it: text parts stay parts (the tokenizer joins
-        them, or not, as the template's content format asks: `shared.chat_content`)."""
+        them, or not, as the template's content format asks: `shared.chat_content`); an image
+        part is `{"type": "image"}`, where a vision-language model's template writes its token."""
         content: str | list[dict[str, str]] = self.text if not isinstance(self.content, list) else [
-            {"type": "text", "text": part.text} for part in self.content]
+            {"type": "text", "text": part.text} if isinstance(part, TextContentPart) else {"type": "image"}
+            for part in self.content]
         message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name

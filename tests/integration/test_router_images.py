@@ -1,0 +1,186 @@
+"""Chats with images against a real router (serving the generated Idefics3) on a real
+nats-server: hostile image payloads, and what a worker is sent for a good one.
+
+Every malformed or oversized image is a 4xx naming the part, never a 5xx, and the router's
+memory stays bounded over rounds of them. A good image reaches the worker with its bytes,
+its identifier (the SHA-256 of its bytes) and its placeholder tokens expanded in the prompt
+as the engine expands them; `/tokenize` counts the same tokens. The sim worker serves text
+only and says so with a 400. vLLM serving images, alone and through P/D, is
+tests/vllm/test_vllm_image_chat.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import zlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from services.router.openai.images import MAX_IMAGE_BYTES, MAX_IMAGES
+from shared.config import BusConfig
+from shared.tiny_model import generate_tiny_model
+from shared.tokenizer import Tokenizer
+from shared.vision_model import generate_vision_model
+from tests.integration.router_cluster import Router, router_config, running_router, wait_for_workers
+
+MODEL = "vision"
+ROUNDS = 3
+MAX_GROWTH_BYTES = 96 << 20
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("router-model") / MODEL
+    generate_vision_model(str(path))
+    return str(path)
+
+
+@pytest.fixture
+async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[Router]:
+    async with running_router(router_config(bus_config, model_dir)) as running:
+        yield running
+
+
+def png(width: int = 64, height: int = 64, seed: int = 0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def bomb_png(side: int = 30_000) -> bytes:
+    """A valid PNG header that claims `side` x `side` pixels, with one tiny compressed row."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+    header = side.to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def zero_width_bmp() -> bytes:
+    """A BMP whose header says 0 x 10 pixels."""
+    out = io.BytesIO()
+    Image.new("RGB", (1, 10)).save(out, format="BMP")
+    data = bytearray(out.getvalue())
+    data[18:22] = (0).to_bytes(4, "little")
+    return bytes(data)
+
+
+def chat(*parts: dict, text: str = "What is in the picture?") -> dict:
+    return {"model": MODEL, "max_tokens": 4,
+            "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]}
+
+
+def image(url: str, **extra) -> dict:
+    return {"type": "image_url", "image_url": {"url": url, **extra}}
+
+
+GOOD = png()
+HOSTILE: list[tuple[str, dict]] = [
+    ("http URL", chat(image("http://169.254.169.254/latest/meta-data"))),
+    ("https URL", chat(image("https://example.com/cat.png"))),
+    ("file URL", chat(image("file:///etc/passwd"))),
+    ("ftp URL", chat(image("ftp://example.com/cat.png"))),
+    ("no scheme", chat(image("cat.png"))),
+    ("empty URL", chat(image(""))),
+    ("data URL without base64", chat(image("data:image/png," + GOOD.hex()))),
+    ("data URL without a comma", chat(image("data:image/png;base64"))),
+    ("not an image type", chat(image(data_url(GOOD, "text/plain")))),
+    ("no media type", chat(image(data_url(GOOD, "")))),
+    ("corrupt base64", chat(image("data:image/png;base64,@@@not*base64@@@"))),
+    ("base64 cut short", chat(image(data_url(GOOD)[:-3]))),
+    ("empty image", chat(image(data_url(b"")))),
+    ("random bytes", chat(image(data_url(np.random.default_rng(1).bytes(4096))))),
+    ("truncated PNG", chat(image(data_url(GOOD[: len(GOOD) // 2])))),
+    ("PNG header only", chat(image(data_url(GOOD[:33])))),
+    ("decompression bomb", chat(image(data_url(bomb_png())))),
+    ("too many pixels", chat(image(data_url(bomb_png(5000))))),
+    ("an EPS file", chat(image(data_url(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n",
+                                        "image/png")))),
+    ("an SVG", chat(image(data_url(b"<svg xmlns='http://www.w3.org/2000/svg'/>", "image/svg+xml")))),
+    ("too many bytes", chat(image(data_url(b"\x89PNG" + bytes(MAX_IMAGE_BYTES))))),
+    ("too many images", chat(*[image(data_url(png(seed=seed))) for seed in range(MAX_IMAGES + 1)])),
+    ("an unknown detail", chat(image(data_url(GOOD), detail="ultra"))),
+    ("an unknown field", chat(image(data_url(GOOD), crop="center"))),
+    ("image_url as a string", chat({"type": "image_url", "image_url": data_url(GOOD)})),
+    ("image_url missing", chat({"type": "image_url"})),
+    ("an unknown part type", chat({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}})),
+    ("an image token typed in the text", chat(image(data_url(GOOD)), text="look: <image>")),
+    ("a BMP of no pixels", chat(image(data_url(zero_width_bmp(), "image/bmp")))),
+    ("a body over the size limit", chat(image(data_url(bytes(33 << 20))))),
+]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+async def test_hostile_images_are_refused_naming_the_problem(router: Router) -> None:
+    assert len(HOSTILE) == 30
+    baseline = None
+    for round_number in range(ROUNDS):
+        for name, body in HOSTILE:
+            response = await router.http.post("/v1/chat/completions", json=body)
+            assert 400 <= response.status_code < 500, (name, response.status_code, response.text)
+            error = response.json()["error"]
+            assert error["message"], name
+            if response.status_code == 400 and "image" in name:
+                assert error["param"] is None or error["param"].startswith("messages"), (name, error)
+        if round_number == 0:
+            baseline = rss_bytes()  # after the first round: allocator pools and caches warmed
+    assert baseline is not None and rss_bytes() - baseline < MAX_GROWTH_BYTES
+
+
+async def test_each_refusal_says_what_is_wrong(router: Router) -> None:
+    expected = {"http URL": "not fetched", "corrupt base64": "not valid base64", "not an image type": "not an image type",
+                "decompression bomb": "pixels", "an EPS file": "not an image in a format read here",
+                "truncated PNG": "cannot be read", "too many bytes": "larger than",
+                "too many images": f"at most {MAX_IMAGES} images",
+                "an image token typed in the text": "2 image placeholders for 1 images"}
+    cases = dict(HOSTILE)
+    for name, words in expected.items():
+        response = await router.http.post("/v1/chat/completions", json=cases[name])
+        assert response.status_code == 400, (name, response.text)
+        assert words in response.json()["error"]["message"], (name, response.json())
+    response = await router.http.post("/v1/chat/completions", json=cases["truncated PNG"])
+    assert response.json()["error"]["param"] == "messages[0].content[0]"
+
+
+async def test_a_good_image_reaches_the_worker_expanded_with_its_bytes(router: Router, start_worker,
+                                                                      tokenizer: Tokenizer) -> None:
+    worker = await start_worker(max_model_len=1024)
+    await wait_for_workers(router, 1)
+    body = chat(image(data_url(GOOD), detail="low"))
+    tokenized = await router.http.post("/tokenize", json={"model": MODEL, "messages": body["messages"]})
+    assert tokenized.status_code == 200, tokenized.text
+
+    response = await router.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and "takes no images" in response.json()["error"]["message"]
+    [request] = worker.requests
+    [sent] = request.images
+    assert sent.data == GOOD and sent.identifier == "sha256:" + hashlib.sha256(GOOD).hexdigest()
+    layout = tokenizer.image_layout
+    assert layout is not None
+    assert request.token_ids[sent.start:sent.start + sent.length] == layout.replacement(64, 64)
+    assert request.token_ids == tokenized.json()["tokens"]
+
+
+async def test_a_text_model_refuses_images(bus_config: BusConfig, tmp_path: Path) -> None:
+    generate_tiny_model(str(tmp_path / "tiny"))
+    async with running_router(router_config(bus_config, str(tmp_path / "tiny"))) as text_router:
+        body = {**chat(image(data_url(GOOD))), "model": "tiny"}
+        response = await text_router.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["message"], error["param"]) == ("model tiny takes no images", "messages[0].content[0]")
