@@ -34,10 +34,11 @@ from opentelemetry import trace
 from connector.dataplane import DataPlane, Prepared
 from connector.port import LayerHook
 from connector.push import PushWriter
-from shared.block_hash import adapter_root, block_hash_chain
+from shared.block_hash import request_chain
 from shared.errors import ErrorCode, TandemError
 from shared.frame_sender import FrameSender
 from shared.schemas import GenerateRequest, KvHandle, PushDone
+from shared.schemas.generate import image_spans
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,9 @@ class KvSession:
             self._handle = kv.hold(self._request)
         writer = self._writer
         if writer is not None:
-            writer.send_reused(block_hash_chain(self._request.token_ids, self._block_size,
-                                                parent_hash=adapter_root(self._request.adapter)), self._num_layers)
+            request = self._request
+            writer.send_reused(request_chain(request.token_ids, self._block_size, adapter=request.adapter,
+                                             images=image_spans(request.images)), self._num_layers)
             done = await writer.finish(first_token)
             trace.get_current_span().set_attribute("tandem.kv.push_writes", len(writer.timings))
             await kv.send_push_done(writer.target, done)

@@ -38,12 +38,12 @@ from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.holder import VllmKvHolder
 from connector.vllm.kv_wire import Loaded, PullOrder, TransferOrder
 from connector.vllm.push import VllmPush, VllmPushReceiver, VllmPushWriter
-from shared.block_hash import adapter_root, block_hash_chain
+from shared.block_hash import request_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter, encode
 from shared.config import WorkerConfig
 from shared.errors import InvalidArgument
-from shared.schemas.generate import GenerateRequest
+from shared.schemas.generate import GenerateRequest, image_spans
 from shared.schemas.load import RankTransfers
 from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind
 from shared.tracing import inject_headers
@@ -192,8 +192,9 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         held = self.engine.take_held(request.request_id)
         if held is None:
             return None
-        return self.holder.grant_held("decode", held, block_hash_chain(request.token_ids, self.block_size,
-                                                                          parent_hash=adapter_root(request.adapter)))
+        return self.holder.grant_held("decode", held, request_chain(request.token_ids, self.block_size,
+                                                                       adapter=request.adapter,
+                                                                       images=image_spans(request.images)))
 
     def release_pins(self, prepared: Prepared) -> None:
         """Called once `generate()` was called, and when the request ends: an order the engine

@@ -15,7 +15,7 @@ An engine with a KV data plane also fulfils the data plane's own contract: the s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import msgspec
@@ -23,7 +23,7 @@ import msgspec
 from connector.port import LayerHook
 from shared.compat import KvLayout
 from shared.errors import InvalidArgument
-from shared.schemas.generate import FinishReason, SamplingParams, TokenLogprobs
+from shared.schemas.generate import FinishReason, ImageInput, SamplingParams, TokenLogprobs
 from shared.schemas.kv_events import BlockStored, KvEvent
 
 
@@ -108,11 +108,13 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncIterator[EngineOutput]:
+                 on_layer: LayerHook | None = None, adapter: str = "",
+                 images: Sequence[ImageInput] = ()) -> AsyncIterator[EngineOutput]:
         """The request's outputs; `on_layer` (a push writer's, `KvSession.on_layer`) is called as
         each layer of prompt blocks is final, by engines whose KV a Tandem port reads. `adapter`:
         the model's LoRA adapter to serve it with ("": the base model); an engine that cannot
-        serve it raises `InvalidArgument`."""
+        serve it raises `InvalidArgument`. `images`: the prompt's, their placeholder tokens in
+        `token_ids`; an engine whose model takes none raises `InvalidArgument`."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -11,7 +11,7 @@ import pytest
 
 from services.worker.vllm.kv_event_wire import WireDecoder, block_hash_int
 from services.worker.vllm.kv_mirror import HostBlocksRemoved, KvBlockMirror
-from shared.block_hash import block_hash_chain
+from shared.block_hash import block_hash_chain, request_chain
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlocksMoved, BlockStored
 
 BS = 4
@@ -225,3 +225,17 @@ def test_snapshot_announces_each_block_in_its_tier() -> None:
         BlockStored(block_hashes=[2, 3], parent_block_hash=1, token_ids=_tokens(4, 2), block_size=BS,
                     chain_hashes=chain[1:], tier="host"),
     ]
+
+
+def test_blocks_of_a_prompt_with_images_chain_as_the_router_chains_them() -> None:
+    """vLLM's extra keys name each block's images as (identifier, offset); the mirror's chain
+    hashes take them in as `shared.block_hash.request_chain` does (a LoRA name or cache salt
+    among the keys is not an image)."""
+    tokens = _tokens(0, 3)
+    keys = [["lora-a", ["sha256:a", 2]], [["sha256:a", -2]], None]  # an image at tokens 2-6
+    payload = msgspec.msgpack.encode([1.0, [_wire_stored([1, 2, 3], None, tokens, extra_keys=keys)], 0])
+    [event] = WireDecoder().decode(payload).events
+    [passed] = KvBlockMirror(BS).apply(event)
+    assert passed.chain_hashes == request_chain(tokens, BS, images=[("sha256:a", 2, 5)])
+    plain = block_hash_chain(tokens, BS)
+    assert all(image != text for image, text in zip(passed.chain_hashes, plain))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from services.worker.sim.scheduler import Scheduler, StepResult
 from shared.compat import KvLayout
 from shared.config import ConfigError, WorkerConfig
 from shared.errors import InvalidArgument, TandemError, Unavailable
-from shared.schemas.generate import SamplingParams
+from shared.schemas.generate import ImageInput, SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
 
 log = logging.getLogger(__name__)
@@ -102,9 +102,12 @@ class SimEngine:
             await self._task
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncGenerator[EngineOutput, None]:
+                 on_layer: LayerHook | None = None, adapter: str = "",
+                 images: Sequence[ImageInput] = ()) -> AsyncGenerator[EngineOutput, None]:
         if self._task is None or self._task.done() or self._stopping:
             raise Unavailable("the sim engine is not running")
+        if images:
+            raise InvalidArgument("the sim engine serves text only: it takes no images")
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         self.scheduler.validate_request(request_id, token_ids, sampling)

@@ -38,7 +38,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import psutil
@@ -59,6 +59,7 @@ from services.worker.vllm.adapters import LoraCatalog
 from services.worker.vllm.attention import attention_isa
 from services.worker.vllm.engine_config import engine_args, engine_info
 from services.worker.vllm.environment import engine_environment
+from services.worker.vllm.image_prompt import check_placement, engine_prompt
 from services.worker.vllm.kv_events import KvEventBridge, KvEventEndpoints
 from services.worker.vllm.options import VllmEngineOptions
 from services.worker.vllm.outputs import OutputReader
@@ -68,7 +69,7 @@ from services.worker.vllm.stats import EngineStats
 from services.worker.vllm.stream_transfer import StreamTransfer
 from shared.config import ConfigError
 from shared.errors import InvalidArgument, Unavailable
-from shared.schemas.generate import SamplingParams
+from shared.schemas.generate import ImageInput, SamplingParams
 from shared.schemas.kv_events import BlockStored, KvEvent
 from shared.tracing import inject_headers
 
@@ -156,9 +157,11 @@ class VllmEngine:
         await self._close()
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "") -> AsyncGenerator[EngineOutput, None]:
+                 on_layer: LayerHook | None = None, adapter: str = "",
+                 images: Sequence[ImageInput] = ()) -> AsyncGenerator[EngineOutput, None]:
         """`on_layer` is not used: vLLM's own connector writes a push, from the order staged
-        for the request. `adapter`: served with its `LoRARequest` (`adapters.LoraCatalog`)."""
+        for the request. `adapter`: served with its `LoRARequest` (`adapters.LoraCatalog`).
+        `images`: handed to vLLM's processor (`image_prompt`)."""
         if self._llm is None or self._stopping or self._llm.errored:
             raise Unavailable("the vLLM engine is not running")
         if request_id in self._streams:
@@ -167,7 +170,8 @@ class VllmEngine:
         self._validate(token_ids, sampling)
         # The stream owns a staged order from here on (a stream never iterated never reaches
         # vLLM: nothing is pinned for it, and a pull's lease ends by expiry).
-        return self._stream(request_id, list(token_ids), sampling, self._staged.pop(request_id, None), lora)
+        return self._stream(request_id, list(token_ids), sampling, self._staged.pop(request_id, None), lora,
+                            tuple(images))
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and request_id in self._streams:
@@ -238,7 +242,8 @@ class VllmEngine:
         check_request(token_ids, sampling, vocab_size=self.info.vocab_size, max_model_len=self.info.max_model_len)
 
     def _vllm_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                      staged: StagedTransfer | None) -> tuple[AsyncLLM, Any, vllm.SamplingParams]:
+                      staged: StagedTransfer | None,
+                      images: Sequence[ImageInput]) -> tuple[AsyncLLM, Any, vllm.SamplingParams]:
         """The engine, vLLM's input and sampling parameters of a request about to be added."""
         try:
             # Re-checked here: the engine may have stopped, or the id been taken, since generate().
@@ -247,7 +252,10 @@ class VllmEngine:
             if request_id in self._streams:
                 raise InvalidArgument(f"duplicate request id {request_id!r}")
             try:
-                (engine_input,) = self._llm.renderer.render_cmpl([{"prompt_token_ids": token_ids}])
+                image_token_id = getattr(self._llm.model_config.hf_config, "image_token_id", None)
+                (engine_input,) = self._llm.renderer.render_cmpl([engine_prompt(token_ids, images, image_token_id)])
+                if images:
+                    check_placement(engine_input, token_ids)
                 return self._llm, engine_input, vllm_sampling_params(sampling, staged.order if staged else None)
             except (VLLMValidationError, ValueError) as error:  # vLLM checks its sampling fields too
                 raise InvalidArgument(str(error)) from error
@@ -257,8 +265,9 @@ class VllmEngine:
             raise
 
     async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                      staged: StagedTransfer | None, lora: LoRARequest | None = None) -> AsyncGenerator[EngineOutput, None]:
-        llm, engine_input, vllm_sampling = self._vllm_request(request_id, token_ids, sampling, staged)
+                      staged: StagedTransfer | None, lora: LoRARequest | None = None,
+                      images: Sequence[ImageInput] = ()) -> AsyncGenerator[EngineOutput, None]:
+        llm, engine_input, vllm_sampling = self._vllm_request(request_id, token_ids, sampling, staged, images)
         transfer = StreamTransfer(self, request_id, staged, self._held) if staged is not None else None
         # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
         outputs = llm.generate(engine_input, vllm_sampling, request_id, lora_request=lora,

@@ -21,9 +21,12 @@ counted twice.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from services.worker.vllm.kv_mirror import HostBlocksRemoved, MirrorEvent
+from services.worker.vllm.kv_mirror import HostBlocksRemoved, ImageBlocksStored, MirrorEvent
+from shared.block_hash import image_key
 from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KvTier
 
 END_OF_REPLAY = -1  # the seq vLLM's replay socket sends after the last buffered batch
@@ -41,6 +44,9 @@ class _WireBlockStored(msgspec.Struct, tag="BlockStored", tag_field="type", kw_o
     medium: str | None = None
     group_idx: int | None = None
     lora_name: str | None = None  # the LoRA adapter the blocks were computed with
+    # per block, what else its hash took in: the LoRA name, (image identifier, offset) pairs,
+    # the cache salt (vLLM's `to_event_extra_keys`); None for a block with none
+    extra_keys: list[list[Any] | None] | None = None
 
 
 class _WireBlockRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", kw_only=True):
@@ -111,13 +117,27 @@ def _to_tandem(wire: _WireEvent) -> MirrorEvent | None:
             return AllBlocksCleared()
         case _WireBlockStored() if (tier := _tier(wire.medium, wire.group_idx)) is not None:
             parent = None if wire.parent_block_hash is None else block_hash_int(wire.parent_block_hash)
-            return BlockStored(block_hashes=[block_hash_int(h) for h in wire.block_hashes],
-                               parent_block_hash=parent, token_ids=wire.token_ids,
-                               block_size=wire.block_size, tier=tier, adapter=wire.lora_name or "")
+            stored = BlockStored(block_hashes=[block_hash_int(h) for h in wire.block_hashes],
+                                 parent_block_hash=parent, token_ids=wire.token_ids,
+                                 block_size=wire.block_size, tier=tier, adapter=wire.lora_name or "")
+            salts = _image_salts(wire.extra_keys)
+            return ImageBlocksStored(stored=stored, salts=salts) if any(salts) else stored
         case _WireBlockRemoved() if (tier := _tier(wire.medium, wire.group_idx)) is not None:
             hashes = [block_hash_int(h) for h in wire.block_hashes]
             return BlockRemoved(block_hashes=hashes) if tier == DEVICE_TIER else HostBlocksRemoved(block_hashes=hashes)
     return None
+
+
+def _image_salts(extra_keys: list[list[Any] | None] | None) -> list[bytes]:
+    """Each block's images, from its extra keys' `(identifier, offset)` pairs, as
+    `shared.block_hash.image_key` writes them ([] without extra keys)."""
+    if not extra_keys:
+        return []
+    return [b"".join(image_key(key[0], key[1]) for key in keys or () if _is_image_key(key)) for keys in extra_keys]
+
+
+def _is_image_key(key: Any) -> bool:
+    return isinstance(key, (list, tuple)) and len(key) == 2 and isinstance(key[0], str) and isinstance(key[1], int)
 
 
 def _tier(medium: str | None, group_idx: int | None) -> KvTier | None:

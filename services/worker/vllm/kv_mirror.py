@@ -52,7 +52,16 @@ class HostBlocksRemoved(msgspec.Struct, kw_only=True):
     block_hashes: list[int]
 
 
-MirrorEvent = KvEvent | HostBlocksRemoved
+class ImageBlocksStored(msgspec.Struct, kw_only=True):
+    """vLLM stored blocks of a prompt with images: `salts` holds each block's images
+    (`shared.block_hash.image_block_salts`, from the event's extra keys; b"" for a block
+    without), which its Tandem hash takes in as the router's chain does."""
+
+    stored: BlockStored
+    salts: list[bytes]
+
+
+MirrorEvent = KvEvent | HostBlocksRemoved | ImageBlocksStored
 
 
 class _CachedBlock(msgspec.Struct):
@@ -93,6 +102,8 @@ class KvBlockMirror:
         match event:
             case BlockStored():
                 return self._store(event)
+            case ImageBlocksStored():
+                return self._store(event.stored, event.salts)
             case BlockRemoved():
                 return self._remove(event)
             case HostBlocksRemoved():
@@ -163,7 +174,7 @@ class KvBlockMirror:
             assert tandem_hash is not None  # a run's later blocks chain from its first
             event.chain_hashes.append(tandem_hash)
 
-    def _store(self, event: BlockStored) -> list[KvEvent]:
+    def _store(self, event: BlockStored, salts: list[bytes] | None = None) -> list[KvEvent]:
         size = self.block_size
         if event.block_size != size or len(event.token_ids) != len(event.block_hashes) * size:
             # Partial-block hashes of hybrid models, or a block size Tandem was not told:
@@ -191,7 +202,7 @@ class KvBlockMirror:
                 run = None  # a known block splits the run; the next new block names it as parent
             else:
                 tokens = event.token_ids[index * size:(index + 1) * size]
-                tandem_hash = self._tandem_hash(parent, tokens, event.adapter)
+                tandem_hash = self._tandem_hash(parent, tokens, event.adapter, salts[index] if salts else b"")
                 cached = _CachedBlock(parent, array("I", tokens), int(device), tandem_hash, event.adapter,
                                       in_host=not device)
                 self._blocks[block_hash] = cached
@@ -241,10 +252,10 @@ class KvBlockMirror:
         if cached.tandem_hash is not None and self._by_tandem.get(cached.tandem_hash) == block_hash:
             del self._by_tandem[cached.tandem_hash]
 
-    def _tandem_hash(self, parent: int | None, tokens: list[int], adapter: str) -> int | None:
+    def _tandem_hash(self, parent: int | None, tokens: list[int], adapter: str, salt: bytes) -> int | None:
         if parent is None:  # the chain's root: the adapter's (vLLM's own hashes include it too)
-            return hash_block(adapter_root(adapter), tokens)
+            return hash_block(adapter_root(adapter), tokens, salt)
         cached_parent = self._blocks.get(parent)
         if cached_parent is None or cached_parent.tandem_hash is None:
             return None
-        return hash_block(cached_parent.tandem_hash, tokens)
+        return hash_block(cached_parent.tandem_hash, tokens, salt)
