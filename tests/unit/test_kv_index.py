@@ -58,8 +58,9 @@ class FakeEngine:
         return KvEventBatch(worker_id=self.worker_id, seq=self.seq, ts=0.0, events=list(events))
 
 
-def index_with(*engines: FakeEngine) -> KvIndex:
-    index = KvIndex()
+def index_with(*engines: FakeEngine, verify_hashes: bool = False) -> KvIndex:
+    """An index that knows `engines` as its workers (their block sizes and salts)."""
+    index = KvIndex(verify_hashes=verify_hashes)
     for engine in engines:
         index.add_worker(engine.worker_id, engine.block_size, engine.salt)
     return index

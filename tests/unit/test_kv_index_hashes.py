@@ -6,23 +6,16 @@ from __future__ import annotations
 
 import random
 
-from services.router.kv.index import IngestOutcome, KvIndex, block_hashes_for
+from services.router.kv.index import IngestOutcome, block_hashes_for
 from services.router.kv.index_diff import snapshot_diff
 from services.router.metrics import RouterMetrics
 from shared.codec import MalformedCounter
 from shared.schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from tests.unit.test_kv_index import BLOCK, FakeEngine, tokens
+from tests.unit.test_kv_index import BLOCK, FakeEngine, index_with, tokens
 
 
 def hashing_engine(worker_id: str) -> FakeEngine:
     return FakeEngine(worker_id, chain_hashes=True)
-
-
-def index_of(*engines: FakeEngine, verify_hashes: bool = False) -> KvIndex:
-    index = KvIndex(verify_hashes=verify_hashes)
-    for engine in engines:
-        index.add_worker(engine.worker_id, engine.block_size, engine.salt)
-    return index
 
 
 def wrong_at(event: BlockStored, position: int) -> BlockStored:
@@ -42,7 +35,7 @@ def test_chain_hashes_are_indexed_without_token_ids() -> None:
     prompt = tokens(1, 6 * BLOCK)
     stored = engine.stored(prompt)
     stored.token_ids = []  # a publisher may leave them out when it sends the chain
-    index = index_of(engine)
+    index = index_with(engine)
     result = index.ingest(engine.batch(stored))
     assert (result.outcome, result.stored_blocks, result.rejected_blocks) == (IngestOutcome.APPLIED, 6, 0)
     assert index.match(block_hashes_for(prompt, BLOCK)) == {"a": 6}
@@ -54,7 +47,7 @@ def test_chain_hashes_are_taken_as_sent_unless_verifying() -> None:
     engine = hashing_engine("a")
     prompt = tokens(2, 4 * BLOCK)
     chain = block_hashes_for(prompt, BLOCK)
-    index = index_of(engine)
+    index = index_with(engine)
     result = index.ingest(engine.batch(wrong_at(engine.stored(prompt), 2)))
     assert result.mismatched_blocks == 0  # nobody checked
     assert index.match(chain) == {"a": 2}  # the wrong hash is what the index holds
@@ -67,18 +60,18 @@ def test_a_chain_of_the_wrong_length_falls_back_to_the_token_ids() -> None:
     stored = engine.stored(prompt)
     assert stored.chain_hashes is not None
     stored.chain_hashes = stored.chain_hashes[:2]
-    index = index_of(engine)
+    index = index_with(engine)
     assert index.ingest(engine.batch(stored)).stored_blocks == 3
     assert index.match(block_hashes_for(prompt, BLOCK)) == {"a": 3}
     stored.token_ids = []
-    other = index_of(engine)
+    other = index_with(engine)
     assert other.ingest(engine.batch(stored)).rejected_blocks == 3  # nothing left to index by
 
 
 def test_blocks_under_an_unknown_parent_are_indexed_and_still_ask_for_a_resync() -> None:
     engine = hashing_engine("a")
     prompt = tokens(4, 6 * BLOCK)
-    index = index_of(engine)
+    index = index_with(engine)
     result = index.ingest(engine.batch(engine.stored(prompt, 3, 6)))  # blocks 0-2 never announced
     assert (result.outcome, result.resync_needed) == (IngestOutcome.GAP, True)
     assert (result.stored_blocks, result.orphaned_blocks) == (3, 0)  # their hashes need no parent
@@ -90,7 +83,7 @@ def test_blocks_under_an_unknown_parent_are_indexed_and_still_ask_for_a_resync()
 def test_a_re_announced_head_is_skipped_with_chain_hashes_too() -> None:
     engine = hashing_engine("a")
     prompt = tokens(5, 5 * BLOCK)
-    index = index_of(engine)
+    index = index_with(engine)
     index.ingest(engine.batch(engine.stored(prompt, 0, 3)))
     result = index.ingest(engine.batch(engine.stored(prompt)))  # blocks 0-2 again, then 3-4
     assert result.stored_blocks == 2
@@ -104,7 +97,7 @@ def test_verification_counts_a_wrong_hash_and_indexes_the_computed_chain() -> No
     engine = hashing_engine("a")
     prompt = tokens(6, 5 * BLOCK)
     chain = block_hashes_for(prompt, BLOCK)
-    index = index_of(engine, verify_hashes=True)
+    index = index_with(engine, verify_hashes=True)
     good = index.ingest(engine.batch(engine.stored(prompt, 0, 2)))
     assert (good.stored_blocks, good.mismatched_blocks) == (2, 0)
     bad = index.ingest(engine.batch(wrong_at(engine.stored(prompt, 2, 5), 1)))
@@ -119,7 +112,7 @@ def test_verification_counts_hashes_sent_without_tokens_as_unverified() -> None:
     prompt = tokens(7, 3 * BLOCK)
     stored = engine.stored(prompt)
     stored.token_ids = []
-    index = index_of(engine, verify_hashes=True)
+    index = index_with(engine, verify_hashes=True)
     assert index.ingest(engine.batch(stored)).stored_blocks == 3
     worker = index.stats().workers[0]
     assert (worker.unverified_blocks, worker.mismatched_blocks) == (3, 0)
@@ -128,7 +121,7 @@ def test_verification_counts_hashes_sent_without_tokens_as_unverified() -> None:
 def test_verification_checks_snapshots_too() -> None:
     engine = hashing_engine("a")
     prompt = tokens(8, 4 * BLOCK)
-    index = index_of(engine, verify_hashes=True)
+    index = index_with(engine, verify_hashes=True)
     result = index.ingest(engine.batch(AllBlocksCleared(), wrong_at(engine.stored(prompt), 0)))
     # The first block's wrong hash is counted; the rest chain from the router's own.
     assert (result.synced, result.stored_blocks, result.mismatched_blocks) == (True, 4, 1)
@@ -137,7 +130,7 @@ def test_verification_checks_snapshots_too() -> None:
 
 def test_the_router_metrics_expose_the_mismatch_count() -> None:
     engine = hashing_engine("a")
-    index = index_of(engine, verify_hashes=True)
+    index = index_with(engine, verify_hashes=True)
     index.ingest(engine.batch(wrong_at(engine.stored(tokens(9, 3 * BLOCK)), 2)))
     metrics = RouterMetrics(MalformedCounter())
     metrics.watch_kv_index(index.stats)
@@ -152,7 +145,7 @@ def test_a_snapshot_with_chain_hashes_replaces_the_view_and_keeps_predictions() 
     engine = hashing_engine("a")
     other = hashing_engine("b")
     stale, kept, new, predicted = (tokens(seed, 4 * BLOCK) for seed in (10, 11, 12, 13))
-    index = index_of(engine, other)
+    index = index_with(engine, other)
     index.ingest(engine.batch(engine.stored(stale), engine.stored(kept)))
     index.ingest(other.batch(other.stored(stale)))
     index.add_speculative("a", block_hashes_for(predicted, BLOCK), expires_at=5.0)
@@ -178,7 +171,7 @@ def test_a_snapshot_with_two_engine_hashes_for_one_block_keeps_both() -> None:
     engine = hashing_engine("a")
     prompt = tokens(14, 2 * BLOCK)
     chain = block_hashes_for(prompt, BLOCK)
-    index = index_of(engine)
+    index = index_with(engine)
     lora = BlockStored(block_hashes=[901, 902], parent_block_hash=None, token_ids=prompt, block_size=BLOCK,
                        chain_hashes=chain)
     index.ingest(engine.batch(AllBlocksCleared(), engine.stored(prompt), lora))
@@ -196,8 +189,8 @@ def test_random_snapshots_in_bulk_equal_event_by_event_application() -> None:
     chains = [block_hashes_for(prompt, BLOCK) for prompt in prompts]
     hashed = [FakeEngine(f"w{index}", chain_hashes=True) for index in range(3)]
     plain = [FakeEngine(f"w{index}") for index in range(3)]
-    bulk = index_of(*hashed)  # snapshots with chain hashes: swapped in at once
-    stepwise = index_of(*plain)  # the same snapshots from token ids: applied event by event
+    bulk = index_with(*hashed)  # snapshots with chain hashes: swapped in at once
+    stepwise = index_with(*plain)  # the same snapshots from token ids: applied event by event
     for round_ in range(60):
         worker = rng.randrange(3)
         held = rng.sample(range(len(prompts)), rng.randint(0, 5))
