@@ -107,17 +107,10 @@ class ClusterCollector(Collector):
             "tandem_cluster_prefix_hit_rate", "Cached / prompt tokens over all workers")
         _add(cluster_hit_rate, [], snapshot.totals.prefix_hit_rate)
         yield cluster_hit_rate
-        requests = CounterMetricFamily("tandem_requests", "Finished requests by outcome",
-                                       labels=["outcome"])
-        for outcome, count in snapshot.requests.by_outcome.items():
-            requests.add_metric([outcome], count)
-        yield requests
-        malformed = CounterMetricFamily("tandem_metrics_malformed_messages",
-                                        "Undecodable messages dropped by the collector",
-                                        labels=["stream"])
-        for stream, counter in self._malformed.items():
-            malformed.add_metric([stream], counter.total)
-        yield malformed
+        yield _counter_by("tandem_requests", "Finished requests by outcome", "outcome",
+                          snapshot.requests.by_outcome)
+        yield _counter_by("tandem_metrics_malformed_messages", "Undecodable messages dropped by the collector",
+                          "stream", {stream: counter.total for stream, counter in self._malformed.items()})
 
 
 class RequestHistograms:
@@ -189,6 +182,14 @@ def _families(kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
         for labels, item in rows:
             _add(family, labels, value(item))
         yield family
+
+
+def _counter_by(name: str, documentation: str, label: str, values: Mapping[str, float]) -> CounterMetricFamily:
+    """A counter with one sample per key of `values`, labelled `label`."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family
 
 
 def _rank_families(workers: Sequence[WorkerView]) -> Iterator[Metric]:
