@@ -278,11 +278,18 @@ def coalesce_ranges(ranges: ByteRanges) -> ByteRanges:
     local, remote, lengths = ranges
     if lengths.size < 2:
         return ranges
-    joins = (local[:-1] + lengths[:-1] == local[1:]) & (remote[:-1] + lengths[:-1] == remote[1:])
-    if not joins.any():
+    starts = run_starts(local, remote, lengths)
+    if starts.size == lengths.size:
         return ranges
-    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
     return ByteRanges(local[starts], remote[starts], np.add.reduceat(lengths, starts))
+
+
+def run_starts(first: np.ndarray, second: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Rows (two offsets and a length, two or more) that begin a run: each later row of a run
+    continues the one before it on both sides. Merged, a run is its first row's offsets and
+    the sum of its lengths (`np.add.reduceat(lengths, starts)`). Also `connector.range_plan`'s."""
+    joins = (first[:-1] + lengths[:-1] == first[1:]) & (second[:-1] + lengths[:-1] == second[1:])
+    return np.flatnonzero(np.concatenate(([True], ~joins)))
 
 
 def range_descriptors(base_addr: int, offsets: np.ndarray, lengths: np.ndarray, device_id: int = 0) -> np.ndarray:

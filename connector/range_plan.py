@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from connector.descriptors import run_starts
 from connector.kv_geometry import KvShape, RankGeometry
 from connector.token_map import Segments
 
@@ -119,6 +120,5 @@ def merge_ranges(src_offsets: np.ndarray, dst_offsets: np.ndarray, lengths: np.n
     src, dst, length = src_offsets[order], dst_offsets[order], lengths[order]
     if length.size <= 1:
         return RangePlan(src.copy(), dst.copy(), length.copy())
-    runs_on = (src[:-1] + length[:-1] == src[1:]) & (dst[:-1] + length[:-1] == dst[1:])
-    starts = np.flatnonzero(np.concatenate(([True], ~runs_on)))
+    starts = run_starts(src, dst, length)
     return RangePlan(src[starts], dst[starts], np.add.reduceat(length, starts))
