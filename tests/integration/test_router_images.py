@@ -184,3 +184,21 @@ async def test_a_text_model_refuses_images(bus_config: BusConfig, tmp_path: Path
     assert response.status_code == 400
     error = response.json()["error"]
     assert (error["message"], error["param"]) == ("model tiny takes no images", "messages[0].content[0]")
+
+
+async def test_a_responses_input_image_reaches_the_worker_as_a_chat_image(router: Router, start_worker) -> None:
+    worker = await start_worker(max_model_len=1024)
+    await wait_for_workers(router, 1)
+    body = {"model": MODEL, "max_output_tokens": 4, "store": False,
+            "input": [{"role": "user", "content": [{"type": "input_image", "image_url": data_url(GOOD)},
+                                                   {"type": "input_text", "text": "What is in the picture?"}]}]}
+    response = await router.http.post("/v1/responses", json=body)
+    assert response.status_code == 400 and "takes no images" in response.json()["error"]["message"]
+    [request] = worker.requests
+    assert [image.data for image in request.images] == [GOOD]
+    for part, words in (({"type": "input_image"}, "holds image_url"),
+                        ({"type": "input_image", "image_url": data_url(GOOD), "text": "x"}, "no text"),
+                        ({"type": "input_text", "text": "x", "image_url": data_url(GOOD)}, "no image"),
+                        ({"type": "input_file", "file_id": "f"}, "not served")):
+        refused = await router.http.post("/v1/responses", json={**body, "input": [{"role": "user", "content": [part]}]})
+        assert refused.status_code == 400 and words in refused.json()["error"]["message"], (part, refused.text)

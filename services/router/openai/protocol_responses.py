@@ -2,8 +2,8 @@
 vLLM's server (0.32) adds, each honoured or refused by the table in `responses_fields`.
 
 Validated as strictly as the chat request (`protocol`): wrong types, unknown fields and
-refused values are 400s naming the field. Input is text only: messages (a string, or
-`input_text` / `output_text` parts), function calls and their outputs; tools are functions.
+refused values are 400s naming the field. Input is messages (a string, or `input_text` /
+`output_text` / `input_image` parts), function calls and their outputs; tools are functions.
 """
 
 from __future__ import annotations
@@ -18,27 +18,48 @@ from services.router.openai.responses_fields import responses_fields
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's bounds
 TEXT_PARTS = ("input_text", "output_text")
+PARTS = (*TEXT_PARTS, "input_image")
 
 
 class ContentPart(Request):
-    """A text part of a message: the client's (`input_text`) or an earlier answer's (`output_text`,
-    whose annotations and log-probabilities describe it and do not change the prompt)."""
+    """A part of a message: the client's text (`input_text`) or image (`input_image`, a data
+    URL in `image_url`, as a chat's `image_url` part takes it), or an earlier answer's text
+    (`output_text`, whose annotations and log-probabilities describe it and do not change the
+    prompt)."""
 
     type: Text
-    text: Text
+    text: Text | None = None
     annotations: list[dict[str, Any]] | None = None
     logprobs: list[dict[str, Any]] | None = None
+    image_url: Text | None = None
+    detail: Literal["auto", "low", "high"] | None = None
 
     @field_validator("type")
     @classmethod
-    def _text_only(cls, kind: str) -> str:
-        if kind not in TEXT_PARTS:
-            raise ValueError(f"a {kind!r} part is not served: text only (input_text, output_text)")
+    def _served(cls, kind: str) -> str:
+        if kind not in PARTS:
+            raise ValueError(f"a {kind!r} part is not served: {', '.join(PARTS)}")
         return kind
+
+    @model_validator(mode="after")
+    def _filled(self) -> ContentPart:
+        if self.type == "input_image":
+            if self.image_url is None or self.text is not None:
+                raise ValueError("an input_image part holds image_url (a data URL) and no text")
+        elif self.text is None or self.image_url is not None or self.detail is not None:
+            raise ValueError(f"a {self.type} part holds text and no image")
+        return self
+
+    def chat_part(self) -> dict[str, Any]:
+        """The part as a chat message's content part."""
+        if self.type == "input_image":
+            return {"type": "image_url", "image_url": {"url": self.image_url,
+                                                       **({"detail": self.detail} if self.detail else {})}}
+        return {"type": "text", "text": self.text}
 
 
 def _text_of(content: str | list[ContentPart]) -> str:
-    return content if isinstance(content, str) else "".join(part.text for part in content)
+    return content if isinstance(content, str) else "".join(part.text or "" for part in content)
 
 
 class MessageItem(Request):

@@ -30,8 +30,8 @@ _PASSED_TO_CHAT = "as the chat endpoint takes it"
 
 _HONOURED = [
     _field("model", "honoured", "absent: the router's own model"),
-    _field("input", "honoured", "a string, or items: messages (text or input_text / output_text parts), "
-                                "function_call and function_call_output"),
+    _field("input", "honoured", "a string, or items: messages (text or input_text / output_text / "
+                                "input_image parts: an image as a data URL), function_call and function_call_output"),
     _field("instructions", "honoured", "a system message first; not carried on by previous_response_id"),
     _field("max_output_tokens", "honoured"),
     _field("previous_response_id", "honoured", "the stored response's conversation and output start this one"),

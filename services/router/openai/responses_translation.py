@@ -91,8 +91,8 @@ def _message_content(item: MessageItem) -> str | list[dict[str, str]]:
     if isinstance(item.content, str):
         return item.content
     if item.role == "assistant":
-        return item.content[0].text if item.content else ""
-    return [{"type": "text", "text": part.text} for part in item.content]
+        return (item.content[0].text or "") if item.content else ""
+    return [part.chat_part() for part in item.content]
 
 
 def output_messages(output: list[OutputItem]) -> list[dict[str, Any]]:
@@ -100,7 +100,7 @@ def output_messages(output: list[OutputItem]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for item in output:
         if isinstance(item, OutputMessage):
-            messages.append({"role": "assistant", "content": "".join(part.text for part in item.content)})
+            messages.append({"role": "assistant", "content": "".join(part.text or "" for part in item.content)})
         else:
             _append_call(messages, item)
     return messages
