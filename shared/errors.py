@@ -35,8 +35,23 @@ HTTP_STATUS = {
 }
 
 
+# Each kind of error by its code, filled as the kinds below are declared (`from_code`).
+_BY_CODE: dict[ErrorCode, type[TandemError]] = {}
+
+
 class TandemError(Exception):
+    """The base of the taxonomy: a kind declares its code as a class keyword
+    (`class NotFound(TandemError, code=ErrorCode.NOT_FOUND)`), which also makes it the kind
+    `from_code` gives for that code; a subclass without one shares its parent's code."""
+
     code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init_subclass__(cls, *, code: ErrorCode | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            assert code not in _BY_CODE, f"{code} is already {_BY_CODE[code].__name__}'s code"
+            cls.code = code
+            _BY_CODE[code] = cls
 
     def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
         super().__init__(message)
@@ -49,24 +64,19 @@ class TandemError(Exception):
         return HTTP_STATUS[self.code]
 
 
-class InvalidArgument(TandemError):
-    code = ErrorCode.INVALID_ARGUMENT
+class InvalidArgument(TandemError, code=ErrorCode.INVALID_ARGUMENT): ...
 
 
-class NotFound(TandemError):
-    code = ErrorCode.NOT_FOUND
+class NotFound(TandemError, code=ErrorCode.NOT_FOUND): ...
 
 
-class Unavailable(TandemError):
-    code = ErrorCode.UNAVAILABLE
+class Unavailable(TandemError, code=ErrorCode.UNAVAILABLE): ...
 
 
-class Overloaded(TandemError):
-    code = ErrorCode.OVERLOADED
+class Overloaded(TandemError, code=ErrorCode.OVERLOADED): ...
 
 
-class Disconnected(TandemError):
-    code = ErrorCode.DISCONNECTED
+class Disconnected(TandemError, code=ErrorCode.DISCONNECTED): ...
 
 
 class Reconnected(Disconnected):
@@ -74,20 +84,13 @@ class Reconnected(Disconnected):
     The worker is not at fault: a resumed request may go back to it."""
 
 
-class StreamGap(TandemError):
-    code = ErrorCode.STREAM_GAP
+class StreamGap(TandemError, code=ErrorCode.STREAM_GAP): ...
 
 
-class Timeout(TandemError):
-    code = ErrorCode.TIMEOUT
+class Timeout(TandemError, code=ErrorCode.TIMEOUT): ...
 
 
-class Cancelled(TandemError):
-    code = ErrorCode.CANCELLED
-
-
-_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, Unavailable, Overloaded,
-                                      Disconnected, StreamGap, Timeout, Cancelled)}
+class Cancelled(TandemError, code=ErrorCode.CANCELLED): ...
 
 
 def from_code(code: str, message: str) -> TandemError:
