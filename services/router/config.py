@@ -272,6 +272,10 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
     tool_call_parser: Annotated[str, flag(  # one of TOOL_CALL_FORMATS
         "How the model writes tool calls (hermes, llama3_json, mistral): lets chats use tool_choice auto, with "
         "the calls read from the answer. Empty: tool_choice auto is refused.")] = ""
+    image_url_hosts: Annotated[tuple[str, ...], flag(
+        "A host whose http(s) image URLs chats may name: the router fetches them (repeat). None: chats send images "
+        "as data URLs.", name="--image-url-host")] = ()
+    image_url_timeout_s: Annotated[float, flag("The longest one image URL's fetch may take.")] = 5.0
     verify_kv_hashes: Annotated[bool, flag(
         "Recompute the chain hash of every block workers announce from its token ids, index that one, and count "
         "the blocks whose sent hash differs (tandem_router_kv_hash_mismatch_blocks_total); slower ingest, for "
@@ -293,6 +297,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.accept_timeout_s > 2 * ACCEPT_HOLD_S,
                 f"the accept timeout must be longer than twice a worker's hold of Accepted ({ACCEPT_HOLD_S} s)")
         require(self.max_attempts >= 1, "max_attempts must be at least 1")
+        require(self.image_url_timeout_s > 0, "image_url_timeout_s must be positive")
         require(self.tool_call_parser in ("", *TOOL_CALL_FORMATS),
                 f"tool_call_parser must be one of {', '.join(TOOL_CALL_FORMATS)} (or empty)")
         check_metrics_auth(self.metrics_auth, self.api_keys_file)

@@ -2,7 +2,8 @@
 nats-server: hostile image payloads, and what a worker is sent for a good one.
 
 Every malformed or oversized image is a 4xx naming the part, never a 5xx, and the router's
-memory stays bounded over rounds of them. A good image reaches the worker with its bytes,
+memory stays bounded over rounds of them. Image URLs are fetched only from the hosts the
+router allows, within its time and size limits, redirects not followed. A good image reaches the worker with its bytes,
 its identifier (the SHA-256 of its bytes) and its placeholder tokens expanded in the prompt
 as the engine expands them; `/tokenize` counts the same tokens. The sim worker serves text
 only and says so with a 400. vLLM serving images, alone and through P/D, is
@@ -14,8 +15,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import threading
+import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +206,65 @@ async def test_a_responses_input_image_reaches_the_worker_as_a_chat_image(router
                         ({"type": "input_file", "file_id": "f"}, "not served")):
         refused = await router.http.post("/v1/responses", json={**body, "input": [{"role": "user", "content": [part]}]})
         assert refused.status_code == 400 and words in refused.json()["error"]["message"], (part, refused.text)
+
+
+class _ImageSite(BaseHTTPRequestHandler):
+    """What an image host may answer: an image, text, a 404, a redirect, too many bytes, slowly."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/slow.png":
+            time.sleep(3)
+        status, media_type, body = {
+            "/good.png": (200, "image/png", GOOD), "/slow.png": (200, "image/png", GOOD),
+            "/page.html": (200, "text/html", b"<html></html>"),
+            "/big.png": (200, "image/png", bytes(MAX_IMAGE_BYTES + 1)),
+            "/moved.png": (302, "text/plain", b""),
+        }.get(self.path, (404, "text/plain", b"no"))
+        self.send_response(status)
+        self.send_header("Content-Type", media_type)
+        if status == 302:
+            self.send_header("Location", "/good.png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the router stopped reading: too many bytes, or too late
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def image_site() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ImageSite)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_image_urls_of_allowed_hosts_are_fetched_within_limits(bus_config: BusConfig, model_dir: str,
+                                                                    image_site: str, start_worker) -> None:
+    config = router_config(bus_config, model_dir, image_url_hosts=("127.0.0.1",), image_url_timeout_s=1.0)
+    async with running_router(config) as fetching:
+        worker = await start_worker(max_model_len=1024)
+        await wait_for_workers(fetching, 1)
+        refused = {"page.html": "text/html, not an image", "missing.png": "HTTP 404",
+                   "moved.png": "redirects are not followed", "big.png": "larger than",
+                   "slow.png": "longer than 1 s"}
+        for path, words in refused.items():
+            response = await fetching.http.post("/v1/chat/completions", json=chat(image(f"http://{image_site}/{path}")))
+            assert response.status_code == 400 and words in response.json()["error"]["message"], (path, response.text)
+        port = image_site.rsplit(":", 1)[1]
+        other_host = await fetching.http.post("/v1/chat/completions",
+                                              json=chat(image(f"http://localhost:{port}/good.png")))
+        assert other_host.status_code == 400 and "not fetched" in other_host.json()["error"]["message"]
+        assert not worker.requests
+        response = await fetching.http.post("/v1/chat/completions", json=chat(image(f"http://{image_site}/good.png")))
+        assert response.status_code == 400 and "takes no images" in response.json()["error"]["message"]
+        [request] = worker.requests
+        assert [sent.data for sent in request.images] == [GOOD]

@@ -1,7 +1,7 @@
 """A chat's images: read from its messages, then placed in its prompt as the engine places them.
 
 `read_images` decodes every `image_url` part (in a thread: a large PNG takes milliseconds
-to decode) and refuses, with a 400 naming the part, what `services.router.openai.images`
+to decode; an http(s) URL of an allowed host is fetched, `image_fetch`) and refuses, with a 400 naming the part, what `services.router.openai.images`
 refuses, more images than `MAX_IMAGES`, and any image for a model that takes none.
 `place_images` expands the rendered prompt's image tokens into each image's placeholder
 tokens (`shared.image_placeholders`) and returns the images as a worker gets them.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from services.router.http.image_fetch import ImageFetcher
 from services.router.openai.errors import BadRequest
 from services.router.openai.images import MAX_IMAGES, DecodedImage, decode_image_url
 from services.router.openai.protocol_messages import ChatMessage
@@ -22,8 +23,10 @@ from shared.schemas.generate import ImageInput
 from shared.tokenizer import Tokenizer
 
 
-async def read_images(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> list[DecodedImage]:
-    """The images of `messages`, in order, decoded and checked; [] for a chat without any."""
+async def read_images(messages: Sequence[ChatMessage], tokenizer: Tokenizer,
+                      fetcher: ImageFetcher | None = None) -> list[DecodedImage]:
+    """The images of `messages`, in order, decoded and checked (URLs of the hosts `fetcher`
+    allows fetched, at once); [] for a chat without any."""
     parts = [(f"messages[{number}].content[{index}]", part) for number, message in enumerate(messages)
              for index, part in message.image_parts]
     if not parts:
@@ -33,7 +36,15 @@ async def read_images(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> 
         raise BadRequest(tokenizer.images_refused, param=first)
     if len(parts) > MAX_IMAGES:
         raise BadRequest(f"a request may hold at most {MAX_IMAGES} images ({len(parts)} sent)", param=parts[MAX_IMAGES][0])
-    return await asyncio.to_thread(lambda: [decode_image_url(part.image_url.url, param) for param, part in parts])
+    fetched = {index: asyncio.ensure_future(fetcher.fetch(part.image_url.url, param))
+               for index, (param, part) in enumerate(parts) if fetcher is not None and fetcher.allows(part.image_url.url)}
+    try:
+        inline = await asyncio.to_thread(lambda: {index: decode_image_url(part.image_url.url, param)
+                                                  for index, (param, part) in enumerate(parts) if index not in fetched})
+        return [inline[index] if index in inline else await fetched[index] for index in range(len(parts))]
+    finally:
+        for task in fetched.values():
+            task.cancel()
 
 
 def place_images(prompt_ids: list[int], images: Sequence[DecodedImage],

@@ -11,6 +11,7 @@ cancels the request on the worker (`watched`, `services.router.http.sse`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import uuid
@@ -29,6 +30,7 @@ from services.router.flows.dispatch import Dispatcher
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import Clock, GenerationParams, RequestIdentity, RequestRecorder, TokenUsage
 from services.router.http.caller import Caller
+from services.router.http.image_fetch import ImageFetcher
 from services.router.http.served_models import ServedModel, ServedModels
 from services.router.http.sse import SSE_DONE, ChunkPrefix, DisconnectWatch, SseResponse, UsageSoFar
 from services.router.openai.errors import BadRequest, error_info
@@ -60,6 +62,11 @@ class ServingContext:
 
     def models(self) -> list[str]:
         return self.catalog.names()
+
+    @functools.cached_property
+    def image_fetcher(self) -> ImageFetcher:
+        """Fetches the image URLs of the hosts `RouterConfig.image_url_hosts` allows."""
+        return ImageFetcher(self.config.image_url_hosts, self.config.image_url_timeout_s)
 
     async def resolve_model(self, model: str) -> ServedModel:
         return await self.catalog.resolve(model)

@@ -145,7 +145,7 @@ class ChatServing:
         async def prepare() -> GenerationParams:
             model = await context.resolve_model(body.model)
             tokenizer = model.tokenizer
-            images = await read_images(body.messages, tokenizer)
+            images = await read_images(body.messages, tokenizer, context.image_fetcher)
             messages = [message.template_message() for message in body.messages]
             tools = [tool.template_tool() for tool in body.tools] if body.tools else None
             try:

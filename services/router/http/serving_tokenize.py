@@ -52,7 +52,8 @@ class TokenizeServing:
         elif isinstance(body, TokenizeChatRequest):
             token_ids = without_double_bos(token_ids, tokenizer.bos_token_id)
         if isinstance(body, TokenizeChatRequest):  # each image's placeholder tokens, as the chat endpoint sends them
-            token_ids, _ = place_images(token_ids, await read_images(body.messages, tokenizer), tokenizer)
+            images = await read_images(body.messages, tokenizer, self._context.image_fetcher)
+            token_ids, _ = place_images(token_ids, images, tokenizer)
         return TokenizeResponse(count=len(token_ids), max_model_len=max_model_len(self._context, model.name),
                                 tokens=token_ids)
 

@@ -1,9 +1,10 @@
 """A chat's `image_url` parts read and checked, before any worker sees them.
 
 vLLM's server takes an image as a data URL (`data:image/png;base64,...`) or an http(s) URL it
-fetches. The router takes data URLs; an http(s) URL is refused with a 400 that says to send
-the image inline (fetching on a router's behalf reaches whatever network it sits on: it
-would need an allow-list, and none is configured here). Every other problem is a 400 naming
+fetches. The router takes data URLs, and http(s) URLs of the hosts its operator allows
+(`RouterConfig.image_url_hosts`, none by default: fetching on a client's behalf reaches
+whatever network the router sits on), fetched by `services.router.http.image_fetch`; any other
+http(s) URL is refused with a 400 that says to send the image inline. Every other problem is a 400 naming
 the image (`messages[i].content[j]`) and what is wrong with it: not a data URL, not base64,
 not an image type, more bytes or pixels than the limits, not an image Pillow can read (a
 truncated or corrupt file), more images than the limit.
@@ -44,10 +45,10 @@ class DecodedImage:
 def decode_image_url(url: str, param: str, *, max_bytes: int = MAX_IMAGE_BYTES,
                      max_pixels: int = MAX_IMAGE_PIXELS) -> DecodedImage:
     """The image a data URL holds, checked; `param` names it in a refusal."""
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    scheme = url_scheme(url)
     if scheme in ("http", "https"):
-        raise BadRequest("image URLs are not fetched by this router: send the image inline as a data URL "
-                         "(data:image/png;base64,...)", param=param)
+        raise BadRequest("image URLs are not fetched by this router (no --image-url-host names a host): send the "
+                         "image inline as a data URL (data:image/png;base64,...)", param=param)
     if scheme != "data":
         raise BadRequest("an image_url must be a data URL (data:image/<type>;base64,<data>)", param=param)
     header, comma, payload = url[5:].partition(",")
@@ -63,10 +64,20 @@ def decode_image_url(url: str, param: str, *, max_bytes: int = MAX_IMAGE_BYTES,
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise BadRequest("the image data is not valid base64", param=param) from None
+    return decode_image_bytes(data, param, max_bytes=max_bytes, max_pixels=max_pixels)
+
+
+def decode_image_bytes(data: bytes, param: str, *, max_bytes: int = MAX_IMAGE_BYTES,
+                       max_pixels: int = MAX_IMAGE_PIXELS) -> DecodedImage:
+    """An image file's bytes (a data URL's, or a fetched URL's), checked."""
     if len(data) > max_bytes:
         raise BadRequest(f"the image is larger than {max_bytes} bytes", param=param)
     width, height = _checked_size(data, param, max_pixels)
     return DecodedImage(data, "sha256:" + hashlib.sha256(data).hexdigest(), width, height)
+
+
+def url_scheme(url: str) -> str:
+    return url.split(":", 1)[0].lower() if ":" in url else ""
 
 
 def _checked_size(data: bytes, param: str, max_pixels: int) -> tuple[int, int]:
