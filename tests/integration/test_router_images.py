@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from services.router.openai.images import MAX_IMAGE_BYTES, MAX_IMAGES
+from services.router.openai.images import MAX_IMAGE_BYTES, MAX_IMAGES, MAX_REQUEST_IMAGE_BYTES
 from shared.config import BusConfig
 from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
@@ -159,6 +159,10 @@ async def test_each_refusal_says_what_is_wrong(router: Router) -> None:
         assert words in response.json()["error"]["message"], (name, response.json())
     response = await router.http.post("/v1/chat/completions", json=cases["truncated PNG"])
     assert response.json()["error"]["param"] == "messages[0].content[0]"
+    large = [png(300, 300, seed) for seed in (1, 2, 3)]  # random pixels: each ~270 KB, under one image's limit
+    assert all(len(data) <= MAX_IMAGE_BYTES for data in large) and sum(map(len, large)) > MAX_REQUEST_IMAGE_BYTES
+    response = await router.http.post("/v1/chat/completions", json=chat(*[image(data_url(data)) for data in large]))
+    assert response.status_code == 400 and "together" in response.json()["error"]["message"]
 
 
 async def test_a_good_image_reaches_the_worker_expanded_with_its_bytes(router: Router, start_worker,

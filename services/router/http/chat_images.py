@@ -2,7 +2,8 @@
 
 `read_images` decodes every `image_url` part (in a thread: a large PNG takes milliseconds
 to decode; an http(s) URL of an allowed host is fetched, `image_fetch`) and refuses, with a 400 naming the part, what `services.router.openai.images`
-refuses, more images than `MAX_IMAGES`, and any image for a model that takes none.
+refuses, more images than `MAX_IMAGES` or more bytes of them than `MAX_REQUEST_IMAGE_BYTES`,
+and any image for a model that takes none.
 `place_images` expands the rendered prompt's image tokens into each image's placeholder
 tokens (`shared.image_placeholders`) and returns the images as a worker gets them.
 
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from services.router.http.image_fetch import ImageFetcher
 from services.router.openai.errors import BadRequest
-from services.router.openai.images import MAX_IMAGES, DecodedImage, decode_image_url
+from services.router.openai.images import MAX_IMAGES, MAX_REQUEST_IMAGE_BYTES, DecodedImage, decode_image_url
 from services.router.openai.protocol_messages import ChatMessage
 from shared.image_placeholders import ImagePromptError
 from shared.schemas.generate import ImageInput
@@ -41,10 +42,16 @@ async def read_images(messages: Sequence[ChatMessage], tokenizer: Tokenizer,
     try:
         inline = await asyncio.to_thread(lambda: {index: decode_image_url(part.image_url.url, param)
                                                   for index, (param, part) in enumerate(parts) if index not in fetched})
-        return [inline[index] if index in inline else await fetched[index] for index in range(len(parts))]
+        images = [inline[index] if index in inline else await fetched[index] for index in range(len(parts))]
     finally:
-        for task in fetched.values():
+        for task in fetched.values():  # after a refusal: the others' fetches are not needed
             task.cancel()
+            if task.done() and not task.cancelled():
+                task.exception()  # seen: a refusal of its own is not logged as lost
+    if sum(len(image.data) for image in images) > MAX_REQUEST_IMAGE_BYTES:
+        raise BadRequest(f"a request's images may hold at most {MAX_REQUEST_IMAGE_BYTES} bytes together",
+                         param=first)
+    return images
 
 
 def place_images(prompt_ids: list[int], images: Sequence[DecodedImage],

@@ -27,7 +27,9 @@ from PIL import Image, UnidentifiedImageError
 
 from services.router.openai.errors import BadRequest
 
-MAX_IMAGE_BYTES = 512 * 1024  # one image's file; a request travels to its worker in one NATS message
+MAX_IMAGE_BYTES = 512 * 1024  # one image's file
+# all of a request's images: the request travels to its worker in one NATS message (1 MiB by default)
+MAX_REQUEST_IMAGE_BYTES = 768 * 1024
 MAX_IMAGES = 4  # per request
 MAX_IMAGE_PIXELS = 4096 * 4096  # Idefics3's processor bounds a side at 4096 anyway
 # The formats read: Pillow's other plugins include ones that run external programs (EPS).
