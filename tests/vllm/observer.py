@@ -1,14 +1,16 @@
 """What the vLLM stack tests watch (load reports and transfer records of the 1P1D stack,
 through tests/stack_fixtures.py's `StackObserver`), and the one way they ask the router
-for a completion."""
+for a completion, and its count of requests split in P/D."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 import openai
 
+from bench.serve.main import DISAGGREGATED_METRIC
 from launch.stack import LocalStack
 from tests.stack_fixtures import StackObserver
 from tests.stack_fixtures import observing as observing_stack
@@ -36,3 +38,11 @@ async def observing(stack: LocalStack) -> AsyncIterator[Observer]:
     to expire."""
     async with observing_stack(stack, WORKERS, "vllm-test-observer") as observer:
         yield observer
+
+
+async def disaggregated_requests(router_url: str) -> int:
+    """The router's count of requests served by a prefill and a decode worker."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{router_url}/metrics")).text
+    lines = [line for line in metrics.splitlines() if line.startswith(DISAGGREGATED_METRIC + " ")]
+    return int(float(lines[0].split()[1])) if lines else 0

@@ -28,18 +28,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
 
-from bench.serve.main import DISAGGREGATED_METRIC  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from tests.vllm.conftest import cores, pd_pair  # noqa: E402
 from tests.vllm.lm_eval_task import Scores, run_lm_eval, write_task  # noqa: E402
+from tests.vllm.observer import disaggregated_requests  # noqa: E402
 from tests.vllm.parity import (  # noqa: E402
     Answer,
     ParityCase,
@@ -118,14 +117,6 @@ def pd_stack(vllm_reference: VllmReference, nats_server: EmbeddedNats, tiny_mode
     no_json_whitespace = ("--no-vllm-json-whitespace",)  # as the vLLM server's engine
     yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp("parity-1p1d"),
                        decode_args=no_json_whitespace, prefill_args=no_json_whitespace, router_args=TANDEM_TOOL_PARSER)
-
-
-async def disaggregated_requests(router_url: str) -> int:
-    """The router's count of requests served by a prefill and a decode worker."""
-    async with httpx.AsyncClient(timeout=10) as client:
-        metrics = (await client.get(f"{router_url}/metrics")).text
-    lines = [line for line in metrics.splitlines() if line.startswith(DISAGGREGATED_METRIC + " ")]
-    return int(float(lines[0].split()[1])) if lines else 0
 
 
 @pytest.mark.parametrize("stream", STREAMING, ids=("whole", "streamed"))

@@ -1,0 +1,160 @@
+"""Chats with images through Tandem's 1P1D pair of vLLM (CPU) workers, against vLLM's own
+OpenAI server on the same generated vision-language model (`tandem model vision`, an
+Idefics3).
+
+The router decodes each image, places its placeholder tokens in the prompt as vLLM's
+processor does and salts the blocks they are in with the image's identifier; the prefill
+worker runs the vision encoder and the decode worker receives the prompt's KV. Eight chats
+with one or two images of different shapes answer the greedy text vLLM's server answers,
+with the same usage, each split with its KV transferred. The same text with another image
+shares no KV (nothing cached at the prefill worker, and a `cache_hit_threshold` request is
+answered "cache_threshold" by the router's index); the same image again is cached.
+
+vLLM's server runs first, alone, with a worker's engine settings, and is stopped before the
+pair starts (two cores).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import openai
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
+
+from PIL import Image  # noqa: E402
+
+from launch.stack import LocalStack  # noqa: E402
+from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
+from shared.nats_server import EmbeddedNats  # noqa: E402
+from shared.vision_model import generate_vision_model  # noqa: E402
+from tests.stack_fixtures import records_arrived, request_records  # noqa: E402
+from tests.vllm.conftest import BLOCK, cores, pd_pair  # noqa: E402
+from tests.vllm.observer import disaggregated_requests, observing  # noqa: E402
+from tests.vllm.parity import vllm_openai_server  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 8
+STORY = ("Under the old stone bridge the water turns green and slow, and the ferryman counts his coins "
+         "one by one while the fog comes down the valley and the lamps of the mill go out. ") * 3
+# (image sizes, text): one or two images, square, tall, wide, tiny and large
+CHATS = [
+    ([(64, 64)], "What is in the picture? " + STORY),
+    ([(30, 100)], "Describe this tall picture. " + STORY),
+    ([(200, 50)], "Describe this wide picture. " + STORY),
+    ([(20, 20)], "What colour is this? " + STORY),
+    ([(64, 64), (200, 50)], "Compare the two pictures. " + STORY),
+    ([(56, 56), (30, 100)], "Which picture is taller? " + STORY),
+    ([(300, 300)], "Count the dots. " + STORY),
+    ([(100, 40), (40, 100)], "Are these the same picture turned? " + STORY),
+]
+SAME_TEXT = "Tell me what you see, in one line. " + STORY
+
+
+def image_url(width: int, height: int, seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+
+
+def messages(sizes: list[tuple[int, int]], text: str, seed: int) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": image_url(w, h, seed + index)}}
+             for index, (w, h) in enumerate(sizes)]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+async def ask(client: openai.AsyncOpenAI, model: str, chat: list[dict], **extra) -> Answer:
+    reply = await client.chat.completions.create(model=model, messages=chat, max_tokens=MAX_TOKENS, temperature=0,
+                                                 extra_body={"ignore_eos": True, **extra})
+    choice = reply.choices[0]
+    return Answer(choice.message.content or "", reply.usage.prompt_tokens, reply.usage.completion_tokens,
+                  choice.finish_reason)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("models") / "vision"
+    generate_vision_model(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_name(model_dir: str) -> str:
+    return VllmEngineOptions(model_dir=model_dir).model_name
+
+
+@pytest.fixture(scope="module")
+async def references(model_dir: str, model_name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Answer]:
+    """vLLM's server's answer to each chat (by index; -1 and -2: the same text with image
+    seeds 100 and 200), the server stopped before this returns."""
+    options = VllmEngineOptions(model_dir=model_dir, cpu_threads_bind=str(cores()[0]), kv_cache_gib=0.25)
+    answers: dict[int, Answer] = {}
+    with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai")) as url:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            for index, (sizes, text) in enumerate(CHATS):
+                answers[index] = await ask(client, model_name, messages(sizes, text, seed=10 * index))
+            answers[-1] = await ask(client, model_name, messages([(64, 64)], SAME_TEXT, seed=100))
+            answers[-2] = await ask(client, model_name, messages([(64, 64)], SAME_TEXT, seed=200))
+    return answers
+
+
+@pytest.fixture(scope="module")
+def stack(references: dict[int, Answer], nats_server: EmbeddedNats, model_dir: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """Starts only once vLLM's server is gone (it depends on its answers)."""
+    yield from pd_pair(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d"))
+
+
+async def test_image_chats_answer_as_vllms_server_through_pd(references: dict[int, Answer], stack: LocalStack,
+                                                              openai_client, model_name: str) -> None:
+    client = openai_client(stack.router_url, timeout=120)
+    async with observing(stack) as observer:
+        split_before = await disaggregated_requests(stack.router_url)
+        for index, (sizes, text) in enumerate(CHATS):
+            answer = await ask(client, model_name, messages(sizes, text, seed=10 * index))
+            assert answer == references[index], (index, sizes)
+            assert answer.prompt_tokens >= BLOCK, "a prompt of at least one whole block: KV to transfer"
+        assert await disaggregated_requests(stack.router_url) == split_before + len(CHATS)
+        pulled = [record for record in observer.records if record.worker_id == "d1"]
+        assert len(pulled) == len(CHATS), pulled
+        seen = [(record.outcome, record.pulled_tokens, record.recomputed_tokens, record.blocks, record.blocks_ok)
+                for record in pulled]
+        assert all(outcome == "done" and tokens >= BLOCK and not recomputed for outcome, tokens, recomputed, *_ in seen), seen
+        await observer.assert_clean()
+
+
+async def test_another_image_shares_no_kv_and_the_same_image_again_does(references: dict[int, Answer],
+                                                                        stack: LocalStack, openai_client,
+                                                                        model_name: str) -> None:
+    client = openai_client(stack.router_url, timeout=120)
+    first, other = messages([(64, 64)], SAME_TEXT, seed=100), messages([(64, 64)], SAME_TEXT, seed=200)
+    async with request_records(stack, "image-records") as records:
+        assert await ask(client, model_name, first) == references[-1]
+        assert await ask(client, model_name, other) == references[-2]
+        assert references[-1].text != references[-2].text  # the image, not only the text, makes the answer
+        # the router's index: the other image's blocks are not the first's; the first's are held
+        fresh = messages([(64, 64)], SAME_TEXT, seed=300)
+        refused = await ask(client, model_name, fresh, cache_hit_threshold=0.3)
+        assert (refused.finish_reason, refused.completion_tokens) == ("cache_threshold", 0)
+        assert await ask(client, model_name, first, cache_hit_threshold=0.3) == references[-1]
+        await records_arrived(records, 4)
+    first_record, other_record, refused_record, again_record = records[:4]
+    assert (first_record.cached_tokens, other_record.cached_tokens) == (0, 0)  # nothing of the first image's KV reused
+    assert refused_record.finish_reason == "cache_threshold"
+    whole_blocks = references[-1].prompt_tokens // BLOCK * BLOCK
+    assert again_record.cached_tokens == whole_blocks  # the same image again: its blocks cached
