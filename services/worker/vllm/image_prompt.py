@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm.multimodal.image import ImageMediaIO
+from vllm.multimodal.media.image import ImageMediaIO
 
 from shared.errors import InvalidArgument
 from shared.image_placeholders import collapse
