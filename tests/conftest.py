@@ -18,7 +18,7 @@ from shared.nats_server import EmbeddedNats
 
 pytest_plugins = [
     "tests.integration.router_cluster",  # router fixtures: model_dir, router, start_worker, start_pd (real workers)
-    "tests.stack_fixtures",  # whole-stack fixtures: tiny_model_dir, small_model_dir
+    "tests.stack_fixtures",  # whole-stack fixtures: tiny_model_dir, small_model_dir, vision_model_dir
     "tests.trail",  # names the running test in $TANDEM_TEST_TRAIL, for a process that dies natively
 ]
 

@@ -35,6 +35,7 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import RequestRecord, TransferRecord
 from shared.subjects import Subjects
 from shared.tiny_model import generate_tiny_model
+from shared.vision_model import generate_vision_model
 from tests.waiting import wait_for
 
 
@@ -42,6 +43,14 @@ from tests.waiting import wait_for
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("models") / "tiny"
     generate_tiny_model(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def vision_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The generated vision-language model (`shared.vision_model`, an Idefics3)."""
+    path = tmp_path_factory.mktemp("models") / "vision"
+    generate_vision_model(str(path))
     return str(path)
 
 

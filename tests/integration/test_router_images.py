@@ -30,7 +30,6 @@ from services.router.openai.images import MAX_IMAGE_BYTES, MAX_IMAGES, MAX_REQUE
 from shared.config import BusConfig
 from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
-from shared.vision_model import generate_vision_model
 from tests.integration.router_cluster import Router, router_config, running_router, wait_for_workers
 
 MODEL = "vision"
@@ -39,10 +38,8 @@ MAX_GROWTH_BYTES = 96 << 20
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("router-model") / MODEL
-    generate_vision_model(str(path))
-    return str(path)
+def model_dir(vision_model_dir: str) -> str:
+    return vision_model_dir
 
 
 @pytest.fixture

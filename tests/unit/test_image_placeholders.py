@@ -15,14 +15,12 @@ from shared.block_hash import block_hash_chain, image_block_salts, image_key, re
 from shared.image_placeholders import ImageLayout, ImagePromptError, collapse
 from shared.tiny_model import generate_tiny_model
 from shared.tokenizer import Tokenizer
-from shared.vision_model import IMAGE_SEQ_LEN, generate_vision_model
+from shared.vision_model import IMAGE_SEQ_LEN
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    path = tmp_path_factory.mktemp("models") / "vision"
-    generate_vision_model(str(path))
-    return Tokenizer.from_model_dir(str(path))
+def tokenizer(vision_model_dir: str) -> Tokenizer:
+    return Tokenizer.from_model_dir(vision_model_dir)
 
 
 @pytest.fixture(scope="module")

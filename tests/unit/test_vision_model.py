@@ -18,10 +18,8 @@ from shared.vision_model import IDEFICS3_TOKENS, IMAGE_SEQ_LEN, MODEL_FILES, gen
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "vision"
-    generate_vision_model(str(path))
-    return path
+def model_dir(vision_model_dir: str) -> Path:
+    return Path(vision_model_dir)
 
 
 def test_the_directory_is_a_complete_idefics3(model_dir: Path) -> None:

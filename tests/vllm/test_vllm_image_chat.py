@@ -32,7 +32,6 @@ from PIL import Image  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
-from shared.vision_model import generate_vision_model  # noqa: E402
 from tests.stack_fixtures import records_arrived, request_records  # noqa: E402
 from tests.vllm.conftest import BLOCK, cores, pd_pair  # noqa: E402
 from tests.vllm.observer import disaggregated_requests, observing  # noqa: E402
@@ -87,10 +86,8 @@ async def ask(client: openai.AsyncOpenAI, model: str, chat: list[dict], **extra)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "vision"
-    generate_vision_model(str(path))
-    return str(path)
+def model_dir(vision_model_dir: str) -> str:
+    return vision_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ psutil = pytest.importorskip("psutil")
 from PIL import Image  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
-from shared.vision_model import IDEFICS3_TOKENS, IMAGE_SEQ_LEN, generate_vision_model  # noqa: E402
+from shared.vision_model import IDEFICS3_TOKENS, IMAGE_SEQ_LEN  # noqa: E402
 from tests.vllm.conftest import BLOCK, cores  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -35,12 +35,10 @@ LONG_TEXT = ("Under the old stone bridge the water turns green and slow, and the
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
-    model_dir = tmp_path_factory.mktemp("models") / "vision"
-    generate_vision_model(str(model_dir))
+def llm(vision_model_dir: str) -> Iterator[LLM]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cores()[0]))
-        engine = LLM(model=str(model_dir), dtype="bfloat16", max_model_len=1024, max_num_seqs=4,
+        engine = LLM(model=vision_model_dir, dtype="bfloat16", max_model_len=1024, max_num_seqs=4,
                      max_num_batched_tokens=1024, enforce_eager=True, kv_cache_memory_bytes=256 << 20,
                      limit_mm_per_prompt={"image": 2}, seed=0)
     # EngineCore and its model worker (named by setproctitle), not multiprocessing's resource tracker

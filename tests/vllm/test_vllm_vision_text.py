@@ -26,7 +26,6 @@ from launch.plan import WorkerSpec  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.schemas import WorkerRole  # noqa: E402
-from shared.vision_model import generate_vision_model  # noqa: E402
 from tests.stack_fixtures import running  # noqa: E402
 from tests.vllm.conftest import cores, vllm_args, vllm_stack  # noqa: E402
 
@@ -52,10 +51,8 @@ class References:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("models") / "vision"
-    generate_vision_model(str(path))
-    return str(path)
+def model_dir(vision_model_dir: str) -> str:
+    return vision_model_dir
 
 
 @pytest.fixture(scope="module")
