@@ -64,7 +64,12 @@ class ResponsesServing:
         draft = ResponseDraft(body, model, int(time.time()), max_tokens)
         identity = RequestIdentity(request_id=draft.response_id, endpoint=ENDPOINT, model=model,
                                    arrived_at=context.clock())
-        generation, calling = await self._chat.start_one(identity, chat, caller)
+        try:
+            generation, calling = await self._chat.start_one(identity, chat, caller)
+        except BadRequest as error:
+            if error.param is not None and error.param.startswith("messages"):
+                error.param = "input"  # the chat's messages are this request's input (after a stored turn's)
+            raise
         try:
             first = await generation.next()  # a failure here is still a proper HTTP status
         except BaseException:
