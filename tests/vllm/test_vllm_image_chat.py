@@ -5,13 +5,14 @@ Idefics3).
 The router decodes each image, places its placeholder tokens in the prompt as vLLM's
 processor does and salts the blocks they are in with the image's identifier; the prefill
 worker runs the vision encoder and the decode worker receives the prompt's KV. Eight chats
-with one or two images of different shapes answer the greedy text vLLM's server answers,
-with the same usage, each split with its KV transferred. The same text with another image
+with one or two images of different shapes (one of them streamed too) answer the greedy text
+vLLM's server answers, with the same usage, each split with its KV transferred. The same text with another image
 shares no KV (nothing cached at the prefill worker, and a `cache_hit_threshold` request is
-answered "cache_threshold" by the router's index); the same image again is cached.
+answered "cache_threshold" by the router's index); the same image again is cached. The same
+chats answer alike with the KV pushed layer by layer (`--pd-transfer push`).
 
 vLLM's server runs first, alone, with a worker's engine settings, and is stopped before the
-pair starts (two cores).
+first pair starts; each class's pair is stopped before the next starts (two cores).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.stack_fixtures import records_arrived, request_records  # noqa: E402
 from tests.vllm.conftest import BLOCK, cores, pd_pair  # noqa: E402
 from tests.vllm.observer import disaggregated_requests, observing  # noqa: E402
 from tests.vllm.parity import vllm_openai_server  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -85,6 +87,21 @@ async def ask(client: openai.AsyncOpenAI, model: str, chat: list[dict], **extra)
                   choice.finish_reason)
 
 
+async def ask_streamed(client: openai.AsyncOpenAI, model: str, chat: list[dict]) -> Answer:
+    """The same request streamed: its text pieces joined, the usage of its last chunk."""
+    stream = await client.chat.completions.create(model=model, messages=chat, max_tokens=MAX_TOKENS, temperature=0,
+                                                  stream=True, stream_options={"include_usage": True},
+                                                  extra_body={"ignore_eos": True})
+    pieces, finish_reason, usage = [], "", None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish_reason = choice.finish_reason or finish_reason
+        usage = chunk.usage or usage
+    assert usage is not None
+    return Answer("".join(pieces), usage.prompt_tokens, usage.completion_tokens, finish_reason)
+
+
 @pytest.fixture(scope="module")
 def model_dir(vision_model_dir: str) -> str:
     return vision_model_dir
@@ -98,60 +115,89 @@ def model_name(model_dir: str) -> str:
 @pytest.fixture(scope="module")
 async def references(model_dir: str, model_name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Answer]:
     """vLLM's server's answer to each chat (by index; -1 and -2: the same text with image
-    seeds 100 and 200), the server stopped before this returns."""
+    seeds 100 and 200; -3: chat 4 with other images, streamed), the server stopped before this returns."""
     options = VllmEngineOptions(model_dir=model_dir, cpu_threads_bind=str(cores()[0]), kv_cache_gib=0.25)
     answers: dict[int, Answer] = {}
     with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai")) as url:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
             for index, (sizes, text) in enumerate(CHATS):
                 answers[index] = await ask(client, model_name, messages(sizes, text, seed=10 * index))
+            answers[-3] = await ask_streamed(client, model_name, messages(*CHATS[4], seed=45))
             answers[-1] = await ask(client, model_name, messages([(64, 64)], SAME_TEXT, seed=100))
             answers[-2] = await ask(client, model_name, messages([(64, 64)], SAME_TEXT, seed=200))
     return answers
 
 
-@pytest.fixture(scope="module")
-def stack(references: dict[int, Answer], nats_server: EmbeddedNats, model_dir: str,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    """Starts only once vLLM's server is gone (it depends on its answers)."""
-    yield from pd_pair(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d"))
+def pd_stack(nats_server: EmbeddedNats, model_dir: str, log_dir, *router_args: str) -> Iterator[LocalStack]:
+    yield from pd_pair(nats_server, model_dir, log_dir, router_args=router_args)
 
 
-async def test_image_chats_answer_as_vllms_server_through_pd(references: dict[int, Answer], stack: LocalStack,
-                                                              openai_client, model_name: str) -> None:
-    client = openai_client(stack.router_url, timeout=120)
+async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: LocalStack, client: openai.AsyncOpenAI,
+                                       model_name: str, kind: str) -> None:
+    """Every chat, and chat 4 with other images streamed (nothing of it cached), answers as
+    vLLM's server did, each split with a transfer record of `kind` at the decode worker:
+    done, at least one block moved, nothing recomputed."""
     async with observing(stack) as observer:
         split_before = await disaggregated_requests(stack.router_url)
         for index, (sizes, text) in enumerate(CHATS):
             answer = await ask(client, model_name, messages(sizes, text, seed=10 * index))
             assert answer == references[index], (index, sizes)
             assert answer.prompt_tokens >= BLOCK, "a prompt of at least one whole block: KV to transfer"
-        assert await disaggregated_requests(stack.router_url) == split_before + len(CHATS)
-        pulled = [record for record in observer.records if record.worker_id == "d1"]
-        assert len(pulled) == len(CHATS), pulled
-        seen = [(record.outcome, record.pulled_tokens, record.recomputed_tokens, record.blocks, record.blocks_ok)
-                for record in pulled]
-        assert all(outcome == "done" and tokens >= BLOCK and not recomputed for outcome, tokens, recomputed, *_ in seen), seen
+        assert await ask_streamed(client, model_name, messages(*CHATS[4], seed=45)) == references[-3]
+        assert await disaggregated_requests(stack.router_url) == split_before + len(CHATS) + 1
+        await wait_for(lambda: len([r for r in observer.records if r.worker_id == "d1"]) >= len(CHATS) + 1, 10,
+                       "a transfer record of every request")
+        moved = [(record.kind, record.outcome, record.pulled_tokens, record.recomputed_tokens)
+                 for record in observer.records if record.worker_id == "d1"]
+        assert len(moved) == len(CHATS) + 1, moved
+        unlike = [record for record in moved if record[:2] != (kind, "done") or record[2] < BLOCK or record[3]]
+        assert not unlike, (unlike, moved)
         await observer.assert_clean()
 
 
-async def test_another_image_shares_no_kv_and_the_same_image_again_does(references: dict[int, Answer],
-                                                                        stack: LocalStack, openai_client,
-                                                                        model_name: str) -> None:
-    client = openai_client(stack.router_url, timeout=120)
-    first, other = messages([(64, 64)], SAME_TEXT, seed=100), messages([(64, 64)], SAME_TEXT, seed=200)
-    async with request_records(stack, "image-records") as records:
-        assert await ask(client, model_name, first) == references[-1]
-        assert await ask(client, model_name, other) == references[-2]
-        assert references[-1].text != references[-2].text  # the image, not only the text, makes the answer
-        # the router's index: the other image's blocks are not the first's; the first's are held
-        fresh = messages([(64, 64)], SAME_TEXT, seed=300)
-        refused = await ask(client, model_name, fresh, cache_hit_threshold=0.3)
-        assert (refused.finish_reason, refused.completion_tokens) == ("cache_threshold", 0)
-        assert await ask(client, model_name, first, cache_hit_threshold=0.3) == references[-1]
-        await records_arrived(records, 4)
-    first_record, other_record, refused_record, again_record = records[:4]
-    assert (first_record.cached_tokens, other_record.cached_tokens) == (0, 0)  # nothing of the first image's KV reused
-    assert refused_record.finish_reason == "cache_threshold"
-    whole_blocks = references[-1].prompt_tokens // BLOCK * BLOCK
-    assert again_record.cached_tokens == whole_blocks  # the same image again: its blocks cached
+class TestPull:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def stack(cls, references: dict[int, Answer], nats_server: EmbeddedNats, model_dir: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+        """Starts only once vLLM's server is gone (it depends on its answers)."""
+        yield from pd_stack(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d"))
+
+    async def test_image_chats_answer_as_vllms_server(self, references: dict[int, Answer], stack: LocalStack,
+                                                      openai_client, model_name: str) -> None:
+        await chats_answer_as_vllms_server(references, stack, openai_client(stack.router_url, timeout=120),
+                                           model_name, "pull")
+
+    async def test_another_image_shares_no_kv_and_the_same_image_again_does(
+            self, references: dict[int, Answer], stack: LocalStack, openai_client, model_name: str) -> None:
+        client = openai_client(stack.router_url, timeout=120)
+        first, other = messages([(64, 64)], SAME_TEXT, seed=100), messages([(64, 64)], SAME_TEXT, seed=200)
+        async with request_records(stack, "image-records") as records:
+            assert await ask(client, model_name, first) == references[-1]
+            assert await ask(client, model_name, other) == references[-2]
+            assert references[-1].text != references[-2].text  # the image, not only the text, makes the answer
+            # the router's index: a new image's blocks are nobody's; the first image's are held
+            fresh = messages([(64, 64)], SAME_TEXT, seed=300)
+            refused = await ask(client, model_name, fresh, cache_hit_threshold=0.3)
+            assert (refused.finish_reason, refused.completion_tokens) == ("cache_threshold", 0)
+            assert await ask(client, model_name, first, cache_hit_threshold=0.3) == references[-1]
+            await records_arrived(records, 4)
+        first_record, other_record, refused_record, again_record = records[:4]
+        assert (first_record.cached_tokens, other_record.cached_tokens) == (0, 0)  # no KV of the first image reused
+        assert refused_record.finish_reason == "cache_threshold"
+        whole_blocks = references[-1].prompt_tokens // BLOCK * BLOCK
+        assert again_record.cached_tokens == whole_blocks  # the same image again: its blocks cached
+
+
+class TestPush:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def stack(cls, references: dict[int, Answer], nats_server: EmbeddedNats, model_dir: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+        yield from pd_stack(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d-push"),
+                            "--pd-transfer", "push")
+
+    async def test_image_chats_answer_as_vllms_server_with_the_kv_pushed(
+            self, references: dict[int, Answer], stack: LocalStack, openai_client, model_name: str) -> None:
+        await chats_answer_as_vllms_server(references, stack, openai_client(stack.router_url, timeout=120),
+                                           model_name, "push")

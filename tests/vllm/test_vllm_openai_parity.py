@@ -167,8 +167,11 @@ async def test_lm_eval_scores_a_log_likelihood_task_as_against_vllm(vllm_referen
     reference = vllm_reference.lm_eval
     assert len(scores.loglikelihoods) == len(reference.loglikelihoods) == 48
     assert scores.metrics == reference.metrics
-    worst = max(abs(ours - theirs) for ours, theirs in zip(scores.loglikelihoods, reference.loglikelihoods))
-    assert worst <= 1e-3 * 20, f"log-likelihoods differ by up to {worst} (sums of ~20 tokens' log-probabilities)"
+    gaps = sorted(abs(ours - theirs) for ours, theirs in zip(scores.loglikelihoods, reference.loglikelihoods))
+    print(f"lm-eval log-likelihoods, Tandem 1P1D against vLLM's server: largest difference {gaps[-1]:.2e}, "
+          f"{sum(d > 1e-3 for d in gaps)} of {len(gaps)} over 1e-3")
+    assert gaps[-1] <= 1e-3 * 20, (
+        f"log-likelihoods differ by up to {gaps[-1]} (sums of ~20 tokens' log-probabilities)")
 
 
 async def test_json_schema_output_parses_and_validates_every_time(pd_stack: LocalStack, openai_client,
