@@ -1,7 +1,8 @@
-"""lm-evaluation-harness (`lm-eval`) against an OpenAI endpoint, on a log-likelihood task built
-from a local data file (no download): `local-completions` sends each choice as token ids with
-`echo`, `logprobs: 1` and `max_tokens: 1`, and scores the choices by the prompt tokens'
-log-probabilities the server returns."""
+"""lm-evaluation-harness (`lm-eval`) against an OpenAI endpoint, on two tasks built from local
+data files (no download): a log-likelihood task, for which `local-completions` sends each
+choice as token ids with `echo`, `logprobs: 1` and `max_tokens: 1` and scores the choices by
+the prompt tokens' log-probabilities the server returns; and a greedy generation task (10
+documents, up to 16 tokens each, until a newline)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TASK = "tandem_local_choice"
+GENERATION_TASK = "tandem_local_generation"
 _ANIMALS = ["fox", "dog", "cat", "owl", "bee", "eel", "elk", "yak"]
 
 
@@ -39,13 +41,42 @@ def write_task(directory: Path) -> Path:
         "  - metric: acc",
         "  - metric: acc_norm",
         ""]))
+    _write_generation_task(directory)
     return directory
+
+
+def _write_generation_task(directory: Path) -> None:
+    """10 prompts answered greedily (temperature 0), at most 16 tokens, until a newline."""
+    data = directory / "prompts.jsonl"
+    with data.open("w") as out:
+        for index in range(10):
+            out.write(json.dumps({"prompt": f"Story {index}: the {_ANIMALS[index % len(_ANIMALS)]} walked to the river "
+                                            "and", "answer": " drank"}) + "\n")
+    (directory / f"{GENERATION_TASK}.yaml").write_text("\n".join([
+        f"task: {GENERATION_TASK}",
+        "dataset_path: json",
+        "dataset_kwargs:",
+        "  data_files:",
+        f"    test: {data}",
+        "test_split: test",
+        "output_type: generate_until",
+        'doc_to_text: "{{prompt}}"',
+        'doc_to_target: "{{answer}}"',
+        "generation_kwargs:",
+        "  until: [\"\\n\"]",
+        "  max_gen_toks: 16",
+        "  do_sample: false",
+        "  temperature: 0",
+        "metric_list:",
+        "  - metric: exact_match",
+        ""]))
 
 
 @dataclass(frozen=True)
 class Scores:
     metrics: dict[str, float]  # acc, acc_norm
     loglikelihoods: list[float]  # every choice's, in the harness's order
+    generations: list[str]  # the generation task's answers, in document order
 
 
 def run_lm_eval(completions_url: str, model: str, model_dir: str, task_dir: Path) -> Scores:
@@ -59,8 +90,9 @@ def run_lm_eval(completions_url: str, model: str, model_dir: str, task_dir: Path
         model="local-completions",
         model_args={"model": model, "base_url": completions_url, "tokenizer": model_dir,
                     "tokenizer_backend": "huggingface", "num_concurrent": 1, "max_retries": 1, "timeout": 120},
-        tasks=[TASK], task_manager=TaskManager(include_path=str(task_dir)), log_samples=True)
+        tasks=[TASK, GENERATION_TASK], task_manager=TaskManager(include_path=str(task_dir)), log_samples=True)
     metrics = {name: results["results"][TASK][f"{name},none"] for name in ("acc", "acc_norm")}
     samples = sorted(results["samples"][TASK], key=lambda sample: sample["doc_id"])
     loglikelihoods = [float(response[0][0]) for sample in samples for response in sample["resps"]]
-    return Scores(metrics, loglikelihoods)
+    generated = sorted(results["samples"][GENERATION_TASK], key=lambda sample: sample["doc_id"])
+    return Scores(metrics, loglikelihoods, [str(sample["resps"][0][0]) for sample in generated])
