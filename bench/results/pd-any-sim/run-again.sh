@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# issue 54: the two points of the sim sweep past 5% (w8-r16-s1, w8-r24-s2), run again
+# (PASSES x 2 runs each, lettered from FIRST: e-h, then i-l), the arms' order alternated as in run.sh
+cd "$(dirname "$0")/../../.."
+run() {  # name compare rate seed
+  timeout 900 .venv/bin/tandem bench serve --compare "$2" --engine sim --num-prompts 80 \
+    --prompt-tokens 1000 --max-tokens 64 --request-rate "$3" --warmup 4 --ignore-eos --slo-ttft-ms 4000 --slo-itl-ms 55 \
+    --seed "$4" --state-dir "${STATE_DIR:-/tmp/pd-any-sim}" > "${OUT_DIR:-.}/$1.json" 2> "${OUT_DIR:-.}/$1.err"
+  echo "$(date +%T) $1 rc=$?"
+}
+letters=abcdefghijklmnopqrstuvwxyz
+first=${FIRST:-e}
+start=$(( $(expr index "$letters" "$first") - 1 ))
+for pass in $(seq 0 $(( ${PASSES:-2} - 1 ))); do
+  forward=${letters:$((start + 2 * pass)):1}
+  backward=${letters:$((start + 2 * pass + 1)):1}
+  run "w8-r16-s1-$forward" 4p4d,8x1,8xany 16 1
+  run "w8-r16-s1-$backward" 8xany,8x1,4p4d 16 1
+  run "w8-r24-s2-$forward" 4p4d,8x1,8xany 24 2
+  run "w8-r24-s2-$backward" 8xany,8x1,4p4d 24 2
+done
+echo done
