@@ -2,12 +2,7 @@
 # issue 54: the two points of the sim sweep past 5% (w8-r16-s1, w8-r24-s2), run again
 # (PASSES x 2 runs each, lettered from FIRST: e-h, then i-l), the arms' order alternated as in run.sh
 cd "$(dirname "$0")/../../.."
-run() {  # name compare rate seed
-  timeout 900 .venv/bin/tandem bench serve --compare "$2" --engine sim --num-prompts 80 \
-    --prompt-tokens 1000 --max-tokens 64 --request-rate "$3" --warmup 4 --ignore-eos --slo-ttft-ms 4000 --slo-itl-ms 55 \
-    --seed "$4" --state-dir "${STATE_DIR:-/tmp/pd-any-sim}" > "${OUT_DIR:-.}/$1.json" 2> "${OUT_DIR:-.}/$1.err"
-  echo "$(date +%T) $1 rc=$?"
-}
+source bench/results/pd-any-sim/serve.sh
 letters=abcdefghijklmnopqrstuvwxyz
 first=${FIRST:-e}
 start=$(( $(expr index "$letters" "$first") - 1 ))

@@ -2,12 +2,7 @@
 # issue 54 sim sweep: fixed splits beside Nxany at 4 and 8 workers, two loads each; per point
 # seeds 1 and 2, each run twice with the arms' order reversed between the two runs
 cd "$(dirname "$0")/../../.."
-run() {  # name compare rate seed
-  timeout 900 .venv/bin/tandem bench serve --compare "$2" --engine sim --num-prompts 80 \
-    --prompt-tokens 1000 --max-tokens 64 --request-rate "$3" --warmup 4 --ignore-eos --slo-ttft-ms 4000 --slo-itl-ms 55 \
-    --seed "$4" --state-dir "${STATE_DIR:-/tmp/pd-any-sim}" > "${OUT_DIR:-.}/$1.json" 2> "${OUT_DIR:-.}/$1.err"
-  echo "$(date +%T) $1 rc=$?"
-}
+source bench/results/pd-any-sim/serve.sh
 for seed in 1 2; do
   for rate in 8 16; do
     run "w4-r$rate-s$seed-a" 1p3d,2p2d,4x1,4xany $rate $seed
