@@ -112,11 +112,11 @@ _DEFAULTS = {name: getattr(SamplingParams(), name) for name in SamplingParams.__
 
 
 class ImageInput(msgspec.Struct, kw_only=True, frozen=True):
-    """One image of a prompt: its file's bytes (PNG, JPEG, ...; empty where the worker only
-    continues from KV it receives and never needs the pixels), its identifier (a digest of
-    the bytes: the identity of its KV, `shared.block_hash.image_block_salts`), and its
-    placeholder tokens' place in the request's `token_ids` (the router expanded them as the
-    engine does)."""
+    """One image of a prompt: its file's bytes (PNG, JPEG, ...; every worker of the request
+    gets them, a decode worker too, for blocks it may have to recompute), its identifier (a
+    digest of the bytes: the identity of its KV, `shared.block_hash.image_block_salts`), and
+    its placeholder tokens' place in the request's `token_ids` (the router expanded them as
+    the engine does)."""
 
     identifier: str
     start: int
