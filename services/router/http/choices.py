@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import RequestIdentity, TokenUsage
-from services.router.http.serving import ResponseFormat, api_usage, sse, whole_answer
+from services.router.http.serving import ResponseFormat, api_usage, respond, sse, whole_answer
 from services.router.http.sse import SSE_DONE, SseResponse
 from services.router.openai.errors import error_info
 from services.router.openai.protocol_answers import ErrorResponse, Usage
@@ -56,6 +56,19 @@ def total_usage(choices: Sequence[Choice], finals: Sequence[Final]) -> Usage:
     return api_usage(TokenUsage(prompt_tokens=sum(usage.prompt_tokens for usage in prompts.values()),
                                 completion_tokens=sum(final.usage.completion_tokens for final in finals),
                                 cached_tokens=sum(usage.cached_tokens for usage in prompts.values())))
+
+
+async def answer_choices(identity: RequestIdentity, count: int,
+                         start: Callable[[RequestIdentity, int], Awaitable[Choice]], *, stream: bool,
+                         include_usage: bool) -> Response:
+    """The answer of `count` choices, each started by `start` (`ChatServing`, `CompletionsServing`):
+    one under the request's own id, answered as a single generation; several through
+    `start_choices`, each under its own."""
+    if count == 1:
+        choice = await start(identity, 0)
+        return await respond(choice.generation, choice.spelled, stream=stream, include_usage=include_usage)
+    choices = await start_choices(identity, count, start)
+    return await respond_choices(choices, stream=stream, include_usage=include_usage)
 
 
 async def start_choices(identity: RequestIdentity, count: int,

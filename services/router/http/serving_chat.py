@@ -14,8 +14,8 @@ from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
 from services.router.http.chat_images import place_images, read_images
-from services.router.http.choices import Choice, respond_choices, start_choices
-from services.router.http.serving import EndpointFormat, ServingContext, respond, usage_so_far
+from services.router.http.choices import Choice, answer_choices
+from services.router.http.serving import EndpointFormat, ServingContext, usage_so_far
 from services.router.http.sse import UsageSoFar, finish_json, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
@@ -96,17 +96,12 @@ class ChatServing:
         context = self._context
         identity = context.identity("chatcmpl", ENDPOINT, body.model)
         created = int(time.time())
-        if body.n == 1:
-            generation = await context.start(identity, self._prepare(identity, body, 0, caller))
-            return await respond(generation, self._format(identity.request_id, body, created, generation, 0),
-                                 stream=body.stream, include_usage=body.include_usage)
 
         async def start(own: RequestIdentity, index: int) -> Choice:
             generation = await context.start(own, self._prepare(own, body, index, caller))
             return Choice(generation, self._format(identity.request_id, body, created, generation, index), 0)
 
-        choices = await start_choices(identity, body.n, start)
-        return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
+        return await answer_choices(identity, body.n, start, stream=body.stream, include_usage=body.include_usage)
 
     async def start_one(self, identity: RequestIdentity, body: ChatCompletionRequest,
                         caller: Caller = Caller()) -> tuple[Generation, ToolCalling | None]:

@@ -17,8 +17,8 @@ from fastapi.responses import Response
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
-from services.router.http.choices import Choice, respond_choices, start_choices
-from services.router.http.serving import EndpointFormat, ServingContext, respond, usage_so_far
+from services.router.http.choices import Choice, answer_choices
+from services.router.http.serving import EndpointFormat, ServingContext, usage_so_far
 from services.router.http.sse import UsageSoFar, finish_json, text_json
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import CompletionRequest
@@ -91,10 +91,6 @@ class CompletionsServing:
         identity = context.identity("cmpl", ENDPOINT, body.model)
         created = int(time.time())
         prompts = body.prompts
-        if len(prompts) == 1 and body.n == 1:
-            generation = await context.start(identity, self._prepare(identity, body, prompts[0], 0, caller))
-            spelled = self._format(identity.request_id, body, created, prompts[0], generation, 0)
-            return await respond(generation, spelled, stream=body.stream, include_usage=body.include_usage)
 
         async def start(own: RequestIdentity, index: int) -> Choice:  # the prompts' choices in turn, n each
             prompt_index, sample = divmod(index, body.n)
@@ -103,8 +99,8 @@ class CompletionsServing:
             return Choice(generation, self._format(identity.request_id, body, created, prompt, generation, index),
                           prompt_index)
 
-        choices = await start_choices(identity, len(prompts) * body.n, start)
-        return await respond_choices(choices, stream=body.stream, include_usage=body.include_usage)
+        return await answer_choices(identity, len(prompts) * body.n, start, stream=body.stream,
+                                    include_usage=body.include_usage)
 
     def _prepare(self, identity: RequestIdentity, body: CompletionRequest, prompt: str | list[int], sample: int,
                  caller: Caller) -> Callable[[], Awaitable[GenerationParams]]:
