@@ -253,6 +253,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     # engine setting in vLLM, not a request's
     vllm_json_any_whitespace: Annotated[bool, flag("vLLM: structured JSON output may hold whitespace between tokens.",
                                                    name="--vllm-json-whitespace")] = True
+    vllm_encoder_cache_dir: Annotated[str, flag(
+        "vLLM: a directory the model's workers share, where the vision encoder's output for an image is kept: an "
+        "image sent again (to this worker or another) is loaded, not encoded again. Empty: each worker encodes.")] = ""
+    vllm_encoder_cache_gib: Annotated[float, flag("vLLM: size of the encoder cache directory in GiB; the least "
+                                                  "recently used images go past it.")] = 4.0
     kv_transfer: KvTransferConfig = KvTransferConfig()
     load_interval_s: Annotated[float, flag("Seconds between two load snapshots.", name="--load-interval")] = 0.25
     kv_event_interval_s: Annotated[float, flag(
@@ -287,6 +292,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.caller_check_interval_s >= 0, "the caller check interval must not be negative")
         require(self.kv_event_interval_s > 0, "the KV event interval must be positive")
         require(self.load_interval_s > 0, "the load interval must be positive")
+        require(self.vllm_encoder_cache_gib > 0, "the vLLM encoder cache size must be positive")
         require(self.vllm_block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
         self.membership.validate()
         self.kv_transfer.validate()

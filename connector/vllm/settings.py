@@ -1,6 +1,7 @@
-"""The settings of Tandem's vLLM KV connector: built by the worker (from `KvTransferConfig`,
-in `services/worker/vllm/options.py`), carried to vLLM's processes in
-`kv_connector_extra_config` (`tandem_connector.ConnectorSettings`). Pure data; no vLLM import.
+"""The settings of Tandem's vLLM KV connector and of its encoder-cache connector: built by
+the worker (from `WorkerConfig`, in `services/worker/vllm/options.py`), carried to vLLM's
+processes in `kv_connector_extra_config` (`tandem_connector.ConnectorSettings`) and
+`ec_connector_extra_config`. Pure data; no vLLM import.
 """
 
 from __future__ import annotations
@@ -30,3 +31,17 @@ class KvConnectorOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("host_blocks must not be negative")
         self.faults.validate()
         self.retry.validate()
+
+
+class EncoderCacheSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Tandem's encoder-cache connector inside vLLM (`connector.vllm.encoder_cache`), carried
+    in `ec_connector_extra_config`."""
+
+    root: str  # the directory the workers of the model share
+    namespace: str  # the model and its version: another model's encoder gives other outputs
+    budget_bytes: int  # the store's size; the least recently used entries go past it
+    grace_s: float = 60.0  # an entry used this recently is never evicted (a load may follow)
+
+    def validate(self) -> None:
+        if self.budget_bytes <= 0:
+            raise ConfigError("the encoder cache's size must be positive")

@@ -15,6 +15,7 @@ import vllm
 from vllm.config import KVEventsConfig, VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 
+from connector.vllm import encoder_cache
 from services.worker.engine import EngineInfo
 from services.worker.vllm import sampling
 from services.worker.vllm.attention import attention_isa
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 def engine_args(options: VllmEngineOptions, endpoints: KvEventEndpoints, link: ConnectorLink | None) -> AsyncEngineArgs:
     connector = {} if link is None else dict(kv_transfer_config=link.transfer_config(),
                                              worker_extension_cls=link.worker_extension)
+    if options.encoder_cache is not None:
+        connector["ec_transfer_config"] = encoder_cache.transfer_config(options.encoder_cache)
     parallel = {} if options.tensor_parallel == 1 else dict(tensor_parallel_size=options.tensor_parallel,
                                                             distributed_executor_backend="mp")
     return AsyncEngineArgs(

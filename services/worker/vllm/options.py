@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from connector.vllm.settings import KvConnectorOptions
+from connector.vllm.settings import EncoderCacheSettings, KvConnectorOptions
 from shared.config import ConfigError, WorkerConfig
 from shared.config_fields import flag_name
 
@@ -38,6 +38,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
     kv_event_buffer_steps: int = 10_000  # batches vLLM keeps to replay after a gap
     kv_event_replay_timeout_s: float = 2.0
     kv_connector: KvConnectorOptions | None = None  # None: no KV transfer, vLLM computes everything
+    encoder_cache: EncoderCacheSettings | None = None  # None: every worker encodes its images itself
     otlp_traces_endpoint: str = ""  # vLLM's own request spans, as children of Tandem's; "": none
     max_loras: int = 0  # LoRA adapters resident at once; 0: LoRA off
     max_lora_rank: int = 16
@@ -75,6 +76,8 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("the KV event replay buffer and timeout must be positive")
         if self.kv_connector is not None:
             self.kv_connector.validate()
+        if self.encoder_cache is not None:
+            self.encoder_cache.validate()
         if self.max_loras < 0 or self.max_lora_rank <= 0:
             raise ConfigError("max_loras must not be negative, max_lora_rank must be positive")
 
@@ -102,9 +105,18 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    enforce_eager=config.vllm_enforce_eager, json_any_whitespace=config.vllm_json_any_whitespace,
                    cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector,
                    max_loras=config.max_adapters, max_lora_rank=config.vllm_max_lora_rank,
-                   adapter_dir=config.adapter_dir,
+                   adapter_dir=config.adapter_dir, encoder_cache=encoder_cache_settings(config),
                    otlp_traces_endpoint=(config.tracing.otlp_endpoint or DEFAULT_OTLP_TRACES_ENDPOINT)
                    if config.tracing.exporter == "otlp" else "")
+
+
+def encoder_cache_settings(config: WorkerConfig) -> EncoderCacheSettings | None:
+    """The encoder-cache store of `--vllm-encoder-cache-dir`, a folder per model and version."""
+    if not config.vllm_encoder_cache_dir:
+        return None
+    model = config.served_model_name or Path(config.model_dir).resolve().name
+    return EncoderCacheSettings(root=config.vllm_encoder_cache_dir, namespace=f"{model}@{config.model_version}",
+                                budget_bytes=int(config.vllm_encoder_cache_gib * (1 << 30)))
 
 
 def rank_threads_bind(bind: str, tensor_parallel: int, cores: list[int]) -> str:
