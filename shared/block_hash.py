@@ -51,12 +51,18 @@ def block_hash_chain(token_ids: Sequence[int], block_size: int, *, parent_hash: 
 
 
 def packed_block_hash_chain(data: bytes, block_size: int, *, parent_hash: int = ROOT_PARENT,
-                            salt: bytes = b"") -> list[int]:
-    """`block_hash_chain` of token ids packed as `shared.token_pack` packs them."""
+                            salt: bytes = b"", block_salts: Sequence[bytes] = ()) -> list[int]:
+    """`block_hash_chain` of token ids packed as `shared.token_pack` packs them; block i's
+    salt is `salt` followed by `block_salts[i]` where given (`image_block_salts`)."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
     step = block_size * TOKEN_BYTES
     hashes: list[int] = []
+    if block_salts:
+        for start, extra in zip(range(0, len(data) - step + 1, step), block_salts):
+            parent_hash = xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + extra + data[start:start + step])
+            hashes.append(parent_hash)
+        return hashes
     for start in range(0, len(data) - step + 1, step):
         parent_hash = xxh3_64_intdigest(parent_hash.to_bytes(8, "little") + salt + data[start:start + step])
         hashes.append(parent_hash)

@@ -8,7 +8,8 @@ is one batch: `AllBlocksCleared`, then every cached block as `BlockStored` event
 parent links. `chain_hashes` are Tandem's block-hash chain of the same blocks
 (`shared.block_hash`), computed by the worker: routers index them as they are. A
 publisher that cannot compute them (a block whose parent's chain is unknown) leaves them
-`None`, and routers compute the chain from `token_ids`. Routers in verification mode
+`None`, and routers compute the chain from `token_ids` (and `image_salts`, where blocks hold
+images' placeholder tokens). Routers in verification mode
 recompute every chain from `token_ids` and count the blocks whose hash differs, so
 publishers send `token_ids` too; an event with `chain_hashes` may leave them empty.
 
@@ -61,6 +62,9 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True, gc=False):
     # chain of a block without a parent starts from `shared.block_hash.adapter_root(adapter)`
     adapter: str = ""
     packed_token_ids: bytes = b""  # the token ids as sent (`for_wire`): `token_ids` is then empty
+    # blocks of a prompt with images: each block's images (`shared.block_hash.image_block_salts`,
+    # b"" for a block without), which its chain hash takes in; None: no block holds an image
+    image_salts: list[bytes] | None = None
 
 
 class BlocksMoved(msgspec.Struct, tag="moved", kw_only=True, gc=False):
@@ -104,6 +108,7 @@ class BlockStoredWithoutTokens(msgspec.Struct, tag="stored", kw_only=True, gc=Fa
     adapter: str = ""
     token_ids: ClassVar[tuple[int, ...]] = ()  # not decoded: read as an event sent without them
     packed_token_ids: ClassVar[bytes] = b""
+    image_salts: ClassVar[None] = None  # read only with the token ids
 
 
 KvEventWithoutTokens = BlockStoredWithoutTokens | BlockRemoved | BlocksMoved | AllBlocksCleared

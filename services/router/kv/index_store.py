@@ -1,6 +1,7 @@
 """One `BlockStored` event into the KV index (`index`): its Tandem chain, taken as the worker
-sent it, hashed here from its token ids or verified against them (`KvIndex.verify_hashes`),
-then its blocks inserted into the holder masks and the worker's tables. Pure and synchronous.
+sent it, hashed here from its token ids (and the image salts of blocks that hold images) or
+verified against them (`KvIndex.verify_hashes`), then its blocks inserted into the holder
+masks and the worker's tables. Pure and synchronous.
 
 Caller: `KvIndex.ingest`, once per `BlockStored` of a batch that is not applied as a
 snapshot's difference. The counts it returns feed `IngestResult`.
@@ -31,7 +32,9 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
     # The token ids are read only to hash or verify the chain here: an event whose chain is
     # indexed as sent may come without them (`batch_decode` skips them on the wire).
     packed = _packed_or_none(event) if chain is None or verify_hashes else None
-    tokens_fit = packed is not None and len(packed) == blocks * size * TOKEN_BYTES
+    salts = event.image_salts
+    tokens_fit = packed is not None and len(packed) == blocks * size * TOKEN_BYTES and (
+        salts is None or len(salts) == blocks)
     hashed_here = chain is None or tokens_fit  # verification without fitting token ids: as sent
     if event.block_size != size or (chain is None and not tokens_fit):
         worker.rejected_blocks += blocks
@@ -50,7 +53,8 @@ def store_event(worker: IndexedWorker, holders: dict[int, int], event: BlockStor
             worker.orphaned_blocks += blocks
             return 0, 0, blocks, True, 0
         tandem = packed_block_hash_chain(packed[head * size * TOKEN_BYTES:] if head else packed, size,
-                                         parent_hash=parent_hash, salt=worker.salt)
+                                         parent_hash=parent_hash, salt=worker.salt,
+                                         block_salts=(salts[head:] if head else salts) if salts else ())
         if chain is not None:  # verification: the router's chain is the one indexed
             mismatched = sum(map(ne, tandem, chain[head:] if head else chain))
             worker.mismatched_blocks += mismatched

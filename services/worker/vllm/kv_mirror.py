@@ -22,6 +22,8 @@ tokens and its parent's Tandem hash when it is stored: a holder answering a leas
 (which names Tandem hashes) finds the tokens of the longest prefix it has (`prefix_tokens`),
 and the events passed on carry these hashes as `chain_hashes`, so routers need not compute
 them (an event whose first block's chain is unknown, and so all of its blocks', carries None).
+Blocks that hold an image's placeholder tokens carry their image salts too (`image_salts`),
+so that a router hashing or verifying the chain from the token ids gets the same hashes.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class _CachedBlock(msgspec.Struct):
     tandem_hash: int | None = None  # None: its parent was never announced, so the chain is unknown
     adapter: str = ""  # the LoRA adapter vLLM computed it with
     in_host: bool = False  # the host tier holds a copy
+    image_salt: bytes = b""  # the images in it (`ImageBlocksStored.salts`), which its Tandem hash took in
 
     @property
     def tier(self) -> KvTier:
@@ -151,7 +154,7 @@ class KvBlockMirror:
                 if event is None or event.tier != block.tier:
                     event = self._event(block.parent_hash, block, block.tier)
                     events.append(event)
-                self._extend(event, block_hash, block.token_ids, block.tandem_hash)
+                self._extend(event, block_hash, block.token_ids, block.tandem_hash, block.image_salt)
                 following = children.get(block_hash)
                 if not following:
                     break
@@ -167,12 +170,17 @@ class KvBlockMirror:
                            chain_hashes=None if block.tandem_hash is None else [], tier=tier, adapter=block.adapter)
 
     @staticmethod
-    def _extend(event: BlockStored, block_hash: int, tokens: array | list[int], tandem_hash: int | None) -> None:
+    def _extend(event: BlockStored, block_hash: int, tokens: array | list[int], tandem_hash: int | None,
+                image_salt: bytes) -> None:
+        if image_salt and event.image_salts is None:  # the run's first block with an image
+            event.image_salts = [b""] * len(event.block_hashes)
         event.block_hashes.append(block_hash)
         event.token_ids.extend(tokens)
         if event.chain_hashes is not None:
             assert tandem_hash is not None  # a run's later blocks chain from its first
             event.chain_hashes.append(tandem_hash)
+        if event.image_salts is not None:
+            event.image_salts.append(image_salt)
 
     def _store(self, event: BlockStored, salts: list[bytes] | None = None) -> list[KvEvent]:
         size = self.block_size
@@ -202,9 +210,10 @@ class KvBlockMirror:
                 run = None  # a known block splits the run; the next new block names it as parent
             else:
                 tokens = event.token_ids[index * size:(index + 1) * size]
-                tandem_hash = self._tandem_hash(parent, tokens, event.adapter, salts[index] if salts else b"")
+                salt = salts[index] if salts else b""
+                tandem_hash = self._tandem_hash(parent, tokens, event.adapter, salt)
                 cached = _CachedBlock(parent, array("I", tokens), int(device), tandem_hash, event.adapter,
-                                      in_host=not device)
+                                      in_host=not device, image_salt=salt)
                 self._blocks[block_hash] = cached
                 self._device_blocks += device
                 if tandem_hash is not None:
@@ -212,7 +221,7 @@ class KvBlockMirror:
                 if run is None:
                     run = self._event(parent, cached, event.tier)
                     stored.append(run)
-                self._extend(run, block_hash, tokens, tandem_hash)
+                self._extend(run, block_hash, tokens, tandem_hash, salt)
             parent = block_hash
         return ([BlocksMoved(block_hashes=moved, tier=DEVICE_TIER)] if moved else []) + stored
 
