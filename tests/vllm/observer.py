@@ -42,7 +42,16 @@ async def observing(stack: LocalStack) -> AsyncIterator[Observer]:
 
 async def disaggregated_requests(router_url: str) -> int:
     """The router's count of requests served by a prefill and a decode worker."""
+    return int(sum((await router_samples(router_url, DISAGGREGATED_METRIC)).values()))
+
+
+async def router_samples(router_url: str, name: str) -> dict[str, float]:
+    """The router's samples of metric `name` on `/metrics`: value by label text ("" without labels)."""
     async with httpx.AsyncClient(timeout=10) as client:
         metrics = (await client.get(f"{router_url}/metrics")).text
-    lines = [line for line in metrics.splitlines() if line.startswith(DISAGGREGATED_METRIC + " ")]
-    return int(float(lines[0].split()[1])) if lines else 0
+    samples: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            labels, _, value = line[len(name):].rpartition(" ")
+            samples[labels.strip()] = float(value)
+    return samples

@@ -8,8 +8,9 @@ worker runs the vision encoder and the decode worker receives the prompt's KV. E
 with one or two images of different shapes (one of them streamed too) answer the greedy text
 vLLM's server answers, with the same usage, each split with its KV transferred. The same text with another image
 shares no KV (nothing cached at the prefill worker, and a `cache_hit_threshold` request is
-answered "cache_threshold" by the router's index); the same image again is cached. The same
-chats answer alike with the KV pushed layer by layer (`--pd-transfer push`).
+answered "cache_threshold" by the router's index); the same image again is cached, and the
+router, hashing each announced block itself, agrees with the workers' chain. The same chats
+answer alike with the KV pushed layer by layer (`--pd-transfer push`).
 
 vLLM's server runs first, alone, with a worker's engine settings, and is stopped before the
 first pair starts; each class's pair is stopped before the next starts (two cores).
@@ -35,7 +36,7 @@ from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from tests.stack_fixtures import records_arrived, request_records  # noqa: E402
 from tests.vllm.conftest import BLOCK, cores, pd_pair  # noqa: E402
-from tests.vllm.observer import disaggregated_requests, observing  # noqa: E402
+from tests.vllm.observer import disaggregated_requests, observing, router_samples  # noqa: E402
 from tests.vllm.parity import vllm_openai_server  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
@@ -160,8 +161,9 @@ class TestPull:
     @classmethod
     def stack(cls, references: dict[int, Answer], nats_server: EmbeddedNats, model_dir: str,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-        """Starts only once vLLM's server is gone (it depends on its answers)."""
-        yield from pd_stack(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d"))
+        """Starts only once vLLM's server is gone (it depends on its answers). Its router
+        hashes every block the workers announce itself and compares (--verify-kv-hashes)."""
+        yield from pd_stack(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d"), "--verify-kv-hashes")
 
     async def test_image_chats_answer_as_vllms_server(self, references: dict[int, Answer], stack: LocalStack,
                                                       openai_client, model_name: str) -> None:
@@ -187,6 +189,14 @@ class TestPull:
         assert refused_record.finish_reason == "cache_threshold"
         whole_blocks = references[-1].prompt_tokens // BLOCK * BLOCK
         assert again_record.cached_tokens == whole_blocks  # the same image again: its blocks cached
+
+    async def test_the_routers_own_chain_of_image_blocks_is_the_workers(self, stack: LocalStack) -> None:
+        """After the chats above, the router's hashes of every announced block (recomputed
+        from the token ids and the image salts the events carry) equal the workers' own."""
+        held = await router_samples(stack.router_url, "tandem_router_kv_index_blocks")
+        assert sum(value for labels, value in held.items() if 'kind="held"' in labels) > 0, held
+        mismatched = await router_samples(stack.router_url, "tandem_router_kv_hash_mismatch_blocks_total")
+        assert mismatched and not any(mismatched.values()), mismatched
 
 
 class TestPush:
