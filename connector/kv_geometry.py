@@ -16,8 +16,9 @@ head, the block's K region then its V region):
 - `block_major`: the sim's pools, one contiguous run per block, layers inside it.
 
 Inside a head's K (or V) region an attention kernel may tile the block's vectors: vLLM's
-CPU kernels keep K dimension-major (`vec`: one run of every token per dimension; `amx`:
-one run per pair of dimensions) and V token-major (`amx`: two tokens to a tile). A region
+vectorised CPU kernels keep K dimension-major (`vec`: one run of every token per dimension)
+and V token-major; its AMX kernel keeps K in tiles of 16 tokens and V in one run per 16
+dimensions, two tokens to a tile (`connector.vllm.kv_pages.cpu_tiling`). A region
 is `groups` runs of the block's tokens, a token's share of each run `token_nbytes /
 groups` bytes, and `tile_tokens` tokens move together: a token range starts and ends on
 a tile, and two sides exchange only regions tiled alike (the compatibility hash names the

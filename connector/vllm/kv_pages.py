@@ -50,14 +50,21 @@ def page_ids(block_ids: Sequence[int] | np.ndarray, num_layers: int, num_blocks:
     return (layers + blocks).reshape(-1)
 
 
+AMX_K_TILE_TOKENS = 16  # the AMX kernel's K tile: 16 tokens (an AMX tile's rows)
+AMX_V_RUN_DIMS = 16  # its V runs: 16 dimensions each (an AMX tile's 64-byte row of token pairs)
+
+
 def cpu_tiling(isa: str, head_size: int, block_size: int) -> Tiling:
     """How vLLM's CPU attention kernel (`isa`, `vllm.v1.attention.backends.cpu_attn`) keeps a
-    head's K and V in a block, as measured on vLLM 0.32's `cpu_attn_reshape_and_cache`: the
-    vectorised kernels keep K dimension-major (one run per dimension) and V token-major;
-    AMX keeps K in runs of dimension pairs and V in tiles of two tokens. Another kernel's
-    tiles are not known here: its blocks move only whole (a tile is the block)."""
+    head's K and V in a block, as measured on vLLM 0.32's `cpu_attn_reshape_and_cache`
+    (`tests/vllm/test_vllm_kv_tiling.py` checks it against the kernel on every run):
+    - `vec`, `vec16`: K dimension-major (one run per dimension, `[d][t]`), V token-major;
+    - `amx`: K in tiles of 16 tokens (`[t/16][d/2][t%16][d%2]`: a tile's bytes hold exactly
+      its 16 tokens), V in one run per 16 dimensions, two tokens to a tile
+      (`[d/16][t/2][d%16][t%2]`).
+    Another kernel's tiles are not known here: its blocks move only whole (a tile is the block)."""
     if isa in ("vec", "vec16"):
         return Tiling(k_groups=head_size)
     if isa == "amx":
-        return Tiling(k_groups=head_size // 2, v_tile_tokens=2)
+        return Tiling(k_tile_tokens=AMX_K_TILE_TOKENS, v_groups=head_size // AMX_V_RUN_DIMS, v_tile_tokens=2)
     return Tiling(k_tile_tokens=block_size, v_tile_tokens=block_size)

@@ -20,7 +20,7 @@ import pytest
 from connector.agent_types import KvAgentConfig
 from connector.block_io import read_verified
 from connector.faults import FaultInjectingReader, ReadFaults, chosen
-from connector.kv_geometry import KvShape, rank_slices
+from connector.kv_geometry import KvShape, Tiling, rank_slices
 from connector.kv_peer import KvPeer, encode_peer
 from connector.memory_transport import MemoryFabric, MemoryTransport
 from connector.nixl_agent import nixl_available
@@ -44,6 +44,12 @@ FAULTS = {"permanent": KvFaultConfig(fail_fraction=0.2, corrupt_fraction=0.15, s
           "transient": KvFaultConfig(fail_fraction=0.2, corrupt_fraction=0.15, fail_times=1, seed=3),
           "cut": KvFaultConfig(cut_after_blocks=10, fail_times=1)}
 RETRY = KvRetryConfig(attempts=1, deadline_ms=2000)
+# How a head's K and V regions are cut, by block size: vLLM's vectorised CPU kernels' (K by
+# dimension, V by token), and one of tiles and runs on both sides, as the AMX kernel keeps
+# them at its own sizes (16-token K tiles, V in runs of 16 dimensions, token pairs), which
+# need blocks and heads larger than these (`kv_pages.cpu_tiling`).
+TILINGS = {"vec": lambda block_size: cpu_tiling("vec", TOKEN_NBYTES // 2, block_size),
+           "tiles-and-runs": lambda block_size: Tiling(k_tile_tokens=2, v_groups=2, v_tile_tokens=2)}
 
 
 def injected(config: KvFaultConfig) -> list[int]:
@@ -68,7 +74,7 @@ class Engine:
     """The model-worker ranks of one vLLM engine of a shape, each over its random KV pages."""
 
     def __init__(self, name: str, *, tensor_parallel: int, block_size: int, faults: KvFaultConfig = KvFaultConfig(),
-                 seed: int = 0, isa: str = "vec") -> None:
+                 seed: int = 0, tiling: str = "vec") -> None:
         self.name, self.reports = name, Reports()
         self.ranks: list[WorkerSide] = []
         for part in rank_slices(LAYERS, HEADS, tensor_parallel):
@@ -81,7 +87,7 @@ class Engine:
                               tensor_parallel=tensor_parallel, block_size=block_size,
                               agent_config=KvAgentConfig(default_timeout_s=2.0, cuda_ipc_reads=False), faults=faults,
                               reports=self.reports, retry=RETRY,
-                              tiling=cpu_tiling(isa, TOKEN_NBYTES // 2, block_size))
+                              tiling=TILINGS[tiling](block_size))
             side.register({f"layer.{layer}": storage[layer * layer_nbytes:(layer + 1) * layer_nbytes]
                            for layer in range(LAYERS)}, geometry)
             self.ranks.append(side)
@@ -139,15 +145,15 @@ def pull(holder: Engine, reader: Engine, holder_blocks: list[int], local_blocks:
     return merge_loaded(reader.reports.sent)
 
 
-@pytest.mark.parametrize("isa", ["vec", "amx"])  # vLLM's CPU kernels: K by dimension (pairs), V by token (pairs)
+@pytest.mark.parametrize("tiling", list(TILINGS))
 @pytest.mark.parametrize("holder_shape, reader_shape", [((1, 8), (2, 8)), ((2, 8), (4, 4)), ((4, 4), (1, 8)),
                                                         ((2, 4), (1, 8))],
                          ids=["tp1-to-tp2", "tp2-bs8-to-tp4-bs4", "tp4-bs4-to-tp1-bs8", "tp2-bs4-to-tp1-bs8"])
-def test_every_rank_reads_its_heads_between_unlike_shapes(holder_shape, reader_shape, isa: str) -> None:
+def test_every_rank_reads_its_heads_between_unlike_shapes(holder_shape, reader_shape, tiling: str) -> None:
     holder = Engine(f"holder-{time.monotonic_ns()}", tensor_parallel=holder_shape[0], block_size=holder_shape[1], seed=1,
-                    isa=isa)
+                    tiling=tiling)
     reader = Engine(f"reader-{time.monotonic_ns()}", tensor_parallel=reader_shape[0], block_size=reader_shape[1],
-                    seed=9, isa=isa)
+                    seed=9, tiling=tiling)
     holder_size, reader_size = holder_shape[1], reader_shape[1]
     tokens = 6 * holder_size - 2  # the holder's last block partial, as a prompt's tail (on a tile)
     holder_blocks = [7, 3, 20, 11, 5, 30]
