@@ -15,7 +15,9 @@ answers compared field by field.
   choice's chunks' own usage reduced to what does not depend on where chunks are cut
   (`continuous_usage_stats`, `UsageSoFar`), and tool calls gathered from their pieces as
   OpenAI clients gather them.
-- `differences(reference, answer)`: the fields that differ, one line each.
+- `differences(reference, answer)`: the fields that differ, one line each;
+  `assert_answers_like_vllm` asks Tandem a case and asserts there are none, and that the
+  router split it as the case says.
 - `/v1/responses`: `ResponsesCase` (a request and the follow-ups that continue it by
   `previous_response_id`), `ask_responses` (each turn through the openai client, streamed by
   `responses.stream`, the first retrieved again), `ResponsesAnswer` and `responses_differences`.
@@ -43,6 +45,7 @@ from launch.process import LocalLauncher
 from launch.readiness import reserve_port, wait_http_ok
 from services.worker.vllm.options import VllmEngineOptions
 from tests.stack_fixtures import group_members
+from tests.vllm.observer import disaggregated_requests
 
 SERVER_NAME = "vllm-openai"
 STOP_TIMEOUT_S = 15.0
@@ -318,6 +321,25 @@ def unmet_expectations(case: ParityCase | ResponsesCase, reference: Answer | Res
     """The case's `expect` fields that vLLM's own answer does not have."""
     return [f"{name}: expected {value!r}, vLLM answered {reference.value_of(name)!r}"
             for name, value in case.expect.items() if reference.value_of(name) != value]
+
+
+async def assert_answers_like_vllm(case: ParityCase, stream: bool, reference: Answer, client: openai.AsyncOpenAI,
+                                   router_url: str, model: str) -> None:
+    """Tandem's answer to `case` (through `client`, of the router at `router_url`) is vLLM's
+    `reference`, field by field, and the router split it as the case says; first, vLLM's
+    answer still shows what the case is for (`expect`)."""
+    unmet = unmet_expectations(case, reference)
+    if stream and case.continuous_usage and not reference.chunk_usages:
+        unmet.append("no chunk of vLLM's stream carried its own usage")
+    assert not unmet, f"{case.id}: vLLM's answer no longer exercises what the case is for: {unmet}"
+    split_before = await disaggregated_requests(router_url)
+
+    answer = await ask(client, case, model, stream=stream)
+
+    split = await disaggregated_requests(router_url) - split_before
+    assert split == int(case.split), f"{case.id}: split {split} times, expected {int(case.split)}"
+    mismatched = differences(reference, answer)
+    assert not mismatched, f"{case.id} ({'streamed' if stream else 'whole'}): " + "; ".join(mismatched)
 
 
 # ---- /v1/responses -------------------------------------------------------------------

@@ -1,12 +1,19 @@
 """The parity suite's requests (`tests/vllm/test_vllm_openai_parity.py`), as data: `CASES`
-for completions and chat, `RESPONSES_CASES` for `/v1/responses`, and the server flags and
-settings both sides are started with. One row per request: to cover a new field, append a
-row; vLLM-only fields go under `extra_body`. `expect` keyword arguments name what vLLM's own
-answer must show for the row to mean what its name says."""
+for completions and chat, `IMAGE_CASES` for chats with images (asked of the generated
+vision-language model by `tests/vllm/test_vllm_image_chat.py`), `RESPONSES_CASES` for
+`/v1/responses`, and the server flags and settings both sides are started with. One row per
+request: to cover a new field, append a row; vLLM-only fields go under `extra_body`.
+`expect` keyword arguments name what vLLM's own answer must show for the row to mean what
+its name says."""
 
 from __future__ import annotations
 
+import base64
+import io
 from typing import Any
+
+import numpy as np
+from PIL import Image
 
 from tests.vllm.parity import (
     PREVIOUS_CALL_ARGUMENTS,
@@ -21,7 +28,13 @@ GREEDY = {"temperature": 0, "seed": 1234}
 # The tiny model's greedy answers (random weights) decide which prompts exercise what:
 FOX = "The quick brown fox jumps over the lazy dog."  # 18 tokens; " By iceatic|iff| strid| bed ..."
 LONG_TEXT = " ".join([FOX] * 20)  # 2 full KV blocks (128 tokens): the decode worker pulls them
-BUBBLES = " bubbles"  # one token; its greedy answer ends with EOS as its 28th token
+BUBBLES = " bubbles"  # one token
+# Where the tiny model's greedy answer ends with EOS depends on vLLM's CPU attention kernel
+# (BUBBLES': the 28th token with the vectorised one, none of the first 40 with AMX): cases
+# about EOS make it the answer's 28th token on any host, with EOS (id 2) biased up and
+# held back until 27 tokens are out.
+EOS_BIAS = {"2": 100}
+EOS_AT_28 = {"logit_bias": EOS_BIAS, "extra_body": {"min_tokens": 27}}
 TOKENS = [5, 100, 200, 300, 400, 500, 600, 700, 800]  # "~~iad?oking| bo| en ..."; " bo" is id 447
 LONG_TOKENS = list(range(300, 600))
 STORY = [{"role": "user", "content": "Tell me a story about a fox."}]  # " atmos?nect its... sc| Fres" (id 1201)
@@ -76,7 +89,7 @@ CASES = [
     completion("tokens-max-tokens-16", {"prompt": TOKENS, "max_tokens": 16}, finish_reason="length"),
     completion("tokens-max-tokens-40", {"prompt": TOKENS, "max_tokens": 40}, finish_reason="length"),
     completion("long-tokens", {"prompt": LONG_TOKENS, "max_tokens": 16}),
-    completion("eos", {"prompt": BUBBLES, "max_tokens": 40}, finish_reason="stop", completion_tokens=28),
+    completion("eos", {"prompt": BUBBLES, "max_tokens": 40, **EOS_AT_28}, finish_reason="stop", completion_tokens=28),
     completion("ignore-eos", {"prompt": BUBBLES, "max_tokens": 40, "extra_body": {"ignore_eos": True}},
                finish_reason="length", completion_tokens=40),
     completion("stop-string-across-tokens", {"prompt": FOX, "max_tokens": 16, "stop": "iff str"},
@@ -103,14 +116,18 @@ CASES = [
     completion("logit-bias", {"prompt": FOX, "max_tokens": 8, "logit_bias": {"447": 100}}, text=" bo" * 8),
     chat("logit-bias", {"messages": STORY, "max_tokens": 8, "logit_bias": {"1201": 100}}, completion_tokens=8),
     completion("repetition-penalty", {"prompt": TOKENS, "max_tokens": 24, **vllm_fields(repetition_penalty=1.8)}),
-    completion("min-tokens-past-eos", {"prompt": BUBBLES, "max_tokens": 40, **vllm_fields(min_tokens=34)}),
+    completion("min-tokens-past-eos", {"prompt": BUBBLES, "max_tokens": 40, "logit_bias": EOS_BIAS,
+                                       **vllm_fields(min_tokens=34)}, finish_reason="stop", completion_tokens=35),
     completion("allowed-token-ids", {"prompt": TOKENS, "max_tokens": 12,
                                      **vllm_fields(allowed_token_ids=[447, 1201, 500, 600])}),
-    completion("top-k-1", {"prompt": TOKENS, "max_tokens": 16, **SAMPLED, **vllm_fields(top_k=1)}),
+    # seeded: where two logits tie at the top, top_k=1 keeps both (vLLM masks what is below the
+    # k-th value) and the draw decides; on an AMX host TOKENS' answer meets such a tie
+    completion("top-k-1", {"prompt": TOKENS, "max_tokens": 16, **SAMPLED, "seed": 3, **vllm_fields(top_k=1)}),
     completion("min-p-1", {"prompt": FOX, "max_tokens": 16, **SAMPLED, **vllm_fields(min_p=1.0)}),
     completion("top-p-tiny", {"prompt": LONG_TOKENS, "max_tokens": 16, **SAMPLED, "top_p": 1e-6}),
-    completion("skip-special-tokens-false", {"prompt": BUBBLES, "max_tokens": 40,
-                                             **vllm_fields(skip_special_tokens=False)}, finish_reason="stop"),
+    completion("skip-special-tokens-false", {"prompt": BUBBLES, "max_tokens": 40, "logit_bias": EOS_BIAS,
+                                             **vllm_fields(skip_special_tokens=False, min_tokens=27)},
+               finish_reason="stop"),
     # Sampling on the output history, split: the decode worker replays the first token.
     completion("presence-penalty", {"prompt": TOKENS, "max_tokens": 24, "presence_penalty": 1.5}),
     chat("frequency-penalty", {"messages": STORY, "max_tokens": 24, "frequency_penalty": 1.9}),
@@ -121,7 +138,7 @@ CASES = [
     completion("logprobs-5", {"prompt": LONG_TOKENS, "max_tokens": 12, "logprobs": 5}),
     completion("logprobs-stop-string", {"prompt": FOX, "max_tokens": 16, "logprobs": 2, "stop": "iff str"},
                finish_reason="stop"),
-    completion("logprobs-eos", {"prompt": BUBBLES, "max_tokens": 40, "logprobs": 1}, finish_reason="stop"),
+    completion("logprobs-eos", {"prompt": BUBBLES, "max_tokens": 40, "logprobs": 1, **EOS_AT_28}, finish_reason="stop"),
     chat("logprobs", {"messages": STORY, "max_tokens": 16, "logprobs": True}),
     chat("top-logprobs-3", {"messages": STORY, "max_tokens": 40, "logprobs": True, "top_logprobs": 3}),
     # Echo: the prompt, and its tokens' log-probabilities (lm-evaluation-harness's log-likelihood
@@ -169,6 +186,51 @@ CASES = [
          finish_reason="stop"),
 ]
 
+
+
+# Chats with images, asked of the generated vision-language model (`tandem model vision`) by
+# `tests/vllm/test_vllm_image_chat.py`, whose servers serve it. Every image is random pixels
+# of its own (seeds from 500: the module's other chats use lower ones), so no case shares KV
+# with another.
+def image_url(width: int, height: int, seed: int) -> str:
+    """A PNG of random pixels as a data URL."""
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+
+
+def image_chat(text: str, *images: tuple[int, int, int], detail: str | None = None) -> list[dict[str, Any]]:
+    """One user message: an `image_url` part per (width, height, seed), then `text`."""
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": image_url(*image), **({"detail": detail} if detail else {})}}
+        for image in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+LOOK = "What is in this picture? Answer in a few words, then say why you think so."
+IGNORE_EOS = vllm_fields(ignore_eos=True)
+IMAGE_CASES = [
+    chat("image-one", {"messages": image_chat(LOOK, (64, 64, 500)), "max_tokens": 16, **IGNORE_EOS},
+         finish_reason="length", completion_tokens=16),
+    chat("image-two", {"messages": image_chat("Compare the two pictures.", (30, 100, 501), (200, 50, 502)),
+                       "max_tokens": 16, **IGNORE_EOS}, finish_reason="length"),
+    chat("image-detail-low", {"messages": image_chat(LOOK, (80, 60, 503), detail="low"), "max_tokens": 8,
+                              **IGNORE_EOS}, finish_reason="length"),
+    chat("image-max-completion-tokens-1", {"messages": image_chat(LOOK, (20, 20, 504)), "max_completion_tokens": 1},
+         completion_tokens=1),
+    chat("image-top-logprobs-3", {"messages": image_chat(LOOK, (64, 64, 505)), "max_tokens": 8, "logprobs": True,
+                                  "top_logprobs": 3, **IGNORE_EOS}, finish_reason="length"),
+    # the image in an earlier turn: the follow-up's prompt holds it (and the answer) too
+    chat("image-earlier-turn", {"messages": [*image_chat(LOOK, (56, 56, 506)),
+                                             {"role": "assistant", "content": "A field of coloured dots."},
+                                             {"role": "user", "content": "And which colour is the most common?"}],
+                                "max_tokens": 12, **IGNORE_EOS}, finish_reason="length"),
+    chat("image-n-2-seeded", {"messages": image_chat(LOOK, (64, 64, 507)), "max_tokens": 8, "n": 2,
+                              "temperature": 0.9, "seed": 5, **IGNORE_EOS}, split=2),
+    chat("image-continuous-usage", {"messages": image_chat(LOOK, (100, 40, 508)), "max_tokens": 8,
+                                    **IGNORE_EOS}, continuous_usage=True, finish_reason="length"),
+]
 
 
 # /v1/responses through the openai client (`responses.create`, `responses.stream`,

@@ -9,8 +9,10 @@ with one or two images of different shapes (one of them streamed too) answer the
 vLLM's server answers, with the same usage, each split with its KV transferred. The same text with another image
 shares no KV (nothing cached at the prefill worker, and a `cache_hit_threshold` request is
 answered "cache_threshold" by the router's index); the same image again is cached, and the
-router, hashing each announced block itself, agrees with the workers' chain. The same chats
-answer alike with the KV pushed layer by layer (`--pd-transfer push`).
+router, hashing each announced block itself, agrees with the workers' chain. The parity
+suite's image rows (`parity_cases.IMAGE_CASES`: log-probabilities, several choices, an image
+in an earlier turn, streamed usage) answer as vLLM's server does, field by field (`parity`).
+The same chats answer alike with the KV pushed layer by layer (`--pd-transfer push`).
 
 vLLM's server runs first, alone, with a worker's engine settings, and is stopped before the
 first pair starts; each class's pair is stopped before the next starts (two cores).
@@ -18,18 +20,13 @@ first pair starts; each class's pair is stopped before the next starts (two core
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import openai
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
-
-from PIL import Image  # noqa: E402
 
 from launch.stack import LocalStack  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
@@ -37,12 +34,16 @@ from shared.nats_server import EmbeddedNats  # noqa: E402
 from tests.stack_fixtures import records_arrived, request_records  # noqa: E402
 from tests.vllm.conftest import BLOCK, cores, pd_pair  # noqa: E402
 from tests.vllm.observer import disaggregated_requests, observing, router_samples  # noqa: E402
-from tests.vllm.parity import vllm_openai_server  # noqa: E402
+from tests.vllm.parity import Answer as CaseAnswer  # noqa: E402
+from tests.vllm.parity import ParityCase, assert_answers_like_vllm, vllm_openai_server  # noqa: E402
+from tests.vllm.parity import ask as ask_case  # noqa: E402
+from tests.vllm.parity_cases import IMAGE_CASES, image_url  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 8
+STREAMING = (False, True)
 STORY = ("Under the old stone bridge the water turns green and slow, and the ferryman counts his coins "
          "one by one while the fog comes down the valley and the lamps of the mill go out. ") * 3
 # (image sizes, text): one or two images, square, tall, wide, tiny and large
@@ -57,13 +58,6 @@ CHATS = [
     ([(100, 40), (40, 100)], "Are these the same picture turned? " + STORY),
 ]
 SAME_TEXT = "Tell me what you see, in one line. " + STORY
-
-
-def image_url(width: int, height: int, seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    png = io.BytesIO()
-    Image.fromarray(pixels).save(png, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
 
 
 def messages(sizes: list[tuple[int, int]], text: str, seed: int) -> list[dict]:
@@ -114,11 +108,14 @@ def model_name(model_dir: str) -> str:
 
 
 @pytest.fixture(scope="module")
-async def references(model_dir: str, model_name: str, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Answer]:
+async def vllm_answers(model_dir: str, model_name: str, tmp_path_factory: pytest.TempPathFactory,
+                       ) -> tuple[dict[int, Answer], dict[tuple[str, bool], CaseAnswer]]:
     """vLLM's server's answer to each chat (by index; -1 and -2: the same text with image
-    seeds 100 and 200; -3: chat 4 with other images, streamed), the server stopped before this returns."""
+    seeds 100 and 200; -3: chat 4 with other images, streamed), and to each of the parity
+    suite's `IMAGE_CASES`, whole and streamed; the server stopped before this returns."""
     options = VllmEngineOptions(model_dir=model_dir, cpu_threads_bind=str(cores()[0]), kv_cache_gib=0.25)
     answers: dict[int, Answer] = {}
+    case_answers: dict[tuple[str, bool], CaseAnswer] = {}
     with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai")) as url:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
             for index, (sizes, text) in enumerate(CHATS):
@@ -126,7 +123,15 @@ async def references(model_dir: str, model_name: str, tmp_path_factory: pytest.T
             answers[-3] = await ask_streamed(client, model_name, messages(*CHATS[4], seed=45))
             answers[-1] = await ask(client, model_name, messages([(64, 64)], SAME_TEXT, seed=100))
             answers[-2] = await ask(client, model_name, messages([(64, 64)], SAME_TEXT, seed=200))
-    return answers
+            for case in IMAGE_CASES:
+                for stream in STREAMING:
+                    case_answers[case.id, stream] = await ask_case(client, case, model_name, stream=stream)
+    return answers, case_answers
+
+
+@pytest.fixture(scope="module")
+def references(vllm_answers: tuple[dict[int, Answer], dict[tuple[str, bool], CaseAnswer]]) -> dict[int, Answer]:
+    return vllm_answers[0]
 
 
 def pd_stack(nats_server: EmbeddedNats, model_dir: str, log_dir, *router_args: str) -> Iterator[LocalStack]:
@@ -189,6 +194,15 @@ class TestPull:
         assert refused_record.finish_reason == "cache_threshold"
         whole_blocks = references[-1].prompt_tokens // BLOCK * BLOCK
         assert again_record.cached_tokens == whole_blocks  # the same image again: its blocks cached
+
+    @pytest.mark.parametrize("stream", STREAMING, ids=("whole", "streamed"))
+    @pytest.mark.parametrize("case", IMAGE_CASES, ids=[case.id for case in IMAGE_CASES])
+    async def test_the_parity_suites_image_cases(self, case: ParityCase, stream: bool, vllm_answers,
+                                                 stack: LocalStack, openai_client, model_name: str) -> None:
+        """`parity_cases.IMAGE_CASES`, compared field by field with vLLM's server's answers
+        (log-probabilities, usage, streamed chunks' usage, several choices), each split."""
+        await assert_answers_like_vllm(case, stream, vllm_answers[1][case.id, stream],
+                                       openai_client(stack.router_url, timeout=120), stack.router_url, model_name)
 
     async def test_the_routers_own_chain_of_image_blocks_is_the_workers(self, stack: LocalStack) -> None:
         """After the chats above, the router's hashes of every announced block (recomputed

@@ -46,7 +46,7 @@ from tests.vllm.parity import (  # noqa: E402
     ResponsesCase,
     ask,
     ask_responses,
-    differences,
+    assert_answers_like_vllm,
     responses_differences,
     unmet_expectations,
     vllm_openai_server,
@@ -123,19 +123,8 @@ def pd_stack(vllm_reference: VllmReference, nats_server: EmbeddedNats, tiny_mode
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_reference: VllmReference,
                                         pd_stack: LocalStack, openai_client, model_name: str) -> None:
-    reference = vllm_reference.answers[case.id, stream]
-    unmet = unmet_expectations(case, reference)
-    if stream and case.continuous_usage and not reference.chunk_usages:
-        unmet.append("no chunk of vLLM's stream carried its own usage")
-    assert not unmet, f"{case.id}: vLLM's answer no longer exercises what the case is for: {unmet}"
-    split_before = await disaggregated_requests(pd_stack.router_url)
-
-    answer = await ask(openai_client(pd_stack.router_url, timeout=120), case, model_name, stream=stream)
-
-    split = await disaggregated_requests(pd_stack.router_url) - split_before
-    assert split == int(case.split), f"{case.id}: split {split} times, expected {int(case.split)}"
-    mismatched = differences(reference, answer)
-    assert not mismatched, f"{case.id} ({'streamed' if stream else 'whole'}): " + "; ".join(mismatched)
+    await assert_answers_like_vllm(case, stream, vllm_reference.answers[case.id, stream],
+                                   openai_client(pd_stack.router_url, timeout=120), pd_stack.router_url, model_name)
 
 
 @pytest.mark.parametrize("stream", STREAMING, ids=("whole", "streamed"))
