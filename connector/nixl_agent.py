@@ -44,6 +44,7 @@ from connector.block_dlists import BlockDlists
 from connector.descriptors import Ints, TransferPlan, plan_blocks, plan_ranges, plan_whole_blocks
 from connector.nixl_runtime import allow_cuda_ipc_reads, load_nixl, nixl_available
 from connector.off_loop import await_transfer
+from connector.progress_threads import released_from_binding
 from connector.xfer_requests import XferRequests, segment
 from shared.codec import Codec, encode
 from shared.errors import ErrorCode
@@ -117,8 +118,9 @@ class KvAgent:
         # The backends start with the pool: UCX's settings for GPU memory are made before it does.
         if "UCX" in self.config.backends:
             allow_cuda_ipc_reads(self.name, self.config.cuda_ipc_reads, pool.mem_type)
-        for backend in self.config.backends:
-            self._agent.createBackend(backend, {})
+        with released_from_binding():  # the backend's progress thread: any core (progress_threads)
+            for backend in self.config.backends:
+                self._agent.createBackend(backend, {})
         registration = self._nixl.nixlRegDList(segment(self._nixl, pool.mem_type),
                                                [(pool.base_addr, pool.nbytes, pool.device_id, "")])
         self._agent.registerMem(registration, [])

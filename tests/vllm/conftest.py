@@ -34,9 +34,11 @@ def cores() -> list[int]:
 
 
 # Whole stacks with a TP 2 vLLM worker are opt-in (`make test-vllm-tp`): on 2-core hosts (CI's
-# and the development box) a TP 2 decode worker's first read from a new peer sometimes hangs
-# until the pull's timeout (the retry then moves the same blocks in a millisecond), often
-# enough to fail CI (5 failures in 14 runs of the engine-death case here). The TP mapping itself
+# and the development box) a request sometimes stops mid-pull until the router gives up, often
+# enough to fail CI (5 failures in 14 runs of the engine-death case, and 5 in 9 at the next
+# look): a thread bound to a core another engine is bound to spun at 100% of it and starved
+# that engine (docs/testing.md; rank_waits.py and progress_threads.py take two such spinners
+# off the shared core). The TP mapping itself
 # is tested on every run: real NIXL agents over rank pools (test_vllm_read_faults.py,
 # test_vllm_rank_stats.py) and sim stacks of every shape (tests/integration/test_router_shapes.py).
 TP_STACKS = "TANDEM_TEST_VLLM_TP_STACKS"
