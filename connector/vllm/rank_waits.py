@@ -9,7 +9,7 @@ seen to take that core whole on a 2-core host:
 - the spin (`sched_yield` for a second after each message) starved a peer holder's
   progress thread until its reads timed out;
 - the socket wait, now and then, stops sleeping: the reader's thread sits in `poll` at 100%
-  of its core, nearly all of it in the kernel, for minutes (seen in a prefill worker's rank
+  of its core, nearly all of it in the kernel, for over a minute (seen in a prefill worker's rank
   and in a TP 2 decode worker's rank 0; `/proc/<tid>/syscall` says poll in every sample).
   Whatever shares the core gets nothing: a TP 2 decode rank bound to it stopped mid-pull
   (every thread runnable, no CPU time for 60 s; the kernel reported the core's workqueue
