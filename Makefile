@@ -15,7 +15,7 @@ VLLM_VENV ?= .venv-vllm
 GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes || echo no)
 RUN_VENV := $(if $(filter vllm,$(ENGINE)),$(VLLM_VENV),$(VENV))
 
-.PHONY: install run test clean install-vllm test-vllm test-vllm-tp check-prometheus test-compose compose-render compose-vllm-check
+.PHONY: install run test clean install-vllm test-vllm check-prometheus test-compose compose-render compose-vllm-check
 
 # NIXL (the KV data plane) is installed --no-deps: its wheel asks for torch, which NIXL
 # does not need at run time, and an unpinned torch would pull several GB of CUDA packages.
@@ -108,11 +108,6 @@ install-vllm: $(VLLM_VENV)/.installed $(VLLM_VENV)/.vllm-router-0.1.17 $(VLLM_VE
 test-vllm: install-vllm
 	$(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) tests/vllm
 
-# Whole stacks with a TP 2 vLLM worker (opt-in: on 2-core hosts they fail too often;
-# tests/vllm/conftest.py says why).
-test-vllm-tp: install-vllm
-	TANDEM_TEST_VLLM_TP_STACKS=1 $(VLLM_VENV)/bin/python -m pytest $(PYTEST_ARGS) \
-		tests/vllm/test_vllm_shapes.py tests/vllm/test_vllm_engine_death.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .tandem .pytest_cache

@@ -9,7 +9,7 @@ spins while its worker has work in flight (`progressLoop` until `arm()` stops an
 busy), which a connection to a peer that is itself starved of CPU never stops: seen on a
 2-core host, a prefill rank's progress thread held its core at 98% for a minute while the TP 2
 decode rank bound to the same core, mid-way through connecting to it for its first read,
-got no CPU time at all, until the router gave up on the request (`make test-vllm-tp`). Free
+got no CPU time at all, until the router gave up on the request (`tests/vllm/test_vllm_shapes.py`). Free
 to run on any core, the spinning thread leaves the bound rank its core, the connection
 completes and the spin ends.
 

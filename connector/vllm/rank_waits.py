@@ -13,7 +13,7 @@ seen to take that core whole on a 2-core host:
   and in a TP 2 decode worker's rank 0; `/proc/<tid>/syscall` says poll in every sample).
   Whatever shares the core gets nothing: a TP 2 decode rank bound to it stopped mid-pull
   (every thread runnable, no CPU time for 60 s; the kernel reported the core's workqueue
-  stuck), so the request waited for its KV until the router gave up (`make test-vllm-tp`,
+  stuck), so the request waited for its KV until the router gave up (the TP 2 stacks of `tests/vllm`,
   about half its runs). The socket also drops a notification now and then, which
   stalled streams for vLLM's 5 s recheck.
 

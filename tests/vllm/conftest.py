@@ -33,20 +33,6 @@ def cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-# Whole stacks with a TP 2 vLLM worker are opt-in (`make test-vllm-tp`): on 2-core hosts (CI's
-# and the development box) a request sometimes stops mid-pull until the router gives up, often
-# enough to fail CI (5 failures in 14 runs of the engine-death case, and 5 in 9 at the next
-# look): a thread bound to a core another engine is bound to spun at 100% of it and starved
-# that engine (docs/testing.md; rank_waits.py and progress_threads.py take two such spinners
-# off the shared core). The TP mapping itself
-# is tested on every run: real NIXL agents over rank pools (test_vllm_read_faults.py,
-# test_vllm_rank_stats.py) and sim stacks of every shape (tests/integration/test_router_shapes.py).
-TP_STACKS = "TANDEM_TEST_VLLM_TP_STACKS"
-tp_stack = pytest.mark.skipif(os.environ.get(TP_STACKS) != "1",
-                              reason=f"a whole stack with a TP 2 vLLM worker: opt-in, {TP_STACKS}=1 "
-                                     "(make test-vllm-tp)")
-
-
 def vllm_args(index: int, *extra: str, kv_cache_gib: float = 0.25) -> tuple[str, ...]:
     """Worker flags for the index-th engine of a stack: its own core where there is one."""
     available = cores()

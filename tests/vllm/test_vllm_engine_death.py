@@ -40,7 +40,7 @@ from shared.subjects import Subjects  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.e2e.control_plane_helpers import command  # noqa: E402
 from tests.stack_fixtures import collect  # noqa: E402
-from tests.vllm.conftest import pd_pair, tp_stack  # noqa: E402
+from tests.vllm.conftest import pd_pair  # noqa: E402
 from tests.vllm.observer import LONG_LEASES, Observer, complete, observing  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # the TP 2 stack starts in 1-3 minutes on a busy 2-core host
@@ -54,7 +54,7 @@ STREAM_TOKENS = 1500  # long enough to be cut: the kill comes with most of them 
 DECODE_SHAPES = {"tp1": (), "tp2": ("--tensor-parallel", "2", "--vllm-cpu-threads-bind", "0|1")}
 
 
-@pytest.fixture(scope="module", params=["tp1", pytest.param("tp2", marks=tp_stack)])
+@pytest.fixture(scope="module", params=["tp1", "tp2"])
 def stack(request: pytest.FixtureRequest, nats_server, tiny_model_dir: str,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     yield from pd_pair(nats_server, tiny_model_dir, tmp_path_factory.mktemp(f"vllm-engine-death-{request.param}"),

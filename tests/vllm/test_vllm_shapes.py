@@ -29,7 +29,7 @@ from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.schemas import WorkerRole  # noqa: E402
 from shared.tokenizer import Tokenizer  # noqa: E402
 from tests.stack_fixtures import StackObserver, observing, request_records, running  # noqa: E402
-from tests.vllm.conftest import cores, tp_stack, vllm_stack  # noqa: E402
+from tests.vllm.conftest import cores, vllm_stack  # noqa: E402
 from tests.vllm.observer import ALWAYS_DISAGGREGATE, LONG_LEASES  # noqa: E402
 from tests.waiting import wait_for  # noqa: E402
 
@@ -81,8 +81,7 @@ class Reference:
     answers: list[tuple[list[str], list[dict]]]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(name, marks=tp_stack) if name.startswith("tp") else name
-                                        for name in SHAPES])
+@pytest.fixture(scope="module", params=list(SHAPES))
 def scenario(request: pytest.FixtureRequest) -> str:
     return request.param
 
