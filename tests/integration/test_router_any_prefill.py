@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.router.config import RoutingConfig
+from services.router.routing.config import ALWAYS_SPLIT
 from shared.config import BusConfig
 from shared.tokenizer import Tokenizer
 from tests.integration import router_cluster as cluster
@@ -26,7 +27,7 @@ PROMPT = " ".join(f"The river ran past mill number {i}, and the miller sang to t
 
 @pytest.fixture
 async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[cluster.Router]:
-    routing = RoutingConfig(prefill_from="any", itl_weight=1.0, local_prefill_tokens=0)
+    routing = RoutingConfig(prefill_from="any", itl_weight=1.0, kv_aware=ALWAYS_SPLIT)
     async with cluster.running_router(cluster.router_config(bus_config, model_dir, routing=routing)) as running:
         yield running
 

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.router.config import RoutingConfig
+from services.router.routing.config import ALWAYS_SPLIT
 from shared.config import BusConfig, KvFaultConfig
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
@@ -34,7 +35,7 @@ PROMPT = "Once upon a time the river ran past the old mill, and the miller sang 
 async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[cluster.Router]:
     """Every prompt here is short: disaggregate them all the same (conditional
     disaggregation has tests of its own)."""
-    config = cluster.router_config(bus_config, model_dir, routing=RoutingConfig(local_prefill_tokens=0))
+    config = cluster.router_config(bus_config, model_dir, routing=RoutingConfig(kv_aware=ALWAYS_SPLIT))
     async with cluster.running_router(config) as running:
         yield running
 

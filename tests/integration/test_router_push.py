@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.router.config import RoutingConfig
+from services.router.routing.config import ALWAYS_SPLIT
 from services.worker.engines import engine_spec
 from shared.config import BusConfig
 from shared.schemas.membership import EngineCapabilities
@@ -25,7 +26,7 @@ PROMPT = "Once upon a time the river ran past the old mill, and the miller sang 
 
 @pytest.fixture
 async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[cluster.Router]:
-    routing = RoutingConfig(local_prefill_tokens=0, pd_transfer="push")
+    routing = RoutingConfig(kv_aware=ALWAYS_SPLIT, pd_transfer="push")
     config = cluster.router_config(bus_config, model_dir, routing=routing)
     async with cluster.running_router(config) as running:
         yield running

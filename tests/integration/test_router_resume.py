@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from services.router.config import RoutingConfig
+from services.router.routing.config import ALWAYS_SPLIT
 from shared.config import BusConfig
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer
@@ -31,7 +32,7 @@ MAX_TOKENS = 12
 @pytest.fixture
 async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[cluster.Router]:
     # short prompts disaggregated all the same; a lost worker is noticed at once
-    config = cluster.router_config(bus_config, model_dir, routing=RoutingConfig(local_prefill_tokens=0))
+    config = cluster.router_config(bus_config, model_dir, routing=RoutingConfig(kv_aware=ALWAYS_SPLIT))
     async with cluster.running_router(config) as running:
         yield running
 

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from services.router.config import RoutingConfig
+from services.router.routing.config import ALWAYS_SPLIT
 from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
@@ -247,7 +248,7 @@ async def test_every_worker_past_its_queue_limit_is_a_429_with_retry_after(make_
 
 @pytest.fixture
 async def pd_router(make_router) -> cluster.Router:
-    return await make_router(local_prefill_tokens=0)  # short prompts, disaggregated all the same
+    return await make_router(kv_aware=ALWAYS_SPLIT)  # short prompts, disaggregated all the same
 
 
 async def test_two_model_versions_live_at_once_are_never_paired(pd_router: cluster.Router, start_worker,

@@ -20,6 +20,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from services.router.config import RoutingConfig, ScaleFromZeroConfig
+from services.router.routing.config import ALWAYS_SPLIT
 from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig
@@ -183,7 +184,7 @@ async def three_held_then_served_disaggregated(router: Router, fake: FakeOrchest
 async def test_a_pd_models_held_requests_wait_for_its_prefill_worker_when_the_decode_one_comes_first(
         bus: Bus, bus_config: BusConfig, model_dir: str, start_worker) -> None:
     scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}@1p1d",), hold_s=20.0)
-    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(local_prefill_tokens=0))
+    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(kv_aware=ALWAYS_SPLIT))
     async with running_router(config) as router:
 
         async def decode_first() -> SimWorker:
@@ -203,7 +204,7 @@ async def test_a_pd_models_held_requests_wait_for_the_prefill_worker_the_answer_
     # this router's watch of it may deliver the prefill worker later (seen on a loaded CI host:
     # the answer came first and the held requests went whole to the decode worker).
     scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}@1p1d",), hold_s=20.0)
-    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(local_prefill_tokens=0))
+    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(kv_aware=ALWAYS_SPLIT))
     async with running_router(config) as router:
         late: list[asyncio.Task[SimWorker]] = []
 
@@ -229,7 +230,7 @@ async def test_a_pd_models_held_requests_wait_for_the_prefill_worker_the_answer_
 async def test_a_wake_whose_named_worker_never_shows_up_ends_view_wait_s_after_its_answer(
         bus: Bus, bus_config: BusConfig, model_dir: str, start_worker) -> None:
     scale = ScaleFromZeroConfig(models=(f"{MODEL}={model_dir}@1p1d",), hold_s=20.0, view_wait_s=0.5)
-    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(local_prefill_tokens=0))
+    config = router_config(bus_config, model_dir, scale_from_zero=scale, routing=RoutingConfig(kv_aware=ALWAYS_SPLIT))
     async with running_router(config) as router:
 
         async def answer_naming_a_prefill_worker_that_never_registers() -> CommandOutcome:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.router.config import RoutingConfig
+from services.router.routing.config import ALWAYS_SPLIT
 from shared.config import BusConfig
 from shared.schemas import WorkerRole
 from tests.integration import router_cluster as cluster
@@ -29,7 +30,7 @@ FLEETS = {  # (prefill workers' shapes, decode workers' shapes)
 
 @pytest.fixture
 async def router(bus_config: BusConfig, model_dir: str) -> AsyncIterator[cluster.Router]:
-    routing = RoutingConfig(local_prefill_tokens=0)  # short prompts too: this is about the hand-off
+    routing = RoutingConfig(kv_aware=ALWAYS_SPLIT)  # short prompts too: this is about the hand-off
     async with cluster.running_router(cluster.router_config(bus_config, model_dir, routing=routing)) as running:
         yield running
 

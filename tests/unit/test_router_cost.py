@@ -11,6 +11,7 @@ import pytest
 
 from services.router.config import RoutingConfig
 from services.router.routing import RoutePlan, RouteRequest, WorkerView, decide
+from services.router.routing.config import ALWAYS_SPLIT
 from services.router.routing.cost import PrefillPlan, affinity_margin, eviction_cost, prefill_cost, pull_cost
 from services.router.routing.placement.shares import (
     copies_needed,
@@ -229,7 +230,7 @@ def test_the_pinned_policy_serves_on_the_hinted_worker_or_falls_back_to_kv_aware
 
 
 def test_a_pinned_pair_where_its_prefill_worker_may_compute_for_another() -> None:
-    any_pinned = RoutingConfig(policy="pinned", prefill_from="any", local_prefill_tokens=0)
+    any_pinned = RoutingConfig(policy="pinned", prefill_from="any", kv_aware=ALWAYS_SPLIT)
     workers = [worker("a"), worker("b"), worker("other", compat_hash="h2")]
     plan = plan_of(workers, tenant_request({}, route_hint="a>b"), any_pinned)
     assert (plan.flow, plan.reason, plan.prefill_worker_id, plan.worker_id) == ("disaggregated", "pinned", "a", "b")

@@ -18,6 +18,7 @@ from services.router.routing import (
     decide,
     kv_transfer_mode,
 )
+from services.router.routing.config import ALWAYS_SPLIT, KvAwareConfig
 from services.router.routing.cost import Holders, plan_prefill
 from shared.config import ConfigError
 from shared.schemas import WorkerRole, WorkerStatus
@@ -273,7 +274,7 @@ def test_a_small_uncached_part_stays_on_the_decode_worker() -> None:
     assert decide(workers, request(cached_tokens=held, held_tokens=held)) == single("small_uncached", "d")
     short = RouteRequest(model="m", prompt_tokens=100, total_tokens=200)
     assert decide(workers, short) == single("small_uncached", "d")
-    assert decide(workers, short, RoutingConfig(local_prefill_tokens=0)) == pair("p", "d")
+    assert decide(workers, short, RoutingConfig(kv_aware=ALWAYS_SPLIT)) == pair("p", "d")
 
 
 def test_busy_prefill_workers_leave_the_prompt_to_the_decode_worker() -> None:
@@ -322,7 +323,7 @@ def test_the_cache_hit_threshold_serves_from_a_warm_worker_or_refuses() -> None:
 def test_routing_settings_are_validated() -> None:
     RoutingConfig().validate()
     for bad in (dict(cache_hit_threshold=1.5), dict(prefill_weight=-1.0), dict(max_queue_factor=0.5),
-                dict(local_prefill_tokens=-1), dict(retry_after_s=0), dict(speculative_ttl_s=0.0)):
+                dict(kv_aware=KvAwareConfig(local_prefill_tokens=-1)), dict(retry_after_s=0), dict(speculative_ttl_s=0.0)):
         with pytest.raises(ConfigError):
             RoutingConfig(**bad).validate()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.router.config import RoutingConfig
+from services.router.routing.config import RoutingConfig
 from services.router.routing.cost import (
     Holders,
     PrefillPlan,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.router.config import ScaleFromZeroConfig
+from services.router.routing.config import ScaleFromZeroConfig
 from services.router.routing.view import WorkerView
 from shared.schemas import WorkerRole, WorkerStatus
 

@@ -74,7 +74,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.router.config import RoutingConfig
+from services.router.routing.config import RoutingConfig
 from services.router.routing.view import WorkerView
 from shared.schemas.membership import WorkerStatus
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from services.router.config import RoutingConfig
 from services.router.routing.candidates import Candidates
+from services.router.routing.config import RoutingConfig
 from services.router.routing.eligibility import Eligible, eligible
 from services.router.routing.plan import RoutePlan, build_plan
 from services.router.routing.policy import RoutingPolicy

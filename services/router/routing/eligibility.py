@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.router.config import RoutingConfig
 from services.router.routing.adapters import able_to_serve, preferred
+from services.router.routing.config import RoutingConfig
 from services.router.routing.request import RouteRefusal, RouteRequest
 from services.router.routing.view import WorkerView
 from shared.schemas.membership import WorkerRole, WorkerStatus

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.router.config import RoutingConfig
 from services.router.routing.candidates import Candidates
+from services.router.routing.config import RoutingConfig
 from services.router.routing.cost import PrefillPlan
 from services.router.routing.view import WorkerView
 

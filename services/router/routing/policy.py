@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.router.config import RoutingConfig
 from services.router.routing.candidates import Candidates
+from services.router.routing.config import RoutingConfig
 from services.router.routing.plan import Selection
 from services.router.routing.request import RouteRefusal
 

@@ -8,7 +8,7 @@ unknown `RoutingConfig.policy` fails then, with the registered names); help text
 
 from __future__ import annotations
 
-from services.router.config import RoutingConfig
+from services.router.routing.config import RoutingConfig
 from services.router.routing.policies.kv_aware import KV_AWARE
 from services.router.routing.policies.pinned import PINNED
 from services.router.routing.policies.random_pick import RANDOM

@@ -20,7 +20,7 @@ import heapq
 import random
 from collections.abc import Sequence
 
-from services.router.config import RoutingConfig
+from services.router.routing.config import RoutingConfig
 from services.router.routing.request import RouteRequest
 
 

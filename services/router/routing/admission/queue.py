@@ -22,9 +22,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from services.router.config import AdmissionConfig
 from services.router.routing.admission.fair_share import VirtualTokenCounters
 from services.router.routing.admission.tenant import DEFAULT_PRIORITY, Tenant
+from services.router.routing.config import AdmissionConfig
 
 
 @dataclass(frozen=True, slots=True)

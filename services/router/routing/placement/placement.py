@@ -15,8 +15,8 @@ Callers: `services.router.flows.routing_state.RoutingState` (`snapshot`, `record
 
 from __future__ import annotations
 
-from services.router.config import RoutingConfig
 from services.router.routing.by_model import ByModel
+from services.router.routing.config import RoutingConfig
 from services.router.routing.placement.homes import PrefixHomes
 from services.router.routing.placement.snapshot import PrefixPlacement, snapshot_of
 from services.router.routing.plan import RoutePlan

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from services.router.config import RoutingConfig
+from services.router.routing.config import RoutingConfig
 from services.router.routing.placement.home import IF_BUSY, LEAVE, STAY, HomeHints, prefer_home
 from services.router.routing.placement.shares import copies_needed, homes_overflow, minor_tenant, share_cap
 from services.router.routing.request import RouteRequest

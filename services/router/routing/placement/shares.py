@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from services.router.config import RoutingConfig
+from services.router.routing.config import RoutingConfig
 from services.router.routing.view import WorkerView
 
 HOT_MIN_EXCESS = 2  # requests above the mean a holder must carry before its prefix counts as hot

@@ -7,7 +7,7 @@ the home rules, `cheapest`):
    own cached share of the prompt reaches the threshold serves it alone; if none does, the
    refusal "cache_threshold" names the best-cached one.
 2. Conditional disaggregation: a decode worker serves a request alone when fewer than
-   `local_prefill_tokens` of the prompt are uncached there ("small_uncached"), or when every
+   `local_prefill_tokens` (its `KvAwareConfig`) of the prompt are uncached there ("small_uncached"), or when every
    prefill worker is busy ("prefill_busy"); otherwise the cheapest of the pairs (one per
    hash) and the BOTH workers wins ("pair", or "single_cheaper"; on a tie, disaggregate).
    With `prefill_from` "any", BOTH workers take either part of a pair too (never both parts):
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.router.routing.candidates import Candidates, Single
+from services.router.routing.config import KvAwareConfig
 from services.router.routing.plan import RouteReason, Selection
 from services.router.routing.policies.cheapest import Cheapest, single_order
 from services.router.routing.policy import PolicySpec
@@ -31,6 +32,9 @@ from shared.schemas.membership import WorkerRole
 
 
 class KvAwarePolicy:
+    def __init__(self, config: KvAwareConfig) -> None:
+        self.config = config
+
     def select(self, candidates: Candidates) -> Selection | RouteRefusal:
         request, routing, eligible = candidates.request, candidates.routing, candidates.eligible
         cheapest = Cheapest(candidates)
@@ -39,7 +43,7 @@ class KvAwarePolicy:
         decode = [worker for worker in eligible.serving if worker.role is WorkerRole.DECODE]
         both = [worker for worker in eligible.serving if worker.role is WorkerRole.BOTH]
         prefill_busy = eligible.prefill_exists and all(  # all past admission: busy too
-            worker.predicted_prefill_tokens >= routing.prefill_busy_tokens for worker in eligible.prefill)
+            worker.predicted_prefill_tokens >= self.config.prefill_busy_tokens for worker in eligible.prefill)
         if prefill_busy and decode:
             return _local_or_both(cheapest, "prefill_busy", decode, both)
 
@@ -54,7 +58,7 @@ class KvAwarePolicy:
                 selection.note = no_pair_note(eligible.prefill, decode_side)
             return selection
 
-        small = [worker for worker in decode if candidates.plan(worker).uncached_tokens < routing.local_prefill_tokens]
+        small = [worker for worker in decode if candidates.plan(worker).uncached_tokens < self.config.local_prefill_tokens]
         if small:
             return _local_or_both(cheapest, "small_uncached", small, both)
         best_both = cheapest.single(both)
@@ -109,4 +113,4 @@ def _decode_first(cheapest: Cheapest) -> Selection | RouteRefusal:
 
 
 KV_AWARE = PolicySpec("kv-aware", "the cost model: prefix affinity, load, conditional disaggregation",
-                      lambda routing: KvAwarePolicy())
+                      lambda routing: KvAwarePolicy(routing.kv_aware))

@@ -14,6 +14,7 @@ The chosen worker still pulls a cached prefix when a holder has more of it and p
 from __future__ import annotations
 
 from services.router.routing.candidates import Candidates
+from services.router.routing.config import KvAwareConfig
 from services.router.routing.plan import Selection
 from services.router.routing.policies.kv_aware import KvAwarePolicy
 from services.router.routing.policy import PolicySpec
@@ -21,8 +22,8 @@ from services.router.routing.request import RouteRefusal
 
 
 class PinnedPolicy:
-    def __init__(self) -> None:
-        self._fallback = KvAwarePolicy()
+    def __init__(self, fallback: KvAwareConfig) -> None:
+        self._fallback = KvAwarePolicy(fallback)
 
     def select(self, candidates: Candidates) -> Selection | RouteRefusal:
         hint = candidates.request.route_hint or ""
@@ -39,4 +40,4 @@ class PinnedPolicy:
 
 
 PINNED = PolicySpec("pinned", "benchmarks: the worker (or p>d pair) the request's route hint names (an oracle's pick)",
-                    lambda routing: PinnedPolicy())
+                    lambda routing: PinnedPolicy(routing.kv_aware))
