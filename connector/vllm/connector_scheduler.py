@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
+from connector.vllm.engine_hashes import EngineBlockHashes
 from connector.vllm.host_scheduler import HostScheduler
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import (
@@ -105,6 +106,7 @@ class SchedulerSide:
         self._pins: dict[str, list[KVCacheBlock]] = {}  # key -> referenced blocks
         self._pushes: dict[str, _Push] = {}  # request id -> push (writer side)
         self._push_blocks = ScheduledBlocks()  # the pushing requests' blocks
+        self._hashes: EngineBlockHashes | None = None  # vLLM's full block hashes by their events' form
 
     @property
     def pinned_blocks(self) -> int:
@@ -112,14 +114,15 @@ class SchedulerSide:
 
     def bind_block_pool(self, block_pool: BlockPool) -> None:
         self._block_pool = block_pool
+        self._hashes = EngineBlockHashes(limit=4 * max(block_pool.num_gpu_blocks, 1))
 
     # ---- requests ----------------------------------------------------------------------
 
     def on_new_request(self, request: Request) -> None:
         control = control_of(request.kv_transfer_params)
         match control:
-            case PinOrder(key=key):
-                self._pin_cached_prefix(key, request)
+            case PinOrder(key=key, block_hashes=block_hashes):
+                self._pin_cached_prefix(key, request, block_hashes)
             case UnpinOrder(keys=keys):
                 for key in keys:
                     self._unpin(key)
@@ -128,6 +131,7 @@ class SchedulerSide:
             case CommitOrder(key=key, count=count):
                 self._commit(key, count, request)
             case None:
+                self._learn(request)
                 if self.host is not None:
                     self.host.add(request)
                 order = order_of(request.kv_transfer_params)
@@ -240,6 +244,7 @@ class SchedulerSide:
                                           num_local_cached_tokens=local_tokens, num_external_cached_tokens=loaded)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> dict[str, Any] | None:
+        self._learn(request)  # its generated blocks too
         if self.host is not None:
             self.host.finished(request.request_id)
         self._planned.discard(request.request_id)
@@ -260,18 +265,21 @@ class SchedulerSide:
 
     # ---- pins ------------------------------------------------------------------------------
 
-    def _pin_cached_prefix(self, key: str, request: Request) -> None:
+    def _pin_cached_prefix(self, key: str, request: Request, short_hashes: list[int]) -> None:
+        """Pin the longest run of the announced blocks (`short_hashes`, as vLLM's events gave
+        them) still cached, or of the control request's own prompt blocks where that finds
+        more: its hashes miss the images, adapter and salt a block was computed with."""
         pool = self._block_pool
         assert pool is not None, "the block pool is bound before any request"
-        found: list[int] = []
-        for block_hash in request.block_hashes:
-            cached = pool.get_cached_block(block_hash, [0])
-            if cached is None:
-                break
-            found.append(cached[0].block_id)
+        announced = self._hashes.leading(short_hashes) if self._hashes is not None and short_hashes else []
+        found = max(_cached_run(pool, announced), _cached_run(pool, request.block_hashes), key=len)
         if found:
             self._pin(key, found)
         self._reports.send(Pinned(key=key, block_ids=found))
+
+    def _learn(self, request: Request) -> None:
+        if self._hashes is not None:
+            self._hashes.learn(request.block_hashes)
 
     def _allocate(self, key: str, count: int) -> None:
         """Fresh blocks for a writer to fill (none if the pool cannot spare them)."""
@@ -310,3 +318,14 @@ class SchedulerSide:
         if blocks and self._block_pool is not None:
             # Tail blocks first: they are the least likely to be shared by other prefixes.
             self._block_pool.free_blocks(reversed(blocks))
+
+
+def _cached_run(pool: BlockPool, block_hashes: list) -> list[int]:
+    """The block ids of the longest leading run of `block_hashes` cached in `pool`."""
+    found: list[int] = []
+    for block_hash in block_hashes:
+        cached = pool.get_cached_block(block_hash, [0])
+        if cached is None:
+            break
+        found.append(cached[0].block_id)
+    return found

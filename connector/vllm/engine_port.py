@@ -54,3 +54,8 @@ class VllmKvEngine(Protocol):
         """The tokens of the longest prefix of `block_hashes` the engine's KV events say is
         cached (they may lag: vLLM pins what really is)."""
         ...
+
+    def prefix_blocks(self, block_hashes: list[int]) -> list[int]:
+        """vLLM's own hashes (its KV events' form) of that prefix's blocks, which take in the
+        images, adapter and salt each was computed with."""
+        ...

@@ -6,9 +6,10 @@ blocks live in vLLM's processes, so pinning is a message to the engine, not a ca
 
 - a hold (`grant_held`): vLLM pinned the prompt's blocks when the prefill finished; the
   lease adopts that pin (a partial last block is the handle's `tail`, for the decode part);
-- a prefix lease (`LeaseRequest`): the tokens of the longest prefix the KV-event mirror
-  knows are sent to vLLM as a pin control request; vLLM pins what is really still cached
-  (the mirror may lag) and the lease covers that;
+- a prefix lease (`LeaseRequest`): the longest prefix the KV-event mirror knows is sent to
+  vLLM as a pin control request, its blocks' own hashes (which take in a block's images and
+  adapter; `connector.vllm.engine_hashes`) and its tokens; vLLM pins what is really still
+  cached (the mirror may lag) and the lease covers that;
 - a lease that ends (released, expired, cancelled at stop) unpins its key in vLLM.
 """
 
@@ -63,7 +64,7 @@ class VllmKvHolder(LeaseHolder):
             return None
         link = self._engine.kv_link
         key = f"{self.worker_id}-prefix-{next(self._prefix_ids)}"
-        block_ids = await link.pin_prefix(key, tokens)
+        block_ids = await link.pin_prefix(key, tokens, self._engine.prefix_blocks(block_hashes))
         if not block_ids:
             return None
         try:

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
@@ -233,10 +233,11 @@ class ConnectorLink:
 
     # ---- the scheduler -------------------------------------------------------------------
 
-    async def pin_prefix(self, key: str, token_ids: list[int]) -> list[int]:
-        """Pin the longest cached prefix of `token_ids` under `key`: its block ids (maybe none).
-        On timeout the pin is undone (`unpin` is idempotent) and Timeout raised."""
-        return await self._pinning(PinOrder(key=key), key, token_ids)
+    async def pin_prefix(self, key: str, token_ids: list[int], block_hashes: Sequence[int] = ()) -> list[int]:
+        """Pin the longest cached prefix of the blocks `block_hashes` names (vLLM's own, as its
+        events give them), or of `token_ids`, under `key`: its block ids (maybe none). On
+        timeout the pin is undone (`unpin` is idempotent) and Timeout raised."""
+        return await self._pinning(PinOrder(key=key, block_hashes=list(block_hashes)), key, token_ids)
 
     async def allocate(self, key: str, count: int) -> list[int]:
         """A push's reader: `count` fresh blocks pinned under `key` (none if the pool cannot

@@ -62,9 +62,12 @@ class TransferOrder(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PinOrder(msgspec.Struct, frozen=True, kw_only=True, tag="pin"):
-    """Pin the longest cached prefix of the control request's own prompt under `key`."""
+    """Pin the longest cached prefix under `key`: of the blocks `block_hashes` names (vLLM's
+    own hashes in its KV events' form, which take in a block's images, adapter and salt), or
+    of the control request's own prompt where that finds more."""
 
     key: str
+    block_hashes: list[int] = []
 
 
 class UnpinOrder(msgspec.Struct, frozen=True, kw_only=True, tag="unpin"):

@@ -7,7 +7,8 @@ The proof that the second engine loads rather than encodes: the stored output of
 is replaced by zeros before the second engine meets it, and its answer changes; for an image
 left alone, its answer equals the first engine's. The same holds through the whole stack:
 two workers given one `--vllm-encoder-cache-dir`, each chat pinned by the router to one of
-them.
+them. There, too, a prompt with an image that one worker computed is pulled by the other
+(its whole blocks, the image's tokens among them), which answers alike.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
@@ -31,13 +33,16 @@ from connector.encoder_store import SUFFIX, EncoderStore  # noqa: E402
 from connector.vllm import encoder_cache  # noqa: E402
 from connector.vllm.settings import EncoderCacheSettings  # noqa: E402
 from launch.plan import WorkerSpec  # noqa: E402
+from launch.stack import LocalStack  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
 from shared.schemas import WorkerRole  # noqa: E402
-from tests.stack_fixtures import running  # noqa: E402
-from tests.vllm.conftest import cores, vllm_args, vllm_stack  # noqa: E402
+from tests.stack_fixtures import observing, running  # noqa: E402
+from tests.vllm.conftest import BLOCK, cores, vllm_args, vllm_stack  # noqa: E402
+from tests.waiting import wait_for  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 TEXT = "What is in this picture?"
+PAIR = ("w1", "w2")
 
 
 def image_url(seed: int) -> str:
@@ -110,37 +115,75 @@ def test_a_worker_with_an_encoder_cache_dir_starts_vllm_with_tandems_connector(v
     assert engine_args(VllmEngineOptions.from_worker_config(plain), endpoints, None).ec_transfer_config is None
 
 
-@pytest.mark.e2e
-async def test_through_the_router_a_turn_moved_to_another_worker_loads_the_image_it_met_first(
-        nats_server: EmbeddedNats, vision_model_dir: str, tmp_path: Path, openai_client) -> None:
-    """Two workers started with one `--vllm-encoder-cache-dir`, the router pinning each chat
-    to the worker its header names (no prefix pulls: the second worker has none of the first
-    one's KV). An image w1 answered first is answered alike by w2 from w1's stored encoder
-    output; where that output is replaced by zeros before w2 meets the image, w2's answer
-    changes: it loaded, it did not encode."""
-    store_dir = tmp_path / "encoder-store"
+STORY = ("Under the old stone bridge the water turns green and slow, and the ferryman counts his coins one by one "
+         "while the fog comes down the valley and the lamps of the mill go out. ") * 4
+
+
+@pytest.fixture(scope="module")
+def pinned_pair(nats_server: EmbeddedNats, vision_model_dir: str,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, Path]]:
+    """Two workers of role both given one `--vllm-encoder-cache-dir`, and a router that sends
+    each chat to the worker its `X-Tandem-Worker` header names (prefix pulls on); the stack
+    and the store's directory."""
+    scratch = tmp_path_factory.mktemp("encoder-pair")
+    store_dir = scratch / "encoder-store"
     specs = tuple(WorkerSpec(worker_id=worker_id, role=WorkerRole.BOTH,
                              extra_args=vllm_args(index, "--vllm-encoder-cache-dir", str(store_dir)))
-                  for index, worker_id in enumerate(("w1", "w2")))
-    router_args = ("--routing-policy", "pinned", "--no-prefix-pull")
-    with running(vllm_stack(nats_server, vision_model_dir, tmp_path / "logs", specs, router_args=router_args)) as stack:
-        client = openai_client(stack.router_url, timeout=120)
+                  for index, worker_id in enumerate(PAIR))
+    with running(vllm_stack(nats_server, vision_model_dir, scratch / "logs", specs,
+                            router_args=("--routing-policy", "pinned"))) as stack:
+        yield stack, store_dir
 
-        async def answer(worker_id: str, image_seed: int) -> str:
-            messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url(image_seed)}},
-                                                     {"type": "text", "text": TEXT}]}]
-            reply = await client.chat.completions.create(
-                model=Path(vision_model_dir).name, messages=messages, max_tokens=8, temperature=0,
-                extra_body={"ignore_eos": True}, extra_headers={"X-Tandem-Worker": worker_id})
-            return reply.choices[0].message.content or ""
 
-        kept = await answer("w1", 1)
-        assert await answer("w2", 1) == kept  # loaded from w1's entry: the same answer
-        entries = sorted(store_dir.rglob(f"*{SUFFIX}"))
-        assert len(entries) == 1, entries  # one image, stored once (w2 stored nothing new)
+async def ask_worker(client: openai.AsyncOpenAI, model_dir: str, worker_id: str, image_seed: int,
+                     text: str = TEXT) -> tuple[str, int]:
+    """The greedy answer of `worker_id` to an image (first) and `text`, and the prompt's tokens."""
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url(image_seed)}},
+                                             {"type": "text", "text": text}]}]
+    reply = await client.chat.completions.create(
+        model=Path(model_dir).name, messages=messages, max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True}, extra_headers={"X-Tandem-Worker": worker_id})
+    return reply.choices[0].message.content or "", reply.usage.prompt_tokens
 
-        zeroed = await answer("w1", 2)
-        [entry] = sorted(set(store_dir.rglob(f"*{SUFFIX}")) - set(entries))
-        stored = safetensors.torch.load_file(str(entry))[encoder_cache.TENSOR]
-        safetensors.torch.save_file({encoder_cache.TENSOR: torch.zeros_like(stored)}, str(entry))
-        assert await answer("w2", 2) != zeroed  # w2 loaded the zeros: it did not encode the image
+
+@pytest.mark.e2e
+async def test_through_the_router_a_turn_moved_to_another_worker_loads_the_image_it_met_first(
+        pinned_pair: tuple[LocalStack, Path], vision_model_dir: str, openai_client) -> None:
+    """An image w1 answered first is answered alike by w2 from w1's stored encoder output;
+    where that output is replaced by zeros before w2 meets the image, w2's answer changes:
+    it loaded, it did not encode. The prompts are shorter than a block: w2 has nothing of
+    w1's KV to pull, so it must encode the image or load its output."""
+    stack, store_dir = pinned_pair
+    client = openai_client(stack.router_url, timeout=120)
+    kept, prompt_tokens = await ask_worker(client, vision_model_dir, "w1", 1)
+    assert prompt_tokens < BLOCK
+    before = set(store_dir.rglob(f"*{SUFFIX}"))
+    assert (await ask_worker(client, vision_model_dir, "w2", 1))[0] == kept  # loaded from w1's entry
+    assert set(store_dir.rglob(f"*{SUFFIX}")) == before  # w2 stored nothing new
+
+    zeroed, _ = await ask_worker(client, vision_model_dir, "w1", 2)
+    [entry] = sorted(set(store_dir.rglob(f"*{SUFFIX}")) - before)
+    stored = safetensors.torch.load_file(str(entry))[encoder_cache.TENSOR]
+    safetensors.torch.save_file({encoder_cache.TENSOR: torch.zeros_like(stored)}, str(entry))
+    assert (await ask_worker(client, vision_model_dir, "w2", 2))[0] != zeroed  # w2 loaded the zeros
+
+
+@pytest.mark.e2e
+async def test_an_image_prompts_kv_pulled_by_another_worker_answers_as_its_holder_did(
+        pinned_pair: tuple[LocalStack, Path], vision_model_dir: str, openai_client) -> None:
+    """A prompt of an image and a long text that w1 computed, sent to w2: w2 pulls the
+    prompt's whole blocks from w1 (the image's tokens among them) and computes only the
+    tail, and answers as w1 did."""
+    stack, _ = pinned_pair
+    client = openai_client(stack.router_url, timeout=120)
+    async with observing(stack, PAIR, "encoder-pair-observer") as observer:
+        held, prompt_tokens = await ask_worker(client, vision_model_dir, "w1", 3, text=STORY)
+        assert prompt_tokens >= 2 * BLOCK
+        records_before = len(observer.records)
+        assert (await ask_worker(client, vision_model_dir, "w2", 3, text=STORY))[0] == held
+        await wait_for(lambda: any(r.kind == "prefix_pull" for r in observer.records[records_before:]), 10,
+                       "the prefix pull's record")
+        pulls = [(r.worker_id, r.peer_worker_id, r.outcome, r.pulled_tokens)
+                 for r in observer.records[records_before:] if r.kind == "prefix_pull"]
+        assert pulls == [("w2", "w1", "done", (prompt_tokens - 1) // BLOCK * BLOCK)], pulls  # the last token computed
+        await observer.assert_clean()

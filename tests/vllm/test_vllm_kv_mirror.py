@@ -156,10 +156,12 @@ def test_prefix_tokens_follow_tandem_chain_hashes() -> None:
     tokens = _tokens(0, 3)
     chain = block_hash_chain(tokens, BS)
     assert mirror.prefix_tokens(chain) == tokens
+    assert mirror.prefix_blocks(chain) == [1, 2, 3]  # vLLM's own hashes of the same blocks
     assert mirror.prefix_tokens(chain + block_hash_chain(tokens + _tokens(100, 1), BS)[3:]) == tokens
     assert mirror.prefix_tokens(block_hash_chain(_tokens(50, 2), BS)) == []  # another prompt
     mirror.apply(BlockRemoved(block_hashes=[2]))
     assert mirror.prefix_tokens(chain) == _tokens(0, 1)  # the chain breaks where a block left
+    assert mirror.prefix_blocks(chain) == [1]
     mirror.apply(AllBlocksCleared())
     assert mirror.prefix_tokens(chain) == []
 

@@ -21,6 +21,7 @@ BLOCK = 128
 class Pool:
     def __init__(self) -> None:
         self.blocks = [SimpleNamespace(block_id=index) for index in range(64)]
+        self.num_gpu_blocks = len(self.blocks)
         self.touched: list[int] = []
 
     def touch(self, blocks) -> None:
@@ -76,7 +77,8 @@ def test_a_finished_prefill_holds_its_partial_block_after_a_full_one(prompt_toke
     pool = Pool()
     side.bind_block_pool(pool)  # type: ignore[arg-type]
     request = SimpleNamespace(request_id="r1", num_prompt_tokens=prompt_tokens, status=RequestStatus.FINISHED_LENGTH_CAPPED,
-                              kv_transfer_params=order_params(TransferOrder(transfer_id="t1", hold_key="k1")))
+                              kv_transfer_params=order_params(TransferOrder(transfer_id="t1", hold_key="k1")),
+                              block_hashes=[])
     side.on_new_request(request)  # type: ignore[arg-type]
     params = side.request_finished(request, list(range(20, 29)))  # type: ignore[arg-type]
     if held is None:  # no full block: nothing held

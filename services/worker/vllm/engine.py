@@ -228,6 +228,10 @@ class VllmEngine:
         """The tokens of the longest prefix of `block_hashes` the KV events say is cached."""
         return self.kv_event_bridge.mirror.prefix_tokens(block_hashes)
 
+    def prefix_blocks(self, block_hashes: list[int]) -> list[int]:
+        """vLLM's own hashes of the same prefix's blocks."""
+        return self.kv_event_bridge.mirror.prefix_blocks(block_hashes)
+
     def kv_snapshot(self) -> list[BlockStored]:
         return self.kv_event_bridge.snapshot()
 

@@ -124,12 +124,20 @@ class KvBlockMirror:
     def prefix_tokens(self, tandem_hashes: list[int]) -> list[int]:
         """The token ids of the longest leading run of `tandem_hashes` cached here."""
         tokens: list[int] = []
+        for block_hash in self.prefix_blocks(tandem_hashes):
+            tokens.extend(self._blocks[block_hash].token_ids)
+        return tokens
+
+    def prefix_blocks(self, tandem_hashes: list[int]) -> list[int]:
+        """vLLM's own hashes (its events' form) of the longest leading run of `tandem_hashes`
+        cached here: what a holder pins, images and adapter included."""
+        found: list[int] = []
         for tandem_hash in tandem_hashes:
             block_hash = self._by_tandem.get(tandem_hash)
             if block_hash is None or not self._blocks[block_hash].copies:  # a holder pins in vLLM's cache
                 break
-            tokens.extend(self._blocks[block_hash].token_ids)
-        return tokens
+            found.append(block_hash)
+        return found
 
     def snapshot(self) -> list[BlockStored]:
         """Every cached block as `BlockStored` events in its tier, parents before children.
