@@ -12,7 +12,10 @@ answered "cache_threshold" by the router's index); the same image again is cache
 router, hashing each announced block itself, agrees with the workers' chain. The parity
 suite's image rows (`parity_cases.IMAGE_CASES`: log-probabilities, several choices, an image
 in an earlier turn, streamed usage) answer as vLLM's server does, field by field (`parity`).
-The same chats answer alike with the KV pushed layer by layer (`--pd-transfer push`).
+With `--pd-transfer push` the router pulls these prompts' KV all the same (a pushing
+reader's engine would cache the blocks under hashes without the images), and they answer
+alike. The decode worker's own count of computed prompt tokens shows the KV arrived: one
+token computed per prompt.
 
 vLLM's server runs first, alone, with a worker's engine settings, and is stopped before the
 first pair starts; each class's pair is stopped before the next starts (two cores).
@@ -145,6 +148,7 @@ async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: Loc
     done, at least one block moved, nothing recomputed."""
     async with observing(stack) as observer:
         split_before = await disaggregated_requests(stack.router_url)
+        computed_before = await observer.settled("d1", "computed_prompt_tokens_total")
         for index, (sizes, text) in enumerate(CHATS):
             answer = await ask(client, model_name, messages(sizes, text, seed=10 * index))
             assert answer == references[index], (index, sizes)
@@ -158,6 +162,9 @@ async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: Loc
         assert len(moved) == len(CHATS) + 1, moved
         unlike = [record for record in moved if record[:2] != (kind, "done") or record[2] < BLOCK or record[3]]
         assert not unlike, (unlike, moved)
+        # vLLM's own count: the decode worker computed one token of each prompt, the rest arrived
+        computed = await observer.settled("d1", "computed_prompt_tokens_total") - computed_before
+        assert computed == len(CHATS) + 1, computed
         await observer.assert_clean()
 
 
@@ -221,7 +228,9 @@ class TestPush:
         yield from pd_stack(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d-push"),
                             "--pd-transfer", "push")
 
-    async def test_image_chats_answer_as_vllms_server_with_the_kv_pushed(
+    async def test_image_chats_are_pulled_where_pushes_are_configured(
             self, references: dict[int, Answer], stack: LocalStack, openai_client, model_name: str) -> None:
+        """A pushing reader would cache the blocks under hashes of their tokens alone, which
+        the request, images and all, would not find: the router pulls such prompts' KV."""
         await chats_answer_as_vllms_server(references, stack, openai_client(stack.router_url, timeout=120),
-                                           model_name, "push")
+                                           model_name, "pull")
