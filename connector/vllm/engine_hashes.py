@@ -16,6 +16,7 @@ Pure: called on vLLM's engine thread by `connector_scheduler.SchedulerSide`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 _LOW_64 = (1 << 64) - 1
@@ -49,10 +50,8 @@ class EngineBlockHashes:
 
     def leading(self, short_hashes: Sequence[int]) -> list[bytes]:
         """The full hashes of the longest leading run of `short_hashes` known here."""
-        known: list[bytes] = []
-        for short in short_hashes:
-            block_hash = self._full.get(short)
-            if block_hash is None:
-                break
-            known.append(block_hash)
-        return known
+        return list(itertools.takewhile(_known, map(self._full.get, short_hashes)))
+
+
+def _known(block_hash: bytes | None) -> bool:
+    return block_hash is not None

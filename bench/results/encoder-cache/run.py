@@ -77,12 +77,17 @@ def conversation(pair, seed: int) -> float:
     return seconds
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The model directory, and conversations x rounds per arm (this run's and run_router.py's)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir")
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     with tempfile.TemporaryDirectory() as store:
         arms = {"cache": (engine(args.model_dir, 0, store), engine(args.model_dir, 1, store)),
                 "none": (engine(args.model_dir, 0, None), engine(args.model_dir, 1, None))}

@@ -19,7 +19,6 @@ per conversation pair, and the answers' equality across the arms.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -33,7 +32,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from run import image_url  # noqa: E402  (the offline run's images, beside this file)
+from run import arguments, image_url  # noqa: E402  (the offline run's images and options, beside this file)
 
 from launch.plan import StackConfig, WorkerSpec  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
@@ -116,11 +115,7 @@ async def measure(urls: dict[str, str], model: str, conversations: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("model_dir")
-    parser.add_argument("--conversations", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    args = arguments()
     model = Path(args.model_dir).name
     with tempfile.TemporaryDirectory() as scratch, ExitStack() as running:
         log_dir = Path(scratch) / "logs"
