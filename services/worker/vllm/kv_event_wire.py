@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from connector.vllm.engine_hashes import short_hash
 from services.worker.vllm.kv_mirror import HostBlocksRemoved, ImageBlocksStored, MirrorEvent
 from shared.block_hash import image_key
 from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KvTier
@@ -103,7 +104,7 @@ class WireDecoder:
 def block_hash_int(value: WireHash) -> int:
     """vLLM's own bytes -> int conversion (`maybe_convert_block_hash`): the low 64 bits."""
     if isinstance(value, bytes):
-        return int.from_bytes(value, "big") & _HASH_MASK
+        return short_hash(value)
     return value & _HASH_MASK
 
 
