@@ -48,6 +48,7 @@ from vllm.v1.request import RequestStatus
 
 from connector.vllm.engine_hashes import EngineBlockHashes
 from connector.vllm.host_scheduler import HostScheduler
+from connector.vllm.image_hashes import hash_with_images
 from connector.vllm.kv_reports import ReportSender
 from connector.vllm.kv_wire import (
     AllocOrder,
@@ -128,7 +129,8 @@ class SchedulerSide:
                     self._unpin(key)
             case AllocOrder(key=key, count=count):
                 self._allocate(key, count)
-            case CommitOrder(key=key, count=count):
+            case CommitOrder(key=key, count=count, images=images):
+                hash_with_images(request, images)
                 self._commit(key, count, request)
             case None:
                 self._learn(request)

@@ -41,6 +41,7 @@ from connector.vllm.kv_wire import (
     AllocOrder,
     CommitOrder,
     ControlOrder,
+    ImagePlace,
     Loaded,
     Pinned,
     PinOrder,
@@ -244,10 +245,12 @@ class ConnectorLink:
         spare them). On timeout the pin is undone and Timeout raised."""
         return await self._pinning(AllocOrder(key=key, count=count), key, [0])
 
-    async def commit(self, key: str, count: int, token_ids: list[int]) -> list[int]:
+    async def commit(self, key: str, count: int, token_ids: list[int],
+                     images: Sequence[ImagePlace] = ()) -> list[int]:
         """A push's reader: cache the first `count` blocks under `key` as the prompt
-        `token_ids`' full blocks (still pinned), unpin the rest; the cached block ids."""
-        return await self._pinning(CommitOrder(key=key, count=count), key, token_ids)
+        `token_ids`' full blocks, hashed with its `images` (still pinned), unpin the rest;
+        the cached block ids."""
+        return await self._pinning(CommitOrder(key=key, count=count, images=list(images)), key, token_ids)
 
     async def _pinning(self, order: ControlOrder, key: str, token_ids: list[int]) -> list[int]:
         waiter = asyncio.get_running_loop().create_future()

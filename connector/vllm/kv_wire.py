@@ -82,13 +82,25 @@ class AllocOrder(msgspec.Struct, frozen=True, kw_only=True, tag="alloc"):
     count: int
 
 
+class ImagePlace(msgspec.Struct, frozen=True, array_like=True):
+    """An image of a prompt as vLLM's block hashes take it in: its identifier (the request's
+    `multi_modal_uuids`) and its placeholder tokens' place."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
 class CommitOrder(msgspec.Struct, frozen=True, kw_only=True, tag="commit"):
     """A push's reader: the first `count` blocks pinned under `key` hold the control
-    request's prompt blocks (written and verified): cache them under its block hashes.
-    They stay pinned; blocks after `count` are unpinned (answered by `Pinned`: the cached)."""
+    request's prompt blocks (written and verified): cache them under its block hashes, which
+    take in `images` where the prompt has any (as the request's own will, so that it finds
+    them). They stay pinned; blocks after `count` are unpinned (answered by `Pinned`: the
+    cached)."""
 
     key: str
     count: int
+    images: list[ImagePlace] = []
 
 
 ControlOrder = PinOrder | UnpinOrder | AllocOrder | CommitOrder

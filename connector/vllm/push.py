@@ -9,7 +9,9 @@ block (`kv_link.allocate`: a control request, no scheduled request waits meanwhi
 writer's; the leading verified blocks are cached in vLLM under the prompt's block hashes
 (`kv_link.commit`) and stay pinned until the request (prompt + first token), added next,
 was admitted: it finds them in the prefix cache and computes only the rest (vLLM's computed
-prefix has no holes: from the first failed block on, everything is computed).
+prefix has no holes: from the first failed block on, everything is computed). A prompt's
+images go with the commit, so that the blocks are hashed as the request's own
+(`image_hashes`).
 
 Writer (`VllmPushWriter`): the push is staged with the engine as part of the request's
 `TransferOrder`; vLLM's connector writes each layer of each completed prompt block from
@@ -33,7 +35,7 @@ from connector.push_ledger import abort_push, end_push
 from connector.push_receipt import PushReceipt
 from connector.spans import tracer
 from connector.vllm.engine_port import VllmKvEngine
-from connector.vllm.kv_wire import LayerWritten, Pushed, PushOrder, TransferOrder
+from connector.vllm.kv_wire import ImagePlace, LayerWritten, Pushed, PushOrder, TransferOrder
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import PushDone, PushTarget, TransferRecord
 
@@ -178,7 +180,8 @@ class VllmPush:
             ours = await link.block_checksums(targets) if any(receipt.landed) else []
             ok = receipt.verify(ours)
             kept = ok.index(False) if False in ok else len(ok)
-            cached = await link.commit(receiver.key, kept, request.token_ids) if targets else []
+            images = [ImagePlace(image.identifier, image.start, image.length) for image in request.images]
+            cached = await link.commit(receiver.key, kept, request.token_ids, images) if targets else []
         except BaseException:
             link.unpin_soon([receiver.key])
             raise

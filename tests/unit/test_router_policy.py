@@ -371,14 +371,6 @@ def test_push_only_where_both_engines_implement_it(pd_transfer: str, kv_push: tu
     assert kv_transfer_mode(routing, prefill, decode, prefix_pull=prefix_pull) == mode
 
 
-def test_a_prompt_with_images_is_pulled_even_where_pushes_are_configured() -> None:
-    routing = RoutingConfig(pd_transfer="push")
-    prefill, decode = worker("p", role=PREFILL, kv_push=True), worker("d", role=DECODE, kv_push=True)
-    assert kv_transfer_mode(routing, prefill, decode, prefix_pull=False, images=True) == "pull"
-    with_images = decide([prefill, decode], request(images=True), RoutingConfig(pd_transfer="push", kv_aware=ALWAYS_SPLIT))
-    assert isinstance(with_images, RoutePlan) and (with_images.flow, with_images.transfer) == ("disaggregated", "pull")
-
-
 def test_pd_transfer_is_validated() -> None:
     RoutingConfig(pd_transfer="push").validate()
     with pytest.raises(ConfigError, match="pd_transfer"):

@@ -12,10 +12,11 @@ answered "cache_threshold" by the router's index); the same image again is cache
 router, hashing each announced block itself, agrees with the workers' chain. The parity
 suite's image rows (`parity_cases.IMAGE_CASES`: log-probabilities, several choices, an image
 in an earlier turn, streamed usage) answer as vLLM's server does, field by field (`parity`).
-With `--pd-transfer push` the router pulls these prompts' KV all the same (a pushing
-reader's engine would cache the blocks under hashes without the images), and they answer
-alike. The decode worker's own count of computed prompt tokens shows the KV arrived: one
-token computed per prompt.
+With `--pd-transfer push` the prefill worker pushes these prompts' KV, and they answer
+alike: the reader caches the written blocks under hashes that take in the images, as the
+request's own do. The decode worker's own count of computed prompt tokens shows the KV
+arrived and was found: it computed only the tokens that did not arrive (one per prompt with
+a pull, the last partial block too with a push).
 
 vLLM's server runs first, alone, with a worker's engine settings, and is stopped before the
 first pair starts; each class's pair is stopped before the next starts (two cores).
@@ -149,11 +150,14 @@ async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: Loc
     async with observing(stack) as observer:
         split_before = await disaggregated_requests(stack.router_url)
         computed_before = await observer.settled("d1", "computed_prompt_tokens_total")
+        prompt_tokens = 0
         for index, (sizes, text) in enumerate(CHATS):
             answer = await ask(client, model_name, messages(sizes, text, seed=10 * index))
             assert answer == references[index], (index, sizes)
             assert answer.prompt_tokens >= BLOCK, "a prompt of at least one whole block: KV to transfer"
+            prompt_tokens += answer.prompt_tokens
         assert await ask_streamed(client, model_name, messages(*CHATS[4], seed=45)) == references[-3]
+        prompt_tokens += references[-3].prompt_tokens
         assert await disaggregated_requests(stack.router_url) == split_before + len(CHATS) + 1
         await wait_for(lambda: len([r for r in observer.records if r.worker_id == "d1"]) >= len(CHATS) + 1, 10,
                        "a transfer record of every request")
@@ -162,9 +166,13 @@ async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: Loc
         assert len(moved) == len(CHATS) + 1, moved
         unlike = [record for record in moved if record[:2] != (kind, "done") or record[2] < BLOCK or record[3]]
         assert not unlike, (unlike, moved)
-        # vLLM's own count: the decode worker computed one token of each prompt, the rest arrived
+        # vLLM's own count: the decode worker computed only what did not arrive (a pull: all
+        # but the first token, appended; a push: the prompt's last, partial block too)
         computed = await observer.settled("d1", "computed_prompt_tokens_total") - computed_before
-        assert computed == len(CHATS) + 1, computed
+        arrived = sum(record[2] for record in moved)
+        assert computed == prompt_tokens + len(moved) - arrived, (computed, prompt_tokens, arrived)
+        if kind == "pull":
+            assert computed == len(CHATS) + 1, computed
         await observer.assert_clean()
 
 
@@ -228,9 +236,10 @@ class TestPush:
         yield from pd_stack(nats_server, model_dir, tmp_path_factory.mktemp("images-1p1d-push"),
                             "--pd-transfer", "push")
 
-    async def test_image_chats_are_pulled_where_pushes_are_configured(
+    async def test_image_chats_are_pushed(
             self, references: dict[int, Answer], stack: LocalStack, openai_client, model_name: str) -> None:
-        """A pushing reader would cache the blocks under hashes of their tokens alone, which
-        the request, images and all, would not find: the router pulls such prompts' KV."""
+        """The pushed blocks are cached under hashes that take in the images (the reader's
+        commit carries them), so the request finds them: one prompt token computed each
+        (under hashes of the tokens alone it computed its whole prompt)."""
         await chats_answer_as_vllms_server(references, stack, openai_client(stack.router_url, timeout=120),
-                                           model_name, "pull")
+                                           model_name, "push")

@@ -141,7 +141,7 @@ class RoutingState:
                              tier_tokens=cache.tier_tokens, cache_hit_threshold=attempt.threshold,
                              admit=attempt.admit, draw=self._random.random(),
                              one_engine=params.sampling.needs_whole_prompt or whole_here,
-                             replays=params.sampling.depends_on_output_history, images=bool(params.images),
+                             replays=params.sampling.depends_on_output_history,
                              route_hint=params.route_hint, prefix_key=cache.prefix_key,
                              victim_age_s=kv.victim_ages(now), block_tokens=cache.block_tokens,
                              placement=placement.snapshot(cache.prefix_key))

@@ -17,10 +17,8 @@ only where both engines' data planes implement it (their advertised capabilities
 block sizes are equal (a push maps KV heads and layers between unlike tensor- and pipeline-
 parallel shapes, a pull maps block sizes too), and no
 cached prefix is to be pulled onto the prefill worker first (a pushing prefill worker
-pulls none; the plan's cost assumed the pull), the request does not replay its first
-token on the decode worker (`RouteRequest.replays`: the token must exist before that part),
-and its prompt holds no image (`RouteRequest.images`: a pushing reader caches the blocks
-under hashes of their tokens alone, which its own request, images and all, would not find).
+pulls none; the plan's cost assumed the pull), and the request does not replay its first
+token on the decode worker (`RouteRequest.replays`: the token must exist before that part).
 """
 
 from __future__ import annotations
@@ -103,9 +101,9 @@ class RoutePlan:  # read-only by convention (not frozen: built per request, and 
 
 
 def kv_transfer_mode(routing: RoutingConfig, prefill: WorkerView, decode: WorkerView, *,
-                     prefix_pull: bool, replays: bool = False, images: bool = False) -> KvTransferMode:
+                     prefix_pull: bool, replays: bool = False) -> KvTransferMode:
     """How a disaggregated pair hands the prompt's KV over (see the module's docstring)."""
-    if routing.pd_transfer == "push" and not (prefix_pull or replays or images) and prefill.kv_push and decode.kv_push \
+    if routing.pd_transfer == "push" and not (prefix_pull or replays) and prefill.kv_push and decode.kv_push \
             and prefill.block_size == decode.block_size:
         return "push"
     return "pull"
@@ -122,8 +120,7 @@ def build_plan(selection: Selection, candidates: Candidates) -> RoutePlan:
     transfer = None
     if candidates.request.max_tokens > 1:
         transfer = kv_transfer_mode(candidates.routing, selection.prefill, selection.worker,
-                                    prefix_pull=prompt.holder_id is not None, replays=candidates.request.replays,
-                                    images=candidates.request.images)
+                                    prefix_pull=prompt.holder_id is not None, replays=candidates.request.replays)
     return RoutePlan("disaggregated", selection.reason, selection.worker.worker_id,
                      prefill_worker_id=selection.prefill.worker_id, prompt=prompt, transfer=transfer, cost=pair.cost,
                      moves_home=selection.moves_home)

@@ -40,10 +40,6 @@ class RouteRequest:  # read-only by convention (not frozen: built per request, a
     # the request samples on its output history (penalties, bad words, a seeded stream, a
     # grammar): a decode part replays the first token, so the prefill part goes first (pull)
     replays: bool = False
-    # the prompt holds images: a disaggregated part's KV is pulled, never pushed (a pushing
-    # reader's engine caches the blocks under hashes of its tokens alone, without the images,
-    # so the request would compute its whole prompt again)
-    images: bool = False
     draw: float = 0.0  # a uniform draw in [0, 1) from the caller's seeded generator (random policy)
     route_hint: str | None = None  # a worker id the client asked for (only the pinned policy reads it)
     prefix_key: int | None = None  # the hash of the prompt's first block (its prefix's home); None: shorter
