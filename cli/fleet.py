@@ -11,26 +11,32 @@ import typer
 
 from cli.config_options import config_options
 from cli.options import LogLevel, run_service, setup_logging
+from services.worker.config import FleetConfig, WorkerCommandConfig
+from services.worker.sim.config import SimEngineConfig
 from shared.config import ConfigError, KvTransferConfig, WorkerConfig
 from shared.config_fields import config_flags, flag_name
 
 app = typer.Typer()
 
-# The template every worker of the fleet is made from (`FleetConfig.worker`): the fleet's
-# defaults where they are not a worker's (many workers share one process and its timers)
-FLEET_WORKER = WorkerConfig(worker_id="template", kv_blocks=256, sim_kv_dim=8, load_interval_s=1.0,
-                            kv_transfer=KvTransferConfig(transport="memory", lease_sweep_interval_s=1.0))
-# The worker fields a fleet takes options for: every worker gets the same
-FLEET_OPTIONS = ("role", "engine", "model_dir", "served_model_name", "block_size", "kv_blocks", "sim_kv_dim",
-                 "max_num_seqs", "max_model_len", "sim_profile", "sim_speedup", "kv_transfer.enabled",
-                 "kv_transfer.lease_sweep_interval_s", "load_interval_s", "kv_event_interval_s")
-FLEET_EXCLUDED = tuple(path for path in (".".join(field_flag.path) for field_flag in config_flags(WorkerConfig))
-                       if path not in FLEET_OPTIONS and path.split(".")[0] not in ("bus", "membership", "tracing")
-                       ) + ("bus.replicas",)
+# The template every worker of the fleet is made from (`FleetConfig.worker`, `.sim`): the
+# fleet's defaults where they are not a worker's (many workers share one process and its timers)
+FLEET_WORKER = WorkerCommandConfig(
+    worker=WorkerConfig(worker_id="template", kv_blocks=256, load_interval_s=1.0,
+                        kv_transfer=KvTransferConfig(transport="memory", lease_sweep_interval_s=1.0)),
+    sim=SimEngineConfig(kv_dim=8))
+# The fields a fleet takes options for: every worker gets the same
+FLEET_OPTIONS = tuple(f"worker.{path}" for path in (
+    "role", "engine", "model_dir", "served_model_name", "block_size", "kv_blocks", "max_num_seqs", "max_model_len",
+    "kv_transfer.enabled", "kv_transfer.lease_sweep_interval_s", "load_interval_s", "kv_event_interval_s")) + (
+    "sim.kv_dim", "sim.profile", "sim.speedup")
+FLEET_EXCLUDED = tuple(path for path in (".".join(field_flag.path) for field_flag in config_flags(WorkerCommandConfig))
+                       if path not in FLEET_OPTIONS and path.split(".")[:2] not in (
+                           ["worker", "bus"], ["worker", "membership"], ["worker", "tracing"])
+                       ) + ("worker.bus.replicas",)
 
 
 @app.command("worker-fleet")
-@config_options("worker", WorkerConfig, exclude=FLEET_EXCLUDED, defaults=FLEET_WORKER)
+@config_options("command", WorkerCommandConfig, exclude=FLEET_EXCLUDED, defaults=FLEET_WORKER)
 def worker_fleet(
     count: Annotated[int, typer.Option(help="Workers in the fleet.")] = 16,
     id_prefix: Annotated[str, typer.Option(help="Worker ids: this prefix and a 4-digit index.")] = "sim-",
@@ -38,16 +44,16 @@ def worker_fleet(
     connections: Annotated[int, typer.Option(help="NATS connections the workers share.")] = 1,
     start_concurrency: Annotated[int, typer.Option(help="Workers starting or stopping at once.")] = 64,
     *,
-    worker: WorkerConfig,
+    command: WorkerCommandConfig,
     log_level: LogLevel = "info",
 ) -> None:
     """Run COUNT simulated workers in one process, each with its own id, registration, KV pool,
     events and subjects, sharing the NATS connections and one heartbeat ticker."""
-    from services.worker.config import FleetConfig
     from services.worker.fleet import run_fleet
 
     setup_logging(log_level)
-    config = FleetConfig(worker=worker, count=count, id_prefix=id_prefix, first_index=first_index,
+    worker = command.worker
+    config = FleetConfig(worker=worker, sim=command.sim, count=count, id_prefix=id_prefix, first_index=first_index,
                          connections=connections, start_concurrency=start_concurrency)
     if not worker.model_dir:
         raise typer.BadParameter("a model directory is required (its tokenizer is used)",

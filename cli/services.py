@@ -16,7 +16,8 @@ from launch.service_commands import METRICS_COMMAND, SERVICE_COMMANDS
 from services.metrics.config import MetricsConfig
 from services.orchestrator.config import OrchestratorConfig
 from services.router.config import RouterConfig
-from shared.config import ConfigError, WorkerConfig
+from services.worker.config import WorkerCommandConfig
+from shared.config import ConfigError
 from shared.config_fields import flag_name
 
 app = typer.Typer()
@@ -107,17 +108,17 @@ def metrics(config: MetricsConfig, log_level: LogLevel = "info") -> None:
 
 
 @app.command()
-@config_options("config", WorkerConfig)
-def worker(config: WorkerConfig, log_level: LogLevel = "info") -> None:
+@config_options("config", WorkerCommandConfig)
+def worker(config: WorkerCommandConfig, log_level: LogLevel = "info") -> None:
     """Run an engine worker that serves one engine on NATS."""
     from services.worker.engine import ENGINE_FAILED_EXIT, EngineFailed
     from services.worker.engines import engine_names
     from services.worker.main import run_worker
 
     setup_logging(log_level)
-    if not config.worker_id and not config.slots.directory:
+    if not config.worker.worker_id and not config.worker.slots.directory:
         raise typer.BadParameter("a worker id is needed (or --worker-slots)", param_hint="--worker-id")
-    if config.engine not in engine_names():
+    if config.worker.engine not in engine_names():
         raise typer.BadParameter(f"must be one of: {', '.join(engine_names())}", param_hint="--engine")
     try:  # validated when it starts (with slots, under the claimed slot's id)
         run_service(run_worker(config))

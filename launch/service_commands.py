@@ -13,6 +13,7 @@ from typing import Any
 from services.metrics.config import MetricsConfig
 from services.orchestrator.config import OrchestratorConfig
 from services.router.config import RouterConfig
+from services.worker.config import WorkerCommandConfig
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
 from shared.config_argv import config_argv, options_argv
 
@@ -20,13 +21,17 @@ from shared.config_argv import config_argv, options_argv
 @dataclass(frozen=True, slots=True)
 class ServiceCommand:
     name: str  # `tandem <name>`
-    config_type: type
+    config_type: type  # what the command parses its options into
     exclude: tuple[str, ...] = ()  # fields that get no option: they keep their defaults
+    # The part of `config_type` launchers write field by field (`flags`), where not all of it:
+    # the worker's own config (`WorkerConfig`), its engines' options going by name (settings)
+    written_type: type | None = None
 
     def flags(self, config: Any, fields: Iterable[str]) -> list[str]:
         """The flags of `config`'s `fields` (dotted paths), whatever their values: a field left
         out keeps its default, or the value of its `TANDEM_*` variable where the process has one."""
-        assert isinstance(config, self.config_type), f"{self.name} runs a {self.config_type.__name__}"
+        written = self.written_type or self.config_type
+        assert isinstance(config, written), f"{self.name} writes a {written.__name__}"
         return config_argv(config, fields, exclude=self.exclude)
 
     def setting_flags(self, settings: Mapping[str, Any]) -> list[str]:
@@ -40,7 +45,8 @@ class ServiceCommand:
 
 
 ROUTER_COMMAND = ServiceCommand("router", RouterConfig)
-WORKER_COMMAND = ServiceCommand("worker", WorkerConfig)
+# a flag of `WorkerConfig` is named alike in `WorkerCommandConfig`, which adds the engines' options
+WORKER_COMMAND = ServiceCommand("worker", WorkerCommandConfig, written_type=WorkerConfig)
 ORCHESTRATOR_COMMAND = ServiceCommand("orchestrator", OrchestratorConfig)
 # The collector reads no heartbeats and exports no traces: no flags for them
 METRICS_COMMAND = ServiceCommand("metrics", MetricsConfig, exclude=("membership", "tracing"))

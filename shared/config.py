@@ -207,6 +207,11 @@ class WorkerSlotsConfig(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """An engine worker's config, whatever its engine (the connector and the launchers read it
+    too). Each engine's own options live in its package, named by its `EngineSpec`
+    (`services/worker/sim/config.py`, `services/worker/vllm/config.py`); `tandem worker` takes
+    both (`services.worker.config.WorkerCommandConfig`)."""
+
     # empty with slots: the claimed slot's
     worker_id: Annotated[str, flag("Unique worker id (with --worker-slots: the slot to claim).",
                                    env="TANDEM_WORKER_ID", default="", doc="Letters, digits, `-`, `_`.")]
@@ -236,28 +241,6 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
     adapters: Annotated[tuple[str, ...], flag("A LoRA adapter to load at start (repeat).", name="--adapter")] = ()
     adapter_dir: Annotated[str, flag("vLLM: directory of the model's LoRA adapters, one PEFT directory per adapter "
                                      "name (`tandem model lora`).")] = ""
-    vllm_max_lora_rank: Annotated[int, flag("vLLM: the largest LoRA rank an adapter may have.")] = 16
-    sim_profile: Annotated[str, flag("Timing profile (sim): a JSON file or a packaged name (default, "
-                                     "h100-llama-8b-shape).", doc="See [sim-profiles.md](sim-profiles.md).")] = ""
-    sim_speedup: Annotated[float, flag("Run the sim this many times faster.")] = 1.0
-    sim_layers: int = 4
-    sim_kv_dim: Annotated[int, flag("sim: bytes of KV per token and layer / 4 in its pool (split over its KV heads).")] = 64
-    sim_kv_heads: Annotated[int, flag("sim: KV heads of its model (--tensor-parallel splits them).")] = 4
-    vllm_kv_cache_gib: Annotated[float, flag("vLLM: KV cache size in GiB (host memory on CPU).")] = 1.0
-    vllm_cpu_threads_bind: Annotated[str, flag("vLLM on CPU: 'auto', 'nobind' or core ids like '0-3'; pin engines "
-                                               "to different cores.")] = "auto"
-    vllm_block_size: Annotated[int, flag("vLLM: KV block size in tokens; 0: the platform's.",
-                                         doc="128 on CPU.")] = 0
-    vllm_enforce_eager: Annotated[bool, flag("vLLM: eager mode (no CUDA graph capture).", name="--vllm-eager")] = True
-    # structured JSON output may hold whitespace between its tokens (vLLM's default); an
-    # engine setting in vLLM, not a request's
-    vllm_json_any_whitespace: Annotated[bool, flag("vLLM: structured JSON output may hold whitespace between tokens.",
-                                                   name="--vllm-json-whitespace")] = True
-    vllm_encoder_cache_dir: Annotated[str, flag(
-        "vLLM: a directory the model's workers share, where the vision encoder's output for an image is kept: an "
-        "image sent again (to this worker or another) is loaded, not encoded again. Empty: each worker encodes.")] = ""
-    vllm_encoder_cache_gib: Annotated[float, flag("vLLM: size of the encoder cache directory in GiB; the least "
-                                                  "recently used images go past it.")] = 4.0
     kv_transfer: KvTransferConfig = KvTransferConfig()
     load_interval_s: Annotated[float, flag("Seconds between two load snapshots.", name="--load-interval")] = 0.25
     kv_event_interval_s: Annotated[float, flag(
@@ -286,14 +269,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, frozen=True):
         require(self.max_num_batched_tokens >= self.block_size,
                 "max_num_batched_tokens must be at least one block")
         require(self.max_model_len > 0, "max_model_len must be positive")
-        require(self.sim_speedup > 0, "sim speed-up must be positive")
         require(0 <= len(self.adapters) <= self.max_adapters,
                 "max_adapters must be at least the number of adapters loaded at start")
         require(self.caller_check_interval_s >= 0, "the caller check interval must not be negative")
         require(self.kv_event_interval_s > 0, "the KV event interval must be positive")
         require(self.load_interval_s > 0, "the load interval must be positive")
-        require(self.vllm_encoder_cache_gib > 0, "the vLLM encoder cache size must be positive")
-        require(self.vllm_block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
         self.membership.validate()
         self.kv_transfer.validate()
 

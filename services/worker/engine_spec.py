@@ -1,5 +1,5 @@
-"""What an engine registers: `EngineSpec`, its name, capabilities, builders, launch needs
-and deployment facts (`EngineDeployment`: image, shared memory, resources, whether many
+"""What an engine registers: `EngineSpec`, its name, its own options' config, capabilities,
+builders, launch needs and deployment facts (`EngineDeployment`: image, shared memory, resources, whether many
 workers of it share a process). Each engine package defines one in its `spec` module;
 `services.worker.engines` lists them."""
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from shared.schemas.membership import EngineCapabilities
 
@@ -48,7 +50,10 @@ class EngineSpec:
     name: str
     summary: str  # one line for help texts
     capabilities: EngineCapabilities
-    build_engine: Callable[[WorkerConfig], Engine]
+    # The engine's own options (a config struct with flags, in the engine's package): the
+    # part of `tandem worker`'s config named after the engine (`WorkerCommandConfig`)
+    config_type: type[msgspec.Struct]
+    build_engine: Callable[[WorkerConfig, Any], Engine]  # the worker's config, the engine's own
     # The engine's KV data plane (`connector.dataplane.DataPlane`, what `WorkerService` calls).
     build_data_plane: Callable[[WorkerConfig, Engine, Bus], DataPlane]
     requires_module: str = ""  # a module this Python must have to run the engine ("" none)

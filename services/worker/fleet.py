@@ -71,11 +71,12 @@ class WorkerFleet:
         self._buses = [await connect(template.bus, f"worker-fleet-{index}") for index in range(config.connections)]
         tokenizer = Tokenizer.from_model_dir(template.model_dir)
         model_name = template.served_model_name or tokenizer.model_name
-        profile = load_profile(template.sim_profile)
+        profile = load_profile(config.sim.profile)
         for offset in range(config.count):
             worker = config.worker_config(config.first_index + offset)
             bus = self._buses[offset % len(self._buses)]
-            engine = SimEngine(worker, model_name=model_name, vocab_size=tokenizer.vocab_size, profile=profile)
+            engine = SimEngine(worker, config.sim, model_name=model_name, vocab_size=tokenizer.vocab_size,
+                               profile=profile)
             self.services.append(WorkerService(worker, engine, bus, build_kv(worker, SIM, engine, bus),
                                                capabilities=SIM.capabilities))
         self._serving = [False] * len(self.services)

@@ -1,4 +1,4 @@
-"""Wiring for the worker: config -> engine -> service, until SIGTERM/SIGINT, a Drain, or the
+"""Wiring for the worker: config (the worker's and its engine's) -> engine -> service, until SIGTERM/SIGINT, a Drain, or the
 engine's death (the worker leaves the cluster at once and exits non-zero: `EngineFailed`). With
 worker slots (`WorkerConfig.slots`) it first claims one, runs under its id and NATS user, and
 holds it until it exits."""
@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from services.worker.config import WorkerCommandConfig
 from services.worker.engine import Engine, EngineFailed
 from services.worker.engine_spec import EngineSpec
 from services.worker.engines import engine_spec
@@ -52,23 +54,27 @@ def slot_config(config: WorkerConfig, worker_id: str) -> WorkerConfig:
     return msgspec.structs.replace(config, worker_id=worker_id, bus=bus)
 
 
-async def run_worker(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> None:
+async def run_worker(command: WorkerCommandConfig, *, ready: asyncio.Event | None = None) -> None:
+    """`tandem worker`: `command.worker` serving its engine, built with the engine's own
+    options (`command.engine_config()`)."""
+    config = command.worker
     if not config.slots.directory:
-        await _run(config, ready)
+        await _run(config, command.engine_config(), ready)
         return
     claim = claim_slot(config.slots.directory, config.worker_id)
     if isinstance(claim, SlotRefused):
         raise ConfigError(claim.reason)
     with claim:  # held until the worker is done; the kernel lets go if the process dies
         log.info("worker slot %s claimed in %s", claim.worker_id, config.slots.directory)
-        await _run(slot_config(config, claim.worker_id), ready)
+        await _run(slot_config(config, claim.worker_id), command.engine_config(), ready)
 
 
-async def _run(config: WorkerConfig, ready: asyncio.Event | None) -> None:
+async def _run(config: WorkerConfig, engine_config: Any, ready: asyncio.Event | None) -> None:
     config.validate()
+    engine_config.validate()
     setup_tracing(f"tandem-worker-{config.worker_id}", config.tracing.exporter, config.tracing.otlp_endpoint)
     spec = engine_spec(config.engine)
-    engine = spec.build_engine(config)
+    engine = spec.build_engine(config, engine_config)
     bus = await connect(config.bus, f"worker-{config.worker_id}")
     await engine.start()
     service = WorkerService(config, engine, bus, build_kv(config, spec, engine, bus), capabilities=spec.capabilities)

@@ -23,6 +23,7 @@ import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.config import WorkerConfig
 from shared.nats_server import EmbeddedNats
@@ -73,7 +74,7 @@ async def expected_texts(tokenizer: Tokenizer, prompts: Sequence[list[int]], max
     """Each prompt's answer as an undisturbed single worker gives it, as the router renders it:
     one sim engine like the workers' running every prompt in one batch."""
     engine = SimEngine(WorkerConfig(worker_id="reference", kv_blocks=16384, max_num_seqs=len(prompts),
-                                    max_num_batched_tokens=65536, sim_speedup=1000),
+                                    max_num_batched_tokens=65536), SimEngineConfig(speedup=1000),
                        model_name=tokenizer.model_name, vocab_size=tokenizer.vocab_size)
     await engine.start()
 

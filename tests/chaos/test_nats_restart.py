@@ -26,6 +26,7 @@ import pytest
 from services.orchestrator.config import OrchestratorConfig
 from services.orchestrator.service import OrchestratorService
 from services.router.main import RouterServer
+from services.worker.sim.config import SimEngineConfig
 from shared.bus import connect
 from shared.config import BusConfig, MembershipConfig
 from shared.nats_server import EmbeddedNats
@@ -88,7 +89,8 @@ async def test_streams_end_promptly_and_workers_stay_when_nats_restarts_under_lo
     test_bus = await connect(nats.url, "test-client")
     membership = MembershipConfig(heartbeat_interval_s=0.2, ttl_s=2.0)
     workers = [await launch_worker(worker_config(worker_id, bus_config, model_dir, membership=membership,
-                                                 sim_speedup=10.0, load_interval_s=0.1), test_bus, tokenizer)
+                                                 load_interval_s=0.1), test_bus, tokenizer,
+                                   sim=SimEngineConfig(speedup=10.0))
                for worker_id in ("w1", "w2")]
     orchestrator_bus = await connect(nats.url, "orchestrator")
     orchestrator = OrchestratorService(OrchestratorConfig(bus=bus_config, membership=membership), orchestrator_bus)

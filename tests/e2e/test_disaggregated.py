@@ -20,6 +20,7 @@ import pytest
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
 from services.router.flows.detokenizer import IncrementalDetokenizer
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.config import WorkerConfig
 from shared.nats_server import EmbeddedNats
@@ -60,7 +61,7 @@ async def reference(tokenizer: Tokenizer, prompt_ids: list[list[int]], max_token
                     adapter: str = "") -> list[list[int]]:
     """Single-worker output: a sim engine like the workers', serving `adapter` ("": the base
     model), fed the same tokens."""
-    engine = SimEngine(WorkerConfig(worker_id="reference", kv_blocks=2048, sim_speedup=1000),
+    engine = SimEngine(WorkerConfig(worker_id="reference", kv_blocks=2048), SimEngineConfig(speedup=1000),
                        model_name=tokenizer.model_name, vocab_size=tokenizer.vocab_size)
     await engine.start()
     try:

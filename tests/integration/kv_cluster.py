@@ -14,6 +14,7 @@ from connector.nixl_agent import nixl_available
 from connector.sim.transport_builder import build_rank_transports
 from connector.sim.worker_kv import WorkerKv
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus
 from shared.codec import Codec
@@ -24,6 +25,7 @@ from tests.waiting import wait_for
 from tests.worker_answers import whole_answer
 
 BLOCK = 16
+SIM = SimEngineConfig(speedup=50)  # the workers' sim
 
 TRANSPORTS = [pytest.param("nixl", marks=pytest.mark.skipif(not nixl_available(), reason="NIXL is not installed")),
               "memory"]
@@ -33,13 +35,13 @@ def worker_config(worker_id: str, bus_config: BusConfig, *, kv_blocks: int = 256
                   shape: dict[str, int] | None = None, **kv) -> WorkerConfig:
     """`shape`: block_size, tensor_parallel, pipeline_parallel (default: 16-token blocks, 1, 1)."""
     return WorkerConfig(worker_id=worker_id, bus=bus_config, kv_blocks=kv_blocks, kv_host_blocks=kv_host_blocks,
-                        **{"block_size": BLOCK, **(shape or {})}, sim_speedup=50,
+                        **{"block_size": BLOCK, **(shape or {})},
                         membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                         load_interval_s=0.05, kv_event_interval_s=0.01, kv_transfer=KvTransferConfig(**kv))
 
 
-async def start_worker(config: WorkerConfig, bus: Bus, *, model: str = "tiny") -> WorkerService:
-    engine = SimEngine(config, model_name=model, vocab_size=512)
+async def start_worker(config: WorkerConfig, bus: Bus, *, model: str = "tiny", sim: SimEngineConfig = SIM) -> WorkerService:
+    engine = SimEngine(config, sim, model_name=model, vocab_size=512)
     await engine.start()
     kv = WorkerKv(config, bus, engine, build_rank_transports(config, engine), compat_hash=engine.info.compat_hash)
     service = WorkerService(config, engine, bus, kv)

@@ -32,6 +32,7 @@ from services.router.main import RouterServer
 from services.worker.engines import engine_spec
 from services.worker.main import build_kv
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.tokens import generate_tokens
 from shared.bus import Bus, connect
 from shared.codec import Codec
@@ -274,10 +275,13 @@ class SimWorker:
         await self.recorder.stop()
 
 
+SIM = SimEngineConfig(speedup=50.0)  # the workers' sim
+
+
 def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str, *, role: WorkerRole = WorkerRole.BOTH,
                   kv_faults: KvFaultConfig | None = None, **overrides) -> WorkerConfig:
     settings = dict(worker_id=worker_id, role=role, engine="sim", model_dir=model_dir, bus=bus_config,
-                    kv_blocks=512, block_size=BLOCK_SIZE, sim_speedup=50.0, drain_timeout_s=2.0,
+                    kv_blocks=512, block_size=BLOCK_SIZE, drain_timeout_s=2.0,
                     # one registration at start: a worker's entry changes only when a test says so
                     membership=MembershipConfig(heartbeat_interval_s=30.0, ttl_s=90.0),
                     load_interval_s=0.05, kv_event_interval_s=0.01,
@@ -291,8 +295,9 @@ def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str, *, role
 async def launch_worker(config: WorkerConfig, test_bus: Bus, tokenizer: Tokenizer, *, hold: bool = False,
                         hold_at: int = 0, stall: bool = False, fail: str | None = None, fail_after: int = 0,
                         refuse: bool = False, silent: bool = False, listening: bool = True, draining: bool = False,
-                        capabilities: EngineCapabilities | None = None) -> SimWorker:
-    """Start one worker of `config` (options: see `start_worker`); `test_bus` records for it."""
+                        capabilities: EngineCapabilities | None = None, sim: SimEngineConfig = SIM) -> SimWorker:
+    """Start one worker of `config`, its sim's options `sim` (other options: see
+    `start_worker`); `test_bus` records for it."""
     spec = engine_spec(config.engine)
     capabilities = capabilities or spec.capabilities
     answer = "refuse" if refuse else "silent" if silent else None
@@ -300,18 +305,18 @@ async def launch_worker(config: WorkerConfig, test_bus: Bus, tokenizer: Tokenize
     await recorder.start(config.bus.subjects, generate=listening)
     worker = SimWorker(config.worker_id, recorder, test_bus, config.bus)
     if answer is not None or not listening:
-        engine = spec.build_engine(config)  # never started: only its registration is used
+        engine = spec.build_engine(config, sim)  # never started: only its registration is used
         registration = WorkerService(config, engine, test_bus, None, capabilities=capabilities).registration()
         registration = msgspec.structs.replace(registration, kv_transfer=True)
         worker.member = await ScriptedMember(test_bus, config.bus.subjects, registration, answer).start()
         return worker
     if hold or stall or fail is not None:
         model = config.served_model_name or tokenizer.model_name
-        engine = GatedSimEngine(config, model_name=model, vocab_size=tokenizer.vocab_size,
+        engine = GatedSimEngine(config, sim, model_name=model, vocab_size=tokenizer.vocab_size,
                                 hold_at=-1 if stall else hold_at if hold else None,
                                 fail=None if fail is None else (fail, fail_after))
     else:
-        engine = spec.build_engine(config)
+        engine = spec.build_engine(config, sim)
     worker.bus = await connect(config.bus.nats_url, f"worker-{config.worker_id}")
     await engine.start()
     worker.service = WorkerService(config, engine, worker.bus, build_kv(config, spec, engine, worker.bus),

@@ -28,6 +28,7 @@ from nats.aio.msg import Msg
 
 from connector.port import LayerHook
 from services.worker.engine import EngineLoad, EngineOutput
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus
 from shared.codec import encode
@@ -47,9 +48,9 @@ class GatedSimEngine(SimEngine):
     Its load reports count what a real engine would: a held request as running, one
     waiting before its start as waiting with its prompt's tokens still to compute."""
 
-    def __init__(self, config: WorkerConfig, *, model_name: str, vocab_size: int, hold_at: int | None = None,
-                 fail: tuple[str, int] | None = None) -> None:
-        super().__init__(config, model_name=model_name, vocab_size=vocab_size)
+    def __init__(self, config: WorkerConfig, sim: SimEngineConfig, *, model_name: str, vocab_size: int,
+                 hold_at: int | None = None, fail: tuple[str, int] | None = None) -> None:
+        super().__init__(config, sim, model_name=model_name, vocab_size=vocab_size)
         self.hold_at = hold_at
         self.fail = fail
         self.release = asyncio.Event()

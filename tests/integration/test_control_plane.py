@@ -15,6 +15,7 @@ from nats.errors import NoRespondersError
 from services.orchestrator.config import OrchestratorConfig, WorkerLauncherConfig
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
@@ -37,9 +38,10 @@ outcomes: Codec[commands.CommandOutcome] = Codec(commands.CommandOutcome)
 
 async def start_worker(bus_config: BusConfig, worker_id: str, role: WorkerRole) -> WorkerService:
     config = WorkerConfig(worker_id=worker_id, role=role, bus=bus_config, kv_blocks=64, block_size=16,
-                          sim_speedup=20, membership=MEMBERSHIP, load_interval_s=0.05, kv_event_interval_s=0.01,
+                          membership=MEMBERSHIP, load_interval_s=0.05, kv_event_interval_s=0.01,
                           drain_timeout_s=5.0)
-    return await start_sim_worker(config, await connect(bus_config.nats_url, f"worker-{worker_id}"))
+    return await start_sim_worker(config, await connect(bus_config.nats_url, f"worker-{worker_id}"),
+                                  SimEngineConfig(speedup=20))
 
 
 @pytest.fixture

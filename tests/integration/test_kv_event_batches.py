@@ -11,6 +11,7 @@ import pytest
 
 from services.router.kv.index import KvIndex
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus, connect
@@ -45,10 +46,10 @@ async def small_bus(small_nats: EmbeddedNats) -> AsyncIterator[tuple[Bus, BusCon
 
 async def test_a_large_snapshot_goes_out_in_parts_that_rebuild_the_index(small_bus: tuple[Bus, BusConfig]) -> None:
     bus, bus_config = small_bus
-    config = WorkerConfig(worker_id="w1", bus=bus_config, kv_blocks=512, block_size=16, sim_speedup=50,
+    config = WorkerConfig(worker_id="w1", bus=bus_config, kv_blocks=512, block_size=16,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                           load_interval_s=0.05, kv_event_interval_s=0.01)
-    engine = SimEngine(config, model_name="tiny", vocab_size=4096)
+    engine = SimEngine(config, SimEngineConfig(speedup=50), model_name="tiny", vocab_size=4096)
     await engine.start()
     worker = WorkerService(config, engine, bus)
     sizes: list[int] = []

@@ -15,6 +15,7 @@ import pytest
 
 from connector.push import PushWriter
 from connector.sim.worker_kv import WorkerKv
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
@@ -174,7 +175,7 @@ def test_records_round_trip() -> None:
 async def test_push_writes_layers_while_computing(cluster: Cluster, bus: Bus, bus_config: BusConfig,
                                                   speedup: float, monkeypatch: pytest.MonkeyPatch) -> None:
     await cluster.add("single")
-    prefill = await start_worker(msgspec.structs.replace(cluster.config("prefill"), sim_speedup=speedup), bus)
+    prefill = await start_worker(cluster.config("prefill"), bus, sim=SimEngineConfig(speedup=speedup))
     cluster.workers["prefill"] = prefill
     await cluster.add("decode")
     for prompt in prompts():

@@ -7,6 +7,7 @@ from __future__ import annotations
 from services.router.kv.index import KvIndex
 from services.router.kv.view import KvView
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus
@@ -35,9 +36,9 @@ async def generate(bus: Bus, bus_config: BusConfig, request_id: str, prompt: lis
 
 async def test_tier_moves_reach_the_routers_index(bus: Bus, bus_config: BusConfig) -> None:
     config = WorkerConfig(worker_id="w1", bus=bus_config, kv_blocks=12, kv_host_blocks=32, block_size=BLOCK,
-                          max_model_len=256, sim_speedup=50, load_interval_s=0.05, kv_event_interval_s=0.01,
+                          max_model_len=256, load_interval_s=0.05, kv_event_interval_s=0.01,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0))
-    engine = SimEngine(config, model_name="tiny", vocab_size=8192)
+    engine = SimEngine(config, SimEngineConfig(speedup=50), model_name="tiny", vocab_size=8192)
     await engine.start()
     worker = WorkerService(config, engine, bus)
     view = KvView(bus, bus_config.subjects, MalformedCounter())

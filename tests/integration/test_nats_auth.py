@@ -19,6 +19,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from services.worker.sim.config import SimEngineConfig
 from shared.bus import Bus, BusConnectError, client_ssl_context, connect
 from shared.codec import Codec, encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig
@@ -258,10 +259,10 @@ async def test_a_worker_drops_a_control_message_of_another_kind(secured, users) 
     """The router may cancel; a Drain it sends on the cancel subject is dropped by the worker."""
     server, security = secured
     config = WorkerConfig(worker_id="w1", bus=security.bus_config("worker-w1", server.url, NAMESPACE),
-                          kv_blocks=64, sim_speedup=20, membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
+                          kv_blocks=64, membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                           kv_event_interval_s=0.01)
     bus = await connect(config.bus, "worker-w1")
-    worker = await start_sim_worker(config, bus)
+    worker = await start_sim_worker(config, bus, SimEngineConfig(speedup=20))
     try:
         router = await users("router")
         events = await Inbox().subscribe(router, SUBJECTS.kv_events("w1"))

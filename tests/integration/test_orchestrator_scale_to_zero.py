@@ -19,6 +19,7 @@ from services.orchestrator.config import OrchestratorConfig, ScaleToZeroConfig, 
 from services.orchestrator.launchers import LaunchedWorker, WorkerLaunch
 from services.orchestrator.service import OrchestratorService
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, connect
 from shared.codec import Codec, encode
@@ -34,9 +35,9 @@ outcomes: Codec[CommandOutcome] = Codec(CommandOutcome)
 
 async def start_worker(bus_config: BusConfig, worker_id: str, model: str) -> WorkerService:
     config = WorkerConfig(worker_id=worker_id, role=WorkerRole.BOTH, bus=bus_config, kv_blocks=64, block_size=16,
-                          sim_speedup=20, membership=MEMBERSHIP, load_interval_s=0.05, kv_event_interval_s=0.01,
+                          membership=MEMBERSHIP, load_interval_s=0.05, kv_event_interval_s=0.01,
                           drain_timeout_s=2.0, served_model_name=model)
-    engine = SimEngine(config, model_name=model, vocab_size=512)
+    engine = SimEngine(config, SimEngineConfig(speedup=20), model_name=model, vocab_size=512)
     await engine.start()
     service = WorkerService(config, engine, await connect(bus_config.nats_url, f"worker-{worker_id}"))
     await service.start()

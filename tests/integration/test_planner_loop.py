@@ -39,7 +39,7 @@ outcomes: Codec[CommandOutcome] = Codec(CommandOutcome)
 
 async def start_worker(bus_config: BusConfig, worker_id: str, role: WorkerRole) -> WorkerService:
     config = WorkerConfig(worker_id=worker_id, role=role, bus=bus_config, kv_blocks=1024, block_size=16,
-                          max_num_seqs=DECODE_SLOTS, sim_speedup=1, membership=MEMBERSHIP, load_interval_s=0.05,
+                          max_num_seqs=DECODE_SLOTS, membership=MEMBERSHIP, load_interval_s=0.05,
                           kv_event_interval_s=0.01, drain_timeout_s=5.0)
     return await start_sim_worker(config, await connect(bus_config.nats_url, f"worker-{worker_id}"))
 

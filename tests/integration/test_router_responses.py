@@ -27,6 +27,7 @@ from services.worker.engine import EngineOutput
 from services.worker.engines import engine_spec
 from services.worker.main import build_kv
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.bus import Bus, connect
 from shared.config import BusConfig, WorkerConfig
@@ -45,8 +46,9 @@ WEATHER_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}
 class ScriptedSimEngine(SimEngine):
     """The sim engine, answering every request with `script`'s tokens and finishing with stop."""
 
-    def __init__(self, config: WorkerConfig, *, model_name: str, vocab_size: int, script: list[int]) -> None:
-        super().__init__(config, model_name=model_name, vocab_size=vocab_size)
+    def __init__(self, config: WorkerConfig, sim: SimEngineConfig, *, model_name: str, vocab_size: int,
+                 script: list[int]) -> None:
+        super().__init__(config, sim, model_name=model_name, vocab_size=vocab_size)
         self.script = script
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
@@ -84,7 +86,8 @@ async def scripted_worker(bus: Bus, bus_config: BusConfig, model_dir: str, token
         worker = cluster.SimWorker(config.worker_id, recorder, bus, config.bus)
         workers.append(worker)
         spec = engine_spec(config.engine)
-        engine = ScriptedSimEngine(config, model_name=tokenizer.model_name, vocab_size=tokenizer.vocab_size,
+        engine = ScriptedSimEngine(config, cluster.SIM, model_name=tokenizer.model_name,
+                                   vocab_size=tokenizer.vocab_size,
                                    script=[token for token in tokenizer.encode(text)
                                            if token != tokenizer.bos_token_id])
         worker.bus = await connect(config.bus.nats_url, f"worker-{config.worker_id}")

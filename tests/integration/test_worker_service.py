@@ -12,6 +12,7 @@ import pytest
 from nats.js.errors import KeyNotFoundError
 
 from services.worker.service import WorkerService
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from shared.block_hash import block_hash_chain
 from shared.bus import Bus, connect
@@ -36,13 +37,14 @@ from tests.integration.sim_workers import start_sim_worker
 from tests.waiting import wait_for
 from tests.worker_answers import whole_answer
 
+FAST = SimEngineConfig(speedup=20)  # the workers' sim
 
 @pytest.fixture
 async def worker(bus: Bus, bus_config: BusConfig) -> AsyncIterator[WorkerService]:
-    config = WorkerConfig(worker_id="w1", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
+    config = WorkerConfig(worker_id="w1", bus=bus_config, kv_blocks=64, block_size=16,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                           load_interval_s=0.05, kv_event_interval_s=0.01)
-    service = await start_sim_worker(config, bus)
+    service = await start_sim_worker(config, bus, FAST)
     yield service
     if not service.stopped.is_set():
         await service.stop()
@@ -166,9 +168,9 @@ async def test_without_a_data_plane_prefix_hints_are_ignored_and_handoffs_refuse
 
 async def test_stop_after_the_nats_connection_closed_still_stops_everything(bus_config: BusConfig) -> None:
     own_bus = await connect(bus_config.nats_url, "test-worker-closed")
-    config = WorkerConfig(worker_id="w-closed", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
+    config = WorkerConfig(worker_id="w-closed", bus=bus_config, kv_blocks=64, block_size=16,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0), load_interval_s=0.05)
-    service = await start_sim_worker(config, own_bus)
+    service = await start_sim_worker(config, own_bus, FAST)
     await own_bus.client.close()  # NATS gone for good: draining cannot re-register
     await asyncio.wait_for(service.stop(), 10)  # does not raise
     assert service.stopped.is_set()
@@ -180,9 +182,9 @@ async def test_a_request_whose_caller_is_gone_is_cancelled_and_a_live_callers_is
     """The caller's NATS connection closes mid-stream (a router SIGKILLed): the worker's next
     probe of its inbox gets "no responders" and cancels the request, long before
     `max_tokens`; a caller that is still there answers the probes and gets its whole answer."""
-    config = WorkerConfig(worker_id="w-probe", bus=bus_config, kv_blocks=256, block_size=16, sim_speedup=5,
+    config = WorkerConfig(worker_id="w-probe", bus=bus_config, kv_blocks=256, block_size=16,
                           caller_check_interval_s=0.2, membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0))
-    service = await start_sim_worker(config, bus)
+    service = await start_sim_worker(config, bus, SimEngineConfig(speedup=5))
     subject = bus_config.subjects.generate("w-probe")
     try:
         caller = await connect(bus_config.nats_url, "test-doomed-caller")
@@ -226,9 +228,9 @@ async def test_a_heartbeat_while_the_engine_stops_does_not_register_the_worker_a
     """A fleet's ticker heartbeats its workers from outside (`start(timers=False)`) until each
     has stopped; one that beats after the deregistration, while the engine still stops (slow
     on a loaded host), must not put the worker back in the members bucket for good."""
-    config = WorkerConfig(worker_id="w-leaving", bus=bus_config, kv_blocks=64, block_size=16, sim_speedup=20,
+    config = WorkerConfig(worker_id="w-leaving", bus=bus_config, kv_blocks=64, block_size=16,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0))
-    engine = SlowStoppingEngine(config, model_name="tiny", vocab_size=512)
+    engine = SlowStoppingEngine(config, FAST, model_name="tiny", vocab_size=512)
     await engine.start()
     service = WorkerService(config, engine, bus)
     await service.start(timers=False)

@@ -18,7 +18,9 @@ import msgspec
 import pytest
 
 from launch.compose_secrets import control_users, ensure_secrets
+from services.worker.config import WorkerCommandConfig
 from services.worker.main import run_worker, slot_config
+from services.worker.sim.config import SimEngineConfig
 from shared.bus import Bus, connect
 from shared.codec import encode
 from shared.config import BusConfig, MembershipConfig, WorkerConfig, WorkerSlotsConfig
@@ -127,13 +129,14 @@ async def test_a_worker_with_slots_claims_one_and_serves_under_its_id(compose_se
                                                                       tiny_model_dir: str) -> None:
     held = claim_slot(compose_secrets.slots_dir, "w01")  # taken: the worker gets the next one
     assert isinstance(held, SlotClaim)
-    config = WorkerConfig(worker_id="", model_dir=tiny_model_dir, kv_blocks=64, sim_speedup=20,
+    config = WorkerConfig(worker_id="", model_dir=tiny_model_dir, kv_blocks=64,
                           bus=BusConfig(nats_url=compose_secrets.server.url, namespace=NAMESPACE),
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0),
                           slots=WorkerSlotsConfig(directory=str(compose_secrets.slots_dir),
                                                   nats_dir=str(compose_secrets.nats_dir)))
     ready = asyncio.Event()
-    worker = asyncio.create_task(run_worker(config, ready=ready))
+    worker = asyncio.create_task(run_worker(WorkerCommandConfig(worker=config, sim=SimEngineConfig(speedup=20)),
+                                            ready=ready))
     orchestrator = None
     try:
         await asyncio.wait_for(ready.wait(), 30)

@@ -30,6 +30,7 @@ from services.router.kv.index import KvIndex
 from services.router.routing import RouteRequest, build_policy, decide
 from services.worker.config import FleetConfig
 from services.worker.fleet import WorkerFleet
+from services.worker.sim.config import SimEngineConfig
 from shared.bus import connect
 from shared.config import BusConfig, KvTransferConfig, WorkerConfig
 from shared.nats_server import EmbeddedNats
@@ -115,10 +116,10 @@ async def subscriptions(nats_url: str, model_dir: str) -> dict:
     result = {}
     for kv_transfer in (True, False):
         for count in (1, 64):
-            worker = WorkerConfig(worker_id="template", model_dir=model_dir, kv_blocks=64, sim_kv_dim=8,
+            worker = WorkerConfig(worker_id="template", model_dir=model_dir, kv_blocks=64,
                                   kv_transfer=KvTransferConfig(enabled=kv_transfer, transport="memory"),
                                   bus=BusConfig(nats_url=nats_url, namespace=f"subs{count}{int(kv_transfer)}"))
-            fleet = WorkerFleet(FleetConfig(worker=worker, count=count))
+            fleet = WorkerFleet(FleetConfig(worker=worker, sim=SimEngineConfig(kv_dim=8), count=count))
             await fleet.start()
             result[f"kv_transfer={kv_transfer} workers={count}"] = {
                 "subscriptions": sum(len(bus.client._subs) for bus in fleet._buses),

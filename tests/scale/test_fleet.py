@@ -15,6 +15,7 @@ from nats.js.errors import KeyNotFoundError
 from services.worker.config import FleetConfig
 from services.worker.fleet import WorkerFleet
 from services.worker.fleet_ticker import slice_groups
+from services.worker.sim.config import SimEngineConfig
 from shared.bus import Bus
 from shared.codec import Codec, encode
 from shared.config import BusConfig, ConfigError, MembershipConfig, WorkerConfig
@@ -26,10 +27,10 @@ COUNT = 6
 
 
 def fleet_config(bus_config: BusConfig, model_dir: str, **overrides) -> FleetConfig:
-    worker = WorkerConfig(worker_id="template", model_dir=model_dir, kv_blocks=64, sim_kv_dim=8, sim_speedup=50,
+    worker = WorkerConfig(worker_id="template", model_dir=model_dir, kv_blocks=64,
                           load_interval_s=0.1, kv_event_interval_s=0.01, bus=bus_config,
                           membership=MembershipConfig(heartbeat_interval_s=0.1, ttl_s=1.0))
-    return FleetConfig(worker=worker, count=COUNT, id_prefix="f-", first_index=10, connections=2,
+    return FleetConfig(worker=worker, sim=SimEngineConfig(kv_dim=8, speedup=50), count=COUNT, id_prefix="f-", first_index=10, connections=2,
                        start_concurrency=4, **overrides)
 
 

@@ -80,8 +80,8 @@ def test_a_field_that_is_no_flag_is_refused_by_name() -> None:
     worker = WorkerConfig(worker_id="w")
     with pytest.raises(ConfigError, match="no flag field model_path"):
         config_argv(worker, ("worker_id", "model_path"))
-    with pytest.raises(ConfigError, match="no flag field sim_layers"):
-        config_argv(worker, ("sim_layers",))  # no option: a launcher cannot set it on the command line
+    with pytest.raises(ConfigError, match="no flag field drain_timeout_s"):
+        config_argv(worker, ("drain_timeout_s",))  # no option: a launcher cannot set it on the command line
 
 
 def test_no_secret_reaches_a_command_line() -> None:

@@ -81,6 +81,7 @@ def test_a_budget_must_be_positive(tmp_path: Path) -> None:
 
 
 def test_a_workers_encoder_cache_flags_give_a_store_per_model_and_version(tmp_path: Path) -> None:
+    from services.worker.vllm.config import VllmEngineConfig
     from services.worker.vllm.options import VllmEngineOptions
     from shared.config import ConfigError, WorkerConfig
 
@@ -88,9 +89,10 @@ def test_a_workers_encoder_cache_flags_give_a_store_per_model_and_version(tmp_pa
     plain = WorkerConfig(worker_id="w", engine="vllm", model_dir=str(tmp_path))
     assert VllmEngineOptions.from_worker_config(plain).encoder_cache is None
     config = WorkerConfig(worker_id="w", engine="vllm", model_dir=str(tmp_path), served_model_name="vision",
-                          model_version="2", vllm_encoder_cache_dir="/cache", vllm_encoder_cache_gib=0.5)
-    settings = VllmEngineOptions.from_worker_config(config).encoder_cache
+                          model_version="2")
+    cached = VllmEngineConfig(encoder_cache_dir="/cache", encoder_cache_gib=0.5)
+    settings = VllmEngineOptions.from_worker_config(config, cached).encoder_cache
     assert settings is not None
     assert (settings.root, settings.namespace, settings.budget_bytes) == ("/cache", "vision@2", 1 << 29)
     with pytest.raises(ConfigError, match="encoder cache size"):
-        WorkerConfig(worker_id="w", engine="vllm", model_dir=str(tmp_path), vllm_encoder_cache_gib=0).validate()
+        VllmEngineConfig(encoder_cache_gib=0).validate()

@@ -9,12 +9,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from services.worker.config import FleetConfig
+from services.worker.sim.config import SimEngineConfig
 from shared.config import BusConfig, KvTransferConfig, WorkerConfig
 from shared.schemas import WorkerRole
 from tests.unit.service_command_parsing import clear_flag_environment
 
 
-def fleet_worker(monkeypatch: pytest.MonkeyPatch, *args: str) -> WorkerConfig:
+def fleet_config(monkeypatch: pytest.MonkeyPatch, *args: str) -> FleetConfig:
     import cli.fleet
     import services.worker.fleet
 
@@ -24,13 +26,20 @@ def fleet_worker(monkeypatch: pytest.MonkeyPatch, *args: str) -> WorkerConfig:
     monkeypatch.setattr(cli.fleet, "run_service", started.append)
     result = CliRunner().invoke(app, ["worker-fleet", "--model-dir", "/m", *args])
     assert result.exit_code == 0, result.output
-    return started[0].worker
+    return started[0]
+
+
+def fleet_worker(monkeypatch: pytest.MonkeyPatch, *args: str) -> WorkerConfig:
+    return fleet_config(monkeypatch, *args).worker
 
 
 def test_the_fleet_s_defaults_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fleet_worker(monkeypatch) == WorkerConfig(
-        worker_id="template", model_dir="/m", kv_blocks=256, sim_kv_dim=8, load_interval_s=1.0,
+        worker_id="template", model_dir="/m", kv_blocks=256, load_interval_s=1.0,
         kv_transfer=KvTransferConfig(transport="memory", lease_sweep_interval_s=1.0))
+    assert fleet_config(monkeypatch).sim == SimEngineConfig(kv_dim=8)
+    assert fleet_config(monkeypatch, "--sim-speedup", "4", "--sim-kv-dim", "16").sim == SimEngineConfig(
+        speedup=4.0, kv_dim=16)
 
 
 def test_the_fleet_s_options_set_its_template(monkeypatch: pytest.MonkeyPatch) -> None:

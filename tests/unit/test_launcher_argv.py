@@ -21,6 +21,11 @@ from shared.schemas import WorkerRole
 from tests.unit.service_command_parsing import clear_flag_environment, config_of
 
 
+def own(config):
+    """A service's own config: a worker command's worker part (beside its engines' options)."""
+    return getattr(config, "worker", config)
+
+
 @pytest.fixture(autouse=True)
 def _no_flag_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     clear_flag_environment(monkeypatch)
@@ -38,7 +43,9 @@ def definition():
 def test_the_local_stack_s_commands(definition) -> None:
     stack = msgspec.structs.replace(plan_stack(definition, log_dir="/logs"), scalable_models={"b": "/models/b"})
     spec = stack.workers[0]
-    worker = config_of(worker_args(stack, "nats://n:4", spec, restarts=2, last_exit="exit 1"))
+    command = config_of(worker_args(stack, "nats://n:4", spec, restarts=2, last_exit="exit 1"))
+    worker = command.worker
+    assert command.vllm.enforce_eager and command.engine_config() == command.sim  # an engine's option by name
     assert (worker.worker_id, worker.role, worker.model_dir, worker.bus.nats_url) == (
         spec.worker_id, spec.role, "/models/m", "nats://n:4")
     assert (worker.kv_transfer.lease_ttl_s, worker.kv_transfer.enabled, worker.restarts) == (4.0, False, 2)
@@ -53,16 +60,16 @@ def test_the_compose_and_kubernetes_commands(definition) -> None:
     services = compose_document(definition, docker_launcher=True)["services"]
     for name in ("metrics", "router", "prefill", "decode"):
         config = config_of(services[name]["command"])
-        assert config.bus.nats_url == "nats://nats:4222"
-    assert config_of(services["decode"]["command"]).slots.directory
+        assert own(config).bus.nats_url == "nats://nats:4222"
+    assert config_of(services["decode"]["command"]).worker.slots.directory
     orchestrator = config_of(services["orchestrator"]["command"])
     assert (orchestrator.launcher.kind, orchestrator.launcher.model_dir) == ("docker", "/models/m")
     launched = config_of(["worker", *orchestrator.launcher.worker_args])  # its --worker-args parse as flags
-    assert launched.kv_transfer.lease_ttl_s == 4.0
+    assert launched.worker.kv_transfer.lease_ttl_s == 4.0
     for document in k8s_documents(definition):
         if document["kind"] == "Deployment" and document["metadata"]["name"] != "tandem-nats":
             args = document["spec"]["template"]["spec"]["containers"][0]["args"]
-            assert config_of(args).bus.namespace == definition.namespace
+            assert own(config_of(args)).bus.namespace == definition.namespace
 
 
 def test_the_orchestrator_s_worker_command() -> None:
@@ -72,7 +79,7 @@ def test_the_orchestrator_s_worker_command() -> None:
                                                               worker_args=("--kv-blocks", "128")))
     extra = model_flags("/models/b", "b")
     worker = config_of(worker_command(config, WorkerLaunch(worker_id="w-1", role=WorkerRole.DECODE,
-                                                           extra_args=extra)))
+                                                           extra_args=extra))).worker
     assert (worker.worker_id, worker.role, worker.bus.replicas, worker.membership.ttl_s) == (
         "w-1", WorkerRole.DECODE, 3, 1.0)
     assert (worker.model_dir, worker.served_model_name, worker.kv_blocks) == ("/models/b", "b", 128)

@@ -167,11 +167,12 @@ def test_whitespace_in_structured_json_is_a_worker_setting_not_a_request_field()
 
 def test_a_worker_without_json_whitespace_tells_vllm_so_and_its_peer_server_too(tmp_path: Path) -> None:
     from bench.serve.peer import server_argv
+    from services.worker.vllm.config import VllmEngineConfig
     from services.worker.vllm.options import VllmEngineOptions
     from shared.config import WorkerConfig
 
-    config = WorkerConfig(worker_id="w", engine="vllm", model_dir=str(tmp_path), vllm_json_any_whitespace=False)
-    options = VllmEngineOptions.from_worker_config(config)
+    config = WorkerConfig(worker_id="w", engine="vllm", model_dir=str(tmp_path))
+    options = VllmEngineOptions.from_worker_config(config, VllmEngineConfig(json_any_whitespace=False))
     assert options.json_any_whitespace is False
     assert server_argv(options, 8000)[-2:] == ["--structured-outputs-config",
                                                 '{"backend": "xgrammar", "disable_any_whitespace": true}']

@@ -13,6 +13,7 @@ import pytest
 from connector.port import KvPort
 from services.worker.engine import Engine, EngineOutput
 from services.worker.request_runner import ReplayedTokens
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.engine import SimEngine
 from services.worker.sim.profile import TimingProfile
 from services.worker.sim.tokens import generate_tokens
@@ -26,16 +27,18 @@ from tests.waiting import wait_for
 VOCAB = 800
 
 
-def config(**overrides) -> WorkerConfig:
+def config(**overrides) -> tuple[WorkerConfig, SimEngineConfig]:
+    """A worker's config and its sim's (the `sim_` overrides: `sim_layers=3`)."""
     fields = dict(worker_id="w", block_size=16, kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=64,
                   max_model_len=512, sim_speedup=1000.0, sim_layers=2, sim_kv_dim=8)
     fields.update(overrides)
-    return WorkerConfig(**fields)
+    sim = {name.removeprefix("sim_"): fields.pop(name) for name in list(fields) if name.startswith("sim_")}
+    return WorkerConfig(**fields), SimEngineConfig(**sim)
 
 
 @asynccontextmanager
 async def running_engine(**overrides) -> AsyncIterator[SimEngine]:
-    engine = SimEngine(config(**overrides), model_name="tiny", vocab_size=VOCAB)
+    engine = SimEngine(*config(**overrides), model_name="tiny", vocab_size=VOCAB)
     await engine.start()
     try:
         yield engine
@@ -52,7 +55,7 @@ PROMPT = [3 + (i * 37) % 700 for i in range(100)]
 
 
 async def test_info_and_protocol() -> None:
-    engine: Engine = SimEngine(config(), model_name="tiny", vocab_size=VOCAB)
+    engine: Engine = SimEngine(*config(), model_name="tiny", vocab_size=VOCAB)
     for member in ("start", "stop", "generate", "abort", "load", "take_kv_events", "kv_snapshot"):
         assert callable(getattr(engine, member))
     info = engine.info
@@ -124,7 +127,7 @@ async def test_invalid_request_raises_before_anything_is_queued() -> None:
 
 
 async def test_abort_and_stop_end_streams_with_abort() -> None:
-    engine = SimEngine(config(), model_name="tiny", vocab_size=VOCAB)
+    engine = SimEngine(*config(), model_name="tiny", vocab_size=VOCAB)
     await engine.start()
     long = SamplingParams(max_tokens=400)
     results: dict[str, list[EngineOutput]] = {}
@@ -164,7 +167,7 @@ def tokens_of(outputs: list[EngineOutput]) -> list[int]:
 
 
 async def test_kv_port_members_and_rank_regions() -> None:
-    engine: KvPort = SimEngine(config(sim_layers=3, tensor_parallel=2), model_name="tiny", vocab_size=VOCAB)
+    engine: KvPort = SimEngine(*config(sim_layers=3, tensor_parallel=2), model_name="tiny", vocab_size=VOCAB)
     for member in ("kv_shape", "kv_regions", "prompt_block_ids", "pin_prefix", "pin_blocks", "allocate_for_transfer",
                    "commit_transferred", "unpin", "block_checksums", "unit_checksums"):
         assert callable(getattr(engine, member))
@@ -181,7 +184,7 @@ async def test_kv_port_members_and_rank_regions() -> None:
 async def test_on_layer_gets_each_layer_of_each_prefill_step_before_the_outputs(monkeypatch) -> None:
     profile = TimingProfile(prefill_ms_per_token=1.0, step_overhead_ms=0.0, decode_base_ms=8.0,
                             decode_ms_per_seq=0.0, layer_weights=[1.0, 2.0, 1.0])
-    engine = SimEngine(config(sim_layers=3, max_num_batched_tokens=32, sim_speedup=1000.0), model_name="tiny",
+    engine = SimEngine(*config(sim_layers=3, max_num_batched_tokens=32, sim_speedup=1000.0), model_name="tiny",
                        vocab_size=VOCAB, profile=profile)
     log: list[tuple] = []
     real_sleep = asyncio.sleep

@@ -98,21 +98,21 @@ def test_a_second_engine_answers_from_the_first_ones_stored_encoder_output(visio
 
 def test_a_worker_with_an_encoder_cache_dir_starts_vllm_with_tandems_connector(vision_model_dir: str,
                                                                               tmp_path: Path) -> None:
+    from services.worker.vllm.config import VllmEngineConfig
     from services.worker.vllm.engine_config import engine_args
     from services.worker.vllm.kv_events import KvEventEndpoints
     from services.worker.vllm.options import VllmEngineOptions
     from shared.config import WorkerConfig
 
-    config = WorkerConfig(worker_id="w", engine="vllm", model_dir=vision_model_dir,
-                          vllm_encoder_cache_dir=str(tmp_path))
+    config = WorkerConfig(worker_id="w", engine="vllm", model_dir=vision_model_dir)
     endpoints = KvEventEndpoints(publish="tcp://127.0.0.1:5555", replay="tcp://127.0.0.1:5556")
-    args = engine_args(VllmEngineOptions.from_worker_config(config), endpoints, None)
+    options = VllmEngineOptions.from_worker_config(config, VllmEngineConfig(encoder_cache_dir=str(tmp_path)))
+    args = engine_args(options, endpoints, None)
     assert args.ec_transfer_config is not None
     assert (args.ec_transfer_config.ec_connector, args.ec_transfer_config.ec_connector_module_path,
             args.ec_transfer_config.ec_role) == ("TandemEncoderCache", "connector.vllm.encoder_cache", "ec_both")
     assert args.ec_transfer_config.ec_connector_extra_config["root"] == str(tmp_path)
-    plain = WorkerConfig(worker_id="w", engine="vllm", model_dir=vision_model_dir)
-    assert engine_args(VllmEngineOptions.from_worker_config(plain), endpoints, None).ec_transfer_config is None
+    assert engine_args(VllmEngineOptions.from_worker_config(config), endpoints, None).ec_transfer_config is None
 
 
 STORY = ("Under the old stone bridge the water turns green and slow, and the ferryman counts his coins one by one "

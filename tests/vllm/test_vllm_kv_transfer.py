@@ -32,7 +32,9 @@ from connector.sim.transport_builder import build_rank_transports  # noqa: E402
 from connector.sim.worker_kv import WorkerKv  # noqa: E402
 from connector.vllm.worker_kv import VllmWorkerKv  # noqa: E402
 from services.worker.service import WorkerService  # noqa: E402
+from services.worker.sim.config import SimEngineConfig  # noqa: E402
 from services.worker.sim.engine import SimEngine  # noqa: E402
+from services.worker.vllm.config import VllmEngineConfig  # noqa: E402
 from services.worker.vllm.engine import VllmEngine  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.block_hash import block_hash_chain  # noqa: E402
@@ -57,12 +59,11 @@ def prompt_of(seed: int, length: int) -> list[int]:
     return [rng.randrange(3, 2048) for _ in range(length)]  # ids 0-2 are <unk>, <s>, </s>
 
 
-def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str, core: int,
+def worker_config(worker_id: str, bus_config: BusConfig, model_dir: str,
                   transfer: KvTransferConfig) -> WorkerConfig:
     return WorkerConfig(worker_id=worker_id, engine="vllm", model_dir=model_dir, bus=bus_config,
-                        max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=512, vllm_kv_cache_gib=0.25,
-                        vllm_cpu_threads_bind=str(core), load_interval_s=0.05, kv_event_interval_s=0.01,
-                        membership=MembershipConfig(heartbeat_interval_s=0.2, ttl_s=2.0),
+                        max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=512, load_interval_s=0.05,
+                        kv_event_interval_s=0.01, membership=MembershipConfig(heartbeat_interval_s=0.2, ttl_s=2.0),
                         kv_transfer=transfer)
 
 
@@ -119,8 +120,10 @@ def cpu_quiet(processes: list[psutil.Process], window_s: float = 0.5,
     return quiet
 
 
-async def start_vllm_worker(config: WorkerConfig, bus: Bus) -> VllmWorker:
-    engine = VllmEngine(VllmEngineOptions.from_worker_config(config))
+async def start_vllm_worker(config: WorkerConfig, core: int, bus: Bus) -> VllmWorker:
+    """A worker of `config` whose vLLM runs on `core`, with a small KV cache."""
+    vllm_config = VllmEngineConfig(kv_cache_gib=0.25, cpu_threads_bind=str(core))
+    engine = VllmEngine(VllmEngineOptions.from_worker_config(config, vllm_config))
     await engine.start()
     try:
         kv = VllmWorkerKv(config, bus, engine, block_size=engine.info.block_size,
@@ -203,10 +206,10 @@ async def start_pair(module_bus: tuple[Bus, BusConfig], model_dir: str, *,
     bus, bus_config = module_bus
     assert not vllm_processes(), "another vLLM engine runs under this test process"
     last_core = (os.cpu_count() or 1) - 1
-    prefill = await start_vllm_worker(worker_config("prefill", bus_config, model_dir, 0, prefill_transfer), bus)
+    prefill = await start_vllm_worker(worker_config("prefill", bus_config, model_dir, prefill_transfer), 0, bus)
     try:
-        decode = await start_vllm_worker(worker_config("decode", bus_config, model_dir, min(1, last_core),
-                                                       decode_transfer), bus)
+        decode = await start_vllm_worker(worker_config("decode", bus_config, model_dir, decode_transfer),
+                                         min(1, last_core), bus)
     except BaseException:
         await prefill.service.stop()
         raise
@@ -294,8 +297,8 @@ class TestPullPath:
         """Same model name and block size, different engines: different compatibility hashes,
         so each side refuses the other's blocks before any byte moves."""
         sim_config = WorkerConfig(worker_id="sim", bus=pair.bus_config, block_size=BLOCK, kv_blocks=64,
-                                  sim_speedup=50, membership=MembershipConfig(heartbeat_interval_s=0.2, ttl_s=2.0))
-        sim_engine = SimEngine(sim_config, model_name="tiny", vocab_size=2048)
+                                  membership=MembershipConfig(heartbeat_interval_s=0.2, ttl_s=2.0))
+        sim_engine = SimEngine(sim_config, SimEngineConfig(speedup=50), model_name="tiny", vocab_size=2048)
         await sim_engine.start()
         sim = WorkerService(sim_config, sim_engine, pair.bus, WorkerKv(
             sim_config, pair.bus, sim_engine, build_rank_transports(sim_config, sim_engine),

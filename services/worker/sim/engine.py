@@ -34,6 +34,7 @@ from connector.kv_geometry import KvShape
 from connector.port import LayerHook
 from services.worker.engine import EngineInfo, EngineLoad, EngineOutput
 from services.worker.sim.block_manager import BlockManager
+from services.worker.sim.config import SimEngineConfig
 from services.worker.sim.kv_pool import KvPool
 from services.worker.sim.kv_port import SimKvPort
 from services.worker.sim.profile import TimingProfile, load_profile
@@ -50,15 +51,16 @@ _Delivery = EngineOutput | TandemError  # an error ends the stream by raising it
 
 
 class SimEngine:
-    def __init__(self, config: WorkerConfig, *, model_name: str, vocab_size: int,
-                 profile: TimingProfile | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.profile = profile if profile is not None else load_profile(config.sim_profile)
-        self._layer_fractions = self.profile.layer_fractions(config.sim_layers)  # raises on a mismatch
-        self.speedup = config.sim_speedup
+    def __init__(self, config: WorkerConfig, sim: SimEngineConfig = SimEngineConfig(), *, model_name: str,
+                 vocab_size: int, profile: TimingProfile | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.profile = profile if profile is not None else load_profile(sim.profile)
+        self._layer_fractions = self.profile.layer_fractions(sim.layers)  # raises on a mismatch
+        self.speedup = sim.speedup
         self._clock = clock
         try:
-            self.kv_pool = KvPool(config.kv_blocks, config.sim_layers, config.block_size, config.sim_kv_dim,
-                                  num_kv_heads=config.sim_kv_heads, tensor_parallel=config.tensor_parallel,
+            self.kv_pool = KvPool(config.kv_blocks, sim.layers, config.block_size, sim.kv_dim,
+                                  num_kv_heads=sim.kv_heads, tensor_parallel=config.tensor_parallel,
                                   pipeline_parallel=config.pipeline_parallel)
         except ValueError as error:
             raise ConfigError(f"the sim's KV cannot take this shape: {error}") from error
@@ -72,8 +74,8 @@ class SimEngine:
         self._info = EngineInfo(
             engine="sim", model=model_name,
             layout=KvLayout(model=model_name, model_version=config.model_version, dtype="float16",
-                            block_size=config.block_size, num_layers=config.sim_layers,
-                            num_kv_heads=config.sim_kv_heads, head_size=config.sim_kv_dim // config.sim_kv_heads,
+                            block_size=config.block_size, num_layers=sim.layers,
+                            num_kv_heads=sim.kv_heads, head_size=sim.kv_dim // sim.kv_heads,
                             engine="sim", tensor_parallel=config.tensor_parallel,
                             pipeline_parallel=config.pipeline_parallel),
             kv_blocks=config.kv_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,

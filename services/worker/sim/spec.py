@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from services.worker.engine_spec import EngineDeployment, EngineSpec
+from services.worker.sim.config import SimEngineConfig
 from shared.config import ConfigError, WorkerConfig
 from shared.config_fields import flag_name
 from shared.schemas.membership import EngineCapabilities
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from shared.bus import Bus
 
 
-def build_engine(config: WorkerConfig) -> Engine:
+def build_engine(config: WorkerConfig, sim: SimEngineConfig) -> Engine:
     from services.worker.sim.engine import SimEngine
     from shared.tokenizer import Tokenizer
 
@@ -22,7 +23,7 @@ def build_engine(config: WorkerConfig) -> Engine:
         raise ConfigError(f"the sim engine needs a model directory for its tokenizer ({flag_name(WorkerConfig, 'model_dir')})")
     tokenizer = Tokenizer.from_model_dir(config.model_dir)
     model_name = config.served_model_name or tokenizer.model_name
-    return SimEngine(config, model_name=model_name, vocab_size=tokenizer.vocab_size)
+    return SimEngine(config, sim, model_name=model_name, vocab_size=tokenizer.vocab_size)
 
 
 def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
@@ -37,6 +38,7 @@ SIM = EngineSpec(
     summary="simulated engine: paged KV, prefix cache, batching, timing profile (no model weights run)",
     capabilities=EngineCapabilities(kv_pull=True, kv_push=True, adapter_kv_transfer=True,
                                     host_tier_lending=True),
+    config_type=SimEngineConfig,
     build_engine=build_engine,
     build_data_plane=build_data_plane,
     deployment=EngineDeployment(in_fleet=True),

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 
 from connector.vllm.settings import EncoderCacheSettings, KvConnectorOptions
+from services.worker.vllm.config import VllmEngineConfig
 from shared.config import ConfigError, WorkerConfig
 from shared.config_fields import flag_name
 
@@ -82,8 +83,8 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError("max_loras must not be negative, max_lora_rank must be positive")
 
     @classmethod
-    def from_worker_config(cls, config: WorkerConfig) -> VllmEngineOptions:
-        """The worker's settings; the `vllm_*` fields are the vLLM-only ones."""
+    def from_worker_config(cls, config: WorkerConfig, vllm: VllmEngineConfig = VllmEngineConfig()) -> VllmEngineOptions:
+        """The worker's settings and vLLM's own (`vllm`, the `--vllm-*` flags)."""
         transfer = config.kv_transfer
         if config.kv_host_blocks and not transfer.enabled:
             raise ConfigError("a host-memory KV tier (--kv-host-blocks) lives in Tandem's KV connector: "
@@ -101,22 +102,22 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    model_version=config.model_version, tensor_parallel=config.tensor_parallel,
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
-                   kv_cache_gib=config.vllm_kv_cache_gib, block_size=config.vllm_block_size or None,
-                   enforce_eager=config.vllm_enforce_eager, json_any_whitespace=config.vllm_json_any_whitespace,
-                   cpu_threads_bind=config.vllm_cpu_threads_bind, kv_connector=connector,
-                   max_loras=config.max_adapters, max_lora_rank=config.vllm_max_lora_rank,
-                   adapter_dir=config.adapter_dir, encoder_cache=encoder_cache_settings(config),
+                   kv_cache_gib=vllm.kv_cache_gib, block_size=vllm.block_size or None,
+                   enforce_eager=vllm.enforce_eager, json_any_whitespace=vllm.json_any_whitespace,
+                   cpu_threads_bind=vllm.cpu_threads_bind, kv_connector=connector,
+                   max_loras=config.max_adapters, max_lora_rank=vllm.max_lora_rank,
+                   adapter_dir=config.adapter_dir, encoder_cache=encoder_cache_settings(config, vllm),
                    otlp_traces_endpoint=(config.tracing.otlp_endpoint or DEFAULT_OTLP_TRACES_ENDPOINT)
                    if config.tracing.exporter == "otlp" else "")
 
 
-def encoder_cache_settings(config: WorkerConfig) -> EncoderCacheSettings | None:
+def encoder_cache_settings(config: WorkerConfig, vllm: VllmEngineConfig) -> EncoderCacheSettings | None:
     """The encoder-cache store of `--vllm-encoder-cache-dir`, a folder per model and version."""
-    if not config.vllm_encoder_cache_dir:
+    if not vllm.encoder_cache_dir:
         return None
     model = config.served_model_name or Path(config.model_dir).resolve().name
-    return EncoderCacheSettings(root=config.vllm_encoder_cache_dir, namespace=f"{model}@{config.model_version}",
-                                budget_bytes=int(config.vllm_encoder_cache_gib * (1 << 30)))
+    return EncoderCacheSettings(root=vllm.encoder_cache_dir, namespace=f"{model}@{config.model_version}",
+                                budget_bytes=int(vllm.encoder_cache_gib * (1 << 30)))
 
 
 def rank_threads_bind(bind: str, tensor_parallel: int, cores: list[int]) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from services.worker.engine_spec import EngineDeployment, EngineSpec
+from services.worker.vllm.config import VllmEngineConfig
 from shared.config import ConfigError
 from shared.model_config import read_text_config
 from shared.schemas.membership import EngineCapabilities
@@ -20,14 +21,14 @@ START_TIMEOUT_S = 300.0  # engine start-up, model load and KV cache allocation o
 KV_CACHE_GIB = 1.0  # per engine launched by the stack; with the model and runtime ~2.6 GB each
 
 
-def build_engine(config: WorkerConfig) -> Engine:
+def build_engine(config: WorkerConfig, vllm_config: VllmEngineConfig) -> Engine:
     try:
         from services.worker.vllm.engine import VllmEngine
         from services.worker.vllm.options import VllmEngineOptions
     except ImportError as error:
         raise ConfigError(f"vLLM is not installed (make install-vllm; "
                           f"services/worker/vllm/requirements-cpu.txt): {error}") from error
-    return VllmEngine(VllmEngineOptions.from_worker_config(config))
+    return VllmEngine(VllmEngineOptions.from_worker_config(config, vllm_config))
 
 
 def build_data_plane(config: WorkerConfig, engine: Engine, bus: Bus):
@@ -66,6 +67,7 @@ VLLM = EngineSpec(
     name="vllm",
     summary="vLLM (AsyncLLM in the worker) with Tandem's KV connector",
     capabilities=EngineCapabilities(kv_pull=True, kv_push=True),  # pull, and push (connector.vllm.push)
+    config_type=VllmEngineConfig,
     build_engine=build_engine,
     build_data_plane=build_data_plane,
     requires_module="vllm",

@@ -1,0 +1,37 @@
+"""`tandem worker`'s config (`services.worker.config.WorkerCommandConfig`): the worker's own
+config and one part per registered engine, named after it and typed by its `EngineSpec`;
+an engine's options reach its builder through the part of the engine the worker runs."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from services.worker.config import WorkerCommandConfig
+from services.worker.engines import ENGINES
+from services.worker.sim.config import SimEngineConfig
+from services.worker.vllm.config import VllmEngineConfig
+from shared.config import ConfigError, WorkerConfig
+from tests.unit.service_command_parsing import COMMANDS, clear_flag_environment, parsed
+
+
+def test_every_engine_has_its_part_named_after_it() -> None:
+    fields = {field.name: field.type for field in msgspec.structs.fields(WorkerCommandConfig)}
+    assert fields == {"worker": WorkerConfig, **{name: spec.config_type for name, spec in ENGINES.items()}}
+
+
+def test_the_engines_options_parse_into_their_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_flag_environment(monkeypatch)
+    command = parsed(COMMANDS["worker"], ["--worker-id", "w", "--engine", "vllm", "--sim-speedup", "4",
+                                          "--vllm-block-size", "64", "--no-vllm-eager"])
+    assert command.worker.engine == "vllm" and command.sim == SimEngineConfig(speedup=4.0)
+    assert command.engine_config() == VllmEngineConfig(block_size=64, enforce_eager=False)
+
+
+def test_the_running_engines_options_are_checked() -> None:
+    WorkerCommandConfig(worker=WorkerConfig(worker_id="w"), sim=SimEngineConfig(speedup=2.0)).validate()
+    with pytest.raises(ConfigError, match="sim speed-up"):
+        WorkerCommandConfig(worker=WorkerConfig(worker_id="w"), sim=SimEngineConfig(speedup=0)).validate()
+    with pytest.raises(ConfigError, match="vLLM block size"):
+        WorkerCommandConfig(worker=WorkerConfig(worker_id="w", engine="vllm"),
+                            vllm=VllmEngineConfig(block_size=-1)).validate()
