@@ -172,7 +172,7 @@ def test_compare_needs_two_distinct_topologies() -> None:
 def test_vllm_workers_are_pinned_round_robin() -> None:
     settings = {"max_model_len": 4096, "vllm_kv_cache_gib": 0.5}
     specs = worker_specs(parse_topology("2p1d"), "vllm", cores=[4, 5], worker_settings=settings)
-    assert [spec.engine_args[:2] for spec in specs] == [("--vllm-cpu-threads-bind", core) for core in ("4", "5", "4")]
+    assert [spec.engine_args[2:] for spec in specs] == [("--vllm-cpu-threads-bind", core) for core in ("4", "5", "4")]
     assert all(spec.settings == settings for spec in specs)
     worker = worker_args(StackConfig(model_dir="m", workers=specs), "nats://n", specs[0])
     assert worker[-4:] == ["--max-model-len", "4096", "--vllm-kv-cache-gib", "0.5"]  # after the engine's: they win

@@ -90,7 +90,7 @@ def test_plan_names_workers_by_group_and_pins_engines_through_the_registry() -> 
     assert all(spec.engine_args == () for spec in sim.workers)
     assert sim.resolved_start_timeout_s() == 60.0
     vllm = plan_stack(with_overrides(definition, engine="vllm"), log_dir="/logs", cores=[2, 3])
-    assert [spec.engine_args[:2] for spec in vllm.workers] == [("--vllm-cpu-threads-bind", core)
+    assert [spec.engine_args[2:] for spec in vllm.workers] == [("--vllm-cpu-threads-bind", core)
                                                                for core in ("2", "3", "2")]
     assert vllm.resolved_start_timeout_s() == 300.0
     with pytest.raises(DefinitionError, match="at least one decode"):

@@ -11,6 +11,7 @@ from services.worker.config import WorkerCommandConfig
 from services.worker.engines import ENGINES
 from services.worker.sim.config import SimEngineConfig
 from services.worker.vllm.config import VllmEngineConfig
+from services.worker.vllm.spec import KV_CACHE_GIB
 from shared.config import ConfigError, WorkerConfig
 from tests.unit.service_command_parsing import COMMANDS, clear_flag_environment, parsed
 
@@ -35,3 +36,13 @@ def test_the_running_engines_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="vLLM block size"):
         WorkerCommandConfig(worker=WorkerConfig(worker_id="w", engine="vllm"),
                             vllm=VllmEngineConfig(block_size=-1)).validate()
+
+
+def test_an_engines_launch_flags_parse_into_its_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's per-worker launch flags (one core each, a small KV cache) are written from its
+    options' config, so a renamed field or flag fails here, not in a launched worker."""
+    clear_flag_environment(monkeypatch)
+    flags = ENGINES["vllm"].launch_args(3, [0, 1])
+    command = parsed(COMMANDS["worker"], ["--worker-id", "w", "--engine", "vllm", *flags])
+    assert command.vllm == VllmEngineConfig(cpu_threads_bind="1", kv_cache_gib=KV_CACHE_GIB)
+    assert ENGINES["vllm"].launch_args(0, []) == ()

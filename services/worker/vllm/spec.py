@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from services.worker.engine_spec import EngineDeployment, EngineSpec
 from services.worker.vllm.config import VllmEngineConfig
 from shared.config import ConfigError
+from shared.config_argv import config_argv
 from shared.model_config import read_text_config
 from shared.schemas.membership import EngineCapabilities
 
@@ -48,8 +49,8 @@ def launch_args(index: int, cores: Sequence[int]) -> tuple[str, ...]:
     their thread pool for all of it."""
     if not cores:
         return ()
-    return ("--vllm-cpu-threads-bind", str(sorted(cores)[index % len(cores)]),
-            "--vllm-kv-cache-gib", str(KV_CACHE_GIB))
+    engine = VllmEngineConfig(cpu_threads_bind=str(sorted(cores)[index % len(cores)]), kv_cache_gib=KV_CACHE_GIB)
+    return tuple(config_argv(engine, ("cpu_threads_bind", "kv_cache_gib")))
 
 
 def kv_cache_settings(blocks: int, block_size: int, model_dir: str) -> dict[str, int | float | str]:
