@@ -180,7 +180,7 @@ class VllmPush:
             ours = await link.block_checksums(targets) if any(receipt.landed) else []
             ok = receipt.verify(ours)
             kept = ok.index(False) if False in ok else len(ok)
-            images = [ImagePlace(image.identifier, image.start, image.length) for image in request.images]
+            images = [ImagePlace(*image.span) for image in request.images]
             cached = await link.commit(receiver.key, kept, request.token_ids, images) if targets else []
         except BaseException:
             link.unpin_soon([receiver.key])
