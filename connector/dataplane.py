@@ -16,22 +16,37 @@ engine's run:
 Implementations: `connector.sim.worker_kv.WorkerKv` (engines with an in-process `KvPort`)
 and `connector.vllm.worker_kv.VllmWorkerKv` (blocks move inside vLLM). An engine's spec
 builds its data plane (`build_data_plane`). Both derive from `LeasingDataPlane`: a lease
-holder, counters, and transfer records published on `kv.transfers.<worker>`.
+holder, counters, transfer records published on `kv.transfers.<worker>`, and the rules both
+engines follow the same way: which holder a request reads from (`pull_source`), the
+compatibility check of a push target, the push's receive span and its `push_done` message.
+The engines supply how blocks move: `_receive_push` and `_push_writer`.
 """
 
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from typing import Generic, Protocol, TypeVar
+
+from opentelemetry.trace import Span
 
 from connector.holder import LeaseHolder
 from connector.prepared import Prepared
 from connector.push import PushReceiver, PushWriter
+from connector.spans import tracer, transfer_attributes
 from shared.bus import Bus
 from shared.codec import encode
+from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.load import RankTransfers
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
+from shared.schemas.transfer import (
+    KvHandle,
+    KvTransferParams,
+    PushDone,
+    PushTarget,
+    TransferKind,
+    TransferRecord,
+)
 from shared.subjects import Subjects
 from shared.tracing import inject_headers
 
@@ -100,15 +115,30 @@ class DataPlane(Protocol):
 HolderT = TypeVar("HolderT", bound=LeaseHolder)
 
 
-class LeasingDataPlane(Generic[HolderT]):
-    """What every engine's data plane shares: the holder it starts and stops, its lease
-    count, the transfer counters of the load snapshot, and transfer records."""
+class TargetedReceiver(Protocol):
+    """A push receiver of either engine: the target it allocated for the writer."""
 
-    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, holder: HolderT) -> None:
+    @property
+    def target(self) -> PushTarget: ...
+
+
+ReceiverT = TypeVar("ReceiverT", bound=TargetedReceiver)
+WriterT = TypeVar("WriterT")
+
+
+class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
+    """What every engine's data plane shares: the holder it starts and stops, its lease
+    count, the transfer counters of the load snapshot, transfer records, and the halves of
+    pulls and pushes that do not depend on where the engine's blocks live."""
+
+    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, holder: HolderT, *, compat_hash: str,
+                 block_size: int) -> None:
         self.worker_id = worker_id
         self._bus = bus
         self._subjects = subjects
         self.holder = holder
+        self.compat_hash = compat_hash
+        self.block_size = block_size
         self.pulled_tokens_total = 0
         self.recomputed_tokens_total = 0
         self.blocks_retried_total = 0
@@ -127,6 +157,53 @@ class LeasingDataPlane(Generic[HolderT]):
 
     def release_hold(self, handle: KvHandle) -> None:
         self.holder.release(handle.lease_id, "cancelled")
+
+    def pull_source(self, params: KvTransferParams) -> tuple[TransferKind, str] | None:
+        """Which kind of pull a request's `kv_transfer` asks for, and from which holder: a P/D
+        handle's, or a prefix holder other than this worker; None: nothing to read."""
+        if params.source is not None:
+            return "pull", params.source.holder_worker_id
+        if params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
+            return "prefix_pull", params.prefix_holder
+        return None
+
+    @staticmethod
+    def _pull_span(kind: TransferKind, holder: str) -> Span:
+        """A pull's span, ended by the engine's data plane once the pull's outcome is known."""
+        return tracer.start_span("kv.pull", attributes={"tandem.kv.kind": kind, "tandem.kv.peer_worker_id": holder})
+
+    # ---- push mode: what both engines do alike ---------------------------------------------
+
+    async def await_push(self, request: GenerateRequest, receiver: ReceiverT) -> tuple[int, Prepared]:
+        """Wait for the writer; keep what verified. Returns the first token (the writer's)."""
+        with tracer.start_as_current_span("kv.push.receive", attributes={
+                "tandem.kv.kind": "push", "tandem.kv.blocks": len(receiver.target.block_ids)}) as span:
+            first_token, prepared, record = await self._receive_push(request, receiver)
+            span.set_attributes(transfer_attributes(record))
+        self._count(prepared)
+        await self._publish(record)
+        return first_token, prepared
+
+    @abstractmethod
+    async def _receive_push(self, request: GenerateRequest,
+                            receiver: ReceiverT) -> tuple[int, Prepared, TransferRecord]:
+        """The engine's half of `await_push`: the writer's message, and what the engine kept."""
+
+    def push_writer(self, request: GenerateRequest, target: PushTarget) -> WriterT:
+        """Prefill side: a writer of the request's KV into `target`, refused if its layout is not this
+        worker's."""
+        if target.compat_hash != self.compat_hash:
+            raise InvalidArgument(f"KV layout mismatch: the reader {target.reader_worker_id} has compatibility "
+                                  f"hash {target.compat_hash}, {self.worker_id} has {self.compat_hash}")
+        return self._push_writer(request, target)
+
+    @abstractmethod
+    def _push_writer(self, request: GenerateRequest, target: PushTarget) -> WriterT:
+        """The engine's writer of a checked target."""
+
+    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
+        await self._bus.client.publish(self._subjects.control(target.reader_worker_id, "push_done"), encode(message),
+                                       headers=inject_headers() or None)
 
     def _count(self, prepared: Prepared) -> None:
         self.pulled_tokens_total += prepared.pulled_tokens

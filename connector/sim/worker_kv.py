@@ -23,36 +23,34 @@ from connector.push import PushReceiver, PushWriter, wait_for_push
 from connector.push_receipt import PushReceipt
 from connector.rank_transports import RankTransports
 from connector.sim.holder import KvHolder
-from connector.spans import end_transfer_span, tracer, transfer_attributes
+from connector.spans import end_transfer_span
 from shared.block_hash import adapter_root, block_hash_chain
 from shared.bus import Bus
-from shared.codec import MalformedCounter, encode
+from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
-from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.load import RankTransfers
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferRecord
-from shared.tracing import inject_headers
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
 
 
-class WorkerKv(LeasingDataPlane[KvHolder]):
+class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
     def __init__(self, config: WorkerConfig, bus: Bus, port: KvPort, agents: RankTransports, *, compat_hash: str,
                  malformed: MalformedCounter | None = None) -> None:
         settings = config.kv_transfer
         subjects = config.bus.subjects
         self.port = port
         self.agents = agents
-        self.block_size = agents.shape.block_size
+        block_size = agents.shape.block_size
         super().__init__(config.worker_id, bus, subjects, KvHolder(
-            config.worker_id, bus, subjects, port, agents, compat_hash=compat_hash, block_size=self.block_size,
-            lease_ttl_s=settings.lease_ttl_s, sweep_interval_s=settings.lease_sweep_interval_s, malformed=malformed))
+            config.worker_id, bus, subjects, port, agents, compat_hash=compat_hash, block_size=block_size,
+            lease_ttl_s=settings.lease_ttl_s, sweep_interval_s=settings.lease_sweep_interval_s, malformed=malformed),
+            compat_hash=compat_hash, block_size=block_size)
         self.leases = LeaseClient(config.worker_id, bus, subjects, agents, compat_hash=compat_hash,
                                   block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
                                   lease_ttl_s=settings.lease_ttl_s)
         self.puller = KvPuller(self.leases, port, agents, transfer_timeout_s=settings.transfer_timeout_s,
                                retry=settings.retry, faults=settings.faults)
         self._faults = settings.faults
-        self.compat_hash = compat_hash
         self._push_wait_s = settings.push_wait_s
         self._transfer_timeout_s = settings.transfer_timeout_s
         self._receivers: dict[str, PushReceiver] = {}
@@ -71,17 +69,12 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         """Pull what the request's `kv_transfer` names; never raises for a failed transfer
         (the engine computes what did not arrive), only for a refused, incompatible handle."""
         params = request.kv_transfer
-        if params is None:
+        source = self.pull_source(params) if params is not None else None
+        if params is None or source is None:
             return Prepared()
-        kind: TransferKind
-        if params.source is not None:
-            kind, holder = "pull", params.source.holder_worker_id
-        elif params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id:
-            kind, holder = "prefix_pull", params.prefix_holder
-        else:
-            return Prepared()
-        with tracer.start_as_current_span("kv.pull", end_on_exit=False, attributes={
-                "tandem.kv.kind": kind, "tandem.kv.peer_worker_id": holder}) as span:
+        kind, holder = source
+        span = self._pull_span(kind, holder)
+        with trace.use_span(span, end_on_exit=False):
             outcome = None
             try:
                 handle = params.source or await self.leases.lease_prefix(holder, params.prefix_hashes)
@@ -126,17 +119,9 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         if receiver is not None:
             receiver.deliver(message)
 
-    async def await_push(self, request: GenerateRequest, receiver: PushReceiver) -> tuple[int, Prepared]:
-        """Wait for the writer; commit what verified. Returns the first token (the writer's)."""
-        with tracer.start_as_current_span("kv.push.receive", attributes={
-                "tandem.kv.kind": "push", "tandem.kv.blocks": len(receiver.target.block_ids)}) as span:
-            first_token, prepared, record = await self._receive_push(request, receiver)
-            span.set_attributes(transfer_attributes(record))
-        await self._publish(record)
-        return first_token, prepared
-
     async def _receive_push(self, request: GenerateRequest,
                             receiver: PushReceiver) -> tuple[int, Prepared, TransferRecord]:
+        """Commit into the port's pinned target blocks what verified (`await_push`)."""
         started = time.monotonic()
         try:
             message = await wait_for_push(receiver.done, self._push_wait_s,
@@ -152,22 +137,14 @@ class WorkerKv(LeasingDataPlane[KvHolder]):
         pinned = [block_id for block_id, good in zip(receiver.target.block_ids, receipt.committed_ok or []) if good]
         prepared = Prepared(pinned_block_ids=pinned)
         receipt.fill(prepared)
-        self._count(prepared)
         return message.first_token, prepared, receipt.record()
 
-    def push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
-        if target.compat_hash != self.compat_hash:
-            raise InvalidArgument(f"KV layout mismatch: the reader {target.reader_worker_id} has compatibility "
-                                  f"hash {target.compat_hash}, {self.worker_id} has {self.compat_hash}")
+    def _push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
         return PushWriter(request.request_id, self.port, self.agents, target, timeout_s=self._transfer_timeout_s,
                           faults=self._faults)
 
     async def ensure_push_peer(self, target: PushTarget) -> bool:
         return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)
-
-    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
-        await self._bus.client.publish(self._subjects.control(target.reader_worker_id, "push_done"), encode(message),
-                                       headers=inject_headers() or None)
 
     def rank_transfers(self) -> list[RankTransfers]:
         """Each rank's transport counters, read in this process (no question to anyone)."""

@@ -33,20 +33,18 @@ from connector.block_io import VerifiedRead
 from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
 from connector.pull import Pull
-from connector.spans import end_transfer_span, tracer, transfer_attributes
+from connector.spans import end_transfer_span
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.holder import VllmKvHolder
 from connector.vllm.kv_wire import Loaded, PullOrder, TransferOrder
 from connector.vllm.push import VllmPush, VllmPushReceiver, VllmPushWriter
 from shared.block_hash import request_chain
 from shared.bus import Bus
-from shared.codec import MalformedCounter, encode
+from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
-from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest, image_spans
 from shared.schemas.load import RankTransfers
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind
-from shared.tracing import inject_headers
+from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferRecord
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +66,16 @@ class PeerAgents:
         return self._metadata.get(name)
 
 
-class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
+class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWriter]):
     def __init__(self, config: WorkerConfig, bus: Bus, engine: VllmKvEngine, *, block_size: int, compat_hash: str,
                  malformed: MalformedCounter | None = None) -> None:
         settings = config.kv_transfer
         subjects = config.bus.subjects
         self.engine = engine
-        self.block_size = block_size
-        self.compat_hash = compat_hash
         self.peers = PeerAgents()
         super().__init__(config.worker_id, bus, subjects, VllmKvHolder(
             config.worker_id, bus, subjects, engine, compat_hash=compat_hash, block_size=block_size,
-            lease_ttl_s=settings.lease_ttl_s, malformed=malformed))
+            lease_ttl_s=settings.lease_ttl_s, malformed=malformed), compat_hash=compat_hash, block_size=block_size)
         self.leases = LeaseClient(config.worker_id, bus, subjects, self.peers, compat_hash=compat_hash,
                                   block_size=block_size, control_timeout_s=settings.control_timeout_s,
                                   lease_ttl_s=settings.lease_ttl_s)
@@ -101,19 +97,16 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         prepared = Prepared()
         if params is None:
             return prepared
-        kind: TransferKind = "pull"
+        source = self.pull_source(params)
         handle = params.source
-        pulls_prefix = params.prefix_holder and params.prefix_hashes and params.prefix_holder != self.worker_id
         staged = None
-        if handle is not None or pulls_prefix:
-            span = tracer.start_span("kv.pull", attributes={
-                "tandem.kv.kind": kind if handle is not None else "prefix_pull",
-                "tandem.kv.peer_worker_id": handle.holder_worker_id if handle is not None else params.prefix_holder})
+        if source is not None:
+            kind, holder = source
+            span = self._pull_span(kind, holder)
             try:
                 with trace.use_span(span, end_on_exit=False):
                     if handle is None:
-                        handle, kind = await self.leases.lease_prefix(params.prefix_holder,
-                                                                      params.prefix_hashes), "prefix_pull"
+                        handle = await self.leases.lease_prefix(holder, params.prefix_hashes)
                     staged = await self._plan_pull(request, handle, kind, prepared, span) if handle else None
             except BaseException:
                 end_transfer_span(span, None)
@@ -229,20 +222,12 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
     def deliver_push(self, message: PushDone) -> None:
         self._push.deliver(message)
 
-    async def await_push(self, request: GenerateRequest, receiver: VllmPushReceiver) -> tuple[int, Prepared]:
-        """Wait for the writer; cache what verified. Returns the first token (the writer's)."""
-        with tracer.start_as_current_span("kv.push.receive", attributes={
-                "tandem.kv.kind": "push", "tandem.kv.blocks": len(receiver.target.block_ids)}) as span:
-            first_token, prepared, record = await self._push.receive(request, receiver)
-            span.set_attributes(transfer_attributes(record))
-        self._count(prepared)
-        await self._publish(record)
-        return first_token, prepared
+    async def _receive_push(self, request: GenerateRequest,
+                            receiver: VllmPushReceiver) -> tuple[int, Prepared, TransferRecord]:
+        """Cache in vLLM what verified (`await_push`)."""
+        return await self._push.receive(request, receiver)
 
-    def push_writer(self, request: GenerateRequest, target: PushTarget) -> VllmPushWriter:
-        if target.compat_hash != self.compat_hash:
-            raise InvalidArgument(f"KV layout mismatch: the reader {target.reader_worker_id} has compatibility "
-                                  f"hash {target.compat_hash}, {self.worker_id} has {self.compat_hash}")
+    def _push_writer(self, request: GenerateRequest, target: PushTarget) -> VllmPushWriter:
         return self._push.writer(request, target)
 
     async def ensure_push_peer(self, target: PushTarget) -> bool:
@@ -255,7 +240,3 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder]):
         if writer is not None:
             writer.stage(metadata)
         return True
-
-    async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
-        await self._bus.client.publish(self._subjects.control(target.reader_worker_id, "push_done"), encode(message),
-                                       headers=inject_headers() or None)
