@@ -18,21 +18,27 @@ and `connector.vllm.worker_kv.VllmWorkerKv` (blocks move inside vLLM). An engine
 builds its data plane (`build_data_plane`). Both derive from `LeasingDataPlane`: a lease
 holder, counters, transfer records published on `kv.transfers.<worker>`, and the rules both
 engines follow the same way: which holder a request reads from (`pull_source`), the
-compatibility check of a push target, the push's receive span and its `push_done` message.
-The engines supply how blocks move: `_receive_push` and `_push_writer`.
+compatibility check of a push target, and the reader's half of a push (its receivers by
+transfer, the bounded wait, the receipt, span and record; an unclaimed receiver expires and
+gives its blocks back) and the writer's `push_done` message. The engines supply where
+blocks live: `_commit_push`, `_give_back`, `_block_nbytes` and `_push_writer`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
+from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 from opentelemetry.trace import Span
 
 from connector.holder import LeaseHolder
 from connector.prepared import Prepared
-from connector.push import PushReceiver, PushWriter
+from connector.push import PushArrival, PushReceiver, PushWriter, wait_for_push
+from connector.push_receipt import PushReceipt
 from connector.spans import tracer, transfer_attributes
 from shared.bus import Bus
 from shared.codec import encode
@@ -113,16 +119,7 @@ class DataPlane(Protocol):
 
 
 HolderT = TypeVar("HolderT", bound=LeaseHolder)
-
-
-class TargetedReceiver(Protocol):
-    """A push receiver of either engine: the target it allocated for the writer."""
-
-    @property
-    def target(self) -> PushTarget: ...
-
-
-ReceiverT = TypeVar("ReceiverT", bound=TargetedReceiver)
+ReceiverT = TypeVar("ReceiverT", bound=PushArrival)
 WriterT = TypeVar("WriterT")
 
 
@@ -132,13 +129,15 @@ class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
     pulls and pushes that do not depend on where the engine's blocks live."""
 
     def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, holder: HolderT, *, compat_hash: str,
-                 block_size: int) -> None:
+                 block_size: int, push_wait_s: float) -> None:
         self.worker_id = worker_id
         self._bus = bus
         self._subjects = subjects
         self.holder = holder
         self.compat_hash = compat_hash
         self.block_size = block_size
+        self._push_wait_s = push_wait_s
+        self._receivers: dict[str, ReceiverT] = {}  # transfer id -> the reader's receiver, until its PushDone
         self.pulled_tokens_total = 0
         self.recomputed_tokens_total = 0
         self.blocks_retried_total = 0
@@ -174,20 +173,59 @@ class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
 
     # ---- push mode: what both engines do alike ---------------------------------------------
 
+    def _expect_push(self, receiver: ReceiverT) -> ReceiverT:
+        """Register a new receiver for its `PushDone`. One that `await_push` never claims (the
+        request failed before) gives its blocks back after twice the push wait."""
+        self._receivers[receiver.target.transfer_id] = receiver
+        asyncio.get_running_loop().call_later(2 * self._push_wait_s + 5.0, self._expire, receiver)
+        return receiver
+
+    def _expire(self, receiver: ReceiverT) -> None:
+        if not receiver.claimed:
+            self._receivers.pop(receiver.target.transfer_id, None)
+            self._give_back(receiver)
+
+    def deliver_push(self, message: PushDone) -> None:
+        receiver = self._receivers.get(message.transfer_id)
+        if receiver is not None:
+            receiver.deliver(message)
+
     async def await_push(self, request: GenerateRequest, receiver: ReceiverT) -> tuple[int, Prepared]:
-        """Wait for the writer; keep what verified. Returns the first token (the writer's)."""
+        """Wait (bounded) for the writer; keep what verified. Returns the first token (the writer's)."""
+        receiver.claimed = True
+        target = receiver.target
         with tracer.start_as_current_span("kv.push.receive", attributes={
-                "tandem.kv.kind": "push", "tandem.kv.blocks": len(receiver.target.block_ids)}) as span:
-            first_token, prepared, record = await self._receive_push(request, receiver)
+                "tandem.kv.kind": "push", "tandem.kv.blocks": len(target.block_ids)}) as span:
+            started = time.monotonic()
+            try:
+                message = await wait_for_push(receiver.done, self._push_wait_s, partial(self._give_back, receiver))
+            finally:
+                self._receivers.pop(target.transfer_id, None)
+            assert message.first_token is not None
+            receipt = PushReceipt(self.worker_id, request.request_id, message, target.block_ids,
+                                  block_size=self.block_size, block_nbytes=self._block_nbytes, started=started)
+            prepared = await self._commit_push(request, receiver, receipt)
+            receipt.log_failures()
+            record = receipt.record()
+            span.set_attributes(receipt.span_attributes())
             span.set_attributes(transfer_attributes(record))
         self._count(prepared)
         await self._publish(record)
-        return first_token, prepared
+        return message.first_token, prepared
 
     @abstractmethod
-    async def _receive_push(self, request: GenerateRequest,
-                            receiver: ReceiverT) -> tuple[int, Prepared, TransferRecord]:
-        """The engine's half of `await_push`: the writer's message, and what the engine kept."""
+    async def _commit_push(self, request: GenerateRequest, receiver: ReceiverT, receipt: PushReceipt) -> Prepared:
+        """Verify what arrived and keep the leading verified blocks for the request (into
+        `receipt`); give back the rest."""
+
+    @abstractmethod
+    def _give_back(self, receiver: ReceiverT) -> None:
+        """Unpin a receiver's target blocks: no push will come into them."""
+
+    @property
+    @abstractmethod
+    def _block_nbytes(self) -> int:
+        """One block of the whole model (every layer and head once), for transfer records."""
 
     def push_writer(self, request: GenerateRequest, target: PushTarget) -> WriterT:
         """Prefill side: a writer of the request's KV into `target`, refused if its layout is not this

@@ -1,10 +1,11 @@
 """Push mode: the prefill worker writes the prompt's KV into blocks the decode worker
 allocated, layer by layer as each layer is computed, so the transfer overlaps compute.
 
-Decode side (`PushReceiver`): allocate and pin one block per full prompt block, announce
-them (`PushTarget`, sent to the router in a `KvTarget` frame), wait (bounded) for the
-writer's `PushDone` (`wait_for_push`, both engines), then verify and commit into a
-`connector.push_receipt.PushReceipt` (both engines: the outcome and the record).
+Decode side (`PushReceiver`, a `PushArrival` as vLLM's receiver is): allocate and pin one
+block per full prompt block, announce them (`PushTarget`, sent to the router in a
+`KvTarget` frame), wait (bounded) for the writer's `PushDone` (`wait_for_push`, both
+engines), then verify and commit into a `connector.push_receipt.PushReceipt` (both engines:
+the outcome and the record).
 
 Prefill side (`PushWriter`): the engine's `on_layer` hook queues a write of layer `l` of
 the blocks that step completed; when prefill ends, prompt blocks the engine reused from
@@ -177,18 +178,27 @@ async def wait_for_push(done: asyncio.Future[PushDone], wait_s: float, give_back
     return message
 
 
-class PushReceiver:
-    """Decode side of one push: the target blocks, and the wait for `PushDone`."""
+class PushArrival:
+    """Decode side of one push, for both engines: the target announced to the writer, and
+    the wait for its `PushDone` (`connector.dataplane.LeasingDataPlane.await_push`)."""
 
-    def __init__(self, port: KvPort, target: PushTarget, block_size: int) -> None:
-        self._port = port
+    def __init__(self, target: PushTarget) -> None:
         self.target = target
-        self.block_size = block_size
         self.done: asyncio.Future[PushDone] = asyncio.get_running_loop().create_future()
+        self.claimed = False  # await_push took it (else it expires, its blocks given back)
 
     def deliver(self, message: PushDone) -> None:
         if not self.done.done():
             self.done.set_result(message)
+
+
+class PushReceiver(PushArrival):
+    """A push into an in-process `KvPort`'s pinned target blocks."""
+
+    def __init__(self, port: KvPort, target: PushTarget, block_size: int) -> None:
+        super().__init__(target)
+        self._port = port
+        self.block_size = block_size
 
     def commit(self, receipt: PushReceipt, token_ids: list[int], *, adapter: str = "", now: float) -> None:
         """Verify and commit what arrived (into `receipt`); unpins what did not commit."""

@@ -19,7 +19,7 @@ from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
 from connector.puller import KvPuller
-from connector.push import PushReceiver, PushWriter, wait_for_push
+from connector.push import PushReceiver, PushWriter
 from connector.push_receipt import PushReceipt
 from connector.rank_transports import RankTransports
 from connector.sim.holder import KvHolder
@@ -30,7 +30,7 @@ from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.load import RankTransfers
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferRecord
+from shared.schemas.transfer import KvHandle, PushTarget
 
 
 class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
@@ -44,16 +44,14 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
         super().__init__(config.worker_id, bus, subjects, KvHolder(
             config.worker_id, bus, subjects, port, agents, compat_hash=compat_hash, block_size=block_size,
             lease_ttl_s=settings.lease_ttl_s, sweep_interval_s=settings.lease_sweep_interval_s, malformed=malformed),
-            compat_hash=compat_hash, block_size=block_size)
+            compat_hash=compat_hash, block_size=block_size, push_wait_s=settings.push_wait_s)
         self.leases = LeaseClient(config.worker_id, bus, subjects, agents, compat_hash=compat_hash,
                                   block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
                                   lease_ttl_s=settings.lease_ttl_s)
         self.puller = KvPuller(self.leases, port, agents, transfer_timeout_s=settings.transfer_timeout_s,
                                retry=settings.retry, faults=settings.faults)
         self._faults = settings.faults
-        self._push_wait_s = settings.push_wait_s
         self._transfer_timeout_s = settings.transfer_timeout_s
-        self._receivers: dict[str, PushReceiver] = {}
 
     @property
     def _block_nbytes(self) -> int:
@@ -110,34 +108,19 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
         block_ids = (self.port.allocate_for_transfer(count) if count else None) or []
         target = PushTarget(reader_worker_id=self.worker_id, agent_name=self.agents.agent_name,
                             transfer_id=request.request_id, compat_hash=self.compat_hash, block_ids=block_ids)
-        receiver = PushReceiver(self.port, target, self.block_size)
-        self._receivers[target.transfer_id] = receiver
-        return receiver
+        return self._expect_push(PushReceiver(self.port, target, self.block_size))
 
-    def deliver_push(self, message: PushDone) -> None:
-        receiver = self._receivers.get(message.transfer_id)
-        if receiver is not None:
-            receiver.deliver(message)
-
-    async def _receive_push(self, request: GenerateRequest,
-                            receiver: PushReceiver) -> tuple[int, Prepared, TransferRecord]:
-        """Commit into the port's pinned target blocks what verified (`await_push`)."""
-        started = time.monotonic()
-        try:
-            message = await wait_for_push(receiver.done, self._push_wait_s,
-                                          lambda: self.port.unpin(receiver.target.block_ids))
-        finally:
-            self._receivers.pop(receiver.target.transfer_id, None)
-        assert message.first_token is not None
-        receipt = PushReceipt(self.worker_id, request.request_id, message, receiver.target.block_ids,
-                              block_size=self.block_size, block_nbytes=self._block_nbytes, started=started)
+    async def _commit_push(self, request: GenerateRequest, receiver: PushReceiver, receipt: PushReceipt) -> Prepared:
+        """Commit into the port's pinned target blocks what verified; they stay pinned for the
+        request (`release_pins`)."""
         receiver.commit(receipt, request.token_ids, adapter=request.adapter, now=time.monotonic())
-        receipt.log_failures()
-        trace.get_current_span().set_attributes(receipt.span_attributes())  # the receive's span
         pinned = [block_id for block_id, good in zip(receiver.target.block_ids, receipt.committed_ok or []) if good]
         prepared = Prepared(pinned_block_ids=pinned)
         receipt.fill(prepared)
-        return message.first_token, prepared, receipt.record()
+        return prepared
+
+    def _give_back(self, receiver: PushReceiver) -> None:
+        self.port.unpin(receiver.target.block_ids)
 
     def _push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
         return PushWriter(request.request_id, self.port, self.agents, target, timeout_s=self._transfer_timeout_s,

@@ -27,17 +27,15 @@ import itertools
 import logging
 import time
 
-from opentelemetry import trace
-
 from connector.dataplane import Prepared
-from connector.push import LayerWrite, wait_for_push
+from connector.push import LayerWrite, PushArrival
 from connector.push_ledger import abort_push, end_push
 from connector.push_receipt import PushReceipt
 from connector.spans import tracer
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.kv_wire import ImagePlace, LayerWritten, Pushed, PushOrder, TransferOrder
 from shared.schemas.generate import GenerateRequest
-from shared.schemas.transfer import PushDone, PushTarget, TransferRecord
+from shared.schemas.transfer import PushDone, PushTarget
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +60,10 @@ def describe_writes(writes: list[LayerWritten]) -> str:
                     f"/{w.started_s * 1e3:.1f}-{w.done_s * 1e3:.1f}{'' if w.ok else '!'}" for w in writes)
 
 
-class VllmPushReceiver:
+class VllmPushReceiver(PushArrival):
     def __init__(self, target: PushTarget, key: str) -> None:
-        self.target = target
+        super().__init__(target)
         self.key = key  # the pin of the target blocks in vLLM
-        self.done: asyncio.Future[PushDone] = asyncio.get_running_loop().create_future()
-        self.claimed = False  # await_push took it (else it expires)
-
-    def deliver(self, message: PushDone) -> None:
-        if not self.done.done():
-            self.done.set_result(message)
 
 
 class VllmPushWriter:
@@ -127,18 +119,15 @@ class VllmPushWriter:
 
 
 class VllmPush:
-    def __init__(self, worker_id: str, engine: VllmKvEngine, *, block_size: int, compat_hash: str,
-                 push_wait_s: float) -> None:
+    def __init__(self, worker_id: str, engine: VllmKvEngine, *, block_size: int, compat_hash: str) -> None:
         self.worker_id = worker_id
         self.engine = engine
         self.block_size = block_size
         self.compat_hash = compat_hash
-        self.push_wait_s = push_wait_s
-        self._receivers: dict[str, VllmPushReceiver] = {}
         self._writers: dict[str, VllmPushWriter] = {}  # transfer id -> writer, until staged
         self._keys = itertools.count(1)
 
-    # ---- reader ---------------------------------------------------------------------------
+    # ---- reader (its wait: `connector.dataplane.LeasingDataPlane.await_push`) ---------------
 
     async def receiver(self, request: GenerateRequest) -> VllmPushReceiver:
         link = self.engine.kv_link
@@ -147,35 +136,15 @@ class VllmPush:
         block_ids = await link.allocate(key, count) if count else []
         target = PushTarget(reader_worker_id=self.worker_id, agent_name=link.agent_name,
                             transfer_id=request.request_id, compat_hash=self.compat_hash, block_ids=block_ids)
-        receiver = VllmPushReceiver(target, key)
-        self._receivers[target.transfer_id] = receiver
-        # A receiver nobody waits on (the request failed before await_push) gives its blocks back.
-        asyncio.get_running_loop().call_later(2 * self.push_wait_s + 5.0, self._expire, receiver)
-        return receiver
+        return VllmPushReceiver(target, key)
 
-    def _expire(self, receiver: VllmPushReceiver) -> None:
-        if not receiver.claimed:
-            self._receivers.pop(receiver.target.transfer_id, None)
-            self.engine.kv_link.unpin_soon([receiver.key])
+    def give_back(self, receiver: VllmPushReceiver) -> None:
+        self.engine.kv_link.unpin_soon([receiver.key])
 
-    def deliver(self, message: PushDone) -> None:
-        receiver = self._receivers.get(message.transfer_id)
-        if receiver is not None:
-            receiver.deliver(message)
-
-    async def receive(self, request: GenerateRequest,
-                      receiver: VllmPushReceiver) -> tuple[int, Prepared, TransferRecord]:
-        receiver.claimed = True
+    async def commit(self, request: GenerateRequest, receiver: VllmPushReceiver, receipt: PushReceipt) -> Prepared:
+        """Cache the leading verified blocks in vLLM, pinned until the request is admitted."""
         link = self.engine.kv_link
-        started = time.monotonic()
-        try:
-            message = await wait_for_push(receiver.done, self.push_wait_s, lambda: link.unpin_soon([receiver.key]))
-        finally:
-            self._receivers.pop(receiver.target.transfer_id, None)
-        assert message.first_token is not None
         targets = receiver.target.block_ids
-        receipt = PushReceipt(self.worker_id, request.request_id, message, targets, block_size=self.block_size,
-                              block_nbytes=self._block_nbytes(), started=started)
         try:
             ours = await link.block_checksums(targets) if any(receipt.landed) else []
             ok = receipt.verify(ours)
@@ -192,11 +161,9 @@ class VllmPush:
             self.engine.stage(request.request_id, TransferOrder(transfer_id=request.request_id,
                                                                 release_key=receiver.key))
             prepared.staged_request_id = request.request_id
-        trace.get_current_span().set_attributes(receipt.span_attributes())
-        receipt.log_failures()
-        return message.first_token, prepared, receipt.record()
+        return prepared
 
-    def _block_nbytes(self) -> int:
+    def block_nbytes(self) -> int:
         """One block's KV in every layer, from the engine's layout (0 if it has none)."""
         layout = getattr(getattr(self.engine, "info", None), "layout", None)
         if layout is None:

@@ -33,6 +33,7 @@ from connector.block_io import VerifiedRead
 from connector.dataplane import LeasingDataPlane, Prepared
 from connector.lease_client import LeaseClient
 from connector.pull import Pull
+from connector.push_receipt import PushReceipt
 from connector.spans import end_transfer_span
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.holder import VllmKvHolder
@@ -44,7 +45,7 @@ from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
 from shared.schemas.generate import GenerateRequest, image_spans
 from shared.schemas.load import RankTransfers
-from shared.schemas.transfer import KvHandle, PushDone, PushTarget, TransferKind, TransferRecord
+from shared.schemas.transfer import KvHandle, PushTarget, TransferKind
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,14 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
         self.peers = PeerAgents()
         super().__init__(config.worker_id, bus, subjects, VllmKvHolder(
             config.worker_id, bus, subjects, engine, compat_hash=compat_hash, block_size=block_size,
-            lease_ttl_s=settings.lease_ttl_s, malformed=malformed), compat_hash=compat_hash, block_size=block_size)
+            lease_ttl_s=settings.lease_ttl_s, malformed=malformed), compat_hash=compat_hash, block_size=block_size,
+            push_wait_s=settings.push_wait_s)
         self.leases = LeaseClient(config.worker_id, bus, subjects, self.peers, compat_hash=compat_hash,
                                   block_size=block_size, control_timeout_s=settings.control_timeout_s,
                                   lease_ttl_s=settings.lease_ttl_s)
         self._hold_keys = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
-        self._push = VllmPush(config.worker_id, engine, block_size=block_size, compat_hash=compat_hash,
-                              push_wait_s=settings.push_wait_s)
+        self._push = VllmPush(config.worker_id, engine, block_size=block_size, compat_hash=compat_hash)
 
     async def stop(self) -> None:
         await super().stop()
@@ -217,15 +218,18 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
     async def push_receiver(self, request: GenerateRequest) -> VllmPushReceiver:
         """Decode side: vLLM pins one fresh block per full prompt block for the writer (none
         if its pool cannot spare them: then the writer sends nothing and vLLM computes all)."""
-        return await self._push.receiver(request)
+        return self._expect_push(await self._push.receiver(request))
 
-    def deliver_push(self, message: PushDone) -> None:
-        self._push.deliver(message)
+    async def _commit_push(self, request: GenerateRequest, receiver: VllmPushReceiver,
+                           receipt: PushReceipt) -> Prepared:
+        return await self._push.commit(request, receiver, receipt)
 
-    async def _receive_push(self, request: GenerateRequest,
-                            receiver: VllmPushReceiver) -> tuple[int, Prepared, TransferRecord]:
-        """Cache in vLLM what verified (`await_push`)."""
-        return await self._push.receive(request, receiver)
+    def _give_back(self, receiver: VllmPushReceiver) -> None:
+        self._push.give_back(receiver)
+
+    @property
+    def _block_nbytes(self) -> int:
+        return self._push.block_nbytes()
 
     def _push_writer(self, request: GenerateRequest, target: PushTarget) -> VllmPushWriter:
         return self._push.writer(request, target)

@@ -21,7 +21,14 @@ from shared.block_hash import block_hash_chain
 from shared.bus import Bus
 from shared.config import BusConfig, KvFaultConfig
 from shared.errors import InvalidArgument
-from shared.schemas import GenerateRequest, KvTransferParams, PushTarget, SamplingParams, TransferRecord
+from shared.schemas import (
+    GenerateRequest,
+    KvTransferParams,
+    PushDone,
+    PushTarget,
+    SamplingParams,
+    TransferRecord,
+)
 from tests.integration.kv_cluster import (
     BLOCK,
     TRANSPORTS,
@@ -225,6 +232,22 @@ async def test_push_with_failed_blocks_recomputes_only_them(cluster: Cluster) ->
     assert recomputed > 0
     assert recomputed == sum(r.recomputed_tokens for r in cluster.records if r.kind == "push")
     await cluster.assert_clean()
+
+
+async def test_a_push_receiver_nobody_waits_on_gives_its_blocks_back(bus: Bus, bus_config: BusConfig) -> None:
+    """The decode side allocated a push's target blocks, then its request failed before it
+    waited for the writer (its target never reached the router): the receiver expires after
+    twice the push wait and unpins them (the same rule as vLLM's reader)."""
+    async for nodes in transport_cluster(bus, bus_config, "memory"):
+        decode = await nodes.add("decode", push_wait_s=0.2)
+        request = GenerateRequest(request_id="never-awaited", model="tiny", token_ids=prompts()[-1],
+                                  sampling=SamplingParams(max_tokens=2), kv_transfer=KvTransferParams(await_push=True))
+        receiver = await decode.kv.push_receiver(request)
+        assert len(receiver.target.block_ids) == len(prompts()[-1]) // BLOCK
+        assert decode.engine.load().kv_used_blocks == len(receiver.target.block_ids)
+        await nodes.assert_clean(timeout_s=2 * 0.2 + 5.0 + 3.0)
+        decode.kv.deliver_push(PushDone(transfer_id="never-awaited", outcome="ok", checksums=[], first_token=1))
+        assert not receiver.done.done(), "an expired receiver is no longer reachable"
 
 
 async def test_concurrent_pulls_into_a_full_pool_never_deadlock(cluster: Cluster) -> None:
