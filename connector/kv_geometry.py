@@ -131,6 +131,12 @@ class KvShape(msgspec.Struct, frozen=True, kw_only=True):
         return [rank for rank in self.ranks if layer in rank.layers and head in rank.heads]
 
     @property
+    def model_block_nbytes(self) -> int:
+        """One block of the whole model, every layer and KV head once (K and V): what a
+        transfer of one block moves, whatever the ranks."""
+        return self.num_layers * self.num_kv_heads * 2 * self.block_size * self.ranks[0].token_nbytes
+
+    @property
     def same_everywhere(self) -> bool:
         """One rank holding everything: the common case, and the fast path's."""
         return len(self.ranks) == 1

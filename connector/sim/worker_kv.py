@@ -55,9 +55,7 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
 
     @property
     def _block_nbytes(self) -> int:
-        """One block of the whole model (every layer and head once)."""
-        shape = self.agents.shape
-        return shape.num_layers * shape.num_kv_heads * 2 * shape.block_size * shape.ranks[0].token_nbytes
+        return self.agents.shape.model_block_nbytes
 
     async def stop(self) -> None:
         await super().stop()

@@ -39,9 +39,6 @@ from shared.schemas.transfer import PushDone, PushTarget
 
 log = logging.getLogger(__name__)
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
-
 def overlapped_layers(writes: list[LayerWritten]) -> list[int]:
     """Layers k whose write started before layer k+1 of the same step was computed, so
     it was in flight while layer k+1 was (layer k+1's compute ends at its `computed_s`)."""
@@ -162,14 +159,6 @@ class VllmPush:
                                                                 release_key=receiver.key))
             prepared.staged_request_id = request.request_id
         return prepared
-
-    def block_nbytes(self) -> int:
-        """One block's KV in every layer, from the engine's layout (0 if it has none)."""
-        layout = getattr(getattr(self.engine, "info", None), "layout", None)
-        if layout is None:
-            return 0
-        itemsize = _DTYPE_BYTES.get(layout.dtype, 0)
-        return 2 * layout.num_layers * layout.num_kv_heads * layout.head_size * layout.block_size * itemsize
 
     # ---- writer ---------------------------------------------------------------------------
 

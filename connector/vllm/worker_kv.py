@@ -229,7 +229,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
 
     @property
     def _block_nbytes(self) -> int:
-        return self._push.block_nbytes()
+        return self.engine.kv_link.shape.model_block_nbytes
 
     def _push_writer(self, request: GenerateRequest, target: PushTarget) -> VllmPushWriter:
         return self._push.writer(request, target)

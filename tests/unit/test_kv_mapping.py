@@ -220,3 +220,11 @@ def test_unlike_tiles_and_tokens_off_a_tile_are_refused() -> None:
     with pytest.raises(ValueError, match="tiles"):
         plan_ranges(part, token_segments([0], 4, [1], 4, 3))
     assert plan_ranges(part, token_segments([0], 4, [1], 4, 2)).nbytes == 2 * 8 * 2  # two tokens' K and V
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (4, 2)])
+def test_a_model_block_is_the_sum_of_every_ranks_pages(tp: int, pp: int) -> None:
+    """A transfer record's bytes per block: the same whatever the ranks (sim and vLLM alike)."""
+    shape = make_shape("layer", layers=4, heads=8, tp=tp, pp=pp, block_size=16, num_blocks=3, token_nbytes=128)
+    assert shape.model_block_nbytes == sum(rank.page_nbytes * rank.num_layers for rank in shape.ranks)
+    assert shape.model_block_nbytes == 4 * 8 * 2 * 16 * 128

