@@ -24,11 +24,11 @@ from connector.push_receipt import PushReceipt
 from connector.rank_transports import RankTransports
 from connector.sim.holder import KvHolder
 from connector.spans import end_transfer_span
-from shared.block_hash import adapter_root, block_hash_chain
+from shared.block_hash import request_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
-from shared.schemas.generate import GenerateRequest
+from shared.schemas.generate import GenerateRequest, image_spans
 from shared.schemas.load import RankTransfers
 from shared.schemas.transfer import KvHandle, PushTarget
 
@@ -94,8 +94,8 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
     def hold(self, request: GenerateRequest) -> KvHandle | None:
         """Lease the request's prompt blocks for a decode worker. Call it as soon as the
         prefill's output arrives, before awaiting anything (the blocks could be evicted)."""
-        return self.holder.grant("decode", block_hash_chain(request.token_ids, self.block_size,
-                                                            parent_hash=adapter_root(request.adapter)))
+        return self.holder.grant("decode", request_chain(request.token_ids, self.block_size, adapter=request.adapter,
+                                                         images=image_spans(request.images)))
 
     # ---- push mode ----------------------------------------------------------------
 
