@@ -25,11 +25,10 @@ import msgspec
 
 from connector.faults import write_faults
 from connector.port import KvPort
-from connector.push_ledger import PushLedger, abort_push, end_push
+from connector.push_ledger import PushLedger, abort_push, end_push, start_push
 from connector.push_receipt import PushReceipt
 from connector.range_plan import plan_ranges, write_targets
 from connector.rank_transports import RankTransports
-from connector.spans import tracer
 from connector.token_map import token_segments
 from connector.transport import TransferResult
 from shared.config import KvFaultConfig
@@ -64,10 +63,7 @@ class PushWriter:
         self._pinned: list[int] = []
         self.timings: list[LayerWrite] = []
         self._nbytes = 0  # written so far
-        # Under the prefill's `worker.generate`; one event per write, ended by finish() or abort().
-        self._span = tracer.start_span("kv.push", attributes={
-            "tandem.kv.kind": "push", "tandem.kv.peer_worker_id": target.reader_worker_id,
-            "tandem.kv.transfer_id": target.transfer_id, "tandem.kv.blocks": len(target.block_ids)})
+        self._span = start_push(target)  # one event per write, ended by finish() or abort()
 
     def on_layer(self, layer: int, block_ids: list[int]) -> None:
         """Engine hook (sync, on the loop): queue the write of this layer of these blocks."""

@@ -7,8 +7,8 @@ Kept by the sim's `connector.push.PushWriter` (on the worker's loop) and by vLLM
 `connector.vllm.connector_push.PushWrites` (in the model worker: the model thread sends
 layers, the writer thread marks failed writes). Layers are counted as a set per block: a
 preempted request computes its blocks again and the hook reports them again, which must
-not pass for the missing layers. The end of a push (`end_push`: its outcome, its span's
-figures, the `PushDone` for the reader) is shared the same way.
+not pass for the missing layers. The span of a push (`start_push`) and its end (`end_push`:
+its outcome, its span's figures, the `PushDone` for the reader) are shared the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry import trace
 
-from shared.schemas.transfer import PushDone, TransferOutcome
+from connector.spans import tracer
+from shared.schemas.transfer import PushDone, PushTarget, TransferOutcome
 
 
 class PushLedger:
@@ -62,6 +63,14 @@ class PushLedger:
         for position, index in enumerate(sourced):
             flat[index * heads:(index + 1) * heads] = values[position * heads:(position + 1) * heads]
         return flat
+
+
+def start_push(target: PushTarget) -> trace.Span:
+    """The writer's `kv.push` span, for both engines, under the prefill's `worker.generate`;
+    ended by `end_push` or `abort_push`."""
+    return tracer.start_span("kv.push", attributes={
+        "tandem.kv.kind": "push", "tandem.kv.peer_worker_id": target.reader_worker_id,
+        "tandem.kv.transfer_id": target.transfer_id, "tandem.kv.blocks": len(target.block_ids)})
 
 
 def end_push(span: trace.Span, transfer_id: str, first_token: int | None, checksums: list[int], failed: list[int],

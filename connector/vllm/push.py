@@ -29,9 +29,8 @@ import time
 
 from connector.dataplane import Prepared
 from connector.push import LayerWrite, PushArrival
-from connector.push_ledger import abort_push, end_push
+from connector.push_ledger import abort_push, end_push, start_push
 from connector.push_receipt import PushReceipt
-from connector.spans import tracer
 from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.kv_wire import ImagePlace, LayerWritten, Pushed, PushOrder, TransferOrder
 from shared.schemas.generate import GenerateRequest
@@ -74,9 +73,7 @@ class VllmPushWriter:
         self.timings: list[LayerWrite] = []
         self.writes: list[LayerWritten] = []
         self.on_layer = None  # vLLM's connector writes from its own per-layer hook
-        self._span = tracer.start_span("kv.push", attributes={
-            "tandem.kv.kind": "push", "tandem.kv.peer_worker_id": target.reader_worker_id,
-            "tandem.kv.transfer_id": target.transfer_id, "tandem.kv.blocks": len(target.block_ids)})
+        self._span = start_push(target)
 
     def stage(self, agent_metadata: bytes) -> None:
         order = TransferOrder(transfer_id=self.target.transfer_id, push=PushOrder(
