@@ -90,6 +90,46 @@ async def test_continuous_usage_stats_put_each_choices_usage_so_far_in_every_chu
     assert plain and all(chunk.usage is None for chunk in plain)
 
 
+INCOMPLETE = "\ufffd"  # the text of a last token that ends inside a character: never shown, as by vLLM
+
+
+async def test_return_token_ids_gives_the_prompts_and_the_answers_tokens(stack: LocalStack,
+                                                                          client: openai.AsyncOpenAI) -> None:
+    """vLLM's `return_token_ids`: whole, the prompt's ids (completions: per choice; chat: beside
+    the choices) and each choice's generated ids, as many as the usage counts, whose text is
+    the answer's; streamed, the prompt's ids in the first chunk and every chunk's own ids,
+    which add up to the whole answer's (greedy: the same tokens)."""
+    model = model_name(stack)
+    tokenizer = Tokenizer.from_model_dir(stack.config.model_dir)
+    prompt = tokenizer.encode("The river runs")
+    extra = {"return_token_ids": True}
+    whole = await client.completions.create(model=model, prompt=prompt, max_tokens=8, extra_body=extra)
+    choice = whole.choices[0]
+    assert choice.prompt_token_ids == prompt
+    assert len(choice.token_ids) == whole.usage.completion_tokens == 8
+    assert tokenizer.decode(choice.token_ids).rstrip(INCOMPLETE) == choice.text
+    chunks = [c async for c in await client.completions.create(model=model, prompt=prompt, max_tokens=8, stream=True,
+                                                               extra_body=extra)]
+    assert chunks[0].choices[0].prompt_token_ids == prompt
+    assert not any(getattr(c.choices[0], "prompt_token_ids", None) for c in chunks[1:])
+    assert [t for c in chunks for t in c.choices[0].token_ids] == choice.token_ids
+    stopped = await client.completions.create(model=model, prompt=prompt, max_tokens=8, extra_body=extra,
+                                              stop=[tokenizer.decode(choice.token_ids[2:4])])
+    assert len(stopped.choices[0].token_ids) == stopped.usage.completion_tokens < 8  # up to the stop's last token
+
+    messages = [{"role": "user", "content": "Tell me about machines."}]
+    chat = await client.chat.completions.create(model=model, messages=messages, max_tokens=6, extra_body=extra)
+    assert len(chat.prompt_token_ids) == chat.usage.prompt_tokens
+    assert len(chat.choices[0].token_ids) == chat.usage.completion_tokens == 6
+    assert tokenizer.decode(chat.choices[0].token_ids).rstrip(INCOMPLETE) == chat.choices[0].message.content
+    chunks = [c async for c in await client.chat.completions.create(model=model, messages=messages, max_tokens=6,
+                                                                    stream=True, extra_body=extra)]
+    assert chunks[0].prompt_token_ids == chat.prompt_token_ids and chunks[0].choices[0].delta.role == "assistant"
+    assert [t for c in chunks[1:] for t in c.choices[0].token_ids] == chat.choices[0].token_ids
+    plain = await client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    assert "token_ids" not in plain.model_dump(exclude_unset=True)["choices"][0]  # not asked: not there
+
+
 async def test_100_concurrent_streams_complete_with_expected_tokens(stack: LocalStack, client: openai.AsyncOpenAI,
                                                                     loads) -> None:
     model = model_name(stack)

@@ -22,6 +22,8 @@ from services.router.openai.protocol_answers import (
     PromptTokensDetails,
     Usage,
 )
+from services.router.openai.tool_calls import ToolCalling
+from services.router.openai.tool_parsers import FORMATS
 
 CREATED = 1_700_000_000
 TOKENS = TokenUsage(prompt_tokens=7, completion_tokens=3, cached_tokens=0)
@@ -76,3 +78,32 @@ def test_chunks_with_their_usage_so_far_are_the_models_json() -> None:
     assert _event(chat.final_chunk(Final("x", "stop", TokenUsage(7, 2, 0)))) == ChatCompletionChunk(
         id="c", model="m", created=CREATED, choices=[ChatChunkChoice(delta=ChatDelta(content="x"), finish_reason="stop")],
         usage=so_far).model_dump_json()
+
+
+def test_chunks_with_token_ids_are_the_models_json() -> None:
+    """vLLM's `return_token_ids`: a choice's first chunk carries the prompt's ids (chat: the
+    stream's first chunk, beside the choices), every chunk its own generated ids."""
+    completion = CompletionFormat("c", "m", CREATED, prompt_token_ids=[5, 6])
+    assert _event(completion.text_chunk(Delta("x", (), 1, (11,)))) == CompletionChunk(
+        id="c", model="m", created=CREATED,
+        choices=[CompletionChoice(text="x", prompt_token_ids=[5, 6], token_ids=[11])]).model_dump_json()
+    assert _event(completion.final_chunk(Final("y", "stop", TokenUsage(2, 3, 0), (), (12, 13)))) == CompletionChunk(
+        id="c", model="m", created=CREATED,
+        choices=[CompletionChoice(text="y", finish_reason="stop", token_ids=[12, 13])]).model_dump_json()
+    chat = ChatFormat("c", "m", CREATED, prompt_token_ids=[5, 6])
+    assert [_event(c) for c in chat.opening_chunks()] == [ChatCompletionChunk(
+        id="c", model="m", created=CREATED, choices=[ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))],
+        prompt_token_ids=[5, 6]).model_dump_json()]
+    assert _event(chat.text_chunk(Delta("x", (), 1, (11,)))) == ChatCompletionChunk(
+        id="c", model="m", created=CREATED,
+        choices=[ChatChunkChoice(delta=ChatDelta(content="x"), token_ids=[11])]).model_dump_json()
+    assert b"token_ids" not in ChatFormat("c", "m", CREATED).text_chunk(Delta("x", (), 1, (11,)))  # not asked
+
+
+def test_token_ids_of_held_back_text_go_with_the_next_chunk() -> None:
+    """A chat with tools holds back text that may open a call: its tokens are not lost."""
+    chat = ChatFormat("c", "m", CREATED, tools=ToolCalling("auto", {"f": {}}, None, True, FORMATS["hermes"]),
+                      prompt_token_ids=[5])
+    assert chat.text_chunk(Delta("<tool", (), 1, (11,))) == b""
+    sent = json.loads(_event(chat.final_chunk(Final("x", "stop", TokenUsage(1, 2, 0), (), (12,)))))
+    assert sent["choices"][0]["token_ids"] == [11, 12]

@@ -152,8 +152,8 @@ class Answer:
     """What both servers must agree on. Left out on purpose, because they legitimately
     differ: `id`, `created`, `system_fingerprint` (vLLM's version), chunk boundaries of a
     stream (vLLM holds back text that may start a stop string), and the vLLM extensions
-    Tandem does not implement (`stop_reason`, `token_ids`, `usage.prompt_tokens_details`,
-    which vLLM leaves null unless --enable-prompt-tokens-details and Tandem fills)."""
+    Tandem does not implement (`stop_reason`, `usage.prompt_tokens_details`, which vLLM leaves
+    null unless --enable-prompt-tokens-details and Tandem fills)."""
 
     model: str
     objects: tuple[str, ...]  # the distinct `object` values, in order
@@ -168,6 +168,10 @@ class Answer:
     tool_calls: tuple[tuple[str, str, str], ...] = ()
     # streamed: each choice whose chunks carried their own usage, in index order
     chunk_usages: tuple[UsageSoFar, ...] = ()
+    # `return_token_ids`: the prompts' ids (completions: each choice's; chat: the answer's) and
+    # each choice's generated ids (streamed: its chunks' joined), in index order
+    prompt_token_ids: tuple[tuple[int, ...], ...] = ()
+    token_ids: tuple[tuple[int, ...], ...] = ()
 
     def value_of(self, name: str) -> Any:
         """A field, or a derived one an `expect` may name: the (only) finish_reason and usage."""
@@ -232,7 +236,14 @@ def whole_answer(reply: Any) -> Answer:
                   roles=tuple(c.message.role for c in reply.choices) if chat else (),
                   logprobs=tuple(entry for c in reply.choices for entry in logprob_entries(c.logprobs)),
                   tool_calls=tuple((call.type, call.function.name, call.function.arguments)
-                                   for c in reply.choices if chat for call in c.message.tool_calls or ()))
+                                   for c in reply.choices if chat for call in c.message.tool_calls or ()),
+                  prompt_token_ids=_ids([reply] if chat else reply.choices, "prompt_token_ids"),
+                  token_ids=_ids(reply.choices, "token_ids"))
+
+
+def _ids(holders: Any, name: str) -> tuple[tuple[int, ...], ...]:
+    """Each holder's `name` (a vLLM extension: an extra attribute to the openai client) that is set."""
+    return tuple(tuple(ids) for holder in holders if (ids := getattr(holder, name, None)) is not None)
 
 
 async def streamed_answer(stream: Any) -> Answer:
@@ -242,14 +253,18 @@ async def streamed_answer(stream: Any) -> Answer:
     objects: list[str] = []
     per_choice: dict[int, dict[str, list[Any]]] = {}
     usages: list[TokenCounts] = []
+    prompt_ids: list[tuple[int, ...]] = []
     async for chunk in stream:
         models.append(chunk.model)
         objects.append(chunk.object)
         if chunk.usage is not None and not chunk.choices:
             usages.append(_counts(chunk.usage))
+        prompt_ids += _ids([chunk], "prompt_token_ids")  # chat: the stream's first chunk
         for choice in chunk.choices:
             own = per_choice.setdefault(choice.index, {"texts": [], "finish": [], "roles": [], "logprobs": [],
-                                                       "calls": {}, "usages": []})
+                                                       "calls": {}, "usages": [], "prompt_ids": [], "ids": []})
+            own["prompt_ids"] += _ids([choice], "prompt_token_ids")  # completions: each choice's first chunk
+            own["ids"] += [token for ids in _ids([choice], "token_ids") for token in ids]
             own["usages"].append(None if chunk.usage is None else _counts(chunk.usage))
             if chunk.object == "chat.completion.chunk":
                 own["texts"].append(choice.delta.content or "")
@@ -268,7 +283,9 @@ async def streamed_answer(stream: Any) -> Answer:
                   logprobs=tuple(entry for own in ordered for entry in own["logprobs"]),
                   tool_calls=tuple((call["type"], call["name"], call["arguments"])
                                    for own in ordered for _, call in sorted(own["calls"].items())),
-                  chunk_usages=tuple(_so_far(own["usages"]) for own in ordered if any(own["usages"])))
+                  chunk_usages=tuple(_so_far(own["usages"]) for own in ordered if any(own["usages"])),
+                  prompt_token_ids=(*prompt_ids, *(ids for own in ordered for ids in own["prompt_ids"])),
+                  token_ids=tuple(tuple(own["ids"]) for own in ordered if own["ids"]))
 
 
 def _so_far(usages: list[TokenCounts | None]) -> UsageSoFar:

@@ -147,6 +147,15 @@ CASES = [
     completion("echo-logprobs-1", {"prompt": FOX, "max_tokens": 1, "echo": True, "logprobs": 1}, split=False),
     completion("echo-tokens-logprobs-3", {"prompt": LONG_TOKENS, "max_tokens": 6, "echo": True, "logprobs": 3},
                split=False),
+    # vLLM's return_token_ids: the prompt's ids and each choice's generated ones (with echo the
+    # echoed text is left out, as vLLM's server leaves it); the ids up to a stop string's last token.
+    completion("return-token-ids", {"prompt": FOX, "max_tokens": 8, **vllm_fields(return_token_ids=True)}),
+    completion("return-token-ids-echo-n-2", {"prompt": TOKENS, "max_tokens": 4, "echo": True, "n": 2, **SAMPLED,
+                                             **vllm_fields(return_token_ids=True, top_k=1)}, split=2),
+    completion("return-token-ids-stop-string", {"prompt": FOX, "max_tokens": 16, "stop": "iff str",
+                                                **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
+    chat("return-token-ids", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"],
+                              **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
     # Several choices: n per prompt, prompts of a batch, each choice routed (and split) on its own.
     completion("n-3-top-k-1", {"prompt": FOX, "max_tokens": 8, "n": 3, **SAMPLED, **vllm_fields(top_k=1)}, split=3),
     completion("n-2-seeded", {"prompt": TOKENS, "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 5}, split=2),

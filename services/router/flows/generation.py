@@ -48,6 +48,7 @@ class Delta:
     text: str
     logprobs: tuple[TokenLogprobs, ...] = ()  # of the piece's tokens, when the request asked
     completion_tokens: int = 0  # generated up to the piece's end (a stream's usage so far)
+    token_ids: tuple[int, ...] = ()  # the piece's generated tokens (those a held-back text came from too)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Final:
     finish_reason: str
     usage: TokenUsage
     logprobs: tuple[TokenLogprobs, ...] = ()
+    token_ids: tuple[int, ...] = ()  # the last piece's generated tokens: every piece's add up to usage's count
 
 
 class Resumer(Protocol):
@@ -126,6 +128,7 @@ class Generation:
             raise error
         pieces: list[str] = []
         positions: list[TokenLogprobs] = []  # the log-probabilities of the pieces' tokens
+        ids: list[int] = []  # the pieces' tokens
         while True:
             if self._primed is not None:
                 frame, self._primed = self._primed, None
@@ -136,27 +139,29 @@ class Generation:
                     if not pieces:
                         raise
                     self._deferred_error = error  # the text before the failure reaches the client first
-                    return Delta("".join(pieces), tuple(positions), self._completion_tokens)
+                    return Delta("".join(pieces), tuple(positions), self._completion_tokens, tuple(ids))
             if frame is None:
                 final = self._finish_from_worker()
                 final = self._final = Final("".join(pieces) + final.text, final.finish_reason, final.usage,
-                                            tuple(positions))
+                                            tuple(positions), tuple(ids))
                 return final
             text, unused = self._text_of(frame.token_ids)
+            used = len(frame.token_ids) - unused
             if frame.logprobs:
-                positions.extend(frame.logprobs[:len(frame.token_ids) - unused])
+                positions.extend(frame.logprobs[:used])
+            ids.extend(frame.token_ids[:used])
             if self._stops.stopped:
                 await self._source.cancel()
                 pieces.append(text)
                 self._final = Final("".join(pieces), "stop", TokenUsage(
                     len(self.params.prompt_ids), self._completion_tokens - unused, cached_tokens=0),
-                    tuple(positions))
+                    tuple(positions), tuple(ids))
                 self._outcome = OUTCOME_OK
                 return self._final
             if text:
                 pieces.append(text)
             if pieces and not self._source.frames_ready:
-                return Delta("".join(pieces), tuple(positions), self._completion_tokens)
+                return Delta("".join(pieces), tuple(positions), self._completion_tokens, tuple(ids))
 
     async def _next_frame(self) -> Tokens | None:
         """The next token frame; None once the worker sent `Finished`."""

@@ -26,18 +26,17 @@ from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import RequestIdentity, TokenUsage
-from services.router.http.serving import ResponseFormat, api_usage, respond, sse, whole_answer
+from services.router.http.serving import ResponseFormat, WholeAnswer, api_usage, respond, sse, whole_answer
 from services.router.http.sse import SSE_DONE, SseResponse
 from services.router.openai.errors import error_info
 from services.router.openai.protocol_answers import ErrorResponse, Usage
 from shared.errors import TandemError
-from shared.schemas import TokenLogprobs
 
 log = logging.getLogger(__name__)
 
 
 class ChoiceFormat(ResponseFormat, Protocol):
-    def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> Any: ...
+    def choice(self, answer: WholeAnswer) -> Any: ...
     def response_of(self, choices: list[Any], usage: Usage) -> BaseModel: ...
 
 
@@ -99,10 +98,8 @@ async def respond_choices(choices: list[Choice], *, stream: bool, include_usage:
                                          for choice, first in zip(choices, firsts, strict=True)))
     finally:
         await close_all(choices)
-    finals = [final for _, final, _ in answers]
-    spelled = [choice.spelled.choice(text, final.finish_reason, logprobs)
-               for choice, (text, final, logprobs) in zip(choices, answers, strict=True)]
-    body = choices[0].spelled.response_of(spelled, total_usage(choices, finals))
+    spelled = [choice.spelled.choice(answer) for choice, answer in zip(choices, answers, strict=True)]
+    body = choices[0].spelled.response_of(spelled, total_usage(choices, [answer.final for answer in answers]))
     return Response(body.model_dump_json(), media_type="application/json")
 
 

@@ -15,7 +15,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -32,7 +32,7 @@ from services.router.flows.records import Clock, GenerationParams, RequestIdenti
 from services.router.http.caller import Caller
 from services.router.http.image_fetch import ImageFetcher
 from services.router.http.served_models import ServedModel, ServedModels
-from services.router.http.sse import SSE_DONE, ChunkPrefix, DisconnectWatch, SseResponse, UsageSoFar
+from services.router.http.sse import SSE_DONE, ChunkPrefix, DisconnectWatch, SseResponse, UsageSoFar, ids_member
 from services.router.openai.errors import BadRequest, error_info
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import SamplingFields
@@ -200,7 +200,17 @@ class ResponseFormat(Protocol):
     def text_chunk(self, piece: Delta) -> bytes: ...
     def final_chunk(self, piece: Final) -> bytes: ...
     def usage_chunk(self, usage: Usage) -> bytes: ...
-    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel: ...
+    def response(self, answer: WholeAnswer, usage: Usage) -> BaseModel: ...
+
+
+@dataclass(frozen=True)
+class WholeAnswer:
+    """A generation's answer read to its end (`whole_answer`)."""
+
+    text: str
+    final: Final
+    logprobs: list[TokenLogprobs]
+    token_ids: list[int]  # every generated token the usage counts (vLLM's `return_token_ids`)
 
 
 class EndpointFormat:
@@ -213,7 +223,7 @@ class EndpointFormat:
     answer_type: ClassVar[type[BaseModel]]
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None,
-                 index: int, usage_so_far: UsageSoFar | None = None) -> None:
+                 index: int, usage_so_far: UsageSoFar | None = None, prompt_token_ids: list[int] | None = None) -> None:
         self.index = index  # the choice's
         self._index_json = b'{"index":' + str(index).encode()
         self.request_id = request_id
@@ -222,25 +232,44 @@ class EndpointFormat:
         self._prefix = ChunkPrefix(request_id, self.chunk_object, created, model)
         self._logprobs = logprobs
         self._usage_so_far = usage_so_far  # None: the chunks carry no usage ("usage": null)
+        self.prompt_token_ids = prompt_token_ids  # vLLM's `return_token_ids`: None when not asked
+        self._unsent_ids: list[int] = []  # generated tokens whose text a chunk still holds back
 
-    def choice_chunk(self, choice_json: bytes, completion_tokens: int) -> bytes:
-        """A chunk of this choice, sent once it has generated `completion_tokens`."""
-        if self._usage_so_far is None:
-            return self._prefix.choice(choice_json)
-        return self._prefix.choice(choice_json, self._usage_so_far.json(completion_tokens))
+    def choice_chunk(self, choice_json: bytes, completion_tokens: int, extra_json: bytes = b"") -> bytes:
+        """A chunk of this choice, sent once it has generated `completion_tokens`; `extra_json`:
+        more top-level members."""
+        usage = b"null" if self._usage_so_far is None else self._usage_so_far.json(completion_tokens)
+        return self._prefix.choice(choice_json, usage, extra_json)
+
+    def hold_ids(self, token_ids: Sequence[int]) -> None:
+        """A piece's tokens whose text is held back: the next chunk sends them."""
+        if self.prompt_token_ids is not None:
+            self._unsent_ids.extend(token_ids)
+
+    def ids_json(self, token_ids: Sequence[int]) -> bytes:
+        """`,"token_ids":[...]` for a chunk of `token_ids` (and those held back before); b""
+        when the request did not ask for them."""
+        if self.prompt_token_ids is None:
+            return b""
+        ids, self._unsent_ids = [*self._unsent_ids, *token_ids], []
+        return ids_member("token_ids", ids)
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return self._prefix.usage(usage.model_dump_json().encode())
 
-    def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> BaseModel:
+    def choice(self, answer: WholeAnswer) -> BaseModel:
         raise NotImplementedError
 
     def response_of(self, choices: list[Any], usage: Usage) -> BaseModel:
         return self.answer_type(id=self.request_id, model=self.model, created=self.created, usage=usage,
-                                choices=choices)
+                                choices=choices, **self.answer_members())
 
-    def response(self, text: str, finish_reason: str, usage: Usage, logprobs: list[TokenLogprobs]) -> BaseModel:
-        return self.response_of([self.choice(text, finish_reason, logprobs)], usage)
+    def answer_members(self) -> dict[str, Any]:
+        """The whole answer's own members beside its choices (an endpoint's extensions)."""
+        return {}
+
+    def response(self, answer: WholeAnswer, usage: Usage) -> BaseModel:
+        return self.response_of([self.choice(answer)], usage)
 
 
 def usage_so_far(body: SamplingFields, generation: Generation) -> UsageSoFar | None:
@@ -258,18 +287,22 @@ def sse(message: BaseModel) -> bytes:
     return f"data: {message.model_dump_json()}\n\n".encode()
 
 
-async def whole_answer(generation: Generation, first: Delta | Final) -> tuple[str, Final, list[TokenLogprobs]]:
-    """The rest of an answer after its `first` piece: its text, final piece and log-probabilities."""
+async def whole_answer(generation: Generation, first: Delta | Final) -> WholeAnswer:
+    """The rest of an answer after its `first` piece: its text, final piece, log-probabilities
+    and tokens."""
     pieces: list[str] = []
     logprobs: list[TokenLogprobs] = []
+    token_ids: list[int] = []
     piece = first
     while isinstance(piece, Delta):
         pieces.append(piece.text)
         logprobs.extend(piece.logprobs)
+        token_ids.extend(piece.token_ids)
         piece = await generation.next()
     pieces.append(piece.text)
     logprobs.extend(piece.logprobs)
-    return "".join(pieces), piece, logprobs
+    token_ids.extend(piece.token_ids)
+    return WholeAnswer("".join(pieces), piece, logprobs, token_ids)
 
 
 async def respond(generation: Generation, response_format: ResponseFormat, *, stream: bool,
@@ -282,10 +315,10 @@ async def respond(generation: Generation, response_format: ResponseFormat, *, st
     if stream:
         return SseResponse(_events(generation, response_format, first, include_usage), generation.close)
     try:
-        text, final, logprobs = await whole_answer(generation, first)
+        answer = await whole_answer(generation, first)
     finally:
         await generation.close()
-    body = response_format.response(text, final.finish_reason, api_usage(final.usage), logprobs)
+    body = response_format.response(answer, api_usage(answer.final.usage))
     return Response(body.model_dump_json(), media_type="application/json")
 
 

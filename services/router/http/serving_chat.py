@@ -6,6 +6,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import msgspec
 from fastapi.responses import Response
@@ -15,8 +16,8 @@ from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
 from services.router.http.chat_images import place_images, read_images
 from services.router.http.choices import Choice, answer_choices
-from services.router.http.serving import EndpointFormat, ServingContext, usage_so_far
-from services.router.http.sse import UsageSoFar, finish_json, text_json
+from services.router.http.serving import EndpointFormat, ServingContext, WholeAnswer, usage_so_far
+from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import ChatCompletionRequest
@@ -36,56 +37,71 @@ class ChatFormat(EndpointFormat):
     answer_type = ChatCompletionResponse
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
-                 index: int = 0, tools: ToolCalling | None = None, usage_so_far: UsageSoFar | None = None) -> None:
-        super().__init__(request_id, model, created, logprobs, index, usage_so_far)
+                 index: int = 0, tools: ToolCalling | None = None, usage_so_far: UsageSoFar | None = None,
+                 prompt_token_ids: list[int] | None = None) -> None:
+        super().__init__(request_id, model, created, logprobs, index, usage_so_far, prompt_token_ids)
         self._tools = tools
         self._tool_stream = ToolStream(tools) if tools is not None else None
         self._held: list[TokenLogprobs] = []  # the log-probabilities of text held back (a call may begin there)
 
     def _chunk(self, delta_json: bytes, completion_tokens: int, finish_reason: str | None = None,
-               positions: Sequence[TokenLogprobs] | None = None) -> bytes:
+               positions: Sequence[TokenLogprobs] | None = None, token_ids: Sequence[int] | None = (),
+               extra_json: bytes = b"") -> bytes:
+        """`token_ids`: the chunk's generated tokens (None: a chunk that names none, the role's)."""
         logprobs = b"null"
         if self._logprobs is not None and positions is not None:
             logprobs = msgspec.json.encode({"content": self._logprobs.chat(positions)})
         return self.choice_chunk(b"".join((self._index_json, b',"delta":', delta_json, b',"logprobs":', logprobs,
-                                           b',"finish_reason":', finish_json(finish_reason), b"}")), completion_tokens)
+                                           b',"finish_reason":', finish_json(finish_reason),
+                                           b"" if token_ids is None else self.ids_json(token_ids), b"}")),
+                                 completion_tokens, extra_json)
 
     def opening_chunks(self) -> list[bytes]:
-        return [self._chunk(b'{"role":"assistant","content":""}', 0)]
+        prompt_ids = self.prompt_token_ids
+        extra = b"" if prompt_ids is None else ids_member("prompt_token_ids", prompt_ids)  # the first chunk's
+        return [self._chunk(b'{"role":"assistant","content":""}', 0, token_ids=None, extra_json=extra)]
 
     def text_chunk(self, piece: Delta) -> bytes:
         tokens = piece.completion_tokens
         if self._tool_stream is None:
-            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), tokens, None, piece.logprobs)
+            return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), tokens, None, piece.logprobs,
+                               piece.token_ids)
         self._held.extend(piece.logprobs)
         text = self._tool_stream.add(piece.text)
         if not text:
+            self.hold_ids(piece.token_ids)
             return b""
         positions, self._held = self._held, []
-        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")), tokens, None, positions)
+        return self._chunk(b"".join((b'{"content":', text_json(text), b"}")), tokens, None, positions,
+                           piece.token_ids)
 
     def final_chunk(self, piece: Final) -> bytes:
         tokens = piece.usage.completion_tokens
         if self._tool_stream is None:
             return self._chunk(b"".join((b'{"content":', text_json(piece.text), b"}")), tokens, piece.finish_reason,
-                               piece.logprobs)
+                               piece.logprobs, piece.token_ids)
         rest, answer = self._tool_stream.finish(piece.text, piece.finish_reason)
         positions = [*self._held, *piece.logprobs]
         if not answer.calls:
             return self._chunk(b"".join((b'{"content":', text_json(rest), b"}")), tokens, answer.finish_reason,
-                               positions)
+                               positions, piece.token_ids)
         calls = msgspec.json.encode({"tool_calls": [{"index": index, **call} for index, call in enumerate(answer.calls)]})
         text = self._chunk(b"".join((b'{"content":', text_json(rest), b"}")), tokens) if rest else b""
-        return text + self._chunk(calls, tokens, answer.finish_reason, positions)
+        return text + self._chunk(calls, tokens, answer.finish_reason, positions, piece.token_ids)
 
-    def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> ChatChoice:
-        rendered = {"content": self._logprobs.chat(logprobs)} if self._logprobs is not None else None
-        message = ChatResponseMessage(content=text)
+    def choice(self, answer: WholeAnswer) -> ChatChoice:
+        rendered = {"content": self._logprobs.chat(answer.logprobs)} if self._logprobs is not None else None
+        message = ChatResponseMessage(content=answer.text)
+        finish_reason = answer.final.finish_reason
         if self._tools is not None:
-            answer = self._tools.answer(text, finish_reason)
-            message = ChatResponseMessage(content=answer.content, tool_calls=answer.calls)
-            finish_reason = answer.finish_reason
-        return ChatChoice(index=self.index, message=message, finish_reason=finish_reason, logprobs=rendered)
+            calls = self._tools.answer(answer.text, finish_reason)
+            message = ChatResponseMessage(content=calls.content, tool_calls=calls.calls)
+            finish_reason = calls.finish_reason
+        return ChatChoice(index=self.index, message=message, finish_reason=finish_reason, logprobs=rendered,
+                          token_ids=answer.token_ids if self.prompt_token_ids is not None else None)
+
+    def answer_members(self) -> dict[str, Any]:
+        return {"prompt_token_ids": self.prompt_token_ids}
 
 
 class ChatServing:
@@ -115,7 +131,7 @@ class ChatServing:
         renderer = None if body.logprobs_top is None else LogprobsRenderer(self._context.tokenizer_of(body.model),
                                                                            body.logprobs_top)
         return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body),
-                          usage_so_far(body, generation))
+                          usage_so_far(body, generation), generation.params.prompt_ids if body.return_token_ids else None)
 
     def _tool_calling(self, body: ChatCompletionRequest) -> ToolCalling | None:
         """The request's tool calling; None without tools. Auto needs the router's format."""

@@ -18,8 +18,8 @@ from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.caller import Caller
 from services.router.http.choices import Choice, answer_choices
-from services.router.http.serving import EndpointFormat, ServingContext, usage_so_far
-from services.router.http.sse import UsageSoFar, finish_json, text_json
+from services.router.http.serving import EndpointFormat, ServingContext, WholeAnswer, usage_so_far
+from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_json
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import CompletionRequest
 from services.router.openai.protocol_answers import CompletionChoice, CompletionResponse
@@ -40,9 +40,11 @@ class CompletionFormat(EndpointFormat):
     answer_type = CompletionResponse
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
-                 echo: EchoedPrompt | None = None, index: int = 0, usage_so_far: UsageSoFar | None = None) -> None:
-        super().__init__(request_id, model, created, logprobs, index, usage_so_far)
+                 echo: EchoedPrompt | None = None, index: int = 0, usage_so_far: UsageSoFar | None = None,
+                 prompt_token_ids: list[int] | None = None) -> None:
+        super().__init__(request_id, model, created, logprobs, index, usage_so_far, prompt_token_ids)
         self._echo = echo  # until the first piece is spelled
+        self._prompt_ids_sent = False  # a stream's first chunk of this choice carries them
 
     def _with_echo(self, text: str, positions: Sequence[TokenLogprobs]) -> tuple[str, dict[str, Any] | None]:
         """The piece's text and rendered log-probabilities, after the prompt's for the first piece."""
@@ -60,21 +62,28 @@ class CompletionFormat(EndpointFormat):
         return []
 
     def text_chunk(self, piece: Delta) -> bytes:
-        return self._choice(piece.text, None, piece.logprobs, piece.completion_tokens)
+        return self._choice(piece.text, None, piece.logprobs, piece.completion_tokens, piece.token_ids)
 
     def final_chunk(self, piece: Final) -> bytes:
-        return self._choice(piece.text, piece.finish_reason, piece.logprobs, piece.usage.completion_tokens)
+        return self._choice(piece.text, piece.finish_reason, piece.logprobs, piece.usage.completion_tokens,
+                            piece.token_ids)
 
     def _choice(self, text: str, finish_reason: str | None, positions: Sequence[TokenLogprobs],
-                completion_tokens: int) -> bytes:
+                completion_tokens: int, token_ids: Sequence[int]) -> bytes:
         text, rendered = self._with_echo(text, positions)
         logprobs = b"null" if rendered is None else msgspec.json.encode(rendered)
+        prompt_ids = b""
+        if self.prompt_token_ids is not None and not self._prompt_ids_sent:
+            prompt_ids, self._prompt_ids_sent = ids_member("prompt_token_ids", self.prompt_token_ids), True
         return self.choice_chunk(b"".join((self._index_json, b',"text":', text_json(text), b',"logprobs":', logprobs,
-                                           b',"finish_reason":', finish_json(finish_reason), b"}")), completion_tokens)
+                                           b',"finish_reason":', finish_json(finish_reason), prompt_ids,
+                                           self.ids_json(token_ids), b"}")), completion_tokens)
 
-    def choice(self, text: str, finish_reason: str, logprobs: list[TokenLogprobs]) -> CompletionChoice:
-        text, rendered = self._with_echo(text, logprobs)
-        return CompletionChoice(index=self.index, text=text, finish_reason=finish_reason, logprobs=rendered)
+    def choice(self, answer: WholeAnswer) -> CompletionChoice:
+        text, rendered = self._with_echo(answer.text, answer.logprobs)
+        return CompletionChoice(index=self.index, text=text, finish_reason=answer.final.finish_reason,
+                                logprobs=rendered, prompt_token_ids=self.prompt_token_ids,
+                                token_ids=answer.token_ids if self.prompt_token_ids is not None else None)
 
 
 def _extend(rendered: dict[str, list[Any]], part: dict[str, list[Any]]) -> None:
@@ -122,9 +131,10 @@ class CompletionsServing:
         tokenizer = self._context.tokenizer_of(generation.params.model)
         renderer = None if body.logprobs_top is None else LogprobsRenderer(tokenizer, body.logprobs_top)
         echo = None
-        if body.echo:
-            prompt_ids = generation.params.prompt_ids
-            echo = EchoedPrompt(prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids), prompt_ids,
-                                generation)
-        return CompletionFormat(request_id, body.model, created, renderer, echo, index, usage_so_far(body, generation))
+        prompt_ids = generation.params.prompt_ids
+        if body.echo:  # with return_token_ids, vLLM's server echoes the prompt's ids, not its text
+            text = "" if body.return_token_ids else prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+            echo = EchoedPrompt(text, prompt_ids, generation)
+        return CompletionFormat(request_id, body.model, created, renderer, echo, index, usage_so_far(body, generation),
+                                prompt_ids if body.return_token_ids else None)
 

@@ -78,9 +78,10 @@ class ResponsesServing:
         if body.stream:
             return SseResponse(self._events(generation, first, calling, draft, turn), generation.close)
         try:
-            text, final, _ = await whole_answer(generation, first)
+            answer = await whole_answer(generation, first)
         finally:
             await generation.close()
+        text, final = answer.text, answer.final
         content, calls, finish_reason = text, [], final.finish_reason
         if calling is not None:
             answer = calling.answer(text, final.finish_reason)

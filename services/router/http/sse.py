@@ -35,8 +35,9 @@ class ChunkPrefix:
         self.head = b"".join((b'data: {"id":', _encode(request_id), b',"object":', _encode(object_name),
                               b',"created":', str(created).encode(), b',"model":', _encode(model), b',"choices":['))
 
-    def choice(self, choice_json: bytes, usage_json: bytes = b"null") -> bytes:
-        return b"".join((self.head, choice_json, b'],"usage":', usage_json, b"}\n\n"))
+    def choice(self, choice_json: bytes, usage_json: bytes = b"null", extra_json: bytes = b"") -> bytes:
+        """`extra_json`: more top-level members (`,"name":value`), after the usage."""
+        return b"".join((self.head, choice_json, b'],"usage":', usage_json, extra_json, b"}\n\n"))
 
     def usage(self, usage_json: bytes) -> bytes:
         return b"".join((self.head, b'],"usage":', usage_json, b"}\n\n"))
@@ -60,6 +61,11 @@ class UsageSoFar:
 
 def text_json(text: str) -> bytes:
     return _encode(text)
+
+
+def ids_member(name: str, token_ids: object) -> bytes:
+    """`,"name":[...]`: a member of token ids to append to a JSON object."""
+    return b"".join((b',"', name.encode(), b'":', _encode(token_ids)))
 
 
 def finish_json(finish_reason: str | None) -> bytes:

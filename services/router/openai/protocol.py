@@ -110,6 +110,8 @@ class SamplingFields(Request):
     cache_hit_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     # vLLM's: lower is served first (0 the default); the router's admission queue orders by it
     priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
+    # vLLM's: the prompt's and the answer's token ids beside the text
+    return_token_ids: bool | None = None
 
     @model_validator(mode="after")
     def _one_structure(self) -> "SamplingFields":

@@ -46,11 +46,18 @@ class _Answer(BaseModel, Generic[ChoiceT]):
     usage: Usage | ChunkUsage | None = None
 
 
+def _absent(value: Any) -> bool:
+    return value is None
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
+    # vLLM's `return_token_ids`: the prompt's and the answer's tokens (left out when not asked)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_absent)
+    token_ids: list[int] | None = Field(default=None, exclude_if=_absent)
 
 
 class CompletionResponse(_Answer[CompletionChoice]):
@@ -69,10 +76,12 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = Field(default=None, exclude_if=_absent)  # vLLM's `return_token_ids`
 
 
 class ChatCompletionResponse(_Answer[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_absent)  # vLLM's `return_token_ids`
 
 
 class ChatDelta(BaseModel):
@@ -85,10 +94,12 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = Field(default=None, exclude_if=_absent)  # the chunk's, when asked
 
 
 class ChatCompletionChunk(_Answer[ChatChunkChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_absent)  # the first chunk's, when asked
 
 
 # Streamed completions reuse the response shape, one choice (or none, for usage) per chunk.
