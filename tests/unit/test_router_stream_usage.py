@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 from services.router.flows.generation import Delta, Final
 from services.router.flows.records import TokenUsage
+from services.router.http.answer_format import usage_so_far
 from services.router.http.choices import Choice, respond_choices
-from services.router.http.serving import respond, usage_so_far
+from services.router.http.serving import respond
 from services.router.http.serving_chat import ChatFormat
 from services.router.http.serving_completions import CompletionFormat
 from services.router.http.sse import UsageSoFar

@@ -26,7 +26,8 @@ from pydantic import BaseModel
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import RequestIdentity, TokenUsage
-from services.router.http.serving import ResponseFormat, WholeAnswer, api_usage, respond, sse, whole_answer
+from services.router.http.answer_format import ResponseFormat, WholeAnswer, api_usage
+from services.router.http.serving import respond, sse, whole_answer
 from services.router.http.sse import SSE_DONE, SseResponse
 from services.router.openai.errors import error_info
 from services.router.openai.protocol_answers import ErrorResponse, Usage

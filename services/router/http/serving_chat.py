@@ -13,10 +13,11 @@ from fastapi.responses import Response
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
+from services.router.http.answer_format import EndpointFormat, WholeAnswer, usage_so_far
 from services.router.http.caller import Caller
 from services.router.http.chat_images import place_images, read_images
 from services.router.http.choices import Choice, answer_choices
-from services.router.http.serving import EndpointFormat, ServingContext, WholeAnswer, usage_so_far
+from services.router.http.serving import ServingContext
 from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
