@@ -158,3 +158,20 @@ def test_logprobs_show_each_tokens_text_completing_split_characters_from_the_sam
     chat = LogprobsRenderer(decoder, top=1).chat(positions[:1])
     assert chat == [{"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": [
         {"token": "a", "logprob": -0.1, "bytes": [97]}]}]
+
+
+def test_logprobs_name_tokens_by_id_when_asked_as_vllm_names_them() -> None:
+    """`return_tokens_as_token_ids`: `token_id:<id>` for every entry (offsets by those names);
+    a chat position's own bytes stay its text's, its top entries' are their names'."""
+    decoder = SpecialByteDecoder({0: b"a", 3: b"bc"})
+    positions = [TokenLogprobs([0, 3], [-0.1, -2.5], [1, 2]), TokenLogprobs([3], [-0.2], [1])]
+    completion = LogprobsRenderer(decoder, top=1, as_token_ids=True).completion(positions)
+    assert completion == {"tokens": ["token_id:0", "token_id:3"], "token_logprobs": [-0.1, -0.2],
+                          "top_logprobs": [{"token_id:0": -0.1, "token_id:3": -2.5}, {"token_id:3": -0.2}],
+                          "text_offset": [0, 10]}
+    chat = LogprobsRenderer(decoder, top=2, as_token_ids=True).chat(positions[:1])
+    assert chat == [{"token": "token_id:0", "logprob": -0.1, "bytes": [97], "top_logprobs": [
+        {"token": "token_id:0", "logprob": -0.1, "bytes": list(b"token_id:0")},
+        {"token": "token_id:3", "logprob": -2.5, "bytes": list(b"token_id:3")}]}]
+    echoed = LogprobsRenderer(decoder, top=1, as_token_ids=True).prompt([3, 0], [None, positions[0]])
+    assert echoed["tokens"] == ["token_id:3", "token_id:0"] and echoed["text_offset"] == [0, 10]

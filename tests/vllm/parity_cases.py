@@ -156,6 +156,13 @@ CASES = [
                                                 **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
     chat("return-token-ids", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"],
                               **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
+    # vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:<id>".
+    completion("tokens-as-ids-logprobs-2", {"prompt": FOX, "max_tokens": 8, "logprobs": 2,
+                                            **vllm_fields(return_tokens_as_token_ids=True)}),
+    completion("tokens-as-ids-echo-logprobs-1", {"prompt": TOKENS, "max_tokens": 2, "echo": True, "logprobs": 1,
+                                                 **vllm_fields(return_tokens_as_token_ids=True)}, split=False),
+    chat("tokens-as-ids-top-logprobs-2", {"messages": STORY, "max_tokens": 8, "logprobs": True, "top_logprobs": 2,
+                                          **vllm_fields(return_tokens_as_token_ids=True)}),
     # Several choices: n per prompt, prompts of a batch, each choice routed (and split) on its own.
     completion("n-3-top-k-1", {"prompt": FOX, "max_tokens": 8, "n": 3, **SAMPLED, **vllm_fields(top_k=1)}, split=3),
     completion("n-2-seeded", {"prompt": TOKENS, "max_tokens": 8, "n": 2, "temperature": 0.9, "seed": 5}, split=2),

@@ -129,8 +129,8 @@ class ChatServing:
 
     def _format(self, request_id: str, body: ChatCompletionRequest, created: int, generation: Generation,
                 index: int) -> ChatFormat:
-        renderer = None if body.logprobs_top is None else LogprobsRenderer(self._context.tokenizer_of(body.model),
-                                                                           body.logprobs_top)
+        renderer = None if body.logprobs_top is None else LogprobsRenderer(
+            self._context.tokenizer_of(body.model), body.logprobs_top, as_token_ids=bool(body.return_tokens_as_token_ids))
         return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body),
                           usage_so_far(body, generation), generation.params.prompt_ids if body.return_token_ids else None)
 

@@ -71,11 +71,15 @@ class CompletionFormat(EndpointFormat):
 
     def _choice(self, text: str, finish_reason: str | None, positions: Sequence[TokenLogprobs],
                 completion_tokens: int, token_ids: Sequence[int]) -> bytes:
+        # a choice's first chunk names the prompt's ids when asked, and (as vLLM's server
+        # streams it) whenever it echoes the prompt
+        prompt = self.prompt_token_ids if self.prompt_token_ids is not None or self._echo is None else \
+            self._echo.token_ids
         text, rendered = self._with_echo(text, positions)
         logprobs = b"null" if rendered is None else msgspec.json.encode(rendered)
         prompt_ids = b""
-        if self.prompt_token_ids is not None and not self._prompt_ids_sent:
-            prompt_ids, self._prompt_ids_sent = ids_member("prompt_token_ids", self.prompt_token_ids), True
+        if prompt is not None and not self._prompt_ids_sent:
+            prompt_ids, self._prompt_ids_sent = ids_member("prompt_token_ids", prompt), True
         return self.choice_chunk(b"".join((self._index_json, b',"text":', text_json(text), b',"logprobs":', logprobs,
                                            b',"finish_reason":', finish_json(finish_reason), prompt_ids,
                                            self.ids_json(token_ids), b"}")), completion_tokens)
@@ -130,7 +134,8 @@ class CompletionsServing:
     def _format(self, request_id: str, body: CompletionRequest, created: int, prompt: str | list[int],
                 generation: Generation, index: int) -> CompletionFormat:
         tokenizer = self._context.tokenizer_of(generation.params.model)
-        renderer = None if body.logprobs_top is None else LogprobsRenderer(tokenizer, body.logprobs_top)
+        renderer = None if body.logprobs_top is None else LogprobsRenderer(
+            tokenizer, body.logprobs_top, as_token_ids=bool(body.return_tokens_as_token_ids))
         echo = None
         prompt_ids = generation.params.prompt_ids
         if body.echo:  # with return_token_ids, vLLM's server echoes the prompt's ids, not its text

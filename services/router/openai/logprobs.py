@@ -12,6 +12,9 @@ likely ones (vLLM's order). Here they become text:
 - chat: `{content: [{token, logprob, bytes, top_logprobs: [...]}]}`, a position's
   `top_logprobs` being its first `n` entries, the sampled token first.
 Log-probabilities below -9999 (minus infinity) are -9999.0, as OpenAI's API writes them.
+With vLLM's `return_tokens_as_token_ids` a token is named `token_id:<id>` instead of by its
+text (completions' offsets then run by those names; a chat position's own `bytes` stay its
+text's, its top entries' are their names', as vLLM's server spells them).
 `LogprobsRenderer` keeps the answer's last sampled tokens across pieces (a streamed answer
 renders piece by piece).
 """
@@ -36,17 +39,23 @@ def _bounded(logprob: float) -> float:
     return max(logprob, LOWEST_LOGPROB)
 
 
+def token_id_name(token_id: int) -> str:
+    """A token named by its id (`return_tokens_as_token_ids`), as vLLM's server names it."""
+    return f"token_id:{token_id}"
+
+
 class LogprobsRenderer:
-    def __init__(self, decoder: SpecialTokenDecoder, top: int) -> None:
+    def __init__(self, decoder: SpecialTokenDecoder, top: int, *, as_token_ids: bool = False) -> None:
         self._decoder = decoder
         self._top = top
+        self._as_token_ids = as_token_ids
         self._context: list[int] = []  # the answer's last sampled tokens, oldest first
         self._text_offset = 0  # completions: the token texts' length so far
 
     def completion(self, positions: Sequence[TokenLogprobs]) -> dict[str, Any]:
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         for position in positions:
-            texts = self._texts(position)
+            texts = self._names(position, self._texts(position))
             offsets.append(self._text_offset)
             self._text_offset += len(texts[0])
             tokens.append(texts[0])
@@ -64,7 +73,8 @@ class LogprobsRenderer:
         rendered: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, position in zip(prompt_ids, positions, strict=True):
             if position is None:
-                text = self._decoder.decode([token_id], skip_special_tokens=False)
+                text = token_id_name(token_id) if self._as_token_ids else \
+                    self._decoder.decode([token_id], skip_special_tokens=False)
                 part = {"tokens": [text], "token_logprobs": [None], "top_logprobs": [None],
                         "text_offset": [self._text_offset]}
                 self._text_offset += len(text)
@@ -79,11 +89,16 @@ class LogprobsRenderer:
         content = []
         for position in positions:
             texts = self._texts(position)
-            top = [{"token": text, "logprob": _bounded(logprob), "bytes": _bytes(text)}
-                   for text, logprob in list(zip(texts, position.logprobs))[:self._top]]
-            content.append({"token": texts[0], "logprob": _bounded(position.logprobs[0]), "bytes": _bytes(texts[0]),
+            names = self._names(position, texts)
+            top = [{"token": name, "logprob": _bounded(logprob), "bytes": _bytes(name)}
+                   for name, logprob in list(zip(names, position.logprobs))[:self._top]]
+            content.append({"token": names[0], "logprob": _bounded(position.logprobs[0]), "bytes": _bytes(texts[0]),
                             "top_logprobs": top})
         return content
+
+    def _names(self, position: TokenLogprobs, texts: list[str]) -> list[str]:
+        """How the answer names each entry: its text, or its id (`as_token_ids`)."""
+        return [token_id_name(token_id) for token_id in position.token_ids] if self._as_token_ids else texts
 
     def _texts(self, position: TokenLogprobs) -> list[str]:
         """Each entry's token text, in the context of the tokens sampled before this position."""

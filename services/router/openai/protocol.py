@@ -112,6 +112,8 @@ class SamplingFields(Request):
     priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     # vLLM's: the prompt's and the answer's token ids beside the text
     return_token_ids: bool | None = None
+    # vLLM's: log-probabilities name tokens `token_id:<id>` instead of by their text
+    return_tokens_as_token_ids: bool | None = None
 
     @model_validator(mode="after")
     def _one_structure(self) -> "SamplingFields":

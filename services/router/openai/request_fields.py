@@ -90,8 +90,12 @@ _HONOURED = [
                                               "X-Tandem-Priority header; bounded by the API key's top priority"),
     RequestField("return_token_ids", "honoured", note="the prompt's token ids (streamed: in the first chunk) and "
                                                       "each choice's generated ones (streamed: each chunk's); with "
-                                                      "echo, the echoed prompt's text is left out, as vLLM's server "
-                                                      "leaves it"),
+                                                      "echo, the echoed prompt's text is left out, and a streamed "
+                                                      "echo names the prompt's ids even without it, as vLLM's "
+                                                      "server does"),
+    RequestField("return_tokens_as_token_ids", "honoured", note="with logprobs: tokens named `token_id:<id>` (a "
+                                                                "chat position's own bytes stay its text's, as on "
+                                                                "vLLM's server)"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
                                                          "share of the prompt's KV", origin="tandem"),
 ]
@@ -150,7 +154,6 @@ _REFUSED = [
     _refused("thinking_token_budget", None, why=_NO_REASONING),
     _refused("request_id", None, why="the router names each request itself (the answer's id)"),
     _refused("session_id", None, endpoints=EVERY, why="not implemented: requests are routed by their prompt's KV"),
-    _refused("return_tokens_as_token_ids", None, False, why="not implemented: log-probabilities name tokens as text"),
     _refused("return_token_offsets", None, False, why=_RENDER_ONLY),
     _refused("routed_experts_prompt_start", None, why="not implemented: answers carry no routed-expert data"),
     _refused("mm_payload", None, why=_RENDER_ONLY),
