@@ -175,3 +175,16 @@ def test_logprobs_name_tokens_by_id_when_asked_as_vllm_names_them() -> None:
         {"token": "token_id:3", "logprob": -2.5, "bytes": list(b"token_id:3")}]}]
     echoed = LogprobsRenderer(decoder, top=1, as_token_ids=True).prompt([3, 0], [None, positions[0]])
     assert echoed["tokens"] == ["token_id:3", "token_id:0"] and echoed["text_offset"] == [0, 10]
+
+
+def test_a_kept_stop_string_ends_the_output_after_it_with_nothing_held_back() -> None:
+    """vLLM's `include_stop_str_in_output`: the output ends after the stop string that completes
+    first (on a tie, the first listed), and no text waits for the next piece."""
+    matcher = StopStringMatcher(["world", "o w"], include=True)
+    assert matcher.push("hello") == "hello" and not matcher.stopped  # nothing held back
+    assert matcher.push(" world and more") == " w" and matcher.stopped  # "o w" completes first, across pieces
+    kept = StopStringMatcher(["lo", "hel"], include=True)
+    assert kept.push("hello") == "hel" and kept.stopped
+    tie = StopStringMatcher(["c", "bc"], include=True)
+    assert tie.push("abcd") == "abc"  # both complete at "c": the first listed, kept
+    assert StopStringMatcher(["c", "bc"]).push("abcd") == "ab"  # left out: the output ends before it

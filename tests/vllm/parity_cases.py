@@ -156,6 +156,14 @@ CASES = [
                                                 **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
     chat("return-token-ids", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"],
                               **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
+    # vLLM's include_stop_str_in_output: the answer ends after its stop string (or stop token's text).
+    completion("include-stop-str", {"prompt": FOX, "max_tokens": 16, "stop": "iff str",
+                                    **vllm_fields(include_stop_str_in_output=True)}, finish_reason="stop"),
+    completion("include-stop-token", {"prompt": TOKENS, "max_tokens": 16,
+                                      **vllm_fields(stop_token_ids=[447], include_stop_str_in_output=True)},
+               finish_reason="stop", completion_tokens=6),
+    chat("include-stop-str-logprobs", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"], "logprobs": True,
+                                       **vllm_fields(include_stop_str_in_output=True)}, finish_reason="stop"),
     # vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:<id>".
     completion("tokens-as-ids-logprobs-2", {"prompt": FOX, "max_tokens": 8, "logprobs": 2,
                                             **vllm_fields(return_tokens_as_token_ids=True)}),

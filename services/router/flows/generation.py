@@ -86,7 +86,7 @@ class Generation:
         if not params.skip_special_tokens:
             decoder = SpecialTokensKept(decoder)
         self._detokenizer = IncrementalDetokenizer(decoder, params.prompt_ids)
-        self._stops = StopStringMatcher(params.stop)
+        self._stops = StopStringMatcher(params.stop, include=params.include_stop_str)
         self._stop_token_ids = params.stop_token_ids
         self._metrics = metrics
         self._recorder = recorder
@@ -253,8 +253,9 @@ class Generation:
 
     def _shown(self, token_ids: list[int]) -> list[int]:
         """The tokens whose text the answer shows: a stop token's text is left out, as vLLM's
-        server leaves it (a stop token always ends the request: it is the frame's last)."""
-        if token_ids and token_ids[-1] in self._stop_token_ids:
+        server leaves it unless asked to include it (a stop token always ends the request: it
+        is the frame's last)."""
+        if token_ids and token_ids[-1] in self._stop_token_ids and not self.params.include_stop_str:
             return token_ids[:-1]
         return token_ids
 

@@ -61,6 +61,7 @@ class GenerationParams(RequestIdentity):
     sampling: SamplingParams
     stop: tuple[str, ...]
     cache_hit_threshold: float | None = None  # decode-first; None: the router's default
+    include_stop_str: bool = False  # the answer keeps the stop string or stop token that ended it (vLLM's)
     route_hint: str | None = None  # the worker the client named (X-Tandem-Worker); the pinned policy's input
     skip_special_tokens: bool = True  # the answer's text leaves special tokens out
     eos_token_id: int | None = None  # the model's end of sequence, a stop token unless ignore_eos

@@ -1,9 +1,11 @@
 """Stop strings on streamed text. Pure.
 
-The output ends just before the first occurrence of any stop string (the stop string
-itself is not returned, as in OpenAI's API). Text that could be the beginning of a stop
-string is held back until the next piece decides it, so a stream never shows a client
-part of a stop string it later has to take back.
+The output ends at the stop string that completes first (on a tie, the first listed, as
+vLLM's server picks it): just before it (it is not returned, as in OpenAI's API), or just
+after it with vLLM's `include_stop_str_in_output`. Text that could be the beginning of a
+stop string is held back until the next piece decides it, so a stream never shows a client
+part of a stop string it later has to take back; a stop string that is kept needs no
+hold-back.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stop_strings: Sequence[str]) -> None:
+    def __init__(self, stop_strings: Sequence[str], *, include: bool = False) -> None:
         self._stops = tuple(stop for stop in stop_strings if stop)
+        self._include = include  # the stop string is the output's end, kept
         self._longest = max((len(stop) for stop in self._stops), default=0)
-        self._pending = ""
+        self._pending = ""  # held back: may begin a stop string
+        self._shown_tail = ""  # kept stop strings: the end of the text shown, where one may begin
         self.stopped = False
 
     def push(self, text: str) -> str:
@@ -28,11 +32,17 @@ class StopStringMatcher:
         if not self._stops:
             return text
         pending = self._pending + text
-        matches = [index for index in (pending.find(stop) for stop in self._stops) if index >= 0]
+        searched = self._shown_tail + pending
+        matches = [(index + len(stop), order, index) for order, stop in enumerate(self._stops)
+                   if (index := searched.find(stop)) >= 0]
         if matches:
+            end, _, start = min(matches)  # completes first; on a tie, listed first
             self.stopped = True
             self._pending = ""
-            return pending[:min(matches)]
+            return pending[:(end if self._include else start) - len(self._shown_tail)]
+        if self._include:  # nothing to take back: all of it is shown
+            self._shown_tail = searched[len(searched) - self._longest + 1:]
+            return pending
         hold = self._held_suffix(pending)
         self._pending = pending[len(pending) - hold:] if hold else ""
         return pending[:len(pending) - hold]

@@ -111,7 +111,8 @@ class ServingContext:
         return GenerationParams(request_id=identity.request_id, endpoint=identity.endpoint, model=model.name,
                                 arrived_at=identity.arrived_at, prompt_ids=prompt_ids,
                                 sampling=sampling, stop=body.stop_strings,
-                                cache_hit_threshold=body.cache_hit_threshold, route_hint=caller.route_hint,
+                                cache_hit_threshold=body.cache_hit_threshold,
+                                include_stop_str=bool(body.include_stop_str_in_output), route_hint=caller.route_hint,
                                 skip_special_tokens=body.skip_special_tokens,
                                 eos_token_id=model.tokenizer.eos_token_id, tenant=caller.tenant(body.priority),
                                 adapter=model.adapter)

@@ -114,6 +114,8 @@ class SamplingFields(Request):
     return_token_ids: bool | None = None
     # vLLM's: log-probabilities name tokens `token_id:<id>` instead of by their text
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the answer keeps the stop string (or stop token's text) that ended it
+    include_stop_str_in_output: bool = False
 
     @model_validator(mode="after")
     def _one_structure(self) -> "SamplingFields":

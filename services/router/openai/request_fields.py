@@ -96,6 +96,8 @@ _HONOURED = [
     RequestField("return_tokens_as_token_ids", "honoured", note="with logprobs: tokens named `token_id:<id>` (a "
                                                                 "chat position's own bytes stay its text's, as on "
                                                                 "vLLM's server)"),
+    RequestField("include_stop_str_in_output", "honoured", note="the answer ends after the stop string (or a "
+                                                                "stop token's text) instead of before it"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
                                                          "share of the prompt's KV", origin="tandem"),
 ]
@@ -142,8 +144,6 @@ _REFUSED = [
                  "chat template's (chats)"),
     _refused("use_beam_search", None, False, why=_NO_BEAM_SEARCH),
     _refused("length_penalty", None, 1.0, why=_NO_BEAM_SEARCH),
-    _refused("include_stop_str_in_output", None, False, endpoints=EVERY,
-             why="the router matches stop strings and leaves them out of the answer"),
     _refused("spaces_between_special_tokens", None, True, why="the router's detokenizer has only vLLM's default"),
     _refused("truncate_prompt_tokens", None, why="prompts are never truncated"),
     _refused("truncation_side", None, why="prompts are never truncated"),

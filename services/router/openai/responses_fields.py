@@ -61,6 +61,7 @@ _NOT_IMPLEMENTED = "not implemented"
 
 _REFUSED = [
     _refused("background", None, False, why="responses run in the request that created them"),
+    _refused("include_stop_str_in_output", None, False, why="a response's text ends before its stop string"),
     _refused("include", None, [], why="no extra output data is implemented (logprobs, reasoning, tool results)"),
     _refused("reasoning", None, why=_NO_REASONING),
     _refused("include_reasoning", None, True, why=_NO_REASONING),
