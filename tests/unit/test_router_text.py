@@ -188,3 +188,16 @@ def test_a_kept_stop_string_ends_the_output_after_it_with_nothing_held_back() ->
     tie = StopStringMatcher(["c", "bc"], include=True)
     assert tie.push("abcd") == "abc"  # both complete at "c": the first listed, kept
     assert StopStringMatcher(["c", "bc"]).push("abcd") == "ab"  # left out: the output ends before it
+
+
+def test_a_stop_string_must_end_after_the_unsearched_text() -> None:
+    """The answer's first `min_tokens` tokens are pushed unsearched (vLLM never stops in them):
+    a stop string inside them is passed over; one that ends after them is found."""
+    matcher = StopStringMatcher(["ab"])
+    assert matcher.push("xab", search=False) == "xab" and not matcher.stopped
+    assert matcher.push("ya") == "y" and matcher.push("b") == "" and matcher.stopped
+    across = StopStringMatcher(["abc"])
+    assert across.push("xa", search=False) == "x"  # "a" may begin "abc": held back, as always
+    assert across.push("bcz") == "" and across.stopped  # began in it, ends after it: found
+    kept = StopStringMatcher(["ab"], include=True)
+    assert kept.push("ab", search=False) == "ab" and kept.push("cab") == "cab" and kept.stopped

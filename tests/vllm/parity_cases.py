@@ -156,6 +156,10 @@ CASES = [
                                                 **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
     chat("return-token-ids", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"],
                               **vllm_fields(return_token_ids=True)}, finish_reason="stop"),
+    # A stop string is looked for only after min_tokens tokens (vLLM's rule): FOX's answer has
+    # "iff str" in its first 8 tokens, so it runs to max_tokens.
+    completion("stop-string-within-min-tokens", {"prompt": FOX, "max_tokens": 16, "stop": "iff str",
+                                                 **vllm_fields(min_tokens=8)}, finish_reason="length"),
     # vLLM's include_stop_str_in_output: the answer ends after its stop string (or stop token's text).
     completion("include-stop-str", {"prompt": FOX, "max_tokens": 16, "stop": "iff str",
                                     **vllm_fields(include_stop_str_in_output=True)}, finish_reason="stop"),

@@ -240,13 +240,17 @@ class Generation:
         self._completion_tokens += count
 
     def _text_of(self, token_ids: list[int]) -> tuple[str, int]:
-        """The text a frame adds, up to a stop string if one completes in it, and how many of
-        its tokens came after the one that completed it (not counted, as vLLM counts)."""
-        if not self.params.stop or len(token_ids) == 1:
+        """The text a frame adds, up to a stop string if one completes in it (never in the
+        answer's first `min_tokens` tokens, as vLLM's server), and how many of its tokens came
+        after the one that completed it (not counted, as vLLM counts)."""
+        before = self._completion_tokens - len(token_ids)  # the answer's tokens before this frame
+        min_tokens = self.params.sampling.min_tokens
+        if not self.params.stop or (len(token_ids) == 1 and before + 1 > min_tokens):
             return self._stops.push(self._detokenizer.push(self._shown(token_ids))), 0
         pieces = []
         for index in range(len(token_ids)):
-            pieces.append(self._stops.push(self._detokenizer.push(self._shown(token_ids[index:index + 1]))))
+            text = self._detokenizer.push(self._shown(token_ids[index:index + 1]))
+            pieces.append(self._stops.push(text, search=before + index + 1 > min_tokens))
             if self._stops.stopped:
                 return "".join(pieces), len(token_ids) - index - 1
         return "".join(pieces), 0

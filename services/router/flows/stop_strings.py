@@ -5,7 +5,8 @@ vLLM's server picks it): just before it (it is not returned, as in OpenAI's API)
 after it with vLLM's `include_stop_str_in_output`. Text that could be the beginning of a
 stop string is held back until the next piece decides it, so a stream never shows a client
 part of a stop string it later has to take back; a stop string that is kept needs no
-hold-back.
+hold-back. As on vLLM's server, a stop string must end after the answer's first `min_tokens`
+tokens (`push(search=False)` for those).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ class StopStringMatcher:
         self._shown_tail = ""  # kept stop strings: the end of the text shown, where one may begin
         self.stopped = False
 
-    def push(self, text: str) -> str:
-        """The part of `text` (with earlier held-back text) that is safe to show now.
+    def push(self, text: str, *, search: bool = True) -> str:
+        """The part of `text` (with earlier held-back text) that is safe to show now. A stop
+        string must end in `text`; none is looked for with `search` False (the answer's first
+        `min_tokens` tokens, which vLLM's server never stops in).
 
         After a stop string is found, `stopped` is True and every later push returns "".
         """
@@ -31,10 +34,11 @@ class StopStringMatcher:
             return ""
         if not self._stops:
             return text
+        before = len(self._shown_tail) + len(self._pending)
         pending = self._pending + text
         searched = self._shown_tail + pending
         matches = [(index + len(stop), order, index) for order, stop in enumerate(self._stops)
-                   if (index := searched.find(stop)) >= 0]
+                   if search and (index := searched.find(stop, max(0, before - len(stop) + 1))) >= 0]
         if matches:
             end, _, start = min(matches)  # completes first; on a tie, listed first
             self.stopped = True
