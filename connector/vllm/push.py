@@ -27,7 +27,7 @@ import itertools
 import logging
 import time
 
-from connector.dataplane import Prepared
+from connector.prepared import Prepared
 from connector.push import LayerWrite, PushArrival
 from connector.push_ledger import abort_push, end_push, start_push
 from connector.push_receipt import PushReceipt
@@ -37,6 +37,7 @@ from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import PushDone, PushTarget
 
 log = logging.getLogger(__name__)
+
 
 def overlapped_layers(writes: list[LayerWritten]) -> list[int]:
     """Layers k whose write started before layer k+1 of the same step was computed, so
