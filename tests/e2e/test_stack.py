@@ -130,6 +130,34 @@ async def test_return_token_ids_gives_the_prompts_and_the_answers_tokens(stack: 
     assert "token_ids" not in plain.model_dump(exclude_unset=True)["choices"][0]  # not asked: not there
 
 
+async def test_truncate_prompt_tokens_serves_the_prompts_last_tokens(stack: LocalStack,
+                                                                       client: openai.AsyncOpenAI) -> None:
+    """vLLM's `truncate_prompt_tokens`: the prompt served (its ids, its usage) is the request's
+    last tokens, or its first with `truncation_side` "right"; -1 leaves a short prompt whole;
+    more than the context is a 400 naming the field."""
+    model = model_name(stack)
+    prompt = Tokenizer.from_model_dir(stack.config.model_dir).encode("The river runs under the old stone bridge")
+    assert len(prompt) > 5
+
+    async def served(**fields) -> list[int]:
+        answer = await client.completions.create(model=model, prompt=prompt, max_tokens=2,
+                                                 extra_body={"return_token_ids": True, **fields})
+        assert answer.usage.prompt_tokens == len(answer.choices[0].prompt_token_ids)
+        return answer.choices[0].prompt_token_ids
+
+    assert await served(truncate_prompt_tokens=5) == prompt[-5:]
+    assert await served(truncate_prompt_tokens=5, truncation_side="right") == prompt[:5]
+    assert await served(truncate_prompt_tokens=-1) == prompt
+    chat = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell me more."}],
+                                                max_tokens=2, extra_body={"truncate_prompt_tokens": 3})
+    assert chat.usage.prompt_tokens == 3
+    response = await client.responses.create(model=model, input="Tell me more.", truncation="auto",
+                                             max_output_tokens=2)
+    assert response.truncation == "auto" and response.status == "incomplete"
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens=.* cannot be greater than max_model_len"):
+        await served(truncate_prompt_tokens=10**9)
+
+
 async def test_100_concurrent_streams_complete_with_expected_tokens(stack: LocalStack, client: openai.AsyncOpenAI,
                                                                     loads) -> None:
     model = model_name(stack)

@@ -320,6 +320,11 @@ BAD_INPUT = [
      400, "tools.0.function.parameters", "valid dictionary"),
     ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "x", "tools": [TOOL]}, 400, "tools",
      "tool calls are a chat's"),
+    # vLLM's truncate_prompt_tokens: at most the context length, -1 at the least
+    ("/v1/completions", {"model": MODEL_DIR_NAME, "prompt": "x", "truncate_prompt_tokens": 49}, 400,
+     "truncate_prompt_tokens", "truncate_prompt_tokens=49 cannot be greater than max_model_len = 48"),
+    ("/v1/chat/completions", {"model": MODEL_DIR_NAME, "messages": [{"role": "user", "content": "x"}],
+                              "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens", "-1"),
 ]
 
 
@@ -337,6 +342,20 @@ async def test_bad_input_gets_a_clear_openai_error(router: cluster.Router, start
                 or error["param"] != param or fragment not in error["message"]):
             failures.append((path, body, response.status_code, error))
     assert not failures, "\n".join(map(str, failures))
+
+
+async def test_a_prompt_past_the_context_is_served_cut_to_it_with_truncate_prompt_tokens(
+        router: cluster.Router, start_worker) -> None:
+    """-1: as many of the prompt's last tokens as the context takes with one output token;
+    without it the same prompt is a 400."""
+    await start_worker(max_model_len=48)
+    await cluster.wait_for_workers(router, 1)
+    body = {"model": MODEL_DIR_NAME, "prompt": "word " * 60, "max_tokens": 1}
+    refused = await router.http.post("/v1/completions", json=body)
+    assert refused.status_code == 400, refused.text
+    served = await router.http.post("/v1/completions", json={**body, "truncate_prompt_tokens": -1})
+    assert served.status_code == 200, served.text
+    assert served.json()["usage"]["prompt_tokens"] == 47
 
 
 async def test_openai_client_sees_typed_errors(router: cluster.Router, start_worker) -> None:

@@ -160,6 +160,10 @@ async def test_each_refusal_says_what_is_wrong(router: Router) -> None:
     assert all(len(data) <= MAX_IMAGE_BYTES for data in large) and sum(map(len, large)) > MAX_REQUEST_IMAGE_BYTES
     response = await router.http.post("/v1/chat/completions", json=chat(*[image(data_url(data)) for data in large]))
     assert response.status_code == 400 and "together" in response.json()["error"]["message"]
+    truncated = await router.http.post("/v1/chat/completions",
+                                       json={**chat(image(data_url(GOOD))), "truncate_prompt_tokens": 8})
+    assert truncated.status_code == 400 and truncated.json()["error"]["param"] == "truncate_prompt_tokens"
+    assert "with images" in truncated.json()["error"]["message"]
 
 
 async def test_a_good_image_reaches_the_worker_expanded_with_its_bytes(router: Router, start_worker,

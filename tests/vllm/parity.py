@@ -485,7 +485,8 @@ def _response_answer(response: Any, events: tuple[str, ...] = (), faults: tuple[
         usage=TokenCounts(usage.input_tokens, usage.output_tokens, usage.total_tokens) if usage else None,
         echoed=(response.instructions, response.max_output_tokens, tool_choice, response.temperature,
                 response.top_p, response.parallel_tool_calls,
-                tuple(tool.name for tool in response.tools), response.previous_response_id is not None),
+                tuple(tool.name for tool in response.tools), response.previous_response_id is not None,
+                response.truncation),
         events=events, stream_faults=faults)
 
 

@@ -166,6 +166,24 @@ CASES = [
     completion("include-stop-token", {"prompt": TOKENS, "max_tokens": 16,
                                       **vllm_fields(stop_token_ids=[447], include_stop_str_in_output=True)},
                finish_reason="stop", completion_tokens=6),
+    # vLLM's truncate_prompt_tokens: the prompt's last tokens (its first with truncation_side
+    # "right") are served; an echo shows the prompt as sent, whole (vLLM's server echoes the
+    # text it was given, or the decoding of all the ids), with the served tokens' log-probabilities.
+    completion("truncate-prompt-tokens", {"prompt": FOX, "max_tokens": 8,
+                                          **vllm_fields(truncate_prompt_tokens=6, return_token_ids=True)}),
+    completion("truncate-prompt-tokens-right", {"prompt": FOX, "max_tokens": 8, **vllm_fields(
+        truncate_prompt_tokens=6, truncation_side="right", return_token_ids=True)}),
+    completion("truncate-prompt-tokens-minus-one", {"prompt": TOKENS, "max_tokens": 4,
+                                                    **vllm_fields(truncate_prompt_tokens=-1, return_token_ids=True)}),
+    completion("truncate-prompt-tokens-echo", {"prompt": FOX, "max_tokens": 4, "echo": True,
+                                               **vllm_fields(truncate_prompt_tokens=5)}),
+    completion("truncate-prompt-tokens-ids-echo-logprobs", {"prompt": TOKENS, "max_tokens": 4, "echo": True,
+                                                            "logprobs": 2, **vllm_fields(truncate_prompt_tokens=5)},
+               split=False),
+    chat("truncate-prompt-tokens", {"messages": STORY, "max_tokens": 8,
+                                    **vllm_fields(truncate_prompt_tokens=7, return_token_ids=True)}),
+    chat("truncate-prompt-tokens-right", {"messages": STORY, "max_tokens": 8, **vllm_fields(
+        truncate_prompt_tokens=7, truncation_side="right", return_token_ids=True)}),
     chat("include-stop-str-logprobs", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"], "logprobs": True,
                                        **vllm_fields(include_stop_str_in_output=True)}, finish_reason="stop"),
     # vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:<id>".
@@ -296,6 +314,8 @@ RESPONSES_CASES = [
         {"type": "input_text", "text": "Tell me a story"}, {"type": "input_text", "text": "about a fox."}]}],
         "max_output_tokens": 16}),
     responses("tools-auto", {"input": STORY_TEXT, "tools": RESPONSES_TOOLS, "max_output_tokens": 12}),
+    # truncation "auto": a conversation within the context is served whole, the response says "auto"
+    responses("truncation-auto", {"input": STORY_TEXT, "truncation": "auto", "max_output_tokens": 8}),
     responses("tools-required", FORCED_CALL, output_types=("function_call",)),
     responses("json-schema", {"input": STORY_TEXT, "max_output_tokens": 32, "text": {"format": {
         "type": "json_schema", "name": "verdict", "schema": VERDICT}}}, status="completed"),

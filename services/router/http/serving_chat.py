@@ -17,6 +17,7 @@ from services.router.http.answer_format import EndpointFormat, WholeAnswer, usag
 from services.router.http.caller import Caller
 from services.router.http.chat_images import place_images, read_images
 from services.router.http.choices import Choice, answer_choices
+from services.router.http.prompt_truncation import truncate_prompt
 from services.router.http.serving import ServingContext
 from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_json
 from services.router.openai.errors import BadRequest
@@ -168,6 +169,11 @@ class ChatServing:
                 raise BadRequest(f"the chat template cannot render these messages: {error}",
                                  param="messages") from error
             prompt_ids = _without_double_bos(await context.tokenize(tokenizer, prompt), tokenizer.bos_token_id)
+            if images and body.truncate_prompt_tokens is not None:
+                raise BadRequest("truncate_prompt_tokens is not served for messages with images",
+                                 param="truncate_prompt_tokens")
+            prompt_ids = truncate_prompt(context, body, model.name, prompt_ids, added_bos=False,
+                                         asks_output=body.requested_max_tokens is not None)
             prompt_ids, placed = place_images(prompt_ids, images, tokenizer)
             prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "messages")
             max_tokens = context.max_tokens(body.requested_max_tokens, max_tokens_param)

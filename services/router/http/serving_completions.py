@@ -19,6 +19,7 @@ from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.answer_format import EndpointFormat, WholeAnswer, usage_so_far
 from services.router.http.caller import Caller
 from services.router.http.choices import Choice, answer_choices
+from services.router.http.prompt_truncation import truncate_prompt
 from services.router.http.serving import ServingContext
 from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_json
 from services.router.openai.logprobs import LogprobsRenderer
@@ -125,6 +126,8 @@ class CompletionsServing:
             model = await context.resolve_model(body.model)
             tokenizer = model.tokenizer
             prompt_ids = await context.tokenize(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+            prompt_ids = truncate_prompt(context, body, model.name, prompt_ids, asks_output=True,
+                                         added_bos=isinstance(prompt, str) and tokenizer.add_bos)
             prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "prompt")
             max_tokens = context.max_tokens(body.max_tokens, "max_tokens")
             return context.params(identity, body, model, prompt_ids, max_tokens, caller, sample=sample)
@@ -138,8 +141,9 @@ class CompletionsServing:
             tokenizer, body.logprobs_top, as_token_ids=bool(body.return_tokens_as_token_ids))
         echo = None
         prompt_ids = generation.params.prompt_ids
-        if body.echo:  # with return_token_ids, vLLM's server echoes the prompt's ids, not its text
-            text = "" if body.return_token_ids else prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
+        if body.echo:  # with return_token_ids, vLLM's server echoes the prompt's ids, not its text; the
+            # prompt as sent, whole, even where truncate_prompt_tokens served its end
+            text = "" if body.return_token_ids else prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
             echo = EchoedPrompt(text, prompt_ids, generation)
         return CompletionFormat(request_id, body.model, created, renderer, echo, index, usage_so_far(body, generation),
                                 prompt_ids if body.return_token_ids else None)

@@ -69,6 +69,8 @@ class ResponsesServing:
         except BadRequest as error:
             if error.param is not None and error.param.startswith("messages"):
                 error.param = "input"  # the chat's messages are this request's input (after a stored turn's)
+            elif error.param == "truncate_prompt_tokens":
+                error.param = "truncation"
             raise
         try:
             first = await generation.next()  # a failure here is still a proper HTTP status

@@ -116,6 +116,10 @@ class SamplingFields(Request):
     return_tokens_as_token_ids: bool | None = None
     # vLLM's: the answer keeps the stop string (or stop token's text) that ended it
     include_stop_str_in_output: bool = False
+    # vLLM's: a longer prompt keeps this many tokens (-1: as many as the context takes), its
+    # last ones unless `truncation_side` is "right" (`openai.truncation`)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    truncation_side: Literal["left", "right"] | None = None
 
     @model_validator(mode="after")
     def _one_structure(self) -> "SamplingFields":

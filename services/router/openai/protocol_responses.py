@@ -168,6 +168,7 @@ class ResponsesRequestBase(Request):
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None  # None: auto with tools
     parallel_tool_calls: bool | None = True
     metadata: dict[str, Text] | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"  # None: the default
     user: Text | None = None
     prompt_cache_key: Text | None = None
     # sampling, as the chat endpoint takes it

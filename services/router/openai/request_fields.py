@@ -96,6 +96,12 @@ _HONOURED = [
     RequestField("return_tokens_as_token_ids", "honoured", note="with logprobs: tokens named `token_id:<id>` (a "
                                                                 "chat position's own bytes stay its text's, as on "
                                                                 "vLLM's server)"),
+    RequestField("truncate_prompt_tokens", "honoured", note="a longer prompt keeps this many tokens, its last "
+                                                            "ones (-1: the context length, less one where output "
+                                                            "is asked); a completion's BOS stays unless a side is "
+                                                            "named; not with images"),
+    RequestField("truncation_side", "honoured", note="with truncate_prompt_tokens: left keeps the last tokens, "
+                                                     "right the first"),
     RequestField("include_stop_str_in_output", "honoured", note="the answer ends after the stop string (or a "
                                                                 "stop token's text) instead of before it"),
     RequestField("cache_hit_threshold", "honoured", note="Tandem's: serve only from a worker holding this "
@@ -145,8 +151,6 @@ _REFUSED = [
     _refused("use_beam_search", None, False, why=_NO_BEAM_SEARCH),
     _refused("length_penalty", None, 1.0, why=_NO_BEAM_SEARCH),
     _refused("spaces_between_special_tokens", None, True, why="the router's detokenizer has only vLLM's default"),
-    _refused("truncate_prompt_tokens", None, why="prompts are never truncated"),
-    _refused("truncation_side", None, why="prompts are never truncated"),
     _refused("prompt_logprobs", None, why="a prompt's log-probabilities come with echo and logprobs (completions)"),
     _refused("logprob_token_ids", None, why="not implemented: the sampled and top tokens' log-probabilities only"),
     _refused("watermarking", None, endpoints=EVERY, why="not implemented by Tandem's workers"),

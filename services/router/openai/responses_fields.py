@@ -44,6 +44,9 @@ _HONOURED = [
                                       "a named function"),
     _field("parallel_tool_calls", "honoured", "false: at most one call"),
     _field("metadata", "honoured", "echoed and stored: up to 16 string pairs"),
+    _field("truncation", "honoured", "auto: a conversation longer than the context keeps its last tokens (the "
+                                     "context length less one), as vLLM's server cuts it; disabled (or absent): "
+                                     "a 400"),
     *(_field(name, "honoured", _PASSED_TO_CHAT) for name in (
         "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
@@ -69,7 +72,6 @@ _REFUSED = [
     _refused("prompt", None, why="no stored prompt templates"),
     _refused("service_tier", None, "auto", "default", why="one tier: the router's admission and priority"),
     _refused("top_logprobs", None, 0, why="log-probabilities are not implemented for responses"),
-    _refused("truncation", None, "disabled", why="prompts are never truncated"),
     _refused("conversation", None, why="conversations are not stored: use previous_response_id", origin="openai"),
     _refused("context_management", None, why=_NOT_IMPLEMENTED, origin="openai"),
     _refused("prompt_cache_retention", None, why="the workers' prefix caches evict by use", origin="openai"),

@@ -89,7 +89,7 @@ class ResponseObject(BaseModel):
     service_tier: Literal["auto"] = "auto"
     store: bool
     top_logprobs: int = 0
-    truncation: Literal["disabled"] = "disabled"
+    truncation: Literal["auto", "disabled"] = "disabled"
     usage: ResponseUsage | None = None
     user: str | None = None
 

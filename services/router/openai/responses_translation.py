@@ -132,6 +132,8 @@ def chat_request(request: ResponsesRequestBase, model: str, max_tokens: int, mes
     refuses is a 400 naming the responses field it came from."""
     chat: dict[str, Any] = {name: getattr(request, name) for name in SAMPLING_FIELDS if getattr(request, name) is not None}
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
+    if request.truncation == "auto":  # vLLM's server: as truncate_prompt_tokens -1
+        chat["truncate_prompt_tokens"] = -1
     chat.update(model=model, max_completion_tokens=max_tokens,
                 messages=[*system, *(message.model_dump(exclude_none=True) for message in messages)])
     if request.tools:
@@ -190,7 +192,7 @@ def response_object(request: ResponsesRequestBase, *, response_id: str, model: s
         top_p=OPENAI_DEFAULT_TOP_P if request.top_p is None else request.top_p, tool_choice=tool_choice,
         tools=request.tools or [], text=request.text or TextConfig(format=TextFormat(type="text")),
         max_output_tokens=max_tokens, previous_response_id=request.previous_response_id, store=request.store,
-        usage=usage, user=request.user)
+        truncation=request.truncation or "disabled", usage=usage, user=request.user)
 
 
 @dataclass(frozen=True)
