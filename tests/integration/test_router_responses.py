@@ -302,7 +302,7 @@ async def test_store_false_stores_nothing_and_unknown_ids_are_404s(router: clust
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
      "takes no images"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]}, "input", "not served"),
-    ({"truncation": "auto"}, "truncation", "never truncated"),
+    ({"truncation": "middle"}, "truncation", "'auto' or 'disabled'"),
     ({"top_logprobs": 2}, "top_logprobs", "not supported"),
     ({"frobnicate": 1}, "frobnicate", "not a field"),
     ({"max_output_tokens": 0}, "max_output_tokens", "at least 1"),
