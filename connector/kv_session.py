@@ -105,7 +105,8 @@ class KvSession:
         if writer is not None:
             request = self._request
             writer.send_reused(request_chain(request.token_ids, self._block_size, adapter=request.adapter,
-                                             images=image_spans(request.images)), self._num_layers)
+                                             cache_salt=request.cache_salt, images=image_spans(request.images)),
+                               self._num_layers)
             done = await writer.finish(first_token)
             trace.get_current_span().set_attribute("tandem.kv.push_writes", len(writer.timings))
             await kv.send_push_done(writer.target, done)

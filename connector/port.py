@@ -89,11 +89,11 @@ class KvPort(Protocol):
         ...
 
     def commit_transferred(self, block_ids: list[int], first_block: int, token_ids: list[int], ok: list[bool], *,
-                           adapter: str = "") -> list[bool]:
+                           adapter: str = "", cache_salt: str = "") -> list[bool]:
         """Register received blocks in the prefix cache, as if computed here.
 
         `block_ids[i]` received block `first_block + i` of the sequence `token_ids` (its whole
-        prompt, or more) served with the LoRA `adapter`. A block is committed when `ok[i]`
+        prompt, or more) served with the LoRA `adapter` and `cache_salt` (its chain's root). A block is committed when `ok[i]`
         (its bytes arrived and matched the sender's checksums) and its bytes verify against
         its tokens. A block whose hash is already cached here counts as committed but stays
         private (the cached copy serves). Returns, per block, whether it committed. Pins are

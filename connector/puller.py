@@ -31,7 +31,7 @@ from connector.pull import Pull
 from connector.rank_transports import RankTransports
 from connector.shaped_read import ShapedRead
 from connector.token_map import Segments, Span, aligned_span, token_segments
-from shared.block_hash import adapter_root, block_hash_chain
+from shared.block_hash import block_hash_chain, chain_root
 from shared.config import KvFaultConfig, KvRetryConfig
 from shared.schemas.transfer import KvHandle, TransferKind
 
@@ -62,13 +62,13 @@ class KvPuller:
         self._tasks: set[asyncio.Task] = set()  # releases sent after a cancellation
 
     async def pull(self, request_id: str, handle: KvHandle, token_ids: list[int], *, kind: TransferKind = "pull",
-                   adapter: str = "") -> PullOutcome:
+                   adapter: str = "", cache_salt: str = "") -> PullOutcome:
         """Bring the handle's blocks into the local cache; always releases the lease."""
         await self.leases.refuse_if_incompatible(handle)
         pull = Pull.begin(self.worker_id, request_id, handle, kind, len(token_ids), takes_tail=False,
                           started=time.monotonic())
         local_hashes = block_hash_chain(token_ids[:pull.wanted * handle.block_size], self.block_size,
-                                        parent_hash=adapter_root(adapter))
+                                        parent_hash=chain_root(adapter, cache_salt))
         pinned = self._port.pin_prefix(local_hashes)  # already cached here: not pulled
         span = aligned_span(handle.block_size, self.block_size, pull.wanted, len(pinned))
         pull.narrow(span.first_unit, span.units)
@@ -84,7 +84,7 @@ class KvPuller:
             await self._read(pull, segments, targets, pinned)
         pull.released(await self._release(pull, pinned + (targets or [])))
         if targets is not None and segments is not None:  # read (or tried to)
-            pinned += self._commit(pull, span, segments, targets, token_ids, adapter)
+            pinned += self._commit(pull, span, segments, targets, token_ids, adapter, cache_salt)
         pull.log_failures()
         trace.get_current_span().set_attributes(pull.span_attributes())  # the pull's
         return PullOutcome(pinned_block_ids=pinned, pull=pull)
@@ -111,11 +111,12 @@ class KvPuller:
         pull.landed(read, time.monotonic())
 
     def _commit(self, pull: Pull, span: Span, segments: Segments, targets: list[int], token_ids: list[int],
-                adapter: str) -> list[int]:
+                adapter: str, cache_salt: str) -> list[int]:
         """Commit what the pull may use (after the release: not the blocks of an expired
         lease); unpin the rest at once. The committed blocks, which stay pinned."""
         local_ok = segments.destination_ok(pull.usable(), len(targets))
-        committed = self._port.commit_transferred(targets, span.first_local, token_ids, local_ok, adapter=adapter)
+        committed = self._port.commit_transferred(targets, span.first_local, token_ids, local_ok, adapter=adapter,
+                                                  cache_salt=cache_salt)
         pull.committed(segments.units_ok(committed, pull.blocks))
         self._port.unpin([block_id for block_id, good in zip(targets, committed) if not good])
         return [block_id for block_id, good in zip(targets, committed) if good]

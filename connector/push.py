@@ -196,10 +196,12 @@ class PushReceiver(PushArrival):
         self._port = port
         self.block_size = block_size
 
-    def commit(self, receipt: PushReceipt, token_ids: list[int], *, adapter: str = "", now: float) -> None:
+    def commit(self, receipt: PushReceipt, token_ids: list[int], *, adapter: str = "", cache_salt: str = "",
+               now: float) -> None:
         """Verify and commit what arrived (into `receipt`); unpins what did not commit."""
         targets = self.target.block_ids
         ours = self._port.block_checksums(targets) if targets else []
-        receipt.committed(self._port.commit_transferred(targets, 0, token_ids, receipt.verify(ours), adapter=adapter),
+        receipt.committed(self._port.commit_transferred(targets, 0, token_ids, receipt.verify(ours), adapter=adapter,
+                                                        cache_salt=cache_salt),
                           now)
         self._port.unpin([block_id for block_id, good in zip(targets, receipt.committed_ok or []) if not good])

@@ -12,6 +12,10 @@ starts from the adapter's root (`adapter_root`) instead of `ROOT_PARENT`: no blo
 adapter, or of the base model, ever has the hash of another's. Without an adapter the root
 is `ROOT_PARENT`, so the chains of plain requests are what they always were.
 
+A request with vLLM's `cache_salt` starts from a root that hashes the salt with the adapter's
+root (`chain_root`): its blocks match only requests with the same salt, so a tenant cannot
+learn from cache hits what another's prompts were.
+
 A prompt that holds images (a vision-language model's) has each image's placeholder tokens
 in it, the same ids for any image: the blocks an image's tokens are in also hash the image's
 identifier and where it starts relative to the block (`image_block_salts`), as vLLM's own
@@ -30,6 +34,7 @@ from shared.token_pack import TOKEN_BYTES, pack_token_ids
 ROOT_PARENT = 0
 _IMAGE_KEY = b"mm"
 _ADAPTER_DOMAIN = b"tandem-lora-adapter:"
+_SALT_DOMAIN = b"tandem-cache-salt:"
 
 
 def adapter_root(adapter: str) -> int:
@@ -38,6 +43,15 @@ def adapter_root(adapter: str) -> int:
     if not adapter:
         return ROOT_PARENT
     return xxh3_64_intdigest(_ADAPTER_DOMAIN + adapter.encode()) or 1
+
+
+def chain_root(adapter: str = "", cache_salt: str = "") -> int:
+    """The parent of a request's first block: its adapter's root (`adapter_root`) without a
+    cache salt, else a hash of that root and the salt (never `ROOT_PARENT`)."""
+    root = adapter_root(adapter)
+    if not cache_salt:
+        return root
+    return xxh3_64_intdigest(_SALT_DOMAIN + root.to_bytes(8, "little") + cache_salt.encode()) or 1
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int], salt: bytes = b"") -> int:
@@ -88,11 +102,12 @@ def image_block_salts(spans: Iterable[tuple[str, int, int]], block_size: int, bl
     return salts
 
 
-def request_chain(token_ids: Sequence[int], block_size: int, *, adapter: str = "",
+def request_chain(token_ids: Sequence[int], block_size: int, *, adapter: str = "", cache_salt: str = "",
                   images: Sequence[tuple[str, int, int]] = ()) -> list[int]:
-    """A request's chain: from its adapter's root, each block salted by the images in it
-    (`images`: `(identifier, start, length)` of each image's placeholder tokens)."""
-    root = adapter_root(adapter)
+    """A request's chain: from its adapter's and cache salt's root (`chain_root`), each block
+    salted by the images in it (`images`: `(identifier, start, length)` of each image's
+    placeholder tokens)."""
+    root = chain_root(adapter, cache_salt)
     if not images:
         return block_hash_chain(token_ids, block_size, parent_hash=root)
     salts = image_block_salts(images, block_size, len(token_ids) // block_size)

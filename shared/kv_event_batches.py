@@ -49,7 +49,8 @@ def _cut(event: KvEvent, max_bytes: int) -> list[KvEvent]:
     if size <= max_bytes:
         return [event]
     if isinstance(event, BlockStored):
-        return _cut_stored(event, _per_part(len(event.block_hashes), size, max_bytes))
+        overhead = encoded_size(_piece(event, 0, 0, event.parent_block_hash))  # a part's fields, no block
+        return _cut_stored(event, max(1, _per_part(len(event.block_hashes), size - overhead, max_bytes - overhead)))
     if isinstance(event, BlockRemoved):
         step = _per_part(len(event.block_hashes), size, max_bytes)
         return [BlockRemoved(block_hashes=event.block_hashes[start:start + step])
@@ -67,16 +68,24 @@ def _per_part(blocks: int, size: int, max_bytes: int) -> int:
 
 def _cut_stored(event: BlockStored, step: int) -> list[KvEvent]:
     pieces: list[KvEvent] = []
-    parent, block_size = event.parent_block_hash, event.block_size
-    packed_size = block_size * TOKEN_BYTES
+    parent = event.parent_block_hash
     for start in range(0, len(event.block_hashes), step):
         end = min(len(event.block_hashes), start + step)
-        pieces.append(BlockStored(
-            block_hashes=event.block_hashes[start:end], parent_block_hash=parent,
-            token_ids=event.token_ids[start * block_size:end * block_size] if event.token_ids else [],
-            block_size=block_size,
-            chain_hashes=event.chain_hashes[start:end] if event.chain_hashes is not None else None,
-            tier=event.tier, adapter=event.adapter,
-            packed_token_ids=event.packed_token_ids[start * packed_size:end * packed_size]))
+        pieces.append(_piece(event, start, end, parent))
         parent = event.block_hashes[end - 1]
     return pieces
+
+
+def _piece(event: BlockStored, start: int, end: int, parent: int | None) -> BlockStored:
+    """Blocks `start` to `end` of `event`, under `parent`; the cache salt (a chain's root's)
+    stays with the first."""
+    block_size = event.block_size
+    packed_size = block_size * TOKEN_BYTES
+    return BlockStored(
+        block_hashes=event.block_hashes[start:end], parent_block_hash=parent,
+        token_ids=event.token_ids[start * block_size:end * block_size] if event.token_ids else [],
+        block_size=block_size,
+        chain_hashes=event.chain_hashes[start:end] if event.chain_hashes is not None else None,
+        tier=event.tier, adapter=event.adapter, cache_salt=event.cache_salt if start == 0 else "",
+        packed_token_ids=event.packed_token_ids[start * packed_size:end * packed_size],
+        image_salts=event.image_salts[start:end] if event.image_salts is not None else None)

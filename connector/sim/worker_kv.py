@@ -78,7 +78,7 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
                     span.set_attribute("tandem.kv.outcome", "no_lease")
                     return Prepared()
                 outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind,
-                                                 adapter=request.adapter)
+                                                 adapter=request.adapter, cache_salt=request.cache_salt)
             finally:
                 end_transfer_span(span, outcome.pull.record() if outcome is not None else None)
         try:
@@ -95,6 +95,7 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
         """Lease the request's prompt blocks for a decode worker. Call it as soon as the
         prefill's output arrives, before awaiting anything (the blocks could be evicted)."""
         return self.holder.grant("decode", request_chain(request.token_ids, self.block_size, adapter=request.adapter,
+                                                         cache_salt=request.cache_salt,
                                                          images=image_spans(request.images)))
 
     # ---- push mode ----------------------------------------------------------------
@@ -111,7 +112,8 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
     async def _commit_push(self, request: GenerateRequest, receiver: PushReceiver, receipt: PushReceipt) -> Prepared:
         """Commit into the port's pinned target blocks what verified; they stay pinned for the
         request (`release_pins`)."""
-        receiver.commit(receipt, request.token_ids, adapter=request.adapter, now=time.monotonic())
+        receiver.commit(receipt, request.token_ids, adapter=request.adapter, cache_salt=request.cache_salt,
+                        now=time.monotonic())
         pinned = [block_id for block_id, good in zip(receiver.target.block_ids, receipt.committed_ok or []) if good]
         prepared = Prepared(pinned_block_ids=pinned)
         receipt.fill(prepared)

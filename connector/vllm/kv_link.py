@@ -246,17 +246,18 @@ class ConnectorLink:
         return await self._pinning(AllocOrder(key=key, count=count), key, [0])
 
     async def commit(self, key: str, count: int, token_ids: list[int],
-                     images: Sequence[ImagePlace] = ()) -> list[int]:
+                     images: Sequence[ImagePlace] = (), cache_salt: str = "") -> list[int]:
         """A push's reader: cache the first `count` blocks under `key` as the prompt
-        `token_ids`' full blocks, hashed with its `images` (still pinned), unpin the rest;
-        the cached block ids."""
-        return await self._pinning(CommitOrder(key=key, count=count, images=list(images)), key, token_ids)
+        `token_ids`' full blocks, hashed with its `images` and `cache_salt` (still pinned),
+        unpin the rest; the cached block ids."""
+        return await self._pinning(CommitOrder(key=key, count=count, images=list(images)), key, token_ids,
+                                   cache_salt)
 
-    async def _pinning(self, order: ControlOrder, key: str, token_ids: list[int]) -> list[int]:
+    async def _pinning(self, order: ControlOrder, key: str, token_ids: list[int], cache_salt: str = "") -> list[int]:
         waiter = asyncio.get_running_loop().create_future()
         self._pins[key] = waiter
         try:
-            await self._control(order, token_ids)
+            await self._control(order, token_ids, cache_salt)
             pinned = await asyncio.wait_for(asyncio.shield(waiter), self.options.control_timeout_s)
         except BaseException:
             self.unpin_soon([key])
@@ -282,15 +283,16 @@ class ConnectorLink:
         if not task.cancelled() and task.exception() is not None:
             log.warning("unpinning KV blocks failed (the engine is gone?): %s", task.exception())
 
-    async def _control(self, order: ControlOrder, token_ids: list[int]) -> None:
+    async def _control(self, order: ControlOrder, token_ids: list[int], cache_salt: str = "") -> None:
         """A pre-aborted request: vLLM hands it to the connector's `on_new_request`, then aborts
-        it without scheduling it (what `AsyncLLM.notify_kv_transfer_request_rejected` does)."""
+        it without scheduling it (what `AsyncLLM.notify_kv_transfer_request_rejected` does).
+        `cache_salt`: a commit's, so that vLLM hashes its blocks as the request's own."""
         llm = self._require_llm()
         request = EngineCoreRequest(
             request_id=f"{self._control_prefix}-{next(self._control_ids)}", prompt_token_ids=list(token_ids),
             mm_features=None,
             sampling_params=VllmSamplingParams(max_tokens=1, extra_args={"kv_transfer_params": control_params(order)}),
-            pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
+            pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=cache_salt or None,
             data_parallel_rank=None, abort_immediately=True)
         await llm.engine_core.add_request_async(request)
 

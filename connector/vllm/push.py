@@ -145,7 +145,8 @@ class VllmPush:
             ok = receipt.verify(ours)
             kept = ok.index(False) if False in ok else len(ok)
             images = [ImagePlace(*image.span) for image in request.images]
-            cached = await link.commit(receiver.key, kept, request.token_ids, images) if targets else []
+            cached = await link.commit(receiver.key, kept, request.token_ids, images,
+                                       request.cache_salt) if targets else []
         except BaseException:
             link.unpin_soon([receiver.key])
             raise

@@ -188,6 +188,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
             return None
         return self.holder.grant_held("decode", held, request_chain(request.token_ids, self.block_size,
                                                                        adapter=request.adapter,
+                                                                       cache_salt=request.cache_salt,
                                                                        images=image_spans(request.images)))
 
     def release_pins(self, prepared: Prepared) -> None:

@@ -108,13 +108,15 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "",
+                 on_layer: LayerHook | None = None, adapter: str = "", cache_salt: str = "",
                  images: Sequence[ImageInput] = ()) -> AsyncIterator[EngineOutput]:
         """The request's outputs; `on_layer` (a push writer's, `KvSession.on_layer`) is called as
         each layer of prompt blocks is final, by engines whose KV a Tandem port reads. `adapter`:
         the model's LoRA adapter to serve it with ("": the base model); an engine that cannot
-        serve it raises `InvalidArgument`. `images`: the prompt's, their placeholder tokens in
-        `token_ids`; an engine whose model takes none raises `InvalidArgument`."""
+        serve it raises `InvalidArgument`. `cache_salt`: vLLM's, salting the engine's prefix
+        cache (an engine without one raises `InvalidArgument`). `images`: the prompt's, their
+        placeholder tokens in `token_ids`; an engine whose model takes none raises
+        `InvalidArgument`."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -82,7 +82,7 @@ class RequestRunner:
         """The engine's outputs as frames, ending in `Finished`; closing the outputs aborts the
         engine's request if it is still running."""
         outputs = self.engine.generate(request.request_id, kv.token_ids, kv.sampling, on_layer=kv.on_layer,
-                                       adapter=request.adapter, images=request.images)
+                                       adapter=request.adapter, cache_salt=request.cache_salt, images=request.images)
         async with aclosing(outputs):
             kv.admitted()
             replay = ReplayedTokens(len(kv.sampling.replayed))

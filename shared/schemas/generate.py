@@ -142,6 +142,9 @@ class GenerateRequest(Message, tag="generate", kw_only=True):
     # The LoRA adapter of `model` to serve it with ("": the base model). Its KV is the adapter's
     # own: the request's block-hash chain starts from `shared.block_hash.adapter_root(adapter)`.
     adapter: str = ""
+    # vLLM's cache salt ("": none): the chain starts from `shared.block_hash.chain_root(adapter,
+    # cache_salt)`, and a vLLM engine salts its own prefix cache with it
+    cache_salt: str = ""
     # The prompt's images, in order (a vision-language model's); each one's placeholder tokens
     # are in `token_ids` and its identifier in the hashes of the blocks they are in.
     images: list[ImageInput] = []

@@ -61,6 +61,9 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True, gc=False):
     # the LoRA adapter whose KV these blocks are ("": the base model's, or not said): the
     # chain of a block without a parent starts from `shared.block_hash.adapter_root(adapter)`
     adapter: str = ""
+    # vLLM's cache salt of a chain these blocks start ("": none): with the adapter, the root
+    # is `shared.block_hash.chain_root(adapter, cache_salt)`
+    cache_salt: str = ""
     packed_token_ids: bytes = b""  # the token ids as sent (`for_wire`): `token_ids` is then empty
     # blocks of a prompt with images: each block's images (`shared.block_hash.image_block_salts`,
     # b"" for a block without), which its chain hash takes in; None: no block holds an image
@@ -106,6 +109,7 @@ class BlockStoredWithoutTokens(msgspec.Struct, tag="stored", kw_only=True, gc=Fa
     chain_hashes: list[int] | None = None
     tier: KvTier = DEVICE_TIER
     adapter: str = ""
+    cache_salt: str = ""
     token_ids: ClassVar[tuple[int, ...]] = ()  # not decoded: read as an event sent without them
     packed_token_ids: ClassVar[bytes] = b""
     image_salts: ClassVar[None] = None  # read only with the token ids

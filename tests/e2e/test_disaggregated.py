@@ -27,7 +27,7 @@ from shared.nats_server import EmbeddedNats
 from shared.schemas import SamplingParams, WorkerRole
 from shared.tokenizer import Tokenizer
 from tests.e2e.conftest import disaggregating
-from tests.stack_fixtures import observing
+from tests.stack_fixtures import observing, records_arrived, request_records
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -242,3 +242,29 @@ async def test_idle_workers_do_not_spin(pd_stack: LocalStack) -> None:
     usage = {name: 100 * (cpu_seconds(pid) - before[name]) / elapsed for name, pid in workers.items()}
     print(f"\nidle CPU % of a core: {usage}")
     assert all(percent < 5.0 for percent in usage.values()), usage
+
+
+async def test_a_cache_salt_shares_kv_only_with_requests_of_the_same_salt(pd_stack: LocalStack, tiny_model_dir: str,
+                                                                         openai_client) -> None:
+    """vLLM's cache_salt, split on the sim: one prompt with salt a, then b, then a again, each
+    answering as a single engine does; b finds none of a's blocks, a again finds them all
+    (cached where it is computed, or pulled); the router's index tells the salts apart too (a
+    fourth salt with cache_hit_threshold is answered "cache_threshold")."""
+    tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+    client = openai_client(pd_stack.router_url)
+    prompt = [3 + (i * 37 + 5) % (tokenizer.vocab_size - 3) for i in range(150)]
+    [expected] = await reference(tokenizer, [prompt], 8)
+
+    async def ask(salt: str, **fields) -> str:
+        reply = await client.completions.create(model=tokenizer.model_name, prompt=prompt, max_tokens=8,
+                                                temperature=0, extra_body={"cache_salt": salt, **fields})
+        return reply.choices[0].finish_reason if fields else reply.choices[0].text
+
+    async with request_records(pd_stack, "cache-salt-test") as records:
+        texts = [await ask(salt) for salt in ("a", "b", "a")]
+        refused = await ask("c", cache_hit_threshold=0.3)
+        await records_arrived(records, 4)
+    assert texts == [as_router_text(tokenizer, prompt, expected)] * 3
+    assert refused == "cache_threshold"
+    whole_blocks = len(prompt) // BLOCK * BLOCK
+    assert [record.cached_tokens for record in records[:3]] == [0, 0, whole_blocks], records[:3]

@@ -64,9 +64,10 @@ class GatedSimEngine(SimEngine):
                                        pending_prefill_tokens=load.pending_prefill_tokens + sum(self._stalled_tokens))
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "", images=()) -> AsyncGenerator[EngineOutput, None]:
+                 on_layer: LayerHook | None = None, adapter: str = "", cache_salt: str = "",
+                 images=()) -> AsyncGenerator[EngineOutput, None]:
         return self._gated(super().generate(request_id, token_ids, sampling, on_layer=on_layer, adapter=adapter,
-                                            images=images), len(token_ids))
+                                            cache_salt=cache_salt, images=images), len(token_ids))
 
     async def _gated(self, outputs: AsyncGenerator[EngineOutput, None], prompt_tokens: int
                      ) -> AsyncIterator[EngineOutput]:

@@ -52,10 +52,11 @@ class ScriptedSimEngine(SimEngine):
         self.script = script
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "", images=()) -> AsyncGenerator[EngineOutput, None]:
+                 on_layer: LayerHook | None = None, adapter: str = "", cache_salt: str = "",
+                 images=()) -> AsyncGenerator[EngineOutput, None]:
         own = msgspec.structs.replace(sampling, structured=None, max_tokens=len(self.script), ignore_eos=True)
         return self._scripted(super().generate(request_id, token_ids, own, on_layer=on_layer, adapter=adapter,
-                                               images=images))
+                                               cache_salt=cache_salt, images=images))
 
     async def _scripted(self, outputs: AsyncGenerator[EngineOutput, None]) -> AsyncIterator[EngineOutput]:
         sent = 0

@@ -45,6 +45,17 @@ def test_a_large_stored_event_is_cut_by_blocks_with_its_chain_intact() -> None:
         assert after.parent_block_hash == before.block_hashes[-1]
 
 
+def test_a_cut_keeps_each_blocks_image_salt_and_the_roots_cache_salt_on_the_first_part() -> None:
+    event = stored(1, 300, parent=None)
+    event.image_salts = [bytes([block % 5]) * (block % 3) for block in range(300)]
+    event.cache_salt, event.adapter = "tenant-a", "lora-1"
+    cut = [piece for part in split_events([event], encoded_size(event) // 5) for piece in part]
+    assert len(cut) >= 5 and all(isinstance(piece, BlockStored) for piece in cut)
+    assert [salt for piece in cut for salt in piece.image_salts or ()] == event.image_salts
+    assert [piece.cache_salt for piece in cut] == ["tenant-a"] + [""] * (len(cut) - 1)
+    assert {piece.adapter for piece in cut} == {"lora-1"}
+
+
 def test_removals_are_cut_too_and_a_lone_block_over_budget_still_goes() -> None:
     removed = BlockRemoved(block_hashes=list(range(10**12, 10**12 + 300)))
     parts = split_events([removed], encoded_size(removed) // 3)

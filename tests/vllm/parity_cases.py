@@ -184,6 +184,9 @@ CASES = [
                                     **vllm_fields(truncate_prompt_tokens=7, return_token_ids=True)}),
     chat("truncate-prompt-tokens-right", {"messages": STORY, "max_tokens": 8, **vllm_fields(
         truncate_prompt_tokens=7, truncation_side="right", return_token_ids=True)}),
+    # vLLM's cache_salt: the same answer, its KV kept apart
+    completion("cache-salt", {"prompt": LONG_TEXT, "max_tokens": 8, **vllm_fields(cache_salt="tenant-a")}),
+    chat("cache-salt", {"messages": STORY, "max_tokens": 8, **vllm_fields(cache_salt="tenant-b")}),
     chat("include-stop-str-logprobs", {"messages": STORY, "max_tokens": 16, "stop": [" Fres"], "logprobs": True,
                                        **vllm_fields(include_stop_str_in_output=True)}, finish_reason="stop"),
     # vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:<id>".

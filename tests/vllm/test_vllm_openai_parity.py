@@ -36,7 +36,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make ins
 from launch.stack import LocalStack  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
-from tests.vllm.conftest import cores, pd_pair  # noqa: E402
+from tests.stack_fixtures import records_arrived, request_records  # noqa: E402
+from tests.vllm.conftest import BLOCK, cores, pd_pair  # noqa: E402
 from tests.vllm.lm_eval_task import Scores, run_lm_eval, write_task  # noqa: E402
 from tests.vllm.observer import disaggregated_requests  # noqa: E402
 from tests.vllm.parity import (  # noqa: E402
@@ -53,6 +54,7 @@ from tests.vllm.parity import (  # noqa: E402
 )
 from tests.vllm.parity_cases import (  # noqa: E402
     CASES,
+    LONG_TEXT,
     RESPONSES_CASES,
     TANDEM_TOOL_PARSER,
     TOOLS,
@@ -205,3 +207,32 @@ async def test_a_required_tool_call_has_arguments_that_parse_as_json(pd_stack: L
         for call in choice.message.tool_calls:
             jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
     assert await disaggregated_requests(pd_stack.router_url) == split_before + 10
+
+
+async def test_a_cache_salt_shares_kv_only_with_requests_of_the_same_salt(pd_stack: LocalStack, openai_client,
+                                                                         model_name: str) -> None:
+    """vLLM's cache_salt through the 1P1D pair: a prompt asked unsalted, then with salt a, b and
+    a again (greedy, each split, its KV pulled): salts a and b find nothing of it cached at the
+    prefill worker, a again finds a's blocks; the router's index, fed by the workers' KV events,
+    tells the salts apart too (with cache_hit_threshold, a fourth salt is answered
+    "cache_threshold" and a is served); every answer is the unsalted one."""
+    client = openai_client(pd_stack.router_url, timeout=120)
+
+    async def ask_salted(salt: str | None, **fields) -> openai.types.Completion:
+        return await client.completions.create(model=model_name, prompt=LONG_TEXT, max_tokens=8, temperature=0,
+                                               extra_body={"cache_salt": salt, **fields} if salt else None)
+
+    plain = await ask_salted(None)
+    split_before = await disaggregated_requests(pd_stack.router_url)
+    async with request_records(pd_stack, "salt-records") as records:
+        salted = [await ask_salted(salt) for salt in ("a", "b", "a")]
+        refused = await ask_salted("c", cache_hit_threshold=0.3)
+        indexed = await ask_salted("a", cache_hit_threshold=0.3)  # a's blocks, as the workers' KV events named them
+        await records_arrived(records, 5)
+    assert [answer.choices[0].text for answer in salted] == [plain.choices[0].text] * 3
+    assert (refused.choices[0].finish_reason, refused.usage.completion_tokens) == ("cache_threshold", 0)
+    assert indexed.choices[0].text == plain.choices[0].text
+    whole_blocks = plain.usage.prompt_tokens // BLOCK * BLOCK
+    assert whole_blocks and [record.cached_tokens for record in records[:3]] == [0, 0, whole_blocks]
+    # the three without a threshold split; with one, a is served whole where its blocks are (decode-first)
+    assert await disaggregated_requests(pd_stack.router_url) == split_before + 3

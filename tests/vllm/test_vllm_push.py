@@ -135,6 +135,25 @@ class TestPush(ObservedStack):
         assert first and text
         await observer.assert_clean()
 
+    async def test_a_salted_prompt_is_pushed_and_found_under_its_salt(
+            self, stack: LocalStack, observer: Observer, tiny_model_dir: str, openai_client) -> None:
+        """vLLM's cache_salt: the reader caches the pushed blocks under the salted hashes the
+        request's own are (its commit carries the salt), so the decode worker computes only
+        what no pushed block covers; the answer is the unsalted prompt's."""
+        tokenizer = Tokenizer.from_model_dir(tiny_model_dir)
+        client: openai.AsyncOpenAI = openai_client(stack.router_url, timeout=120)
+        prompt = prompt_of(9100, 600, tokenizer.vocab_size)
+        seen = len(observer.records)
+        computed_before = await observer.settled("d1", "computed_prompt_tokens_total")
+        salted = await client.completions.create(model=tokenizer.model_name, prompt=prompt, max_tokens=4,
+                                                 temperature=0, extra_body={"cache_salt": "tenant-a"})
+        record = await push_record(observer, seen, len(prompt))
+        assert record.outcome == "done" and record.blocks_ok == record.blocks == len(prompt) // BLOCK
+        computed = await observer.settled("d1", "computed_prompt_tokens_total") - computed_before
+        assert computed == len(prompt) + 1 - record.blocks * BLOCK
+        assert salted.choices[0].text == await complete(client, tokenizer.model_name, prompt, 4)
+        await observer.assert_clean()
+
     async def test_layer_k_is_written_while_layer_k_plus_1_is_computed(self, stack: LocalStack, log_dir: Path,
                                                                        observer: Observer) -> None:
         lines = push_lines(log_dir)

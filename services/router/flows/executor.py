@@ -75,7 +75,7 @@ class FlowExecutor:
             single = WorkerPart(self._link, committed.first, params.request_id)
             request = GenerateRequest(request_id=params.request_id, model=params.model,
                                       token_ids=params.prompt_ids, sampling=params.sampling, adapter=params.adapter,
-                                      kv_transfer=prefix.as_params() if prefix is not None else None,
+                                      cache_salt=params.cache_salt, kv_transfer=prefix.as_params() if prefix is not None else None,
                                       images=list(params.images))
             return single, single.send(request, span_headers(span))
         handoff: HandOff = PushHandOff() if plan.transfer == "push" else \

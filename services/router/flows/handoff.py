@@ -76,7 +76,7 @@ class PullHandOff:
         appended, sampling = params.sampling.continue_after(first_token_ids)
         return GenerateRequest(request_id=params.request_id, model=params.model,
                                token_ids=[*params.prompt_ids, *appended], sampling=sampling, kv_transfer=transfer,
-                               adapter=params.adapter, images=list(params.images))
+                               adapter=params.adapter, cache_salt=params.cache_salt, images=list(params.images))
 
     def continues_after(self, prefill_done: Finished) -> bool:
         return prefill_done.finish_reason == "length"  # not after a stop token or an abort
@@ -95,7 +95,7 @@ class PushHandOff:
                        lease: KvHandle | None) -> GenerateRequest:
         return GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
                                sampling=params.sampling.continued(1), kv_transfer=KvTransferParams(await_push=True),
-                               adapter=params.adapter, images=list(params.images))
+                               adapter=params.adapter, cache_salt=params.cache_salt, images=list(params.images))
 
     def continues_after(self, prefill_done: Finished) -> bool:
         return True  # a stop token as the first token is the decode worker's to see (it ends with "stop")

@@ -67,6 +67,7 @@ class GenerationParams(RequestIdentity):
     eos_token_id: int | None = None  # the model's end of sequence, a stop token unless ignore_eos
     tenant: Tenant = DEFAULT_TENANT  # its API key and priority, for the admission gate
     adapter: str = ""  # the model's LoRA adapter it is served with ("": the base model)
+    cache_salt: str = ""  # vLLM's: its KV's chain starts from the salt's root (`block_hash.chain_root`)
     # its prompt's images, their placeholders in `prompt_ids`; every worker of the request gets
     # their bytes: a decode worker whose KV arrives whole never encodes them, one that must
     # recompute blocks that did not arrive needs them

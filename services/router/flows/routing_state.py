@@ -127,7 +127,8 @@ class RoutingState:
         now = self._clock()
         decision_started, decision_cpu_started = time.perf_counter(), time.thread_time()
         kv = self.prompts.kv_view.model(params.model)  # only the model's own workers' KV can match
-        cache = kv.prompt_cache(params.prompt_ids, now, adapter=params.adapter, images=image_spans(params.images))
+        cache = kv.prompt_cache(params.prompt_ids, now, adapter=params.adapter, cache_salt=params.cache_salt,
+                                images=image_spans(params.images))
         if params.sampling.prompt_logprobs is not None:  # computed from scratch where it runs: no pull
             cache = dataclasses.replace(cache, cached_tokens={}, held_tokens={}, tier_tokens={})
         # an adapter's KV moves only between workers that can carry it: else one worker serves it whole

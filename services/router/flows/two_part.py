@@ -180,6 +180,7 @@ class TwoPartStream:
         params = self._params
         request = GenerateRequest(request_id=params.request_id, model=params.model, token_ids=params.prompt_ids,
                                   sampling=params.sampling.first_token_only(), adapter=params.adapter,
+                                  cache_salt=params.cache_salt,
                                   kv_transfer=self._handoff.prefill_transfer(target),
                                   images=list(params.images))
         self._prefill_sent = True  # from here on the prefill worker may be working on it

@@ -115,7 +115,7 @@ class ServingContext:
                                 include_stop_str=bool(body.include_stop_str_in_output), route_hint=caller.route_hint,
                                 skip_special_tokens=body.skip_special_tokens,
                                 eos_token_id=model.tokenizer.eos_token_id, tenant=caller.tenant(body.priority),
-                                adapter=model.adapter)
+                                adapter=model.adapter, cache_salt=body.cache_salt or "")
 
     def identity(self, prefix: str, endpoint: str, model: str) -> RequestIdentity:
         return RequestIdentity(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint, model=model,

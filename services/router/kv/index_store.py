@@ -13,7 +13,7 @@ from itertools import repeat
 from operator import and_, ne
 
 from services.router.kv.index_worker import IndexedWorker
-from shared.block_hash import adapter_root, packed_block_hash_chain
+from shared.block_hash import chain_root, packed_block_hash_chain
 from shared.schemas.kv_events import BlockStored, BlockStoredWithoutTokens, packed_token_ids_of
 from shared.token_pack import TOKEN_BYTES
 
@@ -83,7 +83,7 @@ def _new_blocks_start(tandem_of: dict[int, int], event: BlockStored | BlockStore
             return head, None, False
         return head, tandem_of[engine_hashes[head - 1]], False
     if event.parent_block_hash is None:
-        return 0, adapter_root(event.adapter), False
+        return 0, chain_root(event.adapter, event.cache_salt), False
     parent_hash = tandem_of.get(event.parent_block_hash)
     return 0, parent_hash, parent_hash is None
 

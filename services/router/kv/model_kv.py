@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from services.router.kv.index import KvIndex, block_hashes_for
 from services.router.routing.recency import CacheRecency
-from shared.block_hash import adapter_root, request_chain
+from shared.block_hash import chain_root, request_chain
 from shared.schemas import KvTransferParams
 from shared.schemas.kv_events import DEVICE_TIER, HOST_TIER, KvTier
 
@@ -127,22 +127,24 @@ class ModelKv:
     def worker_ids(self) -> list[str]:
         return list(self._block_sizes)
 
-    def prompt_cache(self, prompt_ids: list[int], now: float, *, adapter: str = "",
+    def prompt_cache(self, prompt_ids: list[int], now: float, *, adapter: str = "", cache_salt: str = "",
                      images: Sequence[tuple[str, int, int]] = ()) -> PromptCache:
         """Where the prompt's leading blocks live (predictions due by `now` dropped first):
         one hash chain per block size in use, from the root of the request's LoRA `adapter`
-        (so a prefix computed with another adapter, or with none, never matches), the blocks
-        that hold an image's tokens salted by it (`images`: `(identifier, start, length)`)."""
+        and `cache_salt` (so a prefix computed with another adapter or salt, or with none,
+        never matches), the blocks that hold an image's tokens salted by it (`images`:
+        `(identifier, start, length)`)."""
         self.index.expire(now)
         chains: dict[int, list[int]] = {}
         cached: dict[str, int] = {}
         held: dict[str, int] = {}
         tiered: dict[str, dict[KvTier, int]] = {}
-        root = adapter_root(adapter)
+        root = chain_root(adapter, cache_salt)
         for block_size in set(self._block_sizes.values()):
             if len(prompt_ids) < block_size:
                 continue
-            chain = chains[block_size] = (request_chain(prompt_ids, block_size, adapter=adapter, images=images)
+            chain = chains[block_size] = (request_chain(prompt_ids, block_size, adapter=adapter, cache_salt=cache_salt,
+                                                        images=images)
                                           if images else block_hashes_for(prompt_ids, block_size, parent_hash=root))
             for worker_id, blocks in self.index.match(chain).items():
                 if self._block_sizes.get(worker_id) != block_size:

@@ -120,6 +120,8 @@ class SamplingFields(Request):
     # last ones unless `truncation_side` is "right" (`openai.truncation`)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: the prompt's KV is shared only with requests of the same salt (`block_hash.chain_root`)
+    cache_salt: Text | None = Field(default=None, min_length=1, max_length=1024)
 
     @model_validator(mode="after")
     def _one_structure(self) -> "SamplingFields":

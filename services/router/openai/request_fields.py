@@ -100,6 +100,8 @@ _HONOURED = [
                                                             "ones (-1: the context length, less one where output "
                                                             "is asked); a completion's BOS stays unless a side is "
                                                             "named; not with images"),
+    RequestField("cache_salt", "honoured", note="the prompt's KV (the router's index, the engine's prefix cache, "
+                                                "KV transfers) is shared only with requests of the same salt"),
     RequestField("truncation_side", "honoured", note="with truncate_prompt_tokens: left keeps the last tokens, "
                                                      "right the first"),
     RequestField("include_stop_str_in_output", "honoured", note="the answer ends after the stop string (or a "
@@ -162,8 +164,6 @@ _REFUSED = [
     _refused("routed_experts_prompt_start", None, why="not implemented: answers carry no routed-expert data"),
     _refused("mm_payload", None, why=_RENDER_ONLY),
     _refused("return_mm_kwargs", None, False, why=_RENDER_ONLY),
-    _refused("cache_salt", None, why="not implemented: the KV index and KV transfers share a prefix's blocks "
-                                     "across all requests"),
     _refused("kv_transfer_params", None, endpoints=EVERY,
              why="the router plans every prefill/decode split and KV transfer itself"),
     _refused("ec_transfer_params", None, endpoints=EVERY, why=_TEXT_ONLY),

@@ -50,7 +50,7 @@ _HONOURED = [
     *(_field(name, "honoured", _PASSED_TO_CHAT) for name in (
         "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-        "structured_outputs", "priority")),
+        "structured_outputs", "priority", "cache_salt")),
 ]
 
 _NO_EFFECT = [
@@ -89,7 +89,6 @@ _REFUSED = [
     _refused("mm_processor_kwargs", None, why=_TEXT_ONLY),
     _refused("mm_payload", None, "tensors", why=_TEXT_ONLY),
     _refused("return_mm_kwargs", None, why=_TEXT_ONLY),
-    _refused("cache_salt", None, why="not implemented: the KV index shares a prefix's blocks across all requests"),
     _refused("request_id", None, why="the router names each response itself"),
     *fields_of("responses").values(),  # the generate endpoints' rows that name this one too (`request_fields.EVERY`)
 ]

@@ -24,6 +24,7 @@ class KvBlock:
     token_ids: tuple[int, ...] = ()  # kept for snapshots (resync)
     announced: bool = False  # a BlockStored for it went out (its parent was announced)
     adapter: str = ""  # the LoRA adapter of its sequence (named in its BlockStored)
+    cache_salt: str = ""  # a sequence's first block: its cache salt (named in its BlockStored)
     seed: int = 0  # the prefix hash before its first token: its KV bytes follow (`kv_content`)
 
 
@@ -51,7 +52,7 @@ class Announcer:
         commit's next block may join: None once waiting blocks were announced, as later
         blocks must follow the events just appended."""
         if stored is None:
-            stored = self._new_event(block.parent_hash, block.adapter)
+            stored = self._new_event(block.parent_hash, block.adapter, block.cache_salt)
         self._add(block, stored)
         assert block.block_hash is not None
         if block.block_hash not in self._deferred:
@@ -67,9 +68,9 @@ class Announcer:
         if not waiting:
             del self._deferred[block.parent_hash]
 
-    def _new_event(self, parent_hash: int | None, adapter: str) -> BlockStored:
+    def _new_event(self, parent_hash: int | None, adapter: str, cache_salt: str = "") -> BlockStored:
         event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[],
-                            block_size=self._block_size, chain_hashes=[], adapter=adapter)
+                            block_size=self._block_size, chain_hashes=[], adapter=adapter, cache_salt=cache_salt)
         self._events.append(event)
         return event
 

@@ -162,10 +162,11 @@ class BlockManager:
                 block = self._blocks[block_id]
                 self._remember_evicted(block.block_hash)
                 parent_hash, token_ids, adapter, seed = block.parent_hash, block.token_ids, block.adapter, block.seed
+                cache_salt = block.cache_salt
                 block_hash = self._uncache(block)
                 if block_hash is not None and self.host is not None:
                     moved.append(block_hash)
-                    evicted += self.host.put(HostBlock(block_hash, parent_hash, token_ids, adapter, seed))
+                    evicted += self.host.put(HostBlock(block_hash, parent_hash, token_ids, adapter, seed, cache_salt))
                 elif block_hash is not None:
                     evicted.append(block_hash)
             self._blocks[block_id].ref_count = 1
@@ -189,7 +190,7 @@ class BlockManager:
         for block_id, entry in zip(block_ids, loaded):
             block = self._blocks[block_id]
             block.block_hash, block.parent_hash, block.token_ids = entry.block_hash, entry.parent_hash, entry.token_ids
-            block.adapter, block.seed = entry.adapter, entry.seed
+            block.adapter, block.seed, block.cache_salt = entry.adapter, entry.seed, entry.cache_salt
             block.announced = True
             self._cached[entry.block_hash] = block_id
             self._evicted.pop(entry.block_hash, None)
@@ -218,12 +219,14 @@ class BlockManager:
     # ---- the prefix cache ----------------------------------------------------------------
 
     def commit(self, block_ids: list[int], block_hashes: list[int], token_ids: list[int],
-               parent_hash: int | None, *, adapter: str = "", seeds: Sequence[int] = ()) -> list[bool]:
+               parent_hash: int | None, *, adapter: str = "", cache_salt: str = "",
+               seeds: Sequence[int] = ()) -> list[bool]:
         """Cache blocks of one sequence that just became full, and announce them.
 
         `block_ids` are consecutive blocks of one sequence, `token_ids` their tokens,
         `parent_hash` the hash of the block before the first (None at the sequence start),
-        `adapter` the sequence's LoRA adapter (its chain's root; named in the events).
+        `adapter` the sequence's LoRA adapter and `cache_salt` its salt (its chain's root;
+        named in the events).
         A block whose hash is already cached elsewhere (two requests computed the same
         prefix at once) stays private and is not announced. Consecutive new blocks are
         announced in one `BlockStored`; a block whose parent is not announced waits for it.
@@ -251,6 +254,7 @@ class BlockManager:
                 stored = None
             block.parent_hash = parent_hash
             block.adapter = adapter
+            block.cache_salt = cache_salt if parent_hash is None else ""
             block.seed = seeds[index] if seeds else 0
             block.token_ids = tuple(token_ids[index * size:(index + 1) * size])
             self._cached[block_hash] = block_id
@@ -286,10 +290,10 @@ class BlockManager:
         """Every announced block, as `BlockStored` events with parents before children, one
         chain of one tier per event (`kv_snapshot`)."""
         blocks: list[SnapshotBlock] = [
-            (block.block_hash, block.parent_hash, block.token_ids, DEVICE_TIER, block.adapter)
+            (block.block_hash, block.parent_hash, block.token_ids, DEVICE_TIER, block.adapter, block.cache_salt)
             for block in map(self._blocks.__getitem__, self._cached.values()) if block.announced]
         if self.host is not None:
-            blocks += [(block.block_hash, block.parent_hash, block.token_ids, "host", block.adapter)
+            blocks += [(block.block_hash, block.parent_hash, block.token_ids, "host", block.adapter, block.cache_salt)
                        for block in self.host]
         return snapshot_events(blocks, self._is_announced, self.block_size)
 

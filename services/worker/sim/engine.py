@@ -104,7 +104,7 @@ class SimEngine:
             await self._task
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "",
+                 on_layer: LayerHook | None = None, adapter: str = "", cache_salt: str = "",
                  images: Sequence[ImageInput] = ()) -> AsyncGenerator[EngineOutput, None]:
         if self._task is None or self._task.done() or self._stopping:
             raise Unavailable("the sim engine is not running")
@@ -113,7 +113,7 @@ class SimEngine:
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         self.scheduler.validate_request(request_id, token_ids, sampling)
-        return self._stream(request_id, list(token_ids), sampling, on_layer, adapter)
+        return self._stream(request_id, list(token_ids), sampling, on_layer, adapter, cache_salt)
 
     async def abort(self, request_id: str) -> None:
         self._abort_now(request_id)
@@ -156,8 +156,9 @@ class SimEngine:
         return self.kv_port.allocate_for_transfer(num_blocks)
 
     def commit_transferred(self, block_ids: list[int], first_block: int, token_ids: list[int], ok: list[bool], *,
-                           adapter: str = "") -> list[bool]:
-        return self.kv_port.commit_transferred(block_ids, first_block, token_ids, ok, adapter=adapter)
+                           adapter: str = "", cache_salt: str = "") -> list[bool]:
+        return self.kv_port.commit_transferred(block_ids, first_block, token_ids, ok, adapter=adapter,
+                                               cache_salt=cache_salt)
 
     def unpin(self, block_ids: list[int]) -> None:
         self.kv_port.unpin(block_ids)
@@ -172,14 +173,14 @@ class SimEngine:
     # ---- internals -------------------------------------------------------------------------
 
     async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                      on_layer: LayerHook | None, adapter: str) -> AsyncGenerator[EngineOutput, None]:
+                      on_layer: LayerHook | None, adapter: str, cache_salt: str) -> AsyncGenerator[EngineOutput, None]:
         # Re-checked here: the engine may have stopped, or the id been taken, since generate().
         if self._stopping:
             raise Unavailable("the sim engine is stopping")
         if request_id in self._streams:
             raise InvalidArgument(f"duplicate request id {request_id!r}")
         queue: asyncio.Queue[_Delivery] = asyncio.Queue()
-        self.scheduler.add_request(request_id, token_ids, sampling, adapter=adapter)
+        self.scheduler.add_request(request_id, token_ids, sampling, adapter=adapter, cache_salt=cache_salt)
         self._streams[request_id] = queue
         if on_layer is not None:
             self._layer_hooks[request_id] = on_layer

@@ -23,6 +23,7 @@ class HostBlock:
     token_ids: tuple[int, ...]
     adapter: str = ""  # the LoRA adapter of the sequence that computed it
     seed: int = 0  # the prefix hash before its first token (`kv_content`)
+    cache_salt: str = ""  # a sequence's first block: its cache salt
 
 
 class HostTier:

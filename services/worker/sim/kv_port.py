@@ -19,7 +19,7 @@ from connector.kv_checksums import Piece
 from services.worker.sim.block_manager import BlockManager
 from services.worker.sim.kv_content import block_seeds
 from services.worker.sim.kv_pool import KvPool
-from shared.block_hash import adapter_root, block_hash_chain
+from shared.block_hash import block_hash_chain, chain_root
 
 
 class SimKvPort:
@@ -55,7 +55,7 @@ class SimKvPort:
         self.blocks.free(block_ids)
 
     def commit_transferred(self, block_ids: list[int], first_block: int, token_ids: list[int], ok: list[bool], *,
-                           adapter: str = "") -> list[bool]:
+                           adapter: str = "", cache_salt: str = "") -> list[bool]:
         """Cache the received blocks that verify; per block, whether its KV is now cached here.
 
         `block_ids[i]` holds block `first_block + i` of `token_ids` (the whole sequence): its
@@ -67,7 +67,7 @@ class SimKvPort:
         count = len(block_ids)
         stop = first_block + count
         assert len(ok) == count and len(token_ids) >= stop * size
-        root = adapter_root(adapter)
+        root = chain_root(adapter, cache_salt)
         chain = block_hash_chain(token_ids[:stop * size], size, parent_hash=root)
         seeds = block_seeds(root, token_ids, size, stop)
         verified = [arrived and self.pool.verify_block(block_id, seeds[first_block + index],
@@ -80,7 +80,8 @@ class SimKvPort:
             indices = list(run)
             first, last = first_block + indices[0], first_block + indices[-1] + 1
             self.blocks.commit(block_ids[indices[0]:indices[-1] + 1], chain[first:last], token_ids[first * size:last * size],
-                               chain[first - 1] if first else None, adapter=adapter, seeds=seeds[first:last])
+                               chain[first - 1] if first else None, adapter=adapter, cache_salt=cache_salt,
+                               seeds=seeds[first:last])
         return verified
 
     def block_checksums(self, block_ids: list[int]) -> list[int]:

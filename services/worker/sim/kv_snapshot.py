@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 
 from shared.schemas.kv_events import BlockStored, KvTier
 
-SnapshotBlock = tuple[int | None, int | None, tuple[int, ...], KvTier, str]  # hash, parent, tokens, tier, adapter
+# hash, parent, tokens, tier, adapter, cache salt
+SnapshotBlock = tuple[int | None, int | None, tuple[int, ...], KvTier, str, str]
 
 
 def snapshot_events(blocks: Iterable[SnapshotBlock], is_announced: Callable[[int], bool],
@@ -28,10 +29,11 @@ def snapshot_events(blocks: Iterable[SnapshotBlock], is_announced: Callable[[int
     pending: list[tuple[SnapshotBlock, BlockStored | None]] = [(root, None) for root in reversed(roots)]
     while pending:
         block, event = pending.pop()
-        block_hash, parent_hash, token_ids, tier, adapter = block
+        block_hash, parent_hash, token_ids, tier, adapter, cache_salt = block
         if event is None or event.tier != tier or event.block_hashes[-1] != parent_hash:
             event = BlockStored(block_hashes=[], parent_block_hash=parent_hash, token_ids=[],
-                                block_size=block_size, chain_hashes=[], tier=tier, adapter=adapter)
+                                block_size=block_size, chain_hashes=[], tier=tier, adapter=adapter,
+                                cache_salt=cache_salt)
             events.append(event)
         assert block_hash is not None and event.chain_hashes is not None
         event.block_hashes.append(block_hash)

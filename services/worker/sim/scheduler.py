@@ -51,7 +51,7 @@ from services.worker.sim.tokens import (
     next_token,
     refuse_unmodelled,
 )
-from shared.block_hash import adapter_root, block_hash_chain, hash_block
+from shared.block_hash import block_hash_chain, chain_root, hash_block
 from shared.errors import InvalidArgument
 from shared.schemas.generate import FinishReason, SamplingParams
 
@@ -117,16 +117,16 @@ class Scheduler:
                                   f"{self.blocks.num_blocks}")
 
     def add_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                    adapter: str = "") -> None:
+                    adapter: str = "", cache_salt: str = "") -> None:
         """`adapter`: the LoRA adapter it runs with ("": the base model), which seeds both its
-        tokens (`history_root`) and its KV's chain (`adapter_root`)."""
+        tokens (`history_root`) and its KV's chain (`chain_root`, with `cache_salt`)."""
         self.validate_request(request_id, token_ids, sampling)
-        root = adapter_root(adapter)
+        root = chain_root(adapter, cache_salt)
         request = SimRequest(request_id=request_id, token_ids=list(token_ids), num_prompt_tokens=len(token_ids),
                              sampling=sampling, block_size=self.block_size,
                              history_state=fold_tokens(token_ids, history_root(adapter)),
                              block_hashes=block_hash_chain(token_ids, self.block_size, parent_hash=root),
-                             adapter=adapter, root_hash=root)
+                             adapter=adapter, cache_salt=cache_salt, root_hash=root)
         start_seeds(request)
         self._requests[request_id] = request
         self._waiting.append(request)
@@ -282,6 +282,7 @@ class Scheduler:
             self.blocks.commit(request.block_ids[first:stop], request.block_hashes[first:stop],
                                request.token_ids[first * size:stop * size],
                                request.block_hashes[first - 1] if first else None, adapter=request.adapter,
+                               cache_salt=request.cache_salt,
                                seeds=request.seeds[first:stop])
 
     def _sample(self, request: SimRequest) -> EngineOutput:

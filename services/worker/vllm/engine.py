@@ -157,11 +157,12 @@ class VllmEngine:
         await self._close()
 
     def generate(self, request_id: str, token_ids: list[int], sampling: SamplingParams, *,
-                 on_layer: LayerHook | None = None, adapter: str = "",
+                 on_layer: LayerHook | None = None, adapter: str = "", cache_salt: str = "",
                  images: Sequence[ImageInput] = ()) -> AsyncGenerator[EngineOutput, None]:
         """`on_layer` is not used: vLLM's own connector writes a push, from the order staged
         for the request. `adapter`: served with its `LoRARequest` (`adapters.LoraCatalog`).
-        `images`: handed to vLLM's processor (`image_prompt`)."""
+        `cache_salt`: vLLM's own (its block hashes take it in). `images`: handed to vLLM's
+        processor (`image_prompt`)."""
         if self._llm is None or self._stopping or self._llm.errored:
             raise Unavailable("the vLLM engine is not running")
         if request_id in self._streams:
@@ -171,7 +172,7 @@ class VllmEngine:
         # The stream owns a staged order from here on (a stream never iterated never reaches
         # vLLM: nothing is pinned for it, and a pull's lease ends by expiry).
         return self._stream(request_id, list(token_ids), sampling, self._staged.pop(request_id, None), lora,
-                            tuple(images))
+                            tuple(images), cache_salt)
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and request_id in self._streams:
@@ -246,8 +247,8 @@ class VllmEngine:
         check_request(token_ids, sampling, vocab_size=self.info.vocab_size, max_model_len=self.info.max_model_len)
 
     def _vllm_request(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
-                      staged: StagedTransfer | None,
-                      images: Sequence[ImageInput]) -> tuple[AsyncLLM, Any, vllm.SamplingParams]:
+                      staged: StagedTransfer | None, images: Sequence[ImageInput],
+                      cache_salt: str) -> tuple[AsyncLLM, Any, vllm.SamplingParams]:
         """The engine, vLLM's input and sampling parameters of a request about to be added."""
         try:
             # Re-checked here: the engine may have stopped, or the id been taken, since generate().
@@ -257,7 +258,8 @@ class VllmEngine:
                 raise InvalidArgument(f"duplicate request id {request_id!r}")
             try:
                 image_token_id = getattr(self._llm.model_config.hf_config, "image_token_id", None)
-                (engine_input,) = self._llm.renderer.render_cmpl([engine_prompt(token_ids, images, image_token_id)])
+                (engine_input,) = self._llm.renderer.render_cmpl([engine_prompt(token_ids, images, image_token_id,
+                                                                                cache_salt)])
                 if images:
                     check_placement(engine_input, token_ids)
                 return self._llm, engine_input, vllm_sampling_params(sampling, staged.order if staged else None)
@@ -270,8 +272,9 @@ class VllmEngine:
 
     async def _stream(self, request_id: str, token_ids: list[int], sampling: SamplingParams,
                       staged: StagedTransfer | None, lora: LoRARequest | None = None,
-                      images: Sequence[ImageInput] = ()) -> AsyncGenerator[EngineOutput, None]:
-        llm, engine_input, vllm_sampling = self._vllm_request(request_id, token_ids, sampling, staged, images)
+                      images: Sequence[ImageInput] = (), cache_salt: str = "") -> AsyncGenerator[EngineOutput, None]:
+        llm, engine_input, vllm_sampling = self._vllm_request(request_id, token_ids, sampling, staged, images,
+                                                              cache_salt)
         transfer = StreamTransfer(self, request_id, staged, self._held) if staged is not None else None
         # vLLM's `llm_request` span joins the trace as a child of the current span (`worker.generate`).
         outputs = llm.generate(engine_input, vllm_sampling, request_id, lora_request=lora,

@@ -25,10 +25,12 @@ from shared.image_placeholders import collapse
 from shared.schemas.generate import ImageInput
 
 
-def engine_prompt(token_ids: list[int], images: Sequence[ImageInput], image_token_id: int | None) -> dict[str, Any]:
-    """vLLM's prompt dict for `token_ids` and their `images`."""
+def engine_prompt(token_ids: list[int], images: Sequence[ImageInput], image_token_id: int | None,
+                  cache_salt: str = "") -> dict[str, Any]:
+    """vLLM's prompt dict for `token_ids` and their `images`, with the request's `cache_salt`."""
+    salted = {"cache_salt": cache_salt} if cache_salt else {}
     if not images:
-        return {"prompt_token_ids": token_ids}
+        return {"prompt_token_ids": token_ids, **salted}
     if image_token_id is None:
         raise InvalidArgument("this worker's model takes no images")
     if any(not image.data for image in images):
@@ -40,7 +42,7 @@ def engine_prompt(token_ids: list[int], images: Sequence[ImageInput], image_toke
         raise InvalidArgument(f"an image of the request cannot be read: {error}") from None
     return {"prompt_token_ids": collapse(token_ids, [(image.start, image.length) for image in images], image_token_id),
             "multi_modal_data": {"image": pictures},
-            "multi_modal_uuids": {"image": [image.identifier for image in images]}}
+            "multi_modal_uuids": {"image": [image.identifier for image in images]}, **salted}
 
 
 def check_placement(engine_input: Any, token_ids: list[int]) -> None:

@@ -120,7 +120,8 @@ def _to_tandem(wire: _WireEvent) -> MirrorEvent | None:
             parent = None if wire.parent_block_hash is None else block_hash_int(wire.parent_block_hash)
             stored = BlockStored(block_hashes=[block_hash_int(h) for h in wire.block_hashes],
                                  parent_block_hash=parent, token_ids=wire.token_ids,
-                                 block_size=wire.block_size, tier=tier, adapter=wire.lora_name or "")
+                                 block_size=wire.block_size, tier=tier, adapter=wire.lora_name or "",
+                                 cache_salt=_cache_salt(wire.extra_keys, wire.lora_name) if parent is None else "")
             salts = _image_salts(wire.extra_keys)
             return ImageBlocksStored(stored=stored, salts=salts) if any(salts) else stored
         case _WireBlockRemoved() if (tier := _tier(wire.medium, wire.group_idx)) is not None:
@@ -135,6 +136,15 @@ def _image_salts(extra_keys: list[list[Any] | None] | None) -> list[bytes]:
     if not extra_keys:
         return []
     return [b"".join(image_key(key[0], key[1]) for key in keys or () if _is_image_key(key)) for keys in extra_keys]
+
+
+def _cache_salt(extra_keys: list[list[Any] | None] | None, lora_name: str | None) -> str:
+    """The cache salt of a chain's first block ("": none): vLLM's keys of a block come as the
+    LoRA's name, the images' pairs, then the salt, the names and the salt as bare strings."""
+    bare = [key for key in (extra_keys[0] or ()) if isinstance(key, str)] if extra_keys else []
+    if lora_name and bare:
+        bare = bare[1:]
+    return bare[0] if bare else ""
 
 
 def _is_image_key(key: Any) -> bool:

@@ -33,7 +33,7 @@ from array import array
 
 import msgspec
 
-from shared.block_hash import adapter_root, hash_block
+from shared.block_hash import chain_root, hash_block
 from shared.schemas.kv_events import (
     DEVICE_TIER,
     HOST_TIER,
@@ -72,6 +72,7 @@ class _CachedBlock(msgspec.Struct):
     copies: int  # in vLLM's own cache (the device tier)
     tandem_hash: int | None = None  # None: its parent was never announced, so the chain is unknown
     adapter: str = ""  # the LoRA adapter vLLM computed it with
+    cache_salt: str = ""  # a chain's first block: the request's cache salt, which its root took in
     in_host: bool = False  # the host tier holds a copy
     image_salt: bytes = b""  # the images in it (`ImageBlocksStored.salts`), which its Tandem hash took in
 
@@ -175,7 +176,8 @@ class KvBlockMirror:
     def _event(self, parent: int | None, block: _CachedBlock, tier: KvTier) -> BlockStored:
         """An empty store event of a run that starts with `block` (under `parent`)."""
         return BlockStored(block_hashes=[], parent_block_hash=parent, token_ids=[], block_size=self.block_size,
-                           chain_hashes=None if block.tandem_hash is None else [], tier=tier, adapter=block.adapter)
+                           chain_hashes=None if block.tandem_hash is None else [], tier=tier, adapter=block.adapter,
+                           cache_salt=block.cache_salt)
 
     @staticmethod
     def _extend(event: BlockStored, block_hash: int, tokens: array | list[int], tandem_hash: int | None,
@@ -219,9 +221,10 @@ class KvBlockMirror:
             else:
                 tokens = event.token_ids[index * size:(index + 1) * size]
                 salt = salts[index] if salts else b""
-                tandem_hash = self._tandem_hash(parent, tokens, event.adapter, salt)
+                cache_salt = event.cache_salt if parent is None else ""
+                tandem_hash = self._tandem_hash(parent, tokens, event.adapter, cache_salt, salt)
                 cached = _CachedBlock(parent, array("I", tokens), int(device), tandem_hash, event.adapter,
-                                      in_host=not device, image_salt=salt)
+                                      cache_salt, in_host=not device, image_salt=salt)
                 self._blocks[block_hash] = cached
                 self._device_blocks += device
                 if tandem_hash is not None:
@@ -269,9 +272,10 @@ class KvBlockMirror:
         if cached.tandem_hash is not None and self._by_tandem.get(cached.tandem_hash) == block_hash:
             del self._by_tandem[cached.tandem_hash]
 
-    def _tandem_hash(self, parent: int | None, tokens: list[int], adapter: str, salt: bytes) -> int | None:
-        if parent is None:  # the chain's root: the adapter's (vLLM's own hashes include it too)
-            return hash_block(adapter_root(adapter), tokens, salt)
+    def _tandem_hash(self, parent: int | None, tokens: list[int], adapter: str, cache_salt: str,
+                     salt: bytes) -> int | None:
+        if parent is None:  # the chain's root: the adapter's and salt's (vLLM's own hashes take both in)
+            return hash_block(chain_root(adapter, cache_salt), tokens, salt)
         cached_parent = self._blocks.get(parent)
         if cached_parent is None or cached_parent.tandem_hash is None:
             return None
