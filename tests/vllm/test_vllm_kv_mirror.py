@@ -231,13 +231,15 @@ def test_snapshot_announces_each_block_in_its_tier() -> None:
 
 def test_blocks_of_a_prompt_with_images_chain_as_the_router_chains_them() -> None:
     """vLLM's extra keys name each block's images as (identifier, offset); the mirror's chain
-    hashes take them in as `shared.block_hash.request_chain` does (a LoRA name or cache salt
-    among the keys is not an image)."""
+    hashes take them in as `shared.block_hash.request_chain` does (the adapter's name among
+    the keys is not an image: it is the root's, as the event's `lora_name` says)."""
     tokens = _tokens(0, 3)
     keys = [["lora-a", ["sha256:a", 2]], [["sha256:a", -2]], None]  # an image at tokens 2-6
-    payload = msgspec.msgpack.encode([1.0, [_wire_stored([1, 2, 3], None, tokens, extra_keys=keys)], 0])
+    payload = msgspec.msgpack.encode([1.0, [_wire_stored([1, 2, 3], None, tokens, extra_keys=keys)
+                                            | {"lora_name": "lora-a"}], 0])
     [event] = WireDecoder().decode(payload).events
     [passed] = KvBlockMirror(BS).apply(event)
-    assert passed.chain_hashes == request_chain(tokens, BS, images=[("sha256:a", 2, 5)])
+    assert (passed.adapter, passed.cache_salt) == ("lora-a", "")
+    assert passed.chain_hashes == request_chain(tokens, BS, adapter="lora-a", images=[("sha256:a", 2, 5)])
     plain = block_hash_chain(tokens, BS)
     assert all(image != text for image, text in zip(passed.chain_hashes, plain))
