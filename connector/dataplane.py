@@ -16,12 +16,17 @@ engine's run:
 Implementations: `connector.sim.worker_kv.WorkerKv` (engines with an in-process `KvPort`)
 and `connector.vllm.worker_kv.VllmWorkerKv` (blocks move inside vLLM). An engine's spec
 builds its data plane (`build_data_plane`). Both derive from `LeasingDataPlane`: a lease
-holder, counters, transfer records published on `kv.transfers.<worker>`, and the rules both
-engines follow the same way: which holder a request reads from (`pull_source`), the
-compatibility check of a push target, and the reader's half of a push (its receivers by
-transfer, the bounded wait, the receipt, span and record; an unclaimed receiver expires and
-gives its blocks back) and the writer's `push_done` message. The engines supply where
-blocks live: `_commit_push`, `_give_back`, `_block_nbytes` and `_push_writer`.
+holder, the lease client, counters, transfer records published on `kv.transfers.<worker>`,
+and the rules both engines follow the same way: which holder a request reads from
+(`pull_source`) and what it reads (a P/D handle, or a lease of the prefix: `_pull_handle`),
+the compatibility check of a push target and the reader's agent metadata
+(`ensure_push_peer`), and the reader's half of a push (its receivers by transfer, the
+bounded wait, the receipt, span and record; an unclaimed receiver expires and gives its
+blocks back) and the writer's `push_done` message. What a hold leases is the request's
+chain (`shared.schemas.generate.prompt_chain`). The engines supply where blocks live:
+`_commit_push`, `_give_back`, `_block_nbytes` and `_push_writer`. How a pull is driven stays
+each engine's own: in-process for the sim (`connector.puller`), inside vLLM's connector for
+vLLM (the read happens in its model-worker processes, in the request's first step).
 """
 
 from __future__ import annotations
@@ -36,12 +41,14 @@ from typing import Generic, Protocol, TypeVar
 from opentelemetry.trace import Span
 
 from connector.holder import LeaseHolder
+from connector.lease_client import LeaseClient, PeerRegistry
 from connector.prepared import Prepared
 from connector.push import PushArrival, PushReceiver, PushWriter, wait_for_push
 from connector.push_receipt import PushReceipt
 from connector.spans import tracer, transfer_attributes
 from shared.bus import Bus
 from shared.codec import encode
+from shared.config import KvTransferConfig
 from shared.errors import InvalidArgument
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.load import RankTransfers
@@ -125,18 +132,21 @@ WriterT = TypeVar("WriterT")
 
 class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
     """What every engine's data plane shares: the holder it starts and stops, its lease
-    count, the transfer counters of the load snapshot, transfer records, and the halves of
+    count, the lease client (`leases`: other holders' leases and agent metadata, kept in
+    `peers`), the transfer counters of the load snapshot, transfer records, and the halves of
     pulls and pushes that do not depend on where the engine's blocks live."""
 
-    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, holder: HolderT, *, compat_hash: str,
-                 block_size: int, push_wait_s: float) -> None:
+    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, holder: HolderT, peers: PeerRegistry, *,
+                 compat_hash: str, block_size: int, settings: KvTransferConfig) -> None:
         self.worker_id = worker_id
         self._bus = bus
         self._subjects = subjects
         self.holder = holder
         self.compat_hash = compat_hash
         self.block_size = block_size
-        self._push_wait_s = push_wait_s
+        self.leases = LeaseClient(worker_id, bus, subjects, peers, compat_hash=compat_hash, block_size=block_size,
+                                  control_timeout_s=settings.control_timeout_s, lease_ttl_s=settings.lease_ttl_s)
+        self._push_wait_s = settings.push_wait_s
         self._receivers: dict[str, ReceiverT] = {}  # transfer id -> the reader's receiver, until its PushDone
         self.pulled_tokens_total = 0
         self.recomputed_tokens_total = 0
@@ -170,6 +180,14 @@ class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
     def _pull_span(kind: TransferKind, holder: str) -> Span:
         """A pull's span, ended by the engine's data plane once the pull's outcome is known."""
         return tracer.start_span("kv.pull", attributes={"tandem.kv.kind": kind, "tandem.kv.peer_worker_id": holder})
+
+    async def _pull_handle(self, params: KvTransferParams, holder: str, span: Span) -> KvHandle | None:
+        """What a pull reads: the P/D handle it was given, or a lease of the prefix from its
+        holder (None, marked on `span`: the holder leased nothing)."""
+        handle = params.source or await self.leases.lease_prefix(holder, params.prefix_hashes)
+        if handle is None:
+            span.set_attribute("tandem.kv.outcome", "no_lease")
+        return handle
 
     # ---- push mode: what both engines do alike ---------------------------------------------
 
@@ -238,6 +256,11 @@ class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
     @abstractmethod
     def _push_writer(self, request: GenerateRequest, target: PushTarget) -> WriterT:
         """The engine's writer of a checked target."""
+
+    async def ensure_push_peer(self, target: PushTarget) -> bool:
+        """Writer side: the reader's agent metadata is known (fetched once, into `peers`);
+        False when the reader cannot be reached."""
+        return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)
 
     async def send_push_done(self, target: PushTarget, message: PushDone) -> None:
         await self._bus.client.publish(self._subjects.control(target.reader_worker_id, "push_done"), encode(message),

@@ -34,11 +34,10 @@ from opentelemetry import trace
 from connector.dataplane import DataPlane, Prepared
 from connector.port import LayerHook
 from connector.push import PushWriter
-from shared.block_hash import request_chain
 from shared.errors import ErrorCode, TandemError
 from shared.frame_sender import FrameSender
 from shared.schemas import GenerateRequest, KvHandle, PushDone
-from shared.schemas.generate import image_spans
+from shared.schemas.generate import prompt_chain
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +103,7 @@ class KvSession:
         writer = self._writer
         if writer is not None:
             request = self._request
-            writer.send_reused(request_chain(request.token_ids, self._block_size, adapter=request.adapter,
-                                             cache_salt=request.cache_salt, images=image_spans(request.images)),
-                               self._num_layers)
+            writer.send_reused(prompt_chain(request, self._block_size), self._num_layers)
             done = await writer.finish(first_token)
             trace.get_current_span().set_attribute("tandem.kv.push_writes", len(writer.timings))
             await kv.send_push_done(writer.target, done)

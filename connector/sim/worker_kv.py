@@ -16,7 +16,6 @@ import time
 from opentelemetry import trace
 
 from connector.dataplane import LeasingDataPlane, Prepared
-from connector.lease_client import LeaseClient
 from connector.port import KvPort
 from connector.puller import KvPuller
 from connector.push import PushReceiver, PushWriter
@@ -24,11 +23,10 @@ from connector.push_receipt import PushReceipt
 from connector.rank_transports import RankTransports
 from connector.sim.holder import KvHolder
 from connector.spans import end_transfer_span
-from shared.block_hash import request_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
-from shared.schemas.generate import GenerateRequest, image_spans
+from shared.schemas.generate import GenerateRequest, prompt_chain
 from shared.schemas.load import RankTransfers
 from shared.schemas.transfer import KvHandle, PushTarget
 
@@ -44,10 +42,7 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
         super().__init__(config.worker_id, bus, subjects, KvHolder(
             config.worker_id, bus, subjects, port, agents, compat_hash=compat_hash, block_size=block_size,
             lease_ttl_s=settings.lease_ttl_s, sweep_interval_s=settings.lease_sweep_interval_s, malformed=malformed),
-            compat_hash=compat_hash, block_size=block_size, push_wait_s=settings.push_wait_s)
-        self.leases = LeaseClient(config.worker_id, bus, subjects, agents, compat_hash=compat_hash,
-                                  block_size=self.block_size, control_timeout_s=settings.control_timeout_s,
-                                  lease_ttl_s=settings.lease_ttl_s)
+            agents, compat_hash=compat_hash, block_size=block_size, settings=settings)
         self.puller = KvPuller(self.leases, port, agents, transfer_timeout_s=settings.transfer_timeout_s,
                                retry=settings.retry, faults=settings.faults)
         self._faults = settings.faults
@@ -73,9 +68,8 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
         with trace.use_span(span, end_on_exit=False):
             outcome = None
             try:
-                handle = params.source or await self.leases.lease_prefix(holder, params.prefix_hashes)
+                handle = await self._pull_handle(params, holder, span)
                 if handle is None:
-                    span.set_attribute("tandem.kv.outcome", "no_lease")
                     return Prepared()
                 outcome = await self.puller.pull(request.request_id, handle, request.token_ids, kind=kind,
                                                  adapter=request.adapter, cache_salt=request.cache_salt)
@@ -94,9 +88,7 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
     def hold(self, request: GenerateRequest) -> KvHandle | None:
         """Lease the request's prompt blocks for a decode worker. Call it as soon as the
         prefill's output arrives, before awaiting anything (the blocks could be evicted)."""
-        return self.holder.grant("decode", request_chain(request.token_ids, self.block_size, adapter=request.adapter,
-                                                         cache_salt=request.cache_salt,
-                                                         images=image_spans(request.images)))
+        return self.holder.grant("decode", prompt_chain(request, self.block_size))
 
     # ---- push mode ----------------------------------------------------------------
 
@@ -125,9 +117,6 @@ class WorkerKv(LeasingDataPlane[KvHolder, PushReceiver, PushWriter]):
     def _push_writer(self, request: GenerateRequest, target: PushTarget) -> PushWriter:
         return PushWriter(request.request_id, self.port, self.agents, target, timeout_s=self._transfer_timeout_s,
                           faults=self._faults)
-
-    async def ensure_push_peer(self, target: PushTarget) -> bool:
-        return await self.leases.ensure_agent(target.reader_worker_id, target.agent_name)
 
     def rank_transfers(self) -> list[RankTransfers]:
         """Each rank's transport counters, read in this process (no question to anyone)."""

@@ -31,7 +31,6 @@ from opentelemetry import trace
 
 from connector.block_io import VerifiedRead
 from connector.dataplane import LeasingDataPlane, Prepared
-from connector.lease_client import LeaseClient
 from connector.pull import Pull
 from connector.push_receipt import PushReceipt
 from connector.spans import end_transfer_span
@@ -39,11 +38,10 @@ from connector.vllm.engine_port import VllmKvEngine
 from connector.vllm.holder import VllmKvHolder
 from connector.vllm.kv_wire import Loaded, PullOrder, TransferOrder
 from connector.vllm.push import VllmPush, VllmPushReceiver, VllmPushWriter
-from shared.block_hash import request_chain
 from shared.bus import Bus
 from shared.codec import MalformedCounter
 from shared.config import WorkerConfig
-from shared.schemas.generate import GenerateRequest, image_spans
+from shared.schemas.generate import GenerateRequest, prompt_chain
 from shared.schemas.load import RankTransfers
 from shared.schemas.transfer import KvHandle, PushTarget, TransferKind
 
@@ -76,11 +74,8 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
         self.peers = PeerAgents()
         super().__init__(config.worker_id, bus, subjects, VllmKvHolder(
             config.worker_id, bus, subjects, engine, compat_hash=compat_hash, block_size=block_size,
-            lease_ttl_s=settings.lease_ttl_s, malformed=malformed), compat_hash=compat_hash, block_size=block_size,
-            push_wait_s=settings.push_wait_s)
-        self.leases = LeaseClient(config.worker_id, bus, subjects, self.peers, compat_hash=compat_hash,
-                                  block_size=block_size, control_timeout_s=settings.control_timeout_s,
-                                  lease_ttl_s=settings.lease_ttl_s)
+            lease_ttl_s=settings.lease_ttl_s, malformed=malformed), self.peers, compat_hash=compat_hash,
+            block_size=block_size, settings=settings)
         self._hold_keys = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
         self._push = VllmPush(config.worker_id, engine, block_size=block_size, compat_hash=compat_hash)
@@ -106,14 +101,12 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
             span = self._pull_span(kind, holder)
             try:
                 with trace.use_span(span, end_on_exit=False):
-                    if handle is None:
-                        handle = await self.leases.lease_prefix(holder, params.prefix_hashes)
+                    handle = await self._pull_handle(params, holder, span)
                     staged = await self._plan_pull(request, handle, kind, prepared, span) if handle else None
             except BaseException:
                 end_transfer_span(span, None)
                 raise
             if handle is None:
-                span.set_attribute("tandem.kv.outcome", "no_lease")
                 span.end()
         hold_key = f"{request.request_id}#{next(self._hold_keys)}" if params.hold_for_decode else ""
         if staged is None and not hold_key:
@@ -186,10 +179,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
         held = self.engine.take_held(request.request_id)
         if held is None:
             return None
-        return self.holder.grant_held("decode", held, request_chain(request.token_ids, self.block_size,
-                                                                       adapter=request.adapter,
-                                                                       cache_salt=request.cache_salt,
-                                                                       images=image_spans(request.images)))
+        return self.holder.grant_held("decode", held, prompt_chain(request, self.block_size))
 
     def release_pins(self, prepared: Prepared) -> None:
         """Called once `generate()` was called, and when the request ends: an order the engine
@@ -238,7 +228,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
     async def ensure_push_peer(self, target: PushTarget) -> bool:
         """The reader's agent metadata; then the push is staged with the engine."""
         writer = self._push.take_writer(target.transfer_id)
-        if not await self.leases.ensure_agent(target.reader_worker_id, target.agent_name):
+        if not await super().ensure_push_peer(target):
             return False
         metadata = self.peers.metadata_of(target.agent_name)
         assert metadata is not None

@@ -13,6 +13,7 @@ from typing import Literal
 
 import msgspec
 
+from shared.block_hash import request_chain
 from shared.schemas.common import Message
 from shared.schemas.transfer import KvHandle, KvTransferParams, PushTarget
 
@@ -149,6 +150,14 @@ class GenerateRequest(Message, tag="generate", kw_only=True):
     # are in `token_ids` and its identifier in the hashes of the blocks they are in.
     images: list[ImageInput] = []
     # W3C trace context travels in NATS headers, not here.
+
+
+def prompt_chain(request: GenerateRequest, block_size: int) -> list[int]:
+    """The hash chain of the request's full prompt blocks (`shared.block_hash.request_chain`): from
+    its adapter's and cache salt's root, each block salted by the images in it. What a holder
+    leases and a push writer reuses."""
+    return request_chain(request.token_ids, block_size, adapter=request.adapter, cache_salt=request.cache_salt,
+                         images=image_spans(request.images))
 
 
 # How long a worker may hold a request's `Accepted` for the next frame to travel with it

@@ -8,10 +8,10 @@ from __future__ import annotations
 import msgspec
 
 from services.router.kv.index import KvIndex
-from services.worker.vllm.kv_event_wire import WireDecoder
 from services.worker.vllm.kv_mirror import KvBlockMirror
 from shared.block_hash import ROOT_PARENT, adapter_root, chain_root, request_chain
 from shared.schemas.kv_events import BlockStored, KvEventBatch, for_wire
+from tests.unit.test_kv_image_hash_verification import through_mirror
 from tests.unit.test_kv_index import tokens
 
 BS = 4
@@ -28,15 +28,9 @@ def test_a_salt_gives_its_own_root_and_none_leaves_the_adapters() -> None:
 
 
 def stored_through_mirror(first_keys: list | None, lora: str | None = None) -> tuple[KvBlockMirror, BlockStored]:
-    payload = msgspec.msgpack.encode([0.0, [
-        {"type": "BlockStored", "block_hashes": [41, 42, 43], "parent_block_hash": None, "token_ids": PROMPT,
-         "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": lora,
-         "extra_keys": [first_keys, [lora] if lora else None, [lora] if lora else None]}], 0])
-    [wire_event] = WireDecoder().decode(payload).events
-    mirror = KvBlockMirror(BS)
-    [passed] = mirror.apply(wire_event)
-    assert isinstance(passed, BlockStored)
-    return mirror, passed
+    """The prompt's 3 blocks; the first's extra keys `first_keys`, the others' the adapter's name."""
+    later = [lora] if lora else None
+    return through_mirror([41, 42, 43], PROMPT, [first_keys, later, later], block_size=BS, lora_name=lora)
 
 
 def test_the_mirror_chains_a_salted_prompt_from_its_salts_root() -> None:

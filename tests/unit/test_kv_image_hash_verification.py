@@ -21,19 +21,24 @@ PROMPT = tokens(7, 5 * BS)
 CHAIN = request_chain(PROMPT, BS, images=[IMAGE])
 
 
-def mirrored_event() -> tuple[KvBlockMirror, BlockStored]:
-    """vLLM's store event of the prompt's 5 blocks (its extra keys name the image in blocks
-    1-3 at offsets 2, -2, -6), as the worker's mirror passes it on."""
-    extra_keys = [None, [[IMAGE[0], 2]], [[IMAGE[0], -2]], [[IMAGE[0], -6]], None]
+def through_mirror(block_hashes: list[int], token_ids: list[int], extra_keys: list, *, block_size: int = BS,
+                   lora_name: str | None = None) -> tuple[KvBlockMirror, BlockStored]:
+    """vLLM's store event of a chain's first blocks, as vLLM's wire carries it, and as the
+    worker's mirror passes it on."""
     payload = msgspec.msgpack.encode([0.0, [
-        {"type": "BlockStored", "block_hashes": [31, 32, 33, 34, 35], "parent_block_hash": None,
-         "token_ids": PROMPT, "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None,
+        {"type": "BlockStored", "block_hashes": block_hashes, "parent_block_hash": None, "token_ids": token_ids,
+         "block_size": block_size, "lora_id": None, "medium": "GPU", "lora_name": lora_name,
          "extra_keys": extra_keys}], 0])
     [wire_event] = WireDecoder().decode(payload).events
-    mirror = KvBlockMirror(BS)
+    mirror = KvBlockMirror(block_size)
     [passed] = mirror.apply(wire_event)
     assert isinstance(passed, BlockStored)
     return mirror, passed
+
+
+def mirrored_event() -> tuple[KvBlockMirror, BlockStored]:
+    """The prompt's 5 blocks, their extra keys naming the image in blocks 1-3 at offsets 2, -2, -6."""
+    return through_mirror([31, 32, 33, 34, 35], PROMPT, [None, [[IMAGE[0], 2]], [[IMAGE[0], -2]], [[IMAGE[0], -6]], None])
 
 
 def verifying_index() -> KvIndex:
