@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as BackendTokenizer
@@ -78,6 +78,7 @@ class Tokenizer:
         self.image_layout: ImageLayout | None = None  # a vision-language model's (`from_model_dir`)
         self.images_refused = f"model {model_name} takes no images"  # why, where image_layout is None
         self._jinja_template = compile_chat_template(chat_template)
+        self._template_variables = template_variables(chat_template)
         # "openai": the template loops over content parts (a vision model's); see shared.chat_content
         self.content_format = content_format(chat_template)
 
@@ -153,23 +154,25 @@ class Tokenizer:
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True, variables: dict[str, Any] | None = None) -> str:
         """The prompt text for a chat (and the tools it may call), by the model's template.
 
         The tiny model's template without tools, on messages of only a role and text, is
         `render_chat` (the same text, without Jinja). A message's content is a string or a list
         of text parts; a template that loops over content parts gets parts (a string as one
         part), any other gets a string (parts joined by newlines), as vLLM's server hands them
-        over (`shared.chat_content`)."""
+        over (`shared.chat_content`). `variables`: more of the template's variables (a request's
+        `chat_template_kwargs`); those the template does not use are left out, as vLLM's server
+        leaves them out."""
         messages = as_content_parts(messages) if self.content_format == "openai" else as_text(messages)
         plain = not tools and all(message.keys() <= {"role", "content"} for message in messages)
         if self._jinja_template is None and tools:
             raise InvalidArgument(f"{self.model_name} has no chat template to show tools to")
-        if self._jinja_template is None or (plain and self.chat_template == FIXED_CHAT_TEMPLATE):
+        used = {name: value for name, value in (variables or {}).items() if name in self._template_variables}
+        if self._jinja_template is None or (plain and not used and self.chat_template == FIXED_CHAT_TEMPLATE):
             return render_chat(messages, add_generation_prompt=add_generation_prompt)
-        return self._jinja_template.render(messages=messages, tools=tools,
-                                           add_generation_prompt=add_generation_prompt,
-                                           **self._special_tokens)
+        return self._jinja_template.render(**{**self._special_tokens, **used}, messages=messages, tools=tools,
+                                           add_generation_prompt=add_generation_prompt)
 
 
 def compile_chat_template(chat_template: str | None) -> Any:
@@ -182,6 +185,15 @@ def compile_chat_template(chat_template: str | None) -> Any:
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
     return environment.from_string(chat_template)
+
+
+def template_variables(chat_template: str | None) -> frozenset[str]:
+    """The variables a chat template reads that it does not set itself (Jinja's undeclared
+    variables, as vLLM's server finds them)."""
+    if chat_template is None:
+        return frozenset()
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    return frozenset(meta.find_undeclared_variables(environment.parse(chat_template)))
 
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,

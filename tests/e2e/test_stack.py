@@ -158,6 +158,28 @@ async def test_truncate_prompt_tokens_serves_the_prompts_last_tokens(stack: Loca
         await served(truncate_prompt_tokens=10**9)
 
 
+async def test_a_chat_renders_as_its_template_fields_ask_as_tokenize_renders_it(
+        stack: LocalStack, client: openai.AsyncOpenAI) -> None:
+    """add_generation_prompt, continue_final_message and chat_template_kwargs reach the chat
+    endpoint's prompt as they reach /tokenize's: the same prompt tokens either way, and each
+    field changes the prompt as asked (no assistant opening; the last message left open)."""
+    model = model_name(stack)
+    messages = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon"}]
+    counts = []
+    async with httpx.AsyncClient(base_url=stack.router_url, headers={"authorization": f"Bearer {client.api_key}"}) \
+            as http:
+        for fields in ({}, {"add_generation_prompt": False},
+                       {"add_generation_prompt": False, "continue_final_message": True},
+                       {"chat_template_kwargs": {"enable_thinking": False}}):
+            chat = await client.chat.completions.create(model=model, messages=messages, max_tokens=2,
+                                                        extra_body=fields)
+            tokenized = (await http.post("/tokenize", json={"model": model, "messages": messages, **fields})).json()
+            assert chat.usage.prompt_tokens == tokenized["count"], (fields, tokenized)
+            counts.append(tokenized["count"])
+    plain, unprompted, open_message, with_kwargs = counts
+    assert plain > unprompted > open_message and with_kwargs == plain
+
+
 async def test_100_concurrent_streams_complete_with_expected_tokens(stack: LocalStack, client: openai.AsyncOpenAI,
                                                                     loads) -> None:
     model = model_name(stack)

@@ -184,6 +184,14 @@ CASES = [
                                     **vllm_fields(truncate_prompt_tokens=7, return_token_ids=True)}),
     chat("truncate-prompt-tokens-right", {"messages": STORY, "max_tokens": 8, **vllm_fields(
         truncate_prompt_tokens=7, truncation_side="right", return_token_ids=True)}),
+    # How the template renders the chat: no new assistant turn; the last (assistant) message left
+    # open for the model to continue; template variables (the tiny template reads none of these)
+    chat("no-generation-prompt", {"messages": STORY, "max_tokens": 8, **vllm_fields(add_generation_prompt=False)}),
+    chat("continue-final-message", {"messages": [*STORY, {"role": "assistant", "content": "Once upon a time"}],
+                                    "max_tokens": 8, **vllm_fields(add_generation_prompt=False,
+                                                                   continue_final_message=True)}),
+    chat("chat-template-kwargs", {"messages": STORY, "max_tokens": 8, **vllm_fields(
+        chat_template_kwargs={"enable_thinking": False}, documents=[{"title": "Fox", "text": "A fox."}])}),
     # vLLM's cache_salt: the same answer, its KV kept apart
     completion("cache-salt", {"prompt": LONG_TEXT, "max_tokens": 8, **vllm_fields(cache_salt="tenant-a")}),
     chat("cache-salt", {"messages": STORY, "max_tokens": 8, **vllm_fields(cache_salt="tenant-b")}),

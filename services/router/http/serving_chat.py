@@ -16,6 +16,7 @@ from services.router.flows.records import GenerationParams, RequestIdentity
 from services.router.http.answer_format import EndpointFormat, WholeAnswer, usage_so_far
 from services.router.http.caller import Caller
 from services.router.http.chat_images import place_images, read_images
+from services.router.http.chat_prompt import chat_prompt
 from services.router.http.choices import Choice, answer_choices
 from services.router.http.prompt_truncation import truncate_prompt
 from services.router.http.serving import ServingContext
@@ -23,11 +24,15 @@ from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_j
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
 from services.router.openai.protocol import ChatCompletionRequest
-from services.router.openai.protocol_answers import ChatChoice, ChatCompletionResponse, ChatResponseMessage
+from services.router.openai.protocol_answers import (
+    AnswerRole,
+    ChatChoice,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+)
 from services.router.openai.protocol_messages import NamedToolChoice
 from services.router.openai.tool_calls import KEEPS_SPECIAL_TOKENS, ToolCalling, ToolStream
 from services.router.openai.tool_parsers import FORMATS
-from shared.errors import TandemError
 from shared.schemas import TokenLogprobs
 from shared.schemas.generate import StructuredOutput
 
@@ -40,8 +45,9 @@ class ChatFormat(EndpointFormat):
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
                  index: int = 0, tools: ToolCalling | None = None, usage_so_far: UsageSoFar | None = None,
-                 prompt_token_ids: list[int] | None = None) -> None:
+                 prompt_token_ids: list[int] | None = None, role: AnswerRole = "assistant") -> None:
         super().__init__(request_id, model, created, logprobs, index, usage_so_far, prompt_token_ids)
+        self._role = role
         self._tools = tools
         self._tool_stream = ToolStream(tools) if tools is not None else None
         self._held: list[TokenLogprobs] = []  # the log-probabilities of text held back (a call may begin there)
@@ -61,7 +67,7 @@ class ChatFormat(EndpointFormat):
     def opening_chunks(self) -> list[bytes]:
         prompt_ids = self.prompt_token_ids
         extra = b"" if prompt_ids is None else ids_member("prompt_token_ids", prompt_ids)  # the first chunk's
-        return [self._chunk(b'{"role":"assistant","content":""}', 0, token_ids=None, extra_json=extra)]
+        return [self._chunk(b'{"role":"%s","content":""}' % self._role.encode(), 0, token_ids=None, extra_json=extra)]
 
     def text_chunk(self, piece: Delta) -> bytes:
         tokens = piece.completion_tokens
@@ -93,11 +99,11 @@ class ChatFormat(EndpointFormat):
 
     def choice(self, answer: WholeAnswer) -> ChatChoice:
         rendered = {"content": self._logprobs.chat(answer.logprobs)} if self._logprobs is not None else None
-        message = ChatResponseMessage(content=answer.text)
+        message = ChatResponseMessage(role=self._role, content=answer.text)
         finish_reason = answer.final.finish_reason
         if self._tools is not None:
             calls = self._tools.answer(answer.text, finish_reason)
-            message = ChatResponseMessage(content=calls.content, tool_calls=calls.calls)
+            message = ChatResponseMessage(role=self._role, content=calls.content, tool_calls=calls.calls)
             finish_reason = calls.finish_reason
         return ChatChoice(index=self.index, message=message, finish_reason=finish_reason, logprobs=rendered,
                           token_ids=answer.token_ids if self.prompt_token_ids is not None else None)
@@ -133,7 +139,8 @@ class ChatServing:
         renderer = None if body.logprobs_top is None else LogprobsRenderer(
             self._context.tokenizer_of(body.model), body.logprobs_top, as_token_ids=bool(body.return_tokens_as_token_ids))
         return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body),
-                          usage_so_far(body, generation), generation.params.prompt_ids if body.return_token_ids else None)
+                          usage_so_far(body, generation), generation.params.prompt_ids if body.return_token_ids else None,
+                          "assistant" if body.add_generation_prompt else body.messages[-1].role)
 
     def _tool_calling(self, body: ChatCompletionRequest) -> ToolCalling | None:
         """The request's tool calling; None without tools. Auto needs the router's format."""
@@ -161,13 +168,7 @@ class ChatServing:
             images = await read_images(body.messages, tokenizer, context.image_fetcher)
             messages = [message.template_message() for message in body.messages]
             tools = [tool.template_tool() for tool in body.tools] if body.tools else None
-            try:
-                prompt = tokenizer.apply_chat_template(messages, tools=tools)
-            except TandemError:
-                raise
-            except Exception as error:  # a template may reject a conversation (e.g. roles out of order)
-                raise BadRequest(f"the chat template cannot render these messages: {error}",
-                                 param="messages") from error
+            prompt = chat_prompt(tokenizer, body, messages, tools)
             prompt_ids = _without_double_bos(await context.tokenize(tokenizer, prompt), tokenizer.bos_token_id)
             if images and body.truncate_prompt_tokens is not None:
                 raise BadRequest("truncate_prompt_tokens is not served for messages with images",

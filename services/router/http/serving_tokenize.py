@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 from services.router.http.chat_images import place_images, read_images
+from services.router.http.chat_prompt import chat_prompt
 from services.router.http.model_cards import max_model_len
 from services.router.http.served_models import ServedModel
 from services.router.http.serving import ServingContext
@@ -25,7 +26,6 @@ from services.router.openai.protocol_tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from shared.errors import TandemError
 from shared.tokenizer import Tokenizer
 
 # Decoding this many tokens takes long enough to be worth a thread hop (as
@@ -61,16 +61,7 @@ class TokenizeServing:
         """The chat as the chat endpoint renders it (`serving_chat`)."""
         messages = [message.template_message() for message in body.messages]
         tools = [tool.template_tool() for tool in body.tools] if body.tools else None
-        try:
-            prompt = tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=body.add_generation_prompt_now)
-        except TandemError:
-            raise
-        except Exception as error:  # a template may reject a conversation (e.g. roles out of order)
-            raise BadRequest(f"the chat template cannot render these messages: {error}", param="messages") from error
-        if body.continue_final_message:
-            return open_final_message(prompt, messages[-1]["content"])
-        return prompt
+        return chat_prompt(tokenizer, body, messages, tools)
 
     async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
         tokenizer = (await self._model(body.model)).tokenizer
@@ -91,14 +82,3 @@ def without_double_bos(token_ids: list[int], bos_token_id: int | None) -> list[i
     if bos_token_id is not None and token_ids[:2] == [bos_token_id, bos_token_id]:
         return token_ids[1:]
     return token_ids
-
-
-def open_final_message(prompt: str, final_content: str) -> str:
-    """`prompt` cut right after the last message's content, so that the model continues it
-    (what Hugging Face's `continue_final_message` does, and vLLM with it)."""
-    for content in (final_content, final_content.strip()):  # some templates strip messages
-        end = prompt.rfind(content)
-        if end >= 0:
-            return prompt[:end + len(content)]
-    raise BadRequest("continue_final_message: the chat template does not render the final message's content "
-                     "as sent", param="continue_final_message")

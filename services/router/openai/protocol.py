@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import AfterValidator, BaseModel, Field, create_model, field_validator, model_validator
 
 from services.router.openai.protocol_base import INT64_MAX, INT64_MIN, TOKEN_ID_MAX, Request, Text, TokenId
-from services.router.openai.protocol_messages import ChatMessage, NamedToolChoice, ToolDefinition
+from services.router.openai.protocol_messages import ChatMessage, ChatTemplateFields, NamedToolChoice, ToolDefinition
 from services.router.openai.request_fields import Endpoint, RequestField, fields_of
 
 MAX_LOGPROBS = 20  # top log-probabilities per token, as vLLM's server allows by default
@@ -237,7 +237,7 @@ class _CompletionRequest(SamplingFields):
         return [cast("str | list[int]", prompt)]
 
 
-class _ChatCompletionRequest(SamplingFields):
+class _ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

@@ -64,8 +64,12 @@ class CompletionResponse(_Answer[CompletionChoice]):
     object: Literal["text_completion"] = "text_completion"
 
 
+# an answer's role: the assistant's, or without add_generation_prompt the last message's (vLLM's rule)
+AnswerRole = Literal["system", "developer", "user", "assistant", "tool"]
+
+
 class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: AnswerRole = "assistant"
     content: str | None
     # the calls the answer made (id, type, function: name and arguments); left out when none
     tool_calls: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda calls: not calls)
@@ -85,7 +89,7 @@ class ChatCompletionResponse(_Answer[ChatChoice]):
 
 
 class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda value: value is None)
+    role: AnswerRole | None = Field(default=None, exclude_if=lambda value: value is None)
     content: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from services.router.openai.protocol_base import Request, Text
 
@@ -117,3 +117,45 @@ class FunctionName(Request):
 class NamedToolChoice(Request):
     type: Literal["function"] = "function"
     function: FunctionName
+
+
+# Template variables a request may not set: vLLM's server refuses the first two; the others are
+# the router's own arguments of the template (the messages, the tools, the two fields below).
+_NOT_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "messages", "tools"})
+
+
+class ChatTemplateFields(Request):
+    """How the model's template renders a chat, as vLLM's server takes it (the chat endpoint and
+    `/tokenize`): a new assistant turn at the end (`add_generation_prompt`), or the last message
+    left open for the model to continue (`continue_final_message`); `chat_template_kwargs` and
+    `documents` are variables of the template (those it does not use change nothing)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Text]] | None = None
+
+    @model_validator(mode="after")
+    def _open_or_prompted(self) -> "ChatTemplateFields":
+        # Only when both are sent: add_generation_prompt defaults to true (vLLM's rule).
+        sent_both = self.continue_final_message and "add_generation_prompt" in self.model_fields_set
+        if sent_both and self.add_generation_prompt:
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        unexpected = _NOT_TEMPLATE_KWARGS & (self.chat_template_kwargs or {}).keys()
+        if unexpected:
+            raise ValueError(f"Found unexpected chat template kwargs from request: {sorted(unexpected)}")
+        return self
+
+    @property
+    def add_generation_prompt_now(self) -> bool:
+        """Whether to render the assistant's opening: never under an open final message."""
+        return self.add_generation_prompt and not self.continue_final_message
+
+    def template_variables(self) -> dict[str, Any]:
+        """`chat_template_kwargs`, then `documents` (as vLLM merges them: the request's field wins),
+        without the two fields above, which the request's own values always set."""
+        variables = {name: value for name, value in (self.chat_template_kwargs or {}).items()
+                     if name not in ("add_generation_prompt", "continue_final_message")}
+        if self.documents is not None:
+            variables["documents"] = self.documents
+        return variables

@@ -188,6 +188,7 @@ class ResponsesRequestBase(Request):
     structured_outputs: dict[str, Any] | None = None  # checked as the chat request checks it
     priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     cache_salt: Text | None = Field(default=None, min_length=1, max_length=1024)
+    chat_template_kwargs: dict[str, Any] | None = None  # checked as the chat request checks it
 
     @field_validator("metadata")
     @classmethod

@@ -8,7 +8,7 @@ template writes its own special tokens). Validation is as strict as the generate
 endpoints' (`services.router.openai.protocol`), and nothing is silently ignored: a field vLLM's
 models do not define is a 400 naming it, and so is one Tandem cannot honour unless it has
 its default: a chat template sent with the request (vLLM refuses one too unless told to
-trust it), template keyword arguments, multimodal options, and token strings. Tools are
+trust it), multimodal options, and token strings. Tools are
 rendered into a chat as `/v1/chat/completions` renders them.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from services.router.openai.protocol import ChatMessage, Text, TokenId
-from services.router.openai.protocol_messages import ToolDefinition
+from services.router.openai.protocol_messages import ChatTemplateFields, ToolDefinition
 
 # vLLM refuses one too, unless started with --trust-request-chat-template (Tandem has no such flag)
 UNTRUSTED_TEMPLATE = "not supported: the router renders chats with the model's own template"
@@ -50,14 +50,13 @@ class TokenizeCompletionRequest(_TokenizeRequest):
     add_special_tokens: bool = True  # BOS, when the model's tokenizer adds one
 
 
-class TokenizeChatRequest(_TokenizeRequest):
+class TokenizeChatRequest(_TokenizeRequest, ChatTemplateFields):
+    """A chat rendered as `/v1/chat/completions` renders it (`ChatTemplateFields`: the generation
+    prompt or an open final message, the template's variables; the tools)."""
+
     messages: list[ChatMessage] = Field(min_length=1)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False  # leave the last message open, for the model to continue
     add_special_tokens: bool = False  # on top of what the chat template writes
     chat_template: Text | None = None
-    # The router renders the model's template with its defaults (and the tools, as a chat would).
-    chat_template_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_unless_empty)] = None
     tools: list[ToolDefinition] | None = None
     media_io_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_unless_empty)] = None
     mm_processor_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_unless_empty)] = None
@@ -68,19 +67,6 @@ class TokenizeChatRequest(_TokenizeRequest):
         if chat_template is not None:
             raise ValueError(UNTRUSTED_TEMPLATE)
         return chat_template
-
-    @model_validator(mode="after")
-    def _open_or_prompted(self) -> "TokenizeChatRequest":
-        # Only when both are sent: add_generation_prompt defaults to true (vLLM's rule).
-        sent_both = self.continue_final_message and "add_generation_prompt" in self.model_fields_set
-        if sent_both and self.add_generation_prompt:
-            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        return self
-
-    @property
-    def add_generation_prompt_now(self) -> bool:
-        """Whether to render the assistant's opening: never under an open final message."""
-        return self.add_generation_prompt and not self.continue_final_message
 
 
 TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest

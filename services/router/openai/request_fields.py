@@ -81,6 +81,14 @@ _HONOURED = [
     RequestField("tool_choice", "honoured", ("chat",), note="none, auto (needs the router's --tool-call-parser), "
                                                            "required or a named function (held to a JSON schema)"),
     RequestField("parallel_tool_calls", "honoured", ("chat",), note="false: at most one call"),
+    RequestField("add_generation_prompt", "honoured", ("chat",), note="false: the prompt ends after the last "
+                                                                     "message, with no new assistant turn"),
+    RequestField("continue_final_message", "honoured", ("chat",), note="the last message is left open (the "
+                                                                      "prompt ends with its content) for the "
+                                                                      "model to continue"),
+    RequestField("chat_template_kwargs", "honoured", ("chat",), note="variables of the model's chat template "
+                                                                    "(ones it does not use change nothing)"),
+    RequestField("documents", "honoured", ("chat",), note="the chat template's `documents` variable"),
     RequestField("stream", "honoured"),
     RequestField("stream_options", "honoured", note="include_usage: a last chunk with the usage; "
                                                     "continuous_usage_stats (vLLM's), with it: every chunk "
@@ -120,9 +128,9 @@ def _refused(name: str, *allowed: object, why: str, endpoints: tuple[Endpoint, .
     return RequestField(name, "refused unless default", endpoints, allowed or (None,), why, origin)
 
 
-_NO_TEMPLATE_ARGUMENTS = "the router renders the model's chat template without extra arguments"
 _NO_REASONING = "no reasoning parser in the router: an answer is never split into reasoning and content"
-_TEXT_ONLY = "text only: Tandem serves no multimodal input"
+_DEFAULT_IMAGE_PROCESSING = ("the router places each image's tokens as the model's processor does by default: "
+                             "other settings would place them otherwise")
 _RENDER_ONLY = "vLLM's server reads it only on its render endpoints, which Tandem does not serve"
 _NO_BEAM_SEARCH = "beam search is not implemented (each choice is routed and sampled on its own)"
 
@@ -132,18 +140,12 @@ _REFUSED = [
     _refused("echo", None, False, endpoints=("chat",), why="not implemented for chats (a completion's echo is)"),
     _refused("suffix", None, endpoints=("completions",), why="vLLM's server refuses it too"),
     _refused("tools", None, [], endpoints=("completions",), origin="tandem", why="tool calls are a chat's"),
-    _refused("reasoning_effort", None, endpoints=("chat",), why=_NO_TEMPLATE_ARGUMENTS),
+    _refused("reasoning_effort", None, endpoints=("chat",), why=_NO_REASONING),
     _refused("include_reasoning", None, True, endpoints=("chat",), why=_NO_REASONING),
-    _refused("add_generation_prompt", None, True, endpoints=("chat",),
-             why="a chat always ends with the generation prompt (a new assistant turn)"),
-    _refused("continue_final_message", None, False, endpoints=("chat",),
-             why="a chat always ends with the generation prompt (a new assistant turn)"),
-    _refused("documents", None, endpoints=("chat",), why=_NO_TEMPLATE_ARGUMENTS),
     _refused("chat_template", None, endpoints=("chat",),
              why="the router renders only the model's own chat template, never a request's"),
-    _refused("chat_template_kwargs", None, endpoints=("chat",), why=_NO_TEMPLATE_ARGUMENTS),
-    _refused("media_io_kwargs", None, endpoints=("chat",), why=_TEXT_ONLY),
-    _refused("mm_processor_kwargs", None, endpoints=("chat",), why=_TEXT_ONLY),
+    _refused("media_io_kwargs", None, endpoints=("chat",), why=_DEFAULT_IMAGE_PROCESSING),
+    _refused("mm_processor_kwargs", None, endpoints=("chat",), why=_DEFAULT_IMAGE_PROCESSING),
     _refused("return_prompt_text", None, False, endpoints=("chat",), why="not implemented"),
     _refused("prompt_embeds", None, endpoints=("completions",),
              why="prompts are text or token ids: the router routes and moves KV by token ids"),
@@ -166,7 +168,8 @@ _REFUSED = [
     _refused("return_mm_kwargs", None, False, why=_RENDER_ONLY),
     _refused("kv_transfer_params", None, endpoints=EVERY,
              why="the router plans every prefill/decode split and KV transfer itself"),
-    _refused("ec_transfer_params", None, endpoints=EVERY, why=_TEXT_ONLY),
+    _refused("ec_transfer_params", None, endpoints=EVERY,
+             why="the workers share the vision encoder's output themselves (--vllm-encoder-cache-dir)"),
     _refused("vllm_xargs", None, endpoints=EVERY, why="not passed on: Tandem's workers run no custom logits processors"),
     _refused("stream_interval", None, 1, why="each piece is streamed as it comes (pieces already there together)"),
 ]

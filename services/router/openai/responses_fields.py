@@ -50,7 +50,7 @@ _HONOURED = [
     *(_field(name, "honoured", _PASSED_TO_CHAT) for name in (
         "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "logit_bias", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-        "structured_outputs", "priority", "cache_salt")),
+        "structured_outputs", "priority", "cache_salt", "chat_template_kwargs")),
 ]
 
 _NO_EFFECT = [
@@ -59,7 +59,8 @@ _NO_EFFECT = [
 ]
 
 _NO_REASONING = "no reasoning parser in the router: an answer is never split into reasoning and content"
-_TEXT_ONLY = "text only: Tandem serves no multimodal input"
+_DEFAULT_IMAGE_PROCESSING = ("the router places each image's tokens as the model's processor does by default: "
+                             "other settings would place them otherwise")
 _NOT_IMPLEMENTED = "not implemented"
 
 _REFUSED = [
@@ -84,11 +85,10 @@ _REFUSED = [
     _refused("image", None, why="no image generation: Tandem serves text", origin="openai"),
     _refused("enable_response_messages", None, False, why=_NOT_IMPLEMENTED),
     _refused("previous_input_messages", None, why="harmony messages are not served: use previous_response_id"),
-    _refused("chat_template_kwargs", None, why="the router renders the model's chat template without extra arguments"),
-    _refused("media_io_kwargs", None, why=_TEXT_ONLY),
-    _refused("mm_processor_kwargs", None, why=_TEXT_ONLY),
-    _refused("mm_payload", None, "tensors", why=_TEXT_ONLY),
-    _refused("return_mm_kwargs", None, why=_TEXT_ONLY),
+    _refused("media_io_kwargs", None, why=_DEFAULT_IMAGE_PROCESSING),
+    _refused("mm_processor_kwargs", None, why=_DEFAULT_IMAGE_PROCESSING),
+    _refused("mm_payload", None, "tensors", why="images come as input_image parts (data URLs), not as tensors"),
+    _refused("return_mm_kwargs", None, why=_NOT_IMPLEMENTED),
     _refused("request_id", None, why="the router names each response itself"),
     *fields_of("responses").values(),  # the generate endpoints' rows that name this one too (`request_fields.EVERY`)
 ]

@@ -46,7 +46,8 @@ OPENAI_DEFAULT_TEMPERATURE = OPENAI_DEFAULT_TOP_P = 1.0
 # the chat request's fields the responses request passes on as they are
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "logit_bias", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-                   "structured_outputs", "priority", "cache_salt", "user", "parallel_tool_calls")
+                   "structured_outputs", "priority", "cache_salt", "chat_template_kwargs", "user",
+                   "parallel_tool_calls")
 # where a chat field's refusal names the responses field it came from
 RESPONSES_NAME = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
 
