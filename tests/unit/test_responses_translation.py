@@ -79,10 +79,11 @@ def test_instructions_and_input_items_become_the_chat_messages() -> None:
     assert chat.tools[0].function.name == "get_weather"
 
 
-def test_truncation_auto_and_a_cache_salt_reach_the_chat_as_vllms_fields() -> None:
-    body = request(input="Hi", truncation="auto", cache_salt="tenant-a")
+def test_truncation_auto_a_cache_salt_and_template_kwargs_reach_the_chat_as_vllms_fields() -> None:
+    body = request(input="Hi", truncation="auto", cache_salt="tenant-a", chat_template_kwargs={"enable_thinking": 0})
     chat = chat_request(body, "m", 8, conversation(body.input, None))
     assert (chat.truncate_prompt_tokens, chat.cache_salt) == (-1, "tenant-a")
+    assert chat.template_variables() == {"enable_thinking": 0}
     for truncation in ("disabled", None):
         plain = request(input="Hi", truncation=truncation)
         assert chat_request(plain, "m", 8, conversation(plain.input, None)).truncate_prompt_tokens is None
