@@ -21,7 +21,7 @@ import pytest
 
 from launch.plan import WorkerSpec
 from launch.stack import LocalStack
-from services.router.http.serving_tokenize import without_double_bos
+from services.router.http.serving import without_double_bos
 from shared.nats_server import EmbeddedNats
 from shared.schemas import WorkerRole
 from shared.tokenizer import Tokenizer

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from services.router.http.chat_prompt import open_final_message
-from services.router.http.serving_tokenize import without_double_bos
+from services.router.http.serving import without_double_bos
 from services.router.openai.errors import BadRequest
 from shared.api_keys import ApiKey, KeyTable, hash_key
 from shared.api_keys_file import write_key_file

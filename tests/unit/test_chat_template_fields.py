@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.router.http.chat_prompt import chat_prompt
+from services.router.http.serving import ServingContext
 from services.router.openai.errors import BadRequest
 from services.router.openai.protocol import ChatCompletionRequest
 from shared.tiny_model import generate_tiny_model
@@ -73,3 +74,22 @@ def test_without_the_generation_prompt_or_with_the_last_message_open(tokenizers)
 def test_what_the_template_cannot_take_is_refused(fields, words) -> None:
     with pytest.raises(ValidationError, match=words):
         request(**fields)
+
+
+async def test_special_tokens_are_added_only_where_asked_as_vllms_server_adds_them(tokenizers) -> None:
+    """With a tokenizer that adds BOS: a completion's text gets it unless add_special_tokens is
+    false; a chat's (default false) gets only a BOS its template writes, once."""
+    tiny, _ = tokenizers
+    bos = tiny.bos_token_id
+    assert bos is not None
+    adding = Tokenizer(tiny._backend, model_name="adds-bos", vocab_size=tiny.vocab_size,
+                       max_model_len=tiny.max_model_len, eos_token_id=tiny.eos_token_id, bos_token_id=bos,
+                       add_bos=True, chat_template=FIXED_CHAT_TEMPLATE, special_tokens={"bos_token": "<s>"})
+    text = tiny.encode_segment("Hello there")
+    assert await ServingContext.prompt_ids(adding, "Hello there", add_special_tokens=True, chat=False) == [bos, *text]
+    assert await ServingContext.prompt_ids(adding, "Hello there", add_special_tokens=False, chat=False) == text
+    assert await ServingContext.prompt_ids(adding, "Hello there", add_special_tokens=False, chat=True) == text
+    spelled = adding.decode([bos], skip_special_tokens=False) + "Hello there"  # a template that writes BOS
+    assert await ServingContext.prompt_ids(adding, spelled, add_special_tokens=False, chat=True) == [bos, *text]
+    assert await ServingContext.prompt_ids(adding, spelled, add_special_tokens=True, chat=True) == [bos, *text]
+

@@ -192,6 +192,9 @@ CASES = [
                                                                    continue_final_message=True)}),
     chat("chat-template-kwargs", {"messages": STORY, "max_tokens": 8, **vllm_fields(
         chat_template_kwargs={"enable_thinking": False}, documents=[{"title": "Fox", "text": "A fox."}])}),
+    # add_special_tokens the other way round from each endpoint's default (the tiny model's tokenizer adds none)
+    completion("no-special-tokens", {"prompt": FOX, "max_tokens": 8, **vllm_fields(add_special_tokens=False)}),
+    chat("special-tokens", {"messages": STORY, "max_tokens": 8, **vllm_fields(add_special_tokens=True)}),
     # vLLM's cache_salt: the same answer, its KV kept apart
     completion("cache-salt", {"prompt": LONG_TEXT, "max_tokens": 8, **vllm_fields(cache_salt="tenant-a")}),
     chat("cache-salt", {"messages": STORY, "max_tokens": 8, **vllm_fields(cache_salt="tenant-b")}),

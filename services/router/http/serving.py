@@ -91,6 +91,16 @@ class ServingContext:
             return await asyncio.to_thread(tokenizer.encode, text)
         return tokenizer.encode(text)
 
+    @classmethod
+    async def prompt_ids(cls, tokenizer: Tokenizer, text: str, *, add_special_tokens: bool, chat: bool) -> list[int]:
+        """A prompt's text as vLLM's server tokenizes it: the special token the model's tokenizer
+        adds (BOS) only with `add_special_tokens` (a completion's default; a chat's template writes
+        its own, so a BOS it writes and one added are one)."""
+        token_ids = await cls.tokenize(tokenizer, text)  # with BOS when the model's tokenizer adds one
+        if tokenizer.add_bos and not add_special_tokens:
+            return token_ids[1:]  # the one BOS `encode` added; a BOS the text spells stays
+        return without_double_bos(token_ids, tokenizer.bos_token_id) if chat else token_ids
+
     @staticmethod
     def check_prompt_ids(tokenizer: Tokenizer, prompt_ids: list[int], param: str) -> list[int]:
         if not prompt_ids:
@@ -133,6 +143,14 @@ class ServingContext:
             await self.recorder.record(identity, outcome=ErrorCode.CANCELLED.value)
             raise
         return await self.dispatcher.dispatch(params)
+
+
+def without_double_bos(token_ids: list[int], bos_token_id: int | None) -> list[int]:
+    # A template that renders BOS itself, encoded by a tokenizer that adds BOS too, would
+    # start with two; vLLM's server has one (it adds no special token to a rendered chat).
+    if bos_token_id is not None and token_ids[:2] == [bos_token_id, bos_token_id]:
+        return token_ids[1:]
+    return token_ids
 
 
 def sampling_params(body: SamplingFields, max_tokens: int, vocab_size: int) -> SamplingParams:

@@ -169,7 +169,7 @@ class ChatServing:
             messages = [message.template_message() for message in body.messages]
             tools = [tool.template_tool() for tool in body.tools] if body.tools else None
             prompt = chat_prompt(tokenizer, body, messages, tools)
-            prompt_ids = _without_double_bos(await context.tokenize(tokenizer, prompt), tokenizer.bos_token_id)
+            prompt_ids = await context.prompt_ids(tokenizer, prompt, add_special_tokens=body.add_special_tokens, chat=True)
             if images and body.truncate_prompt_tokens is not None:
                 raise BadRequest("truncate_prompt_tokens is not served for messages with images",
                                  param="truncate_prompt_tokens")
@@ -196,11 +196,3 @@ def _with_tool_calling(params: GenerationParams, calling: ToolCalling | None, pa
     keeps_special = parser in KEEPS_SPECIAL_TOKENS
     return dataclasses.replace(params, sampling=sampling,
                                skip_special_tokens=params.skip_special_tokens and not keeps_special)
-
-
-def _without_double_bos(prompt_ids: list[int], bos_token_id: int | None) -> list[int]:
-    # A template that renders BOS itself, encoded by a tokenizer that adds BOS too, would
-    # start with two; vLLM avoids it by not adding special tokens to rendered chats.
-    if bos_token_id is not None and prompt_ids[:2] == [bos_token_id, bos_token_id]:
-        return prompt_ids[1:]
-    return prompt_ids

@@ -125,9 +125,11 @@ class CompletionsServing:
         async def prepare() -> GenerationParams:
             model = await context.resolve_model(body.model)
             tokenizer = model.tokenizer
-            prompt_ids = await context.tokenize(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+            prompt_ids = await context.prompt_ids(tokenizer, prompt, add_special_tokens=body.add_special_tokens,
+                                                  chat=False) if isinstance(prompt, str) else list(prompt)
             prompt_ids = truncate_prompt(context, body, model.name, prompt_ids, asks_output=True,
-                                         added_bos=isinstance(prompt, str) and tokenizer.add_bos)
+                                         added_bos=isinstance(prompt, str) and tokenizer.add_bos
+                                         and body.add_special_tokens)
             prompt_ids = context.check_prompt_ids(tokenizer, prompt_ids, "prompt")
             max_tokens = context.max_tokens(body.max_tokens, "max_tokens")
             return context.params(identity, body, model, prompt_ids, max_tokens, caller, sample=sample)

@@ -46,11 +46,8 @@ class TokenizeServing:
         model = await self._model(body.model)
         tokenizer = model.tokenizer
         text = self._chat_prompt(tokenizer, body) if isinstance(body, TokenizeChatRequest) else body.prompt
-        token_ids = await self._context.tokenize(tokenizer, text)  # with BOS when the model's tokenizer adds one
-        if tokenizer.add_bos and not body.add_special_tokens:
-            token_ids = token_ids[1:]  # the one BOS `encode` added; a BOS the text spells stays
-        elif isinstance(body, TokenizeChatRequest):
-            token_ids = without_double_bos(token_ids, tokenizer.bos_token_id)
+        token_ids = await self._context.prompt_ids(tokenizer, text, add_special_tokens=body.add_special_tokens,
+                                                   chat=isinstance(body, TokenizeChatRequest))
         if isinstance(body, TokenizeChatRequest):  # each image's placeholder tokens, as the chat endpoint sends them
             images = await read_images(body.messages, tokenizer, self._context.image_fetcher)
             token_ids, _ = place_images(token_ids, images, tokenizer)
@@ -74,11 +71,3 @@ class TokenizeServing:
         else:
             text = tokenizer.decode(body.tokens, skip_special_tokens=False)
         return DetokenizeResponse(prompt=text)
-
-
-def without_double_bos(token_ids: list[int], bos_token_id: int | None) -> list[int]:
-    # A template that renders BOS itself, encoded by a tokenizer that adds BOS too, would
-    # start with two; the chat endpoint sends one (`serving_chat`).
-    if bos_token_id is not None and token_ids[:2] == [bos_token_id, bos_token_id]:
-        return token_ids[1:]
-    return token_ids

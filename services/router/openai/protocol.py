@@ -202,6 +202,7 @@ class _CompletionRequest(SamplingFields):
     max_tokens: int | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # and this many top ones per token
     echo: bool = False  # the answer starts with the prompt (and its log-probabilities, with logprobs)
+    add_special_tokens: bool = True  # vLLM's: BOS where the model's tokenizer adds one
 
     @property
     def prompt_logprobs_top(self) -> int | None:
@@ -246,6 +247,7 @@ class _ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools
     parallel_tool_calls: bool | None = True
+    add_special_tokens: bool = False  # vLLM's: the chat template writes the special tokens
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> "_ChatCompletionRequest":

@@ -81,6 +81,9 @@ _HONOURED = [
     RequestField("tool_choice", "honoured", ("chat",), note="none, auto (needs the router's --tool-call-parser), "
                                                            "required or a named function (held to a JSON schema)"),
     RequestField("parallel_tool_calls", "honoured", ("chat",), note="false: at most one call"),
+    RequestField("add_special_tokens", "honoured", note="completions: true (the default) adds BOS where the "
+                                                        "model's tokenizer adds one; chats: false (the default), "
+                                                        "only the special tokens the template writes"),
     RequestField("add_generation_prompt", "honoured", ("chat",), note="false: the prompt ends after the last "
                                                                      "message, with no new assistant turn"),
     RequestField("continue_final_message", "honoured", ("chat",), note="the last message is left open (the "
@@ -149,9 +152,6 @@ _REFUSED = [
     _refused("return_prompt_text", None, False, endpoints=("chat",), why="not implemented"),
     _refused("prompt_embeds", None, endpoints=("completions",),
              why="prompts are text or token ids: the router routes and moves KV by token ids"),
-    _refused("add_special_tokens", None,
-             why="the router adds them as it tokenizes: BOS where the model asks (completions), the "
-                 "chat template's (chats)"),
     _refused("use_beam_search", None, False, why=_NO_BEAM_SEARCH),
     _refused("length_penalty", None, 1.0, why=_NO_BEAM_SEARCH),
     _refused("spaces_between_special_tokens", None, True, why="the router's detokenizer has only vLLM's default"),
