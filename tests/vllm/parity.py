@@ -172,6 +172,9 @@ class Answer:
     # each choice's generated ids (streamed: its chunks' joined), in index order
     prompt_token_ids: tuple[tuple[int, ...], ...] = ()
     token_ids: tuple[tuple[int, ...], ...] = ()
+    # `prompt_logprobs` (completions: each choice's; chat: the answer's), per prompt token its
+    # (token id, logprob, rank, decoded token) entries in order; () for the first token's None
+    prompt_logprobs: tuple[tuple[tuple[Any, ...], ...], ...] = ()
 
     def value_of(self, name: str) -> Any:
         """A field, or a derived one an `expect` may name: the (only) finish_reason and usage."""
@@ -238,7 +241,15 @@ def whole_answer(reply: Any) -> Answer:
                   tool_calls=tuple((call.type, call.function.name, call.function.arguments)
                                    for c in reply.choices if chat for call in c.message.tool_calls or ()),
                   prompt_token_ids=_ids([reply] if chat else reply.choices, "prompt_token_ids"),
-                  token_ids=_ids(reply.choices, "token_ids"))
+                  token_ids=_ids(reply.choices, "token_ids"),
+                  prompt_logprobs=_prompt_logprobs([reply] if chat else reply.choices))
+
+
+def _prompt_logprobs(holders: Any) -> tuple[tuple[tuple[Any, ...], ...], ...]:
+    """Every holder's `prompt_logprobs` (a vLLM extension), one tuple of entries per prompt token."""
+    return tuple(tuple((token, entry["logprob"], entry["rank"], entry["decoded_token"])
+                       for token, entry in (position or {}).items())
+                 for holder in holders for position in getattr(holder, "prompt_logprobs", None) or ())
 
 
 def _ids(holders: Any, name: str) -> tuple[tuple[int, ...], ...]:

@@ -195,6 +195,10 @@ CASES = [
     # add_special_tokens the other way round from each endpoint's default (the tiny model's tokenizer adds none)
     completion("no-special-tokens", {"prompt": FOX, "max_tokens": 8, **vllm_fields(add_special_tokens=False)}),
     chat("special-tokens", {"messages": STORY, "max_tokens": 8, **vllm_fields(add_special_tokens=True)}),
+    # vLLM's prompt_logprobs: 0 (the prompt tokens' own), which vLLM's server also takes streamed (and
+    # then sends none); more top ones come with the echo cases above, whose answers carry them too
+    completion("prompt-logprobs", {"prompt": FOX, "max_tokens": 4, **vllm_fields(prompt_logprobs=0)}, split=False),
+    chat("prompt-logprobs", {"messages": STORY, "max_tokens": 4, **vllm_fields(prompt_logprobs=0)}, split=False),
     # vLLM's cache_salt: the same answer, its KV kept apart
     completion("cache-salt", {"prompt": LONG_TEXT, "max_tokens": 8, **vllm_fields(cache_salt="tenant-a")}),
     chat("cache-salt", {"messages": STORY, "max_tokens": 8, **vllm_fields(cache_salt="tenant-b")}),

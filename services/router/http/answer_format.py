@@ -6,7 +6,7 @@ streamed (SSE chunks as bytes, `services.router.http.sse`), and the usage it rep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -15,7 +15,8 @@ from pydantic import BaseModel
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import TokenUsage
 from services.router.http.sse import ChunkPrefix, UsageSoFar, ids_member
-from services.router.openai.logprobs import LogprobsRenderer
+from services.router.openai.logprobs import LogprobsRenderer, SpecialTokenDecoder
+from services.router.openai.prompt_logprobs import PromptLogprobs, prompt_logprobs
 from services.router.openai.protocol import SamplingFields
 from services.router.openai.protocol_answers import PromptTokensDetails, Usage
 from shared.schemas import TokenLogprobs
@@ -99,6 +100,15 @@ class EndpointFormat:
 
     def response(self, answer: WholeAnswer, usage: Usage) -> BaseModel:
         return self.response_of([self.choice(answer)], usage)
+
+
+def prompt_logprobs_of(generation: Generation, decoder: SpecialTokenDecoder, top: int | None, *,
+                       clamp: bool) -> Callable[[], PromptLogprobs] | None:
+    """vLLM's `prompt_logprobs` of a whole answer, where the request had them computed (`top`:
+    how many top ones per token; None: not computed)."""
+    if top is None:
+        return None
+    return lambda: prompt_logprobs(generation.prompt_logprobs or (), decoder, top, clamp=clamp)
 
 
 def usage_so_far(body: SamplingFields, generation: Generation) -> UsageSoFar | None:

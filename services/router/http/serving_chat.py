@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
-from services.router.http.answer_format import EndpointFormat, WholeAnswer, usage_so_far
+from services.router.http.answer_format import EndpointFormat, WholeAnswer, prompt_logprobs_of, usage_so_far
 from services.router.http.caller import Caller
 from services.router.http.chat_images import place_images, read_images
 from services.router.http.chat_prompt import chat_prompt
@@ -23,6 +23,7 @@ from services.router.http.serving import ServingContext
 from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_json
 from services.router.openai.errors import BadRequest
 from services.router.openai.logprobs import LogprobsRenderer
+from services.router.openai.prompt_logprobs import PromptLogprobs
 from services.router.openai.protocol import ChatCompletionRequest
 from services.router.openai.protocol_answers import (
     AnswerRole,
@@ -45,9 +46,11 @@ class ChatFormat(EndpointFormat):
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
                  index: int = 0, tools: ToolCalling | None = None, usage_so_far: UsageSoFar | None = None,
-                 prompt_token_ids: list[int] | None = None, role: AnswerRole = "assistant") -> None:
+                 prompt_token_ids: list[int] | None = None, role: AnswerRole = "assistant",
+                 prompt_logprobs: Callable[[], PromptLogprobs] | None = None) -> None:
         super().__init__(request_id, model, created, logprobs, index, usage_so_far, prompt_token_ids)
         self._role = role
+        self._prompt_logprobs = prompt_logprobs  # vLLM's, rendered once the answer is whole
         self._tools = tools
         self._tool_stream = ToolStream(tools) if tools is not None else None
         self._held: list[TokenLogprobs] = []  # the log-probabilities of text held back (a call may begin there)
@@ -109,7 +112,8 @@ class ChatFormat(EndpointFormat):
                           token_ids=answer.token_ids if self.prompt_token_ids is not None else None)
 
     def answer_members(self) -> dict[str, Any]:
-        return {"prompt_token_ids": self.prompt_token_ids}
+        return {"prompt_token_ids": self.prompt_token_ids,
+                "prompt_logprobs": self._prompt_logprobs() if self._prompt_logprobs else None}
 
 
 class ChatServing:
@@ -140,7 +144,9 @@ class ChatServing:
             self._context.tokenizer_of(body.model), body.logprobs_top, as_token_ids=bool(body.return_tokens_as_token_ids))
         return ChatFormat(request_id, body.model, created, renderer, index, self._tool_calling(body),
                           usage_so_far(body, generation), generation.params.prompt_ids if body.return_token_ids else None,
-                          "assistant" if body.add_generation_prompt else body.messages[-1].role)
+                          "assistant" if body.add_generation_prompt else body.messages[-1].role,
+                          prompt_logprobs_of(generation, self._context.tokenizer_of(body.model), body.prompt_logprobs_top,
+                                             clamp=True))
 
     def _tool_calling(self, body: ChatCompletionRequest) -> ToolCalling | None:
         """The request's tool calling; None without tools. Auto needs the router's format."""

@@ -16,13 +16,14 @@ from fastapi.responses import Response
 
 from services.router.flows.generation import Delta, Final, Generation
 from services.router.flows.records import GenerationParams, RequestIdentity
-from services.router.http.answer_format import EndpointFormat, WholeAnswer, usage_so_far
+from services.router.http.answer_format import EndpointFormat, WholeAnswer, prompt_logprobs_of, usage_so_far
 from services.router.http.caller import Caller
 from services.router.http.choices import Choice, answer_choices
 from services.router.http.prompt_truncation import truncate_prompt
 from services.router.http.serving import ServingContext
 from services.router.http.sse import UsageSoFar, finish_json, ids_member, text_json
 from services.router.openai.logprobs import LogprobsRenderer
+from services.router.openai.prompt_logprobs import PromptLogprobs
 from services.router.openai.protocol import CompletionRequest
 from services.router.openai.protocol_answers import CompletionChoice, CompletionResponse
 from shared.schemas import TokenLogprobs
@@ -43,8 +44,10 @@ class CompletionFormat(EndpointFormat):
 
     def __init__(self, request_id: str, model: str, created: int, logprobs: LogprobsRenderer | None = None,
                  echo: EchoedPrompt | None = None, index: int = 0, usage_so_far: UsageSoFar | None = None,
-                 prompt_token_ids: list[int] | None = None) -> None:
+                 prompt_token_ids: list[int] | None = None,
+                 prompt_logprobs: Callable[[], PromptLogprobs] | None = None) -> None:
         super().__init__(request_id, model, created, logprobs, index, usage_so_far, prompt_token_ids)
+        self._prompt_logprobs = prompt_logprobs  # vLLM's, rendered once the answer is whole
         self._echo = echo  # until the first piece is spelled
         self._prompt_ids_sent = False  # a stream's first chunk of this choice carries them
 
@@ -89,7 +92,8 @@ class CompletionFormat(EndpointFormat):
         text, rendered = self._with_echo(answer.text, answer.logprobs)
         return CompletionChoice(index=self.index, text=text, finish_reason=answer.final.finish_reason,
                                 logprobs=rendered, prompt_token_ids=self.prompt_token_ids,
-                                token_ids=answer.token_ids if self.prompt_token_ids is not None else None)
+                                token_ids=answer.token_ids if self.prompt_token_ids is not None else None,
+                                prompt_logprobs=self._prompt_logprobs() if self._prompt_logprobs else None)
 
 
 def _extend(rendered: dict[str, list[Any]], part: dict[str, list[Any]]) -> None:
@@ -148,5 +152,6 @@ class CompletionsServing:
             text = "" if body.return_token_ids else prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
             echo = EchoedPrompt(text, prompt_ids, generation)
         return CompletionFormat(request_id, body.model, created, renderer, echo, index, usage_so_far(body, generation),
-                                prompt_ids if body.return_token_ids else None)
+                                prompt_ids if body.return_token_ids else None,
+                                prompt_logprobs_of(generation, tokenizer, body.prompt_logprobs_top, clamp=False))
 

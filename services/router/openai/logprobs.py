@@ -96,6 +96,10 @@ class LogprobsRenderer:
                             "top_logprobs": top})
         return content
 
+    def texts(self, position: TokenLogprobs) -> list[str]:
+        """Each entry's token text at the next position (`_texts`): vLLM's text for it."""
+        return self._texts(position)
+
     def _names(self, position: TokenLogprobs, texts: list[str]) -> list[str]:
         """How the answer names each entry: its text, or its id (`as_token_ids`)."""
         return [token_id_name(token_id) for token_id in position.token_ids] if self._as_token_ids else texts

@@ -119,9 +119,17 @@ class SamplingFields(Request):
     # vLLM's: a longer prompt keeps this many tokens (-1: as many as the context takes), its
     # last ones unless `truncation_side` is "right" (`openai.truncation`)
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    # vLLM's: the prompt tokens' log-probabilities with this many top ones (not streamed)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     truncation_side: Literal["left", "right"] | None = None
     # vLLM's: the prompt's KV is shared only with requests of the same salt (`block_hash.chain_root`)
     cache_salt: Text | None = Field(default=None, min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_whole(self) -> "SamplingFields":
+        if self.stream and self.prompt_logprobs:
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
+        return self
 
     @model_validator(mode="after")
     def _one_structure(self) -> "SamplingFields":
@@ -165,8 +173,8 @@ class SamplingFields(Request):
 
     @property
     def prompt_logprobs_top(self) -> int | None:
-        """The same for the prompt's tokens (an echoed completion's)."""
-        return None
+        """The same for the prompt's tokens: vLLM's `prompt_logprobs` (and an echoed completion's)."""
+        return self.prompt_logprobs
 
 
 def _same_value(value: object, allowed: object) -> bool:
@@ -205,7 +213,9 @@ class _CompletionRequest(SamplingFields):
     add_special_tokens: bool = True  # vLLM's: BOS where the model's tokenizer adds one
 
     @property
-    def prompt_logprobs_top(self) -> int | None:
+    def prompt_logprobs_top(self) -> int | None:  # as vLLM's server asks its engine
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
         return self.logprobs if self.echo else None
 
     @property

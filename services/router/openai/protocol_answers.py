@@ -58,6 +58,8 @@ class CompletionChoice(BaseModel):
     # vLLM's `return_token_ids`: the prompt's and the answer's tokens (left out when not asked)
     prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_absent)
     token_ids: list[int] | None = Field(default=None, exclude_if=_absent)
+    # vLLM's `prompt_logprobs` (`openai.prompt_logprobs`), where the prompt's were computed
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = Field(default=None, exclude_if=_absent)
 
 
 class CompletionResponse(_Answer[CompletionChoice]):
@@ -86,6 +88,7 @@ class ChatChoice(BaseModel):
 class ChatCompletionResponse(_Answer[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
     prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_absent)  # vLLM's `return_token_ids`
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = Field(default=None, exclude_if=_absent)
 
 
 class ChatDelta(BaseModel):

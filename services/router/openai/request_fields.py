@@ -81,6 +81,9 @@ _HONOURED = [
     RequestField("tool_choice", "honoured", ("chat",), note="none, auto (needs the router's --tool-call-parser), "
                                                            "required or a named function (held to a JSON schema)"),
     RequestField("parallel_tool_calls", "honoured", ("chat",), note="false: at most one call"),
+    RequestField("prompt_logprobs", "honoured", note="0-20: each prompt token's log-probability with this many "
+                                                     "top ones (not streamed; a completion echoed with logprobs "
+                                                     "has them too); computed where the whole prompt is"),
     RequestField("add_special_tokens", "honoured", note="completions: true (the default) adds BOS where the "
                                                         "model's tokenizer adds one; chats: false (the default), "
                                                         "only the special tokens the template writes"),
@@ -155,7 +158,6 @@ _REFUSED = [
     _refused("use_beam_search", None, False, why=_NO_BEAM_SEARCH),
     _refused("length_penalty", None, 1.0, why=_NO_BEAM_SEARCH),
     _refused("spaces_between_special_tokens", None, True, why="the router's detokenizer has only vLLM's default"),
-    _refused("prompt_logprobs", None, why="a prompt's log-probabilities come with echo and logprobs (completions)"),
     _refused("logprob_token_ids", None, why="not implemented: the sampled and top tokens' log-probabilities only"),
     _refused("watermarking", None, endpoints=EVERY, why="not implemented by Tandem's workers"),
     _refused("repetition_detection", None, why="not implemented by Tandem's workers"),
