@@ -204,6 +204,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --slo-itl-ms: report goodput, the requests/s within both bounds")
     parser.add_argument("--slo-itl-ms", type=float, default=None,
                         help="the SLO's bound on a request's time per output token after the first")
+    parser.add_argument("--per-request", action="store_true",
+                        help="each run's results also list every measured request: its send time, TTFT and "
+                             "inter-chunk gaps (to trace a tail to its requests)")
     parser.add_argument("--engine", choices=engine_names(), default="sim", help="mode B: worker engine")
     add_model_dir(parser, help_text="mode B: " + TINY_MODEL_HELP)
     parser.add_argument("--state-dir", default=".tandem/bench-serve", help="mode B: logs and the generated model")
@@ -234,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                shared_prefix_tokens=args.shared_prefix_tokens, seed=args.seed),
             max_tokens=args.max_tokens, api=args.api, concurrency=args.concurrency or 1,
             request_rate=args.request_rate, warmup=args.warmup, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
-            slo=slo)
+            slo=slo, per_request=args.per_request)
         interference = interference_settings(slo, args.max_tokens, engine=args.engine, sim_profile=args.sim_profile,
                                              sim_speedup=args.sim_speedup)
         topologies = [dataclasses.replace(topology, **interference) if topology.any_prefill else topology

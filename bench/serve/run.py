@@ -34,6 +34,7 @@ class ServeWorkload:
     timeout_s: float = 300.0
     ignore_eos: bool = False
     slo: Slo | None = None  # goodput under it, when given
+    per_request: bool = False  # the results carry each request's own figures (`stats.per_request_figures`)
 
     def plan(self) -> LoadPlan:
         if self.request_rate is None:
@@ -45,7 +46,7 @@ class ServeWorkload:
         return {"num_prompts": prompts.count, "prompt_tokens": prompts.prompt_tokens,
                 "shared_prefix_tokens": prompts.shared_prefix_tokens, "seed": prompts.seed,
                 **{field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                   if field.name not in ("prompts", "concurrency", "slo")},
+                   if field.name not in ("prompts", "concurrency", "slo", "per_request")},
                 "slo": dataclasses.asdict(self.slo) if self.slo else None,
                 "concurrency": self.concurrency if self.request_rate is None else None}  # open loop: none
 
@@ -80,7 +81,7 @@ async def run_serve(url: str, workload: ServeWorkload, model: str = "",
             progress(f"{label}: warm-up {len(records) - failed}/{len(records)} ok")
         records, duration_s = await run_requests(client, shape, measured, workload.plan(),
                                                  Progress(label, len(measured)))
-    return model, summarize(records, duration_s, spec.prompt_tokens, workload.slo)
+    return model, summarize(records, duration_s, spec.prompt_tokens, workload.slo, per_request=workload.per_request)
 
 
 def tokenizer_counter(model_dir: str) -> TokenCounter:

@@ -12,6 +12,9 @@ A `RequestRecord` holds what the client saw of one request as `time.monotonic()`
 - SLO (when given): a request meets it when it succeeded, its TTFT is within the TTFT
   bound and its TPOT (mean time per token after the first) within the ITL bound; goodput
   is the requests that met it per second, attainment their share of all requests.
+- Per request (`per_request`, when asked): each request in sending order, its send time
+  from the run's first send, TTFT and every inter-chunk gap, so a percentile can be traced
+  to the requests and moments that make it.
 """
 
 from __future__ import annotations
@@ -94,9 +97,10 @@ def distribution_ms(values_s: list[float]) -> dict[str, float | int | None]:
 
 
 def summarize(records: list[RequestRecord], duration_s: float, nominal_prompt_tokens: int,
-              slo: Slo | None = None) -> dict:
+              slo: Slo | None = None, *, per_request: bool = False) -> dict:
     """The result document of one run. Prompt tokens come from the server's usage, else
-    `nominal_prompt_tokens` per request; with `slo`, the goodput under it."""
+    `nominal_prompt_tokens` per request; with `slo`, the goodput under it; with
+    `per_request`, each request's own figures (`per_request_figures`)."""
     done = [record for record in records if record.ok]
     output_tokens = sum(record.output_tokens for record in done)
     prompt_tokens = sum(record.prompt_tokens if record.prompt_tokens is not None else nominal_prompt_tokens
@@ -127,7 +131,23 @@ def summarize(records: list[RequestRecord], duration_s: float, nominal_prompt_to
         figures["slo"] = {"ttft_ms": slo.ttft_ms, "itl_ms": slo.itl_ms, "met": met,
                           "attainment": round(met / len(records), 3) if records else None,
                           "goodput_rps": per_second(met)}
+    if per_request:
+        figures["per_request"] = per_request_figures(records)
     return figures
+
+
+def per_request_figures(records: list[RequestRecord]) -> list[dict]:
+    """Each request in sending order: sent (ms after the first send), TTFT and the gaps
+    between its text chunks (ms), output tokens, and its error if it failed."""
+    first = min((record.sent_at for record in records), default=0.0)
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds * 1000.0, 1)
+
+    return [{"sent_ms": ms(record.sent_at - first), "ttft_ms": ms(record.ttft_s),
+             "itl_ms": [ms(gap) for gap in record.itl_s], "output_tokens": record.output_tokens,
+             "error": record.error}
+            for record in sorted(records, key=lambda record: record.sent_at)]
 
 
 def ratios(first: dict, second: dict) -> dict[str, float | None]:

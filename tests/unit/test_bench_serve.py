@@ -136,6 +136,18 @@ def test_goodput_counts_requests_within_both_slo_bounds_over_all_requests() -> N
             Slo(*bad)
 
 
+def test_per_request_figures_trace_each_request_in_sending_order_only_when_asked() -> None:
+    records = [_record(11.0, [11.3, 11.35, 11.95], tokens=3),
+               _record(10.0, [10.2, 10.22], tokens=2),
+               RequestRecord(sent_at=12.0, error="http 500")]
+    assert "per_request" not in summarize(records, duration_s=2.0, nominal_prompt_tokens=50)
+    rows = summarize(records, duration_s=2.0, nominal_prompt_tokens=50, per_request=True)["per_request"]
+    assert rows == [
+        {"sent_ms": 0.0, "ttft_ms": 200.0, "itl_ms": [20.0], "output_tokens": 2, "error": None},
+        {"sent_ms": 1000.0, "ttft_ms": 300.0, "itl_ms": [50.0, 600.0], "output_tokens": 3, "error": None},
+        {"sent_ms": 2000.0, "ttft_ms": None, "itl_ms": [], "output_tokens": 0, "error": "http 500"}]
+
+
 def test_ratios_are_first_over_second() -> None:
     first = {"ttft_ms": {"p50": 30.0, "p90": 60.0}, "output_throughput_tok_s": 50.0}
     second = {"ttft_ms": {"p50": 10.0, "p90": 0.0}, "output_throughput_tok_s": 100.0}
