@@ -106,6 +106,11 @@ class Bus:
         there is nothing to flush, and closing must not keep a stopping service alive."""
         if self.client.is_closed:
             return
+        # nats-py's close cancels its reconnect loop, but on Python 3.11 `asyncio.wait_for`
+        # can lose that cancel when a refused attempt ends at the same moment; the loop then
+        # retries for ever and keeps the event loop, and the stopping service, alive. With
+        # attempts capped it ends by itself after one or two more.
+        self.client.options["max_reconnect_attempts"] = 1
         if self.client.is_connected:
             try:
                 await asyncio.wait_for(self.client.drain(), 5.0)
