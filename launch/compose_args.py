@@ -13,19 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launch import service_commands as commands
 from launch.definition import StackDefinition, WorkerGroup
-from launch.service_commands import (
-    CLUSTER_FIELDS,
-    METRICS_COMMAND,
-    METRICS_FIELDS,
-    ORCHESTRATOR_COMMAND,
-    ROUTER_COMMAND,
-    ROUTER_FIELDS,
-    WORKER_COMMAND,
-    WORKER_FIELDS,
-    cluster_bus,
-    cluster_membership,
-)
 from services.metrics.config import MetricsConfig
 from services.orchestrator.config import OrchestratorConfig
 from services.router.config import RouterConfig
@@ -41,25 +30,25 @@ class ContainerArgs:
     model_dir: str
 
     def _bus(self) -> BusConfig:
-        return cluster_bus(self.nats_url, self.definition.namespace)
+        return commands.cluster_bus(self.nats_url, self.definition.namespace)
 
     def _membership(self) -> MembershipConfig:
         membership = self.definition.membership
-        return cluster_membership(membership.heartbeat_interval_s, membership.ttl_s)
+        return commands.cluster_membership(membership.heartbeat_interval_s, membership.ttl_s)
 
     def orchestrator(self) -> list[str]:
         orchestrator = OrchestratorConfig(bus=self._bus(), membership=self._membership())
-        return ORCHESTRATOR_COMMAND.argv(orchestrator, CLUSTER_FIELDS, self.definition.orchestrator.settings)
+        return commands.ORCHESTRATOR_COMMAND.argv(orchestrator, commands.CLUSTER_FIELDS, self.definition.orchestrator.settings)
 
     def metrics(self) -> list[str]:
         metrics = self.definition.metrics
         config = MetricsConfig(bus=self._bus(), host=LISTEN_ALL, port=metrics.port)
-        return METRICS_COMMAND.argv(config, METRICS_FIELDS, metrics.settings)
+        return commands.METRICS_COMMAND.argv(config, commands.METRICS_FIELDS, metrics.settings)
 
     def router(self) -> list[str]:
         router = self.definition.router
         config = RouterConfig(bus=self._bus(), membership=self._membership(), host=LISTEN_ALL, port=router.port, model_dir=self.model_dir)
-        return ROUTER_COMMAND.argv(config, ROUTER_FIELDS, router.settings)
+        return commands.ROUTER_COMMAND.argv(config, commands.ROUTER_FIELDS, router.settings)
 
     def worker(self, group: WorkerGroup, engine: str = "", *, worker_id: str = "",
                slots: WorkerSlotsConfig = WorkerSlotsConfig()) -> list[str]:
@@ -68,10 +57,10 @@ class ContainerArgs:
         config = WorkerConfig(bus=self._bus(), membership=self._membership(), worker_id=worker_id, role=group.role,
                               engine=engine or group.engine, model_dir=self.model_dir)
         own_id = ("worker_id",) if worker_id else ()
-        return [*WORKER_COMMAND.argv(config, (*WORKER_FIELDS, *own_id), group.settings), *slot_flags(slots)]
+        return [*commands.WORKER_COMMAND.argv(config, (*commands.WORKER_FIELDS, *own_id), group.settings), *slot_flags(slots)]
 
 
 def slot_flags(slots: WorkerSlotsConfig) -> list[str]:
     """`slots`' flags, those set (`shared.worker_slots`): a worker claims one of them when it starts."""
     fields = [f"slots.{name}" for name in ("directory", "nats_dir") if getattr(slots, name)]
-    return WORKER_COMMAND.flags(WorkerConfig(worker_id="", slots=slots), fields)
+    return commands.WORKER_COMMAND.flags(WorkerConfig(worker_id="", slots=slots), fields)
