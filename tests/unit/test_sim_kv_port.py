@@ -34,14 +34,8 @@ HASHES = block_hash_chain(PROMPT, BS)
 class Side:
     scheduler: Scheduler
     port: SimKvPort
-
-    @property
-    def pool(self) -> KvPool:
-        return self.port.pool
-
-    @property
-    def blocks(self) -> BlockManager:
-        return self.port.blocks
+    pool: KvPool  # the port's, named for short
+    blocks: BlockManager
 
     def run(self, request_id: str, token_ids: list[int], sampling: SamplingParams = SAMPLING,
             unpin_after_admission: Sequence[int] = ()) -> tuple[list[int], int, int]:
@@ -68,7 +62,7 @@ def make_side(num_blocks: int = 16, host_blocks: int = 0) -> Side:
     pool = KvPool(num_blocks, num_layers=3, block_size=BS, kv_dim=4)
     scheduler = Scheduler(blocks=blocks, pool=pool, profile=PROFILE, vocab_size=VOCAB, max_num_seqs=4,
                           max_num_batched_tokens=64, max_model_len=128)
-    return Side(scheduler, SimKvPort(blocks, pool))
+    return Side(scheduler, SimKvPort(blocks, pool), pool, blocks)
 
 
 def copy_blocks(source: Side, source_ids: list[int], target: Side, target_ids: list[int]) -> None:

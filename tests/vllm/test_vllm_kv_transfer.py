@@ -74,10 +74,6 @@ class VllmWorker:
     kv: VllmWorkerKv
     service: WorkerService
 
-    @property
-    def worker_id(self) -> str:
-        return self.config.worker_id
-
     def clean(self) -> bool:
         load = self.engine.load()
         return (self.kv.active_leases == 0 and load.kv_used_blocks == 0 and load.running == 0
@@ -152,7 +148,7 @@ class Pair:
         request = GenerateRequest(request_id=f"r-{uuid.uuid4().hex[:8]}", model="tiny", token_ids=prompt,
                                   sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
                                   kv_transfer=kv)
-        return await whole_answer(self.bus, self.bus_config.subjects.generate(worker.worker_id), request)
+        return await whole_answer(self.bus, self.bus_config.subjects.generate(worker.config.worker_id), request)
 
     async def disaggregated(self, prompt: list[int], max_tokens: int) -> tuple[list[int], Finished, Finished]:
         """The router's prefill-first flow: P computes the prompt and holds its blocks, D pulls them."""
@@ -323,7 +319,7 @@ class TestPullPath:
             await wait_for(lambda: pair.prefill.kv.holder.leases.outcomes["refused"] == 1, 5, "the vLLM lease refused")
             # a sim worker asking a vLLM holder for a prefix lease
             reply = await pair.bus.client.request(
-                pair.bus_config.subjects.kv_lease(pair.prefill.worker_id),
+                pair.bus_config.subjects.kv_lease(pair.prefill.config.worker_id),
                 encode(LeaseRequest(requester_worker_id="sim", compat_hash=sim_engine.info.compat_hash,
                                     block_hashes=block_hash_chain(prompt, BLOCK), ttl_s=5.0)), timeout=5)
             refused = Codec(LeaseReply).decode(reply.data)
@@ -346,7 +342,7 @@ class TestPullPath:
         seen = len(pair.records)
         # The router's turn 2 on a prefill worker: pull the prefix, compute the rest, hold it all.
         got, done = await pair.generate(pair.prefill, turn2, 8, KvTransferParams(
-            prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK),
+            prefix_holder=pair.decode.config.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK),
             hold_for_decode=True))
         assert got == expected
         assert done.pulled_tokens == held * BLOCK and done.recomputed_tokens == 0
@@ -442,10 +438,10 @@ class TestFaults:
             else:
                 mid_prompt += 1  # good blocks after a failed one were recomputed too
         assert clean and tail_only and mid_prompt, (clean, tail_only, mid_prompt)
-        assert decode.kv.recomputed_tokens_total == sum(r.recomputed_tokens for r in pair.records)
-        assert decode.kv.blocks_recomputed_total == sum(r.blocks - r.blocks_ok for r in pair.records)
-        assert decode.kv.blocks_retried_total == sum(r.blocks_retried for r in pair.records) > 0
-        assert decode.kv.blocks_recovered_total == 0
+        assert decode.kv.totals.recomputed_tokens == sum(r.recomputed_tokens for r in pair.records)
+        assert decode.kv.totals.recomputed_blocks == sum(r.blocks - r.blocks_ok for r in pair.records)
+        assert decode.kv.totals.retried_blocks == sum(r.blocks_retried for r in pair.records) > 0
+        assert decode.kv.totals.recovered_blocks == 0
         assert pair.prefill.kv.holder.leases.outcomes["failed"] == tail_only + mid_prompt
         await pair.assert_clean()
 
@@ -458,7 +454,7 @@ class TestFaults:
         await wait_for(lambda: len(pair.decode.engine.kv_event_bridge.mirror.prefix_tokens(
             block_hash_chain(turn2, BLOCK))) >= held * BLOCK, 5, "the holder's KV events")
         got, done = await pair.generate(pair.prefill, turn2, 8, KvTransferParams(
-            prefix_holder=pair.decode.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK)))
+            prefix_holder=pair.decode.config.worker_id, prefix_hashes=block_hash_chain(turn2, BLOCK)))
         assert got == expected
         # The blocks stayed cached (unreferenced) on the holder: each one verified against the
         # checksum taken when the lease was granted, so they were used; the record says the
@@ -490,7 +486,7 @@ class TestRetry:
             assert record.blocks_retried == record.blocks_recovered
             # vLLM computed only what no block covers (the first token)
             await pair.decode_computed(computed_before, 1, f"vLLM's count ({length} tokens)")
-        assert decode.kv.blocks_retried_total == decode.kv.blocks_recovered_total == sum(
+        assert decode.kv.totals.retried_blocks == decode.kv.totals.recovered_blocks == sum(
             r.blocks_retried for r in pair.records) > 0, "the injection should have failed some blocks"
-        assert decode.kv.blocks_recomputed_total == decode.kv.recomputed_tokens_total == 0
+        assert decode.kv.totals.recomputed_blocks == decode.kv.totals.recomputed_tokens == 0
         await pair.assert_clean()
