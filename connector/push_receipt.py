@@ -13,6 +13,7 @@ then `record()`, `span_attributes()`, `fill(prepared)`, `log_failures()`.
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 
 from connector.block_reader import pushed_blocks
 from connector.prepared import Prepared
@@ -22,22 +23,26 @@ from shared.schemas.transfer import PushDone, TransferRecord
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class PushReceipt:
     """One push as the reader saw it, from the writer's `PushDone` to its record."""
 
-    def __init__(self, worker_id: str, request_id: str, message: PushDone, target_block_ids: list[int], *,
-                 block_size: int, block_nbytes: int, started: float) -> None:
-        self.worker_id = worker_id
-        self.request_id = request_id
-        self.message = message
-        self.target_block_ids = target_block_ids
-        self.block_size = block_size
-        self.block_nbytes = block_nbytes  # one block, every layer (0 if unknown)
-        self.started = started
-        self.landed = pushed_blocks(message, len(target_block_ids))  # the writer says: every layer written
-        self.ok: list[bool] | None = None  # landed and verified
-        self.committed_ok: list[bool] | None = None  # taken by the engine
-        self.ended_at = started
+    worker_id: str
+    request_id: str
+    message: PushDone
+    target_block_ids: list[int]
+    _: KW_ONLY
+    block_size: int
+    block_nbytes: int  # one block, every layer (0 if unknown)
+    started: float
+    landed: list[bool] = field(init=False)  # the writer says: every layer written
+    ok: list[bool] | None = field(init=False, default=None)  # landed and verified
+    committed_ok: list[bool] | None = field(init=False, default=None)  # taken by the engine
+    ended_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.landed = pushed_blocks(self.message, len(self.target_block_ids))
+        self.ended_at = self.started
 
     @property
     def blocks(self) -> int:
