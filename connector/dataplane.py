@@ -42,7 +42,7 @@ from opentelemetry.trace import Span
 
 from connector.holder import LeaseHolder
 from connector.lease_client import LeaseClient, PeerRegistry
-from connector.prepared import Prepared
+from connector.prepared import Prepared, TransferTotals
 from connector.push import PushArrival, PushReceiver, PushWriter, wait_for_push
 from connector.push_receipt import PushReceipt
 from connector.spans import tracer, transfer_attributes
@@ -71,19 +71,9 @@ class DataPlane(Protocol):
     def active_leases(self) -> int: ...
 
     @property
-    def pulled_tokens_total(self) -> int: ...
-
-    @property
-    def recomputed_tokens_total(self) -> int: ...
-
-    @property
-    def blocks_retried_total(self) -> int: ...
-
-    @property
-    def blocks_recovered_total(self) -> int: ...
-
-    @property
-    def blocks_recomputed_total(self) -> int: ...
+    def totals(self) -> TransferTotals:
+        """Every request's transfer counts since the start, summed."""
+        ...
 
     def rank_transfers(self) -> list[RankTransfers]:
         """Each KV rank's transfer counters, by rank, the latest known; never waits, never
@@ -148,15 +138,15 @@ class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
                                   control_timeout_s=settings.control_timeout_s, lease_ttl_s=settings.lease_ttl_s)
         self._push_wait_s = settings.push_wait_s
         self._receivers: dict[str, ReceiverT] = {}  # transfer id -> the reader's receiver, until its PushDone
-        self.pulled_tokens_total = 0
-        self.recomputed_tokens_total = 0
-        self.blocks_retried_total = 0
-        self.blocks_recovered_total = 0
-        self.blocks_recomputed_total = 0
+        self._totals = TransferTotals()
 
     @property
     def active_leases(self) -> int:
         return self.holder.leases.active
+
+    @property
+    def totals(self) -> TransferTotals:
+        return self._totals
 
     async def start(self) -> None:
         await self.holder.start()
@@ -267,11 +257,7 @@ class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
                                        headers=inject_headers() or None)
 
     def _count(self, prepared: Prepared) -> None:
-        self.pulled_tokens_total += prepared.pulled_tokens
-        self.recomputed_tokens_total += prepared.recomputed_tokens
-        self.blocks_retried_total += prepared.retried_blocks
-        self.blocks_recovered_total += prepared.recovered_blocks
-        self.blocks_recomputed_total += prepared.recomputed_blocks
+        self._totals.count(prepared)
 
     async def _publish(self, record: TransferRecord) -> None:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from connector.dataplane import DataPlane
+from connector.prepared import TransferTotals
 from services.worker.engine import Engine
 from shared.bus import Bus
 from shared.codec import encode
@@ -53,6 +54,7 @@ class WorkerEvents:
     async def publish_load(self) -> None:
         load = self._engine.load()
         kv = self._kv
+        totals = kv.totals if kv else TransferTotals()
         self._load_seq += 1
         snapshot = LoadSnapshot(
             worker_id=self.worker_id, seq=self._load_seq, ts=time.time(),
@@ -67,11 +69,9 @@ class WorkerEvents:
             kv_evicted_blocks_total=load.kv_evicted_blocks_total,
             kv_evicted_missed_blocks_total=load.kv_evicted_missed_blocks_total,
             active_leases=kv.active_leases if kv else 0,
-            kv_pulled_tokens_total=kv.pulled_tokens_total if kv else 0,
-            kv_recomputed_tokens_total=kv.recomputed_tokens_total if kv else 0,
-            kv_blocks_retried_total=kv.blocks_retried_total if kv else 0,
-            kv_blocks_recovered_total=kv.blocks_recovered_total if kv else 0,
-            kv_blocks_recomputed_total=kv.blocks_recomputed_total if kv else 0,
+            kv_pulled_tokens_total=totals.pulled_tokens, kv_recomputed_tokens_total=totals.recomputed_tokens,
+            kv_blocks_retried_total=totals.retried_blocks, kv_blocks_recovered_total=totals.recovered_blocks,
+            kv_blocks_recomputed_total=totals.recomputed_blocks,
             kv_ranks=kv.rank_transfers() if kv else [],
         )
         await self._bus.client.publish(self._subjects.load(self.worker_id), encode(snapshot))

@@ -84,7 +84,7 @@ async def test_partial_failure_recomputes_only_failed_blocks(cluster: Cluster, f
         failed_blocks += d_done.recomputed_tokens // BLOCK
     assert failed_blocks > 0, "the injection should have failed some blocks"
     recomputed = sum(r.recomputed_tokens for r in cluster.records)
-    assert recomputed == failed_blocks * BLOCK == decode.kv.recomputed_tokens_total
+    assert recomputed == failed_blocks * BLOCK == decode.kv.totals.recomputed_tokens
     await cluster.assert_clean()
 
 

@@ -58,10 +58,10 @@ async def run_prompts(cluster: Cluster, **decode_kv) -> int:
 async def assert_counters(cluster: Cluster, *, retried: int, recovered: int, recomputed: int) -> None:
     kv = cluster.workers["decode"].kv
     pulls = [record for record in cluster.records if record.kind == "pull"]
-    assert sum(record.blocks_retried for record in pulls) == retried == kv.blocks_retried_total
-    assert sum(record.blocks_recovered for record in pulls) == recovered == kv.blocks_recovered_total
-    assert sum(record.recomputed_tokens for record in pulls) == recomputed * BLOCK == kv.recomputed_tokens_total
-    assert kv.blocks_recomputed_total == recomputed
+    assert sum(record.blocks_retried for record in pulls) == retried == kv.totals.retried_blocks
+    assert sum(record.blocks_recovered for record in pulls) == recovered == kv.totals.recovered_blocks
+    assert sum(record.recomputed_tokens for record in pulls) == recomputed * BLOCK == kv.totals.recomputed_tokens
+    assert kv.totals.recomputed_blocks == recomputed
 
     def snapshot_caught_up() -> bool:
         load = cluster.loads.get("decode")  # type: ignore[attr-defined]
@@ -74,7 +74,7 @@ async def assert_counters(cluster: Cluster, *, retried: int, recovered: int, rec
 @pytest.mark.parametrize("fault", list(TRANSIENT.values()), ids=list(TRANSIENT))
 async def test_transient_failures_are_retried_and_nothing_is_recomputed(cluster: Cluster, fault: KvFaultConfig) -> None:
     assert await run_prompts(cluster, faults=fault) == 0
-    retried = cluster.workers["decode"].kv.blocks_retried_total
+    retried = cluster.workers["decode"].kv.totals.retried_blocks
     assert retried > 0, "the injection should have failed some blocks"
     await assert_counters(cluster, retried=retried, recovered=retried, recomputed=0)
     assert all(record.outcome == "done" for record in cluster.records if record.kind == "pull")

@@ -68,7 +68,7 @@ async def test_faults_between_unlike_shapes_recompute_only_what_failed(cluster: 
                                faults=KvFaultConfig(corrupt_fraction=0.3, seed=4))
     recomputed = sum(done.recomputed_tokens for done in await cluster.disaggregated_prompts(8))
     assert recomputed > 0, "the injection should have corrupted some blocks"
-    assert recomputed == decode.kv.recomputed_tokens_total
+    assert recomputed == decode.kv.totals.recomputed_tokens
     await cluster.assert_clean()
 
 
