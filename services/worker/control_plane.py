@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
@@ -58,16 +58,18 @@ class ControlTargets:
     drain_then_stop: Callable[[float], Awaitable[None]]
 
 
+@dataclass(eq=False)
 class ControlPlane:
-    def __init__(self, worker_id: str, bus: Bus, subjects: Subjects, malformed: MalformedCounter,
-                 targets: ControlTargets) -> None:
-        self.worker_id = worker_id
-        self.bus = bus
-        self.subjects = subjects
-        self.malformed = malformed
-        self.targets = targets
-        self._control: Codec[ControlMessage] = Codec(ControlMessage, malformed)
-        self._drain_task: asyncio.Task[None] | None = None  # a Drain message's drain-then-stop
+    worker_id: str
+    bus: Bus
+    subjects: Subjects
+    malformed: MalformedCounter
+    targets: ControlTargets
+    _control: Codec[ControlMessage] = field(init=False)
+    _drain_task: asyncio.Task[None] | None = field(init=False, default=None)  # a Drain message's drain-then-stop
+
+    def __post_init__(self) -> None:
+        self._control = Codec(ControlMessage, self.malformed)
 
     async def on_control(self, msg: Msg) -> None:
         message = self._control.decode_or_none(msg.data, msg.subject)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
 
@@ -25,16 +26,19 @@ from shared.schemas import GenerateRequest
 from shared.tasks import finish_within
 
 
+@dataclass(eq=False)
 class RequestPlane:
-    def __init__(self, worker_id: str, bus: Bus, runner: RequestRunner, callers: CallerWatch,
-                 malformed: MalformedCounter, draining: Callable[[], bool]) -> None:
-        self.worker_id = worker_id
-        self.bus = bus
-        self.runner = runner
-        self.callers = callers
-        self._draining = draining
-        self._requests: Codec[GenerateRequest] = Codec(GenerateRequest, malformed)
-        self._inflight: dict[str, asyncio.Task[None]] = {}
+    worker_id: str
+    bus: Bus
+    runner: RequestRunner
+    callers: CallerWatch
+    malformed: MalformedCounter
+    draining: Callable[[], bool]
+    _requests: Codec[GenerateRequest] = field(init=False)
+    _inflight: dict[str, asyncio.Task[None]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._requests = Codec(GenerateRequest, self.malformed)
 
     @property
     def inflight(self) -> int:
@@ -48,7 +52,7 @@ class RequestPlane:
         if request is None:
             await sender.failed(ErrorCode.INVALID_ARGUMENT.value, "malformed generate request")
             return
-        if self._draining():
+        if self.draining():
             await sender.failed(ErrorCode.UNAVAILABLE.value, f"worker {self.worker_id} is draining")
             return
         if request.request_id in self._inflight:
