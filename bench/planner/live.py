@@ -1,9 +1,11 @@
 """`tandem bench planner live`: the SLO planner on real engines in real time, against static splits.
 
-    tandem bench planner live --engine vllm --model-dir DIR [--workers 3] [--start 1:2]
+    tandem bench planner live --engine vllm MODEL [--workers 3] [--start 1:2]
         [--splits 1:2,2:1] [--phase-s 120] [--ttft-slo-ms 3000] [--itl-slo-ms 150]
         [--decode-phase RATE:PROMPT:OUTPUT] [--prefill-phase RATE:PROMPT:OUTPUT]
         [--sim-profile FILE] [--seed 0] [--out FILE]
+
+(MODEL: the model directory option every bench command declares, `bench.options.add_model_dir`.)
 
 One seeded workload of two phases, decode-heavy then prefill-heavy, drawn as the simulated
 bench draws its arrivals (`bench.planner.sim.arrivals`: Poisson, each request's prompt and

@@ -11,8 +11,11 @@ sets them side by side ("1p1d": one prefill and one decode worker, every request
 disaggregated; "2x1": two workers serving whole requests; generally "NpMd" and "Nx1";
 "2xvllm": the peer, two plain vLLM servers behind vllm-router, `bench.serve.peer`):
 
-    tandem bench serve --compare 1p1d,2x1 --engine sim|vllm [--model-dir DIR] ...
-    tandem bench serve --compare 1p1d,2x1,2xvllm --engine vllm --model-dir DIR ...
+    tandem bench serve --compare 1p1d,2x1 --engine sim|vllm [MODEL] ...
+    tandem bench serve --compare 1p1d,2x1,2xvllm --engine vllm MODEL ...
+
+(MODEL: the model directory option every bench command declares, `bench.options.add_model_dir`;
+vLLM needs one, the sim generates its own without it.)
 
 `tandem bench serve multiturn ...` runs multi-turn conversations with the prefix pull on
 and off (`bench.serve.multiturn`).

@@ -1,8 +1,9 @@
 """Completions over the whole prompt-length range, through the official openai client.
 
-`python -m bench.smoke.lengths --url URL --api-key-file F --model-dir D` sends one completion
-per prompt length (1 to the model's window less the answer: edge lengths around block
-boundaries and the window, then seeded random ones), each prompt of random token ids and
+`python -m bench.smoke.lengths --url URL --api-key-file F MODEL` (MODEL: the model directory
+option of `bench.options.add_model_dir`) sends one completion per prompt length (1 to the
+model's window less the answer: edge lengths around block boundaries and the window, then
+seeded random ones), each prompt of random token ids and
 `ignore_eos` so the answer has exactly `max_tokens` tokens, and prints one JSON line per
 request and a summary: a request counts as ok when it is a 200 with the requested prompt and
 completion token counts. Exit status 1 when any is not ok. Needs `transformers` (the vLLM venv)
