@@ -125,6 +125,7 @@ class ParityCase:
     # engine computing the whole prompt serves: `SamplingParams.needs_whole_prompt`)
     split: bool | int = True
     continuous_usage: bool = False  # streamed, every chunk carries its usage so far too
+    streamed: bool = True  # False: vLLM's server refuses it streamed (as Tandem does): the whole answer only
 
 
 @dataclass(frozen=True)

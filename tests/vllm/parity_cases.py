@@ -44,13 +44,14 @@ VERDICT = {"type": "object", "properties": {"answer": {"type": "string", "enum":
 
 
 def completion(case_id: str, request: dict[str, Any], *, split: bool | int = True, continuous_usage: bool = False,
-               **expect: Any) -> ParityCase:
-    return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect, split, continuous_usage)
+               streamed: bool = True, **expect: Any) -> ParityCase:
+    return ParityCase(f"completion-{case_id}", "completions", {**GREEDY, **request}, expect, split, continuous_usage,
+                      streamed)
 
 
 def chat(case_id: str, request: dict[str, Any], *, split: bool | int = True, continuous_usage: bool = False,
-         **expect: Any) -> ParityCase:
-    return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect, split, continuous_usage)
+         streamed: bool = True, **expect: Any) -> ParityCase:
+    return ParityCase(f"chat-{case_id}", "chat", {**GREEDY, **request}, expect, split, continuous_usage, streamed)
 
 
 def vllm_fields(**fields: Any) -> dict[str, Any]:
@@ -199,6 +200,14 @@ CASES = [
     # then sends none); more top ones come with the echo cases above, whose answers carry them too
     completion("prompt-logprobs", {"prompt": FOX, "max_tokens": 4, **vllm_fields(prompt_logprobs=0)}, split=False),
     chat("prompt-logprobs", {"messages": STORY, "max_tokens": 4, **vllm_fields(prompt_logprobs=0)}, split=False),
+    # more top ones than the prompt's own (refused streamed, by vLLM's server as by Tandem), alone and
+    # beside an echo asking fewer (vLLM computes the larger of the two; its echo shows its dict's entries)
+    completion("prompt-logprobs-3", {"prompt": FOX, "max_tokens": 4, **vllm_fields(prompt_logprobs=3)}, split=False,
+               streamed=False),
+    chat("prompt-logprobs-2", {"messages": STORY, "max_tokens": 4, **vllm_fields(prompt_logprobs=2)}, split=False,
+         streamed=False),
+    completion("echo-logprobs-1-prompt-logprobs-3", {"prompt": FOX, "max_tokens": 2, "echo": True, "logprobs": 1,
+                                                     **vllm_fields(prompt_logprobs=3)}, split=False, streamed=False),
     # vLLM's cache_salt: the same answer, its KV kept apart
     completion("cache-salt", {"prompt": LONG_TEXT, "max_tokens": 8, **vllm_fields(cache_salt="tenant-a")}),
     chat("cache-salt", {"messages": STORY, "max_tokens": 8, **vllm_fields(cache_salt="tenant-b")}),

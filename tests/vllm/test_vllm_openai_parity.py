@@ -68,6 +68,7 @@ pytestmark = pytest.mark.e2e
 
 KV_CACHE_GIB = 0.25  # what pd_pair's workers get (tests/vllm/conftest.py `vllm_args`)
 STREAMING = (False, True)
+CASE_MODES = [(case, stream) for case in CASES for stream in STREAMING if case.streamed or not stream]
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +101,8 @@ async def vllm_reference(tiny_model_dir: str, model_name: str, lm_eval_task: Pat
     with vllm_openai_server(options, tmp_path_factory.mktemp("vllm-openai"), VLLM_TOOL_PARSER,
                             {**VLLM_JSON_SCHEMA_TOOL_CALLS, **VLLM_RESPONSES_STORE}) as url:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
-            for case in CASES:
-                for stream in STREAMING:
-                    answers[case.id, stream] = await ask(client, case, model_name, stream=stream)
+            for case, stream in CASE_MODES:
+                answers[case.id, stream] = await ask(client, case, model_name, stream=stream)
             for responses_case in RESPONSES_CASES:
                 for stream in STREAMING:
                     responded[responses_case.id, stream] = await ask_responses(
@@ -121,8 +121,8 @@ def pd_stack(vllm_reference: VllmReference, nats_server: EmbeddedNats, tiny_mode
                        decode_args=no_json_whitespace, prefill_args=no_json_whitespace, router_args=TANDEM_TOOL_PARSER)
 
 
-@pytest.mark.parametrize("stream", STREAMING, ids=("whole", "streamed"))
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+@pytest.mark.parametrize(("case", "stream"), CASE_MODES,
+                         ids=[f"{case.id}-{'streamed' if stream else 'whole'}" for case, stream in CASE_MODES])
 async def test_tandem_answers_like_vllm(case: ParityCase, stream: bool, vllm_reference: VllmReference,
                                         pd_stack: LocalStack, openai_client, model_name: str) -> None:
     await assert_answers_like_vllm(case, stream, vllm_reference.answers[case.id, stream],
