@@ -13,6 +13,8 @@ import msgspec
 from shared.config import require
 from shared.config_fields import flag
 
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
 
 class VllmEngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     max_lora_rank: Annotated[int, flag("vLLM: the largest LoRA rank an adapter may have.",
@@ -24,6 +26,9 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     block_size: Annotated[int, flag("vLLM: KV block size in tokens; 0: the platform's.", name="--vllm-block-size",
                                     doc="128 on CPU.")] = 0
     enforce_eager: Annotated[bool, flag("vLLM: eager mode (no CUDA graph capture).", name="--vllm-eager")] = True
+    dtype: Annotated[str, flag("vLLM: the model's dtype: auto (the model's own; vLLM on CPU runs float32 as "
+                               "bfloat16), bfloat16, float16 or float32. Part of the KV layout: workers of another "
+                               "dtype never exchange KV.", name="--vllm-dtype")] = "auto"
     # structured JSON output may hold whitespace between its tokens (vLLM's default); an
     # engine setting in vLLM, not a request's
     json_any_whitespace: Annotated[bool, flag("vLLM: structured JSON output may hold whitespace between tokens.",
@@ -38,3 +43,4 @@ class VllmEngineConfig(msgspec.Struct, kw_only=True, frozen=True):
     def validate(self) -> None:
         require(self.encoder_cache_gib > 0, "the vLLM encoder cache size must be positive")
         require(self.block_size >= 0, "the vLLM block size must be positive (or 0: the platform's)")
+        require(self.dtype in DTYPES, f"the vLLM dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")

@@ -103,7 +103,7 @@ class VllmEngineOptions(msgspec.Struct, frozen=True, kw_only=True):
                    max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                    max_num_batched_tokens=config.max_num_batched_tokens,
                    kv_cache_gib=vllm.kv_cache_gib, block_size=vllm.block_size or None,
-                   enforce_eager=vllm.enforce_eager, json_any_whitespace=vllm.json_any_whitespace,
+                   enforce_eager=vllm.enforce_eager, dtype=vllm.dtype, json_any_whitespace=vllm.json_any_whitespace,
                    cpu_threads_bind=vllm.cpu_threads_bind, kv_connector=connector,
                    max_loras=config.max_adapters, max_lora_rank=vllm.max_lora_rank,
                    adapter_dir=config.adapter_dir, encoder_cache=encoder_cache_settings(config, vllm),
