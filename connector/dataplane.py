@@ -211,7 +211,8 @@ class LeasingDataPlane(ABC, Generic[HolderT, ReceiverT, WriterT]):
                 self._receivers.pop(target.transfer_id, None)
             assert message.first_token is not None
             receipt = PushReceipt(self.worker_id, request.request_id, message, target.block_ids,
-                                  block_size=self.block_size, block_nbytes=self._block_nbytes, started=started)
+                                  block_size=self.block_size, block_nbytes=self._block_nbytes, started=started,
+                                  prompt_tokens=len(request.token_ids))
             prepared = await self._commit_push(request, receiver, receipt)
             receipt.log_failures()
             record = receipt.record()

@@ -35,6 +35,7 @@ class PushReceipt:
     block_size: int
     block_nbytes: int  # one block, every layer (0 if unknown)
     started: float
+    prompt_tokens: int = 0  # the prompt's: its partial last block, where targeted, counts its tokens (0: all full)
     landed: list[bool] = field(init=False)  # the writer says: every layer written
     ok: list[bool] | None = field(init=False, default=None)  # landed and verified
     committed_ok: list[bool] | None = field(init=False, default=None)  # taken by the engine
@@ -82,13 +83,23 @@ class PushReceipt:
         unused = len(self.failed_blocks) - bad  # sound, but not committed (vLLM: after a failed block)
         return f"{reason}, {unused} sound but not kept" if unused else reason
 
+    def tokens(self, indices: list[int]) -> int:
+        """The prompt tokens of these target blocks."""
+        if not self.prompt_tokens:
+            return len(indices) * self.block_size
+        return sum(max(0, min(self.block_size, self.prompt_tokens - index * self.block_size)) for index in indices)
+
     def record(self) -> TransferRecord:
         blocks_ok, recomputed = self.blocks_ok, self.blocks - self.blocks_ok
+        failed = self.failed_blocks
         return TransferRecord(worker_id=self.worker_id, request_id=self.request_id, kind="push", peer_worker_id="",
                               outcome="failed" if recomputed else "done", blocks=self.blocks, blocks_ok=blocks_ok,
                               bytes=blocks_ok * self.block_nbytes, duration_s=self.ended_at - self.started,
-                              pulled_tokens=blocks_ok * self.block_size,
-                              recomputed_tokens=recomputed * self.block_size, reason=self.reason)
+                              pulled_tokens=self.tokens(self._committed_indices()),
+                              recomputed_tokens=self.tokens(failed), reason=self.reason)
+
+    def _committed_indices(self) -> list[int]:
+        return [index for index, ok in enumerate(self.committed_ok or []) if ok]
 
     def span_attributes(self) -> dict[str, list[int] | int]:
         """The `kv.push.receive` span's block figures: not written, and written but corrupt."""
@@ -96,8 +107,8 @@ class PushReceipt:
 
     def fill(self, prepared: Prepared) -> None:
         recomputed = self.blocks - self.blocks_ok
-        prepared.pulled_tokens = self.blocks_ok * self.block_size
-        prepared.recomputed_tokens, prepared.recomputed_blocks = recomputed * self.block_size, recomputed
+        prepared.pulled_tokens = self.tokens(self._committed_indices())
+        prepared.recomputed_tokens, prepared.recomputed_blocks = self.tokens(self.failed_blocks), recomputed
         prepared.retried_blocks = prepared.recovered_blocks = 0
 
     def log_failures(self) -> None:

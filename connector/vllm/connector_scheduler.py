@@ -25,9 +25,10 @@ beyond a non-blocking report).
 - Push, reader (`AllocOrder`, `CommitOrder`): fresh blocks are taken from the pool and
   pinned for the writer; once the Tandem worker has verified what was written, the
   leading good blocks are cached under the prompt's block hashes (the control request
-  carries the prompt), so the request itself, added next, finds them in the prefix cache
-  and computes only the rest. No scheduled request waits meanwhile: an engine with only
-  a waiting load would step without pause for the whole prefill on the other side.
+  carries the prompt), so the request itself, added next, finds them in the prefix cache;
+  a partial last block is copied into the request's own (`push_tail`). No scheduled
+  request waits meanwhile: an engine with only a waiting load would step without pause
+  for the whole prefill on the other side.
 - Host tier (`host_blocks` > 0): every computed block is also copied to host memory, and a
   request without a pull loads from there what its prompt has past vLLM's own cache hit
   (`host_scheduler.HostScheduler`: its copies go in the step's metadata, its events out
@@ -46,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
-from connector.vllm.engine_hashes import EngineBlockHashes
+from connector.vllm.engine_hashes import EngineBlockHashes, cached_run
 from connector.vllm.host_scheduler import HostScheduler
 from connector.vllm.image_hashes import hash_with_images
 from connector.vllm.kv_reports import ReportSender
@@ -60,6 +61,7 @@ from connector.vllm.kv_wire import (
     PinOrder,
     PushOrder,
     PushSpec,
+    TailCopy,
     TransferOrder,
     UnpinOrder,
     control_of,
@@ -67,6 +69,7 @@ from connector.vllm.kv_wire import (
     order_of,
 )
 from connector.vllm.pull_claim import claim_end, load_plan
+from connector.vllm.push_tail import PushTails
 from connector.vllm.scheduled_blocks import ScheduledBlocks
 
 if TYPE_CHECKING:
@@ -104,6 +107,7 @@ class SchedulerSide:
         self._planned: set[str] = set()  # requests whose load was handed to the worker side
         self._loading: dict[str, tuple[Request, int]] = {}  # request id -> (request, local tokens)
         self._loads: list[LoadSpec] = []  # for the next step's metadata
+        self.tails = PushTails(block_size)  # a push's partial last block, copied (reader side)
         self._pins: dict[str, list[KVCacheBlock]] = {}  # key -> referenced blocks
         self._pushes: dict[str, _Push] = {}  # request id -> push (writer side)
         self._push_blocks = ScheduledBlocks()  # the pushing requests' blocks
@@ -129,9 +133,9 @@ class SchedulerSide:
                     self._unpin(key)
             case AllocOrder(key=key, count=count):
                 self._allocate(key, count)
-            case CommitOrder(key=key, count=count, images=images):
+            case CommitOrder(key=key, count=count, images=images, keep_next=keep_next):
                 hash_with_images(request, images)
-                self._commit(key, count, request)
+                self._commit(key, count, request, keep_next)
             case None:
                 self._learn(request)
                 if self.host is not None:
@@ -146,6 +150,8 @@ class SchedulerSide:
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens the pull brings beyond the `num_computed_tokens` cached here (block-aligned)."""
         order = self._orders.get(request.request_id)
+        if order is not None and order.tail is not None and order.pull is None:
+            return self.tails.matched(request, order.tail, num_computed_tokens)
         if order is None or order.pull is None:
             return self.host.matched(request, num_computed_tokens) if self.host is not None else 0
         if request.request_id in self._planned:
@@ -161,6 +167,12 @@ class SchedulerSide:
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         order = self._orders.get(request.request_id)
+        if order is not None and order.tail is not None and order.pull is None:
+            (block_ids,) = blocks.get_block_ids()
+            local_tokens = self.tails.after_alloc(request, order.tail, list(block_ids), num_external_tokens)
+            if local_tokens is not None:
+                self._loading[request.request_id] = (request, local_tokens)
+            return
         if (order is None or order.pull is None) and self.host is not None:
             (host_block_ids,) = blocks.get_block_ids()
             local_tokens = self.host.after_alloc(request, list(host_block_ids), num_external_tokens)
@@ -193,6 +205,9 @@ class SchedulerSide:
         loads, self._loads = self._loads, []
         return loads
 
+    def take_tail_copies(self) -> list[TailCopy]:
+        return self.tails.take()
+
     def take_host_copies(self, output: SchedulerOutput) -> tuple[list[HostCopy], list[HostCopy]]:
         """This step's host-tier loads and saves (none without a host tier)."""
         if self.host is None:
@@ -223,6 +238,9 @@ class SchedulerSide:
         # layer's attention ends in this step's forward pass.
         indices = list(range(computed // self.block_size, min(end // self.block_size, len(target))))
         final = end >= push.num_prompt_tokens
+        full, tail_tokens = divmod(push.num_prompt_tokens, self.block_size)
+        if final and tail_tokens and len(target) > full:  # the partial last block, final now: whole
+            indices.append(full)
         whole = list(range(min(push.reused, len(target)))) if final else []
         if not indices and not final:
             return
@@ -250,6 +268,7 @@ class SchedulerSide:
         if self.host is not None:
             self.host.finished(request.request_id)
         self._planned.discard(request.request_id)
+        self.tails.finished(request.request_id)
         self._local_blocks.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         self._pushes.pop(request.request_id, None)
@@ -274,7 +293,7 @@ class SchedulerSide:
         pool = self._block_pool
         assert pool is not None, "the block pool is bound before any request"
         announced = self._hashes.leading(short_hashes) if self._hashes is not None and short_hashes else []
-        found = max(_cached_run(pool, announced), _cached_run(pool, request.block_hashes), key=len)
+        found = max(cached_run(pool, announced), cached_run(pool, request.block_hashes), key=len)
         if found:
             self._pin(key, found)
         self._reports.send(Pinned(key=key, block_ids=found))
@@ -293,9 +312,10 @@ class SchedulerSide:
             self._pins.setdefault(key, []).extend(blocks)
         self._reports.send(Pinned(key=key, block_ids=[block.block_id for block in blocks]))
 
-    def _commit(self, key: str, count: int, request: Request) -> None:
+    def _commit(self, key: str, count: int, request: Request, keep_next: bool = False) -> None:
         """Cache the first `count` blocks under `key` as the request's prompt blocks (they
-        stay pinned); unpin the others."""
+        stay pinned); unpin the others, but for the next one where `keep_next` and it is the
+        last (a partial last block, pinned uncached until the request copied it)."""
         pool = self._block_pool
         assert pool is not None
         blocks = self._pins.pop(key, [])
@@ -303,6 +323,9 @@ class SchedulerSide:
         kept, dropped = blocks[:count], blocks[count:]
         if kept:
             pool.cache_full_blocks(request, kept, 0, count, self.block_size, 0)
+        if keep_next and len(dropped) == 1:  # the partial last block: answered after the cached ones
+            kept, dropped = kept + dropped, []
+        if kept:
             self._pins[key] = kept
         if dropped:
             pool.free_blocks(dropped)
@@ -321,13 +344,3 @@ class SchedulerSide:
             # Tail blocks first: they are the least likely to be shared by other prefixes.
             self._block_pool.free_blocks(reversed(blocks))
 
-
-def _cached_run(pool: BlockPool, block_hashes: list) -> list[int]:
-    """The block ids of the longest leading run of `block_hashes` cached in `pool`."""
-    found: list[int] = []
-    for block_hash in block_hashes:
-        cached = pool.get_cached_block(block_hash, [0])
-        if cached is None:
-            break
-        found.append(cached[0].block_id)
-    return found

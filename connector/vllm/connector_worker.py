@@ -41,7 +41,17 @@ from connector.transport import TransferResult
 from connector.vllm.connector_push import PushWrites
 from connector.vllm.kv_pages import PageGeometry, page_ids
 from connector.vllm.kv_reports import ReportSink
-from connector.vllm.kv_wire import HostCopy, Loaded, LoadSpec, Pushed, PushSpec, RankAgent, RankChecksums, Report
+from connector.vllm.kv_wire import (
+    HostCopy,
+    Loaded,
+    LoadSpec,
+    Pushed,
+    PushSpec,
+    RankAgent,
+    RankChecksums,
+    Report,
+    TailCopy,
+)
 from connector.vllm.rank_loads import RankLoads
 from shared.codec import encode
 from shared.config import KvFaultConfig, KvRetryConfig
@@ -260,6 +270,16 @@ class WorkerSide:
         self.pushes.end()
 
     # ---- the host tier (see host_scheduler) ------------------------------------------------
+
+    def tail_copy(self, copies: list[TailCopy]) -> None:
+        """A push's partial last block into the request's own block, every layer, whole; each
+        request is reported loaded this step (`connector.vllm.push_tail`)."""
+        pages, geometry = self._pages, self._geometry
+        assert pages is not None and geometry is not None, "a copy before the KV cache was registered"
+        for copy in copies:
+            pages[page_ids([copy.target], geometry.num_layers, geometry.num_blocks)] = \
+                pages[page_ids([copy.source], geometry.num_layers, geometry.num_blocks)]
+            self._host_loaded.add(copy.request_id)
 
     def host_load(self, loads: list[HostCopy]) -> None:
         """Copy host slots into vLLM's blocks; each request is reported loaded this step."""

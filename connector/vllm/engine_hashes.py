@@ -11,13 +11,18 @@ vLLM's full hashes, learnt from the requests the scheduler side sees (their prom
 they arrive, every full block when they finish). It is bounded: the oldest entries go first,
 and a hash it no longer knows pins nothing (the caller falls back to the tokens).
 
-Pure: called on vLLM's engine thread by `connector_scheduler.SchedulerSide`.
+Pure: called on vLLM's engine thread by `connector_scheduler.SchedulerSide`, as is
+`cached_run` (the longest cached run of some hashes, for its pins).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.v1.core.block_pool import BlockPool
 
 _LOW_64 = (1 << 64) - 1
 
@@ -55,3 +60,14 @@ class EngineBlockHashes:
 
 def _known(block_hash: bytes | None) -> bool:
     return block_hash is not None
+
+
+def cached_run(pool: BlockPool, block_hashes: list) -> list[int]:
+    """The block ids of the longest leading run of `block_hashes` cached in `pool`."""
+    found: list[int] = []
+    for block_hash in block_hashes:
+        cached = pool.get_cached_block(block_hash, [0])
+        if cached is None:
+            break
+        found.append(cached[0].block_id)
+    return found

@@ -245,13 +245,14 @@ class ConnectorLink:
         spare them). On timeout the pin is undone and Timeout raised."""
         return await self._pinning(AllocOrder(key=key, count=count), key, [0])
 
-    async def commit(self, key: str, count: int, token_ids: list[int],
-                     images: Sequence[ImagePlace] = (), cache_salt: str = "") -> list[int]:
+    async def commit(self, key: str, count: int, token_ids: list[int], images: Sequence[ImagePlace] = (),
+                     cache_salt: str = "", keep_next: bool = False) -> list[int]:
         """A push's reader: cache the first `count` blocks under `key` as the prompt
         `token_ids`' full blocks, hashed with its `images` and `cache_salt` (still pinned),
-        unpin the rest; the cached block ids."""
-        return await self._pinning(CommitOrder(key=key, count=count, images=list(images)), key, token_ids,
-                                   cache_salt)
+        unpin the rest, but for the last where it is the next and `keep_next` (a partial last
+        block, pinned uncached); the cached block ids, then that one where kept."""
+        return await self._pinning(CommitOrder(key=key, count=count, images=list(images), keep_next=keep_next), key,
+                                   token_ids, cache_salt)
 
     async def _pinning(self, order: ControlOrder, key: str, token_ids: list[int], cache_salt: str = "") -> list[int]:
         waiter = asyncio.get_running_loop().create_future()

@@ -46,11 +46,22 @@ class PullOrder(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PushOrder(msgspec.Struct, frozen=True, kw_only=True):
-    """Write the prompt's full blocks into a reader's blocks as each layer is computed."""
+    """Write the prompt's blocks into a reader's blocks as each layer is computed."""
 
     agent_name: str
     agent_metadata: bytes  # the reader's `connector.kv_peer.KvPeer`
-    block_ids: list[int]  # the reader's, one per full prompt block (token order); maybe fewer
+    # The reader's, one per prompt block (token order), the partial last one too where the
+    # reader takes it (written whole at the prompt's last step); maybe fewer
+    block_ids: list[int]
+
+
+class TailOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """A push's reader: the prompt's partial last block arrived in block `block_id` (pinned
+    under the order's `release_key`) with `tokens` prompt tokens: copied into the request's
+    own block instead of computed (vLLM's prefix cache holds only full blocks)."""
+
+    block_id: int
+    tokens: int
 
 
 class TransferOrder(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +70,7 @@ class TransferOrder(msgspec.Struct, frozen=True, kw_only=True):
     pull: PullOrder | None = None
     push: PushOrder | None = None
     release_key: str = ""  # non-empty: the worker unpins this key once the request was admitted
+    tail: TailOrder | None = None
 
 
 class PinOrder(msgspec.Struct, frozen=True, kw_only=True, tag="pin"):
@@ -96,11 +108,13 @@ class CommitOrder(msgspec.Struct, frozen=True, kw_only=True, tag="commit"):
     request's prompt blocks (written and verified): cache them under its block hashes, which
     take in `images` where the prompt has any (as the request's own will, so that it finds
     them). They stay pinned; blocks after `count` are unpinned (answered by `Pinned`: the
-    cached)."""
+    cached), but for the one right after them where `keep_next` (a partial last block that
+    the request copies: `TailOrder`)."""
 
     key: str
     count: int
     images: list[ImagePlace] = []
+    keep_next: bool = False
 
 
 ControlOrder = PinOrder | UnpinOrder | AllocOrder | CommitOrder
@@ -260,6 +274,16 @@ class PushSpec(msgspec.Struct, frozen=True, kw_only=True):
     whole_indices: list[int] = []
     whole_local_block_ids: list[int] = []
     final: bool = False
+
+
+class TailCopy(msgspec.Struct, frozen=True, kw_only=True):
+    """A push's partial last block, block `source` (every layer, whole), copied into the
+    request's own block `target`, in the step's `start_load_kv`: vLLM's asynchronous load,
+    reported finished once copied."""
+
+    request_id: str
+    source: int
+    target: int
 
 
 class HostCopy(msgspec.Struct, frozen=True, kw_only=True):

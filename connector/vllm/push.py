@@ -3,19 +3,21 @@ The same protocol as the sim's (`connector.push`): the reader announces a `PushT
 the writer fills it layer by layer and sends `PushDone` (first token, one checksum per
 block); the reader verifies, keeps what verified and computes the rest.
 
-Reader (`VllmPushReceiver`): vLLM's scheduler side pins one fresh block per full prompt
-block (`kv_link.allocate`: a control request, no scheduled request waits meanwhile). When
-`PushDone` arrives the blocks are checksummed in the model worker and compared with the
-writer's; the leading verified blocks are cached in vLLM under the prompt's block hashes
-(`kv_link.commit`) and stay pinned until the request (prompt + first token), added next,
-was admitted: it finds them in the prefix cache and computes only the rest (vLLM's computed
-prefix has no holes: from the first failed block on, everything is computed). A prompt's
-images go with the commit, so that the blocks are hashed as the request's own
-(`image_hashes`).
+Reader (`VllmPushReceiver`): vLLM's scheduler side pins one fresh block per prompt block,
+the partial last one too (`kv_link.allocate`: a control request, no scheduled request waits
+meanwhile). When `PushDone` arrives the blocks are checksummed in the model worker and
+compared with the writer's; the leading verified full blocks are cached in vLLM under the
+prompt's block hashes (`kv_link.commit`) and stay pinned until the request (prompt + first
+token), added next, was admitted: it finds them in the prefix cache, has a verified partial
+last block copied into its own (`TailOrder`, `push_tail`), and computes only the rest
+(vLLM's computed prefix has no holes: from the first failed block on, everything is
+computed). A prompt's images go with the commit, so that the blocks are hashed as the
+request's own (`image_hashes`).
 
 Writer (`VllmPushWriter`): the push is staged with the engine as part of the request's
 `TransferOrder`; vLLM's connector writes each layer of each completed prompt block from
-its per-layer save hook, the reused blocks whole at the prompt's last step, and reports
+its per-layer save hook (the partial last one, where targeted, at the prompt's last step),
+the reused blocks whole at that step, and reports
 `Pushed` (per-block outcome, checksums, per-layer timings) before the first token leaves
 the engine. `finish()` turns that into `PushDone` and logs the per-layer timings.
 """
@@ -32,7 +34,7 @@ from connector.push import LayerWrite, PushArrival
 from connector.push_ledger import abort_push, end_push, start_push
 from connector.push_receipt import PushReceipt
 from connector.vllm.engine_port import VllmKvEngine
-from connector.vllm.kv_wire import ImagePlace, LayerWritten, Pushed, PushOrder, TransferOrder
+from connector.vllm.kv_wire import ImagePlace, LayerWritten, Pushed, PushOrder, TailOrder, TransferOrder
 from shared.schemas.generate import GenerateRequest
 from shared.schemas.transfer import PushDone, PushTarget
 
@@ -126,7 +128,7 @@ class VllmPush:
 
     async def receiver(self, request: GenerateRequest) -> VllmPushReceiver:
         link = self.engine.kv_link
-        count = len(request.token_ids) // self.block_size
+        count = -(-len(request.token_ids) // self.block_size)  # the partial last block too
         key = f"{request.request_id}#push{next(self._keys)}"
         block_ids = await link.allocate(key, count) if count else []
         target = PushTarget(reader_worker_id=self.worker_id, agent_name=link.agent_name,
@@ -137,16 +139,20 @@ class VllmPush:
         self.engine.kv_link.unpin_soon([receiver.key])
 
     async def commit(self, request: GenerateRequest, receiver: VllmPushReceiver, receipt: PushReceipt) -> Prepared:
-        """Cache the leading verified blocks in vLLM, pinned until the request is admitted."""
+        """Cache the leading verified full blocks in vLLM, pinned until the request is
+        admitted; a partial last block that verified after all of them stays pinned, and the
+        request copies it (`TailOrder`)."""
         link = self.engine.kv_link
         targets = receiver.target.block_ids
+        full, tail_tokens = divmod(len(request.token_ids), self.block_size)
         try:
             ours = await link.block_checksums(targets) if any(receipt.landed) else []
             ok = receipt.verify(ours)
-            kept = ok.index(False) if False in ok else len(ok)
+            verified = ok.index(False) if False in ok else len(ok)
+            keep_tail = tail_tokens > 0 and len(targets) > full and verified > full
             images = [ImagePlace(*image.span) for image in request.images]
-            cached = await link.commit(receiver.key, kept, request.token_ids, images,
-                                       request.cache_salt) if targets else []
+            cached = await link.commit(receiver.key, min(verified, full), request.token_ids, images,
+                                       request.cache_salt, keep_next=keep_tail) if targets else []
         except BaseException:
             link.unpin_soon([receiver.key])
             raise
@@ -154,8 +160,9 @@ class VllmPush:
         prepared = Prepared()
         receipt.fill(prepared)
         if cached:  # pinned until the request is admitted (the engine unpins)
+            tail = TailOrder(block_id=targets[full], tokens=tail_tokens) if keep_tail and len(cached) > full else None
             self.engine.stage(request.request_id, TransferOrder(transfer_id=request.request_id,
-                                                                release_key=receiver.key))
+                                                                release_key=receiver.key, tail=tail))
             prepared.staged_request_id = request.request_id
         return prepared
 

@@ -56,7 +56,7 @@ from connector.vllm.connector_scheduler import SchedulerSide
 from connector.vllm.connector_worker import WorkerSide, page_geometry
 from connector.vllm.kv_pages import cpu_tiling
 from connector.vllm.kv_reports import ReportSender
-from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec
+from connector.vllm.kv_wire import HostCopy, LoadSpec, PushSpec, TailCopy
 from connector.vllm.rank_waits import quiet_rank_waits
 from connector.vllm.settings import KvConnectorOptions
 
@@ -93,11 +93,12 @@ class ConnectorSettings(msgspec.Struct, frozen=True, kw_only=True):
 class TandemMetadata(KVConnectorMetadata):
     def __init__(self, loads: list[LoadSpec], pushes: list[PushSpec] | None = None,
                  host_loads: list[HostCopy] | None = None, host_saves: list[HostCopy] | None = None,
-                 idle: bool = False) -> None:
+                 idle: bool = False, tail_copies: list[TailCopy] | None = None) -> None:
         self.loads = loads
         self.idle = idle  # the step computes nothing (requests wait for their KV): see get_finished
         self.pushes = pushes or []
         self.host_loads = host_loads or []
+        self.tail_copies = tail_copies or []  # pushes' partial last blocks (`push_tail`)
         self.host_saves = host_saves or []
 
 
@@ -148,6 +149,8 @@ class TandemConnector(KVConnectorBase_V1):
         assert isinstance(metadata, TandemMetadata)
         if metadata.host_loads:
             self.worker_side.host_load(metadata.host_loads)
+        if metadata.tail_copies:
+            self.worker_side.tail_copy(metadata.tail_copies)
         if metadata.loads:
             self.worker_side.load(metadata.loads)
 
@@ -204,7 +207,7 @@ class TandemConnector(KVConnectorBase_V1):
         side = self.scheduler_side
         host_loads, host_saves = side.take_host_copies(scheduler_output)
         return TandemMetadata(side.take_loads(), side.take_pushes(scheduler_output), host_loads, host_saves,
-                              idle=scheduler_output.total_num_scheduled_tokens == 0)
+                              idle=scheduler_output.total_num_scheduled_tokens == 0, tail_copies=side.take_tail_copies())
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.scheduler_side.take_events()

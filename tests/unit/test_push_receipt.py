@@ -76,3 +76,19 @@ def test_a_push_to_no_blocks_is_done_and_empty() -> None:
 def test_every_head_of_a_block_must_match() -> None:
     push = receipt([], checksums=[1, 10, 2, 20, 3, 30, 4, 40])  # two KV heads a block
     assert push.verify([1, 10, 2, 21, 3, 30, 4, 40]) == [True, False, True, True]
+
+
+def test_a_partial_last_block_counts_its_prompt_tokens() -> None:
+    """A vLLM reader targets the prompt's partial last block too (14 tokens: 3 full blocks
+    and 2): kept, it brings 2 tokens; lost, 2 are computed."""
+    message = PushDone(transfer_id="r1", outcome="done", checksums=list(GOOD), first_token=7, failed_blocks=[])
+    push = PushReceipt("reader", "r1", message, TARGETS, block_size=BLOCK, block_nbytes=100, started=10.0,
+                       prompt_tokens=14)
+    push.verify(GOOD)
+    push.committed([True] * 4, 11.0)
+    assert (push.record().pulled_tokens, push.record().recomputed_tokens) == (14, 0)
+    push.committed([True, True, True, False], 11.0)  # the partial block not kept
+    record, prepared = push.record(), Prepared()
+    push.fill(prepared)
+    assert (record.pulled_tokens, record.recomputed_tokens, record.blocks_ok) == (12, 2, 3)
+    assert (prepared.pulled_tokens, prepared.recomputed_tokens, prepared.recomputed_blocks) == (12, 2, 1)

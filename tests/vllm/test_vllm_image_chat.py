@@ -166,13 +166,11 @@ async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: Loc
         assert len(moved) == len(CHATS) + 1, moved
         unlike = [record for record in moved if record[:2] != (kind, "done") or record[2] < BLOCK or record[3]]
         assert not unlike, (unlike, moved)
-        # vLLM's own count: the decode worker computed only what did not arrive (a pull: all
-        # but the first token, appended; a push: the prompt's last, partial block too)
+        # vLLM's own count: the decode worker computed only what did not arrive: the first
+        # token, appended (a push brings the prompt's partial last block too)
         computed = await observer.settled("d1", "computed_prompt_tokens_total") - computed_before
         arrived = sum(record[2] for record in moved)
-        assert computed == prompt_tokens + len(moved) - arrived, (computed, prompt_tokens, arrived)
-        if kind == "pull":
-            assert computed == len(CHATS) + 1, computed
+        assert computed == prompt_tokens + len(moved) - arrived == len(CHATS) + 1, (computed, prompt_tokens, arrived)
         await observer.assert_clean()
 
 
@@ -239,7 +237,8 @@ class TestPush:
     async def test_image_chats_are_pushed(
             self, references: dict[int, Answer], stack: LocalStack, openai_client, model_name: str) -> None:
         """The pushed blocks are cached under hashes that take in the images (the reader's
-        commit carries them), so the request finds them: one prompt token computed each
-        (under hashes of the tokens alone it computed its whole prompt)."""
+        commit carries them), so the request finds them, and its partial last block is
+        copied in: one prompt token computed each (under hashes of the tokens alone it
+        computed its whole prompt)."""
         await chats_answer_as_vllms_server(references, stack, openai_client(stack.router_url, timeout=120),
                                            model_name, "push")
