@@ -134,7 +134,7 @@ class WorkerSide:
         self._host_blocks = host_blocks
         self._host: np.ndarray | None = None  # (host_blocks * num_layers, page_nbytes): the host tier's pages
         self._host_saves: list[HostCopy] = []  # this step's, copied in `host_save`
-        self._host_loaded: set[str] = set()  # requests whose host load was copied this step
+        self._copied_loads: set[str] = set()  # requests whose KV was copied in place this step (host tier, push tails)
         self._agent_config = agent_config
         self._agent: KvAgent | None = None
         self._geometry: PageGeometry | None = None
@@ -253,8 +253,8 @@ class WorkerSide:
         self.pulls.load(specs)
 
     def take_loaded(self, wait_s: float = 0.0) -> set[str]:
-        host_loaded, self._host_loaded = self._host_loaded, set()
-        return self.pulls.take_loaded(0.0 if host_loaded else wait_s) | host_loaded
+        copied, self._copied_loads = self._copied_loads, set()
+        return self.pulls.take_loaded(0.0 if copied else wait_s) | copied
 
     def take_load_errors(self) -> set[int]:
         return self.pulls.take_load_errors()
@@ -269,7 +269,7 @@ class WorkerSide:
     def end_pushes(self) -> None:
         self.pushes.end()
 
-    # ---- the host tier (see host_scheduler) ------------------------------------------------
+    # ---- a push's partial last block (see push_tail) ---------------------------------------
 
     def tail_copy(self, copies: list[TailCopy]) -> None:
         """A push's partial last block into the request's own block, every layer, whole; each
@@ -279,13 +279,15 @@ class WorkerSide:
         for copy in copies:
             pages[page_ids([copy.target], geometry.num_layers, geometry.num_blocks)] = \
                 pages[page_ids([copy.source], geometry.num_layers, geometry.num_blocks)]
-            self._host_loaded.add(copy.request_id)
+            self._copied_loads.add(copy.request_id)
+
+    # ---- the host tier (see host_scheduler) ------------------------------------------------
 
     def host_load(self, loads: list[HostCopy]) -> None:
         """Copy host slots into vLLM's blocks; each request is reported loaded this step."""
         for load in loads:
             self._host_copy(load, into_host=False)
-            self._host_loaded.add(load.request_id)
+            self._copied_loads.add(load.request_id)
 
     def stage_host_saves(self, saves: list[HostCopy]) -> None:
         self._host_saves = saves
