@@ -91,8 +91,12 @@ class Pull:
 
     @property
     def heads(self) -> int:
-        """KV heads per block in the handle's checksums (`connector.kv_checksums`)."""
-        return len(self.handle.checksums) // len(self.handle.block_ids) if self.handle.block_ids else 0
+        """KV heads per block in the handle's checksums (`connector.kv_checksums`); a handle of
+        a prompt shorter than a block has its tail's only."""
+        handle = self.handle
+        if handle.block_ids:
+            return len(handle.checksums) // len(handle.block_ids)
+        return len(handle.tail.checksums) if handle.tail is not None else 0
 
     @property
     def checksums(self) -> list[int]:

@@ -12,7 +12,7 @@ beyond a non-blocking report).
   preempted. vLLM counts a request's prompt tokens (loaded, cached, computed) when it is
   admitted; after a rollback `on_output` corrects that count to what was really loaded.
 - Hold: when a request with a `hold_key` finishes (not aborted), its prompt's blocks (the
-  full ones, and the partial last one after at least one full block) get one extra
+  full ones and the partial last one; a prompt shorter than a block, its one) get one extra
   reference each (`BlockPool.touch`, the same reference a prefix-cache hit takes), so vLLM
   neither evicts nor reuses them, and the block ids go out with the final output. A pull
   of a held partial block leaves the decode worker one token to compute, not the rest of
@@ -277,9 +277,9 @@ class SchedulerSide:
         if order is None or not order.hold_key or request.status not in _HOLDABLE:
             return None
         full, tail_tokens = divmod(request.num_prompt_tokens, self.block_size)
-        if not full:
+        held = block_ids[: full + 1 if tail_tokens else full]  # a prompt shorter than a block: its one partial block
+        if not held:
             return None
-        held = block_ids[: full + 1 if tail_tokens else full]
         self._pin(order.hold_key, held)
         return held_params(Held(key=order.hold_key, block_ids=list(held),
                                 tail_tokens=tail_tokens if len(held) > full else 0))

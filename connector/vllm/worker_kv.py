@@ -125,7 +125,7 @@ class VllmWorkerKv(LeasingDataPlane[VllmKvHolder, VllmPushReceiver, VllmPushWrit
         await self.leases.refuse_if_incompatible(handle)
         pull = Pull.begin(self.worker_id, request.request_id, handle, kind, len(request.token_ids), takes_tail=True,
                           started=time.monotonic())
-        if pull.full_blocks == 0:
+        if pull.wanted == 0:  # neither a full block nor the partial one (a prompt that ended before it)
             pull.nothing_to_read(time.monotonic())
         elif not await self.leases.ensure_agent(handle.holder_worker_id, handle.agent_name):
             pull.nothing_arrived(time.monotonic(), "holder unreachable")

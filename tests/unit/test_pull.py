@@ -171,6 +171,16 @@ def test_the_prompt_bounds_the_wanted_blocks_and_a_tail_counts_its_tokens() -> N
     assert (pull.pulled_tokens, pull.recomputed_tokens) == (8, 3)
 
 
+def test_a_prompt_shorter_than_a_block_pulls_its_tail_alone() -> None:
+    tail_only = handle(0, tail_tokens=3)  # vLLM's hold of a 3-token prompt: no full block
+    pull = begin(4, kv=tail_only, takes_tail=True)  # the decode prompt: the 3 tokens and the first output
+    assert (pull.wanted, pull.heads, pull.remote_block_ids, pull.checksums) == (1, 1, [99], [999])
+    pull.landed(read([True]), 101.0)
+    pull.committed([True])
+    assert (pull.pulled_tokens, pull.recomputed_tokens, pull.record().outcome) == (3, 0, "done")
+    assert begin(4, kv=tail_only).wanted == 0  # the sim takes no tail: nothing to read
+
+
 def test_the_engine_may_read_fewer_blocks_than_wanted() -> None:
     pull = begin()
     pull.skip(1)

@@ -250,19 +250,16 @@ class TestPullPath:
             prompt = prompt_of(1000 + index, length)
             p_done, d_done, computed_before = await pair.against_alone(prompt)
             full, partial = divmod(length, BLOCK)
-            handle = p_done.kv_handle
-            assert (handle is None) == (full == 0)
-            held = 0 if handle is None else length  # the full blocks and the partial last one
-            if handle is not None:
-                assert len(handle.block_ids) == full and handle.block_hashes == block_hash_chain(prompt, BLOCK)
-                assert (handle.tail.tokens if handle.tail is not None else 0) == partial
-                assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (length, 0), f"prompt of {length}"
+            handle = p_done.kv_handle  # the full blocks and the partial last one (alone if shorter than a block)
+            assert handle is not None, f"prompt of {length}"
+            assert len(handle.block_ids) == full and handle.block_hashes == block_hash_chain(prompt, BLOCK)
+            assert (handle.tail.tokens if handle.tail is not None else 0) == partial
+            assert (d_done.pulled_tokens, d_done.recomputed_tokens) == (length, 0), f"prompt of {length}"
             # vLLM's own counters: the decode worker computed what no held block covers (the first token).
-            await pair.decode_computed(computed_before, length + 1 - held,
-                                       f"vLLM counted the rest of the {length}-token prompt")
-            assert d_done.cached_tokens == held
+            await pair.decode_computed(computed_before, 1, f"vLLM counted the rest of the {length}-token prompt")
+            assert d_done.cached_tokens == length
         await pair.assert_clean()
-        expected_pulls = sum(1 for length in LENGTHS if length >= BLOCK)
+        expected_pulls = len(LENGTHS)
         # a pull's record goes out when the holder answered its release, maybe after the request ended
         await wait_for(lambda: sum(r.kind == "pull" for r in pair.records) >= expected_pulls, 10, "every pull's record")
         pulls = [r for r in pair.records if r.kind == "pull"]

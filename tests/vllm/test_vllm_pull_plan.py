@@ -70,9 +70,9 @@ def test_full_blocks_alone_leave_the_rest_of_the_prompt_to_compute() -> None:
     assert side.matched_tokens(request, 0) == 7 * BLOCK - 1  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("prompt_tokens", "held", "tail_tokens"), [(900, 8, 4), (896, 7, 0), (100, None, 0)])
-def test_a_finished_prefill_holds_its_partial_block_after_a_full_one(prompt_tokens: int, held: int | None,
-                                                                    tail_tokens: int) -> None:
+@pytest.mark.parametrize(("prompt_tokens", "held", "tail_tokens"), [(900, 8, 4), (896, 7, 0), (100, 1, 100)])
+def test_a_finished_prefill_holds_its_partial_block_too(prompt_tokens: int, held: int, tail_tokens: int) -> None:
+    """After its full blocks, or alone for a prompt shorter than a block."""
     side = SchedulerSide(block_size=BLOCK, reports=None)  # type: ignore[arg-type]
     pool = Pool()
     side.bind_block_pool(pool)  # type: ignore[arg-type]
@@ -81,9 +81,6 @@ def test_a_finished_prefill_holds_its_partial_block_after_a_full_one(prompt_toke
                               block_hashes=[])
     side.on_new_request(request)  # type: ignore[arg-type]
     params = side.request_finished(request, list(range(20, 29)))  # type: ignore[arg-type]
-    if held is None:  # no full block: nothing held
-        assert params is None and pool.touched == []
-        return
     out = held_of(params)
     assert out is not None and (out.block_ids, out.tail_tokens) == (list(range(20, 20 + held)), tail_tokens)
     assert pool.touched == out.block_ids and side.pinned_blocks == held

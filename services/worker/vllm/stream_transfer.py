@@ -83,7 +83,7 @@ class StreamTransfer:
         """Checksum the blocks vLLM pinned for a finished hold request, for `take_held()`."""
         held = held_of(output.kv_transfer_params)
         if held is None:
-            return  # no full block in the prompt, or aborted: vLLM pinned nothing
+            return  # aborted (or not holdable): vLLM pinned nothing
         try:
             checksums = await self._engine.kv_link.block_checksums(held.block_ids)  # the tail's whole block too
         except TandemError as error:
