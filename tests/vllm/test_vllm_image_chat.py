@@ -15,8 +15,11 @@ in an earlier turn, streamed usage) answer as vLLM's server does, field by field
 With `--pd-transfer push` the prefill worker pushes these prompts' KV, and they answer
 alike: the reader caches the written blocks under hashes that take in the images, as the
 request's own do. The decode worker's own count of computed prompt tokens shows the KV
-arrived and was found: it computed only the tokens that did not arrive (one per prompt with
-a pull, the last partial block too with a push).
+arrived and was found: it computed only the prompt's last token (its partial last block
+arrives too, pulled or pushed). Each worker keeps its own encoder-cache store, which holds
+one entry per image its vision encoder ran on: the prefill worker's holds the chats' images,
+the decode worker's none (it gets the pixels, for blocks that might fail to arrive, but never
+encodes them).
 
 vLLM's server runs first, alone, with a worker's engine settings, and is stopped before the
 first pair starts; each class's pair is stopped before the next starts (two cores).
@@ -26,12 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import openai
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv (make install-vllm)")
 
+from connector.encoder_store import SUFFIX  # noqa: E402
 from launch.stack import LocalStack  # noqa: E402
 from services.worker.vllm.options import VllmEngineOptions  # noqa: E402
 from shared.nats_server import EmbeddedNats  # noqa: E402
@@ -138,8 +143,15 @@ def references(vllm_answers: tuple[dict[int, Answer], dict[tuple[str, bool], Cas
     return vllm_answers[0]
 
 
-def pd_stack(nats_server: EmbeddedNats, model_dir: str, log_dir, *router_args: str) -> Iterator[LocalStack]:
-    yield from pd_pair(nats_server, model_dir, log_dir, router_args=router_args)
+def pd_stack(nats_server: EmbeddedNats, model_dir: str, log_dir: Path, *router_args: str) -> Iterator[LocalStack]:
+    """The pair, each worker with an encoder-cache store of its own (`encoder_entries`)."""
+    prefill, decode = (("--vllm-encoder-cache-dir", str(log_dir / f"encoder-{name}")) for name in ("p1", "d1"))
+    yield from pd_pair(nats_server, model_dir, log_dir, decode, prefill_args=prefill, router_args=router_args)
+
+
+def encoder_entries(stack: LocalStack, worker_id: str) -> int:
+    """The encoder outputs `worker_id` stored: one per image its vision encoder ran on."""
+    return len(list((Path(stack.config.log_dir) / f"encoder-{worker_id}").rglob(f"*{SUFFIX}")))
 
 
 async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: LocalStack, client: openai.AsyncOpenAI,
@@ -172,6 +184,11 @@ async def chats_answer_as_vllms_server(references: dict[int, Answer], stack: Loc
         arrived = sum(record[2] for record in moved)
         assert computed == prompt_tokens + len(moved) - arrived == len(CHATS) + 1, (computed, prompt_tokens, arrived)
         await observer.assert_clean()
+    # the pixels reach the decode worker (for blocks that might not arrive), but its vision
+    # encoder never ran: every image token's KV arrived; the prefill worker's ran on each image
+    assert encoder_entries(stack, "d1") == 0
+    images = sum(len(sizes) for sizes, _ in CHATS) + len(CHATS[4][0])  # every chat's, and the streamed one's
+    assert encoder_entries(stack, "p1") >= images
 
 
 class TestPull:
@@ -216,6 +233,9 @@ class TestPull:
         (log-probabilities, usage, streamed chunks' usage, several choices), each split."""
         await assert_answers_like_vllm(case, stream, vllm_answers[1][case.id, stream],
                                        openai_client(stack.router_url, timeout=120), stack.router_url, model_name)
+        # these prompts are shorter than a block: their one partial block is pulled, so the
+        # decode worker's vision encoder never runs for them either
+        assert encoder_entries(stack, "d1") == 0
 
     async def test_the_routers_own_chain_of_image_blocks_is_the_workers(self, stack: LocalStack) -> None:
         """After the chats above, the router's hashes of every announced block (recomputed
