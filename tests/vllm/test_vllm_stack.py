@@ -72,11 +72,12 @@ async def test_disaggregated_output_equals_a_single_engine(pd_stack: LocalStack,
     streamed = "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
     assert streamed == as_router_text(tokenizer, prompts[-1], references.of(prompts[-1]))
 
-    # Every prompt with a full block arrived whole from the prefill worker, its partial last
-    # block too; the streamed repeat's full blocks are cached on the decode worker already,
-    # so it reads only its partial block again. vLLM's own count agrees.
-    whole = [len(p) for p in prompts if len(p) >= BLOCK]
-    expected = sorted([*whole, whole[-1] % BLOCK])
+    # Every prompt arrived whole from the prefill worker, its partial last block too (alone,
+    # for a prompt shorter than a block); the streamed repeat's full blocks are cached on the
+    # decode worker already, so it reads only its partial block again. vLLM's own count agrees.
+    last = len(prompts[-1])
+    assert last % BLOCK, "the repeat has a partial block to read again"
+    expected = sorted([*(len(p) for p in prompts), last % BLOCK])
     # a pull's record goes out when the holder answered its release, maybe after the request ended
     await wait_for(lambda: len([r for r in observer.records if r.kind == "pull"]) >= len(expected), 10,
                    "every pull's record")
