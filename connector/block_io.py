@@ -9,9 +9,9 @@ the port the same way for both engines (`connector.faults.FaultInjectingReader`)
 
 `read_verified` is a pull's read: read the blocks, verify each against the holder's
 checksum (`connector.block_reader`), read the failed ones again (`connector.retry`), and
-report per block whether it landed sound. Its callers: the sim's `connector.puller.KvPuller`
-on the worker's loop, and vLLM's `connector.vllm.connector_worker.WorkerSide` on its
-loader thread, in that thread's own event loop (made once). The rest of the pull (lease,
+report per block whether it landed sound. Its caller: `connector.shaped_read.read_units`,
+every pull's read (the sim's `connector.puller.KvPuller` on the worker's loop, vLLM's
+`connector.vllm.rank_loads.RankLoads` on its loader thread, in that thread's own event loop). The rest of the pull (lease,
 commit, outcome, record) is `connector.pull.Pull`, for both engines; a `VerifiedRead` is
 what it is told the read left (vLLM's, rebuilt from the `Loaded` report).
 """

@@ -8,7 +8,7 @@ worker that holds it, whatever either's shape. The holder's blocks are the pull'
 they land in blocks of this worker's own size (`connector.token_map.aligned_span`: whole
 blocks of both sides), each local rank reading its heads and layers from the holder ranks
 that hold them (`connector.shaped_read.ShapedRead`). The read is
-`connector.block_io.read_verified`: units that fail to arrive or to verify against the
+`connector.shaped_read.read_units` (vLLM's ranks read through it too): units that fail to arrive or to verify against the
 holder's per-head checksums are read once more (`connector.retry`, bounded in time), then
 simply not committed, so the engine computes exactly those. The lease is released before
 the commit, so the blocks of a lease that expired meanwhile are never used. The outcome,
@@ -23,13 +23,12 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from connector.block_io import read_verified
-from connector.faults import FaultInjectingReader, ReadFaults
+from connector.faults import ReadFaults
 from connector.lease_client import LeaseClient
 from connector.port import KvPort
 from connector.pull import Pull
 from connector.rank_transports import RankTransports
-from connector.shaped_read import ShapedRead
+from connector.shaped_read import read_units
 from connector.token_map import Segments, Span, aligned_span, token_segments
 from shared.block_hash import block_hash_chain, chain_root
 from shared.config import KvFaultConfig, KvRetryConfig
@@ -98,11 +97,10 @@ class KvPuller:
             if peer is None:
                 pull.nothing_arrived(time.monotonic(), "holder unreachable")
                 return
-            shaped = ShapedRead(self._agents.local_ranks, peer, segments, pull.blocks)
-            reader = FaultInjectingReader(shaped, self._faults, shaped.scribble)
-            read = await read_verified(reader, shaped.unit_checksum, handle.agent_name, pull.remote_block_ids,
-                                       list(range(pull.blocks)), shaped.expected(pull.checksums, pull.blocks),
-                                       retry=self._retry, timeout_s=self._transfer_timeout_s)
+            read = await read_units(self._agents.local_ranks, peer, segments, pull.blocks,
+                                    agent_name=handle.agent_name, remote_block_ids=pull.remote_block_ids,
+                                    checksums=pull.checksums, faults=self._faults, retry=self._retry,
+                                    timeout_s=self._transfer_timeout_s)
         except asyncio.CancelledError:
             pull.cancelled(time.monotonic())
             self._port.unpin(pinned + targets)

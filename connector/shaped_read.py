@@ -13,9 +13,9 @@ the handle's checksums into the same digests. `scribble` makes a unit's landed b
 garbage (fault injection: `connector.faults.FaultInjectingReader` wraps this port as it
 wraps any other).
 
-Callers: the sim's puller (`connector.puller`, all of a worker's ranks in one process) and
-vLLM's model worker (`connector.vllm.connector_worker`, one rank per process: it checks the
-heads it holds).
+`read_units` is a pull's whole read over it, for both drivers: the sim's puller
+(`connector.puller`, all of a worker's ranks in one process) and vLLM's model worker
+(`connector.vllm.rank_loads`, one rank per process: it checks the heads it holds).
 """
 
 from __future__ import annotations
@@ -27,12 +27,15 @@ from typing import Protocol
 
 import numpy as np
 
+from connector.block_io import VerifiedRead, read_verified
+from connector.faults import FaultInjectingReader, ReadFaults
 from connector.kv_checksums import combine_unit_sums, complete_heads, unit_digest, unit_sums
 from connector.kv_geometry import RankGeometry
 from connector.kv_peer import KvPeer
 from connector.range_plan import plan_ranges, read_sources
 from connector.token_map import Segments
 from connector.transport import TransferResult
+from shared.config import KvRetryConfig
 
 
 class RangeMover(Protocol):
@@ -50,6 +53,18 @@ class LocalRank:
     geometry: RankGeometry
     region: np.ndarray  # the rank's registered memory, flat uint8
     mover: RangeMover
+
+
+async def read_units(ranks: Sequence[LocalRank], peer: KvPeer, segments: Segments, units: int, *, agent_name: str,
+                     remote_block_ids: list[int], checksums: Sequence[int], faults: ReadFaults, retry: KvRetryConfig,
+                     timeout_s: float) -> VerifiedRead:
+    """Read a pull's `units` (the holder's `remote_block_ids`) into `ranks` through the
+    `segments`, with the configured read faults injected, verify each against the holder's
+    `checksums` (per unit and head) and read the failed ones again (`read_verified`)."""
+    shaped = ShapedRead(ranks, peer, segments, units)
+    reader = FaultInjectingReader(shaped, faults, shaped.scribble)
+    return await read_verified(reader, shaped.unit_checksum, agent_name, remote_block_ids, list(range(units)),
+                               shaped.expected(checksums, units), retry=retry, timeout_s=timeout_s)
 
 
 class ShapedRead:

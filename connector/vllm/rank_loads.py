@@ -1,7 +1,7 @@
 """Pulls in one model-worker rank (the worker side of Tandem's vLLM connector): each rank
 reads its own KV heads of a pull from the holder's ranks that hold them, whatever either
-side's shape, through the data plane's one read path (`connector.shaped_read.ShapedRead`,
-`connector.block_io.read_verified`, `connector.faults.FaultInjectingReader`).
+side's shape, through the data plane's one read path (`connector.shaped_read.read_units`,
+which the sim's puller reads through too).
 
 A pull (`LoadSpec`) starts in `start_load_kv` of the step that planned it and is read on the
 rank's loader thread (one pull at a time; NIXL copies inside the posting call on one host,
@@ -26,11 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from connector.block_io import read_verified
-from connector.faults import FaultInjectingReader, ReadFaults
+from connector.faults import ReadFaults
 from connector.kv_geometry import RankGeometry
 from connector.kv_peer import KvPeer
-from connector.shaped_read import LocalRank, RangeMover, ShapedRead
+from connector.shaped_read import LocalRank, RangeMover, read_units
 from connector.token_map import token_segments
 from connector.vllm.kv_reports import ReportSink
 from connector.vllm.kv_wire import Loaded, LoadSpec
@@ -127,11 +126,9 @@ class RankLoads:
         tokens = spec.tokens if spec.tokens >= 0 else units * holder_size
         segments = token_segments(spec.remote_block_ids, holder_size, spec.local_block_ids,
                                   local.geometry.block_size, tokens)
-        shaped = ShapedRead([local], peer, segments, units)
-        reader = FaultInjectingReader(shaped, self._faults, shaped.scribble)
-        read = self._loader_loop.run_until_complete(read_verified(
-            reader, shaped.unit_checksum, spec.agent_name, spec.remote_block_ids, list(range(units)),
-            shaped.expected(spec.checksums, units), retry=self._retry, timeout_s=self._timeout_s))
+        read = self._loader_loop.run_until_complete(read_units(
+            [local], peer, segments, units, agent_name=spec.agent_name, remote_block_ids=spec.remote_block_ids,
+            checksums=spec.checksums, faults=self._faults, retry=self._retry, timeout_s=self._timeout_s))
         local_ok = segments.destination_ok(read.ok, len(spec.local_block_ids))
         failed = [block_id for block_id, good in zip(spec.local_block_ids, local_ok) if not good]
         first_bad = local_ok.index(False) if False in local_ok else len(local_ok)
