@@ -11,9 +11,10 @@ the port the same way for both engines (`connector.faults.FaultInjectingReader`)
 checksum (`connector.block_reader`), read the failed ones again (`connector.retry`), and
 report per block whether it landed sound. Its caller: `connector.shaped_read.read_units`,
 every pull's read (the sim's `connector.puller.KvPuller` on the worker's loop, vLLM's
-`connector.vllm.rank_loads.RankLoads` on its loader thread, in that thread's own event loop). The rest of the pull (lease,
-commit, outcome, record) is `connector.pull.Pull`, for both engines; a `VerifiedRead` is
-what it is told the read left (vLLM's, rebuilt from the `Loaded` report).
+`connector.vllm.rank_loads.RankLoads` on its loader thread, in that thread's own event
+loop). The rest of the pull (lease, commit, outcome, record) is `connector.pull.Pull`, for
+both engines; a `VerifiedRead` is what it is told the read left (vLLM's, rebuilt from the
+`Loaded` report).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ from connector.vllm.kv_wire import (
     order_of,
 )
 from connector.vllm.pull_claim import claim_end, load_plan
-from connector.vllm.push_tail import PushTails
+from connector.vllm.push_tail import PushTails, pushed_tail
 from connector.vllm.scheduled_blocks import ScheduledBlocks
 
 if TYPE_CHECKING:
@@ -150,8 +150,9 @@ class SchedulerSide:
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens the pull brings beyond the `num_computed_tokens` cached here (block-aligned)."""
         order = self._orders.get(request.request_id)
-        if order is not None and order.tail is not None and order.pull is None:
-            return self.tails.matched(request, order.tail, num_computed_tokens)
+        tail = pushed_tail(order)
+        if tail is not None:
+            return self.tails.matched(request, tail, num_computed_tokens)
         if order is None or order.pull is None:
             return self.host.matched(request, num_computed_tokens) if self.host is not None else 0
         if request.request_id in self._planned:
@@ -167,9 +168,10 @@ class SchedulerSide:
 
     def after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         order = self._orders.get(request.request_id)
-        if order is not None and order.tail is not None and order.pull is None:
+        tail = pushed_tail(order)
+        if tail is not None:
             (block_ids,) = blocks.get_block_ids()
-            local_tokens = self.tails.after_alloc(request, order.tail, list(block_ids), num_external_tokens)
+            local_tokens = self.tails.after_alloc(request, tail, list(block_ids), num_external_tokens)
             if local_tokens is not None:
                 self._loading[request.request_id] = (request, local_tokens)
             return
@@ -343,4 +345,3 @@ class SchedulerSide:
         if blocks and self._block_pool is not None:
             # Tail blocks first: they are the least likely to be shared by other prefixes.
             self._block_pool.free_blocks(reversed(blocks))
-

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from connector.vllm.kv_wire import TailCopy, TailOrder
+from connector.vllm.kv_wire import TailCopy, TailOrder, TransferOrder
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -64,3 +64,8 @@ class PushTails:
 
     def finished(self, request_id: str) -> None:
         self._planned.discard(request_id)
+
+
+def pushed_tail(order: TransferOrder | None) -> TailOrder | None:
+    """A request's push tail to copy in: its order's tail where the order pulls nothing."""
+    return order.tail if order is not None and order.pull is None else None
