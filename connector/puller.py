@@ -10,9 +10,10 @@ blocks of both sides), each local rank reading its heads and layers from the hol
 that hold them (`connector.shaped_read.ShapedRead`). The read is
 `connector.shaped_read.read_units` (vLLM's ranks read through it too): units that fail to
 arrive or to verify against the holder's per-head checksums are read once more
-(`connector.retry`, bounded in time), then simply not committed, so the engine computes exactly those. The lease is released before
-the commit, so the blocks of a lease that expired meanwhile are never used. The outcome,
-the record and the span's figures are the `Pull`'s, the same as vLLM's.
+(`connector.retry`, bounded in time), then simply not committed, so the engine computes
+exactly those. The lease is released before the commit, so the blocks of a lease that
+expired meanwhile are never used. The outcome, the record and the span's figures are the
+`Pull`'s, the same as vLLM's.
 """
 
 from __future__ import annotations
