@@ -14,7 +14,9 @@ to run on any core, the spinning thread leaves the bound rank its core, the conn
 completes and the spin ends.
 
 `released_from_binding()` wraps the call that starts the threads; it does nothing where the
-caller is not bound more narrowly than the process may run, or off Linux.
+caller is not bound more narrowly than the process may run, or off Linux. What the worker may
+run on is what a vLLM worker writes in `WORKER_CPUS` for its engine's processes (which it
+starts on the engine's own cores), else the cores of the process that started this one.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from collections.abc import Iterator
 log = logging.getLogger(__name__)
 
 TASKS = "/proc/self/task"
+WORKER_CPUS = "TANDEM_WORKER_CPUS"  # "0,1,...": the cores the worker that started the engine may use
 
 
 def unbound_cpus() -> set[int]:
-    """The cores the process that started this one may run on (a vLLM rank's engine core,
-    which vLLM does not bind): what an operator's own binding of the whole worker allows."""
+    """What an operator's own binding of the whole worker allows: the worker's cores where it
+    named them (`WORKER_CPUS`), else those of the process that started this one."""
+    if named := os.environ.get(WORKER_CPUS, ""):
+        return {int(core) for core in named.split(",")}
     try:
         return os.sched_getaffinity(os.getppid())
     except OSError:  # the parent is gone: the machine's cores (the kernel keeps the allowed ones)

@@ -143,6 +143,19 @@ async def test_info_reports_vllm_layout(engine: VllmEngine) -> None:
     assert info.kv_blocks > 0
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to bind an engine to fewer")
+async def test_the_engines_processes_run_on_its_bound_core(engine: VllmEngine) -> None:
+    """vLLM's EngineCore waits for its model worker's every step in a busy loop: started on
+    the engine's core it yields that core to the model worker instead of taking another
+    engine's (`services.worker.vllm.environment`). This process's threads keep its cores."""
+    bound = {(os.cpu_count() or 1) - 1}
+    engine_cores = {pid: os.sched_getaffinity(pid) for pid in _vllm_processes()}
+    assert len(engine_cores) == 2 and all(cores == bound for cores in engine_cores.values()), engine_cores
+    own = os.sched_getaffinity(0)
+    assert own > bound
+    assert all(os.sched_getaffinity(thread.id) == own for thread in psutil.Process().threads())
+
+
 async def test_greedy_output_is_deterministic_across_calls_and_batches(engine: VllmEngine) -> None:
     prompts = [_prompt(100 + i, length) for i, length in enumerate((5, 64, 130, 300))]
     first = [await _run(engine, f"det-a{i}", prompt) for i, prompt in enumerate(prompts)]

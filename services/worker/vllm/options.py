@@ -132,6 +132,14 @@ def rank_threads_bind(bind: str, tensor_parallel: int, cores: list[int]) -> str:
     return "|".join(",".join(str(core) for core in group) for group in groups)
 
 
+def bound_cores(bind: str) -> set[int]:
+    """Every core a binding from `rank_threads_bind` names, all ranks together; none for
+    "auto" and "nobind" (vLLM chooses, or binds nothing)."""
+    if bind in ("auto", "nobind"):
+        return set()
+    return {core for rank in bind.split("|") for core in _expand(rank)}
+
+
 def _expand(core_list: str) -> list[int]:
     cores: list[int] = []
     for part in core_list.split(","):
