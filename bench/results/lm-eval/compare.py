@@ -2,7 +2,7 @@
 generations) through vLLM's own OpenAI server and through a Tandem 1P1D pair of vLLM
 workers, on one model directory, one after the other (2 cores); prints JSON.
 
-    .venv-vllm/bin/python bench/results/lm-eval/compare.py MODEL_DIR > OUT.json
+    PYTHONPATH=. .venv-vllm/bin/python bench/results/lm-eval/compare.py MODEL_DIR > OUT.json
 
 The server gets a Tandem worker's engine settings (`VllmEngineOptions`, 0.25 GiB of KV
 cache, the first core), as the parity suite starts it; the pair is the suite's `pd_pair`.
