@@ -91,6 +91,32 @@ def test_under_load_the_worker_with_fewest_requests_is_kept_free_of_decodes() ->
     assert (without.flow, without.worker_id) == ("single", "b")  # no interference terms: the idle worker
 
 
+def test_a_prompt_computed_for_another_worker_has_no_decode_to_stall() -> None:
+    """The request just split: its prompt is computed on x (a pair prefill part there, 1,000
+    tokens queued) and it will decode on y. The next request must not have its prompt
+    computed on y, beside that decode: x has no decode to stall, and the prompt queued there
+    delays only the next request's first token."""
+    x = worker("x", reported_load=None, in_flight=1, prefill_parts=1, outstanding_prefill_tokens=1000)
+    y = worker("y", reported_load=None, in_flight=1)
+    assert (x.decoding_load, y.decoding_load) == (0, 1)
+    plan = route([x, y])
+    assert plan.computing_worker_id == "x", plan
+    # counted as decoding on x (the ledger before), x looked as costly to stall as y
+    as_decoding = worker("x", reported_load=None, in_flight=1, outstanding_prefill_tokens=1000)
+    assert route([as_decoding, y]).computing_worker_id == "y"
+
+
+def test_a_whole_request_waits_for_no_queued_prompt_between_its_tokens() -> None:
+    """Prompts queued on a worker are computed before a whole request's own, so they cost its
+    first token (the queue term) and none of its decode steps; a pair's decode part there
+    waits for them between its tokens."""
+    from services.router.routing.cost import decode_cost
+
+    queued = worker("q", reported_load=2, reported_prefill_tokens=2000)
+    assert decode_cost(ANY, queued) - decode_cost(ANY, queued, whole=True) == 2000.0
+    assert decode_cost(RoutingConfig(prefill_from="any"), queued) == decode_cost(ANY, queued, whole=True)
+
+
 def test_the_exposure_grows_with_the_requests_in_flight() -> None:
     from services.router.routing.cost import decode_exposure
 

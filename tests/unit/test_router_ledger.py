@@ -38,6 +38,25 @@ def test_a_replaced_ticket_no_longer_counts() -> None:
     assert counts(ledger) == (0, 0)
 
 
+def test_a_pair_prefill_part_counts_as_a_request_that_will_not_decode_there() -> None:
+    ledger: WorkerLoad[Ticket] = WorkerLoad()
+    part, whole = Ticket("w1", "r1", 1000, decodes=False), Ticket("w1", "r2", 1000)
+    ledger.route(part, routed_seq=1)
+    ledger.route(whole, routed_seq=2)
+    assert (len(ledger.in_flight), ledger.prefill_parts) == (2, 1)
+    ledger.route(Ticket("w1", "r1", 500), routed_seq=3)  # r1 again, now to decode here: the part is replaced
+    assert (len(ledger.in_flight), ledger.prefill_parts) == (2, 0)
+    ledger.finish(part)  # a late call for the replaced part
+    assert ledger.prefill_parts == 0
+    again = Ticket("w1", "r3", 1000, decodes=False)
+    ledger.route(again, routed_seq=4)
+    ledger.first_token(again)  # its prompt is done; it still counts until it ends
+    assert ledger.prefill_parts == 1
+    ledger.finish(again)
+    ledger.finish(again)  # idempotent
+    assert (len(ledger.in_flight), ledger.prefill_parts) == (2, 0)
+
+
 def test_a_report_records_the_counts_it_covers() -> None:
     ledger: WorkerLoad[Ticket] = WorkerLoad()
     ticket = Ticket("w1", "r1", prefill_tokens=300)

@@ -121,6 +121,16 @@ def test_a_load_report_replaces_what_it_already_counts() -> None:
     assert (view(pool, "w1").predicted_load, view(pool, "w1").predicted_prefill_tokens) == (2, 1000)
 
 
+def test_a_pair_prefill_part_is_a_request_in_flight_that_does_not_decode_there() -> None:
+    pool = pool_with("w1")
+    part = pool.begin("w1", "r1", prefill_tokens=1000, decodes=False)
+    pool.begin("w1", "r2", prefill_tokens=300)
+    report(pool, "w1", seq=1, running=2, pending_prefill_tokens=1300)  # the report counts both
+    assert (view(pool, "w1").predicted_load, view(pool, "w1").decoding_load) == (2, 1)
+    part.end()  # its KV is ready for its decode worker
+    assert (view(pool, "w1").predicted_load, view(pool, "w1").decoding_load) == (1, 1)
+
+
 def test_after_a_reconnect_a_load_report_confirms_its_worker() -> None:
     """On a NATS cluster the bucket's fresh watcher may wait seconds for a leader election
     after a reconnect; a worker whose load report arrives meanwhile is alive: routable again."""

@@ -166,12 +166,13 @@ class WorkerPool:
         except asyncio.TimeoutError:
             pass
 
-    def begin(self, worker_id: str, request_id: str, *, prefill_tokens: int = 0) -> InFlight:
+    def begin(self, worker_id: str, request_id: str, *, prefill_tokens: int = 0, decodes: bool = True) -> InFlight:
         """Count a request (and the uncached prompt tokens it brings) against `worker_id`;
-        call right after the policy chose it."""
+        call right after the policy chose it. `decodes` false: only its prompt is computed
+        there, for another worker."""
         state = self._workers[worker_id]
         self._routed += 1
-        in_flight = InFlight(self, worker_id, request_id, prefill_tokens)
+        in_flight = InFlight(self, worker_id, request_id, prefill_tokens, decodes=decodes)
         state.route(in_flight, self._routed)
         self.shared_load.changed(worker_id)
         return in_flight

@@ -38,8 +38,9 @@ class InFlight(Ticket):
     """One request routed to one worker, counted in that worker's ledger until `end()`, with
     the stream to abort if the worker leaves meanwhile."""
 
-    def __init__(self, pool: _Pool, worker_id: str, request_id: str, prefill_tokens: int = 0) -> None:
-        super().__init__(worker_id, request_id, prefill_tokens)
+    def __init__(self, pool: _Pool, worker_id: str, request_id: str, prefill_tokens: int = 0, *,
+                 decodes: bool = True) -> None:
+        super().__init__(worker_id, request_id, prefill_tokens, decodes=decodes)
         self._pool = pool
         self.stream: ResponseStream | None = None
         self.lost: TandemError | None = None  # set when the worker left while we were routed to it
@@ -88,6 +89,7 @@ class WorkerState(WorkerLoad[InFlight]):
             reported_load=None if load is None else load.running + load.waiting,
             in_flight=len(self.in_flight) + remote.in_flight,
             in_flight_at_report=self.in_flight_at_report + at_report.in_flight,
+            prefill_parts=self.prefill_parts,
             last_routed=self.last_routed,
             compat_hash=transfer_group(registration),
             reported_prefill_tokens=None if load is None else load.pending_prefill_tokens,

@@ -177,7 +177,8 @@ class RoutingState:
         self._metrics.count_route(plan.flow, plan.reason)
         computing = plan.computing_worker_id
         uncached = plan.prompt.uncached_tokens if plan.prompt is not None else len(params.prompt_ids)
-        first = self._pool.begin(computing, params.request_id, prefill_tokens=uncached)
+        first = self._pool.begin(computing, params.request_id, prefill_tokens=uncached,
+                                 decodes=plan.decode_worker_id is None)
         decode = None
         if plan.decode_worker_id is not None:
             decode = self._pool.begin(plan.decode_worker_id, params.request_id)

@@ -66,25 +66,28 @@ class Candidates:
 
     def _prompt_target(self, serving: Sequence[WorkerView]) -> tuple[str | None, float]:
         """Where any worker may prefill for any other: the serving worker with strictly the
-        fewest requests (where the interference term sends the next prompts) and what a
-        decode placed there costs (`cost.decode_exposure`); (None, 0) otherwise."""
+        fewest requests decoding (where the interference term sends the next prompts) and
+        what a decode placed there costs (`cost.decode_exposure`, a request in flight counted
+        once: where it decodes); (None, 0) otherwise."""
         routing = self.routing
         if routing.prefill_from != "any" or not routing.itl_weight or len(serving) < 2:
             return None, 0.0
-        ranked = sorted(serving, key=lambda worker: worker.predicted_load)
-        if ranked[0].predicted_load == ranked[1].predicted_load:
+        ranked = sorted(serving, key=lambda worker: worker.decoding_load)
+        if ranked[0].decoding_load == ranked[1].decoding_load:
             return None, 0.0
-        in_flight = sum(worker.predicted_load for worker in serving)
+        in_flight = sum(worker.decoding_load for worker in serving)
         return ranked[0].worker_id, decode_exposure(routing, self.request.prompt_tokens, in_flight)
 
     def decode_part(self, worker: WorkerView) -> float:
-        """The decode worker's part of a flow's cost (`cost.decode_cost`, and the exposure of
+        """A pair's decode worker's part of its cost (`cost.decode_cost`, and the exposure of
         the worker the next prompts go to)."""
         part = self._decode_parts.get(worker.worker_id)
         if part is None:
-            exposure = self._exposure if worker.worker_id == self._exposed else 0.0
-            part = self._decode_parts[worker.worker_id] = decode_cost(self.routing, worker) + exposure
+            part = self._decode_parts[worker.worker_id] = decode_cost(self.routing, worker) + self._exposure_of(worker)
         return part
+
+    def _exposure_of(self, worker: WorkerView) -> float:
+        return self._exposure if worker.worker_id == self._exposed else 0.0
 
     def plan(self, worker: WorkerView) -> PrefillPlan:
         plan = self._plans.get(worker.worker_id)
@@ -97,7 +100,8 @@ class Candidates:
 
     def single(self, worker: WorkerView) -> Single:
         plan = self.plan(worker)
-        return Single(worker, plan, self._prefill_cost(plan, worker) + self.decode_part(worker))
+        decode = decode_cost(self.routing, worker, whole=True) + self._exposure_of(worker)
+        return Single(worker, plan, self._prefill_cost(plan, worker) + decode)
 
     def prefill_part(self, worker: WorkerView) -> Single:
         plan = self.plan(worker)

@@ -11,11 +11,12 @@ first token and for work the cluster must do:
          + pull cost       (pull_fixed_tokens + transfer_weight x tokens pulled, when it pulls)
          + eviction cost   (eviction_weight x cached tokens the new KV pushes out of its cache)
          + queue_weight    x prompt tokens predicted to be queued for prefill ahead of it
-         + itl_weight      x its predicted running+waiting x the tokens it computes
+         + itl_weight      x its requests that decode there x the tokens it computes
          + hand-off cost   (pull_fixed_tokens + transfer_weight x prompt tokens, for a pair,
                             where any worker may prefill: `handoff_cost`)
          + decode_weight   x the decode worker's predicted running+waiting / max_num_seqs
          + itl_weight      x prompt tokens predicted to be queued on the decode worker
+                            (a pair's only: a whole request's prompt is computed after them)
          + exposure        (on the worker the next prompts go to: `decode_exposure`)
 
 The computing worker is the prefill worker of a (prefill, decode) pair, or the one worker
@@ -24,7 +25,11 @@ of a single-worker flow (then it is the decode worker too).
 *Interference* (`itl_weight`, 0 by default): a prompt computed on a worker delays every
 request decoding there (chunked prefill shares their steps: their inter-token latency
 spikes by the prompt's compute), and a request decoding on a worker waits for the prompts
-queued there. Priced, they make the router disaggregate where it wins: with any worker
+queued there. Only requests that decode on the worker count (`WorkerView.decoding_load`): a
+pair's prefill part there, a prompt computed for another worker, has no decode to stall.
+And only a pair's decode waits for its decode worker's queue: a request served whole has
+its prompt computed after the prompts queued ahead of it, which delay its first token (the
+queue term) and none of its decode steps. Priced, they make the router disaggregate where it wins: with any worker
 allowed to prefill for any other (`prefill_from` "any"), a prompt goes to a worker with few
 requests decoding and its decode stays where it is or moves to one with little prefill
 queued; when nothing decodes anywhere (arrivals spread out) serving whole is cheapest, as
@@ -202,12 +207,13 @@ def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerVie
 def interference(routing: RoutingConfig, computing: WorkerView, uncached_tokens: int) -> float:
     """What computing `uncached_tokens` on `computing` costs the requests decoding there: each
     of them waits for the prompt's compute (chunked prefill shares their steps), so their
-    inter-token latency spikes: `itl_weight` x requests there x tokens (those beyond their
-    budget, after the prompts queued there: `itl_excess`)."""
-    if not routing.itl_weight or not computing.predicted_load:
+    inter-token latency spikes: `itl_weight` x requests that decode there (not the prompts
+    it computes for other workers) x tokens (those beyond their budget, after the prompts
+    queued there: `itl_excess`)."""
+    if not routing.itl_weight or not computing.decoding_load:
         return 0.0
     excess = itl_excess(routing, computing.predicted_prefill_tokens, uncached_tokens)
-    return routing.itl_weight * computing.predicted_load * excess
+    return routing.itl_weight * computing.decoding_load * excess
 
 
 def affinity_margin(routing: RoutingConfig, cached_tokens: int, free_tokens: int | None = 0) -> float:
@@ -217,9 +223,13 @@ def affinity_margin(routing: RoutingConfig, cached_tokens: int, free_tokens: int
     return routing.prefill_weight * cached_tokens + eviction_cost(routing, cached_tokens, free_tokens)
 
 
-def decode_cost(routing: RoutingConfig, decode: WorkerView) -> float:
-    """The decode worker's part of a flow's cost: its batch, and the prompt tokens queued
-    there, which the request's decode steps will wait for (`itl_weight` per token beyond its
-    budget, `itl_excess`)."""
-    waits = itl_excess(routing, 0, decode.predicted_prefill_tokens) if routing.itl_weight else 0
+def decode_cost(routing: RoutingConfig, decode: WorkerView, *, whole: bool = False) -> float:
+    """The decode worker's part of a flow's cost: its batch, and for a pair's decode worker
+    the prompt tokens queued there, which the request's decode steps will wait for
+    (`itl_weight` per token beyond its budget, `itl_excess`). `whole`: the request is served
+    whole there, its own prompt computed after those, so they delay only its first token
+    (priced by the queue term) and its decode waits for none."""
+    if whole or not routing.itl_weight:
+        return routing.decode_weight * decode.relative_load
+    waits = itl_excess(routing, 0, decode.predicted_prefill_tokens)
     return routing.decode_weight * decode.relative_load + routing.itl_weight * waits

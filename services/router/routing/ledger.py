@@ -6,7 +6,9 @@ request's life on that worker:
 
 - `route(ticket, seq)`: the request was just routed there (right after the policy's
   decision). It counts in the worker's in-flight requests, and the uncached prompt tokens
-  it brings count as waiting for prefill there;
+  it brings count as waiting for prefill there; a ticket that only computes a prompt for
+  another worker (`Ticket.decodes` false: a pair's prefill part) counts in
+  `prefill_parts` too, as a request that will not decode there;
 - `first_token(ticket)`: the worker produced its first token: the prompt no longer waits;
 - `finish(ticket)`: the request ended there (finished, failed, cancelled or moved on);
 - `reported()`: a load snapshot of the worker arrived; it already counts what this router
@@ -35,10 +37,11 @@ def predicted(reported: int | None, ours: int, ours_at_report: int) -> int:
 class Ticket:
     """One request counted against one worker, from `WorkerLoad.route` until `finish`."""
 
-    def __init__(self, worker_id: str, request_id: str, prefill_tokens: int = 0) -> None:
+    def __init__(self, worker_id: str, request_id: str, prefill_tokens: int = 0, *, decodes: bool = True) -> None:
         self.worker_id = worker_id
         self.request_id = request_id
         self.prefill_tokens = prefill_tokens  # uncached prompt tokens still to compute; 0 once done
+        self.decodes = decodes  # False: it computes the prompt for another worker, which decodes it
 
 
 TicketT = TypeVar("TicketT", bound=Ticket)
@@ -52,6 +55,7 @@ class WorkerLoad(Generic[TicketT]):
         self.in_flight_at_report = 0  # len(in_flight) when the last load snapshot arrived
         self.outstanding_prefill_tokens = 0  # sum of `prefill_tokens` over `in_flight`
         self.outstanding_prefill_at_report = 0  # ... when the last load snapshot arrived
+        self.prefill_parts = 0  # tickets in `in_flight` that will not decode here (`Ticket.decodes` false)
         self.last_routed = 0  # the routing sequence number of the latest `route` here (0: never)
 
     def route(self, ticket: TicketT, routed_seq: int) -> None:
@@ -62,6 +66,7 @@ class WorkerLoad(Generic[TicketT]):
         self.last_routed = routed_seq
         self.in_flight[ticket.request_id] = ticket
         self.outstanding_prefill_tokens += ticket.prefill_tokens
+        self.prefill_parts += not ticket.decodes
 
     def first_token(self, ticket: TicketT) -> None:
         if self.in_flight.get(ticket.request_id) is ticket:
@@ -72,6 +77,7 @@ class WorkerLoad(Generic[TicketT]):
         self.first_token(ticket)
         if self.in_flight.get(ticket.request_id) is ticket:
             del self.in_flight[ticket.request_id]
+            self.prefill_parts -= not ticket.decodes
 
     def reported(self) -> None:
         self.in_flight_at_report = len(self.in_flight)

@@ -7,7 +7,9 @@ stage of routing (eligibility, scoring, the policies).
 Load is *predicted* (`ledger.predicted`): the last reported figure corrected by how this
 router's own share of it changed since the report arrived. Two figures are predicted that
 way: requests (running + waiting), and prompt tokens waiting for prefill (uncached prompt
-tokens routed and not yet at their first token).
+tokens routed and not yet at their first token). Of the requests, `decoding_load` leaves
+out this router's pair prefill parts there (prompts computed for another worker, which
+decodes them): the requests whose decode steps a prompt computed there would stall.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class WorkerView:  # read-only by convention (not frozen: a frozen dataclass is 
     in_flight_at_report: int  # ... when that snapshot arrived
     last_routed: int  # this router's routing sequence number of its latest pick (0: never)
     compat_hash: str  # equal hashes can exchange KV blocks
+    prefill_parts: int = 0  # of `in_flight`: requests whose prompt only is computed there, for another worker
     reported_prefill_tokens: int | None = None  # pending prefill tokens in the last load snapshot
     outstanding_prefill_tokens: int = 0  # uncached prompt tokens we routed there, not yet at first token
     outstanding_prefill_at_report: int = 0  # ... when that snapshot arrived
@@ -47,6 +50,7 @@ class WorkerView:  # read-only by convention (not frozen: a frozen dataclass is 
     # Derived once, at construction (every stage reads them, several times per candidate)
     free_kv_tokens: int | None = field(init=False)
     predicted_load: int = field(init=False)
+    decoding_load: int = field(init=False)  # of `predicted_load`, those that will decode there
     relative_load: float = field(init=False)
     predicted_prefill_tokens: int = field(init=False)
 
@@ -62,6 +66,7 @@ class WorkerView:  # read-only by convention (not frozen: a frozen dataclass is 
         load = predicted(self.reported_load, self.in_flight, self.in_flight_at_report)
         self.free_kv_tokens = free
         self.predicted_load = load
+        self.decoding_load = max(0, load - self.prefill_parts)
         self.relative_load = load / max(self.max_num_seqs, 1)
         self.predicted_prefill_tokens = predicted(self.reported_prefill_tokens, self.outstanding_prefill_tokens,
                                                   self.outstanding_prefill_at_report)
