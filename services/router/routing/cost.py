@@ -29,11 +29,11 @@ queued there. Only requests that decode on the worker count (`WorkerView.decodin
 pair's prefill part there, a prompt computed for another worker, has no decode to stall.
 And only a pair's decode waits for its decode worker's queue: a request served whole has
 its prompt computed after the prompts queued ahead of it, which delay its first token (the
-queue term) and none of its decode steps. Priced, they make the router disaggregate where it wins: with any worker
-allowed to prefill for any other (`prefill_from` "any"), a prompt goes to a worker with few
-requests decoding and its decode stays where it is or moves to one with little prefill
-queued; when nothing decodes anywhere (arrivals spread out) serving whole is cheapest, as
-it saves the transfer. docs/routing.md derives the weights.
+queue term) and none of its decode steps. Priced, they make the router disaggregate where
+it wins: with any worker allowed to prefill for any other (`prefill_from` "any"), a prompt
+goes to a worker with few requests decoding and its decode stays where it is or moves to
+one with little prefill queued; when nothing decodes anywhere (arrivals spread out) serving
+whole is cheapest, as it saves the transfer. docs/routing.md derives the weights.
 
 What the terms buy, together:
 - *Affinity with bounded imbalance.* A worker holding the prompt's prefix costs its queue
