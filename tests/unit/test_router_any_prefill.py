@@ -181,3 +181,64 @@ def test_within_the_budget_every_request_goes_where_whole_serving_sends_it() -> 
         assert routed(budgeted) == routed(whole)
         differ += routed(unbudgeted) != routed(whole)
     assert differ > 100
+
+
+STEPS = RoutingConfig(prefill_from="any", itl_weight=1.136, itl_budget_tokens=50688, shared_step_weight=0.3125)
+
+
+def test_decodes_slow_a_prompt_computed_beside_them_only_where_something_decodes() -> None:
+    """`cost.shared_steps`: a prompt on a worker where requests decode shares their steps, so
+    each of its tokens costs `shared_step_weight` more; where nothing decodes, nothing; off
+    (weight 0), nothing anywhere. A worker's pair prefill parts are no decode."""
+    from services.router.routing.cost import shared_steps
+
+    assert shared_steps(STEPS, worker("a", reported_load=2), 1000) == 312.5
+    assert shared_steps(STEPS, worker("a", reported_load=9), 1000) == 312.5  # the decode part, once per step
+    assert shared_steps(STEPS, worker("a"), 1000) == 0.0
+    assert shared_steps(ANY, worker("a", reported_load=2), 1000) == 0.0
+    assert shared_steps(STEPS, worker("a", in_flight=1, in_flight_at_report=1, reported_load=1, prefill_parts=1),
+                        1000) == 0.0
+
+
+def test_with_shared_steps_priced_the_fleet_keeps_a_worker_free_of_decodes_for_the_prompts() -> None:
+    """The sim's figures (decodes within their ITL budget, so no stall is priced): three
+    workers decode, one is free. Serving whole on the free one would make the next prompts
+    (one per request in flight) share its decode's steps; serving whole on a decoding one
+    makes this prompt share them. The pair computes the prompt where nothing decodes and
+    decodes it where something already does."""
+    fleet = [worker("a", reported_load=1), worker("b", reported_load=1), worker("c", reported_load=2), worker("free")]
+    plan = route(fleet, STEPS)
+    assert (plan.flow, plan.reason, plan.prefill_worker_id) == ("disaggregated", "pair", "free")
+    assert plan.worker_id in ("a", "b")
+    # off, the same fleet is served whole on the free worker, as plain whole serving would
+    plain = route(fleet, RoutingConfig(prefill_from="any", itl_weight=1.136, itl_budget_tokens=50688))
+    assert (plain.flow, plain.worker_id) == ("single", "free")
+
+
+def test_a_queue_on_the_free_worker_sends_the_prompt_back_to_a_decoding_one() -> None:
+    """The kept worker is no bottleneck: once prompts queue there (two of 1,000 tokens, half
+    a token each), serving whole beside a decode is quicker to the first token."""
+    fleet = [worker("a", reported_load=1), worker("b", reported_load=1),
+             worker("free", reported_load=2, prefill_parts=2, in_flight=2, in_flight_at_report=2,
+                    reported_prefill_tokens=2000)]
+    plan = route(fleet, STEPS)
+    assert plan.flow == "single" and plan.worker_id in ("a", "b")
+
+
+def test_when_every_worker_decodes_or_none_does_the_shared_steps_change_nothing() -> None:
+    """Nothing to keep free: the term is the same on every worker (all decode) or on none."""
+    busy = [worker("a", reported_load=1), worker("b", reported_load=2)]
+    assert route(busy, STEPS).flow == "single"
+    assert route([worker("a"), worker("b")], STEPS).flow == "single"
+
+
+def test_the_shared_step_weight_comes_from_the_decode_step_and_the_step_budget() -> None:
+    from services.router.routing.calibration import EngineTiming, shared_step_weight
+
+    timing = EngineTiming(prefill_ms_per_token=0.05, step_overhead_ms=1.0, decode_base_ms=8.0,
+                          decode_ms_per_seq=0.1, max_num_seqs=64)
+    # 8 ms of decode part per step of 512 tokens, each token 0.05 ms of prefill
+    assert shared_step_weight(timing, 512) == 0.3125
+    assert shared_step_weight(EngineTiming(0.5, 1.0, 80.0, 0.1, 64, speedup=10), 512) == 0.3125  # engine times
+    with pytest.raises(ValueError):
+        shared_step_weight(timing, 0)
