@@ -40,13 +40,11 @@ class Topology:
     any_prefill: bool = False  # the workers of role both may compute prompts for one another
     itl_weight: float = 1.0  # with `any_prefill`: the router's interference weight
     itl_budget_tokens: float = 0.0  # ... and what a decoding request absorbs before its ITL SLO (0: nothing)
-    shared_step_weight: float = 0.0  # ... and what decodes add to a prompt computed beside them (0: off)
 
     @property
     def router_settings(self) -> Settings:
         if self.any_prefill:
-            return {"prefill_from": "any", "itl_weight": self.itl_weight, "itl_budget_tokens": self.itl_budget_tokens,
-                    "shared_step_weight": self.shared_step_weight}
+            return {"prefill_from": "any", "itl_weight": self.itl_weight, "itl_budget_tokens": self.itl_budget_tokens}
         return dict(ALWAYS_DISAGGREGATE) if self.prefill else {}
 
 

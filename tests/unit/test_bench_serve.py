@@ -210,20 +210,15 @@ def test_the_vllm_peer_gets_the_workers_engine_settings_one_core_each() -> None:
 def test_an_any_arm_prices_interference_from_the_slo_and_on_the_sim_its_budget_too() -> None:
     """`Nxany`'s router settings: `itl_weight` from the SLOs; `itl_budget_tokens` from the
     sim's packaged timing profile (a full step of 15.4 ms against 55 ms, over 64 tokens, at
-    0.05 ms per prompt token) and `shared_step_weight` from the same profile and the workers'
-    step budget (8 ms of decode part per step of 512 tokens); both 0 on vLLM, whose timings
-    the bench does not know."""
+    0.05 ms per prompt token), 0 on vLLM, whose timings the bench does not know."""
     from bench.serve.interference import interference_settings
 
     slo = Slo(ttft_ms=4000, itl_ms=55)
     sim = interference_settings(slo, 64, engine="sim")
-    assert sim == {"itl_weight": 1.136, "itl_budget_tokens": 50688, "shared_step_weight": 0.3125}
+    assert sim == {"itl_weight": 1.136, "itl_budget_tokens": 50688}
     assert interference_settings(slo, 64, engine="sim", sim_speedup=2.0)["itl_budget_tokens"] > 50688
-    assert interference_settings(slo, 64, engine="vllm") == {"itl_weight": 1.136, "itl_budget_tokens": 0.0,
-                                                             "shared_step_weight": 0.0}
-    assert interference_settings(None, 64, engine="sim") == {"itl_weight": 1.0, "itl_budget_tokens": 0.0,
-                                                             "shared_step_weight": 0.3125}
+    assert interference_settings(slo, 64, engine="vllm") == {"itl_weight": 1.136, "itl_budget_tokens": 0.0}
+    assert interference_settings(None, 64, engine="sim") == {"itl_weight": 1.0, "itl_budget_tokens": 0.0}
     arm = dataclasses.replace(parse_topology("4xany"), **sim)
-    assert arm.router_settings == {"prefill_from": "any", "itl_weight": 1.136, "itl_budget_tokens": 50688,
-                                   "shared_step_weight": 0.3125}
+    assert arm.router_settings == {"prefill_from": "any", "itl_weight": 1.136, "itl_budget_tokens": 50688}
     assert "itl_budget_tokens" not in parse_topology("4x1").router_settings

@@ -15,9 +15,7 @@ compute one prompt token. Every other term is a time divided by that one:
 - `itl_weight` (`slo_itl_weight`): what a millisecond of a decoding request's delay is worth
   against a millisecond of a new request's wait for its first token, from the SLOs;
 - `itl_budget_tokens` (`slo_itl_budget_tokens`): how many prompt tokens a decoding request
-  may share its steps with before its time per output token reaches the ITL SLO;
-- `shared_step_weight` (`shared_step_weight`): what the decodes on a worker add to a
-  prompt computed there, per prompt token (their part of each step it shares with them).
+  may share its steps with before its time per output token reaches the ITL SLO.
 
 The inputs are plain numbers: an engine's timing profile (the sim's `TimingProfile`, or a
 profile measured on a real engine) and a measured transfer (`tandem bench transfer`). Wall
@@ -116,17 +114,3 @@ def slo_itl_budget_tokens(slo_itl_ms: float, output_tokens: int, engine: EngineT
     full_step_ms = (engine.step_overhead_ms + engine.decode_base_ms
                     + engine.max_num_seqs * engine.decode_ms_per_seq) / engine.speedup
     return round(max(0.0, slo_itl_ms - full_step_ms) * output_tokens / engine.wall_ms_per_prompt_token)
-
-
-def shared_step_weight(engine: EngineTiming, tokens_per_step: int) -> float:
-    """`RoutingConfig.shared_step_weight` for `engine` computing at most `tokens_per_step`
-    tokens a step (its chunked-prefill budget, `max_num_batched_tokens`).
-
-    A prompt computed where requests decode takes its chunks in steps that also carry their
-    decode part, `decode_base` (the part one decode pays in full; each further one adds
-    only `decode_per_seq`): one step per `tokens_per_step` of its tokens, so each of its
-    tokens waits decode_base / tokens_per_step more, over one prompt token's compute. Both
-    are engine times: a sim's speed-up cancels out."""
-    if tokens_per_step < 1:
-        raise ValueError("a step computes at least one token")
-    return round(engine.decode_base_ms / tokens_per_step / engine.prefill_ms_per_token, 4)

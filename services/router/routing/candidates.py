@@ -70,15 +70,13 @@ class Candidates:
         what a decode placed there costs (`cost.decode_exposure`, a request in flight counted
         once: where it decodes); (None, 0) otherwise."""
         routing = self.routing
-        priced = routing.itl_weight or routing.shared_step_weight
-        if routing.prefill_from != "any" or not priced or len(serving) < 2:
+        if routing.prefill_from != "any" or not routing.itl_weight or len(serving) < 2:
             return None, 0.0
         ranked = sorted(serving, key=lambda worker: worker.decoding_load)
         if ranked[0].decoding_load == ranked[1].decoding_load:
             return None, 0.0
         in_flight = sum(worker.decoding_load for worker in serving)
-        return ranked[0].worker_id, decode_exposure(routing, self.request.prompt_tokens, in_flight,
-                                                    decode_free=not ranked[0].decoding_load)
+        return ranked[0].worker_id, decode_exposure(routing, self.request.prompt_tokens, in_flight)
 
     def decode_part(self, worker: WorkerView) -> float:
         """A pair's decode worker's part of its cost (`cost.decode_cost`, and the exposure of

@@ -139,12 +139,6 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
         "Cost model: per prompt token computed on a worker, per request decoding there (the decode steps it "
         "delays), and per prompt token queued on the decode worker (the prefill its decode will wait for); "
         "0: TTFT alone decides where a prompt is computed.")] = 0.0
-    # `services.router.routing.cost.shared_steps`; `calibration.shared_step_weight` derives it
-    shared_step_weight: Annotated[float, flag(
-        "Cost model: per prompt token computed on a worker where requests decode, the time it waits for their "
-        "part of the steps it shares with them, in prompt tokens (decode part of a step / tokens per step / "
-        "prefill time per token); with --prefill-from any, prompts then go where nothing decodes when that "
-        "pays. 0: off.")] = 0.0
     # `services.router.routing.cost.itl_excess`; `calibration.slo_itl_budget_tokens` derives it
     itl_budget_tokens: Annotated[float, flag(
         "Cost model: prompt tokens a decoding request may share its steps with before its time per output token "
@@ -159,7 +153,7 @@ class RoutingConfig(msgspec.Struct, kw_only=True, frozen=True):
     def validate(self) -> None:
         for name in ("prefill_weight", "transfer_weight", "pull_fixed_tokens", "eviction_weight", "queue_weight",
                      "decode_weight", "request_overhead_tokens", "hot_load_factor", "home_slack_tokens",
-                     "host_load_weight", "itl_weight", "itl_budget_tokens", "shared_step_weight"):
+                     "host_load_weight", "itl_weight", "itl_budget_tokens"):
             require(getattr(self, name) >= 0, f"routing {name} must not be negative")
         require(self.replica_share_slack is None or self.replica_share_slack >= 0,
                 "routing replica_share_slack must not be negative")

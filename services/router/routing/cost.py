@@ -11,7 +11,6 @@ first token and for work the cluster must do:
          + pull cost       (pull_fixed_tokens + transfer_weight x tokens pulled, when it pulls)
          + eviction cost   (eviction_weight x cached tokens the new KV pushes out of its cache)
          + queue_weight    x prompt tokens predicted to be queued for prefill ahead of it
-         + shared steps    (shared_step_weight x the tokens it computes, where requests decode)
          + itl_weight      x its requests that decode there x the tokens it computes
          + hand-off cost   (pull_fixed_tokens + transfer_weight x prompt tokens, for a pair,
                             where any worker may prefill: `handoff_cost`)
@@ -156,8 +155,7 @@ def handoff_cost(routing: RoutingConfig, prompt_tokens: int) -> float:
     return pull_cost(routing, prompt_tokens) if routing.prefill_from == "any" else 0.0
 
 
-def decode_exposure(routing: RoutingConfig, prompt_tokens: int, requests_in_flight: int, *,
-                    decode_free: bool = False) -> float:
+def decode_exposure(routing: RoutingConfig, prompt_tokens: int, requests_in_flight: int) -> float:
     """What decoding on the worker that the next prompts will be computed on costs (where any
     worker may prefill for any other: the worker with the fewest requests, which the
     interference term sends prompts to): each prompt computed there while the request
@@ -165,12 +163,8 @@ def decode_exposure(routing: RoutingConfig, prompt_tokens: int, requests_in_flig
     in flight are expected meanwhile: `itl_weight` x prompt tokens x requests in flight.
     Priced, a fleet under load keeps one worker free of decodes for the prompts (a pair
     sends the decode elsewhere) and a quiet one serves whole (nothing in flight). Only what
-    exceeds the decode's budget counts (`itl_excess`). On a worker where nothing decodes
-    yet (`decode_free`), the decode also makes those prompts share its steps
-    (`shared_steps`): `shared_step_weight` x the same tokens."""
-    stalls = routing.itl_weight * itl_excess(routing, 0, prompt_tokens * requests_in_flight)
-    slowed = routing.shared_step_weight * prompt_tokens * requests_in_flight if decode_free else 0.0
-    return stalls + slowed
+    exceeds the decode's budget counts (`itl_excess`)."""
+    return routing.itl_weight * itl_excess(routing, 0, prompt_tokens * requests_in_flight)
 
 
 def itl_excess(routing: RoutingConfig, shared_tokens: int, added_tokens: int) -> float:
@@ -207,20 +201,7 @@ def prefill_cost(routing: RoutingConfig, plan: PrefillPlan, computing: WorkerVie
     return (routing.prefill_weight * plan.uncached_tokens + plan.load_cost + pull_cost(routing, plan.pulled_tokens)
             + eviction_cost(routing, new_tokens, computing.free_kv_tokens, victim_value)
             + routing.queue_weight * computing.predicted_prefill_tokens
-            + shared_steps(routing, computing, plan.uncached_tokens)
             + interference(routing, computing, plan.uncached_tokens))
-
-
-def shared_steps(routing: RoutingConfig, computing: WorkerView, uncached_tokens: int) -> float:
-    """What the requests decoding on `computing` cost a prompt computed there: each step it
-    shares with them also carries their decode part (the decode step's fixed cost, which
-    one decode pays in full), so its first token comes later: `shared_step_weight` x the
-    tokens it computes, where anything decodes (`WorkerView.decoding_load`). A worker where
-    nothing decodes (a prefill worker, or one the router keeps for prompts) computes at full
-    speed."""
-    if not routing.shared_step_weight or not computing.decoding_load:
-        return 0.0
-    return routing.shared_step_weight * uncached_tokens
 
 
 def interference(routing: RoutingConfig, computing: WorkerView, uncached_tokens: int) -> float:
