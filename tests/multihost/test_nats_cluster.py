@@ -204,20 +204,20 @@ async def exercise(cluster: NatsCluster, stack: LocalStack, model_dir: str, open
         assert all(o.ended - o.started <= REQUEST_TIMEOUT_S for o in outcomes)
         assert worker_counts and min(worker_counts) == 2, "the router lost a worker"
 
-        # The bucket: intact, both registrations readable, led by a survivor.
-        members = await bus.js.key_value(subjects.members_bucket)
-        codec = Codec(WorkerRegistration)
-        registrations = {key: codec.decode((await members.get(key)).value or b"") for key in await members.keys()}
-        assert {key: registration.worker_id for key, registration in registrations.items()} == {"w1": "w1", "w2": "w2"}
-
+        # The bucket: led by a survivor, intact, both registrations readable.
         async def led_by_a_survivor() -> bool:
             state = await bus.js.stream_info(stream_name)
             return state.cluster is not None and state.cluster.leader not in (None, "", names[victim])
 
-        # The election usually ends within the load's run on; on a busy machine it can take longer.
+        # The election usually ends within the load's run on; on a busy machine it can take longer,
+        # and until it ends a read of the bucket finds no keys (its leader was killed)
         waited_s = await wait_for(led_by_a_survivor, ELECTION_S, "a survivor to lead the members bucket",
                                   interval_s=0.1)
         log.warning("the members bucket was led by a survivor %.1f s after the load ended", waited_s)
+        members = await bus.js.key_value(subjects.members_bucket)
+        codec = Codec(WorkerRegistration)
+        registrations = {key: codec.decode((await members.get(key)).value or b"") for key in await members.keys()}
+        assert {key: registration.worker_id for key, registration in registrations.items()} == {"w1": "w1", "w2": "w2"}
 
         # The killed server comes back and catches up on the bucket.
         await asyncio.to_thread(cluster.restart, victim)
