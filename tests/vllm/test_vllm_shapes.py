@@ -180,16 +180,16 @@ async def test_pd_between_unlike_shapes_answers_as_the_decode_shape_alone(
     served = [record for record in records if record.model == tokenizer.model_name]
     assert len(served) == 12 and all(record.flow == "disaggregated" for record in served), served
     await wait_for(lambda: len([r for r in observer.records if r.kind == "pull"]) >= 12, 10, "every pull's record")
-    pulls = [record for record in observer.records if record.kind == "pull"]
-    assert {attempt_of(record.request_id)[0] for record in pulls} <= {record.request_id for record in served}, pulls
+    pulls = [(record, *attempt_of(record.request_id)) for record in observer.records if record.kind == "pull"]
+    assert {base for _, base, _ in pulls} <= {record.request_id for record in served}, pulls
     # A request the router resumed (on a starved host a NATS stall makes its worker look lost)
     # pulls again as a later attempt, with its prompt and the tokens generated so far; its first
     # attempt's pull may have been cut short. At most one a run: more is a fault, not a stall.
-    resumed = {attempt_of(record.request_id)[0] for record in pulls if attempt_of(record.request_id)[1]}
+    resumed = {base for _, base, attempt in pulls if attempt}
     assert len(resumed) <= 1, pulls
-    served_whole = [record for record in pulls
-                    if attempt_of(record.request_id)[0] not in resumed or attempt_of(record.request_id)[1]]
-    for record in served_whole:  # whole, verified, nothing computed again; the tail too where the block sizes allow
+    for record, base, attempt in pulls:  # whole, verified, nothing computed again; the tail too where blocks allow
+        if base in resumed and not attempt:
+            continue
         assert (record.worker_id, record.peer_worker_id, record.outcome) == ("d1", "p1", "done"), record
         assert record.blocks == record.blocks_ok > 0 and record.recomputed_tokens == 0, record
     # every prompt token the holder has, its partial tail block too, where that block fits into the decode
@@ -197,6 +197,6 @@ async def test_pd_between_unlike_shapes_answers_as_the_decode_shape_alone(
     # a resumed request's prompt is longer by what it had generated: its count is left out
     expected = [len(prompt) if holder_size <= reader_size else len(prompt) // holder_size * holder_size
                 for prompt in prompts(tokenizer.vocab_size)]
-    firsts = sorted(record.pulled_tokens for record in pulls if attempt_of(record.request_id)[0] not in resumed)
+    firsts = sorted(record.pulled_tokens for record, base, _ in pulls if base not in resumed)
     assert len(firsts) == 12 - len(resumed) and not Counter(firsts) - Counter(expected), (firsts, expected)
     await observer.assert_clean()
